@@ -1,0 +1,44 @@
+"""scalertune: find the mixed-precision settings that will not NaN on you, and train fastest.
+
+The pipeline, one module per stage:
+
+- ``_workload``: load the user's factory and check what it returns (:class:`Workload`);
+- ``_space``: the search space (:class:`SearchSpace`);
+- ``_runtime``: the canonical AMP step (:class:`AmpRuntime`), used by trials and training code;
+- ``_run``: run one config and watch it for non-finite values;
+- ``_judge``: the float32 target, time to target, the verdict;
+- ``_rank``: ranking and confirmation;
+- ``_study``: the Optuna study that stores it all;
+- ``_search``: :func:`search`, the whole pipeline;
+- ``_result``: :class:`SearchResult`, the YAML file and :func:`load`.
+"""
+
+from scalertune._config import AmpConfig
+from scalertune._errors import UsageError
+from scalertune._result import SearchResult, analyze, load_config
+from scalertune._runtime import AmpRuntime
+from scalertune._search import SearchError, search
+from scalertune._space import SearchSpace
+from scalertune._workload import Workload
+
+__version__ = "0.1.0"
+
+
+def load(path: str, *, device: str = "auto") -> AmpRuntime:
+    """The runtime for the config in a result YAML: GradScaler, autocast and clipping.
+
+    Example:
+        >>> import scalertune
+        >>> amp = scalertune.load("codepoints.yaml", device="cuda")  # doctest: +SKIP
+        >>> with amp.autocast():  # doctest: +SKIP
+        ...     loss = loss_fn(model(x), y)
+        >>> amp.backward(loss)  # doctest: +SKIP
+        >>> amp.step(optimizer)  # doctest: +SKIP
+    """
+    return AmpRuntime(load_config(path), device=device)
+
+
+__all__ = [
+    "AmpConfig", "AmpRuntime", "SearchError", "SearchResult", "SearchSpace", "UsageError",
+    "Workload", "analyze", "load", "load_config", "search",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from scalertune.cli import main
+
+sys.exit(main())

@@ -1,0 +1,110 @@
+"""AmpConfig: the settings one mixed-precision run uses, and nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from scalertune._errors import UsageError
+
+#: What ``dtype`` may name. float32 means "no autocast, no scaler": the reference.
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class AmpConfig:
+    """The knobs of one AMP configuration, with PyTorch's defaults.
+
+    ``dtype`` is the autocast dtype. Only float16 needs a loss scaler: its largest finite
+    value is 65504 and its smallest subnormal is about 6e-8, so gradients are multiplied by
+    ``scale`` before backward (keeping small ones from flushing to zero) and divided again
+    before the optimizer sees them. bfloat16 has float32's exponent range and runs unscaled;
+    float32 runs without autocast at all.
+
+    The scaler starts at ``init_scale``. Each step whose gradients contain inf or NaN is
+    skipped and multiplies the scale by ``backoff_factor``; after ``growth_interval``
+    consecutive finite steps the scale is multiplied by ``growth_factor``. ``clip_norm``
+    (``None`` for no clipping) bounds the global gradient norm *after* unscaling.
+
+    Example:
+        >>> from scalertune import AmpConfig
+        >>> AmpConfig(dtype="float16", init_scale=4096.0).uses_scaler
+        True
+        >>> AmpConfig(dtype="bfloat16").uses_scaler
+        False
+    """
+
+    dtype: str = "float16"
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    clip_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise UsageError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if not self.init_scale > 0:
+            raise UsageError(f"init_scale must be > 0, got {self.init_scale}")
+        if not self.growth_factor > 1:
+            raise UsageError(f"growth_factor must be > 1, got {self.growth_factor}")
+        if not 0 < self.backoff_factor < 1:
+            raise UsageError(f"backoff_factor must be in (0, 1), got {self.backoff_factor}")
+        if int(self.growth_interval) != self.growth_interval or self.growth_interval < 1:
+            raise UsageError(f"growth_interval must be an integer >= 1, got {self.growth_interval}")
+        if self.clip_norm is not None and not self.clip_norm > 0:
+            raise UsageError(f"clip_norm must be > 0 or null, got {self.clip_norm}")
+
+    @property
+    def uses_scaler(self) -> bool:
+        """Whether a GradScaler is active (float16 only)."""
+        return self.dtype == "float16"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only, in a stable key order: what the YAML file and Optuna store."""
+        return {
+            "dtype": self.dtype,
+            "init_scale": float(self.init_scale),
+            "growth_factor": float(self.growth_factor),
+            "backoff_factor": float(self.backoff_factor),
+            "growth_interval": int(self.growth_interval),
+            "clip_norm": None if self.clip_norm is None else float(self.clip_norm),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AmpConfig":
+        """Build from a mapping, rejecting unknown keys by name."""
+        if not isinstance(data, Mapping):
+            raise UsageError(f"an AMP config must be a mapping, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(
+                f"unknown config key(s) {', '.join(unknown)}: use {', '.join(sorted(known))}"
+            )
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise UsageError(f"invalid AMP config: {exc}") from None
+
+    def describe(self) -> str:
+        """One short line, e.g. ``float16 scale=4096 growth=2 backoff=0.5 every 2000, no clip``."""
+        clip = "no clip" if self.clip_norm is None else f"clip {self.clip_norm:.3g}"
+        if not self.uses_scaler:
+            return f"{self.dtype}, {clip}"
+        return (
+            f"float16 scale={self.init_scale:.4g} growth={self.growth_factor:.3g} "
+            f"backoff={self.backoff_factor:.3g} every {self.growth_interval}, {clip}"
+        )
+
+
+#: PyTorch's own defaults: what a user gets from a bare ``GradScaler()``.
+PYTORCH_DEFAULT = AmpConfig()
+
+#: The fix the seed article found by hand: the default with ``init_scale=4096``.
+SEED_ARTICLE_FIX = AmpConfig(init_scale=4096.0)
+
+#: The baselines every study runs once, by name.
+BASELINES = {"pytorch-default": PYTORCH_DEFAULT, "init-scale-4096": SEED_ARTICLE_FIX}
+
+FLOAT32 = AmpConfig(dtype="float32")

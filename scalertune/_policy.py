@@ -1,0 +1,54 @@
+"""Numbers that are policy, in one place, each with the reason for its value.
+
+Everything that decides whether a trial is pruned, whether it "reached the target", or how
+its speed is measured reads its threshold from here, so that a reviewer can argue with one
+file instead of hunting through the pipeline.
+"""
+
+#: Steps between two host readbacks of the loss, the loss scale and the step clock.
+#: The AMP loop itself never waits for the device; once per window it copies the window's
+#: losses and scales to the host in one transfer, checks them, reports them to Optuna and
+#: reads the clock. A non-finite trial therefore runs at most ``READBACK_INTERVAL - 1`` steps
+#: past its first non-finite step. 10 keeps that waste small while adding one sync per ten
+#: steps to GradScaler's own one sync per step.
+READBACK_INTERVAL = 10
+
+#: Leading windows whose step time is excluded from the median step time. The first steps
+#: pay for allocator warm-up, cuBLAS/oneDNN heuristics and autocast's weight-cast cache.
+WARMUP_WINDOWS = 1
+
+#: Trailing mean over this many steps smooths the per-batch loss before it is compared with
+#: the target. One batch's loss is noisy; a short mean makes "reached the target" a property
+#: of the run rather than of a lucky batch.
+SMOOTHING_STEPS = 10
+
+#: The target is the float32 reference's final smoothed loss, plus this share of it. 10% is
+#: the smallest margin that run-to-run noise (batch order, float16's 11-bit mantissa in the
+#: loss itself) does not cross on its own, and still far below what a flat (underflowing) or
+#: heavily skipping run ends at. A share of the final value, not of the reduction: a loss that
+#: falls from 1e10 to 1e7 would otherwise count 2e8 as "as good as float32".
+TARGET_TOLERANCE = 0.10
+
+#: A float16 loss scale below 2**-24 (float16's smallest subnormal) flushes every scaled
+#: gradient smaller than 1.0 to zero, so a scaler that has backed off this far is no longer
+#: finding a workable scale: something overflows at any scale, usually the forward pass.
+SCALE_FLOOR = 2.0**-24
+
+#: This many consecutive skipped steps prune a trial: the gradients are non-finite on every
+#: step and the scaler is not recovering within a budget any useful config would need.
+#: 50 covers a back-off from 2**24 to 2**-24 at backoff 0.5 (48 steps) with room to spare.
+MAX_CONSECUTIVE_SKIPS = 50
+
+#: How many of the best-ranked candidates are rerun on other seeds before one is recommended.
+CONFIRM_TOP = 3
+
+#: Seeds the confirmation reruns use (the search itself runs on ``--seed``, default 0).
+CONFIRM_SEEDS = (1, 2)
+
+#: A speed ratio within this band of 1.0 is reported as "about as fast as float32".
+SAME_SPEED_BAND = 0.05
+
+#: A search stops at once, with the error, when this many runs in a row failed with the same
+#: exception and none had succeeded yet: the workload is broken, not the config. (A config
+#: can legitimately fail on its own, e.g. nn.LSTM under CPU float16 autocast.)
+SAME_FAILURES_BEFORE_STOP = 5

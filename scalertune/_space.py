@@ -1,0 +1,185 @@
+"""Search spaces: which AMP configs a study may try, read from YAML and validated up front.
+
+A space file names its parameters in Optuna's own terms::
+
+    dtype:
+      choices: [float16, bfloat16]
+    init_scale: {low: 1.0, high: 16777216.0, log: true}
+    growth_factor: {low: 1.5, high: 4.0}
+    backoff_factor: {low: 0.25, high: 0.75}
+    growth_interval: {low: 10, high: 5000, log: true}
+    clip_norm: {low: 0.1, high: 100.0, log: true, optional: true}
+
+A plain value fixes a parameter (``init_scale: 4096``); a parameter left out keeps PyTorch's
+default. The scaler's four knobs are searched only on trials that choose float16: bfloat16 has
+float32's exponent range and runs without a scaler. ``optional: true`` on ``clip_norm`` also
+tries no clipping at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from importlib import resources
+from typing import Any, Mapping
+
+import optuna
+import yaml
+
+from scalertune._config import AmpConfig
+from scalertune._errors import UsageError
+
+_SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+_NUMERIC = (*_SCALER_KNOBS, "clip_norm")
+_RANGE_KEYS = {"low", "high", "log", "step", "optional"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    """A validated search space; :meth:`suggest` turns an Optuna trial into an AmpConfig.
+
+    Example:
+        >>> from scalertune import SearchSpace
+        >>> space = SearchSpace.from_dict({"dtype": {"choices": ["bfloat16"]}}, name="bf16")
+        >>> space.dtypes
+        ('bfloat16',)
+    """
+
+    name: str
+    params: Mapping[str, Any]
+    description: str = ""
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        dtype = self.params.get("dtype", {"choices": ["float16"]})
+        return tuple(dtype["choices"]) if isinstance(dtype, Mapping) else (dtype,)
+
+    @classmethod
+    def load(cls, name_or_path: str) -> "SearchSpace":
+        """A shipped space by name (``default``, ``float16``, ``bfloat16``) or a YAML path."""
+        if os.path.isfile(name_or_path):
+            with open(name_or_path, encoding="utf-8") as f:
+                text = f.read()
+            name = os.path.splitext(os.path.basename(name_or_path))[0]
+        else:
+            if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
+                raise UsageError(f"no such search space file: {name_or_path}")
+            shipped = shipped_spaces()
+            if name_or_path not in shipped:
+                raise UsageError(
+                    f"unknown search space {name_or_path!r}: use one of "
+                    f"{', '.join(sorted(shipped))}, or a path to a YAML file"
+                )
+            text, name = shipped[name_or_path], name_or_path
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise UsageError(f"search space {name_or_path} is not valid YAML{where}") from None
+        if not isinstance(data, Mapping):
+            raise UsageError(f"search space {name_or_path} must be a mapping of parameters")
+        data = dict(data)
+        description = data.pop("description", "")
+        return cls.from_dict(data, name=name, description=str(description))
+
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any], *, name: str, description: str = "") -> "SearchSpace":
+        """Validate ``params`` (the file's content without ``description``)."""
+        params = dict(params)
+        known = ("dtype", *_NUMERIC)
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise UsageError(
+                f"search space {name!r}: unknown key(s) {', '.join(unknown)}; use "
+                f"{', '.join(known)}"
+            )
+        _check_dtype(name, params.get("dtype", {"choices": ["float16"]}))
+        for key in _NUMERIC:
+            if key in params:
+                _check_numeric(name, key, params[key])
+        return cls(name=name, params=params, description=description)
+
+    def suggest(self, trial: optuna.Trial) -> AmpConfig:
+        """Ask the trial for each searched parameter and build the config it names."""
+        values: dict[str, Any] = {}
+        dtype = self.params.get("dtype", {"choices": ["float16"]})
+        if isinstance(dtype, Mapping):
+            values["dtype"] = trial.suggest_categorical("dtype", list(dtype["choices"]))
+        else:
+            values["dtype"] = dtype
+        for key in _NUMERIC:
+            if key not in self.params or (key in _SCALER_KNOBS and values["dtype"] != "float16"):
+                continue
+            spec = self.params[key]
+            if not isinstance(spec, Mapping):
+                values[key] = spec
+                continue
+            if spec.get("optional") and not trial.suggest_categorical(f"use_{key}", [False, True]):
+                continue
+            kwargs = {k: spec[k] for k in ("log", "step") if k in spec}
+            if key == "growth_interval":
+                values[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]), **kwargs)
+            else:
+                values[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]),
+                                                  **kwargs)
+        return AmpConfig(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "params": dict(self.params)}
+
+
+def shipped_spaces() -> dict[str, str]:
+    """Name -> YAML text of the spaces that ship inside the package."""
+    folder = resources.files("scalertune.search_spaces")
+    return {
+        entry.name.rsplit(".", 1)[0]: entry.read_text(encoding="utf-8")
+        for entry in folder.iterdir()
+        if entry.name.endswith(".yaml")
+    }
+
+
+def _check_dtype(space: str, spec: Any) -> None:
+    choices = spec.get("choices") if isinstance(spec, Mapping) else [spec]
+    if isinstance(spec, Mapping) and set(spec) - {"choices"}:
+        raise UsageError(f"search space {space!r}: dtype takes only 'choices'")
+    if not isinstance(choices, list) or not choices:
+        raise UsageError(f"search space {space!r}: dtype needs a non-empty list of choices")
+    for choice in choices:
+        if choice not in ("float16", "bfloat16"):
+            raise UsageError(
+                f"search space {space!r}: unknown dtype {choice!r}; use float16 or bfloat16 "
+                "(float32 always runs as the reference)"
+            )
+
+
+def _check_numeric(space: str, key: str, spec: Any) -> None:
+    where = f"search space {space!r}: {key}"
+    if not isinstance(spec, Mapping):
+        values = [spec]
+    else:
+        unknown = sorted(set(spec) - _RANGE_KEYS)
+        if unknown:
+            raise UsageError(f"{where} has unknown key(s) {', '.join(unknown)}; use low, high, "
+                             "log, step (and optional for clip_norm)")
+        if "low" not in spec or "high" not in spec:
+            raise UsageError(f"{where} needs both low and high (or a single fixed value)")
+        if spec.get("optional") and key != "clip_norm":
+            raise UsageError(f"{where}: only clip_norm can be optional")
+        if spec.get("log") and spec.get("step") is not None:
+            raise UsageError(f"{where}: log and step cannot be combined (Optuna's rule)")
+        values = [spec["low"], spec["high"]]
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise UsageError(f"{where}: low and high must be numbers, got {v!r}")
+        if spec["low"] > spec["high"]:
+            raise UsageError(f"{where}: low ({spec['low']}) is greater than high ({spec['high']})")
+        if "step" in spec and not (isinstance(spec["step"], (int, float)) and spec["step"] > 0):
+            raise UsageError(f"{where}: step must be a positive number")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise UsageError(f"{where} must be a number, got {v!r}")
+        try:
+            AmpConfig(**{key: v})
+        except UsageError as exc:
+            raise UsageError(f"search space {space!r}: {exc}") from None

@@ -1,0 +1,116 @@
+"""The terminal summary: float32, the baselines, the best trials, what was pruned, the verdict."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from scalertune._rank import ROLE_SEARCH, Outcome
+from scalertune._run import PRUNE_KINDS
+
+if TYPE_CHECKING:
+    from scalertune._result import SearchResult
+
+_COLUMNS = ("run", "config", "skipped", "min scale", "steps to target", "ms/step",
+            "time to target", "loss vs fp32")
+
+
+def render(result: "SearchResult", *, top: int) -> str:
+    from scalertune._result import describe_outcome
+
+    s = result.settings
+    lines = [f"scalertune study {result.study_name!r}"
+             + (f" in {result.storage}" if result.storage else ""),
+             f"  workload {s.get('factory')}, {s.get('steps')} steps, seed {s.get('seed')}, "
+             f"space {(s.get('space') or {}).get('name')!r}, on {s.get('device')}"]
+    ref, target = result.reference, result.target
+    if ref is None or target is None:
+        lines.append("  no float32 reference yet: nothing to compare with.")
+        return "\n".join(lines)
+    lines.append(f"  float32 target loss {target.loss:.4g} (float32 ends at "
+                 f"{target.reference_final:.4g}, from {target.reference_start:.4g})")
+    if not target.reference_learned:
+        lines.append("  warning: float32 did not reduce the loss, so every run reaches the "
+                     "target; raise --steps or the learning rate")
+    rows: list[tuple[str, ...]] = [_COLUMNS]
+    rows.append(("float32 reference", "float32", "-", "-", _int(ref.get("steps_to_target")),
+                 _ms(ref["median_step_time_s"]), _sec(result.reference_time_to_target), "1"))
+    for name, outcome in result.baselines.items():
+        rows.append(_row(name, outcome))
+    searched = [o for o in result.ranking if o.role == ROLE_SEARCH and o.state == "complete"]
+    for outcome in searched[:top]:
+        rows.append(_row(f"trial #{outcome.number}", outcome))
+    lines.append("")
+    lines.extend(_table(rows))
+    lines.append("")
+    for name, outcome in result.baselines.items():
+        lines.append(f"{name}: {describe_outcome(outcome)}")
+    n_search = sum(o.role == ROLE_SEARCH for o in result.ranking)
+    pruned = result.pruned_by_kind
+    counted = ", ".join(f"{n} {PRUNE_KINDS.get(k, k)}" for k, n in sorted(pruned.items()))
+    lines.append(f"{n_search} sampled trials finished; pruned {sum(pruned.values())}"
+                 + (f" ({counted})" if counted else "")
+                 + (f"; {result.failed} failed" if result.failed else ""))
+    lines.append("")
+    rec = result.recommended
+    if rec is not None:
+        seeds = sorted(result.confirmations.get(rec.number, {}))
+        lines.append(f"Recommended: {rec.label} [{rec.config.describe()}]")
+        lines.append(f"  confirmed on seeds {', '.join(map(str, [rec.seed, *seeds]))}: "
+                     f"{describe_outcome(rec)}")
+    else:
+        lines.append("Recommended: float32 (no autocast, no scaler)")
+    ahead = result.candidates.index(rec) if rec else len(result.candidates)
+    for candidate in result.candidates[:ahead]:
+        lines.append(f"  not confirmed: {candidate.label} [{candidate.config.describe()}] "
+                     f"{_confirm_failure(result, candidate)}")
+    lines.append(f"Verdict: {result.verdict}")
+    if result.interrupted:
+        lines.append("Interrupted: every finished trial is kept; rerun the same command to resume.")
+    return "\n".join(lines)
+
+
+def _confirm_failure(result: "SearchResult", candidate: Outcome) -> str:
+    from scalertune._result import describe_outcome
+
+    runs = result.confirmations.get(candidate.number, {})
+    bad = [f"seed {s}: {describe_outcome(o)}" for s, o in sorted(runs.items()) if not o.reached]
+    return "; ".join(bad) if bad else "(confirmation incomplete)"
+
+
+def _row(label: str, o: Outcome) -> tuple[str, ...]:
+    a = o.attrs
+    if o.state == "pruned":
+        reached = f"pruned@{a.get('first_nonfinite_step', '?')}"
+    else:
+        reached = _int(a.get("steps_to_target"))
+    return (label, o.config.describe(), _int(a.get("skipped_steps")), _g(a.get("min_scale")),
+            reached, _ms(a.get("median_step_time_s")),
+            _sec(o.time_to_target if o.reached else math.nan), _g(a.get("loss_vs_float32")))
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for n, row in enumerate(rows):
+        out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return out
+
+
+def _int(v: Any) -> str:
+    return "never" if v is None else str(int(v))
+
+
+def _g(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.3g}"
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v * 1e3:.3g}"
+
+
+def _sec(v: float) -> str:
+    return "-" if not math.isfinite(v) else f"{v:.3g}s"

@@ -1,0 +1,190 @@
+"""The ``scalertune`` command: a thin layer over :func:`scalertune.search` and friends."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import NoReturn, Sequence
+
+from scalertune import _policy
+from scalertune._errors import UsageError
+from scalertune._search import SearchError, search
+from scalertune._study import DEFAULT_STORAGE, redact
+
+EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
+
+_DESCRIPTION = """\
+Find the mixed-precision (AMP) settings that will not NaN on you, and train fastest.
+
+scalertune runs an Optuna study over the autocast dtype, GradScaler's init_scale,
+growth_factor, backoff_factor and growth_interval, and the gradient-clipping norm, on your own
+model, optimizer and data. It prunes trials that go non-finite and says why, compares every
+trial with a float32 reference run and with PyTorch's defaults, confirms the best on other
+seeds, and writes the most stable fast config to a YAML file your training code loads.
+"""
+
+_EPILOG = """\
+exit status:
+  0  the search (or report) finished
+  1  the workload itself failed (the float32 reference, or every run alike)
+  2  bad input: the message says what was wrong and what to do; nothing was written
+  130  interrupted (Ctrl-C): finished trials are kept; rerun the same command to resume
+
+see `scalertune COMMAND --help` for each command.
+"""
+
+_SEARCH_DESCRIPTION = """\
+Search AMP configs for the workload that FACTORY returns, and recommend one.
+
+FACTORY is path/to/model.py:make_model or package.module:make_model: a function returning a
+scalertune.Workload or a dict with model, optimizer, batches and loss_fn (or step). It is
+called afresh under fixed seeds for every run.
+
+Every study runs, once: a float32 reference (its final loss, within a small tolerance, is the
+target), PyTorch's defaults (float16, init_scale 65536, growth 2.0, backoff 0.5, interval
+2000, no clipping) and the same with init_scale 4096. Then N-TRIALS sampled configs. Trials
+that reach the target rank above those that never do; among them the shortest time to target
+wins. The best few are rerun on seeds {seeds} and a config is recommended only if it stays
+finite and reaches the target on all of them.
+
+Running the same command again resumes the same study up to N-TRIALS sampled trials.
+""".format(seeds=", ".join(map(str, _policy.CONFIRM_SEEDS)))
+
+_SEARCH_EPILOG = """\
+examples:
+  scalertune search examples/codepoints.py:make_model
+  scalertune search model.py:make_model --space float16 --n-trials 40 --device cuda
+  scalertune search model.py:make_model --storage postgresql://user@db/optuna --study-name run1
+
+output:
+  stdout  the summary table: float32, the two baselines, the best trials, pruned trials
+          counted by reason, the recommendation and its verdict against float32
+  stderr  one line per finished run (a progress bar on a terminal)
+  FILE    the YAML of --output: `config` (what scalertune.load() uses) and `evidence`
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(prog="scalertune", description=_DESCRIPTION, epilog=_EPILOG,
+                     formatter_class=fmt)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    s = sub.add_parser("search", help="search AMP configs for a model factory",
+                       description=_SEARCH_DESCRIPTION, epilog=_SEARCH_EPILOG,
+                       formatter_class=fmt)
+    s.add_argument("factory", metavar="FACTORY", help="path/to/model.py:make_model or module:function")
+    _storage_arguments(s)
+    s.add_argument("--space", default="default", metavar="NAME|FILE",
+                   help="search space: default (float16 and bfloat16), float16, bfloat16, or a "
+                        "YAML file (default: %(default)s)")
+    s.add_argument("--n-trials", type=int, default=24, metavar="N",
+                   help="sampled trials in the study, in total across reruns (default: %(default)s)")
+    s.add_argument("--steps", type=int, default=200, metavar="N",
+                   help="training steps per run (default: %(default)s)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the search runs (default: 0)")
+    s.add_argument("--device", default="auto",
+                   help="auto (CUDA if present), cpu, cuda or cuda:N (default: %(default)s)")
+    s.add_argument("--output", "-o", metavar="FILE",
+                   help="where to write the recommendation (default: STUDY_NAME.yaml here)")
+    s.add_argument("--top", type=int, default=5, metavar="N",
+                   help="sampled trials shown in the summary (default: %(default)s)")
+    s.add_argument("--quiet", "-q", action="store_true", help="no per-run lines, no progress bar")
+
+    r = sub.add_parser("report", help="summarise a study from its storage",
+                       description="Print the summary of a stored study, recomputed from what "
+                       "the storage holds (after several workers, or after a crash).",
+                       formatter_class=fmt)
+    _storage_arguments(r, study_required=True)
+    r.add_argument("--output", "-o", metavar="FILE", help="also write the recommendation YAML")
+    r.add_argument("--json", action="store_true", help="print the result as JSON instead")
+    r.add_argument("--top", type=int, default=5, metavar="N",
+                   help="sampled trials shown in the summary (default: %(default)s)")
+    return parser
+
+
+def _storage_arguments(p: argparse.ArgumentParser, *, study_required: bool = False) -> None:
+    p.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                   help="Optuna storage URL (default: %(default)s, a file in this folder)")
+    p.add_argument("--study-name", required=study_required, metavar="NAME",
+                   help="the study (default for search: FILE_STEM:FUNCTION of the factory)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command is None:
+        _parser().print_help()
+        return EXIT_USAGE
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return _search(args) if args.command == "search" else _report(args)
+    except UsageError as exc:
+        print(f"scalertune {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SearchError as exc:
+        print(f"scalertune {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _search(args: argparse.Namespace) -> int:
+    quiet = args.quiet
+    result = search(
+        args.factory, storage=args.storage, study_name=args.study_name, space=args.space,
+        n_trials=args.n_trials, steps=args.steps, seed=args.seed, device=args.device,
+        log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+        progress=not quiet and sys.stderr.isatty(),
+    )
+    print(result.summary(top=args.top))
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    output = args.output or _default_output(result.study_name)
+    result.to_yaml(output)
+    print(f"Wrote {output}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    import optuna
+
+    from scalertune._result import analyze
+
+    try:
+        study = optuna.load_study(study_name=args.study_name, storage=args.storage)
+    except KeyError:
+        raise UsageError(f"no study {args.study_name!r} in {redact(args.storage)}: "
+                         "check --study-name and --storage") from None
+    result = analyze(study, storage=redact(args.storage))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(result.summary(top=args.top))
+    if args.output:
+        result.to_yaml(args.output)
+        print(f"Wrote {args.output}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _default_output(study_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", study_name) + ".yaml"
+
+
+def _version() -> str:
+    from scalertune import __version__
+
+    return __version__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

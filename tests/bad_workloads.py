@@ -1,0 +1,53 @@
+"""Factories that are wrong in one way each: scalertune must refuse them in one line."""
+
+import torch
+from torch import nn
+
+NOT_CALLABLE = 42
+
+
+def _parts():
+    model = nn.Linear(4, 1)
+    return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+            "loss_fn": nn.MSELoss(), "batches": [(torch.randn(8, 4), torch.randn(8, 1))]}
+
+
+def raises():
+    raise ValueError("dataset path /data/train is missing")
+
+
+def wrong_shape():
+    parts = _parts()
+    return [parts["model"], parts["optimizer"]]
+
+
+def empty_batches():
+    return {**_parts(), "batches": []}
+
+
+def one_shot_batches():
+    return {**_parts(), "batches": iter(_parts()["batches"])}
+
+
+def non_scalar_loss():
+    return {**_parts(), "loss_fn": nn.MSELoss(reduction="none")}
+
+
+def non_tensor_loss():
+    return {**_parts(), "loss_fn": lambda out, y: float(((out - y) ** 2).mean())}
+
+
+def no_trainable_parameters():
+    parts = _parts()
+    for p in parts["model"].parameters():
+        p.requires_grad_(False)
+    return parts
+
+
+def foreign_optimizer():
+    other = nn.Linear(4, 1)
+    return {**_parts(), "optimizer": torch.optim.SGD(other.parameters(), lr=0.1)}
+
+
+def unknown_key():
+    return {**_parts(), "lr": 0.1}

@@ -1,0 +1,81 @@
+"""AmpRuntime: the canonical AMP step that trials and training code share."""
+
+import pytest
+import torch
+from torch import nn
+
+import scalertune
+from scalertune import AmpConfig, AmpRuntime
+
+
+def _model_and_batch(target_scale=1.0):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    x = torch.randn(32, 8)
+    return model, (x, x.sum(1, keepdim=True) * target_scale)
+
+
+def test_canonical_step_trains_without_skipping_when_gradients_fit():
+    model, batch = _model_and_batch()
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    amp = AmpRuntime(AmpConfig(init_scale=256.0), device="cpu")
+    losses = [float(amp.train_step(model, opt, nn.functional.mse_loss, batch)) for _ in range(30)]
+    assert amp.steps == 30 and amp.skipped_steps == 0
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_overflowing_step_is_skipped_counted_and_backs_off_the_scale():
+    model, batch = _model_and_batch(target_scale=1e3)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    amp = AmpRuntime(AmpConfig(init_scale=2.0**24), device="cpu")
+    amp.train_step(model, opt, lambda o, y: nn.functional.mse_loss(o, y, reduction="sum"), batch)
+    assert amp.skipped_steps == 1
+    assert float(amp.scale) == 2.0**23
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_clipping_acts_on_unscaled_gradients():
+    # With SGD(lr=1) one clipped step moves the weights by exactly clip_norm. Clipping the
+    # still-scaled gradients would move them by clip_norm / scale instead.
+    model, batch = _model_and_batch(target_scale=10.0)
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    amp = AmpRuntime(AmpConfig(init_scale=1024.0, clip_norm=0.5), device="cpu")
+    amp.train_step(model, opt, nn.functional.mse_loss, batch)
+    after = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert amp.skipped_steps == 0
+    assert float((after - before).norm()) == pytest.approx(0.5, rel=1e-2)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_bfloat16_and_float32_run_without_a_scaler(dtype):
+    model, batch = _model_and_batch()
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    amp = AmpRuntime(AmpConfig(dtype=dtype), device="cpu")
+    assert not amp.scaler.is_enabled()
+    with amp.autocast():
+        out = model(batch[0])
+    assert out.dtype == getattr(torch, dtype)
+    amp.train_step(model, opt, nn.functional.mse_loss, batch)
+    assert float(amp.scale) == 1.0 and amp.skipped_steps == 0
+
+
+def test_state_dict_round_trip_keeps_scale_and_counters():
+    model, batch = _model_and_batch(target_scale=1e3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    amp = AmpRuntime(AmpConfig(init_scale=2.0**24), device="cpu")
+    for _ in range(3):
+        amp.train_step(model, opt, lambda o, y: nn.functional.mse_loss(o, y, reduction="sum"), batch)
+    restored = AmpRuntime(AmpConfig(init_scale=2.0**24), device="cpu")
+    restored.load_state_dict(amp.state_dict())
+    assert (restored.steps, restored.skipped_steps) == (amp.steps, amp.skipped_steps)
+    assert restored.scaler.get_scale() == amp.scaler.get_scale()
+
+
+def test_unknown_or_missing_device_is_a_usage_error():
+    with pytest.raises(scalertune.UsageError, match="unknown device"):
+        AmpRuntime(AmpConfig(), device="tpu9")
+    if not torch.cuda.is_available():
+        with pytest.raises(scalertune.UsageError, match="no CUDA"):
+            AmpRuntime(AmpConfig(), device="cuda")

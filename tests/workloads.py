@@ -1,0 +1,94 @@
+"""Tiny real workloads, one per way float16 training goes wrong. Each trains in well under a
+second on a CPU. Factories take no arguments, as scalertune calls them."""
+
+import torch
+from torch import nn
+
+HERE = __file__
+
+
+def _regression(scale_inputs: float = 1.0, scale_targets: float = 1.0, n: int = 4):
+    w = torch.randn(8, 1)
+    out = []
+    for _ in range(n):
+        x = torch.randn(32, 8) * scale_inputs
+        out.append((x, x @ w * scale_targets))
+    return out
+
+
+def healthy():
+    """Trains under every sane config: the control."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
+            "loss_fn": nn.MSELoss(), "batches": _regression()}
+
+
+def gradient_overflow():
+    """Gradients around 1e3: fine unscaled, inf in float16 once multiplied by 2**24."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
+            "loss_fn": nn.MSELoss(reduction="sum"), "batches": _regression(scale_targets=10)}
+
+
+def underflow():
+    """A loss so small (x 1e-9) that float16 gradients flush to zero at scale 1.
+
+    Adam normalises the gradient's size away, so any scale that keeps the gradients
+    representable trains exactly like float32; at scale 1 they are all zero and the loss stays
+    flat: no skipped step, no NaN, and no learning.
+    """
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    mse = nn.MSELoss()
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
+            "loss_fn": lambda out, y: 1e-9 * mse(out, y), "batches": _regression()}
+
+
+class _BigEmbedding(nn.Module):
+    """Activations of ~1e5 in the first layer: beyond float16's 65504 before any loss scale
+    applies, and harmless in float32 or bfloat16, whose range reaches 3e38."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 1)
+        with torch.no_grad():
+            self.up.weight.mul_(3e5)
+
+    def forward(self, x):
+        return self.down(self.up(x) / 1e5)
+
+
+def forward_overflow():
+    model = _BigEmbedding()
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.01),
+            "loss_fn": nn.MSELoss(), "batches": _regression()}
+
+
+def exploding():
+    """SGD with momentum at a learning rate that explodes unless gradients are clipped.
+
+    The user's float32 training clips at 10 (``clip_norm``), so the reference does too.
+    """
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    return {"model": model,
+            "optimizer": torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9),
+            "loss_fn": nn.MSELoss(), "batches": _regression(scale_targets=30, n=8),
+            "clip_norm": 10.0}
+
+
+def with_step():
+    """The same as ``healthy`` but through the user's own step function."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    loss_fn = nn.MSELoss()
+
+    def step(model, batch, amp):
+        x, y = batch
+        optimizer.zero_grad(set_to_none=True)
+        with amp.autocast():
+            loss = loss_fn(model(x), y)
+        amp.backward(loss)
+        amp.step(optimizer)
+        return loss
+
+    return {"model": model, "optimizer": optimizer, "batches": _regression(), "step": step}
