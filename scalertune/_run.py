@@ -20,7 +20,7 @@ from scalertune import _policy
 from scalertune._config import AmpConfig
 from scalertune._errors import UsageError
 from scalertune._runtime import AmpRuntime
-from scalertune._workload import Workload, build_workload, to_device
+from scalertune._workload import Workload, build_workload, one_line, to_device
 
 #: Prune kinds, in the words the summary and the dashboard use.
 PRUNE_KINDS = {
@@ -153,7 +153,15 @@ def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int) ->
     workload = build_workload(factory, seed=seed, device=device)
     amp = AmpRuntime(AmpConfig(dtype="float32"), device=device)
     batch = to_device(next(iter(workload.batches)), device)
-    loss = _step_function(workload)(workload, batch, amp)
+    try:
+        if workload.step is None:
+            inputs, targets = batch
+            check_loss(workload.loss_fn(workload.model(inputs), targets))
+        loss = _step_function(workload)(workload, batch, amp)
+    except UsageError:
+        raise
+    except Exception as exc:  # the user's model, loss or step: theirs to fix
+        raise UsageError(f"the first float32 training step failed: {one_line(exc)}") from None
     check_loss(loss)
     if workload.step is not None and amp.steps == 0:
         raise UsageError(

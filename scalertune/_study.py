@@ -42,6 +42,25 @@ def default_study_name(factory_spec: str) -> str:
     return f"{stem}:{name}"
 
 
+def load_existing_study(storage: str, study_name: str) -> optuna.Study:
+    """Load a study that must exist already; never creates a database or a study."""
+    if storage.startswith("sqlite:///") and not os.path.exists(storage[len("sqlite:///"):]):
+        raise UsageError(f"no such database: {storage} (check --storage)")
+    try:
+        return optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise UsageError(f"no study {study_name!r} in {redact(storage)}: "
+                         "check --study-name and --storage") from None
+    except Exception as exc:
+        raise UsageError(f"cannot open storage {redact(storage)}: "
+                         f"{redact(_first_line(exc))}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def open_study(storage: str, study_name: str, settings: dict[str, Any], *, seed: int) -> optuna.Study:
     """Create the study, or load it when it exists with the same settings."""
     sampler = optuna.samplers.TPESampler(seed=seed)
@@ -58,15 +77,16 @@ def open_study(storage: str, study_name: str, settings: dict[str, Any], *, seed:
             f"({exc.name or exc}): pip install it"
         ) from None
     except Exception as exc:  # Optuna raises many kinds for a bad URL or an unreachable DB
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(
-            f"cannot open storage {redact(storage)}: {redact(first)} "
+            f"cannot open storage {redact(storage)}: {redact(_first_line(exc))} "
             "(check the URL, e.g. sqlite:///scalertune.db or postgresql://user@host/db)"
         ) from None
     stored = study.user_attrs.get(SETTINGS_ATTR)
     if stored is None:
         study.set_user_attr(SETTINGS_ATTR, settings)
-        study.set_metric_names(["time to target (s)"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(["time to target (s)"])
         return study
     for key in COMPARABLE:
         if stored.get(key) != settings.get(key):

@@ -11,7 +11,7 @@ from typing import NoReturn, Sequence
 from scalertune import _policy
 from scalertune._errors import UsageError
 from scalertune._search import SearchError, search
-from scalertune._study import DEFAULT_STORAGE, redact
+from scalertune._study import DEFAULT_STORAGE, load_existing_study, redact
 
 EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
@@ -156,15 +156,9 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    import optuna
-
     from scalertune._result import analyze
 
-    try:
-        study = optuna.load_study(study_name=args.study_name, storage=args.storage)
-    except KeyError:
-        raise UsageError(f"no study {args.study_name!r} in {redact(args.storage)}: "
-                         "check --study-name and --storage") from None
+    study = load_existing_study(args.storage, args.study_name)
     result = analyze(study, storage=redact(args.storage))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

@@ -1,0 +1,99 @@
+"""The command line: help that reads like a man page, and one-line errors for bad input."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import HERE, ROOT, spec
+
+
+def _run(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "scalertune", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_help_explains_the_commands_and_exit_statuses(tmp_path):
+    top = _run("--help", cwd=tmp_path)
+    assert top.returncode == 0
+    for needle in ("search", "report", "exit status", "130"):
+        assert needle in top.stdout
+    sub = _run("search", "--help", cwd=tmp_path)
+    assert sub.returncode == 0
+    for needle in ("FACTORY", "--storage", "--space", "--n-trials", "--device", "--output",
+                   "float32 reference", "examples:"):
+        assert needle in sub.stdout
+
+
+def _bad(name):
+    return spec(name, "bad_workloads.py")
+
+
+BAD_INPUTS = [
+    ("missing file", [os.path.join(HERE, "nope.py") + ":make_model"], "no such file"),
+    ("no colon", ["model.py"], "write it as path/to/model.py:make_model"),
+    ("missing factory", [_bad("make_model")], "has no attribute 'make_model'"),
+    ("not callable", [_bad("NOT_CALLABLE")], "not callable"),
+    ("factory raises", [_bad("raises")], "raised ValueError: dataset path /data/train is missing"),
+    ("wrong shape", [_bad("wrong_shape")], "returned a list"),
+    ("unknown key", [_bad("unknown_key")], "unknown key.s. 'lr'"),
+    ("empty batches", [_bad("empty_batches")], "'batches' is empty"),
+    ("one-shot batches", [_bad("one_shot_batches")], "one-shot iterator"),
+    ("non-scalar loss", [_bad("non_scalar_loss")], r"shape \(8, 1\), not a scalar"),
+    ("non-tensor loss", [_bad("non_tensor_loss")], "the loss is a float, not a tensor"),
+    ("no trainable parameters", [_bad("no_trainable_parameters")], "no trainable parameters"),
+    ("foreign optimizer", [_bad("foreign_optimizer")], "not the model's"),
+    ("unknown space", [spec("healthy"), "--space", "fp8"], "unknown search space 'fp8'"),
+    ("missing space file", [spec("healthy"), "--space", "spaces/mine.yaml"],
+     "no such search space file"),
+    ("unknown device", [spec("healthy"), "--device", "tpu"], "unknown device 'tpu'"),
+    ("bad option", [spec("healthy"), "--n-trails", "3"], "unrecognized arguments"),
+    ("too few steps", [spec("healthy"), "--steps", "5"], "--steps >= 20"),
+]
+if not torch.cuda.is_available():
+    BAD_INPUTS.append(("cuda without cuda", [spec("healthy"), "--device", "cuda"], "no CUDA"))
+
+
+@pytest.mark.parametrize("label, args, message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_writes_no_study(tmp_path, label, args, message):
+    proc = _run("search", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert __import__("re").search(message, lines[0]), lines[0]
+    assert proc.stdout == ""
+    assert not (tmp_path / "scalertune.db").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("init_scale: {low: 0, high: 8}", "init_scale must be > 0"),
+    ("growth_factor: 1.0", "growth_factor must be > 1"),
+    ("backoff_factor: {low: 0.5, high: 1.5}", "backoff_factor must be in"),
+    ("growth_interval: {low: 10, high: 1}", "is greater than high"),
+    ("dtype: {choices: [half]}", "unknown dtype 'half'"),
+    ("init_scale_max: 3", "unknown key"),
+])
+def test_invalid_space_file_is_refused_before_anything_runs(tmp_path, text, message):
+    (tmp_path / "space.yaml").write_text(text)
+    proc = _run("search", spec("healthy"), "--space", "space.yaml", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "scalertune.db").exists()
+
+
+def test_storage_password_is_never_printed(tmp_path):
+    url = "postgresql://alice:s3cret-pw@127.0.0.1:1/optuna"
+    proc = _run("search", spec("healthy"), "--storage", url, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "s3cret-pw" not in proc.stderr + proc.stdout
+    assert "alice:***@" in proc.stderr
+
+
+def test_report_on_a_missing_study_is_a_usage_error_and_creates_nothing(tmp_path):
+    proc = _run("report", "--study-name", "nothing", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "no such database: sqlite:///scalertune.db" in proc.stderr
+    assert not (tmp_path / "scalertune.db").exists()

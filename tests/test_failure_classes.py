@@ -1,0 +1,85 @@
+"""One test per way float16 training goes wrong, each on a tiny real model."""
+
+import pytest
+import torch
+
+import scalertune
+from scalertune._config import AmpConfig
+from scalertune._run import run_config
+from conftest import spec
+import workloads
+
+CPU = torch.device("cpu")
+
+
+def test_large_scale_overflows_gradients_skips_then_recovers():
+    record = run_config(workloads.gradient_overflow, AmpConfig(init_scale=2.0**24),
+                        steps=60, seed=0, device=CPU)
+    assert not record.pruned
+    assert record.first_nonfinite_step == 0
+    # The scaler halves the scale on each overflowing step until the gradients fit.
+    assert 5 <= len(record.skipped) < 30
+    assert record.skipped[:5] == [0, 1, 2, 3, 4]
+    assert min(record.scales) < 2.0**24
+    assert all(v == v for v in record.losses)
+    small = run_config(workloads.gradient_overflow, AmpConfig(init_scale=2.0**8),
+                       steps=60, seed=0, device=CPU)
+    assert len(small.skipped) < len(record.skipped)
+
+
+@pytest.mark.slow
+def test_scale_one_underflow_never_reaches_target_and_ranks_below_larger_scale(storage, space_file):
+    path = space_file("dtype: {choices: [float16]}\ninit_scale: 1.0\n")
+    result = scalertune.search(spec("underflow"), storage=storage, space=path, n_trials=1,
+                               steps=60, device="cpu")
+    (scale_one,) = [o for o in result.ranking if o.role == "search"]
+    default = result.baselines["pytorch-default"]
+    assert scale_one.config.init_scale == 1.0
+    # Nothing is skipped and nothing is NaN: the gradients are simply zero.
+    assert scale_one.state == "complete"
+    assert scale_one.attrs["skipped_steps"] == 0
+    assert scale_one.attrs["first_nonfinite_step"] is None
+    assert not scale_one.reached
+    assert default.reached
+    assert result.ranking.index(default) < result.ranking.index(scale_one)
+    assert result.config.init_scale != 1.0
+
+
+@pytest.mark.slow
+def test_forward_overflow_is_pruned_with_a_reason_that_says_forward(storage):
+    result = scalertune.search(spec("forward_overflow"), storage=storage, space="float16",
+                               n_trials=3, steps=40, device="cpu")
+    float16_runs = [o for o in result.ranking if o.config.dtype == "float16"]
+    assert len(float16_runs) == 5  # two baselines and three sampled trials
+    for outcome in float16_runs:
+        assert outcome.state == "pruned"
+        assert outcome.prune_kind == "forward"
+        assert "forward overflow" in outcome.attrs["prune_reason"]
+        assert outcome.attrs["first_nonfinite_step"] == 0
+    assert result.pruned_by_kind == {"forward": 5}
+    assert result.recommended is None and result.config.dtype == "float32"
+    assert "keep training in float32" in result.verdict
+
+
+def test_forward_overflow_is_fixed_by_bfloat16_not_by_a_small_scale():
+    tiny = run_config(workloads.forward_overflow, AmpConfig(init_scale=2.0**-8),
+                      steps=40, seed=0, device=CPU)
+    assert tiny.prune_kind == "forward"
+    bf16 = run_config(workloads.forward_overflow, AmpConfig(dtype="bfloat16"),
+                      steps=40, seed=0, device=CPU)
+    assert not bf16.pruned
+
+
+@pytest.mark.slow
+def test_exploding_gradients_clipping_decides(storage, space_file):
+    path = space_file("dtype: {choices: [bfloat16]}\nclip_norm: 10.0\n")
+    result = scalertune.search(spec("exploding"), storage=storage, space=path, n_trials=1,
+                               steps=60, device="cpu")
+    unclipped = list(result.baselines.values())
+    assert all(o.state == "pruned" for o in unclipped)
+    assert {o.prune_kind for o in unclipped} <= {"diverged", "parameters", "gradients"}
+    assert result.recommended is not None
+    assert result.recommended.config == AmpConfig(dtype="bfloat16", clip_norm=10.0)
+    unclipped_bf16 = run_config(workloads.exploding, AmpConfig(dtype="bfloat16"),
+                                steps=60, seed=0, device=CPU)
+    assert unclipped_bf16.prune_kind in {"diverged", "parameters"}

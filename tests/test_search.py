@@ -1,0 +1,154 @@
+"""The search as a whole: what it stores, resuming, baselines once, ranking, the YAML."""
+
+import math
+import subprocess
+import sys
+
+import optuna
+import pytest
+import torch
+
+import scalertune
+from scalertune._config import PYTORCH_DEFAULT, SEED_ARTICLE_FIX, AmpConfig
+from scalertune._rank import Outcome, ranked
+from scalertune._run import run_config
+from conftest import ROOT, spec
+import workloads
+
+pytestmark = pytest.mark.slow
+
+
+def _load(storage, name="workloads:healthy"):
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def test_each_trial_reports_its_loss_curve_and_judged_attributes(storage):
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
+                               device="cpu")
+    study = _load(storage)
+    reference = study.user_attrs["scalertune.float32_reference.seed0"]
+    assert len(reference["losses"]) == 40 and reference["median_step_time_s"] > 0
+    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert trials
+    for trial in trials:
+        assert sorted(trial.intermediate_values) == list(range(40))
+        for key in ("skipped_steps", "final_scale", "min_scale", "first_nonfinite_step",
+                    "median_step_time_s", "steps_to_target", "time_to_target_s",
+                    "loss_vs_float32"):
+            assert key in trial.user_attrs, key
+    assert result.reference["target_loss"] > 0
+
+
+def test_rerunning_resumes_and_runs_reference_and_baselines_once(storage):
+    first = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
+                              device="cpu")
+    reference = _load(storage).user_attrs["scalertune.float32_reference.seed0"]
+    second = scalertune.search(spec("healthy"), storage=storage, n_trials=3, steps=40,
+                               device="cpu")
+    study = _load(storage)
+    roles = [t.user_attrs["role"] for t in study.trials]
+    assert roles.count("baseline") == 2
+    assert roles.count("search") == 3
+    baselines = sorted(t.user_attrs["baseline"] for t in study.trials
+                       if t.user_attrs["role"] == "baseline")
+    assert baselines == ["init-scale-4096", "pytorch-default"]
+    assert study.user_attrs["scalertune.float32_reference.seed0"] == reference
+    # Confirmation runs are not repeated for a candidate already confirmed.
+    confirms = [(t.user_attrs["confirms"], t.user_attrs["seed"]) for t in study.trials
+                if t.user_attrs["role"] == "confirm"]
+    assert len(confirms) == len(set(confirms))
+    assert first.recommended is not None and second.recommended is not None
+    # A third identical run has nothing left to do.
+    before = len(study.trials)
+    scalertune.search(spec("healthy"), storage=storage, n_trials=3, steps=40, device="cpu")
+    assert len(_load(storage).trials) == before
+
+
+def test_changed_settings_on_an_existing_study_are_refused_and_nothing_is_written(storage):
+    scalertune.search(spec("healthy"), storage=storage, n_trials=0, steps=40, device="cpu")
+    before = len(_load(storage).trials)
+    with pytest.raises(scalertune.UsageError, match="created with steps=40"):
+        scalertune.search(spec("healthy"), storage=storage, n_trials=1, steps=60, device="cpu")
+    assert len(_load(storage).trials) == before
+
+
+def test_baselines_are_pytorch_defaults_and_the_seed_article_fix(storage):
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=0, steps=40,
+                               device="cpu")
+    assert result.baselines["pytorch-default"].config == PYTORCH_DEFAULT
+    assert result.baselines["init-scale-4096"].config == SEED_ARTICLE_FIX
+    assert PYTORCH_DEFAULT == AmpConfig("float16", 65536.0, 2.0, 0.5, 2000, None)
+
+
+def test_recommendation_is_confirmed_on_other_seeds_and_states_a_verdict(storage):
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=3, steps=40,
+                               device="cpu")
+    rec = result.recommended
+    assert rec is not None and rec.reached
+    runs = result.confirmations[rec.number]
+    assert sorted(runs) == [1, 2] and all(o.reached for o in runs.values())
+    assert all(o.config == rec.config for o in runs.values())
+    assert "float32" in result.verdict and "cpu" in result.verdict
+    assert math.isfinite(result.speedup)
+    text = result.summary()
+    for needle in ("float32 reference", "pytorch-default", "init-scale-4096", "Recommended",
+                   "Verdict"):
+        assert needle in text
+
+
+def _outcome(number, reached, time=1.0, ratio=1.0, state="complete"):
+    attrs = {"steps_to_target": 10 if reached else None,
+             "time_to_target_s": time if reached else None, "loss_vs_float32": ratio}
+    return Outcome(number=number, role="search", config=AmpConfig(init_scale=2.0**number),
+                   seed=0, state=state, attrs=attrs, losses=())
+
+
+def test_ranking_puts_reached_first_then_shortest_time_then_closest_loss():
+    slow = _outcome(0, True, time=2.0)
+    fast = _outcome(1, True, time=0.5)
+    close = _outcome(2, False, ratio=1.2)
+    far = _outcome(3, False, ratio=5.0)
+    pruned = _outcome(4, False, state="pruned")
+    assert ranked([pruned, far, slow, close, fast]) == [fast, slow, close, far, pruned]
+
+
+def test_yaml_round_trip_builds_the_same_runtime_and_trains_with_finite_loss(storage, tmp_path):
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
+                               device="cpu")
+    path = tmp_path / "amp.yaml"
+    result.to_yaml(str(path))
+    assert scalertune.load_config(str(path)) == result.config
+    amp = scalertune.load(str(path), device="cpu")
+    assert amp.config == result.config
+    parts = workloads.healthy()
+    model, opt = parts["model"], parts["optimizer"]
+    for batch in parts["batches"] * 5:
+        loss = amp.train_step(model, opt, parts["loss_fn"], batch)
+        assert torch.isfinite(loss)
+    text = path.read_text()
+    assert "evidence:" in text and "verdict:" in text and "pytorch-default:" in text
+
+
+def test_user_step_function_runs_through_the_same_runtime(storage):
+    result = scalertune.search(spec("with_step"), storage=storage, n_trials=1, steps=40,
+                               device="cpu", study_name="with-step")
+    ours = run_config(workloads.healthy, PYTORCH_DEFAULT, steps=40, seed=0,
+                      device=torch.device("cpu"))
+    theirs = run_config(workloads.with_step, PYTORCH_DEFAULT, steps=40, seed=0,
+                        device=torch.device("cpu"))
+    assert theirs.losses == ours.losses and theirs.scales == ours.scales
+    assert result.baselines["pytorch-default"].attrs["skipped_steps"] == len(ours.skipped)
+
+
+def test_report_recomputes_the_same_recommendation_from_storage(storage, tmp_path):
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
+                               device="cpu")
+    out = tmp_path / "again.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalertune", "report", "--storage", storage,
+         "--study-name", "workloads:healthy", "--output", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"Recommended: {result.recommended.label}" in proc.stdout
+    assert scalertune.load_config(str(out)) == result.config
