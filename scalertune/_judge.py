@@ -88,5 +88,5 @@ def speed_verdict(speedup: float, step_time_ratio: float, device: str) -> str:
         text = f"{1 / speedup:.2f}x slower than float32 to the target on {device} ({per_step})"
     if device.startswith("cpu") and step_time_ratio > 1 + _policy.SAME_SPEED_BAND:
         text += (". CPUs without native half-precision matmul run AMP steps slower than "
-                 "float32: search on the GPU you will train on to choose for it")
+                 "float32; to choose for GPU training, run the search on that GPU")
     return text
