@@ -18,6 +18,25 @@ from scalertune._config import AmpConfig
 
 ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM = "search", "baseline", "confirm"
 
+#: Trial system attribute holding the per-step loss scale, run-length encoded as
+#: ``[[scale, steps], ...]`` (the scale is piecewise constant). A system attribute, so that the
+#: dashboard's table of user attributes stays readable.
+SCALES_ATTR = "scalertune.scales"
+
+
+def encode_scales(scales: Sequence[float]) -> list[list[float]]:
+    runs: list[list[float]] = []
+    for value in scales:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return runs
+
+
+def decode_scales(runs: Sequence[Sequence[float]]) -> tuple[float, ...]:
+    return tuple(value for value, count in runs for _ in range(int(count)))
+
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
@@ -30,6 +49,7 @@ class Outcome:
     state: str
     attrs: dict[str, Any]
     losses: tuple[float, ...]
+    scales: tuple[float, ...] = ()
 
     @classmethod
     def from_trial(cls, trial: FrozenTrial) -> "Outcome":
@@ -43,6 +63,7 @@ class Outcome:
             state=trial.state.name.lower(),
             attrs=attrs,
             losses=tuple(trial.intermediate_values[s] for s in steps),
+            scales=decode_scales(trial.system_attrs.get(SCALES_ATTR, [])),
         )
 
     @property

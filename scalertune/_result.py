@@ -50,6 +50,7 @@ class SearchResult:
     failed: int
     recommended: Outcome | None
     interrupted: bool = False
+    study: optuna.Study | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def config(self) -> AmpConfig:
@@ -104,6 +105,43 @@ class SearchResult:
         from scalertune._summary import render
 
         return render(self, top=top)
+
+    def plot(self, path: str, *, run: str = "recommended") -> None:
+        """Write a PNG of ``run`` (``recommended``, a baseline's name, or ``#N``): its loss
+        over float32's and its loss scale, step by step. Needs matplotlib."""
+        from scalertune._plots import plot_run
+
+        plot_run(self, self._run(run), path)
+
+    def write_pictures(self, next_to: str) -> dict[int, str]:
+        """PNGs of the recommendation and of PyTorch's defaults beside ``next_to`` (the YAML).
+
+        Returns trial number -> path; empty when matplotlib is not installed.
+        """
+        from scalertune._plots import have_matplotlib, plot_run
+
+        if not have_matplotlib():
+            return {}
+        stem = os.path.splitext(next_to)[0]
+        written = {}
+        for name in ("recommended", "pytorch-default"):
+            try:
+                outcome = self._run(name)
+            except KeyError:
+                continue
+            path = f"{stem}.{name}.trial-{outcome.number}.png"
+            plot_run(self, outcome, path)
+            written[outcome.number] = path
+        return written
+
+    def _run(self, name: str) -> Outcome:
+        if name == "recommended":
+            if self.recommended is None:
+                raise KeyError("no AMP config was recommended")
+            return self.recommended
+        if name.startswith("#"):
+            return next(o for o in self.ranking if o.number == int(name[1:]))
+        return self.baselines[name]
 
     def to_dict(self) -> dict[str, Any]:
         """The recommendation and its evidence as plain data (the YAML file's content)."""
@@ -200,7 +238,7 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
     return SearchResult(
         study_name=study.study_name, storage=storage, settings=settings,
         reference=stored_reference(study, seed), ranking=ranking, candidates=candidates,
-        confirmations=confirmations, failed=failed, recommended=recommended,
+        confirmations=confirmations, failed=failed, recommended=recommended, study=study,
     )
 
 

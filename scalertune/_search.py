@@ -22,7 +22,8 @@ from scalertune import _policy
 from scalertune._config import BASELINES, AmpConfig
 from scalertune._errors import UsageError
 from scalertune._judge import Target
-from scalertune._rank import ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, Outcome, outcomes_of
+from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, SCALES_ATTR,
+                              encode_scales, outcomes_of)
 from scalertune._result import SearchResult, analyze
 from scalertune._run import RunRecord, preflight, run_config
 from scalertune._runtime import resolve_device
@@ -187,6 +188,8 @@ class _Runner:
         self._any_success = True
         for key, value in judged_attrs(record, target).items():
             trial.set_user_attr(key, value)
+        trial.storage.set_trial_system_attr(trial._trial_id, SCALES_ATTR,  # noqa: SLF001
+                                            encode_scales(record.scales))
         trial.set_constraint("target_gap", min(target.gap(record.losses), 1e300))
         if record.pruned:
             self.study.tell(trial, state=TrialState.PRUNED)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
-from typing import NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 from scalertune import _policy
 from scalertune._errors import UsageError
 from scalertune._search import SearchError, search
 from scalertune._study import DEFAULT_STORAGE, load_existing_study, redact
+
+if TYPE_CHECKING:
+    from scalertune._result import SearchResult
 
 EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
@@ -99,7 +103,22 @@ def _parser() -> argparse.ArgumentParser:
                    help="where to write the recommendation (default: STUDY_NAME.yaml here)")
     s.add_argument("--top", type=int, default=5, metavar="N",
                    help="sampled trials shown in the summary (default: %(default)s)")
+    s.add_argument("--artifact-dir", metavar="DIR",
+                   help="where the PNGs attached to trials are stored, for optuna-dashboard "
+                        "(default: scalertune-artifacts here)")
     s.add_argument("--quiet", "-q", action="store_true", help="no per-run lines, no progress bar")
+
+    d = sub.add_parser(
+        "dashboard", help="review a study in optuna-dashboard",
+        description="Start optuna-dashboard on the study's storage and artifact store, bound to "
+        "127.0.0.1, after refreshing the notes scalertune writes (the study's summary, why each "
+        "pruned trial was pruned). Needs: pip install 'scalertune[dashboard]'.",
+        formatter_class=fmt)
+    _storage_arguments(d)
+    d.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    d.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
+    d.add_argument("--artifact-dir", metavar="DIR",
+                   help="artifact store folder (default: the one the search used)")
 
     r = sub.add_parser("report", help="summarise a study from its storage",
                        description="Print the summary of a stored study, recomputed from what "
@@ -129,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        return _search(args) if args.command == "search" else _report(args)
+        return {"search": _search, "report": _report, "dashboard": _dashboard}[args.command](args)
     except UsageError as exc:
         print(f"scalertune {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -150,9 +169,22 @@ def _search(args: argparse.Namespace) -> int:
     if result.interrupted:
         return EXIT_INTERRUPTED
     output = args.output or _default_output(result.study_name)
-    result.to_yaml(output)
-    print(f"Wrote {output}")
+    _write(result, output, args.artifact_dir, sys.stdout)
     return 0
+
+
+def _write(result: "SearchResult", output: str, artifact_dir: str | None, stream: Any) -> None:
+    """The YAML, the pictures beside it, and what the dashboard shows."""
+    from scalertune._dashboard import publish
+
+    result.to_yaml(output)
+    pictures = result.write_pictures(output)
+    print(f"Wrote {', '.join([output, *pictures.values()])}", file=stream)
+    try:
+        publish(result, pictures=pictures, artifact_dir=artifact_dir)
+    except Exception as exc:  # the YAML is written; the dashboard extras must not undo that
+        print(f"scalertune: could not add notes and pictures to the study: {exc}",
+              file=sys.stderr)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -165,9 +197,42 @@ def _report(args: argparse.Namespace) -> int:
     else:
         print(result.summary(top=args.top))
     if args.output:
-        result.to_yaml(args.output)
-        print(f"Wrote {args.output}", file=sys.stderr if args.json else sys.stdout)
+        _write(result, args.output, None, sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    import optuna
+
+    from scalertune._dashboard import have_dashboard, serve
+
+    if not have_dashboard():
+        raise UsageError("optuna-dashboard is not installed: pip install 'scalertune[dashboard]'")
+    name = args.study_name
+    if name is None:
+        names = _study_names(args.storage)
+        if len(names) != 1:
+            raise UsageError(f"{redact(args.storage)} holds {len(names)} studies: "
+                             "choose one with --study-name")
+        name = names[0]
+    study = load_existing_study(args.storage, name)
+    url = f"http://{args.host}:{args.port}/dashboard/studies/{study._study_id}"  # noqa: SLF001
+    print(f"optuna-dashboard for study {name!r} at {url} (Ctrl-C stops it)", flush=True)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        serve(study, args.storage, host=args.host, port=args.port,
+              artifact_dir=args.artifact_dir)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _study_names(storage: str) -> list[str]:
+    import optuna
+
+    if storage.startswith("sqlite:///") and not os.path.exists(storage[len("sqlite:///"):]):
+        raise UsageError(f"no such database: {storage} (check --storage)")
+    return optuna.get_all_study_names(storage=storage)
 
 
 def _default_output(study_name: str) -> str:
