@@ -138,8 +138,7 @@ def study_note(result: "SearchResult") -> str:
     return "\n".join(lines)
 
 
-def serve(study: optuna.Study, storage: str, *, host: str, port: int,
-          artifact_dir: str | None = None) -> None:
+def serve(study: optuna.Study, *, host: str, port: int, artifact_dir: str | None = None) -> None:
     """Refresh the notes, then run the real optuna-dashboard server (blocks)."""
     if not have_dashboard():
         raise UsageError(f"optuna-dashboard is not installed: {_INSTALL}")
@@ -151,4 +150,4 @@ def serve(study: optuna.Study, storage: str, *, host: str, port: int,
     _write_notes(analyze(study))
     directory = artifact_dir_of(study, artifact_dir)
     store = FileSystemArtifactStore(directory) if os.path.isdir(directory) else None
-    run_server(storage, host=host, port=port, artifact_store=store)
+    run_server(study._storage, host=host, port=port, artifact_store=store)  # noqa: SLF001

@@ -52,3 +52,27 @@ SAME_SPEED_BAND = 0.05
 #: exception and none had succeeded yet: the workload is broken, not the config. (A config
 #: can legitimately fail on its own, e.g. nn.LSTM under CPU float16 autocast.)
 SAME_FAILURES_BEFORE_STOP = 5
+
+#: RDB storages (SQLite, PostgreSQL, MySQL) record a heartbeat for every running trial this
+#: often (seconds). A trial whose heartbeat is older than ``HEARTBEAT_GRACE_S`` belongs to a
+#: worker that died: it is marked failed and its config retried. The grace is three beats, so
+#: one slow database write does not fail a healthy trial.
+HEARTBEAT_INTERVAL_S = 5
+HEARTBEAT_GRACE_S = 15
+
+#: A crashed trial is retried this many times; a config that kills its worker twice more is
+#: left failed rather than taking the study down with it.
+MAX_RETRIES = 2
+
+#: Workers coordinate the once-per-study runs (the float32 reference, the baselines, the
+#: confirmations) with a claim in the study: write it, wait this long, read it back. Writes take
+#: milliseconds, so two workers racing for a claim both read the later one after the wait.
+CLAIM_SETTLE_S = 0.25
+
+#: A claim holder refreshes its claim this often while it works; a claim not refreshed for
+#: ``CLAIM_STALE_S`` belongs to a worker that died, and another worker takes it over.
+CLAIM_REFRESH_S = 5
+CLAIM_STALE_S = 30
+
+#: How often an idle worker looks at the study while it waits for other workers.
+POLL_S = 0.5

@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune._config import AmpConfig
 
 ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM = "search", "baseline", "confirm"
+_AMP_ROLES = (ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM)
 
 #: Trial system attribute holding the per-step loss scale, run-length encoded as
 #: ``[[scale, steps], ...]`` (the scale is piecewise constant). A system attribute, so that the
@@ -94,9 +95,11 @@ class Outcome:
 
 
 def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:
-    """Finished scalertune trials (complete or pruned), in trial-number order."""
+    """Finished AMP runs (complete or pruned), in trial-number order; the float32 reference
+    trials are the yardstick, not candidates, and are left out."""
     done = (TrialState.COMPLETE, TrialState.PRUNED)
-    return [Outcome.from_trial(t) for t in trials if t.state in done and "config" in t.user_attrs]
+    return [Outcome.from_trial(t) for t in trials
+            if t.state in done and t.user_attrs.get("role") in _AMP_ROLES]
 
 
 def rank_key(outcome: Outcome) -> tuple[int, float, int]:

@@ -23,7 +23,7 @@ from scalertune._errors import UsageError
 from scalertune._judge import Target, speed_verdict
 from scalertune._rank import (ROLE_BASELINE, Outcome, confirmations_of,
                               distinct_candidates, outcomes_of, ranked)
-from scalertune._study import SETTINGS_ATTR, stored_reference
+from scalertune._study import SETTINGS_ATTR, reference_of
 
 FORMAT_VERSION = 1
 
@@ -234,10 +234,11 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
                 for s in _policy.CONFIRM_SEEDS)),
         None,
     )
-    failed = sum(t.state == optuna.trial.TrialState.FAIL for t in trials)
+    failed = sum(t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("role") != "surplus"
+                 for t in trials)
     return SearchResult(
         study_name=study.study_name, storage=storage, settings=settings,
-        reference=stored_reference(study, seed), ranking=ranking, candidates=candidates,
+        reference=reference_of(study, seed), ranking=ranking, candidates=candidates,
         confirmations=confirmations, failed=failed, recommended=recommended, study=study,
     )
 

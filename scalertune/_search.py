@@ -2,7 +2,11 @@
 
 load the workload -> validate (one float32 step) -> open the study -> float32 reference ->
 baselines -> sampled trials -> rank -> confirm the best on other seeds -> result.
-Everything the command line does goes through here.
+
+Any number of workers may run the same search on one storage. The once-per-study runs are
+coordinated with claims (``_claims``); every other run is an Optuna trial taken with
+``study.optimize`` (a queued trial first: a baseline, a confirmation, a retry), so Optuna's
+heartbeats cover it. Everything the command line does goes through here.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import dataclasses
 import math
 import platform
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
@@ -19,23 +24,38 @@ import torch
 from optuna.trial import TrialState
 
 from scalertune import _policy
+from scalertune._claims import claim, wait_released
 from scalertune._config import BASELINES, AmpConfig
 from scalertune._errors import UsageError
+from scalertune._isolate import TrialCrashed, describe_error, run_isolated
 from scalertune._judge import Target
 from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, SCALES_ATTR,
-                              encode_scales, outcomes_of)
+                              encode_scales)
+from scalertune._recovery import recover
 from scalertune._result import SearchResult, analyze
 from scalertune._run import RunRecord, preflight, run_config
 from scalertune._runtime import resolve_device
 from scalertune._space import SearchSpace
-from scalertune._study import (DEFAULT_STORAGE, default_study_name, judged_attrs,
-                               objective_value, open_study, redact, store_reference,
-                               stored_reference)
+from scalertune._storage import DEFAULT_STORAGE, WORKER, open_storage, redact
+from scalertune._study import (ROLE_REFERENCE, add_reference, default_study_name,
+                               judged_attrs, objective_value, open_study, reference_of)
 from scalertune._workload import FactoryError, load_factory, one_line
+
+_LIVE = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
+_BASELINE_KEY = ("role", "baseline")
+_CONFIRM_KEY = ("role", "confirms", "seed")
 
 
 class SearchError(Exception):
     """The search cannot go on: the workload itself is broken (not one config)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+    """Run each trial in its own process: ``timeout_s`` and ``memory_gb`` bound it."""
+
+    timeout_s: float | None = None
+    memory_gb: float | None = None
 
 
 def search(
@@ -48,17 +68,20 @@ def search(
     steps: int = 200,
     seed: int = 0,
     device: str | None = "auto",
+    isolation: Isolation | None = None,
     log: Callable[[str], None] | None = None,
     progress: bool = False,
 ) -> SearchResult:
     """Search AMP configs for the workload ``factory`` returns; return the evidence.
 
     ``factory`` is ``path/to/model.py:make_model`` or ``package.module:make_model``.
-    ``n_trials`` is the study's total of sampled trials: running the same search again
-    resumes it up to that total. The float32 reference and the two baselines (PyTorch's
-    defaults, and the same with ``init_scale=4096``) run once per study.
+    ``n_trials`` is the study's total of sampled trials, across reruns and workers: running
+    the same search again resumes it up to that total. The float32 reference and the two
+    baselines (PyTorch's defaults, and the same with ``init_scale=4096``) run once per study.
+    ``storage`` is an Optuna storage URL or a journal file path (several workers on one host).
 
-    Raises :class:`UsageError` for bad input before any study row is written.
+    Raises :class:`UsageError` for bad input before any study row is written, and
+    :class:`SearchError` when the workload itself fails.
 
     Example:
         >>> import scalertune
@@ -77,24 +100,25 @@ def search(
         reference_config = preflight(user_factory, device=dev, seed=seed)
     except FactoryError as exc:
         raise UsageError(f"the factory {factory} raised {exc}: fix it and rerun") from None
-    storage = storage or DEFAULT_STORAGE
+    url = storage or DEFAULT_STORAGE
     study_name = study_name or default_study_name(factory)
     settings = {
         "factory": factory, "steps": steps, "seed": seed, "space": space.to_dict(),
         "device_type": dev.type, "device": describe_device(dev),
         "reference": reference_config.to_dict(),
     }
-    study = open_study(storage, study_name, settings, seed=seed)
-    runner = _Runner(study, user_factory, reference_config, dev, steps, seed,
-                     log or (lambda _: None), progress)
+    study = open_study(open_storage(url), study_name, settings, seed=seed, url=url)
+    worker = _Worker(study, factory, user_factory, reference_config, space, dev, steps, seed,
+                     n_trials, isolation, log or (lambda _: None), progress)
+    interrupted = False
     try:
-        runner.run(space, n_trials)
+        worker.run()
     except KeyboardInterrupt:
-        runner.close()
-        result = analyze(study, storage=redact(storage))
-        return dataclasses.replace(result, interrupted=True)
-    runner.close()
-    return analyze(study, storage=redact(storage))
+        interrupted = True
+    finally:
+        worker.close()
+    result = analyze(study, storage=redact(url))
+    return dataclasses.replace(result, interrupted=True) if interrupted else result
 
 
 def describe_device(device: torch.device) -> str:
@@ -103,107 +127,219 @@ def describe_device(device: torch.device) -> str:
     return f"{device.type} ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-class _Runner:
-    """Runs and stores the reference, the baselines, the trials and the confirmations."""
+class _TrialFailed(Exception):
+    """Raised out of the objective so that Optuna records the trial as failed."""
 
-    def __init__(self, study: optuna.Study, factory: Callable[[], Any], reference: AmpConfig,
-                 device: torch.device, steps: int, seed: int, log: Callable[[str], None],
-                 progress: bool) -> None:
-        self.study, self.factory, self.reference, self.device = study, factory, reference, device
-        self.steps, self.seed = steps, seed
+
+class _Worker:
+    """One process's part in a search; any number of them may share the study."""
+
+    def __init__(self, study: optuna.Study, spec: str, factory: Callable[[], Any],
+                 reference: AmpConfig, space: SearchSpace, device: torch.device, steps: int,
+                 seed: int, n_trials: int, isolation: Isolation | None,
+                 log: Callable[[str], None], progress: bool) -> None:
+        self.study, self.spec, self.factory = study, spec, factory
+        self.reference, self.space, self.device = reference, space, device
+        self.steps, self.seed, self.n_trials, self.isolation = steps, seed, n_trials, isolation
         self._bar = _bar() if progress else None
         # While a bar is drawn, lines must go through it or they tear it apart.
         self.log = (lambda line: self._bar.write(line, file=sys.stderr)) if self._bar else log
+        self._targets: dict[int, Target] = {}
         self._failures: list[str] = []
         self._any_success = False
+        self._holding = False
 
-    def run(self, space: SearchSpace, n_trials: int) -> None:
-        target = self.target(self.seed)
-        outcomes = outcomes_of(self.study.get_trials(deepcopy=False))
-        done_baselines = {o.attrs.get("baseline") for o in outcomes if o.role == ROLE_BASELINE}
-        done_search = sum(o.role == ROLE_SEARCH for o in outcomes)
-        todo = [n for n in BASELINES if n not in done_baselines]
-        self._grow(len(todo) + max(0, n_trials - done_search))
-        for name in todo:
-            self.trial(BASELINES[name], ROLE_BASELINE, self.seed, target, {"baseline": name})
-        for _ in range(max(0, n_trials - done_search)):
-            trial = self.study.ask()
-            self.trial(space.suggest(trial), ROLE_SEARCH, self.seed, target, {}, trial=trial)
+    # -- the phases -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        recover(self.study, self.log)
+        self._once("setup", self._setup, self._setup_done)
+        self.target(self.seed)
+        trials = self.study.get_trials(deepcopy=False)
+        self._grow(sum(t.state == TrialState.WAITING for t in trials)
+                   + max(0, self.n_trials - _counted_search_trials(trials)))
+        while self._more_main_trials():
+            self._one_trial()
+        self._drain()
         self.confirm()
 
     def confirm(self) -> None:
-        """Rerun the best distinct candidates on the confirmation seeds (once each)."""
-        result = analyze(self.study)
-        todo = [(c, s) for c in result.candidates for s in _policy.CONFIRM_SEEDS
-                if s not in result.confirmations.get(c.number, {})]
-        self._grow(len(todo))
-        for candidate, seed in todo:
-            self.trial(candidate.config, ROLE_CONFIRM, seed, self.target(seed),
-                       {"confirms": candidate.number})
+        """Rerun the best distinct candidates on the confirmation seeds (once per study)."""
+        candidates = analyze(self.study).candidates
+        jobs = [{"role": ROLE_CONFIRM, "confirms": c.number, "seed": seed,
+                 "config": c.config.to_dict()}
+                for c in candidates for seed in _policy.CONFIRM_SEEDS]
+
+        def work() -> None:
+            for seed in _policy.CONFIRM_SEEDS:
+                self.target(seed)
+            for job in jobs:
+                self._ensure(job, _CONFIRM_KEY)
+
+        self._once("confirm", work, lambda: all(self._exists(j, _CONFIRM_KEY) for j in jobs))
+        self._drain()
+
+    def _setup(self) -> None:
+        self.target(self.seed)
+        for job in self._baseline_jobs():
+            self._ensure(job, _BASELINE_KEY)
+
+    def _setup_done(self) -> bool:
+        return reference_of(self.study, self.seed) is not None and all(
+            self._exists(job, _BASELINE_KEY) for job in self._baseline_jobs())
+
+    def _baseline_jobs(self) -> list[dict[str, Any]]:
+        return [{"role": ROLE_BASELINE, "baseline": name, "seed": self.seed,
+                 "config": config.to_dict()} for name, config in BASELINES.items()]
+
+    def _once(self, key: str, work: Callable[[], None], done: Callable[[], bool]) -> None:
+        """Do ``work`` in exactly one worker, unless ``done()`` already; the others wait."""
+        while not done():
+            if self._holding:  # inside another claim: nobody else can be doing this
+                work()
+                return
+            with claim(self.study, key) as mine:
+                if mine:
+                    self._holding = True
+                    try:
+                        work()
+                    finally:
+                        self._holding = False
+                    return
+            wait_released(self.study, key)
+
+    def _more_main_trials(self) -> bool:
+        recover(self.study, self.log)
+        trials = self.study.get_trials(deepcopy=False)
+        if any(t.state == TrialState.WAITING for t in trials):
+            return True
+        return _counted_search_trials(trials) < self.n_trials
+
+    def _drain(self) -> None:
+        """Run what is queued; wait for other workers' running trials (which may fail and
+        come back as retries) until nothing is left."""
+        while True:
+            recover(self.study, self.log)
+            trials = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,
+                                                                   TrialState.RUNNING))
+            if any(t.state == TrialState.WAITING for t in trials):
+                self._one_trial()
+            elif trials:
+                time.sleep(_policy.POLL_S)
+            else:
+                return
+
+    # -- once-per-study work ----------------------------------------------------------------
 
     def target(self, seed: int) -> Target:
-        """The float32 target of ``seed``; runs and stores the reference the first time."""
-        reference = stored_reference(self.study, seed)
-        if reference is None:
-            self.log(f"float32 reference, seed {seed} ...")
-            try:
-                record = run_config(self.factory, self.reference, steps=self.steps, seed=seed,
-                                    device=self.device)
-            except FactoryError as exc:
-                raise SearchError(f"the float32 reference failed: the factory raised {exc}") from None
-            except Exception as exc:
-                raise SearchError(f"the float32 reference failed: {one_line(exc)}") from exc
-            if record.pruned:
-                raise SearchError(
-                    f"the float32 reference itself went non-finite ({record.prune_reason}): "
-                    "fix the workload (learning rate, loss, data) before searching AMP configs; "
-                    "if your training clips gradients, return clip_norm from the factory"
-                )
-            reference = store_reference(self.study, record)
-            self.log(f"float32 reference, seed {seed}: target loss {reference['target_loss']:.4g}, "
-                     f"{reference['median_step_time_s'] * 1e3:.3g} ms/step")
-        return Target.from_reference(reference["losses"])
+        """The float32 target of ``seed``; runs and stores the reference if nobody has."""
+        if seed not in self._targets:
+            self._once(f"reference.{seed}", lambda: self._run_reference(seed),
+                       lambda: reference_of(self.study, seed) is not None)
+            reference = reference_of(self.study, seed)
+            self._targets[seed] = Target.from_reference(reference["losses"])
+        return self._targets[seed]
 
-    def trial(self, config: AmpConfig, role: str, seed: int, target: Target,
-              extra: dict[str, Any], trial: optuna.Trial | None = None) -> None:
-        trial = trial or self.study.ask()
-        for key, value in {"role": role, "config": config.to_dict(), "seed": seed, **extra}.items():
-            trial.set_user_attr(key, value)
-
-        def report(record: RunRecord, start: int) -> None:
-            for step in range(start, record.steps_run):
-                if math.isfinite(record.losses[step]):
-                    trial.report(record.losses[step], step)
-
+    def _run_reference(self, seed: int) -> None:
+        self.log(f"float32 reference, seed {seed} ...")
         try:
-            record = run_config(self.factory, config, steps=self.steps, seed=seed,
-                                device=self.device, on_window=report)
-        except KeyboardInterrupt:
-            trial.set_user_attr("error", "interrupted (Ctrl-C)")
-            self.study.tell(trial, state=TrialState.FAIL)
-            raise
-        except Exception as exc:  # user code failed under this config: the trial fails
+            record = run_config(self.factory, self.reference, steps=self.steps, seed=seed,
+                                device=self.device)
+        except FactoryError as exc:
+            raise SearchError(f"the float32 reference failed: the factory raised {exc}") from None
+        except Exception as exc:
+            raise SearchError(f"the float32 reference failed: {describe_error(exc)}") from exc
+        if record.pruned:
+            raise SearchError(
+                f"the float32 reference itself went non-finite ({record.prune_reason}): "
+                "fix the workload (learning rate, loss, data) before searching AMP configs; "
+                "if your training clips gradients, return clip_norm from the factory"
+            )
+        add_reference(self.study, record, self.reference.to_dict())
+        target = Target.from_reference(record.losses)
+        self.log(f"float32 reference, seed {seed}: target loss {target.loss:.4g}, "
+                 f"{record.median_step_time * 1e3:.3g} ms/step")
+
+    def _exists(self, attrs: dict[str, Any], key: tuple[str, ...]) -> bool:
+        """Whether the study has the run ``attrs`` describes: queued, running, done, or
+        failed on its own error (a crash or Ctrl-C leaves no error, and is run again)."""
+        return any(
+            all(t.user_attrs.get(k) == attrs[k] for k in key)
+            and (t.state in _LIVE or "error" in t.user_attrs)
+            for t in self.study.get_trials(deepcopy=False)
+        )
+
+    def _ensure(self, attrs: dict[str, Any], key: tuple[str, ...]) -> None:
+        """Queue the run ``attrs`` describes unless the study has it already."""
+        if not self._exists(attrs, key):
+            self.study.enqueue_trial({}, user_attrs=attrs)
+            self._grow(1)
+
+    # -- one trial --------------------------------------------------------------------------
+
+    def _one_trial(self) -> None:
+        self.study.optimize(self._objective, n_trials=1, catch=(_TrialFailed,))
+
+    def _objective(self, trial: optuna.Trial) -> float:
+        role = trial.user_attrs.get("role")
+        if role is None and self._surplus(trial):
+            trial.set_user_attr("role", "surplus")
+            trial.set_user_attr("error", "not run: another worker took the study's last "
+                                         "trial slot at the same moment")
+            raise _TrialFailed()
+        if role in (None, ROLE_SEARCH):
+            config = self.space.suggest(trial)
+            seed = self.seed
+            attrs = {"role": ROLE_SEARCH, "config": config.to_dict(), "seed": seed}
+        else:
+            config = AmpConfig.from_dict(trial.user_attrs["config"])
+            seed = int(trial.user_attrs["seed"])
+            attrs = {}
+        for key, value in {**attrs, "worker": WORKER}.items():
+            trial.set_user_attr(key, value)
+        target = self.target(seed)
+        try:
+            record = self._execute(config, seed, trial)
+        except (TrialCrashed, Exception) as exc:
             self._failed(trial, exc)
-            return
+            raise _TrialFailed() from None
         self._any_success = True
         for key, value in judged_attrs(record, target).items():
             trial.set_user_attr(key, value)
         trial.storage.set_trial_system_attr(trial._trial_id, SCALES_ATTR,  # noqa: SLF001
                                             encode_scales(record.scales))
         trial.set_constraint("target_gap", min(target.gap(record.losses), 1e300))
+        self._advance(trial, config, record, target)
         if record.pruned:
-            self.study.tell(trial, state=TrialState.PRUNED)
-        else:
-            self.study.tell(trial, objective_value(record, target))
-        self._advance(trial.number, role, config, record, target, extra)
+            raise optuna.TrialPruned(record.prune_reason)
+        return objective_value(record, target)
 
-    def _failed(self, trial: optuna.Trial, exc: Exception) -> None:
+    def _surplus(self, trial: optuna.Trial) -> bool:
+        """Whether a freshly sampled trial is over the study's budget (a race between
+        workers asking at the same moment; trials already counted are those numbered lower)."""
+        earlier = [t for t in self.study.get_trials(deepcopy=False) if t.number < trial.number]
+        return _counted_search_trials(earlier) >= self.n_trials
+
+    def _execute(self, config: AmpConfig, seed: int, trial: optuna.Trial) -> RunRecord:
+        if self.isolation is not None:
+            record = run_isolated(self.spec, config, steps=self.steps, seed=seed,
+                                  device=self.device, timeout_s=self.isolation.timeout_s,
+                                  memory_gb=self.isolation.memory_gb)
+            _report(trial, record, 0)
+            return record
+        return run_config(self.factory, config, steps=self.steps, seed=seed, device=self.device,
+                          on_window=lambda record, start: _report(trial, record, start))
+
+    def _failed(self, trial: optuna.Trial, exc: BaseException) -> None:
         cause = exc.__cause__ if isinstance(exc, FactoryError) and exc.__cause__ else exc
-        message = one_line(cause)
+        if isinstance(cause, TrialCrashed):
+            message, _, trace = str(cause).partition("\n")
+        else:
+            message = describe_error(cause)
+            trace = "".join(traceback.format_exception(cause))
         trial.set_user_attr("error", message)
-        trial.set_user_attr("traceback", "".join(traceback.format_exception(cause))[-4000:])
-        self.study.tell(trial, state=TrialState.FAIL)
-        self.log(f"trial #{trial.number} failed: {message}")
+        trial.set_user_attr("traceback", trace[-4000:])
+        self.log(f"#{trial.number} failed: {message}")
         self._failures.append(message)
         recent = self._failures[-_policy.SAME_FAILURES_BEFORE_STOP:]
         if (not self._any_success and len(recent) == _policy.SAME_FAILURES_BEFORE_STOP
@@ -215,19 +351,24 @@ class _Runner:
         if self._bar is not None:
             self._bar.update(1)
 
-    def _advance(self, number: int, role: str, config: AmpConfig, record: RunRecord,
-                 target: Target, extra: dict[str, Any]) -> None:
-        who = {ROLE_BASELINE: extra.get("baseline"),
-               ROLE_CONFIRM: f"confirm #{extra.get('confirms')} seed {record.seed}"}.get(role, "")
+    # -- progress ---------------------------------------------------------------------------
+
+    def _advance(self, trial: optuna.Trial, config: AmpConfig, record: RunRecord,
+                 target: Target) -> None:
+        attrs = trial.user_attrs
+        who = {ROLE_BASELINE: attrs.get("baseline"),
+               ROLE_CONFIRM: f"confirm #{attrs.get('confirms')} seed {record.seed}"}.get(
+                   attrs.get("role"), "")
         steps = target.steps_to_target(record.losses)
         if record.pruned:
             what = f"pruned: {record.prune_reason}"
         elif steps is None:
-            what = f"never reached the target (final loss {target.final_ratio(record.losses):.3g}x float32)"
+            what = (f"never reached the target (final loss "
+                    f"{target.final_ratio(record.losses):.3g}x float32)")
         else:
             what = f"reached the target at step {steps}"
         skipped = len(record.skipped)
-        self.log(f"#{number} {who + ' ' if who else ''}[{config.describe()}] {what}"
+        self.log(f"#{trial.number} {who + ' ' if who else ''}[{config.describe()}] {what}"
                  + (f", {skipped} skipped" if skipped else ""))
         if self._bar is not None:
             self._bar.update(1)
@@ -242,8 +383,23 @@ class _Runner:
             self._bar.close()
 
 
+def _counted_search_trials(trials: list[optuna.trial.FrozenTrial]) -> int:
+    """Sampled trials that use up the budget: done, running or queued (not failed ones,
+    whose retries count instead). A just-asked trial has no role yet; count it too."""
+    return sum(
+        1 for t in trials
+        if t.state in _LIVE and (t.user_attrs.get("role") == ROLE_SEARCH
+                                 or ("role" not in t.user_attrs and t.state == TrialState.RUNNING))
+    )
+
+
+def _report(trial: optuna.Trial, record: RunRecord, start: int) -> None:
+    for step in range(start, record.steps_run):
+        if math.isfinite(record.losses[step]):
+            trial.report(record.losses[step], step)
+
+
 def _bar() -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=0, desc="scalertune", unit="run", file=sys.stderr, leave=False)
-

@@ -1,38 +1,37 @@
-"""The Optuna study a search lives in: storage, naming, stored settings and the reference.
+"""The Optuna study a search lives in: its settings, the float32 references and the trials.
 
 One study holds everything a search ran, so that resuming, a second worker or a later
 ``report`` see the same evidence:
 
-- study user attributes: the settings the study was created with (factory, steps, seed,
-  space, device type) and the float32 reference run of each seed it needed;
-- trials: the two named baselines, the sampled trials and the confirmation reruns, each
-  with its config, its per-step loss as intermediate values and its judged attributes.
+- a study user attribute with the settings the study was created with (factory, steps, seed,
+  space, device type, the reference's clipping): a rerun with other settings is refused;
+- one *reference* trial per seed the search needed: the float32 run, its loss curve as
+  intermediate values, its target loss and step time as attributes;
+- the two named *baseline* trials, the sampled *search* trials and the *confirmation* reruns,
+  each with its config, its loss curve and its judged attributes.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
+import time
 import warnings
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from scalertune._errors import UsageError
 from scalertune._judge import Target
 from scalertune._run import RunRecord
+from scalertune._storage import first_line, redact
 
-DEFAULT_STORAGE = "sqlite:///scalertune.db"
 SETTINGS_ATTR = "scalertune.settings"
-_REFERENCE_ATTR = "scalertune.float32_reference.seed{seed}"
+ROLE_REFERENCE = "reference"
 #: The settings whose change makes stored trials incomparable with new ones.
 COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference")
-
-
-def redact(url: str) -> str:
-    """The storage URL with any password replaced by ``***``: safe to print and store."""
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+_SETTINGS_WAIT_S = 30
 
 
 def default_study_name(factory_spec: str) -> str:
@@ -42,46 +41,27 @@ def default_study_name(factory_spec: str) -> str:
     return f"{stem}:{name}"
 
 
-def load_existing_study(storage: str, study_name: str) -> optuna.Study:
-    """Load a study that must exist already; never creates a database or a study."""
-    if storage.startswith("sqlite:///") and not os.path.exists(storage[len("sqlite:///"):]):
-        raise UsageError(f"no such database: {storage} (check --storage)")
-    try:
-        return optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError:
-        raise UsageError(f"no study {study_name!r} in {redact(storage)}: "
-                         "check --study-name and --storage") from None
-    except Exception as exc:
-        raise UsageError(f"cannot open storage {redact(storage)}: "
-                         f"{redact(_first_line(exc))}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def open_study(storage: str, study_name: str, settings: dict[str, Any], *, seed: int) -> optuna.Study:
+def open_study(storage: Any, study_name: str, settings: dict[str, Any], *, seed: int,
+               url: str) -> optuna.Study:
     """Create the study, or load it when it exists with the same settings."""
     sampler = optuna.samplers.TPESampler(seed=seed)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study = optuna.create_study(
-                storage=storage, study_name=study_name, direction="minimize",
-                sampler=sampler, load_if_exists=True,
-            )
-    except (ImportError, ModuleNotFoundError) as exc:
-        raise UsageError(
-            f"storage {redact(storage)} needs a database driver that is not installed "
-            f"({exc.name or exc}): pip install it"
-        ) from None
-    except Exception as exc:  # Optuna raises many kinds for a bad URL or an unreachable DB
-        raise UsageError(
-            f"cannot open storage {redact(storage)}: {redact(_first_line(exc))} "
-            "(check the URL, e.g. sqlite:///scalertune.db or postgresql://user@host/db)"
-        ) from None
+            study = optuna.create_study(storage=storage, study_name=study_name,
+                                        direction="minimize", sampler=sampler,
+                                        load_if_exists=True)
+    except Exception as exc:
+        raise UsageError(f"cannot open study {study_name!r} in {redact(url)}: "
+                         f"{redact(first_line(exc))}") from None
     stored = study.user_attrs.get(SETTINGS_ATTR)
+    if stored is None and study.trials:
+        # Another worker created the study a moment ago and is writing its settings.
+        deadline = time.monotonic() + _SETTINGS_WAIT_S
+        while stored is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            stored = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get(
+                SETTINGS_ATTR)
     if stored is None:
         study.set_user_attr(SETTINGS_ATTR, settings)
         with warnings.catch_warnings():
@@ -104,33 +84,47 @@ def _short(value: Any) -> str:
     return repr(value)
 
 
-def stored_reference(study: optuna.Study, seed: int) -> dict[str, Any] | None:
-    return study.user_attrs.get(_REFERENCE_ATTR.format(seed=seed))
+def reference_of(study: optuna.Study, seed: int) -> dict[str, Any] | None:
+    """The float32 reference of ``seed`` as plain data, or ``None`` if it has not run yet."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        attrs = trial.user_attrs
+        if attrs.get("role") == ROLE_REFERENCE and attrs.get("seed") == seed:
+            steps = sorted(trial.intermediate_values)
+            return {
+                "trial": trial.number,
+                "seed": seed,
+                "losses": [trial.intermediate_values[s] for s in steps],
+                "median_step_time_s": attrs["median_step_time_s"],
+                "target_loss": attrs["target_loss"],
+                "steps_to_target": attrs["steps_to_target"],
+            }
+    return None
 
 
-def store_reference(study: optuna.Study, record: RunRecord) -> dict[str, Any]:
-    """Keep the float32 run of ``record.seed``: its curve, its step time, its target."""
+def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any]) -> None:
+    """Store a finished float32 run as the reference trial of its seed."""
     target = Target.from_reference(record.losses)
-    reference = {
-        "seed": record.seed,
-        "losses": record.losses,
-        "median_step_time_s": record.median_step_time,
-        "target_loss": target.loss,
-        "steps_to_target": target.steps_to_target(record.losses),
-    }
-    study.set_user_attr(_REFERENCE_ATTR.format(seed=record.seed), reference)
-    return reference
+    steps = target.steps_to_target(record.losses)
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.COMPLETE,
+        value=(steps or record.steps) * record.median_step_time,
+        intermediate_values=dict(enumerate(record.losses)),
+        user_attrs={
+            "role": ROLE_REFERENCE, "seed": record.seed, "config": config,
+            "median_step_time_s": record.median_step_time, "target_loss": target.loss,
+            "steps_to_target": steps, "steps_run": record.steps_run,
+        },
+    ))
 
 
 def judged_attrs(record: RunRecord, target: Target) -> dict[str, Any]:
     """The per-trial attributes a user reads in the summary and the dashboard."""
     steps_to_target = None if record.pruned else target.steps_to_target(record.losses)
-    first_bad = record.first_nonfinite_step
     attrs: dict[str, Any] = {
         "skipped_steps": len(record.skipped),
         "final_scale": record.scales[-1] if record.scales else None,
         "min_scale": min(record.scales) if record.scales else None,
-        "first_nonfinite_step": first_bad,
+        "first_nonfinite_step": record.first_nonfinite_step,
         "median_step_time_s": _finite_or_none(record.median_step_time),
         "steps_run": record.steps_run,
         "steps_to_target": steps_to_target,

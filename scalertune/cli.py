@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 from scalertune import _policy
 from scalertune._errors import UsageError
-from scalertune._search import SearchError, search
-from scalertune._study import DEFAULT_STORAGE, load_existing_study, redact
+from scalertune._search import Isolation, SearchError, search
+from scalertune._storage import DEFAULT_STORAGE, load_existing_study, redact
 
 if TYPE_CHECKING:
     from scalertune._result import SearchResult
@@ -103,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="where to write the recommendation (default: STUDY_NAME.yaml here)")
     s.add_argument("--top", type=int, default=5, metavar="N",
                    help="sampled trials shown in the summary (default: %(default)s)")
+    s.add_argument("--isolate", action="store_true",
+                   help="run every trial in its own process, so a crash, a hang or an "
+                        "out-of-memory fails that trial only")
+    s.add_argument("--trial-timeout", type=float, metavar="SECONDS",
+                   help="with --isolate: kill a trial that runs longer (default: no limit)")
+    s.add_argument("--trial-memory", type=float, metavar="GB",
+                   help="with --isolate, on CPU: cap each trial's address space")
     s.add_argument("--artifact-dir", metavar="DIR",
                    help="where the PNGs attached to trials are stored, for optuna-dashboard "
                         "(default: scalertune-artifacts here)")
@@ -133,8 +140,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _storage_arguments(p: argparse.ArgumentParser, *, study_required: bool = False) -> None:
-    p.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
-                   help="Optuna storage URL (default: %(default)s, a file in this folder)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL|FILE",
+                   help="Optuna storage URL (sqlite:///..., postgresql://...), or the path of a "
+                        "journal file for several workers on one host (default: %(default)s)")
     p.add_argument("--study-name", required=study_required, metavar="NAME",
                    help="the study (default for search: FILE_STEM:FUNCTION of the factory)")
 
@@ -146,7 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # scalertune prints its own line per run; Optuna's would repeat them less clearly.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         return {"search": _search, "report": _report, "dashboard": _dashboard}[args.command](args)
     except UsageError as exc:
@@ -159,9 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     quiet = args.quiet
+    if (args.trial_timeout or args.trial_memory) and not args.isolate:
+        raise UsageError("--trial-timeout and --trial-memory need --isolate")
+    isolation = Isolation(args.trial_timeout, args.trial_memory) if args.isolate else None
     result = search(
         args.factory, storage=args.storage, study_name=args.study_name, space=args.space,
         n_trials=args.n_trials, steps=args.steps, seed=args.seed, device=args.device,
+        isolation=isolation,
         log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
         progress=not quiet and sys.stderr.isatty(),
     )
@@ -208,31 +221,16 @@ def _dashboard(args: argparse.Namespace) -> int:
 
     if not have_dashboard():
         raise UsageError("optuna-dashboard is not installed: pip install 'scalertune[dashboard]'")
-    name = args.study_name
-    if name is None:
-        names = _study_names(args.storage)
-        if len(names) != 1:
-            raise UsageError(f"{redact(args.storage)} holds {len(names)} studies: "
-                             "choose one with --study-name")
-        name = names[0]
-    study = load_existing_study(args.storage, name)
+    study = load_existing_study(args.storage, args.study_name)
     url = f"http://{args.host}:{args.port}/dashboard/studies/{study._study_id}"  # noqa: SLF001
-    print(f"optuna-dashboard for study {name!r} at {url} (Ctrl-C stops it)", flush=True)
+    print(f"optuna-dashboard for study {study.study_name!r} at {url} (Ctrl-C stops it)",
+          flush=True)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        serve(study, args.storage, host=args.host, port=args.port,
-              artifact_dir=args.artifact_dir)
+        serve(study, host=args.host, port=args.port, artifact_dir=args.artifact_dir)
     except KeyboardInterrupt:
         pass
     return 0
-
-
-def _study_names(storage: str) -> list[str]:
-    import optuna
-
-    if storage.startswith("sqlite:///") and not os.path.exists(storage[len("sqlite:///"):]):
-        raise UsageError(f"no such database: {storage} (check --storage)")
-    return optuna.get_all_study_names(storage=storage)
 
 
 def _default_output(study_name: str) -> str:

@@ -26,9 +26,13 @@ def test_each_trial_reports_its_loss_curve_and_judged_attributes(storage):
     result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
                                device="cpu")
     study = _load(storage)
-    reference = study.user_attrs["scalertune.float32_reference.seed0"]
-    assert len(reference["losses"]) == 40 and reference["median_step_time_s"] > 0
-    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    (reference,) = [t for t in study.trials
+                    if t.user_attrs["role"] == "reference" and t.user_attrs["seed"] == 0]
+    assert sorted(reference.intermediate_values) == list(range(40))
+    assert reference.user_attrs["median_step_time_s"] > 0
+    assert reference.user_attrs["config"]["dtype"] == "float32"
+    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
+              and t.user_attrs["role"] != "reference"]
     assert trials
     for trial in trials:
         assert sorted(trial.intermediate_values) == list(range(40))
@@ -42,17 +46,18 @@ def test_each_trial_reports_its_loss_curve_and_judged_attributes(storage):
 def test_rerunning_resumes_and_runs_reference_and_baselines_once(storage):
     first = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
                               device="cpu")
-    reference = _load(storage).user_attrs["scalertune.float32_reference.seed0"]
     second = scalertune.search(spec("healthy"), storage=storage, n_trials=3, steps=40,
                                device="cpu")
     study = _load(storage)
     roles = [t.user_attrs["role"] for t in study.trials]
     assert roles.count("baseline") == 2
+    # one reference per seed: the search seed and the two confirmation seeds
+    assert sorted(t.user_attrs["seed"] for t in study.trials
+                  if t.user_attrs["role"] == "reference") == [0, 1, 2]
     assert roles.count("search") == 3
     baselines = sorted(t.user_attrs["baseline"] for t in study.trials
                        if t.user_attrs["role"] == "baseline")
     assert baselines == ["init-scale-4096", "pytorch-default"]
-    assert study.user_attrs["scalertune.float32_reference.seed0"] == reference
     # Confirmation runs are not repeated for a candidate already confirmed.
     confirms = [(t.user_attrs["confirms"], t.user_attrs["seed"]) for t in study.trials
                 if t.user_attrs["role"] == "confirm"]

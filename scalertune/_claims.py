@@ -1,0 +1,75 @@
+"""Claims: how workers sharing one study agree that exactly one of them does a thing.
+
+The float32 reference, the baselines and the confirmation runs happen once per study, however
+many workers start at the same moment. Optuna's storages have no compare-and-set, so a claim
+is written into the study's system attributes, left to settle for ``CLAIM_SETTLE_S`` and read
+back: of two workers that raced, both read the later write, and only its writer goes ahead.
+The holder refreshes the claim while it works; a claim left stale by a dead worker is taken
+over after ``CLAIM_STALE_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from typing import Iterator
+
+import optuna
+
+from scalertune import _policy
+from scalertune._storage import WORKER
+
+_PREFIX = "scalertune.claim."
+
+
+def _read(study: optuna.Study, key: str) -> dict | None:
+    attrs = study._storage.get_study_system_attrs(study._study_id)  # noqa: SLF001
+    return attrs.get(_PREFIX + key)
+
+
+def _write(study: optuna.Study, key: str, value: dict | None) -> None:
+    study._storage.set_study_system_attr(study._study_id, _PREFIX + key, value)  # noqa: SLF001
+
+
+@contextlib.contextmanager
+def claim(study: optuna.Study, key: str) -> Iterator[bool]:
+    """Yield ``True`` to the one worker that holds ``key`` now, ``False`` to the others.
+
+    A worker that gets ``False`` should wait (:func:`wait_released`) and look again.
+    """
+    current = _read(study, key)
+    if current is not None and time.time() - current["at"] < _policy.CLAIM_STALE_S:
+        yield False
+        return
+    token = f"{WORKER}:{uuid.uuid4().hex[:8]}"
+    _write(study, key, {"by": token, "at": time.time()})
+    time.sleep(_policy.CLAIM_SETTLE_S)
+    current = _read(study, key)
+    if current is None or current["by"] != token:
+        yield False
+        return
+    stop = threading.Event()
+
+    def refresh() -> None:
+        while not stop.wait(_policy.CLAIM_REFRESH_S):
+            _write(study, key, {"by": token, "at": time.time()})
+
+    thread = threading.Thread(target=refresh, name=f"scalertune-claim-{key}", daemon=True)
+    thread.start()
+    try:
+        yield True
+    finally:
+        stop.set()
+        thread.join()
+        _write(study, key, None)
+
+
+def wait_released(study: optuna.Study, key: str) -> None:
+    """Block until nobody holds a fresh claim on ``key``."""
+    while True:
+        current = _read(study, key)
+        if current is None or time.time() - current["at"] >= _policy.CLAIM_STALE_S:
+            return
+        time.sleep(_policy.POLL_S)
