@@ -60,11 +60,10 @@ def open_storage(url: str, *, must_exist: bool = False) -> Any:
                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
                     max_retry=_policy.MAX_RETRIES),
             )
-    except (ImportError, ModuleNotFoundError) as exc:
-        driver = getattr(exc, "name", None) or str(exc)
+    except (ImportError, ModuleNotFoundError):
         raise UsageError(
-            f"storage {redact(url)} needs the database driver {driver!r}, which is not "
-            f"installed: pip install {_driver_package(url, driver)}"
+            f"storage {redact(url)} needs a database driver that is not installed: "
+            f"pip install {_driver_package(url)}"
         ) from None
     except Exception as exc:  # SQLAlchemy/Optuna raise many kinds for a bad or unreachable URL
         raise UsageError(
@@ -87,12 +86,15 @@ def _journal(path: str, *, must_exist: bool) -> Any:
         raise UsageError(f"cannot open journal file {path}: {first_line(exc)}") from None
 
 
-def _driver_package(url: str, driver: str) -> str:
-    if url.startswith("postgresql") and "psycopg2" in driver:
+def _driver_package(url: str) -> str:
+    scheme = url.split("://", 1)[0]
+    if scheme in ("postgresql", "postgresql+psycopg"):
+        return "'scalertune[postgresql]' (psycopg 3)"
+    if scheme == "postgresql+psycopg2":
         return "psycopg2-binary"
-    if url.startswith("mysql"):
-        return "PyMySQL (and use mysql+pymysql://)"
-    return driver
+    if scheme.startswith("mysql"):
+        return "PyMySQL, and write the URL as mysql+pymysql://..."
+    return f"the SQLAlchemy driver for {scheme}://"
 
 
 def first_line(exc: BaseException) -> str:

@@ -92,3 +92,97 @@ def with_step():
         return loss
 
     return {"model": model, "optimizer": optimizer, "batches": _regression(), "step": step}
+
+
+def slow():
+    """``healthy`` at about 25 ms a step, so that a test can act in the middle of a trial."""
+    import time
+
+    parts = healthy()
+    optimizer, loss_fn = parts["optimizer"], parts["loss_fn"]
+
+    def step(model, batch, amp):
+        time.sleep(0.025)
+        x, y = batch
+        optimizer.zero_grad(set_to_none=True)
+        with amp.autocast():
+            loss = loss_fn(model(x), y)
+        amp.backward(loss)
+        amp.step(optimizer)
+        return loss
+
+    return {**parts, "step": step, "loss_fn": None}
+
+
+def _crashing(kind):
+    """``healthy`` whose float16 trials crash the way ``kind`` says; float32 and bfloat16 run."""
+    parts = healthy()
+    optimizer, loss_fn = parts["optimizer"], parts["loss_fn"]
+
+    def step(model, batch, amp):
+        if amp.config.dtype == "float16" and amp.steps == 3:
+            if kind == "abort":
+                import os
+                os.abort()
+            if kind == "hang":
+                import time
+                time.sleep(3600)
+            if kind == "memory":
+                torch.empty(64 * 2**30, dtype=torch.uint8).fill_(1)
+        x, y = batch
+        optimizer.zero_grad(set_to_none=True)
+        with amp.autocast():
+            loss = loss_fn(model(x), y)
+        amp.backward(loss)
+        amp.step(optimizer)
+        return loss
+
+    return {**parts, "step": step, "loss_fn": None}
+
+
+def aborts_in_float16():
+    return _crashing("abort")
+
+
+def hangs_in_float16():
+    return _crashing("hang")
+
+
+def eats_memory_in_float16():
+    return _crashing("memory")
+
+
+def raises_in_float16():
+    parts = healthy()
+    optimizer, loss_fn = parts["optimizer"], parts["loss_fn"]
+
+    def step(model, batch, amp):
+        if amp.config.dtype == "float16":
+            raise RuntimeError("this kernel has no float16 implementation")
+        x, y = batch
+        optimizer.zero_grad(set_to_none=True)
+        with amp.autocast():
+            loss = loss_fn(model(x), y)
+        amp.backward(loss)
+        amp.step(optimizer)
+        return loss
+
+    return {**parts, "step": step, "loss_fn": None}
+
+
+def always_raises():
+    """Fails on every AMP run, whatever the config: the workload is broken, not a config."""
+    parts = healthy()
+    optimizer, loss_fn = parts["optimizer"], parts["loss_fn"]
+
+    def step(model, batch, amp):
+        if amp.config.dtype != "float32":
+            raise ValueError("labels out of range")
+        x, y = batch
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        amp.backward(loss)
+        amp.step(optimizer)
+        return loss
+
+    return {**parts, "step": step, "loss_fn": None}

@@ -1,0 +1,241 @@
+"""Many workers, crashes and bad trials: nothing is lost, nothing runs twice."""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import scalertune
+from scalertune._search import Isolation
+from conftest import ROOT, spec
+
+pytestmark = pytest.mark.slow
+
+POSTGRES = os.environ.get("SCALERTUNE_TEST_POSTGRES")
+
+
+def _worker(storage, *extra, cwd, workload="slow", n_trials=6):
+    return subprocess.Popen(
+        [sys.executable, "-m", "scalertune", "search", spec(workload), "--storage", storage,
+         "--study-name", "shared", "--n-trials", str(n_trials), "--steps", "40",
+         "--device", "cpu", *extra],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _storage_object(url):
+    from scalertune._storage import open_storage
+    return open_storage(url)
+
+
+def _trials(url):
+    try:
+        return optuna.load_study(study_name="shared", storage=_storage_object(url)).trials
+    except KeyError:  # the workers have not created the study yet
+        return []
+
+
+def _kill_one_mid_trial(url, workers):
+    """SIGKILL the first worker seen running a baseline or sampled trial; return its trial."""
+    pids = {w.pid: w for w in workers}
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        for trial in _trials(url):
+            pid = str(trial.user_attrs.get("worker", "")).rpartition(":")[2]
+            if (trial.state == TrialState.RUNNING and pid.isdigit() and int(pid) in pids
+                    and trial.user_attrs.get("role") in ("search", "baseline")):
+                time.sleep(0.3)  # well inside the trial's ~1 s
+                pids[int(pid)].send_signal(signal.SIGKILL)
+                pids[int(pid)].wait()
+                return trial.number, int(pid)
+        time.sleep(0.1)
+    raise AssertionError("no worker was seen running a trial")
+
+
+def _check_nothing_lost(url, killed_number, cwd):
+    trials = _trials(url)
+    numbers = [t.number for t in trials]
+    assert numbers == list(range(len(trials))), "trial numbers are unique and gapless"
+    states = collections.Counter(t.state for t in trials)
+    assert states[TrialState.RUNNING] == 0 and states[TrialState.WAITING] == 0
+    killed = trials[killed_number]
+    assert killed.state == TrialState.FAIL
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == killed_number]
+    assert len(retries) == 1
+    assert retries[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert retries[0].user_attrs["config"] == killed.user_attrs["config"]
+    roles = collections.Counter(
+        t.user_attrs["role"] for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED))
+    assert roles["search"] == 6
+    assert roles["baseline"] == 2
+    references = [t.user_attrs["seed"] for t in trials if t.user_attrs.get("role") == "reference"]
+    assert sorted(references) == sorted(set(references)) and 0 in references
+    confirms = [(t.user_attrs["confirms"], t.user_attrs["seed"]) for t in trials
+                if t.user_attrs.get("role") == "confirm" and t.state != TrialState.FAIL]
+    assert len(confirms) == len(set(confirms)) > 0
+    report = subprocess.run(
+        [sys.executable, "-m", "scalertune", "report", "--storage", url, "--study-name", "shared",
+         "--json"], capture_output=True, text=True, cwd=cwd, timeout=120)
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    result = scalertune.analyze(optuna.load_study(study_name="shared",
+                                                  storage=_storage_object(url)))
+    assert data["evidence"]["trial"] == result.recommended.number
+    assert len([o for o in result.ranking if o.role == "search"]) == 6
+
+
+def _three_workers_one_killed(url, cwd):
+    workers = [_worker(url, "-q", cwd=cwd) for _ in range(3)]
+    try:
+        killed_number, killed_pid = _kill_one_mid_trial(url, workers)
+        for w in workers:
+            if w.pid != killed_pid:
+                _, err = w.communicate(timeout=400)
+                assert w.returncode == 0, err
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    _check_nothing_lost(url, killed_number, cwd)
+
+
+def test_three_workers_on_a_journal_file_survive_a_killed_worker(tmp_path):
+    _three_workers_one_killed(str(tmp_path / "study.log"), tmp_path)
+
+
+@pytest.mark.skipif(not POSTGRES and os.environ.get("CI") != "true",
+                    reason="set SCALERTUNE_TEST_POSTGRES to a PostgreSQL URL (.ci/run does)")
+def test_three_workers_on_postgresql_survive_a_killed_worker(tmp_path):
+    assert POSTGRES, ".ci/run must start PostgreSQL and set SCALERTUNE_TEST_POSTGRES"
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
+    name = f"scalertune_{os.getpid()}"
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name}"))
+        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    url = POSTGRES.rsplit("/", 1)[0] + "/" + name
+    try:
+        _three_workers_one_killed(url, tmp_path)
+    finally:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+def test_ctrl_c_keeps_finished_trials_and_a_rerun_resumes_to_the_total(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    worker = _worker(url, cwd=tmp_path, n_trials=8)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            done = [t for t in _trials(url) if t.user_attrs.get("role") == "search"
+                    and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+            if len(done) >= 2:
+                break
+            time.sleep(0.2)
+        worker.send_signal(signal.SIGINT)
+        out, err = worker.communicate(timeout=120)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 130, err
+    assert "Traceback" not in err
+    assert "Interrupted: every finished trial is kept" in out
+    trials = _trials(url)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    rerun = _worker(url, "-q", cwd=tmp_path, n_trials=8)
+    out, err = rerun.communicate(timeout=400)
+    assert rerun.returncode == 0, err
+    after = _trials(url)
+    assert all(after[t.number].state == t.state for t in finished)
+    searched = [t for t in after if t.user_attrs.get("role") == "search"
+                and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(searched) == 8
+
+
+def _isolated(tmp_path, workload, **limits):
+    # The two baselines are float16 and crash; the sampled bfloat16 trial runs.
+    return scalertune.search(spec(workload), storage=f"sqlite:///{tmp_path / 's.db'}",
+                             space="bfloat16", n_trials=1, steps=30, device="cpu",
+                             isolation=Isolation(**limits))
+
+
+def _float16_failures(result):
+    study = result.study
+    return [t for t in study.trials if t.state == TrialState.FAIL
+            and t.user_attrs.get("config", {}).get("dtype") == "float16"]
+
+
+def test_an_aborting_trial_fails_alone_when_isolated(tmp_path):
+    result = _isolated(tmp_path, "aborts_in_float16")
+    failures = _float16_failures(result)
+    assert len(failures) == 2  # both baselines are float16
+    assert all("SIGABRT" in t.user_attrs["error"] for t in failures)
+    assert result.recommended is not None and result.recommended.config.dtype == "bfloat16"
+
+
+def test_a_hanging_trial_is_killed_at_its_time_limit(tmp_path):
+    started = time.time()
+    result = _isolated(tmp_path, "hangs_in_float16", timeout_s=5)
+    failures = _float16_failures(result)
+    assert failures and all("timed out" in t.user_attrs["error"] for t in failures)
+    assert time.time() - started < 300
+
+
+def test_a_memory_hungry_trial_is_reported_as_out_of_memory(tmp_path):
+    result = _isolated(tmp_path, "eats_memory_in_float16", memory_gb=4)
+    failures = _float16_failures(result)
+    assert failures and all("out of memory" in t.user_attrs["error"] for t in failures)
+
+
+def test_user_errors_fail_the_trial_and_the_search_moves_on(tmp_path):
+    result = scalertune.search(spec("raises_in_float16"), storage=f"sqlite:///{tmp_path / 's.db'}",
+                               n_trials=4, steps=30, device="cpu")
+    failures = _float16_failures(result)
+    assert failures
+    assert all("no float16 implementation" in t.user_attrs["error"] for t in failures)
+    assert all("Traceback" in t.user_attrs["traceback"] for t in failures)
+    assert result.failed == len(failures)
+
+
+def test_a_broken_workload_stops_the_search_at_once(tmp_path):
+    with pytest.raises(scalertune.SearchError, match="labels out of range"):
+        scalertune.search(spec("always_raises"), storage=f"sqlite:///{tmp_path / 's.db'}",
+                          n_trials=20, steps=30, device="cpu")
+    study = optuna.load_study(study_name="workloads:always_raises",
+                              storage=f"sqlite:///{tmp_path / 's.db'}")
+    assert len([t for t in study.trials if t.state == TrialState.FAIL]) == 5
+
+
+@pytest.mark.parametrize("url, message", [
+    ("postgresql://bob:hunter2@127.0.0.1:1/optuna", "cannot open storage"),
+    ("notadb://x", "cannot open storage"),
+    ("mysql://bob:hunter2@127.0.0.1/optuna", "needs a database driver that is not installed"),
+    ("sqlite:////no/such/folder/s.db", "the folder /no/such/folder does not exist"),
+])
+def test_storage_errors_are_one_line_and_never_show_the_password(tmp_path, url, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalertune", "search", spec("healthy"), "--storage", url],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert message in proc.stderr
+    assert "hunter2" not in proc.stderr + proc.stdout
+
+
+def test_a_study_created_with_another_space_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    scalertune.search(spec("healthy"), storage=url, n_trials=0, steps=30, device="cpu",
+                      space="float16")
+    with pytest.raises(scalertune.UsageError, match="created with space='float16'"):
+        scalertune.search(spec("healthy"), storage=url, n_trials=1, steps=30, device="cpu",
+                          space="bfloat16")
