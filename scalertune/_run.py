@@ -92,11 +92,14 @@ def run_config(
     seed: int,
     device: torch.device,
     on_window: WindowCallback | None = None,
+    prune: bool = True,
 ) -> RunRecord:
     """Train a fresh workload for ``steps`` steps under ``config``; stop early if non-finite.
 
     ``on_window(record, first_step_of_window)`` is called after each window has been read
     back and checked (Optuna reporting lives there); it may raise to stop the run.
+    ``prune=False`` records why the run would have been pruned but trains to the end (what a
+    search without pruning would cost; ``benchmarks/pruning.py`` compares the two).
     """
     workload = build_workload(factory, seed=seed, device=device)
     amp = AmpRuntime(config, device=device)
@@ -121,10 +124,11 @@ def run_config(
         record.window_step_times.append((time.perf_counter() - started) / (i + 1 - window_start))
         record.losses.extend(window[0].tolist())
         record.scales.extend(window[1].tolist())
-        _judge_window(record, workload, window_start)
+        if not record.pruned:
+            _judge_window(record, workload, window_start)
         if on_window is not None:
             on_window(record, window_start)
-        if record.pruned:
+        if record.pruned and prune:
             break
         window_start = i + 1
         started = time.perf_counter()
