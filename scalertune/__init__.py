@@ -10,10 +10,12 @@ The pipeline, one module per stage:
 - ``_rank``: ranking and confirmation;
 - ``_study``: the Optuna study that stores it all;
 - ``_search``: :func:`search`, the whole pipeline;
+- ``_diagnose``: :func:`diagnose`, where float16 overflows or underflows, module by module;
 - ``_result``: :class:`SearchResult`, the YAML file and :func:`load`.
 """
 
 from scalertune._config import AmpConfig
+from scalertune._diagnose import Diagnosis, diagnose
 from scalertune._errors import UsageError
 from scalertune._result import SearchResult, analyze, load_config
 from scalertune._runtime import AmpRuntime
@@ -39,6 +41,6 @@ def load(path: str, *, device: str = "auto") -> AmpRuntime:
 
 
 __all__ = [
-    "AmpConfig", "AmpRuntime", "SearchError", "SearchResult", "SearchSpace", "UsageError",
-    "Workload", "analyze", "load", "load_config", "search",
+    "AmpConfig", "AmpRuntime", "Diagnosis", "SearchError", "SearchResult", "SearchSpace", "UsageError",
+    "Workload", "analyze", "diagnose", "load", "load_config", "search",
 ]

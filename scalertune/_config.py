@@ -26,6 +26,10 @@ class AmpConfig:
     consecutive finite steps the scale is multiplied by ``growth_factor``. ``clip_norm``
     (``None`` for no clipping) bounds the global gradient norm *after* unscaling.
 
+    ``fp32_modules`` names modules (as ``model.named_modules()`` does) that run with autocast
+    off and their inputs cast to float32: *float32 islands*, for activations that exceed
+    float16's range in the forward pass, where no loss scale can help.
+
     Example:
         >>> from scalertune import AmpConfig
         >>> AmpConfig(dtype="float16", init_scale=4096.0).uses_scaler
@@ -40,8 +44,13 @@ class AmpConfig:
     backoff_factor: float = 0.5
     growth_interval: int = 2000
     clip_norm: float | None = None
+    fp32_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.fp32_modules, str):
+            object.__setattr__(self, "fp32_modules", _split(self.fp32_modules))
+        else:
+            object.__setattr__(self, "fp32_modules", tuple(self.fp32_modules or ()))
         if self.dtype not in DTYPES:
             raise UsageError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if not self.init_scale > 0:
@@ -62,6 +71,7 @@ class AmpConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, in a stable key order: what the YAML file and Optuna store."""
+        islands = {"fp32_modules": list(self.fp32_modules)} if self.fp32_modules else {}
         return {
             "dtype": self.dtype,
             "init_scale": float(self.init_scale),
@@ -69,6 +79,7 @@ class AmpConfig:
             "backoff_factor": float(self.backoff_factor),
             "growth_interval": int(self.growth_interval),
             "clip_norm": None if self.clip_norm is None else float(self.clip_norm),
+            **islands,
         }
 
     @classmethod
@@ -90,12 +101,21 @@ class AmpConfig:
     def describe(self) -> str:
         """One short line, e.g. ``float16 scale=4096 growth=2 backoff=0.5 every 2000, no clip``."""
         clip = "no clip" if self.clip_norm is None else f"clip {self.clip_norm:.3g}"
+        if self.fp32_modules:
+            clip += f", float32: {','.join(self.fp32_modules)}"
         if not self.uses_scaler:
             return f"{self.dtype}, {clip}"
         return (
             f"float16 scale={self.init_scale:.4g} growth={self.growth_factor:.3g} "
             f"backoff={self.backoff_factor:.3g} every {self.growth_interval}, {clip}"
         )
+
+
+def _split(names: str) -> tuple[str, ...]:
+    """``"attn.score, ffn"`` -> ``("attn.score", "ffn")``; ``""`` or ``"none"`` -> ``()``."""
+    if names.strip().lower() in ("", "none"):
+        return ()
+    return tuple(n.strip() for n in names.split(",") if n.strip())
 
 
 #: PyTorch's own defaults: what a user gets from a bare ``GradScaler()``.

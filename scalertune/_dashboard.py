@@ -129,6 +129,9 @@ def study_note(result: "SearchResult") -> str:
     for name, outcome in result.baselines.items():
         lines.append(f"| {name} (trial {outcome.number}) | `{outcome.config.describe()}` | "
                      f"{describe_outcome(outcome)} |")
+    hint = result.forward_overflow_hint()
+    if hint:
+        lines += ["", hint]
     pruned = result.pruned_by_kind
     if pruned:
         lines += ["", "Pruned: " + ", ".join(f"{n} {k}" for k, n in sorted(pruned.items()))

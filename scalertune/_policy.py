@@ -76,3 +76,17 @@ CLAIM_STALE_S = 30
 
 #: How often an idle worker looks at the study while it waits for other workers.
 POLL_S = 0.5
+
+#: float16's limits, which every diagnosis is measured against.
+FLOAT16_MAX = 65504.0
+FLOAT16_SMALLEST_NORMAL = 2.0**-14  # below this, values lose precision (subnormal)
+FLOAT16_SMALLEST_SUBNORMAL = 2.0**-24  # below half of this, values flush to zero
+
+#: Training steps ``scalertune diagnose`` watches in each dtype: the first steps are where a
+#: forward overflow or a badly chosen initial scale shows.
+DIAGNOSE_STEPS = 3
+
+#: ``diagnose`` calls a scale "underflowing" when more than this share of the (nonzero,
+#: float32) gradient values would flush to zero in float16 once multiplied by it. A quarter of
+#: the gradient gone is well past noise and is what a flat loss curve looks like.
+UNDERFLOW_SHARE = 0.25

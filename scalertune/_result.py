@@ -92,6 +92,30 @@ class SearchResult:
         return {o.attrs["baseline"]: o for o in self.ranking if o.role == ROLE_BASELINE}
 
     @property
+    def forward_overflow_modules(self) -> list[str] | None:
+        """``None`` unless *every* float16 run was pruned for a forward overflow; then the
+        modules where it first overflowed, most frequent first (empty if none was named)."""
+        runs = [o for o in self.ranking if o.config.dtype == "float16"]
+        if not runs or any(o.prune_kind != "forward" for o in runs):
+            return None
+        named = [o.attrs["overflow_module"] for o in runs if o.attrs.get("overflow_module")]
+        return sorted(set(named), key=lambda m: -named.count(m))
+
+    def forward_overflow_hint(self) -> str | None:
+        """What to do when every float16 trial overflowed in the forward pass."""
+        modules = self.forward_overflow_modules
+        if modules is None:
+            return None
+        if not modules:
+            return ("Every float16 trial overflowed in the forward pass: no scaler setting "
+                    "fixes that. Use bfloat16, or find the module with scalertune diagnose.")
+        factory = self.settings.get("factory", "FACTORY")
+        return (f"Every float16 trial overflowed in the forward pass (first in module "
+                f"'{modules[0]}'): no scaler setting fixes that. Use bfloat16, or keep the module "
+                f"in float32: scalertune search {factory} --fp32-modules {modules[0]} "
+                f"--study-name '{self.study_name}+fp32'.")
+
+    @property
     def pruned_by_kind(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for outcome in self.ranking:

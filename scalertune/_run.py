@@ -103,6 +103,7 @@ def run_config(
     """
     workload = build_workload(factory, seed=seed, device=device)
     amp = AmpRuntime(config, device=device)
+    amp.prepare(workload.model)
     record = RunRecord(config=config, seed=seed, steps=steps)
     loss_buf = torch.empty(steps, dtype=torch.float32, device=device)
     scale_buf = torch.empty(steps, dtype=torch.float32, device=device)
@@ -149,12 +150,16 @@ def check_loss(loss: Any) -> None:
         )
 
 
-def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int) -> AmpConfig:
+def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int,
+              islands: set[str] = frozenset()) -> AmpConfig:
     """One float32 step on a fresh workload: catches a bad loss before any study row exists.
 
-    Returns the config of the float32 reference (float32, clipped as the workload asks).
+    Also checks that every module named in ``islands`` exists. Returns the config of the
+    float32 reference (float32, clipped as the workload asks).
     """
     workload = build_workload(factory, seed=seed, device=device)
+    AmpRuntime(AmpConfig(fp32_modules=tuple(sorted(islands))), device=device).prepare(
+        workload.model)
     amp = AmpRuntime(AmpConfig(dtype="float32"), device=device)
     batch = to_device(next(iter(workload.batches)), device)
     try:

@@ -86,6 +86,7 @@ class AmpRuntime:
         self.steps = 0
         self._skipped = torch.zeros((), dtype=torch.int64, device=self.device)
         self._clip_params: dict[int, list[torch.nn.Parameter]] = {}
+        self._prepared: set[int] = set()
 
     @classmethod
     def from_yaml(cls, path: str, *, device: str | torch.device | None = "auto") -> "AmpRuntime":
@@ -99,6 +100,28 @@ class AmpRuntime:
         if self.config.dtype == "float32":
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self._dtype)
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Apply the config's float32 islands to ``model`` (in place; returns it).
+
+        Each module named in ``fp32_modules`` runs with autocast disabled and its floating
+        inputs cast to float32, so activations beyond float16's range stay finite there.
+        Calling it twice is harmless; a config without islands leaves the model untouched.
+        """
+        if not self.config.fp32_modules or id(model) in self._prepared:
+            return model
+        modules = dict(model.named_modules())
+        for name in self.config.fp32_modules:
+            module = modules.get(name)
+            if module is None:
+                raise UsageError(f"fp32_modules names {name!r}, which the model does not have: "
+                                 f"use a name from model.named_modules(), e.g. "
+                                 f"{', '.join(repr(n) for n in list(modules)[1:4])}")
+            if not getattr(module, "_scalertune_fp32", False):
+                module.forward = _float32_forward(module.forward, self.device.type)
+                module._scalertune_fp32 = True
+        self._prepared.add(id(model))
+        return model
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward through the scaled loss (plain backward when no scaler is active)."""
@@ -131,7 +154,11 @@ class AmpRuntime:
         loss_fn: Callable[[Any, Any], torch.Tensor],
         batch: tuple[Any, Any],
     ) -> torch.Tensor:
-        """The whole canonical step on one ``(inputs, targets)`` batch; returns the loss."""
+        """The whole canonical step on one ``(inputs, targets)`` batch; returns the loss.
+
+        Applies the float32 islands (:meth:`prepare`) to ``model`` on first use.
+        """
+        self.prepare(model)
         inputs, targets = batch
         optimizer.zero_grad(set_to_none=True)
         with self.autocast():
@@ -170,3 +197,21 @@ class AmpRuntime:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             self._clip_params[id(optimizer)] = params
         return params
+
+
+def _float32_forward(forward: Callable[..., Any], device_type: str) -> Callable[..., Any]:
+    def run_in_float32(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, enabled=False):
+            return forward(*_to_float32(args), **_to_float32(kwargs))
+
+    return run_in_float32
+
+
+def _to_float32(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.float() if obj.is_floating_point() else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_float32(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to_float32(v) for k, v in obj.items()}
+    return obj

@@ -26,6 +26,7 @@ from optuna.trial import TrialState
 from scalertune import _policy
 from scalertune._claims import claim, wait_released
 from scalertune._config import BASELINES, AmpConfig
+from scalertune._diagnose import first_overflowing_module
 from scalertune._errors import UsageError
 from scalertune._isolate import TrialCrashed, describe_error, run_isolated
 from scalertune._judge import Target
@@ -64,6 +65,7 @@ def search(
     storage: str | None = None,
     study_name: str | None = None,
     space: str | SearchSpace = "default",
+    fp32_modules: str | None = None,
     n_trials: int = 24,
     steps: int = 200,
     seed: int = 0,
@@ -79,6 +81,8 @@ def search(
     the same search again resumes it up to that total. The float32 reference and the two
     baselines (PyTorch's defaults, and the same with ``init_scale=4096``) run once per study.
     ``storage`` is an Optuna storage URL or a journal file path (several workers on one host).
+    ``fp32_modules`` (``"attn.score,ffn"``) keeps those modules in float32 on every float16
+    trial: the follow-up a forward overflow calls for.
 
     Raises :class:`UsageError` for bad input before any study row is written, and
     :class:`SearchError` when the workload itself fails.
@@ -94,10 +98,13 @@ def search(
     if n_trials < 0 or steps < _policy.READBACK_INTERVAL * 2:
         raise UsageError(f"--n-trials must be >= 0 and --steps >= {_policy.READBACK_INTERVAL * 2}")
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
+    if fp32_modules:
+        space = space.with_islands(fp32_modules)
     dev = resolve_device(device)
     user_factory = load_factory(factory)
     try:
-        reference_config = preflight(user_factory, device=dev, seed=seed)
+        reference_config = preflight(user_factory, device=dev, seed=seed,
+                                     islands=space.island_names)
     except FactoryError as exc:
         raise UsageError(f"the factory {factory} raised {exc}: fix it and rerun") from None
     url = storage or DEFAULT_STORAGE
@@ -304,6 +311,8 @@ class _Worker:
             self._failed(trial, exc)
             raise _TrialFailed() from None
         self._any_success = True
+        if record.prune_kind == "forward":
+            self._locate_overflow(trial, config, seed, record)
         for key, value in judged_attrs(record, target).items():
             trial.set_user_attr(key, value)
         trial.storage.set_trial_system_attr(trial._trial_id, SCALES_ATTR,  # noqa: SLF001
@@ -313,6 +322,18 @@ class _Worker:
         if record.pruned:
             raise optuna.TrialPruned(record.prune_reason)
         return objective_value(record, target)
+
+    def _locate_overflow(self, trial: optuna.Trial, config: AmpConfig, seed: int,
+                         record: RunRecord) -> None:
+        """Name the module whose output first went non-finite (one watched forward pass)."""
+        try:
+            module = first_overflowing_module(self.factory, config, seed=seed, device=self.device)
+        except Exception:  # the diagnosis is a courtesy; the prune reason stands without it
+            return
+        if module is not None:
+            trial.set_user_attr("overflow_module", module)
+            record.prune_reason = (f"{record.prune_reason}; the first module whose output is "
+                                   f"non-finite is '{module}'")
 
     def _surplus(self, trial: optuna.Trial) -> bool:
         """Whether a freshly sampled trial is over the study's budget (a race between

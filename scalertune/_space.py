@@ -13,7 +13,8 @@ A space file names its parameters in Optuna's own terms::
 A plain value fixes a parameter (``init_scale: 4096``); a parameter left out keeps PyTorch's
 default. The scaler's four knobs are searched only on trials that choose float16: bfloat16 has
 float32's exponent range and runs without a scaler. ``optional: true`` on ``clip_norm`` also
-tries no clipping at all.
+tries no clipping at all. ``fp32_modules`` (float16 trials only) keeps modules in float32:
+``fp32_modules: {choices: ["", "attn.score"]}`` tries with and without that island.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from scalertune._config import AmpConfig
 from scalertune._errors import UsageError
 
 _SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+#: Searched, like the scaler's knobs, only on float16 trials: the range problem islands fix.
+_FLOAT16_ONLY = (*_SCALER_KNOBS, "fp32_modules")
 _NUMERIC = (*_SCALER_KNOBS, "clip_norm")
 _RANGE_KEYS = {"low", "high", "log", "step", "optional"}
 
@@ -87,7 +90,7 @@ class SearchSpace:
     def from_dict(cls, params: Mapping[str, Any], *, name: str, description: str = "") -> "SearchSpace":
         """Validate ``params`` (the file's content without ``description``)."""
         params = dict(params)
-        known = ("dtype", *_NUMERIC)
+        known = ("dtype", *_NUMERIC, "fp32_modules")
         unknown = sorted(set(params) - set(known))
         if unknown:
             raise UsageError(
@@ -98,7 +101,24 @@ class SearchSpace:
         for key in _NUMERIC:
             if key in params:
                 _check_numeric(name, key, params[key])
+        if "fp32_modules" in params:
+            _check_islands(name, params["fp32_modules"])
         return cls(name=name, params=params, description=description)
+
+    @property
+    def island_names(self) -> set[str]:
+        """Every module name the space may keep in float32."""
+        spec = self.params.get("fp32_modules")
+        if spec is None:
+            return set()
+        choices = spec["choices"] if isinstance(spec, Mapping) else [spec]
+        return {n for c in choices for n in AmpConfig(fp32_modules=c or "").fp32_modules}
+
+    def with_islands(self, names: str) -> "SearchSpace":
+        """The same space with ``fp32_modules`` fixed to ``names`` (``--fp32-modules``)."""
+        return SearchSpace.from_dict({**self.params, "fp32_modules": names},
+                                     name=f"{self.name}+fp32:{names}",
+                                     description=self.description)
 
     def suggest(self, trial: optuna.Trial) -> AmpConfig:
         """Ask the trial for each searched parameter and build the config it names."""
@@ -108,8 +128,12 @@ class SearchSpace:
             values["dtype"] = trial.suggest_categorical("dtype", list(dtype["choices"]))
         else:
             values["dtype"] = dtype
+        islands = self.params.get("fp32_modules")
+        if islands is not None and values["dtype"] == "float16":
+            values["fp32_modules"] = (trial.suggest_categorical("fp32_modules", list(islands["choices"]))
+                                      if isinstance(islands, Mapping) else islands)
         for key in _NUMERIC:
-            if key not in self.params or (key in _SCALER_KNOBS and values["dtype"] != "float16"):
+            if key not in self.params or (key in _FLOAT16_ONLY and values["dtype"] != "float16"):
                 continue
             spec = self.params[key]
             if not isinstance(spec, Mapping):
@@ -151,6 +175,17 @@ def _check_dtype(space: str, spec: Any) -> None:
                 f"search space {space!r}: unknown dtype {choice!r}; use float16 or bfloat16 "
                 "(float32 always runs as the reference)"
             )
+
+
+def _check_islands(space: str, spec: Any) -> None:
+    where = f"search space {space!r}: fp32_modules"
+    choices = spec.get("choices") if isinstance(spec, Mapping) else [spec]
+    if isinstance(spec, Mapping) and set(spec) - {"choices"}:
+        raise UsageError(f"{where} takes only 'choices'")
+    if not isinstance(choices, list) or not choices or not all(
+            c is None or isinstance(c, str) for c in choices):
+        raise UsageError(f"{where} must be module names ('attn.score,ffn') or choices of them "
+                         "('' for none)")
 
 
 def _check_numeric(space: str, key: str, spec: Any) -> None:

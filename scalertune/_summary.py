@@ -51,6 +51,9 @@ def render(result: "SearchResult", *, top: int) -> str:
     lines.append(f"{n_search} sampled trials finished; pruned {sum(pruned.values())}"
                  + (f" ({counted})" if counted else "")
                  + (f"; {result.failed} failed" if result.failed else ""))
+    hint = result.forward_overflow_hint()
+    if hint:
+        lines.append(hint)
     lines.append("")
     rec = result.recommended
     if rec is not None:

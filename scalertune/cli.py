@@ -92,6 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--space", default="default", metavar="NAME|FILE",
                    help="search space: default (float16 and bfloat16), float16, bfloat16, or a "
                         "YAML file (default: %(default)s)")
+    s.add_argument("--fp32-modules", metavar="NAMES",
+                   help="keep these modules (comma-separated, as model.named_modules() names "
+                        "them) in float32 on every float16 trial: float32 islands for a "
+                        "forward overflow (see scalertune diagnose)")
     s.add_argument("--n-trials", type=int, default=24, metavar="N",
                    help="sampled trials in the study, in total across reruns (default: %(default)s)")
     s.add_argument("--steps", type=int, default=200, metavar="N",
@@ -114,6 +118,24 @@ def _parser() -> argparse.ArgumentParser:
                    help="where the PNGs attached to trials are stored, for optuna-dashboard "
                         "(default: scalertune-artifacts here)")
     s.add_argument("--quiet", "-q", action="store_true", help="no per-run lines, no progress bar")
+
+    g = sub.add_parser(
+        "diagnose", help="find where float16 overflows or underflows, module by module",
+        description="Run a few training steps of FACTORY's workload in float16 (at --init-scale) "
+        "and bfloat16 with hooks on every module's output and gradient, and once in float32 for "
+        "the true gradient sizes. Print, module by module in execution order, the largest "
+        "magnitudes and the share of values beyond float16's limits, the first module that "
+        "went non-finite, and a verdict: a forward overflow in a module (keep it in float32 "
+        "with search --fp32-modules, or use bfloat16), gradient overflow (a smaller scale fixes "
+        "it), underflow (a larger scale fixes it), or clean.",
+        formatter_class=fmt)
+    g.add_argument("factory", metavar="FACTORY", help="path/to/model.py:make_model or module:function")
+    g.add_argument("--init-scale", type=float, default=2.0**16, metavar="S",
+                   help="loss scale of the float16 steps (default: 65536, PyTorch's)")
+    g.add_argument("--steps", type=int, default=_policy.DIAGNOSE_STEPS, metavar="N",
+                   help="training steps per dtype (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
 
     d = sub.add_parser(
         "dashboard", help="review a study in optuna-dashboard",
@@ -157,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # scalertune prints its own line per run; Optuna's would repeat them less clearly.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        return {"search": _search, "report": _report, "dashboard": _dashboard}[args.command](args)
+        return {"search": _search, "report": _report, "dashboard": _dashboard,
+                "diagnose": _diagnose}[args.command](args)
     except UsageError as exc:
         print(f"scalertune {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -173,7 +196,7 @@ def _search(args: argparse.Namespace) -> int:
     isolation = Isolation(args.trial_timeout, args.trial_memory) if args.isolate else None
     result = search(
         args.factory, storage=args.storage, study_name=args.study_name, space=args.space,
-        n_trials=args.n_trials, steps=args.steps, seed=args.seed, device=args.device,
+        fp32_modules=args.fp32_modules, n_trials=args.n_trials, steps=args.steps, seed=args.seed, device=args.device,
         isolation=isolation,
         log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
         progress=not quiet and sys.stderr.isatty(),
@@ -211,6 +234,31 @@ def _report(args: argparse.Namespace) -> int:
         print(result.summary(top=args.top))
     if args.output:
         _write(result, args.output, None, sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from scalertune._diagnose import diagnose
+    from scalertune._run import preflight
+    from scalertune._runtime import resolve_device
+    from scalertune._workload import FactoryError, load_factory
+
+    if not args.init_scale > 0 or args.steps < 1:
+        raise UsageError("--init-scale must be > 0 and --steps >= 1")
+    device = resolve_device(args.device)
+    factory = load_factory(args.factory)
+    try:
+        preflight(factory, device=device, seed=args.seed)
+    except FactoryError as exc:
+        raise UsageError(f"the factory {args.factory} raised {exc}: fix it and rerun") from None
+    result = diagnose(factory, init_scale=args.init_scale, steps=args.steps, seed=args.seed,
+                      device=device)
+    print(f"scalertune diagnose {args.factory}: {args.steps} steps each in float16 "
+          f"(init_scale {args.init_scale:g}), bfloat16 and float32, on {device}\n")
+    print(result.summary())
+    if result.islands:
+        print(f"\nNext: scalertune search {args.factory} --fp32-modules "
+              f"{','.join(result.islands)}")
     return 0
 
 
