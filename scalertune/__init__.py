@@ -17,8 +17,10 @@ The pipeline, one module per stage:
 from scalertune._config import AmpConfig
 from scalertune._diagnose import Diagnosis, diagnose
 from scalertune._errors import UsageError
+from scalertune._export import export
+from scalertune._frameworks import lightning_workload
 from scalertune._result import SearchResult, analyze, load_config
-from scalertune._runtime import AmpRuntime
+from scalertune._runtime import AmpGuardError, AmpRuntime, Guard
 from scalertune._search import SearchError, search
 from scalertune._space import SearchSpace
 from scalertune._workload import Workload
@@ -26,8 +28,9 @@ from scalertune._workload import Workload
 __version__ = "0.1.0"
 
 
-def load(path: str, *, device: str = "auto") -> AmpRuntime:
-    """The runtime for the config in a result YAML: GradScaler, autocast and clipping.
+def load(path: str, *, device: str = "auto", guard: bool = True) -> AmpRuntime:
+    """The runtime for the config in a result YAML: GradScaler, autocast and clipping,
+    float32 islands, and the guard the YAML recommends (``guard=False`` turns it off).
 
     Example:
         >>> import scalertune
@@ -37,10 +40,10 @@ def load(path: str, *, device: str = "auto") -> AmpRuntime:
         >>> amp.backward(loss)  # doctest: +SKIP
         >>> amp.step(optimizer)  # doctest: +SKIP
     """
-    return AmpRuntime(load_config(path), device=device)
+    return AmpRuntime.from_yaml(path, device=device, guard=guard)
 
 
 __all__ = [
-    "AmpConfig", "AmpRuntime", "Diagnosis", "SearchError", "SearchResult", "SearchSpace", "UsageError",
-    "Workload", "analyze", "diagnose", "load", "load_config", "search",
+    "AmpConfig", "AmpGuardError", "AmpRuntime", "Diagnosis", "Guard", "SearchError", "SearchResult", "SearchSpace", "UsageError",
+    "Workload", "analyze", "diagnose", "export", "lightning_workload", "load", "load_config", "search",
 ]

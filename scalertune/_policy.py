@@ -90,3 +90,9 @@ DIAGNOSE_STEPS = 3
 #: float32) gradient values would flush to zero in float16 once multiplied by it. A quarter of
 #: the gradient gone is well past noise and is what a flat loss curve looks like.
 UNDERFLOW_SHARE = 0.25
+
+#: The production guard's floor sits this many powers of two below the smallest loss scale
+#: the recommended config reached in the search (on any seed): far enough that a longer run's
+#: ordinary back-offs never trip it, close enough to stop a collapse long before the floor of
+#: a search (2**-24).
+GUARD_SCALE_MARGIN_POWERS = 10

@@ -20,6 +20,7 @@ import yaml
 from scalertune import _policy
 from scalertune._config import FLOAT32, AmpConfig
 from scalertune._errors import UsageError
+from scalertune._runtime import Guard
 from scalertune._judge import Target, speed_verdict
 from scalertune._rank import (ROLE_BASELINE, Outcome, confirmations_of,
                               distinct_candidates, outcomes_of, ranked)
@@ -197,8 +198,28 @@ class SearchResult:
             }
         for name, outcome in self.baselines.items():
             evidence[name] = {"config": outcome.config.to_dict(), **_run_evidence(outcome)}
-        return {"scalertune": FORMAT_VERSION, "config": self.config.to_dict(),
-                "evidence": evidence}
+        data = {"scalertune": FORMAT_VERSION, "config": self.config.to_dict()}
+        guard = self.guard()
+        if guard is not None:
+            data["guard"] = {"min_scale": guard.min_scale,
+                             "max_consecutive_skips": guard.max_consecutive_skips}
+        data["evidence"] = evidence
+        return data
+
+    def guard(self) -> Guard | None:
+        """The production guard the evidence supports (float16 recommendations only): a floor
+        ``GUARD_SCALE_MARGIN_POWERS`` powers of two below the smallest scale any run of the
+        recommended config reached, and twice its longest run of skipped steps (at least the
+        search's own limit)."""
+        rec = self.recommended
+        if rec is None or not rec.config.uses_scaler:
+            return None
+        runs = [rec, *self.confirmations.get(rec.number, {}).values()]
+        lowest = min(min(o.scales) if o.scales else o.config.init_scale for o in runs)
+        streak = max(_longest_skip_streak(o) for o in runs)
+        floor = max(lowest / 2.0**_policy.GUARD_SCALE_MARGIN_POWERS, _policy.SCALE_FLOOR)
+        return Guard(min_scale=float(f"{floor:.6g}"),
+                     max_consecutive_skips=max(_policy.MAX_CONSECUTIVE_SKIPS, 2 * streak))
 
     def to_yaml(self, path: str) -> None:
         """Write the recommendation; :func:`scalertune.load` reads it back."""
@@ -212,6 +233,16 @@ class SearchResult:
             f.write(header)
             yaml.safe_dump(self.to_dict(), f, sort_keys=False, width=100)
         os.replace(tmp, path)
+
+
+def _longest_skip_streak(outcome: Outcome) -> int:
+    longest = current = 0
+    previous = outcome.config.init_scale
+    for scale in outcome.scales:
+        current = current + 1 if scale < previous else 0
+        longest = max(longest, current)
+        previous = scale
+    return longest
 
 
 def _run_evidence(outcome: Outcome) -> dict[str, Any]:
@@ -267,8 +298,7 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
     )
 
 
-def load_config(path: str) -> AmpConfig:
-    """Read the ``config`` block of a YAML file written by ``scalertune search``."""
+def _read(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
@@ -278,5 +308,22 @@ def load_config(path: str) -> AmpConfig:
         raise UsageError(f"{path} is not valid YAML") from None
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise UsageError(f"{path} has no 'config' mapping: is it a scalertune result file?")
-    return AmpConfig.from_dict(data["config"])
+    return data
+
+
+def load_config(path: str) -> AmpConfig:
+    """Read the ``config`` block of a YAML file written by ``scalertune search``."""
+    return AmpConfig.from_dict(_read(path)["config"])
+
+
+def load_guard(path: str) -> Guard | None:
+    """The ``guard`` block of a result YAML, if it has one."""
+    block = _read(path).get("guard")
+    if block is None:
+        return None
+    try:
+        return Guard(min_scale=float(block["min_scale"]),
+                     max_consecutive_skips=int(block["max_consecutive_skips"]))
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"{path}: 'guard' needs min_scale and max_consecutive_skips") from None
 

@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Callable, Iterable
 
 import torch
 
+from scalertune import _policy
 from scalertune._config import AmpConfig
 from scalertune._errors import UsageError
+
+
+class AmpGuardError(RuntimeError):
+    """Training went non-finite in a way no loss scale recovers from; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    """Stop training when the loss scale collapses, instead of training on silently.
+
+    What DeepSpeed's ``raise_error_at_min_scale`` and fairseq's minimum-scale error do: every
+    ``check_every`` steps (one host read of two numbers) the runtime checks that the scale is
+    at least ``min_scale`` and that fewer than ``max_consecutive_skips`` steps in a row were
+    skipped, and raises :class:`AmpGuardError` otherwise. The YAML a search writes carries
+    defaults taken from the search's evidence.
+    """
+
+    min_scale: float = _policy.SCALE_FLOOR
+    max_consecutive_skips: int = _policy.MAX_CONSECUTIVE_SKIPS
+    check_every: int = _policy.READBACK_INTERVAL
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -71,8 +93,10 @@ class AmpRuntime:
         (1, 0)
     """
 
-    def __init__(self, config: AmpConfig, *, device: str | torch.device | None = "auto") -> None:
+    def __init__(self, config: AmpConfig, *, device: str | torch.device | None = "auto",
+                 guard: Guard | None = None) -> None:
         self.config = config
+        self.guard = guard if config.uses_scaler else None
         self.device = resolve_device(device)
         self._dtype = getattr(torch, config.dtype)
         self.scaler = torch.amp.GradScaler(
@@ -85,15 +109,18 @@ class AmpRuntime:
         )
         self.steps = 0
         self._skipped = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._streak = torch.zeros((), dtype=torch.int64, device=self.device)
         self._clip_params: dict[int, list[torch.nn.Parameter]] = {}
         self._prepared: set[int] = set()
 
     @classmethod
-    def from_yaml(cls, path: str, *, device: str | torch.device | None = "auto") -> "AmpRuntime":
-        """Build the runtime from a YAML file that ``scalertune search`` wrote."""
-        from scalertune._result import load_config
+    def from_yaml(cls, path: str, *, device: str | torch.device | None = "auto",
+                  guard: bool = True) -> "AmpRuntime":
+        """Build the runtime from a YAML file that ``scalertune search`` wrote, with the
+        guard it recommends (``guard=False`` for none)."""
+        from scalertune._result import load_config, load_guard
 
-        return cls(load_config(path), device=device)
+        return cls(load_config(path), device=device, guard=load_guard(path) if guard else None)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward context: autocast to the config's dtype (a no-op for float32)."""
@@ -142,10 +169,29 @@ class AmpRuntime:
             self.scaler.update()
             # update() multiplies the scale by backoff_factor < 1 exactly when the step was
             # skipped, so a smaller scale afterwards *is* a skipped step.
-            self._skipped += (self.scaler._scale < before).to(torch.int64)  # noqa: SLF001
+            skipped = (self.scaler._scale < before).to(torch.int64)  # noqa: SLF001
+            self._skipped += skipped
+            if self.guard is not None:
+                self._streak.add_(1).mul_(skipped)
         else:
             optimizer.step()
         self.steps += 1
+        if self.guard is not None and self.steps % self.guard.check_every == 0:
+            self._check_guard()
+
+    def _check_guard(self) -> None:
+        scale, streak = torch.stack((self.scaler._scale.reshape(()).double(),  # noqa: SLF001
+                                     self._streak.double())).tolist()
+        guard = self.guard
+        if scale < guard.min_scale or streak >= guard.max_consecutive_skips:
+            raise AmpGuardError(
+                f"AMP guard at step {self.steps}: the loss scale is {scale:.3g} (floor "
+                f"{guard.min_scale:.3g}) after {int(streak)} skipped steps in a row "
+                f"(limit {guard.max_consecutive_skips}). The gradients are inf/NaN at every "
+                "scale, which usually means an activation overflows float16 in the forward "
+                "pass: run scalertune diagnose to find the module, then keep it in float32 "
+                "(fp32_modules) or train in bfloat16."
+            )
 
     def train_step(
         self,

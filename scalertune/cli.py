@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 from scalertune import _policy
 from scalertune._errors import UsageError
+from scalertune._export import FRAMEWORKS
 from scalertune._search import Isolation, SearchError, search
 from scalertune._storage import DEFAULT_STORAGE, load_existing_study, redact
 
@@ -137,6 +138,18 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
 
+    e = sub.add_parser(
+        "export", help="print the recommendation as code for torch, Lightning, Accelerate, ...",
+        description="Print paste-ready code or config that trains with the config in RESULT "
+        "(a YAML written by scalertune search). Where the framework cannot express a searched "
+        "value, a '# NOT EXPRESSIBLE' comment says so and the nearest setting is used; "
+        "--strict makes that an error (exit status 2).", formatter_class=fmt)
+    e.add_argument("result", metavar="RESULT.yaml")
+    e.add_argument("--to", required=True, choices=FRAMEWORKS, metavar="FRAMEWORK",
+                   help=f"one of {', '.join(FRAMEWORKS)}")
+    e.add_argument("--strict", action="store_true",
+                   help="fail instead of approximating what the framework cannot express")
+
     d = sub.add_parser(
         "dashboard", help="review a study in optuna-dashboard",
         description="Start optuna-dashboard on the study's storage and artifact store, bound to "
@@ -180,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         return {"search": _search, "report": _report, "dashboard": _dashboard,
-                "diagnose": _diagnose}[args.command](args)
+                "diagnose": _diagnose, "export": _export}[args.command](args)
     except UsageError as exc:
         print(f"scalertune {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -234,6 +247,15 @@ def _report(args: argparse.Namespace) -> int:
         print(result.summary(top=args.top))
     if args.output:
         _write(result, args.output, None, sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from scalertune._export import export
+    from scalertune._result import load_config
+
+    print(export(load_config(args.result), args.to, yaml_path=args.result, strict=args.strict),
+          end="")
     return 0
 
 

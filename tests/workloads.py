@@ -186,3 +186,26 @@ def always_raises():
         return loss
 
     return {**parts, "step": step, "loss_fn": None}
+
+
+def lightning_module():
+    """A LightningModule searched through its own training_step (scalertune.lightning_workload)."""
+    import lightning.pytorch as pl
+
+    import scalertune
+
+    class Regressor(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.mse_loss(self.net(x), y)
+            self.log("train_loss", loss)
+            return {"loss": loss}
+
+        def configure_optimizers(self):
+            return {"optimizer": torch.optim.Adam(self.parameters(), lr=0.02)}
+
+    return scalertune.lightning_workload(Regressor(), _regression())
