@@ -105,14 +105,9 @@ class Diagnosis:
                 _pct_value(self._underflow(g32)),
                 _pct(g16, "nonfinite"),
             ))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-        lines = []
-        for n, row in enumerate(rows):
-            lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                                   for i, (c, w) in enumerate(zip(row, widths))).rstrip())
-            if n == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+        from scalertune._summary import format_table
+
+        return "\n".join(format_table(rows))
 
     def _underflow(self, stats: TensorStats | None) -> float | None:
         return None if stats is None else stats.underflow_at_scale

@@ -45,11 +45,7 @@ def open_storage(url: str, *, must_exist: bool = False) -> Any:
         return _journal(url, must_exist=must_exist)
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
-        if must_exist and not os.path.exists(path):
-            raise UsageError(f"no such database: {url} (check --storage)")
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise UsageError(f"cannot create {url}: the folder {folder} does not exist")
+        _check_path(path, url, "database", must_exist=must_exist)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -75,15 +71,19 @@ def open_storage(url: str, *, must_exist: bool = False) -> Any:
 def _journal(path: str, *, must_exist: bool) -> Any:
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    if must_exist and not os.path.exists(path):
-        raise UsageError(f"no such journal file: {path} (check --storage)")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise UsageError(f"cannot create journal file {path}: the folder {folder} does not exist")
+    _check_path(path, path, "journal file", must_exist=must_exist)
     try:
         return JournalStorage(JournalFileBackend(path))
     except Exception as exc:
         raise UsageError(f"cannot open journal file {path}: {first_line(exc)}") from None
+
+
+def _check_path(path: str, shown: str, what: str, *, must_exist: bool) -> None:
+    if must_exist and not os.path.exists(path):
+        raise UsageError(f"no such {what}: {shown} (check --storage)")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"cannot create {what} {shown}: the folder {folder} does not exist")
 
 
 def _driver_package(url: str) -> str:

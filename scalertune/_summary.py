@@ -41,7 +41,7 @@ def render(result: "SearchResult", *, top: int) -> str:
     for outcome in searched[:top]:
         rows.append(_row(f"trial #{outcome.number}", outcome))
     lines.append("")
-    lines.extend(_table(rows))
+    lines.extend(format_table(rows))
     lines.append("")
     for name, outcome in result.baselines.items():
         lines.append(f"{name}: {describe_outcome(outcome)}")
@@ -92,7 +92,8 @@ def _row(label: str, o: Outcome) -> tuple[str, ...]:
             _sec(o.time_to_target if o.reached else math.nan), _g(a.get("loss_vs_float32")))
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def format_table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Columns padded to width: the first two left-aligned (names), the rest right (numbers)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for n, row in enumerate(rows):

@@ -29,3 +29,12 @@ def space_file(tmp_path):
         path.write_text(text)
         return str(path)
     return write
+
+
+def example(name: str):
+    """Import one of the shipped examples as a module."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)

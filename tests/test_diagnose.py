@@ -10,20 +10,11 @@ import torch
 import scalertune
 from scalertune import AmpConfig, AmpRuntime
 from scalertune._run import run_config
-from conftest import ROOT, spec
+from conftest import ROOT, example, spec
 import workloads
 
 ATTENTION = os.path.join(ROOT, "examples", "attention.py") + ":make_model"
 CPU = torch.device("cpu")
-
-
-def _attention():
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
-    try:
-        import attention
-    finally:
-        sys.path.pop(0)
-    return attention
 
 
 def test_diagnose_names_the_module_whose_forward_overflows():
@@ -55,7 +46,7 @@ def test_underflow_at_scale_one_is_diagnosed_as_underflow():
 
 
 def test_islands_run_in_float32_in_training_code_exactly_as_in_the_search(tmp_path):
-    attention = _attention()
+    attention = example("attention")
     torch.manual_seed(0)
     parts = attention.make_model()
     amp = AmpRuntime(AmpConfig(fp32_modules=("attn.score",)), device="cpu")
@@ -74,7 +65,7 @@ def test_islands_run_in_float32_in_training_code_exactly_as_in_the_search(tmp_pa
 
 
 def test_no_hooks_or_wrappers_are_left_on_the_model_unless_asked():
-    attention = _attention()
+    attention = example("attention")
     record = run_config(attention.make_model, AmpConfig(dtype="bfloat16"), steps=20, seed=0,
                         device=CPU)
     assert not record.pruned

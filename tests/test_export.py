@@ -11,7 +11,7 @@ from torch import nn
 
 import scalertune
 from scalertune import AmpConfig, AmpGuardError, AmpRuntime, Guard
-from conftest import ROOT, spec
+from conftest import ROOT, example, spec
 
 FLOAT16 = AmpConfig(dtype="float16", init_scale=1000.0, growth_factor=3.0, backoff_factor=0.25,
                     growth_interval=7, clip_norm=1.5)
@@ -160,17 +160,8 @@ def test_export_command_and_strict_exit_status(tmp_path):
     assert len(strict.stderr.strip().splitlines()) == 1
 
 
-def _attention():
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
-    try:
-        import attention
-    finally:
-        sys.path.pop(0)
-    return attention
-
-
 def test_guard_stops_a_run_whose_forward_overflows_and_says_why():
-    parts = _attention().make_model()
+    parts = example("attention").make_model()
     amp = AmpRuntime(AmpConfig(), device="cpu", guard=Guard())
     with pytest.raises(AmpGuardError, match="overflows float16 in the forward pass") as caught:
         for _ in range(10):

@@ -76,13 +76,14 @@ def exploding():
             "clip_norm": 10.0}
 
 
-def with_step():
-    """The same as ``healthy`` but through the user's own step function."""
-    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
-    loss_fn = nn.MSELoss()
+def _healthy_with_step(before_step=None):
+    """``healthy`` through a user step function; ``before_step(amp)`` runs first each step."""
+    parts = healthy()
+    optimizer, loss_fn = parts["optimizer"], parts["loss_fn"]
 
     def step(model, batch, amp):
+        if before_step is not None:
+            before_step(amp)
         x, y = batch
         optimizer.zero_grad(set_to_none=True)
         with amp.autocast():
@@ -91,101 +92,56 @@ def with_step():
         amp.step(optimizer)
         return loss
 
-    return {"model": model, "optimizer": optimizer, "batches": _regression(), "step": step}
+    return {**parts, "step": step, "loss_fn": None}
+
+
+def with_step():
+    """The same as ``healthy`` but through the user's own step function."""
+    return _healthy_with_step()
 
 
 def slow():
     """``healthy`` at about 25 ms a step, so that a test can act in the middle of a trial."""
     import time
 
-    parts = healthy()
-    optimizer, loss_fn = parts["optimizer"], parts["loss_fn"]
-
-    def step(model, batch, amp):
-        time.sleep(0.025)
-        x, y = batch
-        optimizer.zero_grad(set_to_none=True)
-        with amp.autocast():
-            loss = loss_fn(model(x), y)
-        amp.backward(loss)
-        amp.step(optimizer)
-        return loss
-
-    return {**parts, "step": step, "loss_fn": None}
+    return _healthy_with_step(lambda amp: time.sleep(0.025))
 
 
-def _crashing(kind):
-    """``healthy`` whose float16 trials crash the way ``kind`` says; float32 and bfloat16 run."""
-    parts = healthy()
-    optimizer, loss_fn = parts["optimizer"], parts["loss_fn"]
-
-    def step(model, batch, amp):
-        if amp.config.dtype == "float16" and amp.steps == 3:
-            if kind == "abort":
-                import os
-                os.abort()
-            if kind == "hang":
-                import time
-                time.sleep(3600)
-            if kind == "memory":
-                torch.empty(64 * 2**30, dtype=torch.uint8).fill_(1)
-        x, y = batch
-        optimizer.zero_grad(set_to_none=True)
-        with amp.autocast():
-            loss = loss_fn(model(x), y)
-        amp.backward(loss)
-        amp.step(optimizer)
-        return loss
-
-    return {**parts, "step": step, "loss_fn": None}
+def _in_float16_at_step_3(crash):
+    return _healthy_with_step(
+        lambda amp: crash() if amp.config.dtype == "float16" and amp.steps == 3 else None)
 
 
 def aborts_in_float16():
-    return _crashing("abort")
+    import os
+
+    return _in_float16_at_step_3(os.abort)
 
 
 def hangs_in_float16():
-    return _crashing("hang")
+    import time
+
+    return _in_float16_at_step_3(lambda: time.sleep(3600))
 
 
 def eats_memory_in_float16():
-    return _crashing("memory")
+    return _in_float16_at_step_3(lambda: torch.empty(64 * 2**30, dtype=torch.uint8).fill_(1))
+
+
+def _raise(exc):
+    raise exc
 
 
 def raises_in_float16():
-    parts = healthy()
-    optimizer, loss_fn = parts["optimizer"], parts["loss_fn"]
-
-    def step(model, batch, amp):
-        if amp.config.dtype == "float16":
-            raise RuntimeError("this kernel has no float16 implementation")
-        x, y = batch
-        optimizer.zero_grad(set_to_none=True)
-        with amp.autocast():
-            loss = loss_fn(model(x), y)
-        amp.backward(loss)
-        amp.step(optimizer)
-        return loss
-
-    return {**parts, "step": step, "loss_fn": None}
+    """A config-specific failure, as nn.LSTM under CPU float16 autocast is."""
+    return _healthy_with_step(lambda amp: _raise(RuntimeError(
+        "this kernel has no float16 implementation")) if amp.config.dtype == "float16" else None)
 
 
 def always_raises():
     """Fails on every AMP run, whatever the config: the workload is broken, not a config."""
-    parts = healthy()
-    optimizer, loss_fn = parts["optimizer"], parts["loss_fn"]
-
-    def step(model, batch, amp):
-        if amp.config.dtype != "float32":
-            raise ValueError("labels out of range")
-        x, y = batch
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        amp.backward(loss)
-        amp.step(optimizer)
-        return loss
-
-    return {**parts, "step": step, "loss_fn": None}
+    return _healthy_with_step(lambda amp: _raise(ValueError("labels out of range"))
+                              if amp.config.dtype != "float32" else None)
 
 
 def lightning_module():
