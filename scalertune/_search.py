@@ -38,9 +38,9 @@ from scalertune._run import RunRecord, preflight, run_config
 from scalertune._runtime import resolve_device
 from scalertune._space import SearchSpace
 from scalertune._storage import DEFAULT_STORAGE, WORKER, open_storage, redact
-from scalertune._study import (ROLE_REFERENCE, add_reference, default_study_name,
+from scalertune._study import (add_reference, default_study_name,
                                judged_attrs, objective_value, open_study, reference_of)
-from scalertune._workload import FactoryError, load_factory, one_line
+from scalertune._workload import FactoryError, load_factory
 
 _LIVE = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
 _BASELINE_KEY = ("role", "baseline")
@@ -307,7 +307,7 @@ class _Worker:
         target = self.target(seed)
         try:
             record = self._execute(config, seed, trial)
-        except (TrialCrashed, Exception) as exc:
+        except Exception as exc:  # TrialCrashed, or anything the user's code raised
             self._failed(trial, exc)
             raise _TrialFailed() from None
         self._any_success = True

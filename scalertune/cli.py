@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence

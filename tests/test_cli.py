@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import HERE, ROOT, spec
+from conftest import HERE, spec
 
 
 def _run(*args, cwd):

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, spec
+from conftest import spec
 
 pytestmark = pytest.mark.slow
 

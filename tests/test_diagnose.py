@@ -10,7 +10,7 @@ import torch
 import scalertune
 from scalertune import AmpConfig, AmpRuntime
 from scalertune._run import run_config
-from conftest import ROOT, example, spec
+from conftest import ROOT, example
 import workloads
 
 ATTENTION = os.path.join(ROOT, "examples", "attention.py") + ":make_model"
@@ -103,7 +103,7 @@ def test_diagnose_command_prints_the_table_the_verdict_and_the_next_step(tmp_pat
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "attn.score" in proc.stdout and "Verdict: forward overflow" in proc.stdout
-    assert f"--fp32-modules attn.score" in proc.stdout
+    assert "--fp32-modules attn.score" in proc.stdout
 
 
 def test_an_unknown_island_is_a_usage_error(tmp_path):

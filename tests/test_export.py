@@ -1,6 +1,5 @@
 """Taking the recommendation into training code: exports fed to the real frameworks, the guard."""
 
-import os
 import subprocess
 import sys
 import warnings
@@ -11,7 +10,7 @@ from torch import nn
 
 import scalertune
 from scalertune import AmpConfig, AmpGuardError, AmpRuntime, Guard
-from conftest import ROOT, example, spec
+from conftest import example, spec
 
 FLOAT16 = AmpConfig(dtype="float16", init_scale=1000.0, growth_factor=3.0, backoff_factor=0.25,
                     growth_interval=7, clip_norm=1.5)

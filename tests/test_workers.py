@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 import scalertune
 from scalertune._search import Isolation
-from conftest import ROOT, spec
+from conftest import spec
 
 pytestmark = pytest.mark.slow
 
