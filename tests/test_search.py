@@ -152,7 +152,7 @@ def test_report_recomputes_the_same_recommendation_from_storage(storage, tmp_pat
     proc = subprocess.run(
         [sys.executable, "-m", "scalertune", "report", "--storage", storage,
          "--study-name", "workloads:healthy", "--output", str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert f"Recommended: {result.recommended.label}" in proc.stdout
