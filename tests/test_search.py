@@ -12,7 +12,7 @@ import scalertune
 from scalertune._config import PYTORCH_DEFAULT, SEED_ARTICLE_FIX, AmpConfig
 from scalertune._rank import Outcome, ranked
 from scalertune._run import run_config
-from conftest import ROOT, spec
+from conftest import spec
 import workloads
 
 pytestmark = pytest.mark.slow
