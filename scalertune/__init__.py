@@ -44,6 +44,7 @@ def load(path: str, *, device: str = "auto", guard: bool = True) -> AmpRuntime:
 
 
 __all__ = [
-    "AmpConfig", "AmpGuardError", "AmpRuntime", "Diagnosis", "Guard", "SearchError", "SearchResult", "SearchSpace", "UsageError",
-    "Workload", "analyze", "diagnose", "export", "lightning_workload", "load", "load_config", "search",
+    "AmpConfig", "AmpGuardError", "AmpRuntime", "Diagnosis", "Guard", "SearchError",
+    "SearchResult", "SearchSpace", "UsageError", "Workload", "analyze", "diagnose", "export",
+    "lightning_workload", "load", "load_config", "search",
 ]

@@ -218,7 +218,7 @@ def _watch(factory: Callable[[], Any], config: AmpConfig, steps: int, seed: int,
 
 
 def _sample(t: torch.Tensor, limit: int = 100_000) -> torch.Tensor:
-    """Up to ``limit`` magnitudes of ``t``, evenly strided: enough for a share, bounded in memory."""
+    """Up to ``limit`` magnitudes of ``t``, evenly strided: enough for a share, and bounded."""
     flat = t.detach().float().abs().flatten()
     return flat[:: max(1, flat.numel() // limit)].cpu()
 

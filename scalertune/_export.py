@@ -147,7 +147,8 @@ def _transformers(c: AmpConfig, out: Export, yaml_path: str) -> None:
     if c.fp32_modules:
         out.add("# float32 islands: call scalertune.load(...).prepare(model) before Trainer(...)")
     clip = c.clip_norm if c.clip_norm is not None else 0.0
-    note = "" if c.clip_norm is not None else "  # 0 turns off the Trainer's default clipping at 1.0"
+    note = ("" if c.clip_norm is not None
+            else "  # 0 turns off the Trainer's default clipping at 1.0")
     out.add(f"args = TrainingArguments(output_dir=\"out\", fp16={c.dtype == 'float16'}, "
             f"bf16={c.dtype == 'bfloat16'}, max_grad_norm={clip!r}){note}")
 

@@ -49,7 +49,8 @@ def plot_run(result: "SearchResult", outcome: "Outcome", path: str) -> None:
     top.plot(range(len(losses)), losses, color="tab:blue", alpha=0.35, lw=1)
     top.plot(range(len(losses)), smoothed(losses), color="tab:blue", lw=1.5,
              label=f"{outcome.config.dtype} (smoothed)")
-    if _all_positive(losses) and (not result.reference or _all_positive(result.reference["losses"])):
+    reference_positive = not result.reference or _all_positive(result.reference["losses"])
+    if _all_positive(losses) and reference_positive:
         top.set_yscale("log")
     top.set_ylabel("loss")
     top.legend(fontsize=8, loc="upper right")

@@ -149,8 +149,10 @@ class _Worker:
         self.reference, self.space, self.device = reference, space, device
         self.steps, self.seed, self.n_trials, self.isolation = steps, seed, n_trials, isolation
         self._bar = _bar() if progress else None
-        # While a bar is drawn, lines must go through it or they tear it apart.
-        self.log = (lambda line: self._bar.write(line, file=sys.stderr)) if self._bar else log
+        # While a bar is drawn, lines must go through it or they tear it apart. (A bar with
+        # total 0 is falsy: tqdm defines __len__, hence "is not None".)
+        bar = self._bar
+        self.log = (lambda line: bar.write(line, file=sys.stderr)) if bar is not None else log
         self._targets: dict[int, Target] = {}
         self._failures: list[str] = []
         self._any_success = False
@@ -423,4 +425,6 @@ def _report(trial: optuna.Trial, record: RunRecord, start: int) -> None:
 def _bar() -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=0, desc="scalertune", unit="run", file=sys.stderr, leave=False)
+    # A bar as wide as the terminal wraps in some (tmux), and the lines written above it
+    # then start on the bar's row; 100 columns leaves room.
+    return tqdm(total=0, desc="scalertune", unit="run", file=sys.stderr, leave=False, ncols=100)

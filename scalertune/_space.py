@@ -87,7 +87,8 @@ class SearchSpace:
         return cls.from_dict(data, name=name, description=str(description))
 
     @classmethod
-    def from_dict(cls, params: Mapping[str, Any], *, name: str, description: str = "") -> "SearchSpace":
+    def from_dict(cls, params: Mapping[str, Any], *, name: str,
+                  description: str = "") -> "SearchSpace":
         """Validate ``params`` (the file's content without ``description``)."""
         params = dict(params)
         known = ("dtype", *_NUMERIC, "fp32_modules")
@@ -130,8 +131,9 @@ class SearchSpace:
             values["dtype"] = dtype
         islands = self.params.get("fp32_modules")
         if islands is not None and values["dtype"] == "float16":
-            values["fp32_modules"] = (trial.suggest_categorical("fp32_modules", list(islands["choices"]))
-                                      if isinstance(islands, Mapping) else islands)
+            values["fp32_modules"] = (
+                trial.suggest_categorical("fp32_modules", list(islands["choices"]))
+                if isinstance(islands, Mapping) else islands)
         for key in _NUMERIC:
             if key not in self.params or (key in _FLOAT16_ONLY and values["dtype"] != "float16"):
                 continue

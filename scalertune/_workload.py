@@ -124,7 +124,8 @@ def _import_module(name: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and name.startswith(exc.name):
             raise UsageError(
-                f"no module named {name!r}: install it, or give a file path like model.py:make_model"
+                f"no module named {name!r}: install it, or give a file path like "
+                "model.py:make_model"
             ) from None
         raise UsageError(f"importing {name} failed: {one_line(exc)}") from None
     except Exception as exc:

@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("search", help="search AMP configs for a model factory",
                        description=_SEARCH_DESCRIPTION, epilog=_SEARCH_EPILOG,
                        formatter_class=fmt)
-    s.add_argument("factory", metavar="FACTORY", help="path/to/model.py:make_model or module:function")
+    s.add_argument("factory", metavar="FACTORY",
+                   help="path/to/model.py:make_model or module:function")
     _storage_arguments(s)
     s.add_argument("--space", default="default", metavar="NAME|FILE",
                    help="search space: default (float16 and bfloat16), float16, bfloat16, or a "
@@ -97,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
                         "them) in float32 on every float16 trial: float32 islands for a "
                         "forward overflow (see scalertune diagnose)")
     s.add_argument("--n-trials", type=int, default=24, metavar="N",
-                   help="sampled trials in the study, in total across reruns (default: %(default)s)")
+                   help="sampled trials in the study, in total across reruns and workers "
+                        "(default: %(default)s)")
     s.add_argument("--steps", type=int, default=200, metavar="N",
                    help="training steps per run (default: %(default)s)")
     s.add_argument("--seed", type=int, default=0, help="seed of the search runs (default: 0)")
@@ -129,7 +131,8 @@ def _parser() -> argparse.ArgumentParser:
         "with search --fp32-modules, or use bfloat16), gradient overflow (a smaller scale fixes "
         "it), underflow (a larger scale fixes it), or clean.",
         formatter_class=fmt)
-    g.add_argument("factory", metavar="FACTORY", help="path/to/model.py:make_model or module:function")
+    g.add_argument("factory", metavar="FACTORY",
+                   help="path/to/model.py:make_model or module:function")
     g.add_argument("--init-scale", type=float, default=2.0**16, metavar="S",
                    help="loss scale of the float16 steps (default: 65536, PyTorch's)")
     g.add_argument("--steps", type=int, default=_policy.DIAGNOSE_STEPS, metavar="N",
@@ -208,7 +211,8 @@ def _search(args: argparse.Namespace) -> int:
     isolation = Isolation(args.trial_timeout, args.trial_memory) if args.isolate else None
     result = search(
         args.factory, storage=args.storage, study_name=args.study_name, space=args.space,
-        fp32_modules=args.fp32_modules, n_trials=args.n_trials, steps=args.steps, seed=args.seed, device=args.device,
+        fp32_modules=args.fp32_modules, n_trials=args.n_trials, steps=args.steps,
+        seed=args.seed, device=args.device,
         isolation=isolation,
         log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
         progress=not quiet and sys.stderr.isatty(),
