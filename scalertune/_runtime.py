@@ -110,6 +110,10 @@ class AmpRuntime:
         self.steps = 0
         self._skipped = torch.zeros((), dtype=torch.int64, device=self.device)
         self._streak = torch.zeros((), dtype=torch.int64, device=self.device)
+        # What `scale` reads before GradScaler's first backward, and always without a scaler:
+        # made once, so the per-step read allocates nothing.
+        self._initial_scale = torch.full(
+            (), config.init_scale if config.uses_scaler else 1.0, device=self.device)
         self._clip_params: dict[int, list[torch.nn.Parameter]] = {}
         self._prepared: set[int] = set()
 
@@ -216,10 +220,9 @@ class AmpRuntime:
     @property
     def scale(self) -> torch.Tensor:
         """The current loss scale as a device tensor (1.0 when no scaler is active); no sync."""
-        if not self.config.uses_scaler or self.scaler._scale is None:  # noqa: SLF001
-            return torch.full((), self.config.init_scale if self.config.uses_scaler else 1.0,
-                              device=self.device)
-        return self.scaler._scale.reshape(())  # noqa: SLF001
+        if self.config.uses_scaler and self.scaler._scale is not None:  # noqa: SLF001
+            return self.scaler._scale.reshape(())  # noqa: SLF001
+        return self._initial_scale
 
     @property
     def skipped_steps(self) -> int:
