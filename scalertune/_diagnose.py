@@ -134,28 +134,26 @@ def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.
     order: dict[str, str] = {}
     forward: dict[str, dict[str, TensorStats]] = {}
     backward: dict[str, dict[str, TensorStats]] = {}
-    firsts: dict[str, str | None] = {}
-    for dtype in ("float16", "bfloat16", "float32"):
-        first_fwd, first_bwd = _watch(factory, AmpConfig(dtype=dtype, init_scale=init_scale),
-                                      steps, seed, dev, order, forward, backward)
-        firsts[dtype] = first_fwd if first_fwd else None
-        if dtype == "float16":
-            firsts["float16-backward"] = first_bwd
-    grads = [v["float32"] for v in backward.values() if "float32" in v]
-    grad_values = _float32_gradients(factory, steps, seed, dev)
-    absmax = max((g.absmax for g in grads), default=0.0)
+    first_fwd, first_bwd = _watch(factory, AmpConfig(init_scale=init_scale), steps, seed, dev,
+                                  order, forward, backward)
+    _watch(factory, AmpConfig(dtype="bfloat16"), steps, seed, dev, order, forward, backward)
+    # float32: the true, unscaled gradients, into the modules and of the parameters
+    param_grads: list[torch.Tensor] = []
+    _watch(factory, AmpConfig(dtype="float32"), steps, seed, dev, order, forward, backward,
+           param_grads=param_grads)
+    grad_values = torch.cat(param_grads) if param_grads else torch.zeros(0)
+    absmax = max((v["float32"].absmax for v in backward.values() if "float32" in v),
+                 default=0.0)
     underflow = _underflow_share(grad_values, init_scale)
     for stats in backward.values():
         if "float32" in stats:
             stats["float32"].underflow_at_scale = _underflow_share(stats["float32"].samples,
                                                                    init_scale)
     modules = [ModuleReport(n, order[n], forward.get(n, {}), backward.get(n, {})) for n in order]
-    kind, verdict, islands, suggested = _verdict(
-        firsts["float16"], firsts["float16-backward"], absmax, underflow, init_scale,
-        grad_values)
+    kind, verdict, islands, suggested = _verdict(first_fwd, first_bwd, absmax, underflow,
+                                                 init_scale, grad_values)
     return Diagnosis(modules=modules, init_scale=init_scale,
-                     first_forward_nonfinite=firsts["float16"],
-                     first_backward_nonfinite=firsts["float16-backward"],
+                     first_forward_nonfinite=first_fwd, first_backward_nonfinite=first_bwd,
                      grad_absmax=absmax, underflow_share=underflow, kind=kind, verdict=verdict,
                      islands=islands, suggested_init_scale=suggested)
 
@@ -170,7 +168,11 @@ def first_overflowing_module(factory: Callable[[], Any], config: AmpConfig, *, s
 def _watch(factory: Callable[[], Any], config: AmpConfig, steps: int, seed: int,
            device: torch.device, order: dict[str, str],
            forward: dict[str, dict[str, TensorStats]],
-           backward: dict[str, dict[str, TensorStats]]) -> tuple[str | None, str | None]:
+           backward: dict[str, dict[str, TensorStats]],
+           param_grads: list[torch.Tensor] | None = None) -> tuple[str | None, str | None]:
+    """Train ``steps`` steps under ``config`` with hooks on every module; return the first
+    modules with a non-finite output and gradient. ``param_grads``, when given, collects a
+    sample of every parameter gradient after each step."""
     workload = build_workload(factory, seed=seed, device=device)
     amp = AmpRuntime(config, device=device)
     amp.prepare(workload.model)
@@ -211,6 +213,9 @@ def _watch(factory: Callable[[], Any], config: AmpConfig, steps: int, seed: int,
                 workload.step(workload.model, batch, amp)
             else:
                 amp.train_step(workload.model, workload.optimizer, workload.loss_fn, batch)
+            if param_grads is not None:  # the next step zeroes them; read them now
+                param_grads += [_sample(p.grad) for p in workload.model.parameters()
+                                if p.grad is not None]
     finally:
         for handle in handles:
             handle.remove()
@@ -221,29 +226,6 @@ def _sample(t: torch.Tensor, limit: int = 100_000) -> torch.Tensor:
     """Up to ``limit`` magnitudes of ``t``, evenly strided: enough for a share, and bounded."""
     flat = t.detach().float().abs().flatten()
     return flat[:: max(1, flat.numel() // limit)].cpu()
-
-
-def _float32_gradients(factory: Callable[[], Any], steps: int, seed: int,
-                       device: torch.device) -> torch.Tensor:
-    """Every parameter gradient's magnitude over ``steps`` float32 steps (unscaled)."""
-    workload = build_workload(factory, seed=seed, device=device)
-    amp = AmpRuntime(AmpConfig(dtype="float32"), device=device)
-    params = [p for p in workload.model.parameters() if p.requires_grad]
-    out = []
-    batches = _cycle(workload.batches)
-    for _ in range(steps):
-        batch = to_device(next(batches), device)
-        workload.optimizer.zero_grad(set_to_none=True)
-        if workload.step is not None:
-            # the user's step zeroes and steps itself; read the gradients it leaves
-            workload.step(workload.model, batch, amp)
-        else:
-            inputs, targets = batch
-            amp.backward(workload.loss_fn(workload.model(inputs), targets))
-        out += [_sample(p.grad) for p in params if p.grad is not None]
-        if workload.step is None:
-            amp.step(workload.optimizer)
-    return torch.cat(out) if out else torch.zeros(0)
 
 
 def _underflow_share(values: Any, scale: float) -> float:
