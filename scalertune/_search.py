@@ -315,15 +315,16 @@ class _Worker:
         self._any_success = True
         if record.prune_kind == "forward":
             self._locate_overflow(trial, config, seed, record)
-        for key, value in judged_attrs(record, target).items():
+        judged = judged_attrs(record, target)
+        for key, value in judged.items():
             trial.set_user_attr(key, value)
         trial.storage.set_trial_system_attr(trial._trial_id, SCALES_ATTR,  # noqa: SLF001
                                             encode_scales(record.scales))
         trial.set_constraint("target_gap", min(target.gap(record.losses), 1e300))
-        self._advance(trial, config, record, target)
+        self._advance(trial, config, record, judged)
         if record.pruned:
             raise optuna.TrialPruned(record.prune_reason)
-        return objective_value(record, target)
+        return objective_value(record, judged)
 
     def _locate_overflow(self, trial: optuna.Trial, config: AmpConfig, seed: int,
                          record: RunRecord) -> None:
@@ -377,20 +378,20 @@ class _Worker:
     # -- progress ---------------------------------------------------------------------------
 
     def _advance(self, trial: optuna.Trial, config: AmpConfig, record: RunRecord,
-                 target: Target) -> None:
+                 judged: dict[str, Any]) -> None:
         attrs = trial.user_attrs
         who = {ROLE_BASELINE: attrs.get("baseline"),
                ROLE_CONFIRM: f"confirm #{attrs.get('confirms')} seed {record.seed}"}.get(
                    attrs.get("role"), "")
-        steps = target.steps_to_target(record.losses)
+        steps, ratio = judged["steps_to_target"], judged["loss_vs_float32"]
         if record.pruned:
             what = f"pruned: {record.prune_reason}"
         elif steps is None:
-            what = (f"never reached the target (final loss "
-                    f"{target.final_ratio(record.losses):.3g}x float32)")
+            what = "never reached the target" + (
+                f" (final loss {ratio:.3g}x float32)" if ratio is not None else "")
         else:
             what = f"reached the target at step {steps}"
-        skipped = len(record.skipped)
+        skipped = judged["skipped_steps"]
         self.log(f"#{trial.number} {who + ' ' if who else ''}[{config.describe()}] {what}"
                  + (f", {skipped} skipped" if skipped else ""))
         if self._bar is not None:

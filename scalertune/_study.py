@@ -138,14 +138,16 @@ def judged_attrs(record: RunRecord, target: Target) -> dict[str, Any]:
     return attrs
 
 
-def objective_value(record: RunRecord, target: Target) -> float:
+def objective_value(record: RunRecord, judged: dict[str, Any]) -> float:
     """What Optuna minimises: time to target, or the whole run's time when never reached.
 
-    Runs that never reach the target are also marked infeasible through Optuna's constraint
-    (``target_gap`` > 0), so ``study.best_trial`` and the dashboard agree with our ranking.
+    ``judged`` is :func:`judged_attrs` of the run. Runs that never reach the target are also
+    marked infeasible through Optuna's constraint (``target_gap`` > 0), so
+    ``study.best_trial`` and the dashboard agree with our ranking.
     """
-    steps = target.steps_to_target(record.losses)
-    return (steps if steps is not None else record.steps) * record.median_step_time
+    if judged["time_to_target_s"] is not None:
+        return judged["time_to_target_s"]
+    return record.steps * record.median_step_time
 
 
 def _finite_or_none(value: float) -> float | None:
