@@ -19,7 +19,8 @@ from scalertune._diagnose import Diagnosis, diagnose
 from scalertune._errors import UsageError
 from scalertune._export import export
 from scalertune._frameworks import lightning_workload
-from scalertune._result import SearchResult, analyze, load_config
+from scalertune._result import SearchResult, analyze
+from scalertune._schema import load_config
 from scalertune._runtime import AmpGuardError, AmpRuntime, Guard
 from scalertune._search import SearchError, search
 from scalertune._space import SearchSpace

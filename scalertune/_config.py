@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from scalertune import _policy
 from scalertune._errors import UsageError
 
 #: What ``dtype`` may name. float32 means "no autocast, no scaler": the reference.
@@ -63,6 +64,11 @@ class AmpConfig:
             raise UsageError(f"growth_interval must be an integer >= 1, got {self.growth_interval}")
         if self.clip_norm is not None and not self.clip_norm > 0:
             raise UsageError(f"clip_norm must be > 0 or null, got {self.clip_norm}")
+        if not self.uses_scaler:
+            # Without a scaler the four knobs mean nothing; normalised, two configs that train
+            # alike compare equal (a study never trains the same config twice).
+            for knob in _SCALER_KNOBS:
+                object.__setattr__(self, knob, getattr(_DEFAULTS, knob))
 
     @property
     def uses_scaler(self) -> bool:
@@ -70,17 +76,37 @@ class AmpConfig:
         return self.dtype == "float16"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain types only, in a stable key order: what the YAML file and Optuna store."""
-        islands = {"fp32_modules": list(self.fp32_modules)} if self.fp32_modules else {}
-        return {
-            "dtype": self.dtype,
+        """Plain types only, in a stable key order: what the YAML file and Optuna store.
+
+        Only the knobs the config uses: the scaler's four for float16 alone.
+        """
+        scaler = {
             "init_scale": float(self.init_scale),
             "growth_factor": float(self.growth_factor),
             "backoff_factor": float(self.backoff_factor),
             "growth_interval": int(self.growth_interval),
+        } if self.uses_scaler else {}
+        islands = {"fp32_modules": list(self.fp32_modules)} if self.fp32_modules else {}
+        return {
+            "dtype": self.dtype,
+            **scaler,
             "clip_norm": None if self.clip_norm is None else float(self.clip_norm),
             **islands,
         }
+
+    def with_clip(self, clip_norm: float | None) -> "AmpConfig":
+        """This config, clipping at ``clip_norm`` where it does not clip itself: the
+        workload's own clipping applies to every run that does not choose another."""
+        if self.clip_norm is not None or clip_norm is None:
+            return self
+        return dataclasses.replace(self, clip_norm=float(clip_norm))
+
+    def knobs_changed(self, clip_norm: float | None = None) -> int:
+        """How many knobs differ from PyTorch's defaults (and from the workload's own
+        ``clip_norm``): among configs equally fast and stable, fewer is simpler."""
+        changed = int(self.dtype != _DEFAULTS.dtype) + int(self.clip_norm != clip_norm)
+        changed += sum(getattr(self, k) != getattr(_DEFAULTS, k) for k in _SCALER_KNOBS)
+        return changed + int(bool(self.fp32_modules))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "AmpConfig":
@@ -111,6 +137,25 @@ class AmpConfig:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    """Stop training when the loss scale collapses, instead of training on silently.
+
+    What DeepSpeed's ``raise_error_at_min_scale`` and fairseq's minimum-scale error do: every
+    ``check_every`` steps (one host read of two numbers) the runtime checks that the scale is
+    at least ``min_scale`` and that fewer than ``max_consecutive_skips`` steps in a row were
+    skipped, and raises :class:`AmpGuardError` otherwise. The YAML a search writes carries
+    defaults taken from the search's evidence.
+    """
+
+    min_scale: float = _policy.SCALE_FLOOR
+    max_consecutive_skips: int = _policy.MAX_CONSECUTIVE_SKIPS
+    check_every: int = _policy.READBACK_INTERVAL
+
+
+_SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
 def _split(names: str) -> tuple[str, ...]:
     """``"attn.score, ffn"`` -> ``("attn.score", "ffn")``; ``""`` or ``"none"`` -> ``()``."""
     if names.strip().lower() in ("", "none"):
@@ -119,7 +164,7 @@ def _split(names: str) -> tuple[str, ...]:
 
 
 #: PyTorch's own defaults: what a user gets from a bare ``GradScaler()``.
-PYTORCH_DEFAULT = AmpConfig()
+PYTORCH_DEFAULT = _DEFAULTS = AmpConfig()
 
 #: The fix the seed article found by hand: the default with ``init_scale=4096``.
 SEED_ARTICLE_FIX = AmpConfig(init_scale=4096.0)

@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import Any, Callable, Iterable
 
 import torch
 
 from scalertune import _policy
-from scalertune._config import AmpConfig
+from scalertune._config import AmpConfig, Guard
 from scalertune._errors import UsageError
 
 
 class AmpGuardError(RuntimeError):
     """Training went non-finite in a way no loss scale recovers from; the message says why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Guard:
-    """Stop training when the loss scale collapses, instead of training on silently.
-
-    What DeepSpeed's ``raise_error_at_min_scale`` and fairseq's minimum-scale error do: every
-    ``check_every`` steps (one host read of two numbers) the runtime checks that the scale is
-    at least ``min_scale`` and that fewer than ``max_consecutive_skips`` steps in a row were
-    skipped, and raises :class:`AmpGuardError` otherwise. The YAML a search writes carries
-    defaults taken from the search's evidence.
-    """
-
-    min_scale: float = _policy.SCALE_FLOOR
-    max_consecutive_skips: int = _policy.MAX_CONSECUTIVE_SKIPS
-    check_every: int = _policy.READBACK_INTERVAL
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -122,7 +105,7 @@ class AmpRuntime:
                   guard: bool = True) -> "AmpRuntime":
         """Build the runtime from a YAML file that ``scalertune search`` wrote, with the
         guard it recommends (``guard=False`` for none)."""
-        from scalertune._result import load_config, load_guard
+        from scalertune._schema import load_config, load_guard
 
         return cls(load_config(path), device=device, guard=load_guard(path) if guard else None)
 
