@@ -14,7 +14,7 @@ import contextlib
 import threading
 import time
 import uuid
-from typing import Iterator
+from typing import Callable, Iterator
 
 import optuna
 
@@ -54,7 +54,10 @@ def claim(study: optuna.Study, key: str) -> Iterator[bool]:
 
     def refresh() -> None:
         while not stop.wait(_policy.CLAIM_REFRESH_S):
-            _write(study, key, {"by": token, "at": time.time()})
+            try:
+                _write(study, key, {"by": token, "at": time.time()})
+            except KeyError:
+                return  # the study was removed under the claim
 
     thread = threading.Thread(target=refresh, name=f"scalertune-claim-{key}", daemon=True)
     thread.start()
@@ -63,7 +66,10 @@ def claim(study: optuna.Study, key: str) -> Iterator[bool]:
     finally:
         stop.set()
         thread.join()
-        _write(study, key, None)
+        try:
+            _write(study, key, None)
+        except KeyError:
+            pass  # the work removed the study (a float32 reference that did not learn)
 
 
 def wait_released(study: optuna.Study, key: str) -> None:
@@ -73,3 +79,32 @@ def wait_released(study: optuna.Study, key: str) -> None:
         if current is None or time.time() - current["at"] >= _policy.CLAIM_STALE_S:
             return
         time.sleep(_policy.POLL_S)
+
+
+class Once:
+    """Does a piece of once-per-study work in exactly one worker; the others wait for it.
+
+    Work done while holding one claim (the confirmations queue a reference run) needs no
+    second claim: nobody else can be doing it.
+    """
+
+    def __init__(self, study: optuna.Study) -> None:
+        self.study = study
+        self._holding = False
+
+    def __call__(self, key: str, work: Callable[[], None],
+                 done: Callable[[], bool]) -> None:
+        """Run ``work`` here unless ``done()`` already, or another worker is on it."""
+        while not done():
+            if self._holding:
+                work()
+                return
+            with claim(self.study, key) as mine:
+                if mine:
+                    self._holding = True
+                    try:
+                        work()
+                    finally:
+                        self._holding = False
+                    return
+            wait_released(self.study, key)

@@ -125,7 +125,7 @@ def study_note(result: "SearchResult") -> str:
     if result.reference:
         ref = result.reference
         lines.append(f"| float32 reference | float32 | target loss {ref['target_loss']:.4g}, "
-                     f"{ref['median_step_time_s'] * 1e3:.3g} ms/step |")
+                     f"{(ref.get('step_time_s') or 0) * 1e3:.3g} ms/step |")
     for name, outcome in result.baselines.items():
         lines.append(f"| {name} (trial {outcome.number}) | `{outcome.config.describe()}` | "
                      f"{describe_outcome(outcome)} |")

@@ -8,10 +8,12 @@ crosses the process boundary; the finished :class:`RunRecord` comes back through
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import signal
+import time
 import traceback
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -35,35 +37,113 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Ask the isolated float32 reference for the step timing after it (its dtypes, and the
+    workload's own clipping)."""
+
+    dtypes: tuple[str, ...]
+    clip_norm: float | None
+
+
 def run_isolated(spec: str, config: AmpConfig, *, steps: int, seed: int, device: torch.device,
-                 timeout_s: float | None, memory_gb: float | None) -> RunRecord:
-    """``run_config`` in a fresh process; :class:`TrialCrashed` if that process fails."""
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    process = ctx.Process(
-        target=_child,
-        args=(child, spec, config.to_dict(), steps, seed, str(device), memory_gb),
-        name="scalertune-trial", daemon=True,
-    )
-    process.start()
-    child.close()
+                 timeout_s: float | None, memory_gb: float | None,
+                 timing: Timing | None = None) -> RunRecord:
+    """``run_config`` in a fresh process; :class:`TrialCrashed` if that process fails.
+
+    With ``timing`` (the float32 reference), the same process times the dtypes on the
+    trained workload afterwards (``record.then``). A crash there (a dtype whose kernels
+    abort, hang or run out of memory) does not lose the reference: the dtype that was running
+    is left out and the others are timed again in a fresh process, on a fresh workload.
+    """
+    job = ("run", spec, config.to_dict(), steps, seed, str(device), memory_gb,
+           None if timing is None else (list(timing.dtypes), timing.clip_norm))
+    messages = _Child(job, timeout_s)
+    record: RunRecord | None = None
+    running: str | None = None
     try:
-        if not parent.poll(timeout_s):
-            process.kill()
-            process.join()
-            raise TrialCrashed(f"timed out: the trial ran past its {timeout_s:g} s limit "
-                               "(--trial-timeout) and was killed")
+        for kind, payload in messages:
+            if kind == "error":
+                raise TrialCrashed(payload)
+            if kind == "record":
+                record = payload
+                if timing is None:
+                    return record
+                messages.restart_clock()
+            elif kind == "dtype":
+                running = payload
+            elif kind == "times":
+                record.then = payload
+                return record
+    except TrialCrashed:
+        if record is None:
+            raise
+    record.then = _time_apart(spec, seed=seed, device=device, timeout_s=timeout_s,
+                              memory_gb=memory_gb, timing=timing, without=running)
+    return record
+
+
+def _time_apart(spec: str, *, seed: int, device: torch.device, timeout_s: float | None,
+                memory_gb: float | None, timing: Timing, without: str | None) -> Any:
+    """The step timing again, in fresh processes, leaving out each dtype that killed one;
+    ``None`` when even float32 cannot be timed."""
+    dtypes = [d for d in timing.dtypes if d != without]
+    while without not in (None, "float32"):
+        running = None
         try:
-            status, payload = parent.recv()
-        except EOFError:
-            process.join()
-            raise TrialCrashed(_death(process.exitcode)) from None
-    finally:
-        parent.close()
-    process.join()
-    if status == "error":
-        raise TrialCrashed(payload)
-    return payload
+            for kind, payload in _Child(("time", spec, None, 0, seed, str(device), memory_gb,
+                                         (dtypes, timing.clip_norm)), timeout_s):
+                if kind == "error":
+                    return None
+                if kind == "dtype":
+                    running = payload
+                elif kind == "times":
+                    return payload
+        except TrialCrashed:
+            without = running
+            dtypes = [d for d in dtypes if d != running]
+    return None
+
+
+class _Child:
+    """A spawned process running one job, and the messages it sends back, in order."""
+
+    def __init__(self, job: tuple[Any, ...], timeout_s: float | None) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(target=_child, args=(child, job), name="scalertune-trial",
+                                    daemon=True)
+        self._process.start()
+        child.close()
+        self._timeout = timeout_s
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        self._deadline = None if self._timeout is None else time.monotonic() + self._timeout
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        try:
+            while True:
+                left = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+                if not self._conn.poll(left):
+                    self._process.kill()
+                    self._process.join()
+                    raise TrialCrashed(f"timed out: the trial ran past its {self._timeout:g} s "
+                                       "limit (--trial-timeout) and was killed")
+                try:
+                    message = self._conn.recv()
+                except EOFError:
+                    self._process.join()
+                    raise TrialCrashed(_death(self._process.exitcode)) from None
+                yield message
+                if message[0] in ("error", "times"):
+                    break
+        finally:
+            self._conn.close()
+            self._process.join(timeout=5)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
 
 
 def _death(exitcode: int | None) -> str:
@@ -76,8 +156,8 @@ def _death(exitcode: int | None) -> str:
     return f"the trial's process exited with status {exitcode} without a result"
 
 
-def _child(conn: Any, spec: str, config: dict[str, Any], steps: int, seed: int, device: str,
-           memory_gb: float | None) -> None:
+def _child(conn: Any, job: tuple[Any, ...]) -> None:
+    kind, spec, config, steps, seed, device, memory_gb, timing = job
     if memory_gb is not None:
         import resource
 
@@ -85,11 +165,27 @@ def _child(conn: Any, spec: str, config: dict[str, Any], steps: int, seed: int, 
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         from scalertune._run import run_config
-        from scalertune._workload import load_factory
+        from scalertune._timing import time_dtypes
+        from scalertune._workload import build_workload, load_factory
 
-        record = run_config(load_factory(spec), AmpConfig.from_dict(config), steps=steps,
-                            seed=seed, device=torch.device(device))
-        conn.send(("ok", record))
+        factory, dev = load_factory(spec), torch.device(device)
+
+        def timed(workload: Any) -> Any:
+            dtypes, clip = timing
+            return time_dtypes(workload, dtypes, device=dev, clip_norm=clip,
+                               announce=lambda d: conn.send(("dtype", d)))
+
+        if kind == "time":  # the step timing alone, on a fresh workload
+            conn.send(("times", timed(build_workload(factory, seed=seed, device=dev))))
+            return
+
+        def then(workload: Any, record: RunRecord) -> Any:
+            conn.send(("record", record))  # the reference is safe before the timing starts
+            return timed(workload)
+
+        record = run_config(factory, AmpConfig.from_dict(config), steps=steps, seed=seed,
+                            device=dev, then=then if timing is not None else None)
+        conn.send(("times", record.then) if timing is not None else ("record", record))
     except BaseException as exc:  # everything the user's code can throw goes back as text
         conn.send(("error", describe_error(exc) + "\n" + traceback.format_exc()[-3000:]))
     finally:

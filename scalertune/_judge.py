@@ -3,17 +3,20 @@
 The **float32 reference** is the same workload, same seed, without autocast. Its smoothed loss
 at the last step, plus a small tolerance (``TARGET_TOLERANCE`` of it), is the **target**. A run
 *reaches the target* at the first step where its own smoothed loss is at or below it; its
-**time to target** is that step count times its median step time. A run whose loss stays flat
-(gradients flushed to zero by too small a scale) or that skips too many steps never reaches it.
+**time to target** is that step count times its dtype's step time, measured interleaved with
+float32's (:mod:`scalertune._timing`). A run whose loss stays flat (gradients flushed to zero
+by too small a scale) or that skips too many steps never reaches it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Sequence
 
 from scalertune import _policy
+from scalertune._errors import UsageError
 
 
 def smoothed(losses: Sequence[float]) -> list[float]:
@@ -32,19 +35,43 @@ class Target:
     loss: float
     reference_final: float
     reference_start: float
+    #: float32's smoothed curve, step by step: what "loss vs float32 at step N" divides by.
+    reference_curve: tuple[float, ...] = ()
+    #: Standard error of float32's final smoothed loss: the standard deviation of its
+    #: per-step losses over the last smoothing window, over the square root of its length.
+    reference_noise: float = 0.0
 
     @classmethod
     def from_reference(cls, losses: Sequence[float]) -> "Target":
         curve = smoothed(losses)
         start = curve[min(len(curve), _policy.SMOOTHING_STEPS) - 1]
         final = curve[-1]
+        tail = list(losses[-_policy.SMOOTHING_STEPS:])
+        noise = statistics.pstdev(tail) / math.sqrt(len(tail)) if len(tail) > 1 else 0.0
         return cls(loss=final + _policy.TARGET_TOLERANCE * abs(final),
-                   reference_final=final, reference_start=start)
+                   reference_final=final, reference_start=start,
+                   reference_curve=tuple(curve), reference_noise=noise)
 
     @property
     def reference_learned(self) -> bool:
-        """Whether float32 reduced the loss at all; without that, the target says nothing."""
-        return self.reference_start > self.reference_final
+        """Whether float32 lowered its loss by a meaningful margin: at least
+        ``REFERENCE_MIN_DROP`` of where it started, and by more than
+        ``REFERENCE_NOISE_MULTIPLE`` standard errors of its final smoothed loss.
+        Without that, every run "reaches" the target at once and the search says nothing."""
+        drop = self.reference_start - self.reference_final
+        return (drop > _policy.REFERENCE_MIN_DROP * abs(self.reference_start)
+                and drop > _policy.REFERENCE_NOISE_MULTIPLE * self.reference_noise)
+
+    def check_learned(self, steps: int) -> None:
+        """:class:`UsageError` naming what to do when the reference did not learn."""
+        if self.reference_learned:
+            return
+        raise UsageError(
+            f"the float32 reference did not learn in {steps} steps (smoothed loss "
+            f"{self.reference_start:.4g} -> {self.reference_final:.4g}, noise "
+            f"{self.reference_noise:.3g}), so no run can be judged against it: raise --steps or "
+            "the learning rate, or check the workload's loss and data"
+        )
 
     def steps_to_target(self, losses: Sequence[float]) -> int | None:
         """Steps a run needed to reach the target (1-based count), or ``None`` if never."""
@@ -53,14 +80,25 @@ class Target:
                 return i + 1
         return None
 
-    def final_ratio(self, losses: Sequence[float]) -> float:
-        """The run's final smoothed loss over float32's (1.0 = as good as float32)."""
+    def relative(self, smoothed_loss: float) -> float:
+        """A smoothed loss as a multiple of the target (1.0 = the target reached): runs of
+        very different loss magnitudes compare on one axis. Raw when the target is <= 0."""
+        return smoothed_loss / self.loss if self.loss > 0 else smoothed_loss
+
+    def ratio_at(self, losses: Sequence[float]) -> tuple[float, int]:
+        """The run's smoothed loss over float32's at the run's last step, and that step
+        (1-based). Runs stop at different steps; the ratio is taken where both exist."""
         curve = smoothed(losses)
-        if not curve or not math.isfinite(curve[-1]):
-            return math.inf
-        if self.reference_final == 0:
-            return 1.0 if curve[-1] == 0 else math.inf
-        return curve[-1] / self.reference_final
+        if not curve:
+            return math.inf, 0
+        step = min(len(curve), len(self.reference_curve)) if self.reference_curve else len(curve)
+        mine = curve[step - 1]
+        theirs = self.reference_curve[step - 1] if self.reference_curve else self.reference_final
+        if not math.isfinite(mine):
+            return math.inf, step
+        if theirs == 0:
+            return (1.0 if mine == 0 else math.inf), step
+        return mine / theirs, step
 
     def gap(self, losses: Sequence[float]) -> float:
         """How far the best smoothed loss stayed above the target, relative to the target
@@ -71,22 +109,47 @@ class Target:
         return (min(curve) - self.loss) / max(abs(self.loss), 1e-12)
 
 
-def speed_verdict(speedup: float, step_time_ratio: float, device: str) -> str:
-    """The sentence that states a config's speed against float32 on this device.
+@dataclasses.dataclass(frozen=True)
+class Speedup:
+    """float32's time to target over a config's: a point estimate and the spread around it.
 
-    ``speedup`` is float32's time to target over the config's; ``step_time_ratio`` is the
-    config's median step time over float32's. Both are stated, because a config can reach the
-    target in fewer steps (clipping, say) while each of its steps is slower.
+    ``low``/``high`` combine the spread of the interleaved step-time ratios over the timing
+    rounds (:func:`scalertune._timing.spread`) with the range of the steps-to-target ratios
+    over the seeds the config ran on.
     """
-    per_step = (f"each step {step_time_ratio:.2f}x float32's time"
-                if math.isfinite(step_time_ratio) else "step time unknown")
-    if abs(speedup - 1) <= _policy.SAME_SPEED_BAND:
-        text = f"about as fast as float32 to the target on {device} ({speedup:.2f}x; {per_step})"
-    elif speedup > 1:
-        text = f"{speedup:.2f}x faster than float32 to the target on {device} ({per_step})"
-    else:
-        text = f"{1 / speedup:.2f}x slower than float32 to the target on {device} ({per_step})"
-    if device.startswith("cpu") and step_time_ratio > 1 + _policy.SAME_SPEED_BAND:
-        text += (". CPUs without native half-precision matmul run AMP steps slower than "
-                 "float32; to choose for GPU training, run the search on that GPU")
-    return text
+
+    point: float
+    low: float
+    high: float
+    step_time_ratio: float
+
+    @classmethod
+    def of(cls, step_ratios: Sequence[float], time_ratios: Sequence[float]) -> "Speedup":
+        """``step_ratios``: float32's steps to target over the config's, per seed;
+        ``time_ratios``: the config's step time over float32's, per timing round."""
+        from scalertune._timing import spread
+
+        steps = statistics.median(step_ratios)
+        times = statistics.median(time_ratios)
+        fast, slow = spread(time_ratios)
+        return cls(point=steps / times, low=min(step_ratios) / slow,
+                   high=max(step_ratios) / fast, step_time_ratio=times)
+
+    def verdict(self, device: str) -> str:
+        """The sentence that states this speed against float32 on ``device``."""
+        spread = f"{self.low:.2f}-{self.high:.2f}x"
+        per_step = f"each step {self.step_time_ratio:.2f}x float32's time"
+        if self.low <= 1 <= self.high:
+            text = (f"as fast as float32 to the target on {device} within measurement noise "
+                    f"({spread}; {per_step})")
+        elif self.low > 1:
+            text = (f"{self.point:.2f}x faster than float32 to the target on {device} "
+                    f"({spread}; {per_step})")
+        else:
+            text = (f"{1 / self.point:.2f}x slower than float32 to the target on {device} "
+                    f"({spread} of float32's speed; {per_step})")
+        if device.startswith("cpu") and self.step_time_ratio > 1:
+            text += (". CPUs without native half-precision matmul run AMP steps slower than "
+                     "float32; to choose for GPU training, run the search on that GPU")
+        return text
+

@@ -1,9 +1,13 @@
 """Ranking: which configs reach the float32 target, and which of those gets there first.
 
-Trials that reach the target rank above trials that never do; among those that do, the
-shortest time to target (steps to target x median step time) wins. Among those that never
-do, the one whose final loss is closest to float32's ranks first. A config is *recommended*
-only after confirmation: rerun on other seeds, it stays finite and reaches each seed's target.
+Runs that reach the target rank above runs that never do. Among those that do, the shortest
+time to target wins: steps to target times the step time of the run's dtype, measured
+interleaved with float32's (:mod:`scalertune._timing`). Two runs of the same dtype differ only
+in steps, which are exact; runs of different dtypes whose times overlap within the timing
+spread are **tied**, and a tie goes to the more stable run (fewer skipped steps, then more loss
+scale headroom), then the simpler config (fewer knobs away from PyTorch's defaults), never to
+noise. A config is *recommended* only after confirmation: rerun on other seeds, it stays
+finite and reaches each seed's target.
 """
 
 from __future__ import annotations
@@ -14,14 +18,19 @@ from typing import Any, Iterable, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
+from scalertune import _policy
 from scalertune._config import AmpConfig
+from scalertune._timing import StepTimes
 
-ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM = "search", "baseline", "confirm"
-_AMP_ROLES = (ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM)
+ROLE_REFERENCE, ROLE_SEARCH, ROLE_BASELINE = "reference", "search", "baseline"
+ROLE_CONFIRM, ROLE_RECOMMENDED = "confirm", "recommended"
+_RUN_ROLES = (ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM)
 
-#: Trial system attribute holding the per-step loss scale, run-length encoded as
-#: ``[[scale, steps], ...]`` (the scale is piecewise constant). A system attribute, so that the
-#: dashboard's table of user attributes stays readable.
+#: Trial system attributes holding a run's per-step loss, and its per-step loss scale
+#: run-length encoded as ``[[scale, steps], ...]`` (the scale is piecewise constant). System
+#: attributes keep the dashboard's table of user attributes readable; the dashboard's curves
+#: are the per-window values reported relative to the target.
+LOSSES_ATTR = "scalertune.losses"
 SCALES_ATTR = "scalertune.scales"
 
 
@@ -55,7 +64,6 @@ class Outcome:
     @classmethod
     def from_trial(cls, trial: FrozenTrial) -> "Outcome":
         attrs = dict(trial.user_attrs)
-        steps = sorted(trial.intermediate_values)
         return cls(
             number=trial.number,
             role=attrs.get("role", ROLE_SEARCH),
@@ -63,7 +71,7 @@ class Outcome:
             seed=int(attrs.get("seed", 0)),
             state=trial.state.name.lower(),
             attrs=attrs,
-            losses=tuple(trial.intermediate_values[s] for s in steps),
+            losses=tuple(trial.system_attrs.get(LOSSES_ATTR, ())),
             scales=decode_scales(trial.system_attrs.get(SCALES_ATTR, [])),
         )
 
@@ -77,7 +85,12 @@ class Outcome:
 
     @property
     def reached(self) -> bool:
-        return self.state == "complete" and self.attrs.get("steps_to_target") is not None
+        return self.state == "complete" and self.steps_to_target is not None
+
+    @property
+    def steps_to_target(self) -> int | None:
+        value = self.attrs.get("steps_to_target")
+        return None if value is None else int(value)
 
     @property
     def time_to_target(self) -> float:
@@ -85,13 +98,27 @@ class Outcome:
         return math.inf if value is None else float(value)
 
     @property
-    def loss_vs_float32(self) -> float:
-        value = self.attrs.get("loss_vs_float32")
-        return math.inf if value is None else float(value)
-
-    @property
     def prune_kind(self) -> str | None:
         return self.attrs.get("pruned_because")
+
+    @property
+    def reused(self) -> bool:
+        """A sampled config that had run already: its result was copied, nothing trained."""
+        return "duplicate_of" in self.attrs
+
+    @property
+    def steps_run(self) -> int:
+        return 0 if self.reused else int(self.attrs.get("steps_run") or 0)
+
+    @property
+    def stability(self) -> tuple[int, float]:
+        """Lower is more stable: skipped steps, then how close the loss scale came to the
+        collapse floor (runs without a scaler have all the headroom there is)."""
+        skipped = int(self.attrs.get("skipped_steps") or 0)
+        low = self.attrs.get("min_scale")
+        if not self.config.uses_scaler or not low:
+            return skipped, -math.inf
+        return skipped, -math.log2(float(low) / _policy.SCALE_FLOOR)
 
 
 def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:
@@ -99,35 +126,70 @@ def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:
     trials are the yardstick, not candidates, and are left out."""
     done = (TrialState.COMPLETE, TrialState.PRUNED)
     return [Outcome.from_trial(t) for t in trials
-            if t.state in done and t.user_attrs.get("role") in _AMP_ROLES]
+            if t.state in done and t.user_attrs.get("role") in _RUN_ROLES]
+
+
+def time_bounds(outcome: Outcome, times: StepTimes | None) -> tuple[float, float]:
+    """The spread of a run's time to target: steps times its dtype's step-time spread."""
+    steps = outcome.steps_to_target
+    if steps is None or times is None or outcome.config.dtype not in times:
+        return math.inf, math.inf
+    low, high = times.bounds(outcome.config.dtype)
+    return steps * low, steps * high
+
+
+def tied(a: Outcome, b: Outcome, times: StepTimes | None) -> bool:
+    """Whether two runs that reached the target are equally fast within measurement noise.
+
+    Same dtype: the step time is the same, so only exactly equal steps tie. Different dtypes:
+    their time-to-target spreads overlap."""
+    if a.config.dtype == b.config.dtype:
+        return a.steps_to_target == b.steps_to_target
+    a_low, a_high = time_bounds(a, times)
+    b_low, b_high = time_bounds(b, times)
+    return a_low <= b_high and b_low <= a_high
 
 
 def rank_key(outcome: Outcome) -> tuple[int, float, int]:
-    """Reached before never-reached; then time to target, or closeness to float32's loss."""
+    """Reached before never-reached; then time to target, or closeness to float32's loss;
+    pruned runs last."""
     if outcome.reached:
         return (0, outcome.time_to_target, outcome.number)
     if outcome.state == "complete":
-        return (1, outcome.loss_vs_float32, outcome.number)
+        ratio = outcome.attrs.get("loss_vs_float32")
+        return (1, math.inf if ratio is None else float(ratio), outcome.number)
     return (2, math.inf, outcome.number)
 
 
 def ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:
-    """Search and baseline runs of the main seed, best first (confirmation runs excluded)."""
-    return sorted((o for o in outcomes if o.role != ROLE_CONFIRM), key=rank_key)
+    """Search and baseline runs of the main seed, best first (confirmations and reused
+    duplicates excluded)."""
+    return sorted((o for o in outcomes if o.role != ROLE_CONFIRM and not o.reused),
+                  key=rank_key)
 
 
-def distinct_candidates(ranking: Sequence[Outcome], top: int) -> list[Outcome]:
-    """The best ``top`` runs that reached the target, one per distinct config."""
+def candidates(ranking: Sequence[Outcome], times: StepTimes | None,
+               clip_norm: float | None) -> list[Outcome]:
+    """Distinct configs that reached the target, in the order they are confirmed.
+
+    The fastest first, except that runs tied with it within the timing noise are ordered by
+    stability, then simplicity, then speed; then the next fastest of the rest, and so on.
+    """
+    pool: list[Outcome] = []
     seen: set[AmpConfig] = set()
-    picked = []
     for outcome in ranking:
-        if not outcome.reached or outcome.config in seen:
-            continue
-        seen.add(outcome.config)
-        picked.append(outcome)
-        if len(picked) == top:
-            break
-    return picked
+        if outcome.reached and outcome.config not in seen:
+            seen.add(outcome.config)
+            pool.append(outcome)
+    ordered: list[Outcome] = []
+    while pool:
+        leader = pool[0]
+        group = [o for o in pool if o is leader or tied(o, leader, times)]
+        group.sort(key=lambda o: (o.stability, o.config.knobs_changed(clip_norm),
+                                  o.time_to_target, o.number))
+        ordered.extend(group)
+        pool = [o for o in pool if o not in group]
+    return ordered
 
 
 def confirmations_of(candidate: Outcome, outcomes: Sequence[Outcome]) -> dict[int, Outcome]:

@@ -2,9 +2,9 @@
 
 Like Lightning's learning-rate finder, a search returns an object, not a bare dict: the
 config to use (:attr:`SearchResult.config`), the evidence behind it (the float32 reference,
-the baselines, the ranking, the confirmation runs) and ways to show it (:meth:`summary`,
-:meth:`to_yaml`). :func:`analyze` builds it from storage alone, so it is the same after one
-worker, several workers or a crash.
+the baselines, the ranking, the confirmation runs, the interleaved step timing) and ways to
+show it (:meth:`summary`, :meth:`to_yaml`). :func:`analyze` builds it from storage alone, so it
+is the same after one worker, several workers or a crash.
 """
 
 from __future__ import annotations
@@ -15,18 +15,17 @@ import os
 from typing import Any
 
 import optuna
-import yaml
+from optuna.trial import TrialState
 
 from scalertune import _policy
-from scalertune._config import FLOAT32, AmpConfig
-from scalertune._errors import UsageError
-from scalertune._runtime import Guard
-from scalertune._judge import Target, speed_verdict
-from scalertune._rank import (ROLE_BASELINE, Outcome, confirmations_of,
-                              distinct_candidates, outcomes_of, ranked)
+from scalertune._config import AmpConfig, Guard
+from scalertune._judge import Speedup, Target
+from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, Outcome, candidates,
+                              confirmations_of, outcomes_of, ranked)
+from scalertune._run import skipped_steps
+from scalertune._schema import write_result
 from scalertune._study import SETTINGS_ATTR, reference_of
-
-FORMAT_VERSION = 1
+from scalertune._timing import StepTimes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,36 +43,70 @@ class SearchResult:
     study_name: str
     storage: str
     settings: dict[str, Any]
-    reference: dict[str, Any] | None
+    #: float32 reference per seed that ran (the search's seed, then the confirmation seeds).
+    references: dict[int, dict[str, Any]]
     ranking: list[Outcome]
+    #: Distinct configs that reached the target, in the order they are confirmed.
     candidates: list[Outcome]
     confirmations: dict[int, dict[int, Outcome]]
     failed: int
     recommended: Outcome | None
+    #: Training steps every run and the step timing executed (reused duplicates cost none).
+    steps_trained: int = 0
+    #: Sampled configs that had run already: their result was reused, nothing trained.
+    reused: int = 0
+    stop_reason: str | None = None
     interrupted: bool = False
     study: optuna.Study | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
+    def reference(self) -> dict[str, Any] | None:
+        """The float32 reference of the search's own seed."""
+        return self.references.get(int(self.settings.get("seed", 0)))
+
+    @property
     def config(self) -> AmpConfig:
-        """The recommended config; float32 when no AMP config was confirmed."""
-        return self.recommended.config if self.recommended else FLOAT32
+        """The recommended config; float32 (with the workload's own clipping) when no AMP
+        config was confirmed."""
+        if self.recommended is not None:
+            return self.recommended.config
+        return AmpConfig.from_dict(self.settings.get("reference") or {"dtype": "float32"})
 
     @property
     def target(self) -> Target | None:
         return Target.from_reference(self.reference["losses"]) if self.reference else None
 
     @property
-    def reference_time_to_target(self) -> float:
-        if not self.reference or self.reference.get("steps_to_target") is None:
-            return math.nan
-        return self.reference["steps_to_target"] * self.reference["median_step_time_s"]
+    def step_times(self) -> StepTimes | None:
+        return self.reference.get("step_times") if self.reference else None
 
     @property
-    def speedup(self) -> float:
-        """float32's time to target over the recommendation's (>1: AMP is faster)."""
-        if self.recommended is None:
+    def run_equivalents(self) -> float:
+        """The search's cost: its training steps over the steps of one run."""
+        steps = int(self.settings.get("steps") or 0)
+        return self.steps_trained / steps if steps else math.nan
+
+    @property
+    def reference_time_to_target(self) -> float:
+        ref = self.reference
+        if not ref or ref.get("steps_to_target") is None or not ref.get("step_time_s"):
             return math.nan
-        return self.reference_time_to_target / self.recommended.time_to_target
+        return ref["steps_to_target"] * ref["step_time_s"]
+
+    @property
+    def speedup(self) -> Speedup | None:
+        """float32's time to target over the recommendation's, with its spread: steps to
+        target on every seed it ran, times the interleaved step-time ratios."""
+        rec, times = self.recommended, self.step_times
+        if rec is None or times is None or rec.config.dtype not in times:
+            return None
+        runs = [rec, *self.confirmations.get(rec.number, {}).values()]
+        ratios = [self.references[o.seed]["steps_to_target"] / o.steps_to_target
+                  for o in runs if o.seed in self.references and o.reached
+                  and self.references[o.seed].get("steps_to_target")]
+        if not ratios:
+            return None
+        return Speedup.of(ratios, times.ratios(rec.config.dtype))
 
     @property
     def verdict(self) -> str:
@@ -84,9 +117,10 @@ class SearchResult:
                         f"keep training in float32 on {device}")
             return (f"no AMP config stayed finite and reached the target on every "
                     f"confirmation seed; keep training in float32 on {device}")
-        step_ratio = (self.recommended.attrs.get("median_step_time_s") or math.nan) / (
-            self.reference["median_step_time_s"] if self.reference else math.nan)
-        return speed_verdict(self.speedup, step_ratio, device)
+        speedup = self.speedup
+        if speedup is None:
+            return f"speed against float32 unknown on {device} (no step timing)"
+        return speedup.verdict(device)
 
     @property
     def baselines(self) -> dict[str, Outcome]:
@@ -124,6 +158,28 @@ class SearchResult:
                 kind = outcome.prune_kind or "unknown"
                 counts[kind] = counts.get(kind, 0) + 1
         return counts
+
+    def confirmation_state(self, candidate: Outcome) -> str:
+        """``confirmed``, ``failed`` (a seed that went non-finite or never reached its
+        target), or ``pending`` (a seed not yet run)."""
+        runs = self.confirmations.get(candidate.number, {})
+        if any(not o.reached for o in runs.values()):
+            return "failed"
+        if all(s in runs for s in _policy.CONFIRM_SEEDS):
+            return "confirmed"
+        return "pending"
+
+    @property
+    def next_to_confirm(self) -> Outcome | None:
+        """The candidate whose confirmation runs come next: the best one, and the next only
+        once every one before it failed. ``None`` when one is confirmed or none is left."""
+        for candidate in self.candidates:
+            state = self.confirmation_state(candidate)
+            if state == "pending":
+                return candidate
+            if state == "confirmed":
+                return None
+        return None
 
     def summary(self, *, top: int = 5) -> str:
         """The table printed at the end of a search (and by ``scalertune report``)."""
@@ -171,6 +227,7 @@ class SearchResult:
     def to_dict(self) -> dict[str, Any]:
         """The recommendation and its evidence as plain data (the YAML file's content)."""
         rec = self.recommended
+        speedup = self.speedup
         evidence: dict[str, Any] = {
             "study": self.study_name,
             "storage": self.storage,
@@ -179,7 +236,9 @@ class SearchResult:
             "steps": self.settings.get("steps"),
             "search_space": (self.settings.get("space") or {}).get("name"),
             "verdict": self.verdict,
-            "speedup_vs_float32": _num(self.speedup),
+            "speedup_vs_float32": None if speedup is None else {
+                "point": _num(speedup.point), "low": _num(speedup.low),
+                "high": _num(speedup.high), "step_time_ratio": _num(speedup.step_time_ratio)},
         }
         if rec is not None:
             confirmed = self.confirmations.get(rec.number, {})
@@ -193,12 +252,16 @@ class SearchResult:
             evidence["float32"] = {
                 "target_loss": _num(self.reference["target_loss"]),
                 "steps_to_target": self.reference.get("steps_to_target"),
-                "median_step_time_s": _num(self.reference["median_step_time_s"]),
+                "step_time_s": _num(self.reference.get("step_time_s")),
                 "time_to_target_s": _num(self.reference_time_to_target),
             }
         for name, outcome in self.baselines.items():
             evidence[name] = {"config": outcome.config.to_dict(), **_run_evidence(outcome)}
-        data = {"scalertune": FORMAT_VERSION, "config": self.config.to_dict()}
+        evidence["cost"] = {"run_equivalents": _num(self.run_equivalents),
+                            "training_steps": self.steps_trained}
+        if self.stop_reason:
+            evidence["stopped_early"] = self.stop_reason
+        data: dict[str, Any] = {"config": self.config.to_dict()}
         guard = self.guard()
         if guard is not None:
             data["guard"] = {"min_scale": guard.min_scale,
@@ -223,33 +286,24 @@ class SearchResult:
 
     def to_yaml(self, path: str) -> None:
         """Write the recommendation; :func:`scalertune.load` reads it back."""
-        header = (
-            "# Written by scalertune. Load it in training code with\n"
-            "#   amp = scalertune.load(\"" + os.path.basename(path) + "\", device=\"cuda\")\n"
-            "# 'config' is what the runtime uses; 'evidence' says why it was chosen.\n"
-        )
-        tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(header)
-            yaml.safe_dump(self.to_dict(), f, sort_keys=False, width=100)
-        os.replace(tmp, path)
+        write_result(self.to_dict(), path)
 
 
 def _longest_skip_streak(outcome: Outcome) -> int:
+    skipped = set(skipped_steps(outcome.scales, outcome.config.init_scale))
     longest = current = 0
-    previous = outcome.config.init_scale
-    for scale in outcome.scales:
-        current = current + 1 if scale < previous else 0
+    for i in range(len(outcome.scales)):
+        current = current + 1 if i in skipped else 0
         longest = max(longest, current)
-        previous = scale
     return longest
 
 
 def _run_evidence(outcome: Outcome) -> dict[str, Any]:
     a = outcome.attrs
     out: dict[str, Any] = {"outcome": describe_outcome(outcome)}
-    for key in ("steps_to_target", "time_to_target_s", "median_step_time_s", "skipped_steps",
-                "min_scale", "final_scale", "first_nonfinite_step", "loss_vs_float32"):
+    for key in ("steps_to_target", "time_to_target_s", "step_time_s", "skipped_steps",
+                "min_scale", "final_scale", "first_nonfinite_step", "steps_run",
+                "loss_vs_float32", "loss_vs_float32_step"):
         if a.get(key) is not None:
             out[key] = _num(a[key])
     return out
@@ -257,15 +311,18 @@ def _run_evidence(outcome: Outcome) -> dict[str, Any]:
 
 def describe_outcome(outcome: Outcome) -> str:
     """One phrase: what happened to this run."""
+    if outcome.state == "fail":
+        return f"failed: {outcome.attrs.get('error', 'error')}"
     if outcome.state == "pruned":
         return f"pruned: {outcome.attrs.get('prune_reason', 'non-finite')}"
     skipped = outcome.attrs.get("skipped_steps") or 0
     tail = f", {skipped} skipped steps" if skipped else ""
     if outcome.reached:
-        return f"reached the float32 target at step {outcome.attrs['steps_to_target']}{tail}"
-    ratio = outcome.loss_vs_float32
-    return (f"never reached the float32 target (final loss {ratio:.3g}x float32's){tail}"
-            if math.isfinite(ratio) else f"never reached the float32 target{tail}")
+        return f"reached the float32 target at step {outcome.steps_to_target}{tail}"
+    ratio = outcome.attrs.get("loss_vs_float32")
+    return (f"never reached the float32 target (loss {float(ratio):.3g}x float32's at step "
+            f"{outcome.attrs.get('loss_vs_float32_step')}){tail}"
+            if ratio is not None else f"never reached the float32 target{tail}")
 
 
 def _num(value: Any) -> Any:
@@ -277,53 +334,44 @@ def _num(value: Any) -> Any:
 def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
     """Rebuild the result of a search from the study alone (no training runs)."""
     settings = study.user_attrs.get(SETTINGS_ATTR) or {}
-    seed = int(settings.get("seed", 0))
     trials = study.get_trials(deepcopy=False)
     outcomes = outcomes_of(trials)
     ranking = ranked(outcomes)
-    candidates = distinct_candidates(ranking, _policy.CONFIRM_TOP)
-    confirmations = {c.number: confirmations_of(c, outcomes) for c in candidates}
-    recommended = next(
-        (c for c in candidates
-         if all(s in confirmations[c.number] and confirmations[c.number][s].reached
-                for s in _policy.CONFIRM_SEEDS)),
-        None,
-    )
-    failed = sum(t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("role") != "surplus"
-                 for t in trials)
-    return SearchResult(
+    references = {s: ref for s in (int(settings.get("seed", 0)), *_policy.CONFIRM_SEEDS)
+                  if (ref := reference_of(study, s)) is not None}
+    seed_ref = references.get(int(settings.get("seed", 0)))
+    times = seed_ref.get("step_times") if seed_ref else None
+    clip = (settings.get("reference") or {}).get("clip_norm")
+    ordered = candidates(ranking, times, clip)[:_policy.CONFIRM_TOP]
+    failed_confirms = [Outcome.from_trial(t) for t in trials
+                       if t.state == TrialState.FAIL and t.user_attrs.get("role") == ROLE_CONFIRM
+                       and "error" in t.user_attrs]
+    confirmations = {c.number: confirmations_of(c, [*outcomes, *failed_confirms])
+                     for c in ordered}
+    result = SearchResult(
         study_name=study.study_name, storage=storage, settings=settings,
-        reference=reference_of(study, seed), ranking=ranking, candidates=candidates,
-        confirmations=confirmations, failed=failed, recommended=recommended, study=study,
+        references=references, ranking=ranking, candidates=ordered,
+        confirmations=confirmations,
+        failed=sum(t.state == TrialState.FAIL and t.user_attrs.get("role") != "surplus"
+                   for t in trials),
+        recommended=None, steps_trained=_steps_trained(trials),
+        reused=sum(o.reused for o in outcomes),
+        stop_reason=study.user_attrs.get("scalertune.stopped_early"), study=study,
     )
+    recommended = next((c for c in ordered if result.confirmation_state(c) == "confirmed"
+                        and all(result.confirmation_state(b) == "failed"
+                                for b in ordered[:ordered.index(c)])), None)
+    return dataclasses.replace(result, recommended=recommended)
 
 
-def _read(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {path} (run scalertune search first)") from None
-    except yaml.YAMLError:
-        raise UsageError(f"{path} is not valid YAML") from None
-    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
-        raise UsageError(f"{path} has no 'config' mapping: is it a scalertune result file?")
-    return data
-
-
-def load_config(path: str) -> AmpConfig:
-    """Read the ``config`` block of a YAML file written by ``scalertune search``."""
-    return AmpConfig.from_dict(_read(path)["config"])
-
-
-def load_guard(path: str) -> Guard | None:
-    """The ``guard`` block of a result YAML, if it has one."""
-    block = _read(path).get("guard")
-    if block is None:
-        return None
-    try:
-        return Guard(min_scale=float(block["min_scale"]),
-                     max_consecutive_skips=int(block["max_consecutive_skips"]))
-    except (KeyError, TypeError, ValueError):
-        raise UsageError(f"{path}: 'guard' needs min_scale and max_consecutive_skips") from None
-
+def _steps_trained(trials: list[optuna.trial.FrozenTrial]) -> int:
+    total = 0
+    for trial in trials:
+        attrs = trial.user_attrs
+        if "duplicate_of" in attrs or attrs.get("role") == "recommended":
+            continue
+        total += int(attrs.get("steps_run") or 0)
+        times = trial.system_attrs.get("scalertune.step_times")
+        if times:
+            total += int(times.get("steps", 0))
+    return total

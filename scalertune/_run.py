@@ -4,15 +4,21 @@ The AMP loop never waits for the device. Each step writes its loss and the curre
 into preallocated device buffers; every ``READBACK_INTERVAL`` steps one transfer brings the
 window to the host, where it is checked, reported and timed. On CUDA that transfer is the
 synchronisation point, so the window's wall time covers exactly the work of its steps.
+
+After each window a stop rule (:mod:`scalertune._stopping`) may end the run early: it has
+reached the float32 target, or it can no longer beat the best run found so far.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import gc
 import math
 import statistics
+import struct
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -29,7 +35,29 @@ PRUNE_KINDS = {
     "parameters": "non-finite weights",
     "gradients": "gradients non-finite every step",
     "scale-collapse": "scale collapse",
+    "slower": "slower than the best",
 }
+
+
+def as_float32(value: float) -> float:
+    """``value`` rounded to float32, as GradScaler stores its scale."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def skipped_steps(scales: Sequence[float], init_scale: float) -> list[int]:
+    """Indices of the steps GradScaler skipped, from the scale after each step.
+
+    ``update()`` multiplies the scale by ``backoff_factor`` < 1 exactly when a step was
+    skipped, so a smaller scale than the step before *is* a skipped step. The scaler keeps its
+    scale in float32: the first step compares with ``init_scale`` rounded the same way (an
+    init_scale float32 cannot hold exactly would otherwise look like a back-off at step 0).
+    """
+    out, previous = [], as_float32(init_scale)
+    for i, scale in enumerate(scales):
+        if scale < previous:
+            out.append(i)
+        previous = scale
+    return out
 
 
 @dataclasses.dataclass
@@ -44,6 +72,11 @@ class RunRecord:
     window_step_times: list[float] = dataclasses.field(default_factory=list)
     prune_kind: str | None = None
     prune_reason: str | None = None
+    then: Any = None
+    #: Steps to the float32 target (1-based), once the stop rule has seen it reached.
+    reached_at: int | None = None
+    #: Why the run ended before ``steps``: "reached" (the target), or a prune kind.
+    stopped: str | None = None
 
     @property
     def steps_run(self) -> int:
@@ -54,13 +87,7 @@ class RunRecord:
         """Indices of the steps GradScaler skipped (the scale shrank on them)."""
         if not self.config.uses_scaler:
             return []
-        previous = self.config.init_scale
-        out = []
-        for i, scale in enumerate(self.scales):
-            if scale < previous:
-                out.append(i)
-            previous = scale
-        return out
+        return skipped_steps(self.scales, self.config.init_scale)
 
     @property
     def first_nonfinite_step(self) -> int | None:
@@ -82,6 +109,8 @@ class RunRecord:
 
 
 WindowCallback = Callable[[RunRecord, int], None]
+#: Called after each window that left the run finite; returns True to stop the run there.
+StopRule = Callable[[RunRecord], bool]
 
 
 def run_config(
@@ -92,23 +121,43 @@ def run_config(
     seed: int,
     device: torch.device,
     on_window: WindowCallback | None = None,
+    stop: StopRule | None = None,
     prune: bool = True,
+    then: Callable[[Workload, RunRecord], Any] | None = None,
 ) -> RunRecord:
-    """Train a fresh workload for ``steps`` steps under ``config``; stop early if non-finite.
+    """Train a fresh workload for up to ``steps`` steps under ``config``.
 
-    ``on_window(record, first_step_of_window)`` is called after each window has been read
-    back and checked (Optuna reporting lives there); it may raise to stop the run.
+    The run stops early when it goes non-finite (it is pruned, with the reason) or when
+    ``stop(record)`` says so after a window. ``on_window(record, first_step_of_window)`` is
+    called after each window has been read back and judged (reporting lives there).
     ``prune=False`` records why the run would have been pruned but trains to the end (what a
     search without pruning would cost; ``benchmarks/pruning.py`` compares the two).
+    ``then(workload, record)``, if given, runs on the trained workload afterwards; its result
+    is returned as ``record.then`` (the study's step timing runs on the float32 reference's).
     """
     workload = build_workload(factory, seed=seed, device=device)
+    try:
+        record = train(workload, config, steps=steps, seed=seed, device=device,
+                       on_window=on_window, stop=stop, prune=prune)
+        if then is not None:
+            record.then = then(workload, record)
+    finally:
+        del workload
+        release_memory()
+    return record
+
+
+def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
+          device: torch.device, on_window: WindowCallback | None = None,
+          stop: StopRule | None = None, prune: bool = True) -> RunRecord:
+    """The training loop of :func:`run_config`, on a workload already built."""
     amp = AmpRuntime(config, device=device)
     amp.prepare(workload.model)
     record = RunRecord(config=config, seed=seed, steps=steps)
     loss_buf = torch.empty(steps, dtype=torch.float32, device=device)
     scale_buf = torch.empty(steps, dtype=torch.float32, device=device)
-    batches = _forever(workload.batches)
-    step_fn = _step_function(workload)
+    batches = forever(workload.batches)
+    step_fn = step_function(workload)
     workload.model.train()
 
     window_start = 0
@@ -127,13 +176,38 @@ def run_config(
         record.scales.extend(window[1].tolist())
         if not record.pruned:
             _judge_window(record, workload, window_start)
+        stopping = stop is not None and not record.pruned and stop(record)
         if on_window is not None:
             on_window(record, window_start)
-        if record.pruned and prune:
+        if stopping or (record.pruned and prune):
             break
         window_start = i + 1
         started = time.perf_counter()
     return record
+
+
+def release_memory() -> None:
+    """Give the memory of a finished run back to the system before the next one.
+
+    A search builds a fresh workload for every run. Python frees the last one, but glibc's
+    allocator keeps freed pages in its arenas, so without a trim the process's resident memory
+    grows run after run to several runs' worth of a large model.
+    """
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # noqa: B018 - glibc only; musl and macOS have none
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_LIBC = _libc()
 
 
 def check_loss(loss: Any) -> None:
@@ -166,7 +240,7 @@ def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int,
         if workload.step is None:
             inputs, targets = batch
             check_loss(workload.loss_fn(workload.model(inputs), targets))
-        loss = _step_function(workload)(workload, batch, amp)
+        loss = step_function(workload)(workload, batch, amp)
     except UsageError:
         raise
     except Exception as exc:  # the user's model, loss or step: theirs to fix
@@ -180,14 +254,14 @@ def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int,
     return AmpConfig(dtype="float32", clip_norm=workload.clip_norm)
 
 
-def _step_function(workload: Workload) -> Callable[[Workload, Any, AmpRuntime], torch.Tensor]:
+def step_function(workload: Workload) -> Callable[[Workload, Any, AmpRuntime], torch.Tensor]:
     if workload.step is not None:
         user_step = workload.step
         return lambda w, batch, amp: user_step(w.model, batch, amp)
     return lambda w, batch, amp: amp.train_step(w.model, w.optimizer, w.loss_fn, batch)
 
 
-def _forever(batches: Any) -> Iterator[Any]:
+def forever(batches: Any) -> Iterator[Any]:
     while True:
         yield from batches
 

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 from importlib import resources
 from typing import Any, Mapping
 
 import optuna
 import yaml
 
-from scalertune._config import AmpConfig
+from scalertune._config import DTYPES, AmpConfig
 from scalertune._errors import UsageError
 
 _SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
@@ -121,14 +122,23 @@ class SearchSpace:
                                      name=f"{self.name}+fp32:{names}",
                                      description=self.description)
 
+    def sampler(self, *, seed: int | None = None) -> optuna.samplers.BaseSampler:
+        """The sampler a study of this space uses: Optuna's TPE, with ``dtype`` kept to the
+        space's choices (see :class:`DtypeSampler`)."""
+        return DtypeSampler(list(self.dtypes), seed=seed)
+
     def suggest(self, trial: optuna.Trial) -> AmpConfig:
-        """Ask the trial for each searched parameter and build the config it names."""
-        values: dict[str, Any] = {}
-        dtype = self.params.get("dtype", {"choices": ["float16"]})
-        if isinstance(dtype, Mapping):
-            values["dtype"] = trial.suggest_categorical("dtype", list(dtype["choices"]))
-        else:
-            values["dtype"] = dtype
+        """Ask the trial for each searched parameter and build the config it names.
+
+        The study's sampler must be :meth:`sampler` (or another that keeps ``dtype`` to the
+        space's choices)."""
+        # Every run of a study, the float32 references included, is a point of one dtype
+        # parameter over all three dtypes; the space's sampler keeps to the space's choices.
+        values: dict[str, Any] = {"dtype": trial.suggest_categorical("dtype", list(DTYPES))}
+        if values["dtype"] not in self.dtypes and "dtype" not in _fixed(trial):
+            raise UsageError(f"the study's sampler proposed dtype {values['dtype']!r}, outside "
+                             f"search space {self.name!r}: create the study with "
+                             "sampler=space.sampler()")
         islands = self.params.get("fp32_modules")
         if islands is not None and values["dtype"] == "float16":
             values["fp32_modules"] = (
@@ -151,8 +161,126 @@ class SearchSpace:
                                                   **kwargs)
         return AmpConfig(**values)
 
+    def params_for(self, config: AmpConfig) -> dict[str, Any] | None:
+        """The parameters :meth:`suggest` would record to produce ``config``, or ``None``
+        when the space cannot produce it (a value outside a range, or fixed otherwise).
+
+        A baseline queued with these is a point of the same space as the sampled trials.
+        ``config`` is taken before the workload's own clipping is applied: a ``clip_norm`` of
+        ``None`` is "no clipping of its own", which the space spells ``use_clip_norm: false``.
+        """
+        params: dict[str, Any] = {"dtype": config.dtype}
+        float16 = config.dtype == "float16"
+        islands = self.params.get("fp32_modules")
+        if islands is not None and float16:
+            joined = ",".join(config.fp32_modules)
+            if not isinstance(islands, Mapping):
+                if AmpConfig(fp32_modules=islands or "").fp32_modules != config.fp32_modules:
+                    return None
+            elif joined in islands["choices"]:
+                params["fp32_modules"] = joined
+            else:
+                return None
+        elif config.fp32_modules:
+            return None
+        for key in _NUMERIC:
+            value = getattr(config, key)
+            spec = self.params.get(key)
+            if spec is None or (key in _FLOAT16_ONLY and not float16):
+                if key in _FLOAT16_ONLY and float16 and value != getattr(AmpConfig(), key):
+                    return None
+                if key == "clip_norm" and value is not None:
+                    return None
+                continue
+            if not isinstance(spec, Mapping):
+                if value != spec:
+                    return None
+                continue
+            if spec.get("optional"):
+                params[f"use_{key}"] = value is not None
+                if value is None:
+                    continue
+            if value is None or not spec["low"] <= value <= spec["high"]:
+                return None
+            params[key] = value
+        return params
+
+    def distinct_configs(self) -> int | None:
+        """How many different configs the space can produce; ``None`` when a range makes it
+        endless. (A purely categorical space runs out: the search stops once all have run.)"""
+        total = 0
+        for dtype in self.dtypes:
+            count = 1
+            for key in _NUMERIC:
+                spec = self.params.get(key)
+                if not isinstance(spec, Mapping) or (key in _FLOAT16_ONLY and dtype != "float16"):
+                    continue
+                if spec["low"] != spec["high"]:
+                    return None
+                count *= 2 if spec.get("optional") else 1
+            islands = self.params.get("fp32_modules")
+            if isinstance(islands, Mapping) and dtype == "float16":
+                count *= len(set(islands["choices"]))
+            total += count
+        return total
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "params": dict(self.params)}
+
+
+class DtypeSampler(optuna.samplers.BaseSampler):
+    """Optuna's TPE sampler, with ``dtype`` held to the search space's choices.
+
+    ``dtype``'s distribution spans all three dtypes, because the float32 references are runs
+    of the study too; TPE is asked as usual (jointly, or one parameter at a time), and a dtype
+    outside the space (float32) is asked again, then drawn uniformly from the space's choices.
+    """
+
+    def __init__(self, dtypes: list[str], *, seed: int) -> None:
+        self._base = optuna.samplers.TPESampler(seed=seed)
+        self._dtypes = list(dtypes)
+        self._rng = random.Random(seed)
+
+    def infer_relative_search_space(self, study: optuna.Study,
+                                    trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+        return self._base.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                        search_space: dict[str, Any]) -> dict[str, Any]:
+        for _ in range(8):
+            params = self._base.sample_relative(study, trial, search_space)
+            if params.get("dtype", self._dtypes[0]) in self._dtypes:
+                return params
+        # Leave dtype to sample_independent, which keeps to the space's choices.
+        return {k: v for k, v in params.items() if k != "dtype"}
+
+    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                           param_name: str, param_distribution: Any) -> Any:
+        if param_name != "dtype":
+            return self._base.sample_independent(study, trial, param_name, param_distribution)
+        if len(self._dtypes) == 1:
+            return self._dtypes[0]
+        for _ in range(8):
+            value = self._base.sample_independent(study, trial, param_name, param_distribution)
+            if value in self._dtypes:
+                return value
+        return self._rng.choice(self._dtypes)
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        self._base.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                    state: TrialState, values: Any) -> None:
+        self._base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._base.reseed_rng()
+
+
+def _fixed(trial: optuna.Trial) -> dict[str, Any]:
+    """The parameters a queued trial was given (``study.enqueue_trial``)."""
+    return trial.storage.get_trial_system_attrs(trial._trial_id).get(  # noqa: SLF001
+        "fixed_params") or {}
 
 
 def shipped_spaces() -> dict[str, str]:

@@ -5,10 +5,16 @@ One study holds everything a search ran, so that resuming, a second worker or a 
 
 - a study user attribute with the settings the study was created with (factory, steps, seed,
   space, device type, the reference's clipping): a rerun with other settings is refused;
-- one *reference* trial per seed the search needed: the float32 run, its loss curve as
-  intermediate values, its target loss and step time as attributes;
-- the two named *baseline* trials, the sampled *search* trials and the *confirmation* reruns,
-  each with its config, its loss curve and its judged attributes.
+- one *reference* trial per seed the search needed: the float32 run, its target loss, and
+  (for the main seed) the interleaved step time of every dtype the study may run;
+- the sampled *search* trials, the two named *baseline* trials, the *confirmation* reruns and
+  one *recommended* trial, each with its config, its curve and its judged attributes.
+
+Every run has the ``dtype`` parameter (float32 for the references), so the dashboard's
+tables and plots show every run as a point of the same space; the space's sampler proposes
+only the space's own dtypes (:meth:`SearchSpace.sampler`). The objective is the time to target in seconds, ``inf`` for runs that never
+reach it and for the references (the yardstick, not a candidate), so the trial with the least
+value, which is what optuna-dashboard shows as best, is a run of the recommended config.
 """
 
 from __future__ import annotations
@@ -20,17 +26,24 @@ import warnings
 from typing import Any
 
 import optuna
+from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
+from scalertune._config import DTYPES
 from scalertune._errors import UsageError
 from scalertune._judge import Target
+from scalertune._rank import LOSSES_ATTR, ROLE_REFERENCE, SCALES_ATTR, encode_scales
 from scalertune._run import RunRecord
+from scalertune._space import SearchSpace
 from scalertune._storage import first_line, redact
+from scalertune._timing import StepTimes
 
 SETTINGS_ATTR = "scalertune.settings"
-ROLE_REFERENCE = "reference"
+TIMES_ATTR = "scalertune.step_times"
 #: The settings whose change makes stored trials incomparable with new ones.
 COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference")
+#: Every run's dtype is a value of this one distribution (see the module docstring).
+DTYPE_DISTRIBUTION = CategoricalDistribution(list(DTYPES))
 _SETTINGS_WAIT_S = 30
 
 
@@ -42,9 +55,11 @@ def default_study_name(factory_spec: str) -> str:
 
 
 def open_study(storage: Any, study_name: str, settings: dict[str, Any], *, seed: int,
-               url: str) -> optuna.Study:
-    """Create the study, or load it when it exists with the same settings."""
-    sampler = optuna.samplers.TPESampler(seed=seed)
+               url: str, space: SearchSpace) -> tuple[optuna.Study, bool]:
+    """Create the study, or load it when it exists with the same settings.
+
+    Returns the study and whether this call created it."""
+    sampler = space.sampler(seed=seed)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -67,7 +82,7 @@ def open_study(storage: Any, study_name: str, settings: dict[str, Any], *, seed:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(["time to target (s)"])
-        return study
+        return study, True
     for key in COMPARABLE:
         if stored.get(key) != settings.get(key):
             raise UsageError(
@@ -75,7 +90,7 @@ def open_study(storage: Any, study_name: str, settings: dict[str, Any], *, seed:
                 f"{_short(settings.get(key))}: rerun with the same {key}, or pass a new "
                 "--study-name"
             )
-    return study
+    return study, False
 
 
 def _short(value: Any) -> str:
@@ -84,53 +99,108 @@ def _short(value: Any) -> str:
     return repr(value)
 
 
-def reference_of(study: optuna.Study, seed: int) -> dict[str, Any] | None:
-    """The float32 reference of ``seed`` as plain data, or ``None`` if it has not run yet."""
+def reference_trial(study: optuna.Study, seed: int) -> optuna.trial.FrozenTrial | None:
+    """The finished float32 reference trial of ``seed``, if it has run."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         attrs = trial.user_attrs
         if attrs.get("role") == ROLE_REFERENCE and attrs.get("seed") == seed:
-            steps = sorted(trial.intermediate_values)
-            return {
-                "trial": trial.number,
-                "seed": seed,
-                "losses": [trial.intermediate_values[s] for s in steps],
-                "median_step_time_s": attrs["median_step_time_s"],
-                "target_loss": attrs["target_loss"],
-                "steps_to_target": attrs["steps_to_target"],
-            }
+            return trial
     return None
 
 
-def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any]) -> None:
-    """Store a finished float32 run as the reference trial of its seed."""
+def reference_of(study: optuna.Study, seed: int) -> dict[str, Any] | None:
+    """The float32 reference of ``seed`` as plain data, or ``None`` if it has not run yet."""
+    trial = reference_trial(study, seed)
+    if trial is None:
+        return None
+    attrs = trial.user_attrs
+    times = trial.system_attrs.get(TIMES_ATTR)
+    return {
+        "trial": trial.number,
+        "seed": seed,
+        "losses": list(trial.system_attrs.get(LOSSES_ATTR, ())),
+        "target_loss": attrs["target_loss"],
+        "steps_to_target": attrs["steps_to_target"],
+        "step_time_s": attrs.get("step_time_s"),
+        "steps_run": attrs.get("steps_run"),
+        "step_times": StepTimes.from_dict(times) if times else None,
+    }
+
+
+def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any],
+                  times: StepTimes | None) -> None:
+    """Store a finished float32 run as the reference trial of its seed, in one write."""
     target = Target.from_reference(record.losses)
     steps = target.steps_to_target(record.losses)
+    step_time = times.median("float32") if times else record.median_step_time
+    system_attrs: dict[str, Any] = {LOSSES_ATTR: record.losses, **_constraints(0.0)}
+    if times is not None:
+        system_attrs[TIMES_ATTR] = times.to_dict()
     study.add_trial(optuna.trial.create_trial(
         state=TrialState.COMPLETE,
-        value=(steps or record.steps) * record.median_step_time,
-        intermediate_values=dict(enumerate(record.losses)),
+        value=math.inf,
+        params={"dtype": "float32"},
+        distributions={"dtype": DTYPE_DISTRIBUTION},
+        intermediate_values=relative_curve(record.losses, target),
         user_attrs={
             "role": ROLE_REFERENCE, "seed": record.seed, "config": config,
-            "median_step_time_s": record.median_step_time, "target_loss": target.loss,
-            "steps_to_target": steps, "steps_run": record.steps_run,
+            "target_loss": target.loss, "steps_to_target": steps,
+            "step_time_s": step_time,
+            "time_to_target_s": None if steps is None else steps * step_time,
+            "steps_run": record.steps_run,
         },
+        system_attrs=system_attrs,
     ))
 
 
-def judged_attrs(record: RunRecord, target: Target) -> dict[str, Any]:
+def relative_curve(losses: list[float], target: Target) -> dict[int, float]:
+    """Step -> smoothed loss over the target at the end of each read-back window (1.0 is the
+    target): what the dashboard plots, on one axis for every run whatever its loss scale."""
+    from scalertune import _policy
+    from scalertune._judge import smoothed
+
+    curve = smoothed(losses)
+    points = {}
+    for end in range(_policy.READBACK_INTERVAL, len(curve) + _policy.READBACK_INTERVAL,
+                     _policy.READBACK_INTERVAL):
+        step = min(end, len(curve)) - 1
+        value = target.relative(curve[step])
+        if math.isfinite(value):
+            points[step] = value
+    return points
+
+
+def _constraints(gap: float) -> dict[str, Any]:
+    """Optuna's constraint, in both the per-key form Optuna 5 writes (``set_constraint``)
+    and the list optuna-dashboard 0.21 reads to mark infeasible trials."""
+    gap = min(gap, 1e300)
+    return {"constraints:target_gap": gap, "constraints": [gap]}
+
+
+def store_constraint(trial: optuna.Trial, gap: float) -> None:
+    """Mark the running ``trial`` feasible (``gap`` <= 0: it reached the target) or not."""
+    for key, value in _constraints(gap).items():
+        trial.storage.set_trial_system_attr(trial._trial_id, key, value)  # noqa: SLF001
+
+
+def judged_attrs(record: RunRecord, target: Target, step_time: float | None) -> dict[str, Any]:
     """The per-trial attributes a user reads in the summary and the dashboard."""
-    steps_to_target = None if record.pruned else target.steps_to_target(record.losses)
+    reached = None if record.pruned else (record.reached_at
+                                          or target.steps_to_target(record.losses))
+    ratio, at = target.ratio_at(record.losses)
     attrs: dict[str, Any] = {
         "skipped_steps": len(record.skipped),
         "final_scale": record.scales[-1] if record.scales else None,
         "min_scale": min(record.scales) if record.scales else None,
         "first_nonfinite_step": record.first_nonfinite_step,
-        "median_step_time_s": _finite_or_none(record.median_step_time),
         "steps_run": record.steps_run,
-        "steps_to_target": steps_to_target,
-        "time_to_target_s": (None if steps_to_target is None
-                             else steps_to_target * record.median_step_time),
-        "loss_vs_float32": _finite_or_none(target.final_ratio(record.losses)),
+        "steps_to_target": reached,
+        "step_time_s": step_time,
+        "time_to_target_s": (None if reached is None or step_time is None
+                             else reached * step_time),
+        "measured_step_time_s": _finite_or_none(record.median_step_time),
+        "loss_vs_float32": _finite_or_none(ratio),
+        "loss_vs_float32_step": at,
     }
     if record.pruned:
         attrs["pruned_because"] = record.prune_kind
@@ -138,16 +208,17 @@ def judged_attrs(record: RunRecord, target: Target) -> dict[str, Any]:
     return attrs
 
 
-def objective_value(record: RunRecord, judged: dict[str, Any]) -> float:
-    """What Optuna minimises: time to target, or the whole run's time when never reached.
+def store_curves(trial: optuna.Trial, record: RunRecord) -> None:
+    """The per-step loss and loss scale, for the pictures and for ``report``."""
+    storage, trial_id = trial.storage, trial._trial_id  # noqa: SLF001
+    storage.set_trial_system_attr(trial_id, LOSSES_ATTR, record.losses)
+    storage.set_trial_system_attr(trial_id, SCALES_ATTR, encode_scales(record.scales))
 
-    ``judged`` is :func:`judged_attrs` of the run. Runs that never reach the target are also
-    marked infeasible through Optuna's constraint (``target_gap`` > 0), so
-    ``study.best_trial`` and the dashboard agree with our ranking.
-    """
-    if judged["time_to_target_s"] is not None:
-        return judged["time_to_target_s"]
-    return record.steps * record.median_step_time
+
+def objective_value(judged: dict[str, Any]) -> float:
+    """What Optuna minimises: time to target, ``inf`` when never reached."""
+    value = judged["time_to_target_s"]
+    return math.inf if value is None else float(value)
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import TYPE_CHECKING, Any
 
 from scalertune._rank import ROLE_SEARCH, Outcome
 from scalertune._run import PRUNE_KINDS
+from scalertune._timing import spread
 
 if TYPE_CHECKING:
     from scalertune._result import SearchResult
 
 _COLUMNS = ("run", "config", "skipped", "min scale", "steps to target", "ms/step",
-            "time to target", "loss vs fp32")
+            "time to target", "loss/fp32 @step", "steps run")
 
 
 def render(result: "SearchResult", *, top: int) -> str:
@@ -29,12 +31,17 @@ def render(result: "SearchResult", *, top: int) -> str:
         return "\n".join(lines)
     lines.append(f"  float32 target loss {target.loss:.4g} (float32 ends at "
                  f"{target.reference_final:.4g}, from {target.reference_start:.4g})")
-    if not target.reference_learned:
-        lines.append("  warning: float32 did not reduce the loss, so every run reaches the "
-                     "target; raise --steps or the learning rate")
+    times = result.step_times
+    if times is not None:
+        lines.append("  step time, interleaved: " + ", ".join(
+            f"{d} {times.median(d) * 1e3:.3g} ms" + ("" if d == "float32" else
+                                                     f" ({_spread(times.ratios(d))} float32's)")
+            for d in times.rounds))
     rows: list[tuple[str, ...]] = [_COLUMNS]
-    rows.append(("float32 reference", "float32", "-", "-", _int(ref.get("steps_to_target")),
-                 _ms(ref["median_step_time_s"]), _sec(result.reference_time_to_target), "1"))
+    ref_config = result.settings.get("reference") or {}
+    rows.append(("float32 reference", _describe_reference(ref_config), "-", "-",
+                 _int(ref.get("steps_to_target")), _ms(ref.get("step_time_s")),
+                 _sec(result.reference_time_to_target), "1", _int(ref.get("steps_run"))))
     for name, outcome in result.baselines.items():
         rows.append(_row(name, outcome))
     searched = [o for o in result.ranking if o.role == ROLE_SEARCH and o.state == "complete"]
@@ -48,9 +55,13 @@ def render(result: "SearchResult", *, top: int) -> str:
     n_search = sum(o.role == ROLE_SEARCH for o in result.ranking)
     pruned = result.pruned_by_kind
     counted = ", ".join(f"{n} {PRUNE_KINDS.get(k, k)}" for k, n in sorted(pruned.items()))
+    reused = result.reused
     lines.append(f"{n_search} sampled trials finished; pruned {sum(pruned.values())}"
                  + (f" ({counted})" if counted else "")
-                 + (f"; {result.failed} failed" if result.failed else ""))
+                 + (f"; {result.failed} failed" if result.failed else "")
+                 + (f"; {reused} reused an earlier run of the same config" if reused else ""))
+    if result.stop_reason:
+        lines.append(f"Sampling stopped early: {result.stop_reason}")
     hint = result.forward_overflow_hint()
     if hint:
         lines.append(hint)
@@ -68,6 +79,8 @@ def render(result: "SearchResult", *, top: int) -> str:
         lines.append(f"  not confirmed: {candidate.label} [{candidate.config.describe()}] "
                      f"{_confirm_failure(result, candidate)}")
     lines.append(f"Verdict: {result.verdict}")
+    lines.append(f"Cost: {result.run_equivalents:.1f} float32 runs ({result.steps_trained} "
+                 f"training steps over all runs and the step timing)")
     if result.interrupted:
         lines.append("Interrupted: every finished trial is kept; rerun the same command to resume.")
     return "\n".join(lines)
@@ -84,12 +97,27 @@ def _confirm_failure(result: "SearchResult", candidate: Outcome) -> str:
 def _row(label: str, o: Outcome) -> tuple[str, ...]:
     a = o.attrs
     if o.state == "pruned":
-        reached = f"pruned@{a.get('first_nonfinite_step', '?')}"
+        kind = o.prune_kind or "pruned"
+        step = a.get("first_nonfinite_step") if kind != "slower" else a.get("steps_run")
+        reached = f"{'slower' if kind == 'slower' else 'pruned'}@{step if step is not None else '?'}"
     else:
         reached = _int(a.get("steps_to_target"))
+    ratio = a.get("loss_vs_float32")
+    at = "-" if ratio is None else f"{float(ratio):.3g} @{a.get('loss_vs_float32_step')}"
     return (label, o.config.describe(), _int(a.get("skipped_steps")), _g(a.get("min_scale")),
-            reached, _ms(a.get("median_step_time_s")),
-            _sec(o.time_to_target if o.reached else math.nan), _g(a.get("loss_vs_float32")))
+            reached, _ms(a.get("step_time_s")),
+            _sec(o.time_to_target if o.reached else math.nan), at, _int(a.get("steps_run")))
+
+
+def _spread(ratios: list[float]) -> str:
+    low, high = spread(ratios)
+    return f"{statistics.median(ratios):.2f}x, {low:.2f}-{high:.2f}x"
+
+
+def _describe_reference(config: dict[str, Any]) -> str:
+    clip = config.get("clip_norm")
+    return "float32" + (f", clip {clip:.3g} (the workload's)" if clip else "")
+
 
 
 def format_table(rows: list[tuple[str, ...]]) -> list[str]:

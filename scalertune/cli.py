@@ -98,8 +98,13 @@ def _parser() -> argparse.ArgumentParser:
                         "them) in float32 on every float16 trial: float32 islands for a "
                         "forward overflow (see scalertune diagnose)")
     s.add_argument("--n-trials", type=int, default=24, metavar="N",
-                   help="sampled trials in the study, in total across reruns and workers "
+                   help="most sampled trials in the study, in total across reruns and workers; "
+                        "sampling stops earlier once it stops finding faster configs "
                         "(default: %(default)s)")
+    s.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="stop sampling after this many seconds (like Optuna's "
+                        "study.optimize(timeout=...)); the baselines and confirmations still run "
+                        "(default: no limit)")
     s.add_argument("--steps", type=int, default=200, metavar="N",
                    help="training steps per run (default: %(default)s)")
     s.add_argument("--seed", type=int, default=0, help="seed of the search runs (default: 0)")
@@ -212,7 +217,7 @@ def _search(args: argparse.Namespace) -> int:
     result = search(
         args.factory, storage=args.storage, study_name=args.study_name, space=args.space,
         fp32_modules=args.fp32_modules, n_trials=args.n_trials, steps=args.steps,
-        seed=args.seed, device=args.device,
+        seed=args.seed, device=args.device, timeout=args.timeout,
         isolation=isolation,
         log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
         progress=not quiet and sys.stderr.isatty(),
@@ -255,7 +260,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from scalertune._export import export
-    from scalertune._result import load_config
+    from scalertune._schema import load_config
 
     print(export(load_config(args.result), args.to, yaml_path=args.result, strict=args.strict),
           end="")

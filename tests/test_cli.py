@@ -129,5 +129,5 @@ def test_a_terminal_gets_a_progress_bar_with_the_run_lines_above_it(tmp_path):
     assert proc.returncode == 0
     assert "scalertune:" in terminal and "run/s" in terminal  # tqdm's bar
     # each run's line is written above the bar, never glued to it
-    assert "\n#1 pytorch-default" in terminal.replace("\r", "\n")
+    assert "\n#1 [" in terminal.replace("\r", "\n")
     assert "Recommended:" in out

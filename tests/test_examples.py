@@ -55,9 +55,14 @@ def test_codepoints_default_search_avoids_what_pytorch_defaults_do(tmp_path):
     assert last < first
 
 
-def test_classifier_trains_under_amp_and_pytorch_defaults_reach_the_target(tmp_path):
+def test_classifier_trains_under_amp_and_pytorch_defaults_train_it_too(tmp_path):
     proc = _example(tmp_path, "classifier")
     assert proc.returncode == 0, proc.stderr
     data = yaml.safe_load((tmp_path / "classifier_make_model.yaml").read_text())
-    assert data["evidence"]["pytorch-default"]["steps_to_target"] is not None
+    default = data["evidence"]["pytorch-default"]
+    # PyTorch's defaults train it: they reach the target, or are stopped only for being
+    # slower than the best run, never for going non-finite.
+    assert default.get("steps_to_target") is not None or "slower than the best" in default[
+        "outcome"], default
+    assert not default.get("skipped_steps")
     assert data["config"]["dtype"] in ("float16", "bfloat16")

@@ -72,14 +72,14 @@ def test_forward_overflow_is_fixed_by_bfloat16_not_by_a_small_scale():
 
 @pytest.mark.slow
 def test_exploding_gradients_clipping_decides(storage, space_file):
-    path = space_file("dtype: {choices: [bfloat16]}\nclip_norm: 10.0\n")
-    result = scalertune.search(spec("exploding"), storage=storage, space=path, n_trials=1,
-                               steps=60, device="cpu")
-    unclipped = list(result.baselines.values())
-    assert all(o.state == "pruned" for o in unclipped)
-    assert {o.prune_kind for o in unclipped} <= {"diverged", "parameters", "gradients"}
-    assert result.recommended is not None
-    assert result.recommended.config == AmpConfig(dtype="bfloat16", clip_norm=10.0)
+    # Unclipped, the workload explodes in any dtype: clipping is what trains it.
     unclipped_bf16 = run_config(workloads.exploding, AmpConfig(dtype="bfloat16"),
                                 steps=60, seed=0, device=CPU)
     assert unclipped_bf16.prune_kind in {"diverged", "parameters"}
+    path = space_file("dtype: {choices: [bfloat16]}\nclip_norm: 10.0\n")
+    result = scalertune.search(spec("exploding"), storage=storage, space=path, n_trials=1,
+                               steps=60, device="cpu")
+    assert result.recommended is not None
+    assert result.recommended.config == AmpConfig(dtype="bfloat16", clip_norm=10.0)
+    # The baselines clip as the workload declares: PyTorch's scaler defaults, not "no clip".
+    assert all(o.config.clip_norm == 10.0 for o in result.baselines.values())

@@ -49,7 +49,7 @@ def test_unknown_space_name_lists_the_shipped_ones():
 
 def test_scaler_knobs_are_searched_only_when_float16_is_chosen():
     space = SearchSpace.load("default")
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    study = optuna.create_study(sampler=space.sampler(seed=3))
     seen = set()
     for _ in range(30):
         trial = study.ask()

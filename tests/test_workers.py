@@ -73,7 +73,8 @@ def _check_nothing_lost(url, killed_number, cwd):
     assert retries[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
     assert retries[0].user_attrs["config"] == killed.user_attrs["config"]
     roles = collections.Counter(
-        t.user_attrs["role"] for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED))
+        t.user_attrs["role"] for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        and "duplicate_of" not in t.user_attrs)
     assert roles["search"] == 6
     assert roles["baseline"] == 2
     references = [t.user_attrs["seed"] for t in trials if t.user_attrs.get("role") == "reference"]
@@ -158,7 +159,8 @@ def test_ctrl_c_keeps_finished_trials_and_a_rerun_resumes_to_the_total(tmp_path)
     after = _trials(url)
     assert all(after[t.number].state == t.state for t in finished)
     searched = [t for t in after if t.user_attrs.get("role") == "search"
-                and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+                and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                and "duplicate_of" not in t.user_attrs]
     assert len(searched) == 8
 
 
@@ -185,7 +187,7 @@ def test_an_aborting_trial_fails_alone_when_isolated(tmp_path):
 
 def test_a_hanging_trial_is_killed_at_its_time_limit(tmp_path):
     started = time.time()
-    result = _isolated(tmp_path, "hangs_in_float16", timeout_s=5)
+    result = _isolated(tmp_path, "hangs_in_float16", timeout_s=30)
     failures = _float16_failures(result)
     assert failures and all("timed out" in t.user_attrs["error"] for t in failures)
     assert time.time() - started < 300

@@ -165,3 +165,42 @@ def lightning_module():
             return {"optimizer": torch.optim.Adam(self.parameters(), lr=0.02)}
 
     return scalertune.lightning_workload(Regressor(), _regression())
+
+
+def forward_overflow_clipped():
+    """``forward_overflow`` from a user whose float32 training clips at 1.0: when no AMP
+    config works, the float32 answer must keep that clipping."""
+    return {**forward_overflow(), "clip_norm": 1.0}
+
+
+def seed_article_toy():
+    """The toy of the second seed article, as written: raw code points as regression targets,
+    batch 1, mean MSE, Adam at 1e-3. Its float32 loss barely moves (7.1e8 -> 7.1e8) in a
+    search's budget of steps, so no run can be judged against it."""
+    code_points = torch.tensor([[float(ord(c)) for c in "中野哲平"]])
+    model = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 4))
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
+            "loss_fn": nn.MSELoss(),
+            "batches": [(torch.randn(1, 4), code_points) for _ in range(100)]}
+
+
+class CountingAdam(torch.optim.Adam):
+    """Adam that counts the optimizer steps it really took: GradScaler calls ``step`` only
+    when the gradients are finite, so calls = steps run - steps skipped."""
+
+    built: list["CountingAdam"] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+        CountingAdam.built.append(self)
+
+    def step(self, closure=None):
+        self.calls += 1
+        return super().step(closure)
+
+
+def counted_overflow():
+    """``gradient_overflow`` with an optimizer that counts its real steps."""
+    parts = gradient_overflow()
+    return {**parts, "optimizer": CountingAdam(parts["model"].parameters(), lr=0.02)}

@@ -1,0 +1,105 @@
+"""The float32 references: the target of every seed a search needs, and the step timing.
+
+The reference of the search's own seed runs first, once per study (whichever worker claims
+it), in full: its last steps define the target. With ``--isolate`` it runs in its own
+process like every trial, its step timing too. On its trained workload the interleaved step
+timing of every dtype the study may run follows (:mod:`scalertune._timing`). A reference that
+goes non-finite stops the search (the workload is broken); one that does not learn is refused
+before any trial runs, and the study it would have started is removed again, so that a rerun
+with more steps is a fresh study rather than a clash of settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import optuna
+import torch
+
+from scalertune._claims import Once
+from scalertune._config import AmpConfig
+from scalertune._errors import UsageError
+from scalertune._isolate import Timing, describe_error, run_isolated
+from scalertune._judge import Target
+from scalertune._run import run_config
+from scalertune._study import add_reference, reference_of
+from scalertune._timing import StepTimes, time_dtypes
+from scalertune._workload import FactoryError
+
+
+class SearchError(Exception):
+    """The search cannot go on: the workload itself is broken (not one config)."""
+
+
+class References:
+    """The float32 targets of a study's seeds and the study's step timing, run on demand."""
+
+    def __init__(self, study: optuna.Study, once: Once, factory: Callable[[], Any],
+                 config: AmpConfig, *, spec: str, steps: int, seed: int, device: torch.device,
+                 dtypes: list[str], isolation: Any, log: Callable[[str], None]) -> None:
+        self.study, self.once, self.factory, self.config = study, once, factory, config
+        self.spec, self.isolation = spec, isolation
+        self.steps, self.seed, self.device, self.dtypes, self.log = (
+            steps, seed, device, dtypes, log)
+        self._targets: dict[int, Target] = {}
+        self._times: StepTimes | None = None
+
+    def target(self, seed: int) -> Target:
+        """The float32 target of ``seed``; runs and stores the reference if nobody has."""
+        if seed not in self._targets:
+            self.once(f"reference.{seed}", lambda: self._run(seed),
+                      lambda: reference_of(self.study, seed) is not None)
+            reference = reference_of(self.study, seed)
+            self._targets[seed] = Target.from_reference(reference["losses"])
+            if seed == self.seed:
+                self._times = reference["step_times"]
+        return self._targets[seed]
+
+    @property
+    def step_times(self) -> StepTimes | None:
+        """The interleaved step time of each dtype (after :meth:`target` of the main seed)."""
+        self.target(self.seed)
+        return self._times
+
+    def _run(self, seed: int) -> None:
+        self.log(f"float32 reference, seed {seed} ...")
+        timing = Timing(tuple(self.dtypes), self.config.clip_norm) if seed == self.seed else None
+        try:
+            if self.isolation is not None:
+                record = run_isolated(self.spec, self.config, steps=self.steps, seed=seed,
+                                      device=self.device, timeout_s=self.isolation.timeout_s,
+                                      memory_gb=self.isolation.memory_gb, timing=timing)
+            else:
+                record = run_config(
+                    self.factory, self.config, steps=self.steps, seed=seed, device=self.device,
+                    then=None if timing is None else (
+                        lambda workload, _: time_dtypes(workload, timing.dtypes,
+                                                        device=self.device,
+                                                        clip_norm=timing.clip_norm)))
+        except FactoryError as exc:
+            raise SearchError(f"the float32 reference failed: the factory raised {exc}") from None
+        except Exception as exc:
+            raise SearchError(f"the float32 reference failed: {describe_error(exc)}") from exc
+        if record.pruned:
+            raise SearchError(
+                f"the float32 reference itself went non-finite ({record.prune_reason}): "
+                "fix the workload (learning rate, loss, data) before searching AMP configs; "
+                "if your training clips gradients, return clip_norm from the factory"
+            )
+        target = Target.from_reference(record.losses)
+        try:
+            target.check_learned(self.steps)
+        except UsageError:
+            _remove_if_empty(self.study)
+            raise
+        times: StepTimes | None = record.then
+        add_reference(self.study, record, self.config.to_dict(), times)
+        measured = "" if times is None else ", step time " + ", ".join(
+            f"{d} {times.median(d) * 1e3:.3g} ms" for d in times.rounds)
+        self.log(f"float32 reference, seed {seed}: target loss {target.loss:.4g}{measured}")
+
+
+def _remove_if_empty(study: optuna.Study) -> None:
+    """Delete a study that holds nothing yet: a refused first reference leaves no trace."""
+    if not study.get_trials(deepcopy=False):
+        optuna.delete_study(study_name=study.study_name, storage=study._storage)  # noqa: SLF001

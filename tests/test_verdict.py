@@ -1,0 +1,166 @@
+"""The recommendation and its verdict: interleaved timing, the user's clipping, a reference that
+learns, skipped steps as GradScaler counts them, no config trained twice."""
+
+import math
+import subprocess
+import sys
+
+import optuna
+import pytest
+import torch
+
+import scalertune
+from scalertune import _policy
+from scalertune._config import AmpConfig
+from scalertune._judge import Speedup, Target
+from scalertune._rank import Outcome, candidates
+from scalertune._run import run_config, skipped_steps
+from scalertune._timing import StepTimes, spread, time_dtypes
+from scalertune._workload import build_workload
+from conftest import spec
+import workloads
+
+CPU = torch.device("cpu")
+
+
+def test_interleaved_timing_measures_every_dtype_in_paired_rounds():
+    workload = build_workload(workloads.healthy, seed=0, device=CPU)
+    times = time_dtypes(workload, ["bfloat16", "float16"], device=CPU, clip_norm=None)
+    assert set(times.rounds) == {"float32", "bfloat16", "float16"}
+    for dtype in times.rounds:
+        assert len(times.rounds[dtype]) == _policy.TIMING_ROUNDS
+        assert all(t > 0 for t in times.rounds[dtype])
+    assert times.steps == 3 * (_policy.WARMUP_WINDOWS + _policy.TIMING_ROUNDS) * 10
+    low, high = times.bounds("bfloat16")
+    assert low <= times.median("bfloat16") <= high
+
+
+def test_one_window_hit_by_load_does_not_widen_the_spread():
+    ratios = [1.3, 1.35, 1.28, 1.31, 30.0, 1.33]
+    assert spread(ratios) == (1.3, 1.35)
+    assert spread([1.0, 2.0]) == (1.0, 2.0)
+
+
+@pytest.mark.parametrize("steps, times, words", [
+    ([1.9, 2.0, 2.1], [1.2, 1.3, 1.25, 1.3, 1.28, 1.27], "faster than float32"),
+    ([1.0, 1.0, 1.0], [1.5, 1.6, 1.55, 1.5, 1.58, 1.52], "slower than float32"),
+    ([1.9, 2.0, 2.1], [1.7, 2.3, 1.9, 2.0, 2.2, 1.8], "as fast as float32 to the target on "
+                                                      "gpu within measurement noise"),
+])
+def test_the_verdict_states_a_direction_only_outside_the_noise(steps, times, words):
+    speedup = Speedup.of(steps, times)
+    assert words in speedup.verdict("gpu")
+    assert speedup.low <= speedup.point <= speedup.high
+    if "within" in words:
+        assert speedup.low <= 1 <= speedup.high
+
+
+def _outcome(number, dtype, steps, skipped=0, min_scale=None, clip=None):
+    config = AmpConfig(dtype=dtype, clip_norm=clip, init_scale=2.0**number)
+    attrs = {"steps_to_target": steps, "time_to_target_s": steps * (1.0 if dtype == "bfloat16"
+                                                                    else 1.02),
+             "skipped_steps": skipped, "min_scale": min_scale}
+    return Outcome(number=number, role="search", config=config, seed=0, state="complete",
+                   attrs=attrs, losses=())
+
+
+def test_ties_within_the_timing_noise_go_to_stability_not_to_noise():
+    times = StepTimes({"float32": [1.0] * 6, "bfloat16": [1.0, 0.9, 1.1, 1.0, 0.95, 1.05],
+                       "float16": [1.02, 0.9, 1.12, 1.0, 0.97, 1.08]})
+    fp16 = _outcome(1, "float16", 100, skipped=3, min_scale=1.0)
+    bf16 = _outcome(2, "bfloat16", 101)
+    assert [o.number for o in candidates([fp16, bf16], times, None)] == [2, 1]
+    # Within one dtype the step time is the same: fewer steps win, stability or not.
+    steady = _outcome(3, "float16", 102, skipped=0, min_scale=1024.0)
+    assert [o.number for o in candidates([fp16, steady], times, None)] == [1, 3]
+    # Equal and equally stable: the simpler config (fewer knobs away from the defaults).
+    plain, clipped = _outcome(4, "bfloat16", 100), _outcome(5, "bfloat16", 100, clip=1.0)
+    assert [o.number for o in candidates([clipped, plain], times, None)] == [4, 5]
+
+
+def test_skipped_steps_match_the_optimizer_steps_gradscaler_really_skipped():
+    # 194994.52 is not a float32: GradScaler holds it as 194994.515625.
+    for init_scale in (194994.52, 2.0**24, 1.0):
+        workloads.CountingAdam.built.clear()
+        record = run_config(workloads.counted_overflow, AmpConfig(init_scale=init_scale),
+                            steps=30, seed=0, device=CPU)
+        (optimizer,) = workloads.CountingAdam.built
+        assert len(record.skipped) == record.steps_run - optimizer.calls, init_scale
+    assert skipped_steps([194994.515625] * 3, 194994.52) == []
+
+
+def test_a_reference_that_does_not_learn_is_refused_before_any_trial_and_leaves_no_study(
+        tmp_path):
+    db = tmp_path / "study.db"
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalertune", "search", spec("seed_article_toy"),
+         "--storage", f"sqlite:///{db}", "--n-trials", "2", "--steps", "40"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert "did not learn" in lines[-1] and "--steps" in lines[-1]
+    assert "Traceback" not in proc.stderr
+    assert optuna.get_all_study_names(f"sqlite:///{db}") == []
+
+
+def test_target_learned_needs_a_drop_beyond_the_batch_noise():
+    flat = Target.from_reference([7.128e8 + (i % 3) * 1e6 for i in range(200)])
+    assert not flat.reference_learned
+    learns = Target.from_reference([10.0 * 0.98**i for i in range(200)])
+    assert learns.reference_learned
+
+
+@pytest.mark.slow
+def test_the_workloads_clipping_applies_to_baselines_and_the_float32_answer(storage, tmp_path):
+    result = scalertune.search(spec("exploding"), storage=storage, n_trials=2, steps=60,
+                               device="cpu")
+    for name, outcome in result.baselines.items():
+        assert outcome.config.clip_norm == 10.0, name
+        # without the clip float32 itself diverges: a baseline may fail only for float16
+        assert outcome.prune_kind in (None, "forward", "gradients", "scale-collapse",
+                                      "slower"), outcome.attrs.get("prune_reason")
+    overflow = scalertune.search(spec("forward_overflow_clipped"), storage=storage,
+                                 space="float16", n_trials=2, steps=40, device="cpu")
+    assert overflow.recommended is None
+    assert overflow.config == AmpConfig(dtype="float32", clip_norm=1.0)
+    path = tmp_path / "fallback.yaml"
+    overflow.to_yaml(str(path))
+    assert scalertune.load_config(str(path)).clip_norm == 1.0
+
+
+@pytest.mark.slow
+def test_no_config_is_trained_twice_and_a_spent_space_stops_the_search(storage, space_file):
+    result = scalertune.search(spec("healthy"), storage=storage, space="bfloat16",
+                               n_trials=12, steps=40, device="cpu", study_name="bf16")
+    study = optuna.load_study(study_name="bf16", storage=storage)
+    sampled = [t for t in study.trials if t.user_attrs.get("role") == "search"]
+    trained = [t for t in sampled if "duplicate_of" not in t.user_attrs]
+    configs = [AmpConfig.from_dict(t.user_attrs["config"]) for t in trained]
+    assert len(configs) == len(set(configs))
+    for reused in (t for t in sampled if "duplicate_of" in t.user_attrs):
+        original = study.trials[reused.user_attrs["duplicate_of"]]
+        assert original.user_attrs["config"] == reused.user_attrs["config"]
+    assert result.recommended is not None
+
+    path = space_file("dtype: {choices: [bfloat16]}\n")
+    small = scalertune.search(spec("healthy"), storage=storage, space=path, n_trials=5,
+                              steps=40, device="cpu", study_name="one-config")
+    assert "1 distinct configs" in small.stop_reason
+    assert sum(o.role == "search" for o in small.ranking) == 1
+
+
+def test_the_runtime_reads_a_config_without_importing_the_analysis():
+    """The YAML schema has a module of its own: the runtime and the schema import only the
+    config, the policy and the errors (no analysis, no search), not even inside functions."""
+    import ast
+    import os
+
+    here = os.path.dirname(scalertune.__file__)
+    allowed = {"scalertune", "scalertune._policy", "scalertune._config", "scalertune._errors",
+               "scalertune._schema"}
+    for name in ("_runtime.py", "_schema.py", "_config.py"):
+        with open(os.path.join(here, name), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        imported = {n.module for n in ast.walk(tree)
+                    if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("scalertune")}
+        assert imported <= allowed, (name, imported - allowed)
