@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 from scalertune import _policy
 from scalertune._claims import claim, wait_released
 from scalertune._config import BASELINES, AmpConfig
-from scalertune._diagnose import first_overflowing_module
+from scalertune._diagnose import locate_forward_overflow
 from scalertune._errors import UsageError
 from scalertune._isolate import TrialCrashed, describe_error, run_isolated
 from scalertune._judge import Target
@@ -328,15 +328,18 @@ class _Worker:
 
     def _locate_overflow(self, trial: optuna.Trial, config: AmpConfig, seed: int,
                          record: RunRecord) -> None:
-        """Name the module whose output first went non-finite (one watched forward pass)."""
+        """Name the modules where the forward overflowed, and the islands checked to fix it."""
         try:
-            module = first_overflowing_module(self.factory, config, seed=seed, device=self.device)
+            advice = locate_forward_overflow(self.factory, config, record.losses, seed=seed,
+                                             device=self.device)
         except Exception:  # the diagnosis is a courtesy; the prune reason stands without it
             return
-        if module is not None:
-            trial.set_user_attr("overflow_module", module)
-            record.prune_reason = (f"{record.prune_reason}; the first module whose output is "
-                                   f"non-finite is '{module}'")
+        if advice is not None:
+            trial.set_user_attr("overflow_module", advice.where)
+            if advice.fixed:
+                trial.set_user_attr("overflow_islands", ",".join(advice.islands))
+            record.prune_reason = (f"{record.prune_reason}; the modules whose own computation "
+                                   f"overflowed: {advice.where}")
 
     def _surplus(self, trial: optuna.Trial) -> bool:
         """Whether a freshly sampled trial is over the study's budget (a race between
