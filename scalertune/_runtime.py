@@ -159,7 +159,7 @@ class AmpRuntime:
         """
         if not self.config.fp32_modules or model in self._prepared:
             return model
-        modules = dict(model.named_modules())
+        modules = dict(_unwrapped(model).named_modules())
         for name in match_modules(self.config.fp32_modules, modules):
             if not is_island(modules[name]):
                 island = _Float32Island(self.device.type)
@@ -268,6 +268,18 @@ class AmpRuntime:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             self._clip_params[id(optimizer)] = params
         return params
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's model inside torch.compile's and (Distributed)DataParallel's wrappers, whose
+    names (``_orig_mod.``, ``module.``) are not the ones ``fp32_modules`` names."""
+    while True:
+        if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod  # noqa: SLF001 - torch.compile's OptimizedModule
+        else:
+            return model
 
 
 def is_island(module: torch.nn.Module) -> bool:
