@@ -102,21 +102,29 @@ class ScalerCheck:
     config: AmpConfig
     steps: int
     skipped: int
-    #: whether hooks looked at every module's output, or only at the loss
-    watched: bool
-    forward_finite: bool
+    #: steps whose loss was inf/NaN
+    bad_loss_steps: int
+    #: whether every module's output was finite (``None``: hooks did not look)
+    outputs_finite: bool | None
+    #: share of float32's nonzero first-step gradient values that were zero here
     flushed: float | None
     #: the config's islands as patterns, for reading
     islands: tuple[str, ...] = ()
 
+    @property
+    def forward_finite(self) -> bool:
+        return self.outputs_finite is not False and not self.bad_loss_steps
+
     def describe(self) -> str:
         islands = f" with {','.join(self.islands)} in float32" if self.islands else ""
-        if self.watched:
-            forward = ("every module's output finite" if self.forward_finite
-                       else "a module's output inf/NaN")
-        else:
-            forward = "the loss finite" if self.forward_finite else "the loss inf/NaN"
-        parts = [f"skipped {self.skipped} of {self.steps} steps", forward]
+        parts = [f"skipped {self.skipped} of {self.steps} steps"]
+        if self.outputs_finite is not None:
+            parts.append("every module's output finite" if self.outputs_finite
+                         else "a module's output inf/NaN")
+        if self.bad_loss_steps:
+            parts.append(f"the loss inf/NaN on {self.bad_loss_steps}")
+        elif self.outputs_finite is None:
+            parts.append("the loss finite")
         if self.flushed is not None:
             parts.append(f"{_share(self.flushed)} of gradient values flushed to zero")
         return f"float16 at init_scale {self.config.init_scale:g}{islands}: {', '.join(parts)}"
@@ -234,6 +242,9 @@ def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.
                else factory_or_spec)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     config = AmpConfig(init_scale=float(init_scale), fp32_modules=fp32_modules)
+    if config.fp32_modules:  # a typo is refused before any step runs
+        model = build_workload(factory, seed=seed, device=dev).model
+        match_modules(config.fp32_modules, (n for n, _ in model.named_modules()))
     run = _Runner(factory, steps=steps, seed=seed, device=dev)
     table: dict[str, ModuleReport] = {}
     # float32 first: every float16 run after it measures what it flushed against it.
@@ -389,8 +400,8 @@ class _Run:
 
     def check(self) -> ScalerCheck:
         islands = group_patterns(match_modules(self.config.fp32_modules, self.names), self.names)
-        return ScalerCheck(self.config, self.steps, self.skipped, self.watched,
-                           not (self.forward_overflow or self.bad_loss_steps), self.flushed,
+        return ScalerCheck(self.config, self.steps, self.skipped, self.bad_loss_steps,
+                           not self.forward_overflow if self.watched else None, self.flushed,
                            tuple(islands))
 
 
@@ -622,23 +633,24 @@ class _Judge:
 
     def forward_unfixed(self, culprits: list[str]) -> tuple[str, str, None]:
         modules = [c for c in culprits if c]
-        if not self.first.culprits and self.first.forward_overflow:
-            where = "the inf/NaN appears"
-        else:
-            where = f"it starts in {_list(culprits)}"
-        if modules and self.current.forward_overflow:
-            why = (f"keeping {_list(modules)} in float32 is not enough: checked, the forward "
-                   f"is still inf/NaN (next in {self.current.first_forward or '(model)'})")
+        head = f"forward overflow at init_scale {self.first.config.init_scale:g}"
+        if modules:
+            them = "them" if len(modules) > 1 else "it"
+            text = (f"{head} in {self._where(modules)}, before any loss scale applies; keeping "
+                    f"{them} in float32 is not enough: checked, the forward is still inf/NaN "
+                    f"(from {self.current.first_forward or '(model)'})")
         elif "" in culprits:
-            why = ("the model's own forward code (outside any submodule) overflows: move it "
-                   "into a submodule to keep it in float32")
+            text = (f"{head} in the model's own forward code (outside any submodule), before "
+                    "any loss scale applies, so no scaler setting fixes it: move that "
+                    "computation into a submodule to keep it in float32")
         else:
-            why = "no module is to blame"
-        alternative = self.bfloat16_line() or " Train in float32."
-        return ("forward",
-                f"forward overflow at init_scale {self.first.config.init_scale:g}: {where}, before "
-                f"any loss scale applies, so no scaler setting fixes it; {why}.{alternative}",
-                None)
+            text = f"{head}: the model's inputs already hold inf/NaN"
+        return "forward", text + "." + (self.bfloat16_line() or " Train in float32."), None
+
+    def _where(self, culprits: list[str]) -> str:
+        if len(culprits) == 1:
+            return f"module {culprits[0]!r}"
+        return f"{len(culprits)} modules ({', '.join(group_patterns(culprits, self.first.names))})"
 
     def loss(self) -> tuple[str, str, None]:
         cur = self.current
@@ -650,10 +662,7 @@ class _Judge:
 
     def forward_fixed(self, culprits: list[str], islanded: list[str], gradients: str) -> str:
         patterns = group_patterns(islanded, self.first.names)
-        where = (f"module {culprits[0]!r}" if len(culprits) == 1 else
-                 f"{len(culprits)} modules "
-                 f"({', '.join(group_patterns(culprits, self.first.names))})")
-        return (f"forward overflow in {where}: float16 turns finite inputs into inf/NaN there, "
+        return (f"forward overflow in {self._where(culprits)}: float16 turns finite inputs into inf/NaN there, "
                 f"before any loss scale applies, so no scaler setting fixes it. Keep "
                 f"{'them' if len(culprits) > 1 else 'it'} in float32 (--fp32-modules "
                 f"{shlex.quote(','.join(patterns))}): checked, the forward is then finite."

@@ -103,6 +103,43 @@ def test_the_culprit_is_the_module_whose_own_code_overflowed_at_any_depth():
     assert gradscaler(nested_own_code, AmpConfig(fp32_modules=("blocks.0.0",)), steps=2)[1]
 
 
+class _ScalesInItsOwnCode(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.down(self.up(x) * 1e5) / 1e5  # the model's own code, no submodule
+
+
+def overflows_in_the_models_own_code():
+    torch.manual_seed(0)
+    model = _ScalesInItsOwnCode()
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
+            "loss_fn": nn.MSELoss(), "batches": workloads._regression()}
+
+
+def test_an_overflow_in_the_models_own_code_gets_no_island_but_the_way_out():
+    d = scalertune.diagnose(overflows_in_the_models_own_code, device="cpu", steps=2)
+    assert d.kind == "forward" and d.culprits == [""] and d.islands == []
+    assert "the model's own forward code" in d.verdict and "bfloat16 stays finite" in d.verdict
+    assert gradscaler(overflows_in_the_models_own_code, AmpConfig(), steps=2)[1] is False
+
+
+def summed_in_float16():
+    """A loss computed in float16 (CPU autocast keeps pow and sum in their input dtype) that
+    is beyond 65504 while every module's output is small."""
+    parts = workloads.healthy()
+    return {**parts, "loss_fn": lambda out, y: ((out - (100 * y).to(out.dtype)) ** 2).sum()}
+
+
+def test_a_loss_that_overflows_on_its_own_is_told_apart_from_the_modules():
+    d = scalertune.diagnose(summed_in_float16, device="cpu", steps=2)
+    assert d.kind == "loss" and d.culprits == [] and d.islands == []
+    assert "the loss function overflows float16" in d.verdict
+    assert gradscaler(summed_in_float16, AmpConfig(), steps=2)[1] is False
+
+
 def test_gradient_overflow_agrees_with_gradscaler_and_the_scale_it_suggests_skips_nothing():
     d = scalertune.diagnose(workloads.gradient_overflow, init_scale=2.0**24, device="cpu")
     assert d.kind == "gradient-overflow" and d.islands == [] and d.culprits == []
