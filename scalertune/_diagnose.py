@@ -122,7 +122,7 @@ class ScalerCheck:
             parts.append("every module's output finite" if self.outputs_finite
                          else "a module's output inf/NaN")
         if self.bad_loss_steps:
-            parts.append(f"the loss inf/NaN on {self.bad_loss_steps}")
+            parts.append(f"the loss inf/NaN on {self.bad_loss_steps} steps")
         elif self.outputs_finite is None:
             parts.append("the loss finite")
         if self.flushed is not None:

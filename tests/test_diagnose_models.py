@@ -1,6 +1,7 @@
 """diagnose on third-party architectures and the shipped examples, each checked against a
 plain run of real GradScaler steps at the same scale (random weights, nothing downloaded)."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -16,7 +17,8 @@ from conftest import ROOT, example
 from test_diagnose import gradscaler
 import third_party
 
-pytest.importorskip("transformers")
+hugging_face = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                  reason="needs transformers (pip install -e '.[test]')")
 
 T5_FFN_OUT = ["encoder.block.0.layer.1.DenseReluDense.wo",
               "encoder.block.1.layer.1.DenseReluDense.wo",
@@ -33,6 +35,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@hugging_face
 def test_gpt2_returning_its_own_loss_is_clean_at_the_default_scale():
     d = scalertune.diagnose(third_party.gpt2, device="cpu")
     assert d.kind == "clean" and d.culprits == [] and d.skipped == 0
@@ -42,6 +45,7 @@ def test_gpt2_returning_its_own_loss_is_clean_at_the_default_scale():
     assert "gradient overflow" not in d.verdict
 
 
+@hugging_face
 def test_t5_names_every_overflowing_feed_forward_output_as_one_pattern():
     d = scalertune.diagnose(third_party.t5, device="cpu")
     assert d.kind == "forward"
@@ -118,6 +122,7 @@ def test_the_classifier_example_is_clean_at_the_default_scale():
 
 
 @pytest.mark.slow
+@hugging_face
 def test_following_diagnoses_advice_on_t5_trains_float16_to_the_target(tmp_path):
     spec = os.path.join(ROOT, "tests", "third_party.py") + ":t5"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
