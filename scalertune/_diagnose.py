@@ -235,9 +235,9 @@ def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.
     """
     if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)) or not (
             math.isfinite(init_scale) and init_scale > 0):
-        raise UsageError(f"--init-scale must be a positive finite number, got {init_scale!r}")
+        raise UsageError(f"init_scale must be a positive finite number, got {init_scale!r}")
     if steps < 1:
-        raise UsageError(f"--steps must be >= 1, got {steps}")
+        raise UsageError(f"steps must be >= 1, got {steps}")
     factory = (load_factory(factory_or_spec) if isinstance(factory_or_spec, str)
                else factory_or_spec)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
@@ -315,7 +315,7 @@ def forward_overflow_hint(factory: str, study_name: str, runs: Sequence[Mapping[
         return ("Every float16 trial overflowed in the forward pass: no scaler setting "
                 "fixes that. Use bfloat16, or find the modules with scalertune diagnose "
                 f"{factory}.")
-    islands = max(set(fixes), key=fixes.count)
+    islands = max(fixes, key=fixes.count)
     where = next(r.get("overflow_module") for r in runs if r.get("overflow_islands") == islands)
     base = (space or "default").split("+fp32:")[0]
     space_arg = f" --space {base}" if base in ("float16", "bfloat16") else ""
@@ -687,9 +687,9 @@ class _Judge:
         named = f" (the gradients of {_list(where[:4])} overflow float16 once scaled)" \
             if where else ""
         absmax = _grad_absmax(self.table)
-        top = _exponent(self.scale) - 1
-        guess = math.floor(math.log2(_policy.FLOAT16_MAX / absmax)) if absmax > 0 else top
-        found = self._search(lambda r: r.skipped == 0, bad=_exponent(self.scale),
+        bad = math.ceil(math.log2(self.scale))  # skips here, as it did at the smaller scale
+        guess = math.floor(math.log2(_policy.FLOAT16_MAX / absmax)) if absmax > 0 else bad - 1
+        found = self._search(lambda r: r.skipped == 0, bad=bad,
                              toward=_exponent(_policy.SCALE_FLOOR), guess=guess)
         head = f"gradient overflow at init_scale {self.scale:g}: {seen}{named}."
         if found is None:
