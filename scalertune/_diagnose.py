@@ -49,9 +49,14 @@ from scalertune import _policy
 from scalertune._config import AmpConfig, match_modules
 from scalertune._errors import UsageError
 from scalertune._runtime import AmpRuntime, _to_float32, resolve_device
-from scalertune._workload import Workload, build_workload, load_factory, to_device
+from scalertune._workload import Workload, build_workload, load_factory, one_line, to_device
 
 _FLOAT32 = AmpConfig(dtype="float32")
+
+
+class TrainingFailed(Exception):
+    """The workload raised while diagnose trained it: there is nothing to diagnose in that
+    dtype (``nn.LSTM`` under CPU float16 autocast, say). The message says which and why."""
 
 
 @dataclasses.dataclass
@@ -139,7 +144,8 @@ class Diagnosis:
     every module's output is finite), ``gradient-overflow`` (GradScaler skips steps at
     ``init_scale``; ``suggested_init_scale`` is one it was checked not to skip at),
     ``underflow`` (too many gradient values flush to zero; ``suggested_init_scale`` keeps
-    them) or ``clean``. ``checks`` are the real GradScaler runs behind the verdict.
+    them), ``clean``, or ``float32`` (float32 itself goes non-finite: nothing for AMP to fix).
+    ``checks`` are the real GradScaler runs behind the verdict.
 
     Example:
         >>> import scalertune
@@ -205,7 +211,7 @@ class Diagnosis:
         if self.islands:
             return (f"scalertune search {factory} --fp32-modules "
                     f"{shlex.quote(','.join(self.islands))}")
-        if self.kind != "clean":
+        if self.kind not in ("clean", "float32"):
             return f"scalertune search {factory}"
         return None
 
@@ -248,14 +254,19 @@ def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.
     run = _Runner(factory, steps=steps, seed=seed, device=dev)
     table: dict[str, ModuleReport] = {}
     # float32 first: every float16 run after it measures what it flushed against it.
-    f32 = run(_FLOAT32, table=table, grads=True)
-    bf16 = run(AmpConfig(dtype="bfloat16"), table=table)
-    first = run(config, table=table, grads=True)
+    f32 = _attempt(run, _FLOAT32, table=table, grads=True)
+    try:
+        bf16: _Run | None = run(AmpConfig(dtype="bfloat16"), table=table)
+    except Exception:  # bfloat16 is only the alternative; without it, none is offered
+        bf16 = None
+    first = _attempt(run, config, table=table, grads=True)
     culprits, current, rounds = _find_islands(run, config, first)
     checks = [first.check()] + [r.check() for r in rounds]
     judge = _Judge(run, first, current, bf16, f32, table, checks)
     islanded = match_modules(current.config.fp32_modules, first.names)
-    if current.forward_overflow:
+    if not f32.finite:
+        kind, verdict, suggested = judge.float32_broken()
+    elif current.forward_overflow:
         kind, verdict, suggested = judge.forward_unfixed(culprits)
     elif current.bad_loss_steps:
         kind, verdict, suggested = judge.loss()
@@ -269,10 +280,12 @@ def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.
     return Diagnosis(
         modules=list(table.values()), init_scale=config.init_scale, steps=steps, kind=kind,
         verdict=verdict, culprits=culprits,
-        islands=[] if current.forward_overflow else group_patterns(islanded, first.names),
+        islands=[] if kind == "float32" or current.forward_overflow
+        else group_patterns(islanded, first.names),
         skipped=first.skipped, overflowing_gradients=_overflowing_gradients(table),
         underflow_share=current.flushed, suggested_init_scale=suggested,
-        bfloat16_finite=bf16.finite, checks=checks, first_forward_nonfinite=first.first_forward,
+        bfloat16_finite=bf16 is not None and bf16.finite, checks=checks,
+        first_forward_nonfinite=first.first_forward,
         first_backward_nonfinite=first.first_backward, grad_absmax=_grad_absmax(table))
 
 
@@ -389,6 +402,8 @@ class _Run:
         #: each parameter's gradient values on the first step (a bounded, strided sample)
         self.first_grads: dict[str, torch.Tensor] = {}
         self.first_grads_finite = True
+        #: what went non-finite first, in words ("its loss", "the output of 'attn'", ...)
+        self.first_bad: str | None = None
         #: share of float32's nonzero first-step gradient values that are zero here (float16
         #: runs whose first step was finite)
         self.flushed: float | None = None
@@ -473,7 +488,9 @@ class _WatchedRuntime(AmpRuntime):
         self._taken += 1
 
     def backward(self, loss: torch.Tensor) -> None:
-        self._bad_loss |= not bool(torch.isfinite(loss.detach()).all())
+        if not bool(torch.isfinite(loss.detach()).all()):
+            self._bad_loss = True
+            self._record.first_bad = self._record.first_bad or "its loss"
         super().backward(loss)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -494,6 +511,7 @@ class _WatchedRuntime(AmpRuntime):
                 seen.add(id(p))
                 if not bool(torch.isfinite(p.grad).all()):
                     self._record.grads_nonfinite = True
+                    self._record.first_bad = self._record.first_bad or "its parameter gradients"
                     self._record.first_grads_finite &= not first
                 if self._table is not None:
                     _row(self._table, name, module).params.setdefault(
@@ -539,6 +557,8 @@ class _Hooks:
                 self.record.forward_overflow = True
                 if self.record.first_forward is None:
                     self.record.first_forward = name
+                    self.record.first_bad = self.record.first_bad or (
+                        f"the output of {name or '(model)'}")
                 mine = not below and not any(_overflowed(t) for t in _tensors((args, kwargs)))
                 if mine and name not in self.record.culprits:
                     self.record.culprits.append(name)
@@ -580,6 +600,17 @@ class _Hooks:
             handle.remove()
 
 
+def _attempt(run: _Runner, config: AmpConfig, **kwargs: Any) -> _Run:
+    try:
+        return run(config, **kwargs)
+    except UsageError:
+        raise
+    except Exception as exc:  # the user's model or step, under this dtype
+        raise TrainingFailed(
+            f"{config.dtype} training of the workload raised {one_line(exc)}: there is "
+            f"nothing to diagnose in {config.dtype} on this device") from exc
+
+
 def _find_islands(run: _Runner, config: AmpConfig,
                   first: _Run) -> tuple[list[str], _Run, list[_Run]]:
     """Keep the culprits found so far in float32 and rerun, until the forward is finite.
@@ -616,7 +647,7 @@ def _find_islands(run: _Runner, config: AmpConfig,
 class _Judge:
     """The verdict, from the runs made so far, and the scales it checks by running them."""
 
-    def __init__(self, run: _Runner, first: _Run, current: _Run, bf16: _Run, f32: _Run,
+    def __init__(self, run: _Runner, first: _Run, current: _Run, bf16: _Run | None, f32: _Run,
                  table: dict[str, ModuleReport], checks: list[ScalerCheck]) -> None:
         self.run, self.first, self.current = run, first, current
         self.bf16, self.f32, self.table, self.checks = bf16, f32, table, checks
@@ -627,9 +658,17 @@ class _Judge:
         return self.current.config.init_scale
 
     def bfloat16_line(self) -> str:
-        if self.bf16.finite:
+        if self.bf16 is not None and self.bf16.finite:
             return " bfloat16 stays finite in every module, with no scaler: the alternative."
         return ""
+
+    def float32_broken(self) -> tuple[str, str, None]:
+        f32 = self.f32
+        return ("float32",
+                f"float32 itself goes non-finite ({f32.first_bad} inf/NaN within {f32.steps} "
+                "steps), so "
+                "no mixed-precision setting can do better: fix the workload (learning rate, "
+                "loss, data, initialisation) before tuning AMP.", None)
 
     def forward_unfixed(self, culprits: list[str]) -> tuple[str, str, None]:
         modules = [c for c in culprits if c]
@@ -662,8 +701,8 @@ class _Judge:
 
     def forward_fixed(self, culprits: list[str], islanded: list[str], gradients: str) -> str:
         patterns = group_patterns(islanded, self.first.names)
-        return (f"forward overflow in {self._where(culprits)}: float16 turns finite inputs into inf/NaN there, "
-                f"before any loss scale applies, so no scaler setting fixes it. Keep "
+        return (f"forward overflow in {self._where(culprits)}: float16 turns finite inputs into "
+                "inf/NaN there, before any loss scale applies, so no scaler setting fixes it. Keep "
                 f"{'them' if len(culprits) > 1 else 'it'} in float32 (--fp32-modules "
                 f"{shlex.quote(','.join(patterns))}): checked, the forward is then finite."
                 f"{self.bfloat16_line()} With the islands, {gradients}")

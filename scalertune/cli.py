@@ -136,7 +136,8 @@ def _parser() -> argparse.ArgumentParser:
         "scale), underflow (a larger scale), or clean. Every claim is checked with real "
         "GradScaler steps, which the output lists: the islands it suggests make the forward "
         "finite, the init_scale it suggests skips no step.",
-        epilog="exit status: 0 diagnosed; 2 bad input (nothing was run)",
+        epilog="exit status: 0 diagnosed; 1 the workload raised in float16 (or float32); 2 bad "
+        "input (nothing was run)",
         formatter_class=fmt)
     g.add_argument("factory", metavar="FACTORY",
                    help="path/to/model.py:make_model or module:function")
@@ -275,7 +276,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _diagnose(args: argparse.Namespace) -> int:
     from scalertune._config import AmpConfig
-    from scalertune._diagnose import diagnose
+    from scalertune._diagnose import TrainingFailed, diagnose
     from scalertune._run import preflight
     from scalertune._runtime import resolve_device
     from scalertune._workload import FactoryError, load_factory
@@ -291,8 +292,12 @@ def _diagnose(args: argparse.Namespace) -> int:
         preflight(factory, device=device, seed=args.seed, islands=set(islands))
     except FactoryError as exc:
         raise UsageError(f"the factory {args.factory} raised {exc}: fix it and rerun") from None
-    result = diagnose(factory, init_scale=args.init_scale, steps=args.steps, seed=args.seed,
-                      device=device, fp32_modules=islands)
+    try:
+        result = diagnose(factory, init_scale=args.init_scale, steps=args.steps,
+                          seed=args.seed, device=device, fp32_modules=islands)
+    except TrainingFailed as exc:
+        print(f"scalertune diagnose: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     kept = f", with {','.join(islands)} in float32" if islands else ""
     print(f"scalertune diagnose {args.factory}: {args.steps} steps each in float32, bfloat16 "
           f"and float16 (init_scale {args.init_scale:g}{kept}), on {device}\n")

@@ -13,7 +13,7 @@ import scalertune
 from scalertune import AmpConfig, _policy
 from scalertune._run import run_config
 from scalertune.cli import main
-from conftest import ROOT, example
+from conftest import ROOT, example, spec
 import workloads
 
 ATTENTION = os.path.join(ROOT, "examples", "attention.py") + ":make_model"
@@ -138,6 +138,25 @@ def test_a_loss_that_overflows_on_its_own_is_told_apart_from_the_modules():
     assert d.kind == "loss" and d.culprits == [] and d.islands == []
     assert "the loss function overflows float16" in d.verdict
     assert gradscaler(summed_in_float16, AmpConfig(), steps=2)[1] is False
+
+
+def nan_gradients_in_float32():
+    parts = workloads.healthy()
+    mse = parts["loss_fn"]
+    return {**parts, "loss_fn": lambda out, y: mse(out.float(), y) + (out.float() * 0).sqrt().sum()}
+
+
+def test_a_workload_whose_float32_gradients_are_nan_is_not_blamed_on_float16():
+    d = scalertune.diagnose(nan_gradients_in_float32, device="cpu", steps=2)
+    assert d.kind == "float32" and d.suggested_init_scale is None and d.islands == []
+    assert "float32 itself goes non-finite (its parameter gradients" in d.verdict
+    assert d.next_command("model.py:make_model") is None
+
+
+def test_a_workload_that_raises_in_float16_is_one_line_and_exit_1(capsys):
+    assert main(["diagnose", spec("raises_in_float16"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "float16 training of the workload raised RuntimeError" in err
 
 
 def test_gradient_overflow_agrees_with_gradscaler_and_the_scale_it_suggests_skips_nothing():
