@@ -1,6 +1,5 @@
 """diagnose: every verdict agrees with what real GradScaler steps do on the same workload."""
 
-import math
 import os
 import subprocess
 import sys
@@ -15,28 +14,10 @@ from scalertune._run import run_config
 from scalertune.cli import main
 from conftest import ROOT, example, spec
 import workloads
+from gradscaler import gradscaler, one_thread  # noqa: F401 - an autouse fixture
 
 ATTENTION = os.path.join(ROOT, "examples", "attention.py") + ":make_model"
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """float16 on a shared 2-core CPU runs several times faster on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def gradscaler(factory, config, steps=_policy.DIAGNOSE_STEPS):
-    """What GradScaler does on a plain run of the search's own loop (no hooks): the steps it
-    skipped, read from the loss-scale history, and whether every loss was finite."""
-    clip = factory().get("clip_norm")
-    if clip is not None and config.clip_norm is None:
-        config = AmpConfig(**{**config.to_dict(), "clip_norm": clip})
-    record = run_config(factory, config, steps=steps, seed=0, device=CPU, prune=False)
-    return len(record.skipped), all(math.isfinite(v) for v in record.losses)
 
 
 def test_forward_overflow_names_the_module_and_the_island_is_checked():

@@ -4,17 +4,17 @@ plain run of real GradScaler steps at the same scale (random weights, nothing do
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 
 import pytest
-import torch
 
 import scalertune
 from scalertune import AmpConfig, _policy
 from scalertune._storage import load_existing_study
 from conftest import ROOT, example
-from test_diagnose import gradscaler
+from gradscaler import gradscaler, one_thread  # noqa: F401 - an autouse fixture
 import third_party
 
 hugging_face = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
@@ -24,15 +24,6 @@ T5_FFN_OUT = ["encoder.block.0.layer.1.DenseReluDense.wo",
               "encoder.block.1.layer.1.DenseReluDense.wo",
               "decoder.block.0.layer.2.DenseReluDense.wo",
               "decoder.block.1.layer.2.DenseReluDense.wo"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """float16 on a shared 2-core CPU runs several times faster on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @hugging_face
@@ -134,7 +125,7 @@ def test_following_diagnoses_advice_on_t5_trains_float16_to_the_target(tmp_path)
     assert command == f"search {spec} --fp32-modules '*.DenseReluDense.wo'"
     # Kept small, and float16 only: the islands are what is on trial, not bfloat16.
     proc = subprocess.run(
-        [sys.executable, "-m", "scalertune", *command.replace("'", "").split(" "),
+        [sys.executable, "-m", "scalertune", *shlex.split(command),
          "--space", "float16", "--n-trials", "2", "--steps", "20", "--device", "cpu",
          "--output", "amp.yaml",
          "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--quiet"],
