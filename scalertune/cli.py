@@ -71,6 +71,23 @@ output:
 """
 
 
+_DIAGNOSE_DESCRIPTION = """\
+Find where float16 overflows or underflows in FACTORY's workload, module by module, and what
+fixes it.
+
+A few training steps run in float32, bfloat16 and float16 (at --init-scale), with hooks on
+every module: its output, the gradient into that output, and its parameters' gradients as
+the scaled float16 backward leaves them. The table shows, in execution order, the largest
+magnitudes and the share of values beyond float16's limits; then come the modules whose own
+computation turned finite inputs into inf/NaN, and the verdict: a forward overflow (keep
+those modules in float32 with search --fp32-modules, or use bfloat16), gradient overflow (a
+smaller scale), underflow (a larger scale), or clean.
+
+Every claim is checked with real GradScaler steps, listed in the output: the islands it
+suggests make the forward finite, the init_scale it suggests skips no step.
+"""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
@@ -126,16 +143,7 @@ def _parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser(
         "diagnose", help="find where float16 overflows or underflows, module by module",
-        description="Run a few training steps of FACTORY's workload in float32, bfloat16 and "
-        "float16 (at --init-scale) with hooks on every module: its output, the gradient into "
-        "that output, and its parameters' gradients as the scaled float16 backward leaves "
-        "them. Print, module by module in execution order, the largest magnitudes and the "
-        "share of values beyond float16's limits, the modules whose own computation turned "
-        "finite inputs into inf/NaN, and a verdict: a forward overflow (keep those modules in "
-        "float32 with search --fp32-modules, or use bfloat16), gradient overflow (a smaller "
-        "scale), underflow (a larger scale), or clean. Every claim is checked with real "
-        "GradScaler steps, which the output lists: the islands it suggests make the forward "
-        "finite, the init_scale it suggests skips no step.",
+        description=_DIAGNOSE_DESCRIPTION,
         epilog="exit status: 0 diagnosed; 1 the workload raised in float16 (or float32); 2 bad "
         "input (nothing was run)",
         formatter_class=fmt)
