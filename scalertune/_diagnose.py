@@ -583,7 +583,7 @@ class _Hooks:
         try:
             with torch.autocast(self.device_type, enabled=False):
                 out = module.forward(*_to_float32(args), **_to_float32(kwargs))
-        except Exception:  # the search goes on with the next round instead
+        except Exception:  # the next round keeps it in float32 instead
             return None
         return None if any(_overflowed(t) for t in _tensors(out)) else out
 
@@ -666,9 +666,8 @@ class _Judge:
         f32 = self.f32
         return ("float32",
                 f"float32 itself goes non-finite ({f32.first_bad} inf/NaN within {f32.steps} "
-                "steps), so "
-                "no mixed-precision setting can do better: fix the workload (learning rate, "
-                "loss, data, initialisation) before tuning AMP.", None)
+                "steps), so no mixed-precision setting can do better: fix the workload "
+                "(learning rate, loss, data, initialisation) before tuning AMP.", None)
 
     def forward_unfixed(self, culprits: list[str]) -> tuple[str, str, None]:
         modules = [c for c in culprits if c]
