@@ -94,8 +94,9 @@ class SearchResult:
 
     @property
     def forward_overflow_modules(self) -> list[str] | None:
-        """``None`` unless *every* float16 run was pruned for a forward overflow; then the
-        modules where it first overflowed, most frequent first (empty if none was named)."""
+        """``None`` unless *every* float16 run was pruned for a forward overflow; then where
+        each overflowed (its culprit modules, as patterns), most frequent first (empty if
+        none was named)."""
         runs = [o for o in self.ranking if o.config.dtype == "float16"]
         if not runs or any(o.prune_kind != "forward" for o in runs):
             return None
