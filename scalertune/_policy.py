@@ -129,10 +129,31 @@ FLOAT16_SMALLEST_SUBNORMAL = 2.0**-24  # below half of this, values flush to zer
 #: forward overflow or a badly chosen initial scale shows.
 DIAGNOSE_STEPS = 3
 
-#: ``diagnose`` calls a scale "underflowing" when more than this share of the (nonzero,
-#: float32) gradient values would flush to zero in float16 once multiplied by it. A quarter of
-#: the gradient gone is well past noise and is what a flat loss curve looks like.
+#: ``diagnose`` calls a scale "underflowing" when more than this share of the parameter
+#: gradient values that are nonzero in float32 are exactly zero in float16 at that scale
+#: (measured on the first step, where both runs start from the same weights and batch). A
+#: quarter of the gradient gone is well past noise and is what a flat loss curve looks like.
 UNDERFLOW_SHARE = 0.25
+
+#: The largest loss scale ``diagnose`` suggests: the top of the shipped float16 space's
+#: init_scale range. (Its smallest is ``SCALE_FLOOR``: below it a search prunes the run.)
+DIAGNOSE_MAX_SCALE = 2.0**24
+
+#: Real float16 runs ``diagnose`` spends finding a scale that does not skip (or flush): a
+#: bisection over the 48 powers of two between the floors settles in 6; 8 leaves room for a
+#: first guess, taken from the float32 gradient sizes, that misses.
+DIAGNOSE_MAX_PROBES = 8
+
+#: Rounds of float32 islands ``diagnose`` tries before it gives up on them (and says to use
+#: bfloat16). Each round keeps the culprits found so far in float32 and reruns, recomputing
+#: any further culprit without submodules in float32 on the spot so that one pass finds all
+#: of those; a culprit's own code around its submodules costs a round each.
+DIAGNOSE_ISLAND_ROUNDS = 6
+
+#: A search names the module of a forward overflow by replaying the pruned trial up to its
+#: first non-finite step, at most this many steps: a later overflow costs more replay than a
+#: hint is worth, and ``scalertune diagnose`` finds it.
+LOCATE_MAX_STEPS = 50
 
 #: The production guard's floor sits this many powers of two below the smallest loss scale
 #: the recommended config reached in the search (on any seed): far enough that a longer run's

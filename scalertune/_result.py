@@ -128,8 +128,9 @@ class SearchResult:
 
     @property
     def forward_overflow_modules(self) -> list[str] | None:
-        """``None`` unless *every* float16 run was pruned for a forward overflow; then the
-        modules where it first overflowed, most frequent first (empty if none was named)."""
+        """``None`` unless *every* float16 run was pruned for a forward overflow; then where
+        each overflowed (its culprit modules, as patterns), most frequent first (empty if
+        none was named)."""
         runs = [o for o in self.ranking if o.config.dtype == "float16"]
         if not runs or any(o.prune_kind != "forward" for o in runs):
             return None
@@ -138,17 +139,13 @@ class SearchResult:
 
     def forward_overflow_hint(self) -> str | None:
         """What to do when every float16 trial overflowed in the forward pass."""
-        modules = self.forward_overflow_modules
-        if modules is None:
+        if self.forward_overflow_modules is None:
             return None
-        if not modules:
-            return ("Every float16 trial overflowed in the forward pass: no scaler setting "
-                    "fixes that. Use bfloat16, or find the module with scalertune diagnose.")
-        factory = self.settings.get("factory", "FACTORY")
-        return (f"Every float16 trial overflowed in the forward pass (first in module "
-                f"'{modules[0]}'): no scaler setting fixes that. Use bfloat16, or keep the module "
-                f"in float32: scalertune search {factory} --fp32-modules {modules[0]} "
-                f"--study-name '{self.study_name}+fp32'.")
+        from scalertune._diagnose import forward_overflow_hint
+
+        runs = [o.attrs for o in self.ranking if o.config.dtype == "float16"]
+        return forward_overflow_hint(self.settings.get("factory", "FACTORY"), self.study_name,
+                                     runs, space=self.settings.get("space", {}).get("name"))
 
     @property
     def pruned_by_kind(self) -> dict[str, int]:

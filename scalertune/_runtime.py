@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from typing import Any, Callable, Iterable
 
 import torch
 
 from scalertune import _policy
-from scalertune._config import AmpConfig, Guard
+from scalertune._config import AmpConfig, Guard, match_modules
 from scalertune._errors import UsageError
 
 
@@ -98,7 +100,7 @@ class AmpRuntime:
         self._initial_scale = torch.full(
             (), config.init_scale if config.uses_scaler else 1.0, device=self.device)
         self._clip_params: dict[int, list[torch.nn.Parameter]] = {}
-        self._prepared: set[int] = set()
+        self._prepared: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
     @classmethod
     def from_yaml(cls, path: str, *, device: str | torch.device | None = "auto",
@@ -110,7 +112,15 @@ class AmpRuntime:
         return cls(load_config(path), device=device, guard=load_guard(path) if guard else None)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """The forward context: autocast to the config's dtype (a no-op for float32)."""
+        """The forward context: autocast to the config's dtype (a no-op for float32).
+
+        A config with float32 islands refuses to autocast before :meth:`prepare` has applied
+        them to a model: without them the modules they name overflow float16 again.
+        """
+        if self.config.fp32_modules and not self._prepared and self.config.dtype != "float32":
+            raise UsageError(
+                f"this config keeps {', '.join(self.config.fp32_modules)} in float32 "
+                "(fp32_modules): call model = amp.prepare(model) once before training")
         if self.config.dtype == "float32":
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self._dtype)
@@ -118,23 +128,27 @@ class AmpRuntime:
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """Apply the config's float32 islands to ``model`` (in place; returns it).
 
-        Each module named in ``fp32_modules`` runs with autocast disabled and its floating
-        inputs cast to float32, so activations beyond float16's range stay finite there.
-        Calling it twice is harmless; a config without islands leaves the model untouched.
+        Each module that ``fp32_modules`` names or matches (glob patterns over
+        ``model.named_modules()`` names) runs with autocast disabled and its floating inputs
+        cast to float32, so activations beyond float16's 65504 stay finite there; its output
+        stays float32, and the next module under autocast casts it back down.
+
+        An island is a pair of forward hooks, not a replaced ``forward``: the module keeps its
+        class, its parameters and its ``state_dict`` keys, and ``copy.deepcopy`` (EMA, SWA),
+        ``pickle``/``torch.save(model)`` and ``torch.compile`` carry the island along with the
+        module it belongs to. Calling it twice is harmless; a config without islands leaves
+        the model untouched. A name or pattern that selects no module is a
+        :class:`UsageError` that suggests the closest names.
         """
-        if not self.config.fp32_modules or id(model) in self._prepared:
+        if not self.config.fp32_modules or model in self._prepared:
             return model
-        modules = dict(model.named_modules())
-        for name in self.config.fp32_modules:
-            module = modules.get(name)
-            if module is None:
-                raise UsageError(f"fp32_modules names {name!r}, which the model does not have: "
-                                 f"use a name from model.named_modules(), e.g. "
-                                 f"{', '.join(repr(n) for n in list(modules)[1:4])}")
-            if not getattr(module, "_scalertune_fp32", False):
-                module.forward = _float32_forward(module.forward, self.device.type)
-                module._scalertune_fp32 = True
-        self._prepared.add(id(model))
+        modules = dict(_unwrapped(model).named_modules())
+        for name in match_modules(self.config.fp32_modules, modules):
+            if not is_island(modules[name]):
+                island = _Float32Island(self.device.type)
+                modules[name].register_forward_pre_hook(island.enter, with_kwargs=True)
+                modules[name].register_forward_hook(island.leave, always_call=True)
+        self._prepared.add(model)
         return model
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -171,13 +185,21 @@ class AmpRuntime:
                                      self._streak.double())).tolist()
         guard = self.guard
         if scale < guard.min_scale or streak >= guard.max_consecutive_skips:
+            islands = self.config.fp32_modules
+            # Never advise what the config already does: with islands in place, the overflow
+            # is in another module, and diagnose must start from those islands to find it.
+            fix = (f"this config already keeps {','.join(islands)} in float32, so another "
+                   f"module overflows: run scalertune diagnose with --fp32-modules "
+                   f"'{','.join(islands)}' to find it, or train in bfloat16."
+                   if islands else
+                   "run scalertune diagnose to find the module, then keep it in float32 "
+                   "(fp32_modules) or train in bfloat16.")
             raise AmpGuardError(
                 f"AMP guard at step {self.steps}: the loss scale is {scale:.3g} (floor "
                 f"{guard.min_scale:.3g}) after {int(streak)} skipped steps in a row "
                 f"(limit {guard.max_consecutive_skips}). The gradients are inf/NaN at every "
                 "scale, which usually means an activation overflows float16 in the forward "
-                "pass: run scalertune diagnose to find the module, then keep it in float32 "
-                "(fp32_modules) or train in bfloat16."
+                f"pass: {fix}"
             )
 
     def train_step(
@@ -231,17 +253,66 @@ class AmpRuntime:
         return params
 
 
-def _float32_forward(forward: Callable[..., Any], device_type: str) -> Callable[..., Any]:
-    def run_in_float32(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(device_type, enabled=False):
-            return forward(*_to_float32(args), **_to_float32(kwargs))
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's model inside torch.compile's and (Distributed)DataParallel's wrappers, whose
+    names (``_orig_mod.``, ``module.``) are not the ones ``fp32_modules`` names."""
+    while True:
+        if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod  # noqa: SLF001 - torch.compile's OptimizedModule
+        else:
+            return model
 
-    return run_in_float32
+
+def is_island(module: torch.nn.Module) -> bool:
+    """Whether :meth:`AmpRuntime.prepare` made ``module`` a float32 island."""
+    return any(isinstance(getattr(hook, "__self__", None), _Float32Island)
+               for hook in module._forward_pre_hooks.values())  # noqa: SLF001
+
+
+#: The autocast-off contexts of the islands running now, innermost last, per thread (nested
+#: islands, and DataParallel's threads, each leave their own).
+_ACTIVE = threading.local()
+
+
+class _Float32Island:
+    """The forward pre-hook and hook that run one module with autocast off.
+
+    ``enter`` turns autocast off for ``device_type`` and casts the floating inputs to float32;
+    ``leave`` (registered with ``always_call``, so it runs even when the forward raises)
+    restores autocast as it was. Both are methods of a plain object holding only the device
+    type, so deepcopy and pickle copy it with the module; neither refers to the module, which
+    the hooks receive on every call. torch.compile runs them outside the graph, as it does
+    other Python-state side effects, and compiles the module's forward in float32.
+    """
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+
+    @torch.compiler.disable
+    def enter(self, module: torch.nn.Module, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        off = torch.autocast(self.device_type, enabled=False)
+        off.__enter__()
+        if not hasattr(_ACTIVE, "contexts"):
+            _ACTIVE.contexts = []
+        _ACTIVE.contexts.append((module, off))
+        return _to_float32(args), _to_float32(kwargs)
+
+    @torch.compiler.disable
+    def leave(self, module: torch.nn.Module, _args: Any, _output: Any) -> None:
+        contexts = getattr(_ACTIVE, "contexts", [])
+        # An earlier pre-hook that raised skips ``enter`` but not this always-called hook.
+        if contexts and contexts[-1][0] is module:
+            contexts.pop()[1].__exit__(None, None, None)
 
 
 def _to_float32(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.float() if obj.is_floating_point() else obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(_to_float32(o) for o in obj))
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_float32(o) for o in obj)
     if isinstance(obj, dict):

@@ -14,7 +14,9 @@ A plain value fixes a parameter (``init_scale: 4096``); a parameter left out kee
 default. The scaler's four knobs are searched only on trials that choose float16: bfloat16 has
 float32's exponent range and runs without a scaler. ``optional: true`` on ``clip_norm`` also
 tries no clipping at all. ``fp32_modules`` (float16 trials only) keeps modules in float32:
-``fp32_modules: {choices: ["", "attn.score"]}`` tries with and without that island.
+``fp32_modules: {choices: ["", "attn.score"]}`` tries with and without that island. Entries
+are ``model.named_modules()`` names or glob patterns over them (``"*.DenseReluDense.wo"``);
+each must select a module of the model, which the search checks before any study row exists.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ class SearchSpace:
 
     @property
     def island_names(self) -> set[str]:
-        """Every module name the space may keep in float32."""
+        """Every module name or pattern the space may keep in float32."""
         spec = self.params.get("fp32_modules")
         if spec is None:
             return set()
@@ -314,8 +316,8 @@ def _check_islands(space: str, spec: Any) -> None:
         raise UsageError(f"{where} takes only 'choices'")
     if not isinstance(choices, list) or not choices or not all(
             c is None or isinstance(c, str) for c in choices):
-        raise UsageError(f"{where} must be module names ('attn.score,ffn') or choices of them "
-                         "('' for none)")
+        raise UsageError(f"{where} must be module names or glob patterns "
+                         "('attn.score,*.DenseReluDense.wo') or choices of them ('' for none)")
 
 
 def _check_numeric(space: str, key: str, spec: Any) -> None:

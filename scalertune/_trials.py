@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._config import DTYPES, AmpConfig
-from scalertune._diagnose import first_overflowing_module
+from scalertune._diagnose import locate_forward_overflow
 from scalertune._isolate import TrialCrashed, describe_error, run_isolated
 from scalertune._judge import Target, smoothed
 from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, outcomes_of,
@@ -178,16 +178,18 @@ class TrialRunner:
 
     def _locate_overflow(self, trial: optuna.Trial, config: AmpConfig, seed: int,
                          record: RunRecord) -> None:
-        """Name the module whose output first went non-finite (one watched forward pass)."""
+        """Name the modules where the forward overflowed, and the islands checked to fix it."""
         try:
-            module = first_overflowing_module(self.setup.factory, config, seed=seed,
-                                              device=self.setup.device)
+            advice = locate_forward_overflow(self.setup.factory, config, record.losses,
+                                             seed=seed, device=self.setup.device)
         except Exception:  # the diagnosis is a courtesy; the prune reason stands without it
             return
-        if module is not None:
-            trial.set_user_attr("overflow_module", module)
-            record.prune_reason = (f"{record.prune_reason}; the first module whose output is "
-                                   f"non-finite is '{module}'")
+        if advice is not None:
+            trial.set_user_attr("overflow_module", advice.where)
+            if advice.fixed:
+                trial.set_user_attr("overflow_islands", ",".join(advice.islands))
+            record.prune_reason = (f"{record.prune_reason}; the modules whose own computation "
+                                   f"overflowed: {advice.where}")
 
     def _failed(self, trial: optuna.Trial, exc: BaseException) -> None:
         cause = exc.__cause__ if isinstance(exc, FactoryError) and exc.__cause__ else exc

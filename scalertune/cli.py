@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
@@ -70,6 +71,23 @@ output:
 """
 
 
+_DIAGNOSE_DESCRIPTION = """\
+Find where float16 overflows or underflows in FACTORY's workload, module by module, and what
+fixes it.
+
+A few training steps run in float32, bfloat16 and float16 (at --init-scale), with hooks on
+every module: its output, the gradient into that output, and its parameters' gradients as
+the scaled float16 backward leaves them. The table shows, in execution order, the largest
+magnitudes and the share of values beyond float16's limits; then come the modules whose own
+computation turned finite inputs into inf/NaN, and the verdict: a forward overflow (keep
+those modules in float32 with search --fp32-modules, or use bfloat16), gradient overflow (a
+smaller scale), underflow (a larger scale), or clean.
+
+Every claim is checked with real GradScaler steps, listed in the output: the islands it
+suggests make the forward finite, the init_scale it suggests skips no step.
+"""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
@@ -94,9 +112,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="search space: default (float16 and bfloat16), float16, bfloat16, or a "
                         "YAML file (default: %(default)s)")
     s.add_argument("--fp32-modules", metavar="NAMES",
-                   help="keep these modules (comma-separated, as model.named_modules() names "
-                        "them) in float32 on every float16 trial: float32 islands for a "
-                        "forward overflow (see scalertune diagnose)")
+                   help="keep these modules in float32 on every float16 trial: float32 "
+                        "islands for a forward overflow (see scalertune diagnose). "
+                        "Comma-separated names as model.named_modules() gives them, or glob "
+                        "patterns over those names ('*.DenseReluDense.wo'); each must match a "
+                        "module")
     s.add_argument("--n-trials", type=int, default=24, metavar="N",
                    help="most sampled trials in the study, in total across reruns and workers; "
                         "sampling stops earlier once it stops finding faster configs "
@@ -128,20 +148,20 @@ def _parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser(
         "diagnose", help="find where float16 overflows or underflows, module by module",
-        description="Run a few training steps of FACTORY's workload in float16 (at --init-scale) "
-        "and bfloat16 with hooks on every module's output and gradient, and once in float32 for "
-        "the true gradient sizes. Print, module by module in execution order, the largest "
-        "magnitudes and the share of values beyond float16's limits, the first module that "
-        "went non-finite, and a verdict: a forward overflow in a module (keep it in float32 "
-        "with search --fp32-modules, or use bfloat16), gradient overflow (a smaller scale fixes "
-        "it), underflow (a larger scale fixes it), or clean.",
+        description=_DIAGNOSE_DESCRIPTION,
+        epilog="exit status: 0 diagnosed; 1 the workload raised in float16 (or float32); 2 bad "
+        "input (nothing was run)",
         formatter_class=fmt)
     g.add_argument("factory", metavar="FACTORY",
                    help="path/to/model.py:make_model or module:function")
     g.add_argument("--init-scale", type=float, default=2.0**16, metavar="S",
-                   help="loss scale of the float16 steps (default: 65536, PyTorch's)")
+                   help="loss scale of the float16 steps, a positive number (default: 65536, "
+                        "PyTorch's)")
+    g.add_argument("--fp32-modules", metavar="NAMES", default="",
+                   help="modules already kept in float32 (names or glob patterns, as for "
+                        "search): diagnose what overflows with them in place")
     g.add_argument("--steps", type=int, default=_policy.DIAGNOSE_STEPS, metavar="N",
-                   help="training steps per dtype (default: %(default)s)")
+                   help="training steps per run (default: %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
 
@@ -268,27 +288,36 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from scalertune._diagnose import diagnose
+    from scalertune._config import AmpConfig
+    from scalertune._diagnose import TrainingFailed, diagnose
     from scalertune._run import preflight
     from scalertune._runtime import resolve_device
     from scalertune._workload import FactoryError, load_factory
 
-    if not args.init_scale > 0 or args.steps < 1:
-        raise UsageError("--init-scale must be > 0 and --steps >= 1")
+    if not (math.isfinite(args.init_scale) and args.init_scale > 0):
+        raise UsageError(f"--init-scale must be a positive finite number, got {args.init_scale:g}")
+    if args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    islands = AmpConfig(fp32_modules=args.fp32_modules).fp32_modules
     device = resolve_device(args.device)
     factory = load_factory(args.factory)
     try:
-        preflight(factory, device=device, seed=args.seed)
+        preflight(factory, device=device, seed=args.seed, islands=set(islands))
     except FactoryError as exc:
         raise UsageError(f"the factory {args.factory} raised {exc}: fix it and rerun") from None
-    result = diagnose(factory, init_scale=args.init_scale, steps=args.steps, seed=args.seed,
-                      device=device)
-    print(f"scalertune diagnose {args.factory}: {args.steps} steps each in float16 "
-          f"(init_scale {args.init_scale:g}), bfloat16 and float32, on {device}\n")
+    try:
+        result = diagnose(factory, init_scale=args.init_scale, steps=args.steps,
+                          seed=args.seed, device=device, fp32_modules=islands)
+    except TrainingFailed as exc:
+        print(f"scalertune diagnose: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    kept = f", with {','.join(islands)} in float32" if islands else ""
+    print(f"scalertune diagnose {args.factory}: {args.steps} steps each in float32, bfloat16 "
+          f"and float16 (init_scale {args.init_scale:g}{kept}), on {device}\n")
     print(result.summary())
-    if result.islands:
-        print(f"\nNext: scalertune search {args.factory} --fp32-modules "
-              f"{','.join(result.islands)}")
+    command = result.next_command(args.factory)
+    if command:
+        print(f"\nNext: {command}")
     return 0
 
 
