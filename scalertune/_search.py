@@ -40,7 +40,7 @@ from scalertune._space import SearchSpace
 from scalertune._storage import DEFAULT_STORAGE, WORKER, open_storage, redact
 from scalertune._study import (add_reference, default_study_name,
                                judged_attrs, objective_value, open_study, reference_of)
-from scalertune._workload import FactoryError, load_factory
+from scalertune._workload import FactoryError, factory_name, load_factory
 
 _LIVE = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
 _BASELINE_KEY = ("role", "baseline")
@@ -60,7 +60,7 @@ class Isolation:
 
 
 def search(
-    factory: str,
+    factory: str | Callable[[], Any],
     *,
     storage: str | None = None,
     study_name: str | None = None,
@@ -76,7 +76,8 @@ def search(
 ) -> SearchResult:
     """Search AMP configs for the workload ``factory`` returns; return the evidence.
 
-    ``factory`` is ``path/to/model.py:make_model`` or ``package.module:make_model``.
+    ``factory`` is ``path/to/model.py:make_model``, ``package.module:make_model``, or the
+    factory function itself (the study is then named after its module and name).
     ``n_trials`` is the study's total of sampled trials, across reruns and workers: running
     the same search again resumes it up to that total. The float32 reference and the two
     baselines (PyTorch's defaults, and the same with ``init_scale=4096``) run once per study.
@@ -101,16 +102,17 @@ def search(
     if fp32_modules:
         space = space.with_islands(fp32_modules)
     dev = resolve_device(device)
-    user_factory = load_factory(factory)
+    user_factory = load_factory(factory, isolated=isolation is not None)
     try:
         reference_config = preflight(user_factory, device=dev, seed=seed,
                                      islands=space.island_names)
     except FactoryError as exc:
-        raise UsageError(f"the factory {factory} raised {exc}: fix it and rerun") from None
+        raise UsageError(f"the factory {factory_name(factory)} raised {exc}: fix it and "
+                         "rerun") from None
     url = storage or DEFAULT_STORAGE
     study_name = study_name or default_study_name(factory)
     settings = {
-        "factory": factory, "steps": steps, "seed": seed, "space": space.to_dict(),
+        "factory": factory_name(factory), "steps": steps, "seed": seed, "space": space.to_dict(),
         "device_type": dev.type, "device": describe_device(dev),
         "reference": reference_config.to_dict(),
     }

@@ -17,7 +17,7 @@ import math
 import os
 import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 from optuna.trial import TrialState
@@ -26,6 +26,7 @@ from scalertune._errors import UsageError
 from scalertune._judge import Target
 from scalertune._run import RunRecord
 from scalertune._storage import first_line, redact
+from scalertune._workload import factory_name
 
 SETTINGS_ATTR = "scalertune.settings"
 ROLE_REFERENCE = "reference"
@@ -34,9 +35,10 @@ COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference")
 _SETTINGS_WAIT_S = 30
 
 
-def default_study_name(factory_spec: str) -> str:
-    """``examples/codepoints.py:make_model`` -> ``codepoints:make_model``."""
-    module, _, name = factory_spec.rpartition(":")
+def default_study_name(factory: str | Callable[[], Any]) -> str:
+    """``examples/codepoints.py:make_model`` -> ``codepoints:make_model``; a function
+    ``make_model`` of module ``pkg.models`` -> ``pkg.models:make_model``."""
+    module, _, name = factory_name(factory).rpartition(":")
     stem = os.path.splitext(os.path.basename(module))[0] if module.endswith(".py") else module
     return f"{stem}:{name}"
 
