@@ -19,10 +19,12 @@ The pipeline, one module per stage:
 from importlib import metadata as _metadata
 
 from scalertune._config import AmpConfig
-from scalertune._diagnose import Diagnosis, diagnose
+from scalertune._diagnose import Diagnosis, ModuleReport, TensorStats, diagnose
 from scalertune._errors import UsageError
 from scalertune._export import FRAMEWORKS, Export, export
 from scalertune._frameworks import lightning_workload
+from scalertune._judge import Target
+from scalertune._rank import Outcome
 from scalertune._result import SearchResult, analyze, load_config
 from scalertune._runtime import AmpGuardError, AmpRuntime, Guard
 from scalertune._search import Isolation, SearchError, search
@@ -52,6 +54,7 @@ def load(path: str, *, device: str = "auto", guard: bool = True) -> AmpRuntime:
 
 __all__ = [
     "FRAMEWORKS", "AmpConfig", "AmpGuardError", "AmpRuntime", "Diagnosis", "Export", "Guard",
-    "Isolation", "SearchError", "SearchResult", "SearchSpace", "UsageError", "Workload",
-    "analyze", "diagnose", "export", "lightning_workload", "load", "load_config", "search",
+    "Isolation", "ModuleReport", "Outcome", "SearchError", "SearchResult", "SearchSpace",
+    "Target", "TensorStats", "UsageError", "Workload", "analyze", "diagnose", "export",
+    "lightning_workload", "load", "load_config", "search",
 ]

@@ -4,7 +4,10 @@ start runs from the wheel, and tests run from the unpacked sdist against its own
 
 import ast
 import email
+import importlib
+import inspect
 import os
+import pkgutil
 import re
 import subprocess
 import sys
@@ -14,9 +17,8 @@ from importlib import metadata
 
 import pytest
 
+import scalertune
 from conftest import ROOT
-
-pytestmark = pytest.mark.slow
 
 VERSION = metadata.version("scalertune")
 
@@ -26,6 +28,41 @@ def _run(args, **kwargs):
                           stdin=subprocess.DEVNULL, **kwargs)
     assert proc.returncode == 0, f"{args}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc
+
+
+def test_every_class_in_a_public_signature_is_exported_by_name():
+    classes = {}
+    for info in pkgutil.iter_modules(scalertune.__path__):
+        if info.name.startswith("_") and info.name != "__main__":
+            module = importlib.import_module(f"scalertune.{info.name}")
+            classes.update({name: value for name, value in vars(module).items()
+                            if inspect.isclass(value) and not name.startswith("_")
+                            and value.__module__.startswith("scalertune")})
+    unexported = {}
+    for name in scalertune.__all__:
+        for annotation in _public_annotations(getattr(scalertune, name)):
+            for word in re.findall(r"[A-Za-z_]\w*", str(annotation)):
+                if word in classes and word not in scalertune.__all__:
+                    unexported.setdefault(word, set()).add(name)
+    assert unexported == {}
+
+
+def _public_annotations(obj):
+    """The annotations of a public function, or of a public class's fields, methods and
+    properties."""
+    if inspect.isfunction(obj):
+        yield from obj.__annotations__.values()
+    elif inspect.isclass(obj):
+        for cls in obj.__mro__:
+            if not cls.__module__.startswith("scalertune"):
+                continue
+            yield from getattr(cls, "__annotations__", {}).values()
+            for name, member in vars(cls).items():
+                function = member.fget if isinstance(member, property) else getattr(
+                    member, "__func__", member)
+                if inspect.isfunction(function) and (name == "__init__"
+                                                     or not name.startswith("_")):
+                    yield from function.__annotations__.values()
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +86,7 @@ def _venv(path):
     return path / "bin"
 
 
+@pytest.mark.slow
 def test_the_sdist_holds_everything_to_test_and_run_the_examples(dist):
     sdist, _, _ = dist
     with tarfile.open(sdist) as tar:
@@ -99,6 +137,7 @@ def _imports():
     return found
 
 
+@pytest.mark.slow
 def test_the_wheel_declares_what_it_imports_and_ships_types_license_and_spaces(dist):
     _, wheel, _ = dist
     with zipfile.ZipFile(wheel) as whl:
@@ -121,6 +160,7 @@ def test_the_wheel_declares_what_it_imports_and_ships_types_license_and_spaces(d
             assert None in declared, f"{module} is imported with scalertune: not an extra"
 
 
+@pytest.mark.slow
 def test_wheel_in_a_fresh_venv_runs_the_quick_start_and_the_sdist_runs_its_tests(dist, tmp_path):
     sdist, wheel, unpacked = dist
     # The wheel with its declared dependencies resolved, as `pip install scalertune` does
