@@ -32,6 +32,7 @@ import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
+import yaml
 
 from scalertune._config import PYTORCH_DEFAULT, AmpConfig
 from scalertune._errors import UsageError
@@ -138,23 +139,25 @@ class Export:
         if self._device_line is not None:
             imports.add("import torch")
             body.insert(0, self._device_line)
-        head = self.comments()[:1 + len(self.not_expressible) + len(self.differences)]
         imports_first = sorted(imports, key=lambda line: (line.startswith("from "), line))
-        return "\n".join([*head, *imports_first, "", *body, *self._usage]) + "\n"
+        return "\n".join([*self._head(), *imports_first, "", *body, *self._usage]) + "\n"
 
     def comments(self) -> list[str]:
         """What :attr:`code` says besides the code: the title, what is not expressible, what
         differs, and where the objects go. For JSON, which has no comments, print these apart."""
+        return [*self._head(), *(line for line in self._usage if line)]
+
+    def _head(self) -> list[str]:
         return [f"# scalertune export for {self.framework}: {self.config.describe()}",
                 *(f"# NOT EXPRESSIBLE: {line}" for line in self.not_expressible),
-                *(f"# DIFFERS: {line}" for line in self.differences),
-                *(line for line in self._usage if line)]
+                *(f"# DIFFERS: {line}" for line in self.differences)]
 
     def __str__(self) -> str:
         return self.code
 
 
-def export(source: AmpConfig | str | os.PathLike[str] | SearchResult, framework: str, *, device: str = "auto", strict: bool = False,
+def export(source: AmpConfig | str | os.PathLike[str] | SearchResult, framework: str, *,
+           device: str = "auto", strict: bool = False,
            micro_batch_size: int | None = None) -> Export:
     """The config in ``source`` for ``framework`` (one of :data:`FRAMEWORKS`).
 
@@ -184,19 +187,16 @@ def export(source: AmpConfig | str | os.PathLike[str] | SearchResult, framework:
 
 
 def _read_source(source: Any) -> tuple[AmpConfig, float | None]:
+    from scalertune._result import SearchResult, load_config
+
     if isinstance(source, AmpConfig):
         return source, None
     if isinstance(source, (str, os.PathLike)):
-        from scalertune._result import load_config
-
         path = os.fspath(source)
         config = load_config(path)
-        import yaml
-
         with open(path, encoding="utf-8") as f:
             return config, _lowest_scale(yaml.safe_load(f).get("evidence"))
-    if callable(getattr(source, "to_dict", None)) and isinstance(
-            getattr(source, "config", None), AmpConfig):
+    if isinstance(source, SearchResult):
         return source.config, _lowest_scale(source.to_dict().get("evidence"))
     raise UsageError(f"cannot export a {type(source).__name__}: give an AmpConfig, a "
                      "SearchResult or the path of a result YAML")

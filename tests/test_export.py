@@ -184,10 +184,9 @@ def test_transformers_training_arguments_take_the_export_and_mark_the_scaler(con
         assert args.use_cpu
     assert TrainingArguments(output_dir=str(tmp_path)).max_grad_norm == 1.0
     marked = {line.split("=")[0] for line in export.not_expressible}
-    expected = {k for k, v, d in zip(("init_scale", "growth_factor", "backoff_factor",
-                                      "growth_interval"), _yaml_knobs(config),
-                                     _yaml_knobs(AmpConfig()))
-                if v != d and config.uses_scaler}
+    names = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+    expected = {k for k, v, d in zip(names, _yaml_knobs(config), _yaml_knobs(AmpConfig()),
+                                     strict=True) if v != d and config.uses_scaler}
     assert marked == expected
     if expected:
         with pytest.raises(scalertune.UsageError, match="transformers cannot express"):
@@ -228,7 +227,7 @@ def test_deepspeed_parses_the_exported_json_with_the_yaml_knobs(config):
 
 def test_deepspeed_clips_at_one_and_wants_a_batch_size_unless_told():
     assert _deepspeed_config({"train_micro_batch_size_per_gpu": 1}).gradient_clipping == 1.0
-    export = scalertune.export(BFLOAT16.__class__(dtype="bfloat16"), "deepspeed")
+    export = scalertune.export(AmpConfig(dtype="bfloat16"), "deepspeed")
     assert export.build()["gradient_clipping"] == 0.0
     with pytest.raises(AssertionError, match="train_micro_batch_size_per_gpu"):
         _deepspeed_config(export.build())
@@ -292,8 +291,9 @@ def test_deepspeed_differences_from_gradscaler_are_what_the_export_says(monkeypa
     clean = [False] * 9
     torch_scales = _gradscaler_scales(config, clean)
     zero, plain = _deepspeed_scales(data, clean, monkeypatch)
-    # the steps after which the scale grew (scales[0] is the initial scale)
-    grew = lambda scales: [i for i in range(1, len(scales)) if scales[i] > scales[i - 1]]
+    def grew(scales):  # the steps after which the scale grew (scales[0]: the initial one)
+        return [i for i in range(1, len(scales)) if scales[i] > scales[i - 1]]
+
     assert grew([8.0, *torch_scales]) == [4, 8]  # GradScaler: after 4 clean steps, then 8
     assert grew([8.0, *zero]) == grew([8.0, *plain]) == [5, 9]  # DeepSpeed: one step later
     assert "loss_scale_window+1 = 5 clean steps" in growth and "then every 4" in growth

@@ -65,6 +65,20 @@ def _public_annotations(obj):
                     yield from function.__annotations__.values()
 
 
+def test_bare_command_prints_short_usage_on_stderr_and_quiet_goes_anywhere(tmp_path):
+    def scalertune_cli(*args):
+        return subprocess.run([sys.executable, "-m", "scalertune", *args], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL)
+
+    bare = scalertune_cli()
+    assert bare.returncode == 2 and bare.stdout == ""
+    assert bare.stderr.startswith("usage: scalertune") and len(bare.stderr.splitlines()) == 2
+    for where in (["-q", "export", "x.yaml"], ["export", "x.yaml", "-q"]):
+        parsed = scalertune_cli(*where, "--to", "torch")
+        assert parsed.returncode == 2 and "no such file: x.yaml" in parsed.stderr
+    assert "--quiet" in scalertune_cli("report", "--help").stdout
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory):
     """The sdist, the wheel built from it, and the folder the sdist unpacks to."""
