@@ -11,22 +11,32 @@ The pipeline, one module per stage:
 - ``_study``: the Optuna study that stores it all;
 - ``_search``: :func:`search`, the whole pipeline;
 - ``_diagnose``: :func:`diagnose`, where float16 overflows or underflows, module by module;
-- ``_result``: :class:`SearchResult`, the YAML file and :func:`load`.
+- ``_result``: :class:`SearchResult`, the YAML file and :func:`load`;
+- ``_export``: :func:`export`, the config as the objects each training framework takes;
+- ``_frameworks``: :func:`lightning_workload`, searching a LightningModule as it is.
 """
 
+from importlib import metadata as _metadata
+
 from scalertune._config import AmpConfig
-from scalertune._diagnose import Diagnosis, diagnose
+from scalertune._diagnose import Diagnosis, ModuleReport, ScalerCheck, TensorStats, diagnose
 from scalertune._errors import UsageError
-from scalertune._export import export
+from scalertune._export import FRAMEWORKS, Export, export
 from scalertune._frameworks import lightning_workload
+from scalertune._judge import Speedup, Target
+from scalertune._rank import Outcome
 from scalertune._result import SearchResult, analyze
 from scalertune._schema import load_config
 from scalertune._runtime import AmpGuardError, AmpRuntime, Guard
-from scalertune._search import SearchError, search
+from scalertune._search import Isolation, SearchError, search
 from scalertune._space import SearchSpace
+from scalertune._timing import StepTimes
 from scalertune._workload import Workload
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("scalertune")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 
 
 def load(path: str, *, device: str = "auto", guard: bool = True) -> AmpRuntime:
@@ -45,7 +55,9 @@ def load(path: str, *, device: str = "auto", guard: bool = True) -> AmpRuntime:
 
 
 __all__ = [
-    "AmpConfig", "AmpGuardError", "AmpRuntime", "Diagnosis", "Guard", "SearchError",
-    "SearchResult", "SearchSpace", "UsageError", "Workload", "analyze", "diagnose", "export",
+    "FRAMEWORKS", "AmpConfig", "AmpGuardError", "AmpRuntime", "Diagnosis", "Export", "Guard",
+    "Isolation", "ModuleReport", "Outcome", "SearchError", "SearchResult", "SearchSpace",
+    "ScalerCheck", "Speedup", "StepTimes", "Target", "TensorStats", "UsageError", "Workload", "analyze",
+    "diagnose", "export",
     "lightning_workload", "load", "load_config", "search",
 ]

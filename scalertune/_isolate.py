@@ -13,7 +13,7 @@ import multiprocessing
 import signal
 import time
 import traceback
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -46,7 +46,7 @@ class Timing:
     clip_norm: float | None
 
 
-def run_isolated(spec: str, config: AmpConfig, *, steps: int, seed: int, device: torch.device,
+def run_isolated(spec: str | Callable[[], Any], config: AmpConfig, *, steps: int, seed: int, device: torch.device,
                  timeout_s: float | None, memory_gb: float | None,
                  timing: Timing | None = None) -> RunRecord:
     """``run_config`` in a fresh process; :class:`TrialCrashed` if that process fails.
@@ -83,7 +83,7 @@ def run_isolated(spec: str, config: AmpConfig, *, steps: int, seed: int, device:
     return record
 
 
-def _time_apart(spec: str, *, seed: int, device: torch.device, timeout_s: float | None,
+def _time_apart(spec: str | Callable[[], Any], *, seed: int, device: torch.device, timeout_s: float | None,
                 memory_gb: float | None, timing: Timing, without: str | None) -> Any:
     """The step timing again, in fresh processes, leaving out each dtype that killed one;
     ``None`` when even float32 cannot be timed."""

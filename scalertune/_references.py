@@ -35,7 +35,7 @@ class References:
     """The float32 targets of a study's seeds and the study's step timing, run on demand."""
 
     def __init__(self, study: optuna.Study, once: Once, factory: Callable[[], Any],
-                 config: AmpConfig, *, spec: str, steps: int, seed: int, device: torch.device,
+                 config: AmpConfig, *, spec: str | Callable[[], Any], steps: int, seed: int, device: torch.device,
                  dtypes: list[str], isolation: Any, log: Callable[[str], None]) -> None:
         self.study, self.once, self.factory, self.config = study, once, factory, config
         self.spec, self.isolation = spec, isolation

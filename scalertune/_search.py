@@ -37,7 +37,7 @@ from scalertune._stopping import study_stop_reason
 from scalertune._storage import DEFAULT_STORAGE, open_storage, redact
 from scalertune._study import DTYPE_DISTRIBUTION, default_study_name, open_study, reference_of
 from scalertune._trials import LIVE, Isolation, Setup, TrialRunner, counted_search_trials
-from scalertune._workload import FactoryError, load_factory
+from scalertune._workload import FactoryError, factory_name, load_factory
 
 __all__ = ["Isolation", "SearchError", "describe_device", "search"]
 
@@ -47,7 +47,7 @@ STOPPED_ATTR = "scalertune.stopped_early"
 
 
 def search(
-    factory: str,
+    factory: str | Callable[[], Any],
     *,
     storage: str | None = None,
     study_name: str | None = None,
@@ -64,7 +64,8 @@ def search(
 ) -> SearchResult:
     """Search AMP configs for the workload ``factory`` returns; return the evidence.
 
-    ``factory`` is ``path/to/model.py:make_model`` or ``package.module:make_model``.
+    ``factory`` is ``path/to/model.py:make_model``, ``package.module:make_model``, or the
+    factory function itself (the study is then named after its module and name).
     ``n_trials`` is the study's most sampled trials, across reruns and workers: running the
     same search again resumes it up to that total. The study stops sampling earlier once
     more trials are unlikely to find a faster config, or after ``timeout`` seconds. The
@@ -93,16 +94,18 @@ def search(
     if fp32_modules:
         space = space.with_islands(fp32_modules)
     dev = resolve_device(device)
-    user_factory = load_factory(factory)
+    user_factory = load_factory(factory, isolated=isolation is not None)
     try:
         reference_config = preflight(user_factory, device=dev, seed=seed,
                                      islands=space.island_names)
     except FactoryError as exc:
-        raise UsageError(f"the factory {factory} raised {exc}: fix it and rerun") from None
+        raise UsageError(f"the factory {factory_name(factory)} raised {exc}: fix it and "
+                         "rerun") from None
     url = storage or DEFAULT_STORAGE
     study_name = study_name or default_study_name(factory)
     settings = {
-        "factory": factory, "steps": steps, "seed": seed, "space": space.to_dict(),
+        "factory": factory_name(factory), "steps": steps, "seed": seed,
+        "space": space.to_dict(),
         "device_type": dev.type, "device": describe_device(dev),
         "reference": reference_config.to_dict(),
     }

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import random
 from importlib import resources
 from typing import Any, Mapping
@@ -286,8 +287,16 @@ def _fixed(trial: optuna.Trial) -> dict[str, Any]:
 
 
 def shipped_spaces() -> dict[str, str]:
-    """Name -> YAML text of the spaces that ship inside the package."""
-    folder = resources.files("scalertune.search_spaces")
+    """Name -> YAML text of the spaces that ship inside the package.
+
+    Installed, they are the package ``scalertune.search_spaces``. In a source tree that is
+    imported without being installed (the tests of an unpacked sdist, run from its folder),
+    they are the ``search_spaces`` folder beside the package.
+    """
+    try:
+        folder: Any = resources.files("scalertune.search_spaces")
+    except ModuleNotFoundError:
+        folder = pathlib.Path(__file__).resolve().parent.parent / "search_spaces"
     return {
         entry.name.rsplit(".", 1)[0]: entry.read_text(encoding="utf-8")
         for entry in folder.iterdir()

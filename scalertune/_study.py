@@ -23,7 +23,7 @@ import math
 import os
 import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 from optuna.distributions import CategoricalDistribution
@@ -37,6 +37,7 @@ from scalertune._run import RunRecord
 from scalertune._space import SearchSpace
 from scalertune._storage import first_line, redact
 from scalertune._timing import StepTimes
+from scalertune._workload import factory_name
 
 SETTINGS_ATTR = "scalertune.settings"
 TIMES_ATTR = "scalertune.step_times"
@@ -47,9 +48,10 @@ DTYPE_DISTRIBUTION = CategoricalDistribution(list(DTYPES))
 _SETTINGS_WAIT_S = 30
 
 
-def default_study_name(factory_spec: str) -> str:
-    """``examples/codepoints.py:make_model`` -> ``codepoints:make_model``."""
-    module, _, name = factory_spec.rpartition(":")
+def default_study_name(factory: str | Callable[[], Any]) -> str:
+    """``examples/codepoints.py:make_model`` -> ``codepoints:make_model``; a function
+    ``make_model`` of module ``pkg.models`` -> ``pkg.models:make_model``."""
+    module, _, name = factory_name(factory).rpartition(":")
     stem = os.path.splitext(os.path.basename(module))[0] if module.endswith(".py") else module
     return f"{stem}:{name}"
 

@@ -53,7 +53,7 @@ class Isolation:
 class Setup:
     """What every trial of one worker shares."""
 
-    spec: str
+    spec: str | Callable[[], Any]
     factory: Callable[[], Any]
     space: SearchSpace
     device: torch.device

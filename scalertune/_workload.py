@@ -75,8 +75,19 @@ def seed_everything(seed: int) -> None:
     numpy.random.seed(seed)
 
 
-def load_factory(spec: str) -> Callable[[], Any]:
-    """Resolve ``FILE.py:NAME`` or ``package.module:NAME`` to the factory callable."""
+def load_factory(spec: str | Callable[[], Any], *, isolated: bool = False) -> Callable[[], Any]:
+    """Resolve ``FILE.py:NAME`` or ``package.module:NAME`` to the factory callable.
+
+    A callable is taken as it is. With ``isolated`` (``--isolate``: every run in a fresh
+    process) it must be a module-level function the child process can import again.
+    """
+    if callable(spec):
+        if isolated:
+            _check_importable(spec)
+        return spec
+    if not isinstance(spec, str):
+        raise UsageError(f"the factory is a {type(spec).__name__}: give a function, or "
+                         "'path/to/model.py:make_model'")
     module_part, sep, name = spec.rpartition(":")
     if not sep or not module_part or not name:
         raise UsageError(
@@ -96,6 +107,34 @@ def load_factory(spec: str) -> Callable[[], Any]:
             "name a function that returns the workload"
         )
     return factory
+
+
+def factory_name(spec: str | Callable[[], Any]) -> str:
+    """How a factory is named in the study's settings: the spec as given, or, for a function,
+    ``module:qualname`` (``script.py:qualname`` for one defined in the script being run)."""
+    if isinstance(spec, str):
+        return spec
+    module = getattr(spec, "__module__", None) or "?"
+    qualname = getattr(spec, "__qualname__", None) or type(spec).__name__
+    if module == "__main__":
+        script = getattr(sys.modules["__main__"], "__file__", None)
+        module = os.path.basename(script) if script else module
+    return f"{module}:{qualname}"
+
+
+def _check_importable(factory: Callable[[], Any]) -> None:
+    """A process started afresh finds the function again by its module and name, or not."""
+    module = sys.modules.get(getattr(factory, "__module__", "") or "")
+    qualname = getattr(factory, "__qualname__", "")
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if found is not factory or (module is not None and module.__name__ == "__main__"
+                                and not getattr(module, "__file__", None)):
+        raise UsageError(
+            f"--isolate runs every trial in a new process, which cannot import the factory "
+            f"{factory_name(factory)} (a lambda, a nested function or one defined "
+            "interactively): give 'path/to/model.py:make_model', or a module-level function")
 
 
 def _import_file(path: str) -> Any:

@@ -100,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="scalertune", description=_DESCRIPTION, epilog=_EPILOG,
                      formatter_class=fmt)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--quiet", "-q", action="store_true", help=_QUIET_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     s = sub.add_parser("search", help="search AMP configs for a model factory",
@@ -144,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--artifact-dir", metavar="DIR",
                    help="where the PNGs attached to trials are stored, for optuna-dashboard "
                         "(default: scalertune-artifacts here)")
-    s.add_argument("--quiet", "-q", action="store_true", help="no per-run lines, no progress bar")
+    _quiet_argument(s)
 
     g = sub.add_parser(
         "diagnose", help="find where float16 overflows or underflows, module by module",
@@ -164,18 +165,34 @@ def _parser() -> argparse.ArgumentParser:
                    help="training steps per run (default: %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    _quiet_argument(g)
 
     e = sub.add_parser(
         "export", help="print the recommendation as code for torch, Lightning, Accelerate, ...",
-        description="Print paste-ready code or config that trains with the config in RESULT "
-        "(a YAML written by scalertune search). Where the framework cannot express a searched "
-        "value, a '# NOT EXPRESSIBLE' comment says so and the nearest setting is used; "
-        "--strict makes that an error (exit status 2).", formatter_class=fmt)
+        description="Print the code that builds the objects a framework takes for the config "
+        "in RESULT (a YAML written by scalertune search): the GradScaler and autocast for "
+        "torch, the Trainer arguments with their precision plugin for Lightning, the Accelerator "
+        "arguments with GradScalerKwargs for Accelerate, TrainingArguments fields for "
+        "Transformers, and for DeepSpeed a JSON config to save as ds_config.json (its notes go "
+        "to stderr). scalertune.export() returns the same objects in Python. Where the "
+        "framework cannot express a searched value, a 'NOT EXPRESSIBLE' comment says so and the "
+        "nearest setting is used; --strict makes that an error (exit status 2). 'DIFFERS' "
+        "comments say where the framework's scaler behaves otherwise with the same numbers.",
+        epilog="examples:\n  scalertune export amp.yaml --to lightning --device cuda\n"
+        "  scalertune export amp.yaml --to deepspeed --micro-batch-size 8 > ds_config.json",
+        formatter_class=fmt)
     e.add_argument("result", metavar="RESULT.yaml")
     e.add_argument("--to", required=True, choices=FRAMEWORKS, metavar="FRAMEWORK",
                    help=f"one of {', '.join(FRAMEWORKS)}")
+    e.add_argument("--device", default="auto",
+                   help="what training runs on: auto (CUDA when the training machine has it), "
+                        "cuda or cpu (default: %(default)s)")
     e.add_argument("--strict", action="store_true",
                    help="fail instead of approximating what the framework cannot express")
+    e.add_argument("--micro-batch-size", type=int, metavar="N",
+                   help="with --to deepspeed: write train_micro_batch_size_per_gpu, which "
+                        "DeepSpeed requires, so the JSON is a complete ds_config.json")
+    _quiet_argument(e)
 
     d = sub.add_parser(
         "dashboard", help="review a study in optuna-dashboard",
@@ -188,6 +205,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
     d.add_argument("--artifact-dir", metavar="DIR",
                    help="artifact store folder (default: the one the search used)")
+    _quiet_argument(d)
 
     r = sub.add_parser("report", help="summarise a study from its storage",
                        description="Print the summary of a stored study, recomputed from what "
@@ -198,7 +216,18 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the result as JSON instead")
     r.add_argument("--top", type=int, default=5, metavar="N",
                    help="sampled trials shown in the summary (default: %(default)s)")
+    _quiet_argument(r)
     return parser
+
+
+_QUIET_HELP = ("print results only: no per-run lines or progress bar, no notes on stderr "
+               "(errors are still printed)")
+
+
+def _quiet_argument(p: argparse.ArgumentParser) -> None:
+    """-q after the command too; SUPPRESS keeps a -q given before the command."""
+    p.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS,
+                   help=_QUIET_HELP)
 
 
 def _storage_arguments(p: argparse.ArgumentParser, *, study_required: bool = False) -> None:
@@ -210,9 +239,12 @@ def _storage_arguments(p: argparse.ArgumentParser, *, study_required: bool = Fal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command is None:
-        _parser().print_help()
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: name a command: search, diagnose, export, report or "
+              f"dashboard (see {parser.prog} --help)", file=sys.stderr)
         return EXIT_USAGE
     import optuna
 
@@ -250,13 +282,16 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(result: "SearchResult", output: str, artifact_dir: str | None, stream: Any) -> None:
-    """The YAML, the pictures beside it, and what the dashboard shows."""
+def _write(result: "SearchResult", output: str, artifact_dir: str | None,
+           stream: Any | None) -> None:
+    """The YAML, the pictures beside it, and what the dashboard shows; ``stream`` (if any)
+    says what was written."""
     from scalertune._dashboard import publish
 
     result.to_yaml(output)
     pictures = result.write_pictures(output)
-    print(f"Wrote {', '.join([output, *pictures.values()])}", file=stream)
+    if stream is not None:
+        print(f"Wrote {', '.join([output, *pictures.values()])}", file=stream)
     try:
         publish(result, pictures=pictures, artifact_dir=artifact_dir)
     except Exception as exc:  # the YAML is written; the dashboard extras must not undo that
@@ -274,16 +309,20 @@ def _report(args: argparse.Namespace) -> int:
     else:
         print(result.summary(top=args.top))
     if args.output:
-        _write(result, args.output, None, sys.stderr if args.json else sys.stdout)
+        note = None if args.quiet else sys.stderr
+        _write(result, args.output, None, note if args.json else sys.stdout)
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
     from scalertune._export import export
-    from scalertune._schema import load_config
 
-    print(export(load_config(args.result), args.to, yaml_path=args.result, strict=args.strict),
-          end="")
+    result = export(args.result, args.to, device=args.device, strict=args.strict,
+                    micro_batch_size=args.micro_batch_size)
+    print(result.code, end="")
+    if args.to == "deepspeed" and not args.quiet:
+        # JSON has no comments: what the code text would say in them goes beside it.
+        print("\n".join(result.comments()), file=sys.stderr)
     return 0
 
 

@@ -1,5 +1,8 @@
-"""Taking the recommendation into training code: exports fed to the real frameworks, the guard."""
+"""Taking the recommendation into training code: every export is fed to the framework's own
+parser or constructor and the knobs are read back from what it built; the guard; a
+LightningModule searched as it is."""
 
+import json
 import subprocess
 import sys
 import warnings
@@ -9,44 +12,92 @@ import torch
 from torch import nn
 
 import scalertune
+from scalertune._runtime import is_island
 from scalertune import AmpConfig, AmpGuardError, AmpRuntime, Guard
 from conftest import example, spec
 
 FLOAT16 = AmpConfig(dtype="float16", init_scale=1000.0, growth_factor=3.0, backoff_factor=0.25,
                     growth_interval=7, clip_norm=1.5)
 BFLOAT16 = AmpConfig(dtype="bfloat16", clip_norm=2.0)
+FLOAT32 = AmpConfig(dtype="float32", clip_norm=0.5)
+#: The hand-made case: float16 below scale 1, no clipping, growth and backoff DeepSpeed lacks.
+ODD = AmpConfig(dtype="float16", init_scale=0.125, growth_factor=3.0, backoff_factor=0.25,
+                growth_interval=7)
+CONFIGS = [FLOAT16, BFLOAT16, FLOAT32, ODD]
+IDS = ["float16", "bfloat16", "float32", "odd-float16"]
 
 
-def _code(config, framework, **kwargs):
-    return scalertune.export(config, framework, **kwargs).replace('device = "cuda"',
-                                                                   'device = "cpu"')
+def _knobs(scaler):
+    """What a GradScaler holds, read back through its own getters."""
+    return (scaler.get_scale(), scaler.get_growth_factor(), scaler.get_backoff_factor(),
+            scaler.get_growth_interval())
 
 
-def _run(code):
-    namespace = {}
+def _yaml_knobs(config):
+    return (config.init_scale, config.growth_factor, config.backoff_factor,
+            config.growth_interval)
+
+
+def _exec(code, **names):
+    namespace = dict(names)
     exec(compile(code, "<export>", "exec"), namespace)
     return namespace
 
 
-def _batches():
+def _batches(n=64):
     torch.manual_seed(0)
-    x = torch.randn(64, 8)
+    x = torch.randn(n, 8)
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)),
                                        batch_size=16)
 
 
-def test_torch_export_builds_the_scaler_it_names_and_trains():
-    ns = _run(_code(FLOAT16, "torch"))
-    scaler = ns["scaler"]
-    assert (scaler.get_scale(), scaler.get_growth_factor(), scaler.get_backoff_factor(),
-            scaler.get_growth_interval()) == (1000.0, 3.0, 0.25, 7)
-    code = scalertune.export(FLOAT16, "torch")
-    assert "clip_grad_norm_(model.parameters(), 1.5)" in code
-    assert code.index("unscale_") < code.index("clip_grad_norm_") < code.index("scaler.step")
+def _grad_norm(model):
+    return torch.linalg.vector_norm(
+        torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
 
 
-@pytest.mark.parametrize("config", [FLOAT16, BFLOAT16], ids=["float16", "bfloat16"])
-def test_lightning_export_runs_real_steps_with_the_exported_scaler(config):
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_torch_export_builds_the_yaml_scaler_and_autocast_and_clips_unscaled(config):
+    export = scalertune.export(config, "torch", device="cpu")
+    built = export.build()
+    scaler, autocast, max_norm = built["scaler"], built["autocast"], built["max_norm"]
+    assert scaler.is_enabled() == (config.dtype == "float16")
+    if config.uses_scaler:
+        assert _knobs(scaler) == _yaml_knobs(config)
+    assert autocast == ({"device_type": "cpu", "enabled": False} if config.dtype == "float32"
+                        else {"device_type": "cpu", "dtype": getattr(torch, config.dtype)})
+    assert max_norm == config.clip_norm
+    # the code text builds the same objects
+    from_code = _exec(export.code)
+    assert from_code["scaler"].is_enabled() == scaler.is_enabled()
+    if config.uses_scaler:
+        assert _knobs(from_code["scaler"]) == _knobs(scaler)
+    assert from_code["autocast"] == autocast and from_code["max_norm"] == max_norm
+    assert "amp.yaml" not in export.code and "device = 'cpu'" in export.code
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in _batches():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(**autocast):
+            out = model(x)
+            loss = nn.functional.mse_loss(out, y)
+        assert out.dtype == getattr(torch, config.dtype)
+        scaler.scale(loss).backward()
+        if max_norm is not None:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            assert _grad_norm(model) <= max_norm * 1.0001
+        scaler.step(optimizer)
+        scaler.update()
+    if max_norm is not None:
+        assert "unscale_(optimizer)" in export.code
+        assert export.code.index("unscale_") < export.code.index("clip_grad_norm_")
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_lightning_trainer_built_from_the_export_holds_the_yaml_knobs_and_trains(config):
     import lightning.pytorch as pl
 
     class Module(pl.LightningModule):
@@ -61,37 +112,51 @@ def test_lightning_export_runs_real_steps_with_the_exported_scaler(config):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    ns = _run(_code(config, "lightning"))
-    trainer = pl.Trainer(**ns["trainer_kwargs"], max_steps=3, accelerator="cpu", logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+    export = scalertune.export(config, "lightning", device="cpu")
+    assert export.not_expressible == ()
+    for kwargs in (export.build(), _exec(export.code)["trainer_kwargs"]):
+        trainer = pl.Trainer(**kwargs, max_steps=3, accelerator="cpu", logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False)
+        plugin = trainer.precision_plugin
+        assert trainer.gradient_clip_val == config.clip_norm
+        assert trainer.gradient_clip_algorithm == "norm"
+        if config.dtype == "float16":
+            assert isinstance(plugin, pl.plugins.precision.MixedPrecision)
+            assert plugin.precision == "16-mixed" and plugin.device == "cpu"
+            assert _knobs(plugin.scaler) == _yaml_knobs(config)
+        elif config.dtype == "bfloat16":
+            assert plugin.precision == "bf16-mixed" and plugin.scaler is None
+        else:
+            assert plugin.precision == "32-true"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(Module(), _batches())
     assert trainer.global_step == 3
-    assert trainer.gradient_clip_val == config.clip_norm
-    plugin = trainer.precision_plugin
-    if config.dtype == "float16":
-        scaler = plugin.scaler
-        assert (scaler._init_scale, scaler._growth_factor, scaler._backoff_factor,
-                scaler._growth_interval) == (1000.0, 3.0, 0.25, 7)
-    else:
-        assert plugin.precision == "bf16-mixed"
 
 
-@pytest.mark.parametrize("config", [FLOAT16, BFLOAT16], ids=["float16", "bfloat16"])
-def test_accelerate_export_runs_real_steps_with_the_exported_settings(config):
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_accelerate_accelerator_takes_the_export_and_clips_in_the_loop(config):
+    from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    AcceleratorState._reset_state(reset_partial_state=True)  # Accelerate keeps one per process
-    ns = _run(_code(config, "accelerate"))
-    accelerator = ns["accelerator"]
-    assert accelerator.mixed_precision == {"float16": "fp16", "bfloat16": "bf16"}[config.dtype]
-    if config.dtype == "float16":
-        # exactly what Accelerate passes to GradScaler on a GPU
-        assert accelerator.scaler_handler.to_kwargs() == {
-            "init_scale": 1000.0, "growth_factor": 3.0, "backoff_factor": 0.25,
-            "growth_interval": 7}
+    export = scalertune.export(config, "accelerate", device="cpu")
+    assert export.not_expressible == ()
+    for kwargs in (export.build(), _exec(export.code)["accelerator_kwargs"]):
+        AcceleratorState._reset_state(reset_partial_state=True)  # one Accelerator per process
+        accelerator = Accelerator(**kwargs)
+        assert accelerator.device.type == "cpu"
+        assert accelerator.mixed_precision == {"float16": "fp16", "bfloat16": "bf16",
+                                               "float32": "no"}[config.dtype]
+        if config.uses_scaler:
+            # exactly what Accelerate hands to GradScaler on a GPU ...
+            handler = accelerator.scaler_handler.to_kwargs()
+            assert tuple(handler.get(k, d) for k, d in (
+                ("init_scale", 65536.0), ("growth_factor", 2.0), ("backoff_factor", 0.5),
+                ("growth_interval", 2000))) == _yaml_knobs(config)
+            # ... and, as the export says, on a CPU it makes none and trains in float32
+            assert accelerator.scaler is None
+            assert any("on a CPU" in line for line in export.differences)
     model = nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer, loader = accelerator.prepare(model, optimizer, _batches())
@@ -99,64 +164,211 @@ def test_accelerate_export_runs_real_steps_with_the_exported_settings(config):
         with accelerator.autocast():
             loss = nn.functional.mse_loss(model(x), y)
         accelerator.backward(loss)
-        norm = accelerator.clip_grad_norm_(model.parameters(), config.clip_norm)
+        if export.clip_norm is not None:
+            accelerator.clip_grad_norm_(model.parameters(), export.clip_norm)
+            assert _grad_norm(model) <= export.clip_norm * 1.0001
         optimizer.step()
         optimizer.zero_grad()
-        assert torch.isfinite(loss) and torch.isfinite(norm)
+        assert torch.isfinite(loss)
 
 
-# TrainingArguments' documented precision and clipping fields (transformers docs).
-TRANSFORMERS_FIELDS = {"output_dir", "fp16", "bf16", "max_grad_norm"}
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_transformers_training_arguments_take_the_export_and_mark_the_scaler(config, tmp_path):
+    from transformers import TrainingArguments
+
+    export = scalertune.export(config, "transformers", device="cpu")
+    for fields in (export.build(), _exec(export.code)["training_arguments"]):
+        args = TrainingArguments(output_dir=str(tmp_path), **fields)
+        assert (args.fp16, args.bf16) == (config.dtype == "float16", config.dtype == "bfloat16")
+        # 0 is "no clipping": left out, the Trainer would clip at 1.0
+        assert args.max_grad_norm == (config.clip_norm or 0.0)
+        assert args.use_cpu
+    assert TrainingArguments(output_dir=str(tmp_path)).max_grad_norm == 1.0
+    marked = {line.split("=")[0] for line in export.not_expressible}
+    names = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+    expected = {k for k, v, d in zip(names, _yaml_knobs(config), _yaml_knobs(AmpConfig()),
+                                     strict=True) if v != d and config.uses_scaler}
+    assert marked == expected
+    if expected:
+        with pytest.raises(scalertune.UsageError, match="transformers cannot express"):
+            scalertune.export(config, "transformers", strict=True)
+    else:
+        scalertune.export(config, "transformers", strict=True)
 
 
-def test_transformers_export_says_what_it_cannot_express():
-    code = scalertune.export(FLOAT16, "transformers")
-    call = code[code.index("TrainingArguments(") + len("TrainingArguments("):code.rindex(")")]
-    assert {part.split("=")[0].strip() for part in call.split(",")} <= TRANSFORMERS_FIELDS
-    assert "fp16=True" in code and "max_grad_norm=1.5" in code
-    for knob in ("init_scale=1000.0", "growth_factor=3.0", "backoff_factor=0.25",
-                 "growth_interval=7"):
-        assert f"# NOT EXPRESSIBLE: {knob}" in code
-    assert "max_grad_norm=0.0" in scalertune.export(AmpConfig(dtype="bfloat16"), "transformers")
-    with pytest.raises(scalertune.UsageError, match="transformers cannot express"):
-        scalertune.export(FLOAT16, "transformers", strict=True)
-    scalertune.export(AmpConfig(dtype="bfloat16", clip_norm=1.0), "transformers", strict=True)
+def _deepspeed_config(data):
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    return DeepSpeedConfig(data)
 
 
-# DeepSpeed's documented fp16/bf16/clipping keys (deepspeed.ai/docs/config-json).
-DEEPSPEED_KEYS = {
-    "fp16": {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
-             "hysteresis", "consecutive_hysteresis", "min_loss_scale"},
-    "bf16": {"enabled"},
-    "gradient_clipping": None,
-}
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_deepspeed_parses_the_exported_json_with_the_yaml_knobs(config):
+    export = scalertune.export(config, "deepspeed", micro_batch_size=4)
+    data = json.loads(export.code)  # real JSON, ready to save as ds_config.json
+    assert data == export.build()
+    parsed = _deepspeed_config(data)
+    fp16, bf16 = parsed.float16_config, parsed.bfloat16_config
+    assert parsed.train_micro_batch_size_per_gpu == 4
+    assert parsed.gradient_clipping == (config.clip_norm or 0.0)
+    assert (fp16.enabled, bf16.enabled) == (config.dtype == "float16", config.dtype == "bfloat16")
+    if config.uses_scaler:
+        args = fp16.dynamic_loss_scale_args()
+        assert fp16.loss_scale == 0  # dynamic
+        assert args["init_scale"] == 2 ** round(max(0, torch.log2(torch.tensor(
+            config.init_scale)).item()))
+        assert args["scale_window"] == config.growth_interval
+        assert args["delayed_shift"] == 1 and args["min_scale"] == 1
+    marked = " ".join(export.not_expressible)
+    assert ("init_scale" in marked) == (config.uses_scaler and config.init_scale not in (
+        65536.0, 4096.0))
+    assert ("growth_factor" in marked) == (config.uses_scaler and config.growth_factor != 2)
+    assert ("backoff_factor" in marked) == (config.uses_scaler and config.backoff_factor != 0.5)
 
 
-def test_deepspeed_export_uses_documented_keys_and_the_nearest_power_of_two():
-    code = scalertune.export(FLOAT16, "deepspeed")
-    ds = _run(code)["ds_config"]
-    assert set(ds) <= set(DEEPSPEED_KEYS)
-    assert set(ds["fp16"]) <= DEEPSPEED_KEYS["fp16"]
-    assert ds["fp16"]["initial_scale_power"] == 10  # 1000 -> 2**10
-    assert ds["fp16"]["loss_scale_window"] == 7 and ds["gradient_clipping"] == 1.5
-    assert "# NOT EXPRESSIBLE: init_scale=1000.0 is not a power of two" in code
-    assert "# NOT EXPRESSIBLE: growth_factor=3.0" in code
-    assert "# NOT EXPRESSIBLE: backoff_factor=0.25" in code
-    exact = AmpConfig(init_scale=4096.0, growth_interval=500)
-    assert "NOT EXPRESSIBLE" not in scalertune.export(exact, "deepspeed", strict=True)
-    assert _run(scalertune.export(BFLOAT16, "deepspeed"))["ds_config"]["bf16"] == {"enabled": True}
+def test_deepspeed_clips_at_one_and_wants_a_batch_size_unless_told():
+    assert _deepspeed_config({"train_micro_batch_size_per_gpu": 1}).gradient_clipping == 1.0
+    export = scalertune.export(AmpConfig(dtype="bfloat16"), "deepspeed")
+    assert export.build()["gradient_clipping"] == 0.0
+    with pytest.raises(AssertionError, match="train_micro_batch_size_per_gpu"):
+        _deepspeed_config(export.build())
+    assert any("train_micro_batch_size_per_gpu" in line for line in export.comments())
+    users = {"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "Adam"}}
+    assert _deepspeed_config({**users, **export.build()}).bfloat16_config.enabled
 
 
-def test_export_command_and_strict_exit_status(tmp_path):
-    path = tmp_path / "amp.yaml"
-    path.write_text("config:\n  dtype: float16\n  init_scale: 1000.0\n  growth_factor: 3.0\n")
-    ok = subprocess.run([sys.executable, "-m", "scalertune", "export", str(path), "--to",
-                         "deepspeed"], capture_output=True, text=True, timeout=120)
-    assert ok.returncode == 0 and "initial_scale_power" in ok.stdout
-    strict = subprocess.run([sys.executable, "-m", "scalertune", "export", str(path), "--to",
-                             "deepspeed", "--strict"], capture_output=True, text=True, timeout=120)
-    assert strict.returncode == 2 and "deepspeed cannot express" in strict.stderr
-    assert len(strict.stderr.strip().splitlines()) == 1
+def _gradscaler_scales(config, overflows):
+    """The scale after each step of a real GradScaler, given which steps overflow."""
+    weight = nn.Parameter(torch.zeros(()))
+    optimizer = torch.optim.SGD([weight], lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=config.init_scale,
+                                  growth_interval=config.growth_interval)
+    scaler.scale(torch.ones(()))
+    scales = []
+    for overflow in overflows:
+        weight.grad = torch.full((), float("inf") if overflow else 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return scales
+
+
+def _deepspeed_scales(data, overflows, monkeypatch):
+    """The scale after each step of DeepSpeed's own scalers, built from the parsed config:
+    ZeRO's DynamicLossScaler, and the update of its FP16_Optimizer without ZeRO."""
+    import deepspeed.comm
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.loss_scaler import CreateLossScaler, LossScaleConfig
+
+    # One process needs no communication backend: the scaler asks for the rank only to
+    # decide who logs the overflow.
+    monkeypatch.setattr(deepspeed.comm, "get_rank", lambda group=None: 0)
+    fp16 = _deepspeed_config(data).float16_config
+    zero = CreateLossScaler(torch.half, fp16.loss_scale, fp16.loss_scale == 0,
+                            fp16.dynamic_loss_scale_args())
+    plain = type("Holder", (), {"verbose": False, "loss_scale_config": LossScaleConfig(
+        torch.half, fp16.loss_scale == 0, fp16.loss_scale, fp16.dynamic_loss_scale_args())})()
+    plain_scales = []
+    for overflow in overflows:
+        FP16_Optimizer._update_scale(plain, overflow)
+        plain_scales.append(plain.loss_scale_config.cur_scale)
+    zero_scales = []
+    for overflow in overflows:
+        try:
+            zero.update_scale(overflow)
+        except Exception as exc:  # DeepSpeed raises a bare Exception at the minimum
+            zero_scales.append(str(exc))
+            break
+        zero_scales.append(zero.cur_scale)
+    return zero_scales, plain_scales
+
+
+def test_deepspeed_differences_from_gradscaler_are_what_the_export_says(monkeypatch):
+    config = AmpConfig(init_scale=8.0, growth_interval=4)
+    export = scalertune.export(config, "deepspeed", micro_batch_size=1)
+    data = export.build()
+    growth, minimum = export.differences[:2]
+
+    clean = [False] * 9
+    torch_scales = _gradscaler_scales(config, clean)
+    zero, plain = _deepspeed_scales(data, clean, monkeypatch)
+    def grew(scales):  # the steps after which the scale grew (scales[0]: the initial one)
+        return [i for i in range(1, len(scales)) if scales[i] > scales[i - 1]]
+
+    assert grew([8.0, *torch_scales]) == [4, 8]  # GradScaler: after 4 clean steps, then 8
+    assert grew([8.0, *zero]) == grew([8.0, *plain]) == [5, 9]  # DeepSpeed: one step later
+    assert "loss_scale_window+1 = 5 clean steps" in growth and "then every 4" in growth
+    assert "1 step later" in growth
+
+    overflows = [True] * 6
+    torch_scales = _gradscaler_scales(config, overflows)
+    zero, plain = _deepspeed_scales(data, overflows, monkeypatch)
+    assert torch_scales == [4.0, 2.0, 1.0, 0.5, 0.25, 0.125]  # GradScaler keeps backing off
+    assert plain == [4.0, 2.0, 1.0, 1, 1, 1]  # without ZeRO: stays at the minimum
+    assert zero[:3] == [4.0, 2.0, 1.0] and "minimum" in zero[3]  # ZeRO: the 4th ends the run
+    assert "min_loss_scale=1" in minimum and "from 2**3 that is 4 overflows in a row" in minimum
+
+
+def test_deepspeed_checks_the_searched_scale_range_against_its_minimum(tmp_path):
+    evidence = ("config:\n  dtype: float16\n  init_scale: 4096.0\n"
+                "evidence:\n  min_scale: {low}\n  confirmation:\n    seed 1: {{min_scale: 64.0}}\n")
+    dipped, stayed = tmp_path / "dipped.yaml", tmp_path / "stayed.yaml"
+    dipped.write_text(evidence.format(low=0.25))
+    stayed.write_text(evidence.format(low=128.0))
+    lost = scalertune.export(str(dipped), "deepspeed").not_expressible
+    assert len(lost) == 1 and "backed the scale off to 0.25" in lost[0]
+    with pytest.raises(scalertune.UsageError, match="deepspeed cannot express"):
+        scalertune.export(str(dipped), "deepspeed", strict=True)
+    kept = scalertune.export(str(stayed), "deepspeed", strict=True)
+    assert "stayed at or above 64" in kept.differences[1]
+
+
+def test_float32_islands_go_with_every_autocast_export_but_not_deepspeed():
+    config = AmpConfig(dtype="float16", init_scale=4096.0, fp32_modules=("0",))
+    for framework in ("torch", "lightning", "accelerate", "transformers"):
+        export = scalertune.export(config, framework, device="cpu")
+        for model in (export.prepare(nn.Sequential(nn.Linear(4, 4))),
+                      _exec(export.code, model=nn.Sequential(nn.Linear(4, 4)))["model"]):
+            assert is_island(model[0])
+    with pytest.raises(scalertune.UsageError, match="fp32_modules"):
+        scalertune.export(config, "deepspeed", strict=True)
+
+
+def test_the_device_comes_from_the_user_or_auto():
+    assert "device = 'cuda'" in scalertune.export(FLOAT16, "lightning", device="cuda:1").code
+    auto = scalertune.export(FLOAT16, "torch")
+    assert 'device = "cuda" if torch.cuda.is_available() else "cpu"' in auto.code
+    assert auto.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(scalertune.UsageError, match="unknown device"):
+        scalertune.export(FLOAT16, "torch", device="tpu")
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "scalertune", *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd)
+
+
+def test_export_command_prints_json_for_deepspeed_and_strict_refuses_in_one_line(tmp_path):
+    path = tmp_path / "odd.yaml"
+    path.write_text("config:\n" + "".join(f"  {k}: {v}\n" for k, v in ODD.to_dict().items()
+                                          if v is not None))
+    ds = _cli("export", "odd.yaml", "--to", "deepspeed", "--micro-batch-size", "2", cwd=tmp_path)
+    assert ds.returncode == 0, ds.stderr
+    data = json.loads(ds.stdout)
+    assert data["fp16"]["min_loss_scale"] == 1 and data["gradient_clipping"] == 0.0
+    assert _deepspeed_config(data).float16_config.initial_scale_power == 0
+    assert "NOT EXPRESSIBLE: init_scale=0.125" in ds.stderr and "DIFFERS: growth" in ds.stderr
+    for framework, quiet in (("deepspeed", ["-q"]), ("transformers", [])):
+        # -q drops the notes, never the error
+        strict = _cli(*quiet, "export", "odd.yaml", "--to", framework, "--strict", cwd=tmp_path)
+        assert strict.returncode == 2 and f"{framework} cannot express" in strict.stderr
+        assert len(strict.stderr.strip().splitlines()) == 1 and strict.stdout == ""
+    lightning = _cli("export", str(path), "--to", "lightning", "--strict", "--device", "cpu",
+                     cwd=tmp_path)
+    assert lightning.returncode == 0, lightning.stderr
+    assert str(path) not in lightning.stdout and "odd.yaml" not in lightning.stdout
+    scaler = _exec(lightning.stdout)["trainer_kwargs"]["plugins"][0].scaler
+    assert _knobs(scaler) == _yaml_knobs(ODD)
 
 
 def test_guard_stops_a_run_whose_forward_overflows_and_says_why():
@@ -196,6 +408,141 @@ def test_the_yaml_carries_a_guard_from_the_evidence_and_load_enables_it(storage,
     amp = scalertune.load(path, device="cpu")
     assert amp.guard == guard
     assert scalertune.load(path, device="cpu", guard=False).guard is None
+    # the search's result and its YAML export alike, evidence included
+    assert scalertune.export(result, "deepspeed").code == scalertune.export(path, "deepspeed").code
+
+
+# --- lightning_workload: a LightningModule searched through its own training_step ---
+
+def _scheduled_module():
+    import lightning.pytorch as pl
+
+    class Scheduled(pl.LightningModule):
+        """Reads what modules commonly read from the Trainer, and steps three schedulers."""
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Linear(8, 1)
+            self.seen = []
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.mse_loss(self.net(x), y)
+            self.seen.append((self.global_step, self.current_epoch, batch_idx,
+                              self.optimizers().param_groups[0]["lr"],
+                              self.trainer.is_global_zero, self.trainer.max_steps))
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+            self.total = self.trainer.estimated_stepping_batches
+            return [optimizer], [
+                {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5),
+                 "interval": "step", "frequency": 2},
+                torch.optim.lr_scheduler.MultiplicativeLR(optimizer, lambda epoch: 0.1),
+                {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(
+                    optimizer, mode="max", factor=0.9, patience=0),
+                 "monitor": "train_loss", "interval": "step"},
+            ]
+
+    return Scheduled()
+
+
+def _loader():
+    torch.manual_seed(1)
+    x = torch.randn(48, 8)
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
+
+
+def test_lightning_workload_steps_schedulers_and_counters_as_a_lightning_trainer_does():
+    import lightning.pytorch as pl
+
+    steps = 8  # two full epochs of 3 batches and part of a third
+    reference = _scheduled_module()
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(reference, _loader())
+
+    module = _scheduled_module()
+    workload = scalertune.lightning_workload(module, _loader(), max_steps=steps)
+    amp = AmpRuntime(AmpConfig(dtype="float32"), device="cpu")
+    batches = iter(_loader())
+    for i in range(steps):
+        if i % 3 == 0:
+            batches = iter(_loader())
+        workload.step(workload.model, next(batches), amp)
+    assert module.total == reference.total == steps
+    assert [s[:3] for s in module.seen] == [s[:3] for s in reference.seen]
+    assert [s[3] for s in module.seen] == pytest.approx([s[3] for s in reference.seen])
+    assert all(s[4:] == (True, steps) for s in module.seen)
+
+
+def _reads_the_fit_loop():
+    import lightning.pytorch as pl
+
+    class ReadsFitLoop(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            self.trainer.fit_loop.epoch_loop  # noqa: B018 - what the module reads
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return scalertune.lightning_workload(ReadsFitLoop(), list(_loader()))
+
+
+def _manual_optimization():
+    module = _scheduled_module()
+    module.automatic_optimization = False
+    return scalertune.lightning_workload(module, list(_loader()))
+
+
+def test_lightning_workload_names_what_it_cannot_offer(storage):
+    with pytest.raises(scalertune.UsageError, match=r"self\.trainer\.fit_loop: lightning_work"):
+        scalertune.search(_reads_the_fit_loop, storage=storage, n_trials=0, steps=20,
+                          device="cpu")
+    with pytest.raises(scalertune.UsageError, match="automatic_optimization = False"):
+        scalertune.search(_manual_optimization, storage=storage, device="cpu")
+    with pytest.raises(scalertune.UsageError, match="needs a LightningModule"):
+        scalertune.lightning_workload(nn.Linear(2, 2), [])
+
+
+def test_search_takes_a_function_and_isolation_wants_one_it_can_import(storage):
+    with pytest.raises(scalertune.UsageError, match="--isolate .* cannot import the factory"):
+        scalertune.search(lambda: None, storage=storage, device="cpu",
+                          isolation=scalertune.Isolation())
+    from scalertune._study import default_study_name
+    import workloads
+
+    assert default_study_name(workloads.healthy) == "workloads:healthy"
+    assert default_study_name(spec("healthy")) == "workloads:healthy"
+
+
+@pytest.mark.slow
+def test_a_function_factory_is_searched_like_its_spec_and_crosses_to_an_isolated_trial(storage):
+    import workloads
+    from scalertune._isolate import run_isolated
+
+    result = scalertune.search(workloads.healthy, storage=storage, space="bfloat16",
+                               n_trials=1, steps=20, device="cpu")
+    assert result.study_name == "workloads:healthy"
+    assert result.settings["factory"] == "workloads:healthy"
+    assert result.reference is not None and result.ranking
+    # --isolate hands the function itself to a fresh process, which imports it by name
+    record = run_isolated(workloads.healthy, AmpConfig(dtype="bfloat16"), steps=20, seed=0,
+                          device=torch.device("cpu"), timeout_s=120, memory_gb=None)
+    assert len(record.losses) == 20 and not record.pruned
 
 
 @pytest.mark.slow

@@ -1,32 +1,212 @@
-"""A plain, non-editable install ships the search spaces: they load by name outside the checkout."""
+"""The package as users get it: an sdist built from this tree and a wheel built from that sdist
+(what ``python -m build`` does), each installed into a fresh virtual environment; the quick
+start runs from the wheel, and tests run from the unpacked sdist against its own install."""
 
+import ast
+import email
+import importlib
+import inspect
 import os
+import pkgutil
+import re
 import subprocess
 import sys
+import tarfile
+import zipfile
+from importlib import metadata
 
 import pytest
 
+import scalertune
 from conftest import ROOT
 
-pytestmark = pytest.mark.slow
+VERSION = metadata.version("scalertune")
 
 
-def test_shipped_spaces_load_by_name_after_a_non_editable_install(tmp_path):
-    target = tmp_path / "site"
-    build = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-cache-dir",
-         "--target", str(target), ROOT],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert build.returncode == 0, build.stderr
-    assert (target / "scalertune" / "search_spaces" / "default.yaml").is_file()
-    code = ("import scalertune, sys; from scalertune import SearchSpace; "
-            "print(scalertune.__file__); "
-            "print(sorted(SearchSpace.load(n).name for n in ('default', 'float16', 'bfloat16')))")
-    env = {**os.environ, "PYTHONPATH": str(target)}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=tmp_path, env=env, timeout=120)
-    assert run.returncode == 0, run.stderr
-    installed_at, names = run.stdout.strip().splitlines()
-    assert installed_at.startswith(str(target))
-    assert names == "['bfloat16', 'default', 'float16']"
+def _run(args, **kwargs):
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL, **kwargs)
+    assert proc.returncode == 0, f"{args}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_every_class_in_a_public_signature_is_exported_by_name():
+    classes = {}
+    for info in pkgutil.iter_modules(scalertune.__path__):
+        if info.name.startswith("_") and info.name != "__main__":
+            module = importlib.import_module(f"scalertune.{info.name}")
+            classes.update({name: value for name, value in vars(module).items()
+                            if inspect.isclass(value) and not name.startswith("_")
+                            and value.__module__.startswith("scalertune")})
+    unexported = {}
+    for name in scalertune.__all__:
+        for annotation in _public_annotations(getattr(scalertune, name)):
+            for word in re.findall(r"[A-Za-z_]\w*", str(annotation)):
+                if word in classes and word not in scalertune.__all__:
+                    unexported.setdefault(word, set()).add(name)
+    assert unexported == {}
+
+
+def _public_annotations(obj):
+    """The annotations of a public function, or of a public class's fields, methods and
+    properties."""
+    if inspect.isfunction(obj):
+        yield from obj.__annotations__.values()
+    elif inspect.isclass(obj):
+        for cls in obj.__mro__:
+            if not cls.__module__.startswith("scalertune"):
+                continue
+            yield from getattr(cls, "__annotations__", {}).values()
+            for name, member in vars(cls).items():
+                function = member.fget if isinstance(member, property) else getattr(
+                    member, "__func__", member)
+                if inspect.isfunction(function) and (name == "__init__"
+                                                     or not name.startswith("_")):
+                    yield from function.__annotations__.values()
+
+
+def test_bare_command_prints_short_usage_on_stderr_and_quiet_goes_anywhere(tmp_path):
+    def scalertune_cli(*args):
+        return subprocess.run([sys.executable, "-m", "scalertune", *args], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL)
+
+    bare = scalertune_cli()
+    assert bare.returncode == 2 and bare.stdout == ""
+    assert bare.stderr.startswith("usage: scalertune") and len(bare.stderr.splitlines()) == 2
+    for where in (["-q", "export", "x.yaml"], ["export", "x.yaml", "-q"]):
+        parsed = scalertune_cli(*where, "--to", "torch")
+        assert parsed.returncode == 2 and "no such file: x.yaml" in parsed.stderr
+    assert "--quiet" in scalertune_cli("report", "--help").stdout
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory):
+    """The sdist, the wheel built from it, and the folder the sdist unpacks to."""
+    out = tmp_path_factory.mktemp("dist")
+    build = "from setuptools import build_meta as b; import sys; print(b.{}(sys.argv[1]))"
+    sdist = out / _run([sys.executable, "-c", build.format("build_sdist"), str(out)],
+                       cwd=ROOT).stdout.split()[-1]
+    with tarfile.open(sdist) as tar:
+        # the "data" filter where this Python has it (3.10.12+): no links out of the folder
+        tar.extractall(out, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    unpacked = out / f"scalertune-{VERSION}"
+    wheel = out / _run([sys.executable, "-c", build.format("build_wheel"), str(out)],
+                       cwd=unpacked).stdout.split()[-1]
+    return sdist, wheel, unpacked
+
+
+def _venv(path):
+    _run([sys.executable, "-m", "venv", str(path)])
+    return path / "bin"
+
+
+@pytest.mark.slow
+def test_the_sdist_holds_everything_to_test_and_run_the_examples(dist):
+    sdist, _, _ = dist
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    wanted = {"LICENSE", "README.md", "pyproject.toml", "scalertune/py.typed"}
+    for folder in ("scalertune", "search_spaces", "tests", "examples", "benchmarks"):
+        wanted |= {f"{folder}/{f}" for f in os.listdir(os.path.join(ROOT, folder))
+                   if f.endswith((".py", ".yaml"))}
+    assert wanted <= names, sorted(wanted - names)
+
+
+def _requirements(meta):
+    """Requires-Dist as {normalised name: extra or None}."""
+    out = {}
+    for line in meta.get_all("Requires-Dist"):
+        name = re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0]
+        extra = re.search(r"extra == \"(\w+)\"", line)
+        out.setdefault(_normal(name), extra.group(1) if extra else None)
+    return out
+
+
+def _normal(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _imports():
+    """Third-party modules scalertune imports: {module: imported at module level}.
+    An import guarded by ``except ImportError`` is optional by design and left out."""
+    found = {}
+    for name in os.listdir(os.path.join(ROOT, "scalertune")):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(ROOT, "scalertune", name), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        guarded = {id(node) for t in ast.walk(tree) if isinstance(t, ast.Try)
+                   and any("ImportError" in ast.unparse(h.type or ast.Name("")) for h in t.handlers)
+                   for node in ast.walk(t)}
+        top = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in guarded:
+                continue
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""])
+            for module in modules:
+                root = module.split(".")[0]
+                if root and root != "scalertune" and root not in sys.stdlib_module_names:
+                    found[root] = found.get(root, False) or id(node) in top
+    return found
+
+
+@pytest.mark.slow
+def test_the_wheel_declares_what_it_imports_and_ships_types_license_and_spaces(dist):
+    _, wheel, _ = dist
+    with zipfile.ZipFile(wheel) as whl:
+        names = set(whl.namelist())
+        info = f"scalertune-{VERSION}.dist-info"
+        meta = email.message_from_bytes(whl.read(f"{info}/METADATA"))
+    assert {"scalertune/py.typed", "scalertune/search_spaces/default.yaml",
+            f"{info}/licenses/LICENSE"} <= names
+    assert not any(n.startswith(("tests/", "examples/")) for n in names)
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert "Typing :: Typed" in meta.get_all("Classifier")
+    requirements = _requirements(meta)
+    assert re.search(r"torch>=", " ".join(meta.get_all("Requires-Dist")))  # a floor, not a pin
+    distributions = metadata.packages_distributions()
+    for module, at_import_time in _imports().items():
+        names = {_normal(d) for d in distributions.get(module, [module])}
+        declared = [requirements[n] for n in names if n in requirements]
+        assert declared, f"scalertune imports {module} but does not declare it"
+        if at_import_time:
+            assert None in declared, f"{module} is imported with scalertune: not an extra"
+
+
+@pytest.mark.slow
+def test_wheel_in_a_fresh_venv_runs_the_quick_start_and_the_sdist_runs_its_tests(dist, tmp_path):
+    sdist, wheel, unpacked = dist
+    # The wheel with its declared dependencies resolved, as `pip install scalertune` does
+    # (torch pinned to the CPU build this machine keeps: a floor alone downloads a CUDA one).
+    wheel_bin = _venv(tmp_path / "wheel")
+    _run([str(wheel_bin / "pip"), "install", "--quiet", str(wheel), "torch==2.13.0", "pytest"])
+    quick = _run([str(wheel_bin / "scalertune"), "search", "examples/codepoints.py:make_model",
+                  "--n-trials", "2", "--steps", "40", "-q"], cwd=unpacked)
+    assert "Recommended:" in quick.stdout and "Wrote codepoints_make_model.yaml" in quick.stdout
+    assert quick.stderr == ""  # -q: no per-run lines
+    # outside the unpacked sdist, whose own scalertune/ folder would come first on sys.path
+    loaded = _run([str(wheel_bin / "python"), "-c",
+                   "import scalertune, sys; print(scalertune.__version__, scalertune.__file__); "
+                   "amp = scalertune.load(sys.argv[1], device='cpu'); "
+                   "print(amp.config.describe())", str(unpacked / "codepoints_make_model.yaml")],
+                  cwd=tmp_path)
+    version, location = loaded.stdout.split("\n")[0].split()
+    assert version == VERSION and location.startswith(str(tmp_path / "wheel"))
+
+    # The sdist in a second fresh venv, built by pip as users' pip builds it. Its third-party
+    # packages (a gigabyte of torch) come from the first venv through a .pth line; scalertune
+    # is the sdist's own, installed ahead of them.
+    sdist_bin = _venv(tmp_path / "sdist")
+    site = _run([str(sdist_bin / "python"), "-c", "import site; print(site.getsitepackages()[0])"])
+    borrowed = _run([str(wheel_bin / "python"), "-c",
+                     "import site; print(site.getsitepackages()[0])"]).stdout.strip()
+    with open(os.path.join(site.stdout.strip(), "borrowed.pth"), "w", encoding="utf-8") as f:
+        f.write(borrowed + "\n")
+    _run([str(sdist_bin / "pip"), "install", "--quiet", "--no-deps", str(sdist)])
+    tests = _run([str(sdist_bin / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                  "tests/test_space.py", "tests/test_runtime.py"], cwd=unpacked)
+    assert re.search(r"\d+ passed", tests.stdout) and "failed" not in tests.stdout
+    where = _run([str(sdist_bin / "python"), "-c", "import scalertune; print(scalertune.__file__)"],
+                 cwd=tmp_path)
+    assert where.stdout.startswith(str(tmp_path / "sdist"))
