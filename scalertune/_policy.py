@@ -5,6 +5,12 @@ its speed is measured reads its threshold from here, so that a reviewer can argu
 file instead of hunting through the pipeline.
 """
 
+#: After a run, a full garbage collection frees what a workload's reference cycles hold, but
+#: costs about 0.3 s in a process that has imported torch and optuna: more than a whole run of
+#: a small model. It runs only after models whose parameters take at least this much (64 MiB,
+#: 16M float32 parameters), where the memory it may free is worth more than the time.
+RELEASE_COLLECT_BYTES = 64 * 2**20
+
 #: Steps between two host readbacks of the loss, the loss scale and the step clock.
 #: The AMP loop itself never waits for the device; once per window it copies the window's
 #: losses and scales to the host in one transfer, checks them, reports them to Optuna and

@@ -136,6 +136,7 @@ def run_config(
     is returned as ``record.then`` (the study's step timing runs on the float32 reference's).
     """
     workload = build_workload(factory, seed=seed, device=device)
+    size = sum(p.numel() * p.element_size() for p in workload.model.parameters())
     try:
         record = train(workload, config, steps=steps, seed=seed, device=device,
                        on_window=on_window, stop=stop, prune=prune)
@@ -143,7 +144,7 @@ def run_config(
             record.then = then(workload, record)
     finally:
         del workload
-        release_memory()
+        release_memory(size)
     return record
 
 
@@ -186,14 +187,18 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
     return record
 
 
-def release_memory() -> None:
+def release_memory(model_bytes: int = 0) -> None:
     """Give the memory of a finished run back to the system before the next one.
 
-    A search builds a fresh workload for every run. Python frees the last one, but glibc's
-    allocator keeps freed pages in its arenas, so without a trim the process's resident memory
-    grows run after run to several runs' worth of a large model.
+    A search builds a fresh workload for every run. Python frees the last one as its
+    references go, but glibc's allocator keeps freed pages in its arenas, so without a trim
+    the process's resident memory grows run after run to several runs' worth of a large
+    model. A full garbage collection (for workloads that hold reference cycles) costs a third
+    of a second in a process that has imported torch and optuna: it runs only when the model
+    is large enough for that to matter (``RELEASE_COLLECT_BYTES``).
     """
-    gc.collect()
+    if model_bytes >= _policy.RELEASE_COLLECT_BYTES:
+        gc.collect()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
 
