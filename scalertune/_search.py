@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 
 from scalertune import _policy
 from scalertune._claims import Once
-from scalertune._config import BASELINES, DTYPES
+from scalertune._config import BASELINES, DTYPES, AmpConfig
 from scalertune._errors import UsageError
 from scalertune._rank import ROLE_BASELINE, ROLE_CONFIRM, ROLE_RECOMMENDED, ROLE_SEARCH, tied
 from scalertune._progress import Progress
@@ -225,13 +225,20 @@ class _Search:
 
     # -- once per study ---------------------------------------------------------------------
 
+    def _baseline_configs(self) -> dict[str, AmpConfig]:
+        """PyTorch's defaults and the article's fix, with the float32 islands every float16
+        run of the space has (the model needs them whatever the scaler does)."""
+        islands = self.setup.space.fixed_islands
+        return {name: dataclasses.replace(config, fp32_modules=islands)
+                for name, config in BASELINES.items()}
+
     def _baselines(self) -> list[dict[str, Any]]:
         return [{"role": ROLE_BASELINE, "baseline": name, "seed": self.setup.seed,
                  "config": config.with_clip(self.setup.clip_norm).to_dict()}
-                for name, config in BASELINES.items()]
+                for name, config in self._baseline_configs().items()]
 
     def _queue_baselines(self) -> None:
-        for job, config in zip(self._baselines(), BASELINES.values()):
+        for job, config in zip(self._baselines(), self._baseline_configs().values()):
             params = self.setup.space.params_for(config) or {"dtype": config.dtype}
             self._ensure(job, _BASELINE_KEY, params)
 

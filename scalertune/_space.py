@@ -119,6 +119,15 @@ class SearchSpace:
         choices = spec["choices"] if isinstance(spec, Mapping) else [spec]
         return {n for c in choices for n in AmpConfig(fp32_modules=c or "").fp32_modules}
 
+    @property
+    def fixed_islands(self) -> tuple[str, ...]:
+        """The float32 islands every float16 run of this space has (``--fp32-modules``, or a
+        plain value in the file); none when the space searches them or has none."""
+        spec = self.params.get("fp32_modules")
+        if spec is None or isinstance(spec, Mapping):
+            return ()
+        return AmpConfig(fp32_modules=spec or "").fp32_modules
+
     def with_islands(self, names: str) -> "SearchSpace":
         """The same space with ``fp32_modules`` fixed to ``names`` (``--fp32-modules``)."""
         return SearchSpace.from_dict({**self.params, "fp32_modules": names},

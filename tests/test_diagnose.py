@@ -286,3 +286,12 @@ def test_an_unknown_island_in_a_search_is_a_usage_error_and_nothing_is_written(
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1
         assert not (tmp_path / "scalertune.db").exists()
+
+
+@pytest.mark.slow
+def test_baselines_keep_the_islands_every_float16_run_has(storage):
+    result = scalertune.search(ATTENTION, storage=storage, space="float16", n_trials=1,
+                               steps=30, device="cpu", fp32_modules="attn.score")
+    for name, baseline in result.baselines.items():
+        assert baseline.config.fp32_modules == ("attn.score",), name
+        assert baseline.prune_kind != "forward", baseline.attrs.get("prune_reason")
