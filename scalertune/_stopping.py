@@ -66,6 +66,8 @@ class StopRule:
             if self.at_target:
                 record.stopped = "reached"
             return self.at_target
+        if record.steps_run >= record.steps:
+            return False  # the run is over: it never reached the target, nothing to prune
         reason = self._slower(record) if self.best is not None else None
         if reason is None:
             return False

@@ -52,8 +52,12 @@ def render(result: "SearchResult", *, top: int) -> str:
     lines.append("")
     for name, outcome in result.baselines.items():
         lines.append(f"{name}: {describe_outcome(outcome)}")
-    n_search = sum(o.role == ROLE_SEARCH for o in result.ranking)
-    pruned = result.pruned_by_kind
+    searched_runs = [o for o in result.ranking if o.role == ROLE_SEARCH]
+    n_search = len(searched_runs)
+    pruned: dict[str, int] = {}
+    for o in searched_runs:
+        if o.state == "pruned":
+            pruned[o.prune_kind or "unknown"] = pruned.get(o.prune_kind or "unknown", 0) + 1
     counted = ", ".join(f"{n} {PRUNE_KINDS.get(k, k)}" for k, n in sorted(pruned.items()))
     reused = result.reused
     lines.append(f"{n_search} sampled trials finished; pruned {sum(pruned.values())}"

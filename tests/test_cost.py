@@ -86,3 +86,11 @@ def test_a_time_budget_stops_sampling_and_says_why(storage):
     assert result.stop_reason == "the time budget (--timeout) is spent"
     assert sum(o.role == "search" for o in result.ranking) <= 2
     assert result.recommended is not None or result.candidates == []
+
+
+def test_a_run_that_ends_without_reaching_the_target_is_not_called_slower():
+    target = _target()
+    hopeless = Best(time_high=1e-9, label="trial #3")
+    record = run_config(workloads.underflow, AmpConfig(init_scale=1.0), steps=10, seed=0,
+                        device=CPU, stop=StopRule(target, step_time=(1e-3, 2e-3), best=hopeless))
+    assert record.steps_run == 10 and not record.pruned
