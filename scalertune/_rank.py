@@ -24,6 +24,8 @@ from scalertune._timing import StepTimes
 
 ROLE_REFERENCE, ROLE_SEARCH, ROLE_BASELINE = "reference", "search", "baseline"
 ROLE_CONFIRM, ROLE_RECOMMENDED = "confirm", "recommended"
+#: float32 with the recommended config's clipping: what the clipping alone does.
+ROLE_FLOAT32_CLIP = "float32-clip"
 _RUN_ROLES = (ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM)
 
 #: Trial system attributes holding a run's per-step loss, and its per-step loss scale
@@ -81,6 +83,8 @@ class Outcome:
             return self.attrs["baseline"]
         if self.role == ROLE_CONFIRM:
             return f"#{self.attrs['confirms']} seed {self.seed}"
+        if self.role == ROLE_FLOAT32_CLIP:
+            return f"float32, clip {self.config.clip_norm:.3g}"
         return f"trial #{self.number}"
 
     @property

@@ -20,8 +20,8 @@ from optuna.trial import TrialState
 from scalertune import _policy
 from scalertune._config import AmpConfig, Guard
 from scalertune._judge import Speedup, Target
-from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, Outcome, candidates,
-                              confirmations_of, outcomes_of, ranked)
+from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_FLOAT32_CLIP, Outcome,
+                              candidates, confirmations_of, outcomes_of, ranked)
 from scalertune._run import skipped_steps
 from scalertune._schema import write_result
 from scalertune._study import SETTINGS_ATTR, reference_of
@@ -51,6 +51,9 @@ class SearchResult:
     confirmations: dict[int, dict[int, Outcome]]
     failed: int
     recommended: Outcome | None
+    #: float32 with the recommended config's own clipping, when that differs from the
+    #: workload's: what the clipping alone does, and the fair yardstick for the precision.
+    float32_clip: Outcome | None = None
     #: Training steps every run and the step timing executed (reused duplicates cost none).
     steps_trained: int = 0
     #: Sampled configs that had run already: their result was reused, nothing trained.
@@ -100,10 +103,15 @@ class SearchResult:
         rec, times = self.recommended, self.step_times
         if rec is None or times is None or rec.config.dtype not in times:
             return None
-        runs = [rec, *self.confirmations.get(rec.number, {}).values()]
-        ratios = [self.references[o.seed]["steps_to_target"] / o.steps_to_target
-                  for o in runs if o.seed in self.references and o.reached
-                  and self.references[o.seed].get("steps_to_target")]
+        twin = self.float32_clip
+        if twin is not None and twin.reached and rec.reached:
+            # float32 with the same clipping: the steps it saves are not the precision's
+            ratios = [twin.steps_to_target / rec.steps_to_target]
+        else:
+            runs = [rec, *self.confirmations.get(rec.number, {}).values()]
+            ratios = [self.references[o.seed]["steps_to_target"] / o.steps_to_target
+                      for o in runs if o.seed in self.references and o.reached
+                      and self.references[o.seed].get("steps_to_target")]
         if not ratios:
             return None
         return Speedup.of(ratios, times.ratios(rec.config.dtype))
@@ -120,7 +128,25 @@ class SearchResult:
         speedup = self.speedup
         if speedup is None:
             return f"speed against float32 unknown on {device} (no step timing)"
-        return speedup.verdict(device)
+        return speedup.verdict(device) + self._clipping_clause()
+
+    def _clipping_clause(self) -> str:
+        """Whose steps the verdict compares with, when the recommendation clips otherwise
+        than the workload: float32 clipped the same way, which is the fair comparison."""
+        twin, ref = self.float32_clip, self.reference
+        if twin is None or ref is None:
+            return ""
+        clip = f"clip {twin.config.clip_norm:.3g}"
+        if not twin.reached:
+            return (f". float32 with the same {clip} never reaches the target, so the "
+                    "comparison is with the float32 reference")
+        said = f". Compared with float32 at the same {clip} (target at step {twin.steps_to_target}"
+        ref_steps = ref.get("steps_to_target")
+        if ref_steps and twin.steps_to_target < 0.9 * ref_steps:
+            said += (f", where the float32 reference needs {ref_steps}: the clipping, not the "
+                     f"precision, saves those steps; clip at {twin.config.clip_norm:.3g} in "
+                     "float32 too")
+        return said + ")"
 
     @property
     def baselines(self) -> dict[str, Outcome]:
@@ -245,6 +271,9 @@ class SearchResult:
             evidence["confirmation"] = {
                 f"seed {seed}": _run_evidence(o) for seed, o in sorted(confirmed.items())
             }
+        if self.float32_clip is not None:
+            evidence["float32_same_clip"] = {"config": self.float32_clip.config.to_dict(),
+                                             **_run_evidence(self.float32_clip)}
         if self.reference:
             evidence["float32"] = {
                 "target_loss": _num(self.reference["target_loss"]),
@@ -345,6 +374,9 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
                        and "error" in t.user_attrs]
     confirmations = {c.number: confirmations_of(c, [*outcomes, *failed_confirms])
                      for c in ordered}
+    twins = [Outcome.from_trial(t) for t in trials
+             if t.user_attrs.get("role") == ROLE_FLOAT32_CLIP
+             and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     result = SearchResult(
         study_name=study.study_name, storage=storage, settings=settings,
         references=references, ranking=ranking, candidates=ordered,
@@ -358,7 +390,10 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
     recommended = next((c for c in ordered if result.confirmation_state(c) == "confirmed"
                         and all(result.confirmation_state(b) == "failed"
                                 for b in ordered[:ordered.index(c)])), None)
-    return dataclasses.replace(result, recommended=recommended)
+    twin = None if recommended is None else next(
+        (o for o in twins if o.seed == recommended.seed
+         and o.config.clip_norm == recommended.config.clip_norm), None)
+    return dataclasses.replace(result, recommended=recommended, float32_clip=twin)
 
 
 def _steps_trained(trials: list[optuna.trial.FrozenTrial]) -> int:

@@ -25,7 +25,8 @@ from scalertune import _policy
 from scalertune._claims import Once
 from scalertune._config import BASELINES, DTYPES, AmpConfig
 from scalertune._errors import UsageError
-from scalertune._rank import ROLE_BASELINE, ROLE_CONFIRM, ROLE_RECOMMENDED, ROLE_SEARCH, tied
+from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_FLOAT32_CLIP, ROLE_RECOMMENDED,
+                              ROLE_SEARCH, tied)
 from scalertune._progress import Progress
 from scalertune._recovery import recover
 from scalertune._references import References, SearchError
@@ -43,6 +44,7 @@ __all__ = ["Isolation", "SearchError", "describe_device", "search"]
 
 _BASELINE_KEY = ("role", "baseline")
 _CONFIRM_KEY = ("role", "confirms", "seed")
+_CLIP_KEY = ("role", "clip_of", "seed")
 STOPPED_ATTR = "scalertune.stopped_early"
 
 
@@ -177,6 +179,7 @@ class _Search:
                   lambda: all(self._exists(job, _BASELINE_KEY) for job in self._baselines()))
         self._drain()
         self._confirm()
+        self._float32_with_the_same_clip()
         self.once("recommended", self._add_recommended, self._recommended_stored)
 
     # -- sampling ---------------------------------------------------------------------------
@@ -259,6 +262,21 @@ class _Search:
             self.once(f"confirm.{candidate.number}", work,
                       lambda jobs=jobs: all(self._exists(j, _CONFIRM_KEY) for j in jobs))
             self._drain()
+
+    def _float32_with_the_same_clip(self) -> None:
+        """float32 clipped as the recommendation is, on the search's seed, when that differs
+        from the workload's own clipping: a config can reach the target sooner because of its
+        clip alone, and the verdict must credit the precision only with what is its own."""
+        rec = analyze(self.study).recommended
+        if rec is None or rec.config.clip_norm == self.setup.clip_norm:
+            return
+        config = AmpConfig(dtype="float32", clip_norm=rec.config.clip_norm)
+        job = {"role": ROLE_FLOAT32_CLIP, "clip_of": rec.number, "seed": self.setup.seed,
+               "config": config.to_dict()}
+        params = self.setup.space.params_for(config) or {"dtype": "float32"}
+        self.once(f"float32-clip.{rec.number}", lambda: self._ensure(job, _CLIP_KEY, params),
+                  lambda: self._exists(job, _CLIP_KEY))
+        self._drain()
 
     def _add_recommended(self) -> None:
         """One more trial, role ``recommended``: the answer, where the dashboard looks.

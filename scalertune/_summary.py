@@ -42,6 +42,8 @@ def render(result: "SearchResult", *, top: int) -> str:
     rows.append(("float32 reference", _describe_reference(ref_config), "-", "-",
                  _int(ref.get("steps_to_target")), _ms(ref.get("step_time_s")),
                  _sec(result.reference_time_to_target), "1", _int(ref.get("steps_run"))))
+    if result.float32_clip is not None:
+        rows.append(_row(result.float32_clip.label, result.float32_clip))
     for name, outcome in result.baselines.items():
         rows.append(_row(name, outcome))
     searched = [o for o in result.ranking if o.role == ROLE_SEARCH and o.state == "complete"]

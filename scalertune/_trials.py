@@ -26,8 +26,8 @@ from scalertune._config import DTYPES, AmpConfig
 from scalertune._diagnose import locate_forward_overflow
 from scalertune._isolate import TrialCrashed, describe_error, run_isolated
 from scalertune._judge import Target, smoothed
-from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, outcomes_of,
-                              time_bounds)
+from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_FLOAT32_CLIP, ROLE_SEARCH,
+                              outcomes_of, time_bounds)
 from scalertune._references import References, SearchError
 from scalertune._run import RunRecord, run_config
 from scalertune._space import SearchSpace, _fixed
@@ -127,13 +127,15 @@ class TrialRunner:
                                judged)
         if record.pruned:
             raise optuna.TrialPruned(record.prune_reason)
-        return objective_value(judged)
+        # float32 runs are yardsticks, not candidates: never the study's best trial
+        return math.inf if config.dtype == "float32" else objective_value(judged)
 
     def _stop_rule(self, role: str, config: AmpConfig, target: Target,
                    trials: list[FrozenTrial]) -> StopRule:
-        """Search runs and baselines may be pruned as slower than the best; confirmations
-        only stop at their target (they must show it is reached, not race)."""
-        if role == ROLE_CONFIRM:
+        """Search runs and baselines may be pruned as slower than the best; confirmations and
+        float32 with the recommendation's clipping only stop at their target (they must show
+        where it is reached, not race)."""
+        if role in (ROLE_CONFIRM, ROLE_FLOAT32_CLIP):
             return StopRule(target)
         times = self.references.step_times
         step_time = times.bounds(config.dtype) if times and config.dtype in times else None
@@ -316,5 +318,7 @@ def _who(attrs: dict[str, Any], seed: int) -> str:
         return str(attrs.get("baseline"))
     if role == ROLE_CONFIRM:
         return f"confirm #{attrs.get('confirms')} seed {seed}"
+    if role == ROLE_FLOAT32_CLIP:
+        return f"float32 with #{attrs.get('clip_of')}'s clipping"
     return ""
 

@@ -164,3 +164,25 @@ def test_the_runtime_reads_a_config_without_importing_the_analysis():
         imported = {n.module for n in ast.walk(tree)
                     if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("scalertune")}
         assert imported <= allowed, (name, imported - allowed)
+
+
+@pytest.mark.slow
+def test_a_gain_that_comes_from_the_clip_is_credited_to_the_clip(storage):
+    """codepoints' summed loss: clipping alone halves float32's steps to the target. The
+    verdict compares the recommendation with float32 clipped the same way."""
+    result = scalertune.search(spec("make_model", "../examples/codepoints.py"), storage=storage,
+                               space="bfloat16", n_trials=3, steps=200, device="cpu",
+                               study_name="clip")
+    rec = result.recommended
+    assert rec is not None and rec.config.clip_norm is not None
+    twin = result.float32_clip
+    assert twin is not None and twin.config == AmpConfig(dtype="float32",
+                                                         clip_norm=rec.config.clip_norm)
+    assert twin.reached and twin.steps_to_target < result.reference["steps_to_target"]
+    speedup = result.speedup
+    # the steps compared are float32's with the same clip, not the unclipped reference's
+    assert speedup.point == pytest.approx(
+        twin.steps_to_target / rec.steps_to_target / speedup.step_time_ratio)
+    assert "Compared with float32 at the same clip" in result.verdict
+    study = optuna.load_study(study_name="clip", storage=storage)
+    assert study.trials[twin.number].value == math.inf  # a yardstick, never the best trial
