@@ -8,17 +8,17 @@ crosses the process boundary; the finished :class:`RunRecord` comes back through
 
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing
 import signal
 import time
 import traceback
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from scalertune._config import AmpConfig
 from scalertune._run import RunRecord
+from scalertune._timing import StepTimes
 
 
 class TrialCrashed(Exception):
@@ -37,62 +37,32 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-@dataclasses.dataclass(frozen=True)
-class Timing:
-    """Ask the isolated float32 reference for the step timing after it (its dtypes, and the
-    workload's own clipping)."""
-
-    dtypes: tuple[str, ...]
-    clip_norm: float | None
-
-
-def run_isolated(spec: str | Callable[[], Any], config: AmpConfig, *, steps: int, seed: int, device: torch.device,
-                 timeout_s: float | None, memory_gb: float | None,
-                 timing: Timing | None = None) -> RunRecord:
-    """``run_config`` in a fresh process; :class:`TrialCrashed` if that process fails.
-
-    With ``timing`` (the float32 reference), the same process times the dtypes on the
-    trained workload afterwards (``record.then``). A crash there (a dtype whose kernels
-    abort, hang or run out of memory) does not lose the reference: the dtype that was running
-    is left out and the others are timed again in a fresh process, on a fresh workload.
-    """
-    job = ("run", spec, config.to_dict(), steps, seed, str(device), memory_gb,
-           None if timing is None else (list(timing.dtypes), timing.clip_norm))
-    messages = _Child(job, timeout_s)
-    record: RunRecord | None = None
-    running: str | None = None
-    try:
-        for kind, payload in messages:
-            if kind == "error":
-                raise TrialCrashed(payload)
-            if kind == "record":
-                record = payload
-                if timing is None:
-                    return record
-                messages.restart_clock()
-            elif kind == "dtype":
-                running = payload
-            elif kind == "times":
-                record.then = payload
-                return record
-    except TrialCrashed:
-        if record is None:
-            raise
-    record.then = _time_apart(spec, seed=seed, device=device, timeout_s=timeout_s,
-                              memory_gb=memory_gb, timing=timing, without=running)
-    return record
+def run_isolated(spec: str | Callable[[], Any], config: AmpConfig, *, steps: int, seed: int,
+                 device: torch.device, timeout_s: float | None,
+                 memory_gb: float | None) -> RunRecord:
+    """``run_config`` in a fresh process; :class:`TrialCrashed` if that process fails."""
+    job = ("run", spec, config.to_dict(), steps, seed, str(device), memory_gb, None)
+    for kind, payload in _Child(job, timeout_s):
+        if kind == "error":
+            raise TrialCrashed(payload)
+        if kind == "record":
+            return payload
+    raise TrialCrashed("the trial's process ended without a result")
 
 
-def _time_apart(spec: str | Callable[[], Any], *, seed: int, device: torch.device, timeout_s: float | None,
-                memory_gb: float | None, timing: Timing, without: str | None) -> Any:
-    """The step timing again, in fresh processes, leaving out each dtype that killed one;
+def time_isolated(spec: str | Callable[[], Any], dtypes: Sequence[str], *,
+                  clip_norm: float | None, seed: int, device: torch.device,
+                  timeout_s: float | None, memory_gb: float | None) -> StepTimes | None:
+    """The step timing (:func:`scalertune._timing.time_dtypes`) in a fresh process, on a
+    fresh workload. A dtype whose kernels kill the process (an abort, a hang past
+    ``timeout_s``, out of memory) is left out and the others are timed again in another;
     ``None`` when even float32 cannot be timed."""
-    dtypes = [d for d in timing.dtypes if d != without]
-    while without not in (None, "float32"):
+    left = list(dtypes)
+    while True:
         running = None
         try:
             for kind, payload in _Child(("time", spec, None, 0, seed, str(device), memory_gb,
-                                         (dtypes, timing.clip_norm)), timeout_s):
+                                         (left, clip_norm)), timeout_s):
                 if kind == "error":
                     return None
                 if kind == "dtype":
@@ -100,9 +70,9 @@ def _time_apart(spec: str | Callable[[], Any], *, seed: int, device: torch.devic
                 elif kind == "times":
                     return payload
         except TrialCrashed:
-            without = running
-            dtypes = [d for d in dtypes if d != running]
-    return None
+            if running in (None, "float32"):
+                return None
+            left = [d for d in left if d != running]
 
 
 class _Child:
@@ -136,7 +106,7 @@ class _Child:
                     self._process.join()
                     raise TrialCrashed(_death(self._process.exitcode)) from None
                 yield message
-                if message[0] in ("error", "times"):
+                if message[0] in ("error", "times", "record"):
                     break
         finally:
             self._conn.close()
@@ -169,23 +139,14 @@ def _child(conn: Any, job: tuple[Any, ...]) -> None:
         from scalertune._workload import build_workload, load_factory
 
         factory, dev = load_factory(spec), torch.device(device)
-
-        def timed(workload: Any) -> Any:
+        if kind == "time":
             dtypes, clip = timing
-            return time_dtypes(workload, dtypes, device=dev, clip_norm=clip,
-                               announce=lambda d: conn.send(("dtype", d)))
-
-        if kind == "time":  # the step timing alone, on a fresh workload
-            conn.send(("times", timed(build_workload(factory, seed=seed, device=dev))))
-            return
-
-        def then(workload: Any, record: RunRecord) -> Any:
-            conn.send(("record", record))  # the reference is safe before the timing starts
-            return timed(workload)
-
-        record = run_config(factory, AmpConfig.from_dict(config), steps=steps, seed=seed,
-                            device=dev, then=then if timing is not None else None)
-        conn.send(("times", record.then) if timing is not None else ("record", record))
+            workload = build_workload(factory, seed=seed, device=dev)
+            conn.send(("times", time_dtypes(workload, dtypes, device=dev, clip_norm=clip,
+                                            announce=lambda d: conn.send(("dtype", d)))))
+        else:
+            conn.send(("record", run_config(factory, AmpConfig.from_dict(config), steps=steps,
+                                            seed=seed, device=dev)))
     except BaseException as exc:  # everything the user's code can throw goes back as text
         conn.send(("error", describe_error(exc) + "\n" + traceback.format_exc()[-3000:]))
     finally:

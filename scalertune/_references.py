@@ -1,9 +1,10 @@
 """The float32 references: the target of every seed a search needs, and the step timing.
 
 The reference of the search's own seed runs first, once per study (whichever worker claims
-it), in full: its last steps define the target. With ``--isolate`` it runs in its own
-process like every trial, its step timing too. On its trained workload the interleaved step
-timing of every dtype the study may run follows (:mod:`scalertune._timing`). A reference that
+it), in full: its last steps define the target. The interleaved step timing of every dtype
+the study may run follows, on a fresh workload (:mod:`scalertune._timing`). With
+``--isolate`` the reference runs in its own process like every trial, and the timing in
+another. A reference that
 goes non-finite stops the search (the workload is broken); one that does not learn is refused
 before any trial runs, and the study it would have started is removed again, so that a rerun
 with more steps is a fresh study rather than a clash of settings.
@@ -19,12 +20,12 @@ import torch
 from scalertune._claims import Once
 from scalertune._config import AmpConfig
 from scalertune._errors import UsageError
-from scalertune._isolate import Timing, describe_error, run_isolated
+from scalertune._isolate import describe_error, run_isolated, time_isolated
 from scalertune._judge import Target
-from scalertune._run import run_config
+from scalertune._run import release_memory, run_config
 from scalertune._study import add_reference, reference_of
 from scalertune._timing import StepTimes, time_dtypes
-from scalertune._workload import FactoryError
+from scalertune._workload import FactoryError, build_workload
 
 
 class SearchError(Exception):
@@ -63,19 +64,14 @@ class References:
 
     def _run(self, seed: int) -> None:
         self.log(f"float32 reference, seed {seed} ...")
-        timing = Timing(tuple(self.dtypes), self.config.clip_norm) if seed == self.seed else None
         try:
             if self.isolation is not None:
                 record = run_isolated(self.spec, self.config, steps=self.steps, seed=seed,
                                       device=self.device, timeout_s=self.isolation.timeout_s,
-                                      memory_gb=self.isolation.memory_gb, timing=timing)
+                                      memory_gb=self.isolation.memory_gb)
             else:
-                record = run_config(
-                    self.factory, self.config, steps=self.steps, seed=seed, device=self.device,
-                    then=None if timing is None else (
-                        lambda workload, _: time_dtypes(workload, timing.dtypes,
-                                                        device=self.device,
-                                                        clip_norm=timing.clip_norm)))
+                record = run_config(self.factory, self.config, steps=self.steps, seed=seed,
+                                    device=self.device)
         except FactoryError as exc:
             raise SearchError(f"the float32 reference failed: the factory raised {exc}") from None
         except Exception as exc:
@@ -92,11 +88,30 @@ class References:
         except UsageError:
             _remove_if_empty(self.study)
             raise
-        times: StepTimes | None = record.then
+        times = self._time() if seed == self.seed else None
         add_reference(self.study, record, self.config.to_dict(), times)
         measured = "" if times is None else ", step time " + ", ".join(
             f"{d} {times.median(d) * 1e3:.3g} ms" for d in times.rounds)
         self.log(f"float32 reference, seed {seed}: target loss {target.loss:.4g}{measured}")
+
+
+    def _time(self) -> StepTimes | None:
+        """The interleaved step timing of the study's dtypes, on a fresh workload (in its own
+        process with ``--isolate``)."""
+        if self.isolation is not None:
+            return time_isolated(self.spec, self.dtypes, clip_norm=self.config.clip_norm,
+                                 seed=self.seed, device=self.device,
+                                 timeout_s=self.isolation.timeout_s,
+                                 memory_gb=self.isolation.memory_gb)
+        workload = build_workload(self.factory, seed=self.seed, device=self.device)
+        try:
+            return time_dtypes(workload, self.dtypes, device=self.device,
+                               clip_norm=self.config.clip_norm)
+        except Exception as exc:
+            raise SearchError(f"the step timing failed: {describe_error(exc)}") from exc
+        finally:
+            del workload
+            release_memory()
 
 
 def _remove_if_empty(study: optuna.Study) -> None:

@@ -72,7 +72,6 @@ class RunRecord:
     window_step_times: list[float] = dataclasses.field(default_factory=list)
     prune_kind: str | None = None
     prune_reason: str | None = None
-    then: Any = None
     #: Steps to the float32 target (1-based), once the stop rule has seen it reached.
     reached_at: int | None = None
     #: Why the run ended before ``steps``: "reached" (the target), or a prune kind.
@@ -123,7 +122,6 @@ def run_config(
     on_window: WindowCallback | None = None,
     stop: StopRule | None = None,
     prune: bool = True,
-    then: Callable[[Workload, RunRecord], Any] | None = None,
 ) -> RunRecord:
     """Train a fresh workload for up to ``steps`` steps under ``config``.
 
@@ -132,16 +130,12 @@ def run_config(
     called after each window has been read back and judged (reporting lives there).
     ``prune=False`` records why the run would have been pruned but trains to the end (what a
     search without pruning would cost; ``benchmarks/pruning.py`` compares the two).
-    ``then(workload, record)``, if given, runs on the trained workload afterwards; its result
-    is returned as ``record.then`` (the study's step timing runs on the float32 reference's).
     """
     workload = build_workload(factory, seed=seed, device=device)
     size = sum(p.numel() * p.element_size() for p in workload.model.parameters())
     try:
         record = train(workload, config, steps=steps, seed=seed, device=device,
                        on_window=on_window, stop=stop, prune=prune)
-        if then is not None:
-            record.then = then(workload, record)
     finally:
         del workload
         release_memory(size)

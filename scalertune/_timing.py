@@ -3,11 +3,17 @@
 A config's speed is its steps to target times the time of one of its steps. The knobs of the
 scaler do not change what a step computes; the dtype does (and, much less, clipping and
 float32 islands). So the step time of each dtype the study can run is measured once, on the
-same device, right after the float32 reference, on the reference's trained workload: one
-read-back window per dtype in turn (float32, bfloat16, float16, float32, ...), for
-``TIMING_ROUNDS`` rounds after ``WARMUP_WINDOWS`` untimed ones. Windows next to each other see
-the same load on the machine, so each round's ratio to float32 cancels it, and the spread of
-the ratios over the rounds is the noise every speed claim carries.
+same device, right after the float32 reference: one read-back window per dtype in turn
+(float32, bfloat16, float16, float32, ...), for ``TIMING_ROUNDS`` rounds after
+``WARMUP_WINDOWS`` untimed ones. Windows next to each other see the same load on the machine,
+so each round's ratio to float32 cancels it, and the spread of the ratios over the rounds is
+the noise every speed claim carries.
+
+The timing runs on a fresh workload with every learning rate held at 0: each step computes
+all it computes in training (forward, backward, clipping, the optimizer's update) but the
+weights stay where they start. A model trained on, or blown up by a dtype that diverges, can
+compute on values (subnormals on a CPU, inf/NaN) whose arithmetic is slower or faster than a
+run's; held still, every dtype is timed on the same healthy weights.
 
 On CUDA each window ends with one read-back from the device, which is the synchronisation
 point: the window's wall time covers exactly its steps.
@@ -15,10 +21,11 @@ point: the window's wall time covers exactly its steps.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -83,11 +90,13 @@ def spread(values: Sequence[float]) -> tuple[float, float]:
 
 
 def timing_config(dtype: str, clip_norm: float | None) -> AmpConfig:
-    """The config a dtype is timed with: the workload's own clipping; for float16 a scale of
-    1 that never grows, so that skipped steps (which skip the optimizer and are cheaper) stay
-    rare on the trained reference's gradients."""
+    """The config a dtype is timed with: the workload's own clipping; for float16 the
+    smallest scale, never grown, so that its gradients do not overflow: a skipped step skips
+    the optimizer too and is cheaper than a real one. (Gradients that flush to zero at that
+    scale cost the same to compute.)"""
     if dtype == "float16":
-        return AmpConfig(init_scale=1.0, growth_interval=2**30, clip_norm=clip_norm)
+        return AmpConfig(init_scale=_policy.SCALE_FLOOR, growth_interval=2**30,
+                         clip_norm=clip_norm)
     return AmpConfig(dtype=dtype, clip_norm=clip_norm)
 
 
@@ -113,34 +122,62 @@ def time_dtypes(workload: Workload, dtypes: Sequence[str], *, device: torch.devi
     broken: set[str] = set()
     steps = 0
     workload.model.train()
-    for r in range(_policy.WARMUP_WINDOWS + _policy.TIMING_ROUNDS):
-        for dtype, amp in runtimes.items():
-            if dtype in broken:
-                continue
-            if announce is not None:
-                announce(dtype)
-            skipped_before = amp._skipped.clone()  # noqa: SLF001 - device counter, no sync
-            started = time.perf_counter()
-            try:
-                for i in range(n):
-                    buffer[i] = step(workload, to_device(next(batches), device), amp).detach()
-            except Exception:  # noqa: BLE001 - the dtype cannot run here; its trials will say why
-                broken.add(dtype)
-                continue
-            finite, skipped = torch.stack((
-                torch.isfinite(buffer).all().double(),
-                (amp._skipped - skipped_before).double(),  # noqa: SLF001
-            )).tolist()  # the window's one read-back, and its end on CUDA
-            elapsed = time.perf_counter() - started
-            steps += n
-            if not finite and not amp.config.uses_scaler:
-                _repair(workload)
-            if r >= _policy.WARMUP_WINDOWS:
-                windows[dtype].append((elapsed / n, not skipped))
+    with _learning_rate_zero(workload.optimizer):
+        for r in range(_policy.WARMUP_WINDOWS + _policy.TIMING_ROUNDS):
+            steps += _round(r, runtimes, workload, step, batches, buffer, windows, broken,
+                            announce)
     if "float32" in broken:
         raise RuntimeError("float32 steps could not be timed")
     return StepTimes({d: _per_round(w) for d, w in windows.items() if d not in broken},
                      steps=steps)
+
+
+def _round(r: int, runtimes: dict[str, AmpRuntime], workload: Workload, step: Any,
+           batches: Any, buffer: torch.Tensor, windows: dict[str, list[tuple[float, bool]]],
+           broken: set[str], announce: Callable[[str], None] | None) -> int:
+    """One window per dtype, timed from its first step to its read-back; returns the steps
+    it trained."""
+    device, n, steps = buffer.device, len(buffer), 0
+    for dtype, amp in runtimes.items():
+        if dtype in broken:
+            continue
+        if announce is not None:
+            announce(dtype)
+        skipped_before = amp._skipped.clone()  # noqa: SLF001 - device counter, no sync
+        started = time.perf_counter()
+        try:
+            for i in range(n):
+                buffer[i] = step(workload, to_device(next(batches), device), amp).detach()
+        except Exception:  # noqa: BLE001 - the dtype cannot run here; its trials will say why
+            broken.add(dtype)
+            continue
+        finite, skipped = torch.stack((
+            torch.isfinite(buffer).all().double(),
+            (amp._skipped - skipped_before).double(),  # noqa: SLF001
+        )).tolist()  # the window's one read-back, and its end on CUDA
+        elapsed = time.perf_counter() - started
+        steps += n
+        if not finite and not amp.config.uses_scaler:
+            _repair(workload)
+        if r >= _policy.WARMUP_WINDOWS:
+            windows[dtype].append((elapsed / n, not skipped))
+    return steps
+
+
+@contextlib.contextmanager
+def _learning_rate_zero(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Every parameter group's learning rate at 0 for the timing, then back: the optimizer
+    computes its whole update, which moves nothing."""
+    saved = [group.get("lr") for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        if "lr" in group:
+            group["lr"] = group["lr"] * 0  # a float stays a float, a tensor a tensor
+    try:
+        yield
+    finally:
+        for group, lr in zip(optimizer.param_groups, saved):
+            if lr is not None:
+                group["lr"] = lr
 
 
 def _per_round(windows: list[tuple[float, bool]]) -> list[float]:

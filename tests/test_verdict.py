@@ -186,3 +186,12 @@ def test_a_gain_that_comes_from_the_clip_is_credited_to_the_clip(storage):
     assert "Compared with float32 at the same clip" in result.verdict
     study = optuna.load_study(study_name="clip", storage=storage)
     assert study.trials[twin.number].value == math.inf  # a yardstick, never the best trial
+
+
+def test_the_timing_leaves_the_weights_where_they_start():
+    workload = build_workload(workloads.healthy, seed=0, device=CPU)
+    before = [p.detach().clone() for p in workload.model.parameters()]
+    lrs = [g["lr"] for g in workload.optimizer.param_groups]
+    time_dtypes(workload, ["bfloat16", "float16"], device=CPU, clip_norm=None)
+    assert all(torch.equal(a, b) for a, b in zip(before, workload.model.parameters()))
+    assert [g["lr"] for g in workload.optimizer.param_groups] == lrs
