@@ -1,13 +1,21 @@
-"""Pictures of a run: loss vs step over the float32 reference, and the loss scale vs step.
+"""Pictures of a run: its loss relative to the float32 target, and its loss scale, per step.
 
-matplotlib is optional (``pip install 'scalertune[dashboard]'``): it is heavy, and a search
-on a training node does not need it.
+The loss is drawn as a multiple of the float32 target (the reference's final smoothed loss
+plus the tolerance), on a log axis: 1.0 is the target whatever the loss's magnitude, which is
+also how the dashboard's intermediate values read, so a picture and the curves tell one story.
+
+The PNGs are 4:3, the shape of optuna-dashboard's artifact preview (a 200 x 150 box that
+keeps the aspect), and wide enough (``FIGURE_INCHES`` x ``DPI``) to be read at full size where
+the notes embed them. matplotlib is optional (``pip install 'scalertune[dashboard]'``): it is
+heavy, and a search on a training node does not need it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+import re
+import textwrap
+from typing import TYPE_CHECKING, Any, Sequence
 
 from scalertune._errors import UsageError
 from scalertune._judge import smoothed
@@ -15,6 +23,15 @@ from scalertune._judge import smoothed
 if TYPE_CHECKING:
     from scalertune._rank import Outcome
     from scalertune._result import SearchResult
+
+#: 4:3 like the dashboard's preview box; 1080 x 810 pixels, which a note shows unscaled on a
+#: laptop screen and a browser scales down, still legible, on a narrower one.
+FIGURE_INCHES = (9.0, 6.75)
+DPI = 120
+#: Title lines are wrapped here, so that a long prune reason is shown whole.
+_TITLE_CHARS = 100
+
+_PICTURE = re.compile(r"\.trial-(\d+)\.png$")
 
 
 def have_matplotlib() -> bool:
@@ -25,8 +42,20 @@ def have_matplotlib() -> bool:
     return True
 
 
+def picture_path(stem: str, name: str, number: int) -> str:
+    """Where the picture of trial ``number`` (shown as ``name``) goes beside ``stem``.yaml."""
+    return f"{stem}.{name}.trial-{number}.png"
+
+
+def picture_trial(filename: str) -> int | None:
+    """The trial number a picture written by :func:`picture_path` shows, or ``None``."""
+    match = _PICTURE.search(filename)
+    return int(match.group(1)) if match else None
+
+
 def plot_run(result: "SearchResult", outcome: "Outcome", path: str) -> None:
-    """Write a two-panel PNG for ``outcome``: loss (with float32's) and loss scale per step."""
+    """Write a PNG of ``outcome``: its loss over the float32 target, and for float16 its loss
+    scale with the skipped steps marked."""
     if not have_matplotlib():
         raise UsageError("plots need matplotlib: pip install 'scalertune[dashboard]'")
     import matplotlib
@@ -36,47 +65,88 @@ def plot_run(result: "SearchResult", outcome: "Outcome", path: str) -> None:
 
     from scalertune._result import describe_outcome
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True,
-                                      gridspec_kw={"height_ratios": [3, 2]})
-    fig.suptitle(f"{outcome.label}: {outcome.config.describe()}\n{describe_outcome(outcome)}",
-                 fontsize=9)
-    if result.reference:
-        ref = result.reference["losses"]
-        top.plot(range(len(ref)), ref, color="0.75", lw=1, label="float32 (per step)")
-        top.plot(range(len(ref)), smoothed(ref), color="0.35", lw=1.5, label="float32 (smoothed)")
-        top.axhline(result.reference["target_loss"], color="0.35", ls="--", lw=1, label="target")
-    losses = list(outcome.losses)
-    top.plot(range(len(losses)), losses, color="tab:blue", alpha=0.35, lw=1)
-    top.plot(range(len(losses)), smoothed(losses), color="tab:blue", lw=1.5,
-             label=f"{outcome.config.dtype} (smoothed)")
-    reference_positive = not result.reference or _all_positive(result.reference["losses"])
-    if _all_positive(losses) and reference_positive:
-        top.set_yscale("log")
-    top.set_ylabel("loss")
-    top.legend(fontsize=8, loc="upper right")
-    top.grid(alpha=0.3)
-
-    scales = list(outcome.scales)
-    if outcome.config.uses_scaler and scales:
-        bottom.step(range(len(scales)), scales, where="post", color="tab:orange", lw=1.5,
-                    label="loss scale")
-        previous = [outcome.config.init_scale, *scales[:-1]]
-        skipped = [i for i, (a, b) in enumerate(zip(previous, scales)) if b < a]
-        bottom.scatter(skipped, [scales[i] for i in skipped], color="tab:red", s=12, zorder=3,
-                       label=f"skipped step ({len(skipped)})")
-        bottom.set_yscale("log", base=2)
-        bottom.legend(fontsize=8, loc="upper right")
+    scales = list(outcome.scales) if outcome.config.uses_scaler else []
+    fig = plt.figure(figsize=FIGURE_INCHES, dpi=DPI, layout="constrained")
+    if scales:
+        top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     else:
-        bottom.text(0.5, 0.5, f"{outcome.config.dtype}: no loss scaler", ha="center",
-                    va="center", transform=bottom.transAxes)
-    bottom.set_ylabel("loss scale")
-    bottom.set_xlabel("step")
-    bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+        top, bottom = fig.subplots(1, 1), None
+    outcome_line = describe_outcome(outcome)
+    if not outcome.config.uses_scaler:
+        outcome_line += f"; no loss scaler ({outcome.config.dtype} needs none)"
+    fig.suptitle(_wrap(f"{outcome.label}: {outcome.config.describe()}"), fontsize=12,
+                 fontweight="bold")
+    top.set_title(_wrap(outcome_line), fontsize=10)
+
+    _plot_loss(top, result, outcome)
+    if bottom is not None:
+        _plot_scale(bottom, outcome, scales)
+    (bottom or top).set_xlabel("step")
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
+def _plot_loss(ax: Any, result: "SearchResult", outcome: "Outcome") -> None:
+    target = result.target
+    losses = list(outcome.losses)
+    reference = list(result.reference["losses"]) if result.reference else []
+    relative = (target is not None and target.loss > 0
+                and all(_all_positive(c) for c in (losses, reference) if _finite(c)))
+    unit = target.loss if relative else 1.0
+
+    def draw(curve: Sequence[float], color: str, name: str, faint: str) -> None:
+        if not _finite(curve):
+            return  # a line with no finite point would be a legend entry for nothing
+        steps = range(len(curve))
+        ax.plot(steps, [v / unit for v in curve], color=faint, lw=0.8, label=f"{name} (per step)")
+        ax.plot(steps, [v / unit for v in smoothed(curve)], color=color, lw=2,
+                label=f"{name} (smoothed)")
+
+    draw(reference, "0.3", "float32 reference", "0.8")
+    draw(losses, "tab:blue", outcome.config.dtype, "#a6c8e8")
+    if target is not None:
+        ax.axhline(1.0 if relative else target.loss, color="black", ls="--", lw=1,
+                   label="float32 target" + (" (1.0)" if relative else ""))
+    reached = outcome.attrs.get("steps_to_target")
+    if outcome.reached and reached:
+        ax.axvline(reached - 1, color="tab:green", ls=":", lw=1.5,
+                   label=f"reached the target (step {reached})")
+    first_bad = outcome.attrs.get("first_nonfinite_step")
+    if outcome.state == "pruned" and first_bad is not None:
+        # Skipped steps of a run that recovered are marked on the scale panel; here only the
+        # step a pruned run went non-finite at, which is where its curve ends.
+        ax.axvline(first_bad, color="tab:red", ls="-", lw=1.5, alpha=0.8,
+                   label=f"first non-finite step ({first_bad}): pruned")
+    if relative:
+        ax.set_yscale("log")
+        ax.set_ylabel("loss / float32 target (1.0 = target)")
+    else:
+        ax.set_ylabel("loss")
+    ax.legend(fontsize=9, loc="best")
+    ax.grid(alpha=0.3)
+
+
+def _plot_scale(ax: Any, outcome: "Outcome", scales: list[float]) -> None:
+    ax.step(range(len(scales)), scales, where="post", color="tab:orange", lw=1.5,
+            label="loss scale")
+    previous = [outcome.config.init_scale, *scales[:-1]]
+    skipped = [i for i, (a, b) in enumerate(zip(previous, scales)) if b < a]
+    if skipped:
+        ax.scatter(skipped, [scales[i] for i in skipped], color="tab:red", s=14, zorder=3,
+                   label=f"skipped step ({len(skipped)})")
+    ax.set_yscale("log", base=2)
+    ax.set_ylabel("loss scale")
+    ax.legend(fontsize=9, loc="best")
+    ax.grid(alpha=0.3)
+
+
+def _wrap(text: str) -> str:
+    return "\n".join(textwrap.wrap(text, _TITLE_CHARS))
+
+
+def _finite(values: Sequence[float]) -> bool:
+    return any(math.isfinite(v) for v in values)
+
+
 def _all_positive(values: Sequence[float]) -> bool:
-    finite = [v for v in values if math.isfinite(v)]
-    return bool(finite) and min(finite) > 0
+    return min(v for v in values if math.isfinite(v)) > 0
