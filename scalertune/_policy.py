@@ -166,3 +166,8 @@ LOCATE_MAX_STEPS = 50
 #: ordinary back-offs never trip it, close enough to stop a collapse long before the floor of
 #: a search (2**-24).
 GUARD_SCALE_MARGIN_POWERS = 10
+
+#: Significant digits of the figures shown for reading (notes, trial attributes in the
+#: dashboard). Step times vary by more than 0.1% from run to run, so a fifth digit is noise;
+#: full precision stays in what the search stores and in ``scalertune report --json``.
+READABLE_DIGITS = 4

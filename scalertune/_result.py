@@ -222,7 +222,7 @@ class SearchResult:
 
         Returns trial number -> path; empty when matplotlib is not installed.
         """
-        from scalertune._plots import have_matplotlib, plot_run
+        from scalertune._plots import have_matplotlib, picture_path, plot_run
 
         if not have_matplotlib():
             return {}
@@ -233,7 +233,7 @@ class SearchResult:
                 outcome = self._run(name)
             except KeyError:
                 continue
-            path = f"{stem}.{name}.trial-{outcome.number}.png"
+            path = picture_path(stem, name, outcome.number)
             plot_run(self, outcome, path)
             written[outcome.number] = path
         return written
