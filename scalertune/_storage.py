@@ -123,3 +123,12 @@ def load_existing_study(url: str, study_name: str | None) -> optuna.Study:
     except KeyError:
         raise UsageError(f"no study {study_name!r} in {redact(url)}: "
                          "check --study-name and --storage") from None
+
+
+def load_existing_studies(url: str) -> list[optuna.Study]:
+    """Every study in a storage that must exist already and hold at least one."""
+    storage = open_storage(url, must_exist=True)
+    names = optuna.get_all_study_names(storage=storage)
+    if not names:
+        raise UsageError(f"{redact(url)} holds no study: run scalertune search first")
+    return [optuna.load_study(study_name=name, storage=storage) for name in names]

@@ -13,7 +13,8 @@ from scalertune import _policy
 from scalertune._errors import UsageError
 from scalertune._export import FRAMEWORKS
 from scalertune._search import Isolation, SearchError, search
-from scalertune._storage import DEFAULT_STORAGE, load_existing_study, redact
+from scalertune._storage import (DEFAULT_STORAGE, load_existing_studies, load_existing_study,
+                                 redact)
 
 if TYPE_CHECKING:
     from scalertune._result import SearchResult
@@ -195,16 +196,18 @@ def _parser() -> argparse.ArgumentParser:
     _quiet_argument(e)
 
     d = sub.add_parser(
-        "dashboard", help="review a study in optuna-dashboard",
-        description="Start optuna-dashboard on the study's storage and artifact store, bound to "
-        "127.0.0.1, after refreshing the notes scalertune writes (the study's summary, why each "
-        "pruned trial was pruned). Needs: pip install 'scalertune[dashboard]'.",
+        "dashboard", help="review the studies of a storage in optuna-dashboard",
+        description="Start optuna-dashboard, bound to 127.0.0.1, on the storage and its "
+        "studies' artifact stores: it shows every study the storage holds. First refresh the "
+        "notes scalertune writes (the study's summary, what each trial is and what happened to "
+        "it) on every study, or on --study-name's only; nothing but notes is written. Needs: "
+        "pip install 'scalertune[dashboard]'.",
         formatter_class=fmt)
-    _storage_arguments(d)
+    _storage_arguments(d, study_help="refresh this study's notes only (default: every study's)")
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     d.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
     d.add_argument("--artifact-dir", metavar="DIR",
-                   help="artifact store folder (default: the one the search used)")
+                   help="artifact store folder (default: the one each study's search used)")
     _quiet_argument(d)
 
     r = sub.add_parser("report", help="summarise a study from its storage",
@@ -230,12 +233,13 @@ def _quiet_argument(p: argparse.ArgumentParser) -> None:
                    help=_QUIET_HELP)
 
 
-def _storage_arguments(p: argparse.ArgumentParser, *, study_required: bool = False) -> None:
+def _storage_arguments(p: argparse.ArgumentParser, *, study_required: bool = False,
+                       study_help: str = "the study (default for search: FILE_STEM:FUNCTION of "
+                                         "the factory)") -> None:
     p.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL|FILE",
                    help="Optuna storage URL (sqlite:///..., postgresql://...), or the path of a "
                         "journal file for several workers on one host (default: %(default)s)")
-    p.add_argument("--study-name", required=study_required, metavar="NAME",
-                   help="the study (default for search: FILE_STEM:FUNCTION of the factory)")
+    p.add_argument("--study-name", required=study_required, metavar="NAME", help=study_help)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -367,13 +371,18 @@ def _dashboard(args: argparse.Namespace) -> int:
 
     if not have_dashboard():
         raise UsageError("optuna-dashboard is not installed: pip install 'scalertune[dashboard]'")
-    study = load_existing_study(args.storage, args.study_name)
-    url = f"http://{args.host}:{args.port}/dashboard/studies/{study._study_id}"  # noqa: SLF001
-    print(f"optuna-dashboard for study {study.study_name!r} at {url} (Ctrl-C stops it)",
-          flush=True)
+    if args.study_name is None:
+        studies = load_existing_studies(args.storage)
+    else:
+        studies = [load_existing_study(args.storage, args.study_name)]
+    base = f"http://{args.host}:{args.port}/dashboard"
+    lines = [f"optuna-dashboard on {redact(args.storage)} at {base} (Ctrl-C stops it)"]
+    lines += [f"  {s.study_name}: {base}/studies/{s._study_id}" for s in studies]  # noqa: SLF001
+    print("\n".join(lines), flush=True)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        serve(study, host=args.host, port=args.port, artifact_dir=args.artifact_dir)
+        serve(studies, storage_url=args.storage, host=args.host, port=args.port,
+              artifact_dir=args.artifact_dir)
     except KeyboardInterrupt:
         pass
     return 0
