@@ -56,6 +56,15 @@ def picture_trial(filename: str) -> int | None:
 def plot_run(result: "SearchResult", outcome: "Outcome", path: str) -> None:
     """Write a PNG of ``outcome``: its loss over the float32 target, and for float16 its loss
     scale with the skipped steps marked."""
+    fig = run_figure(result, outcome)
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def run_figure(result: "SearchResult", outcome: "Outcome") -> Any:
+    """The matplotlib figure :func:`plot_run` saves (close it with ``plt.close``)."""
     if not have_matplotlib():
         raise UsageError("plots need matplotlib: pip install 'scalertune[dashboard]'")
     import matplotlib
@@ -82,8 +91,7 @@ def plot_run(result: "SearchResult", outcome: "Outcome", path: str) -> None:
     if bottom is not None:
         _plot_scale(bottom, outcome, scales)
     (bottom or top).set_xlabel("step")
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    return fig
 
 
 def _plot_loss(ax: Any, result: "SearchResult", outcome: "Outcome") -> None:

@@ -1,0 +1,313 @@
+"""optuna-dashboard tells the same story as the recommendation, in a real browser.
+
+Two real searches write one SQLite storage (the shipped codepoints example, whose float16
+baselines never reach the float32 target, and a tiny workload whose float16 trials overflow
+forward and are pruned). ``scalertune dashboard`` serves both, and headless Chromium (Debian's
+``chromium`` package) renders its pages; the test reads what the browser rendered, what the
+dashboard's HTTP API returns and what ``scalertune report`` prints.
+
+The browser test needs ``chromium`` on PATH: it is skipped without it, except in CI
+(``CI=true``), where ``.ci/run`` installs it and its absence is a failure. The API tests run
+everywhere.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import optuna
+import pytest
+import yaml
+
+from conftest import ROOT, spec
+
+pytestmark = pytest.mark.slow
+
+CODEPOINTS = "codepoints:make_model"
+_NOTE_KEY = re.compile(r"^dashboard:([^:]+:)?note_(ver|str:\d+)$")
+_CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--hide-scrollbars",
+]
+_AMP_ROLES = ("baseline", "search", "confirm", "recommended")
+
+
+def _chromium():
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.environ.get("CI") == "true":
+        pytest.fail("chromium is not installed; CI must install it (.ci/run does)")
+    pytest.skip("chromium is not installed (apt-get install chromium); CI runs this test")
+
+
+def _cli(*args, cwd):
+    proc = subprocess.run([sys.executable, "-m", "scalertune", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stored(url):
+    """Everything the storage holds except optuna-dashboard's notes."""
+    storage = optuna.storages.RDBStorage(url)
+    state = {}
+    for study in storage.get_all_studies():
+        sid = study._study_id
+        trials = [(t.number, t.state, t.values, t.params, t.user_attrs, t.system_attrs,
+                   t.intermediate_values, t.datetime_start, t.datetime_complete)
+                  for t in storage.get_all_trials(sid)]
+        system = {k: v for k, v in storage.get_study_system_attrs(sid).items()
+                  if not _NOTE_KEY.match(k)}
+        state[study.study_name] = (storage.get_study_user_attrs(sid), system, trials)
+    storage.remove_session()
+    return state
+
+
+class Dashboard:
+    """A study of a real search, served by ``scalertune dashboard``, seen by Chromium."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.url = f"sqlite:///{tmp / 'study.db'}"
+        self.port = _free_port()
+
+    def get(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as r:
+            return r.read()
+
+    def api(self, path):
+        return json.loads(self.get(path))
+
+    def render(self, page, expect):
+        """The DOM Chromium rendered for ``page``, once it shows ``expect``."""
+        for _ in range(3):
+            with tempfile.TemporaryDirectory(dir=self.tmp) as profile:
+                dom = subprocess.run(
+                    [_chromium(), *_CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                     "--window-size=1400,2400", "--virtual-time-budget=20000", "--dump-dom",
+                     f"http://127.0.0.1:{self.port}{page}"],
+                    capture_output=True, text=True, timeout=180).stdout
+            if expect in dom:
+                return dom
+        raise AssertionError(f"{page} never showed {expect!r}; last DOM:\n{dom[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dashboard")
+    d = Dashboard(tmp)
+    d.search = _cli("search", os.path.join(ROOT, "examples", "codepoints.py:make_model"),
+                    "--storage", d.url, "--n-trials", "4", "--steps", "60", "--device", "cpu",
+                    "-q", "-o", "codepoints.yaml", cwd=tmp)
+    _cli("search", spec("forward_overflow"), "--storage", d.url, "--study-name", "fwd",
+         "--n-trials", "2", "--steps", "30", "--device", "cpu", "-q", "-o", "fwd.yaml", cwd=tmp)
+    d.yaml = yaml.safe_load((tmp / "codepoints.yaml").read_text())
+
+    storage = optuna.storages.RDBStorage(d.url)
+    codepoints = optuna.load_study(study_name=CODEPOINTS, storage=storage)
+    d.artifacts_after_search = optuna.artifacts.get_all_artifact_meta(codepoints)
+    d.report_json = json.loads(_cli("report", "--storage", d.url, "--study-name", CODEPOINTS,
+                                    "--json", cwd=tmp).stdout)
+    _cli("report", "--storage", d.url, "--study-name", CODEPOINTS, "-o", "again.yaml", cwd=tmp)
+    d.artifacts_after_report = optuna.artifacts.get_all_artifact_meta(codepoints)
+    # An outdated note: the dashboard's refresh must replace it, and change nothing else.
+    from optuna_dashboard import save_note
+    save_note(codepoints, "an outdated note")
+    storage.remove_session()
+
+    d.before = _stored(d.url)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "scalertune", "dashboard", "--storage", d.url,
+         "--port", str(d.port)],
+        cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                d.studies = {s["study_name"]: s["study_id"]
+                             for s in d.api("/api/studies")["study_summaries"]}
+                break
+            except OSError:
+                assert server.poll() is None, server.stderr.read()
+                assert time.monotonic() < deadline, "the dashboard did not start"
+                time.sleep(0.3)
+        d.after = _stored(d.url)
+        d.detail = d.api(f"/api/studies/{d.studies[CODEPOINTS]}")
+        yield d
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _trials(detail):
+    return {t["number"]: t for t in detail["trials"]}
+
+
+def _attrs(trial):
+    return {a["key"]: a["value"] for a in trial["user_attrs"]}
+
+
+def _expected_best(d):
+    """Trial numbers the dashboard may call best: the recommended trial and any trial with
+    the recommended config, or the float32 reference when float32 is the recommendation."""
+    evidence, config = d.yaml["evidence"], d.yaml["config"]
+    numbers = set()
+    for number, trial in _trials(d.detail).items():
+        attrs = _attrs(trial)
+        if trial["state"] != "Complete" or "config" not in attrs:
+            continue
+        same_config = json.loads(attrs["config"]) == config
+        if "trial" in evidence:
+            if number == evidence["trial"] or (same_config and attrs.get("role") in _AMP_ROLES):
+                numbers.add(number)
+        elif attrs.get("role") in ("reference", "recommended") and same_config:
+            numbers.add(number)
+    return numbers
+
+
+def test_serves_every_study_in_the_storage(dashboard):
+    assert set(dashboard.studies) == {CODEPOINTS, "fwd"}
+    assert dashboard.detail["objective_names"] == ["time to target (s)"]
+
+
+def test_report_json_equals_the_yaml_and_report_uploads_nothing_twice(dashboard):
+    assert dashboard.report_json == dashboard.yaml
+    again = yaml.safe_load((dashboard.tmp / "again.yaml").read_text())
+    assert again == dashboard.yaml
+    ids = sorted(a.artifact_id for a in dashboard.artifacts_after_search)
+    assert len(ids) == 2
+    assert sorted(a.artifact_id for a in dashboard.artifacts_after_report) == ids
+    # the pictures report wrote beside again.yaml are the same bytes as the search's
+    for path in dashboard.tmp.glob("again.*.png"):
+        twin = dashboard.tmp / path.name.replace("again.", "codepoints.", 1)
+        assert hashlib.sha256(path.read_bytes()).digest() == \
+            hashlib.sha256(twin.read_bytes()).digest()
+
+
+def test_refreshing_notes_changes_nothing_but_notes(dashboard):
+    assert dashboard.after == dashboard.before
+    note = dashboard.detail["note"]["body"]
+    assert "an outdated note" not in note
+    assert f"storage: {dashboard.url}" in note
+
+
+def test_best_trial_is_the_recommendation(dashboard):
+    (best,) = dashboard.detail["best_trials"]
+    assert best["number"] in _expected_best(dashboard), (best["number"], dashboard.yaml)
+    storage = optuna.storages.RDBStorage(dashboard.url)
+    study = optuna.load_study(study_name=CODEPOINTS, storage=storage)
+    assert study.best_trial.number in _expected_best(dashboard)
+    assert [t.number for t in study.best_trials] == [study.best_trial.number]
+    storage.remove_session()
+
+
+def test_every_run_has_a_role_params_and_the_constraint_the_dashboard_reads(dashboard):
+    for number, trial in _trials(dashboard.detail).items():
+        attrs = _attrs(trial)
+        assert attrs.get("role") in ("reference", *_AMP_ROLES), (number, attrs)
+        if attrs["role"] != "reference":
+            assert {"config", "skipped_steps", "min_scale", "steps_to_target",
+                    "time_to_target_s", "loss_vs_float32"} <= set(attrs), number
+        assert trial["params"], f"trial {number} has no params"
+        if trial["state"] != "Complete" or attrs["role"] == "reference":
+            continue
+        assert trial["constraints"], f"trial {number}: no constraints for the dashboard"
+        reached = attrs.get("steps_to_target") not in (None, "null")
+        assert (max(trial["constraints"]) <= 0) == reached, (number, trial["constraints"])
+
+
+def test_curves_are_relative_to_the_target_per_window_and_pruned_runs_keep_theirs(dashboard):
+    from scalertune import _policy
+
+    steps = dashboard.yaml["evidence"]["steps"]
+    for number, trial in _trials(dashboard.detail).items():
+        values = trial["intermediate_values"]
+        assert 0 < len(values) <= steps // _policy.READBACK_INTERVAL + 1, number
+        if _attrs(trial)["role"] == "reference":
+            # float32's smoothed loss ends at the target over (1 + tolerance)
+            assert values[-1]["value"] == pytest.approx(1 / (1 + _policy.TARGET_TOLERANCE),
+                                                        rel=1e-6)
+    fwd = dashboard.api(f"/api/studies/{dashboard.studies['fwd']}")
+    pruned = [t for t in fwd["trials"] if t["state"] == "Pruned"]
+    assert pruned and all(t["intermediate_values"] for t in pruned)
+
+
+def test_notes_explain_roles_curves_and_mark_the_recommendation(dashboard):
+    note = dashboard.detail["note"]["body"]
+    assert "1.0 is the target" in note and "one point per" in note
+    for role in ("reference", "baseline", "search", "confirm"):
+        assert f"| {role} |" in note
+    assert "```yaml" in note and "Verdict" in note
+    trials = _trials(dashboard.detail)
+    for number, trial in trials.items():
+        body = trial["note"]["body"]
+        assert body.startswith(f"### Trial {number}: "), (number, body)
+        assert f"*{_attrs(trial)['role']}*" in body
+    evidence = dashboard.yaml["evidence"]
+    if "trial" in evidence:
+        assert "★ recommended" in trials[evidence["trial"]]["note"]["body"]
+        assert f"★ trial {evidence['trial']}" in note
+    for trial in trials.values():
+        attrs = _attrs(trial)
+        if trial["state"] == "Complete" and attrs.get("steps_to_target") in (None, "null"):
+            assert "**Infeasible**" in trial["note"]["body"]
+    fwd = dashboard.api(f"/api/studies/{dashboard.studies['fwd']}")
+    for trial in fwd["trials"]:
+        if trial["state"] == "Pruned":
+            assert "Pruned: forward" in trial["note"]["body"]
+
+
+def test_pictures_are_artifacts_and_shown_full_size_in_the_notes(dashboard):
+    sid = dashboard.studies[CODEPOINTS]
+    artifacts = dashboard.detail["artifacts"]
+    assert len(artifacts) == 2 and all(a["mimetype"] == "image/png" for a in artifacts)
+    urls = {f"/artifacts/{sid}/{a['artifact_id']}" for a in artifacts}
+    embedded = set(re.findall(r"!\[[^\]]*\]\((/artifacts/[^)]+)\)",
+                              dashboard.detail["note"]["body"]))
+    assert embedded == urls
+    for url in urls:
+        assert dashboard.get(url)[:8] == b"\x89PNG\r\n\x1a\n"
+    default = next(t for t in dashboard.detail["trials"]
+                   if _attrs(t).get("baseline") == "pytorch-default")
+    assert re.search(r"!\[[^\]]*\]\(/artifacts/", default["note"]["body"])
+
+
+def test_the_browser_shows_best_trial_infeasible_runs_note_and_pictures(dashboard):
+    sid = dashboard.studies[CODEPOINTS]
+    (best,) = dashboard.detail["best_trials"]
+    study_page = dashboard.render(f"/dashboard/studies/{sid}", "Best Trial (number=")
+    shown = int(re.search(r"Best Trial \(number=(\d+)\)", study_page).group(1))
+    assert shown == best["number"] and shown in _expected_best(dashboard)
+    never = [n for n, t in _trials(dashboard.detail).items()
+             if t["state"] == "Complete" and _attrs(t)["role"] in _AMP_ROLES
+             and _attrs(t).get("steps_to_target") in (None, "null")]
+    assert never, "the codepoints baselines never reach the target"
+    for number in never:  # the intermediate-values legend
+        assert f'data-unformatted="trial #{number} (infeasible)"' in study_page
+    assert 'data-unformatted="Infeasible"' in study_page  # the timeline's legend
+    for artifact in dashboard.detail["artifacts"]:  # the Study Artifacts card
+        assert f'alt="{artifact["filename"]}"' in study_page
+
+    note_page = dashboard.render(f"/dashboard/studies/{sid}/note", "Reading this study")
+    assert f"scalertune: {CODEPOINTS}" in note_page and "Recommendation YAML" in note_page
+    assert len(re.findall(rf'<img [^>]*src="/artifacts/{sid}/', note_page)) == 2
+
+    trial_page = dashboard.render(f"/dashboard/studies/{sid}/trials?numbers={shown}",
+                                  f"Trial {shown} (trial_id=")
+    assert re.search(rf"Trial {shown}: (★ recommended|the recommended config)", trial_page)
