@@ -189,7 +189,7 @@ def trial_note(trial: FrozenTrial, result: "SearchResult",
         ROLE_SEARCH: "search trial",
         ROLE_CONFIRM: f"confirmation of trial {attrs.get('confirms')} on seed {attrs.get('seed')}",
         ROLE_RECOMMENDED: "the recommended config",
-    }.get(role, role or "not started by scalertune")
+    }.get(role, role or "no role recorded")
     mark = "★ recommended, " if recommended and role != ROLE_RECOMMENDED else ""
     lines = [f"### Trial {trial.number}: {mark}{title}", ""]
     if role in ROLES:
