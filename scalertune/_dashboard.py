@@ -170,9 +170,13 @@ def _write_notes(result: "SearchResult") -> None:
 
 
 def _is_recommended(trial: FrozenTrial, result: "SearchResult") -> bool:
-    rec = result.recommended
-    return trial.user_attrs.get("role") == ROLE_RECOMMENDED or (
-        rec is not None and trial.number == rec.number)
+    """Whether ``trial`` is the answer: the run of the recommended config (the float32
+    reference when float32 is recommended), or the ``recommended`` trial that repeats it."""
+    if trial.user_attrs.get("role") == ROLE_RECOMMENDED:
+        return trial.user_attrs.get("config") == result.config.to_dict()
+    if result.recommended is not None:
+        return trial.number == result.recommended.number
+    return result.reference is not None and trial.number == result.reference["trial"]
 
 
 def trial_note(trial: FrozenTrial, result: "SearchResult",
@@ -188,9 +192,9 @@ def trial_note(trial: FrozenTrial, result: "SearchResult",
         ROLE_BASELINE: f"baseline `{attrs.get('baseline')}`",
         ROLE_SEARCH: "search trial",
         ROLE_CONFIRM: f"confirmation of trial {attrs.get('confirms')} on seed {attrs.get('seed')}",
-        ROLE_RECOMMENDED: "the recommended config",
+        ROLE_RECOMMENDED: "the recommendation" if recommended else "an earlier recommendation",
     }.get(role, role or "no role recorded")
-    mark = "★ recommended, " if recommended and role != ROLE_RECOMMENDED else ""
+    mark = ("★ " if role == ROLE_RECOMMENDED else "★ recommended, ") if recommended else ""
     lines = [f"### Trial {trial.number}: {mark}{title}", ""]
     if role in ROLES:
         lines += [f"*{role}*: {ROLES[role]}.", ""]
@@ -200,13 +204,8 @@ def trial_note(trial: FrozenTrial, result: "SearchResult",
 
         lines += [f"Config: `{AmpConfig.from_dict(config).describe()}`", ""]
     lines += _what_happened(trial, result)
-    if recommended and result.recommended is not None:
-        rec = result.recommended
-        seeds = [rec.seed, *sorted(result.confirmations.get(rec.number, {}))]
-        reruns = ", ".join(str(o.number) for _, o in
-                           sorted(result.confirmations.get(rec.number, {}).items()))
-        lines += [f"**Recommended**: confirmed on seeds {', '.join(map(str, seeds))}"
-                  + (f" (confirmation trials {reruns})" if reruns else "") + ".", ""]
+    if recommended:
+        lines += [_confirmed(result), ""]
     if trial.intermediate_values:
         lines += [f"Curve (intermediate values): the smoothed loss over seed {attrs.get('seed')}'s "
                   f"float32 target, one point per {_policy.READBACK_INTERVAL}-step window; 1.0 "
@@ -216,6 +215,17 @@ def trial_note(trial: FrozenTrial, result: "SearchResult",
         lines += [f"![trial {trial.number}: loss over the float32 target"
                   f"{', and loss scale' if _uses_scaler(config) else ''}]({url})", ""]
     return "\n".join(lines)
+
+
+def _confirmed(result: "SearchResult") -> str:
+    rec = result.recommended
+    if rec is None:
+        return (f"**Recommended**: float32. {result.verdict[:1].upper()}{result.verdict[1:]}.")
+    confirmations = sorted(result.confirmations.get(rec.number, {}).items())
+    seeds = [rec.seed, *(seed for seed, _ in confirmations)]
+    reruns = ", ".join(str(o.number) for _, o in confirmations)
+    return (f"**Recommended**: trial {rec.number}'s config, confirmed on seeds "
+            f"{', '.join(map(str, seeds))}" + (f" (trials {reruns})" if reruns else "") + ".")
 
 
 def _uses_scaler(config: Any) -> bool:
@@ -231,6 +241,14 @@ def _what_happened(trial: FrozenTrial, result: "SearchResult") -> list[str]:
         return [f"**Failed**: `{error}`", "",
                 "The error came from the workload's code under this config; the search "
                 "moved on.", ""]
+    if attrs.get("role") == ROLE_RECOMMENDED:
+        if _is_recommended(trial, result):
+            return ["The study's answer, added once its confirmations finished; its value is "
+                    "the least time to target among the runs of this config (and of configs "
+                    "as fast within the timing noise), so that it is the dashboard's Best "
+                    "Trial.", ""]
+        return ["The answer before later trials changed it; the note of the study names "
+                "the current one.", ""]
     if attrs.get("role") == ROLE_REFERENCE:
         steps = attrs.get("steps_to_target")
         return [f"Target loss {_g(attrs.get('target_loss'))}, reached after {steps} steps "
@@ -331,15 +349,20 @@ def _pictures_section(result: "SearchResult", pictures: dict[int, str]) -> list[
 
 def _reading_guide(result: "SearchResult") -> list[str]:
     rec = result.recommended
-    best = (f"trial {rec.number} or a trial with its config" if rec is not None
-            else "the float32 reference")
+    shown = [t.number for t in result.study.get_trials(deepcopy=False)
+             if t.user_attrs.get("role") == ROLE_RECOMMENDED and _is_recommended(t, result)]
+    best = (f"trial {rec.number}" if rec is not None
+            else f"float32 (the reference, trial {result.reference['trial']})"
+            if result.reference else "float32")
+    if shown:
+        best = f"trial {shown[-1]} (role *recommended*), which repeats {best}"
     lines = [
         "### Reading this study in the dashboard", "",
         "- **Objective**, *time to target (s)*: steps to the float32 target x median step "
         "time. A run that never reaches the target is *infeasible* (its constraint "
         "`target_gap`, how far its best smoothed loss stayed above the target relative to the "
         "target, is > 0) and is never the best trial.",
-        f"- **Best Trial** is the recommended config: {best}.",
+        f"- **Best Trial** is the recommendation: {best}.",
         f"- **Intermediate values**: each run's smoothed loss divided by the float32 target of "
         f"its seed, one point per {_policy.READBACK_INTERVAL}-step window. 1.0 is the target; "
         "below 1.0 the run is ahead of float32. A pruned run's curve stops at the window "
