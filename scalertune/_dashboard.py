@@ -53,7 +53,9 @@ ROLES = {
     ROLE_SEARCH: "a config the sampler chose",
     ROLE_CONFIRM: "one of the best configs rerun on another seed, judged against that "
                   "seed's own float32 reference",
-    ROLE_RECOMMENDED: "the recommended config",
+    ROLE_RECOMMENDED: "the study's answer: one more trial with the recommended config (float32 "
+                      "when no AMP config is confirmed), added after the confirmations so that "
+                      "it is the dashboard's Best Trial",
 }
 
 
