@@ -264,6 +264,9 @@ def _what_happened(trial: FrozenTrial, result: "SearchResult") -> list[str]:
                 + (f" (first non-finite step {step})" if step is not None else ""), "",
                 f"{attrs.get('prune_reason')}", ""]
     lines = [f"**Outcome**: {describe_outcome(outcome)}.", ""]
+    if attrs.get("duplicate_of") is not None:
+        lines += [f"The same config as trial {attrs['duplicate_of']}: its result is reused, "
+                  "nothing was trained again.", ""]
     if not outcome.reached:
         lines += ["**Infeasible** in the dashboard: a run that never reaches the float32 "
                   "target breaks the constraint `target_gap` <= 0, so it is never the best "
