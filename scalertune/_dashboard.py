@@ -47,7 +47,8 @@ _INSTALL = "pip install 'scalertune[dashboard]'"
 #: What each value of a trial's ``role`` attribute means, as the study note lists them.
 ROLES = {
     ROLE_REFERENCE: "float32, no autocast, no scaler: its final smoothed loss plus "
-                    f"{_policy.TARGET_TOLERANCE:.0%} is the target of every run on its seed",
+                    f"{_policy.TARGET_TOLERANCE:.0%} is the target of every run on its seed; "
+                    "the yardstick, not a candidate",
     ROLE_BASELINE: "`pytorch-default` (PyTorch's defaults) and `init-scale-4096` (the usual "
                    "manual fix), run once per study",
     ROLE_SEARCH: "a config the sampler chose",
@@ -270,7 +271,7 @@ def _what_happened(trial: FrozenTrial, result: "SearchResult") -> list[str]:
     if not outcome.reached:
         lines += ["**Infeasible** in the dashboard: a run that never reaches the float32 "
                   "target breaks the constraint `target_gap` <= 0, so it is never the best "
-                  "trial, whatever its objective value (its whole run time).", ""]
+                  "trial.", ""]
     figures = [f"{label} {shown}" for label, shown in (
         ("time to target", _s(attrs.get("time_to_target_s"))),
         ("step time", _ms(attrs.get("step_time_s"))),
@@ -363,16 +364,15 @@ def _reading_guide(result: "SearchResult") -> list[str]:
         best = f"trial {shown[-1]} (role *recommended*), which repeats {best}"
     lines = [
         "### Reading this study in the dashboard", "",
-        "- **Objective**, *time to target (s)*: steps to the float32 target x median step "
-        "time. A run that never reaches the target is *infeasible* (its constraint "
+        "- **Objective**, *time to target (s)*: steps to the float32 target x step time. A "
+        "run that never reaches the target is *infeasible* (its constraint "
         "`target_gap`, how far its best smoothed loss stayed above the target relative to the "
         "target, is > 0) and is never the best trial.",
         f"- **Best Trial** is the recommendation: {best}.",
         f"- **Intermediate values**: each run's smoothed loss divided by the float32 target of "
         f"its seed, one point per {_policy.READBACK_INTERVAL}-step window. 1.0 is the target; "
-        "below 1.0 the run is ahead of float32. A pruned run's curve stops at the window "
-        "where it went non-finite. Confirmation runs are judged against their own seed's "
-        "target.",
+        "below 1.0 the run is ahead of float32. A pruned run's curve stops where it was "
+        "pruned. Confirmation runs are judged against their own seed's target.",
         "- **Roles**: every trial's `role` attribute, on its page (Trials) and in the table "
         "of the Smart Selection page:",
         "", "| role | the run |", "| --- | --- |",
