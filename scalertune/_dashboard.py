@@ -32,16 +32,16 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune import _policy
 from scalertune._errors import UsageError
 from scalertune._plots import picture_trial
-from scalertune._rank import ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, Outcome
+from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_RECOMMENDED, ROLE_REFERENCE,
+                              ROLE_SEARCH, Outcome)
 from scalertune._storage import redact
-from scalertune._study import ROLE_REFERENCE, SETTINGS_ATTR
+from scalertune._study import SETTINGS_ATTR
 
 if TYPE_CHECKING:
     from scalertune._result import SearchResult
 
 ARTIFACT_DIR_ATTR = "scalertune.artifact_dir"
 DEFAULT_ARTIFACT_DIR = "scalertune-artifacts"
-ROLE_RECOMMENDED = "recommended"
 _INSTALL = "pip install 'scalertune[dashboard]'"
 
 #: What each value of a trial's ``role`` attribute means, as the study note lists them.
@@ -301,6 +301,7 @@ def study_note(result: "SearchResult", pictures: dict[int, str] | None = None) -
     """The study note: the summary a reviewer needs first, how to read the dashboard, then
     the YAML itself."""
     from scalertune._result import describe_outcome
+    from scalertune._schema import result_document
 
     s = result.settings
     lines = [f"## scalertune: {result.study_name}", "",
@@ -332,9 +333,9 @@ def study_note(result: "SearchResult", pictures: dict[int, str] | None = None) -
     if pruned:
         lines += ["", "Pruned: " + ", ".join(f"{n} {k}" for k, n in sorted(pruned.items()))
                   + ". Each pruned trial's note says why."]
+    document = yaml.safe_dump(result_document(result.to_dict()), sort_keys=False, width=100)
     lines += ["", *_pictures_section(result, pictures or {}), *_reading_guide(result),
-              "### Recommendation YAML", "", "```yaml",
-              yaml.safe_dump(result.to_dict(), sort_keys=False, width=100).rstrip(), "```", ""]
+              "### Recommendation YAML", "", "```yaml", document.rstrip(), "```", ""]
     return "\n".join(lines)
 
 

@@ -53,6 +53,13 @@ def load_guard(path: str) -> Guard | None:
         raise UsageError(f"{path}: 'guard' needs min_scale and max_consecutive_skips") from None
 
 
+def result_document(data: dict[str, Any]) -> dict[str, Any]:
+    """What the result file holds for ``data`` (config, guard, evidence): the format version
+    first. ``scalertune report --json`` prints it and the study note shows it, so both are the
+    file's content exactly."""
+    return {"scalertune": FORMAT_VERSION, **data}
+
+
 def write_result(data: dict[str, Any], path: str) -> None:
     """Write ``data`` (config, guard, evidence) atomically, with a header saying how to load it."""
     header = (
@@ -63,5 +70,5 @@ def write_result(data: dict[str, Any], path: str) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(header)
-        yaml.safe_dump({"scalertune": FORMAT_VERSION, **data}, f, sort_keys=False, width=100)
+        yaml.safe_dump(result_document(data), f, sort_keys=False, width=100)
     os.replace(tmp, path)

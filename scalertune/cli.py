@@ -305,11 +305,12 @@ def _write(result: "SearchResult", output: str, artifact_dir: str | None,
 
 def _report(args: argparse.Namespace) -> int:
     from scalertune._result import analyze
+    from scalertune._schema import result_document
 
     study = load_existing_study(args.storage, args.study_name)
     result = analyze(study, storage=redact(args.storage))
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(result_document(result.to_dict()), indent=2))
     else:
         print(result.summary(top=args.top))
     if args.output:
