@@ -119,12 +119,15 @@ def _plot_loss(ax: Any, result: "SearchResult", outcome: "Outcome") -> None:
     if outcome.reached and reached:
         ax.axvline(reached - 1, color="tab:green", ls=":", lw=1.5,
                    label=f"reached the target (step {reached})")
-    first_bad = outcome.attrs.get("first_nonfinite_step")
-    if outcome.state == "pruned" and first_bad is not None:
-        # Skipped steps of a run that recovered are marked on the scale panel; here only the
-        # step a pruned run went non-finite at, which is where its curve ends.
-        ax.axvline(first_bad, color="tab:red", ls="-", lw=1.5, alpha=0.8,
-                   label=f"first non-finite step ({first_bad}): pruned")
+    bad_loss = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+    if bad_loss is not None:
+        # Skipped steps (non-finite gradients) are marked on the scale panel; this is the
+        # loss itself, after which the run has no curve.
+        ax.axvline(bad_loss, color="tab:red", ls="-", lw=1.5, alpha=0.8,
+                   label=f"first non-finite loss (step {bad_loss})")
+    if outcome.state == "pruned" and losses:
+        ax.axvline(len(losses) - 1, color="tab:purple", ls="--", lw=1.2,
+                   label=f"pruned after {len(losses)} steps ({outcome.prune_kind})")
     if relative:
         ax.set_yscale("log")
         ax.set_ylabel("loss / float32 target (1.0 = target)")
