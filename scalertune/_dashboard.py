@@ -260,10 +260,8 @@ def _what_happened(trial: FrozenTrial, result: "SearchResult") -> list[str]:
         return []
     outcome = Outcome.from_trial(trial)
     if outcome.state == "pruned":
-        step = attrs.get("first_nonfinite_step")
-        return [f"**Pruned: {attrs.get('pruned_because')}**"
-                + (f" (first non-finite step {step})" if step is not None else ""), "",
-                f"{attrs.get('prune_reason')}", ""]
+        return [f"**Pruned: {attrs.get('pruned_because')}**, after "
+                f"{attrs.get('steps_run')} steps", "", f"{attrs.get('prune_reason')}", ""]
     lines = [f"**Outcome**: {describe_outcome(outcome)}.", ""]
     if attrs.get("duplicate_of") is not None:
         lines += [f"The same config as trial {attrs['duplicate_of']}: its result is reused, "
