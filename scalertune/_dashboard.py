@@ -32,8 +32,8 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune import _policy
 from scalertune._errors import UsageError
 from scalertune._plots import picture_trial
-from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_RECOMMENDED, ROLE_REFERENCE,
-                              ROLE_SEARCH, Outcome)
+from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_FLOAT32_CLIP, ROLE_RECOMMENDED,
+                              ROLE_REFERENCE, ROLE_SEARCH, Outcome)
 from scalertune._storage import redact
 from scalertune._study import SETTINGS_ATTR
 
@@ -54,6 +54,9 @@ ROLES = {
     ROLE_SEARCH: "a config the sampler chose",
     ROLE_CONFIRM: "one of the best configs rerun on another seed, judged against that "
                   "seed's own float32 reference",
+    ROLE_FLOAT32_CLIP: "float32 clipped as the recommendation is, when that differs from the "
+                       "workload's own clipping: what the clipping alone does, so that the "
+                       "verdict credits the precision only with its own gain",
     ROLE_RECOMMENDED: "the study's answer: one more trial with the recommended config (float32 "
                       "when no AMP config is confirmed), added after the confirmations so that "
                       "it is the dashboard's Best Trial",
@@ -195,6 +198,7 @@ def trial_note(trial: FrozenTrial, result: "SearchResult",
         ROLE_BASELINE: f"baseline `{attrs.get('baseline')}`",
         ROLE_SEARCH: "search trial",
         ROLE_CONFIRM: f"confirmation of trial {attrs.get('confirms')} on seed {attrs.get('seed')}",
+        ROLE_FLOAT32_CLIP: f"float32 with trial {attrs.get('clip_of')}'s clipping",
         ROLE_RECOMMENDED: "the recommendation" if recommended else "an earlier recommendation",
     }.get(role, role or "no role recorded")
     mark = ("★ " if role == ROLE_RECOMMENDED else "★ recommended, ") if recommended else ""

@@ -220,7 +220,7 @@ def test_best_trial_is_the_recommendation(dashboard):
 def test_every_run_has_a_role_params_and_the_constraint_the_dashboard_reads(dashboard):
     for number, trial in _trials(dashboard.detail).items():
         attrs = _attrs(trial)
-        assert attrs.get("role") in ("reference", *_AMP_ROLES), (number, attrs)
+        assert attrs.get("role") in ("reference", "float32-clip", *_AMP_ROLES), (number, attrs)
         if attrs["role"] in ("baseline", "search", "confirm"):
             assert {"config", "skipped_steps", "min_scale", "steps_to_target",
                     "time_to_target_s", "loss_vs_float32"} <= set(attrs), number
