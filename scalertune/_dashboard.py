@@ -372,10 +372,12 @@ def _reading_guide(result: "SearchResult") -> list[str]:
         "`target_gap`, how far its best smoothed loss stayed above the target relative to the "
         "target, is > 0) and is never the best trial.",
         f"- **Best Trial** is the recommendation: {best}.",
-        f"- **Intermediate values**: each run's smoothed loss divided by the float32 target of "
-        f"its seed, one point per {_policy.READBACK_INTERVAL}-step window. 1.0 is the target; "
-        "below 1.0 the run is ahead of float32. A pruned run's curve stops where it was "
-        "pruned. Confirmation runs are judged against their own seed's target.",
+        f"- **Intermediate values**: each run's smoothed loss against the float32 target of "
+        f"its seed, as log10(loss / target), one point per {_policy.READBACK_INTERVAL}-step "
+        "window. 0 is the target; 1 is ten times above it, -1 a tenth of it: losses that "
+        "start thousands of times above the target read on the same axis as the last steps. "
+        "A pruned run's curve stops where it was pruned. Confirmation runs are judged against "
+        "their own seed's target.",
         "- **Roles**: every trial's `role` attribute, on its page (Trials) and in the table "
         "of the Smart Selection page:",
         "", "| role | the run |", "| --- | --- |",

@@ -81,9 +81,15 @@ class Target:
         return None
 
     def relative(self, smoothed_loss: float) -> float:
-        """A smoothed loss as a multiple of the target (1.0 = the target reached): runs of
-        very different loss magnitudes compare on one axis. Raw when the target is <= 0."""
-        return smoothed_loss / self.loss if self.loss > 0 else smoothed_loss
+        """A smoothed loss as orders of magnitude from the target: log10(loss / target), so
+        0 is the target, 1 ten times above it, -1 a tenth of it. Runs whose losses start
+        thousands of times above the target and end just below it read on one linear axis,
+        the dashboard's. Raw when the target is <= 0; NaN where the log is undefined."""
+        if self.loss <= 0:
+            return smoothed_loss
+        if not smoothed_loss > 0:
+            return math.nan
+        return math.log10(smoothed_loss / self.loss)
 
     def ratio_at(self, losses: Sequence[float]) -> tuple[float, int]:
         """The run's smoothed loss over float32's at the run's last step, and that step

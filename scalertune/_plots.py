@@ -1,8 +1,9 @@
 """Pictures of a run: its loss relative to the float32 target, and its loss scale, per step.
 
 The loss is drawn as a multiple of the float32 target (the reference's final smoothed loss
-plus the tolerance), on a log axis: 1.0 is the target whatever the loss's magnitude, which is
-also how the dashboard's intermediate values read, so a picture and the curves tell one story.
+plus the tolerance), on a log axis: 1.0 is the target whatever the loss's magnitude, as 0 is
+in the dashboard's intermediate values (log10 of the same ratio), so a picture and the curves
+tell one story.
 
 The PNGs are 4:3, the shape of optuna-dashboard's artifact preview (a 200 x 150 box that
 keeps the aspect), and wide enough (``FIGURE_INCHES`` x ``DPI``) to be read at full size where

@@ -13,6 +13,7 @@ everywhere.
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -244,9 +245,9 @@ def test_curves_are_relative_to_the_target_per_window_and_pruned_runs_keep_their
         values = trial["intermediate_values"]
         assert 0 < len(values) <= steps // _policy.READBACK_INTERVAL + 1, number
         if attrs["role"] == "reference":
-            # float32's smoothed loss ends at the target over (1 + tolerance)
-            assert values[-1]["value"] == pytest.approx(1 / (1 + _policy.TARGET_TOLERANCE),
-                                                        rel=1e-6)
+            # float32's smoothed loss ends at the target over (1 + tolerance), in log10
+            assert values[-1]["value"] == pytest.approx(
+                math.log10(1 / (1 + _policy.TARGET_TOLERANCE)), rel=1e-6)
     fwd = dashboard.api(f"/api/studies/{dashboard.studies['fwd']}")
     pruned = [t for d in (dashboard.detail, fwd) for t in d["trials"] if t["state"] == "Pruned"]
     assert pruned, "the forward-overflow study prunes its float16 runs"
@@ -263,7 +264,7 @@ def test_curves_are_relative_to_the_target_per_window_and_pruned_runs_keep_their
 
 def test_notes_explain_roles_curves_and_mark_the_recommendation(dashboard):
     note = dashboard.detail["note"]["body"]
-    assert "1.0 is the target" in note and "one point per" in note
+    assert "0 is the target" in note and "one point per" in note
     for role in ("reference", "baseline", "search", "confirm"):
         assert f"| {role} |" in note
     assert "```yaml" in note and "Verdict" in note
