@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._errors import UsageError
+from scalertune._study import readable
 from scalertune._plots import picture_trial
 from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_FLOAT32_CLIP, ROLE_RECOMMENDED,
                               ROLE_REFERENCE, ROLE_SEARCH, Outcome)
@@ -61,27 +62,6 @@ ROLES = {
                       "when no AMP config is confirmed), added after the confirmations so that "
                       "it is the dashboard's Best Trial",
 }
-
-
-def readable(value: Any, digits: int = _policy.READABLE_DIGITS) -> Any:
-    """``value`` with every float rounded to ``digits`` significant digits, for reading.
-
-    Containers are rounded element-wise; ints, bools, strings and ``None`` pass unchanged, and
-    so do non-finite floats. Full precision stays in what the search stores and in
-    ``scalertune report --json``.
-
-        >>> readable(0.0030449795900123)
-        0.003045
-        >>> readable({"min_scale": 0.001953125, "skipped_steps": 25})
-        {'min_scale': 0.001953, 'skipped_steps': 25}
-    """
-    if isinstance(value, float):
-        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
-    if isinstance(value, dict):
-        return {k: readable(v, digits) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(readable(v, digits) for v in value)
-    return value
 
 
 def have_dashboard() -> bool:
@@ -265,7 +245,8 @@ def _what_happened(trial: FrozenTrial, result: "SearchResult") -> list[str]:
     outcome = Outcome.from_trial(trial)
     if outcome.state == "pruned":
         return [f"**Pruned: {attrs.get('pruned_because')}**, after "
-                f"{attrs.get('steps_run')} steps", "", f"{attrs.get('prune_reason')}", ""]
+                f"{attrs.get('steps_run')} steps", "", f"{outcome.attrs.get('prune_reason')}",
+                ""]
     lines = [f"**Outcome**: {describe_outcome(outcome)}.", ""]
     if attrs.get("duplicate_of") is not None:
         lines += [f"The same config as trial {attrs['duplicate_of']}: its result is reused, "

@@ -34,6 +34,9 @@ _RUN_ROLES = (ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM)
 #: are the per-window values reported relative to the target.
 LOSSES_ATTR = "scalertune.losses"
 SCALES_ATTR = "scalertune.scales"
+#: A run's judged attributes in full precision, and a failed run's traceback.
+JUDGED_ATTR = "scalertune.judged"
+TRACEBACK_ATTR = "scalertune.traceback"
 
 
 def encode_scales(scales: Sequence[float]) -> list[list[float]]:
@@ -65,7 +68,10 @@ class Outcome:
 
     @classmethod
     def from_trial(cls, trial: FrozenTrial) -> "Outcome":
-        attrs = dict(trial.user_attrs)
+        # the judged figures in full precision over the rounded copies the dashboard shows
+        attrs = {**trial.user_attrs, **trial.system_attrs.get(JUDGED_ATTR, {}),
+                 **({"traceback": trial.system_attrs[TRACEBACK_ATTR]}
+                    if TRACEBACK_ATTR in trial.system_attrs else {})}
         return cls(
             number=trial.number,
             role=attrs.get("role", ROLE_SEARCH),

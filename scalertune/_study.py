@@ -29,10 +29,12 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
+from scalertune import _policy
 from scalertune._config import DTYPES
 from scalertune._errors import UsageError
 from scalertune._judge import Target
-from scalertune._rank import LOSSES_ATTR, ROLE_REFERENCE, SCALES_ATTR, encode_scales
+from scalertune._rank import (JUDGED_ATTR, LOSSES_ATTR, ROLE_REFERENCE, SCALES_ATTR,
+                              encode_scales)
 from scalertune._run import RunRecord
 from scalertune._space import SearchSpace
 from scalertune._storage import first_line, redact
@@ -183,6 +185,39 @@ def store_constraint(trial: optuna.Trial, gap: float) -> None:
     """Mark the running ``trial`` feasible (``gap`` <= 0: it reached the target) or not."""
     for key, value in _constraints(gap).items():
         trial.storage.set_trial_system_attr(trial._trial_id, key, value)  # noqa: SLF001
+
+
+def readable(value: Any, digits: int = _policy.READABLE_DIGITS) -> Any:
+    """``value`` with every float rounded to ``digits`` significant digits, for reading.
+
+    Containers are rounded element-wise; ints, bools, strings and ``None`` pass unchanged, and
+    so do non-finite floats. Full precision stays in what the search stores and in
+    ``scalertune report --json``.
+
+        >>> readable(0.0030449795900123)
+        0.003045
+        >>> readable({"min_scale": 0.001953125, "skipped_steps": 25})
+        {'min_scale': 0.001953, 'skipped_steps': 25}
+    """
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+    if isinstance(value, dict):
+        return {k: readable(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(readable(v, digits) for v in value)
+    return value
+
+
+def store_judged(trial: optuna.Trial, judged: dict[str, Any]) -> None:
+    """Store a run's judged attributes: in full precision as one system attribute, which the
+    analysis and ``report`` read, and as user attributes rounded for reading, which the
+    dashboard shows (the prune reason, a sentence, stays in the first and in the trial's
+    note: drawn unwrapped among the attributes, it widened every trial page)."""
+    storage, trial_id = trial.storage, trial._trial_id  # noqa: SLF001
+    storage.set_trial_system_attr(trial_id, JUDGED_ATTR, judged)
+    for key, value in judged.items():
+        if key != "prune_reason":
+            trial.set_user_attr(key, readable(value))
 
 
 def judged_attrs(record: RunRecord, target: Target, step_time: float | None) -> dict[str, Any]:

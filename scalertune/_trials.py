@@ -26,17 +26,20 @@ from scalertune._config import DTYPES, AmpConfig
 from scalertune._diagnose import locate_forward_overflow
 from scalertune._isolate import TrialCrashed, describe_error, run_isolated
 from scalertune._judge import Target, smoothed
-from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_FLOAT32_CLIP, ROLE_SEARCH,
-                              outcomes_of, time_bounds)
+from scalertune._rank import (JUDGED_ATTR, ROLE_BASELINE, ROLE_CONFIRM, ROLE_FLOAT32_CLIP,
+                              ROLE_SEARCH, TRACEBACK_ATTR, Outcome, outcomes_of, time_bounds)
 from scalertune._references import References, SearchError
 from scalertune._run import RunRecord, run_config
 from scalertune._space import SearchSpace, _fixed
 from scalertune._stopping import Best, StopRule
 from scalertune._storage import WORKER
 from scalertune._study import (judged_attrs, objective_value, store_constraint,
-                               store_curves)
+                               store_curves, store_judged)
 from scalertune._workload import FactoryError
 
+#: A failed run's error as the dashboard shows it (its first line, cut to this length); the
+#: traceback goes to a system attribute.
+_ERROR_CHARS = 300
 #: Trial states that hold a run: queued, running or finished (not failed).
 LIVE = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -119,8 +122,7 @@ class TrialRunner:
             self._locate_overflow(trial, config, seed, record)
         step_time = self._step_time(config)
         judged = judged_attrs(record, target, step_time)
-        for key, value in judged.items():
-            trial.set_user_attr(key, value)
+        store_judged(trial, judged)
         store_curves(trial, record)
         store_constraint(trial, target.gap(record.losses))
         self.progress.finished(trial.number, _who(trial.user_attrs, seed), config, record,
@@ -163,10 +165,12 @@ class TrialRunner:
 
     def _reuse(self, trial: optuna.Trial, config: AmpConfig, original: FrozenTrial) -> float:
         """Finish ``trial`` with ``original``'s result: the same config already ran."""
-        keep = ("role", "config", "seed", "worker")
-        for key, value in original.user_attrs.items():
-            if key not in keep:
-                trial.set_user_attr(key, value)
+        judged = Outcome.from_trial(original).attrs
+        store_judged(trial, {k: v for k, v in judged.items()
+                             if k in original.system_attrs.get(JUDGED_ATTR, {})})
+        for key in ("overflow_module", "overflow_islands"):
+            if key in original.user_attrs:
+                trial.set_user_attr(key, original.user_attrs[key])
         trial.set_user_attr("duplicate_of", original.number)
         gap = original.system_attrs.get("constraints:target_gap")
         if gap is not None:
@@ -175,7 +179,7 @@ class TrialRunner:
                            "config: its result is reused, nothing trained")
         self.progress.advance()
         if original.state == TrialState.PRUNED:
-            raise optuna.TrialPruned(original.user_attrs.get("prune_reason"))
+            raise optuna.TrialPruned(judged.get("prune_reason"))
         return float(original.value)
 
     def _locate_overflow(self, trial: optuna.Trial, config: AmpConfig, seed: int,
@@ -200,8 +204,9 @@ class TrialRunner:
         else:
             message = describe_error(cause)
             trace = "".join(traceback.format_exception(cause))
-        trial.set_user_attr("error", message)
-        trial.set_user_attr("traceback", trace[-4000:])
+        trial.set_user_attr("error", message[:_ERROR_CHARS])
+        trial.storage.set_trial_system_attr(trial._trial_id, TRACEBACK_ATTR,  # noqa: SLF001
+                                            trace[-4000:])
         self.progress.line(f"#{trial.number} failed: {message}")
         self._failures.append(message)
         recent = self._failures[-_policy.SAME_FAILURES_BEFORE_STOP:]

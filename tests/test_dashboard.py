@@ -16,7 +16,7 @@ import yaml
 
 import scalertune
 from conftest import spec
-from scalertune._dashboard import readable
+from scalertune._study import readable
 from scalertune._plots import DPI, FIGURE_INCHES, run_figure
 
 

@@ -160,3 +160,17 @@ def test_report_recomputes_the_same_recommendation_from_storage(storage, tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert f"Recommended: {result.recommended.label}" in proc.stdout
     assert scalertune.load_config(str(out)) == result.config
+
+
+def test_attributes_are_rounded_for_reading_and_kept_whole_for_the_analysis(storage):
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
+                               device="cpu")
+    study = _load(storage)
+    for outcome in result.ranking:
+        trial = study.trials[outcome.number]
+        full = trial.system_attrs["scalertune.judged"]
+        assert "prune_reason" not in trial.user_attrs
+        for key, value in full.items():
+            if isinstance(value, float) and key != "prune_reason":
+                assert trial.user_attrs[key] == float(f"{value:.4g}")
+                assert outcome.attrs[key] == value

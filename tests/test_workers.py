@@ -205,7 +205,7 @@ def test_user_errors_fail_the_trial_and_the_search_moves_on(tmp_path):
     failures = _float16_failures(result)
     assert failures
     assert all("no float16 implementation" in t.user_attrs["error"] for t in failures)
-    assert all("Traceback" in t.user_attrs["traceback"] for t in failures)
+    assert all("Traceback" in t.system_attrs["scalertune.traceback"] for t in failures)
     assert result.failed == len(failures)
 
 
