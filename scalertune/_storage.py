@@ -17,8 +17,6 @@ has seen anywhere in a message, such as a driver's error.
 
 from __future__ import annotations
 
-# optuna is imported where it is used: the command line imports this module before it can
-# handle Ctrl-C, and answers bad input without waiting for it.
 import os
 import socket
 import time
@@ -26,6 +24,8 @@ import urllib.parse
 import warnings
 from typing import Any
 
+# optuna is imported where it is used: the command line imports this module before it
+# handles Ctrl-C, and refuses bad input without waiting for it.
 from scalertune import _policy
 from scalertune._errors import UsageError
 
@@ -245,8 +245,10 @@ def load_existing_study(url: str, study_name: str | None) -> Any:
                          "check --study-name and --storage") from None
 
 
-def load_existing_studies(url: str) -> list[optuna.Study]:
+def load_existing_studies(url: str) -> list[Any]:
     """Every study in a storage that must exist already and hold at least one."""
+    import optuna
+
     storage = open_storage(url, must_exist=True)
     names = optuna.get_all_study_names(storage=storage)
     if not names:
