@@ -11,8 +11,8 @@ and the ``KeyboardInterrupt`` is raised where nothing is half-written:
 - otherwise when the storage work in progress is done and the next interruptible code starts
   (:func:`interruptible` raises on entry when one is pending), or when the search ends.
 
-Storage writes made *from* interruptible code (Optuna reporting a window's losses) are
-wrapped in :func:`shielded`. SIGTERM is handled exactly like Ctrl-C. A second signal while
+Training code never writes to the study itself (a run's curve goes from a background thread,
+and only the main thread handles signals). SIGTERM is handled exactly like Ctrl-C. A second signal while
 the first is being honoured changes nothing; a third exits at once (status 130): the study
 stays consistent, as after any killed worker, and the next run recovers the trial that was
 running.
@@ -24,6 +24,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from typing import Any, Iterator
 
 #: Exit status of a command stopped by Ctrl-C or SIGTERM (the shell's 128 + SIGINT).
@@ -40,7 +41,6 @@ class _State:
         self.pending = False  # the first one arrived and has not been raised yet
         self.deferring = 0  # depth of deferred() scopes
         self.open = 0  # depth of interruptible() scopes inside them
-        self.shield = 0  # depth of shielded() scopes inside those
         self.settled = False  # the process has its exit status and is leaving
 
 
@@ -57,7 +57,7 @@ def _handler(signum: int, frame: Any) -> None:
         os._exit(EXIT_INTERRUPTED)
     if _state.received > 1:  # the first one is stopping the work already
         return
-    if _state.deferring == 0 or (_state.open > 0 and _state.shield == 0):
+    if _state.deferring == 0 or _state.open > 0:
         raise KeyboardInterrupt
     _state.pending = True
 
@@ -124,31 +124,15 @@ def interruptible() -> Iterator[None]:
     """Code that may be stopped anywhere: a pending interrupt is raised on entry, a new one
     at once."""
     _state.open += 1
-    saved, _state.shield = _state.shield, 0
     try:
         _raise_if_pending()
         yield
     finally:
         _state.open -= 1
-        _state.shield = saved
-
-
-@contextlib.contextmanager
-def shielded() -> Iterator[None]:
-    """Storage work inside :func:`interruptible` code: a signal waits until it is done."""
-    _state.shield += 1
-    try:
-        yield
-    finally:
-        _state.shield -= 1
-    if _state.open > 0 and _state.shield == 0:
-        _raise_if_pending()
 
 
 def sleep(seconds: float) -> None:
     """``time.sleep`` that Ctrl-C ends at once."""
-    import time
-
     with interruptible():
         time.sleep(seconds)
 
