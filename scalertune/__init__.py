@@ -16,22 +16,60 @@ The pipeline, one module per stage:
 - ``_frameworks``: :func:`lightning_workload`, searching a LightningModule as it is.
 """
 
-from importlib import metadata as _metadata
+from __future__ import annotations
 
-from scalertune._config import AmpConfig
-from scalertune._diagnose import Diagnosis, ModuleReport, ScalerCheck, TensorStats, diagnose
-from scalertune._errors import UsageError
-from scalertune._export import FRAMEWORKS, Export, export
-from scalertune._frameworks import lightning_workload
-from scalertune._judge import Speedup, Target
-from scalertune._rank import Outcome
-from scalertune._result import SearchResult, analyze
-from scalertune._schema import load_config
-from scalertune._runtime import AmpGuardError, AmpRuntime, Guard
-from scalertune._search import Isolation, SearchError, search
-from scalertune._space import SearchSpace
-from scalertune._timing import StepTimes
-from scalertune._workload import Workload
+import importlib
+from importlib import metadata as _metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scalertune._config import AmpConfig, Guard
+    from scalertune._diagnose import Diagnosis, ModuleReport, ScalerCheck, TensorStats, diagnose
+    from scalertune._errors import UsageError
+    from scalertune._export import FRAMEWORKS, Export, export
+    from scalertune._frameworks import lightning_workload
+    from scalertune._judge import Speedup, Target
+    from scalertune._rank import Outcome
+    from scalertune._result import SearchResult, analyze
+    from scalertune._runtime import AmpGuardError, AmpRuntime
+    from scalertune._schema import load_config
+    from scalertune._search import Isolation, SearchError, search
+    from scalertune._space import SearchSpace
+    from scalertune._timing import StepTimes
+    from scalertune._workload import Workload
+
+#: Public name -> the module defining it, imported on first use: the command line answers
+#: --help, a bad option or Ctrl-C before torch has loaded (a second or more).
+_EXPORTS = {
+    "AmpConfig": "_config", "Guard": "_config",
+    "Diagnosis": "_diagnose", "ModuleReport": "_diagnose", "ScalerCheck": "_diagnose",
+    "TensorStats": "_diagnose", "diagnose": "_diagnose",
+    "UsageError": "_errors",
+    "FRAMEWORKS": "_export", "Export": "_export", "export": "_export",
+    "lightning_workload": "_frameworks",
+    "Speedup": "_judge", "Target": "_judge",
+    "Outcome": "_rank",
+    "SearchResult": "_result", "analyze": "_result",
+    "AmpGuardError": "_runtime", "AmpRuntime": "_runtime",
+    "load_config": "_schema",
+    "Isolation": "_search", "SearchError": "_search", "search": "_search",
+    "SearchSpace": "_space",
+    "StepTimes": "_timing",
+    "Workload": "_workload",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'scalertune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"scalertune.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 try:
     __version__ = _metadata.version("scalertune")
@@ -39,7 +77,7 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path that was nev
     __version__ = "0+unknown"
 
 
-def load(path: str, *, device: str = "auto", guard: bool = True) -> AmpRuntime:
+def load(path: str, *, device: str = "auto", guard: bool = True) -> "AmpRuntime":
     """The runtime for the config in a result YAML: GradScaler, autocast and clipping,
     float32 islands, and the guard the YAML recommends (``guard=False`` turns it off).
 
@@ -51,6 +89,8 @@ def load(path: str, *, device: str = "auto", guard: bool = True) -> AmpRuntime:
         >>> amp.backward(loss)  # doctest: +SKIP
         >>> amp.step(optimizer)  # doctest: +SKIP
     """
+    from scalertune._runtime import AmpRuntime
+
     return AmpRuntime.from_yaml(path, device=device, guard=guard)
 
 

@@ -1,5 +1,3 @@
-import sys
+from scalertune.cli import program
 
-from scalertune.cli import main
-
-sys.exit(main())
+program()

@@ -4,8 +4,8 @@ The float32 reference, the baselines and the confirmation runs happen once per s
 many workers start at the same moment. Optuna's storages have no compare-and-set, so a claim
 is written into the study's system attributes, left to settle for ``CLAIM_SETTLE_S`` and read
 back: of two workers that raced, both read the later write, and only its writer goes ahead.
-The holder refreshes the claim while it works; a claim left stale by a dead worker is taken
-over after ``CLAIM_STALE_S``.
+The holder refreshes the claim while it works; a claim left by a dead worker is taken over at
+once when that worker was a process on this host, otherwise after ``CLAIM_STALE_S``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Callable, Iterator
 
 import optuna
 
-from scalertune import _policy
+from scalertune import _interrupt, _policy
+from scalertune._recovery import worker_gone
 from scalertune._storage import WORKER
 
 _PREFIX = "scalertune.claim."
@@ -40,7 +41,7 @@ def claim(study: optuna.Study, key: str) -> Iterator[bool]:
     A worker that gets ``False`` should wait (:func:`wait_released`) and look again.
     """
     current = _read(study, key)
-    if current is not None and time.time() - current["at"] < _policy.CLAIM_STALE_S:
+    if _held(current):
         yield False
         return
     token = f"{WORKER}:{uuid.uuid4().hex[:8]}"
@@ -74,11 +75,14 @@ def claim(study: optuna.Study, key: str) -> Iterator[bool]:
 
 def wait_released(study: optuna.Study, key: str) -> None:
     """Block until nobody holds a fresh claim on ``key``."""
-    while True:
-        current = _read(study, key)
-        if current is None or time.time() - current["at"] >= _policy.CLAIM_STALE_S:
-            return
-        time.sleep(_policy.POLL_S)
+    while _held(_read(study, key)):
+        _interrupt.sleep(_policy.POLL_S)
+
+
+def _held(current: dict | None) -> bool:
+    """Whether a claim is held: refreshed lately, by a worker not known to be gone."""
+    return (current is not None and time.time() - current["at"] < _policy.CLAIM_STALE_S
+            and not worker_gone(current["by"]))
 
 
 class Once:

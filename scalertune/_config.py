@@ -5,13 +5,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from scalertune import _policy
 from scalertune._errors import UsageError
 
 #: What ``dtype`` may name. float32 means "no autocast, no scaler": the reference.
 DTYPES = ("float16", "bfloat16", "float32")
+
+#: GradScaler counts finite steps towards ``growth_interval`` in an int32 tensor.
+MAX_GROWTH_INTERVAL = 2**31 - 1
+#: The loss scale lives in a float32 tensor: a larger number would be inf there.
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,22 +56,25 @@ class AmpConfig:
     fp32_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.fp32_modules, str):
-            object.__setattr__(self, "fp32_modules", _split(self.fp32_modules))
-        else:
-            object.__setattr__(self, "fp32_modules", tuple(self.fp32_modules or ()))
-        if self.dtype not in DTYPES:
+        islands = self.fp32_modules
+        if isinstance(islands, str):
+            islands = _split(islands)
+        elif not isinstance(islands, (list, tuple)) and islands is not None:
+            raise UsageError(f"fp32_modules must be module names, got {islands!r}")
+        object.__setattr__(self, "fp32_modules", tuple(islands or ()))
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             raise UsageError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
-        if not self.init_scale > 0:
-            raise UsageError(f"init_scale must be > 0, got {self.init_scale}")
-        if not self.growth_factor > 1:
-            raise UsageError(f"growth_factor must be > 1, got {self.growth_factor}")
-        if not 0 < self.backoff_factor < 1:
-            raise UsageError(f"backoff_factor must be in (0, 1), got {self.backoff_factor}")
-        if int(self.growth_interval) != self.growth_interval or self.growth_interval < 1:
-            raise UsageError(f"growth_interval must be an integer >= 1, got {self.growth_interval}")
-        if self.clip_norm is not None and not self.clip_norm > 0:
-            raise UsageError(f"clip_norm must be > 0 or null, got {self.clip_norm}")
+        if not all(isinstance(name, str) and name for name in self.fp32_modules):
+            raise UsageError(f"fp32_modules must be module names, got {self.fp32_modules!r}")
+        _check("init_scale", self.init_scale, "> 0 and finite", lambda v: v > 0)
+        _check("growth_factor", self.growth_factor, "> 1 and finite", lambda v: v > 1)
+        _check("backoff_factor", self.backoff_factor, "in (0, 1)", lambda v: 0 < v < 1)
+        _check("growth_interval", self.growth_interval,
+               f"an integer >= 1 (at most {MAX_GROWTH_INTERVAL})",
+               lambda v: v % 1 == 0 and 1 <= v <= MAX_GROWTH_INTERVAL)
+        object.__setattr__(self, "growth_interval", int(self.growth_interval))
+        if self.clip_norm is not None:
+            _check("clip_norm", self.clip_norm, "> 0 and finite, or null", lambda v: v > 0)
         if not self.uses_scaler:
             # Without a scaler the four knobs mean nothing; normalised, two configs that train
             # alike compare equal (a study never trains the same config twice).
@@ -155,8 +163,52 @@ class Guard:
     max_consecutive_skips: int = _policy.MAX_CONSECUTIVE_SKIPS
     check_every: int = _policy.READBACK_INTERVAL
 
+    def __post_init__(self) -> None:
+        # A floor of 0 (or below, or NaN) never trips, and a limit of 0 skips trips at once:
+        # either would make the guard a lie.
+        scale = self.min_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
+                0 < scale <= _FLOAT32_MAX):
+            raise UsageError(f"the guard's min_scale must be a finite number > 0, got "
+                             f"{shown(scale)}")
+        for name in ("max_consecutive_skips", "check_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"the guard's {name} must be an integer >= 1, got "
+                                 f"{shown(value)}")
+
 
 _SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
+def _check(name: str, value: Any, wanted: str, ok: Callable[[float], bool]) -> None:
+    """``value`` must be a real number (not a bool, not a string), finite in float32, where
+    the scaler keeps it, and ``ok``."""
+    # abs() <= a finite bound is False for NaN and inf, and exact for ints of any size.
+    number = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and abs(value) <= _FLOAT32_MAX)
+    if not (number and ok(value)):
+        raise UsageError(f"{name} must be {wanted}, got {shown(value)}")
+
+
+def check_search_numbers(*, n_trials: Any, steps: Any, seed: Any) -> None:
+    """A search's counts, as :func:`scalertune.search` takes them; :class:`UsageError` names
+    the first that is out of range."""
+    for name, value, low, high in (
+            ("n_trials", n_trials, 0, None),
+            ("steps", steps, 2 * _policy.READBACK_INTERVAL, _policy.MAX_STEPS),
+            ("seed", seed, 0, _policy.MAX_SEED)):
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        if not integer or value < low or (high is not None and value > high):
+            flag = "--" + name.replace("_", "-")
+            upper = "" if high is None else f" and <= {high}"
+            raise UsageError(f"expected an integer {flag} >= {low}{upper}, got {shown(value)}")
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut short: a bad value in a one-line error, not a page of digits."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _split(names: str) -> tuple[str, ...]:

@@ -172,3 +172,28 @@ GUARD_SCALE_MARGIN_POWERS = 10
 #: dashboard). Step times vary by more than 0.1% from run to run, so a fifth digit is noise;
 #: full precision stays in what the search stores and in ``scalertune report --json``.
 READABLE_DIGITS = 4
+
+#: Workers that start at once on a new RDB storage race to create its tables; the losers
+#: open it again until the winner has made them. Creating Optuna's tables takes well under a
+#: second, even on a loaded host; past this, the error is real and is reported.
+COLD_START_S = 10
+
+#: The largest YAML file scalertune reads (a search space, a result file). A result file is a
+#: few KB and a space a few hundred bytes; 1 MiB leaves room for any hand-written comment and
+#: stops a wrong file (a dataset, a log) before the YAML parser spends memory on it.
+MAX_YAML_BYTES = 2**20
+
+#: The most values a YAML file may hold once its aliases are expanded. Aliases let a few
+#: hundred bytes stand for billions of values (the "billion laughs"); anything that walks the
+#: data (a ``str()``, a JSON dump into the study) would expand them. A real file has dozens.
+MAX_YAML_VALUES = 10_000
+
+#: ``--seed`` is used as is by ``random``, NumPy and torch; NumPy's legacy seeding accepts
+#: 0 to 2**32 - 1, the narrowest of the three.
+MAX_SEED = 2**32 - 1
+
+#: The most training steps a run may take. A run keeps its per-step loss and loss scale in
+#: device buffers and in the study, so an absurd --steps fails late, in the reference run;
+#: a million steps is far past where a scaler's settings show (its growth interval defaults
+#: to 2000 steps), yet a few MB per run.
+MAX_STEPS = 1_000_000

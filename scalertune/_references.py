@@ -20,7 +20,8 @@ import torch
 from scalertune._claims import Once
 from scalertune._config import AmpConfig
 from scalertune._errors import UsageError
-from scalertune._isolate import describe_error, run_isolated, time_isolated
+from scalertune._isolate import (TrialCrashed, describe_error, run_here, run_isolated,
+                                 time_isolated)
 from scalertune._judge import Target
 from scalertune._run import release_memory, run_config
 from scalertune._study import add_reference, reference_of
@@ -70,10 +71,13 @@ class References:
                                       device=self.device, timeout_s=self.isolation.timeout_s,
                                       memory_gb=self.isolation.memory_gb)
             else:
-                record = run_config(self.factory, self.config, steps=self.steps, seed=seed,
-                                    device=self.device)
+                record = run_here(run_config, self.factory, self.config, steps=self.steps,
+                                  seed=seed, device=self.device)
         except FactoryError as exc:
             raise SearchError(f"the float32 reference failed: the factory raised {exc}") from None
+        except TrialCrashed as exc:  # its message's first line says how the process ended
+            why = str(exc).partition("\n")[0]
+            raise SearchError(f"the float32 reference failed: {why}") from None
         except Exception as exc:
             raise SearchError(f"the float32 reference failed: {describe_error(exc)}") from exc
         if record.pruned:
@@ -103,10 +107,10 @@ class References:
                                  seed=self.seed, device=self.device,
                                  timeout_s=self.isolation.timeout_s,
                                  memory_gb=self.isolation.memory_gb)
-        workload = build_workload(self.factory, seed=self.seed, device=self.device)
+        workload = run_here(build_workload, self.factory, seed=self.seed, device=self.device)
         try:
-            return time_dtypes(workload, self.dtypes, device=self.device,
-                               clip_norm=self.config.clip_norm)
+            return run_here(time_dtypes, workload, self.dtypes, device=self.device,
+                            clip_norm=self.config.clip_norm)
         except Exception as exc:
             raise SearchError(f"the step timing failed: {describe_error(exc)}") from exc
         finally:

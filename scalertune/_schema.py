@@ -22,15 +22,10 @@ FORMAT_VERSION = 1
 
 def read_result(path: str) -> dict[str, Any]:
     """The parsed result file; :class:`UsageError` when it is missing or not a result."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {path} (run scalertune search first)") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path} is a folder: give the YAML file scalertune search wrote") from None
-    except yaml.YAMLError:
-        raise UsageError(f"{path} is not valid YAML") from None
+    from scalertune._yaml import read_yaml
+
+    data = read_yaml(path, what="a scalertune result file",
+                     missing=" (run scalertune search first)")
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise UsageError(f"{path} has no 'config' mapping: is it a scalertune result file?")
     return data

@@ -21,9 +21,9 @@ import optuna
 import torch
 from optuna.trial import TrialState
 
-from scalertune import _policy
+from scalertune import _interrupt, _policy
 from scalertune._claims import Once
-from scalertune._config import BASELINES, DTYPES, AmpConfig
+from scalertune._config import BASELINES, DTYPES, AmpConfig, check_search_numbers
 from scalertune._errors import UsageError
 from scalertune._rank import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_FLOAT32_CLIP, ROLE_RECOMMENDED,
                               ROLE_SEARCH, tied)
@@ -88,8 +88,7 @@ def search(
         >>> result.config.dtype  # doctest: +SKIP
         'bfloat16'
     """
-    if n_trials < 0 or steps < _policy.READBACK_INTERVAL * 2:
-        raise UsageError(f"--n-trials must be >= 0 and --steps >= {_policy.READBACK_INTERVAL * 2}")
+    check_search_numbers(n_trials=n_trials, steps=steps, seed=seed)
     if timeout is not None and not timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout}")
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
@@ -111,23 +110,26 @@ def search(
         "device_type": dev.type, "device": describe_device(dev),
         "reference": reference_config.to_dict(),
     }
-    study, _ = open_study(open_storage(url), study_name, settings, seed=seed, url=url,
-                          space=space)
-    setup = Setup(spec=factory, factory=user_factory, space=space, device=dev, steps=steps,
-                  seed=seed, n_trials=n_trials, clip_norm=reference_config.clip_norm,
-                  isolation=isolation)
-    lines = Progress(log, bar=progress)
-    if progress:
-        lines.line(cost_estimate(space, n_trials=n_trials, steps=steps))
-    worker = _Search(study, setup, reference_config, lines, timeout=timeout)
-    interrupted = False
-    try:
-        worker.run()
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        lines.close()
-    result = analyze(study, storage=redact(url))
+    # From the first storage write on, Ctrl-C and SIGTERM stop the search at a safe point.
+    with _interrupt.handled(), _interrupt.deferred():
+        study, _ = open_study(open_storage(url), study_name, settings, seed=seed, url=url,
+                              space=space)
+        setup = Setup(spec=factory, factory=user_factory, space=space, device=dev,
+                      steps=steps, seed=seed, n_trials=n_trials,
+                      clip_norm=reference_config.clip_norm, isolation=isolation)
+        lines = Progress(log, bar=progress)
+        if progress:
+            lines.line(cost_estimate(space, n_trials=n_trials, steps=steps))
+        worker = _Search(study, setup, reference_config, lines, timeout=timeout)
+        try:
+            worker.run()
+            _interrupt.checkpoint()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            lines.close()
+        result = analyze(study, storage=redact(url))
+        interrupted = _interrupt.received()
     return dataclasses.replace(result, interrupted=True) if interrupted else result
 
 
@@ -222,7 +224,7 @@ class _Search:
             if any(t.state == TrialState.WAITING for t in trials):
                 self.runner.run_one()
             elif trials:
-                time.sleep(_policy.POLL_S)
+                _interrupt.sleep(_policy.POLL_S)
             else:
                 return
 

@@ -29,10 +29,10 @@ from importlib import resources
 from typing import Any, Mapping
 
 import optuna
-import yaml
 
 from scalertune._config import DTYPES, AmpConfig
 from scalertune._errors import UsageError
+from scalertune._yaml import parse_yaml, read_yaml
 
 _SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
 #: Searched, like the scaler's knobs, only on float16 trials: the range problem islands fix.
@@ -65,8 +65,7 @@ class SearchSpace:
     def load(cls, name_or_path: str) -> "SearchSpace":
         """A shipped space by name (``default``, ``float16``, ``bfloat16``) or a YAML path."""
         if os.path.isfile(name_or_path):
-            with open(name_or_path, encoding="utf-8") as f:
-                text = f.read()
+            data = read_yaml(name_or_path, what="a search space")
             name = os.path.splitext(os.path.basename(name_or_path))[0]
         else:
             if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
@@ -77,13 +76,8 @@ class SearchSpace:
                     f"unknown search space {name_or_path!r}: use one of "
                     f"{', '.join(sorted(shipped))}, or a path to a YAML file"
                 )
-            text, name = shipped[name_or_path], name_or_path
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark else ""
-            raise UsageError(f"search space {name_or_path} is not valid YAML{where}") from None
+            data = parse_yaml(shipped[name_or_path], where=f"search space {name_or_path}")
+            name = name_or_path
         if not isinstance(data, Mapping):
             raise UsageError(f"search space {name_or_path} must be a mapping of parameters")
         data = dict(data)

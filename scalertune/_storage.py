@@ -6,21 +6,26 @@
   host, no database server needed.
 
 RDB storages get heartbeats: a trial whose worker was killed is marked failed after
-``HEARTBEAT_GRACE_S`` and retried by another worker. Journal files have no heartbeat; there a
-worker that finds a running trial whose process (on this host) is gone fails and retries it.
+``HEARTBEAT_GRACE_S`` and retried by another worker (``_recovery``). Journal files have no
+heartbeat; there a worker that finds a running trial whose process (on this host) is gone
+fails and retries it.
+
+A storage URL's password is never printed: :func:`redact` renders URLs with SQLAlchemy's own
+parser (``hide_password``, and every secret of the query string), and hides every secret it
+has seen anywhere in a message, such as a driver's error.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
+import time
+import urllib.parse
 import warnings
 from typing import Any
 
-import optuna
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-
+# optuna is imported where it is used: the command line imports this module before it
+# handles Ctrl-C, and refuses bad input without waiting for it.
 from scalertune import _policy
 from scalertune._errors import UsageError
 
@@ -29,10 +34,54 @@ DEFAULT_STORAGE = "sqlite:///scalertune.db"
 #: ``host:pid`` of this process, recorded on every trial it runs.
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
+#: Query-string keys whose value is a secret (``?password=``, ``sslpassword``, a whole DSN).
+_SECRET_KEYS = ("pass", "pwd", "secret", "token", "key", "dsn", "credential")
+_HIDDEN = "***"
+#: Stands for a hidden query value while SQLAlchemy renders the URL (it would escape "***").
+_PLACEHOLDER = "scalertunehiddenvalue"
+#: Every secret seen in a storage URL by this process, in every spelling a message may use.
+_secrets: set[str] = set()
 
-def redact(url: str) -> str:
-    """The storage URL with any password replaced by ``***``: safe to print and store."""
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+def redact(text: str) -> str:
+    """``text`` with every storage secret replaced by ``***``: safe to print and store.
+
+    A storage URL is parsed by SQLAlchemy and rendered with its password and any secret query
+    value hidden; an unparsable one keeps only its scheme. In any other text (an error
+    message), every secret of every storage URL this process has seen is hidden.
+    """
+    if "://" in text and not any(c.isspace() for c in text):
+        text = _render_hidden(text)
+    for secret in sorted(_secrets, key=len, reverse=True):
+        text = text.replace(secret, _HIDDEN)
+    return text
+
+
+def _render_hidden(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # SQLAlchemy raises several kinds for a malformed URL
+        return url.split("://", 1)[0] + "://" + _HIDDEN
+    secrets = [parsed.password] if parsed.password else []
+    query = dict(parsed.query)
+    for key, value in parsed.query.items():
+        if any(word in key.lower() for word in _SECRET_KEYS):
+            secrets += [value] if isinstance(value, str) else list(value)
+            query[key] = _PLACEHOLDER
+    for secret in secrets:
+        _remember(secret)
+    if not secrets:
+        return url
+    rendered = parsed.set(query=query).render_as_string(hide_password=True)
+    return rendered.replace(_PLACEHOLDER, _HIDDEN)
+
+
+def _remember(secret: str) -> None:
+    if secret:
+        _secrets.update({secret, urllib.parse.quote(secret, safe=""),
+                         urllib.parse.quote_plus(secret), urllib.parse.quote(secret)})
 
 
 def is_rdb(url: str) -> bool:
@@ -43,19 +92,10 @@ def open_storage(url: str, *, must_exist: bool = False) -> Any:
     """The Optuna storage object for ``url``; :class:`UsageError` when it cannot be used."""
     if not is_rdb(url):
         return _journal(url, must_exist=must_exist)
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
-        _check_path(path, url, "database", must_exist=must_exist)
+    redact(url)  # remember its secrets before any message can quote them
+    check_local(url, must_exist=must_exist)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(
-                url,
-                heartbeat_interval=_policy.HEARTBEAT_INTERVAL_S,
-                grace_period=_policy.HEARTBEAT_GRACE_S,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
-                    max_retry=_policy.MAX_RETRIES),
-            )
+        return _rdb(url)
     except (ImportError, ModuleNotFoundError):
         raise UsageError(
             f"storage {redact(url)} needs a database driver that is not installed: "
@@ -68,10 +108,84 @@ def open_storage(url: str, *, must_exist: bool = False) -> Any:
         ) from None
 
 
+def _rdb(url: str) -> Any:
+    """``RDBStorage`` with heartbeats. Workers that start at once on a new database all try
+    to create its tables; the losers of that race get a unique-key error (SQLite's
+    ``alembic_version``, PostgreSQL's ``pg_type``) and simply open it again, tables made."""
+    import optuna
+    from optuna.storages import RDBStorage
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    from scalertune._recovery import retry
+
+    deadline = time.monotonic() + _policy.COLD_START_S
+    while True:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(url, heartbeat_interval=_policy.HEARTBEAT_INTERVAL_S,
+                                  grace_period=_policy.HEARTBEAT_GRACE_S,
+                                  heartbeat_stale_trial_callback=retry)
+        except (IntegrityError, OperationalError, ProgrammingError) as exc:
+            racing = isinstance(exc, IntegrityError) or "already exists" in str(exc)
+            if not racing or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a ``sqlite:///`` URL (``None`` for other URLs and in-memory SQLite)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return path if path and path != ":memory:" else None
+
+
+def owned_files(url: str) -> list[str]:
+    """The files a storage keeps on this machine: a SQLite database and the files SQLite
+    writes beside it, or a journal file and its lock. Nothing else may be written there."""
+    path = url if not is_rdb(url) else sqlite_path(url)
+    if path is None:
+        return []
+    suffixes = (".lock",) if not is_rdb(url) else ("-journal", "-wal", "-shm")
+    return [path, *(path + s for s in suffixes)]
+
+
+#: What an Optuna journal file starts with: a JSON operation per line.
+_JOURNAL_START = b"{"
+#: What a SQLite database starts with.
+_SQLITE_START = b"SQLite format 3\0"
+
+
+def check_local(url: str, *, must_exist: bool = False) -> None:
+    """Check what can be checked of a storage on this machine without creating anything: the
+    folder of a SQLite file or journal file exists, the path is not a folder, and an existing
+    journal file is one. :class:`UsageError` otherwise."""
+    if is_rdb(url):
+        path = sqlite_path(url)
+        if path is not None:
+            _check_path(path, url, "database", must_exist=must_exist)
+        return
+    _check_path(url, url, "journal file", must_exist=must_exist)
+    if not os.path.exists(url):
+        return
+    try:
+        with open(url, "rb") as f:
+            start = f.read(len(_SQLITE_START))
+    except OSError as exc:
+        raise UsageError(f"cannot read journal file {url}: {exc.strerror}") from None
+    if start.startswith(_SQLITE_START):
+        raise UsageError(f"{url} is a SQLite database, not a journal file: pass "
+                         f"--storage sqlite:///{url}")
+    if start and not start.startswith(_JOURNAL_START):
+        raise UsageError(f"{url} is not an Optuna journal file: pass a new file name (a "
+                         "journal file), or a storage URL such as sqlite:///study.db")
+
+
 def _journal(path: str, *, must_exist: bool) -> Any:
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    _check_path(path, path, "journal file", must_exist=must_exist)
+    check_local(path, must_exist=must_exist)
     try:
         return JournalStorage(JournalFileBackend(path))
     except Exception as exc:
@@ -79,6 +193,8 @@ def _journal(path: str, *, must_exist: bool) -> Any:
 
 
 def _check_path(path: str, shown: str, what: str, *, must_exist: bool) -> None:
+    if os.path.isdir(path):
+        raise UsageError(f"{shown} is a folder: --storage needs a {what} path")
     if must_exist and not os.path.exists(path):
         raise UsageError(f"no such {what}: {shown} (check --storage)")
     folder = os.path.dirname(os.path.abspath(path))
@@ -103,14 +219,18 @@ def first_line(exc: BaseException) -> str:
 
 
 def heartbeat_enabled(storage: Any) -> bool:
+    from optuna.storages import RDBStorage
+
     return isinstance(storage, RDBStorage) and storage.get_heartbeat_interval() is not None
 
 
-def load_existing_study(url: str, study_name: str | None) -> optuna.Study:
+def load_existing_study(url: str, study_name: str | None) -> Any:
     """Load a study that must exist already; never creates a database or a study.
 
     Without ``study_name``, the storage must hold exactly one study.
     """
+    import optuna
+
     storage = open_storage(url, must_exist=True)
     if study_name is None:
         names = optuna.get_all_study_names(storage=storage)
@@ -125,8 +245,10 @@ def load_existing_study(url: str, study_name: str | None) -> optuna.Study:
                          "check --study-name and --storage") from None
 
 
-def load_existing_studies(url: str) -> list[optuna.Study]:
+def load_existing_studies(url: str) -> list[Any]:
     """Every study in a storage that must exist already and hold at least one."""
+    import optuna
+
     storage = open_storage(url, must_exist=True)
     names = optuna.get_all_study_names(storage=storage)
     if not names:

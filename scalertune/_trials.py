@@ -24,15 +24,16 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune import _policy
 from scalertune._config import DTYPES, AmpConfig
 from scalertune._diagnose import locate_forward_overflow
-from scalertune._isolate import TrialCrashed, describe_error, run_isolated
+from scalertune._isolate import (TrialCrashed, describe_error, locate_isolated, run_here,
+                                 run_isolated)
 from scalertune._judge import Target, smoothed
 from scalertune._rank import (JUDGED_ATTR, ROLE_BASELINE, ROLE_CONFIRM, ROLE_FLOAT32_CLIP,
                               ROLE_SEARCH, TRACEBACK_ATTR, Outcome, outcomes_of, time_bounds)
+from scalertune._recovery import survive_lost_trial, take
 from scalertune._references import References, SearchError
 from scalertune._run import RunRecord, run_config
 from scalertune._space import SearchSpace, _fixed
 from scalertune._stopping import Best, StopRule
-from scalertune._storage import WORKER
 from scalertune._study import (judged_attrs, objective_value, store_constraint,
                                store_curves, store_judged)
 from scalertune._workload import FactoryError
@@ -83,11 +84,13 @@ class TrialRunner:
         self._any_success = False
 
     def run_one(self) -> None:
-        self.study.optimize(self._objective, n_trials=1, catch=(TrialFailed,))
+        with survive_lost_trial(self.study, self.progress.line):
+            self.study.optimize(self._objective, n_trials=1, catch=(TrialFailed,))
 
     # -- the objective ----------------------------------------------------------------------
 
     def _objective(self, trial: optuna.Trial) -> float:
+        take(trial)
         setup = self.setup
         role = trial.user_attrs.get("role")
         trials = self.study.get_trials(deepcopy=False)
@@ -104,7 +107,7 @@ class TrialRunner:
             _record_params(trial, setup.space)
             config = AmpConfig.from_dict(trial.user_attrs["config"])
             seed, attrs = int(trial.user_attrs["seed"]), {}
-        for key, value in {**attrs, "worker": WORKER}.items():
+        for key, value in attrs.items():
             trial.set_user_attr(key, value)
         if role == ROLE_SEARCH:
             original = _finished_twin(trials, config, seed, trial.number)
@@ -158,8 +161,8 @@ class TrialRunner:
                                       memory_gb=setup.isolation.memory_gb)
                 reports.window(record, 0, last=record.steps_run)
                 return record
-            return run_config(setup.factory, config, steps=setup.steps, seed=seed,
-                              device=setup.device, stop=rule, on_window=reports.window)
+            return run_here(run_config, setup.factory, config, steps=setup.steps, seed=seed,
+                            device=setup.device, stop=rule, on_window=reports.window)
         finally:
             reports.close()
 
@@ -185,9 +188,16 @@ class TrialRunner:
     def _locate_overflow(self, trial: optuna.Trial, config: AmpConfig, seed: int,
                          record: RunRecord) -> None:
         """Name the modules where the forward overflowed, and the islands checked to fix it."""
+        setup = self.setup
         try:
-            advice = locate_forward_overflow(self.setup.factory, config, record.losses,
-                                             seed=seed, device=self.setup.device)
+            if setup.isolation is not None:
+                advice = locate_isolated(setup.spec, config, record.losses, seed=seed,
+                                         device=setup.device,
+                                         timeout_s=setup.isolation.timeout_s,
+                                         memory_gb=setup.isolation.memory_gb)
+            else:
+                advice = run_here(locate_forward_overflow, setup.factory, config,
+                                  record.losses, seed=seed, device=setup.device)
         except Exception:  # the diagnosis is a courtesy; the prune reason stands without it
             return
         if advice is not None:

@@ -151,7 +151,7 @@ def _import_file(path: str) -> Any:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # the user's module: any error is theirs to fix
+    except (Exception, SystemExit) as exc:  # the user's module: any error is theirs to fix
         sys.modules.pop(module_name, None)
         raise UsageError(f"importing {path} failed: {one_line(exc)}") from None
     return module
@@ -167,11 +167,15 @@ def _import_module(name: str) -> Any:
                 "model.py:make_model"
             ) from None
         raise UsageError(f"importing {name} failed: {one_line(exc)}") from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise UsageError(f"importing {name} failed: {one_line(exc)}") from None
 
 
 def one_line(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        # A script's exit, run on import or from a factory: say which call, and the cure.
+        return (f"SystemExit: sys.exit({exc.code!r}) was called (keep script code under "
+                "if __name__ == '__main__':)")
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
@@ -189,7 +193,7 @@ def build_workload(factory: Callable[[], Any], *, seed: int, device: torch.devic
     seed_everything(seed)
     try:
         result = factory()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise FactoryError(one_line(exc)) from exc
     workload = _coerce(result)
     _check(workload)

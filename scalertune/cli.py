@@ -5,21 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
-from scalertune import _policy
+from scalertune import _interrupt, _policy
+from scalertune._config import shown
 from scalertune._errors import UsageError
-from scalertune._export import FRAMEWORKS
-from scalertune._search import Isolation, SearchError, search
-from scalertune._storage import (DEFAULT_STORAGE, load_existing_studies, load_existing_study,
-                                 redact)
+from scalertune._storage import DEFAULT_STORAGE
 
 if TYPE_CHECKING:
     from scalertune._result import SearchResult
 
-EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
+EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, _interrupt.EXIT_INTERRUPTED
+_FLOAT32_MAX = 3.4028234663852886e38
 
 _DESCRIPTION = """\
 Find the mixed-precision (AMP) settings that will not NaN on you, and train fastest.
@@ -36,7 +36,8 @@ exit status:
   0  the search (or report) finished
   1  the workload itself failed (the float32 reference, or every run alike)
   2  bad input: the message says what was wrong and what to do; nothing was written
-  130  interrupted (Ctrl-C): finished trials are kept; rerun the same command to resume
+  130  interrupted (Ctrl-C or SIGTERM): finished trials are kept; rerun the same command
+       to resume
 
 see `scalertune COMMAND --help` for each command.
 """
@@ -89,6 +90,43 @@ suggests make the forward finite, the init_scale it suggests skips no step.
 """
 
 
+#: The valid values of every number option, by the option's name: (integer, lowest, highest,
+#: lowest excluded). Checked as soon as the command line is parsed, before any work starts.
+_NUMBERS: dict[str, tuple[bool, float, float, bool]] = {
+    "--n-trials": (True, 0, math.inf, False),
+    "--top": (True, 0, math.inf, False),
+    "--steps": (True, 1, _policy.MAX_STEPS, False),
+    "--seed": (True, 0, _policy.MAX_SEED, False),
+    "--timeout": (False, 0, math.inf, True),
+    "--trial-timeout": (False, 0, math.inf, True),
+    "--trial-memory": (False, 0, math.inf, True),
+    "--init-scale": (False, 0, _FLOAT32_MAX, True),  # the loss scale is a float32 tensor
+    "--micro-batch-size": (True, 1, math.inf, False),
+    "--port": (True, 1, 65535, False),
+}
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Every number option of ``_NUMBERS`` the command has, within its range."""
+    for flag, (integer, low, high, low_excluded) in _NUMBERS.items():
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is None:
+            continue
+        if integer:  # argparse made it an int
+            wanted = (f"an integer >= {low}" if high == math.inf
+                      else f"an integer from {low} to {high}")
+            ok = low <= value <= high
+        else:  # NaN fails every comparison below, infinity the last one
+            wanted = "a positive finite number" if low_excluded and low == 0 else (
+                f"a finite number {'>' if low_excluded else '>='} {low:g}")
+            ok = (value > low if low_excluded else value >= low) and math.isfinite(value)
+            if ok and value > high:
+                raise UsageError(f"{flag} must be at most {high:g}, got {value:g}")
+        if not ok:
+            got = shown(value) if integer else f"{value:g}"
+            raise UsageError(f"{flag} must be {wanted}, got {got}")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
@@ -97,6 +135,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from scalertune._export import FRAMEWORKS  # loads torch: after Ctrl-C is handled
+
     fmt = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog="scalertune", description=_DESCRIPTION, epilog=_EPILOG,
                      formatter_class=fmt)
@@ -129,7 +169,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: no limit)")
     s.add_argument("--steps", type=int, default=200, metavar="N",
                    help="training steps per run (default: %(default)s)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the search runs (default: 0)")
+    s.add_argument("--seed", type=int, default=0,
+                   help="seed of the search runs (default: 0)")
     s.add_argument("--device", default="auto",
                    help="auto (CUDA if present), cpu, cuda or cuda:N (default: %(default)s)")
     s.add_argument("--output", "-o", metavar="FILE",
@@ -205,7 +246,8 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=fmt)
     _storage_arguments(d, study_help="refresh this study's notes only (default: every study's)")
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    d.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
+    d.add_argument("--port", type=int, default=8080,
+                   help="port (default: %(default)s)")
     d.add_argument("--artifact-dir", metavar="DIR",
                    help="artifact store folder (default: the one each study's search used)")
     _quiet_argument(d)
@@ -243,32 +285,67 @@ def _storage_arguments(p: argparse.ArgumentParser, *, study_required: bool = Fal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: name a command: search, diagnose, export, report or "
-              f"dashboard (see {parser.prog} --help)", file=sys.stderr)
-        return EXIT_USAGE
+    """Run one ``scalertune`` command line; return its exit status."""
+    return _main(argv, exiting=False)
+
+
+def program() -> NoReturn:
+    """The ``scalertune`` executable: exit with the status of the command line. A Ctrl-C or
+    SIGTERM that arrives once the command is done cannot change that status."""
+    sys.exit(_main(None, exiting=True))
+
+
+def _main(argv: Sequence[str] | None, *, exiting: bool) -> int:
+    with _interrupt.handled():
+        try:
+            parser = _parser()
+            args = parser.parse_args(argv)
+            if args.command is None:
+                parser.print_usage(sys.stderr)
+                print(f"{parser.prog}: error: name a command: search, diagnose, export, report "
+                      f"or dashboard (see {parser.prog} --help)", file=sys.stderr)
+                return EXIT_USAGE
+            code = _run(args)
+        except KeyboardInterrupt:  # before a search opened its study, or outside a search
+            print("scalertune: interrupted", file=sys.stderr)
+            code = EXIT_INTERRUPTED
+        if exiting:
+            _interrupt.settle()
+        return code
+
+
+def _run(args: argparse.Namespace) -> int:
     import optuna
 
     # scalertune prints its own line per run; Optuna's would repeat them less clearly.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
+        _check_numbers(args)
         return {"search": _search, "report": _report, "dashboard": _dashboard,
                 "diagnose": _diagnose, "export": _export}[args.command](args)
     except UsageError as exc:
         print(f"scalertune {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except SearchError as exc:
+    except Exception as exc:
+        # Only a search raises SearchError, and only once it has imported its module (and
+        # torch): a bad option is refused before either loads.
+        search_module = sys.modules.get("scalertune._search")
+        if search_module is None or not isinstance(exc, search_module.SearchError):
+            raise
         print(f"scalertune {args.command}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except SystemExit as exc:  # the user's module or step called sys.exit() outside a run
+        print(f"scalertune {args.command}: error: the workload called sys.exit({exc.code!r}): "
+              "return from the factory instead, and keep script code under "
+              "if __name__ == '__main__':", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _search(args: argparse.Namespace) -> int:
+    output = _check_search(args)
+    from scalertune._search import Isolation, search  # after the checks: it loads torch
+
     quiet = args.quiet
-    if (args.trial_timeout or args.trial_memory) and not args.isolate:
-        raise UsageError("--trial-timeout and --trial-memory need --isolate")
     isolation = Isolation(args.trial_timeout, args.trial_memory) if args.isolate else None
     result = search(
         args.factory, storage=args.storage, study_name=args.study_name, space=args.space,
@@ -281,9 +358,104 @@ def _search(args: argparse.Namespace) -> int:
     print(result.summary(top=args.top))
     if result.interrupted:
         return EXIT_INTERRUPTED
-    output = args.output or _default_output(result.study_name)
-    _write(result, output, args.artifact_dir, sys.stdout)
-    return 0
+    with _interrupt.deferred():  # the YAML and the study's notes are written whole or not
+        _write(result, output, args.artifact_dir, sys.stdout)
+    return EXIT_INTERRUPTED if _interrupt.received() else 0
+
+
+def _check_search(args: argparse.Namespace) -> str:
+    """What can be checked of a search's input before any work: the options that go
+    together, the space, the study name, the storage's files and the output; returns the
+    output file."""
+    from scalertune._space import SearchSpace
+
+    if (args.trial_timeout is not None or args.trial_memory is not None) and not args.isolate:
+        raise UsageError("--trial-timeout and --trial-memory need --isolate")
+    SearchSpace.load(args.space)  # read again by the search; here it is refused before torch
+    from scalertune._study import default_study_name
+
+    study_name = args.study_name or default_study_name(args.factory)
+    _check_study_name(study_name)
+    output = args.output or _default_output(study_name)
+    factory_file = args.factory.rpartition(":")[0]
+    inputs = {"factory file": factory_file, "search space file": args.space}
+    _check_storage_and_output(args.storage, output, args.artifact_dir, inputs)
+    return output
+
+
+def _check_study_name(name: str) -> None:
+    from optuna.storages._rdb.models import MAX_INDEXED_STRING_LENGTH
+
+    if len(name) > MAX_INDEXED_STRING_LENGTH:
+        raise UsageError(f"the study name is {len(name)} characters long; Optuna's storages hold "
+                         f"at most {MAX_INDEXED_STRING_LENGTH}: pass a shorter --study-name")
+
+
+def _check_storage_and_output(storage: str, output: str | None, artifact_dir: str | None,
+                              inputs: dict[str, str]) -> None:
+    """The storage's own files must be usable, and the output YAML (and the PNGs written
+    beside it) must be a new or regular file, in a folder that exists, that is none of the
+    files the study owns or the search reads."""
+    from scalertune._dashboard import DEFAULT_ARTIFACT_DIR
+    from scalertune._storage import check_local, owned_files
+
+    check_local(storage)
+    artifacts = os.path.abspath(artifact_dir or DEFAULT_ARTIFACT_DIR)
+    if artifact_dir is not None and os.path.exists(artifacts) and not os.path.isdir(artifacts):
+        raise UsageError(f"--artifact-dir {artifact_dir} is a file: name a folder")
+    if artifact_dir is not None and any(_same(artifacts, f) for f in owned_files(storage)):
+        raise UsageError(f"--artifact-dir {artifact_dir} is the study's storage: name a folder")
+    if output is None:
+        return
+    path = os.path.abspath(output)
+    if os.path.isdir(path):
+        raise UsageError(f"--output {output} is a folder: name a file, e.g. "
+                         f"{os.path.join(output, 'amp.yaml')}")
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise UsageError(f"--output {output}: the folder {folder} does not exist: create it, "
+                         "or write the YAML elsewhere")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"--output {output}: the folder {folder} is not writable")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise UsageError(f"--output {output} is not a regular file: name a YAML file")
+    longest = os.path.splitext(os.path.basename(path))[0] + _LONGEST_PICTURE_SUFFIX
+    limit = _name_max(folder)
+    if len(os.path.basename(path) + ".tmp") > limit or len(longest) > limit:
+        raise UsageError(f"--output {output}: the file names written there (up to "
+                         f"{len(longest)} characters) exceed this file system's {limit}: "
+                         "pass a shorter --output (or --study-name)")
+    owned = {f: "storage" for f in owned_files(storage)}
+    owned.update({f: what for what, f in inputs.items() if f and os.path.isfile(f)})
+    for file, what in owned.items():
+        if _same(path, file):
+            raise UsageError(f"--output {output} is the study's {what}: writing the YAML there "
+                             "would destroy it; pass another --output")
+    if path == artifacts or path.startswith(artifacts + os.sep):
+        raise UsageError(f"--output {output} is inside the artifact folder {artifacts}, which "
+                         "the study owns: pass another --output")
+
+
+#: The longest name a picture written beside the YAML takes after its stem
+#: (``STEM.pytorch-default.trial-N.png``, N up to ten digits).
+_LONGEST_PICTURE_SUFFIX = ".pytorch-default.trial-0123456789.png"
+
+
+def _name_max(folder: str) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows), or no answer
+        return 255
+
+
+def _same(a: str, b: str) -> bool:
+    """Whether two paths name one file: the same path, a symlink to it, or a hard link."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist
+        return False
 
 
 def _write(result: "SearchResult", output: str, artifact_dir: str | None,
@@ -304,10 +476,14 @@ def _write(result: "SearchResult", output: str, artifact_dir: str | None,
 
 
 def _report(args: argparse.Namespace) -> int:
-    from scalertune._result import analyze
+    from scalertune._storage import load_existing_study, redact
+
+    _check_study_name(args.study_name)
+    _check_storage_and_output(args.storage, args.output, None, {})
+    study = load_existing_study(args.storage, args.study_name)
+    from scalertune._result import analyze  # after the checks: it loads torch
     from scalertune._schema import result_document
 
-    study = load_existing_study(args.storage, args.study_name)
     result = analyze(study, storage=redact(args.storage))
     if args.json:
         print(json.dumps(result_document(result.to_dict()), indent=2))
@@ -315,8 +491,9 @@ def _report(args: argparse.Namespace) -> int:
         print(result.summary(top=args.top))
     if args.output:
         note = None if args.quiet else sys.stderr
-        _write(result, args.output, None, note if args.json else sys.stdout)
-    return 0
+        with _interrupt.deferred():
+            _write(result, args.output, None, note if args.json else sys.stdout)
+    return EXIT_INTERRUPTED if _interrupt.received() else 0
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -338,10 +515,6 @@ def _diagnose(args: argparse.Namespace) -> int:
     from scalertune._runtime import resolve_device
     from scalertune._workload import FactoryError, load_factory
 
-    if not (math.isfinite(args.init_scale) and args.init_scale > 0):
-        raise UsageError(f"--init-scale must be a positive finite number, got {args.init_scale:g}")
-    if args.steps < 1:
-        raise UsageError(f"--steps must be >= 1, got {args.steps}")
     islands = AmpConfig(fp32_modules=args.fp32_modules).fp32_modules
     device = resolve_device(args.device)
     factory = load_factory(args.factory)
@@ -369,9 +542,15 @@ def _dashboard(args: argparse.Namespace) -> int:
     import optuna
 
     from scalertune._dashboard import have_dashboard, serve
+    from scalertune._storage import load_existing_studies, load_existing_study, redact
 
     if not have_dashboard():
         raise UsageError("optuna-dashboard is not installed: pip install 'scalertune[dashboard]'")
+    if args.study_name is not None:
+        _check_study_name(args.study_name)
+    if args.artifact_dir is not None and not os.path.isdir(args.artifact_dir):
+        raise UsageError(f"--artifact-dir {args.artifact_dir} is not a folder: name the folder "
+                         "the search stored its pictures in")
     if args.study_name is None:
         studies = load_existing_studies(args.storage)
     else:
@@ -400,4 +579,4 @@ def _version() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    program()

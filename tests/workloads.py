@@ -128,6 +128,24 @@ def eats_memory_in_float16():
     return _in_float16_at_step_3(lambda: torch.empty(64 * 2**30, dtype=torch.uint8).fill_(1))
 
 
+def _at_step_3(crash):
+    """``crash()`` on the fourth step of every run, float32 included: the one-step check of
+    the factory passes, the float32 reference does not."""
+    return _healthy_with_step(lambda amp: crash() if amp.steps == 3 else None)
+
+
+def aborts_in_every_run():
+    import os
+
+    return _at_step_3(os.abort)
+
+
+def hangs_in_every_run():
+    import time
+
+    return _at_step_3(lambda: time.sleep(3600))
+
+
 def _raise(exc):
     raise exc
 

@@ -1,0 +1,102 @@
+"""Reading the YAML a user hands over (a search space, a result file), with bounds.
+
+``yaml.safe_load`` builds only plain types, but it trusts the file's size and shape: aliases
+let a few hundred bytes stand for billions of values (the "billion laughs"), which any later
+``str()`` or JSON dump expands, and deep nesting overflows the parser's stack. So a file is
+read only up to ``MAX_YAML_BYTES``, its node graph is measured before any value is built (at
+most ``MAX_YAML_VALUES`` values once aliases are expanded, no alias that contains itself),
+and every number in it must be finite: nothing scalertune reads means NaN or infinity.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import yaml
+
+from scalertune import _policy
+from scalertune._errors import UsageError
+
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+
+
+def read_yaml(path: str, *, what: str, missing: str = "") -> Any:
+    """The data in the YAML file ``path``; :class:`UsageError` naming ``what`` it should be
+    when it cannot be read (``missing`` is appended to the message for a missing file)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_policy.MAX_YAML_BYTES + 1)
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {path}{missing}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a folder, not {what}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > _policy.MAX_YAML_BYTES:
+        raise UsageError(f"{path} is larger than {_policy.MAX_YAML_BYTES // 1024} KiB: "
+                         f"is it {what}?")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text: is it {what}?") from None
+    return parse_yaml(text, where=path)
+
+
+def parse_yaml(text: str, *, where: str) -> Any:
+    """The data in YAML ``text``, bounded as the module says; ``where`` names it in errors."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _measure(node, where, loader)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise UsageError(f"{where} is not valid YAML{at}: fix the file") from None
+    except RecursionError:
+        raise UsageError(f"{where} nests its values too deeply to be a scalertune file") from None
+    finally:
+        loader.dispose()
+
+
+def _measure(root: yaml.Node, where: str, loader: yaml.SafeLoader) -> None:
+    """Count the values ``root`` stands for with aliases expanded; refuse too many, an alias
+    inside itself, and a number that is not finite."""
+    counted: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def count(node: yaml.Node) -> int:
+        key = id(node)
+        if key in counted:
+            return counted[key]
+        if key in open_nodes:
+            raise UsageError(f"{where}: an alias at line {node.start_mark.line + 1} refers to "
+                             "a value that contains it: write the value out")
+        if isinstance(node, yaml.ScalarNode):
+            _check_finite(node, where, loader)
+            total = 1
+        else:
+            open_nodes.add(key)
+            children = (node.value if isinstance(node, yaml.SequenceNode)
+                        else [n for pair in node.value for n in pair])
+            total = 1 + sum(count(child) for child in children)
+            open_nodes.discard(key)
+        if total > _policy.MAX_YAML_VALUES:
+            raise UsageError(f"{where}: its aliases expand to more than "
+                             f"{_policy.MAX_YAML_VALUES} values: write the values out")
+        counted[key] = total
+        return total
+
+    count(root)
+
+
+def _check_finite(node: yaml.ScalarNode, where: str, loader: yaml.SafeLoader) -> None:
+    if node.tag != _FLOAT_TAG:
+        return
+    value = loader.construct_yaml_float(node)
+    if not math.isfinite(value):
+        raise UsageError(f"{where}: line {node.start_mark.line + 1}: {node.value} is not a "
+                         "finite number: give a finite value")

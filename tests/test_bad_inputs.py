@@ -1,0 +1,373 @@
+"""Bad input, across every command and scalertune.load(): one line naming the problem, exit
+status 2 (or UsageError from Python), no traceback, and nothing written: no database, no YAML,
+no artifact folder, no file changed.
+
+Every command-line row runs the real command in a fresh folder, as its own process; the rows
+of one command run a few at a time, so the whole table takes about a minute.
+"""
+
+import concurrent.futures
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+
+import optuna
+import pytest
+
+import scalertune
+from conftest import HERE, spec
+
+HEALTHY = spec("healthy")
+SECRET = "s3cr3t-PW"
+
+#: ~600 bytes that stand for 9**6 strings once the aliases are expanded.
+ALIAS_BOMB = "".join(
+    [f"l0: &l0 [{', '.join(['lol'] * 9)}]\n"]
+    + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 6)]
+)
+RESULT = """scalertune: 1
+config:
+  dtype: float16
+  init_scale: 4096.0
+  growth_factor: 2.0
+  backoff_factor: 0.5
+  growth_interval: 2000
+  clip_norm: null
+"""
+
+
+def _result(**changes):
+    text = RESULT
+    for key, value in changes.items():
+        text = re.sub(rf"(?m)^  {key}: .*$", f"  {key}: {value}", text)
+    return text
+
+
+def _study_db(folder, name="scalertune.db"):
+    """A real SQLite storage holding one (empty) study named ``s``."""
+    optuna.create_study(study_name="s", storage=f"sqlite:///{folder / name}")
+
+
+def _journal(folder, name="study.log"):
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    optuna.create_study(study_name="s",
+                        storage=JournalStorage(JournalFileBackend(str(folder / name))))
+
+
+@dataclasses.dataclass
+class Case:
+    label: str
+    args: list
+    message: str  # a regex the one line of stderr must match
+    files: dict = dataclasses.field(default_factory=dict)  # name -> text, bytes or a setup
+
+    def prepare(self, folder):
+        for name, content in self.files.items():
+            path = folder / name
+            if callable(content):
+                content(folder)
+            elif content is None:
+                path.mkdir(parents=True, exist_ok=True)
+            elif isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content)
+
+
+def _model(text):
+    return {"model.py": text}
+
+
+_POSITIVE = "--{} must be a positive finite number"
+_EXITS_ON_IMPORT = "import sys\nsys.exit(3)\n"
+_EXITS_IN_FACTORY = "import sys\n\ndef make_model():\n    sys.exit(5)\n"
+_SPACE_OK = "dtype: {choices: [float16]}\n"
+
+SEARCH = [
+    Case("seed negative", ["--seed", "-1"], r"--seed must be an integer from 0 to 4294967295"),
+    Case("seed past numpy", ["--seed", "4294967296"], r"--seed must be an integer from 0"),
+    Case("seed 2**70", ["--seed", str(2**70)], r"--seed must be an integer from 0"),
+    Case("seed not a number", ["--seed", "abc"], r"argument --seed: invalid int value"),
+    Case("n-trials negative", ["--n-trials", "-1"], r"--n-trials must be an integer >= 0"),
+    Case("too few steps", ["--steps", "5"], r"--steps >= 20"),
+    Case("too many steps", ["--steps", "100000000"], r"--steps must be an integer from 1"),
+    Case("top negative", ["--top", "-1"], r"--top must be an integer >= 0"),
+    Case("trial-timeout negative", ["--isolate", "--trial-timeout", "-5"],
+         r"--trial-timeout must be a positive finite number"),
+    Case("trial-timeout zero", ["--isolate", "--trial-timeout", "0"],
+         r"--trial-timeout must be a positive finite number"),
+    Case("trial-timeout nan", ["--isolate", "--trial-timeout", "nan"],
+         r"--trial-timeout must be a positive finite number"),
+    Case("trial-memory zero", ["--isolate", "--trial-memory", "0"],
+         r"--trial-memory must be a positive finite number"),
+    Case("trial-memory inf", ["--isolate", "--trial-memory", "inf"],
+         r"--trial-memory must be a positive finite number"),
+    Case("trial-timeout without isolate", ["--trial-timeout", "5"], r"need --isolate"),
+    Case("timeout zero", ["--timeout", "0"], _POSITIVE.format("timeout")),
+    Case("timeout inf", ["--timeout", "inf"], _POSITIVE.format("timeout")),
+    Case("-o is the database", ["-o", "scalertune.db"], r"is the study's storage",
+         {"scalertune.db": _study_db}),
+    Case("-o is the database, another spelling",
+         ["--storage", "sqlite:///./data/s.db", "-o", "data/../data/s.db"],
+         r"is the study's storage", {"data": None}),
+    Case("-o is the journal file", ["--storage", "study.log", "-o", "study.log"],
+         r"is the study's storage", {"study.log": _journal}),
+    Case("-o is the journal's lock", ["--storage", "study.log", "-o", "study.log.lock"],
+         r"is the study's storage"),
+    Case("-o is SQLite's write-ahead log", ["-o", "scalertune.db-wal"], r"is the study's storage"),
+    Case("-o into a missing folder", ["-o", "no/such/folder/amp.yaml"],
+         r"the folder .*no/such/folder does not exist"),
+    Case("-o onto a folder", ["-o", "results"], r"--output results is a folder",
+         {"results": None}),
+    Case("-o is the factory file", ["-o", "model.py"], r"is the study's factory file",
+         {"model.py": open(os.path.join(HERE, "workloads.py")).read()}),
+    Case("-o is the space file", ["--space", "space.yaml", "-o", "space.yaml"],
+         r"is the study's search space file", {"space.yaml": _SPACE_OK}),
+    Case("-o inside the artifact folder", ["-o", "scalertune-artifacts/amp.yaml"],
+         r"inside the artifact folder", {"scalertune-artifacts": None}),
+    Case("-o not a regular file", ["-o", "/dev/null"], r"not a regular file"),
+    Case("artifact-dir is a file", ["--artifact-dir", "notes.txt"],
+         r"--artifact-dir notes.txt is a file", {"notes.txt": "x"}),
+    Case("study name too long for Optuna", ["--study-name", "s" * 600],
+         r"600 characters long; Optuna's storages hold at most 512"),
+    Case("study name too long for a file name", ["--study-name", "s" * 300],
+         r"exceed this file system's 255"),
+    Case("space high .inf", ["--space", "space.yaml"], r"line 1: \.inf is not a finite number",
+         {"space.yaml": "init_scale: {low: 1.0, high: .inf, log: true}\n"}),
+    Case("space low .nan", ["--space", "space.yaml"], r"\.nan is not a finite number",
+         {"space.yaml": "growth_factor: {low: .nan, high: 4.0}\n"}),
+    Case("space step .inf", ["--space", "space.yaml"], r"\.inf is not a finite number",
+         {"space.yaml": "backoff_factor: {low: 0.25, high: 0.75, step: .inf}\n"}),
+    Case("space fixed value 1e39", ["--space", "space.yaml"],
+         r"init_scale must be > 0 and finite", {"space.yaml": "init_scale: 1.0e+39\n"}),
+    Case("space value a string", ["--space", "space.yaml"], r"init_scale must be a number",
+         {"space.yaml": "init_scale: big\n"}),
+    Case("space alias bomb", ["--space", "space.yaml"], r"aliases expand to more than",
+         {"space.yaml": ALIAS_BOMB + "description: *l5\n"}),
+    Case("space alias in itself", ["--space", "space.yaml"], r"refers to a value that contains",
+         {"space.yaml": "description: &d [*d]\n"}),
+    Case("space nested too deep", ["--space", "space.yaml"], r"nests its values too deeply",
+         {"space.yaml": "description: " + "[" * 5000 + "]" * 5000 + "\n"}),
+    Case("space over 1 MiB", ["--space", "space.yaml"], r"is larger than 1024 KiB",
+         {"space.yaml": "# " + "x" * 2**20 + "\n"}),
+    Case("space not UTF-8", ["--space", "space.yaml"], r"is not UTF-8 text",
+         {"space.yaml": b"dtype: \xff\xfe\n"}),
+    Case("space not YAML", ["--space", "space.yaml"], r"is not valid YAML at line",
+         {"space.yaml": "dtype: [float16\n"}),
+    Case("journal path is a SQLite file", ["--storage", "study.db"], r"is a SQLite database",
+         {"study.db": lambda folder: _study_db(folder, "study.db")}),
+    Case("journal path is another file", ["--storage", "notes.txt"],
+         r"not an Optuna journal file", {"notes.txt": "meeting notes\n"}),
+    Case("journal path is a folder", ["--storage", "runs"], r"runs is a folder",
+         {"runs": None}),
+    Case("password with an empty user",
+         ["--storage", f"postgresql://:{SECRET}@127.0.0.1:1/optuna"], r"cannot open storage"),
+    Case("password in the query",
+         ["--storage", f"postgresql://bob@127.0.0.1:1/optuna?password={SECRET}"],
+         r"cannot open storage"),
+    Case("password in a malformed URL",
+         ["--storage", f"postgresql://bob:{SECRET}@127.0.0.1:notaport/optuna"],
+         r"cannot open storage postgresql://\*\*\*"),
+    Case("module calls sys.exit on import", [], r"sys\.exit\(3\) was called",
+         _model(_EXITS_ON_IMPORT)),
+    Case("factory calls sys.exit", [], r"sys\.exit\(5\) was called", _model(_EXITS_IN_FACTORY)),
+    Case("unknown device", ["--device", "tpu"], r"unknown device 'tpu'"),
+    Case("missing float32 island", ["--fp32-modules", "nosuch"],
+         r"fp32_modules names 'nosuch'"),
+]
+
+DIAGNOSE = [
+    Case("init-scale inf", ["--init-scale", "inf"], _POSITIVE.format("init-scale")),
+    Case("init-scale nan", ["--init-scale", "nan"], _POSITIVE.format("init-scale")),
+    Case("init-scale zero", ["--init-scale", "0"], _POSITIVE.format("init-scale")),
+    Case("init-scale negative", ["--init-scale", "-1"], _POSITIVE.format("init-scale")),
+    Case("init-scale past float32", ["--init-scale", "1e39"], r"--init-scale must be at most"),
+    Case("steps zero", ["--steps", "0"], r"--steps must be an integer from 1"),
+    Case("seed negative", ["--seed", "-1"], r"--seed must be an integer from 0"),
+    Case("seed past numpy", ["--seed", "4294967296"], r"--seed must be an integer from 0"),
+    Case("module calls sys.exit on import", [], r"sys\.exit\(3\) was called",
+         _model(_EXITS_ON_IMPORT)),
+]
+
+EXPORT = [
+    Case("growth_interval .nan", ["--to", "torch"], r"\.nan is not a finite number",
+         {"r.yaml": _result(growth_interval=".nan")}),
+    Case("init_scale .inf", ["--to", "torch"], r"\.inf is not a finite number",
+         {"r.yaml": _result(init_scale=".inf")}),
+    Case("growth_interval not an integer", ["--to", "deepspeed"],
+         r"growth_interval must be an integer", {"r.yaml": _result(growth_interval="2.5")}),
+    Case("clip_norm negative", ["--to", "lightning"], r"clip_norm must be > 0",
+         {"r.yaml": _result(clip_norm="-1.0")}),
+    Case("init_scale a string", ["--to", "torch"], r"init_scale must be > 0",
+         {"r.yaml": _result(init_scale="'4096'")}),
+    Case("unknown dtype", ["--to", "accelerate"], r"unknown dtype 'half'",
+         {"r.yaml": _result(dtype="half")}),
+    Case("unknown config key", ["--to", "torch"], r"unknown config key\(s\) scale",
+         {"r.yaml": RESULT + "  scale: 2\n"}),
+    Case("no config", ["--to", "torch"], r"has no 'config' mapping", {"r.yaml": "a: 1\n"}),
+    Case("missing file", ["--to", "torch"], r"no such file: r\.yaml"),
+    Case("a folder", ["--to", "torch"], r"r\.yaml is a folder", {"r.yaml": None}),
+    Case("alias bomb", ["--to", "torch"], r"aliases expand to more than",
+         {"r.yaml": RESULT + ALIAS_BOMB + "evidence: *l5\n"}),
+    Case("not UTF-8", ["--to", "torch"], r"is not UTF-8 text", {"r.yaml": b"\xff\xfe\x00"}),
+    Case("over 1 MiB", ["--to", "torch"], r"is larger than", {"r.yaml": b"#" * (2**20 + 5)}),
+    Case("unknown framework", ["--to", "jax"], r"argument --to: invalid choice",
+         {"r.yaml": RESULT}),
+    Case("micro-batch size zero", ["--to", "deepspeed", "--micro-batch-size", "0"],
+         r"--micro-batch-size must be an integer >= 1", {"r.yaml": RESULT}),
+]
+
+REPORT = [
+    Case("-o is the database", ["--study-name", "s", "-o", "scalertune.db"],
+         r"is the study's storage", {"scalertune.db": _study_db}),
+    Case("-o is the journal file", ["--storage", "study.log", "--study-name", "s", "-o",
+                                    "study.log"], r"is the study's storage",
+         {"study.log": _journal}),
+    Case("-o into a missing folder", ["--study-name", "s", "-o", "nope/r.yaml"],
+         r"does not exist", {"scalertune.db": _study_db}),
+    Case("-o onto a folder", ["--study-name", "s", "-o", "out"], r"is a folder",
+         {"scalertune.db": _study_db, "out": None}),
+    Case("top negative", ["--study-name", "s", "--top", "-1"], r"--top must be an integer >= 0"),
+    Case("no such database", ["--study-name", "s"], r"no such database: sqlite:///scalertune.db"),
+    Case("no such journal", ["--storage", "nope.log", "--study-name", "s"],
+         r"no such journal file: nope\.log"),
+    Case("no such study", ["--study-name", "other"], r"no study 'other'",
+         {"scalertune.db": _study_db}),
+    Case("study name too long", ["--study-name", "x" * 600], r"at most 512"),
+    Case("password in the query", ["--study-name", "s", "--storage",
+                                   f"postgresql://bob@127.0.0.1:1/o?password={SECRET}"],
+         r"cannot open storage"),
+]
+
+DASHBOARD = [
+    Case("port past 65535", ["--port", "99999"], r"--port must be an integer from 1 to 65535"),
+    Case("port zero", ["--port", "0"], r"--port must be an integer from 1 to 65535"),
+    Case("port negative", ["--port", "-1"], r"--port must be an integer from 1 to 65535"),
+    Case("no such database", [], r"no such database"),
+    Case("artifact folder missing", ["--artifact-dir", "pics"], r"--artifact-dir pics is not a "
+         "folder", {"scalertune.db": _study_db}),
+    Case("storage is a folder", ["--storage", "sqlite:///db"], r"is a folder", {"db": None}),
+]
+
+COMMANDS = {
+    "search": (["search", HEALTHY, "--device", "cpu"], SEARCH),
+    "diagnose": (["diagnose", HEALTHY, "--device", "cpu"], DIAGNOSE),
+    "export": (["export", "r.yaml"], EXPORT),
+    "report": (["report"], REPORT),
+    "dashboard": (["dashboard"], DASHBOARD),
+}
+
+
+def _snapshot(folder):
+    """Every file and folder under ``folder`` with its size and modification time."""
+    found = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            stat = os.lstat(path)
+            found[os.path.relpath(path, folder)] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def _check_case(prefix, case, folder):
+    """Run one row; return what is wrong with its outcome, or None."""
+    folder.mkdir()
+    case.prepare(folder)
+    before = _snapshot(folder)
+    args = list(prefix)
+    if "model.py" in case.files and prefix[0] in ("search", "diagnose"):
+        args[1] = "model.py:make_model"
+    proc = subprocess.run([sys.executable, "-m", "scalertune", *args, *case.args],
+                          capture_output=True, text=True, cwd=folder, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    lines = proc.stderr.strip().splitlines()
+    problems = []
+    if proc.returncode != 2:
+        problems.append(f"exit {proc.returncode}")
+    if "Traceback" in proc.stderr or len(lines) != 1:
+        problems.append(f"{len(lines)} lines on stderr")
+    elif not re.search(case.message, lines[0]):
+        problems.append(f"message does not match {case.message!r}")
+    if proc.stdout:
+        problems.append("printed to stdout")
+    if SECRET in proc.stdout + proc.stderr:
+        problems.append("printed the password")
+    after = _snapshot(folder)
+    if after != before:
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        problems.append(f"wrote {changed[:4]}")
+    if problems:
+        return f"{prefix[0]} / {case.label}: {'; '.join(problems)}\n    {proc.stderr.strip()[:600]}"
+    return None
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, command):
+    prefix, cases = COMMANDS[command]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        outcomes = list(pool.map(
+            lambda item: _check_case(prefix, item[1], tmp_path / f"case{item[0]}"),
+            enumerate(cases)))
+    failures = [o for o in outcomes if o]
+    assert not failures, "\n".join(failures)
+
+
+def test_the_table_covers_sixty_bad_inputs():
+    assert sum(len(cases) for _, cases in COMMANDS.values()) + len(LOAD) >= 60
+
+
+LOAD = [
+    ("init_scale .inf", _result(init_scale=".inf"), r"\.inf is not a finite number"),
+    ("init_scale 1e39", _result(init_scale="1.0e+39"), r"init_scale must be > 0 and finite"),
+    ("init_scale a string", _result(init_scale="'4096'"), r"init_scale must be > 0"),
+    ("init_scale true", _result(init_scale="true"), r"init_scale must be > 0"),
+    ("growth_interval .nan", _result(growth_interval=".nan"), r"\.nan is not a finite number"),
+    ("growth_interval 2.5", _result(growth_interval="2.5"), r"growth_interval must be an integer"),
+    ("growth_interval past int32", _result(growth_interval="4294967296"),
+     r"growth_interval must be an integer >= 1 \(at most 2147483647\)"),
+    ("backoff_factor 1.5", _result(backoff_factor="1.5"), r"backoff_factor must be in \(0, 1\)"),
+    ("fp32_modules a number", RESULT + "  fp32_modules: 5\n", r"fp32_modules must be module names"),
+    ("guard floor negative", RESULT + "guard: {min_scale: -1.0, max_consecutive_skips: 50}\n",
+     r"min_scale must be a finite number > 0"),
+    ("guard floor zero", RESULT + "guard: {min_scale: 0.0, max_consecutive_skips: 50}\n",
+     r"min_scale must be a finite number > 0"),
+    ("guard skip limit zero", RESULT + "guard: {min_scale: 1.0, max_consecutive_skips: 0}\n",
+     r"max_consecutive_skips must be an integer >= 1"),
+    ("guard not a mapping", RESULT + "guard: strict\n", r"'guard' needs min_scale"),
+    ("alias bomb", RESULT + ALIAS_BOMB + "evidence: *l5\n", r"aliases expand to more than"),
+    ("alias in itself", RESULT + "evidence: &e {x: *e}\n", r"refers to a value that contains"),
+    ("config a list", "config: [1, 2]\n", r"has no 'config' mapping"),
+    ("not YAML", "config: {dtype: float16\n", r"is not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("label, text, message", LOAD, ids=[row[0] for row in LOAD])
+def test_load_refuses_a_bad_result_file_in_one_line(tmp_path, label, text, message):
+    (tmp_path / "amp.yaml").write_text(text)
+    before = _snapshot(tmp_path)
+    with pytest.raises(scalertune.UsageError, match=message) as info:
+        scalertune.load(str(tmp_path / "amp.yaml"), device="cpu")
+    assert len(str(info.value).splitlines()) == 1
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("path, message", [("missing.yaml", "no such file"),
+                                           (".", "is a folder")])
+def test_load_refuses_a_missing_result_file(tmp_path, path, message):
+    with pytest.raises(scalertune.UsageError, match=message):
+        scalertune.load(str(tmp_path / path), device="cpu")
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_search_api_refuses_bad_numbers_before_anything_runs(tmp_path):
+    for kwargs, message in [({"seed": -1}, "--seed"), ({"seed": 2**32}, "--seed"),
+                            ({"steps": 10**7}, "--steps"), ({"n_trials": -1}, "--n-trials"),
+                            ({"steps": 25.5}, "--steps")]:
+        with pytest.raises(scalertune.UsageError, match=message):
+            scalertune.search(HEALTHY, storage=f"sqlite:///{tmp_path / 's.db'}",
+                              device="cpu", **kwargs)
+    assert os.listdir(tmp_path) == []
+

@@ -1,0 +1,466 @@
+"""Faults repeated until they stop finding anything: workers interrupted (SIGINT once or twice,
+SIGTERM) or killed (SIGKILL) at random moments, on a journal file, SQLite and PostgreSQL; after
+every round the same command resumes the study, which must then hold exactly what one
+uninterrupted search would: nothing RUNNING, nothing lost, nothing run twice but a declared
+retry, the float32 references and the baselines once, and the recommendation ``report`` gives.
+
+Bounded by rounds and by time (``SCALERTUNE_FAULT_ROUNDS`` rounds per storage, at most
+``SCALERTUNE_FAULT_BUDGET_S`` seconds per storage; raise both for a long hunt).
+``SCALERTUNE_FAULT_SEED`` replays one sequence of faults; a failure names its seed.
+"""
+
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from conftest import spec
+
+pytestmark = pytest.mark.slow
+
+POSTGRES = os.environ.get("SCALERTUNE_TEST_POSTGRES")
+ROUNDS = int(os.environ.get("SCALERTUNE_FAULT_ROUNDS", "3"))
+BUDGET_S = float(os.environ.get("SCALERTUNE_FAULT_BUDGET_S", "40"))
+SEED = int(os.environ.get("SCALERTUNE_FAULT_SEED", str(random.randrange(2**31))))
+N_TRIALS, STEPS = 3, 20
+#: What can happen to one worker: nothing, Ctrl-C once or twice, SIGTERM, SIGKILL from outside
+#: at a random moment, or one of them from inside its N-th storage write (``fault_launcher``).
+FAULTS = ("none", "int", "int-int", "term", "kill", "int@write", "term@write", "kill@write")
+#: A search here makes a few hundred storage writes; N is drawn below this.
+WRITES = 400
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_launcher.py")
+#: A worker or a resume that runs longer than this is stuck (a whole search takes ~10 s).
+STUCK_S = 150
+
+
+def _command(storage, study, output, fault="none", rng=None):
+    args = ["search", spec("healthy"), "--storage", storage, "--study-name", study,
+            "--n-trials", str(N_TRIALS), "--steps", str(STEPS), "--device", "cpu", "-q",
+            "-o", output]
+    if fault.endswith("@write"):
+        signal_name = fault.split("@")[0].upper()
+        return [sys.executable, LAUNCHER, signal_name, str(rng.randrange(1, WRITES)), *args]
+    return [sys.executable, "-m", "scalertune", *args]
+
+
+def _start(command, cwd):
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+
+
+_STORAGES = {}
+
+
+def _study(storage, name):
+    from scalertune._storage import open_storage
+
+    if storage not in _STORAGES:
+        _STORAGES[storage] = open_storage(storage)
+    return optuna.load_study(study_name=name, storage=_STORAGES[storage])
+
+
+def _faulted_workers(storage, study, workers, rng, cwd):
+    """Start ``workers`` processes on one study, hit each (at least one) with a random fault
+    at a random moment, and return ``[(fault, returncode, stderr)]``."""
+    faults = [rng.choice(FAULTS) for _ in range(workers)]
+    if all(f == "none" for f in faults):
+        faults[rng.randrange(workers)] = rng.choice(FAULTS[1:])
+    procs = [_start(_command(storage, study, f"{study}.w{i}.yaml", fault, rng), cwd)
+             for i, fault in enumerate(faults)]
+    try:
+        for i in sorted((i for i, f in enumerate(faults) if f not in ("none",) and "@" not in f),
+                        key=lambda _: rng.random()):
+            _wait_for_a_moment(storage, study, procs, rng)
+            _hit(procs[i], faults[i], rng)
+        out = []
+        for fault, proc in zip(faults, procs):
+            _, err = proc.communicate(timeout=STUCK_S)
+            out.append((fault, proc.returncode, err))
+        return out
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_for_a_moment(storage, study, procs, rng):
+    """Wait for a random moment: one in five during start-up (importing torch, the float32
+    check, opening the storage), the others once the study holds a random number of trials
+    (the reference, the baselines, sampled trials, the confirmations), a few milliseconds into
+    whatever runs then. Never before every worker handles signals: a process that Python is
+    still starting dies of any signal, whatever program it will run."""
+    deadline = time.monotonic() + STUCK_S
+    while time.monotonic() < deadline and not all(_handles_signals(p) for p in procs):
+        time.sleep(0.01)
+    if rng.random() < 0.2:
+        time.sleep(rng.uniform(0.0, 2.5))
+        return
+    wanted = rng.randrange(1, 3 + N_TRIALS + 3 * 2 + 2)
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        try:
+            if len(_study(storage, study).get_trials(deepcopy=False)) >= wanted:
+                break
+        except KeyError:  # not created yet
+            pass
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0.0, 0.25))
+
+
+def _handles_signals(proc):
+    """Whether the process catches SIGTERM (Linux): scalertune's handlers are in place; or it
+    has exited already."""
+    if proc.poll() is not None:
+        return True
+    try:
+        with open(f"/proc/{proc.pid}/status", encoding="ascii") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):  # gone already, or not Linux
+        return True
+    return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
+def _hit(proc, fault, rng):
+    if proc.poll() is not None:
+        return
+    if fault == "kill":
+        proc.send_signal(signal.SIGKILL)
+    elif fault == "term":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGINT)
+        if fault == "int-int":
+            time.sleep(rng.uniform(0.01, 0.4))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+
+
+def _check_exits(results, context):
+    for fault, code, err in results:
+        where = f"{context}, worker hit by {fault}"
+        assert "Traceback" not in err, f"{where}: {err}"
+        if fault.startswith("kill"):
+            assert code in (0, -signal.SIGKILL), f"{where}: exit {code}: {err}"
+        elif fault == "none":
+            assert code == 0, f"{where}: a worker nobody touched exited {code}: {err}"
+        else:
+            # 0 only when the search had finished before the signal arrived
+            assert code in (0, 130), f"{where}: exit {code}, not 130: {err}"
+
+
+def _finished(trials):
+    return {t.number: (t.state, t.values) for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
+
+
+def _check_study(study, before, context):
+    """The invariants of a finished study, whatever happened to its workers."""
+    trials = study.get_trials(deepcopy=False)
+    assert [t.number for t in trials] == list(range(len(trials))), context
+    states = collections.Counter(t.state for t in trials)
+    assert states[TrialState.RUNNING] == 0 and states[TrialState.WAITING] == 0, (
+        f"{context}: left {states}")
+    after = _finished(trials)
+    assert all(after.get(n) == v for n, v in before.items()), f"{context}: a finished trial changed"
+
+    done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    # A sampled config the study had finished already is reused, not trained: it does not
+    # count, and it must name a finished trial of that config.
+    trained = [t for t in done if t.user_attrs.get("role") == "search"
+               and "duplicate_of" not in t.user_attrs]
+    stopped = study.user_attrs.get("scalertune.stopped_early")
+    assert len(trained) == N_TRIALS or (stopped and len(trained) < N_TRIALS), (
+        f"{context}: {len(trained)} sampled trials trained (stopped early: {stopped})")
+    for t in done:
+        if "duplicate_of" in t.user_attrs:
+            original = trials[t.user_attrs["duplicate_of"]]
+            assert original.state in (TrialState.COMPLETE, TrialState.PRUNED), context
+            assert original.user_attrs["config"] == t.user_attrs["config"], context
+    roles = collections.Counter(t.user_attrs.get("role") for t in done)
+    assert roles["recommended"] == 1, f"{context}: {roles}"
+    references = [t.user_attrs["seed"] for t in trials if t.user_attrs.get("role") == "reference"]
+    assert sorted(references) == sorted(set(references)) and 0 in references, (
+        f"{context}: float32 references {references}")
+    baselines = [t.user_attrs["baseline"] for t in done if t.user_attrs.get("role") == "baseline"]
+    assert sorted(baselines) == ["init-scale-4096", "pytorch-default"], f"{context}: {baselines}"
+    confirms = [(t.user_attrs["confirms"], t.user_attrs["seed"]) for t in done
+                if t.user_attrs.get("role") == "confirm"]
+    assert len(confirms) == len(set(confirms)) > 0, f"{context}: confirmations {confirms}"
+    assert {seed for _, seed in confirms} <= set(references), context
+
+    for t in trials:
+        if t.state == TrialState.FAIL and t.user_attrs.get("role") != "surplus":
+            # The healthy workload never fails on its own: a stored error is an interruption
+            # or a storage error recorded as if the config had failed.
+            assert "error" not in t.user_attrs, (
+                f"{context}: trial #{t.number} failed with {t.user_attrs['error']!r}")
+    retries = collections.Counter(t.system_attrs["failed_trial"] for t in done
+                                  if "failed_trial" in t.system_attrs)
+    assert all(n == 1 for n in retries.values()), f"{context}: retried twice: {retries}"
+    assert all(trials[n].state == TrialState.FAIL for n in retries), context
+
+
+def _check_report(storage, study, output, cwd, context):
+    report = subprocess.run(
+        [sys.executable, "-m", "scalertune", "report", "--storage", storage, "--study-name",
+         study, "--json"], capture_output=True, text=True, cwd=cwd, timeout=STUCK_S,
+        stdin=subprocess.DEVNULL)
+    assert report.returncode == 0, f"{context}: report: {report.stderr}"
+    with open(os.path.join(cwd, output), encoding="utf-8") as f:
+        written = yaml.safe_load(f)
+    assert json.loads(report.stdout) == written, f"{context}: report differs from the search"
+
+
+def _rounds(storage, workers, cwd):
+    rng = random.Random(SEED)
+    deadline = time.monotonic() + BUDGET_S
+    done = 0
+    while done < ROUNDS and (done == 0 or time.monotonic() < deadline):
+        study = f"round{done}"
+        context = f"{storage} round {done} (SCALERTUNE_FAULT_SEED={SEED})"
+        results = _faulted_workers(storage, study, workers, rng, cwd)
+        _check_exits(results, context)
+        try:
+            before = _finished(_study(storage, study).get_trials(deepcopy=False))
+        except KeyError:  # every worker was stopped before it created the study
+            before = {}
+        output = f"{study}.yaml"
+        resume = _start(_command(storage, study, output), cwd)
+        try:
+            _, err = resume.communicate(timeout=STUCK_S)
+        except subprocess.TimeoutExpired:
+            resume.kill()
+            running = [t.number for t in _study(storage, study).trials
+                       if t.state == TrialState.RUNNING]
+            pytest.fail(f"{context}: the resume hangs; RUNNING trials {running} after "
+                        f"{[r[0] for r in results]}")
+        assert resume.returncode == 0, f"{context}: the resume exited {resume.returncode}: {err}"
+        _check_study(_study(storage, study), before, context)
+        _check_report(storage, study, output, cwd, context)
+        done += 1
+
+
+def test_faults_on_a_journal_file(tmp_path):
+    _rounds(str(tmp_path / "study.log"), 3, tmp_path)
+
+
+def test_faults_on_sqlite_one_worker(tmp_path):
+    _rounds(f"sqlite:///{tmp_path / 'study.db'}", 1, tmp_path)
+
+
+@pytest.mark.skipif(not POSTGRES and os.environ.get("CI") != "true",
+                    reason="set SCALERTUNE_TEST_POSTGRES to a PostgreSQL URL (.ci/run does)")
+def test_faults_on_postgresql(tmp_path):
+    assert POSTGRES, ".ci/run must start PostgreSQL and set SCALERTUNE_TEST_POSTGRES"
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
+    name = f"scalertune_faults_{os.getpid()}"
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name}"))
+        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    try:
+        _rounds(POSTGRES.rsplit("/", 1)[0] + "/" + name, 3, tmp_path)
+    finally:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+# -- the same faults, replayed step by step where a random moment finds them only by chance --
+
+def _dead_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _journal_study(tmp_path, name="replay"):
+    from scalertune._storage import open_storage
+
+    return optuna.create_study(study_name=name, storage=open_storage(str(tmp_path / "j.log")))
+
+
+def test_a_retry_belongs_to_the_worker_that_runs_it(tmp_path):
+    """Worker A dies in a trial; C fails it and queues it again; B takes the copy; C (or a
+    fourth worker) recovers again while B runs it: B's trial must stay B's."""
+    from scalertune._recovery import recover, take
+    from scalertune._storage import WORKER
+
+    study = _journal_study(tmp_path)
+    dead = f"{WORKER.rpartition(':')[0]}:{_dead_pid()}"
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.RUNNING, params={"x": 0.5},
+        distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
+        user_attrs={"role": "search", "seed": 0, "config": {"dtype": "bfloat16"},
+                    "worker": dead, "steps_run": 7}))
+    lines = []
+    recover(study, lines.append)  # C
+    original, copy = study.get_trials(deepcopy=False)
+    assert original.state == TrialState.FAIL and copy.state == TrialState.WAITING
+    assert copy.user_attrs == {"role": "search", "seed": 0, "config": {"dtype": "bfloat16"}}
+    assert copy.params == {"x": 0.5} and copy.system_attrs["failed_trial"] == 0
+    assert "process" in lines[0] and "queued again" in lines[0]
+
+    trial = study.ask()  # B pops the copy ...
+    recover(study, lines.append)  # ... C recovers before B has named itself ...
+    take(trial)
+    recover(study, lines.append)  # ... and after
+    assert study.get_trials(deepcopy=False)[1].state == TrialState.RUNNING
+    assert trial.suggest_float("x", 0, 1) == 0.5
+    study.tell(trial, 1.0)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert len(lines) == 1
+
+
+def test_a_trial_taken_by_a_worker_that_died_before_naming_itself_is_recovered(
+        tmp_path, monkeypatch):
+    """A trial RUNNING with no worker and no heartbeat (the worker died right after taking
+    it) is failed and queued again once it has stayed so for the grace period."""
+    from scalertune import _policy
+    from scalertune._recovery import recover
+
+    monkeypatch.setattr(_policy, "HEARTBEAT_GRACE_S", 0.5)
+    study = _journal_study(tmp_path)
+    study.enqueue_trial({}, user_attrs={"role": "baseline", "baseline": "pytorch-default",
+                                        "seed": 0, "config": {"dtype": "float16"}})
+    study._pop_waiting_trial_id()  # noqa: SLF001 - taken, and its worker died at once
+    lines = []
+    recover(study, lines.append)
+    assert [t.state for t in study.trials] == [TrialState.RUNNING]
+    time.sleep(0.6)
+    recover(study, lines.append)
+    original, copy = study.trials
+    assert original.state == TrialState.FAIL and copy.state == TrialState.WAITING
+    assert copy.user_attrs["baseline"] == "pytorch-default"
+    assert "died before naming itself" in lines[0]
+
+
+def _pids_of_children(pid):
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        children.append(int(entry))
+            except OSError:
+                continue
+    return children
+
+
+def _gone(pid, within_s):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+def test_an_isolated_trial_dies_with_its_parent(tmp_path, signum):
+    proc = _start([sys.executable, "-m", "scalertune", "search", spec("hangs_in_float16"),
+                   "--storage", f"sqlite:///{tmp_path / 's.db'}", "--space", "float16",
+                   "--n-trials", "1", "--steps", "20", "--device", "cpu", "--isolate", "-q"],
+                  tmp_path)
+    try:
+        # Every float16 step 3 hangs: the step timing after the float32 reference, then each
+        # trial. Whichever it is, its process is the search's child.
+        deadline = time.monotonic() + STUCK_S
+        hanging = []
+        while not hanging and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            hanging = _pids_of_children(proc.pid)
+        assert hanging, "the search started no process for its runs"
+        time.sleep(3.0)  # the run is past its import, into the hang
+        hanging = _pids_of_children(proc.pid)
+        proc.send_signal(signum)
+        proc.wait(timeout=60)
+        assert all(_gone(pid, within_s=10) for pid in hanging), "a trial outlived its parent"
+        if signum != signal.SIGKILL:
+            assert proc.returncode == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("workload, extra, message", [
+    ("aborts_in_every_run", [],
+     "the float32 reference failed: the trial's process died with SIGABRT"),
+    ("hangs_in_every_run", ["--trial-timeout", "3"], "the float32 reference failed: timed out"),
+])
+def test_isolation_covers_the_float32_reference(tmp_path, workload, extra, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalertune", "search", spec(workload), "--storage",
+         f"sqlite:///{tmp_path / 's.db'}", "--n-trials", "1", "--steps", "20", "--device",
+         "cpu", "--isolate", "-q", *extra],
+        capture_output=True, text=True, cwd=tmp_path, timeout=STUCK_S, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+_OPEN_AT = """
+import sys, time
+from scalertune._storage import open_storage
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+try:
+    open_storage(sys.argv[1])
+    print("ok")
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def _cold_starts(url_of_round, cwd, rounds=4, workers=3):
+    for i in range(rounds):
+        url = url_of_round(i)
+        start = time.time() + 1.5  # after every process has imported what it needs
+        procs = [subprocess.Popen([sys.executable, "-c", _OPEN_AT, url, str(start)], cwd=cwd,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for _ in range(workers)]
+        outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+        assert outs == ["ok"] * workers, f"round {i}: {outs}"
+
+
+def test_workers_opening_a_new_sqlite_file_at_once_all_open_it(tmp_path):
+    _cold_starts(lambda i: f"sqlite:///{tmp_path / f'cold{i}.db'}", tmp_path)
+
+
+@pytest.mark.skipif(not POSTGRES and os.environ.get("CI") != "true",
+                    reason="set SCALERTUNE_TEST_POSTGRES to a PostgreSQL URL (.ci/run does)")
+def test_workers_opening_a_new_postgresql_database_at_once_all_open_it(tmp_path):
+    assert POSTGRES, ".ci/run must start PostgreSQL and set SCALERTUNE_TEST_POSTGRES"
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
+    name = f"scalertune_cold_{os.getpid()}"
+
+    def fresh(i):
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+        return POSTGRES.rsplit("/", 1)[0] + "/" + name
+
+    try:
+        _cold_starts(fresh, tmp_path)
+    finally:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
