@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -344,23 +345,52 @@ def _run(args: argparse.Namespace) -> int:
 def _search(args: argparse.Namespace) -> int:
     output = _check_search(args)
     from scalertune._search import Isolation, search  # after the checks: it loads torch
+    from scalertune._storage import owned_files
 
     quiet = args.quiet
     isolation = Isolation(args.trial_timeout, args.trial_memory) if args.isolate else None
-    result = search(
-        args.factory, storage=args.storage, study_name=args.study_name, space=args.space,
-        fp32_modules=args.fp32_modules, n_trials=args.n_trials, steps=args.steps,
-        seed=args.seed, device=args.device, timeout=args.timeout,
-        isolation=isolation,
-        log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
-        progress=not quiet and sys.stderr.isatty(),
-    )
+    new_files = [f for f in owned_files(args.storage) if not os.path.exists(f)]
+    try:
+        result = search(
+            args.factory, storage=args.storage, study_name=args.study_name, space=args.space,
+            fp32_modules=args.fp32_modules, n_trials=args.n_trials, steps=args.steps,
+            seed=args.seed, device=args.device, timeout=args.timeout,
+            isolation=isolation,
+            log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+            progress=not quiet and sys.stderr.isatty(),
+        )
+    except UsageError:  # refused once the storage was open (a reference that did not learn)
+        _remove_if_unused(args.storage, new_files)
+        raise
     print(result.summary(top=args.top))
     if result.interrupted:
         return EXIT_INTERRUPTED
     with _interrupt.deferred():  # the YAML and the study's notes are written whole or not
         _write(result, output, args.artifact_dir, sys.stdout)
     return EXIT_INTERRUPTED if _interrupt.received() else 0
+
+
+def _remove_if_unused(storage: str, new_files: list[str]) -> None:
+    """Remove the files this command created for a storage that holds no study: input
+    refused after the storage was opened leaves nothing behind."""
+    if not new_files:
+        return
+    import optuna
+
+    from scalertune._storage import open_storage
+
+    try:
+        opened = open_storage(storage, must_exist=True)
+        empty = not optuna.get_all_study_summaries(opened, include_best_trial=False)
+        engine = getattr(opened, "engine", None)
+        if engine is not None:
+            engine.dispose()
+    except Exception:  # nothing is removed that cannot be shown to be empty
+        return
+    if empty:
+        for path in new_files:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
 
 
 def _check_search(args: argparse.Namespace) -> str:

@@ -100,7 +100,12 @@ def test_a_reference_that_does_not_learn_is_refused_before_any_trial_and_leaves_
     lines = proc.stderr.strip().splitlines()
     assert "did not learn" in lines[-1] and "--steps" in lines[-1]
     assert "Traceback" not in proc.stderr
-    assert optuna.get_all_study_names(f"sqlite:///{db}") == []
+    assert not db.exists(), "the database this command created is left behind"
+    # In a storage that already holds a study, the refused one leaves no study either.
+    optuna.create_study(study_name="kept", storage=f"sqlite:///{db}")
+    again = subprocess.run(proc.args, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert again.returncode == 2, again.stderr
+    assert optuna.get_all_study_names(f"sqlite:///{db}") == ["kept"]
 
 
 def test_target_learned_needs_a_drop_beyond_the_batch_noise():
@@ -157,7 +162,7 @@ def test_the_runtime_reads_a_config_without_importing_the_analysis():
 
     here = os.path.dirname(scalertune.__file__)
     allowed = {"scalertune", "scalertune._policy", "scalertune._config", "scalertune._errors",
-               "scalertune._schema"}
+               "scalertune._schema", "scalertune._yaml"}
     for name in ("_runtime.py", "_schema.py", "_config.py"):
         with open(os.path.join(here, name), encoding="utf-8") as f:
             tree = ast.parse(f.read())
