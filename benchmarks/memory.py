@@ -15,7 +15,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FACTORY = f"{os.path.join(HERE, 'models.py')}:large"
-STEPS, N_TRIALS = 20, 4
+STEPS, N_TRIALS = 40, 4
 
 _ONE_RUN = f"""
 import resource, sys, torch

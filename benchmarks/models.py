@@ -42,5 +42,5 @@ def midsize() -> dict:
 
 
 def large() -> dict:
-    """25M parameters on tiny batches: memory is the point, not compute."""
-    return _workload(dim=512, layers=8, ff=2048, batch=2, length=16)
+    """25M parameters on short sequences: memory is the point, not compute."""
+    return _workload(dim=512, layers=8, ff=2048, batch=8, length=16)
