@@ -21,7 +21,6 @@ Notes need the optional ``optuna-dashboard`` package (``pip install 'scalertune[
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from typing import IO, TYPE_CHECKING, Any
 

@@ -9,7 +9,6 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from scalertune import _policy
 from scalertune._config import AmpConfig, Guard, match_modules
 from scalertune._errors import UsageError
 

@@ -1,6 +1,5 @@
 """The search as a whole: what it stores, resuming, baselines once, ranking, the YAML."""
 
-import math
 import subprocess
 import sys
 
