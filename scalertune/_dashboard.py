@@ -193,9 +193,10 @@ def trial_note(trial: FrozenTrial, result: "SearchResult",
     if recommended:
         lines += [_confirmed(result), ""]
     if trial.intermediate_values:
-        lines += [f"Curve (intermediate values): the smoothed loss over seed {attrs.get('seed')}'s "
-                  f"float32 target, one point per {_policy.READBACK_INTERVAL}-step window; 1.0 "
-                  "is the target.", ""]
+        lines += [f"Curve (intermediate values): log10 of the smoothed loss over seed "
+                  f"{attrs.get('seed')}'s float32 target, one point per "
+                  f"{_policy.READBACK_INTERVAL}-step window; 0 is the target, 1 ten times "
+                  "above it.", ""]
     url = (pictures or {}).get(trial.number)
     if url:
         lines += [f"![trial {trial.number}: loss over the float32 target"

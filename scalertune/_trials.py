@@ -231,8 +231,8 @@ class TrialRunner:
 
 class _Reports:
     """Writes a run's curve to the study from a background thread, one point per read-back
-    window: the smoothed loss over the float32 target (1.0 = reached), so that runs of any
-    loss scale compare on one axis in the dashboard."""
+    window: log10 of the smoothed loss over the float32 target (0 = reached), so that runs of
+    any loss scale compare on one axis in the dashboard."""
 
     def __init__(self, trial: optuna.Trial, target: Target) -> None:
         self._trial, self._target = trial, target
