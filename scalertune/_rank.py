@@ -160,6 +160,14 @@ def tied(a: Outcome, b: Outcome, times: StepTimes | None) -> bool:
     return a_low <= b_high and b_low <= a_high
 
 
+def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None) -> bool:
+    """Whether ``a`` reaches the target sooner than ``b`` beyond measurement noise: in fewer
+    steps on the same dtype, or with time-to-target spreads that do not overlap."""
+    if a.config.dtype == b.config.dtype:
+        return a.steps_to_target < b.steps_to_target
+    return time_bounds(a, times)[1] < time_bounds(b, times)[0]
+
+
 def rank_key(outcome: Outcome) -> tuple[int, float, int]:
     """Reached before never-reached; then time to target, or closeness to float32's loss;
     pruned runs last."""
@@ -182,8 +190,11 @@ def candidates(ranking: Sequence[Outcome], times: StepTimes | None,
                clip_norm: float | None) -> list[Outcome]:
     """Distinct configs that reached the target, in the order they are confirmed.
 
-    The fastest first, except that runs tied with it within the timing noise are ordered by
-    stability, then simplicity, then speed; then the next fastest of the rest, and so on.
+    The runs that no other run beats beyond the noise come first (the fastest, and the runs
+    tied with it), ordered by stability, then simplicity, then speed; then the same among the
+    rest, and so on. A run is never tied into the first group by another dtype's wide spread
+    while a run of its own dtype reached the target in fewer steps: that run is surely
+    faster, whatever the spreads.
     """
     pool: list[Outcome] = []
     seen: set[AmpConfig] = set()
@@ -193,8 +204,7 @@ def candidates(ranking: Sequence[Outcome], times: StepTimes | None,
             pool.append(outcome)
     ordered: list[Outcome] = []
     while pool:
-        leader = pool[0]
-        group = [o for o in pool if o is leader or tied(o, leader, times)]
+        group = [o for o in pool if not any(surely_faster(p, o, times) for p in pool)]
         group.sort(key=lambda o: (o.stability, o.config.knobs_changed(clip_norm),
                                   o.time_to_target, o.number))
         ordered.extend(group)

@@ -78,6 +78,20 @@ def test_ties_within_the_timing_noise_go_to_stability_not_to_noise():
     assert [o.number for o in candidates([clipped, plain], times, None)] == [4, 5]
 
 
+def test_a_run_beaten_by_its_own_dtype_is_not_tied_in_by_another_dtypes_spread():
+    # Seen on the codepoints example under load: float16's spread (1.1-3.7x) overlapped both
+    # bfloat16 runs, and "bfloat16, no clip" (200 steps, no knob changed) won the tie over
+    # "bfloat16, clip" (105 steps), though the same dtype makes 105 steps surely faster.
+    times = StepTimes({"float32": [1.0] * 6, "bfloat16": [1.3, 1.7, 1.9, 1.7, 1.6, 2.0],
+                       "float16": [1.1, 1.5, 3.7, 1.4, 1.2, 3.6]})
+    fp16 = _outcome(9, "float16", 100, skipped=1, min_scale=0.002)
+    bf16_clip = _outcome(5, "bfloat16", 105, clip=12.4)
+    bf16_plain = _outcome(1, "bfloat16", 200)
+    ranking = sorted([fp16, bf16_clip, bf16_plain], key=lambda o: o.time_to_target)
+    order = [o.number for o in candidates(ranking, times, None)]
+    assert order == [5, 9, 1]
+
+
 def test_skipped_steps_match_the_optimizer_steps_gradscaler_really_skipped():
     # 194994.52 is not a float32: GradScaler holds it as 194994.515625.
     for init_scale in (194994.52, 2.0**24, 1.0):
