@@ -50,6 +50,10 @@ def run_here(run: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
             return run(*args, **kwargs)
     except SystemExit as exc:
         raise TrialCrashed(_exited(exc)) from None
+    except (KeyboardInterrupt, Exception):
+        raise
+    except BaseException as exc:  # a class the user's code derived from BaseException
+        raise RuntimeError(describe_error(exc)) from exc
 
 
 def _exited(exc: SystemExit) -> str:

@@ -18,6 +18,7 @@ has seen anywhere in a message, such as a driver's error.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 import urllib.parse
@@ -39,6 +40,13 @@ _SECRET_KEYS = ("pass", "pwd", "secret", "token", "key", "dsn", "credential")
 _HIDDEN = "***"
 #: Stands for a hidden query value while SQLAlchemy renders the URL (it would escape "***").
 _PLACEHOLDER = "scalertunehiddenvalue"
+#: Secrets this long are hidden wherever they appear in a message; shorter ones only where
+#: they stand alone (not inside a word).
+_SECRET_ANYWHERE = 8
+#: A storage string that starts like a URL without ``://`` (``postgresql:/u:pw@h/db``): it
+#: would be taken for a journal file's path, password included.
+_URL_LIKE = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]+:/|(?:sqlite|postgres|postgresql|mysql|"
+                       r"mariadb|oracle|mssql)(?:\+[A-Za-z0-9]+)?:)")
 #: Every secret seen in a storage URL by this process, in every spelling a message may use.
 _secrets: set[str] = set()
 
@@ -53,7 +61,11 @@ def redact(text: str) -> str:
     if "://" in text and not any(c.isspace() for c in text):
         text = _render_hidden(text)
     for secret in sorted(_secrets, key=len, reverse=True):
-        text = text.replace(secret, _HIDDEN)
+        if len(secret) >= _SECRET_ANYWHERE:
+            text = text.replace(secret, _HIDDEN)
+        else:  # "e" or "pw" inside words would garble the message and spell the secret out
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", _HIDDEN,
+                          text)
     return text
 
 
@@ -162,10 +174,16 @@ def check_local(url: str, *, must_exist: bool = False) -> None:
     folder of a SQLite file or journal file exists, the path is not a folder, and an existing
     journal file is one. :class:`UsageError` otherwise."""
     if is_rdb(url):
+        _check_url(url)
         path = sqlite_path(url)
         if path is not None:
             _check_path(path, url, "database", must_exist=must_exist)
         return
+    if _URL_LIKE.match(url) and not os.path.exists(url):
+        scheme = url.split(":", 1)[0]
+        raise UsageError(f"--storage {scheme}:{_HIDDEN} looks like a database URL without "
+                         f"'://': write it as {scheme}://user@host/db (a journal file's path "
+                         "cannot start with a scheme)")
     _check_path(url, url, "journal file", must_exist=must_exist)
     if not os.path.exists(url):
         return
@@ -190,6 +208,21 @@ def _journal(path: str, *, must_exist: bool) -> Any:
         return JournalStorage(JournalFileBackend(path))
     except Exception as exc:
         raise UsageError(f"cannot open journal file {path}: {first_line(exc)}") from None
+
+
+def _check_url(url: str) -> None:
+    """Refuse a URL whose password or user holds an unescaped ``@``: SQLAlchemy would take
+    the rest of the password for the host name and a driver's error would print it."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        host = make_url(url).host or ""
+    except Exception:  # malformed: opening it says so, with the password hidden
+        return
+    if "@" in host:
+        scheme = url.split("://", 1)[0]
+        raise UsageError(f"storage {scheme}://{_HIDDEN}: the user name or password holds an "
+                         "'@': write it as %40 (URL-encode it)")
 
 
 def _check_path(path: str, shown: str, what: str, *, must_exist: bool) -> None:

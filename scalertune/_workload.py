@@ -151,7 +151,9 @@ def _import_file(path: str) -> Any:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:  # the user's module: any error is theirs to fix
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's module: any error is theirs to fix
         sys.modules.pop(module_name, None)
         raise UsageError(f"importing {path} failed: {one_line(exc)}") from None
     return module
@@ -167,7 +169,9 @@ def _import_module(name: str) -> Any:
                 "model.py:make_model"
             ) from None
         raise UsageError(f"importing {name} failed: {one_line(exc)}") from None
-    except (Exception, SystemExit) as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
         raise UsageError(f"importing {name} failed: {one_line(exc)}") from None
 
 
@@ -193,7 +197,9 @@ def build_workload(factory: Callable[[], Any], *, seed: int, device: torch.devic
     seed_everything(seed)
     try:
         result = factory()
-    except (Exception, SystemExit) as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit, and the odd class derived from BaseException
         raise FactoryError(one_line(exc)) from exc
     workload = _coerce(result)
     _check(workload)
