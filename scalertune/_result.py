@@ -49,11 +49,14 @@ class SearchResult:
     #: Distinct configs that reached the target, in the order they are confirmed.
     candidates: list[Outcome]
     confirmations: dict[int, dict[int, Outcome]]
+    #: Runs (of any role) that raised an error.
     failed: int
     recommended: Outcome | None
     #: float32 with the recommended config's own clipping, when that differs from the
     #: workload's: what the clipping alone does, and the fair yardstick for the precision.
     float32_clip: Outcome | None = None
+    #: Runs stopped by Ctrl-C or SIGTERM, or lost with a worker that died.
+    lost: int = 0
     #: Training steps every run and the step timing executed (reused duplicates cost none).
     steps_trained: int = 0
     #: Sampled configs that had run already: their result was reused, nothing trained.
@@ -381,8 +384,9 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
         study_name=study.study_name, storage=storage, settings=settings,
         references=references, ranking=ranking, candidates=ordered,
         confirmations=confirmations,
-        failed=sum(t.state == TrialState.FAIL and t.user_attrs.get("role") != "surplus"
-                   for t in trials),
+        failed=sum(t.state == TrialState.FAIL and "error" in t.user_attrs
+                   and t.user_attrs.get("role") != "surplus" for t in trials),
+        lost=sum(t.state == TrialState.FAIL and "error" not in t.user_attrs for t in trials),
         recommended=None, steps_trained=_steps_trained(trials),
         reused=sum(o.reused for o in outcomes),
         stop_reason=study.user_attrs.get("scalertune.stopped_early"), study=study,

@@ -64,8 +64,13 @@ def render(result: "SearchResult", *, top: int) -> str:
     reused = result.reused
     lines.append(f"{n_search} sampled trials finished; pruned {sum(pruned.values())}"
                  + (f" ({counted})" if counted else "")
-                 + (f"; {result.failed} failed" if result.failed else "")
                  + (f"; {reused} reused an earlier run of the same config" if reused else ""))
+    broken = [f"{_runs(result.failed)} raised an error"] if result.failed else []
+    if result.lost:
+        broken.append(f"{_runs(result.lost)} interrupted or lost with their worker")
+    if broken:
+        lines.append(f"Failed: {'; '.join(broken)} (each trial's error attribute says why)"
+                     if result.failed else f"Failed: {broken[0]}")
     if result.stop_reason:
         lines.append(f"Sampling stopped early: {result.stop_reason}")
     hint = result.forward_overflow_hint()
@@ -152,3 +157,7 @@ def _ms(v: Any) -> str:
 
 def _sec(v: float) -> str:
     return "-" if not math.isfinite(v) else f"{v:.3g}s"
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"

@@ -236,7 +236,7 @@ def _rounds(storage, workers, cwd):
         output = f"{study}.yaml"
         resume = _start(_command(storage, study, output), cwd)
         try:
-            _, err = resume.communicate(timeout=STUCK_S)
+            out, err = resume.communicate(timeout=STUCK_S)
         except subprocess.TimeoutExpired:
             resume.kill()
             running = [t.number for t in _study(storage, study).trials
@@ -246,6 +246,12 @@ def _rounds(storage, workers, cwd):
         assert resume.returncode == 0, f"{context}: the resume exited {resume.returncode}: {err}"
         _check_study(_study(storage, study), before, context)
         _check_report(storage, study, output, cwd, context)
+        # Interrupted and lost runs are counted as such, never as runs that raised an error.
+        lost = sum(t.state == TrialState.FAIL and t.user_attrs.get("role") != "surplus"
+                   for t in _study(storage, study).get_trials(deepcopy=False))
+        assert "raised an error" not in out, f"{context}: {out}"
+        assert (f"{lost} run{'s' if lost != 1 else ''} interrupted or lost" in out) == (
+            lost > 0), f"{context}: {lost} failed trials; {out}"
         done += 1
 
 
