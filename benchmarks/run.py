@@ -47,14 +47,14 @@ def main() -> None:
     run = set(args.only)
 
     if "cost" in run:
-        print("\n1. Search cost: one default search (--n-trials 24, 200 steps) per workload, "
-              "on SQLite and in memory")
+        print("\n1. Search cost: one default search (--n-trials 24; 200 steps, 100 for midsize) "
+              "per workload, on SQLite and in memory")
         print(f"   {'workload':<11} {'run-equiv':>9} {'outside training':>16} "
               f"{'SQLite/memory':>13} {'wall s':>7}  answer")
         for r in cost.measure({
             "codepoints": (os.path.join(ROOT, "examples/codepoints.py:make_model"), 200),
             "classifier": (os.path.join(ROOT, "examples/classifier.py:make_model"), 200),
-            "midsize": (os.path.join(HERE, "models.py:midsize"), 200),
+            "midsize": (os.path.join(HERE, "models.py:midsize"), 100),
         }, device.type):
             print(f"   {r['workload']:<11} {r['run_equivalents']:>9.1f} {r['outside']:>16.1%} "
                   f"{r['sqlite_over_memory']:>12.2f}x {r['wall_s']:>7.0f}  {r['config']}")
