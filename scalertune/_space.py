@@ -25,6 +25,7 @@ import dataclasses
 import os
 import pathlib
 import random
+import warnings
 from importlib import resources
 from typing import Any, Mapping
 
@@ -242,8 +243,9 @@ class DtypeSampler(optuna.samplers.BaseSampler):
     outside the space (float32) is asked again, then drawn uniformly from the space's choices.
     """
 
-    def __init__(self, dtypes: list[str], *, seed: int) -> None:
-        self._base = optuna.samplers.TPESampler(seed=seed)
+    def __init__(self, dtypes: list[str], *, seed: int | None) -> None:
+        self._seed = seed
+        self._base = _tpe(seed)
         self._dtypes = list(dtypes)
         self._rng = random.Random(seed)
 
@@ -273,6 +275,12 @@ class DtypeSampler(optuna.samplers.BaseSampler):
         return self._rng.choice(self._dtypes)
 
     def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if self._seed is not None:
+            # Each trial draws from its own stream, seeded by the study's seed and its number:
+            # workers that share a study (and its seed) sample different configs instead of
+            # the same sequence side by side, and one worker's search stays reproducible.
+            seed = (self._seed * 1_000_003 + trial.number) % 2**32
+            self._base, self._rng = _tpe(seed), random.Random(seed)
         self._base.before_trial(study, trial)
 
     def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
@@ -281,6 +289,14 @@ class DtypeSampler(optuna.samplers.BaseSampler):
 
     def reseed_rng(self) -> None:
         self._base.reseed_rng()
+
+
+def _tpe(seed: int | None) -> optuna.samplers.TPESampler:
+    """TPE as Optuna advises for several workers: a running trial counts as a bad result
+    (``constant_liar``), so that workers do not all sample next to the same good one."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
 
 
 def _fixed(trial: optuna.Trial) -> dict[str, Any]:

@@ -61,3 +61,26 @@ def test_scaler_knobs_are_searched_only_when_float16_is_chosen():
             assert not config.uses_scaler
         study.tell(trial, 1.0)
     assert seen == {"float16", "bfloat16"}
+
+
+def test_workers_sharing_a_study_and_its_seed_sample_different_configs():
+    # Each worker builds the sampler with the study's seed; drawn from one stream, two
+    # workers proposed the same config side by side and trained it twice at once.
+    space = SearchSpace.load("default")
+    study = optuna.create_study()
+    workers = [optuna.load_study(study_name=study.study_name, storage=study._storage,
+                                 sampler=space.sampler(seed=0)) for _ in range(2)]
+    same = 0
+    for i in range(8):
+        trials = [w.ask() for w in workers]
+        configs = [space.suggest(t) for t in trials]
+        same += configs[0] == configs[1]
+        for w, t in zip(workers, trials):
+            w.tell(t, float(i + t.number))
+    assert same <= 4  # only the space's single points ("bfloat16, no clip") may coincide
+    # One worker stays reproducible.
+    runs = []
+    for _ in range(2):
+        one = optuna.create_study(sampler=space.sampler(seed=3))
+        runs.append([space.suggest(one.ask()) for _ in range(5)])
+    assert runs[0] == runs[1]
