@@ -73,16 +73,19 @@ def one_search(factory: str, *, steps: int, device: str, memory: bool) -> dict[s
             "config": result.config.describe(), "verdict": result.verdict}
 
 
-def measure(workloads: dict[str, tuple[str, int]], device: str) -> list[dict[str, Any]]:
-    """``workloads``: name -> (factory spec, steps). SQLite and memory searches alternate."""
-    rows = []
+def measure(workloads: dict[str, tuple[str, int]],
+            device: str) -> Iterator[dict[str, Any]]:
+    """``workloads``: name -> (factory spec, steps); one row per workload, as it is measured.
+    SQLite and memory searches alternate. The two searches of a workload may train different
+    numbers of steps (their stopping rules read their own timings), so the SQLite/memory ratio
+    is of wall time per run-equivalent."""
     for name, (factory, steps) in workloads.items():
         sqlite = one_search(factory, steps=steps, device=device, memory=False)
         memory = one_search(factory, steps=steps, device=device, memory=True)
-        rows.append({"workload": name, "steps": steps, **sqlite,
-                     "sqlite_over_memory": sqlite["wall_s"] / memory["wall_s"],
-                     "memory_run_equivalents": memory["run_equivalents"]})
-    return rows
+        per_run = [r["wall_s"] / r["run_equivalents"] for r in (sqlite, memory)]
+        yield {"workload": name, "steps": steps, **sqlite,
+               "sqlite_over_memory": per_run[0] / per_run[1],
+               "memory_run_equivalents": memory["run_equivalents"]}
 
 
 if __name__ == "__main__":
