@@ -57,7 +57,7 @@ def main() -> None:
             "midsize": (os.path.join(HERE, "models.py:midsize"), 100),
         }, device.type):
             print(f"   {r['workload']:<11} {r['run_equivalents']:>9.1f} {r['outside']:>16.1%} "
-                  f"{r["sqlite_over_memory"]:>12.2f}x {r['wall_s']:>7.0f}  {r['config']}")
+                  f"{r['sqlite_over_memory']:>12.2f}x {r['wall_s']:>7.0f}  {r['config']}")
 
     if "memory" in run and device.type == "cpu":
         m = memory.measure()
