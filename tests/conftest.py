@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 
@@ -38,3 +39,37 @@ def example(name: str):
         return __import__(name)
     finally:
         sys.path.pop(0)
+
+
+POSTGRES = os.environ.get("SCALERTUNE_TEST_POSTGRES")
+#: PostgreSQL tests run where a server is given, and must run in CI (.ci/run starts one).
+needs_postgres = pytest.mark.skipif(
+    not POSTGRES and os.environ.get("CI") != "true",
+    reason="set SCALERTUNE_TEST_POSTGRES to a PostgreSQL URL (.ci/run does)")
+
+
+@contextlib.contextmanager
+def postgres_database(prefix):
+    """A function that (re)creates an empty database on the test server and returns its URL;
+    the database is dropped afterwards."""
+    assert POSTGRES, ".ci/run must start PostgreSQL and set SCALERTUNE_TEST_POSTGRES"
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
+    name = f"{prefix}_{os.getpid()}"
+
+    def drop():
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+    def fresh():
+        drop()
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+        return POSTGRES.rsplit("/", 1)[0] + "/" + name
+
+    try:
+        yield fresh
+    finally:
+        drop()
+        engine.dispose()

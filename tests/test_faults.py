@@ -23,11 +23,10 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from conftest import spec
+from conftest import needs_postgres, postgres_database, spec
 
 pytestmark = pytest.mark.slow
 
-POSTGRES = os.environ.get("SCALERTUNE_TEST_POSTGRES")
 ROUNDS = int(os.environ.get("SCALERTUNE_FAULT_ROUNDS", "3"))
 BUDGET_S = float(os.environ.get("SCALERTUNE_FAULT_BUDGET_S", "40"))
 SEED = int(os.environ.get("SCALERTUNE_FAULT_SEED", str(random.randrange(2**31))))
@@ -263,22 +262,10 @@ def test_faults_on_sqlite_one_worker(tmp_path):
     _rounds(f"sqlite:///{tmp_path / 'study.db'}", 1, tmp_path)
 
 
-@pytest.mark.skipif(not POSTGRES and os.environ.get("CI") != "true",
-                    reason="set SCALERTUNE_TEST_POSTGRES to a PostgreSQL URL (.ci/run does)")
+@needs_postgres
 def test_faults_on_postgresql(tmp_path):
-    assert POSTGRES, ".ci/run must start PostgreSQL and set SCALERTUNE_TEST_POSTGRES"
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
-    name = f"scalertune_faults_{os.getpid()}"
-    with engine.connect() as conn:
-        conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name}"))
-        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    try:
-        _rounds(POSTGRES.rsplit("/", 1)[0] + "/" + name, 3, tmp_path)
-    finally:
-        with engine.connect() as conn:
-            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    with postgres_database("scalertune_faults") as fresh:
+        _rounds(fresh(), 3, tmp_path)
 
 
 # -- the same faults, replayed step by step where a random moment finds them only by chance --
@@ -450,23 +437,7 @@ def test_workers_opening_a_new_sqlite_file_at_once_all_open_it(tmp_path):
     _cold_starts(lambda i: f"sqlite:///{tmp_path / f'cold{i}.db'}", tmp_path)
 
 
-@pytest.mark.skipif(not POSTGRES and os.environ.get("CI") != "true",
-                    reason="set SCALERTUNE_TEST_POSTGRES to a PostgreSQL URL (.ci/run does)")
+@needs_postgres
 def test_workers_opening_a_new_postgresql_database_at_once_all_open_it(tmp_path):
-    assert POSTGRES, ".ci/run must start PostgreSQL and set SCALERTUNE_TEST_POSTGRES"
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
-    name = f"scalertune_cold_{os.getpid()}"
-
-    def fresh(i):
-        with engine.connect() as conn:
-            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-        return POSTGRES.rsplit("/", 1)[0] + "/" + name
-
-    try:
-        _cold_starts(fresh, tmp_path)
-    finally:
-        with engine.connect() as conn:
-            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    with postgres_database("scalertune_cold") as fresh:
+        _cold_starts(lambda i: fresh(), tmp_path)

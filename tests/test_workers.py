@@ -2,7 +2,6 @@
 
 import collections
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,11 +13,10 @@ from optuna.trial import TrialState
 
 import scalertune
 from scalertune._search import Isolation
-from conftest import spec
+from conftest import needs_postgres, postgres_database, spec
 
 pytestmark = pytest.mark.slow
 
-POSTGRES = os.environ.get("SCALERTUNE_TEST_POSTGRES")
 
 
 def _worker(storage, *extra, cwd, workload="slow", n_trials=6):
@@ -112,23 +110,10 @@ def test_three_workers_on_a_journal_file_survive_a_killed_worker(tmp_path):
     _three_workers_one_killed(str(tmp_path / "study.log"), tmp_path)
 
 
-@pytest.mark.skipif(not POSTGRES and os.environ.get("CI") != "true",
-                    reason="set SCALERTUNE_TEST_POSTGRES to a PostgreSQL URL (.ci/run does)")
+@needs_postgres
 def test_three_workers_on_postgresql_survive_a_killed_worker(tmp_path):
-    assert POSTGRES, ".ci/run must start PostgreSQL and set SCALERTUNE_TEST_POSTGRES"
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
-    name = f"scalertune_{os.getpid()}"
-    with engine.connect() as conn:
-        conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name}"))
-        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    url = POSTGRES.rsplit("/", 1)[0] + "/" + name
-    try:
-        _three_workers_one_killed(url, tmp_path)
-    finally:
-        with engine.connect() as conn:
-            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    with postgres_database("scalertune") as fresh:
+        _three_workers_one_killed(fresh(), tmp_path)
 
 
 def test_ctrl_c_keeps_finished_trials_and_a_rerun_resumes_to_the_total(tmp_path):
