@@ -172,7 +172,7 @@ def test_an_aborting_trial_fails_alone_when_isolated(tmp_path):
 
 def test_a_hanging_trial_is_killed_at_its_time_limit(tmp_path):
     started = time.time()
-    result = _isolated(tmp_path, "hangs_in_float16", timeout_s=30)
+    result = _isolated(tmp_path, "hangs_in_float16", timeout_s=15)
     failures = _float16_failures(result)
     assert failures and all("timed out" in t.user_attrs["error"] for t in failures)
     assert time.time() - started < 300
