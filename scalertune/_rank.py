@@ -148,24 +148,19 @@ def time_bounds(outcome: Outcome, times: StepTimes | None) -> tuple[float, float
     return steps * low, steps * high
 
 
-def tied(a: Outcome, b: Outcome, times: StepTimes | None) -> bool:
-    """Whether two runs that reached the target are equally fast within measurement noise.
-
-    Same dtype: the step time is the same, so only exactly equal steps tie. Different dtypes:
-    their time-to-target spreads overlap."""
-    if a.config.dtype == b.config.dtype:
-        return a.steps_to_target == b.steps_to_target
-    a_low, a_high = time_bounds(a, times)
-    b_low, b_high = time_bounds(b, times)
-    return a_low <= b_high and b_low <= a_high
-
-
 def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None) -> bool:
     """Whether ``a`` reaches the target sooner than ``b`` beyond measurement noise: in fewer
-    steps on the same dtype, or with time-to-target spreads that do not overlap."""
+    steps on the same dtype (same step time), or with time-to-target spreads that do not
+    overlap."""
     if a.config.dtype == b.config.dtype:
         return a.steps_to_target < b.steps_to_target
     return time_bounds(a, times)[1] < time_bounds(b, times)[0]
+
+
+def tied(a: Outcome, b: Outcome, times: StepTimes | None) -> bool:
+    """Whether two runs that reached the target are equally fast within measurement noise:
+    neither is surely faster (same dtype: equal steps; different dtypes: spreads overlap)."""
+    return not surely_faster(a, b, times) and not surely_faster(b, a, times)
 
 
 def rank_key(outcome: Outcome) -> tuple[int, float, int]:

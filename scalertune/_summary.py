@@ -69,8 +69,8 @@ def render(result: "SearchResult", *, top: int) -> str:
     if result.lost:
         broken.append(f"{_runs(result.lost)} interrupted or lost with their worker")
     if broken:
-        lines.append(f"Failed: {'; '.join(broken)} (each trial's error attribute says why)"
-                     if result.failed else f"Failed: {broken[0]}")
+        why = " (each trial's error attribute says why)" if result.failed else ""
+        lines.append(f"Failed: {'; '.join(broken)}{why}")
     if result.stop_reason:
         lines.append(f"Sampling stopped early: {result.stop_reason}")
     hint = result.forward_overflow_hint()
