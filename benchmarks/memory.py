@@ -22,7 +22,7 @@ import resource, sys, torch
 sys.path.insert(0, {HERE!r})
 import models
 from scalertune import AmpConfig
-from scalertune._run import run_config
+from scalertune._run._loop import run_config
 run_config(models.large, AmpConfig(dtype="float32"), steps={STEPS}, seed=0,
            device=torch.device("cpu"))
 """

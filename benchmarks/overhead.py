@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from scalertune import AmpConfig
-from scalertune._run import run_config
+from scalertune._run._loop import run_config
 
 WINDOW = 10
 CONFIG = AmpConfig(dtype="float16", init_scale=4096.0)

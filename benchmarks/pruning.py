@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from scalertune import AmpConfig
-from scalertune._run import run_config
+from scalertune._run._loop import run_config
 
 STEPS = 200
 

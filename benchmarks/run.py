@@ -16,17 +16,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [HERE, os.path.join(ROOT, "examples")]
 
-import optuna  # noqa: E402
-import torch  # noqa: E402
-
 import classifier  # noqa: E402
 import codepoints  # noqa: E402
 import cost  # noqa: E402
 import memory  # noqa: E402
+import optuna  # noqa: E402
 import overhead  # noqa: E402
 import pruning  # noqa: E402
 import sampler  # noqa: E402
 import steps  # noqa: E402
+import torch  # noqa: E402
 import workers  # noqa: E402
 
 SECTIONS = ("cost", "memory", "overhead", "steps", "pruning", "sampler", "workers")

@@ -18,8 +18,8 @@ import optuna
 import torch
 
 from scalertune import AmpConfig
-from scalertune._judge import Target
-from scalertune._run import run_config
+from scalertune._judge._target import Target
+from scalertune._run._loop import run_config
 
 STEPS = 200
 SCALES = [2.0**k for k in (-8, -4, 0, 4, 8, 12, 16, 20, 24)]

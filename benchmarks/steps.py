@@ -1,6 +1,6 @@
 """Step time of float16 and bfloat16 against float32 on the mid-size transformer.
 
-The same interleaved timing a search runs once per study (``scalertune._timing``): one
+The same interleaved timing a search runs once per study (``scalertune._run._timing``): one
 10-step window per dtype in turn, six rounds after a warm-up round, on one workload. The
 per-round ratios and their spread are what a verdict on this device would carry.
 """
@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import models  # noqa: E402
 
-from scalertune._timing import spread, time_dtypes  # noqa: E402
-from scalertune._workload import build_workload  # noqa: E402
+from scalertune._run._timing import spread, time_dtypes  # noqa: E402
+from scalertune._workload._contract import build_workload  # noqa: E402
 
 
 def measure(device: torch.device) -> list[dict[str, Any]]:

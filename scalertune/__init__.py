@@ -23,39 +23,48 @@ from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from scalertune._config import AmpConfig, Guard
-    from scalertune._diagnose import Diagnosis, ModuleReport, ScalerCheck, TensorStats, diagnose
+    from scalertune._amp._config import AmpConfig
+    from scalertune._amp._guard import AmpGuardError, Guard
+    from scalertune._amp._runtime import AmpRuntime
+    from scalertune._amp._schema import load_config
+    from scalertune._diagnose._api import (
+        Diagnosis,
+        ModuleReport,
+        ScalerCheck,
+        TensorStats,
+        diagnose,
+    )
     from scalertune._errors import UsageError
-    from scalertune._export import FRAMEWORKS, Export, export
-    from scalertune._frameworks import lightning_workload
-    from scalertune._judge import Speedup, Target
-    from scalertune._rank import Outcome
-    from scalertune._result import SearchResult, analyze
-    from scalertune._runtime import AmpGuardError, AmpRuntime
-    from scalertune._schema import load_config
-    from scalertune._search import Isolation, SearchError, search
-    from scalertune._space import SearchSpace
-    from scalertune._timing import StepTimes
-    from scalertune._workload import Workload
+    from scalertune._export._api import FRAMEWORKS, Export, export
+    from scalertune._judge._outcome import Outcome
+    from scalertune._judge._speedup import Speedup
+    from scalertune._judge._target import Target
+    from scalertune._review._result import SearchResult, analyze
+    from scalertune._run._timing import StepTimes
+    from scalertune._errors import SearchError
+    from scalertune._search._api import Isolation, search
+    from scalertune._search._space import SearchSpace
+    from scalertune._workload._contract import Workload
+    from scalertune._workload._lightning import lightning_workload
 
 #: Public name -> the module defining it, imported on first use: the command line answers
 #: --help, a bad option or Ctrl-C before torch has loaded (a second or more).
 _EXPORTS = {
-    "AmpConfig": "_config", "Guard": "_config",
-    "Diagnosis": "_diagnose", "ModuleReport": "_diagnose", "ScalerCheck": "_diagnose",
-    "TensorStats": "_diagnose", "diagnose": "_diagnose",
+    "AmpConfig": "_amp._config", "Guard": "_amp._guard",
+    "Diagnosis": "_diagnose._api", "ModuleReport": "_diagnose._api", "ScalerCheck": "_diagnose._api",
+    "TensorStats": "_diagnose._api", "diagnose": "_diagnose._api",
     "UsageError": "_errors",
-    "FRAMEWORKS": "_export", "Export": "_export", "export": "_export",
-    "lightning_workload": "_frameworks",
-    "Speedup": "_judge", "Target": "_judge",
-    "Outcome": "_rank",
-    "SearchResult": "_result", "analyze": "_result",
-    "AmpGuardError": "_runtime", "AmpRuntime": "_runtime",
-    "load_config": "_schema",
-    "Isolation": "_search", "SearchError": "_search", "search": "_search",
-    "SearchSpace": "_space",
-    "StepTimes": "_timing",
-    "Workload": "_workload",
+    "FRAMEWORKS": "_export._api", "Export": "_export._api", "export": "_export._api",
+    "lightning_workload": "_workload._lightning",
+    "Speedup": "_judge._speedup", "Target": "_judge._target",
+    "Outcome": "_judge._outcome",
+    "SearchResult": "_review._result", "analyze": "_review._result",
+    "AmpGuardError": "_amp._guard", "AmpRuntime": "_amp._runtime",
+    "load_config": "_amp._schema",
+    "Isolation": "_search._api", "SearchError": "_errors", "search": "_search._api",
+    "SearchSpace": "_search._space",
+    "StepTimes": "_run._timing",
+    "Workload": "_workload._contract",
 }
 
 
@@ -89,7 +98,7 @@ def load(path: str, *, device: str = "auto", guard: bool = True) -> "AmpRuntime"
         >>> amp.backward(loss)  # doctest: +SKIP
         >>> amp.step(optimizer)  # doctest: +SKIP
     """
-    from scalertune._runtime import AmpRuntime
+    from scalertune._amp._runtime import AmpRuntime
 
     return AmpRuntime.from_yaml(path, device=device, guard=guard)
 

@@ -1,4 +1,4 @@
-"""The one exception type that means "the user's input is wrong"."""
+"""The exceptions that say whose fault a failure is: the input's, or the workload's."""
 
 
 class UsageError(Exception):
@@ -8,3 +8,23 @@ class UsageError(Exception):
     prints it and exits with status 2; the Python API lets it propagate. It is raised before
     any study row is written, so a bad invocation never leaves a half-written study behind.
     """
+
+
+class ParameterError(UsageError, ValueError):
+    """A number or option outside what it may be, named by its Python parameter.
+
+    ``parameter`` is the name the Python API takes (``n_trials``); the command line says the
+    same with its flag (``--n-trials``). ``problem`` is the rest of the sentence.
+
+    Example:
+        >>> str(ParameterError("steps", "must be an integer from 20 to 10000000, got 5"))
+        'steps must be an integer from 20 to 10000000, got 5'
+    """
+
+    def __init__(self, parameter: str, problem: str) -> None:
+        self.parameter, self.problem = parameter, problem
+        super().__init__(f"{parameter} {problem}")
+
+
+class SearchError(Exception):
+    """The search cannot go on: the workload itself is broken (not one config)."""

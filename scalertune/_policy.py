@@ -197,3 +197,8 @@ MAX_SEED = 2**32 - 1
 #: a million steps is far past where a scaler's settings show (its growth interval defaults
 #: to 2000 steps), yet a few MB per run.
 MAX_STEPS = 1_000_000
+
+#: The longest horizon a search may cover. The float32 reference trains that far once and
+#: keeps its per-step loss and a compact gradient trace (a few bytes a step); ten million
+#: steps is past any training run a search would be asked about, yet a bounded record.
+MAX_HORIZON = 10_000_000

@@ -12,12 +12,12 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 from scalertune import _interrupt, _policy
-from scalertune._config import shown
 from scalertune._errors import UsageError
-from scalertune._storage import DEFAULT_STORAGE
+from scalertune._storage._open import DEFAULT_STORAGE
+from scalertune._text import shown
 
 if TYPE_CHECKING:
-    from scalertune._result import SearchResult
+    from scalertune._review._result import SearchResult
 
 EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, _interrupt.EXIT_INTERRUPTED
 _FLOAT32_MAX = 3.4028234663852886e38
@@ -136,7 +136,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from scalertune._export import FRAMEWORKS  # loads torch: after Ctrl-C is handled
+    from scalertune._export._api import (
+        FRAMEWORKS,  # loads torch: after Ctrl-C is handled
+    )
 
     fmt = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog="scalertune", description=_DESCRIPTION, epilog=_EPILOG,
@@ -330,7 +332,7 @@ def _run(args: argparse.Namespace) -> int:
     except Exception as exc:
         # Only a search raises SearchError, and only once it has imported its module (and
         # torch): a bad option is refused before either loads.
-        search_module = sys.modules.get("scalertune._search")
+        search_module = sys.modules.get("scalertune._search._api")
         if search_module is None or not isinstance(exc, search_module.SearchError):
             raise
         print(f"scalertune {args.command}: {exc}", file=sys.stderr)
@@ -344,8 +346,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     output = _check_search(args)
-    from scalertune._search import Isolation, search  # after the checks: it loads torch
-    from scalertune._storage import owned_files
+    from scalertune._search._api import Isolation, search  # after the checks: it loads torch
+    from scalertune._storage._open import owned_files
 
     quiet = args.quiet
     isolation = Isolation(args.trial_timeout, args.trial_memory) if args.isolate else None
@@ -377,7 +379,7 @@ def _remove_if_unused(storage: str, new_files: list[str]) -> None:
         return
     import optuna
 
-    from scalertune._storage import open_storage
+    from scalertune._storage._open import open_storage
 
     try:
         opened = open_storage(storage, must_exist=True)
@@ -397,12 +399,12 @@ def _check_search(args: argparse.Namespace) -> str:
     """What can be checked of a search's input before any work: the options that go
     together, the space, the study name, the storage's files and the output; returns the
     output file."""
-    from scalertune._space import SearchSpace
+    from scalertune._search._space import SearchSpace
 
     if (args.trial_timeout is not None or args.trial_memory is not None) and not args.isolate:
         raise UsageError("--trial-timeout and --trial-memory need --isolate")
     SearchSpace.load(args.space)  # read again by the search; here it is refused before torch
-    from scalertune._study import default_study_name
+    from scalertune._search._study import default_study_name
 
     study_name = args.study_name or default_study_name(args.factory)
     _check_study_name(study_name)
@@ -426,8 +428,8 @@ def _check_storage_and_output(storage: str, output: str | None, artifact_dir: st
     """The storage's own files must be usable, and the output YAML (and the PNGs written
     beside it) must be a new or regular file, in a folder that exists, that is none of the
     files the study owns or the search reads."""
-    from scalertune._dashboard import DEFAULT_ARTIFACT_DIR
-    from scalertune._storage import check_local, owned_files
+    from scalertune._review._dashboard import DEFAULT_ARTIFACT_DIR
+    from scalertune._storage._open import check_local, owned_files
 
     check_local(storage)
     artifacts = os.path.abspath(artifact_dir or DEFAULT_ARTIFACT_DIR)
@@ -492,7 +494,7 @@ def _write(result: "SearchResult", output: str, artifact_dir: str | None,
            stream: Any | None) -> None:
     """The YAML, the pictures beside it, and what the dashboard shows; ``stream`` (if any)
     says what was written."""
-    from scalertune._dashboard import publish
+    from scalertune._review._dashboard import publish
 
     result.to_yaml(output)
     pictures = result.write_pictures(output)
@@ -506,13 +508,14 @@ def _write(result: "SearchResult", output: str, artifact_dir: str | None,
 
 
 def _report(args: argparse.Namespace) -> int:
-    from scalertune._storage import load_existing_study, redact
+    from scalertune._storage._open import load_existing_study
+    from scalertune._storage._redact import redact
 
     _check_study_name(args.study_name)
     _check_storage_and_output(args.storage, args.output, None, {})
     study = load_existing_study(args.storage, args.study_name)
-    from scalertune._result import analyze  # after the checks: it loads torch
-    from scalertune._schema import result_document
+    from scalertune._amp._schema import result_document
+    from scalertune._review._result import analyze  # after the checks: it loads torch
 
     result = analyze(study, storage=redact(args.storage))
     if args.json:
@@ -527,7 +530,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from scalertune._export import export
+    from scalertune._export._api import export
 
     result = export(args.result, args.to, device=args.device, strict=args.strict,
                     micro_batch_size=args.micro_batch_size)
@@ -539,11 +542,11 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from scalertune._config import AmpConfig
-    from scalertune._diagnose import TrainingFailed, diagnose
-    from scalertune._run import preflight
-    from scalertune._runtime import resolve_device
-    from scalertune._workload import FactoryError, load_factory
+    from scalertune._amp._config import AmpConfig
+    from scalertune._amp._device import resolve_device
+    from scalertune._diagnose._api import TrainingFailed, diagnose
+    from scalertune._run._preflight import preflight
+    from scalertune._workload._loader import FactoryError, load_factory
 
     islands = AmpConfig(fp32_modules=args.fp32_modules).fp32_modules
     device = resolve_device(args.device)
@@ -571,8 +574,9 @@ def _diagnose(args: argparse.Namespace) -> int:
 def _dashboard(args: argparse.Namespace) -> int:
     import optuna
 
-    from scalertune._dashboard import have_dashboard, serve
-    from scalertune._storage import load_existing_studies, load_existing_study, redact
+    from scalertune._review._dashboard import have_dashboard, serve
+    from scalertune._storage._open import load_existing_studies, load_existing_study
+    from scalertune._storage._redact import redact
 
     if not have_dashboard():
         raise UsageError("optuna-dashboard is not installed: pip install 'scalertune[dashboard]'")

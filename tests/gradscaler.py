@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scalertune import AmpConfig, _policy
-from scalertune._run import run_config
+from scalertune._run._loop import run_config
 
 
 def gradscaler(factory, config, steps=_policy.DIAGNOSE_STEPS):

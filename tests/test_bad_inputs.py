@@ -15,9 +15,9 @@ import sys
 
 import optuna
 import pytest
+from conftest import HERE, spec
 
 import scalertune
-from conftest import HERE, spec
 
 HEALTHY = spec("healthy")
 SECRET = "s3cr3t-PW"

@@ -27,7 +27,6 @@ import urllib.request
 import optuna
 import pytest
 import yaml
-
 from conftest import ROOT, spec
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import HERE, spec
 
 

@@ -6,15 +6,15 @@ import math
 import optuna
 import pytest
 import torch
+import workloads
+from conftest import spec
 
 import scalertune
-from scalertune._config import AmpConfig
-from scalertune._judge import Target
-from scalertune._run import run_config
-from scalertune._stopping import Best, StopRule, study_stop_reason
 from scalertune import _policy
-from conftest import spec
-import workloads
+from scalertune._amp._config import AmpConfig
+from scalertune._judge._stopping import Best, StopRule, study_stop_reason
+from scalertune._judge._target import Target
+from scalertune._run._loop import run_config
 
 CPU = torch.device("cpu")
 

@@ -13,11 +13,11 @@ import matplotlib.pyplot as plt
 import optuna
 import pytest
 import yaml
+from conftest import spec
 
 import scalertune
-from conftest import spec
-from scalertune._study import readable
-from scalertune._plots import DPI, FIGURE_INCHES, run_figure
+from scalertune._review._plots import DPI, FIGURE_INCHES, run_figure
+from scalertune._text import readable
 
 
 def _cli(*args, cwd):

@@ -6,15 +6,15 @@ import sys
 
 import pytest
 import torch
+import workloads
+from conftest import ROOT, example, spec
+from gradscaler import gradscaler, one_thread  # noqa: F401 - an autouse fixture
 from torch import nn
 
 import scalertune
 from scalertune import AmpConfig, _policy
-from scalertune._run import run_config
+from scalertune._run._loop import run_config
 from scalertune.cli import main
-from conftest import ROOT, example, spec
-import workloads
-from gradscaler import gradscaler, one_thread  # noqa: F401 - an autouse fixture
 
 ATTENTION = os.path.join(ROOT, "examples", "attention.py") + ":make_model"
 CPU = torch.device("cpu")
@@ -269,7 +269,7 @@ def test_diagnose_command_prints_the_table_the_checks_the_verdict_and_the_next_s
 def test_bad_input_is_one_line_and_exit_2_before_anything_runs(capsys, monkeypatch, args,
                                                                  message):
     ran = []
-    monkeypatch.setattr("scalertune._diagnose._Runner.__call__",
+    monkeypatch.setattr("scalertune._diagnose._api._Runner.__call__",
                         lambda *a, **k: ran.append(a))
     assert main(["diagnose", ATTENTION, "--device", "cpu", *args]) == 2
     err = capsys.readouterr()

@@ -9,13 +9,13 @@ import subprocess
 import sys
 
 import pytest
+import third_party
+from conftest import ROOT, example
+from gradscaler import gradscaler, one_thread  # noqa: F401 - an autouse fixture
 
 import scalertune
 from scalertune import AmpConfig, _policy
-from scalertune._storage import load_existing_study
-from conftest import ROOT, example
-from gradscaler import gradscaler, one_thread  # noqa: F401 - an autouse fixture
-import third_party
+from scalertune._storage._open import load_existing_study
 
 hugging_face = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                   reason="needs transformers (pip install -e '.[test]')")

@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 import yaml
+from conftest import ROOT
 
 import scalertune
-from scalertune._config import PYTORCH_DEFAULT
-from conftest import ROOT
+from scalertune._amp._config import PYTORCH_DEFAULT
 
 pytestmark = pytest.mark.slow
 

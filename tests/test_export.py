@@ -9,12 +9,12 @@ import warnings
 
 import pytest
 import torch
+from conftest import example, spec
 from torch import nn
 
 import scalertune
-from scalertune._runtime import is_island
 from scalertune import AmpConfig, AmpGuardError, AmpRuntime, Guard
-from conftest import example, spec
+from scalertune._amp._islands import is_island
 
 FLOAT16 = AmpConfig(dtype="float16", init_scale=1000.0, growth_factor=3.0, backoff_factor=0.25,
                     growth_interval=7, clip_norm=1.5)
@@ -522,8 +522,9 @@ def test_search_takes_a_function_and_isolation_wants_one_it_can_import(storage):
     with pytest.raises(scalertune.UsageError, match="--isolate .* cannot import the factory"):
         scalertune.search(lambda: None, storage=storage, device="cpu",
                           isolation=scalertune.Isolation())
-    from scalertune._study import default_study_name
     import workloads
+
+    from scalertune._search._study import default_study_name
 
     assert default_study_name(workloads.healthy) == "workloads:healthy"
     assert default_study_name(spec("healthy")) == "workloads:healthy"
@@ -532,7 +533,8 @@ def test_search_takes_a_function_and_isolation_wants_one_it_can_import(storage):
 @pytest.mark.slow
 def test_a_function_factory_is_searched_like_its_spec_and_crosses_to_an_isolated_trial(storage):
     import workloads
-    from scalertune._isolate import run_isolated
+
+    from scalertune._search._isolate import run_isolated
 
     result = scalertune.search(workloads.healthy, storage=storage, space="bfloat16",
                                n_trials=1, steps=20, device="cpu")

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+import workloads
+from conftest import spec
 
 import scalertune
-from scalertune._config import AmpConfig
-from scalertune._run import run_config
-from conftest import spec
-import workloads
+from scalertune._amp._config import AmpConfig
+from scalertune._run._loop import run_config
 
 CPU = torch.device("cpu")
 

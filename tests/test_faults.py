@@ -21,9 +21,8 @@ import time
 import optuna
 import pytest
 import yaml
-from optuna.trial import TrialState
-
 from conftest import needs_postgres, postgres_database, spec
+from optuna.trial import TrialState
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +59,7 @@ _STORAGES = {}
 
 
 def _study(storage, name):
-    from scalertune._storage import open_storage
+    from scalertune._storage._open import open_storage
 
     if storage not in _STORAGES:
         _STORAGES[storage] = open_storage(storage)
@@ -277,7 +276,7 @@ def _dead_pid():
 
 
 def _journal_study(tmp_path, name="replay"):
-    from scalertune._storage import open_storage
+    from scalertune._storage._open import open_storage
 
     return optuna.create_study(study_name=name, storage=open_storage(str(tmp_path / "j.log")))
 
@@ -285,8 +284,8 @@ def _journal_study(tmp_path, name="replay"):
 def test_a_retry_belongs_to_the_worker_that_runs_it(tmp_path):
     """Worker A dies in a trial; C fails it and queues it again; B takes the copy; C (or a
     fourth worker) recovers again while B runs it: B's trial must stay B's."""
-    from scalertune._recovery import recover, take
-    from scalertune._storage import WORKER
+    from scalertune._storage._recovery import WORKER
+    from scalertune._storage._recovery import recover, take
 
     study = _journal_study(tmp_path)
     dead = f"{WORKER.rpartition(':')[0]}:{_dead_pid()}"
@@ -319,7 +318,7 @@ def test_a_trial_taken_by_a_worker_that_died_before_naming_itself_is_recovered(
     """A trial RUNNING with no worker and no heartbeat (the worker died right after taking
     it) is failed and queued again once it has stayed so for the grace period."""
     from scalertune import _policy
-    from scalertune._recovery import recover
+    from scalertune._storage._recovery import recover
 
     monkeypatch.setattr(_policy, "HEARTBEAT_GRACE_S", 0.5)
     study = _journal_study(tmp_path)
@@ -410,7 +409,7 @@ def test_isolation_covers_the_float32_reference(tmp_path, workload, extra, messa
 
 _OPEN_AT = """
 import sys, time
-from scalertune._storage import open_storage
+from scalertune._storage._open import open_storage
 start = float(sys.argv[2])
 while time.time() < start:
     pass

@@ -16,9 +16,9 @@ import zipfile
 from importlib import metadata
 
 import pytest
+from conftest import ROOT
 
 import scalertune
-from conftest import ROOT
 
 VERSION = metadata.version("scalertune")
 

@@ -7,13 +7,13 @@ import pickle
 
 import pytest
 import torch
+import workloads
 import yaml
 from torch import nn
 
 import scalertune
 from scalertune import AmpConfig, AmpGuardError, AmpRuntime, Guard, UsageError
-from scalertune._runtime import is_island
-import workloads
+from scalertune._amp._islands import is_island
 
 ISLAND = AmpConfig(init_scale=1024.0, fp32_modules=("up",))
 

@@ -6,13 +6,14 @@ import sys
 import optuna
 import pytest
 import torch
+import workloads
+from conftest import spec
 
 import scalertune
-from scalertune._config import PYTORCH_DEFAULT, SEED_ARTICLE_FIX, AmpConfig
-from scalertune._rank import Outcome, ranked
-from scalertune._run import run_config
-from conftest import spec
-import workloads
+from scalertune._amp._config import PYTORCH_DEFAULT, SEED_ARTICLE_FIX, AmpConfig
+from scalertune._judge._outcome import Outcome
+from scalertune._judge._rank import ranked
+from scalertune._run._loop import run_config
 
 pytestmark = pytest.mark.slow
 

@@ -8,17 +8,20 @@ import sys
 import optuna
 import pytest
 import torch
+import workloads
+from conftest import spec
 
 import scalertune
 from scalertune import _policy
-from scalertune._config import AmpConfig
-from scalertune._judge import Speedup, Target
-from scalertune._rank import Outcome, candidates
-from scalertune._run import run_config, skipped_steps
-from scalertune._timing import StepTimes, spread, time_dtypes
-from scalertune._workload import build_workload
-from conftest import spec
-import workloads
+from scalertune._amp._config import AmpConfig
+from scalertune._judge._outcome import Outcome
+from scalertune._judge._rank import candidates
+from scalertune._judge._speedup import Speedup
+from scalertune._judge._target import Target
+from scalertune._run._loop import run_config
+from scalertune._run._record import skipped_steps
+from scalertune._run._timing import StepTimes, spread, time_dtypes
+from scalertune._workload._contract import build_workload
 
 CPU = torch.device("cpu")
 
@@ -175,8 +178,8 @@ def test_the_runtime_reads_a_config_without_importing_the_analysis():
     import os
 
     here = os.path.dirname(scalertune.__file__)
-    allowed = {"scalertune", "scalertune._policy", "scalertune._config", "scalertune._errors",
-               "scalertune._schema", "scalertune._yaml"}
+    allowed = {"scalertune", "scalertune._policy", "scalertune._amp._config", "scalertune._errors",
+               "scalertune._amp._schema", "scalertune._amp._yaml"}
     for name in ("_runtime.py", "_schema.py", "_config.py"):
         with open(os.path.join(here, name), encoding="utf-8") as f:
             tree = ast.parse(f.read())

@@ -9,11 +9,11 @@ import time
 
 import optuna
 import pytest
+from conftest import needs_postgres, postgres_database, spec
 from optuna.trial import TrialState
 
 import scalertune
-from scalertune._search import Isolation
-from conftest import needs_postgres, postgres_database, spec
+from scalertune._search._api import Isolation
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def _worker(storage, *extra, cwd, workload="slow", n_trials=6):
 
 
 def _storage_object(url):
-    from scalertune._storage import open_storage
+    from scalertune._storage._open import open_storage
     return open_storage(url)
 
 

@@ -1,0 +1,171 @@
+"""AmpConfig: the settings one mixed-precision run uses, and nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+from scalertune._amp._modules import _split
+from scalertune._errors import UsageError
+from scalertune._limits import FLOAT32_MAX
+from scalertune._text import shown
+
+#: What ``dtype`` may name. float32 means "no autocast, no scaler": the reference.
+DTYPES = ("float16", "bfloat16", "float32")
+
+#: GradScaler counts finite steps towards ``growth_interval`` in an int32 tensor.
+MAX_GROWTH_INTERVAL = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class AmpConfig:
+    """The knobs of one AMP configuration, with PyTorch's defaults.
+
+    ``dtype`` is the autocast dtype. Only float16 needs a loss scaler: its largest finite
+    value is 65504 and its smallest subnormal is about 6e-8, so gradients are multiplied by
+    ``scale`` before backward (keeping small ones from flushing to zero) and divided again
+    before the optimizer sees them. bfloat16 has float32's exponent range and runs unscaled;
+    float32 runs without autocast at all.
+
+    The scaler starts at ``init_scale``. Each step whose gradients contain inf or NaN is
+    skipped and multiplies the scale by ``backoff_factor``; after ``growth_interval``
+    consecutive finite steps the scale is multiplied by ``growth_factor``. ``clip_norm``
+    (``None`` for no clipping) bounds the global gradient norm *after* unscaling.
+
+    ``fp32_modules`` names modules (as ``model.named_modules()`` does) that run with autocast
+    off and their inputs cast to float32: *float32 islands*, for activations that exceed
+    float16's range in the forward pass, where no loss scale can help. An entry may be a glob
+    pattern over those names (``*.DenseReluDense.wo``: every T5 feed-forward output layer).
+
+    Example:
+        >>> from scalertune import AmpConfig
+        >>> AmpConfig(dtype="float16", init_scale=4096.0).uses_scaler
+        True
+        >>> AmpConfig(dtype="bfloat16").uses_scaler
+        False
+    """
+
+    dtype: str = "float16"
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    clip_norm: float | None = None
+    fp32_modules: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        islands = self.fp32_modules
+        if isinstance(islands, str):
+            islands = _split(islands)
+        elif not isinstance(islands, (list, tuple)) and islands is not None:
+            raise UsageError(f"fp32_modules must be module names, got {islands!r}")
+        object.__setattr__(self, "fp32_modules", tuple(islands or ()))
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
+            raise UsageError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if not all(isinstance(name, str) and name for name in self.fp32_modules):
+            raise UsageError(f"fp32_modules must be module names, got {self.fp32_modules!r}")
+        _check("init_scale", self.init_scale, "> 0 and finite", lambda v: v > 0)
+        _check("growth_factor", self.growth_factor, "> 1 and finite", lambda v: v > 1)
+        _check("backoff_factor", self.backoff_factor, "in (0, 1)", lambda v: 0 < v < 1)
+        _check("growth_interval", self.growth_interval,
+               f"an integer >= 1 (at most {MAX_GROWTH_INTERVAL})",
+               lambda v: v % 1 == 0 and 1 <= v <= MAX_GROWTH_INTERVAL)
+        object.__setattr__(self, "growth_interval", int(self.growth_interval))
+        if self.clip_norm is not None:
+            _check("clip_norm", self.clip_norm, "> 0 and finite, or null", lambda v: v > 0)
+        if not self.uses_scaler:
+            # Without a scaler the four knobs mean nothing; normalised, two configs that train
+            # alike compare equal (a study never trains the same config twice).
+            for knob in _SCALER_KNOBS:
+                object.__setattr__(self, knob, getattr(_DEFAULTS, knob))
+
+    @property
+    def uses_scaler(self) -> bool:
+        """Whether a GradScaler is active (float16 only)."""
+        return self.dtype == "float16"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only, in a stable key order: what the YAML file and Optuna store.
+
+        Only the knobs the config uses: the scaler's four for float16 alone.
+        """
+        scaler = {
+            "init_scale": float(self.init_scale),
+            "growth_factor": float(self.growth_factor),
+            "backoff_factor": float(self.backoff_factor),
+            "growth_interval": int(self.growth_interval),
+        } if self.uses_scaler else {}
+        islands = {"fp32_modules": list(self.fp32_modules)} if self.fp32_modules else {}
+        return {
+            "dtype": self.dtype,
+            **scaler,
+            "clip_norm": None if self.clip_norm is None else float(self.clip_norm),
+            **islands,
+        }
+
+    def with_clip(self, clip_norm: float | None) -> "AmpConfig":
+        """This config, clipping at ``clip_norm`` where it does not clip itself: the
+        workload's own clipping applies to every run that does not choose another."""
+        if self.clip_norm is not None or clip_norm is None:
+            return self
+        return dataclasses.replace(self, clip_norm=float(clip_norm))
+
+    def knobs_changed(self, clip_norm: float | None = None) -> int:
+        """How many knobs differ from PyTorch's defaults (and from the workload's own
+        ``clip_norm``): among configs equally fast and stable, fewer is simpler."""
+        changed = int(self.dtype != _DEFAULTS.dtype) + int(self.clip_norm != clip_norm)
+        changed += sum(getattr(self, k) != getattr(_DEFAULTS, k) for k in _SCALER_KNOBS)
+        return changed + int(bool(self.fp32_modules))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AmpConfig":
+        """Build from a mapping, rejecting unknown keys by name."""
+        if not isinstance(data, Mapping):
+            raise UsageError(f"an AMP config must be a mapping, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(
+                f"unknown config key(s) {', '.join(unknown)}: use {', '.join(sorted(known))}"
+            )
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise UsageError(f"invalid AMP config: {exc}") from None
+
+    def describe(self) -> str:
+        """One short line, e.g. ``float16 scale=4096 growth=2 backoff=0.5 every 2000, no clip``."""
+        clip = "no clip" if self.clip_norm is None else f"clip {self.clip_norm:.3g}"
+        if self.fp32_modules:
+            clip += f", float32: {','.join(self.fp32_modules)}"
+        if not self.uses_scaler:
+            return f"{self.dtype}, {clip}"
+        return (
+            f"float16 scale={self.init_scale:.4g} growth={self.growth_factor:.3g} "
+            f"backoff={self.backoff_factor:.3g} every {self.growth_interval}, {clip}"
+        )
+
+
+_SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
+def _check(name: str, value: Any, wanted: str, ok: Callable[[float], bool]) -> None:
+    """``value`` must be a real number (not a bool, not a string), finite in float32, where
+    the scaler keeps it, and ``ok``."""
+    # abs() <= a finite bound is False for NaN and inf, and exact for ints of any size.
+    number = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and abs(value) <= FLOAT32_MAX)
+    if not (number and ok(value)):
+        raise UsageError(f"{name} must be {wanted}, got {shown(value)}")
+
+
+#: PyTorch's own defaults: what a user gets from a bare ``GradScaler()``.
+PYTORCH_DEFAULT = _DEFAULTS = AmpConfig()
+
+#: The fix the seed article found by hand: the default with ``init_scale=4096``.
+SEED_ARTICLE_FIX = AmpConfig(init_scale=4096.0)
+
+#: The baselines every study runs once, by name.
+BASELINES = {"pytorch-default": PYTORCH_DEFAULT, "init-scale-4096": SEED_ARTICLE_FIX}
+
+FLOAT32 = AmpConfig(dtype="float32")

@@ -1,0 +1,66 @@
+"""The production guard: stop training when the loss scale collapses."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from scalertune import _policy
+from scalertune._errors import UsageError
+from scalertune._limits import FLOAT32_MAX
+from scalertune._text import shown
+
+
+class AmpGuardError(RuntimeError):
+    """Training went non-finite in a way no loss scale recovers from; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    """Stop training when the loss scale collapses, instead of training on silently.
+
+    What DeepSpeed's ``raise_error_at_min_scale`` and fairseq's minimum-scale error do: every
+    ``check_every`` steps (one host read of two numbers) the runtime checks that the scale is
+    at least ``min_scale`` and that fewer than ``max_consecutive_skips`` steps in a row were
+    skipped, and raises :class:`AmpGuardError` otherwise. The YAML a search writes carries
+    defaults taken from the search's evidence.
+    """
+
+    min_scale: float = _policy.SCALE_FLOOR
+    max_consecutive_skips: int = _policy.MAX_CONSECUTIVE_SKIPS
+    check_every: int = _policy.READBACK_INTERVAL
+
+    def __post_init__(self) -> None:
+        # A floor of 0 (or below, or NaN) never trips, and a limit of 0 skips trips at once:
+        # either would make the guard a lie.
+        scale = self.min_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
+                0 < scale <= FLOAT32_MAX):
+            raise UsageError(f"the guard's min_scale must be a finite number > 0, got "
+                             f"{shown(scale)}")
+        for name in ("max_consecutive_skips", "check_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"the guard's {name} must be an integer >= 1, got "
+                                 f"{shown(value)}")
+
+
+def check_guard(guard: Guard, *, scale: float, streak: int, step: int,
+                islands: tuple[str, ...]) -> None:
+    """:class:`AmpGuardError` when ``scale`` is below the guard's floor or ``streak`` skipped
+    steps in a row reach its limit; what to do, without advising what the config already
+    does (with islands in place, the overflow is in another module)."""
+    if scale >= guard.min_scale and streak < guard.max_consecutive_skips:
+        return
+    fix = (f"this config already keeps {','.join(islands)} in float32, so another "
+           f"module overflows: run scalertune diagnose with --fp32-modules "
+           f"'{','.join(islands)}' to find it, or train in bfloat16."
+           if islands else
+           "run scalertune diagnose to find the module, then keep it in float32 "
+           "(fp32_modules) or train in bfloat16.")
+    raise AmpGuardError(
+        f"AMP guard at step {step}: the loss scale is {scale:.3g} (floor "
+        f"{guard.min_scale:.3g}) after {streak} skipped steps in a row "
+        f"(limit {guard.max_consecutive_skips}). The gradients are inf/NaN at every "
+        "scale, which usually means an activation overflows float16 in the forward "
+        f"pass: {fix}"
+    )

@@ -1,0 +1,93 @@
+"""float32 islands: modules that run with autocast off and their inputs in float32.
+
+An island is a pair of forward hooks on the module, not a replaced ``forward``: the module
+keeps its class, parameters and ``state_dict`` keys, and ``copy.deepcopy``, pickling and
+``torch.compile`` carry the island along with the module it belongs to.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+import torch
+
+from scalertune._amp._modules import match_modules
+
+
+def apply_islands(model: torch.nn.Module, entries: Iterable[str], device_type: str) -> None:
+    """Make every module of ``model`` that ``entries`` name or match a float32 island
+    (once: a module that is one already is left as it is)."""
+    modules = dict(_unwrapped(model).named_modules())
+    for name in match_modules(entries, modules):
+        if not is_island(modules[name]):
+            island = _Float32Island(device_type)
+            modules[name].register_forward_pre_hook(island.enter, with_kwargs=True)
+            modules[name].register_forward_hook(island.leave, always_call=True)
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's model inside torch.compile's and (Distributed)DataParallel's wrappers, whose
+    names (``_orig_mod.``, ``module.``) are not the ones ``fp32_modules`` names."""
+    while True:
+        if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod  # noqa: SLF001 - torch.compile's OptimizedModule
+        else:
+            return model
+
+
+def is_island(module: torch.nn.Module) -> bool:
+    """Whether :meth:`AmpRuntime.prepare` made ``module`` a float32 island."""
+    return any(isinstance(getattr(hook, "__self__", None), _Float32Island)
+               for hook in module._forward_pre_hooks.values())  # noqa: SLF001
+
+
+#: The autocast-off contexts of the islands running now, innermost last, per thread (nested
+#: islands, and DataParallel's threads, each leave their own).
+_ACTIVE = threading.local()
+
+
+class _Float32Island:
+    """The forward pre-hook and hook that run one module with autocast off.
+
+    ``enter`` turns autocast off for ``device_type`` and casts the floating inputs to float32;
+    ``leave`` (registered with ``always_call``, so it runs even when the forward raises)
+    restores autocast as it was. Both are methods of a plain object holding only the device
+    type, so deepcopy and pickle copy it with the module; neither refers to the module, which
+    the hooks receive on every call. torch.compile runs them outside the graph, as it does
+    other Python-state side effects, and compiles the module's forward in float32.
+    """
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+
+    @torch.compiler.disable
+    def enter(self, module: torch.nn.Module, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        off = torch.autocast(self.device_type, enabled=False)
+        off.__enter__()
+        if not hasattr(_ACTIVE, "contexts"):
+            _ACTIVE.contexts = []
+        _ACTIVE.contexts.append((module, off))
+        return _to_float32(args), _to_float32(kwargs)
+
+    @torch.compiler.disable
+    def leave(self, module: torch.nn.Module, _args: Any, _output: Any) -> None:
+        contexts = getattr(_ACTIVE, "contexts", [])
+        # An earlier pre-hook that raised skips ``enter`` but not this always-called hook.
+        if contexts and contexts[-1][0] is module:
+            contexts.pop()[1].__exit__(None, None, None)
+
+
+def _to_float32(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.float() if obj.is_floating_point() else obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(_to_float32(o) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_float32(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to_float32(v) for k, v in obj.items()}
+    return obj

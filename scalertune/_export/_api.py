@@ -1,0 +1,451 @@
+"""export: the recommended config as the objects a framework takes, and the code that builds them.
+
+Each framework exposes a different subset of the knobs. :func:`export` returns an
+:class:`Export`: :meth:`Export.build` makes the framework's own objects (a Lightning precision
+plugin, Accelerate's kwargs handler, DeepSpeed's config dict, ``TrainingArguments`` fields),
+and :attr:`Export.code` is the code (or, for DeepSpeed, the JSON) that builds the very same
+objects, since both come from one description. What a framework cannot express is listed in
+:attr:`Export.not_expressible` and the nearest setting is used (``strict=True`` refuses
+instead); where a framework's scaler behaves differently from GradScaler with the same
+numbers, :attr:`Export.differences` says how and by how much.
+
+- torch: everything: GradScaler, autocast, ``clip_grad_norm_`` after ``unscale_``.
+- lightning: ``MixedPrecision(..., scaler=GradScaler(...))`` and ``gradient_clip_val``.
+- accelerate: ``mixed_precision`` and ``GradScalerKwargs``; clipping is a call in the loop.
+- transformers: ``TrainingArguments`` has only ``fp16``/``bf16``/``max_grad_norm``: the
+  Trainer's scaler always has PyTorch's defaults.
+- deepspeed: its ``fp16`` block grows by 2 and backs off by 0.5, takes the initial scale as a
+  power of two, never goes below a minimum scale of 1, and grows one step later than GradScaler.
+
+Float32 islands are applied by :meth:`Export.prepare` (or the line of code that does the same)
+in every framework that runs the model under autocast: all but DeepSpeed, whose fp16 and bf16
+modes cast the model itself to half precision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch
+import yaml
+
+from scalertune._amp._config import PYTORCH_DEFAULT, AmpConfig
+from scalertune._errors import UsageError
+
+if TYPE_CHECKING:
+    from scalertune._review._result import SearchResult
+
+FRAMEWORKS = ("torch", "lightning", "accelerate", "transformers", "deepspeed")
+
+#: DeepSpeed's config parser takes ``min_loss_scale`` as an integer > 0: 1 is the lowest floor.
+DEEPSPEED_MIN_LOSS_SCALE = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """``target(*args, **kwargs)``, with ``target`` as ``"module:Name"``."""
+
+    target: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Expr:
+    """A value that the code writes as an expression (``torch.float16``, ``device``)."""
+
+    code: str
+    value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Export:
+    """A config for one framework: the objects it takes, the code that builds them, and what
+    it could not express.
+
+    Example:
+        >>> import scalertune
+        >>> config = scalertune.AmpConfig(init_scale=4096.0, clip_norm=1.0)
+        >>> ds = scalertune.export(config, "deepspeed")
+        >>> ds.build()["fp16"]["initial_scale_power"], ds.build()["gradient_clipping"]
+        (12, 1.0)
+        >>> ds.not_expressible
+        ()
+        >>> trainer_kwargs = scalertune.export(config, "lightning", device="cpu").build()
+        >>> sorted(trainer_kwargs)  # doctest: +SKIP
+        ['gradient_clip_algorithm', 'gradient_clip_val', 'plugins']
+    """
+
+    framework: str
+    config: AmpConfig
+    #: The device type the objects are built for (``"cuda"``, ``"cpu"``); "auto" resolved.
+    device: str
+    not_expressible: tuple[str, ...]
+    differences: tuple[str, ...]
+    _spec: Mapping[str, Any] = dataclasses.field(repr=False)
+    _name: str | None = dataclasses.field(repr=False)
+    _device_line: str | None = dataclasses.field(repr=False)
+    _usage: tuple[str, ...] = dataclasses.field(repr=False)
+
+    def build(self) -> dict[str, Any]:
+        """The framework's own objects, keyed as its constructor or config takes them.
+
+        torch: ``scaler`` (a GradScaler), ``autocast`` (``torch.autocast`` keyword arguments)
+        and ``max_norm``; lightning: ``Trainer`` keyword arguments (the precision plugin with
+        its GradScaler, the clipping); accelerate: ``Accelerator`` keyword arguments (the
+        ``GradScalerKwargs`` handler); transformers: ``TrainingArguments`` fields; deepspeed:
+        the config dict (``json.dump`` it as ``ds_config.json``). Importing the framework is
+        left to this call, so the code text needs none of them installed.
+        """
+        return {key: _build(value) for key, value in self._spec.items()}
+
+    @property
+    def clip_norm(self) -> float | None:
+        """The clipping norm: where a framework clips in the loop, pass this."""
+        return self.config.clip_norm
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Apply the config's float32 islands to ``model`` (in place; a no-op without any)."""
+        from scalertune._amp._runtime import AmpRuntime
+
+        return AmpRuntime(AmpConfig(fp32_modules=self.config.fp32_modules),
+                          device=self.device).prepare(model)
+
+    @property
+    def code(self) -> str:
+        """Code that builds :meth:`build`'s objects (JSON for DeepSpeed), with comments
+        marking what is not expressible or behaves differently."""
+        if self.framework == "deepspeed":
+            return json.dumps(self.build(), indent=2) + "\n"
+        imports: set[str] = set()
+        body = []
+        if self._name is None:
+            body += [f"{key} = {_render(value, imports)}" for key, value in self._spec.items()]
+        else:
+            body.append(f"{self._name} = {{")
+            body += [f"    {key!r}: {_render(value, imports)}," for key, value in
+                     self._spec.items()]
+            body.append("}")
+        if self.config.fp32_modules:
+            imports.add("import scalertune")
+            body.append(f"scalertune.AmpRuntime(scalertune.AmpConfig(fp32_modules="
+                        f"{list(self.config.fp32_modules)!r}), device=device).prepare(model)"
+                        "  # float32 islands")
+        if self._device_line is not None:
+            imports.add("import torch")
+            body.insert(0, self._device_line)
+        imports_first = sorted(imports, key=lambda line: (line.startswith("from "), line))
+        return "\n".join([*self._head(), *imports_first, "", *body, *self._usage]) + "\n"
+
+    def comments(self) -> list[str]:
+        """What :attr:`code` says besides the code: the title, what is not expressible, what
+        differs, and where the objects go. For JSON, which has no comments, print these apart."""
+        return [*self._head(), *(line for line in self._usage if line)]
+
+    def _head(self) -> list[str]:
+        return [f"# scalertune export for {self.framework}: {self.config.describe()}",
+                *(f"# NOT EXPRESSIBLE: {line}" for line in self.not_expressible),
+                *(f"# DIFFERS: {line}" for line in self.differences)]
+
+    def __str__(self) -> str:
+        return self.code
+
+
+def export(source: AmpConfig | str | os.PathLike[str] | SearchResult, framework: str, *,
+           device: str = "auto", strict: bool = False,
+           micro_batch_size: int | None = None) -> Export:
+    """The config in ``source`` for ``framework`` (one of :data:`FRAMEWORKS`).
+
+    ``source`` is an :class:`AmpConfig`, a :class:`SearchResult`, or the path of a YAML file
+    that ``scalertune search`` wrote; the last two also carry the smallest loss scale the
+    search's runs reached, which DeepSpeed's minimum scale is checked against. ``device`` is
+    what the training runs on: ``auto`` (CUDA when this machine has it), ``cuda``, ``cpu``.
+    ``micro_batch_size`` completes DeepSpeed's config, which refuses one without a batch size.
+    With ``strict=True`` a value the framework cannot express raises :class:`UsageError`.
+    """
+    if framework not in FRAMEWORKS:
+        raise UsageError(f"unknown framework {framework!r}: use one of {', '.join(FRAMEWORKS)}")
+    if micro_batch_size is not None and (framework != "deepspeed" or micro_batch_size < 1):
+        raise UsageError("--micro-batch-size is for --to deepspeed, and must be >= 1")
+    config, lowest_scale = _read_source(source)
+    where = _device(device)
+    parts = _WRITERS[framework](config, where, lowest_scale, micro_batch_size)
+    result = Export(framework=framework, config=config, device=where.value,
+                    not_expressible=tuple(parts.lost), differences=tuple(parts.differ),
+                    _spec=parts.spec, _name=parts.name,
+                    _device_line=where.line if parts.uses_device else None,
+                    _usage=tuple(parts.usage))
+    if strict and result.not_expressible:
+        raise UsageError(f"{framework} cannot express: {'; '.join(result.not_expressible)} "
+                         "(drop --strict to get the nearest setting)")
+    return result
+
+
+def _read_source(source: Any) -> tuple[AmpConfig, float | None]:
+    from scalertune._amp._schema import load_config
+    from scalertune._review._result import SearchResult
+
+    if isinstance(source, AmpConfig):
+        return source, None
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        config = load_config(path)
+        with open(path, encoding="utf-8") as f:
+            return config, _lowest_scale(yaml.safe_load(f).get("evidence"))
+    if isinstance(source, SearchResult):
+        return source.config, _lowest_scale(source.to_dict().get("evidence"))
+    raise UsageError(f"cannot export a {type(source).__name__}: give an AmpConfig, a "
+                     "SearchResult or the path of a result YAML")
+
+
+def _lowest_scale(evidence: Any) -> float | None:
+    """The smallest loss scale the recommended config reached on any seed of the search."""
+    if not isinstance(evidence, Mapping):
+        return None
+    runs = [evidence, *(evidence.get("confirmation") or {}).values()]
+    scales = [r["min_scale"] for r in runs
+              if isinstance(r, Mapping) and isinstance(r.get("min_scale"), (int, float))]
+    return min(scales) if scales else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Device(_Expr):
+    """The device type the objects are built for; the code refers to it as ``device``."""
+
+    auto: bool = False
+
+    @property
+    def line(self) -> str:
+        if self.auto:
+            return 'device = "cuda" if torch.cuda.is_available() else "cpu"'
+        return f"device = {self.value!r}"
+
+
+def _device(device: str) -> _Device:
+    if device == "auto":
+        return _Device("device", "cuda" if torch.cuda.is_available() else "cpu", auto=True)
+    try:
+        return _Device("device", torch.device(device).type)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"unknown device {device!r}: use auto, cuda, cpu (or cuda:N)") from None
+
+
+@dataclasses.dataclass
+class _Parts:
+    spec: dict[str, Any]
+    name: str | None = None
+    uses_device: bool = True
+    usage: list[str] = dataclasses.field(default_factory=list)
+    lost: list[str] = dataclasses.field(default_factory=list)
+    differ: list[str] = dataclasses.field(default_factory=list)
+
+
+def _knobs(c: AmpConfig) -> dict[str, Any]:
+    return {"init_scale": c.init_scale, "growth_factor": c.growth_factor,
+            "backoff_factor": c.backoff_factor, "growth_interval": c.growth_interval}
+
+
+def _grad_scaler(c: AmpConfig, device: _Device) -> _Call:
+    if not c.uses_scaler:
+        return _Call("torch.amp:GradScaler", (device,), {"enabled": False})
+    return _Call("torch.amp:GradScaler", (device,), _knobs(c))
+
+
+def _torch(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None) -> _Parts:
+    autocast: dict[str, Any] = {"device_type": device}
+    if c.dtype == "float32":
+        autocast["enabled"] = False
+    else:
+        autocast["dtype"] = _Expr(f"torch.{c.dtype}", getattr(torch, c.dtype))
+    usage = ["", "# for inputs, targets in loader:",
+             "#     optimizer.zero_grad(set_to_none=True)",
+             "#     with torch.autocast(**autocast):",
+             "#         loss = loss_fn(model(inputs), targets)",
+             "#     scaler.scale(loss).backward()"]
+    if c.clip_norm is not None:
+        usage += ["#     scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones",
+                  "#     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)"]
+    usage += ["#     scaler.step(optimizer)  # skipped when the gradients are inf/NaN",
+              "#     scaler.update()",
+              "# scalertune.load(YAML) does the same step and adds the guard the search "
+              "recommends"]
+    return _Parts({"scaler": _grad_scaler(c, device), "autocast": autocast,
+                   "max_norm": c.clip_norm}, usage=usage)
+
+
+def _lightning(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None) -> _Parts:
+    plugin = "lightning.pytorch.plugins.precision:MixedPrecision"
+    spec: dict[str, Any]
+    if c.dtype == "float16":
+        spec = {"plugins": [_Call(plugin, ("16-mixed", device),
+                                  {"scaler": _grad_scaler(c, device)})]}
+    elif c.dtype == "bfloat16":
+        spec = {"plugins": [_Call(plugin, ("bf16-mixed", device))]}
+    else:
+        spec = {"precision": "32-true"}
+    # None is Lightning's own "no clipping"; written out so that it is not left to a default.
+    spec["gradient_clip_val"] = c.clip_norm
+    spec["gradient_clip_algorithm"] = "norm"
+    usage = ["# trainer = lightning.pytorch.Trainer(**trainer_kwargs, ...your own arguments)",
+             "# (the plugin's device is the Trainer's accelerator: one kind of device for both)"]
+    return _Parts(spec, name="trainer_kwargs", usage=usage)
+
+
+def _accelerate(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None
+                ) -> _Parts:
+    spec: dict[str, Any] = {
+        "mixed_precision": {"float16": "fp16", "bfloat16": "bf16", "float32": "no"}[c.dtype]}
+    if c.uses_scaler:
+        spec["kwargs_handlers"] = [_Call("accelerate.utils:GradScalerKwargs", (), _knobs(c))]
+    if device.value == "cpu" and not device.auto:
+        spec["cpu"] = True  # Accelerate would take the GPU if there is one
+    parts = _Parts(spec, name="accelerator_kwargs", uses_device=bool(c.fp32_modules))
+    parts.usage = ["# accelerator = accelerate.Accelerator(**accelerator_kwargs)"]
+    if c.clip_norm is not None:
+        parts.usage += ["# in the loop, between accelerator.backward(loss) and optimizer.step():",
+                        f"#     accelerator.clip_grad_norm_(model.parameters(), {c.clip_norm!r})"]
+    if c.uses_scaler and device.value == "cpu":
+        parts.differ.append("Accelerate makes a GradScaler and autocasts to float16 only on "
+                            "GPUs: on a CPU, mixed_precision='fp16' trains in float32")
+    return parts
+
+
+def _transformers(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None
+                  ) -> _Parts:
+    parts = _Parts({"fp16": c.dtype == "float16", "bf16": c.dtype == "bfloat16",
+                    # 0 turns off the Trainer's own clipping at 1.0
+                    "max_grad_norm": c.clip_norm if c.clip_norm is not None else 0.0,
+                    "use_cpu": _Expr("device == \"cpu\"", device.value == "cpu")},
+                   name="training_arguments")
+    if c.uses_scaler:
+        for knob, value in _knobs(c).items():
+            default = getattr(PYTORCH_DEFAULT, knob)
+            if value != default:
+                parts.lost.append(f"{knob}={value!r}: TrainingArguments has no loss-scaler "
+                                  f"settings; the Trainer's GradScaler uses PyTorch's {default!r}")
+    parts.usage = ["# args = transformers.TrainingArguments(output_dir=..., **training_arguments)"]
+    return parts
+
+
+def _deepspeed(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None
+               ) -> _Parts:
+    spec: dict[str, Any] = {}
+    if batch is not None:
+        spec["train_micro_batch_size_per_gpu"] = batch
+    parts = _Parts(spec, uses_device=False)
+    spec["fp16"] = _deepspeed_fp16(c, lowest, parts) if c.uses_scaler else {"enabled": False}
+    spec["bf16"] = {"enabled": c.dtype == "bfloat16"}
+    # Always written: DeepSpeed clips at 1.0 when the key is absent; 0 turns clipping off.
+    spec["gradient_clipping"] = c.clip_norm if c.clip_norm is not None else 0.0
+    if c.fp32_modules:
+        parts.lost.append(f"fp32_modules {list(c.fp32_modules)}: DeepSpeed's fp16 and bf16 modes "
+                          "cast the whole model to half precision; keep those modules' "
+                          "computation in float32 in your model code")
+    if c.dtype != "float32":
+        parts.differ.append(f"DeepSpeed casts the model's weights and activations to {c.dtype} "
+                            "instead of autocasting: ops autocast runs in float32 (softmax, "
+                            "layer_norm, losses) run in half precision unless the model upcasts")
+    parts.usage = ["# save it as ds_config.json: deepspeed.initialize(model=model, "
+                   "model_parameters=model.parameters(), config=\"ds_config.json\")"]
+    if batch is None:
+        parts.usage.append("# DeepSpeed refuses a config without a batch size: add your "
+                           "train_micro_batch_size_per_gpu (or export with --micro-batch-size)")
+    return parts
+
+
+def _deepspeed_fp16(c: AmpConfig, lowest: float | None, parts: _Parts) -> dict[str, Any]:
+    """DeepSpeed's dynamic loss scaler, as close to GradScaler with ``c``'s knobs as it gets.
+
+    DeepSpeed (``deepspeed/runtime/fp16/loss_scaler.py`` and ``fused_optimizer.py``) starts at
+    ``2**initial_scale_power``, halves the scale on an overflow (after ``hysteresis``
+    overflows; 1 backs off on every one, as GradScaler does) but never below
+    ``min_loss_scale``, and doubles it when ``(step - last_overflow_step - 1)`` is a positive
+    multiple of ``loss_scale_window``: after ``window + 1`` clean steps, then every ``window``.
+    Under ZeRO an overflow *at* ``min_loss_scale`` raises and ends training.
+    """
+    power = math.log2(c.init_scale)
+    nearest = max(round(power), 0)
+    if c.init_scale < DEEPSPEED_MIN_LOSS_SCALE:
+        parts.lost.append(f"init_scale={c.init_scale!r}: DeepSpeed's scale never goes below "
+                          f"min_loss_scale={DEEPSPEED_MIN_LOSS_SCALE} (the smallest its config "
+                          "takes); nearest: initial_scale_power 0 = 1.0")
+    elif power != round(power):
+        parts.lost.append(f"init_scale={c.init_scale!r} is not a power of two; nearest: "
+                          f"initial_scale_power {nearest} = {2.0 ** nearest!r}")
+    if c.growth_factor != 2.0:
+        parts.lost.append(f"growth_factor={c.growth_factor!r}: DeepSpeed always grows by 2")
+    if c.backoff_factor != 0.5:
+        parts.lost.append(f"backoff_factor={c.backoff_factor!r}: DeepSpeed always backs off "
+                          "by 0.5")
+    if lowest is not None and lowest < DEEPSPEED_MIN_LOSS_SCALE <= c.init_scale:
+        parts.lost.append(f"the search's runs of this config backed the scale off to {lowest:.3g}; "
+                          f"DeepSpeed stops at {DEEPSPEED_MIN_LOSS_SCALE}, and under ZeRO an "
+                          "overflow there ends training")
+    window = c.growth_interval
+    parts.differ.append(
+        f"growth: DeepSpeed doubles the scale after loss_scale_window+1 = {window + 1} clean "
+        f"steps (after an overflow or the start), then every {window}: each growth comes 1 step "
+        f"later than GradScaler's ({window}, {2 * window}, ...)")
+    floor = (f"; in the search this config's scale stayed at or above {lowest:.3g}"
+             if lowest is not None and lowest >= DEEPSPEED_MIN_LOSS_SCALE else "")
+    parts.differ.append(
+        f"minimum: DeepSpeed never lowers the scale below min_loss_scale="
+        f"{DEEPSPEED_MIN_LOSS_SCALE}, and under ZeRO (stages 1-3) an overflow at that minimum "
+        f"raises and ends training: from 2**{nearest} that is {nearest + 1} overflow"
+        f"{'s' if nearest else ''} in a row without a growth between (without ZeRO it skips the "
+        "step and stays at 1). GradScaler "
+        f"keeps multiplying the scale by backoff_factor{floor}")
+    return {"enabled": True, "loss_scale": 0, "initial_scale_power": nearest,
+            "loss_scale_window": window, "hysteresis": 1, "consecutive_hysteresis": False,
+            "min_loss_scale": DEEPSPEED_MIN_LOSS_SCALE}
+
+
+_WRITERS = {"torch": _torch, "lightning": _lightning, "accelerate": _accelerate,
+            "transformers": _transformers, "deepspeed": _deepspeed}
+
+
+def _build(value: Any) -> Any:
+    if isinstance(value, _Call):
+        module, _, name = value.target.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), name)
+        except ImportError:
+            raise UsageError(f"{module} is not installed: install the framework to build its "
+                             "objects (the code text needs none)") from None
+        return factory(*map(_build, value.args),
+                       **{k: _build(v) for k, v in value.kwargs.items()})
+    if isinstance(value, _Expr):
+        return value.value
+    if isinstance(value, list):
+        return [_build(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _build(v) for k, v in value.items()}
+    return value
+
+
+def _render(value: Any, imports: set[str]) -> str:
+    if isinstance(value, _Call):
+        module, _, name = value.target.partition(":")
+        if module.split(".")[0] == "torch":
+            imports.add("import torch")
+            callee = f"{module}.{name}"
+        else:
+            imports.add(f"from {module} import {name}")
+            callee = name
+        args = [_render(a, imports) for a in value.args]
+        args += [f"{k}={_render(v, imports)}" for k, v in value.kwargs.items()]
+        return f"{callee}({', '.join(args)})"
+    if isinstance(value, _Expr):
+        if value.code.startswith("torch."):
+            imports.add("import torch")
+        return value.code
+    if isinstance(value, list):
+        return "[" + ", ".join(_render(v, imports) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_render(v, imports)}" for k, v in value.items()) + "}"
+    return repr(value)

@@ -1,0 +1,155 @@
+"""Runs as the study stores them: each finished trial as an Outcome, and the float32 references."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Sequence
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from scalertune import _policy
+from scalertune._amp._config import AmpConfig
+from scalertune._run._timing import StepTimes
+from scalertune._storage._names import (
+    JUDGED_ATTR,
+    LOSSES_ATTR,
+    ROLE_BASELINE,
+    ROLE_CONFIRM,
+    ROLE_FLOAT32_CLIP,
+    ROLE_REFERENCE,
+    ROLE_SEARCH,
+    RUN_ROLES,
+    SCALES_ATTR,
+    TIMES_ATTR,
+    TRACEBACK_ATTR,
+)
+
+
+def encode_scales(scales: Sequence[float]) -> list[list[float]]:
+    runs: list[list[float]] = []
+    for value in scales:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return runs
+
+
+def decode_scales(runs: Sequence[Sequence[float]]) -> tuple[float, ...]:
+    return tuple(value for value, count in runs for _ in range(int(count)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """One finished run as the study stores it: a trial plus its judged attributes."""
+
+    number: int
+    role: str
+    config: AmpConfig
+    seed: int
+    state: str
+    attrs: dict[str, Any]
+    losses: tuple[float, ...]
+    scales: tuple[float, ...] = ()
+
+    @classmethod
+    def from_trial(cls, trial: FrozenTrial) -> "Outcome":
+        # the judged figures in full precision over the rounded copies the dashboard shows
+        attrs = {**trial.user_attrs, **trial.system_attrs.get(JUDGED_ATTR, {}),
+                 **({"traceback": trial.system_attrs[TRACEBACK_ATTR]}
+                    if TRACEBACK_ATTR in trial.system_attrs else {})}
+        return cls(
+            number=trial.number,
+            role=attrs.get("role", ROLE_SEARCH),
+            config=AmpConfig.from_dict(attrs["config"]),
+            seed=int(attrs.get("seed", 0)),
+            state=trial.state.name.lower(),
+            attrs=attrs,
+            losses=tuple(trial.system_attrs.get(LOSSES_ATTR, ())),
+            scales=decode_scales(trial.system_attrs.get(SCALES_ATTR, [])),
+        )
+
+    @property
+    def label(self) -> str:
+        if self.role == ROLE_BASELINE:
+            return self.attrs["baseline"]
+        if self.role == ROLE_CONFIRM:
+            return f"#{self.attrs['confirms']} seed {self.seed}"
+        if self.role == ROLE_FLOAT32_CLIP:
+            return f"float32, clip {self.config.clip_norm:.3g}"
+        return f"trial #{self.number}"
+
+    @property
+    def reached(self) -> bool:
+        return self.state == "complete" and self.steps_to_target is not None
+
+    @property
+    def steps_to_target(self) -> int | None:
+        value = self.attrs.get("steps_to_target")
+        return None if value is None else int(value)
+
+    @property
+    def time_to_target(self) -> float:
+        value = self.attrs.get("time_to_target_s")
+        return math.inf if value is None else float(value)
+
+    @property
+    def prune_kind(self) -> str | None:
+        return self.attrs.get("pruned_because")
+
+    @property
+    def reused(self) -> bool:
+        """A sampled config that had run already: its result was copied, nothing trained."""
+        return "duplicate_of" in self.attrs
+
+    @property
+    def steps_run(self) -> int:
+        return 0 if self.reused else int(self.attrs.get("steps_run") or 0)
+
+    @property
+    def stability(self) -> tuple[int, float]:
+        """Lower is more stable: skipped steps, then how close the loss scale came to the
+        collapse floor (runs without a scaler have all the headroom there is)."""
+        skipped = int(self.attrs.get("skipped_steps") or 0)
+        low = self.attrs.get("min_scale")
+        if not self.config.uses_scaler or not low:
+            return skipped, -math.inf
+        return skipped, -math.log2(float(low) / _policy.SCALE_FLOOR)
+
+
+def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:
+    """Finished AMP runs (complete or pruned), in trial-number order; the float32 reference
+    trials are the yardstick, not candidates, and are left out."""
+    done = (TrialState.COMPLETE, TrialState.PRUNED)
+    return [Outcome.from_trial(t) for t in trials
+            if t.state in done and t.user_attrs.get("role") in RUN_ROLES]
+
+
+def reference_trial(study: optuna.Study, seed: int) -> optuna.trial.FrozenTrial | None:
+    """The finished float32 reference trial of ``seed``, if it has run."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        attrs = trial.user_attrs
+        if attrs.get("role") == ROLE_REFERENCE and attrs.get("seed") == seed:
+            return trial
+    return None
+
+
+def reference_of(study: optuna.Study, seed: int) -> dict[str, Any] | None:
+    """The float32 reference of ``seed`` as plain data, or ``None`` if it has not run yet."""
+    trial = reference_trial(study, seed)
+    if trial is None:
+        return None
+    attrs = trial.user_attrs
+    times = trial.system_attrs.get(TIMES_ATTR)
+    return {
+        "trial": trial.number,
+        "seed": seed,
+        "losses": list(trial.system_attrs.get(LOSSES_ATTR, ())),
+        "target_loss": attrs["target_loss"],
+        "steps_to_target": attrs["steps_to_target"],
+        "step_time_s": attrs.get("step_time_s"),
+        "steps_run": attrs.get("steps_run"),
+        "step_times": StepTimes.from_dict(times) if times else None,
+    }

@@ -1,0 +1,97 @@
+"""Ranking: which configs reach the float32 target, and which of those gets there first.
+
+Runs that reach the target rank above runs that never do. Among those that do, the shortest
+time to target wins: steps to target times the step time of the run's dtype, measured
+interleaved with float32's (:mod:`scalertune._run._timing`). Two runs of the same dtype differ only
+in steps, which are exact; runs of different dtypes whose times overlap within the timing
+spread are **tied**, and a tie goes to the more stable run (fewer skipped steps, then more loss
+scale headroom), then the simpler config (fewer knobs away from PyTorch's defaults), never to
+noise. A config is *recommended* only after confirmation: rerun on other seeds, it stays
+finite and reaches each seed's target.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from scalertune._amp._config import AmpConfig
+from scalertune._judge._outcome import Outcome
+from scalertune._run._timing import StepTimes
+from scalertune._storage._names import ROLE_CONFIRM
+
+
+def time_bounds(outcome: Outcome, times: StepTimes | None) -> tuple[float, float]:
+    """The spread of a run's time to target: steps times its dtype's step-time spread."""
+    steps = outcome.steps_to_target
+    if steps is None or times is None or outcome.config.dtype not in times:
+        return math.inf, math.inf
+    low, high = times.bounds(outcome.config.dtype)
+    return steps * low, steps * high
+
+
+def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None) -> bool:
+    """Whether ``a`` reaches the target sooner than ``b`` beyond measurement noise: in fewer
+    steps on the same dtype (same step time), or with time-to-target spreads that do not
+    overlap."""
+    if a.config.dtype == b.config.dtype:
+        return a.steps_to_target < b.steps_to_target
+    return time_bounds(a, times)[1] < time_bounds(b, times)[0]
+
+
+def tied(a: Outcome, b: Outcome, times: StepTimes | None) -> bool:
+    """Whether two runs that reached the target are equally fast within measurement noise:
+    neither is surely faster (same dtype: equal steps; different dtypes: spreads overlap)."""
+    return not surely_faster(a, b, times) and not surely_faster(b, a, times)
+
+
+def rank_key(outcome: Outcome) -> tuple[int, float, int]:
+    """Reached before never-reached; then time to target, or closeness to float32's loss;
+    pruned runs last."""
+    if outcome.reached:
+        return (0, outcome.time_to_target, outcome.number)
+    if outcome.state == "complete":
+        ratio = outcome.attrs.get("loss_vs_float32")
+        return (1, math.inf if ratio is None else float(ratio), outcome.number)
+    return (2, math.inf, outcome.number)
+
+
+def ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """Search and baseline runs of the main seed, best first (confirmations and reused
+    duplicates excluded)."""
+    return sorted((o for o in outcomes if o.role != ROLE_CONFIRM and not o.reused),
+                  key=rank_key)
+
+
+def candidates(ranking: Sequence[Outcome], times: StepTimes | None,
+               clip_norm: float | None) -> list[Outcome]:
+    """Distinct configs that reached the target, in the order they are confirmed.
+
+    The runs that no other run beats beyond the noise come first (the fastest, and the runs
+    tied with it), ordered by stability, then simplicity, then speed; then the same among the
+    rest, and so on. A run is never tied into the first group by another dtype's wide spread
+    while a run of its own dtype reached the target in fewer steps: that run is surely
+    faster, whatever the spreads.
+    """
+    pool: list[Outcome] = []
+    seen: set[AmpConfig] = set()
+    for outcome in ranking:
+        if outcome.reached and outcome.config not in seen:
+            seen.add(outcome.config)
+            pool.append(outcome)
+    ordered: list[Outcome] = []
+    while pool:
+        group = [o for o in pool if not any(surely_faster(p, o, times) for p in pool)]
+        group.sort(key=lambda o: (o.stability, o.config.knobs_changed(clip_norm),
+                                  o.time_to_target, o.number))
+        ordered.extend(group)
+        pool = [o for o in pool if o not in group]
+    return ordered
+
+
+def confirmations_of(candidate: Outcome, outcomes: Sequence[Outcome]) -> dict[int, Outcome]:
+    """Seed -> the confirmation run of ``candidate``'s config on that seed."""
+    return {
+        o.seed: o for o in outcomes
+        if o.role == ROLE_CONFIRM and o.attrs.get("confirms") == candidate.number
+    }

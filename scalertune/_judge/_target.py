@@ -1,0 +1,117 @@
+"""Judging a run against the float32 reference: did it reach the target, and how fast?
+
+The **float32 reference** is the same workload, same seed, without autocast. Its smoothed loss
+at the last step, plus a small tolerance (``TARGET_TOLERANCE`` of it), is the **target**. A run
+*reaches the target* at the first step where its own smoothed loss is at or below it; its
+**time to target** is that step count times its dtype's step time, measured interleaved with
+float32's (:mod:`scalertune._run._timing`). A run whose loss stays flat (gradients flushed to zero
+by too small a scale) or that skips too many steps never reaches it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Sequence
+
+from scalertune import _policy
+from scalertune._errors import UsageError
+
+
+def smoothed(losses: Sequence[float]) -> list[float]:
+    """Trailing mean over ``SMOOTHING_STEPS`` (fewer at the start); NaN where any is non-finite."""
+    out, window = [], _policy.SMOOTHING_STEPS
+    for i in range(len(losses)):
+        chunk = losses[max(0, i - window + 1) : i + 1]
+        out.append(sum(chunk) / len(chunk) if all(map(math.isfinite, chunk)) else math.nan)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The loss a run must reach to count as training as well as float32."""
+
+    loss: float
+    reference_final: float
+    reference_start: float
+    #: float32's smoothed curve, step by step: what "loss vs float32 at step N" divides by.
+    reference_curve: tuple[float, ...] = ()
+    #: Standard error of float32's final smoothed loss: the standard deviation of its
+    #: per-step losses over the last smoothing window, over the square root of its length.
+    reference_noise: float = 0.0
+
+    @classmethod
+    def from_reference(cls, losses: Sequence[float]) -> "Target":
+        curve = smoothed(losses)
+        start = curve[min(len(curve), _policy.SMOOTHING_STEPS) - 1]
+        final = curve[-1]
+        tail = list(losses[-_policy.SMOOTHING_STEPS:])
+        noise = statistics.pstdev(tail) / math.sqrt(len(tail)) if len(tail) > 1 else 0.0
+        return cls(loss=final + _policy.TARGET_TOLERANCE * abs(final),
+                   reference_final=final, reference_start=start,
+                   reference_curve=tuple(curve), reference_noise=noise)
+
+    @property
+    def reference_learned(self) -> bool:
+        """Whether float32 lowered its loss by a meaningful margin: at least
+        ``REFERENCE_MIN_DROP`` of where it started, and by more than
+        ``REFERENCE_NOISE_MULTIPLE`` standard errors of its final smoothed loss.
+        Without that, every run "reaches" the target at once and the search says nothing."""
+        drop = self.reference_start - self.reference_final
+        return (drop > _policy.REFERENCE_MIN_DROP * abs(self.reference_start)
+                and drop > _policy.REFERENCE_NOISE_MULTIPLE * self.reference_noise)
+
+    def check_learned(self, steps: int) -> None:
+        """:class:`UsageError` naming what to do when the reference did not learn."""
+        if self.reference_learned:
+            return
+        raise UsageError(
+            f"the float32 reference did not learn in {steps} steps (smoothed loss "
+            f"{self.reference_start:.4g} -> {self.reference_final:.4g}, noise "
+            f"{self.reference_noise:.3g}), so no run can be judged against it: raise --steps or "
+            "the learning rate, or check the workload's loss and data"
+        )
+
+    def steps_to_target(self, losses: Sequence[float]) -> int | None:
+        """Steps a run needed to reach the target (1-based count), or ``None`` if never."""
+        for i, value in enumerate(smoothed(losses)):
+            if value <= self.loss:
+                return i + 1
+        return None
+
+    def relative(self, smoothed_loss: float) -> float:
+        """A smoothed loss as orders of magnitude from the target: log10(loss / target), so
+        0 is the target, 1 ten times above it, -1 a tenth of it. Runs whose losses start
+        thousands of times above the target and end just below it read on one linear axis,
+        the dashboard's. Raw when the target is <= 0; NaN where the log is undefined."""
+        if self.loss <= 0:
+            return smoothed_loss
+        if not smoothed_loss > 0:
+            return math.nan
+        return math.log10(smoothed_loss / self.loss)
+
+    def ratio_at(self, losses: Sequence[float]) -> tuple[float, int]:
+        """The run's smoothed loss over float32's at the run's last step, and that step
+        (1-based). Runs stop at different steps; the ratio is taken where both exist."""
+        curve = smoothed(losses)
+        if not curve:
+            return math.inf, 0
+        step = min(len(curve), len(self.reference_curve)) if self.reference_curve else len(curve)
+        mine = curve[step - 1]
+        theirs = self.reference_curve[step - 1] if self.reference_curve else self.reference_final
+        if not math.isfinite(mine):
+            return math.inf, step
+        if theirs == 0:
+            return (1.0 if mine == 0 else math.inf), step
+        return mine / theirs, step
+
+    def gap(self, losses: Sequence[float]) -> float:
+        """How far the best smoothed loss stayed above the target, relative to the target
+        (<= 0 means it reached the target). Stored as Optuna's constraint."""
+        curve = [v for v in smoothed(losses) if math.isfinite(v)]
+        if not curve:
+            return math.inf
+        return (min(curve) - self.loss) / max(abs(self.loss), 1e-12)
+
+

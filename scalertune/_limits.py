@@ -1,0 +1,85 @@
+"""The valid range of every number scalertune takes, checked in one place.
+
+The Python API and the command line check their numbers with the same table, before any
+work starts (the command line before torch has even loaded). A number out of range is a
+:class:`~scalertune.UsageError` of class :class:`ParameterError` (a ``ValueError``) that names
+the Python parameter; the command line says the same with the flag it reads the value from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+from scalertune import _policy
+from scalertune._errors import ParameterError
+from scalertune._text import shown
+
+#: The loss scale lives in a float32 tensor: a larger number would be inf there.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """What one number may be: an integer or a real, from ``low`` to ``high``."""
+
+    integer: bool
+    low: float
+    high: float = math.inf
+    low_excluded: bool = False
+
+    def check(self, name: str, value: Any) -> None:
+        """:class:`ParameterError` naming ``name`` unless ``value`` is within the limit."""
+        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
+            raise ParameterError(name, f"must be {self._wanted()}, got {shown(value)}")
+        # NaN fails every comparison below, infinity the last one
+        ok = value > self.low if self.low_excluded else value >= self.low
+        if not (ok and (self.integer or math.isfinite(value))):
+            raise ParameterError(name, f"must be {self._wanted()}, got {_got(value)}")
+        if value > self.high:
+            raise ParameterError(name, f"must be at most {self.high:g}, got {_got(value)}")
+
+    def _wanted(self) -> str:
+        if self.integer:
+            return (f"an integer >= {self.low:g}" if self.high == math.inf
+                    else f"an integer from {self.low:g} to {self.high:g}")
+        if self.low_excluded and self.low == 0:
+            return "a positive finite number"
+        return f"a finite number {'>' if self.low_excluded else '>='} {self.low:g}"
+
+
+def _got(value: Any) -> str:
+    return shown(value) if isinstance(value, int) else f"{value:g}"
+
+
+_COUNT = Limit(True, 0)
+_SEED = Limit(True, 0, _policy.MAX_SEED)
+_SECONDS = Limit(False, 0, low_excluded=True)
+
+#: Python parameter -> its limit, per function (the command line reads the same names).
+SEARCH: Mapping[str, Limit] = {
+    "n_trials": _COUNT,
+    # two read-back windows: a run's first window is its warm-up, whose time is not counted
+    "steps": Limit(True, 2 * _policy.READBACK_INTERVAL, _policy.MAX_STEPS),
+    "horizon": Limit(True, 2 * _policy.READBACK_INTERVAL, _policy.MAX_HORIZON),
+    "seed": _SEED,
+    "timeout": _SECONDS,
+    "timeout_s": _SECONDS,
+    "memory_gb": _SECONDS,
+}
+DIAGNOSE: Mapping[str, Limit] = {
+    "init_scale": Limit(False, 0, FLOAT32_MAX, low_excluded=True),
+    "steps": Limit(True, 1, _policy.MAX_STEPS),
+    "seed": _SEED,
+}
+EXPORT: Mapping[str, Limit] = {"micro_batch_size": Limit(True, 1)}
+REPORT: Mapping[str, Limit] = {"top": _COUNT, "trial": _COUNT}
+DASHBOARD: Mapping[str, Limit] = {"port": Limit(True, 1, 65535)}
+
+
+def check(limits: Mapping[str, Limit], **values: Any) -> None:
+    """Check each value (``None`` means "not given") against its limit, in the order given."""
+    for name, value in values.items():
+        if value is not None:
+            limits[name].check(name, value)

@@ -1,0 +1,79 @@
+"""Deciding, window by window, whether a run has gone non-finite, and why (the prune reasons)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from scalertune import _policy
+from scalertune._run._record import RunRecord
+from scalertune._workload._contract import Workload
+
+
+def judge_window(record: RunRecord, workload: Workload, start: int) -> None:
+    """Decide, from the window just read back, whether the run has gone non-finite."""
+    losses, scales = record.losses[start:], record.scales[start:]
+    bad = [start + j for j, v in enumerate(losses) if not math.isfinite(v)]
+    config = record.config
+    if bad and (not config.uses_scaler or len(bad) == len(losses)):
+        # With a scaler, an occasional inf loss is only a skipped step; a whole window of
+        # them is an overflow no scale can reach. Without a scaler, inf/NaN reaches the
+        # weights on the very step it appears.
+        first = bad[0]
+        if not _parameters_finite(workload.model):
+            _prune(record, "parameters",
+                   f"weights became non-finite by step {first}: an optimizer step applied "
+                   "inf/NaN gradients (try clipping or a lower learning rate)")
+            return
+        finite = [v for v in record.losses[:first] if math.isfinite(v)]
+        if len(finite) > _policy.SMOOTHING_STEPS and max(finite[-_policy.SMOOTHING_STEPS:]) > (
+            10 * finite[0]
+        ):
+            _prune(record, "diverged",
+                   f"the loss grew from {finite[0]:.4g} to {finite[-1]:.4g} and was "
+                   f"{record.losses[first]} at step {first} (exploding gradients: try clipping)")
+            return
+        where = "float16" if config.dtype == "float16" else config.dtype
+        _prune(record, "forward",
+               f"forward overflow: the loss is {record.losses[first]} at step {first} with "
+               f"finite weights; activations exceed {where}'s range before any loss scale "
+               "applies, so no scaler setting fixes it (use bfloat16, or keep the "
+               "overflowing module in float32)")
+        return
+    if not config.uses_scaler:
+        return
+    low = min(scales)
+    if low < _policy.SCALE_FLOOR:
+        step = start + scales.index(low)
+        _prune(record, "scale-collapse",
+               f"scale collapse: the loss scale fell to {low:.3g} by step {step}, below "
+               "2**-24; gradients are non-finite at every scale, which points to an overflow "
+               "in the forward pass")
+        return
+    streak = _trailing_skip_streak(record)
+    if streak >= _policy.MAX_CONSECUTIVE_SKIPS:
+        last = record.steps_run - 1
+        _prune(record, "gradients",
+               f"gradients non-finite on every step from step {last - streak + 1} to {last} "
+               f"({streak} skipped in a row); the scaler backed off to {scales[-1]:.3g} "
+               "without recovering")
+
+
+def _trailing_skip_streak(record: RunRecord) -> int:
+    skipped = set(record.skipped)
+    streak = 0
+    for i in range(record.steps_run - 1, -1, -1):
+        if i not in skipped:
+            break
+        streak += 1
+    return streak
+
+
+def _parameters_finite(model: torch.nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def _prune(record: RunRecord, kind: str, reason: str) -> None:
+    record.prune_kind = kind
+    record.prune_reason = reason

@@ -1,0 +1,97 @@
+"""What one run did, step by step: the evidence every judgement is made from."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import struct
+from typing import Callable, Sequence
+
+from scalertune import _policy
+from scalertune._amp._config import AmpConfig
+
+#: Prune kinds, in the words the summary and the dashboard use.
+PRUNE_KINDS = {
+    "forward": "forward overflow",
+    "diverged": "diverged",
+    "parameters": "non-finite weights",
+    "gradients": "gradients non-finite every step",
+    "scale-collapse": "scale collapse",
+    "slower": "slower than the best",
+}
+
+
+def as_float32(value: float) -> float:
+    """``value`` rounded to float32, as GradScaler stores its scale."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def skipped_steps(scales: Sequence[float], init_scale: float) -> list[int]:
+    """Indices of the steps GradScaler skipped, from the scale after each step.
+
+    ``update()`` multiplies the scale by ``backoff_factor`` < 1 exactly when a step was
+    skipped, so a smaller scale than the step before *is* a skipped step. The scaler keeps its
+    scale in float32: the first step compares with ``init_scale`` rounded the same way (an
+    init_scale float32 cannot hold exactly would otherwise look like a back-off at step 0).
+    """
+    out, previous = [], as_float32(init_scale)
+    for i, scale in enumerate(scales):
+        if scale < previous:
+            out.append(i)
+        previous = scale
+    return out
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """What one run did, step by step: the evidence every judgement is made from."""
+
+    config: AmpConfig
+    seed: int
+    steps: int
+    losses: list[float] = dataclasses.field(default_factory=list)
+    scales: list[float] = dataclasses.field(default_factory=list)
+    window_step_times: list[float] = dataclasses.field(default_factory=list)
+    prune_kind: str | None = None
+    prune_reason: str | None = None
+    #: Steps to the float32 target (1-based), once the stop rule has seen it reached.
+    reached_at: int | None = None
+    #: Why the run ended before ``steps``: "reached" (the target), or a prune kind.
+    stopped: str | None = None
+
+    @property
+    def steps_run(self) -> int:
+        return len(self.losses)
+
+    @property
+    def skipped(self) -> list[int]:
+        """Indices of the steps GradScaler skipped (the scale shrank on them)."""
+        if not self.config.uses_scaler:
+            return []
+        return skipped_steps(self.scales, self.config.init_scale)
+
+    @property
+    def first_nonfinite_step(self) -> int | None:
+        """The first step whose loss or gradients were inf/NaN (0-based), if any."""
+        bad_loss = next((i for i, v in enumerate(self.losses) if not math.isfinite(v)), None)
+        skipped = self.skipped
+        candidates = [s for s in (bad_loss, skipped[0] if skipped else None) if s is not None]
+        return min(candidates) if candidates else None
+
+    @property
+    def median_step_time(self) -> float:
+        """Median seconds per step over the windows after warm-up."""
+        times = self.window_step_times[_policy.WARMUP_WINDOWS:] or self.window_step_times
+        return statistics.median(times) if times else math.nan
+
+    @property
+    def pruned(self) -> bool:
+        return self.prune_kind is not None
+
+
+WindowCallback = Callable[[RunRecord, int], None]
+
+
+#: Called after each window that left the run finite; returns True to stop the run there.
+StopRule = Callable[[RunRecord], bool]

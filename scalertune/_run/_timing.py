@@ -1,0 +1,202 @@
+"""Step time per dtype, measured interleaved: what turns steps to target into time to target.
+
+A config's speed is its steps to target times the time of one of its steps. The knobs of the
+scaler do not change what a step computes; the dtype does (and, much less, clipping and
+float32 islands). So the step time of each dtype the study can run is measured once, on the
+same device, right after the float32 reference: one read-back window per dtype in turn
+(float32, bfloat16, float16, float32, ...), for ``TIMING_ROUNDS`` rounds after
+``WARMUP_WINDOWS`` untimed ones. Windows next to each other see the same load on the machine,
+so each round's ratio to float32 cancels it, and the spread of the ratios over the rounds is
+the noise every speed claim carries.
+
+The timing runs on a fresh workload with every learning rate held at 0: each step computes
+all it computes in training (forward, backward, clipping, the optimizer's update) but the
+weights stay where they start. A model trained on, or blown up by a dtype that diverges, can
+compute on values (subnormals on a CPU, inf/NaN) whose arithmetic is slower or faster than a
+run's; held still, every dtype is timed on the same healthy weights.
+
+On CUDA each window ends with one read-back from the device, which is the synchronisation
+point: the window's wall time covers exactly its steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from scalertune import _policy
+from scalertune._amp._config import AmpConfig
+from scalertune._amp._runtime import AmpRuntime
+from scalertune._workload._contract import Workload, to_device
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+    """Seconds per step of each dtype, one figure per timing round.
+
+    Example:
+        >>> times = StepTimes({"float32": [1e-3, 1.2e-3], "bfloat16": [2e-3, 2.6e-3]}, steps=40)
+        >>> times.ratios("bfloat16")
+        [2.0, 2.1666666666666665]
+    """
+
+    rounds: dict[str, list[float]]
+    #: Training steps the timing ran (warm-up included): part of the search's cost.
+    steps: int = 0
+
+    def ratios(self, dtype: str) -> list[float]:
+        """``dtype``'s step time over float32's, round by round."""
+        return [a / b for a, b in zip(self.rounds[dtype], self.rounds["float32"])]
+
+    def ratio(self, dtype: str) -> float:
+        """``dtype``'s step time over float32's: the median of the per-round ratios."""
+        return statistics.median(self.ratios(dtype))
+
+    def median(self, dtype: str) -> float:
+        """``dtype``'s seconds per step: float32's median times :meth:`ratio`."""
+        return statistics.median(self.rounds["float32"]) * self.ratio(dtype)
+
+    def bounds(self, dtype: str) -> tuple[float, float]:
+        """The spread of ``dtype``'s step time: its median, scaled by the :func:`spread` of
+        its per-round ratios to float32 over their median."""
+        low, high = spread(self.ratios(dtype))
+        middle, point = self.ratio(dtype), self.median(dtype)
+        return point * low / middle, point * high / middle
+
+    def __contains__(self, dtype: object) -> bool:
+        return dtype in self.rounds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "steps": self.steps}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "StepTimes":
+        return cls(rounds={k: [float(v) for v in vs] for k, vs in data["rounds"].items()},
+                   steps=int(data.get("steps", 0)))
+
+
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """The range of ``values`` without its lowest and highest when there are 5 or more: a
+    single window hit by a burst of load does not widen it, a machine noisy throughout does."""
+    ordered = sorted(values)
+    if len(ordered) >= 5:
+        ordered = ordered[1:-1]
+    return ordered[0], ordered[-1]
+
+
+def timing_config(dtype: str, clip_norm: float | None) -> AmpConfig:
+    """The config a dtype is timed with: the workload's own clipping; for float16 the
+    smallest scale, never grown, so that its gradients do not overflow: a skipped step skips
+    the optimizer too and is cheaper than a real one. (Gradients that flush to zero at that
+    scale cost the same to compute.)"""
+    if dtype == "float16":
+        return AmpConfig(init_scale=_policy.SCALE_FLOOR, growth_interval=2**30,
+                         clip_norm=clip_norm)
+    return AmpConfig(dtype=dtype, clip_norm=clip_norm)
+
+
+def time_dtypes(workload: Workload, dtypes: Sequence[str], *, device: torch.device,
+                clip_norm: float | None,
+                announce: Callable[[str], None] | None = None) -> StepTimes:
+    """Interleaved step timing of ``dtypes`` (float32 always included) on ``workload``.
+
+    Windows where float16 skipped a step, or a dtype raised (a kernel with no half-precision
+    implementation on this device), are left out; a dtype that raised every time is left
+    out of the result, and its trials fail on their own. ``announce(dtype)`` is called before
+    each window (an isolated process says which dtype was running if it dies).
+    """
+    from scalertune._run._loop import forever, step_function
+
+    order = ["float32", *[d for d in dict.fromkeys(dtypes) if d != "float32"]]
+    runtimes = {d: AmpRuntime(timing_config(d, clip_norm), device=device) for d in order}
+    step = step_function(workload)
+    batches = forever(workload.batches)
+    n = _policy.READBACK_INTERVAL
+    buffer = torch.empty(n, dtype=torch.float32, device=device)
+    windows: dict[str, list[tuple[float, bool]]] = {d: [] for d in order}
+    broken: set[str] = set()
+    steps = 0
+    workload.model.train()
+    with _learning_rate_zero(workload.optimizer):
+        for r in range(_policy.WARMUP_WINDOWS + _policy.TIMING_ROUNDS):
+            steps += _round(r, runtimes, workload, step, batches, buffer, windows, broken,
+                            announce)
+    if "float32" in broken:
+        raise RuntimeError("float32 steps could not be timed")
+    return StepTimes({d: _per_round(w) for d, w in windows.items() if d not in broken},
+                     steps=steps)
+
+
+def _round(r: int, runtimes: dict[str, AmpRuntime], workload: Workload, step: Any,
+           batches: Any, buffer: torch.Tensor, windows: dict[str, list[tuple[float, bool]]],
+           broken: set[str], announce: Callable[[str], None] | None) -> int:
+    """One window per dtype, timed from its first step to its read-back; returns the steps
+    it trained."""
+    device, n, steps = buffer.device, len(buffer), 0
+    for dtype, amp in runtimes.items():
+        if dtype in broken:
+            continue
+        if announce is not None:
+            announce(dtype)
+        skipped_before = amp._skipped.clone()  # noqa: SLF001 - device counter, no sync
+        started = time.perf_counter()
+        try:
+            for i in range(n):
+                buffer[i] = step(workload, to_device(next(batches), device), amp).detach()
+        except Exception:  # noqa: BLE001 - the dtype cannot run here; its trials will say why
+            broken.add(dtype)
+            continue
+        finite, skipped = torch.stack((
+            torch.isfinite(buffer).all().double(),
+            (amp._skipped - skipped_before).double(),  # noqa: SLF001
+        )).tolist()  # the window's one read-back, and its end on CUDA
+        elapsed = time.perf_counter() - started
+        steps += n
+        if not finite and not amp.config.uses_scaler:
+            _repair(workload)
+        if r >= _policy.WARMUP_WINDOWS:
+            windows[dtype].append((elapsed / n, not skipped))
+    return steps
+
+
+@contextlib.contextmanager
+def _learning_rate_zero(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Every parameter group's learning rate at 0 for the timing, then back: the optimizer
+    computes its whole update, which moves nothing."""
+    saved = [group.get("lr") for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        if "lr" in group:
+            group["lr"] = group["lr"] * 0  # a float stays a float, a tensor a tensor
+    try:
+        yield
+    finally:
+        for group, lr in zip(optimizer.param_groups, saved):
+            if lr is not None:
+                group["lr"] = lr
+
+
+def _per_round(windows: list[tuple[float, bool]]) -> list[float]:
+    """One time per round. A float16 window with a skipped step skipped its optimizer step
+    too, and is cheaper than a real one: it counts at the median of the clean windows."""
+    clean = [t for t, ok in windows if ok]
+    if not clean:
+        return [t for t, _ in windows]
+    middle = statistics.median(clean)
+    return [t if ok else middle for t, ok in windows]
+
+
+def _repair(workload: Workload) -> None:
+    """Replace non-finite weights and optimizer state with zeros: a dtype that diverged
+    without a scaler must not leave the next dtype's windows computing on inf/NaN."""
+    with torch.no_grad():
+        for p in workload.model.parameters():
+            torch.nan_to_num_(p, nan=0.0, posinf=0.0, neginf=0.0)
+        for state in workload.optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)

@@ -1,0 +1,380 @@
+"""Search spaces: which AMP configs a study may try, read from YAML and validated up front.
+
+A space file names its parameters in Optuna's own terms::
+
+    dtype:
+      choices: [float16, bfloat16]
+    init_scale: {low: 1.0, high: 16777216.0, log: true}
+    growth_factor: {low: 1.5, high: 4.0}
+    backoff_factor: {low: 0.25, high: 0.75}
+    growth_interval: {low: 10, high: 5000, log: true}
+    clip_norm: {low: 0.1, high: 100.0, log: true, optional: true}
+
+A plain value fixes a parameter (``init_scale: 4096``); a parameter left out keeps PyTorch's
+default. The scaler's four knobs are searched only on trials that choose float16: bfloat16 has
+float32's exponent range and runs without a scaler. ``optional: true`` on ``clip_norm`` also
+tries no clipping at all. ``fp32_modules`` (float16 trials only) keeps modules in float32:
+``fp32_modules: {choices: ["", "attn.score"]}`` tries with and without that island. Entries
+are ``model.named_modules()`` names or glob patterns over them (``"*.DenseReluDense.wo"``);
+each must select a module of the model, which the search checks before any study row exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import random
+import warnings
+from importlib import resources
+from typing import Any, Mapping
+
+import optuna
+
+from scalertune._amp._config import DTYPES, AmpConfig
+from scalertune._amp._yaml import parse_yaml, read_yaml
+from scalertune._errors import UsageError
+
+_SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+#: Searched, like the scaler's knobs, only on float16 trials: the range problem islands fix.
+_FLOAT16_ONLY = (*_SCALER_KNOBS, "fp32_modules")
+_NUMERIC = (*_SCALER_KNOBS, "clip_norm")
+_RANGE_KEYS = {"low", "high", "log", "step", "optional"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    """A validated search space; :meth:`suggest` turns an Optuna trial into an AmpConfig.
+
+    Example:
+        >>> from scalertune import SearchSpace
+        >>> space = SearchSpace.from_dict({"dtype": {"choices": ["bfloat16"]}}, name="bf16")
+        >>> space.dtypes
+        ('bfloat16',)
+    """
+
+    name: str
+    params: Mapping[str, Any]
+    description: str = ""
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        dtype = self.params.get("dtype", {"choices": ["float16"]})
+        return tuple(dtype["choices"]) if isinstance(dtype, Mapping) else (dtype,)
+
+    @classmethod
+    def load(cls, name_or_path: str) -> "SearchSpace":
+        """A shipped space by name (``default``, ``float16``, ``bfloat16``) or a YAML path."""
+        if os.path.isfile(name_or_path):
+            data = read_yaml(name_or_path, what="a search space")
+            name = os.path.splitext(os.path.basename(name_or_path))[0]
+        else:
+            if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
+                raise UsageError(f"no such search space file: {name_or_path}")
+            shipped = shipped_spaces()
+            if name_or_path not in shipped:
+                raise UsageError(
+                    f"unknown search space {name_or_path!r}: use one of "
+                    f"{', '.join(sorted(shipped))}, or a path to a YAML file"
+                )
+            data = parse_yaml(shipped[name_or_path], where=f"search space {name_or_path}")
+            name = name_or_path
+        if not isinstance(data, Mapping):
+            raise UsageError(f"search space {name_or_path} must be a mapping of parameters")
+        data = dict(data)
+        description = data.pop("description", "")
+        return cls.from_dict(data, name=name, description=str(description))
+
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any], *, name: str,
+                  description: str = "") -> "SearchSpace":
+        """Validate ``params`` (the file's content without ``description``)."""
+        params = dict(params)
+        known = ("dtype", *_NUMERIC, "fp32_modules")
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise UsageError(
+                f"search space {name!r}: unknown key(s) {', '.join(unknown)}; use "
+                f"{', '.join(known)}"
+            )
+        _check_dtype(name, params.get("dtype", {"choices": ["float16"]}))
+        for key in _NUMERIC:
+            if key in params:
+                _check_numeric(name, key, params[key])
+        if "fp32_modules" in params:
+            _check_islands(name, params["fp32_modules"])
+        return cls(name=name, params=params, description=description)
+
+    @property
+    def island_names(self) -> set[str]:
+        """Every module name or pattern the space may keep in float32."""
+        spec = self.params.get("fp32_modules")
+        if spec is None:
+            return set()
+        choices = spec["choices"] if isinstance(spec, Mapping) else [spec]
+        return {n for c in choices for n in AmpConfig(fp32_modules=c or "").fp32_modules}
+
+    @property
+    def fixed_islands(self) -> tuple[str, ...]:
+        """The float32 islands every float16 run of this space has (``--fp32-modules``, or a
+        plain value in the file); none when the space searches them or has none."""
+        spec = self.params.get("fp32_modules")
+        if spec is None or isinstance(spec, Mapping):
+            return ()
+        return AmpConfig(fp32_modules=spec or "").fp32_modules
+
+    def with_islands(self, names: str) -> "SearchSpace":
+        """The same space with ``fp32_modules`` fixed to ``names`` (``--fp32-modules``)."""
+        return SearchSpace.from_dict({**self.params, "fp32_modules": names},
+                                     name=f"{self.name}+fp32:{names}",
+                                     description=self.description)
+
+    def sampler(self, *, seed: int | None = None) -> optuna.samplers.BaseSampler:
+        """The sampler a study of this space uses: Optuna's TPE, with ``dtype`` kept to the
+        space's choices (see :class:`DtypeSampler`)."""
+        return DtypeSampler(list(self.dtypes), seed=seed)
+
+    def suggest(self, trial: optuna.Trial) -> AmpConfig:
+        """Ask the trial for each searched parameter and build the config it names.
+
+        The study's sampler must be :meth:`sampler` (or another that keeps ``dtype`` to the
+        space's choices)."""
+        # Every run of a study, the float32 references included, is a point of one dtype
+        # parameter over all three dtypes; the space's sampler keeps to the space's choices.
+        values: dict[str, Any] = {"dtype": trial.suggest_categorical("dtype", list(DTYPES))}
+        if values["dtype"] not in self.dtypes and "dtype" not in _fixed(trial):
+            raise UsageError(f"the study's sampler proposed dtype {values['dtype']!r}, outside "
+                             f"search space {self.name!r}: create the study with "
+                             "sampler=space.sampler()")
+        islands = self.params.get("fp32_modules")
+        if islands is not None and values["dtype"] == "float16":
+            values["fp32_modules"] = (
+                trial.suggest_categorical("fp32_modules", list(islands["choices"]))
+                if isinstance(islands, Mapping) else islands)
+        for key in _NUMERIC:
+            if key not in self.params or (key in _FLOAT16_ONLY and values["dtype"] != "float16"):
+                continue
+            spec = self.params[key]
+            if not isinstance(spec, Mapping):
+                values[key] = spec
+                continue
+            if spec.get("optional") and not trial.suggest_categorical(f"use_{key}", [False, True]):
+                continue
+            kwargs = {k: spec[k] for k in ("log", "step") if k in spec}
+            if key == "growth_interval":
+                values[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]), **kwargs)
+            else:
+                values[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]),
+                                                  **kwargs)
+        return AmpConfig(**values)
+
+    def params_for(self, config: AmpConfig) -> dict[str, Any] | None:
+        """The parameters :meth:`suggest` would record to produce ``config``, or ``None``
+        when the space cannot produce it (a value outside a range, or fixed otherwise).
+
+        A baseline queued with these is a point of the same space as the sampled trials.
+        ``config`` is taken before the workload's own clipping is applied: a ``clip_norm`` of
+        ``None`` is "no clipping of its own", which the space spells ``use_clip_norm: false``.
+        """
+        params: dict[str, Any] = {"dtype": config.dtype}
+        float16 = config.dtype == "float16"
+        islands = self.params.get("fp32_modules")
+        if islands is not None and float16:
+            joined = ",".join(config.fp32_modules)
+            if not isinstance(islands, Mapping):
+                if AmpConfig(fp32_modules=islands or "").fp32_modules != config.fp32_modules:
+                    return None
+            elif joined in islands["choices"]:
+                params["fp32_modules"] = joined
+            else:
+                return None
+        elif config.fp32_modules:
+            return None
+        for key in _NUMERIC:
+            value = getattr(config, key)
+            spec = self.params.get(key)
+            if spec is None or (key in _FLOAT16_ONLY and not float16):
+                if key in _FLOAT16_ONLY and float16 and value != getattr(AmpConfig(), key):
+                    return None
+                if key == "clip_norm" and value is not None:
+                    return None
+                continue
+            if not isinstance(spec, Mapping):
+                if value != spec:
+                    return None
+                continue
+            if spec.get("optional"):
+                params[f"use_{key}"] = value is not None
+                if value is None:
+                    continue
+            if value is None or not spec["low"] <= value <= spec["high"]:
+                return None
+            params[key] = value
+        return params
+
+    def distinct_configs(self) -> int | None:
+        """How many different configs the space can produce; ``None`` when a range makes it
+        endless. (A purely categorical space runs out: the search stops once all have run.)"""
+        total = 0
+        for dtype in self.dtypes:
+            count = 1
+            for key in _NUMERIC:
+                spec = self.params.get(key)
+                if not isinstance(spec, Mapping) or (key in _FLOAT16_ONLY and dtype != "float16"):
+                    continue
+                if spec["low"] != spec["high"]:
+                    return None
+                count *= 2 if spec.get("optional") else 1
+            islands = self.params.get("fp32_modules")
+            if isinstance(islands, Mapping) and dtype == "float16":
+                count *= len(set(islands["choices"]))
+            total += count
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "params": dict(self.params)}
+
+
+class DtypeSampler(optuna.samplers.BaseSampler):
+    """Optuna's TPE sampler, with ``dtype`` held to the search space's choices.
+
+    ``dtype``'s distribution spans all three dtypes, because the float32 references are runs
+    of the study too; TPE is asked as usual (jointly, or one parameter at a time), and a dtype
+    outside the space (float32) is asked again, then drawn uniformly from the space's choices.
+    """
+
+    def __init__(self, dtypes: list[str], *, seed: int | None) -> None:
+        self._seed = seed
+        self._base = _tpe(seed)
+        self._dtypes = list(dtypes)
+        self._rng = random.Random(seed)
+
+    def infer_relative_search_space(self, study: optuna.Study,
+                                    trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+        return self._base.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                        search_space: dict[str, Any]) -> dict[str, Any]:
+        for _ in range(8):
+            params = self._base.sample_relative(study, trial, search_space)
+            if params.get("dtype", self._dtypes[0]) in self._dtypes:
+                return params
+        # Leave dtype to sample_independent, which keeps to the space's choices.
+        return {k: v for k, v in params.items() if k != "dtype"}
+
+    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                           param_name: str, param_distribution: Any) -> Any:
+        if param_name != "dtype":
+            return self._base.sample_independent(study, trial, param_name, param_distribution)
+        if len(self._dtypes) == 1:
+            return self._dtypes[0]
+        for _ in range(8):
+            value = self._base.sample_independent(study, trial, param_name, param_distribution)
+            if value in self._dtypes:
+                return value
+        return self._rng.choice(self._dtypes)
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if self._seed is not None:
+            # Each trial draws from its own stream, seeded by the study's seed and its number:
+            # workers that share a study (and its seed) sample different configs instead of
+            # the same sequence side by side, and one worker's search stays reproducible.
+            seed = (self._seed * 1_000_003 + trial.number) % 2**32
+            self._base, self._rng = _tpe(seed), random.Random(seed)
+        self._base.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                    state: "optuna.trial.TrialState", values: Any) -> None:
+        self._base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._base.reseed_rng()
+
+
+def _tpe(seed: int | None) -> optuna.samplers.TPESampler:
+    """TPE as Optuna advises for several workers: a running trial counts as a bad result
+    (``constant_liar``), so that workers do not all sample next to the same good one."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+
+
+def _fixed(trial: optuna.Trial) -> dict[str, Any]:
+    """The parameters a queued trial was given (``study.enqueue_trial``)."""
+    return trial.storage.get_trial_system_attrs(trial._trial_id).get(  # noqa: SLF001
+        "fixed_params") or {}
+
+
+def shipped_spaces() -> dict[str, str]:
+    """Name -> YAML text of the spaces that ship inside the package.
+
+    Installed, they are the package ``scalertune.search_spaces``. In a source tree that is
+    imported without being installed (the tests of an unpacked sdist, run from its folder),
+    they are the ``search_spaces`` folder beside the package.
+    """
+    try:
+        folder: Any = resources.files("scalertune.search_spaces")
+    except ModuleNotFoundError:
+        folder = pathlib.Path(__file__).resolve().parent.parent / "search_spaces"
+    return {
+        entry.name.rsplit(".", 1)[0]: entry.read_text(encoding="utf-8")
+        for entry in folder.iterdir()
+        if entry.name.endswith(".yaml")
+    }
+
+
+def _check_dtype(space: str, spec: Any) -> None:
+    choices = spec.get("choices") if isinstance(spec, Mapping) else [spec]
+    if isinstance(spec, Mapping) and set(spec) - {"choices"}:
+        raise UsageError(f"search space {space!r}: dtype takes only 'choices'")
+    if not isinstance(choices, list) or not choices:
+        raise UsageError(f"search space {space!r}: dtype needs a non-empty list of choices")
+    for choice in choices:
+        if choice not in ("float16", "bfloat16"):
+            raise UsageError(
+                f"search space {space!r}: unknown dtype {choice!r}; use float16 or bfloat16 "
+                "(float32 always runs as the reference)"
+            )
+
+
+def _check_islands(space: str, spec: Any) -> None:
+    where = f"search space {space!r}: fp32_modules"
+    choices = spec.get("choices") if isinstance(spec, Mapping) else [spec]
+    if isinstance(spec, Mapping) and set(spec) - {"choices"}:
+        raise UsageError(f"{where} takes only 'choices'")
+    if not isinstance(choices, list) or not choices or not all(
+            c is None or isinstance(c, str) for c in choices):
+        raise UsageError(f"{where} must be module names or glob patterns "
+                         "('attn.score,*.DenseReluDense.wo') or choices of them ('' for none)")
+
+
+def _check_numeric(space: str, key: str, spec: Any) -> None:
+    where = f"search space {space!r}: {key}"
+    if not isinstance(spec, Mapping):
+        values = [spec]
+    else:
+        unknown = sorted(set(spec) - _RANGE_KEYS)
+        if unknown:
+            raise UsageError(f"{where} has unknown key(s) {', '.join(unknown)}; use low, high, "
+                             "log, step (and optional for clip_norm)")
+        if "low" not in spec or "high" not in spec:
+            raise UsageError(f"{where} needs both low and high (or a single fixed value)")
+        if spec.get("optional") and key != "clip_norm":
+            raise UsageError(f"{where}: only clip_norm can be optional")
+        if spec.get("log") and spec.get("step") is not None:
+            raise UsageError(f"{where}: log and step cannot be combined (Optuna's rule)")
+        values = [spec["low"], spec["high"]]
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise UsageError(f"{where}: low and high must be numbers, got {v!r}")
+        if spec["low"] > spec["high"]:
+            raise UsageError(f"{where}: low ({spec['low']}) is greater than high ({spec['high']})")
+        if "step" in spec and not (isinstance(spec["step"], (int, float)) and spec["step"] > 0):
+            raise UsageError(f"{where}: step must be a positive number")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise UsageError(f"{where} must be a number, got {v!r}")
+        try:
+            AmpConfig(**{key: v})
+        except UsageError as exc:
+            raise UsageError(f"search space {space!r}: {exc}") from None

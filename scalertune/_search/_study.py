@@ -1,0 +1,219 @@
+"""The Optuna study a search lives in: its settings, the float32 references and the trials.
+
+One study holds everything a search ran, so that resuming, a second worker or a later
+``report`` see the same evidence:
+
+- a study user attribute with the settings the study was created with (factory, steps, seed,
+  space, device type, the reference's clipping): a rerun with other settings is refused;
+- one *reference* trial per seed the search needed: the float32 run, its target loss, and
+  (for the main seed) the interleaved step time of every dtype the study may run;
+- the sampled *search* trials, the two named *baseline* trials, the *confirmation* reruns and
+  one *recommended* trial, each with its config, its curve and its judged attributes.
+
+Every run has the ``dtype`` parameter (float32 for the references), so the dashboard's
+tables and plots show every run as a point of the same space; the space's sampler proposes
+only the space's own dtypes (:meth:`SearchSpace.sampler`). The objective is the time to target in seconds, ``inf`` for runs that never
+reach it and for the references (the yardstick, not a candidate), so the trial with the least
+value, which is what optuna-dashboard shows as best, is a run of the recommended config.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from typing import Any, Callable
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from scalertune import _policy
+from scalertune._amp._config import DTYPES
+from scalertune._errors import UsageError
+from scalertune._judge._outcome import encode_scales
+from scalertune._judge._target import Target, smoothed
+from scalertune._run._record import RunRecord
+from scalertune._run._timing import StepTimes
+from scalertune._search._space import SearchSpace
+from scalertune._storage._names import (
+    CONSTRAINT_ATTR,
+    CONSTRAINTS_ATTR,
+    JUDGED_ATTR,
+    LOSSES_ATTR,
+    ROLE_REFERENCE,
+    SCALES_ATTR,
+    SETTINGS_ATTR,
+    TIMES_ATTR,
+)
+from scalertune._storage._open import first_line
+from scalertune._storage._redact import redact
+from scalertune._text import readable
+from scalertune._workload._loader import factory_name
+
+#: The settings whose change makes stored trials incomparable with new ones.
+COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference")
+#: Every run's dtype is a value of this one distribution (see the module docstring).
+DTYPE_DISTRIBUTION = CategoricalDistribution(list(DTYPES))
+_SETTINGS_WAIT_S = 30
+
+
+def default_study_name(factory: str | Callable[[], Any]) -> str:
+    """``examples/codepoints.py:make_model`` -> ``codepoints:make_model``; a function
+    ``make_model`` of module ``pkg.models`` -> ``pkg.models:make_model``."""
+    module, _, name = factory_name(factory).rpartition(":")
+    stem = os.path.splitext(os.path.basename(module))[0] if module.endswith(".py") else module
+    return f"{stem}:{name}"
+
+
+def open_study(storage: Any, study_name: str, settings: dict[str, Any], *, seed: int,
+               url: str, space: SearchSpace) -> tuple[optuna.Study, bool]:
+    """Create the study, or load it when it exists with the same settings.
+
+    Returns the study and whether this call created it."""
+    sampler = space.sampler(seed=seed)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study = optuna.create_study(storage=storage, study_name=study_name,
+                                        direction="minimize", sampler=sampler,
+                                        load_if_exists=True)
+    except Exception as exc:
+        raise UsageError(f"cannot open study {study_name!r} in {redact(url)}: "
+                         f"{redact(first_line(exc), url)}") from None
+    stored = study.user_attrs.get(SETTINGS_ATTR)
+    if stored is None and study.trials:
+        # Another worker created the study a moment ago and is writing its settings.
+        deadline = time.monotonic() + _SETTINGS_WAIT_S
+        while stored is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            stored = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get(
+                SETTINGS_ATTR)
+    if stored is None:
+        study.set_user_attr(SETTINGS_ATTR, settings)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(["time to target (s)"])
+        return study, True
+    for key in COMPARABLE:
+        if stored.get(key) != settings.get(key):
+            raise UsageError(
+                f"study {study_name!r} was created with {key}={_short(stored.get(key))}, not "
+                f"{_short(settings.get(key))}: rerun with the same {key}, or pass a new "
+                "--study-name"
+            )
+    return study, False
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict) and "name" in value:
+        return repr(value["name"])
+    return repr(value)
+
+
+def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any],
+                  times: StepTimes | None) -> None:
+    """Store a finished float32 run as the reference trial of its seed, in one write."""
+    target = Target.from_reference(record.losses)
+    steps = target.steps_to_target(record.losses)
+    step_time = times.median("float32") if times else record.median_step_time
+    system_attrs: dict[str, Any] = {LOSSES_ATTR: record.losses, **_constraints(0.0)}
+    if times is not None:
+        system_attrs[TIMES_ATTR] = times.to_dict()
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.COMPLETE,
+        value=math.inf,
+        params={"dtype": "float32"},
+        distributions={"dtype": DTYPE_DISTRIBUTION},
+        intermediate_values=relative_curve(record.losses, target),
+        user_attrs={
+            "role": ROLE_REFERENCE, "seed": record.seed, "config": config,
+            "target_loss": target.loss, "steps_to_target": steps,
+            "step_time_s": step_time,
+            "time_to_target_s": None if steps is None else steps * step_time,
+            "steps_run": record.steps_run,
+        },
+        system_attrs=system_attrs,
+    ))
+
+
+def relative_curve(losses: list[float], target: Target) -> dict[int, float]:
+    """Step -> smoothed loss over the target at the end of each read-back window (1.0 is the
+    target): what the dashboard plots, on one axis for every run whatever its loss scale."""
+    curve = smoothed(losses)
+    points = {}
+    for end in range(_policy.READBACK_INTERVAL, len(curve) + _policy.READBACK_INTERVAL,
+                     _policy.READBACK_INTERVAL):
+        step = min(end, len(curve)) - 1
+        value = target.relative(curve[step])
+        if math.isfinite(value):
+            points[step] = value
+    return points
+
+
+def _constraints(gap: float) -> dict[str, Any]:
+    """Optuna's constraint, in both the per-key form Optuna 5 writes (``set_constraint``)
+    and the list optuna-dashboard 0.21 reads to mark infeasible trials."""
+    gap = min(gap, 1e300)
+    return {CONSTRAINT_ATTR: gap, CONSTRAINTS_ATTR: [gap]}
+
+
+def store_constraint(trial: optuna.Trial, gap: float) -> None:
+    """Mark the running ``trial`` feasible (``gap`` <= 0: it reached the target) or not."""
+    for key, value in _constraints(gap).items():
+        trial.storage.set_trial_system_attr(trial._trial_id, key, value)  # noqa: SLF001
+
+
+def store_judged(trial: optuna.Trial, judged: dict[str, Any]) -> None:
+    """Store a run's judged attributes: in full precision as one system attribute, which the
+    analysis and ``report`` read, and as user attributes rounded for reading, which the
+    dashboard shows (the prune reason, a sentence, stays in the first and in the trial's
+    note: drawn unwrapped among the attributes, it widened every trial page)."""
+    storage, trial_id = trial.storage, trial._trial_id  # noqa: SLF001
+    storage.set_trial_system_attr(trial_id, JUDGED_ATTR, judged)
+    for key, value in judged.items():
+        if key != "prune_reason":
+            trial.set_user_attr(key, readable(value))
+
+
+def judged_attrs(record: RunRecord, target: Target, step_time: float | None) -> dict[str, Any]:
+    """The per-trial attributes a user reads in the summary and the dashboard."""
+    reached = None if record.pruned else (record.reached_at
+                                          or target.steps_to_target(record.losses))
+    ratio, at = target.ratio_at(record.losses)
+    attrs: dict[str, Any] = {
+        "skipped_steps": len(record.skipped),
+        "final_scale": record.scales[-1] if record.scales else None,
+        "min_scale": min(record.scales) if record.scales else None,
+        "first_nonfinite_step": record.first_nonfinite_step,
+        "steps_run": record.steps_run,
+        "steps_to_target": reached,
+        "step_time_s": step_time,
+        "time_to_target_s": (None if reached is None or step_time is None
+                             else reached * step_time),
+        "measured_step_time_s": _finite_or_none(record.median_step_time),
+        "loss_vs_float32": _finite_or_none(ratio),
+        "loss_vs_float32_step": at,
+    }
+    if record.pruned:
+        attrs["pruned_because"] = record.prune_kind
+        attrs["prune_reason"] = record.prune_reason
+    return attrs
+
+
+def store_curves(trial: optuna.Trial, record: RunRecord) -> None:
+    """The per-step loss and loss scale, for the pictures and for ``report``."""
+    storage, trial_id = trial.storage, trial._trial_id  # noqa: SLF001
+    storage.set_trial_system_attr(trial_id, LOSSES_ATTR, record.losses)
+    storage.set_trial_system_attr(trial_id, SCALES_ATTR, encode_scales(record.scales))
+
+
+def objective_value(judged: dict[str, Any]) -> float:
+    """What Optuna minimises: time to target, ``inf`` when never reached."""
+    value = judged["time_to_target_s"]
+    return math.inf if value is None else float(value)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None

@@ -1,0 +1,113 @@
+"""Claims: how workers sharing one study agree that exactly one of them does a thing.
+
+The float32 reference, the baselines and the confirmation runs happen once per study, however
+many workers start at the same moment. Optuna's storages have no compare-and-set, so a claim
+is written into the study's system attributes, left to settle for ``CLAIM_SETTLE_S`` and read
+back: of two workers that raced, both read the later write, and only its writer goes ahead.
+The holder refreshes the claim while it works; a claim left by a dead worker is taken over at
+once when that worker was a process on this host, otherwise after ``CLAIM_STALE_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from typing import Callable, Iterator
+
+import optuna
+
+from scalertune import _interrupt, _policy
+from scalertune._storage._names import CLAIM_PREFIX
+from scalertune._storage._recovery import WORKER
+from scalertune._storage._recovery import worker_gone
+
+
+def _read(study: optuna.Study, key: str) -> dict | None:
+    attrs = study._storage.get_study_system_attrs(study._study_id)  # noqa: SLF001
+    return attrs.get(CLAIM_PREFIX + key)
+
+
+def _write(study: optuna.Study, key: str, value: dict | None) -> None:
+    study._storage.set_study_system_attr(study._study_id, CLAIM_PREFIX + key, value)  # noqa: SLF001
+
+
+@contextlib.contextmanager
+def claim(study: optuna.Study, key: str) -> Iterator[bool]:
+    """Yield ``True`` to the one worker that holds ``key`` now, ``False`` to the others.
+
+    A worker that gets ``False`` should wait (:func:`wait_released`) and look again.
+    """
+    current = _read(study, key)
+    if _held(current):
+        yield False
+        return
+    token = f"{WORKER}:{uuid.uuid4().hex[:8]}"
+    _write(study, key, {"by": token, "at": time.time()})
+    time.sleep(_policy.CLAIM_SETTLE_S)
+    current = _read(study, key)
+    if current is None or current["by"] != token:
+        yield False
+        return
+    stop = threading.Event()
+
+    def refresh() -> None:
+        while not stop.wait(_policy.CLAIM_REFRESH_S):
+            try:
+                _write(study, key, {"by": token, "at": time.time()})
+            except KeyError:
+                return  # the study was removed under the claim
+
+    thread = threading.Thread(target=refresh, name=f"scalertune-claim-{key}", daemon=True)
+    thread.start()
+    try:
+        yield True
+    finally:
+        stop.set()
+        thread.join()
+        try:
+            _write(study, key, None)
+        except KeyError:
+            pass  # the work removed the study (a float32 reference that did not learn)
+
+
+def wait_released(study: optuna.Study, key: str) -> None:
+    """Block until nobody holds a fresh claim on ``key``."""
+    while _held(_read(study, key)):
+        _interrupt.sleep(_policy.POLL_S)
+
+
+def _held(current: dict | None) -> bool:
+    """Whether a claim is held: refreshed lately, by a worker not known to be gone."""
+    return (current is not None and time.time() - current["at"] < _policy.CLAIM_STALE_S
+            and not worker_gone(current["by"]))
+
+
+class Once:
+    """Does a piece of once-per-study work in exactly one worker; the others wait for it.
+
+    Work done while holding one claim (the confirmations queue a reference run) needs no
+    second claim: nobody else can be doing it.
+    """
+
+    def __init__(self, study: optuna.Study) -> None:
+        self.study = study
+        self._holding = False
+
+    def __call__(self, key: str, work: Callable[[], None],
+                 done: Callable[[], bool]) -> None:
+        """Run ``work`` here unless ``done()`` already, or another worker is on it."""
+        while not done():
+            if self._holding:
+                work()
+                return
+            with claim(self.study, key) as mine:
+                if mine:
+                    self._holding = True
+                    try:
+                        work()
+                    finally:
+                        self._holding = False
+                    return
+            wait_released(self.study, key)

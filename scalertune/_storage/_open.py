@@ -1,0 +1,258 @@
+"""Opening Optuna storage: RDB URLs with heartbeats, journal files, and errors in one line.
+
+- ``sqlite:///file.db``: one machine, one process at a time is safest (Optuna's advice).
+- ``postgresql://user@host/db`` (or ``mysql://``): several workers on several hosts.
+- a plain file path (``study.log``): Optuna's journal file, safe for several processes on one
+  host, no database server needed.
+
+RDB storages get heartbeats: a trial whose worker was killed is marked failed after
+``HEARTBEAT_GRACE_S`` and retried by another worker (``_recovery``). Journal files have no
+heartbeat; there a worker that finds a running trial whose process (on this host) is gone
+fails and retries it.
+
+A storage URL's password is never printed (:mod:`scalertune._storage._redact`). A path
+ending in ``.db``, ``.sqlite`` or ``.sqlite3``, or an existing SQLite file, is SQLite: the
+same as ``sqlite:///PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import warnings
+from typing import Any, Callable
+
+# optuna is imported where it is used: the command line imports this module before it
+# handles Ctrl-C, and refuses bad input without waiting for it.
+from scalertune import _policy
+from scalertune._errors import UsageError
+from scalertune._storage._redact import HIDDEN, redact
+
+DEFAULT_STORAGE = "sqlite:///scalertune.db"
+#: A path with one of these suffixes names a SQLite database, not a journal file.
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+#: A storage string that starts like a URL without ``://`` (``postgresql:/u:pw@h/db``): it
+#: would be taken for a journal file's path, password included.
+_URL_LIKE = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]+:/|(?:sqlite|postgres|postgresql|mysql|"
+                       r"mariadb|oracle|mssql)(?:\+[A-Za-z0-9]+)?:)")
+
+def is_rdb(url: str) -> bool:
+    return "://" in url
+
+
+def storage_url(storage: str) -> str:
+    """The URL a storage string stands for: a URL as it is; a path ending in ``.db``,
+    ``.sqlite`` or ``.sqlite3``, or an existing SQLite file, as ``sqlite:///PATH``; any other
+    path is a journal file's, and stays a path.
+
+    >>> storage_url("study.db"), storage_url("study.log")
+    ('sqlite:///study.db', 'study.log')
+    """
+    if is_rdb(storage) or _URL_LIKE.match(storage):
+        return storage
+    if storage.lower().endswith(SQLITE_SUFFIXES) and not _starts_with(storage, _JOURNAL_START):
+        return "sqlite:///" + storage
+    if _starts_with(storage, _SQLITE_START):
+        return "sqlite:///" + storage
+    return storage
+
+
+def _starts_with(path: str, start: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(start)) == start
+    except OSError:
+        return False
+
+
+def open_storage(url: str, *, must_exist: bool = False,
+                 on_stale_trial: Callable[[Any, Any], None] | None = None) -> Any:
+    """The Optuna storage object for ``url``; :class:`UsageError` when it cannot be used.
+
+    On RDB storage, ``on_stale_trial(study, trial)`` is Optuna's heartbeat callback: what to
+    do with a trial whose worker stopped beating (the search queues its run again)."""
+    url = storage_url(url)
+    if not is_rdb(url):
+        return _journal(url, must_exist=must_exist)
+    check_local(url, must_exist=must_exist)
+    try:
+        return _rdb(url, on_stale_trial)
+    except (ImportError, ModuleNotFoundError):
+        raise UsageError(
+            f"storage {redact(url)} needs a database driver that is not installed: "
+            f"pip install {_driver_package(url)}"
+        ) from None
+    except Exception as exc:  # SQLAlchemy/Optuna raise many kinds for a bad or unreachable URL
+        raise UsageError(
+            f"cannot open storage {redact(url)}: {redact(first_line(exc), url)} (check the URL, e.g. "
+            "sqlite:///scalertune.db, postgresql://user@host/db, or a journal file path)"
+        ) from None
+
+
+def _rdb(url: str, on_stale_trial: Callable[[Any, Any], None] | None) -> Any:
+    """``RDBStorage`` with heartbeats. Workers that start at once on a new database all try
+    to create its tables; the losers of that race get a unique-key error (SQLite's
+    ``alembic_version``, PostgreSQL's ``pg_type``) and simply open it again, tables made."""
+    import optuna
+    from optuna.storages import RDBStorage
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    deadline = time.monotonic() + _policy.COLD_START_S
+    while True:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(url, heartbeat_interval=_policy.HEARTBEAT_INTERVAL_S,
+                                  grace_period=_policy.HEARTBEAT_GRACE_S,
+                                  heartbeat_stale_trial_callback=on_stale_trial)
+        except (IntegrityError, OperationalError, ProgrammingError) as exc:
+            racing = isinstance(exc, IntegrityError) or "already exists" in str(exc)
+            if not racing or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a ``sqlite:///`` URL (``None`` for other URLs and in-memory SQLite)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return path if path and path != ":memory:" else None
+
+
+def owned_files(url: str) -> list[str]:
+    """The files a storage keeps on this machine: a SQLite database and the files SQLite
+    writes beside it, or a journal file and its lock. Nothing else may be written there."""
+    url = storage_url(url)
+    path = url if not is_rdb(url) else sqlite_path(url)
+    if path is None:
+        return []
+    suffixes = (".lock",) if not is_rdb(url) else ("-journal", "-wal", "-shm")
+    return [path, *(path + s for s in suffixes)]
+
+
+#: What an Optuna journal file starts with: a JSON operation per line.
+_JOURNAL_START = b"{"
+#: What a SQLite database starts with.
+_SQLITE_START = b"SQLite format 3\0"
+
+
+def check_local(url: str, *, must_exist: bool = False) -> None:
+    """Check what can be checked of a storage on this machine without creating anything: the
+    folder of a SQLite file or journal file exists, the path is not a folder, and an existing
+    journal file is one. :class:`UsageError` otherwise."""
+    url = storage_url(url)
+    if is_rdb(url):
+        _check_url(url)
+        path = sqlite_path(url)
+        if path is not None:
+            _check_path(path, url, "database", must_exist=must_exist)
+        return
+    if _URL_LIKE.match(url) and not os.path.exists(url):
+        scheme = url.split(":", 1)[0]
+        raise UsageError(f"storage {scheme}:{HIDDEN} looks like a database URL without "
+                         f"'://': write it as {scheme}://user@host/db (a journal file's path "
+                         "cannot start with a scheme)")
+    _check_path(url, url, "journal file", must_exist=must_exist)
+    if not os.path.exists(url):
+        return
+    try:
+        with open(url, "rb") as f:
+            start = f.read(len(_SQLITE_START))
+    except OSError as exc:
+        raise UsageError(f"cannot read journal file {url}: {exc.strerror}") from None
+    if start and not start.startswith(_JOURNAL_START):
+        raise UsageError(f"{url} is not an Optuna journal file: pass a new file name (a "
+                         "journal file), or a storage URL such as sqlite:///study.db")
+
+
+def _journal(path: str, *, must_exist: bool) -> Any:
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    check_local(path, must_exist=must_exist)
+    try:
+        return JournalStorage(JournalFileBackend(path))
+    except Exception as exc:
+        raise UsageError(f"cannot open journal file {path}: {first_line(exc)}") from None
+
+
+def _check_url(url: str) -> None:
+    """Refuse a URL whose password or user holds an unescaped ``@``: SQLAlchemy would take
+    the rest of the password for the host name and a driver's error would print it."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        host = make_url(url).host or ""
+    except Exception:  # malformed: opening it says so, with the password hidden
+        return
+    if "@" in host:
+        scheme = url.split("://", 1)[0]
+        raise UsageError(f"storage {scheme}://{HIDDEN}: the user name or password holds an "
+                         "'@': write it as %40 (URL-encode it)")
+
+
+def _check_path(path: str, shown: str, what: str, *, must_exist: bool) -> None:
+    if os.path.isdir(path):
+        raise UsageError(f"{shown} is a folder: the storage needs a {what} path")
+    if must_exist and not os.path.exists(path):
+        raise UsageError(f"no such {what}: {shown} (check the storage)")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"cannot create {what} {shown}: the folder {folder} does not exist")
+
+
+def _driver_package(url: str) -> str:
+    scheme = url.split("://", 1)[0]
+    if scheme in ("postgresql", "postgresql+psycopg"):
+        return "'scalertune[postgresql]' (psycopg 3)"
+    if scheme == "postgresql+psycopg2":
+        return "psycopg2-binary"
+    if scheme.startswith("mysql"):
+        return "PyMySQL, and write the URL as mysql+pymysql://..."
+    return f"the SQLAlchemy driver for {scheme}://"
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def heartbeat_enabled(storage: Any) -> bool:
+    from optuna.storages import RDBStorage
+
+    return isinstance(storage, RDBStorage) and storage.get_heartbeat_interval() is not None
+
+
+def load_existing_study(url: str, study_name: str | None) -> Any:
+    """Load a study that must exist already; never creates a database or a study.
+
+    Without ``study_name``, the storage must hold exactly one study.
+    """
+    import optuna
+
+    url = storage_url(url)
+    storage = open_storage(url, must_exist=True)
+    if study_name is None:
+        names = optuna.get_all_study_names(storage=storage)
+        if len(names) != 1:
+            raise UsageError(f"{redact(url)} holds {len(names)} studies: "
+                             "name the study to use")
+        study_name = names[0]
+    try:
+        return optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise UsageError(f"no study {study_name!r} in {redact(url)}: "
+                         "check the study name and the storage") from None
+
+
+def load_existing_studies(url: str) -> list[Any]:
+    """Every study in a storage that must exist already and hold at least one."""
+    import optuna
+
+    url = storage_url(url)
+    storage = open_storage(url, must_exist=True)
+    names = optuna.get_all_study_names(storage=storage)
+    if not names:
+        raise UsageError(f"{redact(url)} holds no study: run scalertune search first")
+    return [optuna.load_study(study_name=name, storage=storage) for name in names]

@@ -1,0 +1,158 @@
+"""Finding trials whose worker died, failing them, and queueing their run again.
+
+A trial belongs to the worker that runs it: the first thing a worker does with a trial it
+takes (a fresh one, or one from the queue) is to write its own ``host:pid`` into the trial's
+``worker`` attribute (:func:`take`). A RUNNING trial is stale when
+
+- its worker is a process on this host that no longer exists (any storage; seen at once);
+- on RDB storage, Optuna's heartbeat for it is older than ``HEARTBEAT_GRACE_S`` (any host);
+- it has had no worker for ``HEARTBEAT_GRACE_S``, as this process watched it: its worker died
+  between taking it and naming itself, before Optuna's heartbeat for it began.
+
+A stale trial becomes FAIL, and a copy that says what to run (same params, same role, config
+and seed) but not who ran it waits for the next free worker, at most ``MAX_RETRIES`` times.
+Several workers may recover at once: the storage lets exactly one of them fail the trial, and
+only that one queues the copy. A copy carries no ``worker`` until a worker takes it, so
+nobody can mistake it, while it runs, for the dead worker's trial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from typing import Any, Callable, Iterator
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, TrialState
+
+from scalertune import _policy
+from scalertune._storage._names import JOB_ATTRS
+from scalertune._storage._open import heartbeat_enabled
+
+#: Optuna's bookkeeping of retries and of enqueued parameters, which a copy keeps.
+_JOB_SYSTEM_ATTRS = ("failed_trial", "retry_history", "fixed_params")
+
+_HOST = socket.gethostname()
+#: ``host:pid`` of this process, recorded on every trial it runs.
+WORKER = f"{_HOST}:{os.getpid()}"
+#: (study id, trial id) -> when this process first saw that RUNNING trial without a worker.
+_unowned: dict[tuple[int, int], float] = {}
+#: (study id, trial id) of the trial this process is running, per study.
+_current: dict[int, int] = {}
+
+
+def take(trial: optuna.Trial) -> None:
+    """Name this process as the worker of ``trial``: the first write to any trial it runs."""
+    trial.set_user_attr("worker", WORKER)
+    _current[trial.study._study_id] = trial._trial_id  # noqa: SLF001
+
+
+def retry(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Queue a copy of the failed ``trial`` (same params and job), unless it has been
+    retried ``MAX_RETRIES`` times already. Also Optuna's heartbeat callback on RDB storage."""
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > _policy.MAX_RETRIES:
+        return
+    system_attrs = {k: v for k, v in trial.system_attrs.items() if k in _JOB_SYSTEM_ATTRS}
+    system_attrs.update(failed_trial=system_attrs.get("failed_trial", trial.number),
+                        retry_history=history)
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
+        user_attrs={k: v for k, v in trial.user_attrs.items() if k in JOB_ATTRS},
+        system_attrs=system_attrs,
+    ))
+
+
+def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
+    """Fail and requeue every running trial whose worker is gone; say which."""
+    storage = study._storage  # noqa: SLF001
+    if heartbeat_enabled(storage):
+        running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        optuna.storages.fail_stale_trials(study)  # calls retry() for each trial it fails
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+            if trial.number in running:
+                log(f"trial #{trial.number} stopped sending heartbeats (its worker died): "
+                    "marked failed, its run queued again")
+    now = time.monotonic()
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    seen = {(study._study_id, t._trial_id) for t in running}  # noqa: SLF001
+    for key in [k for k in _unowned if k[0] == study._study_id and k not in seen]:  # noqa: SLF001
+        del _unowned[key]
+    for trial in running:
+        worker = trial.user_attrs.get("worker")
+        if worker is None:
+            first = _unowned.setdefault((study._study_id, trial._trial_id), now)  # noqa: SLF001
+            if now - first < _policy.HEARTBEAT_GRACE_S:
+                continue
+            why = (f"trial #{trial.number} was taken by a worker that died before naming "
+                   "itself")
+        elif worker_gone(worker):
+            why = (f"trial #{trial.number} was left running by process "
+                   f"{worker.rpartition(':')[2]}, which is gone")
+        else:
+            continue
+        if _fail(storage, trial):
+            retry(study, storage.get_trial(trial._trial_id))  # noqa: SLF001
+            log(f"{why}: marked failed, its run queued again")
+
+
+def _fail(storage: Any, trial: FrozenTrial) -> bool:
+    """Fail ``trial``; ``False`` when another worker finished or failed it first."""
+    try:
+        return bool(storage.set_trial_state_values(trial._trial_id,  # noqa: SLF001
+                                                   state=TrialState.FAIL))
+    except UpdateFinishedTrialError:
+        return False
+
+
+def worker_gone(worker: str) -> bool:
+    """Whether ``host:pid`` (optionally followed by ``:anything``) names a process on this host
+    that no longer exists. A process on another host is never judged from here."""
+    host, _, rest = worker.partition(":")
+    pid = rest.partition(":")[0]
+    return host == _HOST and pid.isdigit() and not _alive(int(pid))
+
+
+@contextlib.contextmanager
+def survive_lost_trial(study: optuna.Study, log: Callable[[str], None]) -> Iterator[None]:
+    """Let this worker carry on when another one failed its running trial for dead.
+
+    That happens only when this process stalled for longer than the heartbeat grace period
+    (a suspended host, a swapping machine): the other worker queued the trial's run again,
+    and Optuna refuses this worker's next write to the trial. The queued copy runs it.
+    """
+    try:
+        yield
+    except (UpdateFinishedTrialError, ValueError) as exc:
+        # Optuna's words when the trial it is asked to finish is finished already.
+        refused = isinstance(exc, UpdateFinishedTrialError) or str(exc).startswith(
+            "Cannot tell a ")
+        trial_id = _current.get(study._study_id)  # noqa: SLF001
+        if not refused or trial_id is None:
+            raise
+        trial = study._storage.get_trial(trial_id)  # noqa: SLF001
+        if trial.state != TrialState.FAIL or "error" in trial.user_attrs:
+            raise
+        log(f"trial #{trial.number} was failed by another worker, which took this one for "
+            "dead (it stalled past the heartbeat grace period): its queued copy runs it")
+    finally:
+        _current.pop(study._study_id, None)  # noqa: SLF001
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed process its parent has not reaped yet is a zombie: gone all the same
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True

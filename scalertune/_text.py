@@ -1,0 +1,56 @@
+"""Small text helpers shared by the errors, the summary, the notes and the result file."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from scalertune import _policy
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut short: a bad value in a one-line error, not a page of digits."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 run``, ``2 runs``; ``many`` where adding an s is wrong.
+
+    >>> plural(1, "thread"), plural(2, "thread"), plural(2, "was", "were")
+    ('1 thread', '2 threads', '2 were')
+    """
+    return f"{n} {word}" if n == 1 else f"{n} {many or word + 's'}"
+
+
+def readable(value: Any, digits: int = _policy.READABLE_DIGITS) -> Any:
+    """``value`` with every float rounded to ``digits`` significant digits, for reading.
+
+    Containers are rounded element-wise; ints, bools, strings and ``None`` pass unchanged, and
+    so do non-finite floats. Full precision stays in what the search stores and in
+    ``scalertune report --json``.
+
+        >>> readable(0.0030449795900123)
+        0.003045
+        >>> readable({"min_scale": 0.001953125, "skipped_steps": 25})
+        {'min_scale': 0.001953, 'skipped_steps': 25}
+    """
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+    if isinstance(value, dict):
+        return {k: readable(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(readable(v, digits) for v in value)
+    return value
+
+
+def format_table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Columns padded to width: the first two left-aligned (names), the rest right (numbers)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for n, row in enumerate(rows):
+        out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return out

@@ -1,0 +1,211 @@
+"""Searching from inside a framework: a LightningModule's own ``training_step``, unchanged.
+
+``lightning_workload(module, batches)`` turns a LightningModule into a scalertune Workload
+whose step runs ``module.training_step`` under the trial's autocast and scaler, with the
+optimizer and LR schedulers from ``module.configure_optimizers()``, stepped as Lightning's
+training loop steps them. No Trainer runs: each trial is the same training_step, optimizer,
+schedule and data under a different AMP config. ``self.trainer`` is a stand-in that holds what
+training code commonly reads from a Trainer (the step and epoch counters, ``max_steps``,
+``estimated_stepping_batches``, the optimizers, the logged metrics); anything else raises an
+``AttributeError`` that names the attribute.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import warnings
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from scalertune._errors import UsageError
+from scalertune._workload._contract import Workload
+
+#: What a Trainer with neither max_steps nor max_epochs runs (Lightning's own default).
+_LIGHTNING_DEFAULT_MAX_EPOCHS = 1000
+
+_PRECISION = {"float16": "16-mixed", "bfloat16": "bf16-mixed", "float32": "32-true"}
+
+
+def lightning_workload(module: torch.nn.Module, batches: Iterable[Any], *, max_steps: int = -1,
+                       max_epochs: int | None = None) -> Workload:
+    """A Workload that trains ``module`` (a LightningModule) through its ``training_step``.
+
+    ``max_steps`` and ``max_epochs`` are what your Trainer is given: a schedule built from
+    ``self.trainer.estimated_stepping_batches`` (``OneCycleLR``, warm-up then decay) then
+    has the length it has in real training, and the search sees its first ``--steps`` steps.
+    Schedulers are stepped as Lightning steps them: ``interval`` "step" after every
+    ``frequency``-th batch of an epoch, "epoch" after every ``frequency``-th epoch (an epoch
+    is one pass over ``batches``), and ``ReduceLROnPlateau`` with the last value
+    ``training_step`` logged under its ``monitor``. Only automatic optimization is run: a
+    module that steps its own optimizers needs a ``step`` function instead (see Workload).
+
+    Example (the factory of ``scalertune search model.py:make_model``)::
+
+        def make_model():
+            module = MyLightningModule()
+            return scalertune.lightning_workload(module, my_datamodule.train_dataloader(),
+                                                 max_epochs=10)
+    """
+    core = _lightning_core(module)
+    if not module.automatic_optimization:
+        raise UsageError(
+            f"{type(module).__name__} sets automatic_optimization = False: lightning_workload "
+            "runs Lightning's automatic optimization only; return a Workload with a "
+            "step(model, batch, amp) function that calls amp.backward and amp.step instead")
+    trainer = _TrainerView(module, batches, max_steps=max_steps, max_epochs=max_epochs)
+    module.trainer = trainer
+    # Lightning's own parsing of configure_optimizers(): every return shape it accepts, with
+    # its defaults for interval ("epoch") and frequency (1), and its errors for bad ones.
+    try:
+        optimizers, schedulers, monitor = core._configure_optimizers(module.configure_optimizers())
+        trainer.lr_scheduler_configs = core._configure_schedulers_automatic_opt(schedulers,
+                                                                                monitor)
+    except Exception as exc:  # MisconfigurationException, from the module's return value
+        raise UsageError(f"configure_optimizers(): {str(exc).strip().splitlines()[0]}") from None
+    if len(optimizers) != 1:
+        raise UsageError(f"configure_optimizers() returned {len(optimizers)} optimizers: "
+                         "automatic optimization trains with exactly one")
+    optimizer = optimizers[0]
+    trainer.optimizers = [optimizer]
+
+    def step(model: torch.nn.Module, batch: Any, amp: Any) -> torch.Tensor:
+        trainer.precision = _PRECISION[amp.config.dtype]
+        optimizer.zero_grad(set_to_none=True)
+        with amp.autocast():
+            out = model.training_step(batch, trainer.batch_idx)
+        loss = out["loss"] if isinstance(out, Mapping) else out
+        amp.backward(loss)
+        amp.step(optimizer)
+        trainer.advance()
+        return loss
+
+    return Workload(model=module, optimizer=optimizer, batches=batches, step=step)
+
+
+def _lightning_core(module: torch.nn.Module) -> Any:
+    """``core.optimizer`` of the Lightning package the module's class comes from."""
+    for cls in type(module).__mro__:
+        if cls.__name__ == "LightningModule":
+            package = cls.__module__.rpartition(".core")[0]
+            if package in ("lightning.pytorch", "pytorch_lightning"):
+                return importlib.import_module(f"{package}.core.optimizer")
+    raise UsageError(f"lightning_workload needs a LightningModule, got a {type(module).__name__}: "
+                     "for a plain nn.Module return a Workload (model, optimizer, batches, loss_fn)")
+
+
+class _TrainerView:
+    """What training code reads from ``self.trainer``, for a module trained without one."""
+
+    # A single process on one device, optimizing on every batch.
+    world_size = num_devices = num_nodes = accumulate_grad_batches = 1
+    global_rank = local_rank = node_rank = 0
+    is_global_zero = training = True
+    sanity_checking = validating = testing = predicting = should_stop = False
+    logger = datamodule = progress_bar_callback = None
+
+    def __init__(self, module: Any, batches: Iterable[Any], *, max_steps: int,
+                 max_epochs: int | None) -> None:
+        self.lightning_module = self.model = module
+        self.train_dataloader = batches
+        self.max_steps = max_steps
+        if max_epochs is None:
+            max_epochs = _LIGHTNING_DEFAULT_MAX_EPOCHS if max_steps == -1 else -1
+        self.max_epochs = max_epochs
+        try:
+            self.num_training_batches: float = len(batches)  # type: ignore[arg-type]
+        except TypeError:  # an iterable without a length is one endless epoch, as in Lightning
+            self.num_training_batches = math.inf
+        self.global_step = self.current_epoch = self.batch_idx = 0
+        self.precision = "32-true"
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_scheduler_configs: list[Any] = []
+        self.loggers: list[Any] = []
+        self.callback_metrics: dict[str, Any] = {}
+        self.logged_metrics = self.progress_bar_metrics = self.callback_metrics
+        self.strategy = _StrategyView(self)
+        module.log = self._log
+        module.log_dict = self._log_dict
+
+    @property
+    def estimated_stepping_batches(self) -> float:
+        """Lightning's formula, for one device without gradient accumulation."""
+        if self.max_epochs == -1:
+            return math.inf if self.max_steps == -1 else self.max_steps
+        if self.num_training_batches == math.inf:
+            return self.max_steps
+        estimate = self.num_training_batches * max(self.max_epochs, 1)
+        return min(estimate, self.max_steps) if self.max_steps != -1 else estimate
+
+    def _log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        self.callback_metrics[name] = value.detach() if isinstance(value, torch.Tensor) else value
+
+    def _log_dict(self, dictionary: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
+        for name, value in dictionary.items():
+            self._log(name, value)
+
+    def advance(self) -> None:
+        """After an optimizer step: count it, step the schedulers that are due, and close the
+        epoch at the end of ``batches``, in the order Lightning's training loop does."""
+        self.global_step += 1
+        self.batch_idx += 1
+        epoch_ends = self.batch_idx >= self.num_training_batches
+        for plateau in (False, True):
+            for config in self.lr_scheduler_configs:
+                if config.reduce_on_plateau != plateau:
+                    continue
+                if config.interval == "step" and self.batch_idx % config.frequency == 0:
+                    self._step_scheduler(config)
+                elif (config.interval == "epoch" and epoch_ends
+                      and (self.current_epoch + 1) % config.frequency == 0):
+                    self._step_scheduler(config)
+        if epoch_ends:
+            self.current_epoch += 1
+            self.batch_idx = 0
+
+    def _step_scheduler(self, config: Any) -> None:
+        metric = None
+        if config.reduce_on_plateau:
+            metric = self.callback_metrics.get(config.monitor)
+            if metric is None:
+                if not config.strict:
+                    return
+                raise UsageError(
+                    f"ReduceLROnPlateau monitors {config.monitor!r}, which training_step has not "
+                    f"logged (logged: {', '.join(self.callback_metrics) or 'nothing'}): "
+                    "self.log it in training_step")
+        with warnings.catch_warnings():
+            # A step GradScaler skipped is what a search is for; torch warns about it when the
+            # very first optimizer step was skipped, as it would under a Trainer.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            self.lightning_module.lr_scheduler_step(config.scheduler, metric)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"self.trainer.{name}: lightning_workload trains without a Trainer and offers "
+            "global_step, current_epoch, max_steps, max_epochs, estimated_stepping_batches, "
+            "num_training_batches, optimizers, lr_scheduler_configs, callback_metrics, precision "
+            "and the rank and device counts; read it outside training_step, or pass a step "
+            "function instead")
+
+
+class _StrategyView:
+    """``self.trainer.strategy`` as far as ``LightningModule.optimizers()`` reads it."""
+
+    def __init__(self, trainer: _TrainerView) -> None:
+        self._trainer = trainer
+
+    @property
+    def _lightning_optimizers(self) -> list[torch.optim.Optimizer]:
+        return self._trainer.optimizers
+
+    @property
+    def root_device(self) -> torch.device:
+        return next(self._trainer.lightning_module.parameters()).device
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"self.trainer.strategy.{name}: lightning_workload trains without a Trainer's "
+            "strategy (it offers root_device, and self.optimizers()); read it outside "
+            "training_step, or pass a step function instead")
