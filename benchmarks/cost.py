@@ -25,7 +25,9 @@ import optuna
 import torch
 
 import scalertune
-from scalertune import _references, _run, _search
+from scalertune._run import _loop
+from scalertune._search import _api as _search
+from scalertune._search import _references
 
 
 @contextlib.contextmanager
@@ -60,7 +62,7 @@ def _in_memory() -> Iterator[None]:
 def one_search(factory: str, *, steps: int, device: str, memory: bool) -> dict[str, Any]:
     training = [0.0]
     with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
-        stack.enter_context(_timed(_run, "train", training))
+        stack.enter_context(_timed(_loop, "train", training))
         stack.enter_context(_timed(_references, "time_dtypes", training))
         if memory:
             stack.enter_context(_in_memory())

@@ -27,21 +27,15 @@ if TYPE_CHECKING:
     from scalertune._amp._guard import AmpGuardError, Guard
     from scalertune._amp._runtime import AmpRuntime
     from scalertune._amp._schema import load_config
-    from scalertune._diagnose._api import (
-        Diagnosis,
-        ModuleReport,
-        ScalerCheck,
-        TensorStats,
-        diagnose,
-    )
-    from scalertune._errors import UsageError
+    from scalertune._diagnose._api import diagnose
+    from scalertune._diagnose._report import Diagnosis, ModuleReport, ScalerCheck, TensorStats
+    from scalertune._errors import SearchError, UsageError
     from scalertune._export._api import FRAMEWORKS, Export, export
     from scalertune._judge._outcome import Outcome
     from scalertune._judge._speedup import Speedup
     from scalertune._judge._target import Target
     from scalertune._review._result import SearchResult, analyze
     from scalertune._run._timing import StepTimes
-    from scalertune._errors import SearchError
     from scalertune._search._api import Isolation, search
     from scalertune._search._space import SearchSpace
     from scalertune._workload._contract import Workload
@@ -51,8 +45,8 @@ if TYPE_CHECKING:
 #: --help, a bad option or Ctrl-C before torch has loaded (a second or more).
 _EXPORTS = {
     "AmpConfig": "_amp._config", "Guard": "_amp._guard",
-    "Diagnosis": "_diagnose._api", "ModuleReport": "_diagnose._api", "ScalerCheck": "_diagnose._api",
-    "TensorStats": "_diagnose._api", "diagnose": "_diagnose._api",
+    "Diagnosis": "_diagnose._report", "ModuleReport": "_diagnose._report", "ScalerCheck": "_diagnose._report",
+    "TensorStats": "_diagnose._report", "diagnose": "_diagnose._api",
     "UsageError": "_errors",
     "FRAMEWORKS": "_export._api", "Export": "_export._api", "export": "_export._api",
     "lightning_workload": "_workload._lightning",

@@ -38,12 +38,13 @@ class Limit:
         if not (ok and (self.integer or math.isfinite(value))):
             raise ParameterError(name, f"must be {self._wanted()}, got {_got(value)}")
         if value > self.high:
-            raise ParameterError(name, f"must be at most {self.high:g}, got {_got(value)}")
+            wanted = self._wanted() if self.integer else f"at most {self.high:g}"
+            raise ParameterError(name, f"must be {wanted}, got {_got(value)}")
 
     def _wanted(self) -> str:
         if self.integer:
-            return (f"an integer >= {self.low:g}" if self.high == math.inf
-                    else f"an integer from {self.low:g} to {self.high:g}")
+            return (f"an integer >= {self.low:.0f}" if self.high == math.inf
+                    else f"an integer from {self.low:.0f} to {self.high:.0f}")
         if self.low_excluded and self.low == 0:
             return "a positive finite number"
         return f"a finite number {'>' if self.low_excluded else '>='} {self.low:g}"

@@ -1,5 +1,8 @@
 import contextlib
+import dataclasses
+import io
 import os
+import subprocess
 import sys
 
 import optuna
@@ -10,6 +13,48 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def pytest_collection_modifyitems(items):
+    """Everything under tests/integration/ is slow (whole searches, other processes, a
+    browser, package builds): the mark follows the folder, so it cannot drift."""
+    for item in items:
+        if "integration" in item.path.parts:
+            item.add_marker(pytest.mark.slow)
+
+
+@dataclasses.dataclass
+class Ran:
+    """What one ``scalertune`` command line did: its exit status and its two streams."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args, cwd, process=False, timeout=300):
+    """Run ``scalertune ARGS`` in the folder ``cwd``: in this process through
+    :func:`scalertune.cli.main` (fast), or with ``process=True`` as the real executable in its
+    own process (what a shell sees: the exit status, the streams, the signals)."""
+    args = [str(a) for a in args]
+    if process:
+        proc = subprocess.run([sys.executable, "-m", "scalertune", *args], capture_output=True,
+                              text=True, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
+        return Ran(proc.returncode, proc.stdout, proc.stderr)
+    from scalertune.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(args)
+            except SystemExit as exc:  # argparse's --help, --version and usage errors
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(before)
+    return Ran(code, out.getvalue(), err.getvalue())
 
 
 def spec(name: str, module: str = "workloads.py") -> str:

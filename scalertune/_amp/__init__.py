@@ -1,1 +1,12 @@
-"""TODO"""
+"""The runtime and the config file a user imports into training code.
+
+- ``_config``: :class:`AmpConfig`, PyTorch's defaults and the baselines;
+- ``_runtime``: :class:`AmpRuntime`, the canonical AMP step every trial runs;
+- ``_guard``: :class:`Guard`, the production guard against a collapsing loss scale;
+- ``_islands``, ``_modules``: float32 islands and how modules are named for them;
+- ``_device``: which device a run trains on;
+- ``_schema``, ``_yaml``: the result YAML, read with size and alias bounds.
+
+Nothing here imports Optuna (an import-linter contract): training code loads a config
+without the search's machinery.
+"""

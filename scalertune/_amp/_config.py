@@ -76,7 +76,7 @@ class AmpConfig:
         if not self.uses_scaler:
             # Without a scaler the four knobs mean nothing; normalised, two configs that train
             # alike compare equal (a study never trains the same config twice).
-            for knob in _SCALER_KNOBS:
+            for knob in SCALER_KNOBS:
                 object.__setattr__(self, knob, getattr(_DEFAULTS, knob))
 
     @property
@@ -114,7 +114,7 @@ class AmpConfig:
         """How many knobs differ from PyTorch's defaults (and from the workload's own
         ``clip_norm``): among configs equally fast and stable, fewer is simpler."""
         changed = int(self.dtype != _DEFAULTS.dtype) + int(self.clip_norm != clip_norm)
-        changed += sum(getattr(self, k) != getattr(_DEFAULTS, k) for k in _SCALER_KNOBS)
+        changed += sum(getattr(self, k) != getattr(_DEFAULTS, k) for k in SCALER_KNOBS)
         return changed + int(bool(self.fp32_modules))
 
     @classmethod
@@ -146,7 +146,7 @@ class AmpConfig:
         )
 
 
-_SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
 
 
 def _check(name: str, value: Any, wanted: str, ok: Callable[[float], bool]) -> None:

@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune import _policy
 from scalertune._errors import UsageError
 from scalertune._judge._outcome import Outcome
+from scalertune._review._describe import describe_outcome
 from scalertune._review._plots import picture_trial
 from scalertune._storage._names import (
     ARTIFACT_DIR_ATTR,
@@ -44,7 +45,6 @@ from scalertune._storage._names import (
 )
 from scalertune._storage._redact import redact
 from scalertune._text import readable
-from scalertune._review._describe import describe_outcome
 
 if TYPE_CHECKING:
     from scalertune._review._result import SearchResult

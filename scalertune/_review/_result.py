@@ -25,6 +25,7 @@ from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
 from scalertune._judge._rank import candidates, confirmations_of, ranked
 from scalertune._judge._speedup import Speedup
 from scalertune._judge._target import Target
+from scalertune._review._describe import describe_outcome, forward_overflow_hint
 from scalertune._run._record import skipped_steps
 from scalertune._run._timing import StepTimes
 from scalertune._storage._names import (
@@ -37,8 +38,6 @@ from scalertune._storage._names import (
     STOPPED_ATTR,
     TIMES_ATTR,
 )
-from scalertune._review._describe import describe_outcome
-from scalertune._review._describe import forward_overflow_hint
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,10 +7,10 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from scalertune._judge._outcome import Outcome
+from scalertune._review._describe import describe_outcome
 from scalertune._run._record import PRUNE_KINDS
 from scalertune._run._timing import spread
 from scalertune._storage._names import ROLE_SEARCH
-from scalertune._review._describe import describe_outcome
 from scalertune._text import format_table
 
 if TYPE_CHECKING:

@@ -24,14 +24,13 @@ from optuna.trial import TrialState
 from scalertune import _interrupt, _limits, _policy
 from scalertune._amp._config import BASELINES, DTYPES, AmpConfig
 from scalertune._amp._device import resolve_device
-from scalertune._errors import UsageError
+from scalertune._errors import SearchError, UsageError
 from scalertune._judge._outcome import reference_of
 from scalertune._judge._rank import tied
 from scalertune._judge._stopping import study_stop_reason
 from scalertune._review._result import SearchResult, analyze
 from scalertune._run._preflight import preflight
 from scalertune._search._progress import Progress
-from scalertune._errors import SearchError
 from scalertune._search._references import References
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import DTYPE_DISTRIBUTION, default_study_name, open_study
@@ -53,12 +52,10 @@ from scalertune._storage._names import (
     ROLE_SEARCH,
     STOPPED_ATTR,
 )
-from scalertune._storage._open import DEFAULT_STORAGE, open_storage
+from scalertune._storage._open import DEFAULT_STORAGE, open_storage, storage_url
+from scalertune._storage._recovery import recover, retry
 from scalertune._storage._redact import redact
-from scalertune._storage._recovery import recover
 from scalertune._workload._loader import FactoryError, factory_name, load_factory
-from scalertune._storage._recovery import retry
-from scalertune._storage._open import storage_url
 
 __all__ = ["Isolation", "SearchError", "describe_device", "search"]
 

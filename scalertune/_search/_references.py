@@ -18,7 +18,7 @@ import optuna
 import torch
 
 from scalertune._amp._config import AmpConfig
-from scalertune._errors import UsageError
+from scalertune._errors import SearchError, UsageError
 from scalertune._judge._outcome import reference_of
 from scalertune._judge._target import Target
 from scalertune._run._loop import run_config
@@ -35,7 +35,6 @@ from scalertune._search._study import add_reference
 from scalertune._storage._claims import Once
 from scalertune._workload._contract import build_workload
 from scalertune._workload._loader import FactoryError
-from scalertune._errors import SearchError
 
 
 class References:

@@ -24,21 +24,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-import random
-import warnings
 from importlib import resources
 from typing import Any, Mapping
 
 import optuna
 
-from scalertune._amp._config import DTYPES, AmpConfig
+from scalertune._amp._config import AmpConfig
 from scalertune._amp._yaml import parse_yaml, read_yaml
 from scalertune._errors import UsageError
+from scalertune._search import _points
+from scalertune._search._points import NUMERIC_KNOBS
+from scalertune._search._sampler import DtypeSampler
 
-_SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
-#: Searched, like the scaler's knobs, only on float16 trials: the range problem islands fix.
-_FLOAT16_ONLY = (*_SCALER_KNOBS, "fp32_modules")
-_NUMERIC = (*_SCALER_KNOBS, "clip_norm")
 _RANGE_KEYS = {"low", "high", "log", "step", "optional"}
 
 
@@ -90,7 +87,7 @@ class SearchSpace:
                   description: str = "") -> "SearchSpace":
         """Validate ``params`` (the file's content without ``description``)."""
         params = dict(params)
-        known = ("dtype", *_NUMERIC, "fp32_modules")
+        known = ("dtype", *NUMERIC_KNOBS, "fp32_modules")
         unknown = sorted(set(params) - set(known))
         if unknown:
             raise UsageError(
@@ -98,7 +95,7 @@ class SearchSpace:
                 f"{', '.join(known)}"
             )
         _check_dtype(name, params.get("dtype", {"choices": ["float16"]}))
-        for key in _NUMERIC:
+        for key in NUMERIC_KNOBS:
             if key in params:
                 _check_numeric(name, key, params[key])
         if "fp32_modules" in params:
@@ -139,34 +136,7 @@ class SearchSpace:
 
         The study's sampler must be :meth:`sampler` (or another that keeps ``dtype`` to the
         space's choices)."""
-        # Every run of a study, the float32 references included, is a point of one dtype
-        # parameter over all three dtypes; the space's sampler keeps to the space's choices.
-        values: dict[str, Any] = {"dtype": trial.suggest_categorical("dtype", list(DTYPES))}
-        if values["dtype"] not in self.dtypes and "dtype" not in _fixed(trial):
-            raise UsageError(f"the study's sampler proposed dtype {values['dtype']!r}, outside "
-                             f"search space {self.name!r}: create the study with "
-                             "sampler=space.sampler()")
-        islands = self.params.get("fp32_modules")
-        if islands is not None and values["dtype"] == "float16":
-            values["fp32_modules"] = (
-                trial.suggest_categorical("fp32_modules", list(islands["choices"]))
-                if isinstance(islands, Mapping) else islands)
-        for key in _NUMERIC:
-            if key not in self.params or (key in _FLOAT16_ONLY and values["dtype"] != "float16"):
-                continue
-            spec = self.params[key]
-            if not isinstance(spec, Mapping):
-                values[key] = spec
-                continue
-            if spec.get("optional") and not trial.suggest_categorical(f"use_{key}", [False, True]):
-                continue
-            kwargs = {k: spec[k] for k in ("log", "step") if k in spec}
-            if key == "growth_interval":
-                values[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]), **kwargs)
-            else:
-                values[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]),
-                                                  **kwargs)
-        return AmpConfig(**values)
+        return _points.suggest(self, trial)
 
     def params_for(self, config: AmpConfig) -> dict[str, Any] | None:
         """The parameters :meth:`suggest` would record to produce ``config``, or ``None``
@@ -176,133 +146,15 @@ class SearchSpace:
         ``config`` is taken before the workload's own clipping is applied: a ``clip_norm`` of
         ``None`` is "no clipping of its own", which the space spells ``use_clip_norm: false``.
         """
-        params: dict[str, Any] = {"dtype": config.dtype}
-        float16 = config.dtype == "float16"
-        islands = self.params.get("fp32_modules")
-        if islands is not None and float16:
-            joined = ",".join(config.fp32_modules)
-            if not isinstance(islands, Mapping):
-                if AmpConfig(fp32_modules=islands or "").fp32_modules != config.fp32_modules:
-                    return None
-            elif joined in islands["choices"]:
-                params["fp32_modules"] = joined
-            else:
-                return None
-        elif config.fp32_modules:
-            return None
-        for key in _NUMERIC:
-            value = getattr(config, key)
-            spec = self.params.get(key)
-            if spec is None or (key in _FLOAT16_ONLY and not float16):
-                if key in _FLOAT16_ONLY and float16 and value != getattr(AmpConfig(), key):
-                    return None
-                if key == "clip_norm" and value is not None:
-                    return None
-                continue
-            if not isinstance(spec, Mapping):
-                if value != spec:
-                    return None
-                continue
-            if spec.get("optional"):
-                params[f"use_{key}"] = value is not None
-                if value is None:
-                    continue
-            if value is None or not spec["low"] <= value <= spec["high"]:
-                return None
-            params[key] = value
-        return params
+        return _points.params_for(self, config)
 
     def distinct_configs(self) -> int | None:
         """How many different configs the space can produce; ``None`` when a range makes it
         endless. (A purely categorical space runs out: the search stops once all have run.)"""
-        total = 0
-        for dtype in self.dtypes:
-            count = 1
-            for key in _NUMERIC:
-                spec = self.params.get(key)
-                if not isinstance(spec, Mapping) or (key in _FLOAT16_ONLY and dtype != "float16"):
-                    continue
-                if spec["low"] != spec["high"]:
-                    return None
-                count *= 2 if spec.get("optional") else 1
-            islands = self.params.get("fp32_modules")
-            if isinstance(islands, Mapping) and dtype == "float16":
-                count *= len(set(islands["choices"]))
-            total += count
-        return total
+        return _points.distinct_configs(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "params": dict(self.params)}
-
-
-class DtypeSampler(optuna.samplers.BaseSampler):
-    """Optuna's TPE sampler, with ``dtype`` held to the search space's choices.
-
-    ``dtype``'s distribution spans all three dtypes, because the float32 references are runs
-    of the study too; TPE is asked as usual (jointly, or one parameter at a time), and a dtype
-    outside the space (float32) is asked again, then drawn uniformly from the space's choices.
-    """
-
-    def __init__(self, dtypes: list[str], *, seed: int | None) -> None:
-        self._seed = seed
-        self._base = _tpe(seed)
-        self._dtypes = list(dtypes)
-        self._rng = random.Random(seed)
-
-    def infer_relative_search_space(self, study: optuna.Study,
-                                    trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-        return self._base.infer_relative_search_space(study, trial)
-
-    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                        search_space: dict[str, Any]) -> dict[str, Any]:
-        for _ in range(8):
-            params = self._base.sample_relative(study, trial, search_space)
-            if params.get("dtype", self._dtypes[0]) in self._dtypes:
-                return params
-        # Leave dtype to sample_independent, which keeps to the space's choices.
-        return {k: v for k, v in params.items() if k != "dtype"}
-
-    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                           param_name: str, param_distribution: Any) -> Any:
-        if param_name != "dtype":
-            return self._base.sample_independent(study, trial, param_name, param_distribution)
-        if len(self._dtypes) == 1:
-            return self._dtypes[0]
-        for _ in range(8):
-            value = self._base.sample_independent(study, trial, param_name, param_distribution)
-            if value in self._dtypes:
-                return value
-        return self._rng.choice(self._dtypes)
-
-    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if self._seed is not None:
-            # Each trial draws from its own stream, seeded by the study's seed and its number:
-            # workers that share a study (and its seed) sample different configs instead of
-            # the same sequence side by side, and one worker's search stays reproducible.
-            seed = (self._seed * 1_000_003 + trial.number) % 2**32
-            self._base, self._rng = _tpe(seed), random.Random(seed)
-        self._base.before_trial(study, trial)
-
-    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                    state: "optuna.trial.TrialState", values: Any) -> None:
-        self._base.after_trial(study, trial, state, values)
-
-    def reseed_rng(self) -> None:
-        self._base.reseed_rng()
-
-
-def _tpe(seed: int | None) -> optuna.samplers.TPESampler:
-    """TPE as Optuna advises for several workers: a running trial counts as a bad result
-    (``constant_liar``), so that workers do not all sample next to the same good one."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
-
-
-def _fixed(trial: optuna.Trial) -> dict[str, Any]:
-    """The parameters a queued trial was given (``study.enqueue_trial``)."""
-    return trial.storage.get_trial_system_attrs(trial._trial_id).get(  # noqa: SLF001
-        "fixed_params") or {}
 
 
 def shipped_spaces() -> dict[str, str]:

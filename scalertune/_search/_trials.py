@@ -23,7 +23,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import DTYPES, AmpConfig
-from scalertune._diagnose._api import locate_forward_overflow
+from scalertune._diagnose._islands import locate_forward_overflow
+from scalertune._errors import SearchError
 from scalertune._judge._outcome import Outcome, outcomes_of
 from scalertune._judge._rank import time_bounds
 from scalertune._judge._stopping import Best, StopRule
@@ -37,9 +38,9 @@ from scalertune._search._isolate import (
     run_here,
     run_isolated,
 )
-from scalertune._errors import SearchError
 from scalertune._search._references import References
-from scalertune._search._space import SearchSpace, _fixed
+from scalertune._search._points import fixed_params
+from scalertune._search._space import SearchSpace
 from scalertune._search._study import (
     judged_attrs,
     objective_value,
@@ -294,7 +295,7 @@ class _Reports:
 
 def _record_params(trial: optuna.Trial, space: SearchSpace) -> None:
     """Record the parameters a queued run was given, so it shows as a point of the space."""
-    fixed = _fixed(trial)
+    fixed = fixed_params(trial)
     if len(fixed) > 1:
         space.suggest(trial)
     elif "dtype" in fixed:

@@ -20,8 +20,7 @@ import optuna
 
 from scalertune import _interrupt, _policy
 from scalertune._storage._names import CLAIM_PREFIX
-from scalertune._storage._recovery import WORKER
-from scalertune._storage._recovery import worker_gone
+from scalertune._storage._recovery import WORKER, worker_gone
 
 
 def _read(study: optuna.Study, key: str) -> dict | None:

@@ -15,8 +15,6 @@ from scalertune._judge._outcome import Outcome
 from scalertune._judge._rank import ranked
 from scalertune._run._loop import run_config
 
-pytestmark = pytest.mark.slow
-
 
 def _load(storage, name="workloads:healthy"):
     return optuna.load_study(study_name=name, storage=storage)

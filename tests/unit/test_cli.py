@@ -1,25 +1,18 @@
 """The command line: help that reads like a man page, and one-line errors for bad input."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import HERE, spec
-
-
-def _run(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "scalertune", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300, stdin=subprocess.DEVNULL)
+from conftest import HERE, run_cli, spec
 
 
 def test_help_explains_the_commands_and_exit_statuses(tmp_path):
-    top = _run("--help", cwd=tmp_path)
+    top = run_cli("--help", cwd=tmp_path)
     assert top.returncode == 0
     for needle in ("search", "report", "exit status", "130"):
         assert needle in top.stdout
-    sub = _run("search", "--help", cwd=tmp_path)
+    sub = run_cli("search", "--help", cwd=tmp_path)
     assert sub.returncode == 0
     for needle in ("FACTORY", "--storage", "--space", "--n-trials", "--device", "--output",
                    "float32 reference", "examples:"):
@@ -48,8 +41,14 @@ BAD_INPUTS = [
     ("missing space file", [spec("healthy"), "--space", "spaces/mine.yaml"],
      "no such search space file"),
     ("unknown device", [spec("healthy"), "--device", "tpu"], "unknown device 'tpu'"),
-    ("bad option", [spec("healthy"), "--n-trails", "3"], "unrecognized arguments"),
-    ("too few steps", [spec("healthy"), "--steps", "5"], "--steps >= 20"),
+    ("bad option", [spec("healthy"), "--n-trails", "3"],
+     "unrecognized arguments: --n-trails 3: did you mean --n-trials"),
+    ("an option abbreviated", [spec("healthy"), "--step", "50"],
+     "unrecognized arguments: --step 50: did you mean --steps"),
+    ("a factory mistyped", [_bad("make_modle")], "has no attribute 'make_modle'"),
+    ("a factory file mistyped", [os.path.join(HERE, "workload.py") + ":healthy"],
+     r"no such file: .*workload\.py \(did you mean 'workloads\.py'"),
+    ("too few steps", [spec("healthy"), "--steps", "5"], "--steps must be an integer from 20"),
 ]
 if not torch.cuda.is_available():
     BAD_INPUTS.append(("cuda without cuda", [spec("healthy"), "--device", "cuda"], "no CUDA"))
@@ -57,7 +56,7 @@ if not torch.cuda.is_available():
 
 @pytest.mark.parametrize("label, args, message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_one_line_exit_2_and_writes_no_study(tmp_path, label, args, message):
-    proc = _run("search", *args, cwd=tmp_path)
+    proc = run_cli("search", *args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -77,7 +76,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_no_study(tmp_path, label, args,
 ])
 def test_invalid_space_file_is_refused_before_anything_runs(tmp_path, text, message):
     (tmp_path / "space.yaml").write_text(text)
-    proc = _run("search", spec("healthy"), "--space", "space.yaml", cwd=tmp_path)
+    proc = run_cli("search", spec("healthy"), "--space", "space.yaml", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "scalertune.db").exists()
@@ -85,48 +84,16 @@ def test_invalid_space_file_is_refused_before_anything_runs(tmp_path, text, mess
 
 def test_storage_password_is_never_printed(tmp_path):
     url = "postgresql://alice:s3cret-pw@127.0.0.1:1/optuna"
-    proc = _run("search", spec("healthy"), "--storage", url, cwd=tmp_path)
+    proc = run_cli("search", spec("healthy"), "--storage", url, cwd=tmp_path)
     assert proc.returncode == 2
     assert "s3cret-pw" not in proc.stderr + proc.stdout
     assert "alice:***@" in proc.stderr
 
 
 def test_report_on_a_missing_study_is_a_usage_error_and_creates_nothing(tmp_path):
-    proc = _run("report", "--study-name", "nothing", cwd=tmp_path)
+    proc = run_cli("report", "--study-name", "nothing", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "no such database: sqlite:///scalertune.db" in proc.stderr
     assert not (tmp_path / "scalertune.db").exists()
 
 
-@pytest.mark.slow
-def test_a_terminal_gets_a_progress_bar_with_the_run_lines_above_it(tmp_path):
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    # a terminal of 40 rows and 120 columns (a new pty has 0x0, where tqdm hides its bar)
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "scalertune", "search", spec("healthy"), "--n-trials", "2",
-         "--steps", "40", "--device", "cpu"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, text=True)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 4096)
-        except OSError:  # the terminal closed with the process
-            break
-        if not data:
-            break
-        chunks.append(data)
-    out, _ = proc.communicate(timeout=300)
-    os.close(master)
-    terminal = b"".join(chunks).decode(errors="replace")
-    assert proc.returncode == 0
-    assert "scalertune:" in terminal and "run/s" in terminal  # tqdm's bar
-    # each run's line is written above the bar, never glued to it
-    assert "\n#1 [" in terminal.replace("\r", "\n")
-    assert "Recommended:" in out

@@ -27,9 +27,7 @@ import urllib.request
 import optuna
 import pytest
 import yaml
-from conftest import ROOT, spec
-
-pytestmark = pytest.mark.slow
+from conftest import ROOT, run_cli, spec
 
 CODEPOINTS = "codepoints:make_model"
 _NOTE_KEY = re.compile(r"^dashboard:([^:]+:)?note_(ver|str:\d+)$")
@@ -48,13 +46,6 @@ def _chromium():
     if os.environ.get("CI") == "true":
         pytest.fail("chromium is not installed; CI must install it (.ci/run does)")
     pytest.skip("chromium is not installed (apt-get install chromium); CI runs this test")
-
-
-def _cli(*args, cwd):
-    proc = subprocess.run([sys.executable, "-m", "scalertune", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=600, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 def _free_port():
@@ -112,19 +103,19 @@ class Dashboard:
 def dashboard(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboard")
     d = Dashboard(tmp)
-    d.search = _cli("search", os.path.join(ROOT, "examples", "codepoints.py:make_model"),
+    d.search = run_cli("search", os.path.join(ROOT, "examples", "codepoints.py:make_model"),
                     "--storage", d.url, "--n-trials", "4", "--steps", "60", "--device", "cpu",
                     "-q", "-o", "codepoints.yaml", cwd=tmp)
-    _cli("search", spec("forward_overflow"), "--storage", d.url, "--study-name", "fwd",
+    run_cli("search", spec("forward_overflow"), "--storage", d.url, "--study-name", "fwd",
          "--n-trials", "2", "--steps", "30", "--device", "cpu", "-q", "-o", "fwd.yaml", cwd=tmp)
     d.yaml = yaml.safe_load((tmp / "codepoints.yaml").read_text())
 
     storage = optuna.storages.RDBStorage(d.url)
     codepoints = optuna.load_study(study_name=CODEPOINTS, storage=storage)
     d.artifacts_after_search = optuna.artifacts.get_all_artifact_meta(codepoints)
-    d.report_json = json.loads(_cli("report", "--storage", d.url, "--study-name", CODEPOINTS,
+    d.report_json = json.loads(run_cli("report", "--storage", d.url, "--study-name", CODEPOINTS,
                                     "--json", cwd=tmp).stdout)
-    _cli("report", "--storage", d.url, "--study-name", CODEPOINTS, "-o", "again.yaml", cwd=tmp)
+    run_cli("report", "--storage", d.url, "--study-name", CODEPOINTS, "-o", "again.yaml", cwd=tmp)
     d.artifacts_after_report = optuna.artifacts.get_all_artifact_meta(codepoints)
     # An outdated note: the dashboard's refresh must replace it, and change nothing else.
     from optuna_dashboard import save_note

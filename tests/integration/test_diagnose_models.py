@@ -112,7 +112,6 @@ def test_the_classifier_example_is_clean_at_the_default_scale():
     assert gradscaler(classifier.make_model, AmpConfig())[0] == 0
 
 
-@pytest.mark.slow
 @hugging_face
 def test_following_diagnoses_advice_on_t5_trains_float16_to_the_target(tmp_path):
     spec = os.path.join(ROOT, "tests", "third_party.py") + ":t5"

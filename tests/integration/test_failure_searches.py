@@ -1,6 +1,5 @@
-"""One test per way float16 training goes wrong, each on a tiny real model."""
+"""Whole searches on the workloads that fail one way each: underflow, forward overflow, exploding gradients."""
 
-import pytest
 import torch
 import workloads
 from conftest import spec
@@ -12,22 +11,6 @@ from scalertune._run._loop import run_config
 CPU = torch.device("cpu")
 
 
-def test_large_scale_overflows_gradients_skips_then_recovers():
-    record = run_config(workloads.gradient_overflow, AmpConfig(init_scale=2.0**24),
-                        steps=60, seed=0, device=CPU)
-    assert not record.pruned
-    assert record.first_nonfinite_step == 0
-    # The scaler halves the scale on each overflowing step until the gradients fit.
-    assert 5 <= len(record.skipped) < 30
-    assert record.skipped[:5] == [0, 1, 2, 3, 4]
-    assert min(record.scales) < 2.0**24
-    assert all(v == v for v in record.losses)
-    small = run_config(workloads.gradient_overflow, AmpConfig(init_scale=2.0**8),
-                       steps=60, seed=0, device=CPU)
-    assert len(small.skipped) < len(record.skipped)
-
-
-@pytest.mark.slow
 def test_scale_one_underflow_never_reaches_target_and_ranks_below_larger_scale(storage, space_file):
     path = space_file("dtype: {choices: [float16]}\ninit_scale: 1.0\n")
     result = scalertune.search(spec("underflow"), storage=storage, space=path, n_trials=1,
@@ -45,7 +28,6 @@ def test_scale_one_underflow_never_reaches_target_and_ranks_below_larger_scale(s
     assert result.config.init_scale != 1.0
 
 
-@pytest.mark.slow
 def test_forward_overflow_is_pruned_with_a_reason_that_says_forward(storage):
     result = scalertune.search(spec("forward_overflow"), storage=storage, space="float16",
                                n_trials=3, steps=40, device="cpu")
@@ -61,16 +43,6 @@ def test_forward_overflow_is_pruned_with_a_reason_that_says_forward(storage):
     assert "keep training in float32" in result.verdict
 
 
-def test_forward_overflow_is_fixed_by_bfloat16_not_by_a_small_scale():
-    tiny = run_config(workloads.forward_overflow, AmpConfig(init_scale=2.0**-8),
-                      steps=40, seed=0, device=CPU)
-    assert tiny.prune_kind == "forward"
-    bf16 = run_config(workloads.forward_overflow, AmpConfig(dtype="bfloat16"),
-                      steps=40, seed=0, device=CPU)
-    assert not bf16.pruned
-
-
-@pytest.mark.slow
 def test_exploding_gradients_clipping_decides(storage, space_file):
     # Unclipped, the workload explodes in any dtype: clipping is what trains it.
     unclipped_bf16 = run_config(workloads.exploding, AmpConfig(dtype="bfloat16"),

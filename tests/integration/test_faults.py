@@ -21,10 +21,8 @@ import time
 import optuna
 import pytest
 import yaml
-from conftest import needs_postgres, postgres_database, spec
+from conftest import HERE, needs_postgres, postgres_database, spec
 from optuna.trial import TrialState
-
-pytestmark = pytest.mark.slow
 
 ROUNDS = int(os.environ.get("SCALERTUNE_FAULT_ROUNDS", "3"))
 BUDGET_S = float(os.environ.get("SCALERTUNE_FAULT_BUDGET_S", "40"))
@@ -35,7 +33,7 @@ N_TRIALS, STEPS = 3, 20
 FAULTS = ("none", "int", "int-int", "term", "kill", "int@write", "term@write", "kill@write")
 #: A search here makes a few hundred storage writes; N is drawn below this.
 WRITES = 400
-LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_launcher.py")
+LAUNCHER = os.path.join(HERE, "fault_launcher.py")
 #: A worker or a resume that runs longer than this is stuck (a whole search takes ~10 s).
 STUCK_S = 150
 
@@ -284,8 +282,7 @@ def _journal_study(tmp_path, name="replay"):
 def test_a_retry_belongs_to_the_worker_that_runs_it(tmp_path):
     """Worker A dies in a trial; C fails it and queues it again; B takes the copy; C (or a
     fourth worker) recovers again while B runs it: B's trial must stay B's."""
-    from scalertune._storage._recovery import WORKER
-    from scalertune._storage._recovery import recover, take
+    from scalertune._storage._recovery import WORKER, recover, take
 
     study = _journal_study(tmp_path)
     dead = f"{WORKER.rpartition(':')[0]}:{_dead_pid()}"

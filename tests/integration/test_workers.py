@@ -15,9 +15,6 @@ from optuna.trial import TrialState
 import scalertune
 from scalertune._search._api import Isolation
 
-pytestmark = pytest.mark.slow
-
-
 
 def _worker(storage, *extra, cwd, workload="slow", n_trials=6):
     return subprocess.Popen(

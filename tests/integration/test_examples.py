@@ -5,15 +5,12 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 import torch
 import yaml
 from conftest import ROOT
 
 import scalertune
 from scalertune._amp._config import PYTORCH_DEFAULT
-
-pytestmark = pytest.mark.slow
 
 
 def _example(tmp_path, name):

@@ -3,13 +3,11 @@ parser or constructor and the knobs are read back from what it built; the guard;
 LightningModule searched as it is."""
 
 import json
-import subprocess
-import sys
 import warnings
 
 import pytest
 import torch
-from conftest import example, spec
+from conftest import example, run_cli, spec
 from torch import nn
 
 import scalertune
@@ -343,16 +341,11 @@ def test_the_device_comes_from_the_user_or_auto():
         scalertune.export(FLOAT16, "torch", device="tpu")
 
 
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "scalertune", *args], capture_output=True,
-                          text=True, timeout=120, cwd=cwd)
-
-
 def test_export_command_prints_json_for_deepspeed_and_strict_refuses_in_one_line(tmp_path):
     path = tmp_path / "odd.yaml"
     path.write_text("config:\n" + "".join(f"  {k}: {v}\n" for k, v in ODD.to_dict().items()
                                           if v is not None))
-    ds = _cli("export", "odd.yaml", "--to", "deepspeed", "--micro-batch-size", "2", cwd=tmp_path)
+    ds = run_cli("export", "odd.yaml", "--to", "deepspeed", "--micro-batch-size", "2", cwd=tmp_path)
     assert ds.returncode == 0, ds.stderr
     data = json.loads(ds.stdout)
     assert data["fp16"]["min_loss_scale"] == 1 and data["gradient_clipping"] == 0.0
@@ -360,10 +353,10 @@ def test_export_command_prints_json_for_deepspeed_and_strict_refuses_in_one_line
     assert "NOT EXPRESSIBLE: init_scale=0.125" in ds.stderr and "DIFFERS: growth" in ds.stderr
     for framework, quiet in (("deepspeed", ["-q"]), ("transformers", [])):
         # -q drops the notes, never the error
-        strict = _cli(*quiet, "export", "odd.yaml", "--to", framework, "--strict", cwd=tmp_path)
+        strict = run_cli(*quiet, "export", "odd.yaml", "--to", framework, "--strict", cwd=tmp_path)
         assert strict.returncode == 2 and f"{framework} cannot express" in strict.stderr
         assert len(strict.stderr.strip().splitlines()) == 1 and strict.stdout == ""
-    lightning = _cli("export", str(path), "--to", "lightning", "--strict", "--device", "cpu",
+    lightning = run_cli("export", str(path), "--to", "lightning", "--strict", "--device", "cpu",
                      cwd=tmp_path)
     assert lightning.returncode == 0, lightning.stderr
     assert str(path) not in lightning.stdout and "odd.yaml" not in lightning.stdout
@@ -391,25 +384,6 @@ def test_guard_stays_quiet_on_healthy_training():
         for batch in parts["batches"]:
             amp.train_step(parts["model"], parts["optimizer"], parts["loss_fn"], batch)
     assert amp.steps == 100
-
-
-@pytest.mark.slow
-def test_the_yaml_carries_a_guard_from_the_evidence_and_load_enables_it(storage, tmp_path):
-    result = scalertune.search(spec("healthy"), storage=storage, space="float16",
-                               n_trials=2, steps=60, device="cpu")
-    assert result.recommended is not None and result.recommended.config.dtype == "float16"
-    path = str(tmp_path / "amp.yaml")
-    result.to_yaml(path)
-    guard = result.guard()
-    lowest = min(min(o.scales) for o in [result.recommended,
-                                         *result.confirmations[result.recommended.number].values()])
-    assert guard.min_scale == pytest.approx(max(lowest / 2**10, 2.0**-24), rel=1e-5)
-    assert guard.max_consecutive_skips >= 50
-    amp = scalertune.load(path, device="cpu")
-    assert amp.guard == guard
-    assert scalertune.load(path, device="cpu", guard=False).guard is None
-    # the search's result and its YAML export alike, evidence included
-    assert scalertune.export(result, "deepspeed").code == scalertune.export(path, "deepspeed").code
 
 
 # --- lightning_workload: a LightningModule searched through its own training_step ---
@@ -530,27 +504,3 @@ def test_search_takes_a_function_and_isolation_wants_one_it_can_import(storage):
     assert default_study_name(spec("healthy")) == "workloads:healthy"
 
 
-@pytest.mark.slow
-def test_a_function_factory_is_searched_like_its_spec_and_crosses_to_an_isolated_trial(storage):
-    import workloads
-
-    from scalertune._search._isolate import run_isolated
-
-    result = scalertune.search(workloads.healthy, storage=storage, space="bfloat16",
-                               n_trials=1, steps=20, device="cpu")
-    assert result.study_name == "workloads:healthy"
-    assert result.settings["factory"] == "workloads:healthy"
-    assert result.reference is not None and result.ranking
-    # --isolate hands the function itself to a fresh process, which imports it by name
-    record = run_isolated(workloads.healthy, AmpConfig(dtype="bfloat16"), steps=20, seed=0,
-                          device=torch.device("cpu"), timeout_s=120, memory_gb=None)
-    assert len(record.losses) == 20 and not record.pruned
-
-
-@pytest.mark.slow
-def test_a_lightning_module_is_searched_through_its_own_training_step(storage):
-    result = scalertune.search(spec("lightning_module"), storage=storage, n_trials=2, steps=40,
-                               device="cpu")
-    assert result.reference is not None
-    assert result.recommended is not None
-    assert all(o.state in ("complete", "pruned") for o in result.ranking)

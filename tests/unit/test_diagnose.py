@@ -1,13 +1,11 @@
 """diagnose: every verdict agrees with what real GradScaler steps do on the same workload."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import workloads
-from conftest import ROOT, example, spec
+from conftest import ROOT, example, run_cli, spec
 from gradscaler import gradscaler, one_thread  # noqa: F401 - an autouse fixture
 from torch import nn
 
@@ -223,32 +221,8 @@ def test_no_hooks_are_left_on_a_model():
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
-@pytest.mark.slow
-def test_search_names_the_overflow_and_its_printed_command_fixes_it(storage, tmp_path):
-    overflowing = scalertune.search(ATTENTION, storage=storage, space="float16", n_trials=2,
-                                    steps=30, device="cpu")
-    assert overflowing.forward_overflow_modules == ["attn.score"]
-    assert all(o.attrs["overflow_islands"] == "attn.score" for o in overflowing.ranking)
-    hint = overflowing.forward_overflow_hint()
-    assert "--space float16 --fp32-modules attn.score" in hint
-    fixed = scalertune.search(ATTENTION, storage=storage, space="float16", n_trials=2,
-                              steps=30, device="cpu", fp32_modules="attn.score",
-                              study_name="attention+fp32")
-    sampled = [o for o in fixed.ranking if o.role == "search"]
-    assert sampled and not any(o.prune_kind == "forward" for o in sampled)
-    assert all(o.config.fp32_modules == ("attn.score",) for o in sampled)
-    fixed.to_yaml(str(tmp_path / "amp.yaml"))
-    assert scalertune.load_config(str(tmp_path / "amp.yaml")).fp32_modules == ("attn.score",)
-
-
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "scalertune", "diagnose", *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 def test_diagnose_command_prints_the_table_the_checks_the_verdict_and_the_next_step(tmp_path):
-    proc = _cli(ATTENTION, "--device", "cpu", cwd=tmp_path)
+    proc = run_cli("diagnose", ATTENTION, "--device", "cpu", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "turned finite inputs into inf/NaN: attn.score" in out
@@ -288,10 +262,3 @@ def test_an_unknown_island_in_a_search_is_a_usage_error_and_nothing_is_written(
         assert not (tmp_path / "scalertune.db").exists()
 
 
-@pytest.mark.slow
-def test_baselines_keep_the_islands_every_float16_run_has(storage):
-    result = scalertune.search(ATTENTION, storage=storage, space="float16", n_trials=1,
-                               steps=30, device="cpu", fp32_modules="attn.score")
-    for name, baseline in result.baselines.items():
-        assert baseline.config.fp32_modules == ("attn.score",), name
-        assert baseline.prune_kind != "forward", baseline.attrs.get("prune_reason")

@@ -1,0 +1,223 @@
+"""The five commands: each checks its input, calls the Python API and prints what it returns."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from scalertune._review._result import SearchResult
+
+from scalertune import _interrupt
+from scalertune._cli._files import (
+    _check_storage_and_output,
+    _check_study_name,
+    _default_output,
+    _remove_if_unused,
+)
+from scalertune._cli._flags import check_numbers
+from scalertune._errors import UsageError
+from scalertune._storage._open import storage_url
+
+
+def _search(args: argparse.Namespace) -> int:
+    args.storage = storage_url(args.storage)
+    output = _check_search(args)
+    from scalertune._search._api import (  # after the checks: it loads torch
+        Isolation,
+        search,
+    )
+    from scalertune._storage._open import owned_files
+
+    quiet = args.quiet
+    isolation = Isolation(args.trial_timeout, args.trial_memory) if args.isolate else None
+    new_files = [f for f in owned_files(args.storage) if not os.path.exists(f)]
+    try:
+        result = search(
+            args.factory, storage=args.storage, study_name=args.study_name, space=args.space,
+            fp32_modules=args.fp32_modules, n_trials=args.n_trials, steps=args.steps,
+            seed=args.seed, device=args.device, timeout=args.timeout,
+            isolation=isolation,
+            log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+            progress=not quiet and sys.stderr.isatty(),
+        )
+    except UsageError:  # refused once the storage was open (a reference that did not learn)
+        _remove_if_unused(args.storage, new_files)
+        raise
+    print(result.summary(top=args.top))
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    with _interrupt.deferred():  # the YAML and the study's notes are written whole or not
+        _write(result, output, args.artifact_dir, sys.stdout)
+    return EXIT_INTERRUPTED if _interrupt.received() else 0
+
+
+def _check_search(args: argparse.Namespace) -> str:
+    """What can be checked of a search's input before any work: the options that go
+    together, the space, the study name, the storage's files and the output; returns the
+    output file."""
+    from scalertune._search._space import SearchSpace
+
+    if (args.trial_timeout is not None or args.trial_memory is not None) and not args.isolate:
+        raise UsageError("--trial-timeout and --trial-memory need --isolate")
+    if getattr(args, "horizon", None) is not None and args.horizon < args.steps:
+        raise UsageError(f"--horizon {args.horizon} is shorter than --steps {args.steps}: the "
+                         "horizon is the training the evidence covers, at least one trial long")
+    SearchSpace.load(args.space)  # read again by the search; here it is refused before torch
+    from scalertune._search._study import default_study_name
+
+    study_name = args.study_name or default_study_name(args.factory)
+    _check_study_name(study_name)
+    output = args.output or _default_output(study_name)
+    factory_file = args.factory.rpartition(":")[0]
+    inputs = {"factory file": factory_file, "search space file": args.space}
+    _check_storage_and_output(args.storage, output, args.artifact_dir, inputs)
+    return output
+
+
+def _write(result: "SearchResult", output: str, artifact_dir: str | None,
+           stream: Any | None, *, publish_notes: bool = True) -> None:
+    """The YAML, the pictures beside it, and what the dashboard shows; ``stream`` (if any)
+    says what was written."""
+    from scalertune._review._dashboard import publish
+
+    result.to_yaml(output)
+    pictures = result.write_pictures(output)
+    if stream is not None:
+        print(f"Wrote {', '.join([output, *pictures.values()])}", file=stream)
+    if not publish_notes:
+        return
+    try:
+        publish(result, pictures=pictures, artifact_dir=artifact_dir)
+    except Exception as exc:  # the YAML is written; the dashboard extras must not undo that
+        print(f"scalertune: could not add notes and pictures to the study: {exc}",
+              file=sys.stderr)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from scalertune._storage._open import load_existing_study
+    from scalertune._storage._redact import redact
+
+    args.storage = storage_url(args.storage)
+    if args.trial is not None and not args.output:
+        raise UsageError("--trial N writes trial N's YAML: give --output FILE too")
+    _check_study_name(args.study_name)
+    _check_storage_and_output(args.storage, args.output, None, {})
+    study = load_existing_study(args.storage, args.study_name)
+    from scalertune._amp._schema import result_document
+    from scalertune._review._result import analyze  # after the checks: it loads torch
+
+    result = analyze(study, storage=redact(args.storage))
+    if args.json:
+        print(json.dumps(result_document(result.to_dict()), indent=2))
+    else:
+        print(result.summary(top=args.top))
+    if args.output:
+        written = result if args.trial is None else result.for_trial(args.trial)
+        note = None if args.quiet else sys.stderr
+        with _interrupt.deferred():
+            _write(written, args.output, None, note if args.json else sys.stdout,
+                   publish_notes=args.trial is None)
+    return EXIT_INTERRUPTED if _interrupt.received() else 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from scalertune._export._api import export
+
+    result = export(args.result, args.to, device=args.device, strict=args.strict,
+                    micro_batch_size=args.micro_batch_size)
+    print(result.code, end="")
+    if args.to == "deepspeed" and not args.quiet:
+        # JSON has no comments: what the code text would say in them goes beside it.
+        print("\n".join(result.comments()), file=sys.stderr)
+    return 0
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from scalertune._amp._config import AmpConfig
+    from scalertune._amp._device import resolve_device
+    from scalertune._diagnose._api import diagnose
+    from scalertune._diagnose._runner import TrainingFailed
+    from scalertune._run._preflight import preflight
+    from scalertune._workload._loader import FactoryError, load_factory
+
+    islands = AmpConfig(fp32_modules=args.fp32_modules).fp32_modules
+    device = resolve_device(args.device)
+    factory = load_factory(args.factory)
+    try:
+        preflight(factory, device=device, seed=args.seed, islands=set(islands))
+    except FactoryError as exc:
+        raise UsageError(f"the factory {args.factory} raised {exc}: fix it and rerun") from None
+    try:
+        result = diagnose(factory, init_scale=args.init_scale, steps=args.steps,
+                          seed=args.seed, device=device, fp32_modules=islands)
+    except TrainingFailed as exc:
+        print(f"scalertune diagnose: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    kept = f", with {','.join(islands)} in float32" if islands else ""
+    print(f"scalertune diagnose {args.factory}: {args.steps} steps each in float32, bfloat16 "
+          f"and float16 (init_scale {args.init_scale:g}{kept}), on {device}\n")
+    print(result.summary())
+    command = result.next_command(args.factory)
+    if command:
+        print(f"\nNext: {command}")
+    return 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    import optuna
+
+    args.storage = storage_url(args.storage)
+    from scalertune._review._dashboard import have_dashboard, serve
+    from scalertune._storage._open import load_existing_studies, load_existing_study
+    from scalertune._storage._redact import redact
+
+    if not have_dashboard():
+        raise UsageError("optuna-dashboard is not installed: pip install 'scalertune[dashboard]'")
+    if args.study_name is not None:
+        _check_study_name(args.study_name)
+    if args.artifact_dir is not None and not os.path.isdir(args.artifact_dir):
+        raise UsageError(f"--artifact-dir {args.artifact_dir} is not a folder: name the folder "
+                         "the search stored its pictures in")
+    if args.study_name is None:
+        studies = load_existing_studies(args.storage)
+    else:
+        studies = [load_existing_study(args.storage, args.study_name)]
+    base = f"http://{args.host}:{args.port}/dashboard"
+    lines = [f"optuna-dashboard on {redact(args.storage)} at {base} (Ctrl-C stops it)"]
+    lines += [f"  {s.study_name}: {base}/studies/{s._study_id}" for s in studies]  # noqa: SLF001
+    print("\n".join(lines), flush=True)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        serve(studies, storage_url=args.storage, host=args.host, port=args.port,
+              artifact_dir=args.artifact_dir)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+EXIT_FAILED, EXIT_INTERRUPTED = 1, _interrupt.EXIT_INTERRUPTED
+
+
+def _checked(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``command``, after the numbers it was given are checked (before torch loads)."""
+
+    def run(args: argparse.Namespace) -> int:
+        import optuna
+
+        # scalertune prints its own line per run; Optuna's would repeat them less clearly.
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        check_numbers(args)
+        return command(args)
+
+    return run
+
+
+#: Command name -> what runs it.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "search": _checked(_search), "report": _checked(_report),
+    "dashboard": _checked(_dashboard), "diagnose": _checked(_diagnose),
+    "export": _checked(_export),
+}

@@ -1,0 +1,217 @@
+"""The command line's parser: one function per command, errors in one line.
+
+Options are never abbreviated (``--step 50`` is an error, not ``--steps 50``), and a
+mistyped command or option gets the closest names as a suggestion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+from typing import Any, NoReturn, Sequence
+
+import scalertune._cli._help as _help
+from scalertune import _policy
+from scalertune._storage._open import DEFAULT_STORAGE
+
+EXIT_USAGE = 2
+_FMT = argparse.RawDescriptionHelpFormatter
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2, and no option is taken
+    for another by its prefix."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, formatter_class=_FMT, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}{_suggestion(self, message)} "
+                              f"(see {self.prog} --help)\n")
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """``: did you mean --steps?`` for an unknown option or command close to a real one."""
+    choice = re.search(r"invalid choice: '([^']*)'", message)
+    if choice and parser._subparsers is not None:  # noqa: SLF001 - argparse keeps them here
+        names = [n for a in parser._subparsers._group_actions  # noqa: SLF001
+                 for n in getattr(a, "choices", None) or ()]
+        return _closest(choice.group(1), names)
+    return ""
+
+
+def _closest(word: str, names: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return f": did you mean {' or '.join(close)}?" if close else ""
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
+    """The parsed command line, or an exit status when there is no command to run."""
+    parser = build()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = parser._subparsers._group_actions[0].choices.get(  # noqa: SLF001
+            args.command, parser) if args.command else parser
+        known = [o for a in command._actions for o in a.option_strings]  # noqa: SLF001
+        unknown = next((e for e in extra if e.startswith("-")), extra[0])
+        command.error(f"unrecognized arguments: {' '.join(extra)}"
+                      f"{_closest(unknown.split('=')[0], known)}")
+    if args.command is None:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: name a command: search, diagnose, export, report "
+              f"or dashboard (see {parser.prog} --help)", file=sys.stderr)
+        return EXIT_USAGE
+    return args
+
+
+def build() -> argparse.ArgumentParser:
+    """The ``scalertune`` parser with its five commands."""
+    parser = _Parser(prog="scalertune", description=_help.DESCRIPTION, epilog=_help.EPILOG)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--quiet", "-q", action="store_true", help=_help.QUIET_HELP)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _search(sub)
+    _diagnose(sub)
+    _export(sub)
+    _dashboard(sub)
+    _report(sub)
+    return parser
+
+
+def _search(sub: Any) -> None:
+    s = sub.add_parser("search", help="search AMP configs for a model factory",
+                       description=_help.SEARCH_DESCRIPTION, epilog=_help.SEARCH_EPILOG)
+    s.add_argument("factory", metavar="FACTORY",
+                   help="path/to/model.py:make_model or module:function")
+    _storage_arguments(s)
+    s.add_argument("--space", default="default", metavar="NAME|FILE",
+                   help="search space: default (float16 and bfloat16), float16, bfloat16, or a "
+                        "YAML file (default: %(default)s)")
+    s.add_argument("--fp32-modules", metavar="NAMES",
+                   help="keep these modules in float32 on every float16 trial: float32 "
+                        "islands for a forward overflow (see scalertune diagnose). "
+                        "Comma-separated names as model.named_modules() gives them, or glob "
+                        "patterns over those names ('*.DenseReluDense.wo'); each must match a "
+                        "module")
+    s.add_argument("--n-trials", type=int, default=24, metavar="N",
+                   help="most sampled trials in the study, in total across reruns and workers; "
+                        "sampling stops earlier once it stops finding faster configs "
+                        "(default: %(default)s)")
+    s.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="stop sampling after this many seconds (like Optuna's "
+                        "study.optimize(timeout=...)); the baselines and confirmations still run "
+                        "(default: no limit)")
+    s.add_argument("--steps", type=int, default=200, metavar="N",
+                   help="training steps per trial (default: %(default)s)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the search runs (default: 0)")
+    _device_argument(s, "auto (CUDA if present), cpu, cuda or cuda:N (default: %(default)s)")
+    s.add_argument("--output", "-o", metavar="FILE",
+                   help="where to write the recommendation (default: STUDY_NAME.yaml here)")
+    _top_argument(s)
+    s.add_argument("--isolate", action="store_true",
+                   help="run every trial in its own process, so a crash, a hang or an "
+                        "out-of-memory fails that trial only")
+    s.add_argument("--trial-timeout", type=float, metavar="SECONDS",
+                   help="with --isolate: kill a trial that runs longer (default: no limit)")
+    s.add_argument("--trial-memory", type=float, metavar="GB",
+                   help="with --isolate, on CPU: cap each trial's address space")
+    s.add_argument("--artifact-dir", metavar="DIR",
+                   help="where the PNGs attached to trials are stored, for optuna-dashboard "
+                        "(default: scalertune-artifacts here)")
+    _quiet_argument(s)
+
+
+def _diagnose(sub: Any) -> None:
+    g = sub.add_parser(
+        "diagnose", help="find where float16 overflows or underflows, module by module",
+        description=_help.DIAGNOSE_DESCRIPTION, epilog=_help.DIAGNOSE_EPILOG)
+    g.add_argument("factory", metavar="FACTORY",
+                   help="path/to/model.py:make_model or module:function")
+    g.add_argument("--init-scale", type=float, default=2.0**16, metavar="S",
+                   help="loss scale of the float16 steps, a positive number (default: 65536, "
+                        "PyTorch's)")
+    g.add_argument("--fp32-modules", metavar="NAMES", default="",
+                   help="modules already kept in float32 (names or glob patterns, as for "
+                        "search): diagnose what overflows with them in place")
+    g.add_argument("--steps", type=int, default=_policy.DIAGNOSE_STEPS, metavar="N",
+                   help="training steps per run (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    _device_argument(g, "auto, cpu, cuda or cuda:N (default: auto)")
+    _quiet_argument(g)
+
+
+def _export(sub: Any) -> None:
+    from scalertune._export._api import (
+        FRAMEWORKS,  # loads torch: after Ctrl-C is handled
+    )
+
+    e = sub.add_parser(
+        "export", help="print the recommendation as code for torch, Lightning, Accelerate, ...",
+        description=_help.EXPORT_DESCRIPTION, epilog=_help.EXPORT_EPILOG)
+    e.add_argument("result", metavar="RESULT.yaml")
+    e.add_argument("--to", required=True, choices=FRAMEWORKS, metavar="FRAMEWORK",
+                   help=f"one of {', '.join(FRAMEWORKS)}")
+    _device_argument(e, "what training runs on: auto (CUDA when the training machine has it), "
+                        "cuda or cpu (default: %(default)s)")
+    e.add_argument("--strict", action="store_true",
+                   help="fail instead of approximating what the framework cannot express")
+    e.add_argument("--micro-batch-size", type=int, metavar="N",
+                   help="with --to deepspeed: write train_micro_batch_size_per_gpu, which "
+                        "DeepSpeed requires, so the JSON is a complete ds_config.json")
+    _quiet_argument(e)
+
+
+def _dashboard(sub: Any) -> None:
+    d = sub.add_parser("dashboard", help="review the studies of a storage in optuna-dashboard",
+                       description=_help.DASHBOARD_DESCRIPTION)
+    _storage_arguments(d, study_help="refresh this study's notes only (default: every study's)")
+    d.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    d.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
+    d.add_argument("--artifact-dir", metavar="DIR",
+                   help="artifact store folder (default: the one each study's search used)")
+    _quiet_argument(d)
+
+
+def _report(sub: Any) -> None:
+    r = sub.add_parser("report", help="summarise a study from its storage",
+                       description=_help.REPORT_DESCRIPTION)
+    _storage_arguments(r, study_required=True)
+    r.add_argument("--output", "-o", metavar="FILE",
+                   help="also write the YAML of the recommendation (or of --trial)")
+    r.add_argument("--trial", type=int, metavar="N",
+                   help="with --output: write the YAML of trial N's config instead of the "
+                        "recommendation's, with that trial's evidence")
+    r.add_argument("--json", action="store_true", help="print the result as JSON instead")
+    _top_argument(r)
+    _quiet_argument(r)
+
+
+def _quiet_argument(p: argparse.ArgumentParser) -> None:
+    """-q after the command too; SUPPRESS keeps a -q given before the command."""
+    p.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS,
+                   help=_help.QUIET_HELP)
+
+
+def _top_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--top", type=int, default=5, metavar="N",
+                   help="sampled trials shown in the summary (default: %(default)s)")
+
+
+def _device_argument(p: argparse.ArgumentParser, help_text: str) -> None:
+    p.add_argument("--device", default="auto", help=help_text)
+
+
+def _storage_arguments(p: argparse.ArgumentParser, *, study_required: bool = False,
+                       study_help: str = "the study (default for search: FILE_STEM:FUNCTION of "
+                                         "the factory)") -> None:
+    p.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL|FILE",
+                   help=_help.STORAGE_HELP)
+    p.add_argument("--study-name", required=study_required, metavar="NAME", help=study_help)
+
+
+def _version() -> str:
+    from scalertune import __version__
+
+    return __version__
