@@ -1,19 +1,20 @@
 """scalertune: find the mixed-precision settings that will not NaN on you, and train fastest.
 
-The pipeline, one module per stage:
+The pipeline, one private subpackage per stage (each ``__init__`` lists its modules):
 
 - ``_workload``: load the user's factory and check what it returns (:class:`Workload`);
-- ``_space``: the search space (:class:`SearchSpace`);
-- ``_runtime``: the canonical AMP step (:class:`AmpRuntime`), used by trials and training code;
-- ``_run``: run one config and watch it for non-finite values;
-- ``_judge``: the float32 target, time to target, the verdict;
-- ``_rank``: ranking and confirmation;
-- ``_study``: the Optuna study that stores it all;
-- ``_search``: :func:`search`, the whole pipeline;
+- ``_amp``: the canonical AMP step (:class:`AmpRuntime`) and the result YAML, used by trials
+  and by training code (:func:`load`); never imports Optuna;
+- ``_run``: run one config and watch it for non-finite values; the step timing;
+- ``_judge``: the float32 target, outcomes, ranking, stop rules, the speedup;
+- ``_storage``: the Optuna storage a study lives in, and recovery after a worker dies;
+- ``_search``: :func:`search`, the whole pipeline, with its space and sampler;
 - ``_diagnose``: :func:`diagnose`, where float16 overflows or underflows, module by module;
-- ``_result``: :class:`SearchResult`, the YAML file and :func:`load`;
+- ``_review``: :class:`SearchResult`, the summary, the pictures, the dashboard's notes;
 - ``_export``: :func:`export`, the config as the objects each training framework takes;
-- ``_frameworks``: :func:`lightning_workload`, searching a LightningModule as it is.
+- ``cli`` (with ``_cli``): the ``scalertune`` command.
+
+Every policy number is in ``_policy``, every range check in ``_limits``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ if TYPE_CHECKING:
     from scalertune._amp._runtime import AmpRuntime
     from scalertune._amp._schema import load_config
     from scalertune._diagnose._api import diagnose
-    from scalertune._diagnose._report import Diagnosis, ModuleReport, ScalerCheck, TensorStats
+    from scalertune._diagnose._report import (
+        Diagnosis,
+        ModuleReport,
+        ScalerCheck,
+        TensorStats,
+    )
     from scalertune._errors import SearchError, UsageError
     from scalertune._export._api import FRAMEWORKS, Export, export
     from scalertune._judge._outcome import Outcome
@@ -45,8 +51,9 @@ if TYPE_CHECKING:
 #: --help, a bad option or Ctrl-C before torch has loaded (a second or more).
 _EXPORTS = {
     "AmpConfig": "_amp._config", "Guard": "_amp._guard",
-    "Diagnosis": "_diagnose._report", "ModuleReport": "_diagnose._report", "ScalerCheck": "_diagnose._report",
-    "TensorStats": "_diagnose._report", "diagnose": "_diagnose._api",
+    "Diagnosis": "_diagnose._report", "ModuleReport": "_diagnose._report",
+    "ScalerCheck": "_diagnose._report", "TensorStats": "_diagnose._report",
+    "diagnose": "_diagnose._api",
     "UsageError": "_errors",
     "FRAMEWORKS": "_export._api", "Export": "_export._api", "export": "_export._api",
     "lightning_workload": "_workload._lightning",
@@ -100,7 +107,6 @@ def load(path: str, *, device: str = "auto", guard: bool = True) -> "AmpRuntime"
 __all__ = [
     "FRAMEWORKS", "AmpConfig", "AmpGuardError", "AmpRuntime", "Diagnosis", "Export", "Guard",
     "Isolation", "ModuleReport", "Outcome", "SearchError", "SearchResult", "SearchSpace",
-    "ScalerCheck", "Speedup", "StepTimes", "Target", "TensorStats", "UsageError", "Workload", "analyze",
-    "diagnose", "export",
-    "lightning_workload", "load", "load_config", "search",
+    "ScalerCheck", "Speedup", "StepTimes", "Target", "TensorStats", "UsageError", "Workload",
+    "analyze", "diagnose", "export", "lightning_workload", "load", "load_config", "search",
 ]

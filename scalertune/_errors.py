@@ -17,8 +17,8 @@ class ParameterError(UsageError, ValueError):
     same with its flag (``--n-trials``). ``problem`` is the rest of the sentence.
 
     Example:
-        >>> str(ParameterError("steps", "must be an integer from 20 to 10000000, got 5"))
-        'steps must be an integer from 20 to 10000000, got 5'
+        >>> str(ParameterError("steps", "must be an integer from 20 to 1000000, got 5"))
+        'steps must be an integer from 20 to 1000000, got 5'
     """
 
     def __init__(self, parameter: str, problem: str) -> None:

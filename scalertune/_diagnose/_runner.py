@@ -1,4 +1,5 @@
-"""Real training steps under hooks, on fresh workloads from the same seed, counted as GradScaler counts them."""
+"""Real training steps under hooks, on fresh workloads from the same seed, counted as GradScaler
+counts them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The verdict of a diagnosis, each claim checked by a real GradScaler run (a bisection over scales)."""
+"""The verdict of a diagnosis, each claim checked by a real GradScaler run (a bisection over
+scales)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Callable
 import torch
 
 from scalertune import _policy
+from scalertune._amp._config import AmpConfig
 from scalertune._diagnose._patterns import group_patterns
 from scalertune._diagnose._report import ModuleReport, ScalerCheck, _list, _share
 from scalertune._diagnose._runner import _Run, _Runner
@@ -98,7 +100,8 @@ class _Judge:
         absmax = _grad_absmax(self.table)
         bad = math.ceil(math.log2(self.scale))  # skips here, as it did at the smaller scale
         guess = math.floor(math.log2(_policy.FLOAT16_MAX / absmax)) if absmax > 0 else bad - 1
-        found = self._search(lambda r: r.skipped == 0, bad=bad,
+        found = bisect_scale(self.run, self.current.config, self.checks,
+                             lambda r: r.skipped == 0, bad=bad,
                              toward=_exponent(_policy.SCALE_FLOOR), guess=guess)
         head = f"gradient overflow at init_scale {self.scale:g}: {seen}{named}."
         if found is None:
@@ -129,7 +132,8 @@ class _Judge:
             nonzero = nonzero[:: max(1, nonzero.numel() // 1_000_000)]  # quantile's size limit
             low = float(torch.quantile(nonzero, _policy.UNDERFLOW_SHARE))
             guess = math.ceil(math.log2(_policy.FLOAT16_SMALLEST_SUBNORMAL / 2 / low))
-        found = self._search(
+        found = bisect_scale(
+            self.run, self.current.config, self.checks,
             lambda r: r.flushed is not None and r.flushed <= _policy.UNDERFLOW_SHARE,
             bad=_exponent(self.scale), toward=_exponent(_policy.DIAGNOSE_MAX_SCALE), guess=guess)
         if found is None:
@@ -145,29 +149,6 @@ class _Judge:
                 f"{head} A larger scale fixes it: at init_scale {scale:g} "
                 f"{_share(probe.flushed)} flush and GradScaler skipped none of the "
                 f"{probe.steps} steps (checked).", scale)
-
-    def _search(self, ok: Callable[[_Run], bool], *, bad: int, toward: int,
-                guess: int) -> tuple[float, _Run] | None:
-        """The power of two nearest ``2**bad`` (where ``ok`` fails), looking toward
-        ``2**toward``, at which a real run is ``ok``: a bisection that assumes ``ok`` holds
-        from some exponent on, starting from ``guess``."""
-        step = 1 if toward > bad else -1
-        good: tuple[int, _Run] | None = None
-        e = min(max(guess, bad + step), toward) if step > 0 else max(min(guess, bad + step),
-                                                                     toward)
-        for _ in range(_policy.DIAGNOSE_MAX_PROBES):
-            probe = self.run(dataclasses.replace(self.current.config, init_scale=2.0**e),
-                             hooks=False)
-            self.checks.append(probe.check())
-            if ok(probe):
-                good = (e, probe)
-            else:
-                bad = e
-            far = good[0] if good is not None else toward + step
-            if abs(far - bad) <= 1:
-                break
-            e = bad + step * (abs(far - bad) // 2)
-        return None if good is None else (2.0**good[0], good[1])
 
 
 def _overflowing_gradients(table: dict[str, ModuleReport]) -> list[str]:
@@ -190,3 +171,30 @@ def _grad_absmax(table: dict[str, ModuleReport]) -> float:
 
 def _exponent(scale: float) -> int:
     return math.floor(math.log2(scale))
+
+
+def bisect_scale(run: _Runner, config: AmpConfig, checks: list[ScalerCheck],
+                 ok: Callable[[_Run], bool], *, bad: int, toward: int,
+                 guess: int) -> tuple[float, _Run] | None:
+    """The power of two nearest ``2**bad`` (where ``ok`` fails), looking toward
+    ``2**toward``, at which a real run is ``ok``: a bisection that assumes ``ok`` holds
+    from some exponent on, starting from ``guess``."""
+    step = 1 if toward > bad else -1
+    good: tuple[int, _Run] | None = None
+    e = min(max(guess, bad + step), toward) if step > 0 else max(min(guess, bad + step),
+                                                                 toward)
+    for _ in range(_policy.DIAGNOSE_MAX_PROBES):
+        probe = run(dataclasses.replace(config, init_scale=2.0**e),
+                         hooks=False)
+        checks.append(probe.check())
+        if ok(probe):
+            good = (e, probe)
+        else:
+            bad = e
+        far = good[0] if good is not None else toward + step
+        if abs(far - bad) <= 1:
+            break
+        e = bad + step * (abs(far - bad) // 2)
+    return None if good is None else (2.0**good[0], good[1])
+
+

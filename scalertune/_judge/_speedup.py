@@ -12,7 +12,7 @@ class Speedup:
     """float32's time to target over a config's: a point estimate and the spread around it.
 
     ``low``/``high`` combine the spread of the interleaved step-time ratios over the timing
-    rounds (:func:`scalertune._timing.spread`) with the range of the steps-to-target ratios
+    rounds (:func:`scalertune._run._timing.spread`) with the range of the steps-to-target ratios
     over the seeds the config ran on.
     """
 

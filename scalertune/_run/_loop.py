@@ -7,22 +7,53 @@ synchronisation point, so the window's wall time covers exactly the work of its 
 
 After each window a stop rule (:mod:`scalertune._judge._stopping`) may end the run early: it has
 reached the float32 target, or it can no longer beat the best run found so far.
+
+A :class:`Plan` says where a run starts and what it keeps: a branch starts from a float32
+checkpoint with its scaler where that config's scaler would be by then; the float32 reference
+saves checkpoints at the phases of the horizon and records a gradient trace (a watcher whose
+per-step work stays on the device, read back with the window).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
+from scalertune._run._checkpoint import BatchCursor, load_checkpoint, save_checkpoint
 from scalertune._run._memory import release_memory
 from scalertune._run._nonfinite import judge_window
 from scalertune._run._record import RunRecord, StopRule, WindowCallback
 from scalertune._workload._contract import Workload, build_workload, to_device
+
+
+class Watcher(Protocol):
+    """What a run may record beside its loss: per step on the device, per window on the host."""
+
+    def attach(self, workload: Workload) -> None: ...
+    def after_step(self, index: int) -> None: ...
+    def read_window(self, start: int, end: int) -> None: ...
+    def detach(self) -> None: ...
+
+
+@dataclasses.dataclass
+class Plan:
+    """Where a run starts and what it keeps besides its record."""
+
+    #: A checkpoint to start from (a branch, or a reference resumed after an interruption).
+    checkpoint: str | None = None
+    #: Step -> where to save a checkpoint once that many steps are done.
+    save_at: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    #: GradScaler state to start from (``scale``, ``_growth_tracker``), instead of init_scale.
+    scaler: Mapping[str, float] | None = None
+    watcher: Watcher | None = None
+    #: The record of the steps before ``checkpoint`` (a resumed reference continues it).
+    before: RunRecord | None = None
 
 
 def run_config(
@@ -35,8 +66,9 @@ def run_config(
     on_window: WindowCallback | None = None,
     stop: StopRule | None = None,
     prune: bool = True,
+    plan: Plan | None = None,
 ) -> RunRecord:
-    """Train a fresh workload for up to ``steps`` steps under ``config``.
+    """Train a fresh workload under ``config`` until step ``steps`` of its training.
 
     The run stops early when it goes non-finite (it is pruned, with the reason) or when
     ``stop(record)`` says so after a window. ``on_window(record, first_step_of_window)`` is
@@ -48,7 +80,7 @@ def run_config(
     size = sum(p.numel() * p.element_size() for p in workload.model.parameters())
     try:
         record = train(workload, config, steps=steps, seed=seed, device=device,
-                       on_window=on_window, stop=stop, prune=prune)
+                       on_window=on_window, stop=stop, prune=prune, plan=plan)
     finally:
         del workload
         release_memory(size)
@@ -57,41 +89,71 @@ def run_config(
 
 def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
           device: torch.device, on_window: WindowCallback | None = None,
-          stop: StopRule | None = None, prune: bool = True) -> RunRecord:
+          stop: StopRule | None = None, prune: bool = True,
+          plan: Plan | None = None) -> RunRecord:
     """The training loop of :func:`run_config`, on a workload already built."""
+    plan = plan or Plan()
     amp = AmpRuntime(config, device=device)
     amp.prepare(workload.model)
-    record = RunRecord(config=config, seed=seed, steps=steps)
-    loss_buf = torch.empty(steps, dtype=torch.float32, device=device)
-    scale_buf = torch.empty(steps, dtype=torch.float32, device=device)
-    batches = forever(workload.batches)
-    step_fn = step_function(workload)
+    batches = BatchCursor(workload.batches)
+    start = load_checkpoint(plan.checkpoint, workload, batches)["step"] if plan.checkpoint else 0
+    record = _record(config, seed, steps, start, plan, amp)
+    loss_buf = torch.empty(steps - start, dtype=torch.float32, device=device)
+    scale_buf = torch.empty(steps - start, dtype=torch.float32, device=device)
+    step_fn, watcher = step_function(workload), plan.watcher
+    if watcher is not None:
+        watcher.attach(workload)
     workload.model.train()
-
-    window_start = 0
-    started = time.perf_counter()
-    for i in range(steps):
-        batch = to_device(next(batches), device)
-        loss = step_fn(workload, batch, amp)
-        loss_buf[i] = loss.detach()
-        scale_buf[i] = amp.scale
-        if (i + 1) % _policy.READBACK_INTERVAL and i + 1 < steps:
-            continue
-        window = torch.stack((loss_buf[window_start : i + 1], scale_buf[window_start : i + 1]))
-        window = window.cpu()  # the one host sync per window
-        record.window_step_times.append((time.perf_counter() - started) / (i + 1 - window_start))
-        record.losses.extend(window[0].tolist())
-        record.scales.extend(window[1].tolist())
-        if not record.pruned:
-            judge_window(record, workload, window_start)
-        stopping = stop is not None and not record.pruned and stop(record)
-        if on_window is not None:
-            on_window(record, window_start)
-        if stopping or (record.pruned and prune):
-            break
-        window_start = i + 1
-        started = time.perf_counter()
+    try:
+        window_start, started = 0, time.perf_counter()
+        for i in range(steps - start):
+            loss = step_fn(workload, to_device(next(batches), device), amp)
+            loss_buf[i] = loss.detach()
+            scale_buf[i] = amp.scale
+            if watcher is not None:
+                watcher.after_step(start + i)
+            if (i + 1) % _policy.READBACK_INTERVAL and i + 1 < steps - start:
+                continue
+            _read_back(record, loss_buf, scale_buf, window_start, i + 1, started)
+            if watcher is not None:
+                watcher.read_window(start + window_start, start + i + 1)
+            if not record.pruned:
+                judge_window(record, workload, len(record.losses) - (i + 1 - window_start))
+            stopping = stop is not None and not record.pruned and stop(record)
+            if on_window is not None:
+                on_window(record, len(record.losses) - (i + 1 - window_start))
+            if stopping or (record.pruned and prune):
+                break
+            if start + i + 1 in plan.save_at:
+                save_checkpoint(plan.save_at[start + i + 1], workload, batches,
+                                step=start + i + 1, extra={"record": record})
+            window_start, started = i + 1, time.perf_counter()
+    finally:
+        if watcher is not None:
+            watcher.detach()
     return record
+
+
+def _record(config: AmpConfig, seed: int, steps: int, start: int, plan: Plan,
+            amp: AmpRuntime) -> RunRecord:
+    """The record a run starts with: the steps before its checkpoint, when it continues a
+    run; empty otherwise, with the scaler where the plan puts it."""
+    if plan.before is not None:
+        return dataclasses.replace(plan.before, steps=steps)
+    record = RunRecord(config=config, seed=seed, steps=steps, start=start)
+    if plan.scaler is not None and config.uses_scaler:
+        amp.scaler.load_state_dict({**amp.scaler.state_dict(), **plan.scaler})
+        record.initial_scale = float(plan.scaler["scale"])
+    return record
+
+
+def _read_back(record: RunRecord, loss_buf: torch.Tensor, scale_buf: torch.Tensor,
+               first: int, end: int, started: float) -> None:
+    """Bring one window's losses and scales to the host: the one host sync per window."""
+    window = torch.stack((loss_buf[first:end], scale_buf[first:end])).cpu()
+    record.window_step_times.append((time.perf_counter() - started) / (end - first))
+    record.losses.extend(window[0].tolist())
+    record.scales.extend(window[1].tolist())
 
 
 def step_function(workload: Workload) -> Callable[[Workload, Any, AmpRuntime], torch.Tensor]:
@@ -99,10 +161,3 @@ def step_function(workload: Workload) -> Callable[[Workload, Any, AmpRuntime], t
         user_step = workload.step
         return lambda w, batch, amp: user_step(w.model, batch, amp)
     return lambda w, batch, amp: amp.train_step(w.model, w.optimizer, w.loss_fn, batch)
-
-
-def forever(batches: Any) -> Iterator[Any]:
-    while True:
-        yield from batches
-
-

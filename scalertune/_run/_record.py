@@ -59,6 +59,12 @@ class RunRecord:
     reached_at: int | None = None
     #: Why the run ended before ``steps``: "reached" (the target), or a prune kind.
     stopped: str | None = None
+    #: The step of the training this run starts at: 0, or the step of the float32
+    #: reference's checkpoint a branch (or a resumed reference) starts from.
+    start: int = 0
+    #: The loss scale the run's scaler started at: ``init_scale``, or for a branch where that
+    #: config's scaler would be by then.
+    initial_scale: float | None = None
 
     @property
     def steps_run(self) -> int:
@@ -69,7 +75,8 @@ class RunRecord:
         """Indices of the steps GradScaler skipped (the scale shrank on them)."""
         if not self.config.uses_scaler:
             return []
-        return skipped_steps(self.scales, self.config.init_scale)
+        start = self.config.init_scale if self.initial_scale is None else self.initial_scale
+        return skipped_steps(self.scales, start)
 
     @property
     def first_nonfinite_step(self) -> int | None:

@@ -32,6 +32,7 @@ import torch
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
+from scalertune._run._checkpoint import BatchCursor
 from scalertune._workload._contract import Workload, to_device
 
 
@@ -110,12 +111,12 @@ def time_dtypes(workload: Workload, dtypes: Sequence[str], *, device: torch.devi
     out of the result, and its trials fail on their own. ``announce(dtype)`` is called before
     each window (an isolated process says which dtype was running if it dies).
     """
-    from scalertune._run._loop import forever, step_function
+    from scalertune._run._loop import step_function
 
     order = ["float32", *[d for d in dict.fromkeys(dtypes) if d != "float32"]]
     runtimes = {d: AmpRuntime(timing_config(d, clip_norm), device=device) for d in order}
     step = step_function(workload)
-    batches = forever(workload.batches)
+    batches = BatchCursor(workload.batches)
     n = _policy.READBACK_INTERVAL
     buffer = torch.empty(n, dtype=torch.float32, device=device)
     windows: dict[str, list[tuple[float, bool]]] = {d: [] for d in order}

@@ -167,7 +167,7 @@ def shipped_spaces() -> dict[str, str]:
     try:
         folder: Any = resources.files("scalertune.search_spaces")
     except ModuleNotFoundError:
-        folder = pathlib.Path(__file__).resolve().parent.parent / "search_spaces"
+        folder = pathlib.Path(__file__).resolve().parents[2] / "search_spaces"
     return {
         entry.name.rsplit(".", 1)[0]: entry.read_text(encoding="utf-8")
         for entry in folder.iterdir()

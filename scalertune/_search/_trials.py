@@ -38,8 +38,8 @@ from scalertune._search._isolate import (
     run_here,
     run_isolated,
 )
-from scalertune._search._references import References
 from scalertune._search._points import fixed_params
+from scalertune._search._references import References
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import (
     judged_attrs,

@@ -10,7 +10,12 @@ The factory contract: ``make_model()`` returns a :class:`Workload` or a mapping 
   against the same :class:`~scalertune.AmpRuntime` that training code uses afterwards;
 - ``clip_norm`` (optional): the gradient-clipping norm the user's float32 training already
   uses. The float32 reference clips with it; a model that explodes without clipping has no
-  unclipped float32 run to compare with.
+  unclipped float32 run to compare with;
+- ``schedulers`` (optional): the learning-rate schedulers (anything with ``state_dict()`` and
+  ``load_state_dict()``) a ``step`` function steps, so that a checkpoint of the float32
+  reference restarts the schedule where it was;
+- ``horizon`` (optional): how many steps the user's training runs: what the search's evidence
+  must cover when no ``horizon`` is given to it.
 
 scalertune seeds Python's, NumPy's and torch's RNGs and calls the factory afresh for every run,
 so every trial starts from the same weights and sees the same data order.
@@ -21,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import random
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -56,6 +61,8 @@ class Workload:
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
     step: StepFn | None = None
     clip_norm: float | None = None
+    schedulers: Sequence[Any] = ()
+    horizon: int | None = None
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Workload))
@@ -137,6 +144,15 @@ def _check(w: Workload) -> None:
     if w.clip_norm is not None and (isinstance(w.clip_norm, bool) or not isinstance(
             w.clip_norm, (int, float)) or not w.clip_norm > 0):
         raise UsageError(f"'clip_norm' must be a positive number or None, got {w.clip_norm!r}")
+    if w.horizon is not None and (isinstance(w.horizon, bool) or not isinstance(w.horizon, int)
+                                  or w.horizon < 1):
+        raise UsageError(f"'horizon' must be a positive integer (the steps your training runs) "
+                         f"or None, got {w.horizon!r}")
+    bad = [s for s in w.schedulers if not (hasattr(s, "state_dict")
+                                           and hasattr(s, "load_state_dict"))]
+    if bad:
+        raise UsageError(f"'schedulers' holds a {type(bad[0]).__name__}, which has no "
+                         "state_dict()/load_state_dict(): give the LR schedulers themselves")
     if w.step is not None and len(inspect.signature(w.step).parameters) != 3:
         raise UsageError("'step' must take (model, batch, amp) and return the loss")
     try:

@@ -81,7 +81,8 @@ def lightning_workload(module: torch.nn.Module, batches: Iterable[Any], *, max_s
         trainer.advance()
         return loss
 
-    return Workload(model=module, optimizer=optimizer, batches=batches, step=step)
+    return Workload(model=module, optimizer=optimizer, batches=batches, step=step,
+                    schedulers=[trainer])
 
 
 def _lightning_core(module: torch.nn.Module) -> Any:
@@ -163,6 +164,18 @@ class _TrainerView:
         if epoch_ends:
             self.current_epoch += 1
             self.batch_idx = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loop's counters and its schedulers' states: what a checkpoint restarts from."""
+        return {"global_step": self.global_step, "current_epoch": self.current_epoch,
+                "batch_idx": self.batch_idx,
+                "schedulers": [c.scheduler.state_dict() for c in self.lr_scheduler_configs]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.global_step, self.current_epoch, self.batch_idx = (
+            state["global_step"], state["current_epoch"], state["batch_idx"])
+        for config, saved in zip(self.lr_scheduler_configs, state["schedulers"]):
+            config.scheduler.load_state_dict(saved)
 
     def _step_scheduler(self, config: Any) -> None:
         metric = None

@@ -1,4 +1,5 @@
-"""What a whole search costs: runs stop at the target, and sampling stops once it stops finding faster configs."""
+"""What a whole search costs: runs stop at the target, and sampling stops once it stops finding
+faster configs."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""Searches whose result goes into training: the guard from the evidence, function factories, a LightningModule."""
+"""Searches whose result goes into training: the guard from the evidence, function factories, a
+LightningModule."""
 
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""Whole searches on the workloads that fail one way each: underflow, forward overflow, exploding gradients."""
+"""Whole searches on the workloads that fail one way each: underflow, forward overflow, exploding
+gradients."""
 
 import torch
 import workloads

@@ -1,4 +1,5 @@
-"""The verdict of whole searches: the workload's clipping, reused configs, a clip's gain credited to the clip."""
+"""The verdict of whole searches: the workload's clipping, reused configs, a clip's gain credited
+to the clip."""
 
 import math
 

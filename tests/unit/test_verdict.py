@@ -10,7 +10,6 @@ import torch
 import workloads
 from conftest import spec
 
-import scalertune
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome

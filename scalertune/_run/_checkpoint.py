@@ -1,0 +1,120 @@
+"""Restartable checkpoints of a run: the float32 reference's state at a phase of the horizon.
+
+A branch from a checkpoint trains exactly as the reference would have from there, over the
+same batches: the checkpoint holds the weights, the optimizer's state, the state of every
+scheduler the workload declares, the data position and every RNG. The data position is the
+RNG state at the start of the current pass over the batches and the index within that pass:
+restoring it replays the pass's shuffling (a ``DataLoader`` draws its order from torch's RNG
+when a pass begins) and skips to the index, so no batch is seen twice or missed.
+
+Checkpoints are files (``torch.save``), written whole or not at all, so a large model's
+states never pile up in memory, and a reference that was interrupted resumes from its last.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any, Iterator
+
+import torch
+
+from scalertune._workload._contract import Workload
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a workload draws from: Python's, NumPy's, torch's (and CUDA's, if in use)."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+    except ImportError:
+        return state
+    state["numpy"] = numpy.random.get_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy
+
+        numpy.random.set_state(state["numpy"])
+
+
+class BatchCursor(Iterator[Any]):
+    """The workload's batches, cycled pass after pass, with a position that can be saved and
+    restored (see the module's docstring)."""
+
+    def __init__(self, batches: Any) -> None:
+        self.batches = batches
+        self._pass: Iterator[Any] | None = None
+        self._pass_rng: dict[str, Any] | None = None
+        self._index = 0
+
+    def __next__(self) -> Any:
+        while True:
+            if self._pass is None:
+                self._pass_rng = rng_state()
+                self._pass, self._index = iter(self.batches), 0
+            try:
+                batch = next(self._pass)
+            except StopIteration:
+                self._pass = None
+                continue
+            self._index += 1
+            return batch
+
+    def state(self) -> dict[str, Any]:
+        return {"pass_rng": self._pass_rng, "index": self._index}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position; the RNGs are left as they were."""
+        if state["pass_rng"] is None:  # saved before the first batch
+            self._pass = None
+            return
+        now = rng_state()
+        set_rng_state(state["pass_rng"])
+        self._pass_rng, self._pass = state["pass_rng"], iter(self.batches)
+        for _ in range(state["index"]):
+            next(self._pass)
+        self._index = state["index"]
+        set_rng_state(now)
+
+
+def save_checkpoint(path: str, workload: Workload, cursor: BatchCursor, *, step: int,
+                    extra: dict[str, Any] | None = None) -> None:
+    """Write the run's state after ``step`` steps to ``path`` (atomically)."""
+    state = {
+        "step": step,
+        "model": workload.model.state_dict(),
+        "optimizer": workload.optimizer.state_dict(),
+        "schedulers": [s.state_dict() for s in workload.schedulers],
+        "cursor": cursor.state(),
+        "rng": rng_state(),
+        "extra": extra or {},
+    }
+    tmp = f"{path}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str, workload: Workload, cursor: BatchCursor) -> dict[str, Any]:
+    """Put a freshly built ``workload`` and ``cursor`` in the state saved at ``path``;
+    returns the checkpoint (``step``, ``extra``)."""
+    state = torch.load(path, map_location=next(workload.model.parameters()).device,
+                       weights_only=False)
+    workload.model.load_state_dict(state["model"])
+    # Read from the file at every call: load_state_dict keeps the given tensors where dtype
+    # and device already match, so a state kept in memory and loaded twice would be changed
+    # by the first branch's optimizer steps before the second began.
+    workload.optimizer.load_state_dict(state["optimizer"])
+    for scheduler, saved in zip(workload.schedulers, state["schedulers"]):
+        scheduler.load_state_dict(saved)
+    cursor.restore(state["cursor"])
+    set_rng_state(state["rng"])
+    return state
