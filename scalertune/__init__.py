@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from scalertune._judge._target import Target
     from scalertune._review._result import SearchResult, analyze
     from scalertune._run._timing import StepTimes
-    from scalertune._search._api import Isolation, search
+    from scalertune._search._api import search
+    from scalertune._search._setup import Isolation
     from scalertune._search._space import SearchSpace
     from scalertune._workload._contract import Workload
     from scalertune._workload._lightning import lightning_workload

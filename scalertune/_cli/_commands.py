@@ -26,10 +26,8 @@ from scalertune._storage._open import storage_url
 def _search(args: argparse.Namespace) -> int:
     args.storage = storage_url(args.storage)
     output = _check_search(args)
-    from scalertune._search._api import (  # after the checks: it loads torch
-        Isolation,
-        search,
-    )
+    from scalertune._search._api import search  # after the checks: it loads torch
+    from scalertune._search._setup import Isolation
     from scalertune._storage._open import owned_files
 
     quiet = args.quiet

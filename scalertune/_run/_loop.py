@@ -33,27 +33,31 @@ from scalertune._workload._contract import Workload, build_workload, to_device
 
 
 class Watcher(Protocol):
-    """What a run may record beside its loss: per step on the device, per window on the host."""
+    """What a run may record beside its loss: per step on the device, per window on the host;
+    its ``state()`` goes into the run's checkpoints, so that a resumed run continues it."""
 
     def attach(self, workload: Workload) -> None: ...
     def after_step(self, index: int) -> None: ...
     def read_window(self, start: int, end: int) -> None: ...
     def detach(self) -> None: ...
+    def state(self) -> dict[str, Any]: ...
+    def restore(self, state: dict[str, Any]) -> None: ...
+    def result(self) -> Any: ...
 
 
 @dataclasses.dataclass
 class Plan:
     """Where a run starts and what it keeps besides its record."""
 
-    #: A checkpoint to start from (a branch, or a reference resumed after an interruption).
+    #: A checkpoint to start from: a branch from the float32 reference, or (``resume``) the
+    #: reference itself continuing after an interruption, its record and watcher included.
     checkpoint: str | None = None
+    resume: bool = False
     #: Step -> where to save a checkpoint once that many steps are done.
     save_at: Mapping[int, str] = dataclasses.field(default_factory=dict)
     #: GradScaler state to start from (``scale``, ``_growth_tracker``), instead of init_scale.
     scaler: Mapping[str, float] | None = None
     watcher: Watcher | None = None
-    #: The record of the steps before ``checkpoint`` (a resumed reference continues it).
-    before: RunRecord | None = None
 
 
 def run_config(
@@ -96,8 +100,9 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
     amp = AmpRuntime(config, device=device)
     amp.prepare(workload.model)
     batches = BatchCursor(workload.batches)
-    start = load_checkpoint(plan.checkpoint, workload, batches)["step"] if plan.checkpoint else 0
-    record = _record(config, seed, steps, start, plan, amp)
+    saved = load_checkpoint(plan.checkpoint, workload, batches) if plan.checkpoint else None
+    start = saved["step"] if saved else 0
+    record = _record(config, seed, steps, start, plan, amp, saved)
     loss_buf = torch.empty(steps - start, dtype=torch.float32, device=device)
     scale_buf = torch.empty(steps - start, dtype=torch.float32, device=device)
     step_fn, watcher = step_function(workload), plan.watcher
@@ -126,20 +131,26 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
                 break
             if start + i + 1 in plan.save_at:
                 save_checkpoint(plan.save_at[start + i + 1], workload, batches,
-                                step=start + i + 1, extra={"record": record})
+                                step=start + i + 1, extra={
+                                    "record": record,
+                                    "watcher": None if watcher is None else watcher.state()})
             window_start, started = i + 1, time.perf_counter()
     finally:
         if watcher is not None:
             watcher.detach()
+    if watcher is not None:
+        record.trace = watcher.result()
     return record
 
 
 def _record(config: AmpConfig, seed: int, steps: int, start: int, plan: Plan,
-            amp: AmpRuntime) -> RunRecord:
-    """The record a run starts with: the steps before its checkpoint, when it continues a
-    run; empty otherwise, with the scaler where the plan puts it."""
-    if plan.before is not None:
-        return dataclasses.replace(plan.before, steps=steps)
+            amp: AmpRuntime, saved: dict[str, Any] | None) -> RunRecord:
+    """The record a run starts with: the steps before its checkpoint when it resumes (and its
+    watcher where it was); empty otherwise, with the scaler where the plan puts it."""
+    if plan.resume and saved is not None:
+        if plan.watcher is not None and saved["extra"].get("watcher") is not None:
+            plan.watcher.restore(saved["extra"]["watcher"])
+        return dataclasses.replace(saved["extra"]["record"], steps=steps)
     record = RunRecord(config=config, seed=seed, steps=steps, start=start)
     if plan.scaler is not None and config.uses_scaler:
         amp.scaler.load_state_dict({**amp.scaler.state_dict(), **plan.scaler})

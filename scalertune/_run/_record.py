@@ -6,7 +6,7 @@ import dataclasses
 import math
 import statistics
 import struct
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
@@ -65,6 +65,8 @@ class RunRecord:
     #: The loss scale the run's scaler started at: ``init_scale``, or for a branch where that
     #: config's scaler would be by then.
     initial_scale: float | None = None
+    #: The gradient trace the run recorded (the float32 reference to the horizon), if any.
+    trace: Any = None
 
     @property
     def steps_run(self) -> int:

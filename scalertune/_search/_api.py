@@ -32,15 +32,10 @@ from scalertune._review._result import SearchResult, analyze
 from scalertune._run._preflight import preflight
 from scalertune._search._progress import Progress
 from scalertune._search._references import References
+from scalertune._search._setup import Isolation, Setup
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import DTYPE_DISTRIBUTION, default_study_name, open_study
-from scalertune._search._trials import (
-    LIVE,
-    Isolation,
-    Setup,
-    TrialRunner,
-    counted_search_trials,
-)
+from scalertune._search._trials import LIVE, TrialRunner, counted_search_trials
 from scalertune._storage._claims import Once
 from scalertune._storage._names import (
     CONSTRAINT_ATTR,

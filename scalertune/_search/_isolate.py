@@ -32,8 +32,10 @@ import torch
 
 from scalertune import _interrupt
 from scalertune._amp._config import AmpConfig
+from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes
+from scalertune._search._setup import Setup
 
 _T = TypeVar("_T")
 
@@ -74,9 +76,11 @@ def describe_error(exc: BaseException) -> str:
 
 def run_isolated(spec: str | Callable[[], Any], config: AmpConfig, *, steps: int, seed: int,
                  device: torch.device, timeout_s: float | None,
-                 memory_gb: float | None) -> RunRecord:
-    """``run_config`` in a fresh process; :class:`TrialCrashed` if that process fails."""
-    job = ("run", spec, config.to_dict(), steps, seed, str(device), memory_gb, None)
+                 memory_gb: float | None, plan: Plan | None = None) -> RunRecord:
+    """``run_config`` in a fresh process; :class:`TrialCrashed` if that process fails.
+    ``plan`` crosses to it as it is (its watcher is attached there, and what it recorded comes
+    back in the record)."""
+    job = ("run", spec, config.to_dict(), steps, seed, str(device), memory_gb, plan)
     for kind, payload in _Child(job, timeout_s):
         if kind == "error":
             raise TrialCrashed(payload)
@@ -210,7 +214,7 @@ def _die_with_parent(parent_pid: int) -> None:
 def _child(conn: Any, job: tuple[Any, ...], parent_pid: int) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    kind, spec, config, steps, seed, device, memory_gb, timing = job
+    kind, spec, config, steps, seed, device, memory_gb, extra = job
     if memory_gb is not None:
         import resource
 
@@ -224,7 +228,7 @@ def _child(conn: Any, job: tuple[Any, ...], parent_pid: int) -> None:
 
         factory, dev = load_factory(spec), torch.device(device)
         if kind == "time":
-            dtypes, clip = timing
+            dtypes, clip = extra
             workload = build_workload(factory, seed=seed, device=dev)
             conn.send(("times", time_dtypes(workload, dtypes, device=dev, clip_norm=clip,
                                             announce=lambda d: conn.send(("dtype", d)))))
@@ -235,6 +239,7 @@ def _child(conn: Any, job: tuple[Any, ...], parent_pid: int) -> None:
                 factory, AmpConfig.from_dict(config), steps, seed=seed, device=dev)))
         else:
             conn.send(("record", run_config(factory, AmpConfig.from_dict(config), steps=steps,
+                                            plan=extra,
                                             seed=seed, device=dev)))
     except SystemExit as exc:
         conn.send(("error", _exited(exc)))
@@ -242,3 +247,22 @@ def _child(conn: Any, job: tuple[Any, ...], parent_pid: int) -> None:
         conn.send(("error", describe_error(exc) + "\n" + traceback.format_exc()[-3000:]))
     finally:
         conn.close()
+
+
+def execute(setup: Setup, config: AmpConfig, *, steps: int, seed: int,
+            plan: Plan | None = None, stop: Any = None,
+            on_window: Any = None) -> RunRecord:
+    """Train ``config`` where the search's runs execute: in this process, or in a fresh one
+    with ``--isolate`` (whose record comes back whole, after the run; a stop rule and the
+    per-window callback then see only that)."""
+    if setup.isolation is not None:
+        record = run_isolated(setup.spec, config, steps=steps, seed=seed, device=setup.device,
+                              timeout_s=setup.isolation.timeout_s,
+                              memory_gb=setup.isolation.memory_gb, plan=plan)
+        if on_window is not None:
+            on_window(record, 0)
+        return record
+    from scalertune._run._loop import run_config
+
+    return run_here(run_config, setup.factory, config, steps=steps, seed=seed,
+                    device=setup.device, stop=stop, on_window=on_window, plan=plan)

@@ -1,52 +1,64 @@
 """The float32 references: the target of every seed a search needs, and the step timing.
 
 The reference of the search's own seed runs first, once per study (whichever worker claims
-it), in full: its last steps define the target. The interleaved step timing of every dtype
-the study may run follows, on a fresh workload (:mod:`scalertune._run._timing`). With
+it). Its first ``steps`` define the target of the trials. When the horizon goes past a trial,
+it trains on to the horizon, once: it saves a checkpoint at the start of every phase window
+(the finalists are branched from there) and every quarter of the way (a reference that was
+interrupted resumes from its last instead of starting over), keeps its per-step losses over
+the windows (float32's own continuation, which a branch is compared with) and records the
+gradient trace that the scaler replay reads. The interleaved step timing of every dtype the
+study may run follows, on a fresh workload (:mod:`scalertune._run._timing`). With
 ``--isolate`` the reference runs in its own process like every trial, and the timing in
-another. A reference that
-goes non-finite stops the search (the workload is broken); one that does not learn is refused
-before any trial runs, and the study it would have started is removed again, so that a rerun
-with more steps is a fresh study rather than a clash of settings.
+another. A reference that goes non-finite stops the search (the workload is broken); one that
+does not learn is refused before any trial runs, and the study it would have started is
+removed again, so that a rerun with more steps is a fresh study rather than a clash of
+settings.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import glob
+import os
+import re
+import shutil
+from typing import Callable
 
 import optuna
-import torch
 
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import SearchError, UsageError
 from scalertune._judge._outcome import reference_of
+from scalertune._judge._phases import phase_windows
 from scalertune._judge._target import Target
-from scalertune._run._loop import run_config
+from scalertune._run._loop import Plan
 from scalertune._run._memory import release_memory
+from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes, time_dtypes
+from scalertune._run._trace import TraceCollector
 from scalertune._search._isolate import (
     TrialCrashed,
     describe_error,
+    execute,
     run_here,
-    run_isolated,
     time_isolated,
 )
+from scalertune._search._setup import Setup
 from scalertune._search._study import add_reference
 from scalertune._storage._claims import Once
 from scalertune._workload._contract import build_workload
 from scalertune._workload._loader import FactoryError
 
+#: A reference to the horizon saves a checkpoint to resume from this often (as a share of it).
+_RESUME_EVERY = 0.25
+
 
 class References:
     """The float32 targets of a study's seeds and the study's step timing, run on demand."""
 
-    def __init__(self, study: optuna.Study, once: Once, factory: Callable[[], Any],
-                 config: AmpConfig, *, spec: str | Callable[[], Any], steps: int, seed: int, device: torch.device,
-                 dtypes: list[str], isolation: Any, log: Callable[[str], None]) -> None:
-        self.study, self.once, self.factory, self.config = study, once, factory, config
-        self.spec, self.isolation = spec, isolation
-        self.steps, self.seed, self.device, self.dtypes, self.log = (
-            steps, seed, device, dtypes, log)
+    def __init__(self, study: optuna.Study, once: Once, setup: Setup, config: AmpConfig, *,
+                 dtypes: list[str], log: Callable[[str], None]) -> None:
+        self.study, self.once, self.setup, self.config = study, once, setup, config
+        self.dtypes, self.log = dtypes, log
         self._targets: dict[int, Target] = {}
         self._times: StepTimes | None = None
 
@@ -57,26 +69,48 @@ class References:
                       lambda: reference_of(self.study, seed) is not None)
             reference = reference_of(self.study, seed)
             self._targets[seed] = Target.from_reference(reference["losses"])
-            if seed == self.seed:
+            if seed == self.setup.seed:
                 self._times = reference["step_times"]
         return self._targets[seed]
 
     @property
     def step_times(self) -> StepTimes | None:
         """The interleaved step time of each dtype (after :meth:`target` of the main seed)."""
-        self.target(self.seed)
+        self.target(self.setup.seed)
         return self._times
 
+    @property
+    def checkpoints(self) -> str:
+        """The folder of this study's float32 checkpoints."""
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", self.study.study_name)[:80]
+        return os.path.join(self.setup.checkpoints,
+                            f"{name}-{self.study._study_id}")  # noqa: SLF001
+
     def _run(self, seed: int) -> None:
-        self.log(f"float32 reference, seed {seed} ...")
+        main = seed == self.setup.seed
+        long = main and self.setup.long
+        self.log(f"float32 reference, seed {seed}"
+                 + (f", to the horizon of {self.setup.horizon} steps" if long else "") + " ...")
+        record = self._train(seed, long)
+        target = Target.from_reference(record.losses[:self.setup.steps])
         try:
-            if self.isolation is not None:
-                record = run_isolated(self.spec, self.config, steps=self.steps, seed=seed,
-                                      device=self.device, timeout_s=self.isolation.timeout_s,
-                                      memory_gb=self.isolation.memory_gb)
-            else:
-                record = run_here(run_config, self.factory, self.config, steps=self.steps,
-                                  seed=seed, device=self.device)
+            target.check_learned(self.setup.steps)
+        except UsageError:
+            self._remove_if_empty()
+            raise
+        times = self._time() if main else None
+        add_reference(self.study, record, self.config.to_dict(), times, steps=self.setup.steps,
+                      checkpoints=self._phase_checkpoints() if long else {})
+        measured = "" if times is None else ", step time " + ", ".join(
+            f"{d} {times.median(d) * 1e3:.3g} ms" for d in times.rounds)
+        self.log(f"float32 reference, seed {seed}: target loss {target.loss:.4g}{measured}")
+
+    def _train(self, seed: int, long: bool) -> RunRecord:
+        """The reference run itself, to the horizon with its checkpoints when ``long``."""
+        steps = self.setup.horizon if long else self.setup.steps
+        plan = self._plan() if long else None
+        try:
+            record = execute(self.setup, self.config, steps=steps, seed=seed, plan=plan)
         except FactoryError as exc:
             raise SearchError(f"the float32 reference failed: the factory raised {exc}") from None
         except TrialCrashed as exc:  # its message's first line says how the process ended
@@ -88,32 +122,44 @@ class References:
             raise SearchError(
                 f"the float32 reference itself went non-finite ({record.prune_reason}): "
                 "fix the workload (learning rate, loss, data) before searching AMP configs; "
-                "if your training clips gradients, return clip_norm from the factory"
-            )
-        target = Target.from_reference(record.losses)
-        try:
-            target.check_learned(self.steps)
-        except UsageError:
-            _remove_if_empty(self.study)
-            raise
-        times = self._time() if seed == self.seed else None
-        add_reference(self.study, record, self.config.to_dict(), times)
-        measured = "" if times is None else ", step time " + ", ".join(
-            f"{d} {times.median(d) * 1e3:.3g} ms" for d in times.rounds)
-        self.log(f"float32 reference, seed {seed}: target loss {target.loss:.4g}{measured}")
+                "if your training clips gradients, return clip_norm from the factory")
+        return record
 
+    def _plan(self) -> Plan:
+        """Checkpoints at every phase window's start and every quarter of the horizon, the
+        gradient trace, and the latest checkpoint of an interrupted run to resume from."""
+        horizon = self.setup.horizon
+        os.makedirs(self.checkpoints, exist_ok=True)
+        quarters = {round(horizon * k * _RESUME_EVERY / 10) * 10 for k in range(1, 4)}
+        starts = {start for start, _ in phase_windows(horizon, self.setup.steps)}
+        save_at = {step: self._path(step) for step in sorted(starts | quarters) if step > 0}
+        saved = sorted((int(m.group(1)), p) for p in glob.glob(self._path("*"))
+                       if (m := re.search(r"step(\d+)\.pt$", p)) and int(m.group(1)) in save_at)
+        if not saved:
+            return Plan(save_at=save_at, watcher=TraceCollector())
+        step, path = saved[-1]
+        self.log(f"float32 reference: resuming from its checkpoint at step {step}")
+        return Plan(save_at=save_at, checkpoint=path, resume=True, watcher=TraceCollector())
+
+    def _path(self, step: int | str) -> str:
+        return os.path.join(self.checkpoints, f"reference-seed{self.setup.seed}-step{step}.pt")
+
+    def _phase_checkpoints(self) -> dict[int, str]:
+        return {start: os.path.abspath(self._path(start))
+                for start, _ in phase_windows(self.setup.horizon, self.setup.steps)}
 
     def _time(self) -> StepTimes | None:
         """The interleaved step timing of the study's dtypes, on a fresh workload (in its own
         process with ``--isolate``)."""
-        if self.isolation is not None:
-            return time_isolated(self.spec, self.dtypes, clip_norm=self.config.clip_norm,
-                                 seed=self.seed, device=self.device,
-                                 timeout_s=self.isolation.timeout_s,
-                                 memory_gb=self.isolation.memory_gb)
-        workload = run_here(build_workload, self.factory, seed=self.seed, device=self.device)
+        setup = self.setup
+        if setup.isolation is not None:
+            return time_isolated(setup.spec, self.dtypes, clip_norm=self.config.clip_norm,
+                                 seed=setup.seed, device=setup.device,
+                                 timeout_s=setup.isolation.timeout_s,
+                                 memory_gb=setup.isolation.memory_gb)
+        workload = run_here(build_workload, setup.factory, seed=setup.seed, device=setup.device)
         try:
-            return run_here(time_dtypes, workload, self.dtypes, device=self.device,
+            return run_here(time_dtypes, workload, self.dtypes, device=setup.device,
                             clip_norm=self.config.clip_norm)
         except Exception as exc:
             raise SearchError(f"the step timing failed: {describe_error(exc)}") from exc
@@ -121,8 +167,12 @@ class References:
             del workload
             release_memory()
 
+    def _remove_if_empty(self) -> None:
+        """Delete a study that holds nothing yet, and the checkpoints its reference wrote: a
+        refused first reference leaves no trace."""
+        study = self.study
+        if not study.get_trials(deepcopy=False):
+            shutil.rmtree(self.checkpoints, ignore_errors=True)
+            optuna.delete_study(study_name=study.study_name,
+                                storage=study._storage)  # noqa: SLF001
 
-def _remove_if_empty(study: optuna.Study) -> None:
-    """Delete a study that holds nothing yet: a refused first reference leaves no trace."""
-    if not study.get_trials(deepcopy=False):
-        optuna.delete_study(study_name=study.study_name, storage=study._storage)  # noqa: SLF001

@@ -10,15 +10,13 @@ read-back window; the training loop never waits for a storage write.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import queue
 import threading
 import traceback
-from typing import Any, Callable
+from typing import Any
 
 import optuna
-import torch
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
@@ -40,6 +38,7 @@ from scalertune._search._isolate import (
 )
 from scalertune._search._points import fixed_params
 from scalertune._search._references import References
+from scalertune._search._setup import Setup
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import (
     judged_attrs,
@@ -66,30 +65,6 @@ from scalertune._workload._loader import FactoryError
 _ERROR_CHARS = 300
 #: Trial states that hold a run: queued, running or finished (not failed).
 LIVE = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
-
-
-@dataclasses.dataclass(frozen=True)
-class Isolation:
-    """Run each trial in its own process: ``timeout_s`` and ``memory_gb`` bound it."""
-
-    timeout_s: float | None = None
-    memory_gb: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Setup:
-    """What every trial of one worker shares."""
-
-    spec: str | Callable[[], Any]
-    factory: Callable[[], Any]
-    space: SearchSpace
-    device: torch.device
-    steps: int
-    seed: int
-    n_trials: int
-    #: The workload's own clipping: every run without a clip of its own uses it.
-    clip_norm: float | None
-    isolation: Isolation | None
 
 
 class TrialFailed(Exception):

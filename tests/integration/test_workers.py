@@ -13,7 +13,7 @@ from conftest import needs_postgres, postgres_database, spec
 from optuna.trial import TrialState
 
 import scalertune
-from scalertune._search._api import Isolation
+from scalertune._search._setup import Isolation
 
 
 def _worker(storage, *extra, cwd, workload="slow", n_trials=6):

@@ -1,0 +1,101 @@
+"""Phases of the horizon: where a config is branched from the float32 reference, and whether
+it holds there.
+
+A short trial covers the first ``steps`` of training; failures that only show late (bfloat16's
+8 significant bits stopping the fit once float32 learns fine detail, a clip that helps early
+and hurts late, activations that grow until float16's range runs out) need evidence from
+the late phases themselves. The float32 reference trains to the horizon once and keeps
+checkpoints at the start of each phase window; a finalist config is branched from each for
+the window and compared with float32's own continuation, the reference itself, over the same
+batches. The comparison is paired, step by step, over the last half of the window (the first
+half lets the branch settle into the config): the branch **falls behind** when its mean loss
+exceeds float32's by more than ``PHASE_TOLERANCE`` of it and by more than ``PHASE_Z``
+standard errors of the paired difference; it **goes non-finite** when the branch is pruned for
+a non-finite value or more than ``PHASE_NONFINITE_SHARE`` of its losses are inf/NaN (a few are
+GradScaler's skipped steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Sequence
+
+from scalertune import _policy
+
+
+def phase_windows(horizon: int, steps: int) -> list[tuple[int, int]]:
+    """The (first step, end) of each window a finalist is branched for: one from the middle
+    of the horizon and one ending at it, each ``PHASE_WINDOW_SHARE`` of the horizon long and
+    at least a trial long; none when the horizon is the trial (the trial is the evidence)."""
+    if horizon <= steps:
+        return []
+    unit = _policy.READBACK_INTERVAL
+    width = max(steps, round(_policy.PHASE_WINDOW_SHARE * horizon / unit) * unit)
+    width = min(width, horizon)
+    end_window = (horizon - width, horizon)
+    middle = max(steps, round(horizon / 2 / unit) * unit)
+    if middle + width > end_window[0]:
+        return [end_window]
+    return [(middle, middle + width), end_window]
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseResult:
+    """How one branch did against float32 over one window."""
+
+    start: int
+    end: int
+    #: The branch's mean loss over float32's, over the last half of the window.
+    ratio: float
+    #: The excess over float32, in standard errors of the paired difference.
+    z: float
+    nonfinite: bool
+
+    @property
+    def behind(self) -> bool:
+        return self.ratio - 1 > _policy.PHASE_TOLERANCE and self.z > _policy.PHASE_Z
+
+    @property
+    def holds(self) -> bool:
+        return not self.nonfinite and not self.behind
+
+    def describe(self) -> str:
+        """``1.9x float32's loss at 1000-1200`` or ``non-finite at 1800-2000``."""
+        where = f"{self.start}-{self.end}"
+        if self.nonfinite:
+            return f"non-finite at {where}"
+        return f"{self.ratio:.3g}x float32's loss at {where}"
+
+
+def judge_phase(branch: Sequence[float], reference: Sequence[float], *, start: int,
+                pruned: bool) -> PhaseResult:
+    """Compare a branch's per-step losses with float32's over the same steps (``reference``,
+    the reference's losses over the window)."""
+    end = start + len(reference)
+    bad = sum(not math.isfinite(v) for v in branch)
+    if pruned or len(branch) < len(reference) or bad > _policy.PHASE_NONFINITE_SHARE * len(
+            reference):
+        return PhaseResult(start, end, math.inf, math.inf, nonfinite=True)
+    half = len(reference) // 2
+    pairs = [(b, r) for b, r in zip(branch[half:], reference[half:]) if math.isfinite(b)]
+    mean_ref = statistics.fmean(r for _, r in pairs)
+    diffs = [b - r for b, r in pairs]
+    excess = statistics.fmean(diffs)
+    return PhaseResult(start, end, ratio=(mean_ref + excess) / mean_ref if mean_ref else 1.0,
+                       z=_z(diffs, excess), nonfinite=False)
+
+
+def _z(diffs: list[float], mean: float) -> float:
+    """``mean`` over the standard error of the paired differences, taken from the means of
+    consecutive blocks of ``READBACK_INTERVAL`` steps (neighbouring steps are correlated)."""
+    block = _policy.READBACK_INTERVAL
+    means = [statistics.fmean(diffs[i:i + block]) for i in range(0, len(diffs), block)
+             if len(diffs[i:i + block]) == block]
+    if len(means) < 2:
+        return 0.0
+    error = statistics.stdev(means) / math.sqrt(len(means))
+    if error == 0:
+        return math.inf if mean > 0 else 0.0
+    return mean / error
