@@ -43,6 +43,10 @@ class Trace:
     hist: np.ndarray
     forward: np.ndarray
     modules: tuple[str, ...] = ()
+    #: The start-up probe: the largest gradient of each of the first batches at the initial
+    #: weights. A scale too large for them skips step after step from the start, and while
+    #: it does the weights do not move: those steps see these gradients, not the trace's.
+    startup: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float32))
 
     @property
     def steps(self) -> int:
@@ -55,7 +59,8 @@ class Trace:
                  param_amax=self.param_amax.astype(np.float32),
                  block_starts=self.block_starts.astype(np.int64),
                  hist=self.hist.astype(np.int64), forward=self.forward.astype(np.float32),
-                 modules=np.array(self.modules, dtype=str))
+                 modules=np.array(self.modules, dtype=str),
+                 startup=self.startup.astype(np.float32))
         return base64.b64encode(zlib.compress(buffer.getvalue(), 9)).decode("ascii")
 
     @classmethod
@@ -63,7 +68,8 @@ class Trace:
         data = np.load(io.BytesIO(zlib.decompress(base64.b64decode(text))), allow_pickle=False)
         return cls(amax=data["amax"], param_amax=data["param_amax"],
                    block_starts=data["block_starts"], hist=data["hist"],
-                   forward=data["forward"], modules=tuple(str(m) for m in data["modules"]))
+                   forward=data["forward"], modules=tuple(str(m) for m in data["modules"]),
+                   startup=data["startup"])
 
     def share_below(self, scale: float, limit: float, start: int = 0,
                     end: int | None = None) -> float:
