@@ -36,7 +36,7 @@ class Watcher(Protocol):
     """What a run may record beside its loss: per step on the device, per window on the host;
     its ``state()`` goes into the run's checkpoints, so that a resumed run continues it."""
 
-    def attach(self, workload: Workload) -> None: ...
+    def attach(self, workload: Workload, step: Callable[..., Any], start: int) -> None: ...
     def after_step(self, index: int) -> None: ...
     def read_window(self, start: int, end: int) -> None: ...
     def detach(self) -> None: ...
@@ -107,7 +107,7 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
     scale_buf = torch.empty(steps - start, dtype=torch.float32, device=device)
     step_fn, watcher = step_function(workload), plan.watcher
     if watcher is not None:
-        watcher.attach(workload)
+        watcher.attach(workload, step_fn, start)
     workload.model.train()
     try:
         window_start, started = 0, time.perf_counter()

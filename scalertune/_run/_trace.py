@@ -1,25 +1,41 @@
-"""Recording the gradient trace along the float32 reference (:class:`~scalertune._replay._trace.Trace`).
+"""Recording the gradient trace along the float32 reference (``_replay._trace.Trace``).
 
-Hooks on every leaf module's output catch the gradient flowing into it during backward; the
+Hooks on leaf modules' outputs catch the gradient flowing into each during backward; the
 parameter gradients are read when backward ends (an autograd callback queued from the first
 hook), before any clipping or optimizer step touches them. Each step's largest magnitudes go
-into a device buffer, read back with the training loop's own window: no host sync per step.
-One step in ``TRACE_SAMPLE_EVERY`` also histograms the gradient exponents (the float32 bits,
-one shift and one count per tensor) and records each module's largest forward output.
+into a device buffer that is read back with the training loop's own window: no host sync per
+step. On *full* steps (the first ``TRACE_FULL_STEPS``, then one in ``TRACE_FULL_EVERY``)
+every leaf and parameter is watched, the gradient exponents are counted (off the float32 bits:
+one shift and one count per tensor) and each module's largest forward output is kept; on the
+others only the subset of tensors that came within ``TRACE_SUBSET_MARGIN`` of a full step's
+largest, which is what keeps the reference's steps within a few percent of their cost.
+
+Before the first step, the start-up probe runs the first batches forward and backward at the
+initial weights (no optimizer step, random state and buffers put back): what a scale too
+large from the start meets while it skips.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from scalertune import _policy
+from scalertune._amp._config import AmpConfig
+from scalertune._amp._runtime import AmpRuntime
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
-from scalertune._workload._contract import Workload
+from scalertune._run._checkpoint import rng_state, set_rng_state
+from scalertune._workload._contract import Workload, to_device
 
 _ENGINE = torch.autograd.Variable._execution_engine  # noqa: SLF001 - autograd's callback queue
+
+
+def is_full(step: int) -> bool:
+    """Whether the trace watches every tensor on ``step`` (see the module's docstring)."""
+    return step < _policy.TRACE_FULL_STEPS or step % _policy.TRACE_FULL_EVERY == 0
 
 
 class TraceCollector:
@@ -29,56 +45,42 @@ class TraceCollector:
         unit = _policy.READBACK_INTERVAL
         self.block = max(unit, round(horizon / _policy.TRACE_BLOCKS / unit) * unit)
         self.trace = empty()
-        self._handles: list[Any] = []
+        self._hooks = _Hooks()
 
     # -- the Watcher protocol -----------------------------------------------------------------
 
-    def attach(self, workload: Workload) -> None:
-        model = workload.model
-        leaves = [(n, m) for n, m in model.named_modules() if next(m.children(), None) is None]
-        self._names = tuple(n or "(model)" for n, _ in leaves)
+    def attach(self, workload: Workload, step: Callable[..., Any], start: int) -> None:
+        self._hooks.attach(workload)
         if not self.trace.modules:
-            self.trace = empty(self._names)
-        self._params = [p for p in model.parameters() if p.requires_grad]
-        device = self._params[0].device
-        self._buffer = torch.zeros((_policy.READBACK_INTERVAL, 2), device=device)
-        self._forward = torch.zeros(len(leaves), device=device)
-        self._parts: list[torch.Tensor] = []
-        self._sampled: list[torch.Tensor] = []
-        self._hist = torch.zeros(HIST_BINS, dtype=torch.int64, device=device)
-        self._queued, self._step, self._row = False, 0, 0
+            self.trace = empty(self._hooks.names)
         self._block_hist = np.zeros(HIST_BINS, np.int64)
-        self._block_forward = np.zeros(len(leaves), np.float32)
-        self._handles = [m.register_forward_hook(self._on_output(i))
-                         for i, (_, m) in enumerate(leaves)]
+        self._block_forward = np.zeros(len(self._hooks.names), np.float32)
+        if start == 0 and not len(self.trace.startup):
+            self.trace.startup = self._probe(workload, step)
+        self._hooks.begin(start)
 
     def after_step(self, index: int) -> None:
-        self._step = index + 1
+        self._hooks.begin(index + 1)
 
     def read_window(self, start: int, end: int) -> None:
-        rows = self._buffer[:end - start].cpu().numpy()
+        rows, hist, forward = self._hooks.read(end - start)
         self.trace.amax = np.concatenate([self.trace.amax, rows.max(axis=1)])
         self.trace.param_amax = np.concatenate([self.trace.param_amax, rows[:, 1]])
-        self._buffer.zero_()
-        self._row = 0
-        hist, forward = self._hist.cpu().numpy(), self._forward.cpu().numpy()
         self._block_hist += hist
         np.maximum(self._block_forward, forward, out=self._block_forward)
-        self._hist.zero_()
-        self._forward.zero_()
         if end % self.block == 0:
             self._close_block(end - self.block)
 
     def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._hooks.detach()
 
     def state(self) -> dict[str, Any]:
-        return {"trace": self.trace.encode(), "block": self.block}
+        return {"trace": self.trace.encode(), "block": self.block,
+                "subset": self._hooks.subset()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.trace, self.block = Trace.decode(state["trace"]), state["block"]
+        self._hooks.restore_subset(state["subset"])
 
     def result(self) -> Trace:
         """The trace so far, its last (partial) block closed."""
@@ -88,41 +90,7 @@ class TraceCollector:
             self._close_block(pending)
         return trace
 
-    # -- hooks ------------------------------------------------------------------------------
-
-    def _sampling(self) -> bool:
-        return self._step % _policy.TRACE_SAMPLE_EVERY == 0
-
-    def _on_output(self, index: int) -> Any:
-        def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
-            for tensor in _tensors(output):
-                if self._sampling():
-                    peak = tensor.detach().abs().amax().float()
-                    self._forward[index] = torch.maximum(self._forward[index], peak)
-                tensor.register_hook(self._on_grad)
-        return hook
-
-    def _on_grad(self, grad: torch.Tensor) -> None:
-        if not self._queued:
-            self._queued = True
-            _ENGINE.queue_callback(self._backward_done)
-        self._parts.extend(torch.aminmax(grad.detach()))
-        if self._sampling():
-            self._sampled.append(grad.detach())
-
-    def _backward_done(self) -> None:
-        """Backward has accumulated every gradient: the step's row of the trace."""
-        self._queued = False
-        grads = [p.grad for p in self._params if p.grad is not None]
-        param = _largest(grads) if grads else self._buffer.new_zeros(())
-        act = torch.stack(self._parts).abs().max() if self._parts else self._buffer.new_zeros(())
-        self._buffer[self._row % len(self._buffer), 0] = act
-        self._buffer[self._row % len(self._buffer), 1] = param
-        self._row += 1
-        if self._sampling():
-            for tensor in [*grads, *self._sampled]:
-                self._hist += _exponent_counts(tensor)
-        self._parts, self._sampled = [], []
+    # -- the rest -----------------------------------------------------------------------------
 
     def _close_block(self, start: int) -> None:
         trace = self.trace
@@ -131,6 +99,156 @@ class TraceCollector:
         trace.forward = np.vstack([trace.forward, self._block_forward])
         self._block_hist = np.zeros_like(self._block_hist)
         self._block_forward = np.zeros_like(self._block_forward)
+
+    def _probe(self, workload: Workload, step: Callable[..., Any]) -> np.ndarray:
+        """The largest gradient of each of the first batches at the initial weights."""
+        model = workload.model
+        buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+        state = rng_state()
+        amp = _Probe(AmpConfig(dtype="float32"), device=self._hooks.device)
+        rows = []
+        try:
+            for batch in itertools.islice(iter(workload.batches),
+                                          _policy.STARTUP_PROBE_BATCHES):
+                self._hooks.begin(0)
+                step(workload, to_device(batch, self._hooks.device), amp)
+                rows.append(self._hooks.read(1)[0].max())
+        finally:
+            workload.optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for name, value in model.named_buffers():
+                    value.copy_(buffers[name])
+            set_rng_state(state)
+        return np.array(rows, np.float32)
+
+
+class _Probe(AmpRuntime):
+    """A float32 runtime whose step leaves the optimizer alone: the probe's gradients are
+    looked at, not applied."""
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.steps += 1
+
+
+class _Hooks:
+    """The hooks of a trace and the device buffers they write (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.names: tuple[str, ...] = ()
+        self._modules: list[torch.nn.Module] = []
+        self._handles: list[Any] = []
+        self._watched_modules: set[int] = set()
+        self._watched_params: set[int] = set()
+
+    def attach(self, workload: Workload) -> None:
+        leaves = [(n, m) for n, m in workload.model.named_modules()
+                  if next(m.children(), None) is None]
+        self.names = tuple(n or "(model)" for n, _ in leaves)
+        self._modules = [m for _, m in leaves]
+        self._params = [p for p in workload.model.parameters() if p.requires_grad]
+        self.device = self._params[0].device
+        n = _policy.READBACK_INTERVAL
+        self._rows = torch.zeros((n, 2), device=self.device)
+        self._full_rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._hist = torch.zeros(HIST_BINS, dtype=torch.int64, device=self.device)
+        self._forward = torch.zeros(len(leaves), device=self.device)
+        self._row, self._full, self._queued = 0, None, False
+        self._parts: list[torch.Tensor] = []
+        self._module_parts: dict[int, list[torch.Tensor]] = {}
+
+    def begin(self, step: int) -> None:
+        """Hook what step ``step`` watches: everything on a full step, the subset otherwise."""
+        full = is_full(step)
+        if full != self._full:
+            self.detach()
+            chosen = range(len(self._modules)) if full else sorted(self._watched_modules)
+            self._handles = [self._modules[i].register_forward_hook(self._on_output(i))
+                             for i in chosen]
+            if not self._handles:  # nothing to hear backward's end from: the parameters
+                self._handles.append(torch.autograd.graph.register_multi_grad_hook(
+                    self._params, lambda _: self._queue(), mode="any"))
+            self._full = full
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._full = [], None
+
+    def read(self, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows of the last ``steps`` steps, the window's histogram and forward peaks (the
+        one read-back per window); the subset grows by what came close on its full steps."""
+        # copies: on a CPU, .cpu() is the buffer itself, which is zeroed next
+        rows = self._rows[:steps].to("cpu", copy=True).numpy()
+        hist = self._hist.to("cpu", copy=True).numpy()
+        forward = self._forward.to("cpu", copy=True).numpy()
+        for largest, modules, params in self._full_rows:
+            self._grow_subset(float(largest), modules.cpu().numpy(), params.cpu().numpy())
+        self._rows.zero_()
+        self._hist.zero_()
+        self._forward.zero_()
+        self._row, self._full_rows = 0, []
+        return rows, hist, forward
+
+    def subset(self) -> dict[str, list[int]]:
+        return {"modules": sorted(self._watched_modules), "params": sorted(self._watched_params)}
+
+    def restore_subset(self, saved: dict[str, list[int]]) -> None:
+        self._watched_modules = set(saved["modules"])
+        self._watched_params = set(saved["params"])
+
+    def _grow_subset(self, largest: float, modules: np.ndarray, params: np.ndarray) -> None:
+        close = largest / _policy.TRACE_SUBSET_MARGIN
+        self._watched_modules.update(int(i) for i in np.flatnonzero(modules >= close))
+        self._watched_params.update(int(i) for i in np.flatnonzero(params >= close))
+
+    def _on_output(self, index: int) -> Any:
+        def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+            for tensor in _tensors(output):
+                if self._full:
+                    peak = tensor.detach().abs().amax().float()
+                    self._forward[index] = torch.maximum(self._forward[index], peak)
+                tensor.register_hook(lambda grad: self._on_grad(index, grad))
+        return hook
+
+    def _queue(self) -> None:
+        """Have the end of this backward call :meth:`_backward_done` (once)."""
+        if not self._queued:
+            self._queued = True
+            _ENGINE.queue_callback(self._backward_done)
+
+    def _on_grad(self, index: int, grad: torch.Tensor) -> None:
+        self._queue()
+        parts = torch.aminmax(grad.detach())
+        self._parts.extend(parts)
+        if self._full:
+            self._module_parts.setdefault(index, []).extend(parts)
+            self._hist += _exponent_counts(grad)
+
+    def _backward_done(self) -> None:
+        """Backward has accumulated every gradient: the step's row of the trace."""
+        self._queued = False
+        chosen = (range(len(self._params)) if self._full
+                  else sorted(self._watched_params))
+        grads = [self._params[i].grad for i in chosen if self._params[i].grad is not None]
+        param = _largest(grads) if grads else self._rows.new_zeros(())
+        act = (torch.stack(self._parts).abs().max() if self._parts
+               else self._rows.new_zeros(()))
+        self._rows[self._row % len(self._rows)] = torch.stack((act, param))
+        self._row += 1
+        if self._full:
+            self._record_full(grads, torch.maximum(act, param))
+        self._parts, self._module_parts = [], {}
+
+    def _record_full(self, grads: list[torch.Tensor], largest: torch.Tensor) -> None:
+        for g in grads:
+            self._hist += _exponent_counts(g)
+        zero = self._rows.new_zeros(())
+        modules = torch.stack([torch.stack(self._module_parts[i]).abs().max()
+                               if i in self._module_parts else zero
+                               for i in range(len(self._modules))]) if self._modules else zero[None]
+        params = torch.stack([_largest([p.grad]) if p.grad is not None else zero
+                              for p in self._params])
+        self._full_rows.append((largest, modules, params))
 
 
 def _largest(tensors: list[torch.Tensor]) -> torch.Tensor:
