@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from scalertune._judge._outcome import Outcome
     from scalertune._judge._speedup import Speedup
     from scalertune._judge._target import Target
-    from scalertune._review._result import SearchResult, analyze
+    from scalertune._review._analyze import analyze
+    from scalertune._review._result import SearchResult
     from scalertune._run._timing import StepTimes
     from scalertune._search._api import search
     from scalertune._search._setup import Isolation
@@ -60,7 +61,7 @@ _EXPORTS = {
     "lightning_workload": "_workload._lightning",
     "Speedup": "_judge._speedup", "Target": "_judge._target",
     "Outcome": "_judge._outcome",
-    "SearchResult": "_review._result", "analyze": "_review._result",
+    "SearchResult": "_review._result", "analyze": "_review._analyze",
     "AmpGuardError": "_amp._guard", "AmpRuntime": "_amp._runtime",
     "load_config": "_amp._schema",
     "Isolation": "_search._api", "SearchError": "_errors", "search": "_search._api",

@@ -262,3 +262,47 @@ TRACE_SUBSET_MARGIN = 4.0
 #: lets run is ``MAX_CONSECUTIVE_SKIPS``. Measured, the probe made the predicted start-up streak
 #: exact on 30 of 30 configs of six workloads (3 of 30 without it on the summed-loss example).
 STARTUP_PROBE_BATCHES = MAX_CONSECUTIVE_SKIPS
+
+#: A run's curve in the dashboard has one point per read-back window, up to about this many:
+#: a reference to a long horizon is thinned to it (the dashboard draws every point it gets,
+#: and a 100,000-step run would otherwise send 10,000).
+CURVE_POINTS = 500
+
+#: Two runs of one dtype tie when their steps to the target differ by less than float32's own
+#: seed-to-seed spread (its steps to its target on the search's three seeds), and a tie goes to
+#: the simpler config. The spread of three seeds can come out near zero by chance (every run
+#: of the classifier reaches its target at step 176-177); 2% keeps a difference of a few steps
+#: from deciding: below the target's own tolerance, and below what a rerun moves.
+SEED_SPREAD_FLOOR = 0.02
+
+#: Skipped-step counts within max(2, 20%) of each other are the same: the replay of a scaler
+#: over the float32 trace predicts a real run's count within that on at least 90% of random
+#: float16 configs (measured on six workloads, 30 configs each, over 2000 steps: the bar the
+#: calibration holds), and two seeds of one config differ by about as much.
+SKIP_TOLERANCE_STEPS = 2
+SKIP_TOLERANCE_SHARE = 0.2
+
+#: Where a finalist falls behind float32 (or goes non-finite) in a phase, the late-phase
+#: check evaluates the float32 checkpoint's weights under its autocast with each of the
+#: ``ISLAND_CANDIDATES`` modules whose forward outputs the trace saw largest there kept in
+#: float32, over ``ISLAND_PROBE_BATCHES`` batches, largest first: the first that brings its loss
+#: back within ``PHASE_TOLERANCE`` of float32's is branched and trained. Measured on the team's
+#: late workloads, "the module with the largest late forward peak" picked the right island
+#: every time (the last layer of a regression to readings near 1000 or 2e4; the first layer of
+#: a model whose activations grow past float16's range), where "the module that feeds the
+#: loss" picked the wrong one for the latter.
+ISLAND_CANDIDATES = 3
+ISLAND_PROBE_BATCHES = 20
+
+#: The scaler settings the replay weighs at once over the horizon, drawn from the space's
+#: float16 ranges: 1,000 replay in about a second over a 100,000-step trace on one core
+#: (``benchmarks/replay.py``), and a random 1,000 put a setting within a few percent of each
+#: knob's best.
+REPLAY_CONFIGS = 1000
+
+#: The forecast beyond the horizon fits a module's forward peaks over the second half of the
+#: horizon only when it has at least ``FORECAST_MIN_BLOCKS`` blocks of them, and names a trend
+#: only when its slope is ``FORECAST_T`` standard errors above zero: a peak that merely
+#: wanders must not be extrapolated to an overflow.
+FORECAST_MIN_BLOCKS = 10
+FORECAST_T = 3.0

@@ -37,8 +37,8 @@ def _search(args: argparse.Namespace) -> int:
         result = search(
             args.factory, storage=args.storage, study_name=args.study_name, space=args.space,
             fp32_modules=args.fp32_modules, n_trials=args.n_trials, steps=args.steps,
-            seed=args.seed, device=args.device, timeout=args.timeout,
-            isolation=isolation,
+            horizon=args.horizon, seed=args.seed, device=args.device, timeout=args.timeout,
+            isolation=isolation, artifact_dir=args.artifact_dir,
             log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
             progress=not quiet and sys.stderr.isatty(),
         )
@@ -61,7 +61,7 @@ def _check_search(args: argparse.Namespace) -> str:
 
     if (args.trial_timeout is not None or args.trial_memory is not None) and not args.isolate:
         raise UsageError("--trial-timeout and --trial-memory need --isolate")
-    if getattr(args, "horizon", None) is not None and args.horizon < args.steps:
+    if args.horizon is not None and args.horizon < args.steps:
         raise UsageError(f"--horizon {args.horizon} is shorter than --steps {args.steps}: the "
                          "horizon is the training the evidence covers, at least one trial long")
     SearchSpace.load(args.space)  # read again by the search; here it is refused before torch
@@ -106,7 +106,7 @@ def _report(args: argparse.Namespace) -> int:
     _check_storage_and_output(args.storage, args.output, None, {})
     study = load_existing_study(args.storage, args.study_name)
     from scalertune._amp._schema import result_document
-    from scalertune._review._result import analyze  # after the checks: it loads torch
+    from scalertune._review._analyze import analyze  # after the checks: it loads torch
 
     result = analyze(study, storage=redact(args.storage))
     if args.json:

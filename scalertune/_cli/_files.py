@@ -45,8 +45,7 @@ def _check_storage_and_output(storage: str, output: str | None, artifact_dir: st
     """The storage's own files must be usable, and the output YAML (and the PNGs written
     beside it) must be a new or regular file, in a folder that exists, that is none of the
     files the study owns or the search reads."""
-    from scalertune._review._dashboard import DEFAULT_ARTIFACT_DIR
-    from scalertune._storage._open import check_local, owned_files
+    from scalertune._storage._open import DEFAULT_ARTIFACT_DIR, check_local, owned_files
 
     check_local(storage)
     artifacts = os.path.abspath(artifact_dir or DEFAULT_ARTIFACT_DIR)

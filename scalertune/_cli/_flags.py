@@ -27,7 +27,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     command = args.command
     if command == "search":
         _limits.check(_limits.SEARCH, n_trials=args.n_trials, steps=args.steps,
-                      horizon=getattr(args, "horizon", None), seed=args.seed, timeout=args.timeout,
+                      horizon=args.horizon, seed=args.seed, timeout=args.timeout,
                       timeout_s=args.trial_timeout, memory_gb=args.trial_memory)
         _limits.check(_limits.REPORT, top=args.top)
     elif command == "diagnose":
@@ -36,6 +36,6 @@ def check_numbers(args: argparse.Namespace) -> None:
     elif command == "export":
         _limits.check(_limits.EXPORT, micro_batch_size=args.micro_batch_size)
     elif command == "report":
-        _limits.check(_limits.REPORT, top=args.top, trial=getattr(args, "trial", None))
+        _limits.check(_limits.REPORT, top=args.top, trial=args.trial)
     elif command == "dashboard":
         _limits.check(_limits.DASHBOARD, port=args.port)

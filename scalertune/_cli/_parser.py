@@ -105,6 +105,11 @@ def _search(sub: Any) -> None:
                         "(default: no limit)")
     s.add_argument("--steps", type=int, default=200, metavar="N",
                    help="training steps per trial (default: %(default)s)")
+    s.add_argument("--horizon", type=int, metavar="N",
+                   help="training steps the evidence must cover: the steps your training runs, "
+                        "or the part of it you want covered. The float32 reference trains "
+                        "that far once and the finalists are branched from its checkpoints in "
+                        "the late phases (default: what the factory declares, else --steps)")
     s.add_argument("--seed", type=int, default=0, help="seed of the search runs (default: 0)")
     _device_argument(s, "auto (CUDA if present), cpu, cuda or cuda:N (default: %(default)s)")
     s.add_argument("--output", "-o", metavar="FILE",

@@ -13,16 +13,20 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._run._timing import StepTimes
 from scalertune._storage._names import (
+    HORIZON_ATTR,
     JUDGED_ATTR,
     LOSSES_ATTR,
     ROLE_BASELINE,
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
+    ROLE_ISLAND,
     ROLE_REFERENCE,
+    ROLE_REPLAY,
     ROLE_SEARCH,
     RUN_ROLES,
     SCALES_ATTR,
     TIMES_ATTR,
+    TRACE_ATTR,
     TRACEBACK_ATTR,
 )
 
@@ -79,6 +83,8 @@ class Outcome:
             return f"#{self.attrs['confirms']} seed {self.seed}"
         if self.role == ROLE_FLOAT32_CLIP:
             return f"float32, clip {self.config.clip_norm:.3g}"
+        if self.role in (ROLE_ISLAND, ROLE_REPLAY):
+            return f"{self.role} #{self.number}"
         return f"trial #{self.number}"
 
     @property
@@ -152,4 +158,6 @@ def reference_of(study: optuna.Study, seed: int) -> dict[str, Any] | None:
         "step_time_s": attrs.get("step_time_s"),
         "steps_run": attrs.get("steps_run"),
         "step_times": StepTimes.from_dict(times) if times else None,
+        "horizon": trial.system_attrs.get(HORIZON_ATTR),
+        "trace": trial.system_attrs.get(TRACE_ATTR),
     }

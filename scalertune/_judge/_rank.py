@@ -15,34 +15,39 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
 from scalertune._run._timing import StepTimes
 from scalertune._storage._names import ROLE_CONFIRM
 
 
-def time_bounds(outcome: Outcome, times: StepTimes | None) -> tuple[float, float]:
-    """The spread of a run's time to target: steps times its dtype's step-time spread."""
+def time_bounds(outcome: Outcome, times: StepTimes | None,
+                spread: float = 0.0) -> tuple[float, float]:
+    """The range of a run's time to target: its steps (and, at the top, the seed spread of
+    steps) times its dtype's step-time spread."""
     steps = outcome.steps_to_target
     if steps is None or times is None or outcome.config.dtype not in times:
         return math.inf, math.inf
     low, high = times.bounds(outcome.config.dtype)
-    return steps * low, steps * high
+    return steps * low, steps * high * (1 + spread)
 
 
-def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None) -> bool:
-    """Whether ``a`` reaches the target sooner than ``b`` beyond measurement noise: in fewer
-    steps on the same dtype (same step time), or with time-to-target spreads that do not
-    overlap."""
+def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None,
+                  spread: float = 0.0) -> bool:
+    """Whether ``a`` reaches the target sooner than ``b`` beyond the noise: on the same dtype
+    (the same step time) in fewer steps beyond float32's seed-to-seed ``spread``; across
+    dtypes with time-to-target ranges that do not overlap."""
     if a.config.dtype == b.config.dtype:
-        return a.steps_to_target < b.steps_to_target
-    return time_bounds(a, times)[1] < time_bounds(b, times)[0]
+        return a.steps_to_target * (1 + spread) < b.steps_to_target
+    return time_bounds(a, times, spread)[1] < time_bounds(b, times)[0]
 
 
-def tied(a: Outcome, b: Outcome, times: StepTimes | None) -> bool:
-    """Whether two runs that reached the target are equally fast within measurement noise:
-    neither is surely faster (same dtype: equal steps; different dtypes: spreads overlap)."""
-    return not surely_faster(a, b, times) and not surely_faster(b, a, times)
+def tied(a: Outcome, b: Outcome, times: StepTimes | None, spread: float = 0.0) -> bool:
+    """Whether two runs that reached the target are equally fast within the noise: neither
+    is surely faster."""
+    return (not surely_faster(a, b, times, spread)
+            and not surely_faster(b, a, times, spread))
 
 
 def rank_key(outcome: Outcome) -> tuple[int, float, int]:
@@ -64,14 +69,15 @@ def ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:
 
 
 def candidates(ranking: Sequence[Outcome], times: StepTimes | None,
-               clip_norm: float | None) -> list[Outcome]:
+               clip_norm: float | None, spread: float = 0.0) -> list[Outcome]:
     """Distinct configs that reached the target, in the order they are confirmed.
 
     The runs that no other run beats beyond the noise come first (the fastest, and the runs
-    tied with it), ordered by stability, then simplicity, then speed; then the same among the
-    rest, and so on. A run is never tied into the first group by another dtype's wide spread
-    while a run of its own dtype reached the target in fewer steps: that run is surely
-    faster, whatever the spreads.
+    tied with it), the more stable first (fewer skipped steps, beyond the replay's own
+    tolerance of max(2, 20%)), then the simpler (fewer knobs away from PyTorch's defaults),
+    then the faster; then the same among the rest, and so on. A run is never tied into the
+    first group by another dtype's wide spread while a run of its own dtype reached the target
+    in fewer steps beyond the seed spread: that run is surely faster, whatever the timing.
     """
     pool: list[Outcome] = []
     seen: set[AmpConfig] = set()
@@ -81,12 +87,20 @@ def candidates(ranking: Sequence[Outcome], times: StepTimes | None,
             pool.append(outcome)
     ordered: list[Outcome] = []
     while pool:
-        group = [o for o in pool if not any(surely_faster(p, o, times) for p in pool)]
-        group.sort(key=lambda o: (o.stability, o.config.knobs_changed(clip_norm),
-                                  o.time_to_target, o.number))
+        group = [o for o in pool if not any(surely_faster(p, o, times, spread) for p in pool)]
+        fewest = min(o.stability[0] for o in group)
+        group.sort(key=lambda o: (o.stability[0] > fewest + skip_tolerance(fewest),
+                                  o.config.knobs_changed(clip_norm), o.time_to_target,
+                                  o.number))
         ordered.extend(group)
         pool = [o for o in pool if o not in group]
     return ordered
+
+
+def skip_tolerance(skips: float) -> float:
+    """How many more skipped steps than ``skips`` are still the same: the replay's calibrated
+    error, and the run-to-run noise of a skip count."""
+    return max(_policy.SKIP_TOLERANCE_STEPS, _policy.SKIP_TOLERANCE_SHARE * skips)
 
 
 def confirmations_of(candidate: Outcome, outcomes: Sequence[Outcome]) -> dict[int, Outcome]:

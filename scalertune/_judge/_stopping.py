@@ -35,6 +35,8 @@ class Best:
     time_high: float
     label: str
     steps: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    #: float32's seed-to-seed spread of steps to the target: within it, steps tie.
+    spread: float = 0.0
 
 
 class StopRule:
@@ -72,15 +74,17 @@ class StopRule:
         if reason is None:
             return False
         record.prune_kind = record.stopped = "slower"
-        record.prune_reason = f"slower than the best: not at the target after {record.steps_run} steps, {reason}"
+        record.prune_reason = (f"slower than the best: not at the target after "
+                               f"{record.steps_run} steps, {reason}")
         return True
 
     def _slower(self, record: RunRecord) -> str | None:
         best = self.best
         dtype = record.config.dtype
-        if dtype in best.steps and record.steps_run >= best.steps[dtype][0]:
+        if dtype in best.steps and record.steps_run >= best.steps[dtype][0] * (1 + best.spread):
             steps, label = best.steps[dtype]
-            return f"while {label} ({dtype} too) reached it at step {steps}"
+            within = f", {best.spread:.0%} more than that being a tie" if best.spread else ""
+            return f"while {label} ({dtype} too) reached it at step {steps}{within}"
         if self.step_time is None:
             return None
         if (record.steps_run + 1) * self.step_time[0] > best.time_high:

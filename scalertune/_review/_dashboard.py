@@ -43,13 +43,13 @@ from scalertune._storage._names import (
     ROLE_SEARCH,
     SETTINGS_ATTR,
 )
+from scalertune._storage._open import DEFAULT_ARTIFACT_DIR
 from scalertune._storage._redact import redact
 from scalertune._text import readable
 
 if TYPE_CHECKING:
     from scalertune._review._result import SearchResult
 
-DEFAULT_ARTIFACT_DIR = "scalertune-artifacts"
 _INSTALL = "pip install 'scalertune[dashboard]'"
 
 #: What each value of a trial's ``role`` attribute means, as the study note lists them.
@@ -389,7 +389,7 @@ def serve(studies: list[optuna.Study], *, storage_url: str, host: str, port: int
         raise UsageError(f"optuna-dashboard is not installed: {_INSTALL}")
     from optuna_dashboard import run_server
 
-    from scalertune._review._result import analyze
+    from scalertune._review._analyze import analyze
 
     for study in studies:
         if study.user_attrs.get(SETTINGS_ATTR) is not None:

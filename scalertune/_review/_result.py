@@ -15,28 +15,25 @@ import os
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._guard import Guard
 from scalertune._amp._schema import write_result
-from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
-from scalertune._judge._rank import candidates, confirmations_of, ranked
+from scalertune._errors import ParameterError, UsageError
+from scalertune._judge._horizon import finalists, holds
+from scalertune._judge._outcome import Outcome
+from scalertune._judge._phases import PhaseResult, phase_windows
 from scalertune._judge._speedup import Speedup
 from scalertune._judge._target import Target
-from scalertune._review._describe import describe_outcome, forward_overflow_hint
-from scalertune._run._record import skipped_steps
+from scalertune._replay._forecast import forecast
+from scalertune._replay._predict import Prediction, predict
+from scalertune._review import _document, _verdict
+from scalertune._review._describe import forward_overflow_hint
+from scalertune._review._scaler import trace_of
 from scalertune._run._timing import StepTimes
 from scalertune._storage._names import (
     ROLE_BASELINE,
-    ROLE_CONFIRM,
-    ROLE_FLOAT32_CLIP,
-    ROLE_RECOMMENDED,
-    ROLE_SURPLUS,
-    SETTINGS_ATTR,
-    STOPPED_ATTR,
-    TIMES_ATTR,
 )
 
 
@@ -63,10 +60,27 @@ class SearchResult:
     confirmations: dict[int, dict[int, Outcome]]
     #: Runs (of any role) that raised an error.
     failed: int
+    #: The AMP run recommended; ``None`` when float32 is the answer (see :attr:`config`).
     recommended: Outcome | None
-    #: float32 with the recommended config's own clipping, when that differs from the
+    #: float32 with the best AMP config's own clipping, when that differs from the
     #: workload's: what the clipping alone does, and the fair yardstick for the precision.
     float32_clip: Outcome | None = None
+    #: The best AMP config that held for the horizon and was confirmed on every seed, whether
+    #: or not it is faster than float32 on this device (the answer to use on a GPU when a CPU
+    #: search recommends float32).
+    best_amp: Outcome | None = None
+    #: When float32 is the answer: ``float32_clip`` if clipping float32 that way reaches the
+    #: target sooner and holds, else ``None`` (the workload's own float32).
+    float32_choice: Outcome | None = None
+    #: Every distinct config that reached the target, in the order they would be confirmed,
+    #: before the horizon is taken into account (the finalists come from these).
+    pool: list[Outcome] = dataclasses.field(default_factory=list)
+    #: Run number -> how its branches did at the phases of the horizon.
+    phases: dict[int, list[PhaseResult]] = dataclasses.field(default_factory=dict)
+    #: Runs with one module in float32 that a late phase proposed, trained from the start.
+    islands: list[Outcome] = dataclasses.field(default_factory=list)
+    #: float32's seed-to-seed spread of steps to the target: within it, steps tie.
+    spread: float = 0.0
     #: Runs stopped by Ctrl-C or SIGTERM, or lost with a worker that died.
     lost: int = 0
     #: Training steps every run and the step timing executed (reused duplicates cost none).
@@ -84,10 +98,13 @@ class SearchResult:
 
     @property
     def config(self) -> AmpConfig:
-        """The recommended config; float32 (with the workload's own clipping) when no AMP
-        config was confirmed."""
+        """The config to train with: the recommended AMP config, or float32 (with the
+        workload's own clipping, or with the best AMP config's where that reaches the target
+        sooner and holds) when no AMP config is faster on this device."""
         if self.recommended is not None:
             return self.recommended.config
+        if self.float32_choice is not None:
+            return self.float32_choice.config
         return AmpConfig.from_dict(self.settings.get("reference") or {"dtype": "float32"})
 
     @property
@@ -100,9 +117,9 @@ class SearchResult:
 
     @property
     def run_equivalents(self) -> float:
-        """The search's cost: its training steps over the steps of one run."""
-        steps = int(self.settings.get("steps") or 0)
-        return self.steps_trained / steps if steps else math.nan
+        """The search's cost: its training steps over the horizon's (the float32 reference,
+        which trains to the horizon once, is 1)."""
+        return self.steps_trained / self.horizon if self.horizon else math.nan
 
     @property
     def reference_time_to_target(self) -> float:
@@ -113,55 +130,61 @@ class SearchResult:
 
     @property
     def speedup(self) -> Speedup | None:
-        """float32's time to target over the recommendation's, with its spread: steps to
+        """float32's time to target over the best AMP config's, with its spread: steps to
         target on every seed it ran, times the interleaved step-time ratios."""
-        rec, times = self.recommended, self.step_times
-        if rec is None or times is None or rec.config.dtype not in times:
-            return None
-        twin = self.float32_clip
-        if twin is not None and twin.reached and rec.reached:
-            # float32 with the same clipping: the steps it saves are not the precision's
-            ratios = [twin.steps_to_target / rec.steps_to_target]
-        else:
-            runs = [rec, *self.confirmations.get(rec.number, {}).values()]
-            ratios = [self.references[o.seed]["steps_to_target"] / o.steps_to_target
-                      for o in runs if o.seed in self.references and o.reached
-                      and self.references[o.seed].get("steps_to_target")]
-        if not ratios:
-            return None
-        return Speedup.of(ratios, times.ratios(rec.config.dtype))
+        return _verdict.speedup(self, self.best_amp)
 
     @property
     def verdict(self) -> str:
-        device = self.settings.get("device", "this device")
-        if self.recommended is None:
-            if not self.candidates:
-                return (f"no AMP config reached the float32 target without going non-finite; "
-                        f"keep training in float32 on {device}")
-            return (f"no AMP config stayed finite and reached the target on every "
-                    f"confirmation seed; keep training in float32 on {device}")
-        speedup = self.speedup
-        if speedup is None:
-            return f"speed against float32 unknown on {device} (no step timing)"
-        return speedup.verdict(device) + self._clipping_clause()
+        return _verdict.verdict(self)
 
-    def _clipping_clause(self) -> str:
-        """Whose steps the verdict compares with, when the recommendation clips otherwise
-        than the workload: float32 clipped the same way, which is the fair comparison."""
-        twin, ref = self.float32_clip, self.reference
-        if twin is None or ref is None:
-            return ""
-        clip = f"clip {twin.config.clip_norm:.3g}"
-        if not twin.reached:
-            return (f". float32 with the same {clip} never reaches the target, so the "
-                    "comparison is with the float32 reference")
-        said = f". Compared with float32 at the same {clip} (target at step {twin.steps_to_target}"
-        ref_steps = ref.get("steps_to_target")
-        if ref_steps and twin.steps_to_target < 0.9 * ref_steps:
-            said += (f", where the float32 reference needs {ref_steps}: the clipping, not the "
-                     f"precision, saves those steps; clip at {twin.config.clip_norm:.3g} in "
-                     "float32 too")
-        return said + ")"
+    @property
+    def horizon(self) -> int:
+        """The training steps the evidence covers."""
+        return int(self.settings.get("horizon") or self.settings.get("steps") or 0)
+
+    @property
+    def long(self) -> bool:
+        """Whether the horizon goes past a trial (the finalists were branched at its phases)."""
+        return self.horizon > int(self.settings.get("steps") or 0)
+
+    @property
+    def windows(self) -> list[tuple[int, int]]:
+        return phase_windows(self.horizon, int(self.settings.get("steps") or 0))
+
+    @property
+    def finalists(self) -> list[Outcome]:
+        """The candidates branched at every phase of the horizon."""
+        return finalists(self.pool, self.ranking)
+
+    def predict(self, config: AmpConfig, *, horizon: int | None = None) -> Prediction:
+        """What ``config``'s GradScaler will do over the horizon (or ``horizon`` steps of it),
+        replayed from the float32 reference's gradient trace: its ``skipped_steps``, and
+        where; its ``min_scale`` and ``final_scale``; the share of gradient values that flush
+        to zero, per tenth of it.
+
+        Example:
+            >>> result = scalertune.analyze(study)  # doctest: +SKIP
+            >>> result.predict(scalertune.AmpConfig()).skipped_steps  # doctest: +SKIP
+            64
+        """
+        trace = trace_of(self)
+        if trace is None:
+            raise UsageError("this study's float32 reference has no gradient trace (it ran "
+                             "before scalertune recorded one): rerun the search with a new "
+                             "study name")
+        return predict(trace, config, horizon=horizon or self.horizon)
+
+    def forecast(self) -> str | None:
+        """Beyond the horizon: the first module whose forward peaks, at their trend, would
+        reach float16's range, and when; ``None`` where no trend is significant."""
+        trace = trace_of(self)
+        found = forecast(trace, self.horizon) if trace is not None else []
+        return f"Forecast beyond the horizon: {found[0].describe()}" if found else None
+
+    def holds(self, outcome: Outcome) -> bool | None:
+        """Whether ``outcome``'s config holds for the horizon (``None``: not known yet)."""
+        return holds(outcome, self.phases, self.windows)
 
     @property
     def baselines(self) -> dict[str, Outcome]:
@@ -253,155 +276,30 @@ class SearchResult:
 
     def _run(self, name: str) -> Outcome:
         if name == "recommended":
-            if self.recommended is None:
-                raise KeyError("no AMP config was recommended")
-            return self.recommended
+            chosen = self.recommended or self.best_amp
+            if chosen is None:
+                raise KeyError("no AMP config held")
+            return chosen
         if name.startswith("#"):
             return next(o for o in self.ranking if o.number == int(name[1:]))
         return self.baselines[name]
 
     def to_dict(self) -> dict[str, Any]:
         """The recommendation and its evidence as plain data (the YAML file's content)."""
-        rec = self.recommended
-        speedup = self.speedup
-        evidence: dict[str, Any] = {
-            "study": self.study_name,
-            "storage": self.storage,
-            "factory": self.settings.get("factory"),
-            "device": self.settings.get("device"),
-            "steps": self.settings.get("steps"),
-            "search_space": (self.settings.get("space") or {}).get("name"),
-            "verdict": self.verdict,
-            "speedup_vs_float32": None if speedup is None else {
-                "point": _num(speedup.point), "low": _num(speedup.low),
-                "high": _num(speedup.high), "step_time_ratio": _num(speedup.step_time_ratio)},
-        }
-        if rec is not None:
-            confirmed = self.confirmations.get(rec.number, {})
-            evidence["trial"] = rec.number
-            evidence["seeds"] = [rec.seed, *sorted(confirmed)]
-            evidence.update(_run_evidence(rec))
-            evidence["confirmation"] = {
-                f"seed {seed}": _run_evidence(o) for seed, o in sorted(confirmed.items())
-            }
-        if self.float32_clip is not None:
-            evidence["float32_same_clip"] = {"config": self.float32_clip.config.to_dict(),
-                                             **_run_evidence(self.float32_clip)}
-        if self.reference:
-            evidence["float32"] = {
-                "target_loss": _num(self.reference["target_loss"]),
-                "steps_to_target": self.reference.get("steps_to_target"),
-                "step_time_s": _num(self.reference.get("step_time_s")),
-                "time_to_target_s": _num(self.reference_time_to_target),
-            }
-        for name, outcome in self.baselines.items():
-            evidence[name] = {"config": outcome.config.to_dict(), **_run_evidence(outcome)}
-        evidence["cost"] = {"run_equivalents": _num(self.run_equivalents),
-                            "training_steps": self.steps_trained}
-        if self.stop_reason:
-            evidence["stopped_early"] = self.stop_reason
-        data: dict[str, Any] = {"config": self.config.to_dict()}
-        guard = self.guard()
-        if guard is not None:
-            data["guard"] = {"min_scale": guard.min_scale,
-                             "max_consecutive_skips": guard.max_consecutive_skips}
-        data["evidence"] = evidence
-        return data
+        return _document.document(self)
 
     def guard(self) -> Guard | None:
-        """The production guard the evidence supports (float16 recommendations only): a floor
-        ``GUARD_SCALE_MARGIN_POWERS`` powers of two below the smallest scale any run of the
-        recommended config reached, and twice its longest run of skipped steps (at least the
-        search's own limit)."""
-        rec = self.recommended
-        if rec is None or not rec.config.uses_scaler:
-            return None
-        runs = [rec, *self.confirmations.get(rec.number, {}).values()]
-        lowest = min(min(o.scales) if o.scales else o.config.init_scale for o in runs)
-        streak = max(_longest_skip_streak(o) for o in runs)
-        floor = max(lowest / 2.0**_policy.GUARD_SCALE_MARGIN_POWERS, _policy.SCALE_FLOOR)
-        return Guard(min_scale=float(f"{floor:.6g}"),
-                     max_consecutive_skips=max(_policy.MAX_CONSECUTIVE_SKIPS, 2 * streak))
+        """The production guard the evidence supports (see :func:`_document.guard`)."""
+        return _document.guard(self)
 
     def to_yaml(self, path: str) -> None:
         """Write the recommendation; :func:`scalertune.load` reads it back."""
         write_result(self.to_dict(), path)
 
-
-def _longest_skip_streak(outcome: Outcome) -> int:
-    skipped = set(skipped_steps(outcome.scales, outcome.config.init_scale))
-    longest = current = 0
-    for i in range(len(outcome.scales)):
-        current = current + 1 if i in skipped else 0
-        longest = max(longest, current)
-    return longest
-
-
-def _run_evidence(outcome: Outcome) -> dict[str, Any]:
-    a = outcome.attrs
-    out: dict[str, Any] = {"outcome": describe_outcome(outcome)}
-    for key in ("steps_to_target", "time_to_target_s", "step_time_s", "skipped_steps",
-                "min_scale", "final_scale", "first_nonfinite_step", "steps_run",
-                "loss_vs_float32", "loss_vs_float32_step"):
-        if a.get(key) is not None:
-            out[key] = _num(a[key])
-    return out
-
-
-def _num(value: Any) -> Any:
-    if isinstance(value, float):
-        return None if not math.isfinite(value) else float(f"{value:.6g}")
-    return value
-
-
-def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
-    """Rebuild the result of a search from the study alone (no training runs)."""
-    settings = study.user_attrs.get(SETTINGS_ATTR) or {}
-    trials = study.get_trials(deepcopy=False)
-    outcomes = outcomes_of(trials)
-    ranking = ranked(outcomes)
-    references = {s: ref for s in (int(settings.get("seed", 0)), *_policy.CONFIRM_SEEDS)
-                  if (ref := reference_of(study, s)) is not None}
-    seed_ref = references.get(int(settings.get("seed", 0)))
-    times = seed_ref.get("step_times") if seed_ref else None
-    clip = (settings.get("reference") or {}).get("clip_norm")
-    ordered = candidates(ranking, times, clip)[:_policy.CONFIRM_TOP]
-    failed_confirms = [Outcome.from_trial(t) for t in trials
-                       if t.state == TrialState.FAIL and t.user_attrs.get("role") == ROLE_CONFIRM
-                       and "error" in t.user_attrs]
-    confirmations = {c.number: confirmations_of(c, [*outcomes, *failed_confirms])
-                     for c in ordered}
-    twins = [Outcome.from_trial(t) for t in trials
-             if t.user_attrs.get("role") == ROLE_FLOAT32_CLIP
-             and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    result = SearchResult(
-        study_name=study.study_name, storage=storage, settings=settings,
-        references=references, ranking=ranking, candidates=ordered,
-        confirmations=confirmations,
-        failed=sum(t.state == TrialState.FAIL and "error" in t.user_attrs
-                   and t.user_attrs.get("role") != ROLE_SURPLUS for t in trials),
-        lost=sum(t.state == TrialState.FAIL and "error" not in t.user_attrs for t in trials),
-        recommended=None, steps_trained=_steps_trained(trials),
-        reused=sum(o.reused for o in outcomes),
-        stop_reason=study.user_attrs.get(STOPPED_ATTR), study=study,
-    )
-    recommended = next((c for c in ordered if result.confirmation_state(c) == "confirmed"
-                        and all(result.confirmation_state(b) == "failed"
-                                for b in ordered[:ordered.index(c)])), None)
-    twin = None if recommended is None else next(
-        (o for o in twins if o.seed == recommended.seed
-         and o.config.clip_norm == recommended.config.clip_norm), None)
-    return dataclasses.replace(result, recommended=recommended, float32_clip=twin)
-
-
-def _steps_trained(trials: list[optuna.trial.FrozenTrial]) -> int:
-    total = 0
-    for trial in trials:
-        attrs = trial.user_attrs
-        if "duplicate_of" in attrs or attrs.get("role") == ROLE_RECOMMENDED:
-            continue
-        total += int(attrs.get("steps_run") or 0)
-        times = trial.system_attrs.get(TIMES_ATTR)
-        if times:
-            total += int(times.get("steps", 0))
-    return total
+    def for_trial(self, number: int) -> "SearchResult":
+        """The same evidence with trial ``number``'s config as the answer (``report --trial``):
+        its YAML loads that config, and says it was chosen by hand."""
+        chosen = next((o for o in [*self.ranking, *self.islands] if o.number == number), None)
+        if chosen is None:
+            raise ParameterError("trial", f"must be a finished run of this study, got {number}")
+        return dataclasses.replace(self, recommended=chosen, best_amp=chosen)

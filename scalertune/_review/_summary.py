@@ -1,43 +1,74 @@
-"""The terminal summary: float32, the baselines, the best trials, what was pruned, the verdict."""
+"""The terminal summary: float32, the baselines, the best trials, the phases of the horizon,
+what the scaler will do over it, what was pruned, the answer and its verdict."""
 
 from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from typing import TYPE_CHECKING, Any
 
+from scalertune._judge._horizon import behind_from
 from scalertune._judge._outcome import Outcome
 from scalertune._review._describe import describe_outcome
+from scalertune._review._scaler import replay_agreement, scaler_advice
 from scalertune._run._record import PRUNE_KINDS
 from scalertune._run._timing import spread
 from scalertune._storage._names import ROLE_SEARCH
-from scalertune._text import format_table
+from scalertune._text import format_table, plural
 
 if TYPE_CHECKING:
     from scalertune._review._result import SearchResult
 
 _COLUMNS = ("run", "config", "skipped", "min scale", "steps to target", "ms/step",
             "time to target", "loss/fp32 @step", "steps run")
+#: The summary's paragraphs (the verdict) are wrapped to this width.
+_WIDTH = 100
 
 
 def render(result: "SearchResult", *, top: int) -> str:
-    s = result.settings
-    lines = [f"scalertune study {result.study_name!r}"
-             + (f" in {result.storage}" if result.storage else ""),
-             f"  workload {s.get('factory')}, {s.get('steps')} steps, seed {s.get('seed')}, "
-             f"space {(s.get('space') or {}).get('name')!r}, on {s.get('device')}"]
-    ref, target = result.reference, result.target
-    if ref is None or target is None:
+    lines = _head(result)
+    if result.reference is None or result.target is None:
         lines.append("  no float32 reference yet: nothing to compare with.")
         return "\n".join(lines)
+    lines += ["", *format_table(_rows(result, top)), ""]
+    if result.long:
+        lines += [*_phases(result), ""]
+    lines += _notes(result)
+    lines += ["", *_answer(result)]
+    return "\n".join(lines)
+
+
+def _head(result: "SearchResult") -> list[str]:
+    s = result.settings
+    horizon = (f", horizon {result.horizon} steps" if result.long else "")
+    lines = [f"scalertune study {result.study_name!r}"
+             + (f" in {result.storage}" if result.storage else ""),
+             f"  workload {s.get('factory')}, {s.get('steps')} steps per trial{horizon}, "
+             f"seed {s.get('seed')}, space {(s.get('space') or {}).get('name')!r}, "
+             f"on {s.get('device')}"]
+    target = result.target
+    if target is None:
+        return lines
     lines.append(f"  float32 target loss {target.loss:.4g} (float32 ends at "
                  f"{target.reference_final:.4g}, from {target.reference_start:.4g})")
+    reached = [(seed, r.get("steps_to_target")) for seed, r in sorted(result.references.items())]
+    if len(reached) > 1:
+        lines.append("  float32 reaches its own target at steps "
+                     + ", ".join(str(steps) for _, steps in reached)
+                     + f" on seeds {', '.join(str(seed) for seed, _ in reached)}: within a dtype, "
+                     f"fewer steps by less than {result.spread:.0%} is a tie")
     times = result.step_times
     if times is not None:
         lines.append("  step time, interleaved: " + ", ".join(
             f"{d} {times.median(d) * 1e3:.3g} ms" + ("" if d == "float32" else
                                                      f" ({_spread(times.ratios(d))} float32's)")
             for d in times.rounds))
+    return lines
+
+
+def _rows(result: "SearchResult", top: int) -> list[tuple[str, ...]]:
+    ref = result.reference
     rows: list[tuple[str, ...]] = [_COLUMNS]
     ref_config = result.settings.get("reference") or {}
     rows.append(("float32 reference", _describe_reference(ref_config), "-", "-",
@@ -48,54 +79,111 @@ def render(result: "SearchResult", *, top: int) -> str:
     for name, outcome in result.baselines.items():
         rows.append(_row(name, outcome))
     searched = [o for o in result.ranking if o.role == ROLE_SEARCH and o.state == "complete"]
-    for outcome in searched[:top]:
-        rows.append(_row(f"trial #{outcome.number}", outcome))
-    lines.append("")
-    lines.extend(format_table(rows))
-    lines.append("")
-    for name, outcome in result.baselines.items():
-        lines.append(f"{name}: {describe_outcome(outcome)}")
-    searched_runs = [o for o in result.ranking if o.role == ROLE_SEARCH]
-    n_search = len(searched_runs)
-    pruned: dict[str, int] = {}
-    for o in searched_runs:
-        if o.state == "pruned":
-            pruned[o.prune_kind or "unknown"] = pruned.get(o.prune_kind or "unknown", 0) + 1
-    counted = ", ".join(f"{n} {PRUNE_KINDS.get(k, k)}" for k, n in sorted(pruned.items()))
-    reused = result.reused
-    lines.append(f"{n_search} sampled trials finished; pruned {sum(pruned.values())}"
-                 + (f" ({counted})" if counted else "")
-                 + (f"; {reused} reused an earlier run of the same config" if reused else ""))
-    broken = [f"{_runs(result.failed)} raised an error"] if result.failed else []
+    others = [o for o in result.ranking if o.role not in (ROLE_SEARCH, "baseline")]
+    for outcome in [*others, *searched[:top]]:
+        rows.append(_row(outcome.label, outcome))
+    return rows
+
+
+def _phases(result: "SearchResult") -> list[str]:
+    """Each finalist's branches, window by window: its loss over float32's there."""
+    windows = result.windows
+    rows: list[tuple[str, ...]] = [("phases of the horizon", "config",
+                                    *(f"{a}-{b}" for a, b in windows), "holds")]
+    for run in [*result.finalists, *result.islands,
+                *([result.float32_clip] if result.float32_clip else [])]:
+        done = {p.start: p for p in result.phases.get(run.number, [])}
+        cells = [_phase_cell(done.get(a)) for a, _ in windows]
+        verdict = result.holds(run)
+        rows.append((run.label, run.config.describe(), *cells,
+                     {True: "yes", False: "no", None: "pending"}[verdict]))
+    notes = [f"{run.label}: {behind_from(result.phases.get(run.number, []))}"
+             for run in [*result.finalists, *result.islands] if result.holds(run) is False]
+    return [*format_table(rows), *notes]
+
+
+def _phase_cell(phase: Any) -> str:
+    if phase is None:
+        return "-"
+    return "non-finite" if phase.nonfinite else f"{phase.ratio:.3g}x" + (
+        " behind" if phase.behind else "")
+
+
+def _notes(result: "SearchResult") -> list[str]:
+    lines = [f"{name}: {describe_outcome(outcome)}" for name, outcome in result.baselines.items()]
+    lines.append(_counts(result))
+    broken = [f"{plural(result.failed, 'run')} raised an error"] if result.failed else []
     if result.lost:
-        broken.append(f"{_runs(result.lost)} interrupted or lost with their worker")
+        broken.append(f"{plural(result.lost, 'run')} interrupted or lost with "
+                      f"{'its' if result.lost == 1 else 'their'} worker")
     if broken:
         why = " (each trial's error attribute says why)" if result.failed else ""
         lines.append(f"Failed: {'; '.join(broken)}{why}")
     if result.stop_reason:
         lines.append(f"Sampling stopped early: {result.stop_reason}")
-    hint = result.forward_overflow_hint()
-    if hint:
-        lines.append(hint)
-    lines.append("")
-    rec = result.recommended
+    lines += [text for text in (scaler_advice(result), replay_agreement(result),
+                                result.forward_overflow_hint(), result.forecast()) if text]
+    return lines
+
+
+def _counts(result: "SearchResult") -> str:
+    searched = [o for o in result.ranking if o.role == ROLE_SEARCH]
+    pruned: dict[str, int] = {}
+    for o in searched:
+        if o.state == "pruned":
+            pruned[o.prune_kind or "unknown"] = pruned.get(o.prune_kind or "unknown", 0) + 1
+    counted = ", ".join(f"{n} {PRUNE_KINDS.get(k, k)}" for k, n in sorted(pruned.items()))
+    return (f"{plural(len(searched), 'sampled trial')} finished; pruned {sum(pruned.values())}"
+            + (f" ({counted})" if counted else "")
+            + (f"; {result.reused} reused an earlier run of the same config"
+               if result.reused else ""))
+
+
+def _answer(result: "SearchResult") -> list[str]:
+    rec, best = result.recommended, result.best_amp
+    if result.interrupted and best is None and rec is None:
+        return [f"Recommended: pending: the search was interrupted before "
+                f"{_pending(result)}; rerun the same command to finish it",
+                f"Cost so far: {_cost(result)}"]
+    lines = []
     if rec is not None:
-        seeds = sorted(result.confirmations.get(rec.number, {}))
         lines.append(f"Recommended: {rec.label} [{rec.config.describe()}]")
-        lines.append(f"  confirmed on seeds {', '.join(map(str, [rec.seed, *seeds]))}: "
-                     f"{describe_outcome(rec)}")
+        lines.append(f"  {_confirmed(result, rec)}")
     else:
-        lines.append("Recommended: float32 (no autocast, no scaler)")
-    ahead = result.candidates.index(rec) if rec else len(result.candidates)
+        lines.append(f"Recommended: {result.config.describe()} (no autocast, no scaler)")
+        if best is not None:
+            lines.append(f"  best AMP config that holds: {best.label} [{best.config.describe()}]"
+                         f", {_confirmed(result, best)}")
+    ahead = result.candidates.index(best) if best in result.candidates else len(
+        result.candidates)
     for candidate in result.candidates[:ahead]:
         lines.append(f"  not confirmed: {candidate.label} [{candidate.config.describe()}] "
                      f"{_confirm_failure(result, candidate)}")
-    lines.append(f"Verdict: {result.verdict}")
-    lines.append(f"Cost: {result.run_equivalents:.1f} float32 runs ({result.steps_trained} "
-                 f"training steps over all runs and the step timing)")
+    lines += textwrap.wrap(f"Verdict: {result.verdict}", _WIDTH, subsequent_indent="  ")
+    lines.append(f"Cost: {_cost(result)}")
     if result.interrupted:
-        lines.append("Interrupted: every finished trial is kept; rerun the same command to resume.")
-    return "\n".join(lines)
+        lines.append("Interrupted: every finished trial is kept; rerun the same command to "
+                     "resume.")
+    return lines
+
+
+def _pending(result: "SearchResult") -> str:
+    if result.long and any(result.holds(f) is None for f in result.finalists):
+        return "its finalists were branched at every phase of the horizon"
+    return "its best candidate was confirmed on the other seeds"
+
+
+def _confirmed(result: "SearchResult", run: Outcome) -> str:
+    seeds = sorted(result.confirmations.get(run.number, {}))
+    holds = "; holds at every phase of the horizon" if result.long else ""
+    return (f"confirmed on seeds {', '.join(map(str, [run.seed, *seeds]))}: "
+            f"{describe_outcome(run)}{holds}")
+
+
+def _cost(result: "SearchResult") -> str:
+    return (f"{result.run_equivalents:.1f} run-equivalents of the horizon "
+            f"({result.steps_trained} training steps over all runs and the step timing, "
+            f"over {result.horizon})")
 
 
 def _confirm_failure(result: "SearchResult", candidate: Outcome) -> str:
@@ -109,12 +197,14 @@ def _row(label: str, o: Outcome) -> tuple[str, ...]:
     if o.state == "pruned":
         kind = o.prune_kind or "pruned"
         step = a.get("first_nonfinite_step") if kind != "slower" else a.get("steps_run")
-        reached = f"{'slower' if kind == 'slower' else 'pruned'}@{step if step is not None else '?'}"
+        where = step if step is not None else "?"
+        reached = f"{'slower' if kind == 'slower' else 'pruned'}@{where}"
     else:
         reached = _int(a.get("steps_to_target"))
     ratio = a.get("loss_vs_float32")
     at = "-" if ratio is None else f"{float(ratio):.3g} @{a.get('loss_vs_float32_step')}"
-    return (label, o.config.describe(), _int(a.get("skipped_steps")), _g(a.get("min_scale")),
+    scale = _g(a.get("min_scale")) if o.config.uses_scaler else "-"
+    return (label, o.config.describe(), _int(a.get("skipped_steps")), scale,
             reached, _ms(a.get("step_time_s")),
             _sec(o.time_to_target if o.reached else math.nan), at, _int(a.get("steps_run")))
 
@@ -143,7 +233,3 @@ def _ms(v: Any) -> str:
 
 def _sec(v: float) -> str:
     return "-" if not math.isfinite(v) else f"{v:.3g}s"
-
-
-def _runs(n: int) -> str:
-    return f"{n} run" if n == 1 else f"{n} runs"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -14,12 +15,13 @@ from scalertune._workload._contract import build_workload, to_device
 from scalertune._workload._loader import one_line
 
 
-def check_loss(loss: Any) -> None:
-    """A step's result must be a scalar tensor; say so in one line otherwise."""
+def check_loss(loss: Any, output: Any = None) -> None:
+    """A step's result must be a scalar tensor; say so in one line otherwise (``output``, the
+    model's output that ``loss_fn`` was given, tells a Hugging Face model's apart)."""
     if not isinstance(loss, torch.Tensor):
         raise UsageError(
             f"the loss is a {type(loss).__name__}, not a tensor: loss_fn (or step) must "
-            "return the scalar loss tensor"
+            f"return the scalar loss tensor{_model_output_hint(output)}"
         )
     if loss.dim() != 0:
         raise UsageError(
@@ -28,12 +30,21 @@ def check_loss(loss: Any) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What the first float32 step found out about the workload."""
+
+    #: The float32 reference's config: float32, clipped as the workload asks.
+    reference: AmpConfig
+    #: The horizon the workload declares (the steps its training runs), if any.
+    horizon: int | None
+
+
 def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int,
-              islands: set[str] = frozenset()) -> AmpConfig:
+              islands: set[str] = frozenset()) -> Checked:
     """One float32 step on a fresh workload: catches a bad loss before any study row exists.
 
-    Also checks that every module named in ``islands`` exists. Returns the config of the
-    float32 reference (float32, clipped as the workload asks).
+    Also checks that every module named in ``islands`` exists.
     """
     workload = build_workload(factory, seed=seed, device=device)
     AmpRuntime(AmpConfig(fp32_modules=tuple(sorted(islands))), device=device).prepare(
@@ -43,7 +54,8 @@ def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int,
     try:
         if workload.step is None:
             inputs, targets = batch
-            check_loss(workload.loss_fn(workload.model(inputs), targets))
+            output = workload.model(inputs)
+            check_loss(workload.loss_fn(output, targets), output)
         loss = step_function(workload)(workload, batch, amp)
     except UsageError:
         raise
@@ -55,4 +67,15 @@ def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int,
             "the step function never called amp.step(optimizer): call amp.backward(loss) "
             "and amp.step(optimizer) so the scaler and clipping run"
         )
-    return AmpConfig(dtype="float32", clip_norm=workload.clip_norm)
+    return Checked(reference=AmpConfig(dtype="float32", clip_norm=workload.clip_norm),
+                   horizon=workload.horizon)
+
+
+def _model_output_hint(output: Any) -> str:
+    """Why a Hugging Face model's output gave no loss, and the two ways out."""
+    if not (hasattr(output, "logits") or (isinstance(output, Mapping) and "logits" in output)):
+        return ""
+    return ("; the model returned a Hugging Face output, whose loss is None unless the model "
+            "is given labels (scalertune calls model(inputs) with each batch's first "
+            "element): compute the loss from output.logits in loss_fn, or give a step "
+            "function that calls model(input_ids=..., labels=...)")

@@ -25,9 +25,9 @@ import torch
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._amp._runtime import AmpRuntime
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
 from scalertune._run._checkpoint import rng_state, set_rng_state
+from scalertune._run._probe import NoStep
 from scalertune._workload._contract import Workload, to_device
 
 _ENGINE = torch.autograd.Variable._execution_engine  # noqa: SLF001 - autograd's callback queue
@@ -105,7 +105,7 @@ class TraceCollector:
         model = workload.model
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
         state = rng_state()
-        amp = _Probe(AmpConfig(dtype="float32"), device=self._hooks.device)
+        amp = NoStep(AmpConfig(dtype="float32"), device=self._hooks.device)
         rows = []
         try:
             for batch in itertools.islice(iter(workload.batches),
@@ -120,14 +120,6 @@ class TraceCollector:
                     value.copy_(buffers[name])
             set_rng_state(state)
         return np.array(rows, np.float32)
-
-
-class _Probe(AmpRuntime):
-    """A float32 runtime whose step leaves the optimizer alone: the probe's gradients are
-    looked at, not applied."""
-
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.steps += 1
 
 
 class _Hooks:

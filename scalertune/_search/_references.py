@@ -21,15 +21,18 @@ import glob
 import os
 import re
 import shutil
-from typing import Callable
+from typing import Any, Callable
 
 import optuna
 
+from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import SearchError, UsageError
+from scalertune._judge._horizon import seed_spread
 from scalertune._judge._outcome import reference_of
 from scalertune._judge._phases import phase_windows
 from scalertune._judge._target import Target
+from scalertune._replay._trace import Trace
 from scalertune._run._loop import Plan
 from scalertune._run._memory import release_memory
 from scalertune._run._record import RunRecord
@@ -61,6 +64,8 @@ class References:
         self.dtypes, self.log = dtypes, log
         self._targets: dict[int, Target] = {}
         self._times: StepTimes | None = None
+        self._stored: dict[int, dict[str, Any]] = {}
+        self._traces: dict[int, Trace] = {}
 
     def target(self, seed: int) -> Target:
         """The float32 target of ``seed``; runs and stores the reference if nobody has."""
@@ -79,6 +84,29 @@ class References:
         self.target(self.setup.seed)
         return self._times
 
+    def reference(self, seed: int) -> dict[str, Any]:
+        """The stored float32 reference of ``seed`` (run first if nobody has)."""
+        self.target(seed)
+        if seed not in self._stored:
+            self._stored[seed] = reference_of(self.study, seed)
+        return self._stored[seed]
+
+    def horizon(self, seed: int) -> dict[str, Any]:
+        """The reference's horizon record: its windows' losses and their checkpoints."""
+        return self.reference(seed)["horizon"]
+
+    def trace(self, seed: int) -> Trace:
+        """The reference's gradient trace."""
+        if seed not in self._traces:
+            self._traces[seed] = Trace.decode(self.reference(seed)["trace"])
+        return self._traces[seed]
+
+    def spread(self) -> float:
+        """float32's seed-to-seed spread of steps to its own target, over the search's seed
+        and the confirmation seeds (their references run now if they have not)."""
+        seeds = (self.setup.seed, *_policy.CONFIRM_SEEDS)
+        return seed_spread([self.reference(s)["steps_to_target"] for s in seeds])
+
     @property
     def checkpoints(self) -> str:
         """The folder of this study's float32 checkpoints."""
@@ -91,7 +119,7 @@ class References:
         long = main and self.setup.long
         self.log(f"float32 reference, seed {seed}"
                  + (f", to the horizon of {self.setup.horizon} steps" if long else "") + " ...")
-        record = self._train(seed, long)
+        record = self._train(seed, main, long)
         target = Target.from_reference(record.losses[:self.setup.steps])
         try:
             target.check_learned(self.setup.steps)
@@ -105,10 +133,10 @@ class References:
             f"{d} {times.median(d) * 1e3:.3g} ms" for d in times.rounds)
         self.log(f"float32 reference, seed {seed}: target loss {target.loss:.4g}{measured}")
 
-    def _train(self, seed: int, long: bool) -> RunRecord:
+    def _train(self, seed: int, main: bool, long: bool) -> RunRecord:
         """The reference run itself, to the horizon with its checkpoints when ``long``."""
         steps = self.setup.horizon if long else self.setup.steps
-        plan = self._plan() if long else None
+        plan = self._plan() if long else (Plan(watcher=TraceCollector(steps)) if main else None)
         try:
             record = execute(self.setup, self.config, steps=steps, seed=seed, plan=plan)
         except FactoryError as exc:
@@ -136,10 +164,11 @@ class References:
         saved = sorted((int(m.group(1)), p) for p in glob.glob(self._path("*"))
                        if (m := re.search(r"step(\d+)\.pt$", p)) and int(m.group(1)) in save_at)
         if not saved:
-            return Plan(save_at=save_at, watcher=TraceCollector())
+            return Plan(save_at=save_at, watcher=TraceCollector(horizon))
         step, path = saved[-1]
         self.log(f"float32 reference: resuming from its checkpoint at step {step}")
-        return Plan(save_at=save_at, checkpoint=path, resume=True, watcher=TraceCollector())
+        return Plan(save_at=save_at, checkpoint=path, resume=True,
+                    watcher=TraceCollector(horizon))
 
     def _path(self, step: int | str) -> str:
         return os.path.join(self.checkpoints, f"reference-seed{self.setup.seed}-step{step}.pt")

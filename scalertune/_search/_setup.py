@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
 from typing import Any, Callable
 
 import torch
 
 from scalertune import _limits
+from scalertune._amp._device import resolve_device
+from scalertune._errors import ParameterError, UsageError
+from scalertune._run._preflight import preflight
 from scalertune._search._space import SearchSpace
+from scalertune._storage._open import DEFAULT_ARTIFACT_DIR
+from scalertune._text import plural
+from scalertune._workload._loader import FactoryError, factory_name, load_factory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,3 +54,45 @@ class Setup:
         """Whether the horizon goes past a trial: then the reference trains to it, and the
         finalists are branched at its phases."""
         return self.horizon > self.steps
+
+
+def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
+            fp32_modules: str | None, n_trials: int, steps: int, horizon: int | None,
+            seed: int, device: str | None, timeout: float | None,
+            isolation: Isolation | None, artifact_dir: str | None,
+            ) -> tuple[Setup, dict[str, Any]]:
+    """Everything a search checks before it writes anything: its numbers, its space, the
+    device, the factory and one float32 step of it; the setup and the study's settings."""
+    _limits.check(_limits.SEARCH, n_trials=n_trials, steps=steps, horizon=horizon, seed=seed,
+                  timeout=timeout)
+    space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
+    if fp32_modules:
+        space = space.with_islands(fp32_modules)
+    dev = resolve_device(device)
+    user_factory = load_factory(factory, isolated=isolation is not None)
+    try:
+        checked = preflight(user_factory, device=dev, seed=seed, islands=space.island_names)
+    except FactoryError as exc:
+        raise UsageError(f"the factory {factory_name(factory)} raised {exc}: fix it and "
+                         "rerun") from None
+    horizon = horizon or checked.horizon or steps
+    if horizon < steps:
+        raise ParameterError("horizon", f"must be at least steps ({steps}): it is the "
+                             f"training the evidence covers, at least one trial; got {horizon}")
+    setup = Setup(spec=factory, factory=user_factory, space=space, device=dev, steps=steps,
+                  seed=seed, n_trials=n_trials, clip_norm=checked.reference.clip_norm,
+                  isolation=isolation, horizon=horizon,
+                  checkpoints=os.path.join(artifact_dir or DEFAULT_ARTIFACT_DIR, "checkpoints"))
+    settings = {
+        "factory": factory_name(factory), "steps": steps, "horizon": horizon, "seed": seed,
+        "space": space.to_dict(), "device_type": dev.type, "device": describe_device(dev),
+        "reference": checked.reference.to_dict(),
+    }
+    return setup, settings
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    threads = torch.get_num_threads()
+    return f"{device.type} ({platform.machine()}, {plural(threads, 'thread')})"

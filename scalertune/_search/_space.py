@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import optuna
 
-from scalertune._amp._config import AmpConfig
+from scalertune._amp._config import DTYPES, AmpConfig
 from scalertune._amp._yaml import parse_yaml, read_yaml
 from scalertune._errors import UsageError
 from scalertune._search import _points
@@ -101,6 +101,12 @@ class SearchSpace:
         if "fp32_modules" in params:
             _check_islands(name, params["fp32_modules"])
         return cls(name=name, params=params, description=description)
+
+    @property
+    def timed_dtypes(self) -> list[str]:
+        """The dtypes whose step time a study measures: the space's, float32 (the reference)
+        and float16 (the baselines), in a fixed order."""
+        return [d for d in DTYPES if d in {*self.dtypes, "float16", "float32"}]
 
     @property
     def island_names(self) -> set[str]:

@@ -33,6 +33,7 @@ from scalertune import _policy
 from scalertune._amp._config import DTYPES
 from scalertune._errors import UsageError
 from scalertune._judge._outcome import encode_scales
+from scalertune._judge._phases import phase_windows
 from scalertune._judge._target import Target, smoothed
 from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes
@@ -40,12 +41,14 @@ from scalertune._search._space import SearchSpace
 from scalertune._storage._names import (
     CONSTRAINT_ATTR,
     CONSTRAINTS_ATTR,
+    HORIZON_ATTR,
     JUDGED_ATTR,
     LOSSES_ATTR,
     ROLE_REFERENCE,
     SCALES_ATTR,
     SETTINGS_ATTR,
     TIMES_ATTR,
+    TRACE_ATTR,
 )
 from scalertune._storage._open import first_line
 from scalertune._storage._redact import redact
@@ -113,14 +116,31 @@ def _short(value: Any) -> str:
 
 
 def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any],
-                  times: StepTimes | None) -> None:
-    """Store a finished float32 run as the reference trial of its seed, in one write."""
-    target = Target.from_reference(record.losses)
-    steps = target.steps_to_target(record.losses)
+                  times: StepTimes | None, *, steps: int,
+                  checkpoints: dict[int, str]) -> None:
+    """Store a finished float32 run as the reference trial of its seed, in one write.
+
+    Its first ``steps`` losses define the target of the trials; a reference to a longer
+    horizon also stores its losses over each phase window (float32's own continuation,
+    which a branch from the window's checkpoint is compared with) and where those
+    checkpoints are. Its gradient trace goes with it."""
+    early = record.losses[:steps]
+    target = Target.from_reference(early)
+    reached = target.steps_to_target(early)
     step_time = times.median("float32") if times else record.median_step_time
-    system_attrs: dict[str, Any] = {LOSSES_ATTR: record.losses, **_constraints(0.0)}
+    system_attrs: dict[str, Any] = {LOSSES_ATTR: early, **_constraints(0.0)}
     if times is not None:
         system_attrs[TIMES_ATTR] = times.to_dict()
+    if record.trace is not None:
+        system_attrs[TRACE_ATTR] = record.trace.encode()
+    horizon = len(record.losses)
+    if checkpoints:
+        system_attrs[HORIZON_ATTR] = {
+            "horizon": horizon,
+            "windows": {str(start): record.losses[start:end]
+                        for start, end in phase_windows(horizon, steps)},
+            "checkpoints": {str(k): v for k, v in checkpoints.items()},
+        }
     study.add_trial(optuna.trial.create_trial(
         state=TrialState.COMPLETE,
         value=math.inf,
@@ -129,26 +149,29 @@ def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any]
         intermediate_values=relative_curve(record.losses, target),
         user_attrs={
             "role": ROLE_REFERENCE, "seed": record.seed, "config": config,
-            "target_loss": target.loss, "steps_to_target": steps,
+            "target_loss": target.loss, "steps_to_target": reached,
             "step_time_s": step_time,
-            "time_to_target_s": None if steps is None else steps * step_time,
+            "time_to_target_s": None if reached is None else reached * step_time,
             "steps_run": record.steps_run,
         },
         system_attrs=system_attrs,
     ))
 
 
-def relative_curve(losses: list[float], target: Target) -> dict[int, float]:
-    """Step -> smoothed loss over the target at the end of each read-back window (1.0 is the
-    target): what the dashboard plots, on one axis for every run whatever its loss scale."""
+def relative_curve(losses: list[float], target: Target, start: int = 0) -> dict[int, float]:
+    """Step -> log10 of the smoothed loss over the target, at the end of each read-back
+    window (0 is the target): what the dashboard plots, on one axis for every run whatever
+    its loss scale. ``start`` is the run's first step (a branch's); a long run is thinned to
+    about ``CURVE_POINTS`` points."""
     curve = smoothed(losses)
+    every = _policy.READBACK_INTERVAL * max(1, len(curve) // (
+        _policy.CURVE_POINTS * _policy.READBACK_INTERVAL))
     points = {}
-    for end in range(_policy.READBACK_INTERVAL, len(curve) + _policy.READBACK_INTERVAL,
-                     _policy.READBACK_INTERVAL):
+    for end in range(every, len(curve) + every, every):
         step = min(end, len(curve)) - 1
         value = target.relative(curve[step])
         if math.isfinite(value):
-            points[step] = value
+            points[start + step] = value
     return points
 
 

@@ -11,8 +11,6 @@ read-back window; the training loop never waits for a storage write.
 from __future__ import annotations
 
 import math
-import queue
-import threading
 import traceback
 from typing import Any
 
@@ -26,18 +24,19 @@ from scalertune._errors import SearchError
 from scalertune._judge._outcome import Outcome, outcomes_of
 from scalertune._judge._rank import time_bounds
 from scalertune._judge._stopping import Best, StopRule
-from scalertune._judge._target import Target, smoothed
-from scalertune._run._loop import run_config
+from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
+from scalertune._search._branch import run_branch
 from scalertune._search._isolate import (
     TrialCrashed,
     describe_error,
+    execute,
     locate_isolated,
     run_here,
-    run_isolated,
 )
 from scalertune._search._points import fixed_params
 from scalertune._search._references import References
+from scalertune._search._reports import Reports
 from scalertune._search._setup import Setup
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import (
@@ -53,6 +52,9 @@ from scalertune._storage._names import (
     ROLE_BASELINE,
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
+    ROLE_ISLAND,
+    ROLE_PHASE,
+    ROLE_REPLAY,
     ROLE_SEARCH,
     ROLE_SURPLUS,
     TRACEBACK_ATTR,
@@ -89,60 +91,84 @@ class TrialRunner:
 
     def _objective(self, trial: optuna.Trial) -> float:
         take(trial)
-        setup = self.setup
         role = trial.user_attrs.get("role")
         trials = self.study.get_trials(deepcopy=False)
-        if role is None and _surplus(trials, trial.number, setup.n_trials):
+        if role is None and _surplus(trials, trial.number, self.setup.n_trials):
             trial.set_user_attr("role", ROLE_SURPLUS)
             trial.set_user_attr("error", "not run: another worker took the study's last "
                                          "trial slot at the same moment")
             raise TrialFailed()
-        if role in (None, ROLE_SEARCH):
-            config = setup.space.suggest(trial).with_clip(setup.clip_norm)
-            seed, role = setup.seed, ROLE_SEARCH
-            attrs = {"role": role, "config": config.to_dict(), "seed": seed}
-        else:
-            _record_params(trial, setup.space)
-            config = AmpConfig.from_dict(trial.user_attrs["config"])
-            seed, attrs = int(trial.user_attrs["seed"]), {}
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
+        config, seed, role = self._job(trial, role)
         if role == ROLE_SEARCH:
             original = _finished_twin(trials, config, seed, trial.number)
             if original is not None:
                 return self._reuse(trial, config, original)
         target = self.references.target(seed)
-        rule = self._stop_rule(role, config, target, trials)
         try:
-            record = self._execute(config, seed, trial, target, rule)
+            record, judged = self._train(trial, role, config, seed, target, trials)
         except Exception as exc:  # TrialCrashed, or anything the user's code raised
             self._failed(trial, exc)
             raise TrialFailed() from None
         self._any_success = True
-        if record.prune_kind == "forward":
-            self._locate_overflow(trial, config, seed, record)
-        step_time = self._step_time(config)
-        judged = judged_attrs(record, target, step_time)
         store_judged(trial, judged)
         store_curves(trial, record)
-        store_constraint(trial, target.gap(record.losses))
+        store_constraint(trial, target.gap(record.losses) if role != ROLE_PHASE else 0.0)
         self.progress.finished(trial.number, _who(trial.user_attrs, seed), config, record,
                                judged)
-        if record.pruned:
+        if record.pruned and role != ROLE_PHASE:
             raise optuna.TrialPruned(record.prune_reason)
-        # float32 runs are yardsticks, not candidates: never the study's best trial
-        return math.inf if config.dtype == "float32" else objective_value(judged)
+        # float32 runs, other seeds and branches are yardsticks and evidence, not candidates:
+        # never the study's best trial
+        if config.dtype == "float32" or role in (ROLE_CONFIRM, ROLE_PHASE):
+            return math.inf
+        return objective_value(judged)
+
+    def _job(self, trial: optuna.Trial, role: str | None) -> tuple[AmpConfig, int, str]:
+        """The config, seed and role of ``trial``: sampled from the space, or queued."""
+        setup = self.setup
+        if role in (None, ROLE_SEARCH):
+            config = setup.space.suggest(trial).with_clip(setup.clip_norm)
+            for key, value in {"role": ROLE_SEARCH, "config": config.to_dict(),
+                               "seed": setup.seed}.items():
+                trial.set_user_attr(key, value)
+            return config, setup.seed, ROLE_SEARCH
+        _record_params(trial, setup.space)
+        return (AmpConfig.from_dict(trial.user_attrs["config"]), int(trial.user_attrs["seed"]),
+                role)
+
+    def _train(self, trial: optuna.Trial, role: str, config: AmpConfig, seed: int,
+               target: Target, trials: list[FrozenTrial]) -> tuple[RunRecord, dict[str, Any]]:
+        """Run the trial's training and judge it: a short run from the start, or a branch
+        from the float32 reference's checkpoint (``role`` phase)."""
+        step_time = self._step_time(config)
+        if role == ROLE_PHASE:
+            attrs = trial.user_attrs
+            start, end = int(attrs["start"]), int(attrs["end"])
+            reports = Reports(trial, target)
+            record = None
+            try:
+                record, judged = run_branch(self.setup, self.references, config, seed=seed,
+                                            start=start, end=end, on_window=reports.window)
+            finally:
+                reports.close(record if record is not None and record.pruned else None)
+            return record, {**judged_attrs(record, target, step_time), **judged}
+        rule = self._stop_rule(role, config, target, trials)
+        record = self._execute(config, seed, trial, target, rule)
+        if record.prune_kind == "forward":
+            self._locate_overflow(trial, config, seed, record)
+        return record, judged_attrs(record, target, step_time)
 
     def _stop_rule(self, role: str, config: AmpConfig, target: Target,
                    trials: list[FrozenTrial]) -> StopRule:
-        """Search runs and baselines may be pruned as slower than the best; confirmations and
-        float32 with the recommendation's clipping only stop at their target (they must show
-        where it is reached, not race)."""
+        """Search runs, baselines, islands and the replay's choice may be pruned as slower
+        than the best; confirmations and float32 with the recommendation's clipping only
+        stop at their target (they must show where it is reached, not race)."""
         if role in (ROLE_CONFIRM, ROLE_FLOAT32_CLIP):
             return StopRule(target)
         times = self.references.step_times
         step_time = times.bounds(config.dtype) if times and config.dtype in times else None
-        return StopRule(target, step_time=step_time, best=_best(trials, self.setup.seed, times))
+        best = _best(trials, self.setup.seed, times, self.references.spread())
+        return StopRule(target, step_time=step_time, best=best)
 
     def _step_time(self, config: AmpConfig) -> float | None:
         times = self.references.step_times
@@ -150,19 +176,14 @@ class TrialRunner:
 
     def _execute(self, config: AmpConfig, seed: int, trial: optuna.Trial, target: Target,
                  rule: StopRule) -> RunRecord:
-        setup = self.setup
-        reports = _Reports(trial, target)
+        reports = Reports(trial, target)
+        record = None
         try:
-            if setup.isolation is not None:
-                record = run_isolated(setup.spec, config, steps=setup.steps, seed=seed,
-                                      device=setup.device, timeout_s=setup.isolation.timeout_s,
-                                      memory_gb=setup.isolation.memory_gb)
-                reports.window(record, 0, last=record.steps_run)
-                return record
-            return run_here(run_config, setup.factory, config, steps=setup.steps, seed=seed,
-                            device=setup.device, stop=rule, on_window=reports.window)
+            record = execute(self.setup, config, steps=self.setup.steps, seed=seed, stop=rule,
+                             on_window=reports.window)
+            return record
         finally:
-            reports.close()
+            reports.close(record if record is not None and record.pruned else None)
 
     def _reuse(self, trial: optuna.Trial, config: AmpConfig, original: FrozenTrial) -> float:
         """Finish ``trial`` with ``original``'s result: the same config already ran."""
@@ -227,47 +248,6 @@ class TrialRunner:
         self.progress.advance()
 
 
-class _Reports:
-    """Writes a run's curve to the study from a background thread, one point per read-back
-    window: log10 of the smoothed loss over the float32 target (0 = reached), so that runs of
-    any loss scale compare on one axis in the dashboard."""
-
-    def __init__(self, trial: optuna.Trial, target: Target) -> None:
-        self._trial, self._target = trial, target
-        self._queue: queue.SimpleQueue[tuple[float, int] | None] = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._write, name="scalertune-reports",
-                                        daemon=True)
-        self._thread.start()
-
-    def window(self, record: RunRecord, start: int, last: int | None = None) -> None:
-        """Queue the points of the windows that ended since ``start`` (up to ``last``)."""
-        curve = smoothed(record.losses[max(0, start - _policy.SMOOTHING_STEPS):])
-        offset = max(0, start - _policy.SMOOTHING_STEPS)
-        end = record.steps_run if last is None else last
-        for step in range(start, end):
-            if (step + 1) % _policy.READBACK_INTERVAL and step + 1 < end:
-                continue
-            value = self._target.relative(curve[step - offset])
-            if math.isfinite(value):
-                self._queue.put((value, step))
-
-    def _write(self) -> None:
-        while (item := self._queue.get()) is not None:
-            if self._error is None:
-                try:
-                    self._trial.report(*item)
-                except BaseException as exc:  # noqa: BLE001 - raised again in close()
-                    self._error = exc
-
-    def close(self) -> None:
-        """Wait until every point is written (a trial is finished only after its curve)."""
-        self._queue.put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
 def _record_params(trial: optuna.Trial, space: SearchSpace) -> None:
     """Record the parameters a queued run was given, so it shows as a point of the space."""
     fixed = fixed_params(trial)
@@ -290,11 +270,12 @@ def _finished_twin(trials: list[FrozenTrial], config: AmpConfig, seed: int,
     return None
 
 
-def _best(trials: list[FrozenTrial], seed: int, times: Any) -> Best | None:
+def _best(trials: list[FrozenTrial], seed: int, times: Any, spread: float) -> Best | None:
     """The main-seed runs that reached the target soonest: overall, at the slow end of its
     timing spread, and per dtype in steps."""
     runs = [o for o in outcomes_of(trials)
-            if o.role in (ROLE_SEARCH, ROLE_BASELINE) and o.seed == seed and o.reached
+            if o.role in (ROLE_SEARCH, ROLE_BASELINE, ROLE_ISLAND, ROLE_REPLAY)
+            and o.seed == seed and o.reached
             and not o.reused]
     if not runs:
         return None
@@ -303,8 +284,9 @@ def _best(trials: list[FrozenTrial], seed: int, times: Any) -> Best | None:
         dtype = o.config.dtype
         if dtype not in steps or o.steps_to_target < steps[dtype][0]:
             steps[dtype] = (o.steps_to_target, o.label)
-    fastest = min(runs, key=lambda o: time_bounds(o, times)[1])
-    return Best(time_high=time_bounds(fastest, times)[1], label=fastest.label, steps=steps)
+    fastest = min(runs, key=lambda o: time_bounds(o, times, spread)[1])
+    return Best(time_high=time_bounds(fastest, times, spread)[1], label=fastest.label,
+                steps=steps, spread=spread)
 
 
 def counted_search_trials(trials: list[FrozenTrial]) -> int:

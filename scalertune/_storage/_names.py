@@ -16,8 +16,16 @@ ROLE_RECOMMENDED = "recommended"  # the answer, added last so that it is the bes
 ROLE_FLOAT32_CLIP = "float32-clip"
 #: A trial that lost the race for the study's last sampled slot, and never ran.
 ROLE_SURPLUS = "surplus"
+#: A finalist branched from the float32 reference's checkpoint for one window of a phase of
+#: the horizon (``of``: the finalist's trial, ``start`` and ``end``: the window).
+ROLE_PHASE = "phase"
+#: A finalist with one module kept in float32, proposed by a late phase where that module's
+#: precision limited the fit (``island_of``: the finalist), trained from the start.
+ROLE_ISLAND = "island"
+#: The float16 scaler setting the replay found best over the horizon, trained to check it.
+ROLE_REPLAY = "replay"
 #: Runs whose outcome the ranking reads.
-RUN_ROLES = (ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM)
+RUN_ROLES = (ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM, ROLE_ISLAND, ROLE_REPLAY)
 
 #: Study user attributes: the settings the study was created with, why sampling stopped, and
 #: where its pictures are stored.
@@ -35,6 +43,11 @@ SCALES_ATTR = "scalertune.scales"
 JUDGED_ATTR = "scalertune.judged"
 TRACEBACK_ATTR = "scalertune.traceback"
 TIMES_ATTR = "scalertune.step_times"
+#: The float32 reference's horizon: its length, its per-step losses over each phase window
+#: (float32's own continuation) and the checkpoint each window starts from.
+HORIZON_ATTR = "scalertune.horizon"
+#: The float32 reference's gradient trace (``_replay._trace.Trace.encode``).
+TRACE_ATTR = "scalertune.trace"
 
 #: Optuna's constraint, in the per-key form Optuna writes (``<= 0`` is feasible: the run
 #: reached the target) and the list optuna-dashboard reads to mark infeasible trials.
@@ -43,4 +56,5 @@ CONSTRAINTS_ATTR = "constraints"
 
 #: The user attributes that say what a trial runs; a retry copies these and nothing else
 #: (not who ran it, nor how far it got).
-JOB_ATTRS = ("role", "baseline", "confirms", "seed", "config")
+JOB_ATTRS = ("role", "baseline", "confirms", "seed", "config", "of", "start", "end",
+             "island_of", "clip_of")

@@ -30,6 +30,8 @@ from scalertune._errors import UsageError
 from scalertune._storage._redact import HIDDEN, redact
 
 DEFAULT_STORAGE = "sqlite:///scalertune.db"
+#: Where a study's files go by default: its pictures (artifacts), its float32 checkpoints.
+DEFAULT_ARTIFACT_DIR = "scalertune-artifacts"
 #: A path with one of these suffixes names a SQLite database, not a journal file.
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 #: A storage string that starts like a URL without ``://`` (``postgresql:/u:pw@h/db``): it

@@ -1,0 +1,145 @@
+"""The result file's content: ``config`` for the runtime, ``guard``, and the ``evidence``.
+
+``evidence`` says what the answer rests on, in full precision: the study and the device,
+the horizon it covers (``horizon``: steps 0 to it), the verdict and speedup against
+float32, the recommended run and its confirmations, the best AMP config that held
+(``best_amp``, also when float32 is the answer on this device), each finalist's phases,
+float32's figures, the baselines, the replay's prediction of the scaler over the horizon, and
+what the search cost in run-equivalents of the horizon.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from scalertune import _policy
+from scalertune._amp._guard import Guard
+from scalertune._judge._outcome import Outcome
+from scalertune._review._describe import describe_outcome
+from scalertune._review._verdict import speedup, verdict
+from scalertune._run._record import skipped_steps
+
+if TYPE_CHECKING:
+    from scalertune._review._result import SearchResult
+
+
+def document(result: "SearchResult") -> dict[str, Any]:
+    """The recommendation and its evidence as plain data (the YAML file's content)."""
+    data: dict[str, Any] = {"config": result.config.to_dict()}
+    found = guard(result)
+    if found is not None:
+        data["guard"] = {"min_scale": found.min_scale,
+                         "max_consecutive_skips": found.max_consecutive_skips}
+    data["evidence"] = evidence(result)
+    return data
+
+
+def evidence(result: "SearchResult") -> dict[str, Any]:
+    settings, rec = result.settings, result.recommended
+    out: dict[str, Any] = {
+        "study": result.study_name, "storage": result.storage,
+        "factory": settings.get("factory"), "device": settings.get("device"),
+        "steps": settings.get("steps"), "horizon": result.horizon,
+        "covers": f"steps 0-{result.horizon} of the horizon",
+        "search_space": (settings.get("space") or {}).get("name"),
+        "verdict": verdict(result), "speedup_vs_float32": _speedup(result, result.best_amp),
+    }
+    if rec is not None:
+        out.update(_run_block(result, rec))
+    if result.best_amp is not None:
+        out["best_amp"] = {"config": result.best_amp.config.to_dict(),
+                           "speedup_vs_float32": _speedup(result, result.best_amp),
+                           **_run_block(result, result.best_amp)}
+    if result.float32_clip is not None:
+        out["float32_same_clip"] = {"config": result.float32_clip.config.to_dict(),
+                                    **_run_evidence(result.float32_clip)}
+    if result.reference:
+        out["float32"] = _float32(result)
+    if result.long:
+        out["finalists"] = {f.label: {"config": f.config.to_dict(),
+                                      "holds": result.holds(f),
+                                      "phases": _phases(result, f)}
+                            for f in [*result.finalists, *result.islands]}
+    for name, outcome in result.baselines.items():
+        out[name] = {"config": outcome.config.to_dict(), **_run_evidence(outcome)}
+    out["cost"] = {"run_equivalents": _num(result.run_equivalents),
+                   "training_steps": result.steps_trained,
+                   "of": f"{result.horizon}-step runs (the horizon)"}
+    if result.stop_reason:
+        out["stopped_early"] = result.stop_reason
+    return out
+
+
+def _run_block(result: "SearchResult", outcome: Outcome) -> dict[str, Any]:
+    confirmed = result.confirmations.get(outcome.number, {})
+    block = {"trial": outcome.number, "seeds": [outcome.seed, *sorted(confirmed)],
+             **_run_evidence(outcome),
+             "confirmation": {f"seed {s}": _run_evidence(o) for s, o in sorted(confirmed.items())}}
+    if result.long:
+        block["phases"] = _phases(result, outcome)
+    return block
+
+
+def _phases(result: "SearchResult", outcome: Outcome) -> list[dict[str, Any]]:
+    return [{"steps": [p.start, p.end], "loss_vs_float32": _num(p.ratio), "z": _num(p.z),
+             "nonfinite": p.nonfinite, "holds": p.holds}
+            for p in result.phases.get(outcome.number, [])]
+
+
+def _float32(result: "SearchResult") -> dict[str, Any]:
+    ref = result.reference
+    return {"target_loss": _num(ref["target_loss"]),
+            "steps_to_target": ref.get("steps_to_target"),
+            "step_time_s": _num(ref.get("step_time_s")),
+            "time_to_target_s": _num(result.reference_time_to_target),
+            "seed_spread": _num(result.spread)}
+
+
+def _speedup(result: "SearchResult", outcome: Outcome | None) -> dict[str, Any] | None:
+    found = speedup(result, outcome)
+    return None if found is None else {
+        "point": _num(found.point), "low": _num(found.low), "high": _num(found.high),
+        "step_time_ratio": _num(found.step_time_ratio)}
+
+
+def guard(result: "SearchResult") -> Guard | None:
+    """The production guard the evidence supports (float16 recommendations only): a floor
+    ``GUARD_SCALE_MARGIN_POWERS`` powers of two below the smallest scale any run of the
+    recommended config reached, and twice its longest run of skipped steps (at least the
+    search's own limit)."""
+    rec = result.recommended
+    if rec is None or not rec.config.uses_scaler:
+        return None
+    runs = [rec, *result.confirmations.get(rec.number, {}).values()]
+    lowest = min(min(o.scales) if o.scales else o.config.init_scale for o in runs)
+    streak = max(_longest_skip_streak(o) for o in runs)
+    floor = max(lowest / 2.0**_policy.GUARD_SCALE_MARGIN_POWERS, _policy.SCALE_FLOOR)
+    return Guard(min_scale=float(f"{floor:.6g}"),
+                 max_consecutive_skips=max(_policy.MAX_CONSECUTIVE_SKIPS, 2 * streak))
+
+
+def _longest_skip_streak(outcome: Outcome) -> int:
+    skipped = set(skipped_steps(outcome.scales, outcome.config.init_scale))
+    longest = current = 0
+    for i in range(len(outcome.scales)):
+        current = current + 1 if i in skipped else 0
+        longest = max(longest, current)
+    return longest
+
+
+def _run_evidence(outcome: Outcome) -> dict[str, Any]:
+    a = outcome.attrs
+    out: dict[str, Any] = {"outcome": describe_outcome(outcome)}
+    for key in ("steps_to_target", "time_to_target_s", "step_time_s", "skipped_steps",
+                "min_scale", "final_scale", "first_nonfinite_step", "steps_run",
+                "loss_vs_float32", "loss_vs_float32_step"):
+        if a.get(key) is not None:
+            out[key] = _num(a[key])
+    return out
+
+
+def _num(value: Any) -> Any:
+    if isinstance(value, float):
+        return None if not math.isfinite(value) else float(f"{value:.6g}")
+    return value

@@ -1,0 +1,71 @@
+"""What GradScaler will do over the horizon, as the replay tells it, in the summary's words.
+
+- the **advice**: PyTorch's defaults over the whole horizon, against the setting the replay
+  found best (``role: replay``, when one beat them beyond the noise and was trained): whether
+  changing the defaults is worth it at all;
+- the **agreement**: how the replay's predicted skipped steps compare with the search's own
+  float16 runs, each over the steps it trained, within the replay's calibrated tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from scalertune._amp._config import PYTORCH_DEFAULT
+from scalertune._judge._rank import skip_tolerance
+from scalertune._replay._predict import Prediction, predict
+from scalertune._replay._trace import Trace
+from scalertune._storage._names import ROLE_REPLAY
+
+if TYPE_CHECKING:
+    from scalertune._review._result import SearchResult
+
+
+def trace_of(result: "SearchResult") -> Trace | None:
+    ref = result.reference
+    return Trace.decode(ref["trace"]) if ref and ref.get("trace") else None
+
+
+def defaults_prediction(result: "SearchResult", trace: Trace) -> Prediction:
+    """PyTorch's defaults, with the clip and islands of the best float16 run, over the
+    horizon."""
+    run = next((o for o in result.pool if o.config.dtype == "float16"), None)
+    base = PYTORCH_DEFAULT if run is None else dataclasses.replace(
+        PYTORCH_DEFAULT, clip_norm=run.config.clip_norm, fp32_modules=run.config.fp32_modules)
+    return predict(trace, base, horizon=result.horizon)
+
+
+def scaler_advice(result: "SearchResult") -> str | None:
+    """One line: whether changing PyTorch's scaler defaults is worth it over the horizon."""
+    if "float16" not in ((result.settings.get("space") or {}).get("params") or {}).get(
+            "dtype", {"choices": ["float16"]}).get("choices", ["float16"]):
+        return None
+    trace = trace_of(result)
+    if trace is None:
+        return None
+    defaults = defaults_prediction(result, trace)
+    said = f"Scaler over the horizon: PyTorch's defaults: {defaults.describe()}"
+    chosen = next((o for o in result.ranking if o.role == ROLE_REPLAY), None)
+    if chosen is None:
+        return (said + "; no setting of the space skips fewer beyond the noise: PyTorch's "
+                "defaults are as good here, keep them")
+    ours = predict(trace, chosen.config, horizon=result.horizon)
+    return (f"{said}; {chosen.label} [{chosen.config.describe()}] {ours.describe()}: changing "
+            "the defaults is worth it")
+
+
+def replay_agreement(result: "SearchResult") -> str | None:
+    """How many of the search's float16 runs skipped as many steps as the replay predicted
+    for them over the steps they ran, within max(2, 20%)."""
+    trace = trace_of(result)
+    runs = [o for o in result.ranking if o.config.uses_scaler and o.steps_run and o.scales]
+    if trace is None or not runs:
+        return None
+    agree = 0
+    for run in runs:
+        real = int(run.attrs.get("skipped_steps") or 0)
+        predicted = predict(trace, run.config, horizon=min(run.steps_run, trace.steps))
+        agree += abs(predicted.skipped_steps - real) <= skip_tolerance(real)
+    return (f"Replay check: the predicted skipped steps of {agree} of {len(runs)} float16 "
+            "runs match what they really skipped, within max(2, 20%)")

@@ -1,0 +1,108 @@
+"""The verdict of a search: the best AMP config against float32 on this device, and why.
+
+The answer is the config that holds for the horizon and is fastest **on this device**,
+float32 included: float32's time to the target against the best AMP config's (their steps
+to target on every seed, times the interleaved step-time ratios, with the spread of both).
+When the best AMP config clips otherwise than the workload, float32 clipped the same way is
+the comparison (a clip can halve the steps to the target whatever the dtype, and that gain
+is the clip's). AMP is the answer only when it is faster beyond that spread; when it is as
+fast within the noise, or slower (CPUs without native half-precision matmul), float32 is, and
+the best AMP config that held is still carried (``evidence.best_amp``), to use on a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scalertune._judge._horizon import behind_from
+from scalertune._judge._outcome import Outcome
+from scalertune._judge._speedup import Speedup
+
+if TYPE_CHECKING:
+    from scalertune._review._result import SearchResult
+
+
+def speedup(result: "SearchResult", outcome: Outcome | None) -> Speedup | None:
+    """float32's time to target over ``outcome``'s, with its spread."""
+    times = result.step_times
+    if outcome is None or times is None or outcome.config.dtype not in times:
+        return None
+    twin = result.float32_clip
+    if twin is not None and twin.reached and outcome.reached:
+        # float32 with the same clipping: the steps it saves are not the precision's
+        ratios = [twin.steps_to_target / outcome.steps_to_target]
+    else:
+        runs = [outcome, *result.confirmations.get(outcome.number, {}).values()]
+        ratios = [result.references[o.seed]["steps_to_target"] / o.steps_to_target
+                  for o in runs if o.seed in result.references and o.reached
+                  and result.references[o.seed].get("steps_to_target")]
+    if not ratios:
+        return None
+    return Speedup.of(ratios, times.ratios(outcome.config.dtype))
+
+
+def amp_wins(result: "SearchResult", best: Outcome) -> bool:
+    """Whether ``best`` reaches the target sooner than float32 on this device beyond the
+    noise (a tie goes to float32: the simpler config)."""
+    found = speedup(result, best)
+    return found is not None and found.low > 1
+
+
+def verdict(result: "SearchResult") -> str:
+    """The one-paragraph answer the summary, the YAML and the dashboard carry."""
+    device = result.settings.get("device", "this device")
+    best = result.best_amp
+    covers = _covers(result)
+    if best is None:
+        return f"{_no_amp(result)}; keep training in float32 on {device}{covers}"
+    found = speedup(result, best)
+    if found is None:
+        return f"speed against float32 unknown on {device} (no step timing){covers}"
+    said = found.verdict(device)
+    clause = _clipping_clause(result)
+    if result.recommended is None:
+        why = ("CPUs without native half-precision matmul run AMP steps slower than float32"
+               if found.cpu_note(device) else "a tie goes to the simpler config")
+        return (f"train in {result.config.describe()}: the best AMP config that holds, "
+                f"{best.label} [{best.config.describe()}], is "
+                f"{found.verdict(device, note=False)}{clause}. {why}: on a GPU, use it "
+                f"(evidence.best_amp) or run the search there{covers}")
+    return said + clause + covers
+
+
+def _covers(result: "SearchResult") -> str:
+    return f". Evidence covers steps 0-{result.horizon} of the horizon"
+
+
+def _no_amp(result: "SearchResult") -> str:
+    """Why no AMP config is recommended: none reached the target, none held for the
+    horizon (per dtype, where it fell behind), or none was confirmed."""
+    if not result.pool:
+        return "no AMP config reached the float32 target without going non-finite"
+    failed = [f for f in result.finalists + result.islands if result.holds(f) is False]
+    if result.long and failed and not any(result.holds(c) for c in result.pool):
+        per_dtype: dict[str, str] = {}
+        for f in failed:
+            per_dtype.setdefault(f.config.dtype, f"{f.config.dtype} ({f.label}) "
+                                 f"{behind_from(result.phases.get(f.number, []))}")
+        return ("no AMP config holds for the horizon: " + "; ".join(per_dtype.values()))
+    return ("no AMP config stayed finite and reached the target on every confirmation seed"
+            + (" and held for the horizon" if result.long else ""))
+
+
+def _clipping_clause(result: "SearchResult") -> str:
+    """Whose steps the verdict compares with, when the best AMP config clips otherwise than
+    the workload: float32 clipped the same way, which is the fair comparison."""
+    twin, ref = result.float32_clip, result.reference
+    if twin is None or ref is None:
+        return ""
+    clip = f"clip {twin.config.clip_norm:.3g}"
+    if not twin.reached:
+        return (f"; float32 with the same {clip} never reaches the target, so the "
+                "comparison is with the float32 reference")
+    said = f"; against float32 at the same {clip} (target at step {twin.steps_to_target}"
+    ref_steps = ref.get("steps_to_target")
+    if ref_steps and twin.steps_to_target < 0.9 * ref_steps:
+        said += (f", where the float32 reference needs {ref_steps}: the clipping, not the "
+                 "precision, saves those steps")
+    return said + ")"

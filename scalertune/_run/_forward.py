@@ -1,0 +1,54 @@
+"""The late-phase check of a float32 island: a config's loss at a float32 checkpoint's
+weights, forward only, against float32's on the same batches.
+
+Where bfloat16 (or float16) falls behind float32 late in the horizon because one module's
+outputs are too large for its significant bits (the last layer of a regression to readings
+near 1000: bfloat16's spacing there is 4), evaluating the checkpoint's weights under the
+config's autocast already shows it, without a step of training; keeping that module in
+float32 brings the loss back. This measures both, so that only an island that helps is
+branched and trained.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Callable
+
+import torch
+
+from scalertune import _policy
+from scalertune._amp._config import AmpConfig
+from scalertune._run._checkpoint import BatchCursor, load_checkpoint
+from scalertune._run._loop import step_function
+from scalertune._run._memory import release_memory
+from scalertune._run._probe import NoStep
+from scalertune._workload._contract import build_workload, to_device
+
+
+def forward_ratio(factory: Callable[[], Any], config: AmpConfig, checkpoint: str, *,
+                  seed: int, device: torch.device) -> float:
+    """``config``'s mean loss over float32's on the ``ISLAND_PROBE_BATCHES`` batches after the
+    checkpoint, at its weights (``inf`` when ``config``'s is not finite)."""
+    ours = _mean_loss(factory, config, checkpoint, seed=seed, device=device)
+    theirs = _mean_loss(factory, AmpConfig(dtype="float32"), checkpoint, seed=seed,
+                        device=device)
+    return ours / theirs if math.isfinite(ours) and theirs > 0 else math.inf
+
+
+def _mean_loss(factory: Callable[[], Any], config: AmpConfig, checkpoint: str, *,
+               seed: int, device: torch.device) -> float:
+    workload = build_workload(factory, seed=seed, device=device)
+    try:
+        cursor = BatchCursor(workload.batches)
+        load_checkpoint(checkpoint, workload, cursor)
+        amp = NoStep(AmpConfig(dtype=config.dtype, fp32_modules=config.fp32_modules),
+                     device=device)
+        amp.prepare(workload.model)
+        step = step_function(workload)
+        losses = [float(step(workload, to_device(batch, device), amp).detach())
+                  for batch in itertools.islice(cursor, _policy.ISLAND_PROBE_BATCHES)]
+    finally:
+        del workload
+        release_memory()
+    return sum(losses) / len(losses) if all(map(math.isfinite, losses)) else math.inf

@@ -1,0 +1,172 @@
+"""The once-per-study runs of a search, queued as trials whoever gets there first.
+
+- the two **baselines** (PyTorch's defaults and the seed article's ``init_scale=4096``);
+- the **replay's choice**: the float16 scaler setting that the replay over the horizon finds
+  best, trained once to check it, when it beats PyTorch's defaults by more than the noise;
+- the **phases**: every finalist branched from the float32 reference's checkpoints for each
+  window of the horizon, and, where one module's precision limited a late phase, the same
+  config with that module in float32 (an island), trained from the start and branched too;
+- the **confirmations** of the best candidate on other seeds (the next only if it fails);
+- **float32 at the recommendation's clip**, when that differs from the workload's own;
+- the **recommended** trial, the answer, where the dashboard looks.
+
+Each is claimed (:class:`~scalertune._storage._claims.Once`), queued unless the study has it
+already, and drained; a worker that finds the work claimed waits for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from scalertune import _policy
+from scalertune._amp._config import BASELINES, AmpConfig
+from scalertune._judge._phases import phase_windows
+from scalertune._review._analyze import analyze
+from scalertune._search._islands import island_for
+from scalertune._search._progress import Progress
+from scalertune._search._recommended import add_recommended, recommended_stored
+from scalertune._search._references import References
+from scalertune._search._replay_choice import replay_choice
+from scalertune._search._setup import Setup
+from scalertune._search._trials import LIVE
+from scalertune._storage._claims import Once
+from scalertune._storage._names import (
+    ROLE_BASELINE,
+    ROLE_CONFIRM,
+    ROLE_FLOAT32_CLIP,
+    ROLE_ISLAND,
+    ROLE_PHASE,
+    ROLE_REPLAY,
+)
+
+_BASELINE_KEY = ("role", "baseline")
+_CONFIRM_KEY = ("role", "confirms", "seed")
+_CLIP_KEY = ("role", "clip_of", "seed")
+_PHASE_KEY = ("role", "of", "start")
+_ISLAND_KEY = ("role", "island_of")
+_REPLAY_KEY = ("role",)
+
+
+class Jobs:
+    """Queues and drains the once-per-study runs (see the module's docstring)."""
+
+    def __init__(self, study: optuna.Study, setup: Setup, once: Once, references: References,
+                 progress: Progress, *, drain: Callable[[], None]) -> None:
+        self.study, self.setup, self.once, self.references = study, setup, once, references
+        self.progress, self.drain = progress, drain
+
+    def baselines(self) -> None:
+        jobs = [(self._job(ROLE_BASELINE, config, baseline=name), self._params(config))
+                for name, config in self._baseline_configs().items()]
+        self._queue("baselines", jobs, _BASELINE_KEY)
+
+    def replay_choice(self) -> None:
+        """The float16 setting the replay finds best over the horizon, when it beats
+        PyTorch's defaults by more than the noise: one real run checks it."""
+        result = analyze(self.study)
+        config = replay_choice(result, self.setup)
+        jobs = [] if config is None else [(self._job(ROLE_REPLAY, config),
+                                           self._params(config))]
+        self._queue("replay", jobs, _REPLAY_KEY)
+
+    def phases(self) -> None:
+        """The finalists at every window of the horizon; then islands where a late phase
+        says one module's precision limited the fit, branched the same way."""
+        if not self.setup.long:
+            return
+        self._queue("phases", self._phase_jobs(analyze(self.study).finalists), _PHASE_KEY)
+        result = analyze(self.study)
+        islands = [(self._job(ROLE_ISLAND, config, island_of=finalist.number),
+                    self._params(finalist.config))
+                   for finalist in result.finalists
+                   if (config := island_for(result, finalist, self.setup,
+                                            self.references)) is not None]
+        self._queue("islands", islands, _ISLAND_KEY)
+        result = analyze(self.study)
+        self._queue("island-phases", self._phase_jobs(result.islands), _PHASE_KEY)
+
+    def confirm(self) -> None:
+        """Rerun the best candidate on the confirmation seeds; the next only if it fails."""
+        while (candidate := analyze(self.study).next_to_confirm) is not None:
+            params = self.study.trials[candidate.number].params
+            jobs = [({"role": ROLE_CONFIRM, "confirms": candidate.number, "seed": seed,
+                      "config": candidate.config.to_dict()}, params)
+                    for seed in _policy.CONFIRM_SEEDS]
+            self._queue(f"confirm.{candidate.number}", jobs, _CONFIRM_KEY)
+
+    def float32_clip(self) -> None:
+        """float32 clipped as the best AMP config is, when that differs from the workload's
+        own clipping (and its phases, over a long horizon): a config can reach the target
+        sooner because of its clip alone, and the verdict credits the precision only with
+        what is its own; float32 with that clip may be the answer on this device."""
+        best = analyze(self.study).best_amp
+        if best is None or best.config.clip_norm == self.setup.clip_norm:
+            return
+        config = AmpConfig(dtype="float32", clip_norm=best.config.clip_norm)
+        job = {"role": ROLE_FLOAT32_CLIP, "clip_of": best.number, "seed": self.setup.seed,
+               "config": config.to_dict()}
+        self._queue(f"float32-clip.{best.number}", [(job, self._params(config))], _CLIP_KEY)
+        twin = analyze(self.study).float32_clip
+        if twin is not None and self.setup.long:
+            self._queue(f"float32-clip-phases.{best.number}", self._phase_jobs([twin]),
+                        _PHASE_KEY)
+
+    def recommended(self) -> None:
+        self.once("recommended", lambda: add_recommended(self.study, self.setup),
+                  lambda: recommended_stored(self.study))
+
+    # -- queueing ---------------------------------------------------------------------------
+
+    def _queue(self, key: str, jobs: list[tuple[dict[str, Any], dict[str, Any]]],
+               fields: tuple[str, ...]) -> None:
+        """Queue ``jobs`` (attributes, parameters) once per study, then run what is queued."""
+        def work() -> None:
+            if any(job["role"] == ROLE_CONFIRM for job, _ in jobs):
+                for seed in _policy.CONFIRM_SEEDS:
+                    self.references.target(seed)
+            for job, params in jobs:
+                if not self._exists(job, fields):
+                    self.study.enqueue_trial(params, user_attrs=job)
+                    self.progress.grow(1)
+
+        self.once(key, work, lambda: all(self._exists(job, fields) for job, _ in jobs))
+        self.drain()
+
+    def _phase_jobs(self, runs: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        windows = phase_windows(self.setup.horizon, self.setup.steps)
+        return [(self._job(ROLE_PHASE, run.config, of=run.number, start=start, end=end),
+                 self._params(run.config)) for run in runs for start, end in windows]
+
+    def _job(self, role: str, config: AmpConfig, **attrs: Any) -> dict[str, Any]:
+        return {"role": role, "seed": self.setup.seed, "config": config.to_dict(), **attrs}
+
+    def _params(self, config: AmpConfig) -> dict[str, Any]:
+        """The point of the space that names ``config`` (a dtype alone when none does)."""
+        bare = config if config.clip_norm != self.setup.clip_norm else dataclasses.replace(
+            config, clip_norm=None)
+        return self.setup.space.params_for(bare) or {"dtype": config.dtype}
+
+    def _baseline_configs(self) -> dict[str, AmpConfig]:
+        """PyTorch's defaults and the article's fix, with the float32 islands every float16
+        run of the space has (the model needs them whatever the scaler does), clipped as the
+        workload clips."""
+        islands = self.setup.space.fixed_islands
+        return {name: dataclasses.replace(config, fp32_modules=islands).with_clip(
+            self.setup.clip_norm) for name, config in BASELINES.items()}
+
+    def _exists(self, attrs: dict[str, Any], key: tuple[str, ...]) -> bool:
+        """Whether the study has the run ``attrs`` describes: queued, running, done, or
+        failed on its own error (a crash or Ctrl-C leaves no error, and is run again)."""
+        return any(
+            all(t.user_attrs.get(k) == attrs[k] for k in key)
+            and (t.state in LIVE or "error" in t.user_attrs)
+            for t in self.study.get_trials(deepcopy=False)
+        )
+
+
+def _waiting(study: optuna.Study) -> bool:
+    return any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))

@@ -1,0 +1,108 @@
+"""One worker's part in a search, phase by phase; any number of workers may share a study.
+
+float32 reference (to the horizon, with its checkpoints and gradient trace) and step timing
+-> sampled trials -> baselines -> the finalists branched at the phases of the horizon (and
+a float32 island where one module's precision limited a late phase) -> confirmation of the
+best on other seeds -> float32 at the recommendation's clip -> the recommended trial.
+
+The once-per-study runs are queued as trials (:mod:`scalertune._search._jobs`); whichever
+worker is free runs them, and a worker with nothing to run waits for the others' running
+trials (which may fail and come back as retries) before it moves on.
+"""
+
+from __future__ import annotations
+
+import time
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from scalertune import _interrupt, _policy
+from scalertune._amp._config import AmpConfig
+from scalertune._judge._stopping import study_stop_reason
+from scalertune._search._jobs import Jobs
+from scalertune._search._progress import Progress
+from scalertune._search._references import References
+from scalertune._search._setup import Setup
+from scalertune._search._trials import TrialRunner, counted_search_trials
+from scalertune._storage._claims import Once
+from scalertune._storage._names import ROLE_SEARCH, STOPPED_ATTR
+from scalertune._storage._recovery import recover
+
+
+class Pipeline:
+    """The phases of a search, in order, for one worker."""
+
+    def __init__(self, study: optuna.Study, setup: Setup, progress: Progress, *,
+                 timeout: float | None) -> None:
+        self.study, self.setup, self.progress = study, setup, progress
+        once = Once(study)
+        reference = AmpConfig(dtype="float32", clip_norm=setup.clip_norm)
+        self.references = References(study, once, setup, reference,
+                                     dtypes=setup.space.timed_dtypes, log=progress.line)
+        self.runner = TrialRunner(study, setup, self.references, progress)
+        self.jobs = Jobs(study, setup, once, self.references, progress, drain=self.drain)
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def run(self) -> None:
+        recover(self.study, self.progress.line)
+        self.references.target(self.setup.seed)
+        self.references.spread()
+        trials = self.study.get_trials(deepcopy=False)
+        self.progress.grow(sum(t.state == TrialState.WAITING for t in trials)
+                           + max(0, self.setup.n_trials - counted_search_trials(trials)))
+        while self._sample_more():
+            self.runner.run_one()
+        self.drain()
+        self.jobs.baselines()
+        self.jobs.replay_choice()
+        self.jobs.phases()
+        self.jobs.confirm()
+        self.jobs.float32_clip()
+        self.jobs.recommended()
+
+    def drain(self) -> None:
+        """Run what is queued; wait for other workers' running trials (which may fail and
+        come back as retries) until nothing is left."""
+        while True:
+            recover(self.study, self.progress.line)
+            trials = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,
+                                                                   TrialState.RUNNING))
+            if any(t.state == TrialState.WAITING for t in trials):
+                self.runner.run_one()
+            elif trials:
+                _interrupt.sleep(_policy.POLL_S)
+            else:
+                return
+
+    def _sample_more(self) -> bool:
+        recover(self.study, self.progress.line)
+        trials = self.study.get_trials(deepcopy=False)
+        if any(t.state == TrialState.WAITING for t in trials):
+            return True
+        if counted_search_trials(trials) >= self.setup.n_trials:
+            return False
+        reason = self._stop_reason(trials)
+        if reason is not None:
+            if self.study.user_attrs.get(STOPPED_ATTR) != reason:
+                self.study.set_user_attr(STOPPED_ATTR, reason)
+                self.progress.line(f"sampling stopped: {reason}")
+            return False
+        return True
+
+    def _stop_reason(self, trials: list[FrozenTrial]) -> str | None:
+        sampled = [t for t in trials if t.user_attrs.get("role") == ROLE_SEARCH
+                   and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        distinct = self.setup.space.distinct_configs()
+        if distinct is not None and len({_config_key(t) for t in sampled}) >= distinct:
+            return f"the space has {distinct} distinct configs, and every one has run"
+        reason = study_stop_reason([
+            (t.user_attrs.get("time_to_target_s"), "duplicate_of" in t.user_attrs)
+            for t in sampled])
+        if reason is None and self.deadline is not None and time.monotonic() > self.deadline:
+            reason = "the time budget (timeout) is spent"
+        return reason
+
+
+def _config_key(trial: FrozenTrial) -> str:
+    return repr(sorted(trial.user_attrs.get("config", {}).items()))

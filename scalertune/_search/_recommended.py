@@ -1,0 +1,62 @@
+"""The recommended trial: the answer, where Optuna and optuna-dashboard look for it.
+
+One more trial, role ``recommended``, added once every run it rests on has finished: its
+config is the answer's, its curve and judged figures are those of the run it repeats (the
+recommended AMP run, float32 at the best AMP config's clip, or the float32 reference), and its
+value is that run's time to target as the summary prints it. ``scalertune dashboard`` shows it
+as the study's Best Trial (optuna-dashboard's own choice, the least value, may be a faster run
+that did not hold or was not confirmed).
+"""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import TrialState
+
+from scalertune._review._analyze import analyze
+from scalertune._search._setup import Setup
+from scalertune._search._study import DTYPE_DISTRIBUTION
+from scalertune._storage._names import (
+    CONSTRAINT_ATTR,
+    CONSTRAINTS_ATTR,
+    JUDGED_ATTR,
+    ROLE_RECOMMENDED,
+)
+from scalertune._text import readable
+
+
+def add_recommended(study: optuna.Study, setup: Setup) -> None:
+    result = analyze(study)
+    run = result.recommended or result.float32_choice
+    if run is not None:
+        repeats = study.trials[run.number]
+        value, source = run.time_to_target, {"recommends": run.number}
+    else:
+        ref = result.reference
+        repeats = study.trials[ref["trial"]]
+        value, source = result.reference_time_to_target, {"recommends": "float32",
+                                                          "reference_trial": ref["trial"]}
+    judged = repeats.system_attrs.get(JUDGED_ATTR, {})
+    shown = {k: v for k, v in repeats.user_attrs.items()
+             if k not in ("role", "worker", "config", "seed")}
+    speedup = result.speedup
+    trial = optuna.trial.create_trial(
+        state=TrialState.COMPLETE, value=float(readable(value)),
+        params=repeats.params if run is not None else {"dtype": "float32"},
+        distributions=(repeats.distributions if run is not None
+                       else {"dtype": DTYPE_DISTRIBUTION}),
+        intermediate_values=dict(repeats.intermediate_values),
+        user_attrs={**shown, "role": ROLE_RECOMMENDED, "config": result.config.to_dict(),
+                    "seed": setup.seed, **source, "verdict": result.verdict,
+                    "speedup_vs_float32": None if speedup is None else round(speedup.point, 3),
+                    "time_to_target_s": readable(value)},
+        system_attrs={CONSTRAINT_ATTR: 0.0, CONSTRAINTS_ATTR: [0.0], JUDGED_ATTR: judged})
+    study.add_trial(trial)
+
+
+def recommended_stored(study: optuna.Study) -> bool:
+    config = analyze(study).config.to_dict()
+    return any(t.user_attrs.get("role") == ROLE_RECOMMENDED
+               and t.user_attrs.get("config") == config
+               for t in study.get_trials(deepcopy=False))
+
