@@ -229,11 +229,16 @@ PHASE_Z = 2.0
 #: non-finite there (a few inf losses are GradScaler's skipped steps, which it recovers from).
 PHASE_NONFINITE_SHARE = 0.05
 
-#: The most finalists of the short search that are branched at every phase: the best of each
-#: dtype and PyTorch's defaults among them. Each costs 0.2 horizons; with the reference (1)
-#: and the short search (about 10 trials' worth), four keep a search at --horizon 10x --steps
-#: under 3 run-equivalents of the horizon (2.8 measured at a horizon of 2000).
-PHASE_FINALISTS = 4
+#: The most finalists of the short search that are branched at every phase: PyTorch's
+#: defaults and the best of each family (dtype, clipped or not) among them. Each costs 0.2
+#: horizons; with the reference (1), the two other seeds' references, the step timing and the
+#: short search (about 1.2 horizons at --horizon 10x --steps), three and one island keep the
+#: search under 3 run-equivalents of the horizon.
+PHASE_FINALISTS = 3
+
+#: At most this many islands are proposed by the late phases: each costs a trial from the start
+#: and its branches (0.3 horizons at --horizon 10x --steps).
+ISLANDS_PER_SEARCH = 1
 
 #: The float32 reference's gradient trace keeps its histograms and forward peaks in about
 #: this many blocks over the run (per step it keeps only the largest gradient): enough

@@ -1,9 +1,11 @@
 """The result file: the YAML a search writes and training code reads back.
 
-Two blocks matter to the runtime: ``config`` (the :class:`AmpConfig` to train with) and
-``guard`` (the production guard's limits). ``evidence`` is for people: why this config, from
-which trials, how fast against float32. This module reads and writes the file and knows
-nothing else of the search, so the runtime can load a config without importing the analysis.
+Three blocks matter to the runtime: ``config`` (the :class:`AmpConfig` to train with),
+``guard`` (the production guard's limits) and, in ``evidence``, ``prediction`` (what the
+search predicted the scaler does, which the watch compares the run with). The rest of
+``evidence`` is for people: why this config, from which trials, how fast against float32.
+This module reads and writes the file and knows nothing else of the search, so the runtime
+can load a config without importing the analysis or the replay.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import yaml
 
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._guard import Guard
+from scalertune._amp._watch import ScalerPrediction, Watch
 from scalertune._errors import UsageError
 
 #: The file format's version, written as the top-level ``scalertune`` key.
@@ -39,7 +42,29 @@ def load_config(path: str) -> AmpConfig:
 
 def load_guard(path: str) -> Guard | None:
     """The ``guard`` block of a result YAML, if it has one."""
-    block = read_result(path).get("guard")
+    return _guard(read_result(path), path)
+
+
+def load_prediction(path: str) -> ScalerPrediction | None:
+    """The ``evidence.prediction`` block of a result YAML: what the search predicted the
+    loss scaler does over the horizon (``None`` when the file has none: a bfloat16 or float32
+    recommendation, or a file written before searches predicted)."""
+    return _prediction(read_result(path), path)
+
+
+def load_runtime(path: str, *, guard: bool = True, watch: bool = True) -> dict[str, Any]:
+    """What :class:`AmpRuntime` is built with from a result YAML, read once: its ``config``,
+    the ``guard`` it recommends and a ``watch`` on its prediction (each ``None`` when the file
+    has none or it is turned off)."""
+    data = read_result(path)
+    predicted = _prediction(data, path) if watch else None
+    return {"config": AmpConfig.from_dict(data["config"]),
+            "guard": _guard(data, path) if guard else None,
+            "watch": Watch(predicted) if predicted is not None else None}
+
+
+def _guard(data: dict[str, Any], path: str) -> Guard | None:
+    block = data.get("guard")
     if block is None:
         return None
     try:
@@ -47,6 +72,38 @@ def load_guard(path: str) -> Guard | None:
                      max_consecutive_skips=int(block["max_consecutive_skips"]))
     except (KeyError, TypeError, ValueError):
         raise UsageError(f"{path}: 'guard' needs min_scale and max_consecutive_skips") from None
+
+
+#: The keys of ``evidence.prediction``, with the type each is read as (``max_scale`` may be
+#: left out).
+_PREDICTION_KEYS = {"horizon": int, "skipped_steps": int, "skipped_first": int,
+                    "min_scale": float, "final_scale": float}
+
+
+def _prediction(data: dict[str, Any], path: str) -> ScalerPrediction | None:
+    evidence = data.get("evidence")
+    block = evidence.get("prediction") if isinstance(evidence, dict) else None
+    if block is None:
+        return None
+    needs = f"{path}: 'evidence.prediction' needs {', '.join(_PREDICTION_KEYS)} (numbers)"
+    if not isinstance(block, dict) or not set(_PREDICTION_KEYS) <= set(block):
+        raise UsageError(needs)
+    values = {k: block[k] for k in (*_PREDICTION_KEYS, "max_scale") if k in block}
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values.values()):
+        raise UsageError(needs)
+    try:
+        return ScalerPrediction(**{k: _as(_PREDICTION_KEYS.get(k, float), v)
+                                   for k, v in values.items()})
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+
+
+def _as(kind: type, value: float) -> float:
+    """``value`` as ``kind``: a count written as 19.0 is 19; 19.5 stays, for the check to
+    refuse."""
+    if kind is float:
+        return float(value)
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def result_document(data: dict[str, Any]) -> dict[str, Any]:

@@ -74,27 +74,31 @@ def fewer_steps(a: int, b: int, spread: float) -> bool:
     return a * (1 + spread) < b
 
 
-def finalists(candidates: Sequence[Outcome], ranking: Sequence[Outcome]) -> list[Outcome]:
-    """The runs branched at the phases: the first candidate of each dtype, PyTorch's
-    defaults when they reached the target, then the next candidates in order, at most
-    ``PHASE_FINALISTS``."""
-    chosen: list[Outcome] = []
-    dtypes: set[str] = set()
-    for c in candidates:
-        if c.config.dtype not in dtypes:
-            dtypes.add(c.config.dtype)
-            chosen.append(c)
+def finalists(candidates: Sequence[Outcome], ranking: Sequence[Outcome],
+              clip_norm: float | None = None) -> list[Outcome]:
+    """The runs branched at the phases, at most ``PHASE_FINALISTS``: PyTorch's defaults when
+    they reached the target, then the first candidate of each family (its dtype, and whether
+    it clips otherwise than the workload: a clip that helps early may hurt late, so the best
+    unclipped run of a dtype must be seen too), then the next candidates in order."""
     defaults = next((o for o in ranking if o.role == ROLE_BASELINE
                      and o.attrs.get("baseline") == "pytorch-default" and o.reached), None)
-    if defaults is not None and all(c.config != defaults.config for c in chosen):
-        chosen.append(defaults)
-    chosen += [c for c in candidates if c not in chosen]
+    chosen: list[Outcome] = [defaults] if defaults is not None else []
+    families = {_family(o, clip_norm) for o in chosen}
+    for c in candidates:
+        if _family(c, clip_norm) not in families and all(c.config != o.config for o in chosen):
+            families.add(_family(c, clip_norm))
+            chosen.append(c)
+    chosen += [c for c in candidates if all(c.config != o.config for o in chosen)]
     return chosen[:_policy.PHASE_FINALISTS]
 
 
+def _family(outcome: Outcome, clip_norm: float | None) -> tuple[str, bool]:
+    return outcome.config.dtype, outcome.config.clip_norm != clip_norm
+
+
 def behind_from(results: Sequence[PhaseResult]) -> str:
-    """Where a config stopped holding, in words: ``falls behind float32 by 1000-1200: 1.9x
-    float32's loss at 1000-1200, 4.3x float32's loss at 1800-2000``."""
+    """Where a config stopped holding, in words: ``falls behind float32 by 1000-1200: 1.9x at
+    1000-1200, 4.3x at 1800-2000`` (its loss over float32's, window by window)."""
     failed = [p for p in results if not p.holds]
     if not failed:
         return "holds at every phase"

@@ -62,11 +62,11 @@ class PhaseResult:
         return not self.nonfinite and not self.behind
 
     def describe(self) -> str:
-        """``1.9x float32's loss at 1000-1200`` or ``non-finite at 1800-2000``."""
+        """``1.9x at 1000-1200`` (its loss over float32's) or ``non-finite at 1800-2000``."""
         where = f"{self.start}-{self.end}"
         if self.nonfinite:
             return f"non-finite at {where}"
-        return f"{self.ratio:.3g}x float32's loss at {where}"
+        return f"{self.ratio:.3g}x at {where}"
 
 
 def judge_phase(branch: Sequence[float], reference: Sequence[float], *, start: int,

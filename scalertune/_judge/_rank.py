@@ -12,6 +12,7 @@ finite and reaches each seed's target.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -22,32 +23,45 @@ from scalertune._run._timing import StepTimes
 from scalertune._storage._names import ROLE_CONFIRM
 
 
+@dataclasses.dataclass(frozen=True)
+class Noise:
+    """How many steps to the target are a tie: float32's seed-to-seed spread of them, as a
+    share of the steps, or, over a horizon longer than a trial, of the horizon (a head start
+    of a few steps is nothing over the training the answer is for)."""
+
+    spread: float = 0.0
+    horizon: int = 0
+
+    def margin(self, steps: float) -> float:
+        return self.spread * max(steps, self.horizon)
+
+
 def time_bounds(outcome: Outcome, times: StepTimes | None,
-                spread: float = 0.0) -> tuple[float, float]:
-    """The range of a run's time to target: its steps (and, at the top, the seed spread of
-    steps) times its dtype's step-time spread."""
+                noise: Noise = Noise()) -> tuple[float, float]:
+    """The range of a run's time to target: its steps (and, at the top, the noise of steps)
+    times its dtype's step-time spread."""
     steps = outcome.steps_to_target
     if steps is None or times is None or outcome.config.dtype not in times:
         return math.inf, math.inf
     low, high = times.bounds(outcome.config.dtype)
-    return steps * low, steps * high * (1 + spread)
+    return steps * low, (steps + noise.margin(steps)) * high
 
 
 def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None,
-                  spread: float = 0.0) -> bool:
+                  noise: Noise = Noise()) -> bool:
     """Whether ``a`` reaches the target sooner than ``b`` beyond the noise: on the same dtype
-    (the same step time) in fewer steps beyond float32's seed-to-seed ``spread``; across
-    dtypes with time-to-target ranges that do not overlap."""
+    (the same step time) in fewer steps beyond the tie margin; across dtypes with
+    time-to-target ranges that do not overlap."""
     if a.config.dtype == b.config.dtype:
-        return a.steps_to_target * (1 + spread) < b.steps_to_target
-    return time_bounds(a, times, spread)[1] < time_bounds(b, times)[0]
+        return a.steps_to_target + noise.margin(a.steps_to_target) < b.steps_to_target
+    return time_bounds(a, times, noise)[1] < time_bounds(b, times)[0]
 
 
-def tied(a: Outcome, b: Outcome, times: StepTimes | None, spread: float = 0.0) -> bool:
+def tied(a: Outcome, b: Outcome, times: StepTimes | None, noise: Noise = Noise()) -> bool:
     """Whether two runs that reached the target are equally fast within the noise: neither
     is surely faster."""
-    return (not surely_faster(a, b, times, spread)
-            and not surely_faster(b, a, times, spread))
+    return (not surely_faster(a, b, times, noise)
+            and not surely_faster(b, a, times, noise))
 
 
 def rank_key(outcome: Outcome) -> tuple[int, float, int]:
@@ -69,7 +83,7 @@ def ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:
 
 
 def candidates(ranking: Sequence[Outcome], times: StepTimes | None,
-               clip_norm: float | None, spread: float = 0.0) -> list[Outcome]:
+               clip_norm: float | None, noise: Noise = Noise()) -> list[Outcome]:
     """Distinct configs that reached the target, in the order they are confirmed.
 
     The runs that no other run beats beyond the noise come first (the fastest, and the runs
@@ -87,7 +101,7 @@ def candidates(ranking: Sequence[Outcome], times: StepTimes | None,
             pool.append(outcome)
     ordered: list[Outcome] = []
     while pool:
-        group = [o for o in pool if not any(surely_faster(p, o, times, spread) for p in pool)]
+        group = [o for o in pool if not any(surely_faster(p, o, times, noise) for p in pool)]
         fewest = min(o.stability[0] for o in group)
         group.sort(key=lambda o: (o.stability[0] > fewest + skip_tolerance(fewest),
                                   o.config.knobs_changed(clip_norm), o.time_to_target,

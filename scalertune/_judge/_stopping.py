@@ -35,8 +35,8 @@ class Best:
     time_high: float
     label: str
     steps: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
-    #: float32's seed-to-seed spread of steps to the target: within it, steps tie.
-    spread: float = 0.0
+    #: Steps to the target within this many of the best's are a tie.
+    margin: float = 0.0
 
 
 class StopRule:
@@ -81,9 +81,10 @@ class StopRule:
     def _slower(self, record: RunRecord) -> str | None:
         best = self.best
         dtype = record.config.dtype
-        if dtype in best.steps and record.steps_run >= best.steps[dtype][0] * (1 + best.spread):
+        if dtype in best.steps and record.steps_run >= best.steps[dtype][0] + best.margin:
             steps, label = best.steps[dtype]
-            within = f", {best.spread:.0%} more than that being a tie" if best.spread else ""
+            within = (f", up to {best.margin:.0f} steps more being a tie" if best.margin
+                      else "")
             return f"while {label} ({dtype} too) reached it at step {steps}{within}"
         if self.step_time is None:
             return None

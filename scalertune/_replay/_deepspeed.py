@@ -52,7 +52,10 @@ AT_INFINITY = "an overflow with the scale grown to inf (OverflowError in DeepSpe
 
 @dataclasses.dataclass(frozen=True)
 class DeepSpeedScaler:
-    """The settings of DeepSpeed's dynamic loss scaler (``DynamicLossScaler``'s arguments).
+    """The settings of DeepSpeed's dynamic loss scaler (``DynamicLossScaler``'s arguments; a
+    config's ``fp16`` block calls ``scale_window`` ``loss_scale_window``, ``min_scale``
+    ``min_loss_scale`` and ``delayed_shift`` ``hysteresis``, and sets ``init_scale`` as
+    ``2**initial_scale_power``).
 
     ``zero``: ZeRO's ``DynamicLossScaler`` (True), or ``FP16_Optimizer``'s own update without
     ZeRO (False), which ignores ``delayed_shift`` and ``raise_error_at_min_scale``.

@@ -50,6 +50,9 @@ STARTUP_GAP = 10
 #: some phase: below 1% flushing is the tail of tiny gradients that every scale loses.
 FLUSH_WORTH_SAYING = 0.01
 
+#: float16 rounds to nearest: below half its smallest subnormal a value becomes zero.
+_FLUSH_BELOW = _policy.FLOAT16_SMALLEST_SUBNORMAL / 2
+
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
@@ -58,9 +61,9 @@ class Prediction:
 
     ``skipped_at`` lists the first :data:`SKIPS_LISTED` skipped steps and ``skipped_per_phase``
     counts them per tenth of the horizon. ``flushed`` is, per tenth, the share of the nonzero
-    gradient values whose magnitude times the scale in effect falls below float16's smallest
-    subnormal (``2**-24``): those become zero in float16 (NaN where the trace holds no
-    histogram there). The first ``startup_span`` steps hold the ``startup_skips`` skips of the
+    gradient values whose magnitude times the scale in effect falls below half of float16's
+    smallest subnormal (``2**-24``): float16 rounds those to zero (NaN where the trace holds
+    no histogram there). The first ``startup_span`` steps hold the ``startup_skips`` skips of the
     start-up burst. DeepSpeed can end training instead of skipping: ``stops_at`` and
     ``stop_reason`` say where and why.
 
@@ -95,8 +98,8 @@ class Prediction:
         hurts the run (a DeepSpeed raise, flushing gradients)."""
         if isinstance(self.config, AmpConfig) and not self.config.uses_scaler:
             return f"{self.config.dtype}: no loss scaler, so no skipped step"
-        text = f"skips {self._skips()}; lowest scale {_power(self.min_scale)}, " \
-               f"final {_power(self.final_scale)}"
+        text = (f"skips {self._skips()}; lowest scale {_power(self.min_scale)}, "
+                f"final {_power(self.final_scale)}")
         if self.stops_at is not None:
             text += f"; DeepSpeed ends training at step {self.stops_at:,}: {self.stop_reason}"
         worst = max((s for s in self.flushed if not math.isnan(s)), default=0.0)
@@ -181,11 +184,12 @@ def _startup_burst(skipped: np.ndarray, horizon: int) -> int:
 
 
 def _flushed(trace: Trace, scales: np.ndarray, horizon: int) -> tuple[float, ...]:
-    """Per phase, the share of gradient values below float16's smallest subnormal at the
-    replayed scale. A histogram block sums the steps the trace sampled in it; its scale is the
-    median scale in effect over the block's steps in the horizon (the scale is flat between a
-    back-off and the next growth, so within a block the two rarely differ). Blocks weigh by
-    their count of values; a block counts in every phase it overlaps."""
+    """Per phase, the share of gradient values that round to zero in float16 (below half of
+    its smallest subnormal) at the replayed scale. A histogram block sums the steps the trace
+    sampled in it; its scale is the median scale in effect over the block's steps in the
+    horizon (the scale is flat between a back-off and the next growth, so within a block the
+    two rarely differ). Blocks weigh by their count of values; a block counts in every phase
+    it overlaps."""
     starts = trace.block_starts.astype(np.int64)
     ends = np.append(starts[1:], trace.steps)
     shares, weights = np.full(len(starts), np.nan), trace.hist[:, 2:].sum(axis=1)
@@ -193,8 +197,8 @@ def _flushed(trace: Trace, scales: np.ndarray, horizon: int) -> tuple[float, ...
         in_effect = scales[start:min(end, horizon)]
         in_effect = in_effect[~np.isnan(in_effect)]
         if len(in_effect):
-            shares[b] = trace.share_below(float(np.median(in_effect)),
-                                          _policy.FLOAT16_SMALLEST_SUBNORMAL, start, start + 1)
+            shares[b] = trace.share_below(float(np.median(in_effect)), _FLUSH_BELOW, start,
+                                          start + 1)
     out = []
     for phase in range(PHASES):
         low, high = horizon * phase // PHASES, horizon * (phase + 1) // PHASES

@@ -18,7 +18,7 @@ from scalertune import _policy
 from scalertune._judge._horizon import fewer_steps, holds, phases_of, seed_spread
 from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
 from scalertune._judge._phases import phase_windows
-from scalertune._judge._rank import candidates, confirmations_of, ranked
+from scalertune._judge._rank import Noise, candidates, confirmations_of, ranked
 from scalertune._review._result import SearchResult
 from scalertune._review._verdict import amp_wins
 from scalertune._storage._names import (
@@ -45,10 +45,11 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
     times = references[seed].get("step_times") if seed in references else None
     spread = seed_spread([r.get("steps_to_target") for r in references.values()])
     clip = (settings.get("reference") or {}).get("clip_norm")
-    pool = candidates(ranking, times, clip, spread)
-    phases = phases_of(trials)
     steps = int(settings.get("steps") or 0)
-    windows = phase_windows(int(settings.get("horizon") or steps), steps)
+    horizon = int(settings.get("horizon") or steps)
+    pool = candidates(ranking, times, clip, Noise(spread, horizon if horizon > steps else 0))
+    phases = phases_of(trials)
+    windows = phase_windows(horizon, steps)
     ordered = [c for c in pool if holds(c, phases, windows)][:_policy.CONFIRM_TOP]
     result = SearchResult(
         study_name=study.study_name, storage=storage, settings=settings,

@@ -83,9 +83,9 @@ def run_figure(result: "SearchResult", outcome: "Outcome") -> Any:
     outcome_line = describe_outcome(outcome)
     if not outcome.config.uses_scaler:
         outcome_line += f"; no loss scaler ({outcome.config.dtype} needs none)"
-    fig.suptitle(_wrap(f"{outcome.label}: {outcome.config.describe()}"), fontsize=12,
+    fig.suptitle(wrap(f"{outcome.label}: {outcome.config.describe()}"), fontsize=12,
                  fontweight="bold")
-    top.set_title(_wrap(outcome_line), fontsize=10)
+    top.set_title(wrap(outcome_line), fontsize=10)
 
     _plot_loss(top, result, outcome)
     if bottom is not None:
@@ -151,7 +151,8 @@ def _plot_scale(ax: Any, outcome: "Outcome", scales: list[float]) -> None:
     ax.grid(alpha=0.3)
 
 
-def _wrap(text: str) -> str:
+def wrap(text: str) -> str:
+    """``text`` in lines of at most ``_TITLE_CHARS``, for a title shown whole."""
     return "\n".join(textwrap.wrap(text, _TITLE_CHARS))
 
 

@@ -155,7 +155,8 @@ class SearchResult:
     @property
     def finalists(self) -> list[Outcome]:
         """The candidates branched at every phase of the horizon."""
-        return finalists(self.pool, self.ranking)
+        return finalists(self.pool, self.ranking,
+                         (self.settings.get("reference") or {}).get("clip_norm"))
 
     def predict(self, config: AmpConfig, *, horizon: int | None = None) -> Prediction:
         """What ``config``'s GradScaler will do over the horizon (or ``horizon`` steps of it),

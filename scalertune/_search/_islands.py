@@ -34,7 +34,7 @@ def island_for(result: SearchResult, finalist: Outcome, setup: Setup,
     failed = [p for p in result.phases.get(finalist.number, []) if not p.holds]
     if not failed or finalist.config.fp32_modules or finalist.config.dtype == "float32":
         return None
-    start = failed[0].start
+    start = failed[-1].start  # the latest: where the precision floor shows most
     checkpoint = references.horizon(setup.seed)["checkpoints"][str(start)]
     if _ratio(setup, finalist.config, checkpoint) <= 1 + _policy.PHASE_TOLERANCE:
         return None  # the forward is as good as float32's: the precision is not what fails

@@ -79,13 +79,7 @@ class Jobs:
         if not self.setup.long:
             return
         self._queue("phases", self._phase_jobs(analyze(self.study).finalists), _PHASE_KEY)
-        result = analyze(self.study)
-        islands = [(self._job(ROLE_ISLAND, config, island_of=finalist.number),
-                    self._params(finalist.config))
-                   for finalist in result.finalists
-                   if (config := island_for(result, finalist, self.setup,
-                                            self.references)) is not None]
-        self._queue("islands", islands, _ISLAND_KEY)
+        self._queue("islands", self._island_jobs(analyze(self.study)), _ISLAND_KEY)
         result = analyze(self.study)
         self._queue("island-phases", self._phase_jobs(result.islands), _PHASE_KEY)
 
@@ -118,6 +112,22 @@ class Jobs:
     def recommended(self) -> None:
         self.once("recommended", lambda: add_recommended(self.study, self.setup),
                   lambda: recommended_stored(self.study))
+
+    def _island_jobs(self, result: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """The islands the late phases propose, for finalists that fell behind with the
+        workload's own clipping (a clip that hurts late is not the precision's doing), at
+        most ``ISLANDS_PER_SEARCH``; the check runs in the worker that holds the claim."""
+        jobs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        for finalist in result.finalists:
+            if len(jobs) >= _policy.ISLANDS_PER_SEARCH:
+                break
+            if finalist.config.clip_norm != self.setup.clip_norm:
+                continue
+            config = island_for(result, finalist, self.setup, self.references)
+            if config is not None:
+                jobs.append((self._job(ROLE_ISLAND, config, island_of=finalist.number),
+                             self._params(finalist.config)))
+        return jobs
 
     # -- queueing ---------------------------------------------------------------------------
 
@@ -153,10 +163,13 @@ class Jobs:
     def _baseline_configs(self) -> dict[str, AmpConfig]:
         """PyTorch's defaults and the article's fix, with the float32 islands every float16
         run of the space has (the model needs them whatever the scaler does), clipped as the
-        workload clips."""
+        workload clips. Over a long horizon only PyTorch's defaults are trained (and branched
+        as a finalist): how any other scaler setting would do there, the article's fix
+        included, is the replay's to say, at no training step."""
         islands = self.setup.space.fixed_islands
-        return {name: dataclasses.replace(config, fp32_modules=islands).with_clip(
-            self.setup.clip_norm) for name, config in BASELINES.items()}
+        names = ["pytorch-default"] if self.setup.long else list(BASELINES)
+        return {name: dataclasses.replace(BASELINES[name], fp32_modules=islands).with_clip(
+            self.setup.clip_norm) for name in names}
 
     def _exists(self, attrs: dict[str, Any], key: tuple[str, ...]) -> bool:
         """Whether the study has the run ``attrs`` describes: queued, running, done, or

@@ -10,6 +10,7 @@ read-back window; the training loop never waits for a storage write.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import traceback
 from typing import Any
@@ -22,7 +23,7 @@ from scalertune._amp._config import DTYPES, AmpConfig
 from scalertune._diagnose._islands import locate_forward_overflow
 from scalertune._errors import SearchError
 from scalertune._judge._outcome import Outcome, outcomes_of
-from scalertune._judge._rank import time_bounds
+from scalertune._judge._rank import Noise, time_bounds
 from scalertune._judge._stopping import Best, StopRule
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
@@ -153,7 +154,7 @@ class TrialRunner:
                 reports.close(record if record is not None and record.pruned else None)
             return record, {**judged_attrs(record, target, step_time), **judged}
         rule = self._stop_rule(role, config, target, trials)
-        record = self._execute(config, seed, trial, target, rule)
+        record = self._execute(config, seed, trial, target, rule, self._trial_steps(role))
         if record.prune_kind == "forward":
             self._locate_overflow(trial, config, seed, record)
         return record, judged_attrs(record, target, step_time)
@@ -165,21 +166,43 @@ class TrialRunner:
         stop at their target (they must show where it is reached, not race)."""
         if role in (ROLE_CONFIRM, ROLE_FLOAT32_CLIP):
             return StopRule(target)
+        if self.setup.long and role != ROLE_SEARCH:
+            # the baselines and the proposed configs are finalists-to-be: a config faster to
+            # the early target may fall behind later, so they must reach the target themselves
+            return StopRule(target)
         times = self.references.step_times
         step_time = times.bounds(config.dtype) if times and config.dtype in times else None
-        best = _best(trials, self.setup.seed, times, self.references.spread())
+        best = _best(trials, self.setup.seed, times, self.noise())
+        if best is not None and self.setup.long:
+            # over a long horizon a run is beaten only by its own dtype: another dtype's
+            # faster start says nothing of the late phases, where it may fall behind
+            best = dataclasses.replace(best, time_high=math.inf)
         return StopRule(target, step_time=step_time, best=best)
+
+    def noise(self) -> Noise:
+        """What counts as a tie in steps to the target (float32's seed spread of them)."""
+        return Noise(self.references.spread(), self.setup.horizon if self.setup.long else 0)
+
+    def _trial_steps(self, role: str) -> int:
+        """How long a run from the start may train: a trial, and over a long horizon a tie's
+        margin more for the runs that may become finalists, so that a config that loses a
+        few steps at the start (a scale backing off) still reaches the early target."""
+        if not self.setup.long or role in (ROLE_CONFIRM, ROLE_FLOAT32_CLIP):
+            return self.setup.steps
+        unit = _policy.READBACK_INTERVAL
+        extra = math.ceil(self.noise().margin(self.setup.steps) / unit) * unit
+        return min(self.setup.steps + extra, self.setup.horizon)
 
     def _step_time(self, config: AmpConfig) -> float | None:
         times = self.references.step_times
         return times.median(config.dtype) if times and config.dtype in times else None
 
     def _execute(self, config: AmpConfig, seed: int, trial: optuna.Trial, target: Target,
-                 rule: StopRule) -> RunRecord:
+                 rule: StopRule, steps: int) -> RunRecord:
         reports = Reports(trial, target)
         record = None
         try:
-            record = execute(self.setup, config, steps=self.setup.steps, seed=seed, stop=rule,
+            record = execute(self.setup, config, steps=steps, seed=seed, stop=rule,
                              on_window=reports.window)
             return record
         finally:
@@ -270,7 +293,7 @@ def _finished_twin(trials: list[FrozenTrial], config: AmpConfig, seed: int,
     return None
 
 
-def _best(trials: list[FrozenTrial], seed: int, times: Any, spread: float) -> Best | None:
+def _best(trials: list[FrozenTrial], seed: int, times: Any, noise: Noise) -> Best | None:
     """The main-seed runs that reached the target soonest: overall, at the slow end of its
     timing spread, and per dtype in steps."""
     runs = [o for o in outcomes_of(trials)
@@ -284,18 +307,19 @@ def _best(trials: list[FrozenTrial], seed: int, times: Any, spread: float) -> Be
         dtype = o.config.dtype
         if dtype not in steps or o.steps_to_target < steps[dtype][0]:
             steps[dtype] = (o.steps_to_target, o.label)
-    fastest = min(runs, key=lambda o: time_bounds(o, times, spread)[1])
-    return Best(time_high=time_bounds(fastest, times, spread)[1], label=fastest.label,
-                steps=steps, spread=spread)
+    fastest = min(runs, key=lambda o: time_bounds(o, times, noise)[1])
+    return Best(time_high=time_bounds(fastest, times, noise)[1], label=fastest.label,
+                steps=steps, margin=noise.margin(min(s for s, _ in steps.values())))
 
 
 def counted_search_trials(trials: list[FrozenTrial]) -> int:
-    """Sampled trials that use up the budget: trained, running or queued (not failed ones,
-    whose retries count instead, nor reused duplicates). A just-asked trial has no role yet;
-    count it too."""
+    """Sampled trials that use up the budget: trained, running or queued, or failed on an
+    error of their own (a config can fail: it was tried). Not those lost with a worker, whose
+    retries count instead, nor reused duplicates. A just-asked trial has no role yet; count
+    it too."""
     return sum(
         1 for t in trials
-        if t.state in LIVE and "duplicate_of" not in t.user_attrs
+        if (t.state in LIVE or "error" in t.user_attrs) and "duplicate_of" not in t.user_attrs
         and (t.user_attrs.get("role") == ROLE_SEARCH
              or ("role" not in t.user_attrs and t.state == TrialState.RUNNING))
     )

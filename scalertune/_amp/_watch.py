@@ -1,0 +1,196 @@
+"""The watch: warn once, early, when a training run's loss scaler leaves the search's prediction.
+
+A search that recommends float16 replays GradScaler over the float32 reference's gradient
+trace and writes what it predicts into the result file (``evidence.prediction``): how many
+steps the scaler skips over the horizon, how many of them in the start-up, and the range its
+scale moves through. The prediction holds for *that* training: the same model, data and
+learning rate. A run that skips far more, or whose scale sits far outside that range, is a
+different training (other data, a larger learning rate, a changed model), and the config the
+search chose for the first one may not suit it. The guard (:mod:`._guard`) stops a run whose
+scale collapses; the watch says earlier, and without stopping anything, that the run is no
+longer the one the search saw.
+
+The bounds are the replay's own calibrated error, doubled: measured against real float16 runs
+over 2,000 steps, its skip counts came within ``max(2 steps, 20%)`` and its start-up streak
+was exact. A warning therefore means a difference the replay's error cannot explain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from scalertune import _policy
+from scalertune._amp._config import AmpConfig
+from scalertune._errors import UsageError
+from scalertune._limits import FLOAT32_MAX
+from scalertune._text import shown
+
+#: The replay's calibrated error on a skip count (``benchmarks/replay_calibration.py``): its
+#: counts came within ``max(SKIP_ERROR_STEPS, SKIP_ERROR_SHARE * count)`` of real float16 runs
+#: for nearly every config of six workloads over 2,000 steps; the error comes from the real
+#: run's weights drifting from the reference's once they have skipped different steps.
+SKIP_ERROR_STEPS = 2
+SKIP_ERROR_SHARE = 0.2
+
+#: The watch warns only past this many times the calibrated error: a run at the edge of the
+#: replay's accuracy (a seed whose first gradients are a little larger) is still the run the
+#: search saw, and a warning users learn to ignore protects nothing. For the start-up streak,
+#: which the replay predicts exactly, twice the smallest error is 4 extra skipped steps: the
+#: first gradients 16 times larger than the reference's at the default backoff of 0.5.
+DRIFT_MARGIN = 2
+
+#: How far outside the predicted scale range the scale may go: 16 (2**4). The scale follows
+#: ``65504 / largest gradient``: 16 times below the lowest predicted scale means gradient
+#: peaks 16 times larger than any the reference had, the same four powers of two the
+#: start-up allows; at PyTorch's defaults it is also four back-offs (or growths) more than
+#: predicted, twice the replay's 2-step error.
+SCALE_SLACK = 2.0**4
+
+#: Skips no further apart than this, from the first steps of training, make the start-up
+#: burst: a start-up back-off skips step after step, or every few steps while the weights move
+#: faster than the scale backs off; later skips come one per growth, at least
+#: ``growth_interval + 1`` apart. It is the replay's own rule (``_replay._predict``), so the
+#: run's start-up and the predicted one are counted alike.
+STARTUP_GAP = 10
+
+
+class AmpDriftWarning(UserWarning):
+    """The run's loss scaler left what the search predicted: the message says what differs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalerPrediction:
+    """What the search predicted GradScaler does over the first ``horizon`` steps: the
+    ``evidence.prediction`` block of a result file.
+
+    ``skipped_steps`` counts every skipped step over the horizon, ``skipped_first`` those of
+    the start-up burst among them; ``min_scale`` and ``final_scale`` are the lowest and the last
+    scale. ``max_scale``, when the file has it, is the highest (otherwise the higher of the
+    config's ``init_scale`` and ``final_scale``, the two the scale certainly passes).
+    """
+
+    horizon: int
+    skipped_steps: int
+    min_scale: float
+    final_scale: float
+    skipped_first: int = 0
+    max_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, low in (("horizon", 1), ("skipped_steps", 0), ("skipped_first", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise UsageError(f"the prediction's {name} must be an integer >= {low}, got "
+                                 f"{shown(value)}")
+        if not self.skipped_first <= self.skipped_steps <= self.horizon:
+            raise UsageError(
+                f"the prediction's counts must satisfy skipped_first <= skipped_steps <= "
+                f"horizon, got {self.skipped_first}, {self.skipped_steps}, {self.horizon}")
+        for name in ("min_scale", "final_scale", "max_scale"):
+            value = getattr(self, name)
+            if value is None and name == "max_scale":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 < value <= FLOAT32_MAX):
+                raise UsageError(f"the prediction's {name} must be a finite number > 0, got "
+                                 f"{shown(value)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Watch:
+    """Warn once, early, when the run's loss scaler leaves the search's prediction.
+
+    Every ``check_every`` steps (the guard's cadence when there is a guard; the same one host
+    read) the runtime compares what its scaler did so far with ``prediction`` and issues one
+    :class:`AmpDriftWarning` at the first check where
+
+    - the start-up burst skipped more than ``DRIFT_MARGIN * SKIP_ERROR_STEPS`` steps beyond
+      the predicted one (which the replay gets exactly);
+    - or the run skipped more steps than the prediction allows for the steps run so far: the
+      start-up, plus the later skips pro rata over the horizon (extrapolated past it), plus
+      ``DRIFT_MARGIN`` times the replay's error ``max(2, 20%)`` on the horizon's count;
+    - or the scale is more than ``SCALE_SLACK`` below the lowest predicted scale, or (within
+      the horizon, past which a healthy scaler keeps growing) that much above the highest.
+
+    Example:
+        >>> import torch, warnings, scalertune
+        >>> from scalertune._amp._watch import ScalerPrediction, Watch
+        >>> watch = Watch(ScalerPrediction(horizon=100, skipped_steps=0, min_scale=2.0**8,
+        ...                                final_scale=2.0**8), check_every=5)
+        >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=2.0**8),
+        ...                             device="cpu", watch=watch)
+        >>> model = torch.nn.Linear(4, 1)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        >>> x = torch.randn(8, 4)
+        >>> big = (x, 1e4 * x.sum(1, keepdim=True))  # a loss the search never saw
+        >>> sq = lambda o, y: ((o - y) ** 2).sum()
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     for _ in range(10):
+        ...         _ = amp.train_step(model, optimizer, sq, big)
+        >>> [type(w.message).__name__ for w in caught]
+        ['AmpDriftWarning']
+    """
+
+    prediction: ScalerPrediction
+    check_every: int = _policy.READBACK_INTERVAL
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prediction, ScalerPrediction):
+            raise UsageError(f"the watch needs a ScalerPrediction, got {shown(self.prediction)}")
+        value = self.check_every
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"the watch's check_every must be an integer >= 1, got "
+                             f"{shown(value)}")
+
+    def allowed_skips(self, steps: int) -> float:
+        """The most skipped steps a run of ``steps`` steps may have and still be the predicted
+        one: the start-up, the later skips pro rata, and twice the replay's error."""
+        p = self.prediction
+        expected = p.skipped_first + (p.skipped_steps - p.skipped_first) * steps / p.horizon
+        error = max(SKIP_ERROR_STEPS, SKIP_ERROR_SHARE * max(p.skipped_steps, expected))
+        return expected + DRIFT_MARGIN * error
+
+    def drift(self, config: AmpConfig, *, steps: int, skipped: int, startup: int,
+              startup_last: int, scale: float) -> str | None:
+        """What differs from the prediction after ``steps`` steps, in words (``None``: the run
+        is the predicted one). ``startup`` counts the start-up burst's skips so far, its last
+        at step ``startup_last``; ``scale`` is the loss scale now."""
+        p, found = self.prediction, []
+        if (startup > p.skipped_first + DRIFT_MARGIN * SKIP_ERROR_STEPS
+                and startup_last < p.horizon / 2):
+            larger = (1 / config.backoff_factor) ** (startup - p.skipped_first)
+            found.append(f"its start-up skipped {startup} steps where the search predicted "
+                         f"{p.skipped_first} (exact in calibration): its first gradients are "
+                         f"about {larger:.3g} times larger than the search's")
+        if skipped > self.allowed_skips(steps):
+            found.append(f"this run skipped {skipped:,} steps in its first {steps:,}; the "
+                         f"search predicted {p.skipped_steps:,} over {p.horizon:,}"
+                         + (f" ({p.skipped_first} of them in the start-up)"
+                            if p.skipped_first else ""))
+        highest = max(p.max_scale or 0.0, p.final_scale, config.init_scale)
+        if scale < p.min_scale / SCALE_SLACK:
+            found.append(f"the loss scale is {scale:.3g}, {p.min_scale / scale:.3g} times "
+                         f"below the lowest the search predicted ({p.min_scale:.3g}): "
+                         "gradients overflow float16 at scales the search's run held")
+        elif steps <= p.horizon and scale > highest * SCALE_SLACK:
+            found.append(f"the loss scale is {scale:.3g}, {scale / highest:.3g} times above "
+                         f"the highest the search predicted ({highest:.3g}): the gradients "
+                         "are much smaller than the search's")
+        if not found:
+            return None
+        return (f"AMP watch at step {steps:,}: " + "; ".join(found) + ". The run is no longer "
+                "the one the search saw (other data, learning rate or model?): rerun "
+                "scalertune search on it (scalertune.load(..., watch=False) silences this)")
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this package:
+    the user's ``amp.step`` or ``amp.train_step`` line, whichever of them it came through."""
+    here, level = os.path.dirname(__file__), 1
+    frame = sys._getframe(1)  # noqa: SLF001 - the standard way to walk the caller's stack
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
+        frame, level = frame.f_back, level + 1
+    return level

@@ -1,0 +1,125 @@
+"""The study's pictures as Optuna artifacts: where they are kept, uploaded once by content,
+and found again by the notes that embed them.
+
+Optuna refuses attributes, artifacts included, on a trial that has finished, and which trial
+is recommended is known only after all have: every picture is a *study* artifact, and its
+file name (:func:`~scalertune._review._plots.picture_path`, ``STEM.horizon.png``) says which
+trial it shows, or that it is the horizon's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import IO, Any
+
+import optuna
+
+from scalertune._review._horizon_plot import is_horizon_picture
+from scalertune._review._plots import picture_trial
+from scalertune._storage._names import ARTIFACT_DIR_ATTR
+from scalertune._storage._open import DEFAULT_ARTIFACT_DIR
+
+
+@dataclasses.dataclass(frozen=True)
+class Pictures:
+    """The dashboard's URLs of a study's pictures: one per trial drawn, and the horizon's."""
+
+    trials: dict[int, str] = dataclasses.field(default_factory=dict)
+    horizon: str | None = None
+
+    @property
+    def urls(self) -> set[str]:
+        return {*self.trials.values(), *([self.horizon] if self.horizon else [])}
+
+
+def artifact_dir_of(study: optuna.Study, override: str | None = None) -> str:
+    """Where this study's artifacts live: ``override``, the stored one, or the default."""
+    return os.path.abspath(override or study.user_attrs.get(ARTIFACT_DIR_ATTR)
+                           or DEFAULT_ARTIFACT_DIR)
+
+
+def upload(study: optuna.Study, paths: list[str], directory: str) -> None:
+    """Attach the PNGs at ``paths`` to ``study``, skipping any whose content is there."""
+    from optuna.artifacts import (
+        FileSystemArtifactStore,
+        get_all_artifact_meta,
+        upload_artifact,
+    )
+
+    os.makedirs(directory, exist_ok=True)
+    if study.user_attrs.get(ARTIFACT_DIR_ATTR) != directory:
+        study.set_user_attr(ARTIFACT_DIR_ATTR, directory)
+    store = FileSystemArtifactStore(directory)
+    # The same pictures come back under other names (`report -o other.yaml`, a resumed
+    # search): compare contents, not names.
+    stored = set()
+    for meta in get_all_artifact_meta(study):
+        digest = _stored_digest(store, meta.artifact_id)
+        if digest is not None:
+            stored.add(digest)
+    for path in paths:
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        if digest not in stored:
+            upload_artifact(artifact_store=store, file_path=path, study_or_trial=study,
+                            mimetype="image/png")
+            stored.add(digest)
+
+
+def _stored_digest(store: Any, artifact_id: str) -> str | None:
+    from optuna.artifacts.exceptions import ArtifactNotFound
+
+    try:
+        with store.open_reader(artifact_id) as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except ArtifactNotFound:
+        return None
+
+
+def pictures_of(study: optuna.Study) -> Pictures:
+    """The dashboard's URLs of the study's pictures (the last one uploaded, where one was
+    drawn more than once: artifacts come back in the order they were stored)."""
+    from optuna.artifacts import get_all_artifact_meta
+
+    trials, horizon = {}, None
+    for meta in get_all_artifact_meta(study):
+        url = f"/artifacts/{study._study_id}/{meta.artifact_id}"  # noqa: SLF001
+        number = picture_trial(meta.filename)
+        if number is not None:
+            trials[number] = url
+        elif is_horizon_picture(meta.filename):
+            horizon = url
+    return Pictures(trials, horizon)
+
+
+class ArtifactFolders:
+    """Optuna's artifact store protocol over several folders: studies of one storage may
+    each keep their artifacts in their own ``--artifact-dir``, and the dashboard takes one
+    store. Artifact ids are UUIDs, so an id names one file in one folder."""
+
+    def __init__(self, folders: list[str]) -> None:
+        from optuna.artifacts import FileSystemArtifactStore
+
+        self.folders = folders
+        self._stores = [FileSystemArtifactStore(f) for f in folders]
+
+    def open_reader(self, artifact_id: str) -> IO[bytes]:
+        return self._in_each(artifact_id, lambda store: store.open_reader(artifact_id))
+
+    def write(self, artifact_id: str, content_body: IO[bytes]) -> None:
+        self._stores[0].write(artifact_id, content_body)
+
+    def remove(self, artifact_id: str) -> None:
+        self._in_each(artifact_id, lambda store: store.remove(artifact_id))
+
+    def _in_each(self, artifact_id: str, action: Any) -> Any:
+        from optuna.artifacts.exceptions import ArtifactNotFound
+
+        for store in self._stores:
+            try:
+                return action(store)
+            except ArtifactNotFound:
+                continue
+        raise ArtifactNotFound(f"artifact {artifact_id} is in none of {self.folders}")
