@@ -242,7 +242,9 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                     "exact": errors.count(0), "mean": statistics.mean(errors),
                     "max": max(errors),
                     "startup": sum(_streak(r[key]) == _streak(r["real"]) for r in rows)}
-    worst = sorted(rows, key=lambda r: -abs(len(r["predict"]) - len(r["real"])))[:2]
+    # the misses first, then the largest errors within the tolerance
+    worst = sorted(rows, key=lambda r: (hit(len(r["predict"]), len(r["real"])),
+                                        -abs(len(r["predict"]) - len(r["real"]))))[:2]
     out["worst"] = [_miss(r) for r in worst if len(r["predict"]) != len(r["real"])]
     return out
 
@@ -272,7 +274,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
             head = (f"{s['workload']:<18} {s['params']:>7,}" if i == 0 else " " * 26)
             print(f"   {head}  {key:<8} {p['hit']:>5} {p['exact']:>5} {p['startup']:>8} "
                   f"{p['mean']:>5.2f} {p['max']:>4}" + (f"   {s['real']}" if i == 0 else ""))
-    print("\n   worst misses of predict:")
+    print("\n   worst misses of predict (outside the tolerance first):")
     for result in results:
         for line in summary(result)["worst"]:
             print(f"   {result['workload']:<18} {line}")

@@ -87,6 +87,11 @@ REFERENCE_NOISE_MULTIPLE = 2.0
 #: unchanged there; where every config reaches the target near float32's own step (the
 #: classifier), each trial costs most of a run, and 24 trials would cost 24 runs.
 STUDY_MIN_TRIALS = 6
+#: Over a horizon longer than a trial the float16 scaler's knobs are chosen by the replay, not
+#: by sampling, and the sampled trials explore what is left (the dtype and the clip): after 4
+#: without progress the search moves on to the phases, which keeps a search at
+#: --horizon 10x --steps within 3 run-equivalents of the horizon.
+STUDY_MIN_TRIALS_LONG = 4
 STUDY_PATIENCE = 4
 #: A faster time to target counts as progress only when it is at least this share faster:
 #: smaller gains are below the target's own tolerance and the timing noise, and do not justify

@@ -162,9 +162,9 @@ class Watch:
         if (startup > p.skipped_first + DRIFT_MARGIN * SKIP_ERROR_STEPS
                 and startup_last < p.horizon / 2):
             larger = (1 / config.backoff_factor) ** (startup - p.skipped_first)
-            found.append(f"its start-up skipped {startup} steps where the search predicted "
-                         f"{p.skipped_first} (exact in calibration): its first gradients are "
-                         f"about {larger:.3g} times larger than the search's")
+            found.append(f"its start-up has skipped {startup} steps where the search "
+                         f"predicted {p.skipped_first} (exact in calibration): its first "
+                         f"gradients are at least {larger:.3g} times larger than the search's")
         if skipped > self.allowed_skips(steps):
             found.append(f"this run skipped {skipped:,} steps in its first {steps:,}; the "
                          f"search predicted {p.skipped_steps:,} over {p.horizon:,}"

@@ -94,7 +94,8 @@ class StopRule:
         return None
 
 
-def study_stop_reason(sampled: Sequence[tuple[float | None, bool]]) -> str | None:
+def study_stop_reason(sampled: Sequence[tuple[float | None, bool]],
+                      min_trials: int = _policy.STUDY_MIN_TRIALS) -> str | None:
     """Why the study should sample no more, from its sampled trials in the order they ran:
     ``(time to target or None, reused)`` each. ``None`` while more trials may help."""
     duplicates = 0
@@ -106,7 +107,7 @@ def study_stop_reason(sampled: Sequence[tuple[float | None, bool]]) -> str | Non
         return (f"the sampler proposed {duplicates} configs in a row that had already run: "
                 "the space has nothing new to try")
     fresh = [time for time, reused in sampled if not reused]
-    if len(fresh) < _policy.STUDY_MIN_TRIALS:
+    if len(fresh) < min_trials:
         return None
     best, since = float("inf"), 0
     for time in fresh:

@@ -1,74 +1,52 @@
-"""What optuna-dashboard shows for a scalertune study: notes in words, pictures as artifacts.
+"""What optuna-dashboard shows for a scalertune study: the study note, the notes of the
+trials (:mod:`._notes`), the pictures (:mod:`._artifacts`) and ``scalertune dashboard``.
 
 The loss curves (intermediate values), the judged trial attributes, the constraints and the
 objective's name are written by the search itself; this module adds what needs more than
 Optuna's core:
 
-- a study note (Markdown): the recommendation, its verdict, the baselines, the pictures, how
-  to read the dashboard's curves and roles, and the YAML itself;
-- a note on every trial: what the run is (its role), what happened, and for the
-  recommended one a mark and its picture. The dashboard puts a trial's note at the top of the
-  trial's page, above the attributes;
-- the PNGs of the recommendation and of PyTorch's defaults, uploaded once each (by content)
-  as study artifacts. (Optuna refuses attributes, artifacts included, on a trial that has
-  finished, and which trial is recommended is known only after all have.) optuna-dashboard
-  0.21 previews study artifacts as 200 x 150 thumbnails that do not enlarge, so the notes
-  embed the same artifacts at full size, as its own note editor does.
+- a study note (Markdown): the recommendation, its verdict, the horizon and what the
+  evidence covers, the baselines, the finalists' phases, what the scaler will do, the
+  pictures, how to read the dashboard's curves and roles, and the YAML itself;
+- a note on every trial (:func:`._notes.trial_note`);
+- the PNGs of the recommendation, of PyTorch's defaults and of the horizon, uploaded once
+  each (by content) as study artifacts. optuna-dashboard 0.21 previews study artifacts as
+  200 x 150 thumbnails that do not enlarge, so the notes embed the same artifacts at full
+  size, as its own note editor does;
+- the server (:func:`serve`), whose Best Trial is the recommendation (:mod:`._server`).
 
 Notes need the optional ``optuna-dashboard`` package (``pip install 'scalertune[dashboard]'``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import optuna
 import yaml
-from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._errors import UsageError
-from scalertune._judge._outcome import Outcome
+from scalertune._judge._horizon import behind_from
+from scalertune._review._artifacts import Pictures, artifact_dir_of, pictures_of, upload
 from scalertune._review._describe import describe_outcome
-from scalertune._review._plots import picture_trial
-from scalertune._storage._names import (
-    ARTIFACT_DIR_ATTR,
-    ROLE_BASELINE,
-    ROLE_CONFIRM,
-    ROLE_FLOAT32_CLIP,
-    ROLE_RECOMMENDED,
-    ROLE_REFERENCE,
-    ROLE_SEARCH,
-    SETTINGS_ATTR,
+from scalertune._review._horizon_plot import branched_runs
+from scalertune._review._notes import (
+    ROLES,
+    as_g,
+    as_ms,
+    branch_numbers,
+    is_recommended,
+    trial_note,
 )
-from scalertune._storage._open import DEFAULT_ARTIFACT_DIR
+from scalertune._review._scaler import replay_agreement, scaler_advice
+from scalertune._storage._names import ROLE_RECOMMENDED, SETTINGS_ATTR
 from scalertune._storage._redact import redact
-from scalertune._text import readable
 
 if TYPE_CHECKING:
     from scalertune._review._result import SearchResult
 
 _INSTALL = "pip install 'scalertune[dashboard]'"
-
-#: What each value of a trial's ``role`` attribute means, as the study note lists them.
-ROLES = {
-    ROLE_REFERENCE: "float32, no autocast, no scaler: its final smoothed loss plus "
-                    f"{_policy.TARGET_TOLERANCE:.0%} is the target of every run on its seed; "
-                    "the yardstick, not a candidate",
-    ROLE_BASELINE: "`pytorch-default` (PyTorch's defaults) and `init-scale-4096` (the usual "
-                   "manual fix), run once per study",
-    ROLE_SEARCH: "a config the sampler chose",
-    ROLE_CONFIRM: "one of the best configs rerun on another seed, judged against that "
-                  "seed's own float32 reference",
-    ROLE_FLOAT32_CLIP: "float32 clipped as the recommendation is, when that differs from the "
-                       "workload's own clipping: what the clipping alone does, so that the "
-                       "verdict credits the precision only with its own gain",
-    ROLE_RECOMMENDED: "the study's answer: one more trial with the recommended config (float32 "
-                      "when no AMP config is confirmed), added after the confirmations so that "
-                      "it is the dashboard's Best Trial",
-}
 
 
 def have_dashboard() -> bool:
@@ -79,77 +57,22 @@ def have_dashboard() -> bool:
     return True
 
 
-def artifact_dir_of(study: optuna.Study, override: str | None = None) -> str:
-    """Where this study's artifacts live: ``override``, the stored one, or the default."""
-    return os.path.abspath(override or study.user_attrs.get(ARTIFACT_DIR_ATTR)
-                           or DEFAULT_ARTIFACT_DIR)
-
-
 def publish(result: "SearchResult", *, pictures: dict[int, str] | None = None,
             artifact_dir: str | None = None) -> None:
-    """Attach ``pictures`` (trial number -> PNG) to the study as artifacts, skipping any
-    whose content is already there, and, when optuna-dashboard is installed, write the study
-    note and every trial's note."""
+    """Attach ``pictures`` (trial number -> PNG, as :meth:`SearchResult.write_pictures`
+    returns them) to the study as artifacts, skipping any whose content is already there,
+    and, when optuna-dashboard is installed, write the study note and every trial's note."""
     study = result.study
     if study is None:
         raise ValueError("the result has no study attached (build it with analyze())")
     if pictures:
-        _upload(study, pictures, artifact_dir_of(study, artifact_dir))
+        upload(study, list(pictures.values()), artifact_dir_of(study, artifact_dir))
     if have_dashboard():
-        _write_notes(result)
+        write_notes(result)
 
 
-def _upload(study: optuna.Study, pictures: dict[int, str], directory: str) -> None:
-    from optuna.artifacts import (
-        FileSystemArtifactStore,
-        get_all_artifact_meta,
-        upload_artifact,
-    )
-
-    os.makedirs(directory, exist_ok=True)
-    if study.user_attrs.get(ARTIFACT_DIR_ATTR) != directory:
-        study.set_user_attr(ARTIFACT_DIR_ATTR, directory)
-    store = FileSystemArtifactStore(directory)
-    # The same pictures come back under other names (`report -o other.yaml`, a resumed
-    # search): compare contents, not names.
-    stored = set()
-    for meta in get_all_artifact_meta(study):
-        digest = _stored_digest(store, meta.artifact_id)
-        if digest is not None:
-            stored.add(digest)
-    for path in pictures.values():
-        with open(path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
-        if digest not in stored:
-            upload_artifact(artifact_store=store, file_path=path, study_or_trial=study,
-                            mimetype="image/png")
-            stored.add(digest)
-
-
-def _stored_digest(store: Any, artifact_id: str) -> str | None:
-    from optuna.artifacts.exceptions import ArtifactNotFound
-
-    try:
-        with store.open_reader(artifact_id) as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except ArtifactNotFound:
-        return None
-
-
-def pictures_of(study: optuna.Study) -> dict[int, str]:
-    """Trial number -> the dashboard's URL of that trial's picture, among the study's
-    artifacts (the last one uploaded, when a trial was drawn more than once)."""
-    from optuna.artifacts import get_all_artifact_meta
-
-    urls = {}
-    for meta in get_all_artifact_meta(study):
-        number = picture_trial(meta.filename)
-        if number is not None:
-            urls[number] = f"/artifacts/{study._study_id}/{meta.artifact_id}"  # noqa: SLF001
-    return urls
-
-
-def _write_notes(result: "SearchResult") -> None:
+def write_notes(result: "SearchResult") -> None:
+    """The study note and every finished trial's note, each saved only where it changed."""
     from optuna_dashboard import get_note, save_note
 
     study = result.study
@@ -166,157 +89,25 @@ def _write_notes(result: "SearchResult") -> None:
             save_note(trial, body)
 
 
-def _is_recommended(trial: FrozenTrial, result: "SearchResult") -> bool:
-    """Whether ``trial`` is the answer: the run of the recommended config (the float32
-    reference when float32 is recommended), or the ``recommended`` trial that repeats it."""
-    if trial.user_attrs.get("role") == ROLE_RECOMMENDED:
-        return trial.user_attrs.get("config") == result.config.to_dict()
-    if result.recommended is not None:
-        return trial.number == result.recommended.number
-    return result.reference is not None and trial.number == result.reference["trial"]
-
-
-def trial_note(trial: FrozenTrial, result: "SearchResult",
-               pictures: dict[int, str] | None = None) -> str | None:
-    """What a trial is and what happened to it, in words; ``None`` while it runs."""
-    if trial.state in (TrialState.RUNNING, TrialState.WAITING):
-        return None
-    attrs = trial.user_attrs
-    role = attrs.get("role")
-    recommended = _is_recommended(trial, result)
-    title = {
-        ROLE_REFERENCE: f"float32 reference, seed {attrs.get('seed')}",
-        ROLE_BASELINE: f"baseline `{attrs.get('baseline')}`",
-        ROLE_SEARCH: "search trial",
-        ROLE_CONFIRM: f"confirmation of trial {attrs.get('confirms')} on seed {attrs.get('seed')}",
-        ROLE_FLOAT32_CLIP: f"float32 with trial {attrs.get('clip_of')}'s clipping",
-        ROLE_RECOMMENDED: "the recommendation" if recommended else "an earlier recommendation",
-    }.get(role, role or "no role recorded")
-    mark = ("★ " if role == ROLE_RECOMMENDED else "★ recommended, ") if recommended else ""
-    lines = [f"### Trial {trial.number}: {mark}{title}", ""]
-    if role in ROLES:
-        lines += [f"*{role}*: {ROLES[role]}.", ""]
-    config = attrs.get("config")
-    if isinstance(config, dict):
-        from scalertune._amp._config import AmpConfig
-
-        lines += [f"Config: `{AmpConfig.from_dict(config).describe()}`", ""]
-    lines += _what_happened(trial, result)
-    if recommended:
-        lines += [_confirmed(result), ""]
-    if trial.intermediate_values:
-        lines += [f"Curve (intermediate values): log10 of the smoothed loss over seed "
-                  f"{attrs.get('seed')}'s float32 target, one point per "
-                  f"{_policy.READBACK_INTERVAL}-step window; 0 is the target, 1 ten times "
-                  "above it.", ""]
-    url = (pictures or {}).get(trial.number)
-    if url:
-        lines += [f"![trial {trial.number}: loss over the float32 target"
-                  f"{', and loss scale' if _uses_scaler(config) else ''}]({url})", ""]
-    return "\n".join(lines)
-
-
-def _confirmed(result: "SearchResult") -> str:
-    rec = result.recommended
-    if rec is None:
-        return (f"**Recommended**: float32. {result.verdict[:1].upper()}{result.verdict[1:]}.")
-    confirmations = sorted(result.confirmations.get(rec.number, {}).items())
-    seeds = [rec.seed, *(seed for seed, _ in confirmations)]
-    reruns = ", ".join(str(o.number) for _, o in confirmations)
-    return (f"**Recommended**: trial {rec.number}'s config, confirmed on seeds "
-            f"{', '.join(map(str, seeds))}" + (f" (trials {reruns})" if reruns else "") + ".")
-
-
-def _uses_scaler(config: Any) -> bool:
-    return isinstance(config, dict) and config.get("dtype") == "float16"
-
-
-def _what_happened(trial: FrozenTrial, result: "SearchResult") -> list[str]:
-    attrs = trial.user_attrs
-    if trial.state == TrialState.FAIL:
-        error = attrs.get("error") or "no error recorded (its worker died)"
-        return [f"**Failed**: `{error}`", "",
-                "The error came from the workload's code under this config; the search "
-                "moved on.", ""]
-    if attrs.get("role") == ROLE_RECOMMENDED:
-        if _is_recommended(trial, result):
-            return ["The study's answer, added once its confirmations finished; its value is "
-                    "the least time to target among the runs of this config (and of configs "
-                    "as fast within the timing noise), so that it is the dashboard's Best "
-                    "Trial.", ""]
-        return ["The answer before later trials changed it; the note of the study names "
-                "the current one.", ""]
-    if attrs.get("role") == ROLE_REFERENCE:
-        steps = attrs.get("steps_to_target")
-        return [f"Target loss {_g(attrs.get('target_loss'))}, reached after {steps} steps "
-                f"at {_ms(attrs.get('step_time_s'))} per step.", ""]
-    if "config" not in attrs:
-        return []
-    outcome = Outcome.from_trial(trial)
-    if outcome.state == "pruned":
-        return [f"**Pruned: {attrs.get('pruned_because')}**, after "
-                f"{attrs.get('steps_run')} steps", "", f"{outcome.attrs.get('prune_reason')}",
-                ""]
-    lines = [f"**Outcome**: {describe_outcome(outcome)}.", ""]
-    if attrs.get("duplicate_of") is not None:
-        lines += [f"The same config as trial {attrs['duplicate_of']}: its result is reused, "
-                  "nothing was trained again.", ""]
-    if not outcome.reached:
-        lines += ["**Infeasible** in the dashboard: a run that never reaches the float32 "
-                  "target breaks the constraint `target_gap` <= 0, so it is never the best "
-                  "trial.", ""]
-    figures = [f"{label} {shown}" for label, shown in (
-        ("time to target", _s(attrs.get("time_to_target_s"))),
-        ("step time", _ms(attrs.get("step_time_s"))),
-        ("skipped steps", attrs.get("skipped_steps")),
-        ("loss scale down to", _g(attrs.get("min_scale")) if _uses_scaler(attrs["config"])
-         else None),
-        ("final loss / float32's", _g(attrs.get("loss_vs_float32"))),
-    ) if shown is not None]
-    if figures:
-        lines += ["; ".join(figures) + ".", ""]
-    return lines
-
-
-def _g(value: Any) -> str | None:
-    return None if value is None else f"{readable(float(value)):g}"
-
-
-def _s(value: Any) -> str | None:
-    return None if value is None else f"{readable(float(value)):g} s"
-
-
-def _ms(value: Any) -> str | None:
-    return None if value is None else f"{readable(float(value) * 1e3):g} ms"
-
-
-def study_note(result: "SearchResult", pictures: dict[int, str] | None = None) -> str:
+def study_note(result: "SearchResult", pictures: Pictures | None = None) -> str:
     """The study note: the summary a reviewer needs first, how to read the dashboard, then
     the YAML itself."""
     from scalertune._amp._schema import result_document
+
     s = result.settings
+    horizon = f", horizon {result.horizon} steps" if result.long else ""
     lines = [f"## scalertune: {result.study_name}", "",
-             f"Workload `{s.get('factory')}`, {s.get('steps')} steps, seed {s.get('seed')}, "
-             f"search space `{(s.get('space') or {}).get('name')}`, on {s.get('device')}.", ""]
-    rec = result.recommended
-    if rec is not None:
-        seeds = [rec.seed, *sorted(result.confirmations.get(rec.number, {}))]
-        lines.append(f"**Recommended:** ★ trial {rec.number}, `{rec.config.describe()}`, "
-                     f"confirmed on seeds {', '.join(map(str, seeds))}: {describe_outcome(rec)}.")
-    else:
-        reference = result.reference["trial"] if result.reference else None
-        lines.append("**Recommended:** float32 (no autocast, no scaler)"
-                     + (f": the float32 reference, trial {reference}" if reference is not None
-                        else "") + ".")
-    lines += ["", f"**Verdict:** {result.verdict}.", "",
-              "| run | config | outcome |", "| --- | --- | --- |"]
-    if result.reference:
-        ref = result.reference
-        lines.append(f"| float32 reference (trial {ref['trial']}) | float32 | target loss "
-                     f"{_g(ref['target_loss'])}, {_ms(ref.get('step_time_s'))} per step |")
-    for name, outcome in result.baselines.items():
-        lines.append(f"| {name} (trial {outcome.number}) | `{outcome.config.describe()}` | "
-                     f"{describe_outcome(outcome)} |")
+             f"Workload `{s.get('factory')}`, {s.get('steps')} steps per trial{horizon}, seed "
+             f"{s.get('seed')}, search space `{(s.get('space') or {}).get('name')}`, on "
+             f"{s.get('device')}.", "", _horizon_line(result), "", *_answer_lines(result),
+             "", f"**Verdict:** {result.verdict}.", "", *_runs_table(result)]
+    if result.long:
+        lines += ["", *_phases_section(result)]
+    advice = [text for text in (scaler_advice(result), replay_agreement(result),
+                                result.forecast()) if text]
+    if advice:
+        lines += ["", "### What the replay of float32's gradients says", "",
+                  *(f"- {_literal(a)}." for a in advice)]
     hint = result.forward_overflow_hint()
     if hint:
         lines += ["", hint]
@@ -325,107 +116,170 @@ def study_note(result: "SearchResult", pictures: dict[int, str] | None = None) -
         lines += ["", "Pruned: " + ", ".join(f"{n} {k}" for k, n in sorted(pruned.items()))
                   + ". Each pruned trial's note says why."]
     document = yaml.safe_dump(result_document(result.to_dict()), sort_keys=False, width=100)
-    lines += ["", *_pictures_section(result, pictures or {}), *_reading_guide(result),
+    lines += ["", *_pictures_section(result, pictures or Pictures()), *_reading_guide(result),
               "### Recommendation YAML", "", "```yaml", document.rstrip(), "```", ""]
     return "\n".join(lines)
 
 
-def _pictures_section(result: "SearchResult", pictures: dict[int, str]) -> list[str]:
+def _literal(text: str) -> str:
+    """``text`` with Markdown's emphasis escaped: the replay writes powers as ``2**-8.5``."""
+    return text.replace("*", r"\*")
+
+
+def _horizon_line(result: "SearchResult") -> str:
+    steps = int(result.settings.get("steps") or 0)
+    covers = f"evidence covers steps 0-{result.horizon} of the horizon"
+    if not result.long:
+        return (f"**Horizon:** the trial's {steps} steps (no `--horizon`): {covers}.")
+    windows = " and ".join(f"{a}-{b}" for a, b in result.windows)
+    ref = result.reference
+    where = f" (trial {ref['trial']})" if ref else ""
+    return (f"**Horizon:** {result.horizon} steps. The trials cover steps 0-{steps}; the "
+            f"float32 reference{where} trained to the horizon, and each finalist was branched "
+            f"from its checkpoints for steps {windows} and compared there with float32's own "
+            f"continuation: {covers}.")
+
+
+def _answer_lines(result: "SearchResult") -> list[str]:
+    rec, best = result.recommended, result.best_amp
+    if rec is not None:
+        seeds = [rec.seed, *sorted(result.confirmations.get(rec.number, {}))]
+        return [f"**Recommended:** ★ trial {rec.number}, `{rec.config.describe()}`, confirmed "
+                f"on seeds {', '.join(map(str, seeds))}: {describe_outcome(rec)}."]
+    choice = result.float32_choice
+    if choice is not None:
+        run = f": trial {choice.number} (role *float32-clip*)"
+    else:
+        run = f": the float32 reference, trial {result.reference['trial']}" if (
+            result.reference) else ""
+    lines = [f"**Recommended:** {result.config.describe()} (no autocast, no scaler){run}."]
+    if best is not None:
+        seeds = [best.seed, *sorted(result.confirmations.get(best.number, {}))]
+        holds = "; holds at every phase of the horizon" if result.long else ""
+        lines += ["", f"**Best AMP config that holds:** ☆ trial {best.number}, "
+                      f"`{best.config.describe()}`, confirmed on seeds "
+                      f"{', '.join(map(str, seeds))}: {describe_outcome(best)}{holds}. Not "
+                      f"faster than float32 on {result.settings.get('device')}; on a GPU, "
+                      "use it (`evidence.best_amp` in the YAML) or run the search there."]
+    return lines
+
+
+def _runs_table(result: "SearchResult") -> list[str]:
+    lines = ["| run | config | outcome |", "| --- | --- | --- |"]
+    if result.reference:
+        ref = result.reference
+        lines.append(f"| float32 reference (trial {ref['trial']}) | float32 | target loss "
+                     f"{as_g(ref['target_loss'])}, {as_ms(ref.get('step_time_s'))} per step |")
+    for name, outcome in result.baselines.items():
+        lines.append(f"| {name} (trial {outcome.number}) | `{outcome.config.describe()}` | "
+                     f"{describe_outcome(outcome)} |")
+    return lines
+
+
+def _phases_section(result: "SearchResult") -> list[str]:
+    """Each branched run's loss over float32's in each window, with the branch's trial."""
+    windows, numbers = result.windows, branch_numbers(result)
+    lines = ["### Phases of the horizon", "",
+             "Each finalist's loss over float32's over the last half of each window (its "
+             "branch's trial in brackets); a branch falls behind above "
+             f"{1 + _policy.PHASE_TOLERANCE:g}x when beyond the noise.", "",
+             "| run | config | " + " | ".join(f"{a}-{b}" for a, b in windows) + " | holds |",
+             "| --- | --- | " + " | ".join("---" for _ in windows) + " | --- |"]
+    for run in branched_runs(result):
+        done = {p.start: p for p in result.phases.get(run.number, [])}
+        cells = []
+        for start, _ in windows:
+            phase, branch = done.get(start), numbers.get((run.number, start))
+            cell = "-" if phase is None else "non-finite" if phase.nonfinite else (
+                f"{phase.ratio:.3g}x" + (" behind" if phase.behind else ""))
+            cells.append(cell + (f" (trial {branch})" if branch is not None else ""))
+        verdict = {True: "yes", False: "no", None: "pending"}[result.holds(run)]
+        lines.append(f"| {run.label} (trial {run.number}) | `{run.config.describe()}` | "
+                     + " | ".join(cells) + f" | {verdict} |")
+    failed = [f"- {run.label}: {behind_from(result.phases.get(run.number, []))}."
+              for run in branched_runs(result) if result.holds(run) is False]
+    return lines + (["", *failed] if failed else [])
+
+
+def _pictures_section(result: "SearchResult", pictures: Pictures) -> list[str]:
     shown = []
-    if result.recommended is not None:
-        shown.append((result.recommended.number, "the recommendation"))
+    best = result.recommended or result.best_amp
+    if best is not None:
+        what = ("the recommendation" if result.recommended is not None
+                else "the best AMP config that holds")
+        shown.append((best.number, what))
     default = result.baselines.get("pytorch-default")
     if default is not None and all(n != default.number for n, _ in shown):
         shown.append((default.number, "PyTorch's defaults"))
     lines = []
     for number, what in shown:
-        if number in pictures:
+        if number in pictures.trials:
             lines += [f"![trial {number}, {what}: loss over the float32 target]"
-                      f"({pictures[number]})", ""]
-    return (["### Pictures", "", *lines] if lines else [])
+                      f"({pictures.trials[number]})", ""]
+    if pictures.horizon and result.long:
+        lines += [f"![the horizon: each finalist's loss over float32's at the same step, "
+                  f"steps 0-{result.horizon}]({pictures.horizon})", ""]
+    return ["### Pictures", "", *lines] if lines else []
 
 
 def _reading_guide(result: "SearchResult") -> list[str]:
-    rec = result.recommended
+    rec = result.recommended or result.float32_choice
     shown = [t.number for t in result.study.get_trials(deepcopy=False)
-             if t.user_attrs.get("role") == ROLE_RECOMMENDED and _is_recommended(t, result)]
+             if t.user_attrs.get("role") == ROLE_RECOMMENDED and is_recommended(t, result)]
     best = (f"trial {rec.number}" if rec is not None
             else f"float32 (the reference, trial {result.reference['trial']})"
             if result.reference else "float32")
     if shown:
-        best = f"trial {shown[-1]} (role *recommended*), which repeats {best}"
-    lines = [
+        best = (f"trial {shown[-1]} (role *recommended*), which repeats {best}: its curve, "
+                "figures and value (the time to target, as the summary prints it) are that "
+                "run's")
+    return [
         "### Reading this study in the dashboard", "",
         "- **Objective**, *time to target (s)*: steps to the float32 target x step time. A "
         "run that never reaches the target is *infeasible* (its constraint "
         "`target_gap`, how far its best smoothed loss stayed above the target relative to the "
-        "target, is > 0) and is never the best trial.",
-        f"- **Best Trial** is the recommendation: {best}.",
+        "target, is > 0) and is never the best trial. Pruned trials have no value, so the "
+        "History plot holds times to target only; float32 runs, confirmations and branches "
+        "have the value inf (yardsticks and evidence, not candidates).",
+        f"- **Best Trial** is the recommendation: {best}. `scalertune dashboard` shows it "
+        "even where a faster run has a smaller value (one that did not hold for the horizon, "
+        "or was not confirmed); plain `optuna-dashboard` shows the smallest value.",
         f"- **Intermediate values**: each run's smoothed loss against the float32 target of "
         f"its seed, as log10(loss / target), one point per {_policy.READBACK_INTERVAL}-step "
         "window. 0 is the target; 1 is ten times above it, -1 a tenth of it: losses that "
         "start thousands of times above the target read on the same axis as the last steps. "
         "A pruned run's curve stops where it was pruned. Confirmation runs are judged against "
-        "their own seed's target.",
+        "their own seed's target. A branch (role *phase*) has its curve at the steps of its "
+        "window: to see float32's continuation over the same steps beside it, double-click "
+        "the float32 reference in the plot's legend (it alone stays), then click the "
+        "branch.",
         "- **Roles**: every trial's `role` attribute, on its page (Trials) and in the table "
         "of the Smart Selection page:",
         "", "| role | the run |", "| --- | --- |",
         *(f"| {role} | {what} |" for role, what in ROLES.items()), "",
         "- **Notes**: each trial's note says what it is and what happened; ★ marks the "
-        "recommended trial.", "",
+        "recommended trial" + ("; ☆ the best AMP config that holds, for a GPU"
+                               if result.recommended is None and result.best_amp else "")
+        + ".", "",
     ]
-    return lines
 
 
 def serve(studies: list[optuna.Study], *, storage_url: str, host: str, port: int,
           artifact_dir: str | None = None) -> None:
     """Refresh the notes of ``studies``, then run the real optuna-dashboard server on their
-    storage, which shows every study it holds (blocks).
+    storage, which shows every study it holds (blocks); its Best Trial of a scalertune study
+    is the study's latest ``recommended`` trial (:func:`._server.recommended_best`).
 
     Only notes change: the study note carries the storage URL it was given (redacted), as
     the search's own note does, so an unchanged study keeps the note it has.
     """
     if not have_dashboard():
         raise UsageError(f"optuna-dashboard is not installed: {_INSTALL}")
-    from optuna_dashboard import run_server
-
     from scalertune._review._analyze import analyze
+    from scalertune._review._server import run
 
     for study in studies:
         if study.user_attrs.get(SETTINGS_ATTR) is not None:
-            _write_notes(analyze(study, storage=redact(storage_url)))
-    folders = sorted({artifact_dir_of(s, artifact_dir) for s in studies})
-    store = _ArtifactFolders([f for f in folders if os.path.isdir(f)])
-    run_server(studies[0]._storage, host=host, port=port,  # noqa: SLF001
-               artifact_store=store if store.folders else None)
-
-
-class _ArtifactFolders:
-    """Optuna's artifact store protocol over several folders: studies of one storage may
-    each keep their artifacts in their own ``--artifact-dir``, and the dashboard takes one
-    store. Artifact ids are UUIDs, so an id names one file in one folder."""
-
-    def __init__(self, folders: list[str]) -> None:
-        from optuna.artifacts import FileSystemArtifactStore
-
-        self.folders = folders
-        self._stores = [FileSystemArtifactStore(f) for f in folders]
-
-    def open_reader(self, artifact_id: str) -> IO[bytes]:
-        return self._in_each(artifact_id, lambda store: store.open_reader(artifact_id))
-
-    def write(self, artifact_id: str, content_body: IO[bytes]) -> None:
-        self._stores[0].write(artifact_id, content_body)
-
-    def remove(self, artifact_id: str) -> None:
-        self._in_each(artifact_id, lambda store: store.remove(artifact_id))
-
-    def _in_each(self, artifact_id: str, action: Any) -> Any:
-        from optuna.artifacts.exceptions import ArtifactNotFound
-
-        for store in self._stores:
-            try:
-                return action(store)
-            except ArtifactNotFound:
-                continue
-        raise ArtifactNotFound(f"artifact {artifact_id} is in none of {self.folders}")
+            write_notes(analyze(study, storage=redact(storage_url)))
+    run(studies, host=host, port=port,
+        folders=sorted({artifact_dir_of(s, artifact_dir) for s in studies}))

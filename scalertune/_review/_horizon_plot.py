@@ -56,14 +56,13 @@ class Stretch:
     phase: PhaseResult | None = None
 
 
-def horizon_runs(result: "SearchResult") -> list["Outcome"]:
-    """The runs the picture draws: the finalists and the islands, then any other run that
-    was branched (float32 at the best AMP config's clip; a finalist of an earlier search
-    of the study, before later trials changed the finalists)."""
-    runs = [*result.finalists, *result.islands]
-    others = [o for o in [*result.ranking, *([result.float32_clip] if result.float32_clip
-                                             else [])] if o.number in result.phases]
-    return runs + [o for o in others if o not in runs]
+def branched_runs(result: "SearchResult") -> list["Outcome"]:
+    """The runs of the horizon's evidence, as the summary lists them: the finalists, the
+    islands, float32 at the best AMP config's clip, then any other run that was branched (a
+    finalist before later trials of the study changed the finalists)."""
+    runs = [*result.finalists, *result.islands,
+            *([result.float32_clip] if result.float32_clip else [])]
+    return runs + [o for o in result.ranking if o.number in result.phases and o not in runs]
 
 
 def stretches(result: "SearchResult", run: "Outcome",
@@ -143,7 +142,7 @@ def horizon_figure(result: "SearchResult") -> Any:
                       "half, which the phase verdict judges"), fontsize=10)
     _shade_windows(ax, result.windows)
     branches = branch_losses(result)
-    runs = horizon_runs(result)
+    runs = branched_runs(result)
     drawn = [stretches(result, run, branches) for run in runs]
     ratios = [v for parts in drawn for s in parts for v in s.ratios if math.isfinite(v)]
     for color, (run, parts) in enumerate(zip(runs, drawn)):

@@ -96,9 +96,10 @@ class Pipeline:
         distinct = self.setup.space.distinct_configs()
         if distinct is not None and len({_config_key(t) for t in sampled}) >= distinct:
             return f"the space has {distinct} distinct configs, and every one has run"
+        least = _policy.STUDY_MIN_TRIALS_LONG if self.setup.long else _policy.STUDY_MIN_TRIALS
         reason = study_stop_reason([
             (t.user_attrs.get("time_to_target_s"), "duplicate_of" in t.user_attrs)
-            for t in sampled])
+            for t in sampled], min_trials=least)
         if reason is None and self.deadline is not None and time.monotonic() > self.deadline:
             reason = "the time budget (timeout) is spent"
         return reason

@@ -1,10 +1,13 @@
 """optuna-dashboard tells the same story as the recommendation, in a real browser.
 
-Two real searches write one SQLite storage (the shipped codepoints example, whose float16
-baselines never reach the float32 target, and a tiny workload whose float16 trials overflow
-forward and are pruned). ``scalertune dashboard`` serves both, and headless Chromium (Debian's
-``chromium`` package) renders its pages; the test reads what the browser rendered, what the
-dashboard's HTTP API returns and what ``scalertune report`` prints.
+Three real searches write one SQLite storage (the shipped codepoints example, whose float16
+baselines never reach the float32 target; a tiny workload whose float16 trials overflow
+forward and are pruned; and a search over a horizon of 1000 steps on a workload where bfloat16
+falls behind late, whose finalists are branched at two phase windows). ``scalertune
+dashboard`` serves them, and headless Chromium (Debian's ``chromium`` package) renders its
+pages; the test reads what the browser rendered, what the dashboard's HTTP API returns and
+what ``scalertune report`` prints. The searches are kept small (a minute or so in all on two
+CPU cores), the pages few (each render starts a browser).
 
 The browser test needs ``chromium`` on PATH: it is skipped without it, except in CI
 (``CI=true``), where ``.ci/run`` installs it and its absence is a failure. The API tests run
@@ -30,6 +33,7 @@ import yaml
 from conftest import ROOT, run_cli, spec
 
 CODEPOINTS = "codepoints:make_model"
+LATE = "late"
 _NOTE_KEY = re.compile(r"^dashboard:([^:]+:)?note_(ver|str:\d+)$")
 _CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -37,6 +41,8 @@ _CHROMIUM_FLAGS = [
     "--hide-scrollbars",
 ]
 _AMP_ROLES = ("baseline", "search", "confirm", "recommended")
+_HORIZON_ROLES = ("phase", "island", "replay")
+_PHASE_ATTRS = {"of", "start", "end", "phase_ratio", "phase_z", "phase_nonfinite", "phase_holds"}
 
 
 def _chromium():
@@ -99,23 +105,33 @@ class Dashboard:
         raise AssertionError(f"{page} never showed {expect!r}; last DOM:\n{dom[-3000:]}")
 
 
+def _searches(d, tmp):
+    d.search = run_cli("search", os.path.join(ROOT, "examples", "codepoints.py:make_model"),
+                       "--storage", d.url, "--n-trials", "4", "--steps", "60", "--device",
+                       "cpu", "-q", "-o", "codepoints.yaml", cwd=tmp)
+    run_cli("search", spec("forward_overflow"), "--storage", d.url, "--study-name", "fwd",
+            "--n-trials", "2", "--steps", "30", "--device", "cpu", "-q", "-o", "fwd.yaml",
+            cwd=tmp)
+    late = run_cli("search", spec("readings_near_1000", "late_workloads.py"), "--storage",
+                   d.url, "--study-name", LATE, "--n-trials", "4", "--steps", "100",
+                   "--horizon", "1000", "--device", "cpu", "-q", "-o", "late.yaml", cwd=tmp)
+    assert late.returncode == 0, late.stderr
+    d.yaml = yaml.safe_load((tmp / "codepoints.yaml").read_text())
+    d.late_yaml = yaml.safe_load((tmp / "late.yaml").read_text())
+
+
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboard")
     d = Dashboard(tmp)
-    d.search = run_cli("search", os.path.join(ROOT, "examples", "codepoints.py:make_model"),
-                    "--storage", d.url, "--n-trials", "4", "--steps", "60", "--device", "cpu",
-                    "-q", "-o", "codepoints.yaml", cwd=tmp)
-    run_cli("search", spec("forward_overflow"), "--storage", d.url, "--study-name", "fwd",
-         "--n-trials", "2", "--steps", "30", "--device", "cpu", "-q", "-o", "fwd.yaml", cwd=tmp)
-    d.yaml = yaml.safe_load((tmp / "codepoints.yaml").read_text())
-
+    _searches(d, tmp)
     storage = optuna.storages.RDBStorage(d.url)
     codepoints = optuna.load_study(study_name=CODEPOINTS, storage=storage)
     d.artifacts_after_search = optuna.artifacts.get_all_artifact_meta(codepoints)
     d.report_json = json.loads(run_cli("report", "--storage", d.url, "--study-name", CODEPOINTS,
-                                    "--json", cwd=tmp).stdout)
-    run_cli("report", "--storage", d.url, "--study-name", CODEPOINTS, "-o", "again.yaml", cwd=tmp)
+                                       "--json", cwd=tmp).stdout)
+    run_cli("report", "--storage", d.url, "--study-name", CODEPOINTS, "-o", "again.yaml",
+            cwd=tmp)
     d.artifacts_after_report = optuna.artifacts.get_all_artifact_meta(codepoints)
     # An outdated note: the dashboard's refresh must replace it, and change nothing else.
     from optuna_dashboard import save_note
@@ -139,7 +155,8 @@ def dashboard(tmp_path_factory):
                 assert time.monotonic() < deadline, "the dashboard did not start"
                 time.sleep(0.3)
         d.after = _stored(d.url)
-        d.detail = d.api(f"/api/studies/{d.studies[CODEPOINTS]}")
+        d.details = {name: d.api(f"/api/studies/{sid}") for name, sid in d.studies.items()}
+        d.detail, d.late = d.details[CODEPOINTS], d.details[LATE]
         yield d
     finally:
         server.terminate()
@@ -154,26 +171,30 @@ def _attrs(trial):
     return {a["key"]: a["value"] for a in trial["user_attrs"]}
 
 
-def _expected_best(d):
-    """Trial numbers the dashboard may call best: the recommended trial and any trial with
-    the recommended config, or the float32 reference when float32 is the recommendation."""
-    evidence, config = d.yaml["evidence"], d.yaml["config"]
-    numbers = set()
-    for number, trial in _trials(d.detail).items():
-        attrs = _attrs(trial)
-        if trial["state"] != "Complete" or "config" not in attrs:
-            continue
-        same_config = json.loads(attrs["config"]) == config
-        if "trial" in evidence:
-            if number == evidence["trial"] or (same_config and attrs.get("role") in _AMP_ROLES):
-                numbers.add(number)
-        elif attrs.get("role") in ("reference", "recommended") and same_config:
-            numbers.add(number)
-    return numbers
+def _recommended(detail):
+    """The study's latest ``recommended`` trial: its answer."""
+    return max((t for t in detail["trials"] if _attrs(t).get("role") == "recommended"),
+               key=lambda t: t["number"])
+
+
+def _answer_time(document):
+    """The answer's time to target as the YAML holds it: the recommended AMP run's, float32
+    at the best AMP config's clip, or the float32 reference's."""
+    evidence = document["evidence"]
+    if "trial" in evidence:
+        return evidence["time_to_target_s"]
+    same_clip = evidence.get("float32_same_clip")
+    if same_clip is not None and same_clip["config"] == document["config"]:
+        return same_clip["time_to_target_s"]
+    return evidence["float32"]["time_to_target_s"]
+
+
+def _finite(value):
+    return value not in ("inf", "-inf", "nan") and math.isfinite(float(value))
 
 
 def test_serves_every_study_in_the_storage(dashboard):
-    assert set(dashboard.studies) == {CODEPOINTS, "fwd"}
+    assert set(dashboard.studies) == {CODEPOINTS, "fwd", LATE}
     assert dashboard.detail["objective_names"] == ["time to target (s)"]
 
 
@@ -198,32 +219,44 @@ def test_refreshing_notes_changes_nothing_but_notes(dashboard):
     assert f"storage: {dashboard.url}" in note
 
 
-def test_best_trial_is_the_recommendation(dashboard):
-    (best,) = dashboard.detail["best_trials"]
-    assert best["number"] in _expected_best(dashboard), (best["number"], dashboard.yaml)
-    storage = optuna.storages.RDBStorage(dashboard.url)
-    study = optuna.load_study(study_name=CODEPOINTS, storage=storage)
-    assert study.best_trial.number in _expected_best(dashboard)
-    assert [t.number for t in study.best_trials] == [study.best_trial.number]
-    storage.remove_session()
+def test_best_trial_is_the_recommendation_with_its_curve_figures_and_time(dashboard):
+    for name, document in ((CODEPOINTS, dashboard.yaml), (LATE, dashboard.late_yaml)):
+        detail = dashboard.details[name]
+        (best,) = detail["best_trials"]
+        recommended = _recommended(detail)
+        assert best["number"] == recommended["number"], name
+        assert json.loads(_attrs(best)["config"]) == document["config"], name
+        # the run it repeats: its curve and figures, and its time as the summary reads it
+        assert best["intermediate_values"], name
+        assert {"steps_to_target", "step_time_s", "time_to_target_s"} <= set(_attrs(best))
+        (value,) = best["values"]
+        assert float(value) == float(f"{_answer_time(document):.4g}"), (name, value)
 
 
 def test_every_run_has_a_role_params_and_the_constraint_the_dashboard_reads(dashboard):
-    for number, trial in _trials(dashboard.detail).items():
-        attrs = _attrs(trial)
-        assert attrs.get("role") in ("reference", "float32-clip", *_AMP_ROLES), (number, attrs)
-        if attrs["role"] in ("baseline", "search", "confirm"):
-            assert {"config", "skipped_steps", "min_scale", "steps_to_target",
-                    "time_to_target_s", "loss_vs_float32"} <= set(attrs), number
-        assert trial["params"], f"trial {number} has no params"
-        if trial["state"] != "Complete" or attrs["role"] == "reference":
-            continue
-        assert trial["constraints"], f"trial {number}: no constraints for the dashboard"
-        feasible = attrs["role"] == "recommended" or attrs.get("steps_to_target") != "null"
-        assert (max(trial["constraints"]) <= 0) == feasible, (number, trial["constraints"])
+    roles = {}
+    for name in (CODEPOINTS, LATE):
+        for number, trial in _trials(dashboard.details[name]).items():
+            attrs = _attrs(trial)
+            roles.setdefault(name, set()).add(attrs.get("role"))
+            assert attrs.get("role") in ("reference", "float32-clip", *_AMP_ROLES,
+                                         *_HORIZON_ROLES), (number, attrs)
+            if attrs["role"] in ("baseline", "search", "confirm", "island", "replay"):
+                assert {"config", "skipped_steps", "min_scale", "steps_to_target",
+                        "time_to_target_s", "loss_vs_float32"} <= set(attrs), number
+            if attrs["role"] == "phase":
+                assert _PHASE_ATTRS <= set(attrs), number
+            assert trial["params"], f"trial {number} has no params"
+            if trial["state"] != "Complete" or attrs["role"] == "reference":
+                continue
+            assert trial["constraints"], f"trial {number}: no constraints for the dashboard"
+            feasible = attrs["role"] in ("recommended", "phase") or (
+                attrs.get("steps_to_target") != "null")
+            assert (max(trial["constraints"]) <= 0) == feasible, (number, trial["constraints"])
+    assert "phase" in roles[LATE], "the horizon search branches its finalists"
 
 
-def test_curves_are_relative_to_the_target_per_window_and_pruned_runs_keep_theirs(dashboard):
+def test_curves_are_relative_to_the_target_and_branches_sit_in_their_windows(dashboard):
     from scalertune import _policy
 
     steps = dashboard.yaml["evidence"]["steps"]
@@ -238,24 +271,32 @@ def test_curves_are_relative_to_the_target_per_window_and_pruned_runs_keep_their
             # float32's smoothed loss ends at the target over (1 + tolerance), in log10
             assert values[-1]["value"] == pytest.approx(
                 math.log10(1 / (1 + _policy.TARGET_TOLERANCE)), rel=1e-6)
-    fwd = dashboard.api(f"/api/studies/{dashboard.studies['fwd']}")
-    pruned = [t for d in (dashboard.detail, fwd) for t in d["trials"] if t["state"] == "Pruned"]
+    late = _trials(dashboard.late)
+    horizon = dashboard.late_yaml["evidence"]["horizon"]
+    reference = next(t for t in late.values() if _attrs(t)["role"] == "reference"
+                     and _attrs(t)["seed"] == "0")
+    assert reference["intermediate_values"][-1]["step"] >= horizon - _policy.READBACK_INTERVAL
+    for trial in late.values():
+        attrs = _attrs(trial)
+        if attrs["role"] == "phase":
+            start, end = int(attrs["start"]), int(attrs["end"])
+            assert trial["intermediate_values"], trial["number"]
+            assert all(start <= v["step"] < end for v in trial["intermediate_values"])
+
+
+def test_pruned_trials_have_no_objective_value_and_the_history_plot_only_times(dashboard):
+    pruned = [t for d in dashboard.details.values() for t in d["trials"]
+              if t["state"] == "Pruned"]
     assert pruned, "the forward-overflow study prunes its float16 runs"
     for trial in pruned:
-        attrs = _attrs(trial)
-        bad = attrs.get("first_nonfinite_step")
-        if bad == "null" or int(bad) >= _policy.READBACK_INTERVAL:
-            # a whole window of finite loss before it was pruned: that much curve stays
-            assert trial["intermediate_values"], trial["number"]
-        if trial["intermediate_values"]:
-            # optuna-dashboard plots a pruned trial's curve only when the trial has a value
-            assert trial.get("values"), trial["number"]
+        # a log10 loss ratio on the time-to-target axis is what Optuna wrote before
+        assert not trial.get("values"), trial["number"]
 
 
 def test_notes_explain_roles_curves_and_mark_the_recommendation(dashboard):
     note = dashboard.detail["note"]["body"]
     assert "0 is the target" in note and "one point per" in note
-    for role in ("reference", "baseline", "search", "confirm"):
+    for role in ("reference", "baseline", "search", "confirm", *_HORIZON_ROLES):
         assert f"| {role} |" in note
     assert "```yaml" in note and "Verdict" in note
     trials = _trials(dashboard.detail)
@@ -272,39 +313,66 @@ def test_notes_explain_roles_curves_and_mark_the_recommendation(dashboard):
         if (trial["state"] == "Complete" and attrs["role"] in ("baseline", "search", "confirm")
                 and attrs["steps_to_target"] == "null"):
             assert "**Infeasible**" in trial["note"]["body"]
-    fwd = dashboard.api(f"/api/studies/{dashboard.studies['fwd']}")
-    for trial in fwd["trials"]:
+    for trial in dashboard.details["fwd"]["trials"]:
         if trial["state"] == "Pruned":
             assert "Pruned: forward" in trial["note"]["body"]
 
 
+def test_the_horizon_study_note_and_a_branchs_note_name_the_windows_and_float32(dashboard):
+    note = dashboard.late["note"]["body"]
+    horizon = dashboard.late_yaml["evidence"]["horizon"]
+    assert f"evidence covers steps 0-{horizon} of the horizon" in note
+    assert "### Phases of the horizon" in note
+    reference = next(n for n, t in _trials(dashboard.late).items()
+                     if _attrs(t)["role"] == "reference" and _attrs(t)["seed"] == "0")
+    for number, trial in _trials(dashboard.late).items():
+        attrs = _attrs(trial)
+        if attrs["role"] != "phase":
+            continue
+        body, window = trial["note"]["body"], f"{attrs['start']}-{attrs['end']}"
+        assert f"branch of trial {attrs['of']} at steps {window}" in body, body
+        assert f"checkpoint at step {attrs['start']} (trial {reference}" in body
+        assert f"**float32's continuation** over steps {window}" in body
+        assert f"`trial #{reference}`" in body and f"`trial #{number}`" in body
+        assert re.search(r"\*\*(Holds|Falls behind float32|Non-finite)\*\*", body)
+
+
 def test_pictures_are_artifacts_and_shown_full_size_in_the_notes(dashboard):
-    sid = dashboard.studies[CODEPOINTS]
-    artifacts = dashboard.detail["artifacts"]
-    assert len(artifacts) == 2 and all(a["mimetype"] == "image/png" for a in artifacts)
-    urls = {f"/artifacts/{sid}/{a['artifact_id']}" for a in artifacts}
-    embedded = set(re.findall(r"!\[[^\]]*\]\((/artifacts/[^)]+)\)",
-                              dashboard.detail["note"]["body"]))
-    assert embedded == urls
-    for url in urls:
-        assert dashboard.get(url)[:8] == b"\x89PNG\r\n\x1a\n"
+    for name, count in ((CODEPOINTS, 2), (LATE, 3)):
+        detail, sid = dashboard.details[name], dashboard.studies[name]
+        artifacts = detail["artifacts"]
+        assert len(artifacts) == count and all(a["mimetype"] == "image/png"
+                                               for a in artifacts), (name, artifacts)
+        urls = {f"/artifacts/{sid}/{a['artifact_id']}" for a in artifacts}
+        embedded = set(re.findall(r"!\[[^\]]*\]\((/artifacts/[^)]+)\)", detail["note"]["body"]))
+        assert embedded == urls, name
+        for url in urls:
+            assert dashboard.get(url)[:8] == b"\x89PNG\r\n\x1a\n"
     default = next(t for t in dashboard.detail["trials"]
                    if _attrs(t).get("baseline") == "pytorch-default")
     assert re.search(r"!\[[^\]]*\]\(/artifacts/", default["note"]["body"])
+    assert any(a["filename"] == "late.horizon.png" for a in dashboard.late["artifacts"])
+    assert (dashboard.tmp / "late.horizon.png").exists()
+
+
+def _history_points(page):
+    """Markers the History plot drew (Plotly leaves out a trial without a finite value)."""
+    start = page.index('id="plot-history"')
+    return page[start:page.index("Hyperparameter Importance", start)].count('class="point"')
 
 
 def test_the_browser_shows_best_trial_infeasible_runs_note_and_pictures(dashboard):
     sid = dashboard.studies[CODEPOINTS]
-    (best,) = dashboard.detail["best_trials"]
+    best = _recommended(dashboard.detail)
     study_page = dashboard.render(f"/dashboard/studies/{sid}", "Best Trial (number=")
     shown = int(re.search(r"Best Trial \(number=(\d+)\)", study_page).group(1))
-    assert shown == best["number"] and shown in _expected_best(dashboard)
+    assert shown == best["number"]
     never = {n: t for n, t in _trials(dashboard.detail).items()
              if _attrs(t)["role"] in ("baseline", "search", "confirm")
              and _attrs(t).get("steps_to_target") == "null"}
     assert never, "the codepoints float16 baselines never reach the target"
     for number, trial in never.items():
-        # the intermediate-values legend, which lists complete trials and pruned ones
+        # the intermediate-values legend, which lists complete trials
         assert f'data-unformatted="trial #{number} (infeasible)"' in study_page, number
     if any(t["state"] == "Complete" for t in never.values()):
         assert 'data-unformatted="Infeasible"' in study_page  # the timeline's legend
@@ -315,6 +383,25 @@ def test_the_browser_shows_best_trial_infeasible_runs_note_and_pictures(dashboar
     assert f"scalertune: {CODEPOINTS}" in note_page and "Recommendation YAML" in note_page
     assert len(re.findall(rf'<img [^>]*src="/artifacts/{sid}/', note_page)) == 2
 
-    trial_page = dashboard.render(f"/dashboard/studies/{sid}/trials?numbers={shown}",
-                                  f"Trial {shown} (trial_id=")
-    assert f"Trial {shown}: ★ " in trial_page
+
+def test_the_browser_shows_the_horizon_studys_best_trial_history_and_branch(dashboard):
+    sid, late = dashboard.studies[LATE], dashboard.late
+    best = _recommended(late)
+    page = dashboard.render(f"/dashboard/studies/{sid}", "Best Trial (number=")
+    card = re.search(r"Best Trial \(number=(\d+)\)</h6><h3[^>]*>([^<]+)</h3>", page)
+    assert int(card.group(1)) == best["number"]
+    assert float(card.group(2)) == float(best["values"][0])  # 4 digits, not 16
+    assert f'data-unformatted="trial #{best["number"]} "' in page  # its curve, plotted
+    timed = [t for t in late["trials"] if t["state"] == "Complete" and _finite(t["values"][0])]
+    assert _history_points(page) == len(timed)
+
+    note_page = dashboard.render(f"/dashboard/studies/{sid}/note", "Phases of the horizon")
+    assert len(re.findall(rf'<img [^>]*src="/artifacts/{sid}/', note_page)) == 3
+    assert 'alt="the horizon: each finalist' in note_page
+
+    branch = next(n for n, t in _trials(late).items() if _attrs(t)["role"] == "phase")
+    trials_page = dashboard.render(
+        f"/dashboard/studies/{sid}/trials?numbers={best['number']},{branch}",
+        f"Trial {branch}: branch of trial")
+    assert f"Trial {best['number']}: ★ the recommendation" in trials_page
+    assert "float32's continuation" in trials_page

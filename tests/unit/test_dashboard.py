@@ -1,14 +1,116 @@
-"""What scalertune adds for optuna-dashboard: pictures, rounding for reading, the commands.
+"""What scalertune adds for optuna-dashboard: rounding for reading, the notes, the Best Trial
+the server reports, the horizon's picture, and the command's errors.
 
-The dashboard itself, served and rendered in a browser, is tested in test_browser.py.
+The studies here are built as a search stores them (the same attributes, in an in-memory
+storage) but with made-up losses, so that the notes and the picture are checked in
+milliseconds against figures known in advance. The dashboard itself, served and rendered in a
+browser after real searches, is tested in tests/integration/test_browser.py.
 """
 
 import math
 
 import optuna
+import pytest
 from conftest import run_cli
+from optuna.trial import TrialState, create_trial
 
+from scalertune import _policy
+from scalertune._judge._phases import judge_phase, phase_windows
+from scalertune._judge._target import Target
+from scalertune._review._analyze import analyze
+from scalertune._review._dashboard import study_note
+from scalertune._review._notes import ROLES, trial_note
+from scalertune._review._server import recommended_best
+from scalertune._storage._names import (
+    HORIZON_ATTR,
+    JUDGED_ATTR,
+    LOSSES_ATTR,
+    SETTINGS_ATTR,
+)
 from scalertune._text import readable
+
+STEPS, HORIZON = 100, 1000
+WINDOWS = phase_windows(HORIZON, STEPS)
+FLOAT16 = {"dtype": "float16", "init_scale": 0.01, "growth_factor": 2.0, "backoff_factor": 0.5,
+           "growth_interval": 2000, "clip_norm": None}
+BFLOAT16 = {"dtype": "bfloat16", "clip_norm": None}
+FLOAT32 = {"dtype": "float32", "clip_norm": None}
+#: How far above float32's each run's loss is in each window (float16 holds, bfloat16 falls
+#: behind late, as bfloat16 does on readings near 1000).
+BEHIND = {"float16": 1.01, "bfloat16": 1.8}
+
+
+def _float32_losses():
+    # noisy, so that the phase verdict's paired standard error is not zero
+    return [1000.0 * 0.99 ** i + 10.0 + (i % 7) * 0.1 for i in range(HORIZON)]
+
+
+def _add(study, *, value, attrs, system=None, curve=None, state=TrialState.COMPLETE):
+    study.add_trial(create_trial(
+        state=state, value=value if state == TrialState.COMPLETE else None,
+        params={}, distributions={}, intermediate_values=curve or {9: 1.0},
+        user_attrs=attrs, system_attrs=system or {}))
+    return study.trials[-1].number
+
+
+def _run(study, target, config, losses, step_time):
+    reached = target.steps_to_target(losses)
+    return _add(study, value=reached * step_time, system={LOSSES_ATTR: losses}, attrs={
+        "role": "search", "seed": 0, "config": config, "steps_to_target": reached,
+        "step_time_s": step_time, "time_to_target_s": reached * step_time, "skipped_steps": 0,
+        "min_scale": 0.01, "steps_run": len(losses), "loss_vs_float32": 0.9})
+
+
+def _branch(study, of, config, start, end, reference):
+    losses = [v * BEHIND[config["dtype"]] for v in reference]
+    phase = judge_phase(losses, reference, start=start, pruned=False)
+    judged = {"phase_ratio": phase.ratio, "phase_z": phase.z, "phase_nonfinite": False,
+              "phase_holds": phase.holds, "initial_scale": 0.03125}
+    return _add(study, value=math.inf, curve={s: -1.0 for s in range(start + 9, end, 10)},
+                system={LOSSES_ATTR: losses, JUDGED_ATTR: judged},
+                attrs={"role": "phase", "of": of, "start": start, "end": end, "seed": 0,
+                       "config": config, **readable(judged)})
+
+
+@pytest.fixture
+def late():
+    """A study of a 1000-step horizon as the search stores it: the float32 reference to the
+    horizon, a float16 run that holds and a bfloat16 run faster to the early target (the
+    least value) that falls behind, each branched at both windows, a pruned run and the
+    recommendation."""
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), study_name="late")
+    study.set_user_attr(SETTINGS_ATTR, {
+        "factory": "late.py:make_model", "steps": STEPS, "horizon": HORIZON, "seed": 0,
+        "space": {"name": "default"}, "device": "cpu", "reference": FLOAT32})
+    losses = _float32_losses()
+    target = Target.from_reference(losses[:STEPS])
+    reached = target.steps_to_target(losses[:STEPS])
+    windows = {str(a): losses[a:b] for a, b in WINDOWS}
+    _add(study, value=math.inf, attrs={
+        "role": "reference", "seed": 0, "config": FLOAT32, "target_loss": target.loss,
+        "steps_to_target": reached, "step_time_s": 0.001, "time_to_target_s": reached * 0.001,
+        "steps_run": HORIZON}, system={LOSSES_ATTR: losses[:STEPS], HORIZON_ATTR: {
+            "horizon": HORIZON, "windows": windows, "checkpoints": {}}},
+        curve={s: 0.0 for s in range(9, HORIZON, 10)})
+    faster = [v * 0.8 for v in losses[:STEPS]]
+    runs = {"float16": _run(study, target, FLOAT16, losses[:STEPS], 0.002),
+            "bfloat16": _run(study, target, BFLOAT16, faster, 0.0005)}
+    _add(study, value=None, state=TrialState.PRUNED, attrs={
+        "role": "search", "seed": 0, "config": {**FLOAT16, "init_scale": 1e6},
+        "pruned_because": "slower", "steps_run": 40}, system={LOSSES_ATTR: losses[:40]})
+    for name, config in (("float16", FLOAT16), ("bfloat16", BFLOAT16)):
+        for start, end in WINDOWS:
+            _branch(study, runs[name], config, start, end, windows[str(start)])
+    _add(study, value=readable(reached * 0.001), attrs={
+        "role": "recommended", "seed": 0, "config": FLOAT32, "recommends": "float32",
+        "reference_trial": 0, "time_to_target_s": readable(reached * 0.001)})
+    result = analyze(study)
+    return study, result, runs
+
+
+def _phase_trial(study, of, start):
+    return next(t for t in study.trials if t.user_attrs.get("role") == "phase"
+                and t.user_attrs["of"] == of and t.user_attrs["start"] == start)
 
 
 def test_readable_rounds_floats_for_reading_and_leaves_the_rest():
@@ -18,6 +120,104 @@ def test_readable_rounds_floats_for_reading_and_leaves_the_rest():
         "min_scale": 0.001953, "skipped_steps": 25, "role": "search",
         "steps_to_target": None, "loss_vs_float32": math.inf}
     assert readable([12345.678, True]) == [12350.0, True]
+
+
+def test_the_servers_best_trial_is_the_latest_recommendation_not_the_least_value(late):
+    study, _, runs = late
+    storage = recommended_best(study._storage)
+    # the bfloat16 run has the least value: faster to the early target, behind later
+    assert optuna.storages.InMemoryStorage.get_best_trial(
+        storage, study._study_id).number == runs["bfloat16"]
+    best = storage.get_best_trial(study._study_id)
+    assert best.user_attrs["role"] == "recommended" and best.number == study.trials[-1].number
+    other = optuna.create_study(storage=storage, study_name="not scalertune's")
+    other.add_trial(create_trial(value=2.0))
+    other.add_trial(create_trial(value=1.0))
+    assert storage.get_best_trial(other._study_id).number == 1
+    assert type(storage) is optuna.storages.InMemoryStorage
+
+
+def test_a_branch_note_says_where_it_started_how_it_did_and_where_float32s_continuation_is(
+        late):
+    study, result, runs = late
+    (start, end), _ = WINDOWS
+    note = trial_note(_phase_trial(study, runs["float16"], start), result)
+    assert f"branch of trial {runs['float16']} at steps {start}-{end}" in note
+    assert f"float32 reference's checkpoint at step {start} (trial 0" in note
+    assert "loss scaler started at 0.03125 (`initial_scale`" in note
+    half = start + (end - start) // 2
+    assert f"**Holds**: its loss is 1.01x float32's over steps {half}-{end}" in note
+    branch = _phase_trial(study, runs["float16"], start).number
+    assert "float32's continuation** over steps" in note
+    assert "double-click `trial #0`" in note and f"then click `trial #{branch}`" in note
+    assert f"at the absolute steps of its window ({start + 9}-{end - 1})" in note
+
+
+def test_a_branch_that_falls_behind_says_so_and_bfloat16_needs_no_scaler_start(late):
+    study, result, runs = late
+    start, end = WINDOWS[-1]
+    note = trial_note(_phase_trial(study, runs["bfloat16"], start), result)
+    assert "**Falls behind float32**: its loss is 1.8x float32's" in note
+    assert "initial_scale" not in note
+    run_note = trial_note(study.trials[runs["bfloat16"]], result)
+    assert "**Does not hold for the horizon**" in run_note and f"1.8x at {start}-{end}" in run_note
+
+
+def test_study_note_states_the_horizon_what_the_evidence_covers_and_the_phases(late):
+    study, result, runs = late
+    note = study_note(result)
+    assert f"horizon {HORIZON} steps" in note
+    assert f"evidence covers steps 0-{HORIZON} of the horizon" in note
+    assert "### Phases of the horizon" in note
+    (a, b), (c, d) = WINDOWS
+    assert f"| {a}-{b} | {c}-{d} | holds |" in note
+    behind = _phase_trial(study, runs["bfloat16"], c).number
+    assert f"1.8x behind (trial {behind})" in note
+    assert f"trial #{runs['bfloat16']}: falls behind float32 by {a}-{b}" in note
+    for role in ("phase", "island", "replay", "recommended"):
+        assert f"| {role} | {ROLES[role]} |" in note
+
+
+def test_notes_say_pruned_trials_have_no_value_and_the_recommendation_repeats_its_run(late):
+    study, result, _ = late
+    pruned = next(t for t in study.trials if t.state == TrialState.PRUNED)
+    assert pruned.value is None
+    assert "has no objective value" in trial_note(pruned, result)
+    recommended = trial_note(study.trials[-1], result)
+    assert recommended.startswith(f"### Trial {study.trials[-1].number}: ★ the recommendation")
+    assert "It repeats the float32 reference, trial 0" in recommended
+    assert "Best Trial** is the recommendation: trial" in study_note(result)
+
+
+def test_horizon_picture_draws_each_finalist_against_float32_with_the_tolerance(late):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from scalertune._review._horizon_plot import horizon_figure
+
+    study, result, runs = late
+    fig = horizon_figure(result)
+    try:
+        (ax,) = fig.axes
+        assert ax.get_yscale() == "log"
+        levels = {line.get_ydata()[0] for line in ax.lines if len(line.get_xdata()) == 2}
+        assert {1.0, 1 + _policy.PHASE_TOLERANCE} <= {float(v) for v in levels}
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert any(f"trial #{runs['bfloat16']}" in label and "does not hold" in label
+                   for label in labels)
+        assert any(f"trial #{runs['float16']}" in label and "holds" in label for label in labels)
+        # each run: its short trial from step 0 and a stretch in every window
+        for number in runs.values():
+            label = next(lb for lb in labels if f"trial #{number}" in lb)
+            color = next(li.get_color() for li in ax.lines if li.get_label() == label)
+            starts = sorted(int(li.get_xdata()[0]) for li in ax.lines
+                            if li.get_color() == color and len(li.get_xdata()) > 2)
+            assert starts == [0, *(a for a, _ in WINDOWS)]
+        late_bf16 = next(li for li in ax.lines if li.get_label().startswith(
+            f"trial #{runs['bfloat16']}"))
+        assert late_bf16.get_ydata()[0] == pytest.approx(0.8)
+    finally:
+        plt.close(fig)
 
 
 def test_dashboard_without_the_study_database_is_a_usage_error(tmp_path):

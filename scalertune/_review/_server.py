@@ -1,0 +1,59 @@
+"""The optuna-dashboard server of ``scalertune dashboard``: Optuna's storage, with the
+recommendation as each scalertune study's Best Trial, and one artifact store over the studies'
+folders.
+
+optuna-dashboard 0.21 shows as a single-objective study's Best Trial what
+``storage.get_best_trial(study_id)`` returns: Optuna's choice, the trial of least value. For a
+scalertune study that may be a run faster to the early target that fell behind later in the
+horizon, or one not confirmed on the other seeds. The answer is the study's latest
+``recommended`` trial (added last, once the runs it rests on finished); the server's storage
+answers that one question so, and everything else as Optuna does.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from scalertune._review._artifacts import ArtifactFolders
+from scalertune._storage._names import ROLE_RECOMMENDED, SETTINGS_ATTR
+
+
+def recommended_best(storage: BaseStorage) -> BaseStorage:
+    """``storage`` itself, its ``get_best_trial`` answering a scalertune study's latest
+    ``recommended`` trial (Optuna's own answer for other studies, and for a scalertune study
+    before its recommendation is stored)."""
+    optunas = storage.get_best_trial
+
+    def get_best_trial(self: BaseStorage, study_id: int) -> FrozenTrial:
+        found = latest_recommended(self, study_id)
+        return found if found is not None else optunas(study_id)
+
+    # On the object, not a subclass: the storage the studies were opened with (RDB, journal,
+    # Optuna's cache in front of either) keeps its class, connections and cache.
+    storage.get_best_trial = types.MethodType(get_best_trial, storage)  # type: ignore[method-assign]
+    return storage
+
+
+def latest_recommended(storage: BaseStorage, study_id: int) -> FrozenTrial | None:
+    """The scalertune study's ``recommended`` trial of highest number, or ``None``."""
+    if SETTINGS_ATTR not in storage.get_study_user_attrs(study_id):
+        return None
+    trials = storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE,))
+    recommended = [t for t in trials if t.user_attrs.get("role") == ROLE_RECOMMENDED]
+    return max(recommended, key=lambda t: t.number, default=None)
+
+
+def run(studies: list[optuna.Study], *, host: str, port: int, folders: list[str]) -> None:
+    """Serve the storage of ``studies`` (every study it holds) until interrupted."""
+    from optuna_dashboard import run_server
+
+    store = ArtifactFolders([f for f in folders if os.path.isdir(f)])
+    storage: Any = studies[0]._storage  # noqa: SLF001
+    run_server(recommended_best(storage), host=host, port=port,
+               artifact_store=store if store.folders else None)

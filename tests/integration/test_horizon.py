@@ -1,0 +1,77 @@
+"""Verdicts that hold for the whole training run: with ``horizon``, what the search says of
+each finalist in the late phases agrees with that config trained the whole horizon in a plain
+GradScaler loop, and what it recommends (or carries as ``best_amp``) ends within the phase
+tolerance of float32's loss there."""
+
+import late_workloads
+import pytest
+import torch
+import yaml
+from conftest import example
+from plain_loop import ratio_at_the_end
+
+import scalertune
+from scalertune import _policy
+
+torch.set_num_threads(1)
+TOLERANCE = 1 + _policy.PHASE_TOLERANCE
+
+
+def _search(tmp_path, factory, horizon, **kwargs):
+    return scalertune.search(factory, storage=f"sqlite:///{tmp_path / 'h.db'}",
+                             horizon=horizon, device="cpu",
+                             artifact_dir=str(tmp_path / "artifacts"), **kwargs)
+
+
+def _agrees_with_full_runs(result, factory):
+    """Every finalist's verdict against its own full-length plain run: held means it ends
+    within the tolerance of float32, fell behind means it does not."""
+    for run in [*result.finalists, *result.islands]:
+        held = result.holds(run)
+        ratio = ratio_at_the_end(factory, run.config, result.horizon)
+        assert held is (ratio <= TOLERANCE), (run.label, run.config.describe(), held, ratio)
+
+
+def test_a_precision_floor_that_opens_late_is_caught_and_the_island_holds(tmp_path):
+    """Readings near 1000: bfloat16 ties float32 for 1000 steps, then its 8 bits stop the fit
+    (2.5x at 2000); keeping the last layer in float32 holds; PyTorch's float16 defaults hold."""
+    factory = late_workloads.readings_near_1000
+    result = _search(tmp_path, "tests/late_workloads.py:readings_near_1000", 2000)
+    plain_bf16 = next(f for f in result.finalists
+                      if f.config.dtype == "bfloat16" and f.config.clip_norm is None)
+    assert result.holds(plain_bf16) is False
+    _agrees_with_full_runs(result, late_workloads.readings_near_1000)
+    assert result.best_amp is not None and result.holds(result.best_amp)
+    assert ratio_at_the_end(factory, result.best_amp.config, 2000) <= TOLERANCE
+    assert any(i.config.fp32_modules == (late_workloads.ISLAND["readings_near_1000"],)
+               for i in result.islands)
+    result.to_yaml(str(tmp_path / "amp.yaml"))
+    evidence = yaml.safe_load(open(tmp_path / "amp.yaml"))["evidence"]
+    assert evidence["horizon"] == 2000 and evidence["best_amp"]["config"]
+    assert evidence["cost"]["run_equivalents"] <= 3.05
+    assert "falls behind float32" in result.summary() and "steps 0-2000" in result.verdict
+
+
+def test_activations_that_grow_past_float16s_range_late_are_not_recommended(tmp_path):
+    result = _search(tmp_path, "tests/late_workloads.py:growing_activations", 3000)
+    _agrees_with_full_runs(result, late_workloads.growing_activations)
+    best = result.best_amp
+    assert best is not None
+    assert best.config.dtype == "bfloat16" or "up" in best.config.fp32_modules
+
+
+def test_a_clip_that_helps_early_and_hurts_late_is_not_the_answer(tmp_path):
+    result = _search(tmp_path, "tests/late_workloads.py:codepoints_fast", 2000)
+    clipped = [f for f in result.finalists if f.config.clip_norm is not None]
+    assert clipped and all(result.holds(f) is False for f in clipped)
+    _agrees_with_full_runs(result, late_workloads.codepoints_fast)
+    assert result.config.clip_norm is None
+    assert result.best_amp is None or result.best_amp.config.clip_norm is None
+
+
+@pytest.mark.parametrize("horizon", [None, 1000])
+def test_a_horizon_raises_no_alarm_where_every_config_trains_well(tmp_path, horizon):
+    factory = example("classifier").make_model
+    result = _search(tmp_path, factory, horizon, steps=100, n_trials=6)
+    assert result.best_amp is not None and result.best_amp.config.dtype == "bfloat16"
+    assert all(result.holds(f) for f in result.finalists)

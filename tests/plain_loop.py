@@ -1,0 +1,55 @@
+"""The yardstick of the horizon's verdicts: a plain AMP loop, as a user writes it (autocast,
+torch.amp.GradScaler, unscale_ then clip_grad_norm_), trained the whole horizon, with no
+scalertune code in the loop (a config's float32 islands are the runtime's hooks, applied to
+the model first, as training code applies them with amp.prepare)."""
+
+import itertools
+import random
+
+import numpy as np
+import torch
+
+from scalertune._amp._islands import apply_islands
+
+
+def losses(factory, config, steps, seed=0):
+    """Per-step losses of ``config`` trained ``steps`` steps from a fresh ``factory()``."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    parts = factory()
+    model, optimizer, loss_fn = parts["model"], parts["optimizer"], parts["loss_fn"]
+    apply_islands(model, config.fp32_modules, "cpu")
+    scaler = torch.amp.GradScaler("cpu", init_scale=config.init_scale,
+                                  growth_factor=config.growth_factor,
+                                  backoff_factor=config.backoff_factor,
+                                  growth_interval=config.growth_interval,
+                                  enabled=config.uses_scaler)
+    dtype = getattr(torch, config.dtype)
+    out = []
+    for x, y in itertools.islice(itertools.cycle(parts["batches"]), steps):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=dtype, enabled=config.dtype != "float32"):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        if config.clip_norm is not None:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        out.append(float(loss))
+    return out
+
+
+def ratio_at_the_end(factory, config, steps, seed=0, window=50):
+    """``config``'s mean loss over float32's over the last ``window`` steps of the horizon
+    (``inf`` when it went non-finite)."""
+    from scalertune import AmpConfig
+
+    own_clip = factory().get("clip_norm")  # the workload's own clipping is float32's too
+    ours = losses(factory, config, steps, seed)[-window:]
+    theirs = losses(factory, AmpConfig(dtype="float32", clip_norm=own_clip), steps,
+                    seed)[-window:]
+    if not all(np.isfinite(ours)):
+        return float("inf")
+    return float(np.mean(ours) / np.mean(theirs))

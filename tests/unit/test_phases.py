@@ -1,0 +1,87 @@
+"""The phases of a horizon: where finalists are branched, and the paired verdict on each
+branch against float32's own continuation over the same steps."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from scalertune import _policy
+from scalertune._judge._phases import judge_phase, phase_windows
+from scalertune._replay._forecast import forecast
+from scalertune._replay._trace import empty
+
+
+def test_windows_sit_in_the_middle_and_at_the_end_of_the_horizon():
+    assert phase_windows(2000, 200) == [(1000, 1200), (1800, 2000)]
+    assert phase_windows(100_000, 200) == [(50_000, 60_000), (90_000, 100_000)]
+    assert phase_windows(200, 200) == []  # the trial is the evidence
+    assert phase_windows(500, 200) == [(300, 500)]  # too short for two: the end alone
+
+
+def _noisy(mean, n=200, noise=0.05, seed=0):
+    rng = random.Random(seed)
+    return [mean * (1 + noise * rng.gauss(0, 1)) for _ in range(n)]
+
+
+def test_a_branch_that_ties_float32_within_its_noise_holds():
+    reference = _noisy(1.0)
+    branch = [v * (1 + 0.02 * random.Random(1).gauss(0, 1)) for v in reference]
+    result = judge_phase(branch, reference, start=1000, pruned=False)
+    assert result.holds and 0.95 < result.ratio < 1.05
+
+
+def test_a_branch_well_above_float32_falls_behind_and_says_by_how_much():
+    reference = _noisy(1.0)
+    branch = [2.0 * v for v in reference]
+    result = judge_phase(branch, reference, start=1800, pruned=False)
+    assert result.behind and not result.holds
+    assert result.describe() == f"{result.ratio:.3g}x at 1800-2000" and result.ratio > 1.9
+
+
+def test_a_noisy_excess_is_no_alarm_but_a_steady_one_is():
+    """An excess above the tolerance on average, but no larger than the window's own noise,
+    is not a finding; the same excess held steadily is."""
+    rng = random.Random(3)
+    reference = [1.0] * 200
+    noisy = [1.0 + 0.3 + rng.gauss(0, 10.0) for _ in range(200)]
+    assert not judge_phase(noisy, reference, start=0, pruned=False).behind
+    steady = [1.0 + 2 * _policy.PHASE_TOLERANCE] * 200
+    assert judge_phase(steady, reference, start=0, pruned=False).behind
+
+
+def test_a_branch_that_dies_or_keeps_overflowing_goes_non_finite():
+    reference = [1.0] * 200
+    assert judge_phase([1.0] * 50, reference, start=0, pruned=True).nonfinite
+    skipping = [math.inf if i % 10 == 0 else 1.0 for i in range(200)]  # 10% inf losses
+    assert judge_phase(skipping, reference, start=0, pruned=False).nonfinite
+    one_skip = [math.inf] + [1.0] * 199  # one skipped step is GradScaler doing its job
+    assert judge_phase(one_skip, reference, start=0, pruned=False).holds
+
+
+def _trace(peaks):
+    trace = empty(("up", "down"))
+    steps = len(peaks) * 10
+    trace.amax = np.ones(steps, np.float32)
+    trace.block_starts = np.arange(0, steps, 10)
+    trace.forward = np.array(peaks, np.float32)
+    trace.hist = np.zeros((len(peaks), trace.hist.shape[1]), np.int64)
+    return trace
+
+
+def test_a_forward_peak_that_trends_up_is_forecast_to_reach_float16s_range():
+    blocks = np.arange(200)
+    up = 2000.0 * 2 ** (blocks / 100)  # doubles every 1000 steps
+    down = np.full(200, 3.0)
+    found = forecast(_trace(np.stack([up, down], axis=1)), horizon=2000)
+    assert [f.module for f in found] == ["up"]
+    # log2(65504 / 2000) = 5.03 doublings of 1000 steps from step 0
+    assert found[0].step == pytest.approx(5034, rel=0.01)
+    assert found[0].earliest <= found[0].step <= found[0].latest
+
+
+def test_no_trend_no_forecast():
+    rng = np.random.default_rng(0)
+    flat = np.stack([1000 * rng.lognormal(0, 0.3, 200), np.full(200, 3.0)], axis=1)
+    assert forecast(_trace(flat), horizon=2000) == []
