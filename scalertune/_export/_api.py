@@ -32,19 +32,16 @@ import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
-import yaml
 
+from scalertune import _limits
 from scalertune._amp._config import PYTORCH_DEFAULT, AmpConfig
 from scalertune._errors import UsageError
+from scalertune._replay._deepspeed_block import DEEPSPEED_MIN_LOSS_SCALE, deepspeed_fp16_block
 
 if TYPE_CHECKING:
     from scalertune._review._result import SearchResult
 
 FRAMEWORKS = ("torch", "lightning", "accelerate", "transformers", "deepspeed")
-
-#: DeepSpeed's config parser takes ``min_loss_scale`` as an integer > 0: 1 is the lowest floor.
-DEEPSPEED_MIN_LOSS_SCALE = 1
-
 
 @dataclasses.dataclass(frozen=True)
 class _Call:
@@ -170,11 +167,14 @@ def export(source: AmpConfig | str | os.PathLike[str] | SearchResult, framework:
     """
     if framework not in FRAMEWORKS:
         raise UsageError(f"unknown framework {framework!r}: use one of {', '.join(FRAMEWORKS)}")
-    if micro_batch_size is not None and (framework != "deepspeed" or micro_batch_size < 1):
-        raise UsageError("--micro-batch-size is for --to deepspeed, and must be >= 1")
-    config, lowest_scale = _read_source(source)
+    if micro_batch_size is not None and framework != "deepspeed":
+        raise UsageError("micro_batch_size is for DeepSpeed's config (framework 'deepspeed')")
+    _limits.check(_limits.EXPORT, micro_batch_size=micro_batch_size)
+    config, evidence = _read_source(source)
     where = _device(device)
-    parts = _WRITERS[framework](config, where, lowest_scale, micro_batch_size)
+    parts = _WRITERS[framework](config, where, _lowest_scale(evidence), micro_batch_size)
+    if framework == "deepspeed" and config.uses_scaler:
+        parts.differ.extend(_deepspeed_horizon(evidence))
     result = Export(framework=framework, config=config, device=where.value,
                     not_expressible=tuple(parts.lost), differences=tuple(parts.differ),
                     _spec=parts.spec, _name=parts.name,
@@ -186,21 +186,30 @@ def export(source: AmpConfig | str | os.PathLike[str] | SearchResult, framework:
     return result
 
 
-def _read_source(source: Any) -> tuple[AmpConfig, float | None]:
-    from scalertune._amp._schema import load_config
+def _read_source(source: Any) -> tuple[AmpConfig, Any]:
+    """The config to export, and the evidence it came with (``None`` for a bare config)."""
+    from scalertune._amp._schema import read_result
     from scalertune._review._result import SearchResult
 
     if isinstance(source, AmpConfig):
         return source, None
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        config = load_config(path)
-        with open(path, encoding="utf-8") as f:
-            return config, _lowest_scale(yaml.safe_load(f).get("evidence"))
+        data = read_result(os.fspath(source))
+        return AmpConfig.from_dict(data["config"]), data.get("evidence")
     if isinstance(source, SearchResult):
-        return source.config, _lowest_scale(source.to_dict().get("evidence"))
+        return source.config, source.to_dict().get("evidence")
     raise UsageError(f"cannot export a {type(source).__name__}: give an AmpConfig, a "
                      "SearchResult or the path of a result YAML")
+
+
+def _deepspeed_horizon(evidence: Any) -> list[str]:
+    """What DeepSpeed's scaler would do over the search's horizon, replayed from the float32
+    reference's gradient trace (the search writes it for a float16 config)."""
+    said = evidence.get("deepspeed_prediction") if isinstance(evidence, Mapping) else None
+    if not isinstance(said, Mapping) or "says" not in said:
+        return []
+    return [f"over the horizon ({said.get('horizon')} steps), replayed from the search's "
+            f"float32 gradient trace, DeepSpeed's scaler {said['says']}"]
 
 
 def _lowest_scale(evidence: Any) -> float | None:
@@ -400,9 +409,7 @@ def _deepspeed_fp16(c: AmpConfig, lowest: float | None, parts: _Parts) -> dict[s
         f"{'s' if nearest else ''} in a row without a growth between (without ZeRO it skips the "
         "step and stays at 1). GradScaler "
         f"keeps multiplying the scale by backoff_factor{floor}")
-    return {"enabled": True, "loss_scale": 0, "initial_scale_power": nearest,
-            "loss_scale_window": window, "hysteresis": 1, "consecutive_hysteresis": False,
-            "min_loss_scale": DEEPSPEED_MIN_LOSS_SCALE}
+    return deepspeed_fp16_block(c)
 
 
 _WRITERS = {"torch": _torch, "lightning": _lightning, "accelerate": _accelerate,

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 from scalertune import _policy
 from scalertune._amp._guard import Guard
 from scalertune._judge._outcome import Outcome
+from scalertune._replay._deepspeed_block import deepspeed_fp16_block
+from scalertune._replay._predict import predict, predict_deepspeed
 from scalertune._review._describe import describe_outcome
+from scalertune._review._scaler import defaults_prediction, trace_of
 from scalertune._review._verdict import speedup, verdict
 from scalertune._run._record import skipped_steps
 
@@ -63,12 +66,38 @@ def evidence(result: "SearchResult") -> dict[str, Any]:
                             for f in [*result.finalists, *result.islands]}
     for name, outcome in result.baselines.items():
         out[name] = {"config": outcome.config.to_dict(), **_run_evidence(outcome)}
+    out.update(_predictions(result))
     out["cost"] = {"run_equivalents": _num(result.run_equivalents),
                    "training_steps": result.steps_trained,
                    "of": f"{result.horizon}-step runs (the horizon)"}
     if result.stop_reason:
         out["stopped_early"] = result.stop_reason
     return out
+
+
+def _predictions(result: "SearchResult") -> dict[str, Any]:
+    """For a float16 answer (or best AMP config): what its GradScaler will do over the
+    horizon, and PyTorch's defaults', replayed from the float32 reference's trace; and what
+    DeepSpeed's dynamic loss scaler would do with the config's export."""
+    run = result.recommended or result.best_amp
+    trace = trace_of(result)
+    if run is None or not run.config.uses_scaler or trace is None:
+        return {}
+    ours = predict(trace, run.config, horizon=result.horizon)
+    out = {"prediction": prediction_block(ours),
+           "pytorch_default_prediction": prediction_block(defaults_prediction(result, trace))}
+    out["deepspeed_prediction"] = prediction_block(
+        predict_deepspeed(trace, deepspeed_fp16_block(run.config), horizon=result.horizon))
+    return out
+
+
+def prediction_block(found: Any) -> dict[str, Any]:
+    return {"horizon": found.horizon, "skipped_steps": found.skipped_steps,
+            "skipped_first": found.startup_skips, "startup_steps": found.startup_span,
+            "min_scale": _num(float(found.min_scale)),
+            "final_scale": _num(float(found.final_scale)),
+            **({"stops_at": found.stops_at} if found.stops_at is not None else {}),
+            "says": found.describe()}
 
 
 def _run_block(result: "SearchResult", outcome: Outcome) -> dict[str, Any]:

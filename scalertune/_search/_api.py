@@ -15,6 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import optuna
+from optuna.trial import TrialState
+
 from scalertune import _interrupt, _policy
 from scalertune._amp._config import BASELINES
 from scalertune._judge._phases import phase_windows
@@ -28,6 +31,7 @@ from scalertune._search._study import default_study_name, open_study
 from scalertune._storage._open import DEFAULT_STORAGE, open_storage, storage_url
 from scalertune._storage._recovery import retry
 from scalertune._storage._redact import redact
+from scalertune._text import plural
 
 __all__ = ["cost_estimate", "search"]
 
@@ -93,10 +97,12 @@ def search(
     url = storage_url(storage or DEFAULT_STORAGE)
     # From the first storage write on, Ctrl-C and SIGTERM stop the search at a safe point.
     with _interrupt.handled(), _interrupt.deferred():
-        study, _ = open_study(open_storage(url, on_stale_trial=retry),
-                              study_name or default_study_name(factory), settings, seed=seed,
-                              url=url, space=setup.space)
+        study, created = open_study(open_storage(url, on_stale_trial=retry),
+                                    study_name or default_study_name(factory), settings,
+                                    seed=seed, url=url, space=setup.space)
         lines = Progress(log, bar=progress)
+        if not created:
+            lines.line(resuming(study))
         if progress:
             lines.line(cost_estimate(setup, n_trials=n_trials))
         try:
@@ -127,3 +133,18 @@ def cost_estimate(setup: Setup, *, n_trials: int) -> str:
             + (", the finalists' branches in the late phases" if branches else "")
             + "); runs stop at the target or as soon as they cannot win, and sampling stops "
             "when it stops finding faster configs, so most searches cost a fraction of that")
+
+
+def resuming(study: optuna.Study) -> str:
+    """What a rerun of a search finds: how far the study got, and that it goes on from there."""
+    finished = [t for t in study.get_trials(deepcopy=False)
+                if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    roles: dict[str, int] = {}
+    for t in finished:
+        role = str(t.user_attrs.get("role", "?"))
+        roles[role] = roles.get(role, 0) + 1
+    said = ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))
+    done = "recommended" in roles
+    return (f"resuming study {study.study_name!r}: {plural(len(finished), 'run')} finished "
+            f"({said or 'none yet'}); " + ("the answer is in: checking for more work"
+                                          if done else "going on from there"))
