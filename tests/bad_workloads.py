@@ -51,3 +51,24 @@ def foreign_optimizer():
 
 def unknown_key():
     return {**_parts(), "lr": 0.1}
+
+
+class _LikeHuggingFace(nn.Module):
+    """Returns what a Hugging Face model returns when called without labels: an output with
+    ``logits`` and a ``loss`` of None."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.head(x), loss=None)
+
+
+def model_output_without_labels():
+    model = _LikeHuggingFace()
+    return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+            "loss_fn": lambda output, target: output.loss,
+            "batches": [(torch.randn(8, 4), torch.randint(0, 3, (8,)))]}

@@ -19,10 +19,13 @@ class Guard:
     """Stop training when the loss scale collapses, instead of training on silently.
 
     What DeepSpeed's ``raise_error_at_min_scale`` and fairseq's minimum-scale error do: every
-    ``check_every`` steps (one host read of two numbers) the runtime checks that the scale is
-    at least ``min_scale`` and that fewer than ``max_consecutive_skips`` steps in a row were
-    skipped, and raises :class:`AmpGuardError` otherwise. The YAML a search writes carries
-    defaults taken from the search's evidence.
+    ``check_every`` steps the runtime checks that the scale is at least ``min_scale`` and that
+    fewer than ``max_consecutive_skips`` steps in a row were skipped, and raises
+    :class:`AmpGuardError` otherwise. The check costs one host read, of the scale: the runtime
+    knows which steps were skipped on the host already (GradScaler decided there), except for
+    a fused optimizer, whose per-step flags come back in the same read. A
+    :class:`~scalertune._amp._watch.Watch` is checked at the same cadence, from the same read.
+    The YAML a search writes carries defaults taken from the search's evidence.
     """
 
     min_scale: float = _policy.SCALE_FLOOR

@@ -64,7 +64,7 @@ class AmpRuntime:
                                            **{k: getattr(config, k) for k in SCALER_KNOBS})
         self.steps = 0
         self._checks = _Checks(self.guard, self.watch) if self.guard or self.watch else None
-        self._skips = _Skips(self.device, ring=self._checks.every if self._checks else 0)
+        self._skips = _Skips(ring=self._checks.every if self._checks else 0)
         # `scale` before GradScaler's first backward, and without one: made once, not per step
         self._initial_scale = torch.full(
             (), config.init_scale if config.uses_scaler else 1.0, device=self.device)
@@ -244,8 +244,8 @@ class _Skips:
     steps, each at most ``STARTUP_GAP`` steps after the one before.
     """
 
-    def __init__(self, device: torch.device, *, ring: int) -> None:
-        self._device, self._ring = device, ring
+    def __init__(self, *, ring: int) -> None:
+        self._ring = ring
         self._taken = _Taken()
         self._modes: dict[int, tuple[torch.optim.Optimizer, str]] = {}
         self._optimizer: torch.optim.Optimizer | None = None
@@ -280,33 +280,36 @@ class _Skips:
             scaler.update()
             self._record(index, self._taken.count == taken, on_host=True)
             return
+        scale = scaler._scale  # noqa: SLF001 - read on the device, no sync
         if self._before is None:
-            self._before = torch.empty((), device=self._device)
-            self._flags = torch.zeros(max(self._ring, 1), dtype=torch.bool, device=self._device)
-        self._before.copy_(scaler._scale)  # noqa: SLF001 - on the device, no sync
+            self._before = torch.empty_like(scale)
+            self._flags = torch.zeros(max(self._ring, 1), dtype=torch.bool, device=scale.device)
+        self._before.copy_(scale)
         scaler.step(optimizer)
         scaler.update()
         slot = self._flags[index % len(self._flags)]
-        torch.lt(scaler._scale, self._before, out=slot)  # noqa: SLF001
+        torch.lt(scale, self._before, out=slot)  # update() changed `scale` in place
         if self._mode == "verify":
             self._verify(optimizer, index, bool(slot), self._taken.count == taken)
             return
         if self._on_device is None:
-            self._on_device = torch.zeros((), dtype=torch.int64, device=self._device)
+            self._on_device = torch.zeros((), dtype=torch.int64, device=scale.device)
         self._on_device.add_(slot)
         if self._ring:
             self._pending.append(index)
 
-    def read(self, scale: torch.Tensor) -> float:
-        """The scale on the host, with the flags the ring holds since the last read (one
-        transfer); those flags bring the streak and the start-up up to date."""
-        if not self._pending:
-            return float(scale)
-        values = torch.cat((scale.reshape(1).double(), self._flags.double())).tolist()
+    def read(self, scale: torch.Tensor) -> tuple[float, int]:
+        """The scale and the count of skipped steps on the host, in one transfer with the
+        flags the ring holds since the last read, which bring the streak and the start-up up
+        to date."""
+        if self._on_device is None:
+            return float(scale), self._host
+        values = torch.cat((scale.reshape(1).double(), self._on_device.reshape(1).double(),
+                            self._flags.double())).tolist()
         for index in self._pending:
-            self._record(index, bool(values[1 + index % self._ring]), on_host=False)
+            self._record(index, bool(values[2 + index % self._ring]), on_host=False)
         self._pending = []
-        return values[0]
+        return values[0], self._host + int(values[1])
 
     def _record(self, index: int, skipped: bool, *, on_host: bool) -> None:
         if not skipped:
@@ -356,13 +359,13 @@ class _Checks:
 
     def run(self, amp: AmpRuntime) -> None:
         skips = amp._skips  # noqa: SLF001 - the runtime's own bookkeeping
-        scale = skips.read(amp.scale)
+        scale, skipped = skips.read(amp.scale)
         if self.guard is not None:
             check_guard(self.guard, scale=scale, streak=skips.streak, step=amp.steps,
                         islands=amp.config.fp32_modules)
         if self.watch is None or self._warned:
             return
-        found = self.watch.drift(amp.config, steps=amp.steps, skipped=skips.total,
+        found = self.watch.drift(amp.config, steps=amp.steps, skipped=skipped,
                                  startup=skips.startup, startup_last=skips.startup_last,
                                  scale=scale)
         if found is not None:

@@ -43,7 +43,7 @@ class StepTimes:
     Example:
         >>> times = StepTimes({"float32": [1e-3, 1.2e-3], "bfloat16": [2e-3, 2.6e-3]}, steps=40)
         >>> times.ratios("bfloat16")
-        [2.0, 2.1666666666666665]
+        [2.0, 2.166666666666667]
     """
 
     rounds: dict[str, list[float]]

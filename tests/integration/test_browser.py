@@ -66,8 +66,10 @@ def _stored(url):
     state = {}
     for study in storage.get_all_studies():
         sid = study._study_id
+        # a pruned run's curve ends in NaN, which equals nothing, itself included
         trials = [(t.number, t.state, t.values, t.params, t.user_attrs, t.system_attrs,
-                   t.intermediate_values, t.datetime_start, t.datetime_complete)
+                   {k: "nan" if math.isnan(v) else v for k, v in t.intermediate_values.items()},
+                   t.datetime_start, t.datetime_complete)
                   for t in storage.get_all_trials(sid)]
         system = {k: v for k, v in storage.get_study_system_attrs(sid).items()
                   if not _NOTE_KEY.match(k)}

@@ -9,6 +9,7 @@ import yaml
 from conftest import run_cli, spec
 
 import scalertune
+from scalertune._amp._config import AmpConfig
 from scalertune._review._plots import DPI, FIGURE_INCHES, run_figure
 
 
@@ -17,7 +18,11 @@ def test_pictures_are_4_by_3_with_whole_titles_and_legends_of_what_is_drawn(stor
                                steps=30, device="cpu")
     default = result.baselines["pytorch-default"]
     assert default.state == "pruned" and len(default.attrs["prune_reason"]) > 150
-    for outcome in (default, result.recommended):
+    # the picture written as the recommendation's: the AMP run recommended, or on a CPU,
+    # where float32 is the answer, the best AMP config that held
+    drawn = result.recommended or result.best_amp
+    assert drawn is not None and drawn.config.dtype == "bfloat16"
+    for outcome in (default, drawn):
         fig = run_figure(result, outcome)
         try:
             fig.canvas.draw()
@@ -44,19 +49,24 @@ def test_pictures_are_4_by_3_with_whole_titles_and_legends_of_what_is_drawn(stor
 def test_report_after_two_processes_matches_the_last_search(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     first = run_cli("search", spec("healthy"), "--storage", storage, "--n-trials", "2",
-                 "--steps", "40", "--device", "cpu", "-o", "first.yaml", cwd=tmp_path, process=True)
+                    "--steps", "40", "--device", "cpu", "-o", "first.yaml", cwd=tmp_path,
+                    process=True)
     assert first.returncode == 0, first.stderr
     second = run_cli("search", spec("healthy"), "--storage", storage, "--n-trials", "4",
-                  "--steps", "40", "--device", "cpu", "-o", "second.yaml", cwd=tmp_path, process=True)
+                     "--steps", "40", "--device", "cpu", "-o", "second.yaml", cwd=tmp_path,
+                     process=True)
     assert second.returncode == 0, second.stderr
     report = run_cli("report", "--storage", storage, "--study-name", "workloads:healthy",
-                  "--json", cwd=tmp_path, process=True)
+                     "--json", cwd=tmp_path, process=True)
     assert report.returncode == 0, report.stderr
     data = json.loads(report.stdout)
     recommended = next(line for line in second.stdout.splitlines()
                        if line.startswith("Recommended:"))
-    assert f"trial #{data['evidence']['trial']} " in recommended
-    assert data["config"] == yaml.safe_load((tmp_path / "second.yaml").read_text())["config"]
+    # an AMP run by its number; float32, the answer on a CPU where AMP is slower, by its config
+    named = (f"trial #{data['evidence']['trial']} " if "trial" in data["evidence"]
+             else AmpConfig.from_dict(data["config"]).describe())
+    assert named in recommended
+    assert data == yaml.safe_load((tmp_path / "second.yaml").read_text())
 
 
 def _legend_matches_what_is_drawn(ax):

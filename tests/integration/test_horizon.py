@@ -18,6 +18,7 @@ TOLERANCE = 1 + _policy.PHASE_TOLERANCE
 
 
 def _search(tmp_path, factory, horizon, **kwargs):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     return scalertune.search(factory, storage=f"sqlite:///{tmp_path / 'h.db'}",
                              horizon=horizon, device="cpu",
                              artifact_dir=str(tmp_path / "artifacts"), **kwargs)
@@ -69,9 +70,12 @@ def test_a_clip_that_helps_early_and_hurts_late_is_not_the_answer(tmp_path):
     assert result.best_amp is None or result.best_amp.config.clip_norm is None
 
 
-@pytest.mark.parametrize("horizon", [None, 1000])
-def test_a_horizon_raises_no_alarm_where_every_config_trains_well(tmp_path, horizon):
+def test_a_horizon_raises_no_alarm_where_every_config_trains_well(tmp_path):
+    """The classifier trains under every sane config: over a horizon of 1000 no finalist
+    falls behind, and the answer is the same dtype as without a horizon."""
     factory = example("classifier").make_model
-    result = _search(tmp_path, factory, horizon, steps=100, n_trials=6)
-    assert result.best_amp is not None and result.best_amp.config.dtype == "bfloat16"
-    assert all(result.holds(f) for f in result.finalists)
+    short = _search(tmp_path / "short", factory, None, steps=100, n_trials=6)
+    long = _search(tmp_path / "long", factory, 1000, steps=100, n_trials=6)
+    assert long.finalists and all(long.holds(f) for f in long.finalists)
+    assert long.config.dtype == short.config.dtype
+    assert long.best_amp is not None and "falls behind" not in long.summary()

@@ -37,6 +37,9 @@ BAD_INPUTS = [
     ("non-tensor loss", [_bad("non_tensor_loss")], "the loss is a float, not a tensor"),
     ("no trainable parameters", [_bad("no_trainable_parameters")], "no trainable parameters"),
     ("foreign optimizer", [_bad("foreign_optimizer")], "not the model's"),
+    ("a Hugging Face output without labels", [_bad("model_output_without_labels")],
+     r"the loss is a NoneType.*Hugging Face output, whose loss is None unless the model is "
+     r"given labels"),
     ("unknown space", [spec("healthy"), "--space", "fp8"], "unknown search space 'fp8'"),
     ("missing space file", [spec("healthy"), "--space", "spaces/mine.yaml"],
      "no such search space file"),
@@ -97,3 +100,25 @@ def test_report_on_a_missing_study_is_a_usage_error_and_creates_nothing(tmp_path
     assert not (tmp_path / "scalertune.db").exists()
 
 
+def test_a_storage_path_ending_in_db_is_sqlite_and_an_existing_database_opens(tmp_path):
+    """``--storage study.db`` is ``sqlite:///study.db``: a report on a study in it works,
+    where it was once taken for a journal file and refused."""
+    import optuna
+
+    optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    ran = run_cli("report", "--storage", "study.db", "--study-name", "s", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "no float32 reference yet" in ran.stdout
+
+
+def test_counts_are_singular_where_there_is_one():
+    from scalertune._text import plural
+
+    assert plural(1, "thread") == "1 thread" and plural(2, "run") == "2 runs"
+    from scalertune._search._setup import describe_device
+
+    torch.set_num_threads(1)
+    try:
+        assert describe_device(torch.device("cpu")).endswith(", 1 thread)")
+    finally:
+        torch.set_num_threads(2)

@@ -216,6 +216,16 @@ def test_horizon_picture_draws_each_finalist_against_float32_with_the_tolerance(
         late_bf16 = next(li for li in ax.lines if li.get_label().startswith(
             f"trial #{runs['bfloat16']}"))
         assert late_bf16.get_ydata()[0] == pytest.approx(0.8)
+        # the legend names what is drawn, and every word fits in the picture
+        assert set(labels) == {li.get_label() for li in ax.lines
+                               if not li.get_label().startswith("_")}
+        fig.canvas.draw()
+        page = fig.bbox
+        for text in [*fig.texts, ax.title, ax.xaxis.label, ax.yaxis.label,
+                     *ax.get_legend().get_texts()]:
+            box = text.get_window_extent()
+            assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 \
+                and box.y1 <= page.y1, text.get_text()
     finally:
         plt.close(fig)
 

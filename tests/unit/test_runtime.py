@@ -6,6 +6,7 @@ from torch import nn
 
 import scalertune
 from scalertune import AmpConfig, AmpRuntime
+from scalertune._run._record import skipped_steps
 
 
 def _model_and_batch(target_scale=1.0):
@@ -65,8 +66,9 @@ def test_state_dict_round_trip_keeps_scale_and_counters():
     model, batch = _model_and_batch(target_scale=1e3)
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
     amp = AmpRuntime(AmpConfig(init_scale=2.0**24), device="cpu")
+    summed = lambda o, y: nn.functional.mse_loss(o, y, reduction="sum")  # noqa: E731
     for _ in range(3):
-        amp.train_step(model, opt, lambda o, y: nn.functional.mse_loss(o, y, reduction="sum"), batch)
+        amp.train_step(model, opt, summed, batch)
     restored = AmpRuntime(AmpConfig(init_scale=2.0**24), device="cpu")
     restored.load_state_dict(amp.state_dict())
     assert (restored.steps, restored.skipped_steps) == (amp.steps, amp.skipped_steps)
@@ -79,3 +81,84 @@ def test_unknown_or_missing_device_is_a_usage_error():
     if not torch.cuda.is_available():
         with pytest.raises(scalertune.UsageError, match="no CUDA"):
             AmpRuntime(AmpConfig(), device="cuda")
+
+
+def _optimizers():
+    class Unhooked(torch.optim.SGD):
+        """Steps without running the optimizer's step hooks (a wrapper that bypasses them)."""
+
+        def __init__(self, params, **kwargs):
+            super().__init__(params, **kwargs)
+            raw = torch.optim.SGD.step.__wrapped__
+            self.step = lambda *args, **kw: raw(self, *args, **kw)
+
+    return {"sgd": lambda p: torch.optim.SGD(p, lr=1e-4),
+            "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
+            "fused-adam": lambda p: torch.optim.Adam(p, lr=1e-3, fused=True),
+            "hooks-bypassed": lambda p: Unhooked(p, lr=1e-4)}
+
+
+@pytest.mark.parametrize("kind", list(_optimizers()))
+def test_skipped_steps_are_the_steps_whose_scale_backed_off_for_every_optimizer(kind):
+    # Gradients of about 1e3 at 2**24 back off for a start-up, then the scale grows every 5
+    # steps and overflows again: skips early and late, counted on the host where GradScaler
+    # decides there (SGD, Adam), on the device for fused Adam, which skips in its kernel.
+    model, batch = _model_and_batch(target_scale=1e3)
+    opt = _optimizers()[kind](model.parameters())
+    amp = AmpRuntime(AmpConfig(init_scale=2.0**24, growth_interval=5), device="cpu",
+                     guard=scalertune.Guard(max_consecutive_skips=100))
+    scales = []
+    for _ in range(60):
+        amp.train_step(model, opt, lambda o, y: nn.functional.mse_loss(o, y, reduction="sum"),
+                       batch)
+        scales.append(float(amp.scale))
+    skipped = skipped_steps(scales, 2.0**24)
+    assert amp.skipped_steps == len(skipped) > 20 and skipped[-1] > 30
+    restored = AmpRuntime(AmpConfig(init_scale=2.0**24, growth_interval=5), device="cpu")
+    restored.load_state_dict(amp.state_dict())
+    assert restored.skipped_steps == amp.skipped_steps
+
+
+def test_a_step_reads_the_device_no_more_than_a_hand_written_amp_step(monkeypatch):
+    # GradScaler reads its inf/NaN flag to decide whether to step (and Adam reads its step
+    # counts); the runtime's own bookkeeping, skipped steps included, adds no read.
+    model, batch = _model_and_batch()
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    amp = AmpRuntime(AmpConfig(init_scale=256.0), device="cpu")
+    amp.train_step(model, opt, nn.functional.mse_loss, batch)  # the hook is checked once
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    reads = {"n": 0}
+    item = torch.Tensor.item
+
+    def counted(self):
+        reads["n"] += 1
+        return item(self)
+
+    def hand_written():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.mse_loss(model(batch[0]), batch[1])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    monkeypatch.setattr(torch.Tensor, "item", counted)
+    for _ in range(20):
+        hand_written()
+    hand, reads["n"] = reads["n"], 0
+    for _ in range(20):
+        amp.train_step(model, opt, nn.functional.mse_loss, batch)
+    assert (amp.steps, amp.skipped_steps) == (21, 0)
+    assert reads["n"] == hand > 0
+
+
+@pytest.mark.parametrize("kind", ["adam", "fused-adam"])
+def test_the_guard_stops_a_run_that_skips_every_step(kind):
+    model, batch = _model_and_batch(target_scale=1e3)
+    opt = _optimizers()[kind](model.parameters())
+    amp = AmpRuntime(AmpConfig(init_scale=2.0**24), device="cpu",
+                     guard=scalertune.Guard(max_consecutive_skips=15, check_every=5))
+    with pytest.raises(scalertune.AmpGuardError, match="at step 15.*after 15 skipped steps"):
+        for _ in range(40):
+            amp.train_step(model, opt,
+                           lambda o, y: 1e6 * nn.functional.mse_loss(o, y, reduction="sum"), batch)

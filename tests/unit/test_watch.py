@@ -71,7 +71,7 @@ def test_a_much_larger_loss_warns_once_early_saying_what_differs(predicted, fuse
     text = str(warning.message)
     assert f"where the search predicted {predicted.skipped_first}" in text
     assert "gradients are at least 512 times larger" in text
-    assert "the run is no longer the one the search saw" in text
+    assert "The run is no longer the one the search saw" in text
     assert "rerun scalertune search on it" in text
     assert warning.filename == __file__  # it points at the training code's own line
 
