@@ -60,8 +60,9 @@ def have_dashboard() -> bool:
 def publish(result: "SearchResult", *, pictures: dict[int, str] | None = None,
             artifact_dir: str | None = None) -> None:
     """Attach ``pictures`` (trial number -> PNG, as :meth:`SearchResult.write_pictures`
-    returns them) to the study as artifacts, skipping any whose content is already there,
-    and, when optuna-dashboard is installed, write the study note and every trial's note."""
+    returns them; the horizon's under the float32 reference's number) to the study as
+    artifacts, skipping any whose content is already there, and, when optuna-dashboard is
+    installed, write the study note and every trial's note."""
     study = result.study
     if study is None:
         raise ValueError("the result has no study attached (build it with analyze())")
@@ -159,8 +160,9 @@ def _answer_lines(result: "SearchResult") -> list[str]:
         lines += ["", f"**Best AMP config that holds:** ☆ trial {best.number}, "
                       f"`{best.config.describe()}`, confirmed on seeds "
                       f"{', '.join(map(str, seeds))}: {describe_outcome(best)}{holds}. Not "
-                      f"faster than float32 on {result.settings.get('device')}; on a GPU, "
-                      "use it (`evidence.best_amp` in the YAML) or run the search there."]
+                      f"faster than float32 beyond the noise on {result.settings.get('device')}"
+                      "; on a GPU, use it (`evidence.best_amp` in the YAML) or run the search "
+                      "there."]
     return lines
 
 

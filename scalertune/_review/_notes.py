@@ -235,13 +235,11 @@ def _over_the_horizon(trial: FrozenTrial, result: "SearchResult") -> list[str]:
     numbers = branch_numbers(result)
     cells = ", ".join(f"{p.describe()} (trial {numbers.get((trial.number, p.start), '?')})"
                       for p in done)
+    holds = result.holds(Outcome.from_trial(trial))
     verdict = {True: "**Holds for the horizon**", False: "**Does not hold for the horizon**",
-               None: "**Over the horizon** (branches pending)"}[
-        result.holds(Outcome.from_trial(trial))]
-    lines = [f"{verdict}: its loss over float32's in each phase window, {cells}."]
-    if result.holds(Outcome.from_trial(trial)) is False:
-        lines.append(f"It {behind_from(done)}.")
-    return [" ".join(lines), ""]
+               None: "**Over the horizon** (branches pending)"}[holds]
+    said = f"{verdict}: its loss over float32's in each phase window, {cells}."
+    return [said + (f" It {behind_from(done)}." if holds is False else ""), ""]
 
 
 def branch_numbers(result: "SearchResult") -> dict[tuple[int, int], int]:

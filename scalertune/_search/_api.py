@@ -60,35 +60,26 @@ def search(
 ) -> SearchResult:
     """Search AMP configs for the workload ``factory`` returns; return the evidence.
 
-    ``factory`` is ``path/to/model.py:make_model``, ``package.module:make_model``, or the
-    factory function itself (the study is then named after its module and name). Each
-    trial trains ``steps`` steps. ``horizon`` is how many steps your training runs (or the
-    part of it the evidence must cover; default: what the factory declares, else ``steps``):
-    the float32 reference trains that far once, and the finalists are branched from its
-    checkpoints in the late phases, so that what is recommended holds for the horizon, not
-    only for its first ``steps``.
+    ``factory``: ``path/to/model.py:make_model``, ``package.module:make_model`` or the function
+    itself. Each trial trains ``steps`` steps; ``horizon`` is how many your training runs
+    (default: the factory's, else ``steps``): the float32 reference trains that far once and
+    the finalists are branched at its late phases. ``n_trials`` bounds the study's sampled
+    trials across reruns and workers (rerunning resumes); ``timeout`` stops sampling.
+    ``storage``: an Optuna URL, a SQLite file or a journal file; ``fp32_modules``: modules kept
+    in float32 on every float16 trial; ``artifact_dir``: the study's pictures and float32
+    checkpoints (default ``scalertune-artifacts``).
 
-    ``n_trials`` is the study's most sampled trials, across reruns and workers: running the
-    same search again resumes it up to that total. The study stops sampling earlier once
-    more trials are unlikely to find a faster config, or after ``timeout`` seconds. The
-    float32 reference, the step timing and the two baselines (PyTorch's defaults, and the
-    same with ``init_scale=4096``) run once per study. ``storage`` is an Optuna storage URL,
-    a SQLite file or a journal file path (several workers on one host). ``fp32_modules``
-    (``"attn.score,ffn"``) keeps those modules in float32 on every float16 trial: the
-    follow-up a forward overflow calls for. ``artifact_dir`` is the folder of the study's
-    files (its pictures, its float32 checkpoints; default ``scalertune-artifacts``).
-
-    Raises :class:`UsageError` for bad input before any study row is written (a
-    :class:`~scalertune._errors.ParameterError`, a ``ValueError``, naming the parameter for a
-    number out of range), and :class:`SearchError` when the workload itself fails.
+    Raises :class:`UsageError` for bad input before any study row is written (a number out of
+    range is a ``ValueError`` naming the parameter) and :class:`SearchError` when the
+    workload itself fails.
 
     Example:
         >>> import scalertune
         >>> result = scalertune.search("examples/classifier.py:make_model",
         ...                            storage="sqlite:///doc.db", n_trials=4,
         ...                            steps=60)  # doctest: +SKIP
-        >>> result.config.dtype  # doctest: +SKIP
-        'float32'
+        >>> result.config.dtype, result.best_amp.config.dtype  # doctest: +SKIP
+        ('float32', 'bfloat16')
     """
     setup, settings = prepare(factory, space=space, fp32_modules=fp32_modules,
                               n_trials=n_trials, steps=steps, horizon=horizon, seed=seed,

@@ -10,7 +10,6 @@ read-back window; the training loop never waits for a storage write.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import traceback
 from typing import Any
@@ -20,11 +19,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import DTYPES, AmpConfig
-from scalertune._diagnose._islands import locate_forward_overflow
 from scalertune._errors import SearchError
-from scalertune._judge._outcome import Outcome, outcomes_of
-from scalertune._judge._rank import Noise, time_bounds
-from scalertune._judge._stopping import Best, StopRule
+from scalertune._judge._stopping import StopRule
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
 from scalertune._search._branch import run_branch
@@ -32,12 +28,12 @@ from scalertune._search._isolate import (
     TrialCrashed,
     describe_error,
     execute,
-    locate_isolated,
-    run_here,
 )
 from scalertune._search._points import fixed_params
 from scalertune._search._references import References
 from scalertune._search._reports import Reports
+from scalertune._search._reuse import locate_overflow, reuse
+from scalertune._search._rules import Rules
 from scalertune._search._setup import Setup
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import (
@@ -48,14 +44,10 @@ from scalertune._search._study import (
     store_judged,
 )
 from scalertune._storage._names import (
-    CONSTRAINT_ATTR,
-    JUDGED_ATTR,
     ROLE_BASELINE,
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
-    ROLE_ISLAND,
     ROLE_PHASE,
-    ROLE_REPLAY,
     ROLE_SEARCH,
     ROLE_SURPLUS,
     TRACEBACK_ATTR,
@@ -81,6 +73,7 @@ class TrialRunner:
                  progress: Any) -> None:
         self.study, self.setup, self.references, self.progress = (
             study, setup, references, progress)
+        self.rules = Rules(setup, references)
         self._failures: list[str] = []
         self._any_success = False
 
@@ -103,7 +96,7 @@ class TrialRunner:
         if role == ROLE_SEARCH:
             original = _finished_twin(trials, config, seed, trial.number)
             if original is not None:
-                return self._reuse(trial, config, original)
+                return reuse(trial, config, original, self.progress)
         target = self.references.target(seed)
         try:
             record, judged = self._train(trial, role, config, seed, target, trials)
@@ -141,7 +134,7 @@ class TrialRunner:
                target: Target, trials: list[FrozenTrial]) -> tuple[RunRecord, dict[str, Any]]:
         """Run the trial's training and judge it: a short run from the start, or a branch
         from the float32 reference's checkpoint (``role`` phase)."""
-        step_time = self._step_time(config)
+        step_time = self.rules.step_time(config)
         if role == ROLE_PHASE:
             attrs = trial.user_attrs
             start, end = int(attrs["start"]), int(attrs["end"])
@@ -153,49 +146,11 @@ class TrialRunner:
             finally:
                 reports.close(record if record is not None and record.pruned else None)
             return record, {**judged_attrs(record, target, step_time), **judged}
-        rule = self._stop_rule(role, config, target, trials)
-        record = self._execute(config, seed, trial, target, rule, self._trial_steps(role))
+        rule = self.rules.stop_rule(role, config, target, trials)
+        record = self._execute(config, seed, trial, target, rule, self.rules.trial_steps(role))
         if record.prune_kind == "forward":
-            self._locate_overflow(trial, config, seed, record)
+            locate_overflow(self.setup, trial, config, seed, record)
         return record, judged_attrs(record, target, step_time)
-
-    def _stop_rule(self, role: str, config: AmpConfig, target: Target,
-                   trials: list[FrozenTrial]) -> StopRule:
-        """Search runs, baselines, islands and the replay's choice may be pruned as slower
-        than the best; confirmations and float32 with the recommendation's clipping only
-        stop at their target (they must show where it is reached, not race)."""
-        if role in (ROLE_CONFIRM, ROLE_FLOAT32_CLIP):
-            return StopRule(target)
-        if self.setup.long and role != ROLE_SEARCH:
-            # the baselines and the proposed configs are finalists-to-be: a config faster to
-            # the early target may fall behind later, so they must reach the target themselves
-            return StopRule(target)
-        times = self.references.step_times
-        step_time = times.bounds(config.dtype) if times and config.dtype in times else None
-        best = _best(trials, self.setup.seed, times, self.noise())
-        if best is not None and self.setup.long:
-            # over a long horizon a run is beaten only by its own dtype: another dtype's
-            # faster start says nothing of the late phases, where it may fall behind
-            best = dataclasses.replace(best, time_high=math.inf)
-        return StopRule(target, step_time=step_time, best=best)
-
-    def noise(self) -> Noise:
-        """What counts as a tie in steps to the target (float32's seed spread of them)."""
-        return Noise(self.references.spread(), self.setup.horizon if self.setup.long else 0)
-
-    def _trial_steps(self, role: str) -> int:
-        """How long a run from the start may train: a trial, and over a long horizon a tie's
-        margin more for the runs that may become finalists, so that a config that loses a
-        few steps at the start (a scale backing off) still reaches the early target."""
-        if not self.setup.long or role in (ROLE_CONFIRM, ROLE_FLOAT32_CLIP):
-            return self.setup.steps
-        unit = _policy.READBACK_INTERVAL
-        extra = math.ceil(self.noise().margin(self.setup.steps) / unit) * unit
-        return min(self.setup.steps + extra, self.setup.horizon)
-
-    def _step_time(self, config: AmpConfig) -> float | None:
-        times = self.references.step_times
-        return times.median(config.dtype) if times and config.dtype in times else None
 
     def _execute(self, config: AmpConfig, seed: int, trial: optuna.Trial, target: Target,
                  rule: StopRule, steps: int) -> RunRecord:
@@ -207,47 +162,6 @@ class TrialRunner:
             return record
         finally:
             reports.close(record if record is not None and record.pruned else None)
-
-    def _reuse(self, trial: optuna.Trial, config: AmpConfig, original: FrozenTrial) -> float:
-        """Finish ``trial`` with ``original``'s result: the same config already ran."""
-        judged = Outcome.from_trial(original).attrs
-        store_judged(trial, {k: v for k, v in judged.items()
-                             if k in original.system_attrs.get(JUDGED_ATTR, {})})
-        for key in ("overflow_module", "overflow_islands"):
-            if key in original.user_attrs:
-                trial.set_user_attr(key, original.user_attrs[key])
-        trial.set_user_attr("duplicate_of", original.number)
-        gap = original.system_attrs.get(CONSTRAINT_ATTR)
-        if gap is not None:
-            store_constraint(trial, gap)
-        self.progress.line(f"#{trial.number} [{config.describe()}] is trial #{original.number}'s "
-                           "config: its result is reused, nothing trained")
-        self.progress.advance()
-        if original.state == TrialState.PRUNED:
-            raise optuna.TrialPruned(judged.get("prune_reason"))
-        return float(original.value)
-
-    def _locate_overflow(self, trial: optuna.Trial, config: AmpConfig, seed: int,
-                         record: RunRecord) -> None:
-        """Name the modules where the forward overflowed, and the islands checked to fix it."""
-        setup = self.setup
-        try:
-            if setup.isolation is not None:
-                advice = locate_isolated(setup.spec, config, record.losses, seed=seed,
-                                         device=setup.device,
-                                         timeout_s=setup.isolation.timeout_s,
-                                         memory_gb=setup.isolation.memory_gb)
-            else:
-                advice = run_here(locate_forward_overflow, setup.factory, config,
-                                  record.losses, seed=seed, device=setup.device)
-        except Exception:  # the diagnosis is a courtesy; the prune reason stands without it
-            return
-        if advice is not None:
-            trial.set_user_attr("overflow_module", advice.where)
-            if advice.fixed:
-                trial.set_user_attr("overflow_islands", ",".join(advice.islands))
-            record.prune_reason = (f"{record.prune_reason}; the modules whose own computation "
-                                   f"overflowed: {advice.where}")
 
     def _failed(self, trial: optuna.Trial, exc: BaseException) -> None:
         cause = exc.__cause__ if isinstance(exc, FactoryError) and exc.__cause__ else exc
@@ -291,25 +205,6 @@ def _finished_twin(trials: list[FrozenTrial], config: AmpConfig, seed: int,
                 and AmpConfig.from_dict(attrs["config"]) == config):
             return t
     return None
-
-
-def _best(trials: list[FrozenTrial], seed: int, times: Any, noise: Noise) -> Best | None:
-    """The main-seed runs that reached the target soonest: overall, at the slow end of its
-    timing spread, and per dtype in steps."""
-    runs = [o for o in outcomes_of(trials)
-            if o.role in (ROLE_SEARCH, ROLE_BASELINE, ROLE_ISLAND, ROLE_REPLAY)
-            and o.seed == seed and o.reached
-            and not o.reused]
-    if not runs:
-        return None
-    steps: dict[str, tuple[int, str]] = {}
-    for o in runs:
-        dtype = o.config.dtype
-        if dtype not in steps or o.steps_to_target < steps[dtype][0]:
-            steps[dtype] = (o.steps_to_target, o.label)
-    fastest = min(runs, key=lambda o: time_bounds(o, times, noise)[1])
-    return Best(time_high=time_bounds(fastest, times, noise)[1], label=fastest.label,
-                steps=steps, margin=noise.margin(min(s for s, _ in steps.values())))
 
 
 def counted_search_trials(trials: list[FrozenTrial]) -> int:

@@ -1,0 +1,60 @@
+"""Two ways a trial ends without a run of its own to judge: a twin already ran (its result is
+reused), and a forward overflow whose modules are named by replaying the run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from scalertune._amp._config import AmpConfig
+from scalertune._diagnose._islands import locate_forward_overflow
+from scalertune._judge._outcome import Outcome
+from scalertune._run._record import RunRecord
+from scalertune._search._isolate import locate_isolated, run_here
+from scalertune._search._setup import Setup
+from scalertune._search._study import store_constraint, store_judged
+from scalertune._storage._names import CONSTRAINT_ATTR, JUDGED_ATTR
+
+
+def reuse(trial: optuna.Trial, config: AmpConfig, original: FrozenTrial,
+          progress: Any) -> float:
+    """Finish ``trial`` with ``original``'s result: the same config already ran."""
+    judged = Outcome.from_trial(original).attrs
+    store_judged(trial, {k: v for k, v in judged.items()
+                         if k in original.system_attrs.get(JUDGED_ATTR, {})})
+    for key in ("overflow_module", "overflow_islands"):
+        if key in original.user_attrs:
+            trial.set_user_attr(key, original.user_attrs[key])
+    trial.set_user_attr("duplicate_of", original.number)
+    gap = original.system_attrs.get(CONSTRAINT_ATTR)
+    if gap is not None:
+        store_constraint(trial, gap)
+    progress.line(f"#{trial.number} [{config.describe()}] is trial #{original.number}'s "
+                       "config: its result is reused, nothing trained")
+    progress.advance()
+    if original.state == TrialState.PRUNED:
+        raise optuna.TrialPruned(judged.get("prune_reason"))
+    return float(original.value)
+
+def locate_overflow(setup: Setup, trial: optuna.Trial, config: AmpConfig, seed: int,
+                    record: RunRecord) -> None:
+    """Name the modules where the forward overflowed, and the islands checked to fix it."""
+    try:
+        if setup.isolation is not None:
+            advice = locate_isolated(setup.spec, config, record.losses, seed=seed,
+                                     device=setup.device,
+                                     timeout_s=setup.isolation.timeout_s,
+                                     memory_gb=setup.isolation.memory_gb)
+        else:
+            advice = run_here(locate_forward_overflow, setup.factory, config,
+                              record.losses, seed=seed, device=setup.device)
+    except Exception:  # the diagnosis is a courtesy; the prune reason stands without it
+        return
+    if advice is not None:
+        trial.set_user_attr("overflow_module", advice.where)
+        if advice.fixed:
+            trial.set_user_attr("overflow_islands", ",".join(advice.islands))
+        record.prune_reason = (f"{record.prune_reason}; the modules whose own computation "
+                               f"overflowed: {advice.where}")
