@@ -45,14 +45,12 @@ from typing import Sequence
 
 import numpy as np
 
+from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import ParameterError
 
-#: The smallest magnitude float16 rounds to inf. Its largest finite value is 65504 and the next
-#: step of its grid would be 65536; round-to-nearest-even sends everything from the midpoint
-#: 65520 up to inf and everything below it down to 65504. (Measured: 65504 instead changed 1 of
-#: 60,000 replayed decisions and no skip count; a margin, x0.5 or x2, halved the exact counts.)
-THRESHOLD = 65520.0
+#: The smallest magnitude float16 rounds to inf (``_policy.FLOAT16_OVERFLOW``).
+THRESHOLD = _policy.FLOAT16_OVERFLOW
 
 #: :func:`replay_many` advances configs in blocks no longer than the smallest growth interval
 #: (so that none grows twice in a block) and at most this long. Numpy's cost per call (about a

@@ -35,9 +35,8 @@ from scalertune._text import shown
 #: past it the per-phase counts say where the rest fall.
 SKIPS_LISTED = 20
 
-#: The horizon is summarised in this many equal phases (tenths), as the phase verdict cuts it
-#: (``_policy.PHASE_WINDOW_SHARE`` is one tenth).
-PHASES = 10
+#: The horizon is summarised in this many equal phases, the length of a phase window each.
+PHASES = round(1 / _policy.PHASE_WINDOW_SHARE)
 
 #: Skips no further apart than this, from the start of training, make the start-up burst that
 #: ``describe`` names apart ("15 steps in the first 20"): a start-up back-off skips step after
@@ -136,7 +135,8 @@ def predict(trace: Trace, config: AmpConfig, *, horizon: int | None = None) -> P
     horizon = _horizon(trace, horizon)
     if not config.uses_scaler:
         return Prediction(config, horizon, 0, (), (0,) * PHASES, 1.0, 1.0, (0.0,) * PHASES)
-    run = replay(trace.amax[:horizon], config, startup=trace.startup, per_step=True)
+    run = replay(trace.amax[:horizon], config, startup=trace.startup, per_step=True,
+                 lag=trace.startup_whole)
     return _prediction(trace, config, horizon, run.skipped, run.min_scale, run.final_scale,
                        run.scales)
 
@@ -152,7 +152,8 @@ def predict_deepspeed(trace: Trace, fp16_block: Mapping[str, Any], *,
                              "trains with no loss scaler to predict")
     scaler = DeepSpeedScaler.from_fp16_block(fp16_block, zero=zero)
     horizon = _horizon(trace, horizon)
-    run = replay_deepspeed(trace.amax[:horizon], scaler, startup=trace.startup, per_step=True)
+    run = replay_deepspeed(trace.amax[:horizon], scaler, startup=trace.startup, per_step=True,
+                           lag=trace.startup_whole)
     return dataclasses.replace(
         _prediction(trace, scaler, horizon, run.skipped, run.min_scale, run.final_scale,
                     run.scales),

@@ -47,6 +47,10 @@ class Trace:
     #: weights. A scale too large for them skips step after step from the start, and while
     #: it does the weights do not move: those steps see these gradients, not the trace's.
     startup: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float32))
+    #: Whether the probe covered one whole pass over the batches: only then does a step lag
+    #: behind the trace by whole passes (the replay's lag model); a longer pass is read at its
+    #: own step after the start-up streak.
+    startup_whole: bool = False
 
     @property
     def steps(self) -> int:
@@ -60,7 +64,8 @@ class Trace:
                  block_starts=self.block_starts.astype(np.int64),
                  hist=self.hist.astype(np.int64), forward=self.forward.astype(np.float32),
                  modules=np.array(self.modules, dtype=str),
-                 startup=self.startup.astype(np.float32))
+                 startup=self.startup.astype(np.float32),
+                 startup_whole=np.array(self.startup_whole))
         return base64.b64encode(zlib.compress(buffer.getvalue(), 9)).decode("ascii")
 
     @classmethod
@@ -69,7 +74,7 @@ class Trace:
         return cls(amax=data["amax"], param_amax=data["param_amax"],
                    block_starts=data["block_starts"], hist=data["hist"],
                    forward=data["forward"], modules=tuple(str(m) for m in data["modules"]),
-                   startup=data["startup"])
+                   startup=data["startup"], startup_whole=bool(data["startup_whole"]))
 
     def share_below(self, scale: float, limit: float, start: int = 0,
                     end: int | None = None) -> float:

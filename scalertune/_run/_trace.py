@@ -33,6 +33,14 @@ from scalertune._workload._contract import Workload, to_device
 _ENGINE = torch.autograd.Variable._execution_engine  # noqa: SLF001 - autograd's callback queue
 
 
+def _one_pass(batches: Any) -> float:
+    """How many batches one pass holds (endless when it has no length)."""
+    try:
+        return len(batches)
+    except TypeError:
+        return float("inf")
+
+
 def is_full(step: int) -> bool:
     """Whether the trace watches every tensor on ``step`` (see the module's docstring)."""
     return step < _policy.TRACE_FULL_STEPS or step % _policy.TRACE_FULL_EVERY == 0
@@ -57,6 +65,7 @@ class TraceCollector:
         self._block_forward = np.zeros(len(self._hooks.names), np.float32)
         if start == 0 and not len(self.trace.startup):
             self.trace.startup = self._probe(workload, step)
+            self.trace.startup_whole = _one_pass(workload.batches) <= len(self.trace.startup)
         self._hooks.begin(start)
 
     def after_step(self, index: int) -> None:

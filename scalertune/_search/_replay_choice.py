@@ -37,7 +37,7 @@ def replay_choice(result: SearchResult, setup: Setup) -> AmpConfig | None:
     trace = Trace.decode(ref["trace"])
     base = _base(result, setup)
     configs = [base, *_drawn(setup, base)]
-    played = replay_many(trace.amax[:result.horizon], configs)
+    played = replay_many(trace.amax[:result.horizon], configs, startup=trace.startup)
     viable = [i for i in range(len(configs))
               if played.min_scale[i] >= _policy.SCALE_FLOOR
               and _flushed(trace, played.min_scale[i]) <= _policy.UNDERFLOW_SHARE]
