@@ -51,6 +51,10 @@ def _arm(signum: int, n: int) -> None:
 
 if __name__ == "__main__":
     _arm(getattr(signal, "SIG" + sys.argv[1]), int(sys.argv[2]))
-    from scalertune.cli import main
+    from scalertune.cli import program
 
-    sys.exit(main(sys.argv[3:]))
+    # The executable's own entry point: once the command has its exit status, a late Ctrl-C
+    # cannot change it (cli.main returns to a caller that may still be interrupted, and a
+    # second SIGINT in the moment before sys.exit killed this launcher with -2).
+    sys.argv = ["scalertune", *sys.argv[3:]]
+    program()

@@ -6,8 +6,8 @@ forward and are pruned; and a search over a horizon of 1000 steps on a workload 
 falls behind late, whose finalists are branched at two phase windows). ``scalertune
 dashboard`` serves them, and headless Chromium (Debian's ``chromium`` package) renders its
 pages; the test reads what the browser rendered, what the dashboard's HTTP API returns and
-what ``scalertune report`` prints. The searches are kept small (a minute or so in all on two
-CPU cores), the pages few (each render starts a browser).
+what ``scalertune report`` prints. The searches are kept small (about a minute of CPU in all,
+on two cores), the pages few (each render starts a browser).
 
 The browser test needs ``chromium`` on PATH: it is skipped without it, except in CI
 (``CI=true``), where ``.ci/run`` installs it and its absence is a failure. The API tests run
