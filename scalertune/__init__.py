@@ -4,9 +4,11 @@ The pipeline, one private subpackage per stage (each ``__init__`` lists its modu
 
 - ``_workload``: load the user's factory and check what it returns (:class:`Workload`);
 - ``_amp``: the canonical AMP step (:class:`AmpRuntime`) and the result YAML, used by trials
-  and by training code (:func:`load`); never imports Optuna;
-- ``_run``: run one config and watch it for non-finite values; the step timing;
-- ``_judge``: the float32 target, outcomes, ranking, stop rules, the speedup;
+  and by training code (:func:`load`, with its guard and watch); never imports Optuna;
+- ``_run``: run one config and watch it for non-finite values; the step timing, the
+  checkpoints and the gradient trace;
+- ``_replay``: GradScaler's (and DeepSpeed's) update rule replayed over a trace;
+- ``_judge``: the float32 target, outcomes, ranking, stop rules, the phases of the horizon;
 - ``_storage``: the Optuna storage a study lives in, and recovery after a worker dies;
 - ``_search``: :func:`search`, the whole pipeline, with its space and sampler;
 - ``_diagnose``: :func:`diagnose`, where float16 overflows or underflows, module by module;
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from scalertune._amp._guard import AmpGuardError, Guard
     from scalertune._amp._runtime import AmpRuntime
     from scalertune._amp._schema import load_config
+    from scalertune._amp._watch import AmpDriftWarning
     from scalertune._diagnose._api import diagnose
     from scalertune._diagnose._report import (
         Diagnosis,
@@ -63,6 +66,7 @@ _EXPORTS = {
     "Outcome": "_judge._outcome",
     "SearchResult": "_review._result", "analyze": "_review._analyze",
     "AmpGuardError": "_amp._guard", "AmpRuntime": "_amp._runtime",
+    "AmpDriftWarning": "_amp._watch",
     "load_config": "_amp._schema",
     "Isolation": "_search._api", "SearchError": "_errors", "search": "_search._api",
     "SearchSpace": "_search._space",
@@ -89,9 +93,16 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path that was nev
     __version__ = "0+unknown"
 
 
-def load(path: str, *, device: str = "auto", guard: bool = True) -> "AmpRuntime":
+def load(path: str, *, device: str = "auto", guard: bool = True, watch: bool = True,
+         best_amp: bool = False) -> "AmpRuntime":
     """The runtime for the config in a result YAML: GradScaler, autocast and clipping,
-    float32 islands, and the guard the YAML recommends (``guard=False`` turns it off).
+    float32 islands, the guard the YAML recommends (``guard=False`` turns it off), and a
+    watch that warns once (:class:`AmpDriftWarning`) when the scaler leaves the search's
+    prediction (``watch=False`` turns it off).
+
+    ``best_amp=True`` loads the best AMP config that held (``evidence.best_amp``) instead of
+    the answer: a search on a CPU answers float32, where AMP steps are slower; on a GPU, use
+    this (or run the search there).
 
     Example:
         >>> import scalertune
@@ -103,11 +114,13 @@ def load(path: str, *, device: str = "auto", guard: bool = True) -> "AmpRuntime"
     """
     from scalertune._amp._runtime import AmpRuntime
 
-    return AmpRuntime.from_yaml(path, device=device, guard=guard)
+    return AmpRuntime.from_yaml(path, device=device, guard=guard, watch=watch,
+                                best_amp=best_amp)
 
 
 __all__ = [
-    "FRAMEWORKS", "AmpConfig", "AmpGuardError", "AmpRuntime", "Diagnosis", "Export", "Guard",
+    "FRAMEWORKS", "AmpConfig", "AmpDriftWarning", "AmpGuardError", "AmpRuntime", "Diagnosis",
+    "Export", "Guard",
     "Isolation", "ModuleReport", "Outcome", "SearchError", "SearchResult", "SearchSpace",
     "ScalerCheck", "Speedup", "StepTimes", "Target", "TensorStats", "UsageError", "Workload",
     "analyze", "diagnose", "export", "lightning_workload", "load", "load_config", "search",

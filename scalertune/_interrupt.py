@@ -12,10 +12,10 @@ and the ``KeyboardInterrupt`` is raised where nothing is half-written:
   (:func:`interruptible` raises on entry when one is pending), or when the search ends.
 
 Training code never writes to the study itself (a run's curve goes from a background thread,
-and only the main thread handles signals). SIGTERM is handled exactly like Ctrl-C. A second signal while
-the first is being honoured changes nothing; a third exits at once (status 130): the study
-stays consistent, as after any killed worker, and the next run recovers the trial that was
-running.
+and only the main thread handles signals). SIGTERM is handled exactly like Ctrl-C. A second
+signal while the first is being honoured changes nothing; a third exits at once (status 130):
+the study stays consistent, as after any killed worker, and the next run recovers the trial
+that was running.
 """
 
 from __future__ import annotations

@@ -23,14 +23,14 @@ READBACK_INTERVAL = 10
 #: pay for allocator warm-up, cuBLAS/oneDNN heuristics and autocast's weight-cast cache.
 WARMUP_WINDOWS = 1
 
-#: Rounds of interleaved step timing. Once per study, right after the float32 reference, a
-#: fresh workload (its learning rates held at 0) runs one read-back window per dtype in turn
-#: (float32, bfloat16, float16, float32, ...), after ``WARMUP_WINDOWS`` untimed rounds. Windows next to each other in time
-#: see the same machine load, so the per-round ratio of a dtype's step time to float32's
-#: cancels the load. The median ratio is the estimate; the spread every speed claim carries
-#: runs from the second-lowest to the second-highest ratio: one window hit by a burst of load
-#: on a shared machine (seen here: one 10-step window 30x its neighbours) must not decide, but
-#: the spread must still show a machine that is noisy throughout. 6 rounds of 10 steps per
+#: Rounds of interleaved step timing. Once per study, right after the float32 reference, a fresh
+#: workload (its learning rates held at 0) runs one read-back window per dtype in turn (float32,
+#: bfloat16, float16, float32, ...), after ``WARMUP_WINDOWS`` untimed rounds. Windows next to
+#: each other in time see the same machine load, so the per-round ratio of a dtype's step time
+#: to float32's cancels the load. The median ratio is the estimate; the spread every speed claim
+#: carries runs from the second-lowest to the second-highest ratio: one window hit by a burst of
+#: load on a shared machine (seen here: one 10-step window 30x its neighbours) must not decide,
+#: but the spread must still show a machine that is noisy throughout. 6 rounds of 10 steps per
 #: dtype cost about one training run in a default space (3 dtypes, 200 steps).
 TIMING_ROUNDS = 6
 

@@ -15,6 +15,22 @@ sys.path.insert(0, HERE)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+def _share_the_cores():
+    """Under pytest-xdist, each worker (and every process it starts) gets its share of the
+    cores: torch's intra-op threads of two workers spinning against each other on 2 cores
+    made tiny-model steps 10-100x slower (a 75 s search took 534 s)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if workers > 1:
+        threads = str(max(1, (os.cpu_count() or 1) // workers))
+        os.environ["OMP_NUM_THREADS"] = threads
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+_share_the_cores()
+
+
 def pytest_collection_modifyitems(items):
     """Everything under tests/integration/ is slow (whole searches, other processes, a
     browser, package builds): the mark follows the folder, so it cannot drift."""
@@ -55,6 +71,12 @@ def run_cli(*args, cwd, process=False, timeout=300):
     finally:
         os.chdir(before)
     return Ran(code, out.getvalue(), err.getvalue())
+
+
+def amp_answer(result):
+    """The AMP config a search found: the recommendation, or, where float32 is the answer on
+    this device (AMP steps are slower on these CPUs), the best AMP config that held."""
+    return result.recommended or result.best_amp
 
 
 def spec(name: str, module: str = "workloads.py") -> str:

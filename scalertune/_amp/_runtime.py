@@ -72,13 +72,17 @@ class AmpRuntime:
 
     @classmethod
     def from_yaml(cls, path: str, *, device: str | torch.device | None = "auto",
-                  guard: bool = True, watch: bool = True) -> "AmpRuntime":
+                  guard: bool = True, watch: bool = True,
+                  best_amp: bool = False) -> "AmpRuntime":
         """Build the runtime from a YAML file that ``scalertune search`` wrote, with the
         guard it recommends (``guard=False`` for none) and a watch on the scaler it predicts
-        (``watch=False`` for none; a file without a prediction has none)."""
+        (``watch=False`` for none; a file without a prediction has none). ``best_amp=True``
+        loads the best AMP config that held (``evidence.best_amp``) instead of the answer:
+        for a GPU, when the search ran where float32 is faster."""
         from scalertune._amp._schema import load_runtime
 
-        return cls(**load_runtime(path, guard=guard, watch=watch), device=device)
+        return cls(**load_runtime(path, guard=guard, watch=watch, best_amp=best_amp),
+                   device=device)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward context: autocast to the config's dtype (a no-op for float32).

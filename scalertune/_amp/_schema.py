@@ -35,9 +35,24 @@ def read_result(path: str) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str) -> AmpConfig:
-    """Read the ``config`` block of a YAML file written by ``scalertune search``."""
-    return AmpConfig.from_dict(read_result(path)["config"])
+def load_config(path: str, *, best_amp: bool = False) -> AmpConfig:
+    """Read the ``config`` block of a YAML file written by ``scalertune search``, or with
+    ``best_amp=True`` the best AMP config that held (``evidence.best_amp``): the one to use on
+    a GPU when a search on a CPU answers float32 because AMP steps are slower there."""
+    return AmpConfig.from_dict(_chosen(read_result(path), path, best_amp)["config"])
+
+
+def _chosen(data: dict[str, Any], path: str, best_amp: bool) -> dict[str, Any]:
+    """The block holding the config (and guard) to load: the file itself, or its
+    ``evidence.best_amp``."""
+    if not best_amp:
+        return data
+    evidence = data.get("evidence")
+    block = evidence.get("best_amp") if isinstance(evidence, dict) else None
+    if not isinstance(block, dict) or not isinstance(block.get("config"), dict):
+        raise UsageError(f"{path} has no evidence.best_amp: no AMP config held in that "
+                         "search, so train with its config (best_amp=False)")
+    return block
 
 
 def load_guard(path: str) -> Guard | None:
@@ -52,14 +67,18 @@ def load_prediction(path: str) -> ScalerPrediction | None:
     return _prediction(read_result(path), path)
 
 
-def load_runtime(path: str, *, guard: bool = True, watch: bool = True) -> dict[str, Any]:
-    """What :class:`AmpRuntime` is built with from a result YAML, read once: its ``config``,
-    the ``guard`` it recommends and a ``watch`` on its prediction (each ``None`` when the file
-    has none or it is turned off)."""
+def load_runtime(path: str, *, guard: bool = True, watch: bool = True,
+                 best_amp: bool = False) -> dict[str, Any]:
+    """What :class:`AmpRuntime` is built with from a result YAML, read once: its ``config``
+    (``evidence.best_amp``'s with ``best_amp=True``), the ``guard`` it recommends and a
+    ``watch`` on its prediction (each ``None`` when the file has none or it is turned off).
+    The prediction is the float16 answer's, or the best AMP config's where float32 is the
+    answer; the runtime watches only a config with a scaler."""
     data = read_result(path)
+    chosen = _chosen(data, path, best_amp)
     predicted = _prediction(data, path) if watch else None
-    return {"config": AmpConfig.from_dict(data["config"]),
-            "guard": _guard(data, path) if guard else None,
+    return {"config": AmpConfig.from_dict(chosen["config"]),
+            "guard": _guard(chosen, path) if guard else None,
             "watch": Watch(predicted) if predicted is not None else None}
 
 

@@ -18,6 +18,7 @@ was exact. A warning therefore means a difference the replay's error cannot expl
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 
@@ -172,7 +173,8 @@ class Watch:
                             if p.skipped_first else ""))
         highest = max(p.max_scale or 0.0, p.final_scale, config.init_scale)
         if scale < p.min_scale / SCALE_SLACK:
-            found.append(f"the loss scale is {scale:.3g}, {p.min_scale / scale:.3g} times "
+            below = p.min_scale / scale if scale > 0 else math.inf  # backed off to zero
+            found.append(f"the loss scale is {scale:.3g}, {below:.3g} times "
                          f"below the lowest the search predicted ({p.min_scale:.3g}): "
                          "gradients overflow float16 at scales the search's run held")
         elif steps <= p.horizon and scale > highest * SCALE_SLACK:

@@ -1,4 +1,5 @@
-"""The hooks a diagnosis puts on every module: outputs, the gradients into them, their parameters'."""
+"""The hooks a diagnosis puts on every module: outputs, the gradients into them, their
+parameters'."""
 
 from __future__ import annotations
 

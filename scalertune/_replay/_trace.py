@@ -71,10 +71,13 @@ class Trace:
     @classmethod
     def decode(cls, text: str) -> "Trace":
         data = np.load(io.BytesIO(zlib.decompress(base64.b64decode(text))), allow_pickle=False)
+        # a trace stored before the start-up probe reads as one without it
+        startup = data["startup"] if "startup" in data.files else np.zeros(0, np.float32)
+        whole = bool(data["startup_whole"]) if "startup_whole" in data.files else False
         return cls(amax=data["amax"], param_amax=data["param_amax"],
                    block_starts=data["block_starts"], hist=data["hist"],
                    forward=data["forward"], modules=tuple(str(m) for m in data["modules"]),
-                   startup=data["startup"], startup_whole=bool(data["startup_whole"]))
+                   startup=startup, startup_whole=whole)
 
     def share_below(self, scale: float, limit: float, start: int = 0,
                     end: int | None = None) -> float:

@@ -30,10 +30,9 @@ if TYPE_CHECKING:
 def document(result: "SearchResult") -> dict[str, Any]:
     """The recommendation and its evidence as plain data (the YAML file's content)."""
     data: dict[str, Any] = {"config": result.config.to_dict()}
-    found = guard(result)
+    found = guard(result, result.recommended)
     if found is not None:
-        data["guard"] = {"min_scale": found.min_scale,
-                         "max_consecutive_skips": found.max_consecutive_skips}
+        data["guard"] = _guard_block(found)
     data["evidence"] = evidence(result)
     return data
 
@@ -54,6 +53,9 @@ def evidence(result: "SearchResult") -> dict[str, Any]:
         out["best_amp"] = {"config": result.best_amp.config.to_dict(),
                            "speedup_vs_float32": _speedup(result, result.best_amp),
                            **_run_block(result, result.best_amp)}
+        found = guard(result, result.best_amp)
+        if found is not None:  # for scalertune.load(..., best_amp=True)
+            out["best_amp"]["guard"] = _guard_block(found)
     if result.float32_clip is not None:
         out["float32_same_clip"] = {"config": result.float32_clip.config.to_dict(),
                                     **_run_evidence(result.float32_clip)}
@@ -132,12 +134,15 @@ def _speedup(result: "SearchResult", outcome: Outcome | None) -> dict[str, Any] 
         "step_time_ratio": _num(found.step_time_ratio)}
 
 
-def guard(result: "SearchResult") -> Guard | None:
-    """The production guard the evidence supports (float16 recommendations only): a floor
-    ``GUARD_SCALE_MARGIN_POWERS`` powers of two below the smallest scale any run of the
-    recommended config reached, and twice its longest run of skipped steps (at least the
-    search's own limit)."""
-    rec = result.recommended
+def _guard_block(found: Guard) -> dict[str, Any]:
+    return {"min_scale": found.min_scale, "max_consecutive_skips": found.max_consecutive_skips}
+
+
+def guard(result: "SearchResult", rec: Outcome | None) -> Guard | None:
+    """The production guard the evidence supports for ``rec`` (float16 only): a floor
+    ``GUARD_SCALE_MARGIN_POWERS`` powers of two below the smallest scale any run of that
+    config reached, and twice its longest run of skipped steps (at least the search's own
+    limit)."""
     if rec is None or not rec.config.uses_scaler:
         return None
     runs = [rec, *result.confirmations.get(rec.number, {}).values()]

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 _COLUMNS = ("run", "config", "skipped", "min scale", "steps to target", "ms/step",
             "time to target", "loss/fp32 @step", "steps run")
+_INTERRUPTED = "Interrupted: every finished trial is kept; rerun the same command to resume."
 #: The summary's paragraphs (the verdict) are wrapped to this width.
 _WIDTH = 100
 
@@ -143,8 +144,8 @@ def _answer(result: "SearchResult") -> list[str]:
     rec, best = result.recommended, result.best_amp
     if result.interrupted and best is None and rec is None:
         return [f"Recommended: pending: the search was interrupted before "
-                f"{_pending(result)}; rerun the same command to finish it",
-                f"Cost so far: {_cost(result)}"]
+                f"{_pending(result)}",
+                f"Cost so far: {_cost(result)}", _INTERRUPTED]
     lines = []
     if rec is not None:
         lines.append(f"Recommended: {rec.label} [{rec.config.describe()}]")
@@ -162,8 +163,7 @@ def _answer(result: "SearchResult") -> list[str]:
     lines += textwrap.wrap(f"Verdict: {result.verdict}", _WIDTH, subsequent_indent="  ")
     lines.append(f"Cost: {_cost(result)}")
     if result.interrupted:
-        lines.append("Interrupted: every finished trial is kept; rerun the same command to "
-                     "resume.")
+        lines.append(_INTERRUPTED)
     return lines
 
 

@@ -93,10 +93,11 @@ class ResultViews:
         plot_run(self, self._run(run), path)
 
     def write_pictures(self, next_to: str) -> dict[int, str]:
-        """PNGs of the recommendation and of PyTorch's defaults beside ``next_to`` (the YAML).
+        """PNGs of the recommendation, PyTorch's defaults and the horizon beside ``next_to``.
 
         Returns trial number -> path; empty when matplotlib is not installed.
         """
+        from scalertune._review._horizon_plot import write_horizon_picture
         from scalertune._review._plots import have_matplotlib, picture_path, plot_run
 
         if not have_matplotlib():
@@ -111,6 +112,7 @@ class ResultViews:
             path = picture_path(stem, name, outcome.number)
             plot_run(self, outcome, path)
             written[outcome.number] = path
+        written.update(write_horizon_picture(self, stem))
         return written
 
     def _run(self, name: str) -> Outcome:
@@ -128,8 +130,9 @@ class ResultViews:
         return _document.document(self)
 
     def guard(self) -> Guard | None:
-        """The production guard the evidence supports (see :func:`_document.guard`)."""
-        return _document.guard(self)
+        """The production guard the evidence supports for the answer, or for the best AMP
+        config when float32 is the answer on this device (see :func:`_document.guard`)."""
+        return _document.guard(self, self.recommended or self.best_amp)
 
     def to_yaml(self, path: str) -> None:
         """Write the recommendation; :func:`scalertune.load` reads it back."""

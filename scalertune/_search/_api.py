@@ -6,7 +6,8 @@ recommended trial -> result.
 
 Any number of workers may run the same search on one storage. The once-per-study work (the
 references, the baselines, each confirmation, the recommended trial) is coordinated with
-claims (:mod:`scalertune._storage._claims`); every run is an Optuna trial (:mod:`scalertune._search._trials`).
+claims (:mod:`scalertune._storage._claims`); every run is an Optuna trial
+(:mod:`scalertune._search._trials`).
 Everything the command line does goes through here.
 """
 

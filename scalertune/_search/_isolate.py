@@ -150,7 +150,8 @@ class _Child:
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         try:
             while True:
-                left = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+                left = (None if self._deadline is None
+                        else max(0.0, self._deadline - time.monotonic()))
                 with _interrupt.interruptible():
                     ready = self._conn.poll(left)
                 if not ready:

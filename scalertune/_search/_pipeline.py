@@ -28,6 +28,7 @@ from scalertune._search._trials import TrialRunner, counted_search_trials
 from scalertune._storage._claims import Once
 from scalertune._storage._names import ROLE_SEARCH, STOPPED_ATTR
 from scalertune._storage._recovery import recover
+from scalertune._text import plural
 
 
 class Pipeline:
@@ -95,7 +96,8 @@ class Pipeline:
                    and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
         distinct = self.setup.space.distinct_configs()
         if distinct is not None and len({_config_key(t) for t in sampled}) >= distinct:
-            return f"the space has {distinct} distinct configs, and every one has run"
+            return (f"the space has {plural(distinct, 'distinct config')}, and "
+                    f"{'it has' if distinct == 1 else 'every one has'} run")
         least = _policy.STUDY_MIN_TRIALS_LONG if self.setup.long else _policy.STUDY_MIN_TRIALS
         reason = study_stop_reason([
             (t.user_attrs.get("time_to_target_s"), "duplicate_of" in t.user_attrs)

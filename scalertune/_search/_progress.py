@@ -37,9 +37,11 @@ class Progress:
     def finished(self, number: int, who: str, config: AmpConfig, record: RunRecord,
                  judged: dict[str, Any]) -> None:
         """One line for a run that trained: what it reached, or why it stopped."""
-        steps, ratio = judged["steps_to_target"], judged["loss_vs_float32"]
+        steps, ratio = judged.get("steps_to_target"), judged.get("loss_vs_float32")
         if record.pruned:
             what = f"pruned at step {record.steps_run}: {record.prune_reason}"
+        elif "phase_start" in judged:
+            what = _phase_words(judged)
         elif steps is None:
             what = "never reached the target" + (
                 f" (loss {ratio:.3g}x float32's at step {judged['loss_vs_float32_step']})"
@@ -54,6 +56,15 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def _phase_words(judged: dict[str, Any]) -> str:
+    window = f"steps {judged['phase_start']}-{judged['phase_end']}"
+    if judged["phase_nonfinite"]:
+        return f"{window}: non-finite"
+    ratio = judged["phase_ratio"]
+    verdict = "holds" if judged["phase_holds"] else "falls behind"
+    return f"{window}: {verdict}" + (f" ({ratio:.3g}x float32's loss)" if ratio else "")
 
 
 def _bar() -> Any:

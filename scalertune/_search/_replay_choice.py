@@ -5,10 +5,11 @@ acts in a 200-step trial, and where trials are long enough, a fraction of a perc
 to the target (noise) decides. The replay of GradScaler's update rule over the float32
 reference's gradient trace (:mod:`scalertune._replay`) tells, for ``REPLAY_CONFIGS`` settings
 drawn from the space at once, how many steps each would skip over the whole horizon, and
-whether its scale would collapse. The fewest skips wins, but it is trained (one real run
-checks it) only when it skips fewer than PyTorch's defaults beyond the noise: the replay's
-own tolerance and float32's seed-to-seed spread of steps, over the horizon. Otherwise the
-defaults are as good: keep them.
+whether its scale would collapse (nothing is tried where the forward pass overflows
+float16 with PyTorch's defaults: no scaler setting changes that). The fewest skips wins,
+but it is trained (one real run checks it) only when it skips fewer than PyTorch's defaults
+beyond the noise: the replay's own tolerance and float32's seed-to-seed spread of steps, over
+the horizon. Otherwise the defaults are as good: keep them.
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ def replay_choice(result: SearchResult, setup: Setup) -> AmpConfig | None:
     ref = result.reference
     if "float16" not in setup.space.dtypes or not ref or not ref.get("trace"):
         return None
-    trace = Trace.decode(ref["trace"])
     base = _base(result, setup)
+    default = result.baselines.get("pytorch-default")
+    if (default is not None and default.prune_kind == "forward"
+            and default.config.fp32_modules == base.fp32_modules):
+        return None  # the forward pass overflows float16 whatever the scaler does
+    trace = Trace.decode(ref["trace"])
     configs = [base, *_drawn(setup, base)]
     played = replay_many(trace.amax[:result.horizon], configs, startup=trace.startup)
     viable = [i for i in range(len(configs))

@@ -12,9 +12,10 @@ One study holds everything a search ran, so that resuming, a second worker or a 
 
 Every run has the ``dtype`` parameter (float32 for the references), so the dashboard's
 tables and plots show every run as a point of the same space; the space's sampler proposes
-only the space's own dtypes (:meth:`SearchSpace.sampler`). The objective is the time to target in seconds, ``inf`` for runs that never
-reach it and for the references (the yardstick, not a candidate), so the trial with the least
-value, which is what optuna-dashboard shows as best, is a run of the recommended config.
+only the space's own dtypes (:meth:`SearchSpace.sampler`). The objective is the time to
+target in seconds, ``inf`` for runs that never reach it and for the references (the yardstick,
+not a candidate). The dashboard's Best Trial is the study's recommended trial (a repeat of the
+answer's run, float32's included), not the least value: see :mod:`scalertune._review._server`.
 """
 
 from __future__ import annotations

@@ -145,7 +145,10 @@ class TrialRunner:
                                             start=start, end=end, on_window=reports.window)
             finally:
                 reports.close(record if record is not None and record.pruned else None)
-            return record, {**judged_attrs(record, target, step_time), **judged}
+            # the short trial's target means nothing in a window starting at step `start`
+            short = {k: v for k, v in judged_attrs(record, target, step_time).items()
+                     if k not in _SHORT_TRIAL_ONLY}
+            return record, {**short, **judged}
         rule = self.rules.stop_rule(role, config, target, trials)
         record = self._execute(config, seed, trial, target, rule, self.rules.trial_steps(role))
         if record.prune_kind == "forward":
@@ -183,6 +186,11 @@ class TrialRunner:
                 f"is broken rather than a config: {message}"
             )
         self.progress.advance()
+
+
+#: Figures measured against the short trial's float32 target, left off a phase's branch.
+_SHORT_TRIAL_ONLY = ("steps_to_target", "time_to_target_s", "loss_vs_float32",
+                     "loss_vs_float32_step")
 
 
 def _record_params(trial: optuna.Trial, space: SearchSpace) -> None:

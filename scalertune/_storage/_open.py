@@ -87,7 +87,8 @@ def open_storage(url: str, *, must_exist: bool = False,
         ) from None
     except Exception as exc:  # SQLAlchemy/Optuna raise many kinds for a bad or unreachable URL
         raise UsageError(
-            f"cannot open storage {redact(url)}: {redact(first_line(exc), url)} (check the URL, e.g. "
+            f"cannot open storage {redact(url)}: {redact(first_line(exc), url)} "
+            "(check the URL, e.g. "
             "sqlite:///scalertune.db, postgresql://user@host/db, or a journal file path)"
         ) from None
 

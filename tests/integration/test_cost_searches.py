@@ -29,6 +29,6 @@ def test_curves_are_one_point_per_window_relative_to_the_target(storage):
 def test_a_time_budget_stops_sampling_and_says_why(storage):
     result = scalertune.search(spec("healthy"), storage=storage, n_trials=50, steps=40,
                                device="cpu", timeout=0.01)
-    assert result.stop_reason == "the time budget (--timeout) is spent"
+    assert result.stop_reason == "the time budget (timeout) is spent"
     assert sum(o.role == "search" for o in result.ranking) <= 2
-    assert result.recommended is not None or result.candidates == []
+    assert result.best_amp is not None or result.candidates == []

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import third_party
-from conftest import ROOT, example
+from conftest import ROOT, amp_answer, example
 from gradscaler import gradscaler, one_thread  # noqa: F401 - an autouse fixture
 
 import scalertune
@@ -134,7 +134,8 @@ def test_following_diagnoses_advice_on_t5_trains_float16_to_the_target(tmp_path)
                                                     "third_party:t5"))
     islanded = [o for o in result.ranking if o.config.fp32_modules]
     assert islanded and not any(o.prune_kind == "forward" for o in islanded)
-    config = scalertune.load_config(str(tmp_path / "amp.yaml"))
+    # float32 is the answer on this CPU; the best AMP config that held is the islanded one
+    config = scalertune.load_config(str(tmp_path / "amp.yaml"), best_amp=True)
     assert config.dtype == "float16" and config.fp32_modules == ("*.DenseReluDense.wo",)
-    assert result.recommended is not None
-    assert result.recommended.attrs["steps_to_target"] is not None
+    assert amp_answer(result) is not None
+    assert amp_answer(result).attrs["steps_to_target"] is not None

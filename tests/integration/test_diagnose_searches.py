@@ -24,7 +24,8 @@ def test_search_names_the_overflow_and_its_printed_command_fixes_it(storage, tmp
     assert sampled and not any(o.prune_kind == "forward" for o in sampled)
     assert all(o.config.fp32_modules == ("attn.score",) for o in sampled)
     fixed.to_yaml(str(tmp_path / "amp.yaml"))
-    assert scalertune.load_config(str(tmp_path / "amp.yaml")).fp32_modules == ("attn.score",)
+    assert scalertune.load_config(str(tmp_path / "amp.yaml"),
+                                  best_amp=True).fp32_modules == ("attn.score",)
 
 
 def test_baselines_keep_the_islands_every_float16_run_has(storage):

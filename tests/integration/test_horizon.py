@@ -4,7 +4,6 @@ GradScaler loop, and what it recommends (or carries as ``best_amp``) ends within
 tolerance of float32's loss there."""
 
 import late_workloads
-import pytest
 import torch
 import yaml
 from conftest import example

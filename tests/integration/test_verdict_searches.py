@@ -39,12 +39,12 @@ def test_no_config_is_trained_twice_and_a_spent_space_stops_the_search(storage, 
     for reused in (t for t in sampled if "duplicate_of" in t.user_attrs):
         original = study.trials[reused.user_attrs["duplicate_of"]]
         assert original.user_attrs["config"] == reused.user_attrs["config"]
-    assert result.recommended is not None
+    assert result.best_amp is not None
 
     path = space_file("dtype: {choices: [bfloat16]}\n")
     small = scalertune.search(spec("healthy"), storage=storage, space=path, n_trials=5,
                               steps=40, device="cpu", study_name="one-config")
-    assert "1 distinct configs" in small.stop_reason
+    assert "the space has 1 distinct config, and it has run" in small.stop_reason
     assert sum(o.role == "search" for o in small.ranking) == 1
 
 
@@ -54,7 +54,7 @@ def test_a_gain_that_comes_from_the_clip_is_credited_to_the_clip(storage):
     result = scalertune.search(spec("make_model", "../examples/codepoints.py"), storage=storage,
                                space="bfloat16", n_trials=3, steps=200, device="cpu",
                                study_name="clip")
-    rec = result.recommended
+    rec = result.best_amp
     assert rec is not None and rec.config.clip_norm is not None
     twin = result.float32_clip
     assert twin is not None and twin.config == AmpConfig(dtype="float32",
@@ -64,6 +64,6 @@ def test_a_gain_that_comes_from_the_clip_is_credited_to_the_clip(storage):
     # the steps compared are float32's with the same clip, not the unclipped reference's
     assert speedup.point == pytest.approx(
         twin.steps_to_target / rec.steps_to_target / speedup.step_time_ratio)
-    assert "Compared with float32 at the same clip" in result.verdict
+    assert f"against float32 at the same clip {rec.config.clip_norm:.3g}" in result.verdict
     study = optuna.load_study(study_name="clip", storage=storage)
     assert study.trials[twin.number].value == math.inf  # a yardstick, never the best trial

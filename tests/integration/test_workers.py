@@ -9,7 +9,7 @@ import time
 
 import optuna
 import pytest
-from conftest import needs_postgres, postgres_database, spec
+from conftest import amp_answer, needs_postgres, postgres_database, spec
 from optuna.trial import TrialState
 
 import scalertune
@@ -84,7 +84,8 @@ def _check_nothing_lost(url, killed_number, cwd):
     data = json.loads(report.stdout)
     result = scalertune.analyze(optuna.load_study(study_name="shared",
                                                   storage=_storage_object(url)))
-    assert data["evidence"]["trial"] == result.recommended.number
+    assert data["config"] == result.config.to_dict()
+    assert data["evidence"]["best_amp"]["trial"] == amp_answer(result).number
     assert len([o for o in result.ranking if o.role == "search"]) == 6
 
 
@@ -164,7 +165,7 @@ def test_an_aborting_trial_fails_alone_when_isolated(tmp_path):
     failures = _float16_failures(result)
     assert len(failures) == 2  # both baselines are float16
     assert all("SIGABRT" in t.user_attrs["error"] for t in failures)
-    assert result.recommended is not None and result.recommended.config.dtype == "bfloat16"
+    assert amp_answer(result) is not None and amp_answer(result).config.dtype == "bfloat16"
 
 
 def test_a_hanging_trial_is_killed_at_its_time_limit(tmp_path):

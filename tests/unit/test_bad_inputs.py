@@ -179,7 +179,8 @@ SEARCH = [
          _model(_EXITS_ON_IMPORT)),
     Case("factory calls sys.exit", [], r"sys\.exit\(5\) was called", _model(_EXITS_IN_FACTORY)),
     Case("factory raises a BaseException subclass", [], r"raised Odd: odd",
-         _model("class Odd(BaseException):\n    pass\n\n\ndef make_model():\n    raise Odd('odd')\n")),
+         _model("class Odd(BaseException):\n    pass\n\n\n"
+                "def make_model():\n    raise Odd('odd')\n")),
     Case("unknown device", ["--device", "tpu"], r"unknown device 'tpu'"),
     Case("missing float32 island", ["--fp32-modules", "nosuch"],
          r"fp32_modules names 'nosuch'"),

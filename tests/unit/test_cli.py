@@ -117,8 +117,9 @@ def test_counts_are_singular_where_there_is_one():
     assert plural(1, "thread") == "1 thread" and plural(2, "run") == "2 runs"
     from scalertune._search._setup import describe_device
 
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         assert describe_device(torch.device("cpu")).endswith(", 1 thread)")
     finally:
-        torch.set_num_threads(2)
+        torch.set_num_threads(before)

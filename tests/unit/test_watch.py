@@ -140,3 +140,29 @@ def test_the_allowance_is_the_start_up_and_the_rest_pro_rata_plus_twice_the_erro
     assert watch.allowed_skips(0) == pytest.approx(15 + 7.6)
     assert watch.allowed_skips(3000) == pytest.approx(19 + 7.6)
     assert watch.allowed_skips(30000) == pytest.approx(55 + 2 * 0.2 * 55)
+
+
+def test_best_amp_loads_the_amp_config_a_float32_answer_carries_with_its_guard(tmp_path,
+                                                                               predicted):
+    """A search on a CPU answers float32 (AMP steps are slower there); ``best_amp=True``
+    loads the AMP config that held, its guard, and the watch on its prediction."""
+    block = {"horizon": HORIZON, "skipped_steps": predicted.skipped_steps,
+             "skipped_first": predicted.skipped_first, "min_scale": predicted.min_scale,
+             "final_scale": predicted.final_scale}
+    path = tmp_path / "result.yaml"
+    path.write_text(yaml.safe_dump({
+        "scalertune": 1, "config": AmpConfig(dtype="float32").to_dict(),
+        "evidence": {"horizon": HORIZON, "prediction": block, "best_amp": {
+            "config": CONFIG.to_dict(),
+            "guard": {"min_scale": 2.0**-10, "max_consecutive_skips": 60}}}}))
+    answer = scalertune.load(str(path), device="cpu")
+    assert answer.config.dtype == "float32" and answer.guard is None and answer.watch is None
+    amp = scalertune.load(str(path), device="cpu", best_amp=True)
+    assert scalertune.load_config(str(path), best_amp=True) == CONFIG == amp.config
+    assert amp.guard.max_consecutive_skips == 60 and amp.watch == Watch(predicted)
+
+
+def test_best_amp_from_a_file_without_one_says_to_train_with_its_config(tmp_path):
+    path = _result_file(tmp_path, {"horizon": HORIZON})
+    with pytest.raises(scalertune.UsageError, match="no evidence.best_amp: no AMP config held"):
+        scalertune.load(path, device="cpu", best_amp=True)
