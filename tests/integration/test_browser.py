@@ -32,6 +32,9 @@ import pytest
 import yaml
 from conftest import ROOT, run_cli, spec
 
+# one xdist worker for the whole file: its module fixture runs three searches and a server
+pytestmark = pytest.mark.xdist_group("dashboard")
+
 CODEPOINTS = "codepoints:make_model"
 LATE = "late"
 _NOTE_KEY = re.compile(r"^dashboard:([^:]+:)?note_(ver|str:\d+)$")

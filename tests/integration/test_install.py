@@ -16,6 +16,8 @@ import pytest
 from conftest import ROOT
 
 VERSION = metadata.version("scalertune")
+# one xdist worker for the whole file: its module fixture builds the sdist and the wheel
+pytestmark = pytest.mark.xdist_group("install")
 
 
 def _run(args, **kwargs):
