@@ -40,8 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "examples")]
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from replay import configs as replay_configs  # noqa: E402  (benchmarks/replay.py)
 from torch import nn  # noqa: E402
 
 from scalertune import _policy  # noqa: E402
@@ -58,15 +58,9 @@ CPU = torch.device("cpu")
 
 
 def configs(n: int = CONFIGS, seed: int = CONFIG_SEED) -> list[AmpConfig]:
-    """Random float16 configs over the shipped space's ranges (search_spaces/float16.yaml):
-    init_scale 2**U(-4, 24), growth U(1.25, 4), backoff U(0.125, 0.75), interval log-U(10, 5000)."""
-    rng = np.random.default_rng(seed)
-    return [AmpConfig(init_scale=float(2.0 ** rng.uniform(-4, 24)),
-                      growth_factor=float(rng.uniform(1.25, 4)),
-                      backoff_factor=float(rng.uniform(0.125, 0.75)),
-                      growth_interval=int(round(math.exp(rng.uniform(math.log(10),
-                                                                     math.log(5000))))))
-            for _ in range(n)]
+    """Random float16 configs over the shipped space's ranges (search_spaces/float16.yaml),
+    drawn as ``benchmarks/replay.py`` draws them."""
+    return replay_configs(n, seed)
 
 
 # -- workloads --------------------------------------------------------------------------------
