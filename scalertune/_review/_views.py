@@ -109,7 +109,9 @@ class ResultViews:
                 outcome = self._run(name)
             except KeyError:
                 continue
-            path = picture_path(stem, name, outcome.number)
+            # where float32 is the answer on this device, the picture is the best AMP config's
+            shown = "best-amp" if name == "recommended" and self.recommended is None else name
+            path = picture_path(stem, shown, outcome.number)
             plot_run(self, outcome, path)
             written[outcome.number] = path
         written.update(write_horizon_picture(self, stem))

@@ -6,6 +6,7 @@ import ast
 import email
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -27,13 +28,25 @@ def _run(args, **kwargs):
     return proc
 
 
+#: What the sdist is made of (MANIFEST.in, and the package pyproject.toml names).
+_SOURCE = {"pyproject.toml", "MANIFEST.in", "LICENSE", "README.md", "scalertune", "tests",
+           "examples", "benchmarks", ".ci", "search_spaces"}
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory):
     """The sdist, the wheel built from it, and the folder the sdist unpacks to."""
     out = tmp_path_factory.mktemp("dist")
+    # Built from a copy of the source: other test processes import modules meanwhile, and a
+    # byte-code file they are writing (`x.pyc.NNNN`, renamed when done) would vanish between
+    # setuptools listing the tree and copying it.
+    source = tmp_path_factory.mktemp("source") / "scalertune-src"
+    shutil.copytree(ROOT, source, ignore=lambda folder, names: [
+        n for n in names if n == "__pycache__" or n.endswith((".db", ".egg-info", ".log"))
+        or (os.path.samefile(folder, ROOT) and n not in _SOURCE)])
     build = "from setuptools import build_meta as b; import sys; print(b.{}(sys.argv[1]))"
     sdist = out / _run([sys.executable, "-c", build.format("build_sdist"), str(out)],
-                       cwd=ROOT).stdout.split()[-1]
+                       cwd=source).stdout.split()[-1]
     with tarfile.open(sdist) as tar:
         # the "data" filter where this Python has it (3.10.12+): no links out of the folder
         tar.extractall(out, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
@@ -77,10 +90,12 @@ def _imports():
     """Third-party modules scalertune imports: {module: imported at module level}.
     An import guarded by ``except ImportError`` is optional by design and left out."""
     found = {}
-    for name in os.listdir(os.path.join(ROOT, "scalertune")):
-        if not name.endswith(".py"):
-            continue
-        with open(os.path.join(ROOT, "scalertune", name), encoding="utf-8") as f:
+    paths = [os.path.join(folder, name)
+             for folder, _, names in os.walk(os.path.join(ROOT, "scalertune"))
+             for name in names if name.endswith(".py")]
+    assert len(paths) > 20  # the subpackages too, where most imports are
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read())
         guarded = {id(node) for t in ast.walk(tree) if isinstance(t, ast.Try)
                    and any("ImportError" in ast.unparse(h.type or ast.Name("")) for h in t.handlers)
@@ -125,7 +140,8 @@ def test_wheel_in_a_fresh_venv_runs_the_quick_start_and_the_sdist_runs_its_tests
     # The wheel with its declared dependencies resolved, as `pip install scalertune` does
     # (torch pinned to the CPU build this machine keeps: a floor alone downloads a CUDA one).
     wheel_bin = _venv(tmp_path / "wheel")
-    _run([str(wheel_bin / "pip"), "install", "--quiet", str(wheel), "torch==2.13.0", "pytest"])
+    _run([str(wheel_bin / "pip"), "install", "--quiet", str(wheel), "torch==2.13.0", "pytest",
+          "pytest-xdist"])  # the project's pytest options run the suite on one process per core
     quick = _run([str(wheel_bin / "scalertune"), "search", "examples/codepoints.py:make_model",
                   "--n-trials", "2", "--steps", "40", "-q"], cwd=unpacked)
     assert "Recommended:" in quick.stdout and "Wrote codepoints_make_model.yaml" in quick.stdout

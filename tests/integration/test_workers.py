@@ -133,12 +133,18 @@ def test_ctrl_c_keeps_finished_trials_and_a_rerun_resumes_to_the_total(tmp_path)
     assert worker.returncode == 130, err
     assert "Traceback" not in err
     assert "Interrupted: every finished trial is kept" in out
+    if not any(t.user_attrs.get("role") == "confirm" and t.state == TrialState.COMPLETE
+               for t in _trials(url)):
+        # stopped before any confirmation: no verdict it has no evidence for
+        assert "Recommended: pending: the search was interrupted before" in out, out
+        assert "Verdict:" not in out and "keep training in float32" not in out
     trials = _trials(url)
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    rerun = _worker(url, "-q", cwd=tmp_path, n_trials=8)
+    rerun = _worker(url, cwd=tmp_path, n_trials=8)
     out, err = rerun.communicate(timeout=400)
     assert rerun.returncode == 0, err
+    assert f"resuming study 'shared': {len(finished)} runs finished" in err + out
     after = _trials(url)
     assert all(after[t.number].state == t.state for t in finished)
     searched = [t for t in after if t.user_attrs.get("role") == "search"
