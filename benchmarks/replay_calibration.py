@@ -110,25 +110,12 @@ def bert() -> dict[str, Any]:
                                    lambda m, b: m(input_ids=b[0], labels=b[1]))}
 
 
-class _Encoder(nn.Module):
-    """third_party's nn.TransformerEncoder without its scaled-up feed-forward weights."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(64, 32)
-        layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=128, dropout=0.0,
-                                           batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.head = nn.Linear(32, 64)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
-
-
 def encoder() -> dict[str, Any]:
     """nn.TransformerEncoder (2 post-norm layers), cross-entropy summed over the batch (so that
     its gradients can overflow float16), Adam."""
-    model = _Encoder()
+    import third_party
+
+    model = third_party._Encoder(ffn_scale=1.0)  # noqa: SLF001 - the tests' model, unscaled
     return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
             "loss_fn": nn.CrossEntropyLoss(reduction="sum"),
             "batches": [(t, t.max(dim=1).values) for t in _tokens(64, 16, 12, 4)]}

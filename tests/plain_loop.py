@@ -37,7 +37,7 @@ def losses(factory, config, steps, seed=0):
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
         scaler.step(optimizer)
         scaler.update()
-        out.append(float(loss))
+        out.append(loss.item())
     return out
 
 

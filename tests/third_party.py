@@ -78,7 +78,10 @@ def transformer_encoder():
 
 
 class _Encoder(nn.Module):
-    def __init__(self):
+    """Embedding, 2 post-norm ``nn.TransformerEncoder`` layers, a head; ``ffn_scale``
+    multiplies every feed-forward output weight (1.0 leaves PyTorch's initialisation)."""
+
+    def __init__(self, ffn_scale=FFN_SCALE):
         super().__init__()
         self.embed = nn.Embedding(64, 32)
         layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=128, dropout=0.0,
@@ -87,7 +90,7 @@ class _Encoder(nn.Module):
         self.head = nn.Linear(32, 64)
         with torch.no_grad():
             for block in self.encoder.layers:
-                block.linear2.weight.mul_(FFN_SCALE)
+                block.linear2.weight.mul_(ffn_scale)
 
     def forward(self, tokens):
         return self.head(self.encoder(self.embed(tokens)).mean(dim=1))

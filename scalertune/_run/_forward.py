@@ -40,7 +40,7 @@ def _mean_loss(factory: Callable[[], Any], config: AmpConfig, checkpoint: str, *
                seed: int, device: torch.device) -> float:
     workload = build_workload(factory, seed=seed, device=device)
     try:
-        cursor = BatchCursor(workload.batches)
+        cursor = BatchCursor(workload.batches, saves=False)
         load_checkpoint(checkpoint, workload, cursor)
         amp = NoStep(AmpConfig(dtype=config.dtype, fp32_modules=config.fp32_modules),
                      device=device)

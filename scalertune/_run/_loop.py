@@ -99,7 +99,7 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
     plan = plan or Plan()
     amp = AmpRuntime(config, device=device)
     amp.prepare(workload.model)
-    batches = BatchCursor(workload.batches)
+    batches = BatchCursor(workload.batches, saves=bool(plan.save_at))
     saved = load_checkpoint(plan.checkpoint, workload, batches) if plan.checkpoint else None
     start = saved["step"] if saved else 0
     record = _record(config, seed, steps, start, plan, amp, saved)

@@ -7,7 +7,7 @@ import math
 import torch
 
 from scalertune import _policy
-from scalertune._run._record import RunRecord
+from scalertune._run._record import RunRecord, as_float32
 from scalertune._workload._contract import Workload
 
 
@@ -61,10 +61,14 @@ def judge_window(record: RunRecord, workload: Workload, start: int) -> None:
 
 
 def _trailing_skip_streak(record: RunRecord) -> int:
-    skipped = set(record.skipped)
+    """The skipped steps in a row that end the run so far, read backwards from its last
+    scale: the window's work, not the whole run's (``record.skipped`` rescans every step)."""
+    scales, config = record.scales, record.config
+    first = as_float32(config.init_scale if record.initial_scale is None
+                       else record.initial_scale)
     streak = 0
-    for i in range(record.steps_run - 1, -1, -1):
-        if i not in skipped:
+    for i in range(len(scales) - 1, -1, -1):
+        if not scales[i] < (scales[i - 1] if i else first):
             break
         streak += 1
     return streak

@@ -116,7 +116,7 @@ def time_dtypes(workload: Workload, dtypes: Sequence[str], *, device: torch.devi
     order = ["float32", *[d for d in dict.fromkeys(dtypes) if d != "float32"]]
     runtimes = {d: AmpRuntime(timing_config(d, clip_norm), device=device) for d in order}
     step = step_function(workload)
-    batches = BatchCursor(workload.batches)
+    batches = BatchCursor(workload.batches, saves=False)
     n = _policy.READBACK_INTERVAL
     buffer = torch.empty(n, dtype=torch.float32, device=device)
     windows: dict[str, list[tuple[float, bool]]] = {d: [] for d in order}

@@ -60,3 +60,14 @@ def test_a_float16_branch_starts_its_scaler_where_the_plan_puts_it(tmp_path):
                                               scaler={"scale": 256.0, "_growth_tracker": 5}))
     assert branch.initial_scale == 256.0 and branch.scales[0] == 256.0
     assert branch.skipped == []
+
+
+def test_a_cursor_that_saves_nothing_takes_no_rng_snapshot_and_refuses_to_save():
+    from scalertune._run._checkpoint import BatchCursor
+
+    batches = [torch.ones(1) * i for i in range(3)]
+    kept, bare = BatchCursor(batches), BatchCursor(batches, saves=False)
+    assert [float(next(kept)) for _ in range(5)] == [float(next(bare)) for _ in range(5)]
+    assert kept.state()["pass_rng"] is not None and kept.state()["index"] == 2
+    with pytest.raises(RuntimeError, match="saves=False"):
+        bare.state()

@@ -33,3 +33,24 @@ def test_forward_overflow_is_fixed_by_bfloat16_not_by_a_small_scale():
     assert not bf16.pruned
 
 
+
+
+def test_the_trailing_skip_streak_read_backwards_matches_the_skipped_steps():
+    import random
+
+    from scalertune._run._nonfinite import _trailing_skip_streak
+    from scalertune._run._record import RunRecord
+
+    rng = random.Random(0)
+    for _ in range(200):
+        config = AmpConfig(init_scale=2.0 ** rng.randint(-4, 16))
+        scales, scale = [], config.init_scale
+        for _ in range(rng.randint(0, 30)):
+            scale *= rng.choice([0.5, 1.0, 1.0, 2.0])
+            scales.append(scale)
+        record = RunRecord(config=config, seed=0, steps=30, losses=[1.0] * len(scales),
+                           scales=scales)
+        skipped, streak = set(record.skipped), 0
+        while len(scales) - 1 - streak in skipped:
+            streak += 1
+        assert _trailing_skip_streak(record) == streak
