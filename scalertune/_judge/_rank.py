@@ -64,6 +64,13 @@ def tied(a: Outcome, b: Outcome, times: StepTimes | None, noise: Noise = Noise()
             and not surely_faster(b, a, times, noise))
 
 
+def all_tied(pool: Sequence[Outcome], times: StepTimes | None, noise: Noise = Noise()) -> bool:
+    """Whether two or more runs reached the target and none is surely faster than another:
+    the comparison cannot tell them apart, and the order is stability, then simplicity."""
+    return len(pool) >= 2 and not any(surely_faster(a, b, times, noise)
+                                      for a in pool for b in pool if a is not b)
+
+
 def rank_key(outcome: Outcome) -> tuple[int, float, int]:
     """Reached before never-reached; then time to target, or closeness to float32's loss;
     pruned runs last."""

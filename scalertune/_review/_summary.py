@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from scalertune._judge._horizon import behind_from
 from scalertune._judge._outcome import Outcome
+from scalertune._judge._rank import Noise, all_tied
 from scalertune._review._describe import describe_outcome
 from scalertune._review._scaler import replay_agreement, scaler_advice
 from scalertune._run._record import PRUNE_KINDS
@@ -122,9 +123,23 @@ def _notes(result: "SearchResult") -> list[str]:
         lines.append(f"Failed: {'; '.join(broken)}{why}")
     if result.stop_reason:
         lines.append(f"Sampling stopped early: {result.stop_reason}")
-    lines += [text for text in (scaler_advice(result), replay_agreement(result),
+    lines += [text for text in (_all_tied(result), scaler_advice(result),
+                                replay_agreement(result),
                                 result.forward_overflow_hint(), result.forecast()) if text]
     return lines
+
+
+def _all_tied(result: "SearchResult") -> str | None:
+    """One line where every config that reached the target ties with every other."""
+    noise = Noise(result.spread or 0.0, result.horizon if result.long else 0)
+    if not all_tied(result.pool, result.step_times, noise):
+        return None
+    return (f"Tied: the {len(result.pool)} configs that reached the target are as fast as "
+            f"each other within the noise (float32's seed-to-seed spread of "
+            f"{100 * noise.spread:.2g}% in steps"
+            + (" of the horizon" if noise.horizon else "")
+            + ", and the step-time spread): the comparison cannot tell them apart at this "
+            "horizon, so the order is the more stable, then the simpler config")
 
 
 def _counts(result: "SearchResult") -> str:

@@ -12,7 +12,7 @@ from conftest import amp_answer, spec
 import scalertune
 from scalertune._amp._config import PYTORCH_DEFAULT, SEED_ARTICLE_FIX, AmpConfig
 from scalertune._judge._outcome import Outcome
-from scalertune._judge._rank import ranked
+from scalertune._judge._rank import Noise, all_tied, ranked
 from scalertune._run._loop import run_config
 
 
@@ -100,6 +100,9 @@ def test_recommendation_is_confirmed_on_other_seeds_and_states_a_verdict(storage
     for needle in ("float32 reference", "pytorch-default", "init-scale-4096", "Recommended",
                    "Verdict"):
         assert needle in text
+    # the Tied line exactly when no config that reached the target beats another
+    tied = all_tied(result.pool, result.step_times, Noise(result.spread))
+    assert (f"Tied: the {len(result.pool)} configs that reached the target" in text) is tied
 
 
 def _outcome(number, reached, time=1.0, ratio=1.0, state="complete"):

@@ -13,7 +13,7 @@ from conftest import spec
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
-from scalertune._judge._rank import candidates
+from scalertune._judge._rank import Noise, all_tied, candidates
 from scalertune._judge._speedup import Speedup
 from scalertune._judge._target import Target
 from scalertune._run._loop import run_config
@@ -107,6 +107,18 @@ def test_a_run_beaten_by_its_own_dtype_is_not_tied_in_by_another_dtypes_spread()
     ranking = sorted([fp16, bf16_clip, bf16_plain], key=lambda o: o.time_to_target)
     order = [o.number for o in candidates(ranking, times, None)]
     assert order == [5, 9, 1]
+
+
+def test_all_tied_only_when_no_config_that_reached_the_target_beats_another():
+    times = StepTimes({"float32": [1.0] * 6, "bfloat16": [1.0, 0.9, 1.1, 1.0, 0.95, 1.05],
+                       "float16": [1.02, 0.9, 1.12, 1.0, 0.97, 1.08]})
+    a, b = _outcome(1, "bfloat16", 100), _outcome(2, "float16", 101)
+    assert all_tied([a, b], times)
+    assert not all_tied([a], times)  # one config is no comparison
+    far = _outcome(3, "bfloat16", 150)
+    assert not all_tied([a, b, far], times)  # 100 steps beat 150 on bfloat16
+    # within float32's seed-to-seed spread over a horizon of 2000, 50 steps are a tie
+    assert all_tied([a, far], times, Noise(0.04, 2000))
 
 
 def test_skipped_steps_match_the_optimizer_steps_gradscaler_really_skipped():
