@@ -267,9 +267,14 @@ TRACE_BLOCKS = 200
 #: a subset picked in 20 steps missed the largest gradient by 2-4x. The full steps keep
 #: checking it (a tensor that comes close joins the subset) and sample the histograms.
 #: ``benchmarks/trace.py`` measures the whole (subset steps and one full step in 50) at 8-10%
-#: per step on models of 4 ms steps, over the 5% aimed at; fewer full steps would cut it.
+#: per step on models of 4 ms steps, over the 5% aimed at: the full steps are about half.
 TRACE_FULL_STEPS = 100
 TRACE_FULL_EVERY = 50
+#: Over a horizon past ``TRACE_FULL_EVERY * TRACE_FULL_SAMPLES`` steps (20,000), the full
+#: steps are spread to about this many: two per trace block, enough to check the subset, to
+#: sample each block's histogram and forward peaks, while a full step (2.5x a plain step on
+#: GPT-2, a histogram pass over every gradient) costs the long reference under 1% a step.
+TRACE_FULL_SAMPLES = 2 * TRACE_BLOCKS
 TRACE_SUBSET_MARGIN = 4.0
 
 #: The start-up probe runs this many of the first batches through forward and backward at the
@@ -323,3 +328,11 @@ REPLAY_CONFIGS = 1000
 #: wanders must not be extrapolated to an overflow.
 FORECAST_MIN_BLOCKS = 10
 FORECAST_T = 3.0
+#: ... and only while it keeps its rate: the later half of the fitted blocks must grow at
+#: least this share of the earlier half's rate, so that an output levelling off within the
+#: horizon (approaching the size of its targets) is not extrapolated. Activations that grow at
+#: one rate (the ``growing_activations`` workload, the unit test's doubling) keep a ratio near
+#: 1. A levelling off that starts after the horizon cannot be seen: on two regression MLPs a
+#: new user tried at a horizon of 1000, outputs still growing steadily at step 1000 were
+#: forecast to reach 65504 near steps 6,581 and 2,322 and levelled off at 498 and 60-64.
+FORECAST_SUSTAINED = 0.5

@@ -51,9 +51,16 @@ def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None,
                   noise: Noise = Noise()) -> bool:
     """Whether ``a`` reaches the target sooner than ``b`` beyond the noise: on the same dtype
     (the same step time) in fewer steps beyond the tie margin; across dtypes with
-    time-to-target ranges that do not overlap."""
+    time-to-target ranges that do not overlap, or, where their steps to the target tie, with
+    step times whose spreads do not overlap (over the horizon, every step costs that)."""
     if a.config.dtype == b.config.dtype:
         return a.steps_to_target + noise.margin(a.steps_to_target) < b.steps_to_target
+    if (times is not None and a.steps_to_target is not None and b.steps_to_target is not None
+            and a.config.dtype in times and b.config.dtype in times
+            and abs(a.steps_to_target - b.steps_to_target)
+            <= noise.margin(max(a.steps_to_target, b.steps_to_target))):
+        # Steps to the target tie: what differs over the horizon is the time of every step.
+        return times.bounds(a.config.dtype)[1] < times.bounds(b.config.dtype)[0]
     return time_bounds(a, times, noise)[1] < time_bounds(b, times)[0]
 
 

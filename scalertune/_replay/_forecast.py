@@ -5,9 +5,10 @@ Activations that grow with training run float16's range out late: an overflow th
 trial, and no phase of the horizon, meets yet. The float32 reference's trace keeps each
 module's largest forward output per block of steps; over the second half of the horizon the
 log2 of that peak is fitted against the step (least squares). Where the slope is positive
-and significant (``FORECAST_T`` standard errors), the step at which the line reaches 65504 is
-the forecast, with the range the slope's uncertainty gives. It is a forecast, not a promise:
-training rarely grows at one rate, and bfloat16 has no such limit.
+and significant (``FORECAST_T`` standard errors), and the later half of those blocks grows at
+least half as fast as the earlier half (no levelling off), the step at which the line reaches
+65504 is the forecast, with the range the slope's uncertainty gives. It is a forecast, not a
+promise: training rarely grows at one rate, and bfloat16 has no such limit.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ class Forecast:
 
     def describe(self) -> str:
         latest = "later" if math.isinf(self.latest) else f"{self.latest:,.0f}"
-        return (f"{self.module}'s activations (now up to {self.peak:.3g}) reach 65504 near step "
-                f"~{self.step:,.0f} at this rate (between {self.earliest:,.0f} and {latest}); "
-                "bfloat16 has no such limit")
+        return (f"module {self.module}'s activations (now up to {self.peak:.3g}) reach 65504 "
+                f"near step ~{self.step:,.0f} at this rate (between {self.earliest:,.0f} and "
+                f"{latest}); bfloat16 has no such limit")
 
 
 def forecast(trace: Trace, horizon: int) -> list[Forecast]:
@@ -51,10 +52,21 @@ def forecast(trace: Trace, horizon: int) -> list[Forecast]:
         keep = peaks > 0
         if keep.sum() < _policy.FORECAST_MIN_BLOCKS or peaks.max() >= _policy.FLOAT16_MAX:
             continue
-        found = _fit(steps[keep], np.log2(peaks[keep]), module, float(peaks.max()))
-        if found is not None and found.step > horizon:
+        x, y = steps[keep], np.log2(peaks[keep])
+        found = _fit(x, y, module, float(peaks.max()))
+        if found is not None and found.step > horizon and _sustained(x, y):
             out.append(found)
     return sorted(out, key=lambda f: f.step)
+
+
+def _sustained(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether the growth keeps its rate: the slope over the later half of the points is at
+    least ``FORECAST_SUSTAINED`` of the slope over the earlier half. A peak that levels off
+    (an output approaching the size of its targets) must not be extrapolated."""
+    half = len(x) // 2
+    early = np.polyfit(x[:half], y[:half], 1)[0]
+    late = np.polyfit(x[half:], y[half:], 1)[0]
+    return bool(late > 0 and late >= _policy.FORECAST_SUSTAINED * early)
 
 
 def _fit(x: np.ndarray, y: np.ndarray, module: str, peak: float) -> Forecast | None:

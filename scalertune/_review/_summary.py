@@ -52,14 +52,17 @@ def _head(result: "SearchResult") -> list[str]:
     target = result.target
     if target is None:
         return lines
-    lines.append(f"  float32 target loss {target.loss:.4g} (float32 ends at "
+    ends = f"at step {s.get('steps')}" if result.long else "ends"
+    lines.append(f"  float32 target loss {target.loss:.4g} (float32 {ends} at "
                  f"{target.reference_final:.4g}, from {target.reference_start:.4g})")
     reached = [(seed, r.get("steps_to_target")) for seed, r in sorted(result.references.items())]
     if len(reached) > 1:
         lines.append("  float32 reaches its own target at steps "
                      + ", ".join(str(steps) for _, steps in reached)
                      + f" on seeds {', '.join(str(seed) for seed, _ in reached)}: within a dtype, "
-                     f"fewer steps by less than {result.spread:.0%} is a tie")
+                     + (f"fewer steps by less than {result.spread:.0%} of the horizon "
+                        f"({result.spread * result.horizon:.0f} steps) is a tie" if result.long
+                        else f"fewer steps by less than {result.spread:.0%} is a tie"))
     times = result.step_times
     if times is not None:
         lines.append("  step time, interleaved: " + ", ".join(

@@ -109,6 +109,8 @@ class ResultViews:
                 outcome = self._run(name)
             except KeyError:
                 continue
+            if outcome.number in written:  # the best AMP config is PyTorch's defaults: one picture
+                continue
             # where float32 is the answer on this device, the picture is the best AMP config's
             shown = "best-amp" if name == "recommended" and self.recommended is None else name
             path = picture_path(stem, shown, outcome.number)

@@ -4,7 +4,8 @@ Hooks on leaf modules' outputs catch the gradient flowing into each during backw
 parameter gradients are read when backward ends (an autograd callback queued from the first
 hook), before any clipping or optimizer step touches them. Each step's largest magnitudes go
 into a device buffer that is read back with the training loop's own window: no host sync per
-step. On *full* steps (the first ``TRACE_FULL_STEPS``, then one in ``TRACE_FULL_EVERY``)
+step. On *full* steps (the first ``TRACE_FULL_STEPS``, then one in ``TRACE_FULL_EVERY``, or
+fewer over a horizon past ``TRACE_FULL_EVERY * TRACE_FULL_SAMPLES`` steps)
 every leaf and parameter is watched, the gradient exponents are counted (off the float32 bits:
 one shift and one count per tensor) and each module's largest forward output is kept; on the
 others only the subset of tensors that came within ``TRACE_SUBSET_MARGIN`` of a full step's
@@ -41,9 +42,16 @@ def _one_pass(batches: Any) -> float:
         return float("inf")
 
 
-def is_full(step: int) -> bool:
+def full_every(horizon: int) -> int:
+    """One full step in this many after the first ``TRACE_FULL_STEPS``: ``TRACE_FULL_EVERY``,
+    or fewer over a long horizon, so that a trace holds about ``TRACE_FULL_SAMPLES``."""
+    return max(_policy.TRACE_FULL_EVERY, horizon // _policy.TRACE_FULL_SAMPLES)
+
+
+def is_full(step: int, every: int | None = None) -> bool:
     """Whether the trace watches every tensor on ``step`` (see the module's docstring)."""
-    return step < _policy.TRACE_FULL_STEPS or step % _policy.TRACE_FULL_EVERY == 0
+    every = _policy.TRACE_FULL_EVERY if every is None else every
+    return step < _policy.TRACE_FULL_STEPS or step % every == 0
 
 
 class TraceCollector:
@@ -53,7 +61,7 @@ class TraceCollector:
         unit = _policy.READBACK_INTERVAL
         self.block = max(unit, round(horizon / _policy.TRACE_BLOCKS / unit) * unit)
         self.trace = empty()
-        self._hooks = _Hooks()
+        self._hooks = _Hooks(full_every(horizon))
 
     # -- the Watcher protocol -----------------------------------------------------------------
 
@@ -134,7 +142,8 @@ class TraceCollector:
 class _Hooks:
     """The hooks of a trace and the device buffers they write (see the module's docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, every: int | None = None) -> None:
+        self._every = every
         self.names: tuple[str, ...] = ()
         self._modules: list[torch.nn.Module] = []
         self._handles: list[Any] = []
@@ -151,7 +160,7 @@ class _Hooks:
         n = _policy.READBACK_INTERVAL
         self._rows = torch.zeros((n, 2), device=self.device)
         self._full_rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._hist = torch.zeros(HIST_BINS, dtype=torch.int64, device=self.device)
+        self._hist = torch.zeros(256, dtype=torch.int64, device=self.device)  # by exponent
         self._forward = torch.zeros(len(leaves), device=self.device)
         self._row, self._full, self._queued = 0, None, False
         self._parts: list[torch.Tensor] = []
@@ -159,7 +168,7 @@ class _Hooks:
 
     def begin(self, step: int) -> None:
         """Hook what step ``step`` watches: everything on a full step, the subset otherwise."""
-        full = is_full(step)
+        full = is_full(step, self._every)
         if full != self._full:
             self.detach()
             chosen = range(len(self._modules)) if full else sorted(self._watched_modules)
@@ -180,7 +189,7 @@ class _Hooks:
         one read-back per window); the subset grows by what came close on its full steps."""
         # copies: on a CPU, .cpu() is the buffer itself, which is zeroed next
         rows = self._rows[:steps].to("cpu", copy=True).numpy()
-        hist = self._hist.to("cpu", copy=True).numpy()
+        hist = _as_hist(self._hist.to("cpu", copy=True).numpy())
         forward = self._forward.to("cpu", copy=True).numpy()
         for largest, modules, params in self._full_rows:
             self._grow_subset(float(largest), modules.cpu().numpy(), params.cpu().numpy())
@@ -274,12 +283,16 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 
 def _exponent_counts(tensor: torch.Tensor) -> torch.Tensor:
-    """Counts per bin of ``floor(log2 |x|)`` over ``tensor``'s values, read off the float32
-    exponent bits (biased exponent 0 is zero or a float32 subnormal, 255 inf/NaN)."""
+    """Counts of ``tensor``'s values per biased float32 exponent (256 bins: 0 is zero or a
+    float32 subnormal, 255 inf/NaN), read off the bits: a shift, a mask and a count. The
+    buffers add these up as they come; :func:`_as_hist` orders them once per window."""
     bits = tensor.detach().float().reshape(-1).view(torch.int32)
-    biased = torch.bitwise_and(torch.bitwise_right_shift(bits, 23), 255)
-    counts = torch.bincount(biased, minlength=256)
-    out = torch.zeros(HIST_BINS, dtype=torch.int64, device=tensor.device)
-    out[0], out[1] = counts[0], counts[255]
-    out[2 + (1 - 127) - HIST_LOW:2 + (254 - 127) - HIST_LOW + 1] = counts[1:255]
-    return out
+    return torch.bincount(torch.bitwise_and(torch.bitwise_right_shift(bits, 23), 255),
+                          minlength=256)
+
+
+def _as_hist(counts: np.ndarray) -> np.ndarray:
+    """Per-exponent counts in the trace's histogram order: zero, inf/NaN, then the exponents
+    from ``HIST_LOW`` (biased 1) up."""
+    assert HIST_BINS == 256 and HIST_LOW == 1 - 127  # noqa: S101 - the layout below
+    return np.concatenate([counts[:1], counts[255:], counts[1:255]])

@@ -85,3 +85,11 @@ def test_no_trend_no_forecast():
     rng = np.random.default_rng(0)
     flat = np.stack([1000 * rng.lognormal(0, 0.3, 200), np.full(200, 3.0)], axis=1)
     assert forecast(_trace(flat), horizon=2000) == []
+
+
+def test_a_forward_peak_that_levels_off_is_not_forecast():
+    blocks = np.arange(200, dtype=np.float64)
+    # an output approaching the size of its targets (500): up fast, then flat
+    levelling = 500.0 * (1 - 0.9 * np.exp(-blocks / 60))
+    found = forecast(_trace(np.stack([levelling, np.full(200, 3.0)], axis=1)), horizon=2000)
+    assert found == []

@@ -70,3 +70,16 @@ def test_the_trace_is_compact_and_survives_the_study():
     assert np.array_equal(again.amax, record.trace.amax)
     assert np.array_equal(again.hist, record.trace.hist) and again.modules == record.trace.modules
     assert len(text) < 40 * 200  # bytes per step, histograms and forward peaks included
+
+
+def test_the_histogram_counts_each_value_in_its_binary_exponents_bin():
+    from scalertune._replay._trace import HIST_BINS, HIST_LOW
+    from scalertune._run._trace import _as_hist, _exponent_counts
+
+    values = torch.tensor([0.0, 1.0, 2.0, 3.0, -0.5, 2.0**-126, float("inf"), float("nan")])
+    hist = _as_hist(_exponent_counts(values).numpy())
+    expected = np.zeros(HIST_BINS, np.int64)
+    expected[0], expected[1] = 1, 2  # the zero; inf and NaN
+    for exponent, count in ((0, 1), (1, 2), (-1, 1), (-126, 1)):
+        expected[2 + exponent - HIST_LOW] = count
+    assert np.array_equal(hist, expected)

@@ -165,3 +165,19 @@ def test_the_timing_leaves_the_weights_where_they_start():
     time_dtypes(workload, ["bfloat16", "float16"], device=CPU, clip_norm=None)
     assert all(torch.equal(a, b) for a, b in zip(before, workload.model.parameters()))
     assert [g["lr"] for g in workload.optimizer.param_groups] == lrs
+
+
+def test_across_dtypes_steps_that_tie_leave_the_step_time_to_decide():
+    # Seen by a new user on a TransformerEncoder over a horizon of 1000: both dtypes reached
+    # the target at step 90, bfloat16's steps cost 1.40-1.43x float32's and float16's
+    # 1.58-1.61x, and the horizon's step margin (58 steps) tied them all.
+    times = StepTimes({"float32": [1.0] * 6, "bfloat16": [1.40, 1.41, 1.42, 1.43, 1.41, 1.42],
+                       "float16": [1.58, 1.59, 1.60, 1.61, 1.60, 1.59]})
+    bf16, fp16 = _outcome(2, "bfloat16", 90), _outcome(1, "float16", 90, min_scale=1.0)
+    noise = Noise(0.058, 1000)
+    assert not all_tied([bf16, fp16], times, noise)
+    assert [o.number for o in candidates([fp16, bf16], times, None, noise)][0] == 2
+    # overlapping step-time spreads still tie, and the tie goes to stability and simplicity
+    close = StepTimes({"float32": [1.0] * 6, "bfloat16": [1.40, 1.5, 1.6, 1.45, 1.55, 1.5],
+                       "float16": [1.45, 1.55, 1.5, 1.6, 1.5, 1.52]})
+    assert all_tied([bf16, fp16], close, noise)
