@@ -52,9 +52,10 @@ def _head(result: "SearchResult") -> list[str]:
     target = result.target
     if target is None:
         return lines
-    ends = f"at step {s.get('steps')}" if result.long else "ends"
-    lines.append(f"  float32 target loss {target.loss:.4g} (float32 {ends} at "
-                 f"{target.reference_final:.4g}, from {target.reference_start:.4g})")
+    final = (f"float32 is at {target.reference_final:.4g} by step {s.get('steps')}"
+             if result.long else f"float32 ends at {target.reference_final:.4g}")
+    lines.append(f"  float32 target loss {target.loss:.4g} ({final}, from "
+                 f"{target.reference_start:.4g})")
     reached = [(seed, r.get("steps_to_target")) for seed, r in sorted(result.references.items())]
     if len(reached) > 1:
         lines.append("  float32 reaches its own target at steps "
