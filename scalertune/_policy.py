@@ -305,6 +305,13 @@ SEED_SPREAD_FLOOR = 0.02
 SKIP_TOLERANCE_STEPS = 2
 SKIP_TOLERANCE_SHARE = 0.2
 
+#: Skips no further apart than this, from the start of training, make the start-up burst that
+#: ``describe`` names apart ("15 steps in the first 20"): a start-up back-off skips step after
+#: step, or every few steps while the weights move faster than the scale backs off (gaps of 1
+#: to 5 on the codepoints example); later skips come one per growth, at least
+#: ``growth_interval + 1`` apart, and the shipped space's smallest interval is 10.
+STARTUP_GAP = 10
+
 #: Where a finalist falls behind float32 (or goes non-finite) in a phase, the late-phase
 #: check evaluates the float32 checkpoint's weights under its autocast with each of the
 #: ``ISLAND_CANDIDATES`` modules whose forward outputs the trace saw largest there kept in

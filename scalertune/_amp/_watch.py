@@ -29,11 +29,10 @@ from scalertune._limits import FLOAT32_MAX
 from scalertune._text import shown
 
 #: The replay's calibrated error on a skip count (``benchmarks/replay_calibration.py``): its
-#: counts came within ``max(SKIP_ERROR_STEPS, SKIP_ERROR_SHARE * count)`` of real float16 runs
-#: for nearly every config of six workloads over 2,000 steps; the error comes from the real
-#: run's weights drifting from the reference's once they have skipped different steps.
-SKIP_ERROR_STEPS = 2
-SKIP_ERROR_SHARE = 0.2
+#: counts came within ``max(SKIP_ERROR_STEPS, SKIP_ERROR_SHARE * count)`` of real float16 runs;
+#: the same tolerance the search ranks skip counts by.
+SKIP_ERROR_STEPS = _policy.SKIP_TOLERANCE_STEPS
+SKIP_ERROR_SHARE = _policy.SKIP_TOLERANCE_SHARE
 
 #: The watch warns only past this many times the calibrated error: a run at the edge of the
 #: replay's accuracy (a seed whose first gradients are a little larger) is still the run the
@@ -49,12 +48,9 @@ DRIFT_MARGIN = 2
 #: predicted, twice the replay's 2-step error.
 SCALE_SLACK = 2.0**4
 
-#: Skips no further apart than this, from the first steps of training, make the start-up
-#: burst: a start-up back-off skips step after step, or every few steps while the weights move
-#: faster than the scale backs off; later skips come one per growth, at least
-#: ``growth_interval + 1`` apart. It is the replay's own rule (``_replay._predict``), so the
-#: run's start-up and the predicted one are counted alike.
-STARTUP_GAP = 10
+#: The start-up burst is counted by the replay's own rule, so that the run's and the
+#: predicted one compare.
+STARTUP_GAP = _policy.STARTUP_GAP
 
 
 class AmpDriftWarning(UserWarning):

@@ -32,6 +32,12 @@ class Noise:
     spread: float = 0.0
     horizon: int = 0
 
+    @classmethod
+    def over(cls, spread: float, horizon: int, steps: int) -> Noise:
+        """The noise of a search of ``steps``-step trials over ``horizon``: the horizon
+        counts only where it goes past a trial."""
+        return cls(spread, horizon if horizon > steps else 0)
+
     def margin(self, steps: float) -> float:
         return self.spread * max(steps, self.horizon)
 

@@ -38,12 +38,6 @@ SKIPS_LISTED = 20
 #: The horizon is summarised in this many equal phases, the length of a phase window each.
 PHASES = round(1 / _policy.PHASE_WINDOW_SHARE)
 
-#: Skips no further apart than this, from the start of training, make the start-up burst that
-#: ``describe`` names apart ("15 steps in the first 20"): a start-up back-off skips step after
-#: step, or every few steps while the weights move faster than the scale backs off (gaps of 1
-#: to 5 on the codepoints example); later skips come one per growth, at least
-#: ``growth_interval + 1`` apart, and the shipped space's smallest interval is 10.
-STARTUP_GAP = 10
 
 #: ``describe`` mentions flushing gradients once at least this share of the values flush in
 #: some phase: below 1% flushing is the tail of tiny gradients that every scale loses.
@@ -177,9 +171,9 @@ def _startup_burst(skipped: np.ndarray, horizon: int) -> int:
     """How many skips make the start-up burst: from one in the first ``STARTUP_GAP`` steps,
     each within ``STARTUP_GAP`` of the one before, ending in the first half of the horizon (a
     config that skips that often throughout has no start-up of its own)."""
-    if not len(skipped) or skipped[0] >= STARTUP_GAP:
+    if not len(skipped) or skipped[0] >= _policy.STARTUP_GAP:
         return 0
-    apart = np.diff(skipped) > STARTUP_GAP
+    apart = np.diff(skipped) > _policy.STARTUP_GAP
     count = int(np.argmax(apart)) + 1 if apart.any() else len(skipped)
     return count if skipped[count - 1] < horizon / 2 else 0
 

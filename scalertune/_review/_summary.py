@@ -135,7 +135,7 @@ def _notes(result: "SearchResult") -> list[str]:
 
 def _all_tied(result: "SearchResult") -> str | None:
     """One line where every config that reached the target ties with every other."""
-    noise = Noise(result.spread or 0.0, result.horizon if result.long else 0)
+    noise = Noise.over(result.spread, result.horizon, int(result.settings.get("steps") or 0))
     if not all_tied(result.pool, result.step_times, noise):
         return None
     return (f"Tied: the {len(result.pool)} configs that reached the target are as fast as "
