@@ -55,11 +55,6 @@ def _chosen(data: dict[str, Any], path: str, best_amp: bool) -> dict[str, Any]:
     return block
 
 
-def load_guard(path: str) -> Guard | None:
-    """The ``guard`` block of a result YAML, if it has one."""
-    return _guard(read_result(path), path)
-
-
 def load_prediction(path: str) -> ScalerPrediction | None:
     """The ``evidence.prediction`` block of a result YAML: what the search predicted the
     loss scaler does over the horizon (``None`` when the file has none: a bfloat16 or float32

@@ -20,7 +20,6 @@ import dataclasses
 from typing import Any, Callable
 
 import optuna
-from optuna.trial import TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import BASELINES, AmpConfig
@@ -179,7 +178,3 @@ class Jobs:
             and (t.state in LIVE or "error" in t.user_attrs)
             for t in self.study.get_trials(deepcopy=False)
         )
-
-
-def _waiting(study: optuna.Study) -> bool:
-    return any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
