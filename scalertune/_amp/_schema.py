@@ -10,7 +10,9 @@ can load a config without importing the analysis or the replay.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from typing import Any
 
 import yaml
@@ -134,8 +136,26 @@ def write_result(data: dict[str, Any], path: str) -> None:
         "#   amp = scalertune.load(\"" + os.path.basename(path) + "\", device=\"cuda\")\n"
         "# 'config' is what the runtime uses; 'evidence' says why it was chosen.\n"
     )
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(header)
-        yaml.safe_dump(result_document(data), f, sort_keys=False, width=100)
-    os.replace(tmp, path)
+    # A temporary name of this process's own: workers that finish together write the same
+    # YAML, and one shared ".tmp" name was moved away under another's feet.
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(header)
+            yaml.safe_dump(result_document(data), f, sort_keys=False, width=100)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def temporary_name(path: str) -> str:
+    """Where to write ``path`` before renaming it into place: beside it, and this process's
+    and thread's own (at most ``TEMPORARY_SUFFIX_CHARS`` more characters)."""
+    return f"{path}.{os.getpid()}-{threading.get_ident() % 10**6}.tmp"
+
+
+#: The longest suffix :func:`temporary_name` adds: a pid (up to 7 digits), a 6-digit thread
+#: number, the dots and the dash.
+TEMPORARY_SUFFIX_CHARS = len(".9999999-999999.tmp")

@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 
+from scalertune._amp._schema import TEMPORARY_SUFFIX_CHARS
 from scalertune._errors import UsageError
 
 
@@ -69,7 +70,7 @@ def _check_storage_and_output(storage: str, output: str | None, artifact_dir: st
         raise UsageError(f"--output {output} is not a regular file: name a YAML file")
     longest = os.path.splitext(os.path.basename(path))[0] + _LONGEST_PICTURE_SUFFIX
     limit = _name_max(folder)
-    if len(os.path.basename(path) + ".tmp") > limit or len(longest) > limit:
+    if len(os.path.basename(path)) + TEMPORARY_SUFFIX_CHARS > limit or len(longest) > limit:
         raise UsageError(f"--output {output}: the file names written there (up to "
                          f"{len(longest)} characters) exceed this file system's {limit}: "
                          "pass a shorter --output (or --study-name)")

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
+from scalertune._amp._schema import temporary_name
 from scalertune._workload._contract import Workload
 
 
@@ -103,7 +104,7 @@ def save_checkpoint(path: str, workload: Workload, cursor: BatchCursor, *, step:
         "rng": rng_state(),
         "extra": extra or {},
     }
-    tmp = f"{path}.tmp"
+    tmp = temporary_name(path)
     torch.save(state, tmp)
     os.replace(tmp, path)
 

@@ -162,3 +162,31 @@ def test_the_guard_stops_a_run_that_skips_every_step(kind):
         for _ in range(40):
             amp.train_step(model, opt,
                            lambda o, y: 1e6 * nn.functional.mse_loss(o, y, reduction="sum"), batch)
+
+
+def test_writers_of_the_same_result_file_at_once_never_trip_over_each_others_temporary(tmp_path):
+    # Workers that finish together write the same YAML: one shared ".tmp" name was renamed
+    # away under another writer (FileNotFoundError in CI's three-worker test).
+    import threading
+
+    import yaml
+
+    from scalertune._amp._schema import write_result
+
+    path, errors = str(tmp_path / "shared.yaml"), []
+
+    def write(i):
+        try:
+            for _ in range(20):
+                write_result({"config": AmpConfig(init_scale=2.0**i).to_dict()}, path)
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert yaml.safe_load(open(path))["config"]["dtype"] == "float16"
+    assert [p.name for p in tmp_path.iterdir()] == ["shared.yaml"]
