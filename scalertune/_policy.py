@@ -239,12 +239,23 @@ PHASE_Z = 2.0
 #: non-finite there (a few inf losses are GradScaler's skipped steps, which it recovers from).
 PHASE_NONFINITE_SHARE = 0.05
 
-#: The most finalists of the short search that are branched at every phase: PyTorch's
-#: defaults and the best of each family (dtype, clipped or not) among them. Each costs 0.2
-#: horizons; with the reference (1), the two other seeds' references, the step timing and the
-#: short search (about 1.2 horizons at --horizon 10x --steps), three and one island keep the
-#: search under 3 run-equivalents of the horizon.
+#: The most finalists of the short search that get evidence over the horizon: PyTorch's
+#: defaults and the best of each family (dtype, clipped or not) among them, taken in the
+#: answer's order until one holds and is confirmed (the first from step 0, see
+#: ``HORIZON_COST_CAP``; a branched one costs 0.2 horizons).
 PHASE_FINALISTS = 3
+
+#: What a search over a horizon longer than a trial may cost, in run-equivalents of the
+#: horizon (the float32 reference is 1). A branch shows whether a config can follow float32
+#: from float32's own state, not whether it gets there: on a regression MLP a new user wrote,
+#: bfloat16 held in every branch (0.98-0.99x) and ended 1.84x float32's loss trained from step
+#: 0 (up to 60x on other seeds), stalled on a plateau of its own. So the config the search
+#: would answer with is trained from step 0, as far into the horizon as this cap allows after
+#: what the search has spent and what its confirmations will (at least to the end of the
+#: middle window, where that plateau showed, 1.37x); the windows it does not reach are
+#: branched. When it does not hold, the next finalist (another dtype first) is trained from
+#: step 0 the same way while the cap allows, and the others are branched.
+HORIZON_COST_CAP = 3.0
 
 #: At most this many islands are proposed by the late phases: each costs a trial from the start
 #: and its branches (0.3 horizons at --horizon 10x --steps).

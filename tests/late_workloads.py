@@ -133,3 +133,28 @@ def growing_activations():
 
 HORIZON["growing_activations"] = 3000
 ISLAND["growing_activations"] = "up"
+
+
+def plateau_mlp():
+    """(d) bfloat16 that follows float32 from float32's weights but stalls on its own way.
+
+    A regression MLP (8 -> 256 -> 256 -> 1, tanh) on y = 500 + 50 sin(x . w), summed MSE,
+    Adam lr 1e-2, written by a new user. Trained from step 0, bfloat16 stops on a plateau
+    near 3.4e4 while float32 goes on down: 1.30x float32's loss at step 1000 and 1.84x at
+    2000 on seed 0 (2.3x/7.8x on seed 1, 8.2x/60x on seed 2). Branched from float32's
+    checkpoints at 1000 and 1800 it holds (0.98x, 0.99x): a branch shows whether a config can
+    follow float32, not whether it gets there. PyTorch's float16 defaults end at 0.23x.
+    """
+    g = torch.Generator().manual_seed(4321)
+    w = 0.3 * torch.randn(8, 1, generator=g)
+    batches = []
+    for _ in range(8):
+        x = torch.randn(32, 8, generator=g)
+        batches.append((x, 500.0 + 50.0 * torch.sin(x @ w)))
+    model = nn.Sequential(nn.Linear(8, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(),
+                          nn.Linear(256, 1))
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-2),
+            "loss_fn": lambda out, y: ((out - y) ** 2).sum(), "batches": batches}
+
+
+HORIZON["plateau_mlp"] = 2000

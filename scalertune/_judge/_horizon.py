@@ -10,6 +10,7 @@ to the simpler config.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Iterable, Sequence
 
@@ -22,23 +23,42 @@ from scalertune._storage._names import JUDGED_ATTR, ROLE_BASELINE, ROLE_PHASE
 
 
 def phases_of(trials: Iterable[FrozenTrial]) -> dict[int, list[PhaseResult]]:
-    """Run number -> how its branches did, window by window (finished branches only)."""
-    out: dict[int, list[PhaseResult]] = {}
+    """Run number -> how it did, window by window (finished runs only): its run from step 0
+    at the windows that run reached (the stronger evidence: it supersedes a branch there),
+    its branches at the others."""
+    branched: dict[int, list[PhaseResult]] = {}
+    from_start: dict[int, list[PhaseResult]] = {}
     for trial in trials:
         attrs = trial.user_attrs
         if attrs.get("role") != ROLE_PHASE or trial.state not in (TrialState.COMPLETE,
                                                                   TrialState.PRUNED):
             continue
         judged = trial.system_attrs.get(JUDGED_ATTR, {})
-        if "phase_ratio" not in judged:
-            continue
-        out.setdefault(int(attrs["of"]), []).append(PhaseResult(
-            start=int(attrs["start"]), end=int(attrs["end"]),
-            ratio=_float(judged["phase_ratio"]), z=_float(judged["phase_z"]),
-            nonfinite=bool(judged["phase_nonfinite"])))
-    for results in out.values():
-        results.sort(key=lambda p: p.start)
+        if "phase_results" in judged:
+            from_start[int(attrs["of"])] = from_start_results(judged["phase_results"])
+        elif "phase_ratio" in judged:
+            branched.setdefault(int(attrs["of"]), []).append(PhaseResult(
+                start=int(attrs["start"]), end=int(attrs["end"]),
+                ratio=_float(judged["phase_ratio"]), z=_float(judged["phase_z"]),
+                nonfinite=bool(judged["phase_nonfinite"])))
+    out: dict[int, list[PhaseResult]] = {}
+    for number in {*branched, *from_start}:
+        merged = {p.start: p for p in branched.get(number, [])}
+        merged.update({p.start: p for p in from_start.get(number, [])})
+        out[number] = sorted(merged.values(), key=lambda p: p.start)
     return out
+
+
+def from_start_results(stored: Iterable[dict[str, Any]]) -> list[PhaseResult]:
+    """A run from step 0's windows as stored (``phase_results``), as :class:`PhaseResult`."""
+    return [PhaseResult(start=int(p["start"]), end=int(p["end"]), ratio=_float(p["ratio"]),
+                        z=_float(p["z"]), nonfinite=bool(p["nonfinite"]), from_start=True,
+                        at=p.get("at")) for p in stored]
+
+
+def is_from_start(attrs: dict[str, Any]) -> bool:
+    """Whether a phase trial's attributes name a run from step 0 (not a branch)."""
+    return attrs.get("role") == ROLE_PHASE and int(attrs.get("start", -1)) == 0
 
 
 def _float(value: Any) -> float:
@@ -46,9 +66,12 @@ def _float(value: Any) -> float:
 
 
 def holds(outcome: Outcome, phases: dict[int, list[PhaseResult]],
-          windows: Sequence[tuple[int, int]]) -> bool | None:
+          windows: Sequence[tuple[int, int]],
+          ruled: dict[str, RuledOut] | None = None) -> bool | None:
     """Whether ``outcome``'s config holds for the horizon: ``None`` while a window's branch
-    has not run (``True`` at once when there are no windows: the trial is the evidence)."""
+    has not run (``True`` at once when there are no windows: the trial is the evidence).
+    A config of a dtype that another run ``ruled`` out (see :class:`RuledOut`) does not hold
+    unless trained from step 0 itself."""
     if not outcome.reached:
         return False
     if not windows:
@@ -56,7 +79,57 @@ def holds(outcome: Outcome, phases: dict[int, list[PhaseResult]],
     done = {p.start: p for p in phases.get(outcome.number, [])}
     if any(not p.holds for p in done.values()):
         return False
+    rule = (ruled or {}).get(outcome.config.dtype)
+    if rule is not None and rule.number != outcome.number and rule.covers(
+            outcome.config) and not any(p.from_start for p in done.values()):
+        return False
     return True if all(start in done for start, _ in windows) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RuledOut:
+    """A run that fell behind float32, and what that says of others of its dtype: at
+    float32's own weights its forward was as good as float32's (``stalled``: it fell behind
+    on its way, which no branch of the dtype can show), or worse by ``forward`` (the
+    precision fails there, for every config of the dtype with the same float32 modules)."""
+
+    number: int
+    start: int
+    end: int
+    forward: float
+    fp32_modules: tuple[str, ...]
+
+    @property
+    def stalled(self) -> bool:
+        return self.forward <= 1 + _policy.PHASE_TOLERANCE
+
+    def covers(self, config: Any) -> bool:
+        return self.stalled or tuple(config.fp32_modules) == self.fp32_modules
+
+
+def ruled_out(trials: Iterable[FrozenTrial]) -> dict[str, RuledOut]:
+    """dtype -> the first run of it that fell behind float32, with its forward at float32's
+    weights where it did (see :class:`RuledOut`): trained from step 0, or branched where that
+    forward shows the precision failing."""
+    out: dict[str, RuledOut] = {}
+    for trial in trials:
+        attrs = trial.user_attrs
+        judged = trial.system_attrs.get(JUDGED_ATTR, {})
+        if attrs.get("role") != ROLE_PHASE or judged.get("phase_forward") is None:
+            continue
+        forward = _float(judged["phase_forward"])
+        if "phase_results" in judged:
+            behind = [(p.start, p.end) for p in from_start_results(judged["phase_results"])
+                      if p.behind and not p.nonfinite]
+        else:  # a branch rules out only for the precision: its start was float32's own state
+            behind = [(int(attrs["start"]), int(attrs["end"]))] if (
+                forward > 1 + _policy.PHASE_TOLERANCE) else []
+        if behind:
+            config = attrs["config"]
+            out.setdefault(str(config["dtype"]), RuledOut(
+                int(attrs["of"]), *behind[0], forward,
+                tuple(config.get("fp32_modules") or ())))
+    return out
 
 
 def seed_spread(steps_by_seed: Sequence[int | None]) -> float:
@@ -98,11 +171,18 @@ def _family(outcome: Outcome, clip_norm: float | None) -> tuple[str, bool]:
 
 def behind_from(results: Sequence[PhaseResult]) -> str:
     """Where a config stopped holding, in words: ``falls behind float32 by 1000-1200: 1.9x at
-    1000-1200, 4.3x at 1800-2000`` (its loss over float32's, window by window)."""
+    1000-1200, 4.3x at 1800-2000`` (its loss over float32's, window by window), said to be
+    ``trained from step 0`` where it was."""
+    reached = max((p.end for p in results if p.from_start), default=0)
+    how = ("" if not reached else "trained from step 0, " if all(p.from_start for p in results)
+           else f"trained from step 0 to {reached} and branched after, ")
     failed = [p for p in results if not p.holds]
     if not failed:
-        return "holds at every phase"
+        return f"{how}holds at every phase"
     first = failed[0]
+    if first.nonfinite and first.at is not None:
+        return f"{how}goes non-finite at step {first.at}" + "".join(
+            f", {p.describe()}" for p in results if p is not first)
     verb = "goes non-finite" if first.nonfinite else "falls behind float32"
-    return f"{verb} by {first.start}-{first.end}: " + ", ".join(p.describe() for p in results)
-
+    return (f"{how}{verb} by {first.start}-{first.end}: "
+            + ", ".join(p.describe() for p in results))

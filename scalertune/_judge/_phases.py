@@ -13,6 +13,13 @@ exceeds float32's by more than ``PHASE_TOLERANCE`` of it and by more than ``PHAS
 standard errors of the paired difference; it **goes non-finite** when the branch is pruned for
 a non-finite value or more than ``PHASE_NONFINITE_SHARE`` of its losses are inf/NaN (a few are
 GradScaler's skipped steps).
+
+A branch shows whether a config can *follow* float32 from float32's state; it cannot show
+whether the config *reaches* that state (a run that stalls on a plateau of its own early on),
+and a clipped config branched from unclipped float32 measures a switch to clipping mid-run.
+So the config the search would answer with is trained **from step 0** to the horizon instead
+(:func:`judge_from_start`): the same windows, judged the same way, against the reference's
+losses at the same steps (the same seed, so the same batches).
 """
 
 from __future__ import annotations
@@ -52,6 +59,10 @@ class PhaseResult:
     #: The excess over float32, in standard errors of the paired difference.
     z: float
     nonfinite: bool
+    #: Whether the run was trained from step 0 (not branched from float32's checkpoint).
+    from_start: bool = False
+    #: A run from step 0 that went non-finite: the step it did so at.
+    at: int | None = None
 
     @property
     def behind(self) -> bool:
@@ -65,7 +76,8 @@ class PhaseResult:
         """``1.9x at 1000-1200`` (its loss over float32's) or ``non-finite at 1800-2000``."""
         where = f"{self.start}-{self.end}"
         if self.nonfinite:
-            return f"non-finite at {where}"
+            return f"non-finite at step {self.at}" if self.at is not None else (
+                f"non-finite at {where}")
         return f"{self.ratio:.3g}x at {where}"
 
 
@@ -99,3 +111,27 @@ def _z(diffs: list[float], mean: float) -> float:
     if error == 0:
         return math.inf if mean > 0 else 0.0
     return mean / error
+
+
+def judge_from_start(losses: Sequence[float], windows: dict[str, Sequence[float]],
+                     spans: Sequence[tuple[int, int]], *, pruned: bool,
+                     first_nonfinite: int | None = None) -> list[PhaseResult]:
+    """Judge a run trained from step 0 at each window of ``spans`` it got to (``windows``: the
+    reference's losses over each, by first step), in order; the list stops at the first
+    window that does not hold. A run cut off before a window (pruned for a non-finite value)
+    goes non-finite there, at ``first_nonfinite``."""
+    out: list[PhaseResult] = []
+    for start, end in spans:
+        reference = windows.get(str(start))
+        if reference is None:
+            break
+        if len(losses) < end:
+            if pruned:
+                out.append(PhaseResult(start, end, math.inf, math.inf, nonfinite=True,
+                                       from_start=True, at=first_nonfinite))
+            break
+        judged = judge_phase(losses[start:end], reference, start=start, pruned=False)
+        out.append(dataclasses.replace(judged, from_start=True))
+        if not judged.holds:
+            break
+    return out

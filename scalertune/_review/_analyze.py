@@ -15,7 +15,13 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
-from scalertune._judge._horizon import fewer_steps, holds, phases_of, seed_spread
+from scalertune._judge._horizon import (
+    fewer_steps,
+    holds,
+    phases_of,
+    ruled_out,
+    seed_spread,
+)
 from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
 from scalertune._judge._phases import phase_windows
 from scalertune._judge._rank import Noise, candidates, confirmations_of, ranked
@@ -50,12 +56,13 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
     pool = candidates(ranking, times, clip, Noise.over(spread, horizon, steps))
     phases = phases_of(trials)
     windows = phase_windows(horizon, steps)
-    ordered = [c for c in pool if holds(c, phases, windows)][:_policy.CONFIRM_TOP]
+    ruled = ruled_out(trials)
+    ordered = [c for c in pool if holds(c, phases, windows, ruled)][:_policy.CONFIRM_TOP]
     result = SearchResult(
         study_name=study.study_name, storage=storage, settings=settings,
         references=references, ranking=ranking, candidates=ordered,
-        confirmations=_confirmations(ordered, outcomes, trials), recommended=None,
-        pool=pool, phases=phases, spread=spread,
+        confirmations=_confirmations(pool, outcomes, trials), recommended=None,
+        pool=pool, phases=phases, ruled=ruled, spread=spread,
         islands=[o for o in ranking if o.role == ROLE_ISLAND],
         failed=sum(t.state == TrialState.FAIL and "error" in t.user_attrs
                    and t.user_attrs.get("role") != ROLE_SURPLUS for t in trials),

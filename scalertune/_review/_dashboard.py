@@ -27,9 +27,9 @@ import yaml
 
 from scalertune import _policy
 from scalertune._errors import UsageError
-from scalertune._judge._horizon import behind_from
 from scalertune._review._artifacts import Pictures, artifact_dir_of, pictures_of, upload
 from scalertune._review._describe import describe_outcome
+from scalertune._review._evidence import evidence_of, why_not
 from scalertune._review._horizon_plot import branched_runs
 from scalertune._review._notes import (
     ROLES,
@@ -156,7 +156,7 @@ def _answer_lines(result: "SearchResult") -> list[str]:
     lines = [f"**Recommended:** {result.config.describe()} (no autocast, no scaler){run}."]
     if best is not None:
         seeds = [best.seed, *sorted(result.confirmations.get(best.number, {}))]
-        holds = "; holds at every phase of the horizon" if result.long else ""
+        holds = f"; {evidence_of(result, best)}" if result.long else ""
         lines += ["", f"**Best AMP config that holds:** ☆ trial {best.number}, "
                       f"`{best.config.describe()}`, confirmed on seeds "
                       f"{', '.join(map(str, seeds))}: {describe_outcome(best)}{holds}. Not "
@@ -195,10 +195,11 @@ def _phases_section(result: "SearchResult") -> list[str]:
             cell = "-" if phase is None else "non-finite" if phase.nonfinite else (
                 f"{phase.ratio:.3g}x" + (" behind" if phase.behind else ""))
             cells.append(cell + (f" (trial {branch})" if branch is not None else ""))
-        verdict = {True: "yes", False: "no", None: "pending"}[result.holds(run)]
+        verdict = {True: "yes", False: "no", None: "not run (an earlier one held)" if (
+            result.best_amp is not None) else "pending"}[result.holds(run)]
         lines.append(f"| {run.label} (trial {run.number}) | `{run.config.describe()}` | "
                      + " | ".join(cells) + f" | {verdict} |")
-    failed = [f"- {run.label}: {behind_from(result.phases.get(run.number, []))}."
+    failed = [f"- {run.label}: {why_not(result, run)}."
               for run in branched_runs(result) if result.holds(run) is False]
     return lines + (["", *failed] if failed else [])
 

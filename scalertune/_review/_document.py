@@ -114,7 +114,7 @@ def _run_block(result: "SearchResult", outcome: Outcome) -> dict[str, Any]:
 
 def _phases(result: "SearchResult", outcome: Outcome) -> list[dict[str, Any]]:
     return [{"steps": [p.start, p.end], "loss_vs_float32": _num(p.ratio), "z": _num(p.z),
-             "nonfinite": p.nonfinite, "holds": p.holds}
+             "nonfinite": p.nonfinite, "holds": p.holds, "from_start": p.from_start}
             for p in result.phases.get(outcome.number, [])]
 
 

@@ -25,6 +25,7 @@ from optuna.trial import TrialState
 
 from scalertune import _policy
 from scalertune._errors import UsageError
+from scalertune._judge._horizon import is_from_start
 from scalertune._judge._phases import PhaseResult
 from scalertune._judge._target import smoothed
 from scalertune._review._plots import DPI, FIGURE_INCHES, have_matplotlib, wrap
@@ -88,8 +89,15 @@ def branch_losses(result: "SearchResult") -> dict[tuple[int, int], list[float]]:
     for trial in [] if study is None else study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         attrs = trial.user_attrs
-        if attrs.get("role") == ROLE_PHASE and LOSSES_ATTR in trial.system_attrs:
-            found[int(attrs["of"]), int(attrs["start"])] = list(trial.system_attrs[LOSSES_ATTR])
+        if attrs.get("role") != ROLE_PHASE or LOSSES_ATTR not in trial.system_attrs:
+            continue
+        losses = list(trial.system_attrs[LOSSES_ATTR])
+        if is_from_start(attrs):  # a run from step 0: its stretch over each window it reached
+            for start, end in result.windows:
+                if len(losses) >= end:
+                    found[int(attrs["of"]), start] = losses[start:end]
+        else:
+            found[int(attrs["of"]), int(attrs["start"])] = losses
     return found
 
 

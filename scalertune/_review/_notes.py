@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
-from scalertune._judge._horizon import behind_from, phases_of
+from scalertune._judge._horizon import behind_from, is_from_start, phases_of
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
 from scalertune._review._describe import describe_outcome
+from scalertune._review._evidence import why_not
 from scalertune._storage._names import (
     ROLE_BASELINE,
     ROLE_CONFIRM,
@@ -119,8 +120,10 @@ def _title(trial: FrozenTrial, result: "SearchResult") -> str:
         ROLE_SEARCH: "search trial",
         ROLE_CONFIRM: f"confirmation of trial {attrs.get('confirms')} on seed {attrs.get('seed')}",
         ROLE_FLOAT32_CLIP: f"float32 with trial {attrs.get('clip_of')}'s clipping",
-        ROLE_PHASE: f"branch of trial {attrs.get('of')} at steps {attrs.get('start')}-"
-                    f"{attrs.get('end')}",
+        ROLE_PHASE: (f"trial {attrs.get('of')}'s config from step 0 to {attrs.get('end')}"
+                     if is_from_start(attrs) else
+                     f"branch of trial {attrs.get('of')} at steps {attrs.get('start')}-"
+                     f"{attrs.get('end')}"),
         ROLE_ISLAND: f"island of trial {attrs.get('island_of')}",
         ROLE_REPLAY: "the replay's scaler setting",
         ROLE_RECOMMENDED: ("the recommendation" if is_recommended(trial, result)
@@ -239,7 +242,8 @@ def _over_the_horizon(trial: FrozenTrial, result: "SearchResult") -> list[str]:
     verdict = {True: "**Holds for the horizon**", False: "**Does not hold for the horizon**",
                None: "**Over the horizon** (branches pending)"}[holds]
     said = f"{verdict}: its loss over float32's in each phase window, {cells}."
-    return [said + (f" It {behind_from(done)}." if holds is False else ""), ""]
+    return [said + (f" It {why_not(result, Outcome.from_trial(trial))}." if holds is False
+                    else ""), ""]
 
 
 def branch_numbers(result: "SearchResult") -> dict[tuple[int, int], int]:
@@ -247,10 +251,19 @@ def branch_numbers(result: "SearchResult") -> dict[tuple[int, int], int]:
     where a branch was retried)."""
     if result.study is None:
         return {}
-    return {(int(t.user_attrs["of"]), int(t.user_attrs["start"])): t.number
-            for t in result.study.get_trials(deepcopy=False,
-                                             states=(TrialState.COMPLETE, TrialState.PRUNED))
-            if t.user_attrs.get("role") == ROLE_PHASE}
+    out: dict[tuple[int, int], int] = {}
+    for t in result.study.get_trials(deepcopy=False,
+                                     states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        attrs = t.user_attrs
+        if attrs.get("role") != ROLE_PHASE:
+            continue
+        of = int(attrs["of"])
+        if is_from_start(attrs):  # one run from step 0 judged at every window it reached
+            for p in phases_of([t]).get(of, []):
+                out[of, p.start] = t.number
+        else:
+            out.setdefault((of, int(attrs["start"])), t.number)
+    return out
 
 
 def branch_lines(trial: FrozenTrial, result: "SearchResult") -> list[str]:
@@ -264,6 +277,16 @@ def branch_lines(trial: FrozenTrial, result: "SearchResult") -> list[str]:
               f"of this config over float32's gradients puts it by step {start}, not at "
               "`init_scale`, whose start-up back-offs a real run would have left behind)"
               if _uses_scaler(attrs.get("config")) and scale is not None else "")
+    if is_from_start(attrs):
+        judged = phases_of([trial]).get(int(of), []) if of is not None else []
+        return [f"**What it is**: trial {of}'s config trained from step 0 to step {end} on "
+                "the batches float32 trained on, its scaler from `init_scale`, as your run "
+                "will be (a branch shows whether a config can follow float32 from float32's "
+                "weights; this run shows whether it gets there). It is judged at each phase "
+                f"window it reached against float32's losses at the same steps: "
+                f"{behind_from(judged)}.", "",
+                *([_branch_verdict(judged[-1]), ""] if judged else []),
+                _continuation(trial, result, ref.get("trial")), ""]
     lines = [f"**What it is**: trial {of}'s config, branched from the float32 reference's "
              f"checkpoint at step {start} (trial {ref.get('trial', '?')}: the weights, "
              "optimizer and scheduler state, data position and random state float32 had "

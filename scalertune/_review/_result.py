@@ -17,7 +17,7 @@ import optuna
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._judge._horizon import finalists, holds
+from scalertune._judge._horizon import RuledOut, finalists, holds
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult, phase_windows
 from scalertune._judge._speedup import Speedup
@@ -70,6 +70,9 @@ class SearchResult(ResultViews):
     pool: list[Outcome] = dataclasses.field(default_factory=list)
     #: Run number -> how its branches did at the phases of the horizon.
     phases: dict[int, list[PhaseResult]] = dataclasses.field(default_factory=dict)
+    #: dtype -> the run of it trained from step 0 that fell behind float32, and what that
+    #: rules out for the others of its dtype (:class:`~scalertune._judge._horizon.RuledOut`).
+    ruled: dict[str, RuledOut] = dataclasses.field(default_factory=dict)
     #: Runs with one module in float32 that a late phase proposed, trained from the start.
     islands: list[Outcome] = dataclasses.field(default_factory=list)
     #: float32's seed-to-seed spread of steps to the target: within it, steps tie.
@@ -147,13 +150,13 @@ class SearchResult(ResultViews):
 
     @property
     def finalists(self) -> list[Outcome]:
-        """The candidates branched at every phase of the horizon."""
+        """The candidates that may get evidence over the horizon, in the answer's order."""
         return finalists(self.pool, self.ranking,
                          (self.settings.get("reference") or {}).get("clip_norm"))
 
     def holds(self, outcome: Outcome) -> bool | None:
         """Whether ``outcome``'s config holds for the horizon (``None``: not known yet)."""
-        return holds(outcome, self.phases, self.windows)
+        return holds(outcome, self.phases, self.windows, self.ruled)
 
     @property
     def baselines(self) -> dict[str, Outcome]:

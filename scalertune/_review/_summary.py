@@ -8,10 +8,10 @@ import statistics
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from scalertune._judge._horizon import behind_from
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._rank import Noise, all_tied
 from scalertune._review._describe import describe_outcome
+from scalertune._review._evidence import evidence_of, why_not
 from scalertune._review._scaler import replay_agreement, scaler_advice
 from scalertune._run._record import PRUNE_KINDS
 from scalertune._run._timing import spread
@@ -102,10 +102,16 @@ def _phases(result: "SearchResult") -> list[str]:
         cells = [_phase_cell(done.get(a)) for a, _ in windows]
         verdict = result.holds(run)
         rows.append((run.label, run.config.describe(), *cells,
-                     {True: "yes", False: "no", None: "pending"}[verdict]))
-    notes = [f"{run.label}: {behind_from(result.phases.get(run.number, []))}"
+                     {True: "yes", False: "no", None: _unjudged(result)}[verdict]))
+    notes = [f"{run.label}: {why_not(result, run)}"
              for run in [*result.finalists, *result.islands] if result.holds(run) is False]
     return [*format_table(rows), *notes]
+
+
+def _unjudged(result: "SearchResult") -> str:
+    """A finalist without its evidence: not needed once one before it held and was
+    confirmed (the answer takes them in order), else still to come."""
+    return "not run" if result.best_amp is not None else "pending"
 
 
 def _phase_cell(phase: Any) -> str:
@@ -188,13 +194,13 @@ def _answer(result: "SearchResult") -> list[str]:
 
 def _pending(result: "SearchResult") -> str:
     if result.long and any(result.holds(f) is None for f in result.finalists):
-        return "its finalists were branched at every phase of the horizon"
+        return "its finalists had their evidence over the horizon"
     return "its best candidate was confirmed on the other seeds"
 
 
 def _confirmed(result: "SearchResult", run: Outcome) -> str:
     seeds = sorted(result.confirmations.get(run.number, {}))
-    holds = "; holds at every phase of the horizon" if result.long else ""
+    holds = f"; {evidence_of(result, run)}" if result.long else ""
     return (f"confirmed on seeds {', '.join(map(str, [run.seed, *seeds]))}: "
             f"{describe_outcome(run)}{holds}")
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scalertune._judge._horizon import behind_from
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._speedup import Speedup
+from scalertune._review._evidence import why_not
 
 if TYPE_CHECKING:
     from scalertune._review._result import SearchResult
@@ -84,7 +84,7 @@ def _no_amp(result: "SearchResult") -> str:
         per_dtype: dict[str, str] = {}
         for f in failed:
             per_dtype.setdefault(f.config.dtype, f"{f.config.dtype} ({f.label}) "
-                                 f"{behind_from(result.phases.get(f.number, []))}")
+                                 f"{why_not(result, f)}")
         return ("no AMP config holds for the horizon: " + "; ".join(per_dtype.values()))
     return ("no AMP config stayed finite and reached the target on every confirmation seed"
             + (" and held for the horizon" if result.long else ""))

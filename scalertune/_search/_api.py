@@ -116,13 +116,15 @@ def cost_estimate(setup: Setup, *, n_trials: int) -> str:
     timing = dtypes * (_policy.WARMUP_WINDOWS + _policy.TIMING_ROUNDS) * _policy.READBACK_INTERVAL
     confirmations = len(_policy.CONFIRM_SEEDS) * _policy.CONFIRM_TOP
     short = (len(_policy.CONFIRM_SEEDS) + len(BASELINES) + n_trials + confirmations) * steps
-    branches = _policy.PHASE_FINALISTS * sum(end - start for start, end in
-                                             phase_windows(horizon, steps))
-    most = (horizon + timing + short + branches) / horizon
+    windows = phase_windows(horizon, steps)
+    branches = (_policy.PHASE_FINALISTS - 1) * sum(end - start for start, end in windows)
+    leader = horizon if windows else 0
+    most = (horizon + timing + short + leader + branches) / horizon
     return (f"search cost: at most {most:.0f} run-equivalents of the horizon ({horizon} steps: "
             f"the float32 reference to the horizon, up to {n_trials} sampled trials of "
             f"{steps} steps, {len(BASELINES)} baselines, up to {confirmations} confirmations"
-            + (", the finalists' branches in the late phases" if branches else "")
+            + (", the leading config from step 0 to the horizon and, if it does not hold, "
+               "the other finalists' branches in the late phases" if windows else "")
             + "); runs stop at the target or as soon as they cannot win, and sampling stops "
             "when it stops finding faster configs, so most searches cost a fraction of that")
 

@@ -1,4 +1,5 @@
-"""A finalist branched from the float32 reference for one window of a phase of the horizon.
+"""A finalist branched from the float32 reference for one window of a phase of the horizon,
+or the search's leading config trained from step 0 to the horizon.
 
 The branch loads the reference's checkpoint at the window's first step (weights, optimizer
 and scheduler state, data position, random state), so it trains on exactly the batches the
@@ -7,6 +8,11 @@ config over the reference's gradient trace says it would be by then (not at ``in
 whose start-up back-offs a real run would long have left behind). Its losses are compared,
 step by step, with float32's own over the same window (:func:`~scalertune._judge._phases.
 judge_phase`).
+
+The leading config (the one the search would answer with) is not branched: it trains from
+step 0 with its own scaler from ``init_scale``, as the user's run will, and is judged at the
+same windows against the reference's losses there (:func:`~scalertune._judge._phases.
+judge_from_start`); it stops at the first window it does not hold.
 """
 
 from __future__ import annotations
@@ -14,11 +20,12 @@ from __future__ import annotations
 from typing import Any
 
 from scalertune._amp._config import AmpConfig
-from scalertune._judge._phases import judge_phase
+from scalertune._judge._phases import PhaseResult, judge_from_start, judge_phase, phase_windows
 from scalertune._replay._state import scaler_state_at
+from scalertune._run._forward import forward_ratio
 from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord
-from scalertune._search._isolate import execute
+from scalertune._search._isolate import execute, run_here
 from scalertune._search._references import References
 from scalertune._search._setup import Setup
 
@@ -35,12 +42,64 @@ def run_branch(setup: Setup, references: References, config: AmpConfig, *, seed:
                      plan=Plan(checkpoint=checkpoint, scaler=scaler))
     result = judge_phase(record.losses, horizon["windows"][str(start)], start=start,
                          pruned=record.pruned)
+    behind = result.behind and not result.nonfinite
     return record, {
         "phase_start": start, "phase_end": end, "phase_ratio": _finite(result.ratio),
         "phase_z": _finite(result.z), "phase_nonfinite": result.nonfinite,
         "phase_holds": result.holds, "initial_scale": record.initial_scale,
+        "phase_forward": _finite(_forward(setup, config, checkpoint, seed)) if behind else None,
     }
 
 
 def _finite(value: float) -> float | None:
     return value if value == value and abs(value) != float("inf") else None
+
+
+def run_from_start(setup: Setup, references: References, config: AmpConfig, *, seed: int,
+                   end: int, on_window: Any = None) -> tuple[RunRecord, dict[str, Any]]:
+    """Train ``config`` from step 0 to ``end`` (the horizon, or as far as the search can
+    afford), judged at every phase window up to there; the record and the judged figures of
+    each window it got to."""
+    horizon = references.horizon(seed)
+    spans = [w for w in phase_windows(setup.horizon, setup.steps) if w[1] <= end]
+    stop = _BehindStop(horizon["windows"], spans)
+    record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop)
+    results = judge_from_start(record.losses, horizon["windows"], spans, pruned=record.pruned,
+                               first_nonfinite=record.steps_run if record.pruned else None)
+    behind = next((p for p in results if p.behind and not p.nonfinite), None)
+    return record, {"phase_start": 0, "phase_end": end,
+                    "phase_results": [_result_dict(p) for p in results],
+                    "phase_forward": None if behind is None else _finite(_forward(
+                        setup, config, horizon["checkpoints"][str(behind.start)], seed)),
+                    "initial_scale": record.initial_scale}
+
+
+def _forward(setup: Setup, config: AmpConfig, checkpoint: str, seed: int) -> float:
+    """``config``'s forward loss over float32's at float32's own weights there. Within the
+    phase tolerance, a run of it that fell behind did so on its way (a plateau of its own),
+    and a branch of its dtype from float32's weights shows nothing about getting there;
+    beyond it, the precision itself is what fails there, for every config that shares it."""
+    return run_here(forward_ratio, setup.factory, config, checkpoint, seed=seed,
+                    device=setup.device)
+
+
+class _BehindStop:
+    """Stops a run from step 0 after the first window it does not hold (what comes after
+    cannot change the verdict)."""
+
+    def __init__(self, windows: dict[str, Any], spans: list[tuple[int, int]]) -> None:
+        self.windows, self.pending = windows, list(spans)
+
+    def __call__(self, record: RunRecord) -> bool:
+        while self.pending and self.pending[0][1] <= record.steps_run:
+            span = self.pending.pop(0)
+            if not all(p.holds for p in judge_from_start(record.losses, self.windows, [span],
+                                                          pruned=False)):
+                record.stopped = "behind"
+                return True
+        return False
+
+
+def _result_dict(p: PhaseResult) -> dict[str, Any]:
+    return {"start": p.start, "end": p.end, "ratio": _finite(p.ratio), "z": _finite(p.z),
+            "nonfinite": p.nonfinite, "at": p.at}

@@ -3,9 +3,12 @@
 - the two **baselines** (PyTorch's defaults and the seed article's ``init_scale=4096``);
 - the **replay's choice**: the float16 scaler setting that the replay over the horizon finds
   best, trained once to check it, when it beats PyTorch's defaults by more than the noise;
-- the **phases**: every finalist branched from the float32 reference's checkpoints for each
-  window of the horizon, and, where one module's precision limited a late phase, the same
-  config with that module in float32 (an island), trained from the start and branched too;
+- the **phases**: the leading config trained from step 0 as far into the horizon as the cost
+  cap allows (the windows it does not reach branched); when it does not hold, the next
+  finalist the same way while the cap allows, and every other finalist branched from the
+  float32 reference's checkpoints for each window of the horizon, and, where one module's
+  precision limited a late phase, the same config with that module in float32 (an island),
+  trained from the start and branched too;
 - the **confirmations** of the best candidate on other seeds (the next only if it fails);
 - **float32 at the recommendation's clip**, when that differs from the workload's own;
 - the **recommended** trial, the answer, where the dashboard looks.
@@ -73,23 +76,64 @@ class Jobs:
         self._queue("replay", jobs, _REPLAY_KEY)
 
     def phases(self) -> None:
-        """The finalists at every window of the horizon; then islands where a late phase
-        says one module's precision limited the fit, branched the same way."""
+        """Over a long horizon, the evidence for each finalist (and island) in the order the
+        answer would take them, until one holds and is confirmed: the first trained from step
+        0 as far into the horizon as the cost cap allows (the windows it does not reach
+        branched), the next the same way while the cap allows, else branched at every window;
+        one that does not hold may propose an island (a late phase saying one module's
+        precision limited the fit), which joins the queue in its place."""
         if not self.setup.long:
             return
-        self._queue("phases", self._phase_jobs(analyze(self.study).finalists), _PHASE_KEY)
-        self._queue("islands", self._island_jobs(analyze(self.study)), _ISLAND_KEY)
-        result = analyze(self.study)
-        self._queue("island-phases", self._phase_jobs(result.islands), _PHASE_KEY)
+        while True:
+            result = analyze(self.study)
+            run = next(iter(_undecided(result)), None)
+            if run is None:
+                return
+            held = result.holds(run)
+            if held is None:
+                self._evidence(run, result)
+                if analyze(self.study).holds(run) is None:
+                    return  # its runs failed: nothing more to learn from it here
+                if analyze(self.study).holds(run) is False:
+                    self._queue(f"islands.{run.number}", self._island_jobs(
+                        analyze(self.study), run), _ISLAND_KEY)
+            else:
+                self._confirm_one(run)
+
+    def _evidence(self, run: Any, result: Any) -> None:
+        """``run`` from step 0 as far as the cap allows, branched after; else branched."""
+        end = _affordable_end(self.setup, result, run)
+        if end is not None:
+            self._queue(f"from-start.{run.number}", [self._from_start_job(run, end)],
+                        _PHASE_KEY)
+            result = analyze(self.study)
+            if result.holds(run) is False:
+                return
+            after = end
+        else:
+            after = 0
+        self._queue(f"branches.{run.number}", self._phase_jobs([run], after=after,
+                                                                 result=result), _PHASE_KEY)
 
     def confirm(self) -> None:
-        """Rerun the best candidate on the confirmation seeds; the next only if it fails."""
+        """Rerun the best candidate on the confirmation seeds; the next only if it fails (over
+        a long horizon :meth:`phases` has confirmed in turn already)."""
+        self._confirm_in_turn()
+
+    def _confirm_in_turn(self) -> None:
         while (candidate := analyze(self.study).next_to_confirm) is not None:
-            params = self.study.trials[candidate.number].params
-            jobs = [({"role": ROLE_CONFIRM, "confirms": candidate.number, "seed": seed,
-                      "config": candidate.config.to_dict()}, params)
-                    for seed in _policy.CONFIRM_SEEDS]
-            self._queue(f"confirm.{candidate.number}", jobs, _CONFIRM_KEY)
+            self._confirm_one(candidate)
+
+    def _confirm_one(self, candidate: Any) -> None:
+        params = self.study.trials[candidate.number].params
+        jobs = [({"role": ROLE_CONFIRM, "confirms": candidate.number, "seed": seed,
+                  "config": candidate.config.to_dict()}, params)
+                for seed in _policy.CONFIRM_SEEDS]
+        self._queue(f"confirm.{candidate.number}", jobs, _CONFIRM_KEY)
+
+    def _from_start_job(self, run: Any, end: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        return (self._job(ROLE_PHASE, run.config, of=run.number, start=0, end=end),
+                self._params(run.config))
 
     def float32_clip(self) -> None:
         """float32 clipped as the best AMP config is, when that differs from the workload's
@@ -112,21 +156,17 @@ class Jobs:
         self.once("recommended", lambda: add_recommended(self.study, self.setup),
                   lambda: recommended_stored(self.study))
 
-    def _island_jobs(self, result: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        """The islands the late phases propose, for finalists that fell behind with the
-        workload's own clipping (a clip that hurts late is not the precision's doing), at
-        most ``ISLANDS_PER_SEARCH``; the check runs in the worker that holds the claim."""
-        jobs: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        for finalist in result.finalists:
-            if len(jobs) >= _policy.ISLANDS_PER_SEARCH:
-                break
-            if finalist.config.clip_norm != self.setup.clip_norm:
-                continue
-            config = island_for(result, finalist, self.setup, self.references)
-            if config is not None:
-                jobs.append((self._job(ROLE_ISLAND, config, island_of=finalist.number),
-                             self._params(finalist.config)))
-        return jobs
+    def _island_jobs(self, result: Any, run: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """The island a late phase proposes for ``run``, which fell behind with the workload's
+        own clipping (a clip that hurts late is not the precision's doing), while the search
+        has fewer than ``ISLANDS_PER_SEARCH``; the check runs in the worker that holds the
+        claim."""
+        if (len(result.islands) >= _policy.ISLANDS_PER_SEARCH
+                or run.config.clip_norm != self.setup.clip_norm):
+            return []
+        config = island_for(result, run, self.setup, self.references)
+        return [] if config is None else [(self._job(ROLE_ISLAND, config, island_of=run.number),
+                                           self._params(run.config))]
 
     # -- queueing ---------------------------------------------------------------------------
 
@@ -145,10 +185,17 @@ class Jobs:
         self.once(key, work, lambda: all(self._exists(job, fields) for job, _ in jobs))
         self.drain()
 
-    def _phase_jobs(self, runs: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        windows = phase_windows(self.setup.horizon, self.setup.steps)
+    def _phase_jobs(self, runs: list[Any], *, after: int = 0, result: Any = None,
+                    ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Branches of ``runs`` at the windows from ``after`` on, but for windows a run from
+        step 0 already judged (in ``result``)."""
+        windows = [w for w in phase_windows(self.setup.horizon, self.setup.steps)
+                   if w[0] >= after]
+        judged = set() if result is None else {
+            (n, p.start) for n, ps in result.phases.items() for p in ps if p.from_start}
         return [(self._job(ROLE_PHASE, run.config, of=run.number, start=start, end=end),
-                 self._params(run.config)) for run in runs for start, end in windows]
+                 self._params(run.config)) for run in runs for start, end in windows
+                if (run.number, start) not in judged]
 
     def _job(self, role: str, config: AmpConfig, **attrs: Any) -> dict[str, Any]:
         return {"role": role, "seed": self.setup.seed, "config": config.to_dict(), **attrs}
@@ -178,3 +225,38 @@ class Jobs:
             and (t.state in LIVE or "error" in t.user_attrs)
             for t in self.study.get_trials(deepcopy=False)
         )
+
+
+def _undecided(result: Any) -> list[Any]:
+    """The finalists and islands, in the answer's order, up to the first that holds and
+    is confirmed: those whose evidence or confirmation is still to come."""
+    runs = {o.number for o in [*result.finalists, *result.islands]}
+    out = []
+    for c in result.pool:
+        if c.number not in runs or result.holds(c) is False or (
+                result.confirmation_state(c) == "failed"):
+            continue
+        if result.holds(c) and result.confirmation_state(c) == "confirmed":
+            break
+        out.append(c)
+    return out
+
+
+def _affordable_end(setup: Setup, result: Any, run: Any) -> int | None:
+    """How far ``run`` may train from step 0: the latest window end such that it,
+    branches over the windows after it and what the search has spent stay within
+    ``HORIZON_COST_CAP`` horizons, keeping room for one more finalist from step 0 (to the
+    first window's end, its confirmations and its later branches) while another is left;
+    ``None`` when not even the first window's end fits."""
+    windows = phase_windows(setup.horizon, setup.steps)
+
+    def cost(end: int) -> int:
+        return end + sum(e - s for s, e in windows if s >= end)
+
+    ends = sorted({e for _, e in windows}, reverse=True)
+    room = _policy.HORIZON_COST_CAP * setup.horizon - result.steps_trained
+    others = [f for f in result.finalists if f.number != run.number
+              and not any(p.from_start for p in result.phases.get(f.number, []))]
+    keep = (cost(ends[-1]) + len(_policy.CONFIRM_SEEDS) * setup.steps) if others else 0
+    return next((e for e in ends if cost(e) + keep <= room),
+                ends[-1] if cost(ends[-1]) <= room else None)

@@ -10,6 +10,7 @@ import sys
 from typing import Any, Callable
 
 from scalertune._amp._config import AmpConfig
+from scalertune._judge._horizon import behind_from, from_start_results
 from scalertune._run._record import RunRecord
 
 
@@ -60,6 +61,8 @@ class Progress:
 
 def _phase_words(judged: dict[str, Any]) -> str:
     window = f"steps {judged['phase_start']}-{judged['phase_end']}"
+    if "phase_results" in judged:
+        return f"{window}: {behind_from(from_start_results(judged['phase_results']))}"
     if judged["phase_nonfinite"]:
         return f"{window}: non-finite"
     ratio = judged["phase_ratio"]

@@ -58,9 +58,11 @@ class Rules:
 
     def trial_steps(self, role: str) -> int:
         """How long a run from the start may train: a trial, and over a long horizon a tie's
-        margin more for the runs that may become finalists, so that a config that loses a
-        few steps at the start (a scale backing off) still reaches the early target."""
-        if not self.setup.long or role in (ROLE_CONFIRM, ROLE_FLOAT32_CLIP):
+        margin more for the runs that may become finalists and their confirmations, so that
+        a config that loses a few steps at the start (a scale backing off) still reaches the
+        early target (on every seed: a confirmation held to fewer steps than the run it
+        confirms fails it for what the finalist was allowed)."""
+        if not self.setup.long or role == ROLE_FLOAT32_CLIP:
             return self.setup.steps
         unit = _policy.READBACK_INTERVAL
         extra = math.ceil(self.noise().margin(self.setup.steps) / unit) * unit

@@ -23,7 +23,7 @@ from scalertune._errors import SearchError
 from scalertune._judge._stopping import StopRule
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
-from scalertune._search._branch import run_branch
+from scalertune._search._branch import run_branch, run_from_start
 from scalertune._search._isolate import (
     TrialCrashed,
     describe_error,
@@ -132,8 +132,9 @@ class TrialRunner:
 
     def _train(self, trial: optuna.Trial, role: str, config: AmpConfig, seed: int,
                target: Target, trials: list[FrozenTrial]) -> tuple[RunRecord, dict[str, Any]]:
-        """Run the trial's training and judge it: a short run from the start, or a branch
-        from the float32 reference's checkpoint (``role`` phase)."""
+        """Run the trial's training and judge it: a short run from the start, or (``role``
+        phase) a branch from the float32 reference's checkpoint or a run from step 0 to the
+        horizon (``start`` 0)."""
         step_time = self.rules.step_time(config)
         if role == ROLE_PHASE:
             attrs = trial.user_attrs
@@ -141,8 +142,14 @@ class TrialRunner:
             reports = Reports(trial, target)
             record = None
             try:
-                record, judged = run_branch(self.setup, self.references, config, seed=seed,
-                                            start=start, end=end, on_window=reports.window)
+                if start == 0:
+                    record, judged = run_from_start(self.setup, self.references, config,
+                                                    seed=seed, end=end,
+                                                    on_window=reports.window)
+                else:
+                    record, judged = run_branch(self.setup, self.references, config,
+                                                seed=seed, start=start, end=end,
+                                                on_window=reports.window)
             finally:
                 reports.close(record if record is not None and record.pruned else None)
             # the short trial's target means nothing in a window starting at step `start`

@@ -93,3 +93,52 @@ def test_a_forward_peak_that_levels_off_is_not_forecast():
     levelling = 500.0 * (1 - 0.9 * np.exp(-blocks / 60))
     found = forecast(_trace(np.stack([levelling, np.full(200, 3.0)], axis=1)), horizon=2000)
     assert found == []
+
+
+def _windows(reference, spans):
+    return {str(a): reference[a:b] for a, b in spans}
+
+
+def test_a_run_from_step_0_is_judged_at_each_window_it_reached_and_stops_at_the_first_miss():
+    from scalertune._judge._phases import judge_from_start
+
+    spans = phase_windows(2000, 200)  # (1000, 1200), (1800, 2000)
+    reference = _noisy(1.0, n=2000)
+    windows = _windows(reference, spans)
+    tracking = [v * 1.01 for v in reference]
+    held = judge_from_start(tracking, windows, spans, pruned=False)
+    assert [(p.start, p.holds, p.from_start) for p in held] == [(1000, True, True),
+                                                               (1800, True, True)]
+    stalled = reference[:800] + [2.0] * 1200  # a plateau of its own from step 800
+    behind = judge_from_start(stalled, windows, spans, pruned=False)
+    assert len(behind) == 1 and behind[0].behind and behind[0].start == 1000
+    dead = judge_from_start(reference[:345], windows, spans, pruned=True, first_nonfinite=345)
+    assert dead[0].nonfinite and dead[0].describe() == "non-finite at step 345"
+
+
+def test_a_dtype_ruled_out_from_step_0_holds_in_no_branch_of_its_own():
+    """Branches of a dtype whose run from step 0 stalled (its forward at float32's weights as
+    good as float32's) are no evidence; where the precision itself failed (the forward
+    worse), only configs of the dtype with other float32 modules may still hold."""
+    from scalertune import AmpConfig
+    from scalertune._judge._horizon import RuledOut, holds
+    from scalertune._judge._outcome import Outcome
+    from scalertune._judge._phases import PhaseResult
+
+    spans = [(1000, 1200), (1800, 2000)]
+
+    def run(number, config):
+        return Outcome(number=number, role="search", config=config, seed=0,
+                       state="complete", attrs={"steps_to_target": 100}, losses=())
+
+    clipped = run(3, AmpConfig(dtype="bfloat16", clip_norm=1.0))
+    island = run(7, AmpConfig(dtype="bfloat16", fp32_modules=("4",)))
+    phases = {n: [PhaseResult(a, b, 1.0, 0.0, nonfinite=False) for a, b in spans]
+              for n in (3, 7)}
+    assert holds(clipped, phases, spans) is True
+    stalled = {"bfloat16": RuledOut(5, 1000, 1200, forward=1.01, fp32_modules=())}
+    assert holds(clipped, phases, spans, stalled) is False
+    assert holds(island, phases, spans, stalled) is False
+    precision = {"bfloat16": RuledOut(5, 1800, 2000, forward=2.2, fp32_modules=())}
+    assert holds(clipped, phases, spans, precision) is False
+    assert holds(island, phases, spans, precision) is True

@@ -1,0 +1,48 @@
+"""How the horizon's evidence for a run was taken, and why a run does not hold, in words."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scalertune._judge._horizon import behind_from
+from scalertune._judge._outcome import Outcome
+
+if TYPE_CHECKING:
+    from scalertune._review._result import SearchResult
+
+
+def evidence_of(result: "SearchResult", outcome: Outcome) -> str:
+    """How the horizon's evidence for ``outcome`` was taken: ``holds at every phase of the
+    horizon, trained from step 0 to 1200 and branched after`` (empty for a short horizon,
+    where the trial is the evidence)."""
+    if not result.long:
+        return ""
+    done = result.phases.get(outcome.number, [])
+    reached = max((p.end for p in done if p.from_start), default=0)
+    if reached >= result.horizon:
+        how = "trained from step 0 to the horizon"
+    elif reached:
+        how = f"trained from step 0 to step {reached} and branched after"
+    else:
+        how = ("branched from float32's checkpoints (the cost cap left no room to train "
+               "it from step 0)")
+    return f"holds at every phase of the horizon, {how}"
+
+
+def why_not(result: "SearchResult", outcome: Outcome) -> str:
+    """Where ``outcome``'s config stopped holding, in words (see :meth:`SearchResult.holds`)."""
+    done = result.phases.get(outcome.number, [])
+    rule = result.ruled.get(outcome.config.dtype)
+    if (rule is not None and rule.number != outcome.number and rule.covers(outcome.config)
+            and not any(p.from_start for p in done)):
+        dtype = outcome.config.dtype
+        if rule.stalled:
+            return (f"{dtype} trained from step 0 (trial #{rule.number}) fell behind "
+                    f"float32 by {rule.start}-{rule.end} although it keeps up from "
+                    "float32's own weights there: it stalls on the way, which a branch of "
+                    f"{dtype} cannot show")
+        return (f"{dtype} (trial #{rule.number}) fell behind float32 "
+                f"by {rule.start}-{rule.end}, and its forward at float32's own weights "
+                f"there is {rule.forward:.3g}x float32's loss: the precision fails there, "
+                "for this config too (a clip does not change it)")
+    return behind_from(done)
