@@ -54,7 +54,8 @@ ROLES = {
     ROLE_PHASE: "a finalist (`of`) branched from the float32 reference's checkpoint at the "
                 "first step of a phase window of the horizon (`start`-`end`), trained over "
                 "the window and compared with float32's own continuation over the same "
-                "steps; evidence, not a candidate",
+                "steps, or (`start` 0) trained from step 0 and judged at every window it "
+                "reached; evidence, not a candidate",
     ROLE_ISLAND: "a finalist (`island_of`) with one module kept in float32, proposed where "
                  "a late phase found that module's precision limiting the fit; trained from "
                  "the start and branched at the phases like the finalists",

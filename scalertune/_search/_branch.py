@@ -67,8 +67,13 @@ def run_from_start(setup: Setup, references: References, config: AmpConfig, *, s
     results = judge_from_start(record.losses, horizon["windows"], spans, pruned=record.pruned,
                                first_nonfinite=record.steps_run if record.pruned else None)
     behind = next((p for p in results if p.behind and not p.nonfinite), None)
+    last = results[-1] if results else None  # the verdict's window, as a branch shows one
     return record, {"phase_start": 0, "phase_end": end,
                     "phase_results": [_result_dict(p) for p in results],
+                    "phase_ratio": None if last is None else _finite(last.ratio),
+                    "phase_z": None if last is None else _finite(last.z),
+                    "phase_nonfinite": bool(last and last.nonfinite),
+                    "phase_holds": all(p.holds for p in results),
                     "phase_forward": None if behind is None else _finite(_forward(
                         setup, config, horizon["checkpoints"][str(behind.start)], seed)),
                     "initial_scale": record.initial_scale}

@@ -335,8 +335,12 @@ def test_the_horizon_study_note_and_a_branchs_note_name_the_windows_and_float32(
         if attrs["role"] != "phase":
             continue
         body, window = trial["note"]["body"], f"{attrs['start']}-{attrs['end']}"
-        assert f"branch of trial {attrs['of']} at steps {window}" in body, body
-        assert f"checkpoint at step {attrs['start']} (trial {reference}" in body
+        if attrs["start"] == "0":  # the leading finalist, trained from step 0
+            assert f"trial {attrs['of']}'s config from step 0 to {attrs['end']}" in body, body
+            assert "judged at each phase window it reached" in body
+        else:
+            assert f"branch of trial {attrs['of']} at steps {window}" in body, body
+            assert f"checkpoint at step {attrs['start']} (trial {reference}" in body
         assert f"**float32's continuation** over steps {window}" in body
         assert f"`trial #{reference}`" in body and f"`trial #{number}`" in body
         assert re.search(r"\*\*(Holds|Falls behind float32|Non-finite)\*\*", body)
@@ -406,9 +410,12 @@ def test_the_browser_shows_the_horizon_studys_best_trial_history_and_branch(dash
     assert len(re.findall(rf'<img [^>]*src="/artifacts/{sid}/', note_page)) == 3
     assert 'alt="the horizon: each finalist' in note_page
 
-    branch = next(n for n, t in _trials(late).items() if _attrs(t)["role"] == "phase")
+    branch, attrs = next((n, _attrs(t)) for n, t in _trials(late).items()
+                         if _attrs(t)["role"] == "phase")
+    title = ("config from step 0 to" if attrs["start"] == "0" else "branch of trial")
     trials_page = dashboard.render(
         f"/dashboard/studies/{sid}/trials?numbers={best['number']},{branch}",
-        f"Trial {branch}: branch of trial")
+        f"Trial {branch}: " + (f"trial {attrs['of']}'s " if attrs["start"] == "0" else "")
+        + title)
     assert f"Trial {best['number']}: ★ the recommendation" in trials_page
     assert "float32's continuation" in trials_page
