@@ -158,3 +158,30 @@ def plateau_mlp():
 
 
 HORIZON["plateau_mlp"] = 2000
+
+
+class _Times(nn.Module):
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x):
+        return x * self.factor
+
+
+def readings_near_1e5():
+    """(e) readings_near_1000 in units 100 times smaller: the same model and data, its output
+    times 100 by a last module ("3") and the targets with it (Adam makes the training
+    float32's own). bfloat16 fails late as there; float16 overflows in "3" from the first
+    step (1e5 > 65504), so no float16 config reaches the target, and keeping "2" in float32
+    (its output, and so "3"'s, stays float32) is what holds.
+    """
+    workload = readings_near_1000()
+    workload["model"] = nn.Sequential(*workload["model"], _Times(100.0))
+    workload["optimizer"] = torch.optim.Adam(workload["model"].parameters(), lr=0.05)
+    workload["batches"] = [(x, 100.0 * y) for x, y in workload["batches"]]
+    return workload
+
+
+HORIZON["readings_near_1e5"] = 2000
+ISLAND["readings_near_1e5"] = "2"

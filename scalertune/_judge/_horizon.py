@@ -34,8 +34,10 @@ def phases_of(trials: Iterable[FrozenTrial]) -> dict[int, list[PhaseResult]]:
                                                                   TrialState.PRUNED):
             continue
         judged = trial.system_attrs.get(JUDGED_ATTR, {})
-        if "phase_results" in judged:
-            from_start[int(attrs["of"])] = from_start_results(judged["phase_results"])
+        if "phase_results" in judged:  # a run from step 0, or its continuation: merged
+            merged = {p.start: p for p in from_start.get(int(attrs["of"]), [])}
+            merged.update({p.start: p for p in from_start_results(judged["phase_results"])})
+            from_start[int(attrs["of"])] = list(merged.values())
         elif "phase_ratio" in judged:
             branched.setdefault(int(attrs["of"]), []).append(PhaseResult(
                 start=int(attrs["start"]), end=int(attrs["end"]),
@@ -57,8 +59,10 @@ def from_start_results(stored: Iterable[dict[str, Any]]) -> list[PhaseResult]:
 
 
 def is_from_start(attrs: dict[str, Any]) -> bool:
-    """Whether a phase trial's attributes name a run from step 0 (not a branch)."""
-    return attrs.get("role") == ROLE_PHASE and int(attrs.get("start", -1)) == 0
+    """Whether a phase trial's attributes name a run from step 0, or its continuation (not a
+    branch from float32's checkpoint)."""
+    return attrs.get("role") == ROLE_PHASE and (int(attrs.get("start", -1)) == 0
+                                                or bool(attrs.get("continues")))
 
 
 def _float(value: Any) -> float:
@@ -98,6 +102,8 @@ class RuledOut:
     end: int
     forward: float
     fp32_modules: tuple[str, ...]
+    #: The checkpoint's step that forward was measured at.
+    forward_at: int = 0
 
     @property
     def stalled(self) -> bool:
@@ -128,7 +134,8 @@ def ruled_out(trials: Iterable[FrozenTrial]) -> dict[str, RuledOut]:
             config = attrs["config"]
             out.setdefault(str(config["dtype"]), RuledOut(
                 int(attrs["of"]), *behind[0], forward,
-                tuple(config.get("fp32_modules") or ())))
+                tuple(config.get("fp32_modules") or ()),
+                int(judged.get("phase_forward_at", 0))))
     return out
 
 
@@ -173,9 +180,10 @@ def behind_from(results: Sequence[PhaseResult]) -> str:
     """Where a config stopped holding, in words: ``falls behind float32 by 1000-1200: 1.9x at
     1000-1200, 4.3x at 1800-2000`` (its loss over float32's, window by window), said to be
     ``trained from step 0`` where it was."""
-    reached = max((p.end for p in results if p.from_start), default=0)
-    how = ("" if not reached else "trained from step 0, " if all(p.from_start for p in results)
-           else f"trained from step 0 to {reached} and branched after, ")
+    ran = [p for p in results if p.from_start]
+    how = ("" if not ran else "trained from step 0, " if len(ran) == len(results)
+           else f"trained from step 0 through {ran[-1].start}-{ran[-1].end} and branched "
+                "after, ")
     failed = [p for p in results if not p.holds]
     if not failed:
         return f"{how}holds at every phase"

@@ -91,7 +91,13 @@ def judge_phase(branch: Sequence[float], reference: Sequence[float], *, start: i
             reference):
         return PhaseResult(start, end, math.inf, math.inf, nonfinite=True)
     half = len(reference) // 2
-    pairs = [(b, r) for b, r in zip(branch[half:], reference[half:]) if math.isfinite(b)]
+    return _paired(branch[half:], reference[half:], start, end)
+
+
+def _paired(branch: Sequence[float], reference: Sequence[float], start: int,
+            end: int) -> PhaseResult:
+    """The verdict on ``branch`` against ``reference`` over the same judged steps."""
+    pairs = [(b, r) for b, r in zip(branch, reference) if math.isfinite(b)]
     mean_ref = statistics.fmean(r for _, r in pairs)
     diffs = [b - r for b, r in pairs]
     excess = statistics.fmean(diffs)
@@ -113,24 +119,37 @@ def _z(diffs: list[float], mean: float) -> float:
     return mean / error
 
 
+def judged_end(start: int, end: int) -> int:
+    """The last step a run from step 0 needs for the window ``start``-``end``: the first half
+    of it. A branch is judged on the window's last half, its first letting it settle into its
+    config; a run from step 0 has nothing to settle into, and is judged on as many steps,
+    the first half."""
+    return start + (end - start) // 2
+
+
 def judge_from_start(losses: Sequence[float], windows: dict[str, Sequence[float]],
                      spans: Sequence[tuple[int, int]], *, pruned: bool,
                      first_nonfinite: int | None = None) -> list[PhaseResult]:
     """Judge a run trained from step 0 at each window of ``spans`` it got to (``windows``: the
-    reference's losses over each, by first step), in order; the list stops at the first
-    window that does not hold. A run cut off before a window (pruned for a non-finite value)
-    goes non-finite there, at ``first_nonfinite``."""
+    reference's losses over each, by first step), on the window's first half
+    (:func:`judged_end`), in order; the list stops at the first window that does not hold. A
+    run cut off before a window (pruned for a non-finite value) goes non-finite there, at
+    ``first_nonfinite``."""
     out: list[PhaseResult] = []
     for start, end in spans:
-        reference = windows.get(str(start))
+        reference, need = windows.get(str(start)), judged_end(start, end)
         if reference is None:
             break
-        if len(losses) < end:
+        if len(losses) < need:
             if pruned:
                 out.append(PhaseResult(start, end, math.inf, math.inf, nonfinite=True,
                                        from_start=True, at=first_nonfinite))
             break
-        judged = judge_phase(losses[start:end], reference, start=start, pruned=False)
+        ours = losses[start:need]
+        if sum(not math.isfinite(v) for v in ours) > _policy.PHASE_NONFINITE_SHARE * len(ours):
+            judged = PhaseResult(start, end, math.inf, math.inf, nonfinite=True)
+        else:
+            judged = _paired(ours, reference[:need - start], start, end)
         out.append(dataclasses.replace(judged, from_start=True))
         if not judged.holds:
             break

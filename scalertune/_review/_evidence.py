@@ -13,16 +13,17 @@ if TYPE_CHECKING:
 
 def evidence_of(result: "SearchResult", outcome: Outcome) -> str:
     """How the horizon's evidence for ``outcome`` was taken: ``holds at every phase of the
-    horizon, trained from step 0 to 1200 and branched after`` (empty for a short horizon,
-    where the trial is the evidence)."""
+    horizon, trained from step 0 through the 1000-1200 window and branched after`` (empty
+    for a short horizon, where the trial is the evidence)."""
     if not result.long:
         return ""
     done = result.phases.get(outcome.number, [])
-    reached = max((p.end for p in done if p.from_start), default=0)
-    if reached >= result.horizon:
-        how = "trained from step 0 to the horizon"
-    elif reached:
-        how = f"trained from step 0 to step {reached} and branched after"
+    ran = [p for p in done if p.from_start]
+    if ran and len(ran) == len(done):
+        how = "trained from step 0 through every window"
+    elif ran:
+        how = (f"trained from step 0 through the {ran[-1].start}-{ran[-1].end} window and "
+               "branched after")
     else:
         how = ("branched from float32's checkpoints (the cost cap left no room to train "
                "it from step 0)")
@@ -38,11 +39,11 @@ def why_not(result: "SearchResult", outcome: Outcome) -> str:
         dtype = outcome.config.dtype
         if rule.stalled:
             return (f"{dtype} trained from step 0 (trial #{rule.number}) fell behind "
-                    f"float32 by {rule.start}-{rule.end} although it keeps up from "
-                    "float32's own weights there: it stalls on the way, which a branch of "
-                    f"{dtype} cannot show")
+                    f"float32 by {rule.start}-{rule.end} although its forward keeps up at "
+                    f"float32's own weights of step {rule.forward_at}: it stalls on the way, "
+                    f"which a branch of {dtype} cannot show")
         return (f"{dtype} (trial #{rule.number}) fell behind float32 "
-                f"by {rule.start}-{rule.end}, and its forward at float32's own weights "
-                f"there is {rule.forward:.3g}x float32's loss: the precision fails there, "
-                "for this config too (a clip does not change it)")
+                f"by {rule.start}-{rule.end}, and its forward at float32's own weights of "
+                f"step {rule.forward_at} is {rule.forward:.3g}x float32's loss: the precision "
+                "fails, for this config too (a clip does not change it)")
     return behind_from(done)

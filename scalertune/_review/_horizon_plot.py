@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 from scalertune import _policy
 from scalertune._errors import UsageError
 from scalertune._judge._horizon import is_from_start
-from scalertune._judge._phases import PhaseResult
+from scalertune._judge._phases import PhaseResult, judged_end
 from scalertune._judge._target import smoothed
 from scalertune._review._plots import DPI, FIGURE_INCHES, have_matplotlib, wrap
 from scalertune._storage._names import LOSSES_ATTR, ROLE_PHASE
@@ -94,7 +94,7 @@ def branch_losses(result: "SearchResult") -> dict[tuple[int, int], list[float]]:
         losses = list(trial.system_attrs[LOSSES_ATTR])
         if is_from_start(attrs):  # a run from step 0: its stretch over each window it reached
             for start, end in result.windows:
-                if len(losses) >= end:
+                if len(losses) >= judged_end(start, end):
                     found[int(attrs["of"]), start] = losses[start:end]
         else:
             found[int(attrs["of"]), int(attrs["start"])] = losses

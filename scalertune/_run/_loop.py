@@ -50,7 +50,8 @@ class Plan:
     """Where a run starts and what it keeps besides its record."""
 
     #: A checkpoint to start from: a branch from the float32 reference, or (``resume``) the
-    #: reference itself continuing after an interruption, its record and watcher included.
+    #: same run continuing (the reference after an interruption, a run from step 0 past its
+    #: middle window), its record, watcher and scaler included.
     checkpoint: str | None = None
     resume: bool = False
     #: Step -> where to save a checkpoint once that many steps are done.
@@ -132,7 +133,7 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
             if start + i + 1 in plan.save_at:
                 save_checkpoint(plan.save_at[start + i + 1], workload, batches,
                                 step=start + i + 1, extra={
-                                    "record": record,
+                                    "record": record, "amp": amp.state_dict(),
                                     "watcher": None if watcher is None else watcher.state()})
             window_start, started = i + 1, time.perf_counter()
     finally:
@@ -150,6 +151,8 @@ def _record(config: AmpConfig, seed: int, steps: int, start: int, plan: Plan,
     if plan.resume and saved is not None:
         if plan.watcher is not None and saved["extra"].get("watcher") is not None:
             plan.watcher.restore(saved["extra"]["watcher"])
+        if saved["extra"].get("amp") is not None:  # the scaler where the run left it
+            amp.load_state_dict(saved["extra"]["amp"])
         return dataclasses.replace(saved["extra"]["record"], steps=steps)
     record = RunRecord(config=config, seed=seed, steps=steps, start=start)
     if plan.scaler is not None and config.uses_scaler:

@@ -19,8 +19,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from scalertune._amp._config import AmpConfig
-from scalertune._judge._phases import PhaseResult, judge_from_start, judge_phase, phase_windows
+from scalertune._judge._phases import (
+    PhaseResult,
+    judge_from_start,
+    judge_phase,
+    judged_end,
+    phase_windows,
+)
 from scalertune._replay._state import scaler_state_at
 from scalertune._run._forward import forward_ratio
 from scalertune._run._loop import Plan
@@ -47,7 +55,9 @@ def run_branch(setup: Setup, references: References, config: AmpConfig, *, seed:
         "phase_start": start, "phase_end": end, "phase_ratio": _finite(result.ratio),
         "phase_z": _finite(result.z), "phase_nonfinite": result.nonfinite,
         "phase_holds": result.holds, "initial_scale": record.initial_scale,
-        "phase_forward": _finite(_forward(setup, config, checkpoint, seed)) if behind else None,
+        "phase_forward": (_finite(_forward(setup, config, latest_checkpoint(horizon), seed))
+                          if behind else None),
+        "phase_forward_at": latest_start(horizon),
     }
 
 
@@ -56,14 +66,19 @@ def _finite(value: float) -> float | None:
 
 
 def run_from_start(setup: Setup, references: References, config: AmpConfig, *, seed: int,
-                   end: int, on_window: Any = None) -> tuple[RunRecord, dict[str, Any]]:
+                   end: int, on_window: Any = None, save: str | None = None,
+                   resume: str | None = None) -> tuple[RunRecord, dict[str, Any]]:
     """Train ``config`` from step 0 to ``end`` (the horizon, or as far as the search can
     afford), judged at every phase window up to there; the record and the judged figures of
-    each window it got to."""
+    each window it got to. ``save``: where to keep its state at ``end``, for a later run to
+    continue from (``resume``: that state, the run then going on to ``end`` as one run)."""
     horizon = references.horizon(seed)
-    spans = [w for w in phase_windows(setup.horizon, setup.steps) if w[1] <= end]
+    spans = [w for w in phase_windows(setup.horizon, setup.steps) if judged_end(*w) <= end]
+    plan = Plan(save_at={end: save} if save else {}, checkpoint=resume, resume=bool(resume))
     stop = _BehindStop(horizon["windows"], spans)
-    record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop)
+    record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop,
+                     plan=plan)
+    resumed = int(torch.load(resume, weights_only=False)["step"]) if resume else 0
     results = judge_from_start(record.losses, horizon["windows"], spans, pruned=record.pruned,
                                first_nonfinite=record.steps_run if record.pruned else None)
     behind = next((p for p in results if p.behind and not p.nonfinite), None)
@@ -75,15 +90,30 @@ def run_from_start(setup: Setup, references: References, config: AmpConfig, *, s
                     "phase_nonfinite": bool(last and last.nonfinite),
                     "phase_holds": all(p.holds for p in results),
                     "phase_forward": None if behind is None else _finite(_forward(
-                        setup, config, horizon["checkpoints"][str(behind.start)], seed)),
-                    "initial_scale": record.initial_scale}
+                        setup, config, latest_checkpoint(horizon), seed)),
+                    "phase_forward_at": latest_start(horizon),
+                    "initial_scale": record.initial_scale,
+                    # a continuation's record holds the run it continues: count its own steps
+                    **({"steps_run": record.steps_run - resumed} if resume else {})}
+
+
+def latest_start(horizon: dict[str, Any]) -> int:
+    """The last window's first step."""
+    return max(int(s) for s in horizon["windows"])
+
+
+def latest_checkpoint(horizon: dict[str, Any]) -> str:
+    """float32's checkpoint at the last window's first step: where float32 has fitted the
+    most, so where a precision floor shows most."""
+    return horizon["checkpoints"][str(latest_start(horizon))]
 
 
 def _forward(setup: Setup, config: AmpConfig, checkpoint: str, seed: int) -> float:
-    """``config``'s forward loss over float32's at float32's own weights there. Within the
-    phase tolerance, a run of it that fell behind did so on its way (a plateau of its own),
-    and a branch of its dtype from float32's weights shows nothing about getting there;
-    beyond it, the precision itself is what fails there, for every config that shares it."""
+    """``config``'s forward loss over float32's at float32's own weights, at the horizon's
+    latest checkpoint. Within the phase tolerance, a run of it that fell behind did so on its
+    way (a plateau of its own), and a branch of its dtype from float32's weights shows
+    nothing about getting there; beyond it, the precision itself is what fails, for every
+    config that shares it."""
     return run_here(forward_ratio, setup.factory, config, checkpoint, seed=seed,
                     device=setup.device)
 
@@ -96,7 +126,7 @@ class _BehindStop:
         self.windows, self.pending = windows, list(spans)
 
     def __call__(self, record: RunRecord) -> bool:
-        while self.pending and self.pending[0][1] <= record.steps_run:
+        while self.pending and judged_end(*self.pending[0]) <= record.steps_run:
             span = self.pending.pop(0)
             if not all(p.holds for p in judge_from_start(record.losses, self.windows, [span],
                                                           pruned=False)):

@@ -1,9 +1,11 @@
 """Where one module's precision limits a late phase: the float32 island that fixes it.
 
 A finalist that falls behind float32 (or goes non-finite) in a phase of the horizon is
-checked at that phase's float32 checkpoint: the trace names the modules whose forward
-outputs were largest there, and each, largest first, is kept in float32 while the
-checkpoint's weights are evaluated under the finalist's autocast
+checked at float32's checkpoint of the horizon's last window (where float32 has fitted the
+most, so where a precision floor shows most, whichever window the finalist failed in): the
+trace names the modules whose forward outputs were largest from there, and each, largest
+first, is kept in float32 while the checkpoint's weights are evaluated under the finalist's
+autocast
 (:func:`~scalertune._run._forward.forward_ratio`). The first island that brings the loss back
 within the phase tolerance of float32's is proposed: the same config with that module in
 float32, trained from the start and branched at every phase like the finalists, and
@@ -22,6 +24,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
 from scalertune._review._result import SearchResult
 from scalertune._run._forward import forward_ratio
+from scalertune._search._branch import latest_checkpoint
 from scalertune._search._isolate import run_here
 from scalertune._search._references import References
 from scalertune._search._setup import Setup
@@ -34,8 +37,9 @@ def island_for(result: SearchResult, finalist: Outcome, setup: Setup,
     failed = [p for p in result.phases.get(finalist.number, []) if not p.holds]
     if not failed or finalist.config.fp32_modules or finalist.config.dtype == "float32":
         return None
-    start = failed[-1].start  # the latest: where the precision floor shows most
-    checkpoint = references.horizon(setup.seed)["checkpoints"][str(start)]
+    horizon = references.horizon(setup.seed)
+    checkpoint = latest_checkpoint(horizon)  # where the precision floor shows most
+    start = max(int(s) for s in horizon["windows"])
     if _ratio(setup, finalist.config, checkpoint) <= 1 + _policy.PHASE_TOLERANCE:
         return None  # the forward is as good as float32's: the precision is not what fails
     for module in _largest_outputs(references, setup.seed, start):

@@ -142,10 +142,11 @@ class TrialRunner:
             reports = Reports(trial, target)
             record = None
             try:
-                if start == 0:
-                    record, judged = run_from_start(self.setup, self.references, config,
-                                                    seed=seed, end=end,
-                                                    on_window=reports.window)
+                if start == 0 or attrs.get("continues"):
+                    record, judged = run_from_start(
+                        self.setup, self.references, config, seed=seed, end=end,
+                        on_window=reports.window, save=attrs.get("save"),
+                        resume=attrs.get("continues"))
                 else:
                     record, judged = run_branch(self.setup, self.references, config,
                                                 seed=seed, start=start, end=end,

@@ -37,9 +37,9 @@ def _agrees_with_full_runs(result, factory):
         assert held is (ratio <= TOLERANCE), (run.label, run.config.describe(), held, ratio)
 
 
-def test_a_precision_floor_that_opens_late_is_caught_and_the_island_holds(tmp_path):
+def test_a_precision_floor_that_opens_late_is_caught_and_float16_holds(tmp_path):
     """Readings near 1000: bfloat16 ties float32 for 1000 steps, then its 8 bits stop the fit
-    (2.5x at 2000); keeping the last layer in float32 holds; PyTorch's float16 defaults hold."""
+    (2.5x at 2000); PyTorch's float16 defaults, next in line, hold."""
     factory = late_workloads.readings_near_1000
     result = _search(tmp_path, "tests/late_workloads.py:readings_near_1000", 2000)
     plain_bf16 = next(f for f in result.finalists
@@ -48,13 +48,29 @@ def test_a_precision_floor_that_opens_late_is_caught_and_the_island_holds(tmp_pa
     _agrees_with_full_runs(result, late_workloads.readings_near_1000)
     assert result.best_amp is not None and result.holds(result.best_amp)
     assert ratio_at_the_end(factory, result.best_amp.config, 2000) <= TOLERANCE
-    assert any(i.config.fp32_modules == (late_workloads.ISLAND["readings_near_1000"],)
-               for i in result.islands)
+    # the clipped bfloat16 run is ruled out by the plain one's precision, untrained
+    clipped = next(f for f in result.finalists if f.config.dtype == "bfloat16"
+                   and f.config.clip_norm is not None)
+    assert result.holds(clipped) is False and clipped.number not in result.phases
     result.to_yaml(str(tmp_path / "amp.yaml"))
     evidence = yaml.safe_load(open(tmp_path / "amp.yaml"))["evidence"]
     assert evidence["horizon"] == 2000 and evidence["best_amp"]["config"]
-    assert evidence["cost"]["run_equivalents"] <= 3.05
+    assert evidence["cost"]["run_equivalents"] <= _policy.HORIZON_COST_CAP
     assert "falls behind float32" in result.summary() and "steps 0-2000" in result.verdict
+
+
+def test_an_island_is_tried_when_no_config_of_another_dtype_is_left_and_holds(tmp_path):
+    """Readings near 1e5: float16 overflows in the forward (no float16 config reaches the
+    target), bfloat16 falls behind with its precision; keeping the layer before the x100 in
+    float32 is proposed, holds, and ends within the tolerance in a full-length plain loop."""
+    factory = late_workloads.readings_near_1e5
+    result = _search(tmp_path, "tests/late_workloads.py:readings_near_1e5", 2000)
+    assert not any(c.config.dtype == "float16" for c in result.pool)
+    island = (late_workloads.ISLAND["readings_near_1e5"],)
+    assert result.best_amp is not None and result.best_amp.config.fp32_modules == island
+    _agrees_with_full_runs(result, factory)
+    assert ratio_at_the_end(factory, result.best_amp.config, 2000) <= TOLERANCE
+    assert result.run_equivalents <= _policy.HORIZON_COST_CAP
 
 
 def test_activations_that_grow_past_float16s_range_late_are_not_recommended(tmp_path):
