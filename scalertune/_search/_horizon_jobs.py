@@ -73,34 +73,37 @@ class HorizonJobs:
         end = _affordable_end(self.jobs.setup, result, run)
         if end is not None:
             self.jobs.queue(f"from-start.{run.number}", [self._from_start_job(run, end)],
-                        _PHASE_KEY)
+                            _PHASE_KEY)
             result = analyze(self.jobs.study)
             if result.holds(run) is False:
                 return
             if end < self.jobs.setup.horizon and _can_continue(self.jobs.setup, result, end):
                 self.jobs.queue(f"continued.{run.number}", [self._continued_job(run, end)],
-                            _PHASE_KEY)
+                                _PHASE_KEY)
                 if analyze(self.jobs.study).holds(run) is not None:
                     return
             after = end
         else:
             after = 0
-        self.jobs.queue(f"branches.{run.number}", self.jobs.phase_jobs([run], after=after,
-                                                                 result=result), _PHASE_KEY)
+        branches = self.jobs.phase_jobs([run], after=after, result=result)
+        self.jobs.queue(f"branches.{run.number}", branches, _PHASE_KEY)
 
     def _from_start_job(self, run: Any, end: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        return (self.jobs.job(ROLE_PHASE, run.config, of=run.number, start=0, end=end,
-                          save=self._own_checkpoint(run, end)), self.jobs.params(run.config))
+        job = self.jobs.job(ROLE_PHASE, run.config, of=run.number, start=0, end=end,
+                            save=self._own_checkpoint(run, end))
+        return job, self.jobs.params(run.config)
 
     def _continued_job(self, run: Any, start: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        return (self.jobs.job(ROLE_PHASE, run.config, of=run.number, start=start,
-                          end=self.jobs.setup.horizon, continues=self._own_checkpoint(run, start)),
-                self.jobs.params(run.config))
+        job = self.jobs.job(ROLE_PHASE, run.config, of=run.number, start=start,
+                            end=self.jobs.setup.horizon,
+                            continues=self._own_checkpoint(run, start))
+        return job, self.jobs.params(run.config)
 
     def _own_checkpoint(self, run: Any, step: int) -> str:
         """Where a finalist's run from step 0 keeps its state at ``step``, beside the
         reference's checkpoints (removed with them)."""
-        return os.path.join(self.jobs.references.checkpoints, f"trial{run.number}-step{step}.pt")
+        folder = self.jobs.references.checkpoints
+        return os.path.join(folder, f"trial{run.number}-step{step}.pt")
 
     def _island_jobs(self, result: Any, run: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """The island a late phase proposes for ``run``, which fell behind with the workload's
@@ -111,8 +114,10 @@ class HorizonJobs:
                 or run.config.clip_norm != self.jobs.setup.clip_norm):
             return []
         config = island_for(result, run, self.jobs.setup, self.jobs.references)
-        return [] if config is None else [(self.jobs.job(ROLE_ISLAND, config, island_of=run.number),
-                                           self.jobs.params(run.config))]
+        if config is None:
+            return []
+        job = self.jobs.job(ROLE_ISLAND, config, island_of=run.number)
+        return [(job, self.jobs.params(run.config))]
 
 
 def _undecided(result: Any) -> list[Any]:
