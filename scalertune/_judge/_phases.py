@@ -122,8 +122,9 @@ def _z(diffs: list[float], mean: float) -> float:
 def judged_end(start: int, end: int) -> int:
     """The last step a run from step 0 needs for the window ``start``-``end``: the first half
     of it. A branch is judged on the window's last half, its first letting it settle into its
-    config; a run from step 0 has nothing to settle into, and is judged on as many steps,
-    the first half."""
+    config; a run from step 0 has nothing to settle into, and one that stops in the window
+    is judged on as many steps, the first half (one that goes on past the window's end, on
+    the last half, like a branch: the horizon's end is what the user's run is judged by)."""
     return start + (end - start) // 2
 
 
@@ -131,8 +132,9 @@ def judge_from_start(losses: Sequence[float], windows: dict[str, Sequence[float]
                      spans: Sequence[tuple[int, int]], *, pruned: bool,
                      first_nonfinite: int | None = None) -> list[PhaseResult]:
     """Judge a run trained from step 0 at each window of ``spans`` it got to (``windows``: the
-    reference's losses over each, by first step), on the window's first half
-    (:func:`judged_end`), in order; the list stops at the first window that does not hold. A
+    reference's losses over each, by first step), in order: on the window's last half where
+    the run got to its end (as a branch is judged), else on its first half
+    (:func:`judged_end`); the list stops at the first window that does not hold. A
     run cut off before a window (pruned for a non-finite value) goes non-finite there, at
     ``first_nonfinite``."""
     out: list[PhaseResult] = []
@@ -145,11 +147,13 @@ def judge_from_start(losses: Sequence[float], windows: dict[str, Sequence[float]
                 out.append(PhaseResult(start, end, math.inf, math.inf, nonfinite=True,
                                        from_start=True, at=first_nonfinite))
             break
-        ours = losses[start:need]
-        if sum(not math.isfinite(v) for v in ours) > _policy.PHASE_NONFINITE_SHARE * len(ours):
+        if len(losses) >= end:  # the whole window: its last half, as a branch's
+            judged = judge_phase(losses[start:end], reference, start=start, pruned=False)
+        elif sum(not math.isfinite(v) for v in losses[start:need]) > (
+                _policy.PHASE_NONFINITE_SHARE * (need - start)):
             judged = PhaseResult(start, end, math.inf, math.inf, nonfinite=True)
         else:
-            judged = _paired(ours, reference[:need - start], start, end)
+            judged = _paired(losses[start:need], reference[:need - start], start, end)
         out.append(dataclasses.replace(judged, from_start=True))
         if not judged.holds:
             break

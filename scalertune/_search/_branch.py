@@ -75,7 +75,7 @@ def run_from_start(setup: Setup, references: References, config: AmpConfig, *, s
     horizon = references.horizon(seed)
     spans = [w for w in phase_windows(setup.horizon, setup.steps) if judged_end(*w) <= end]
     plan = Plan(save_at={end: save} if save else {}, checkpoint=resume, resume=bool(resume))
-    stop = _BehindStop(horizon["windows"], spans)
+    stop = _BehindStop(horizon["windows"], spans, end)
     record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop,
                      plan=plan)
     resumed = int(torch.load(resume, weights_only=False)["step"]) if resume else 0
@@ -122,11 +122,17 @@ class _BehindStop:
     """Stops a run from step 0 after the first window it does not hold (what comes after
     cannot change the verdict)."""
 
-    def __init__(self, windows: dict[str, Any], spans: list[tuple[int, int]]) -> None:
-        self.windows, self.pending = windows, list(spans)
+    def __init__(self, windows: dict[str, Any], spans: list[tuple[int, int]],
+                 run_end: int) -> None:
+        self.windows, self.pending, self.run_end = windows, list(spans), run_end
+
+    def _need(self, span: tuple[int, int]) -> int:
+        """When a window can be judged: at its end if the run gets there, else at the end
+        of its first half (see :func:`~scalertune._judge._phases.judge_from_start`)."""
+        return span[1] if span[1] <= self.run_end else judged_end(*span)
 
     def __call__(self, record: RunRecord) -> bool:
-        while self.pending and judged_end(*self.pending[0]) <= record.steps_run:
+        while self.pending and self._need(self.pending[0]) <= record.steps_run:
             span = self.pending.pop(0)
             if not all(p.holds for p in judge_from_start(record.losses, self.windows, [span],
                                                           pruned=False)):

@@ -142,3 +142,17 @@ def test_a_dtype_ruled_out_from_step_0_holds_in_no_branch_of_its_own():
     precision = {"bfloat16": RuledOut(5, 1800, 2000, forward=2.2, fp32_modules=())}
     assert holds(clipped, phases, spans, precision) is False
     assert holds(island, phases, spans, precision) is True
+
+
+def test_a_run_from_step_0_that_reaches_a_windows_end_is_judged_on_its_last_half():
+    """A spike in the first half of the window ending at the horizon is no verdict on a run
+    that got to the horizon (the end is what the user's run is judged by); a run that stops
+    inside the window is judged on the first half."""
+    from scalertune._judge._phases import judge_from_start
+
+    spans = [(1800, 2000)]
+    reference = _noisy(1.0, n=2000)
+    windows = _windows(reference, spans)
+    spiky = reference[:1800] + [2.0] * 100 + reference[1900:2000]
+    assert judge_from_start(spiky, windows, spans, pruned=False)[0].holds
+    assert judge_from_start(spiky[:1900], windows, spans, pruned=False)[0].behind
