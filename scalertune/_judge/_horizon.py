@@ -26,29 +26,23 @@ def phases_of(trials: Iterable[FrozenTrial]) -> dict[int, list[PhaseResult]]:
     """Run number -> how it did, window by window (finished runs only): its run from step 0
     at the windows that run reached (the stronger evidence: it supersedes a branch there),
     its branches at the others."""
-    branched: dict[int, list[PhaseResult]] = {}
-    from_start: dict[int, list[PhaseResult]] = {}
+    found: dict[int, dict[int, PhaseResult]] = {}
     for trial in trials:
         attrs = trial.user_attrs
         if attrs.get("role") != ROLE_PHASE or trial.state not in (TrialState.COMPLETE,
                                                                   TrialState.PRUNED):
             continue
         judged = trial.system_attrs.get(JUDGED_ATTR, {})
-        if "phase_results" in judged:  # a run from step 0, or its continuation: merged
-            merged = {p.start: p for p in from_start.get(int(attrs["of"]), [])}
-            merged.update({p.start: p for p in from_start_results(judged["phase_results"])})
-            from_start[int(attrs["of"])] = list(merged.values())
-        elif "phase_ratio" in judged:
-            branched.setdefault(int(attrs["of"]), []).append(PhaseResult(
+        windows = found.setdefault(int(attrs["of"]), {})
+        if "phase_results" in judged:  # a run from step 0, or its continuation
+            windows.update({p.start: p for p in from_start_results(judged["phase_results"])})
+        elif "phase_ratio" in judged and not (
+                int(attrs["start"]) in windows and windows[int(attrs["start"])].from_start):
+            windows[int(attrs["start"])] = PhaseResult(
                 start=int(attrs["start"]), end=int(attrs["end"]),
                 ratio=_float(judged["phase_ratio"]), z=_float(judged["phase_z"]),
-                nonfinite=bool(judged["phase_nonfinite"])))
-    out: dict[int, list[PhaseResult]] = {}
-    for number in {*branched, *from_start}:
-        merged = {p.start: p for p in branched.get(number, [])}
-        merged.update({p.start: p for p in from_start.get(number, [])})
-        out[number] = sorted(merged.values(), key=lambda p: p.start)
-    return out
+                nonfinite=bool(judged["phase_nonfinite"]))
+    return {n: sorted(w.values(), key=lambda p: p.start) for n, w in found.items() if w}
 
 
 def from_start_results(stored: Iterable[dict[str, Any]]) -> list[PhaseResult]:
@@ -83,9 +77,7 @@ def holds(outcome: Outcome, phases: dict[int, list[PhaseResult]],
     done = {p.start: p for p in phases.get(outcome.number, [])}
     if any(not p.holds for p in done.values()):
         return False
-    rule = (ruled or {}).get(outcome.config.dtype)
-    if rule is not None and rule.number != outcome.number and rule.covers(
-            outcome.config) and not any(p.from_start for p in done.values()):
+    if ruling(outcome, list(done.values()), ruled) is not None:
         return False
     return True if all(start in done for start, _ in windows) else None
 
@@ -111,6 +103,17 @@ class RuledOut:
 
     def covers(self, config: Any) -> bool:
         return self.stalled or tuple(config.fp32_modules) == self.fp32_modules
+
+
+def ruling(outcome: Outcome, done: Sequence[PhaseResult],
+           ruled: dict[str, RuledOut] | None) -> RuledOut | None:
+    """The run of another config of ``outcome``'s dtype that rules it out (``done``: its own
+    windows), unless it was trained from step 0 itself."""
+    rule = (ruled or {}).get(outcome.config.dtype)
+    if (rule is None or rule.number == outcome.number or not rule.covers(outcome.config)
+            or any(p.from_start for p in done)):
+        return None
+    return rule
 
 
 def ruled_out(trials: Iterable[FrozenTrial]) -> dict[str, RuledOut]:

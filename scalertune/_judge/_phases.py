@@ -82,22 +82,19 @@ class PhaseResult:
 
 
 def judge_phase(branch: Sequence[float], reference: Sequence[float], *, start: int,
-                pruned: bool) -> PhaseResult:
+                pruned: bool, first_half: bool = False) -> PhaseResult:
     """Compare a branch's per-step losses with float32's over the same steps (``reference``,
-    the reference's losses over the window)."""
-    end = start + len(reference)
-    bad = sum(not math.isfinite(v) for v in branch)
-    if pruned or len(branch) < len(reference) or bad > _policy.PHASE_NONFINITE_SHARE * len(
-            reference):
+    the reference's losses over the window), over the window's last half, or its first
+    (``first_half``: a run from step 0 that stops inside the window, see
+    :func:`judged_end`)."""
+    end, half = start + len(reference), len(reference) // 2
+    needed = half if first_half else len(reference)
+    bad = sum(not math.isfinite(v) for v in branch[:needed])
+    if pruned or len(branch) < needed or bad > _policy.PHASE_NONFINITE_SHARE * needed:
         return PhaseResult(start, end, math.inf, math.inf, nonfinite=True)
-    half = len(reference) // 2
-    return _paired(branch[half:], reference[half:], start, end)
-
-
-def _paired(branch: Sequence[float], reference: Sequence[float], start: int,
-            end: int) -> PhaseResult:
-    """The verdict on ``branch`` against ``reference`` over the same judged steps."""
-    pairs = [(b, r) for b, r in zip(branch, reference) if math.isfinite(b)]
+    ours, theirs = ((branch[:half], reference[:half]) if first_half
+                    else (branch[half:], reference[half:]))
+    pairs = [(b, r) for b, r in zip(ours, theirs) if math.isfinite(b)]
     mean_ref = statistics.fmean(r for _, r in pairs)
     diffs = [b - r for b, r in pairs]
     excess = statistics.fmean(diffs)
@@ -147,13 +144,8 @@ def judge_from_start(losses: Sequence[float], windows: dict[str, Sequence[float]
                 out.append(PhaseResult(start, end, math.inf, math.inf, nonfinite=True,
                                        from_start=True, at=first_nonfinite))
             break
-        if len(losses) >= end:  # the whole window: its last half, as a branch's
-            judged = judge_phase(losses[start:end], reference, start=start, pruned=False)
-        elif sum(not math.isfinite(v) for v in losses[start:need]) > (
-                _policy.PHASE_NONFINITE_SHARE * (need - start)):
-            judged = PhaseResult(start, end, math.inf, math.inf, nonfinite=True)
-        else:
-            judged = _paired(losses[start:need], reference[:need - start], start, end)
+        judged = judge_phase(losses[start:end], reference, start=start, pruned=False,
+                             first_half=len(losses) < end)
         out.append(dataclasses.replace(judged, from_start=True))
         if not judged.holds:
             break

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scalertune._judge._horizon import behind_from
+from scalertune._judge._horizon import behind_from, ruling
 from scalertune._judge._outcome import Outcome
 
 if TYPE_CHECKING:
@@ -33,9 +33,8 @@ def evidence_of(result: "SearchResult", outcome: Outcome) -> str:
 def why_not(result: "SearchResult", outcome: Outcome) -> str:
     """Where ``outcome``'s config stopped holding, in words (see :meth:`SearchResult.holds`)."""
     done = result.phases.get(outcome.number, [])
-    rule = result.ruled.get(outcome.config.dtype)
-    if (rule is not None and rule.number != outcome.number and rule.covers(outcome.config)
-            and not any(p.from_start for p in done)):
+    rule = ruling(outcome, done, result.ruled)
+    if rule is not None:
         dtype = outcome.config.dtype
         if rule.stalled:
             return (f"{dtype} trained from step 0 (trial #{rule.number}) fell behind "

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._phases import (
     PhaseResult,
@@ -67,18 +65,19 @@ def _finite(value: float) -> float | None:
 
 def run_from_start(setup: Setup, references: References, config: AmpConfig, *, seed: int,
                    end: int, on_window: Any = None, save: str | None = None,
-                   resume: str | None = None) -> tuple[RunRecord, dict[str, Any]]:
+                   resume: str | None = None, resumed_at: int = 0,
+                   ) -> tuple[RunRecord, dict[str, Any]]:
     """Train ``config`` from step 0 to ``end`` (the horizon, or as far as the search can
     afford), judged at every phase window up to there; the record and the judged figures of
     each window it got to. ``save``: where to keep its state at ``end``, for a later run to
-    continue from (``resume``: that state, the run then going on to ``end`` as one run)."""
+    continue from (``resume``: that state, saved at step ``resumed_at``, the run then going on
+    to ``end`` as one run)."""
     horizon = references.horizon(seed)
     spans = [w for w in phase_windows(setup.horizon, setup.steps) if judged_end(*w) <= end]
     plan = Plan(save_at={end: save} if save else {}, checkpoint=resume, resume=bool(resume))
     stop = _BehindStop(horizon["windows"], spans, end)
     record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop,
                      plan=plan)
-    resumed = int(torch.load(resume, weights_only=False)["step"]) if resume else 0
     results = judge_from_start(record.losses, horizon["windows"], spans, pruned=record.pruned,
                                first_nonfinite=record.steps_run if record.pruned else None)
     behind = next((p for p in results if p.behind and not p.nonfinite), None)
@@ -94,7 +93,7 @@ def run_from_start(setup: Setup, references: References, config: AmpConfig, *, s
                     "phase_forward_at": latest_start(horizon),
                     "initial_scale": record.initial_scale,
                     # a continuation's record holds the run it continues: count its own steps
-                    **({"steps_run": record.steps_run - resumed} if resume else {})}
+                    **({"steps_run": record.steps_run - resumed_at} if resume else {})}
 
 
 def latest_start(horizon: dict[str, Any]) -> int:

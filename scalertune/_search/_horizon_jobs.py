@@ -22,7 +22,8 @@ from scalertune._search._islands import island_for
 from scalertune._search._setup import Setup
 from scalertune._storage._names import ROLE_ISLAND, ROLE_PHASE
 
-_PHASE_KEY = ("role", "of", "start")
+#: The fields that name a phase run (a branch, a run from step 0, a continuation).
+PHASE_KEY = ("role", "of", "start")
 _ISLAND_KEY = ("role", "island_of")
 
 
@@ -73,20 +74,20 @@ class HorizonJobs:
         end = _affordable_end(self.jobs.setup, result, run)
         if end is not None:
             self.jobs.queue(f"from-start.{run.number}", [self._from_start_job(run, end)],
-                            _PHASE_KEY)
+                            PHASE_KEY)
             result = analyze(self.jobs.study)
             if result.holds(run) is False:
                 return
             if end < self.jobs.setup.horizon and _can_continue(self.jobs.setup, result, end):
                 self.jobs.queue(f"continued.{run.number}", [self._continued_job(run, end)],
-                                _PHASE_KEY)
+                                PHASE_KEY)
                 if analyze(self.jobs.study).holds(run) is not None:
                     return
             after = end
         else:
             after = 0
         branches = self.jobs.phase_jobs([run], after=after, result=result)
-        self.jobs.queue(f"branches.{run.number}", branches, _PHASE_KEY)
+        self.jobs.queue(f"branches.{run.number}", branches, PHASE_KEY)
 
     def _from_start_job(self, run: Any, end: int) -> tuple[dict[str, Any], dict[str, Any]]:
         job = self.jobs.job(ROLE_PHASE, run.config, of=run.number, start=0, end=end,

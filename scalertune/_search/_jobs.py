@@ -28,7 +28,7 @@ from scalertune import _policy
 from scalertune._amp._config import BASELINES, AmpConfig
 from scalertune._judge._phases import phase_windows
 from scalertune._review._analyze import analyze
-from scalertune._search._horizon_jobs import HorizonJobs
+from scalertune._search._horizon_jobs import PHASE_KEY, HorizonJobs
 from scalertune._search._progress import Progress
 from scalertune._search._recommended import add_recommended, recommended_stored
 from scalertune._search._references import References
@@ -47,7 +47,6 @@ from scalertune._storage._names import (
 _BASELINE_KEY = ("role", "baseline")
 _CONFIRM_KEY = ("role", "confirms", "seed")
 _CLIP_KEY = ("role", "clip_of", "seed")
-_PHASE_KEY = ("role", "of", "start")
 _REPLAY_KEY = ("role",)
 
 
@@ -110,7 +109,7 @@ class Jobs:
         twin = analyze(self.study).float32_clip
         if twin is not None and self.setup.long:
             self.queue(f"float32-clip-phases.{best.number}", self.phase_jobs([twin]),
-                        _PHASE_KEY)
+                        PHASE_KEY)
 
     def recommended(self) -> None:
         self.once("recommended", lambda: add_recommended(self.study, self.setup),

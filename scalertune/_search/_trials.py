@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune import _policy
 from scalertune._amp._config import DTYPES, AmpConfig
 from scalertune._errors import SearchError
+from scalertune._judge._horizon import is_from_start
 from scalertune._judge._stopping import StopRule
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
@@ -142,11 +143,11 @@ class TrialRunner:
             reports = Reports(trial, target)
             record = None
             try:
-                if start == 0 or attrs.get("continues"):
+                if is_from_start(attrs):
                     record, judged = run_from_start(
                         self.setup, self.references, config, seed=seed, end=end,
                         on_window=reports.window, save=attrs.get("save"),
-                        resume=attrs.get("continues"))
+                        resume=attrs.get("continues"), resumed_at=start)
                 else:
                     record, judged = run_branch(self.setup, self.references, config,
                                                 seed=seed, start=start, end=end,
