@@ -231,57 +231,77 @@ def replay_many(amax: np.ndarray, configs: Sequence[AmpConfig], *,
 
 
 class _Scalers:
-    """Many GradScalers side by side, as arrays over configs (float32 values held in float64):
-    the state :func:`replay_many` advances, and its record of the skipped steps."""
+    """Many GradScalers side by side, as arrays over configs (scales in float32, as
+    GradScaler holds them): the state :func:`replay_many` advances, and its record of the
+    skipped steps. What a step needs is kept up to date; the counts and lowest scales are
+    reduced from the record at the end (:meth:`totals`)."""
 
     def __init__(self, configs: list[AmpConfig]) -> None:
         self.growth = np.array([c.growth_factor for c in configs], dtype=np.float64)
         self.backoff = np.array([c.backoff_factor for c in configs], dtype=np.float64)
         self.interval = np.array([c.growth_interval for c in configs], dtype=np.int64)
-        self.scale = _round(np.array([c.init_scale for c in configs], dtype=np.float64))
+        self.scale = np.array([c.init_scale for c in configs], dtype=np.float64
+                              ).astype(np.float32)
+        self.initial = self.scale.copy()
         self.next_growth = self.interval - 1
-        self.grown = _grown(self.scale, self.growth)  # the scale after the next growth
-        self.lowest = self.scale.copy()
-        self.skips = np.zeros(len(configs), dtype=np.int64)
         self.at: list[np.ndarray] = []
         self.of: list[np.ndarray] = []
+        self.to: list[np.ndarray] = []
 
     def back_off(self, which: np.ndarray, steps: np.ndarray | int,
                  in_effect: np.ndarray) -> np.ndarray:
         """Configs ``which`` overflowed at ``steps`` with scales ``in_effect``: their new scale."""
-        new = _round(in_effect * self.backoff[which])
+        new = (in_effect * self.backoff[which]).astype(np.float32)
         self.scale[which] = new
-        self.grown[which] = _grown(new, self.growth[which])
         self.next_growth[which] = steps + self.interval[which]
-        self.lowest[which] = np.minimum(self.lowest[which], new)
-        self.skips[which] += 1
-        self.at.append(np.full(len(which), steps) if isinstance(steps, int) else steps)
-        self.of.append(which)
+        self.record(np.full(len(which), steps) if isinstance(steps, int) else steps, which, new)
         return new
 
-    def grow(self, which: np.ndarray) -> None:
-        self.scale[which] = self.grown[which]
-        self.next_growth[which] += self.interval[which]
-        self.grown[which] = _grown(self.scale[which], self.growth[which])
+    def record(self, steps: np.ndarray, which: np.ndarray, new: np.ndarray) -> None:
+        """Configs ``which`` skipped ``steps``, backing off to ``new``."""
+        self.at.append(steps)
+        self.of.append(which)
+        self.to.append(new)
 
-    def step(self, t: int, limit: float | np.ndarray) -> None:
-        """One step for every config, each compared with ``limit`` (one, or one per config)."""
+    def grown(self, which: np.ndarray | None = None) -> np.ndarray:
+        """The scale after the next growth, of every config or of ``which``."""
+        scale = self.scale if which is None else self.scale[which]
+        return _grown(scale, self.growth if which is None else self.growth[which])
+
+    def grow(self, which: np.ndarray, grown: np.ndarray) -> None:
+        self.scale[which] = grown
+        self.next_growth[which] += self.interval[which]
+
+    def step(self, t: int, limit: float | np.ndarray) -> np.ndarray:
+        """One step for every config, each compared with ``limit`` (one, or one per config);
+        the configs that overflowed."""
         over = _nonzero(self.scale >= limit)
         if len(over):
             self.back_off(over, t, self.scale[over])
         due = _nonzero(self.next_growth == t)
         if len(due):
-            self.grow(due)
+            self.grow(due, self.grown(due))
+        return over
+
+    def totals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Skips per config, the lowest scale of each, and the record: steps, configs."""
+        of = np.concatenate([np.zeros(0, np.int64), *self.of])
+        lowest = self.initial.copy()  # float32, as the record: ufunc.at's fast path
+        np.minimum.at(lowest, of, np.concatenate([np.zeros(0, np.float32), *self.to]))
+        return (np.bincount(of, minlength=len(self.scale)), lowest,
+                np.concatenate([np.zeros(0, np.int64), *self.at]), of)
 
 
 def _startup_streak(scalers: _Scalers, limit: np.ndarray, probe: np.ndarray) -> int:
     """Step every config while any has skipped every step so far (those see the probe's
     limits, the others the trace's); the first step after."""
+    streak = np.ones(len(scalers.scale), dtype=bool)
     for t in range(len(limit)):
-        streak = scalers.skips == t
         if not streak.any():
             return t
-        scalers.step(t, np.where(streak, probe[t % len(probe)], limit[t]))
+        over = np.zeros_like(streak)
+        over[scalers.step(t, np.where(streak, probe[t % len(probe)], limit[t]))] = True
+        streak &= over
     return len(limit)
 
 
@@ -297,18 +317,21 @@ def _run_blocked(scalers: _Scalers, limit: np.ndarray, start: int) -> None:
         return
     after = _suffix_minima(limit[start:], block)
     positions, rows = np.arange(block), np.arange(len(scalers.scale))
+    later = positions[None, :] > positions[:, None]  # row i: the positions after i
     for b, low in enumerate(after[:, 0].tolist()):
         t0 = start + b * block
         window = limit[t0:t0 + block]
         growth_in_block = scalers.next_growth - t0
         grows = growth_in_block < len(window)
-        busy = _nonzero(np.where(grows, scalers.grown, scalers.scale) >= low)
+        grown = scalers.grown()
+        busy = _nonzero(np.where(grows, grown, scalers.scale) >= low)
         if len(busy):
-            _busy_block(scalers, window, t0, busy, growth_in_block, grows,
-                        positions[:len(window)], rows[:len(busy)], after[b])
+            n = len(window)
+            _busy_block(scalers, window, t0, busy, growth_in_block, grows, grown,
+                        positions[:n], rows[:len(busy)], after[b], later[:n, :n])
         due = _nonzero(grows)
         if len(due):
-            scalers.grow(due)
+            scalers.grow(due, grown[due])
 
 
 def _suffix_minima(limit: np.ndarray, block: int) -> np.ndarray:
@@ -322,50 +345,51 @@ def _suffix_minima(limit: np.ndarray, block: int) -> np.ndarray:
 
 
 def _busy_block(scalers: _Scalers, window: np.ndarray, t0: int, busy: np.ndarray,
-                growth_in_block: np.ndarray, grows: np.ndarray, positions: np.ndarray,
-                rows: np.ndarray, after: np.ndarray) -> None:
+                growth_in_block: np.ndarray, grows: np.ndarray, grown: np.ndarray,
+                positions: np.ndarray, rows: np.ndarray, after: np.ndarray,
+                later: np.ndarray) -> None:
     """The overflows of the configs ``busy`` in the block at ``t0``; ``grows`` loses those
     whose growth an overflow took or cancelled. (``positions`` and ``rows``: ``arange`` over
-    the block and over ``busy``, made once per replay; ``after``: the block's suffix minima.)"""
+    the block and over ``busy``; ``later``: which positions come after each; all made once per
+    replay. ``grown``: every config's next rung; ``after``: the block's suffix minima.)"""
     profile = np.where(positions[None, :] > growth_in_block[busy, None],
-                       scalers.grown[busy, None], scalers.scale[busy, None])
+                       grown[busy, None], scalers.scale[busy, None])
     hit = window[None, :] <= profile
     first = hit.argmax(axis=1)
     overflowed = _nonzero(hit[rows, first])
     if not len(overflowed):
         return
-    which, first = busy[overflowed], first[overflowed]
-    new = scalers.back_off(which, t0 + first, profile[overflowed, first])
+    which, last = busy[overflowed], first[overflowed]
     grows[which] = False
-    again = _nonzero(after[first + 1] <= new)
+    scale = scalers.back_off(which, t0 + last, profile[overflowed, last])
+    again = _nonzero(after[last + 1] <= scale)
     if len(again):
-        _further_overflows(scalers, window, t0, which[again], first[again], new[again], after,
-                           positions)
-
-
-def _further_overflows(scalers: _Scalers, window: np.ndarray, t0: int, which: np.ndarray,
-                       last: np.ndarray, scale: np.ndarray, after: np.ndarray,
-                       positions: np.ndarray) -> None:
-    """Overflow after overflow in one block (no growth can come between): ``after[i]`` is the
-    smallest limit from position ``i`` on, which says who overflows again."""
-    while len(which):
-        hit = (window[None, :] <= scale[:, None]) & (positions[None, :] > last[:, None])
-        last = hit.argmax(axis=1)
-        scale = scalers.back_off(which, t0 + last, scale)
-        again = _nonzero(after[last + 1] <= scale)
-        which, last, scale = which[again], last[again], scale[again]
+        # Overflow after overflow (no growth can come between): ``after[i]`` is the smallest
+        # limit from position ``i`` on, which says who overflows again, and ``remaining[i]``
+        # the window with the positions up to ``i`` masked, where each finds its next.
+        remaining = np.where(later, window, np.inf)
+        backoff, interval = scalers.backoff[which], scalers.interval[which]
+        while len(again):
+            which, last, scale = which[again], last[again], scale[again]
+            backoff, interval = backoff[again], interval[again]
+            last = (remaining[last] <= scale[:, None]).argmax(axis=1)
+            scale = (scale * backoff).astype(np.float32)
+            steps = t0 + last
+            scalers.scale[which] = scale
+            scalers.next_growth[which] = steps + interval
+            scalers.record(steps, which, scale)
+            again = _nonzero(after[last + 1] <= scale)
 
 
 def _merged(count: int, parts: list[tuple[np.ndarray, _Scalers]]) -> ReplayMany:
     skips, lowest, final = (np.zeros(count, dtype=d) for d in (np.int64, np.float64, np.float64))
     steps, owners = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for chosen, scalers in parts:
-        skips[chosen], lowest[chosen], final[chosen] = (scalers.skips, scalers.lowest,
-                                                        scalers.scale)
-        steps.extend(scalers.at)
-        owners.extend(chosen[of] for of in scalers.of)
-    return ReplayMany(skips, lowest, final, np.concatenate(steps).astype(np.int64),
-                      np.concatenate(owners).astype(np.int64))
+        skips[chosen], lowest[chosen], at, of = scalers.totals()
+        final[chosen] = scalers.scale
+        steps.append(at)
+        owners.append(chosen[of])
+    return ReplayMany(skips, lowest, final, np.concatenate(steps), np.concatenate(owners))
 
 
 def _check(config: AmpConfig) -> None:
@@ -386,12 +410,8 @@ def _nonzero(mask: np.ndarray) -> np.ndarray:
     return mask.nonzero()[0]
 
 
-def _round(values: np.ndarray) -> np.ndarray:
-    return values.astype(np.float32).astype(np.float64)
-
-
 def _grown(scale: np.ndarray, growth: np.ndarray) -> np.ndarray:
     """``float32(scale * growth)`` where finite, else ``scale``: GradScaler never grows to inf.
     (Callers silence numpy's overflow warning.)"""
-    new = _round(scale * growth)
-    return np.where(np.isinf(new), scale, new)
+    new = (scale * growth).astype(np.float32)
+    return np.where(np.isinf(new), scale, new) if np.isinf(new.max()) else new
