@@ -69,6 +69,7 @@ class AmpRuntime:
         self._initial_scale = torch.full(
             (), config.init_scale if config.uses_scaler else 1.0, device=self.device)
         self._clip = _Clip(config.clip_norm) if config.clip_norm is not None else None
+        self._uses_scaler = config.uses_scaler  # read on every step: a plain attribute
 
     @classmethod
     def from_yaml(cls, path: str, *, device: str | torch.device | None = "auto",
@@ -117,7 +118,7 @@ class AmpRuntime:
         """
         if self._clip is not None:
             self._clip(self.scaler, optimizer)
-        if self.config.uses_scaler:
+        if self._uses_scaler:
             self._skips.step(self.scaler, optimizer, self.steps)
         else:
             optimizer.step()
@@ -132,10 +133,12 @@ class AmpRuntime:
 
         Applies the float32 islands (:meth:`prepare`) to ``model`` on first use.
         """
-        self.prepare(model)
+        forward = self._forward
+        if forward.islands:
+            forward.prepare(model)
         inputs, targets = batch
         optimizer.zero_grad(set_to_none=True)
-        with self.autocast():
+        with forward.reused:
             loss = loss_fn(model(inputs), targets)
         self.backward(loss)
         self.step(optimizer)
@@ -144,9 +147,11 @@ class AmpRuntime:
     @property
     def scale(self) -> torch.Tensor:
         """The current loss scale as a device tensor (1.0 when no scaler is active); no sync."""
-        if not self.config.uses_scaler or self.scaler._scale is None:  # noqa: SLF001
+        if not self._uses_scaler:  # a disabled GradScaler has no _scale at all
             return self._initial_scale
         scale = self.scaler._scale  # noqa: SLF001 - GradScaler's live scale, read in place
+        if scale is None:
+            return self._initial_scale
         # GradScaler keeps a 0-d tensor; reshaping one anyway is a device op on every step.
         return scale if scale.dim() == 0 else scale.reshape(())
 
@@ -179,18 +184,25 @@ class _Forward:
 
     def __init__(self, config: AmpConfig, device: torch.device) -> None:
         self.config, self.device = config, device
+        self.islands = config.fp32_modules
         self._dtype = getattr(torch, config.dtype)
+        self._type = device.type
+        self._float32 = config.dtype == "float32"
         self._prepared: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        #: The context :meth:`AmpRuntime.train_step` enters on every step, made once: it is
+        #: entered and left in turn, never nested, and making one costs more than entering it.
+        self.reused: contextlib.AbstractContextManager[Any] = (
+            contextlib.nullcontext() if self._float32
+            else torch.autocast(self._type, dtype=self._dtype))
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        islands = self.config.fp32_modules
-        if islands and not self._prepared and self.config.dtype != "float32":
-            raise UsageError(f"this config keeps {', '.join(islands)} in float32 "
+        if self._float32:
+            return contextlib.nullcontext()
+        if self.islands and not self._prepared:
+            raise UsageError(f"this config keeps {', '.join(self.islands)} in float32 "
                              "(fp32_modules): call model = amp.prepare(model) once before "
                              "training")
-        if self.config.dtype == "float32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self._dtype)
+        return torch.autocast(self._type, dtype=self._dtype)
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.config.fp32_modules and model not in self._prepared:
@@ -282,7 +294,10 @@ class _Skips:
         if self._mode == "host":
             scaler.step(optimizer)
             scaler.update()
-            self._record(index, self._taken.count == taken, on_host=True)
+            if self._taken.count != taken and not self._startup_open:
+                self.streak = 0  # a step that ran, after the start-up: all _record would do
+            else:
+                self._record(index, self._taken.count == taken, on_host=True)
             return
         scale = scaler._scale  # noqa: SLF001 - read on the device, no sync
         if self._before is None:

@@ -29,7 +29,7 @@ from scalertune._run._checkpoint import BatchCursor, load_checkpoint, save_check
 from scalertune._run._memory import release_memory
 from scalertune._run._nonfinite import judge_window
 from scalertune._run._record import RunRecord, StopRule, WindowCallback
-from scalertune._workload._contract import Workload, build_workload, to_device
+from scalertune._workload._contract import Workload, batch_mover, build_workload
 
 
 class Watcher(Protocol):
@@ -104,23 +104,21 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
     saved = load_checkpoint(plan.checkpoint, workload, batches) if plan.checkpoint else None
     start = saved["step"] if saved else 0
     record = _record(config, seed, steps, start, plan, amp, saved)
-    loss_buf = torch.empty(steps - start, dtype=torch.float32, device=device)
-    scale_buf = torch.empty(steps - start, dtype=torch.float32, device=device)
     step_fn, watcher = step_function(workload), plan.watcher
     if watcher is not None:
         watcher.attach(workload, step_fn, start)
     workload.model.train()
+    readings = Readings(device, steps - start, scaled=config.uses_scaler)
+    every, move = _policy.READBACK_INTERVAL, batch_mover(device)
     try:
         window_start, started = 0, time.perf_counter()
         for i in range(steps - start):
-            loss = step_fn(workload, to_device(next(batches), device), amp)
-            loss_buf[i] = loss.detach()
-            scale_buf[i] = amp.scale
+            readings.add(i, step_fn(workload, move(next(batches)), amp), amp)
             if watcher is not None:
                 watcher.after_step(start + i)
-            if (i + 1) % _policy.READBACK_INTERVAL and i + 1 < steps - start:
+            if (i + 1) % every and i + 1 < steps - start:
                 continue
-            _read_back(record, loss_buf, scale_buf, window_start, i + 1, started)
+            _read_back(record, readings, window_start, i + 1, started)
             if watcher is not None:
                 watcher.read_window(start + window_start, start + i + 1)
             if not record.pruned:
@@ -161,17 +159,62 @@ def _record(config: AmpConfig, seed: int, steps: int, start: int, plan: Plan,
     return record
 
 
-def _read_back(record: RunRecord, loss_buf: torch.Tensor, scale_buf: torch.Tensor,
-               first: int, end: int, started: float) -> None:
-    """Bring one window's losses and scales to the host: the one host sync per window."""
-    window = torch.stack((loss_buf[first:end], scale_buf[first:end])).cpu()
+class Readings:
+    """Each step's loss and loss scale, brought to the host once per window.
+
+    On an accelerator both are copied, per step, into buffers made before the first step
+    (through views made once: indexing a tensor costs more than the copy; GradScaler updates
+    its scale in place), and one transfer per window reads them: the window's one host sync.
+    Keeping each step's loss tensor instead would keep allocations made mid-step alive across
+    steps. On a CPU the device is the host: ``item()`` waits for nothing and costs less than
+    the copy, so the values are read as they come. A run without a scaler has a scale of 1.
+    """
+
+    def __init__(self, device: torch.device, steps: int, *, scaled: bool) -> None:
+        self._host, self._scaled = device.type == "cpu", scaled
+        self._losses: list[float] = []
+        self._scales: list[float] = []
+        if not self._host:
+            self._buffers = torch.empty((2 if scaled else 1, steps), dtype=torch.float32,
+                                        device=device)
+            self._loss_slots = self._buffers[0].unbind()
+            self._scale_slots = self._buffers[1:].flatten().unbind()
+
+    def add(self, index: int, loss: torch.Tensor, amp: AmpRuntime) -> None:
+        if self._host:
+            self._losses.append(loss.item())
+            if self._scaled:
+                self._scales.append(amp.scale.item())
+            return
+        self._loss_slots[index].copy_(loss)
+        if self._scaled:
+            self._scale_slots[index].copy_(amp.scale)
+
+    def window(self, first: int, end: int) -> tuple[list[float], list[float]]:
+        """The losses and scales of steps ``first`` to ``end`` (indices of this run)."""
+        if self._host:
+            losses, scales = self._losses, self._scales
+            self._losses, self._scales = [], []
+        else:
+            rows = self._buffers[:, first:end].cpu().tolist()
+            losses, scales = rows[0], rows[1] if self._scaled else []
+        return losses, scales if self._scaled else [1.0] * len(losses)
+
+
+def _read_back(record: RunRecord, readings: Readings, first: int, end: int,
+               started: float) -> None:
+    """Bring one window's losses and scales to the host (see :class:`Readings`)."""
+    losses, scales = readings.window(first, end)
     record.window_step_times.append((time.perf_counter() - started) / (end - first))
-    record.losses.extend(window[0].tolist())
-    record.scales.extend(window[1].tolist())
+    record.losses.extend(losses)
+    record.scales.extend(scales)
 
 
 def step_function(workload: Workload) -> Callable[[Workload, Any, AmpRuntime], torch.Tensor]:
+    """One step on a batch already on the device; returns the loss, detached (a kept loss
+    must not keep its graph)."""
     if workload.step is not None:
         user_step = workload.step
-        return lambda w, batch, amp: user_step(w.model, batch, amp)
-    return lambda w, batch, amp: amp.train_step(w.model, w.optimizer, w.loss_fn, batch)
+        return lambda w, batch, amp: user_step(w.model, batch, amp).detach()
+    model, optimizer, loss_fn = workload.model, workload.optimizer, workload.loss_fn
+    return lambda w, batch, amp: amp.train_step(model, optimizer, loss_fn, batch)
