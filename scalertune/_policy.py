@@ -19,6 +19,10 @@ RELEASE_COLLECT_BYTES = 64 * 2**20
 #: steps to GradScaler's own one sync per step.
 READBACK_INTERVAL = 10
 
+#: A running trial's curve points are written to the study together, at most this often
+#: (seconds): one transaction per flush instead of one per point (``_search._reports``).
+CURVE_FLUSH_S = 1.0
+
 #: Leading windows whose step time is excluded from the median step time. The first steps
 #: pay for allocator warm-up, cuBLAS/oneDNN heuristics and autocast's weight-cast cache.
 WARMUP_WINDOWS = 1

@@ -5,18 +5,23 @@ from __future__ import annotations
 import math
 import queue
 import threading
+import time
 
 import optuna
 
 from scalertune import _policy
 from scalertune._judge._target import Target, smoothed
 from scalertune._run._record import RunRecord
+from scalertune._storage._points import write_points
 
 
 class Reports:
     """Writes a run's curve to the study from a background thread, one point per read-back
     window: log10 of the smoothed loss over the float32 target (0 = reached), so that runs of
-    any loss scale compare on one axis in the dashboard. A branch's points sit at the steps of
+    any loss scale compare on one axis in the dashboard. The points are written together at
+    most every ``CURVE_FLUSH_S`` (one transaction, :func:`write_points`), so that the thread
+    costs the trial little however short its windows are; the dashboard's view of a running
+    trial is that much behind. A branch's points sit at the steps of
     the training it is part of. A pruned run's curve ends with one NaN point: Optuna takes a
     pruned trial's last point for its objective value, which would put a loss ratio on the
     time-to-target axis of the History plot; with NaN it leaves the value empty."""
@@ -42,12 +47,27 @@ class Reports:
                 self._queue.put((value, record.start + step))
 
     def _write(self) -> None:
-        while (item := self._queue.get()) is not None:
+        pending: list[tuple[float, int]] = []
+        due = 0.0
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.0, due - time.monotonic())
+                                       if pending else None)
+            except queue.Empty:
+                item = ()  # the flush is due
+            if item:
+                if not pending:
+                    due = time.monotonic() + _policy.CURVE_FLUSH_S
+                pending.append(item)
+                continue
             if self._error is None:
                 try:
-                    self._trial.report(*item)
+                    write_points(self._trial, pending)
                 except BaseException as exc:  # noqa: BLE001 - raised again in close()
                     self._error = exc
+            pending = []
+            if item is None:
+                return
 
     def close(self, pruned: RunRecord | None = None) -> None:
         """Wait until every point is written (a trial is finished only after its curve);

@@ -4,5 +4,6 @@
 - ``_open``: storage URLs, SQLite and journal files, heartbeats, one-line errors;
 - ``_redact``: passwords hidden in URLs and messages;
 - ``_recovery``: failing and retrying trials whose worker died;
-- ``_claims``: once-per-study work among several workers.
+- ``_claims``: once-per-study work among several workers;
+- ``_points``: a running trial's curve points, many in one write.
 """
