@@ -18,6 +18,7 @@ large from the start meets while it skips.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, Callable
 
@@ -212,12 +213,18 @@ class _Hooks:
         self._watched_params.update(int(i) for i in np.flatnonzero(params >= close))
 
     def _on_output(self, index: int) -> Any:
+        on_grad = functools.partial(self._on_grad, index)
+
         def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
-            for tensor in _tensors(output):
+            if type(output) is torch.Tensor:  # the common case, without the walk
+                tensors = [output] if _carries_gradient(output) else []
+            else:
+                tensors = _tensors(output)
+            for tensor in tensors:
                 if self._full:
                     peak = tensor.detach().abs().amax().float()
                     self._forward[index] = torch.maximum(self._forward[index], peak)
-                tensor.register_hook(lambda grad: self._on_grad(index, grad))
+                tensor.register_hook(on_grad)
         return hook
 
     def _queue(self) -> None:
@@ -227,7 +234,8 @@ class _Hooks:
             _ENGINE.queue_callback(self._backward_done)
 
     def _on_grad(self, index: int, grad: torch.Tensor) -> None:
-        self._queue()
+        if not self._queued:
+            self._queue()
         parts = torch.aminmax(grad.detach())
         self._parts.extend(parts)
         if self._full:
@@ -274,12 +282,16 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     """The floating tensors of a module's output that carry a gradient (not a scalar loss,
     whose gradient is the loss scale itself)."""
     if isinstance(obj, torch.Tensor):
-        return [obj] if obj.requires_grad and obj.is_floating_point() and obj.dim() else []
+        return [obj] if _carries_gradient(obj) else []
     if isinstance(obj, (list, tuple)):
         return [t for o in obj for t in _tensors(o)]
     if isinstance(obj, dict):
         return [t for o in obj.values() for t in _tensors(o)]
     return []
+
+
+def _carries_gradient(tensor: torch.Tensor) -> bool:
+    return tensor.requires_grad and tensor.is_floating_point() and tensor.dim() > 0
 
 
 def _exponent_counts(tensor: torch.Tensor) -> torch.Tensor:
