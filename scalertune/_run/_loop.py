@@ -1,9 +1,10 @@
 """Run one configuration on a fresh workload and watch it for non-finite values.
 
-The AMP loop never waits for the device. Each step writes its loss and the current loss scale
+The AMP loop never waits for the device. Each step copies its loss and the current loss scale
 into preallocated device buffers; every ``READBACK_INTERVAL`` steps one transfer brings the
 window to the host, where it is checked, reported and timed. On CUDA that transfer is the
-synchronisation point, so the window's wall time covers exactly the work of its steps.
+synchronisation point, so the window's wall time covers exactly the work of its steps. On a
+CPU the two values are read as each step ends (:class:`Readings`).
 
 After each window a stop rule (:mod:`scalertune._judge._stopping`) may end the run early: it has
 reached the float32 target, or it can no longer beat the best run found so far.
@@ -159,6 +160,11 @@ def _record(config: AmpConfig, seed: int, steps: int, start: int, plan: Plan,
     return record
 
 
+#: Device types whose values :class:`Readings` reads as each step ends (the device is the
+#: host); ``benchmarks/overhead.py`` empties it to count the syncs an accelerator would see.
+HOST_READS = ("cpu",)
+
+
 class Readings:
     """Each step's loss and loss scale, brought to the host once per window.
 
@@ -171,7 +177,7 @@ class Readings:
     """
 
     def __init__(self, device: torch.device, steps: int, *, scaled: bool) -> None:
-        self._host, self._scaled = device.type == "cpu", scaled
+        self._host, self._scaled = device.type in HOST_READS, scaled
         self._losses: list[float] = []
         self._scales: list[float] = []
         if not self._host:

@@ -5,7 +5,8 @@ Every run of a search but the float32 references is an Optuna trial taken with
 confirmation, a retry), otherwise a config sampled from the space. A sampled config the study
 has already finished is not trained again: its result is copied and marked ``duplicate_of``.
 While a run trains, its curve goes to the storage from a background thread, one point per
-read-back window; the training loop never waits for a storage write.
+read-back window, written together at most once a second; the training loop never waits for
+a storage write.
 """
 
 from __future__ import annotations
