@@ -190,3 +190,33 @@ def test_writers_of_the_same_result_file_at_once_never_trip_over_each_others_tem
     assert not errors
     assert yaml.safe_load(open(path))["config"]["dtype"] == "float16"
     assert [p.name for p in tmp_path.iterdir()] == ["shared.yaml"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_accelerator_readings_record_what_the_cpu_readings_do(dtype, monkeypatch):
+    # On a CPU each step's loss and scale are read with item(); on an accelerator they are
+    # copied into device buffers and read once per window. Forced onto the CPU, that second
+    # path must give the same record, skipped steps and all (init_scale 2**20 overflows
+    # this workload's first steps).
+    import workloads
+
+    from scalertune._run import _loop
+
+    config = (AmpConfig(init_scale=2.0**20, growth_interval=7) if dtype == "float16"
+              else AmpConfig(dtype=dtype))
+
+    def record():
+        return _loop.run_config(workloads.gradient_overflow, config, steps=45, seed=0,
+                                device=torch.device("cpu"))
+
+    on_cpu = record()
+    monkeypatch.setattr(_loop, "HOST_READS", ())
+    on_device = record()
+    assert on_device.losses == on_cpu.losses and on_device.scales == on_cpu.scales
+    assert len(on_cpu.losses) == 45
+    if dtype == "float16":
+        assert on_cpu.skipped and on_cpu.skipped == on_device.skipped
+        scales = on_cpu.scales
+        assert any(later > earlier for earlier, later in zip(scales, scales[1:]))  # it grew
+    else:
+        assert set(on_cpu.scales) == {1.0}
