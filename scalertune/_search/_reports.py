@@ -21,10 +21,10 @@ class Reports:
     any loss scale compare on one axis in the dashboard. The points are written together at
     most every ``CURVE_FLUSH_S`` (one transaction, :func:`write_points`), so that the thread
     costs the trial little however short its windows are; the dashboard's view of a running
-    trial is that much behind. A branch's points sit at the steps of
-    the training it is part of. A pruned run's curve ends with one NaN point: Optuna takes a
-    pruned trial's last point for its objective value, which would put a loss ratio on the
-    time-to-target axis of the History plot; with NaN it leaves the value empty."""
+    trial is that much behind. A branch's points sit at the steps of the training it is part
+    of. A pruned run's curve ends with one NaN point: Optuna takes a pruned trial's last point
+    for its objective value, which would put a loss ratio on the time-to-target axis of the
+    History plot; with NaN it leaves the value empty."""
 
     def __init__(self, trial: optuna.Trial, target: Target) -> None:
         self._trial, self._target = trial, target
