@@ -133,12 +133,10 @@ class AmpRuntime:
 
         Applies the float32 islands (:meth:`prepare`) to ``model`` on first use.
         """
-        forward = self._forward
-        if forward.islands:
-            forward.prepare(model)
+        self._forward.prepare(model)
         inputs, targets = batch
         optimizer.zero_grad(set_to_none=True)
-        with forward.reused:
+        with self._forward.reused:
             loss = loss_fn(model(inputs), targets)
         self.backward(loss)
         self.step(optimizer)
@@ -186,14 +184,13 @@ class _Forward:
         self.config, self.device = config, device
         self.islands = config.fp32_modules
         self._dtype = getattr(torch, config.dtype)
-        self._type = device.type
         self._float32 = config.dtype == "float32"
         self._prepared: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         #: The context :meth:`AmpRuntime.train_step` enters on every step, made once: it is
         #: entered and left in turn, never nested, and making one costs more than entering it.
         self.reused: contextlib.AbstractContextManager[Any] = (
             contextlib.nullcontext() if self._float32
-            else torch.autocast(self._type, dtype=self._dtype))
+            else torch.autocast(device.type, dtype=self._dtype))
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self._float32:
@@ -202,11 +199,11 @@ class _Forward:
             raise UsageError(f"this config keeps {', '.join(self.islands)} in float32 "
                              "(fp32_modules): call model = amp.prepare(model) once before "
                              "training")
-        return torch.autocast(self._type, dtype=self._dtype)
+        return torch.autocast(self.device.type, dtype=self._dtype)
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self.config.fp32_modules and model not in self._prepared:
-            apply_islands(model, self.config.fp32_modules, self.device.type)
+        if self.islands and model not in self._prepared:
+            apply_islands(model, self.islands, self.device.type)
             self._prepared.add(model)
         return model
 
@@ -294,10 +291,7 @@ class _Skips:
         if self._mode == "host":
             scaler.step(optimizer)
             scaler.update()
-            if self._taken.count != taken and not self._startup_open:
-                self.streak = 0  # a step that ran, after the start-up: all _record would do
-            else:
-                self._record(index, self._taken.count == taken, on_host=True)
+            self._record(index, self._taken.count == taken, on_host=True)
             return
         scale = scaler._scale  # noqa: SLF001 - read on the device, no sync
         if self._before is None:

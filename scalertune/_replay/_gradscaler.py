@@ -254,14 +254,10 @@ class _Scalers:
         new = (in_effect * self.backoff[which]).astype(np.float32)
         self.scale[which] = new
         self.next_growth[which] = steps + self.interval[which]
-        self.record(np.full(len(which), steps) if isinstance(steps, int) else steps, which, new)
-        return new
-
-    def record(self, steps: np.ndarray, which: np.ndarray, new: np.ndarray) -> None:
-        """Configs ``which`` skipped ``steps``, backing off to ``new``."""
-        self.at.append(steps)
+        self.at.append(np.full(len(which), steps) if isinstance(steps, int) else steps)
         self.of.append(which)
         self.to.append(new)
+        return new
 
     def grown(self, which: np.ndarray | None = None) -> np.ndarray:
         """The scale after the next growth, of every config or of ``which``."""
@@ -368,16 +364,10 @@ def _busy_block(scalers: _Scalers, window: np.ndarray, t0: int, busy: np.ndarray
         # limit from position ``i`` on, which says who overflows again, and ``remaining[i]``
         # the window with the positions up to ``i`` masked, where each finds its next.
         remaining = np.where(later, window, np.inf)
-        backoff, interval = scalers.backoff[which], scalers.interval[which]
         while len(again):
             which, last, scale = which[again], last[again], scale[again]
-            backoff, interval = backoff[again], interval[again]
             last = (remaining[last] <= scale[:, None]).argmax(axis=1)
-            scale = (scale * backoff).astype(np.float32)
-            steps = t0 + last
-            scalers.scale[which] = scale
-            scalers.next_growth[which] = steps + interval
-            scalers.record(steps, which, scale)
+            scale = scalers.back_off(which, t0 + last, scale)
             again = _nonzero(after[last + 1] <= scale)
 
 

@@ -30,7 +30,7 @@ from scalertune._run._checkpoint import BatchCursor, load_checkpoint, save_check
 from scalertune._run._memory import release_memory
 from scalertune._run._nonfinite import judge_window
 from scalertune._run._record import RunRecord, StopRule, WindowCallback
-from scalertune._workload._contract import Workload, batch_mover, build_workload
+from scalertune._workload._contract import Workload, build_workload, to_device
 
 
 class Watcher(Protocol):
@@ -110,11 +110,11 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
         watcher.attach(workload, step_fn, start)
     workload.model.train()
     readings = Readings(device, steps - start, scaled=config.uses_scaler)
-    every, move = _policy.READBACK_INTERVAL, batch_mover(device)
+    every = _policy.READBACK_INTERVAL
     try:
         window_start, started = 0, time.perf_counter()
         for i in range(steps - start):
-            readings.add(i, step_fn(workload, move(next(batches)), amp), amp)
+            readings.add(i, step_fn(workload, to_device(next(batches), device), amp), amp)
             if watcher is not None:
                 watcher.after_step(start + i)
             if (i + 1) % every and i + 1 < steps - start:

@@ -216,11 +216,7 @@ class _Hooks:
         on_grad = functools.partial(self._on_grad, index)
 
         def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
-            if type(output) is torch.Tensor:  # the common case, without the walk
-                tensors = [output] if _carries_gradient(output) else []
-            else:
-                tensors = _tensors(output)
-            for tensor in tensors:
+            for tensor in _tensors(output):
                 if self._full:
                     peak = tensor.detach().abs().amax().float()
                     self._forward[index] = torch.maximum(self._forward[index], peak)
@@ -234,8 +230,7 @@ class _Hooks:
             _ENGINE.queue_callback(self._backward_done)
 
     def _on_grad(self, index: int, grad: torch.Tensor) -> None:
-        if not self._queued:
-            self._queue()
+        self._queue()
         parts = torch.aminmax(grad.detach())
         self._parts.extend(parts)
         if self._full:
@@ -282,16 +277,12 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     """The floating tensors of a module's output that carry a gradient (not a scalar loss,
     whose gradient is the loss scale itself)."""
     if isinstance(obj, torch.Tensor):
-        return [obj] if _carries_gradient(obj) else []
+        return [obj] if obj.requires_grad and obj.is_floating_point() and obj.dim() else []
     if isinstance(obj, (list, tuple)):
         return [t for o in obj for t in _tensors(o)]
     if isinstance(obj, dict):
         return [t for o in obj.values() for t in _tensors(o)]
     return []
-
-
-def _carries_gradient(tensor: torch.Tensor) -> bool:
-    return tensor.requires_grad and tensor.is_floating_point() and tensor.dim() > 0
 
 
 def _exponent_counts(tensor: torch.Tensor) -> torch.Tensor:

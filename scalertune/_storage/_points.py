@@ -61,11 +61,10 @@ def _rdb(trial: Any) -> Any:
     backend = getattr(storage, "_backend", storage)
     try:
         from optuna.storages import RDBStorage
+        from optuna.storages._rdb import models
         from optuna.storages._rdb import storage as rdb_module
     except ImportError:
         return None
-    from optuna.storages._rdb import models
-
     rows = getattr(models, "TrialIntermediateValueModel", None)
     if (isinstance(backend, RDBStorage) and hasattr(rdb_module, "_create_scoped_session")
             and hasattr(backend, "check_trial_is_updatable") and hasattr(trial, "_trial_id")

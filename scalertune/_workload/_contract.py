@@ -173,20 +173,13 @@ def _check(w: Workload) -> None:
 _EMPTY = object()
 
 
-def batch_mover(device: torch.device) -> Callable[[Any], Any]:
-    """:func:`to_device` for every batch of a run, with the common batch (a pair of tensors)
-    moved without walking it: that walk is a visible share of a small model's step."""
-    def move(batch: Any) -> Any:
-        if type(batch) is tuple and len(batch) == 2:
-            x, y = batch
-            if type(x) is torch.Tensor and type(y) is torch.Tensor:
-                return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        return to_device(batch, device)
-    return move
-
-
 def to_device(obj: Any, device: torch.device) -> Any:
-    """Move the tensors in a batch (nested tuples, lists, dicts) to ``device``."""
+    """Move the tensors in a batch (nested tuples, lists, dicts) to ``device``; the common
+    batch, a pair of tensors, without the walk (a visible share of a small model's step)."""
+    if type(obj) is tuple and len(obj) == 2:
+        x, y = obj
+        if type(x) is torch.Tensor and type(y) is torch.Tensor:
+            return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     if isinstance(obj, torch.Tensor):
         return obj.to(device, non_blocking=True)
     if isinstance(obj, (list, tuple)):
