@@ -2,13 +2,21 @@
 
     python benchmarks/replay.py [--repeats 5] [--real-steps 100000]
 
-The goal is under a second of CPU for ``replay_many``, the blocked exact replay that ranks a
-search space's configs from the float32 reference's trace. Timed side by side on each trace:
-``replay_many`` with and without the start-up probe, the step-by-step pass over all configs
-at once (its fallback for growth intervals below 8), and the one-config ``replay`` looped over
-the configs (timed on 20, scaled to 1,000); the ratios are against ``replay_many``, whose time
-is the median of ``--repeats`` runs with their range. All CPU time of this process, one
-thread. Every implementation is checked to give the same counts.
+The goal is under a second of CPU for ranking a search space's configs from the float32
+reference's trace. Timed side by side on each trace:
+
+- ``replay_many`` with and without the start-up probe, every config exactly to the end (the
+  median of ``--repeats`` runs, with their range);
+- as the search ranks them (``_replay_choice.fewest_skips``): PyTorch's defaults replayed
+  alone, then the 1,000 configs with each stopped once it skips more than the defaults (it
+  can no longer win); checked to pick the same config as the full replay (median of
+  ``--repeats``);
+- the step-by-step pass over all configs at once (the fallback for growth intervals below 8)
+  and the one-config ``replay`` looped over the configs (timed on 20, scaled to 1,000); their
+  ratios are against the full ``replay_many``.
+
+All CPU time of this process, one thread. Every implementation is checked to give the same
+counts.
 
 Traces: two synthetic ones (independent lognormal magnitudes; a slow trend with AR(1) noise
 and rare spikes) and a real one, the float32 reference of ``tests/workloads.py``'s
@@ -19,6 +27,7 @@ takes a minute or two to train).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import platform
@@ -34,9 +43,11 @@ sys.path[:0] = [os.path.join(ROOT, "tests")]
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from scalertune._amp._config import AmpConfig  # noqa: E402
+from scalertune._amp._config import PYTORCH_DEFAULT, AmpConfig  # noqa: E402
 from scalertune._replay import _gradscaler  # noqa: E402
 from scalertune._replay._gradscaler import limits, replay, replay_many  # noqa: E402
+from scalertune._replay._trace import Trace, empty  # noqa: E402
+from scalertune._search._replay_choice import fewest_skips, keeps_gradients  # noqa: E402
 
 CONFIGS = 1000
 STEPS = 100_000
@@ -55,20 +66,19 @@ def configs(n: int = CONFIGS, seed: int = 0) -> list[AmpConfig]:
             for _ in range(n)]
 
 
-def traces(steps: int = STEPS, real_steps: int = STEPS, seed: int = 0) -> dict[str, Any]:
-    """name -> (amax, start-up probe)."""
+def traces(steps: int = STEPS, real_steps: int = STEPS, seed: int = 0) -> dict[str, Trace]:
+    """name -> trace (the synthetic ones without a magnitude histogram: nothing flushes)."""
     rng = np.random.default_rng(seed)
-    out = {"lognormal iid (sigma 1)": (np.exp(rng.normal(0, 1.0, steps)) * 3.0, None)}
+    amax = {"lognormal iid (sigma 1)": np.exp(rng.normal(0, 1.0, steps)) * 3.0}
     noise, walk = rng.normal(0, 0.3, steps), np.zeros(steps)
     for t in range(1, steps):
         walk[t] = 0.95 * walk[t - 1] + noise[t]
     spikes = np.where(rng.random(steps) < 1e-3, 100.0, 1.0)
-    out["trend + AR(1) + spikes"] = (np.exp(np.linspace(2, -1, steps) + walk) * spikes, None)
-    for name in out:
-        out[name] = (out[name][0], out[name][0][:4])  # a probe of four "batches"
+    amax["trend + AR(1) + spikes"] = np.exp(np.linspace(2, -1, steps) + walk) * spikes
+    out = {name: dataclasses.replace(empty(), amax=a, param_amax=a, startup=a[:4])
+           for name, a in amax.items()}  # a probe of four "batches"
     if real_steps:
-        trace = _real_trace(real_steps)
-        out[f"gradient_overflow, float32 ({real_steps:,} steps)"] = (trace.amax, trace.startup)
+        out[f"gradient_overflow, float32 ({real_steps:,} steps)"] = _real_trace(real_steps)
     return out
 
 
@@ -97,14 +107,27 @@ def _stepwise(amax: np.ndarray, chosen: list[AmpConfig]) -> np.ndarray:
     return scalers.totals()[0]
 
 
+def _fewest(trace: Trace, played: Any, ranked: list[AmpConfig]) -> AmpConfig:
+    """What the search would pick from the full replay (``fewest_skips`` without the stop)."""
+    viable = [i for i in range(len(ranked)) if keeps_gradients(trace, played.min_scale[i])]
+    return ranked[min(viable, key=lambda i: (played.n_skipped[i],
+                                             ranked[i].knobs_changed(None)))]
+
+
 def measure(*, repeats: int = 5, real_steps: int = STEPS) -> list[dict[str, Any]]:
     chosen = configs()
+    ranked = [PYTORCH_DEFAULT, *chosen]
     rows = []
-    for name, (amax, probe) in traces(real_steps=real_steps).items():
-        times = []
+    for name, trace in traces(real_steps=real_steps).items():
+        amax, probe = trace.amax, trace.startup
+        times, ranking = [], []
         for _ in range(repeats):
             seconds, many = _cpu(lambda: replay_many(amax, chosen))
             times.append(seconds)
+            seconds, picked = _cpu(lambda: fewest_skips(trace, PYTORCH_DEFAULT, ranked,
+                                                        len(amax), None))
+            ranking.append(seconds)
+        assert picked is _fewest(trace, replay_many(amax, ranked, startup=probe), ranked)
         probed_s, probed = _cpu(lambda: replay_many(amax, chosen, startup=probe))
         stepwise_s, stepwise = _cpu(lambda: _stepwise(amax, chosen))
         looped_s, looped = _cpu(lambda: [replay(amax, c) for c in chosen[:LOOPED]])
@@ -115,6 +138,7 @@ def measure(*, repeats: int = 5, real_steps: int = STEPS) -> list[dict[str, Any]
         median = statistics.median(times)
         rows.append({"trace": name, "steps": len(amax), "median_s": median,
                      "low_s": min(times), "high_s": max(times), "probed_s": probed_s,
+                     "ranked_s": statistics.median(ranking),
                      "stepwise_s": stepwise_s, "looped_s": looped_s * CONFIGS / LOOPED,
                      "skips_median": float(np.median(many.n_skipped)),
                      "skips_max": int(many.n_skipped.max()),
@@ -132,11 +156,11 @@ def main() -> None:
     print(f"Replay time on {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
           f"(load {os.getloadavg()[0]:.1f}), numpy {np.__version__}, one thread: "
           f"{CONFIGS:,} float16 configs (the shipped space's ranges) x {STEPS:,} steps, CPU s")
-    print(f"   {'trace':<40} {'replay_many':>20} {'with probe':>10} {'step by step':>13} "
-          f"{'one at a time':>14}   skips per config (median, max; total)")
+    print(f"   {'trace':<40} {'replay_many':>20} {'with probe':>10} {'ranked':>7} "
+          f"{'step by step':>13} {'one at a time':>14}   skips per config (median, max; total)")
     for r in measure(repeats=args.repeats, real_steps=args.real_steps):
         many = f"{r['median_s']:.2f} ({r['low_s']:.2f}-{r['high_s']:.2f})"
-        print(f"   {r['trace']:<40} {many:>20} {r['probed_s']:>10.2f} "
+        print(f"   {r['trace']:<40} {many:>20} {r['probed_s']:>10.2f} {r['ranked_s']:>7.2f} "
               f"{r['stepwise_s']:>6.2f} {r['stepwise_s'] / r['median_s']:>5.1f}x "
               f"{r['looped_s']:>7.1f} {r['looped_s'] / r['median_s']:>5.0f}x   "
               f"{r['skips_median']:g}, {r['skips_max']:,}; {r['skips_total']:,}")

@@ -65,6 +65,11 @@ MAX_BLOCK = 64
 #: step; with intervals of 2 to 12, stepping those below 4, 8, 12 took 5.9, 4.6, 3.5 s.
 BLOCKED_FROM_INTERVAL = 8
 
+#: With ``stop_above``, :func:`replay_many` counts each config's skips and stops those past it
+#: once every this many steps (where the blocks' length is chosen again, from the growth
+#: intervals of the configs still running).
+STOP_CHECK_EVERY = 1024
+
 
 def limits(amax: np.ndarray) -> np.ndarray:
     """``THRESHOLD / amax`` in float64: step ``t`` overflows at every scale ``>= limits[t]``.
@@ -174,6 +179,9 @@ class ReplayMany:
     #: Every skipped step, as pairs: config ``skip_config[i]`` skipped step ``skip_step[i]``.
     skip_step: np.ndarray
     skip_config: np.ndarray
+    #: The configs stopped early (``replay_many``'s ``stop_above``): their counts are at
+    #: least that bound plus one, their skipped steps and scales those up to the stop.
+    stopped: np.ndarray
 
     def skipped(self, config: int) -> np.ndarray:
         """The steps config number ``config`` skips, ascending."""
@@ -188,9 +196,16 @@ class ReplayMany:
 
 
 def replay_many(amax: np.ndarray, configs: Sequence[AmpConfig], *,
-                startup: np.ndarray | None = None) -> ReplayMany:
+                startup: np.ndarray | None = None,
+                stop_above: int | None = None) -> ReplayMany:
     """Every config's GradScaler over the trace ``amax`` at once, exactly as :func:`replay`
-    with ``lag=False`` would run each (under a second for 1,000 configs over 100,000 steps).
+    with ``lag=False`` would run each (about a second for 1,000 configs over 100,000 steps).
+
+    With ``stop_above``, a config is stopped once it has skipped more steps than that (checked
+    every ``STOP_CHECK_EVERY`` steps): what ranks configs against one whose count is known
+    (PyTorch's defaults) needs no more of those that already skip more. The configs still
+    running then set the blocks' length, which grows as the short growth intervals, the
+    configs that skip most, drop out.
 
     With ``startup`` the start-up streak is the probe's, as in :func:`replay`; after it the
     trace is read open loop, at ``t``: the order of configs is what a search needs, and the
@@ -225,7 +240,12 @@ def replay_many(amax: np.ndarray, configs: Sequence[AmpConfig], *,
             if len(chosen):
                 scalers = _Scalers([configs[i] for i in chosen])
                 start = 0 if probe is None else _startup_streak(scalers, limit, probe)
-                (_run_stepwise if stepwise else _run_blocked)(scalers, limit, start)
+                run = _run_stepwise if stepwise else _run_blocked
+                every = len(limit) if stop_above is None else STOP_CHECK_EVERY
+                for t in range(start, len(limit), every):
+                    if stop_above is not None and not scalers.stop_above(stop_above):
+                        break
+                    run(scalers, limit[:t + every], t)
                 parts.append((chosen, scalers))
     return _merged(len(configs), parts)
 
@@ -247,6 +267,13 @@ class _Scalers:
         self.at: list[np.ndarray] = []
         self.of: list[np.ndarray] = []
         self.to: list[np.ndarray] = []
+        # Configs stop (:meth:`stop_above`): the arrays above hold those still running,
+        # ``ids`` their numbers; the record numbers them by position until :meth:`_renumber`.
+        self.ids = np.arange(len(configs))
+        self.final = np.empty(len(configs), dtype=np.float32)
+        self.stopped = np.zeros(len(configs), dtype=bool)
+        self._counts = np.zeros(len(configs), dtype=np.int64)
+        self._renumbered = 0
 
     def back_off(self, which: np.ndarray, steps: np.ndarray | int,
                  in_effect: np.ndarray) -> np.ndarray:
@@ -279,12 +306,37 @@ class _Scalers:
             self.grow(due, self.grown(due))
         return over
 
+    def stop_above(self, most: int) -> int:
+        """Stop the configs that have skipped more than ``most`` steps; how many still run."""
+        start = self._renumber()
+        if start < len(self.of):
+            self._counts += np.bincount(self.of[start], minlength=len(self._counts))
+        over = self._counts[self.ids] > most
+        if over.any():
+            gone = self.ids[over]
+            self.final[gone], self.stopped[gone] = self.scale[over], True
+            keep = ~over
+            for name in ("growth", "backoff", "interval", "scale", "next_growth", "ids"):
+                setattr(self, name, getattr(self, name)[keep])
+        return len(self.ids)
+
+    def _renumber(self) -> int:
+        """Number the record's newest entries by config, not by position among those
+        running (they were the same until a stop); where those entries now begin."""
+        start = self._renumbered
+        if start < len(self.of):
+            self.of[start:] = [self.ids[np.concatenate(self.of[start:])]]
+        self._renumbered = len(self.of)
+        return start
+
     def totals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Skips per config, the lowest scale of each, and the record: steps, configs."""
+        self._renumber()
+        self.final[self.ids] = self.scale
         of = np.concatenate([np.zeros(0, np.int64), *self.of])
         lowest = self.initial.copy()  # float32, as the record: ufunc.at's fast path
         np.minimum.at(lowest, of, np.concatenate([np.zeros(0, np.float32), *self.to]))
-        return (np.bincount(of, minlength=len(self.scale)), lowest,
+        return (np.bincount(of, minlength=len(self.initial)), lowest,
                 np.concatenate([np.zeros(0, np.int64), *self.at]), of)
 
 
@@ -319,15 +371,16 @@ def _run_blocked(scalers: _Scalers, limit: np.ndarray, start: int) -> None:
         window = limit[t0:t0 + block]
         growth_in_block = scalers.next_growth - t0
         grows = growth_in_block < len(window)
-        grown = scalers.grown()
-        busy = _nonzero(np.where(grows, grown, scalers.scale) >= low)
+        grown, scale = scalers.grown(), scalers.scale
+        # Every config ends the block as if it did not overflow (its growth taken); those
+        # that did are put right by _busy_block.
+        scalers.scale = np.where(grows, grown, scale)
+        scalers.next_growth += scalers.interval * grows
+        busy = _nonzero(scalers.scale >= low)
         if len(busy):
             n = len(window)
-            _busy_block(scalers, window, t0, busy, growth_in_block, grows, grown,
+            _busy_block(scalers, window, t0, busy, growth_in_block, scale, grown,
                         positions[:n], rows[:len(busy)], after[b], later[:n, :n])
-        due = _nonzero(grows)
-        if len(due):
-            scalers.grow(due, grown[due])
 
 
 def _suffix_minima(limit: np.ndarray, block: int) -> np.ndarray:
@@ -341,22 +394,21 @@ def _suffix_minima(limit: np.ndarray, block: int) -> np.ndarray:
 
 
 def _busy_block(scalers: _Scalers, window: np.ndarray, t0: int, busy: np.ndarray,
-                growth_in_block: np.ndarray, grows: np.ndarray, grown: np.ndarray,
+                growth_in_block: np.ndarray, scale: np.ndarray, grown: np.ndarray,
                 positions: np.ndarray, rows: np.ndarray, after: np.ndarray,
                 later: np.ndarray) -> None:
-    """The overflows of the configs ``busy`` in the block at ``t0``; ``grows`` loses those
-    whose growth an overflow took or cancelled. (``positions`` and ``rows``: ``arange`` over
-    the block and over ``busy``; ``later``: which positions come after each; all made once per
-    replay. ``grown``: every config's next rung; ``after``: the block's suffix minima.)"""
+    """The overflows of the configs ``busy`` in the block at ``t0``, whose scales were
+    ``scale`` as it began and ``grown`` after their next growth. (``positions`` and ``rows``:
+    ``arange`` over the block and over ``busy``; ``later``: which positions come after each;
+    all made once per replay. ``after``: the block's suffix minima.)"""
     profile = np.where(positions[None, :] > growth_in_block[busy, None],
-                       grown[busy, None], scalers.scale[busy, None])
+                       grown[busy, None], scale[busy, None])
     hit = window[None, :] <= profile
     first = hit.argmax(axis=1)
     overflowed = _nonzero(hit[rows, first])
     if not len(overflowed):
         return
     which, last = busy[overflowed], first[overflowed]
-    grows[which] = False
     scale = scalers.back_off(which, t0 + last, profile[overflowed, last])
     again = _nonzero(after[last + 1] <= scale)
     if len(again):
@@ -373,13 +425,15 @@ def _busy_block(scalers: _Scalers, window: np.ndarray, t0: int, busy: np.ndarray
 
 def _merged(count: int, parts: list[tuple[np.ndarray, _Scalers]]) -> ReplayMany:
     skips, lowest, final = (np.zeros(count, dtype=d) for d in (np.int64, np.float64, np.float64))
+    stopped = np.zeros(count, dtype=bool)
     steps, owners = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for chosen, scalers in parts:
         skips[chosen], lowest[chosen], at, of = scalers.totals()
-        final[chosen] = scalers.scale
+        final[chosen], stopped[chosen] = scalers.final, scalers.stopped
         steps.append(at)
         owners.append(chosen[of])
-    return ReplayMany(skips, lowest, final, np.concatenate(steps), np.concatenate(owners))
+    return ReplayMany(skips, lowest, final, np.concatenate(steps), np.concatenate(owners),
+                      stopped)
 
 
 def _check(config: AmpConfig) -> None:
@@ -403,5 +457,5 @@ def _nonzero(mask: np.ndarray) -> np.ndarray:
 def _grown(scale: np.ndarray, growth: np.ndarray) -> np.ndarray:
     """``float32(scale * growth)`` where finite, else ``scale``: GradScaler never grows to inf.
     (Callers silence numpy's overflow warning.)"""
-    new = (scale * growth).astype(np.float32)
-    return np.where(np.isinf(new), scale, new) if np.isinf(new.max()) else new
+    new = np.multiply(scale, growth, out=np.empty(len(scale), np.float32), casting="unsafe")
+    return np.where(np.isinf(new), scale, new) if math.isinf(new.max(initial=0)) else new

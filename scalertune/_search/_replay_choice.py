@@ -9,7 +9,8 @@ whether its scale would collapse (nothing is tried where the forward pass overfl
 float16 with PyTorch's defaults: no scaler setting changes that). The fewest skips wins,
 but it is trained (one real run checks it) only when it skips fewer than PyTorch's defaults
 beyond the noise: the replay's own tolerance and float32's seed-to-seed spread of steps, over
-the horizon. Otherwise the defaults are as good: keep them.
+the horizon. Otherwise the defaults are as good: keep them. (The replay stops each drawn
+setting once it skips more than the defaults: it can no longer win.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from scalertune import _policy
 from scalertune._amp._config import PYTORCH_DEFAULT, SCALER_KNOBS, AmpConfig
 from scalertune._judge._rank import skip_tolerance
-from scalertune._replay._gradscaler import replay_many
+from scalertune._replay._gradscaler import replay, replay_many
 from scalertune._replay._predict import predict
 from scalertune._replay._trace import Trace
 from scalertune._review._result import SearchResult
@@ -41,16 +42,27 @@ def replay_choice(result: SearchResult, setup: Setup) -> AmpConfig | None:
             and default.config.fp32_modules == base.fp32_modules):
         return None  # the forward pass overflows float16 whatever the scaler does
     trace = Trace.decode(ref["trace"])
-    configs = [base, *_drawn(setup, base)]
-    played = replay_many(trace.amax[:result.horizon], configs, startup=trace.startup)
+    best = fewest_skips(trace, base, [base, *_drawn(setup, base)], result.horizon,
+                        setup.clip_norm)
+    return best if best is not None and worth_changing(trace, base, best, result) else None
+
+
+def fewest_skips(trace: Trace, base: AmpConfig, configs: list[AmpConfig], horizon: int,
+                 clip_norm: float | None) -> AmpConfig | None:
+    """The viable config of ``configs`` (scale above the floor, gradients not flushed) that
+    skips fewest steps over ``horizon`` in the replay, the one with the fewest knobs changed
+    among equals; ``None`` if none is viable. Where ``base`` (one of ``configs``) is viable,
+    no config that skips more can win, so the replay stops those as they pass its count."""
+    amax = trace.amax[:horizon]
+    alone = replay(amax, base, startup=trace.startup, lag=False)
+    bound = len(alone.skipped) if keeps_gradients(trace, alone.min_scale) else None
+    played = replay_many(amax, configs, startup=trace.startup, stop_above=bound)
     viable = [i for i in range(len(configs))
-              if played.min_scale[i] >= _policy.SCALE_FLOOR
-              and _flushed(trace, played.min_scale[i]) <= _policy.UNDERFLOW_SHARE]
+              if not played.stopped[i] and keeps_gradients(trace, played.min_scale[i])]
     if not viable:
         return None
-    best = configs[min(viable, key=lambda i: (played.n_skipped[i], configs[i].knobs_changed(
-        setup.clip_norm)))]
-    return best if worth_changing(trace, base, best, result) else None
+    return configs[min(viable, key=lambda i: (played.n_skipped[i], configs[i].knobs_changed(
+        clip_norm)))]
 
 
 def worth_changing(trace: Trace, defaults: AmpConfig, best: AmpConfig,
@@ -67,8 +79,12 @@ def worth_changing(trace: Trace, defaults: AmpConfig, best: AmpConfig,
     return saved > skip_tolerance(theirs.skipped_steps) and saved > result.spread * result.horizon
 
 
-def _flushed(trace: Trace, scale: float) -> float:
-    return trace.share_below(scale, _policy.FLOAT16_SMALLEST_SUBNORMAL / 2)
+def keeps_gradients(trace: Trace, min_scale: float) -> bool:
+    """Whether a scale that falls to ``min_scale`` stays above the floor and flushes no more
+    than ``UNDERFLOW_SHARE`` of the trace's gradients to zero."""
+    return (min_scale >= _policy.SCALE_FLOOR
+            and trace.share_below(min_scale, _policy.FLOAT16_SMALLEST_SUBNORMAL / 2)
+            <= _policy.UNDERFLOW_SHARE)
 
 
 def _base(result: SearchResult, setup: Setup) -> AmpConfig:

@@ -23,10 +23,17 @@ from scalertune._replay._deepspeed import (
     replay_fp16_block,
     update_deepspeed_scales,
 )
-from scalertune._replay._gradscaler import limits, replay, replay_many, update_scales
+from scalertune._replay._gradscaler import (
+    STOP_CHECK_EVERY,
+    limits,
+    replay,
+    replay_many,
+    update_scales,
+)
 from scalertune._replay._predict import PHASES, SKIPS_LISTED, predict, predict_deepspeed
 from scalertune._run._loop import Plan, run_config
 from scalertune._run._trace import TraceCollector
+from scalertune._search._replay_choice import fewest_skips, keeps_gradients
 
 CPU = torch.device("cpu")
 FLOAT32 = AmpConfig(dtype="float32")
@@ -260,6 +267,46 @@ def test_replay_many_is_replay_of_each_config(name):
             assert many.n_skipped[n] == len(one.skipped)
             assert np.array_equal(many.skipped(n), one.skipped)
             assert (many.min_scale[n], many.final_scale[n]) == (one.min_scale, one.final_scale)
+
+
+@pytest.mark.parametrize("name", list(_traces()))
+def test_replay_many_stopped_past_a_bound_is_the_full_replay_up_to_the_stop(name):
+    amax = _traces()[name]
+    rng = np.random.default_rng(9)
+    configs = [_random_config(rng, extreme=n % 7 == 0) for n in range(60)]
+    probe = np.exp(rng.normal(3, 1, 4))
+    full = replay_many(amax, configs, startup=probe)
+    bound = int(np.median(full.n_skipped))
+    some = replay_many(amax, configs, startup=probe, stop_above=bound)
+    # a config stops only once it has skipped more than the bound, and every one that has
+    # by a check (one every STOP_CHECK_EVERY steps) before the last is stopped
+    assert not some.stopped[full.n_skipped <= bound].any()
+    assert (some.n_skipped[some.stopped] > bound).all()
+    passed = np.array([n > bound and full.skipped(i)[bound] < len(amax) - STOP_CHECK_EVERY
+                       for i, n in enumerate(full.n_skipped)])
+    assert passed.any() and some.stopped[passed].all()
+    for n in range(len(configs)):
+        if some.stopped[n]:  # the same steps, up to where it stopped
+            assert np.array_equal(full.skipped(n)[:some.n_skipped[n]], some.skipped(n))
+        else:
+            assert np.array_equal(full.skipped(n), some.skipped(n))
+            assert (some.min_scale[n], some.final_scale[n]) == (full.min_scale[n],
+                                                                full.final_scale[n])
+
+
+def test_the_search_picks_the_same_setting_with_the_replay_stopped_at_the_defaults():
+    trace = _reference(workloads.gradient_overflow, 1500)
+    base = AmpConfig()
+    rng = np.random.default_rng(10)
+    configs = [base, *(_random_config(rng) for _ in range(200))]
+    full = replay_many(trace.amax, configs, startup=trace.startup)
+    viable = [i for i in range(len(configs)) if keeps_gradients(trace, full.min_scale[i])]
+    fewest = min(viable, key=lambda i: (full.n_skipped[i], configs[i].knobs_changed(None)))
+    assert full.n_skipped[fewest] < full.n_skipped[0]  # a setting that beats the defaults
+    stopped = replay_many(trace.amax, configs, startup=trace.startup,
+                          stop_above=int(full.n_skipped[0])).stopped
+    assert stopped.sum() > len(configs) // 2  # the bound stopped most of them
+    assert fewest_skips(trace, base, configs, len(trace.amax), None) is configs[fewest]
 
 
 def test_the_start_up_streak_reads_the_probe_and_then_the_trace():
