@@ -9,7 +9,10 @@ fewer over a horizon past ``TRACE_FULL_EVERY * TRACE_FULL_SAMPLES`` steps)
 every leaf and parameter is watched, the gradient exponents are counted (off the float32 bits:
 one shift and one count per tensor) and each module's largest forward output is kept; on the
 others only the subset of tensors that came within ``TRACE_SUBSET_MARGIN`` of a full step's
-largest, which is what keeps the reference's steps within a few percent of their cost.
+largest, which is what keeps the reference's steps within a few percent of their cost. Of the
+subset's module outputs, one whose gradient was at most another's on every full step so far
+(a dropout's output and its input's, say: the same gradient, or a share of it) is left out
+while that holds.
 
 Before the first step, the start-up probe runs the first batches forward and backward at the
 initial weights (no optimizer step, random state and buffers put back): what a scale too
@@ -18,6 +21,7 @@ large from the start meets while it skips.
 
 from __future__ import annotations
 
+import base64
 import functools
 import itertools
 from typing import Any, Callable
@@ -150,6 +154,9 @@ class _Hooks:
         self._handles: list[Any] = []
         self._watched_modules: set[int] = set()
         self._watched_params: set[int] = set()
+        # [i, j]: module i's output gradient was at least module j's on every full step read
+        # (None before the first, and over TRACE_DOMINANCE_MODULES leaves: nothing left out)
+        self._dominance: np.ndarray | None = None
 
     def attach(self, workload: Workload) -> None:
         leaves = [(n, m) for n, m in workload.model.named_modules()
@@ -172,7 +179,7 @@ class _Hooks:
         full = is_full(step, self._every)
         if full != self._full:
             self.detach()
-            chosen = range(len(self._modules)) if full else sorted(self._watched_modules)
+            chosen = range(len(self._modules)) if full else self._subset_modules()
             self._handles = [self._modules[i].register_forward_hook(self._on_output(i))
                              for i in chosen]
             if not self._handles:  # nothing to hear backward's end from: the parameters
@@ -200,17 +207,39 @@ class _Hooks:
         self._row, self._full_rows = 0, []
         return rows, hist, forward
 
-    def subset(self) -> dict[str, list[int]]:
-        return {"modules": sorted(self._watched_modules), "params": sorted(self._watched_params)}
+    def subset(self) -> dict[str, Any]:
+        dominance = None if self._dominance is None else [len(self._dominance), base64.b64encode(
+            np.packbits(self._dominance).tobytes()).decode("ascii")]
+        return {"modules": sorted(self._watched_modules), "params": sorted(self._watched_params),
+                "dominance": dominance}
 
-    def restore_subset(self, saved: dict[str, list[int]]) -> None:
+    def restore_subset(self, saved: dict[str, Any]) -> None:
         self._watched_modules = set(saved["modules"])
         self._watched_params = set(saved["params"])
+        if saved.get("dominance") is not None:
+            n, text = saved["dominance"]
+            bits = np.frombuffer(base64.b64decode(text), np.uint8)
+            self._dominance = np.unpackbits(bits, count=n * n).astype(bool).reshape(n, n)
 
     def _grow_subset(self, largest: float, modules: np.ndarray, params: np.ndarray) -> None:
         close = largest / _policy.TRACE_SUBSET_MARGIN
         self._watched_modules.update(int(i) for i in np.flatnonzero(modules >= close))
         self._watched_params.update(int(i) for i in np.flatnonzero(params >= close))
+        if len(modules) <= _policy.TRACE_DOMINANCE_MODULES:
+            at_least = modules[:, None] >= modules[None, :]
+            self._dominance = (at_least if self._dominance is None
+                               else self._dominance & at_least)
+
+    def _subset_modules(self) -> list[int]:
+        """The subset's modules less those another of them dominates (see the module's
+        docstring; of modules equal on every full step, the first)."""
+        chosen = sorted(self._watched_modules)
+        if self._dominance is None or len(chosen) < 2:
+            return chosen
+        held = self._dominance[np.ix_(chosen, chosen)]  # [a, b]: a's at least b's, always
+        first = np.arange(len(chosen))
+        beaten = (held & ~held.T) | (held & held.T & (first[:, None] < first[None, :]))
+        return [i for i, out in zip(chosen, beaten.any(axis=0)) if not out]
 
     def _on_output(self, index: int) -> Any:
         on_grad = functools.partial(self._on_grad, index)

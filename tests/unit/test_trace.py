@@ -6,6 +6,7 @@ import pytest
 import torch
 import workloads
 from conftest import example
+from torch import nn
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
@@ -36,6 +37,36 @@ def test_the_trace_leaves_the_run_unchanged_and_its_subset_keeps_the_largest(fac
     ratio = traced.trace.amax / full.trace.amax
     assert np.mean(ratio == 1) >= 0.99 and ratio.min() > 0.5
     assert traced.trace.steps == 240 and np.all(traced.trace.amax > 0)
+
+
+def _repeated_gradient():
+    """Three module outputs that carry one gradient: a dropout at p=0 hands its input the
+    gradient it gets, which is the tanh output's, times the tanh's slope (at most 1)."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.0), nn.Tanh(), nn.Linear(16, 1))
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
+            "loss_fn": nn.MSELoss(reduction="sum"),
+            "batches": workloads._regression(scale_inputs=0.1, scale_targets=10)}
+
+
+def test_the_subset_leaves_out_module_outputs_another_always_matched(monkeypatch, tmp_path):
+    collector = TraceCollector(240)
+    traced = run_config(_repeated_gradient, FLOAT32, steps=240, seed=0, device=CPU,
+                        plan=Plan(watcher=collector))
+    hooks = collector._hooks
+    assert hooks.names == ("0", "1", "2", "3") and hooks._watched_modules == {0, 1, 2, 3}
+    # the linear's and the dropout's output gradients are the tanh's at most: not hooked
+    assert hooks._subset_modules() == [2, 3]
+    # and so does a reference resumed past the first full steps
+    path = str(tmp_path / "at150.pt")
+    _traced(_repeated_gradient, 150, save_at={150: path})
+    again = TraceCollector(240)
+    resumed = run_config(_repeated_gradient, FLOAT32, steps=240, seed=0, device=CPU,
+                         plan=Plan(watcher=again, checkpoint=path, resume=True))
+    assert np.array_equal(resumed.trace.amax, traced.trace.amax)
+    assert np.array_equal(again._hooks._dominance, hooks._dominance)
+    monkeypatch.setattr(_policy, "TRACE_FULL_EVERY", 1)
+    full = _traced(_repeated_gradient, 240)
+    assert np.array_equal(traced.trace.amax, full.trace.amax)
 
 
 def test_the_largest_gradient_is_the_largest_of_what_float16_would_hold():
