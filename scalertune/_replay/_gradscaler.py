@@ -216,14 +216,15 @@ def replay_many(amax: np.ndarray, configs: Sequence[AmpConfig], *,
     config grows at most once in a block, and never after an overflow in it (its count then
     restarts, and needs ``growth_interval >= B`` more steps). Per block:
 
-    1. a config whose largest possible scale there (its next rung, if it grows in the block,
-       else its scale) is below the block's smallest limit cannot overflow: it only takes its
-       growth, with every such config in a few vector operations;
+    1. every config takes its growth, if one falls in the block, as if it did not overflow:
+       a few vector operations for all of them. One whose largest possible scale there (its
+       next rung, if it grows in the block, else its scale) is below the block's smallest
+       limit cannot overflow, and is done;
     2. each of the others gets one comparison of the block's limits with its scale profile
        (its scale up to its growth step, the grown one after), which finds its first overflow;
     3. after an overflow the scale only falls, so another in the same block needs the smallest
-       limit after it to be at most the new scale: rare (a collapse from a large init_scale),
-       and those few configs step from overflow to overflow.
+       limit after it to be at most the new scale (a collapse from a large init_scale, or a
+       short interval at its limit), and those configs step from overflow to overflow.
 
     Configs with ``growth_interval < BLOCKED_FROM_INTERVAL`` go step by step instead.
     """

@@ -53,9 +53,9 @@ def test_the_subset_leaves_out_module_outputs_another_always_matched(monkeypatch
     traced = run_config(_repeated_gradient, FLOAT32, steps=240, seed=0, device=CPU,
                         plan=Plan(watcher=collector))
     hooks = collector._hooks
-    assert hooks.names == ("0", "1", "2", "3") and hooks._watched_modules == {0, 1, 2, 3}
+    assert hooks.names == ("0", "1", "2", "3") and hooks.subset.modules == {0, 1, 2, 3}
     # the linear's and the dropout's output gradients are the tanh's at most: not hooked
-    assert hooks._subset_modules() == [2, 3]
+    assert hooks.subset.hooked_modules() == [2, 3]
     # and so does a reference resumed past the first full steps
     path = str(tmp_path / "at150.pt")
     _traced(_repeated_gradient, 150, save_at={150: path})
@@ -63,7 +63,7 @@ def test_the_subset_leaves_out_module_outputs_another_always_matched(monkeypatch
     resumed = run_config(_repeated_gradient, FLOAT32, steps=240, seed=0, device=CPU,
                          plan=Plan(watcher=again, checkpoint=path, resume=True))
     assert np.array_equal(resumed.trace.amax, traced.trace.amax)
-    assert np.array_equal(again._hooks._dominance, hooks._dominance)
+    assert np.array_equal(again._hooks.subset.dominance, hooks.subset.dominance)
     monkeypatch.setattr(_policy, "TRACE_FULL_EVERY", 1)
     full = _traced(_repeated_gradient, 240)
     assert np.array_equal(traced.trace.amax, full.trace.amax)
