@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Iterator
@@ -97,6 +98,18 @@ def settle() -> None:
         for signum in SIGNALS:
             if signal.getsignal(signum) is _handler:
                 signal.signal(signum, signal.SIG_IGN)
+    _forget_unhandled_interrupt()
+
+
+def _forget_unhandled_interrupt() -> None:
+    """Keep the exit status the command chose. Under ``python -m``, CPython ends the process
+    with SIGINT (status -2, not 130) when any code it evaluated from C (``PyRun_String``:
+    pybind11's ``exec``, for one) ended in a ``KeyboardInterrupt``, even one that scalertune
+    then caught and turned into status 130; an evaluation that ends well clears that mark."""
+    if sys.implementation.name == "cpython":
+        import ctypes
+
+        ctypes.pythonapi.PyRun_SimpleString(b"")
 
 
 def received() -> bool:

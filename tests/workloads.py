@@ -124,6 +124,18 @@ def hangs_in_float16():
     return _in_float16_at_step_3(lambda: time.sleep(3600))
 
 
+def interrupted_in_code_evaluated_from_c():
+    """Ctrl-C arriving while CPython evaluates code called from C (``PyRun_String``, as
+    pybind11's ``exec`` does): the ``KeyboardInterrupt`` comes out of the factory."""
+    import ctypes
+
+    run = ctypes.pythonapi.PyRun_String
+    run.restype = ctypes.py_object
+    run.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+    scope = {}
+    run(b"raise KeyboardInterrupt", 257, scope, scope)  # 257: Py_file_input
+
+
 def eats_memory_in_float16():
     return _in_float16_at_step_3(lambda: torch.empty(64 * 2**30, dtype=torch.uint8).fill_(1))
 

@@ -388,6 +388,17 @@ def test_an_isolated_trial_dies_with_its_parent(tmp_path, signum):
             proc.wait()
 
 
+def test_an_interrupt_out_of_code_evaluated_from_c_still_exits_130(tmp_path):
+    # CPython marks such an interrupt, and at the end of `python -m` exits through SIGINT
+    # (-2) whatever status the program chose, unless the mark is cleared
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalertune", "search", spec("interrupted_in_code_evaluated_from_c"),
+         "--storage", f"sqlite:///{tmp_path / 's.db'}", "--steps", "20", "--device", "cpu",
+         "-q"], capture_output=True, text=True, cwd=tmp_path, timeout=STUCK_S,
+        stdin=subprocess.DEVNULL)
+    assert proc.returncode == 130 and proc.stderr == "scalertune: interrupted\n", proc.stderr
+
+
 @pytest.mark.parametrize("workload, extra, message", [
     ("aborts_in_every_run", [],
      "the float32 reference failed: the trial's process died with SIGABRT"),
