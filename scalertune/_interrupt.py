@@ -9,7 +9,9 @@ and the ``KeyboardInterrupt`` is raised where nothing is half-written:
 - at once, inside :func:`interruptible` code (training runs, waits): what those do is thrown
   away when they are interrupted, so stopping them anywhere is safe;
 - otherwise when the storage work in progress is done and the next interruptible code starts
-  (:func:`interruptible` raises on entry when one is pending), or when the search ends.
+  (:func:`interruptible` raises on entry when one is pending), or when the search ends;
+- and never inside an import (:func:`imports`: torch's, the user's factory module): one cut
+  while an extension's C++ runs Python code aborts the process.
 
 Training code never writes to the study itself (a run's curve goes from a background thread,
 and only the main thread handles signals). SIGTERM is handled exactly like Ctrl-C. A second
@@ -130,6 +132,18 @@ def deferred() -> Iterator[None]:
 def checkpoint() -> None:
     """A safe point: raise the ``KeyboardInterrupt`` of a signal still pending."""
     _raise_if_pending()
+
+
+@contextlib.contextmanager
+def imports() -> Iterator[None]:
+    """Imports in this scope are not cut by Ctrl-C or SIGTERM: a signal waits for their end
+    and is raised then (unless the code around handles it later still). A ``KeyboardInterrupt``
+    raised while an extension module's C++ runs Python code (torch's pybind11 modules, while
+    ``import torch`` runs) ends the process with ``std::terminate`` (SIGABRT, status -6)."""
+    with deferred():
+        yield
+    if _state.deferring == 0 or _state.open > 0:
+        _raise_if_pending()
 
 
 @contextlib.contextmanager

@@ -46,7 +46,8 @@ def program() -> NoReturn:
 def _main(argv: Sequence[str] | None, *, exiting: bool) -> int:
     with _interrupt.handled():
         try:
-            args = parse(argv)
+            with _interrupt.imports():  # the parser imports torch
+                args = parse(argv)
             code = args if isinstance(args, int) else _run(args.command, args)
         except KeyboardInterrupt:  # before a search opened its study, or outside a search
             print("scalertune: interrupted", file=sys.stderr)

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any, Callable
 
+from scalertune import _interrupt
 from scalertune._errors import UsageError
 
 
@@ -93,7 +94,8 @@ def _import_file(path: str) -> Any:
     sys.path.insert(0, os.path.dirname(path))
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        with _interrupt.imports():
+            spec.loader.exec_module(module)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # the user's module: any error is theirs to fix
@@ -104,7 +106,8 @@ def _import_file(path: str) -> Any:
 
 def _import_module(name: str) -> Any:
     try:
-        return importlib.import_module(name)
+        with _interrupt.imports():
+            return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name and name.startswith(exc.name):
             raise UsageError(

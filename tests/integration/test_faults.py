@@ -399,6 +399,23 @@ def test_an_interrupt_out_of_code_evaluated_from_c_still_exits_130(tmp_path):
     assert proc.returncode == 130 and proc.stderr == "scalertune: interrupted\n", proc.stderr
 
 
+def test_ctrl_c_waits_for_an_import_to_finish_and_then_stops(tmp_path):
+    # An import cut by a KeyboardInterrupt inside an extension's C++ (torch's pybind11
+    # modules) aborts the process; scalertune lets imports finish and stops after them.
+    (tmp_path / "model.py").write_text(
+        "import os, pathlib, signal\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "pathlib.Path('imported').write_text('whole')\n"
+        "def make_model():\n"
+        "    raise AssertionError('the search went on after Ctrl-C')\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalertune", "search", "model.py:make_model", "--storage",
+         f"sqlite:///{tmp_path / 's.db'}", "--steps", "20", "--device", "cpu", "-q"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=STUCK_S, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 130 and proc.stderr == "scalertune: interrupted\n", proc.stderr
+    assert (tmp_path / "imported").read_text() == "whole"
+
+
 @pytest.mark.parametrize("workload, extra, message", [
     ("aborts_in_every_run", [],
      "the float32 reference failed: the trial's process died with SIGABRT"),
