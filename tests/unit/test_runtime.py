@@ -89,7 +89,10 @@ def _optimizers():
 
         def __init__(self, params, **kwargs):
             super().__init__(params, **kwargs)
-            raw = torch.optim.SGD.step.__wrapped__
+            # SGD's step under its no_grad wrapper, without the hook wrapper that the first
+            # SGD built puts around it (none may have been built yet in this process)
+            raw = torch.optim.SGD.step
+            raw = raw.__wrapped__ if getattr(raw, "hooked", False) else raw
             self.step = lambda *args, **kw: raw(self, *args, **kw)
 
     return {"sgd": lambda p: torch.optim.SGD(p, lr=1e-4),
