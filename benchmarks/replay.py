@@ -47,7 +47,7 @@ from scalertune._amp._config import PYTORCH_DEFAULT, AmpConfig  # noqa: E402
 from scalertune._replay import _gradscaler  # noqa: E402
 from scalertune._replay._gradscaler import limits, replay, replay_many  # noqa: E402
 from scalertune._replay._trace import Trace, empty  # noqa: E402
-from scalertune._search._replay_choice import fewest_skips, keeps_gradients  # noqa: E402
+from scalertune._search._replay_choice import fewest_skips, pick  # noqa: E402
 
 CONFIGS = 1000
 STEPS = 100_000
@@ -107,13 +107,6 @@ def _stepwise(amax: np.ndarray, chosen: list[AmpConfig]) -> np.ndarray:
     return scalers.totals()[0]
 
 
-def _fewest(trace: Trace, played: Any, ranked: list[AmpConfig]) -> AmpConfig:
-    """What the search would pick from the full replay (``fewest_skips`` without the stop)."""
-    viable = [i for i in range(len(ranked)) if keeps_gradients(trace, played.min_scale[i])]
-    return ranked[min(viable, key=lambda i: (played.n_skipped[i],
-                                             ranked[i].knobs_changed(None)))]
-
-
 def measure(*, repeats: int = 5, real_steps: int = STEPS) -> list[dict[str, Any]]:
     chosen = configs()
     ranked = [PYTORCH_DEFAULT, *chosen]
@@ -127,7 +120,8 @@ def measure(*, repeats: int = 5, real_steps: int = STEPS) -> list[dict[str, Any]
             seconds, picked = _cpu(lambda: fewest_skips(trace, PYTORCH_DEFAULT, ranked,
                                                         len(amax), None))
             ranking.append(seconds)
-        assert picked is _fewest(trace, replay_many(amax, ranked, startup=probe), ranked)
+        # what the search would pick from the full replay, with no config stopped
+        assert picked is pick(trace, ranked, replay_many(amax, ranked, startup=probe), None)
         probed_s, probed = _cpu(lambda: replay_many(amax, chosen, startup=probe))
         stepwise_s, stepwise = _cpu(lambda: _stepwise(amax, chosen))
         looped_s, looped = _cpu(lambda: [replay(amax, c) for c in chosen[:LOOPED]])

@@ -24,7 +24,7 @@ import numpy as np
 from scalertune import _policy
 from scalertune._amp._config import PYTORCH_DEFAULT, SCALER_KNOBS, AmpConfig
 from scalertune._judge._rank import skip_tolerance
-from scalertune._replay._gradscaler import replay, replay_many
+from scalertune._replay._gradscaler import ReplayMany, replay, replay_many
 from scalertune._replay._predict import predict
 from scalertune._replay._trace import Trace
 from scalertune._review._result import SearchResult
@@ -56,7 +56,14 @@ def fewest_skips(trace: Trace, base: AmpConfig, configs: list[AmpConfig], horizo
     amax = trace.amax[:horizon]
     alone = replay(amax, base, startup=trace.startup, lag=False)
     bound = len(alone.skipped) if keeps_gradients(trace, alone.min_scale) else None
-    played = replay_many(amax, configs, startup=trace.startup, stop_above=bound)
+    return pick(trace, configs, replay_many(amax, configs, startup=trace.startup,
+                                            stop_above=bound), clip_norm)
+
+
+def pick(trace: Trace, configs: list[AmpConfig], played: ReplayMany,
+         clip_norm: float | None) -> AmpConfig | None:
+    """Of ``configs`` as ``played``, the viable one (not stopped, its gradients kept) that
+    skips fewest steps, then changes fewest knobs; ``None`` if none is viable."""
     viable = [i for i in range(len(configs))
               if not played.stopped[i] and keeps_gradients(trace, played.min_scale[i])]
     if not viable:

@@ -33,7 +33,7 @@ from scalertune._replay._gradscaler import (
 from scalertune._replay._predict import PHASES, SKIPS_LISTED, predict, predict_deepspeed
 from scalertune._run._loop import Plan, run_config
 from scalertune._run._trace import TraceCollector
-from scalertune._search._replay_choice import fewest_skips, keeps_gradients
+from scalertune._search._replay_choice import fewest_skips, pick
 
 CPU = torch.device("cpu")
 FLOAT32 = AmpConfig(dtype="float32")
@@ -254,12 +254,17 @@ def _traces(steps=3000):
             "inf, NaN and 0": holes}
 
 
+def _configs_and_probe(seed):
+    """60 random configs (one in seven extreme) and a start-up probe of four batches."""
+    rng = np.random.default_rng(seed)
+    configs = [_random_config(rng, extreme=n % 7 == 0) for n in range(60)]
+    return configs, np.exp(rng.normal(3, 1, 4))
+
+
 @pytest.mark.parametrize("name", list(_traces()))
 def test_replay_many_is_replay_of_each_config(name):
     amax = _traces()[name]
-    rng = np.random.default_rng(7)
-    configs = [_random_config(rng, extreme=n % 7 == 0) for n in range(60)]
-    probe = np.exp(rng.normal(3, 1, 4))
+    configs, probe = _configs_and_probe(7)
     for startup in (None, probe):
         many = replay_many(amax, configs, startup=startup)
         for n, config in enumerate(configs):
@@ -272,9 +277,7 @@ def test_replay_many_is_replay_of_each_config(name):
 @pytest.mark.parametrize("name", list(_traces()))
 def test_replay_many_stopped_past_a_bound_is_the_full_replay_up_to_the_stop(name):
     amax = _traces()[name]
-    rng = np.random.default_rng(9)
-    configs = [_random_config(rng, extreme=n % 7 == 0) for n in range(60)]
-    probe = np.exp(rng.normal(3, 1, 4))
+    configs, probe = _configs_and_probe(9)
     full = replay_many(amax, configs, startup=probe)
     bound = int(np.median(full.n_skipped))
     some = replay_many(amax, configs, startup=probe, stop_above=bound)
@@ -300,8 +303,7 @@ def test_the_search_picks_the_same_setting_with_the_replay_stopped_at_the_defaul
     rng = np.random.default_rng(10)
     configs = [base, *(_random_config(rng) for _ in range(200))]
     full = replay_many(trace.amax, configs, startup=trace.startup)
-    viable = [i for i in range(len(configs)) if keeps_gradients(trace, full.min_scale[i])]
-    fewest = min(viable, key=lambda i: (full.n_skipped[i], configs[i].knobs_changed(None)))
+    fewest = configs.index(pick(trace, configs, full, None))
     assert full.n_skipped[fewest] < full.n_skipped[0]  # a setting that beats the defaults
     stopped = replay_many(trace.amax, configs, startup=trace.startup,
                           stop_above=int(full.n_skipped[0])).stopped
