@@ -70,6 +70,9 @@ class AmpRuntime:
             (), config.init_scale if config.uses_scaler else 1.0, device=self.device)
         self._clip = _Clip(config.clip_norm) if config.clip_norm is not None else None
         self._uses_scaler = config.uses_scaler  # read on every step: a plain attribute
+        #: Called first in :meth:`step`, while the gradients are backward's own: the float32
+        #: reference's gradient trace reads them there (``_run._trace``).
+        self._before_step: Callable[[], None] | None = None
 
     @classmethod
     def from_yaml(cls, path: str, *, device: str | torch.device | None = "auto",
@@ -116,6 +119,8 @@ class AmpRuntime:
         Call after :meth:`backward`. Gradients are clipped on their true (unscaled) values,
         over all parameters the optimizer holds.
         """
+        if self._before_step is not None:
+            self._before_step()
         if self._clip is not None:
             self._clip(self.scaler, optimizer)
         if self._uses_scaler:

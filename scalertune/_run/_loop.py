@@ -37,7 +37,8 @@ class Watcher(Protocol):
     """What a run may record beside its loss: per step on the device, per window on the host;
     its ``state()`` goes into the run's checkpoints, so that a resumed run continues it."""
 
-    def attach(self, workload: Workload, step: Callable[..., Any], start: int) -> None: ...
+    def attach(self, workload: Workload, step: Callable[..., Any], start: int,
+               amp: AmpRuntime) -> None: ...
     def after_step(self, index: int) -> None: ...
     def read_window(self, start: int, end: int) -> None: ...
     def detach(self) -> None: ...
@@ -107,7 +108,7 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
     record = _record(config, seed, steps, start, plan, amp, saved)
     step_fn, watcher = step_function(workload), plan.watcher
     if watcher is not None:
-        watcher.attach(workload, step_fn, start)
+        watcher.attach(workload, step_fn, start, amp)
     workload.model.train()
     readings = Readings(device, steps - start, scaled=config.uses_scaler)
     every = _policy.READBACK_INTERVAL

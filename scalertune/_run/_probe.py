@@ -13,4 +13,6 @@ class NoStep(AmpRuntime):
     late-phase check at the loss), and nothing is applied."""
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._before_step is not None:
+            self._before_step()
         self.steps += 1

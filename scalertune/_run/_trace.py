@@ -31,12 +31,11 @@ import torch
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
+from scalertune._amp._runtime import AmpRuntime
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
 from scalertune._run._checkpoint import rng_state, set_rng_state
 from scalertune._run._probe import NoStep
 from scalertune._workload._contract import Workload, to_device
-
-_ENGINE = torch.autograd.Variable._execution_engine  # noqa: SLF001 - autograd's callback queue
 
 
 def _one_pass(batches: Any) -> float:
@@ -67,15 +66,20 @@ class TraceCollector:
         self.block = max(unit, round(horizon / _policy.TRACE_BLOCKS / unit) * unit)
         self.trace = empty()
         self._hooks = _Hooks(full_every(horizon))
+        # read since the trace last took them in (see :meth:`_settled`): each window's rows,
+        # each closed block's first step, histogram and forward peaks
+        self._windows: list[np.ndarray] = []
+        self._blocks: list[tuple[int, np.ndarray, np.ndarray]] = []
 
     # -- the Watcher protocol -----------------------------------------------------------------
 
-    def attach(self, workload: Workload, step: Callable[..., Any], start: int) -> None:
+    def attach(self, workload: Workload, step: Callable[..., Any], start: int,
+               amp: AmpRuntime) -> None:
         self._hooks.attach(workload)
+        self._amp = amp
+        amp._before_step = self._hooks.grads_ready  # noqa: SLF001 - the trace's own hook
         if not self.trace.modules:
             self.trace = empty(self._hooks.names)
-        self._block_hist = np.zeros(HIST_BINS, np.int64)
-        self._block_forward = np.zeros(len(self._hooks.names), np.float32)
         if start == 0 and not len(self.trace.startup):
             self.trace.startup = self._probe(workload, step)
             self.trace.startup_whole = _one_pass(workload.batches) <= len(self.trace.startup)
@@ -85,42 +89,51 @@ class TraceCollector:
         self._hooks.begin(index + 1)
 
     def read_window(self, start: int, end: int) -> None:
-        rows, hist, forward = self._hooks.read(end - start)
-        self.trace.amax = np.concatenate([self.trace.amax, rows.max(axis=1)])
-        self.trace.param_amax = np.concatenate([self.trace.param_amax, rows[:, 1]])
-        self._block_hist += hist
-        np.maximum(self._block_forward, forward, out=self._block_forward)
+        self._windows.append(self._hooks.read(end - start))
         if end % self.block == 0:
             self._close_block(end - self.block)
 
     def detach(self) -> None:
         self._hooks.detach()
+        self._amp._before_step = None  # noqa: SLF001
 
     def state(self) -> dict[str, Any]:
-        return {"trace": self.trace.encode(), "block": self.block,
+        return {"trace": self._settled().encode(), "block": self.block,
                 "subset": self._hooks.subset.state()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.trace, self.block = Trace.decode(state["trace"]), state["block"]
+        self._windows, self._blocks = [], []
         self._hooks.subset.restore(state["subset"])
 
     def result(self) -> Trace:
         """The trace so far, its last (partial) block closed."""
-        trace = self.trace
+        trace = self._settled()
         pending = int(trace.block_starts[-1]) + self.block if len(trace.block_starts) else 0
         if pending < trace.steps:
             self._close_block(pending)
-        return trace
+        return self._settled()
 
     # -- the rest -----------------------------------------------------------------------------
 
     def _close_block(self, start: int) -> None:
+        self._blocks.append((start, *self._hooks.take_block()))
+
+    def _settled(self) -> Trace:
+        """The trace with what was read since last time taken in: one copy of its arrays
+        per checkpoint and per result, not per window."""
         trace = self.trace
-        trace.block_starts = np.append(trace.block_starts, start)
-        trace.hist = np.vstack([trace.hist, self._block_hist])
-        trace.forward = np.vstack([trace.forward, self._block_forward])
-        self._block_hist = np.zeros_like(self._block_hist)
-        self._block_forward = np.zeros_like(self._block_forward)
+        if self._windows:
+            rows = np.concatenate(self._windows)
+            trace.amax = np.concatenate([trace.amax, rows.max(axis=1)])
+            trace.param_amax = np.concatenate([trace.param_amax, rows[:, 1]])
+        if self._blocks:
+            starts, hists, forwards = zip(*self._blocks)
+            trace.block_starts = np.append(trace.block_starts, starts)
+            trace.hist = np.vstack([trace.hist, *hists])
+            trace.forward = np.vstack([trace.forward, *forwards])
+        self._windows, self._blocks = [], []
+        return trace
 
     def _probe(self, workload: Workload, step: Callable[..., Any]) -> np.ndarray:
         """The largest gradient of each of the first batches at the initial weights."""
@@ -128,14 +141,17 @@ class TraceCollector:
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
         state = rng_state()
         amp = NoStep(AmpConfig(dtype="float32"), device=self._hooks.device)
+        amp._before_step = self._hooks.grads_ready  # noqa: SLF001 - the trace's own hook
         rows = []
         try:
             for batch in itertools.islice(iter(workload.batches),
                                           _policy.STARTUP_PROBE_BATCHES):
                 self._hooks.begin(0)
                 step(workload, to_device(batch, self._hooks.device), amp)
-                rows.append(self._hooks.read(1)[0].max())
+                self._hooks.flush()
+                rows.append(self._hooks.read(1).max())
         finally:
+            self._hooks.take_block()  # the probe's histograms are not the run's
             workload.optimizer.zero_grad(set_to_none=True)
             with torch.no_grad():
                 for name, value in model.named_buffers():
@@ -211,96 +227,111 @@ class _Hooks:
         self._modules = [m for _, m in leaves]
         self._params = [p for p in workload.model.parameters() if p.requires_grad]
         self.device = self._params[0].device
-        n = _policy.READBACK_INTERVAL
-        self._rows = torch.zeros((n, 2), device=self.device)
-        self._full_rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._cuda = self.device.type == "cuda"
+        # Per step of the window, a row of slots each side, written in place as the
+        # gradients come and reduced once per window by :meth:`read`: the module output
+        # gradients' extremes (a minimum and a maximum each) and the parameters' (a pair each
+        # on a CPU, one largest magnitude each on CUDA, one fused kernel for them all).
+        self._slots = _Slots(max(2 * len(leaves), (1 if self._cuda else 2) * len(self._params)),
+                             self.device)
         self._hist = torch.zeros(256, dtype=torch.int64, device=self.device)  # by exponent
         self._forward = torch.zeros(len(leaves), device=self.device)
-        self._row, self._full, self._queued = 0, None, False
-        self._row_views = self._rows.unbind(0)  # one view per row, made once
+        self._full_rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._owners: list[int] = []  # full steps: the module of each act slot used
+        self._indices: dict[str, tuple[list[int], torch.Tensor]] = {}
+        self._peaks: list[torch.Tensor] = []  # full steps: forward extremes, and their modules
+        self._peak_owners: list[int] = []
+        self._counted = _Counts(self._hist)
+        self._row, self._used, self._full, self._pending = 0, 0, None, False
         self._zero = torch.zeros((), device=self.device)
-        self._cuda = self.device.type == "cuda"
         self._params_key: tuple[bool | None, int] | None = None
         self._chosen_params: list[torch.Tensor] = []
-        self._parts: list[torch.Tensor] = []
-        self._module_parts: dict[int, list[torch.Tensor]] = {}
 
     def begin(self, step: int) -> None:
-        """Hook what step ``step`` watches: everything on a full step, the subset otherwise."""
+        """Hook what step ``step`` watches: everything on a full step, the subset otherwise
+        (the step before it read, if its code did not call ``amp.step``)."""
+        self.flush()
+        self._pending = True
         full = is_full(step, self._every)
         if full != self._full:
             self.detach()
             chosen = range(len(self._modules)) if full else self.subset.hooked_modules()
             self._handles = [self._modules[i].register_forward_hook(self._on_output(i))
                              for i in chosen]
-            if not self._handles:  # nothing to hear backward's end from: the parameters
-                self._handles.append(torch.autograd.graph.register_multi_grad_hook(
-                    self._params, lambda _: self._queue(), mode="any"))
             self._full = full
+
+    def flush(self) -> None:
+        """Read the step begun if ``amp.step`` has not (a step that optimizes on its own)."""
+        if self._pending:
+            self.grads_ready()
 
     def detach(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles, self._full = [], None
 
-    def read(self, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The rows of the last ``steps`` steps, the window's histogram and forward peaks (the
-        one read-back per window); the subset grows by what came close on its full steps."""
-        # copies: on a CPU, .cpu() is the buffer itself, which is zeroed next
-        rows = self._rows[:steps].to("cpu", copy=True).numpy()
-        hist = _as_hist(self._hist.to("cpu", copy=True).numpy())
-        forward = self._forward.to("cpu", copy=True).numpy()
+    def read(self, steps: int) -> np.ndarray:
+        """The rows of the last ``steps`` steps (the largest module output gradient, the
+        largest parameter gradient; the one read-back per window); the subset grows by what
+        came close on its full steps."""
+        rows = self._slots.buffer[:steps].abs().amax(2).cpu().numpy()
         for largest, modules, params in self._full_rows:
             self.subset.grow(float(largest), modules.cpu().numpy(), params.cpu().numpy())
-        self._rows.zero_()
+        self._slots.clear()
+        self._row, self._full_rows = 0, []
+        return rows
+
+    def take_block(self) -> tuple[np.ndarray, np.ndarray]:
+        """The histogram and forward peaks of the full steps since the last call (read
+        once per trace block), zeroed after."""
+        # copies: on a CPU, .cpu() is the buffer itself, which is zeroed next
+        hist = _as_hist(self._hist.to("cpu", copy=True).numpy())
+        forward = self._forward.to("cpu", copy=True).numpy()
         self._hist.zero_()
         self._forward.zero_()
-        self._row, self._full_rows = 0, []
-        return rows, hist, forward
+        return hist, forward
 
     def _on_output(self, index: int) -> Any:
         on_grad = functools.partial(self._on_grad, index)
 
         def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
             for tensor in _tensors(output):
-                if self._full:
-                    peak = tensor.detach().abs().amax().float()
-                    self._forward[index] = torch.maximum(self._forward[index], peak)
+                if self._full:  # the extremes, reduced into the peaks by grads_ready
+                    self._peaks.extend(torch.aminmax(tensor.detach()))
+                    self._peak_owners += (index, index)
                 tensor.register_hook(on_grad)
         return hook
 
-    def _queue(self) -> None:
-        """Have the end of this backward call :meth:`_backward_done` (once)."""
-        if not self._queued:
-            self._queued = True
-            _ENGINE.queue_callback(self._backward_done)
-
     def _on_grad(self, index: int, grad: torch.Tensor) -> None:
-        self._queue()
-        parts = torch.aminmax(grad.detach())
-        self._parts.extend(parts)
+        used = self._used
+        self._used = used + 2
+        slots = self._slots.row(self._row, _Slots.ACT, used + 2)
+        _extremes_into(grad.detach(), slots[used], slots[used + 1])
         if self._full:
-            self._module_parts.setdefault(index, []).extend(parts)
-            self._hist += _exponent_counts(grad)
+            self._owners += (index, index)
+            self._counted.add(grad)
 
-    def _backward_done(self) -> None:
-        """Backward has accumulated every gradient: the step's row of the trace (the largest
-        module output gradient, the largest parameter gradient), in one stack of both sides'
-        extremes, padded to two equal rows, and one reduction into the buffer."""
-        self._queued = False
-        grads = [p.grad for p in self._step_params() if p.grad is not None]
-        row = self._row_views[self._row % len(self._row_views)]
-        with torch.no_grad():  # under create_graph, backward's callbacks record too
-            act, param = self._parts, _extremes(grads, self._cuda)
-            width = max(len(act), len(param), 1)
-            zero = self._zero
-            both = torch.stack([*act, *[zero] * (width - len(act)),
-                                *param, *[zero] * (width - len(param))]).float()
-            torch.amax(both.view(2, width).abs(), 1, out=row)
-        self._row += 1
+    def grads_ready(self) -> None:
+        """Every gradient of the step is there, before any clipping or optimizer step
+        touches them (``amp.step`` calls this first; :meth:`flush` for a step that does not
+        call it): the parameters' side of the step's row, and a full step's record."""
+        if not self._pending:  # a second ``amp.step`` in one step
+            return
+        self._pending = False
+        zero = self._zero
+        grads = [zero if p.grad is None else p.grad.detach() for p in self._step_params()]
+        if self._cuda and grads:
+            self._slots.row(self._row, _Slots.PARAM, len(grads))
+            torch.stack(torch._foreach_norm(grads, float("inf")),
+                        out=self._slots.buffer[self._row, _Slots.PARAM, :len(grads)])
+        else:
+            slots = self._slots.row(self._row, _Slots.PARAM, 2 * len(grads))
+            for k, g in enumerate(grads):
+                _extremes_into(g, slots[2 * k], slots[2 * k + 1])
         if self._full:
-            self._record_full(grads, row.max())
-        self._parts, self._module_parts = [], {}
+            self._record_full(len(grads))
+        self._row += 1
+        self._used = 0
 
     def _step_params(self) -> list[torch.Tensor]:
         """The parameters this step watches: all on a full step, else the subset's (the list
@@ -311,35 +342,98 @@ class _Hooks:
             self._params_key, self._chosen_params = key, [self._params[i] for i in chosen]
         return self._chosen_params
 
-    def _record_full(self, grads: list[torch.Tensor], largest: torch.Tensor) -> None:
-        for g in grads:
-            self._hist += _exponent_counts(g)
-        zero = self._rows.new_zeros(())
-        modules = torch.stack([torch.stack(self._module_parts[i]).abs().max()
-                               if i in self._module_parts else zero
-                               for i in range(len(self._modules))]) if self._modules else zero[None]
-        params = torch.stack([_largest([p.grad]) if p.grad is not None else zero
-                              for p in self._params])
-        self._full_rows.append((largest, modules, params))
+    def _record_full(self, n_params: int) -> None:
+        """A full step, every parameter watched: the histogram of the parameter gradients,
+        each module output's and parameter's largest magnitude and the step's largest."""
+        for p in self._params:
+            if p.grad is not None:
+                self._counted.add(p.grad)
+        self._counted.flush()
+        act, param = self._slots.buffer[self._row].abs().unbind(0)
+        modules = torch.zeros(max(1, len(self._modules)), device=self.device)
+        if self._owners:
+            owners = self._device_index("act", self._owners)
+            modules.scatter_reduce_(0, owners, act[:len(self._owners)], "amax")
+        if self._peaks:
+            owners = self._device_index("forward", self._peak_owners)
+            peaks = torch.stack(self._peaks).float().abs()
+            self._forward.scatter_reduce_(0, owners, peaks, "amax")
+            self._peaks, self._peak_owners = [], []
+        params = param[:n_params] if self._cuda else param[:2 * n_params].view(-1, 2).amax(1)
+        self._full_rows.append((torch.maximum(act.max(), param.max()), modules, params))
+        self._owners = []
+
+    def _device_index(self, key: str, owners: list[int]) -> torch.Tensor:
+        """``owners`` on the device, made again only when a full step's order changes (it
+        seldom does: no copy to the device on most full steps)."""
+        made = self._indices.get(key)
+        if made is None or made[0] != owners:
+            made = self._indices[key] = (list(owners), torch.tensor(owners, device=self.device))
+        return made[1]
 
 
-def _largest(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The largest magnitude over ``tensors`` (NaN if any holds one), on their device."""
-    return torch.stack(_extremes(tensors, tensors[0].is_cuda)).abs().max().float()
+class _Slots:
+    """Per step of a window, a row of 0-d slots on each side (0: the module output
+    gradients', 1: the parameters'; see :meth:`_Hooks.attach`), made wider when a step
+    needs more than they have; unused slots hold zeros."""
+
+    ACT, PARAM = 0, 1
+
+    def __init__(self, width: int, device: torch.device) -> None:
+        self.buffer = torch.zeros((_policy.READBACK_INTERVAL, 2, max(2, width)), device=device)
+        self._views = _views(self.buffer)
+
+    def row(self, step: int, side: int, needs: int) -> tuple[torch.Tensor, ...]:
+        """Row ``step``'s slots on ``side``, at least ``needs`` of them."""
+        width = self.buffer.shape[2]
+        if needs > width:
+            wider = self.buffer.new_zeros((*self.buffer.shape[:2], 2 * needs))
+            wider[..., :width] = self.buffer
+            self.buffer, self._views = wider, _views(wider)
+        return self._views[step][side]
+
+    def clear(self) -> None:
+        self.buffer.zero_()
 
 
-def _extremes(tensors: list[torch.Tensor], cuda: bool) -> list[torch.Tensor]:
-    """0-d tensors whose largest magnitude is that of ``tensors`` (NaN if any holds one; none
-    for no tensors): on CUDA each one's largest magnitude, one fused kernel; on a CPU, where
-    that kernel is several times slower, the minimum and maximum of them all joined (one
-    copy and one pass: 41 against 73 us for GPT-2's 12 subset parameters)."""
-    if not tensors:
-        return []
-    if cuda:
-        return list(torch._foreach_norm(tensors, float("inf")))
-    if len(tensors) == 1:
-        return list(torch.aminmax(tensors[0].detach()))
-    return list(torch.aminmax(torch.cat([g.detach().reshape(-1) for g in tensors])))
+def _views(buffer: torch.Tensor) -> list[list[tuple[torch.Tensor, ...]]]:
+    """Every slot of ``buffer`` as a 0-d view, made once per buffer: [step][side][slot]."""
+    return [[side.unbind(0) for side in row.unbind(0)] for row in buffer]
+
+
+def _extremes_into(tensor: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> None:
+    """``tensor``'s minimum and maximum into the float32 slots ``low`` and ``high`` (NaN if
+    it holds one): in place for a float32 tensor, through a copy for another dtype."""
+    if tensor.dtype == torch.float32:
+        torch.aminmax(tensor, out=(low, high))
+    else:
+        lo, hi = torch.aminmax(tensor)
+        low.copy_(lo)
+        high.copy_(hi)
+
+
+class _Counts:
+    """The exponent histogram of a full step's gradients, counted in few passes: gradients
+    are held until they add up to ``most`` values (or the step ends), then joined and counted
+    at once."""
+
+    def __init__(self, into: torch.Tensor, most: int = 1 << 22) -> None:
+        self._into, self._most = into, most
+        self._held: list[torch.Tensor] = []
+        self._size = 0
+
+    def add(self, tensor: torch.Tensor) -> None:
+        self._held.append(tensor.detach().reshape(-1))
+        self._size += tensor.numel()
+        if self._size >= self._most:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._held:
+            joined = self._held[0] if len(self._held) == 1 else torch.cat(
+                [t.float() for t in self._held])
+            self._into += _exponent_counts(joined)
+        self._held, self._size = [], 0
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

@@ -114,3 +114,56 @@ def test_the_histogram_counts_each_value_in_its_binary_exponents_bin():
     for exponent, count in ((0, 1), (1, 2), (-1, 1), (-126, 1)):
         expected[2 + exponent - HIST_LOW] = count
     assert np.array_equal(hist, expected)
+
+
+class _Double(nn.Module):
+    """A float64 layer inside a float32 model: its output's gradient is float64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 1).double()
+
+    def forward(self, x):
+        return self.linear(x.double()).float()
+
+
+def _mixed_dtypes():
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), _Double())
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
+            "loss_fn": nn.MSELoss(reduction="sum"), "batches": workloads._regression()}
+
+
+def test_gradients_of_another_dtype_are_traced_as_float32_would_hold_them(monkeypatch):
+    traced = _traced(_mixed_dtypes, 120)
+    monkeypatch.setattr(_policy, "TRACE_FULL_EVERY", 1)
+    full = _traced(_mixed_dtypes, 120)
+    assert np.array_equal(traced.trace.amax, full.trace.amax)
+    assert np.all(traced.trace.param_amax > 0) and traced.trace.hist.sum() > 0
+
+
+def _accumulating(times: int):
+    """A workload whose own step backpropagates the batch ``times`` times, then steps."""
+    def make():
+        parts = workloads.gradient_overflow()
+        optimizer, loss_fn = parts["optimizer"], parts.pop("loss_fn")
+
+        def step(model, batch, amp):
+            optimizer.zero_grad(set_to_none=True)
+            for _ in range(times):
+                loss = loss_fn(model(batch[0]), batch[1])
+                amp.backward(loss)
+            amp.step(optimizer)
+            return loss
+        return {**parts, "step": step}
+    return make
+
+
+def test_a_step_that_accumulates_gradients_is_one_row_read_at_amp_step():
+    """The parameters are read once per step, at ``amp.step``: after every backward of the
+    step (what GradScaler checks), before clipping or the optimizer touch them."""
+    once = _traced(_accumulating(1), 40).trace
+    twice = _traced(_accumulating(2), 40).trace
+    assert once.steps == twice.steps == 40 and len(twice.startup) == len(once.startup)
+    # step 0: the same weights and batch, the gradients summed over two backward passes
+    assert twice.param_amax[0] == pytest.approx(2 * once.param_amax[0], rel=1e-6)
+    assert twice.startup[0] == pytest.approx(2 * once.startup[0], rel=1e-6)
