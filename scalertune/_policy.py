@@ -283,9 +283,9 @@ TRACE_BLOCKS = 200
 #: a subset picked in 20 steps missed the largest gradient by 2-4x. The full steps keep
 #: checking it (a tensor that comes close joins the subset) and sample the histograms.
 #: ``benchmarks/trace.py`` measures the whole (subset steps and one full step in 50) at
-#: 6.5-8.5% per step on transformers of 4-5 ms steps, over the 5% aimed at; one full step in
-#: 250 brings BERT and a TransformerEncoder to 4-5% and GPT-2 to 7%; the rest is fixed (the
-#: callback at the end of backward, the step's row) and the subset's hooks and passes.
+#: 4-7.5% per step on transformers of 5 ms steps, over the 5% aimed at on GPT-2 and the
+#: encoder; one full step in 250 brings BERT, a TransformerEncoder and GPT-2 to 3.4-5%; the
+#: rest is the subset's hooks (about 35 us per hooked module output) and min-max passes.
 TRACE_FULL_STEPS = 100
 TRACE_FULL_EVERY = 50
 #: Over a horizon past ``TRACE_FULL_EVERY * TRACE_FULL_SAMPLES`` steps (20,000), the full

@@ -1,18 +1,22 @@
 """Recording the gradient trace along the float32 reference (``_replay._trace.Trace``).
 
 Hooks on leaf modules' outputs catch the gradient flowing into each during backward; the
-parameter gradients are read when backward ends (an autograd callback queued from the first
-hook), before any clipping or optimizer step touches them. Each step's largest magnitudes go
-into a device buffer that is read back with the training loop's own window: no host sync per
-step. On *full* steps (the first ``TRACE_FULL_STEPS``, then one in ``TRACE_FULL_EVERY``, or
-fewer over a horizon past ``TRACE_FULL_EVERY * TRACE_FULL_SAMPLES`` steps)
-every leaf and parameter is watched, the gradient exponents are counted (off the float32 bits:
-one shift and one count per tensor) and each module's largest forward output is kept; on the
-others only the subset of tensors that came within ``TRACE_SUBSET_MARGIN`` of a full step's
-largest, which is what keeps the reference's steps within a few percent of their cost. Of the
-subset's module outputs, one whose gradient was at most another's on every full step so far
-(a dropout's output and its input's, say: the same gradient, or a share of it) is left out
-while that holds.
+parameter gradients are read where ``amp.step`` begins (once per step, after every backward
+of it, before any clipping or optimizer step touches them). Each gradient's minimum and
+maximum are written in place into a slot of a device buffer, and the slots are reduced to the
+step's largest magnitudes once per window, when the training loop reads its own window back:
+no host sync per step, and no reduction per step.
+
+On *full* steps (the first ``TRACE_FULL_STEPS``, then one in ``TRACE_FULL_EVERY``, or fewer
+over a horizon past ``TRACE_FULL_EVERY * TRACE_FULL_SAMPLES`` steps) every leaf and parameter
+is watched, the gradient exponents are counted (off the float32 bits: one shift and one count
+over the gradients joined, a few MB at a time) and each module's largest forward output is
+kept; on the others only the subset of tensors that came within ``TRACE_SUBSET_MARGIN`` of a
+full step's largest, which is what keeps the reference's steps within a few percent of
+their cost. Of the subset's module outputs, one whose gradient was at most another's on every
+full step so far (a dropout's output and its input's, say: the same gradient, or a share of
+it) is left out while that holds. (Not one at most a parameter's: that order changes as the
+model trains, and left out it missed the largest by up to 3x on two small workloads.)
 
 Before the first step, the start-up probe runs the first batches forward and backward at the
 initial weights (no optimizer step, random state and buffers put back): what a scale too
@@ -246,6 +250,7 @@ class _Hooks:
         self._zero = torch.zeros((), device=self.device)
         self._params_key: tuple[bool | None, int] | None = None
         self._chosen_params: list[torch.Tensor] = []
+        self._float32 = True  # whether every one of them is float32
 
     def begin(self, step: int) -> None:
         """Hook what step ``step`` watches: everything on a full step, the subset otherwise
@@ -261,7 +266,7 @@ class _Hooks:
             self._full = full
 
     def flush(self) -> None:
-        """Read the step begun if ``amp.step`` has not (a step that optimizes on its own)."""
+        """Read the step begun if its code has not called ``amp.step`` (this time)."""
         if self._pending:
             self.grads_ready()
 
@@ -322,8 +327,12 @@ class _Hooks:
         grads = [zero if p.grad is None else p.grad.detach() for p in self._step_params()]
         if self._cuda and grads:
             self._slots.row(self._row, _Slots.PARAM, len(grads))
-            torch.stack(torch._foreach_norm(grads, float("inf")),
-                        out=self._slots.buffer[self._row, _Slots.PARAM, :len(grads)])
+            norms = torch._foreach_norm(grads, float("inf"))
+            span = self._slots.buffer[self._row, _Slots.PARAM, :len(grads)]
+            if self._float32:
+                torch.stack(norms, out=span)
+            else:  # out= takes only its own dtype
+                span.copy_(torch.stack([n.float() for n in norms]))
         else:
             slots = self._slots.row(self._row, _Slots.PARAM, 2 * len(grads))
             for k, g in enumerate(grads):
@@ -340,6 +349,7 @@ class _Hooks:
         if key != self._params_key:
             chosen = range(len(self._params)) if self._full else sorted(self.subset.params)
             self._params_key, self._chosen_params = key, [self._params[i] for i in chosen]
+            self._float32 = all(p.dtype == torch.float32 for p in self._chosen_params)
         return self._chosen_params
 
     def _record_full(self, n_params: int) -> None:
