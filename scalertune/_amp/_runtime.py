@@ -70,8 +70,10 @@ class AmpRuntime:
             (), config.init_scale if config.uses_scaler else 1.0, device=self.device)
         self._clip = _Clip(config.clip_norm) if config.clip_norm is not None else None
         self._uses_scaler = config.uses_scaler  # read on every step: a plain attribute
-        #: Called first in :meth:`step`, while the gradients are backward's own: the float32
-        #: reference's gradient trace reads them there (``_run._trace``).
+        #: Called after each :meth:`backward` and first in :meth:`step`, while the gradients
+        #: are backward's own: the float32 reference's gradient trace reads them there
+        #: (``_run._trace``).
+        self._after_backward: Callable[[], None] | None = None
         self._before_step: Callable[[], None] | None = None
 
     @classmethod
@@ -112,6 +114,8 @@ class AmpRuntime:
     def backward(self, loss: torch.Tensor) -> None:
         """Backward through the scaled loss (plain backward when no scaler is active)."""
         self.scaler.scale(loss).backward()
+        if self._after_backward is not None:
+            self._after_backward()
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """Unscale, clip (if configured), step the optimizer unless skipped, update the scale.

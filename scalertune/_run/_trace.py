@@ -1,8 +1,9 @@
 """Recording the gradient trace along the float32 reference (``_replay._trace.Trace``).
 
 Hooks on leaf modules' outputs catch the gradient flowing into each during backward; the
-parameter gradients are read where ``amp.step`` begins (once per step, after every backward
-of it, before any clipping or optimizer step touches them). Each gradient's minimum and
+parameter gradients are read as each ``amp.backward`` returns (a later backward of the same
+step, accumulating into them, reads them again), before any clipping or optimizer step
+touches them; ``amp.step`` closes the step's row. Each gradient's minimum and
 maximum are written in place into a slot of a device buffer, and the slots are reduced to the
 step's largest magnitudes once per window, when the training loop reads its own window back:
 no host sync per step, and no reduction per step.
@@ -81,7 +82,7 @@ class TraceCollector:
                amp: AmpRuntime) -> None:
         self._hooks.attach(workload)
         self._amp = amp
-        amp._before_step = self._hooks.grads_ready  # noqa: SLF001 - the trace's own hook
+        _hear(amp, self._hooks)
         if not self.trace.modules:
             self.trace = empty(self._hooks.names)
         if start == 0 and not len(self.trace.startup):
@@ -99,7 +100,7 @@ class TraceCollector:
 
     def detach(self) -> None:
         self._hooks.detach()
-        self._amp._before_step = None  # noqa: SLF001
+        _hear(self._amp, None)
 
     def state(self) -> dict[str, Any]:
         return {"trace": self._settled().encode(), "block": self.block,
@@ -145,7 +146,7 @@ class TraceCollector:
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
         state = rng_state()
         amp = NoStep(AmpConfig(dtype="float32"), device=self._hooks.device)
-        amp._before_step = self._hooks.grads_ready  # noqa: SLF001 - the trace's own hook
+        _hear(amp, self._hooks)
         rows = []
         try:
             for batch in itertools.islice(iter(workload.batches),
@@ -162,6 +163,12 @@ class TraceCollector:
                     value.copy_(buffers[name])
             set_rng_state(state)
         return np.array(rows, np.float32)
+
+
+def _hear(amp: AmpRuntime, hooks: _Hooks | None) -> None:
+    """Have ``amp.backward`` and ``amp.step`` tell ``hooks`` (None: nothing)."""
+    amp._after_backward = None if hooks is None else hooks.backward_done  # noqa: SLF001
+    amp._before_step = None if hooks is None else hooks.grads_ready  # noqa: SLF001
 
 
 class _Subset:
@@ -247,6 +254,7 @@ class _Hooks:
         self._peak_owners: list[int] = []
         self._counted = _Counts(self._hist)
         self._row, self._used, self._full, self._pending = 0, 0, None, False
+        self._params_read: int | None = None  # the step's parameters read, how many
         self._zero = torch.zeros((), device=self.device)
         self._params_key: tuple[bool | None, int] | None = None
         self._chosen_params: list[torch.Tensor] = []
@@ -256,7 +264,7 @@ class _Hooks:
         """Hook what step ``step`` watches: everything on a full step, the subset otherwise
         (the step before it read, if its code did not call ``amp.step``)."""
         self.flush()
-        self._pending = True
+        self._pending, self._params_read = True, None
         full = is_full(step, self._every)
         if full != self._full:
             self.detach()
@@ -316,31 +324,33 @@ class _Hooks:
             self._owners += (index, index)
             self._counted.add(grad)
 
+    def backward_done(self) -> None:
+        """``amp.backward`` has returned: the parameters' side of the step's row, from their
+        gradients as this backward left them (a later backward of the same step, which
+        accumulates into them, writes it again), before any clipping touches them."""
+        if not self._pending:
+            return
+        self._params_read = len(self._read_params())
+
     def grads_ready(self) -> None:
-        """Every gradient of the step is there, before any clipping or optimizer step
-        touches them (``amp.step`` calls this first; :meth:`flush` for a step that does not
-        call it): the parameters' side of the step's row, and a full step's record."""
+        """The step's gradients are complete (``amp.step`` calls this first; :meth:`flush`
+        for a step that did not call it): its row is done, and a full step's record."""
         if not self._pending:  # a second ``amp.step`` in one step
             return
         self._pending = False
-        zero = self._zero
-        grads = [zero if p.grad is None else p.grad.detach() for p in self._step_params()]
-        if self._cuda and grads:
-            self._slots.row(self._row, _Slots.PARAM, len(grads))
-            norms = torch._foreach_norm(grads, float("inf"))
-            span = self._slots.buffer[self._row, _Slots.PARAM, :len(grads)]
-            if self._float32:
-                torch.stack(norms, out=span)
-            else:  # out= takes only its own dtype
-                span.copy_(torch.stack([n.float() for n in norms]))
-        else:
-            slots = self._slots.row(self._row, _Slots.PARAM, 2 * len(grads))
-            for k, g in enumerate(grads):
-                _extremes_into(g, slots[2 * k], slots[2 * k + 1])
+        if self._params_read is None:  # a backward not through ``amp.backward``
+            self._params_read = len(self._read_params())
         if self._full:
-            self._record_full(len(grads))
+            self._record_full(self._params_read)
         self._row += 1
         self._used = 0
+
+    def _read_params(self) -> list[torch.Tensor]:
+        """Write the watched parameters' gradient extremes into the step's slots."""
+        zero = self._zero
+        grads = [zero if p.grad is None else p.grad.detach() for p in self._step_params()]
+        self._slots.write_params(self._row, grads, self._cuda, self._float32)
+        return grads
 
     def _step_params(self) -> list[torch.Tensor]:
         """The parameters this step watches: all on a full step, else the subset's (the list
@@ -401,6 +411,23 @@ class _Slots:
             wider[..., :width] = self.buffer
             self.buffer, self._views = wider, _views(wider)
         return self._views[step][side]
+
+    def write_params(self, step: int, grads: list[torch.Tensor], cuda: bool,
+                     float32: bool) -> None:
+        """Row ``step``'s parameter slots from ``grads``: on CUDA each one's largest
+        magnitude (one fused kernel), on a CPU each one's minimum and maximum."""
+        if cuda and grads:
+            self.row(step, _Slots.PARAM, len(grads))
+            norms = torch._foreach_norm(grads, float("inf"))
+            span = self.buffer[step, _Slots.PARAM, :len(grads)]
+            if float32:
+                torch.stack(norms, out=span)
+            else:  # out= takes only its own dtype
+                span.copy_(torch.stack([n.float() for n in norms]))
+        else:
+            slots = self.row(step, _Slots.PARAM, 2 * len(grads))
+            for k, g in enumerate(grads):
+                _extremes_into(g, slots[2 * k], slots[2 * k + 1])
 
     def clear(self) -> None:
         self.buffer.zero_()

@@ -141,8 +141,9 @@ def test_gradients_of_another_dtype_are_traced_as_float32_would_hold_them(monkey
     assert np.all(traced.trace.param_amax > 0) and traced.trace.hist.sum() > 0
 
 
-def _accumulating(times: int):
-    """A workload whose own step backpropagates the batch ``times`` times, then steps."""
+def _own_step(times: int, clip: float | None = None):
+    """A workload whose own step backpropagates the batch ``times`` times, clips the
+    gradients itself if asked, then steps."""
     def make():
         parts = workloads.gradient_overflow()
         optimizer, loss_fn = parts["optimizer"], parts.pop("loss_fn")
@@ -152,18 +153,24 @@ def _accumulating(times: int):
             for _ in range(times):
                 loss = loss_fn(model(batch[0]), batch[1])
                 amp.backward(loss)
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             amp.step(optimizer)
             return loss
         return {**parts, "step": step}
     return make
 
 
-def test_a_step_that_accumulates_gradients_is_one_row_read_at_amp_step():
-    """The parameters are read once per step, at ``amp.step``: after every backward of the
-    step (what GradScaler checks), before clipping or the optimizer touch them."""
-    once = _traced(_accumulating(1), 40).trace
-    twice = _traced(_accumulating(2), 40).trace
-    assert once.steps == twice.steps == 40 and len(twice.startup) == len(once.startup)
+def test_a_step_that_accumulates_or_clips_on_its_own_is_one_row_of_backwards_gradients():
+    """The parameters are read as each ``amp.backward`` returns, the last read kept: after
+    every backward of the step (what GradScaler checks), before the step's own clipping."""
+    once = _traced(_own_step(1), 40).trace
+    twice = _traced(_own_step(2), 40).trace
+    clipped = _traced(_own_step(1, clip=1e-3), 40).trace
+    assert once.steps == twice.steps == clipped.steps == 40
     # step 0: the same weights and batch, the gradients summed over two backward passes
     assert twice.param_amax[0] == pytest.approx(2 * once.param_amax[0], rel=1e-6)
     assert twice.startup[0] == pytest.approx(2 * once.startup[0], rel=1e-6)
+    # and as backward left them, not as the step's clip_grad_norm_ (to 1e-3) did
+    assert clipped.param_amax[0] == once.param_amax[0] > 1
+    assert clipped.startup[0] == once.startup[0]
