@@ -34,10 +34,12 @@ called afresh under fixed seeds for every run.
 
 Every study runs, once: a float32 reference (its final loss, within a small tolerance, is the
 target), PyTorch's defaults (float16, init_scale 65536, growth 2.0, backoff 0.5, interval
-2000, no clipping) and the same with init_scale 4096. Then N-TRIALS sampled configs. Trials
-that reach the target rank above those that never do; among them the shortest time to target
-wins. The best few are rerun on seeds {seeds} and a config is recommended only if it stays
-finite and reaches the target on all of them.
+2000, no clipping) and the same with init_scale 4096 (over a --horizon longer than a trial
+only PyTorch's defaults: the replay of the gradient trace says what other scaler settings
+would do there). Then N-TRIALS sampled configs. Trials that reach the target rank above
+those that never do; among them the shortest time to target wins. The best few are rerun
+on seeds {seeds} and a config is recommended only if it stays finite and reaches the target
+on all of them.
 
 Running the same command again resumes the same study up to N-TRIALS sampled trials.
 """.format(seeds=", ".join(map(str, _policy.CONFIRM_SEEDS)))
