@@ -52,9 +52,14 @@ class Pipeline:
         trials = self.study.get_trials(deepcopy=False)
         self.progress.grow(sum(t.state == TrialState.WAITING for t in trials)
                            + max(0, self.setup.n_trials - counted_search_trials(trials)))
-        while self._sample_more():
-            self.runner.run_one()
-        self.drain()
+        while True:
+            while self._sample_more():
+                self.runner.run_one()
+            self.drain()
+            # A trial counted while another worker ran it can end up not counting: lost
+            # with its retries spent, or its queued run reused as a finished twin's.
+            if not self._sample_more():
+                break
         self.jobs.baselines()
         self.jobs.replay_choice()
         self.jobs.phases()

@@ -3,6 +3,7 @@
 import collections
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -151,6 +152,44 @@ def test_ctrl_c_keeps_finished_trials_and_a_rerun_resumes_to_the_total(tmp_path)
                 and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
                 and "duplicate_of" not in t.user_attrs]
     assert len(searched) == 8
+
+
+def test_a_run_another_worker_held_that_turns_out_a_reused_twin_is_sampled_again(tmp_path):
+    """A sampled trial another worker is running counts toward the budget; when that worker
+    dies, the trial's queued run can find its config finished already and be reused, which
+    does not count: the search samples one more instead of ending a trial short."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    first = _worker(url, cwd=tmp_path, workload="healthy", n_trials=2)
+    first.communicate(timeout=300)
+    assert first.returncode == 0
+    study = optuna.load_study(study_name="shared", storage=_storage_object(url))
+    finished = next(t for t in study.trials if t.user_attrs.get("role") == "search"
+                    and t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        host = socket.gethostname()
+        study.add_trial(optuna.trial.create_trial(
+            state=TrialState.RUNNING, params=finished.params,
+            distributions=finished.distributions,
+            user_attrs={**{k: v for k, v in finished.user_attrs.items()
+                           if k in ("role", "config", "seed")},
+                        "worker": f"{host}:{holder.pid}"}))
+        rerun = _worker(url, cwd=tmp_path, workload="healthy", n_trials=3)
+        time.sleep(8)  # the rerun counts the held trial and waits for it
+        holder.kill()
+        out, err = rerun.communicate(timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rerun.returncode == 0, err
+    after = optuna.load_study(study_name="shared", storage=_storage_object(url)).trials
+    reused = [t for t in after if "duplicate_of" in t.user_attrs]
+    assert reused and all(after[t.user_attrs["duplicate_of"]].params == t.params
+                          for t in reused)
+    trained = [t for t in after if t.user_attrs.get("role") == "search"
+               and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+               and "duplicate_of" not in t.user_attrs]
+    assert len(trained) == 3, out
 
 
 def _isolated(tmp_path, workload, **limits):
