@@ -254,7 +254,7 @@ class _Hooks:
         self._peak_owners: list[int] = []
         self._counted = _Counts(self._hist)
         self._row, self._used, self._full, self._pending = 0, 0, None, False
-        self._params_read: int | None = None  # the step's parameters read, how many
+        self._params_read = False  # whether this step's parameters were read
         self._zero = torch.zeros((), device=self.device)
         self._params_key: tuple[bool | None, int] | None = None
         self._chosen_params: list[torch.Tensor] = []
@@ -264,7 +264,7 @@ class _Hooks:
         """Hook what step ``step`` watches: everything on a full step, the subset otherwise
         (the step before it read, if its code did not call ``amp.step``)."""
         self.flush()
-        self._pending, self._params_read = True, None
+        self._pending, self._params_read = True, False
         full = is_full(step, self._every)
         if full != self._full:
             self.detach()
@@ -328,9 +328,9 @@ class _Hooks:
         """``amp.backward`` has returned: the parameters' side of the step's row, from their
         gradients as this backward left them (a later backward of the same step, which
         accumulates into them, writes it again), before any clipping touches them."""
-        if not self._pending:
-            return
-        self._params_read = len(self._read_params())
+        if self._pending:
+            self._read_params()
+            self._params_read = True
 
     def grads_ready(self) -> None:
         """The step's gradients are complete (``amp.step`` calls this first; :meth:`flush`
@@ -338,19 +338,18 @@ class _Hooks:
         if not self._pending:  # a second ``amp.step`` in one step
             return
         self._pending = False
-        if self._params_read is None:  # a backward not through ``amp.backward``
-            self._params_read = len(self._read_params())
+        if not self._params_read:  # a backward not through ``amp.backward``
+            self._read_params()
         if self._full:
-            self._record_full(self._params_read)
+            self._record_full()
         self._row += 1
         self._used = 0
 
-    def _read_params(self) -> list[torch.Tensor]:
+    def _read_params(self) -> None:
         """Write the watched parameters' gradient extremes into the step's slots."""
         zero = self._zero
         grads = [zero if p.grad is None else p.grad.detach() for p in self._step_params()]
         self._slots.write_params(self._row, grads, self._cuda, self._float32)
-        return grads
 
     def _step_params(self) -> list[torch.Tensor]:
         """The parameters this step watches: all on a full step, else the subset's (the list
@@ -362,7 +361,7 @@ class _Hooks:
             self._float32 = all(p.dtype == torch.float32 for p in self._chosen_params)
         return self._chosen_params
 
-    def _record_full(self, n_params: int) -> None:
+    def _record_full(self) -> None:
         """A full step, every parameter watched: the histogram of the parameter gradients,
         each module output's and parameter's largest magnitude and the step's largest."""
         for p in self._params:
@@ -379,7 +378,8 @@ class _Hooks:
             peaks = torch.stack(self._peaks).float().abs()
             self._forward.scatter_reduce_(0, owners, peaks, "amax")
             self._peaks, self._peak_owners = [], []
-        params = param[:n_params] if self._cuda else param[:2 * n_params].view(-1, 2).amax(1)
+        n = len(self._params)  # a full step watches every one
+        params = param[:n] if self._cuda else param[:2 * n].view(-1, 2).amax(1)
         self._full_rows.append((torch.maximum(act.max(), param.max()), modules, params))
         self._owners = []
 
