@@ -17,6 +17,7 @@ settings.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import re
@@ -46,7 +47,7 @@ from scalertune._search._isolate import (
     time_isolated,
 )
 from scalertune._search._setup import Setup
-from scalertune._search._study import add_reference
+from scalertune._search._study import add_reference, instance
 from scalertune._storage._claims import Once
 from scalertune._workload._contract import build_workload
 from scalertune._workload._loader import FactoryError
@@ -107,12 +108,13 @@ class References:
         seeds = (self.setup.seed, *_policy.CONFIRM_SEEDS)
         return seed_spread([self.reference(s)["steps_to_target"] for s in seeds])
 
-    @property
+    @functools.cached_property
     def checkpoints(self) -> str:
-        """The folder of this study's float32 checkpoints."""
+        """The folder of this study's float32 checkpoints: named by the study and its
+        instance token, so that a study made again under the same name (a new database, a
+        deleted name used again) does not resume from another's checkpoints."""
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", self.study.study_name)[:80]
-        return os.path.join(self.setup.checkpoints,
-                            f"{name}-{self.study._study_id}")  # noqa: SLF001
+        return os.path.join(self.setup.checkpoints, f"{name}-{instance(self.study)}")
 
     def _run(self, seed: int) -> None:
         main = seed == self.setup.seed

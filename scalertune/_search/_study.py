@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import time
 import warnings
 from typing import Any, Callable
@@ -61,6 +62,8 @@ COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference")
 #: Every run's dtype is a value of this one distribution (see the module docstring).
 DTYPE_DISTRIBUTION = CategoricalDistribution(list(DTYPES))
 _SETTINGS_WAIT_S = 30
+#: The settings' key of the token made when the study was created (see :func:`instance`).
+INSTANCE_KEY = "instance"
 
 
 def default_study_name(factory: str | Callable[[], Any]) -> str:
@@ -95,7 +98,9 @@ def open_study(storage: Any, study_name: str, settings: dict[str, Any], *, seed:
             stored = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get(
                 SETTINGS_ATTR)
     if stored is None:
-        study.set_user_attr(SETTINGS_ATTR, settings)
+        # the study's own name for its files (its float32 checkpoints): a study made again
+        # under the same name, in a new database or after a delete, gets another
+        study.set_user_attr(SETTINGS_ATTR, {**settings, INSTANCE_KEY: secrets.token_hex(4)})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(["time to target (s)"])
@@ -108,6 +113,14 @@ def open_study(storage: Any, study_name: str, settings: dict[str, Any], *, seed:
                 "--study-name"
             )
     return study, False
+
+
+def instance(study: optuna.Study) -> str:
+    """What tells this study from another of the same name: the token its settings got when
+    it was created (the storage's study id for a study made before there was one, which a
+    new database, or a name deleted and used again, gives out again)."""
+    settings = study.user_attrs.get(SETTINGS_ATTR) or {}
+    return str(settings.get(INSTANCE_KEY) or study._study_id)  # noqa: SLF001
 
 
 def _short(value: Any) -> str:

@@ -69,6 +69,28 @@ def test_rerunning_resumes_and_runs_reference_and_baselines_once(storage):
     assert len(_load(storage).trials) == before
 
 
+def test_a_study_made_again_under_its_name_trains_its_own_reference(tmp_path):
+    """A new database under a study name used before (or the name deleted and used again),
+    with the same artifact folder: the float32 reference to the horizon trains from step 0,
+    not on from the checkpoints the other study left there (same model, other lr)."""
+    import late_workloads
+
+    def searched(db, name):
+        return scalertune.search(spec(name, "late_workloads.py"), study_name="same",
+                                 storage=f"sqlite:///{tmp_path / db}", n_trials=0, steps=60,
+                                 horizon=400, device="cpu",
+                                 artifact_dir=str(tmp_path / "artifacts"))
+
+    searched("first.db", "codepoints")
+    again = searched("second.db", "codepoints_fast")
+    own = run_config(late_workloads.codepoints_fast, AmpConfig(dtype="float32"), steps=400,
+                     seed=0, device=torch.device("cpu"), prune=False)
+    assert again.reference["losses"] == own.losses[:60]
+    windows = again.reference["horizon"]["windows"]
+    assert windows and all(losses == own.losses[int(start):int(start) + len(losses)]
+                           for start, losses in windows.items())
+
+
 def test_changed_settings_on_an_existing_study_are_refused_and_nothing_is_written(storage):
     scalertune.search(spec("healthy"), storage=storage, n_trials=0, steps=40, device="cpu")
     before = len(_load(storage).trials)
