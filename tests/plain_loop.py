@@ -14,6 +14,18 @@ from scalertune._amp._islands import apply_islands
 
 def losses(factory, config, steps, seed=0):
     """Per-step losses of ``config`` trained ``steps`` steps from a fresh ``factory()``."""
+    return train(factory, config, steps, seed)[0]
+
+
+def skipped_steps(factory, config, steps, seed=0):
+    """The steps GradScaler skipped (found an inf or NaN in the scaled gradients) when
+    ``config`` trained ``steps`` steps from a fresh ``factory()``."""
+    return train(factory, config, steps, seed)[1]
+
+
+def train(factory, config, steps, seed=0):
+    """``config`` trained ``steps`` steps from a fresh ``factory()``: each step's loss, and the
+    steps the scaler skipped (its scale fell in that step's ``update()``: a back-off)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -26,8 +38,9 @@ def losses(factory, config, steps, seed=0):
                                   growth_interval=config.growth_interval,
                                   enabled=config.uses_scaler)
     dtype = getattr(torch, config.dtype)
-    out = []
-    for x, y in itertools.islice(itertools.cycle(parts["batches"]), steps):
+    out, skipped = [], []
+    batches = itertools.islice(itertools.cycle(parts["batches"]), steps)
+    for t, (x, y) in enumerate(batches):
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=dtype, enabled=config.dtype != "float32"):
             loss = loss_fn(model(x), y)
@@ -36,9 +49,12 @@ def losses(factory, config, steps, seed=0):
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
         scaler.step(optimizer)
+        scale = scaler.get_scale() if config.uses_scaler else None
         scaler.update()
+        if scale is not None and scaler.get_scale() < scale:
+            skipped.append(t)
         out.append(loss.item())
-    return out
+    return out, skipped
 
 
 def ratio_at_the_end(factory, config, steps, seed=0, window=50):
