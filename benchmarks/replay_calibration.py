@@ -164,9 +164,12 @@ def _streak(skipped: Any) -> int:
     return next((i for i, t in enumerate(skipped) if t != i), len(skipped))
 
 
-def measure(name: str, cache: str | None = None) -> dict[str, Any]:
+def measure(name: str, cache: str | None = None, real_seed: int = 0) -> dict[str, Any]:
     """The trace, the real runs and the three predictions of one workload (real runs cached
-    in ``cache``, one file per run, so that an interrupted calibration resumes)."""
+    in ``cache``, one file per run, so that an interrupted calibration resumes). The trace is
+    recorded with seed 0, the real runs with ``real_seed``: another seed is another run (other
+    initial weights, dropout masks and, where the workload draws them, data), as a user's
+    training seldom shares the search's seed."""
     torch.set_num_threads(1)
     factory, started = WORKLOADS[name], time.process_time()
     trace = run_config(factory, AmpConfig(dtype="float32"), steps=STEPS, seed=0, device=CPU,
@@ -176,7 +179,7 @@ def measure(name: str, cache: str | None = None) -> dict[str, Any]:
     many = replay_many(trace.amax, chosen, startup=trace.startup)
     rows = []
     for n, config in enumerate(chosen):
-        real = _real_run(name, n, config, cache)
+        real = _real_run(name, n, config, cache, real_seed)
         rows.append({"n": n, "config": config.to_dict(), "real": real,
                      "predict": list(map(int, replay(trace.amax, config,
                                                      startup=trace.startup).skipped)),
@@ -188,14 +191,17 @@ def measure(name: str, cache: str | None = None) -> dict[str, Any]:
             "cpu_s": time.process_time() - started, "probe_batches": len(trace.startup)}
 
 
-def _real_run(name: str, n: int, config: AmpConfig, cache: str | None) -> list[int]:
-    path = os.path.join(cache, f"{name}_{n:02d}.json") if cache else None
+def _real_run(name: str, n: int, config: AmpConfig, cache: str | None,
+              seed: int = 0) -> list[int]:
+    tag = f"_seed{seed}" if seed else ""
+    path = os.path.join(cache, f"{name}_{n:02d}{tag}.json") if cache else None
     if path and os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
         if saved["config"] == config.to_dict():
             return saved["skipped"]
-    record = run_config(WORKLOADS[name], config, steps=STEPS, seed=0, device=CPU, prune=False)
+    record = run_config(WORKLOADS[name], config, steps=STEPS, seed=seed, device=CPU,
+                        prune=False)
     assert record.steps_run == STEPS, (name, config, record.stopped)
     if path:
         with open(path, "w") as f:
@@ -266,6 +272,9 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="*", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--jobs", type=int, default=1, help="workloads measured at once")
     parser.add_argument("--cache", help="a folder keeping each real run's skipped steps")
+    parser.add_argument("--real-seed", type=int, default=0,
+                        help="the real runs' seed (the trace's is 0): 0 replays the run the "
+                             "trace saw, another seed another run of the same training")
     args = parser.parse_args()
     if args.cache:
         os.makedirs(args.cache, exist_ok=True)
@@ -273,9 +282,11 @@ def main() -> None:
     print(f"Replay calibration on {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores (load {load:.1f}), torch {torch.__version__}, one thread per "
           f"workload, {args.jobs} at once: {CONFIGS} float16 configs x {STEPS} steps per "
-          "workload, predicted from one float32 trace each", flush=True)
+          "workload, predicted from one float32 trace each (seed 0)"
+          + (f", the real runs at seed {args.real_seed}" if args.real_seed else ""), flush=True)
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-        results = pool.starmap(measure, [(name, args.cache) for name in args.workloads])
+        results = pool.starmap(measure, [(name, args.cache, args.real_seed)
+                                         for name in args.workloads])
     for r in results:
         print(f"   {r['workload']}: trace {r['trace_s']:.0f} s CPU (probe "
               f"{r['probe_batches']} batches), all {r['cpu_s'] / 60:.1f} min CPU")
