@@ -2,6 +2,7 @@
 against real float16 GradScaler runs.
 
     python benchmarks/replay_calibration.py [--workloads gpt2 bert ...] [--jobs 2] [--cache DIR]
+                                            [--real-seed N]
 
 Per workload: one float32 reference of ``STEPS`` steps through scalertune's own loop with its
 trace collector (which runs the start-up probe first), then ``CONFIGS`` random float16 configs
