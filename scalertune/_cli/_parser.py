@@ -108,8 +108,10 @@ def _search(sub: Any) -> None:
     s.add_argument("--horizon", type=int, metavar="N",
                    help="training steps the evidence must cover: the steps your training runs, "
                         "or the part of it you want covered. The float32 reference trains "
-                        "that far once and the finalists are branched from its checkpoints in "
-                        "the late phases (default: what the factory declares, else --steps)")
+                        "that far once; the finalists are trained from step 0 as far as a "
+                        "cost cap of 3 horizons allows, and branched from its checkpoints for "
+                        "the late phases they do not reach (default: what the factory "
+                        "declares, else --steps)")
     s.add_argument("--seed", type=int, default=0, help="seed of the search runs (default: 0)")
     _device_argument(s, "auto (CUDA if present), cpu, cuda or cuda:N (default: %(default)s)")
     s.add_argument("--output", "-o", metavar="FILE",
