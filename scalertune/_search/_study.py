@@ -118,7 +118,10 @@ def open_study(storage: Any, study_name: str, settings: dict[str, Any], *, seed:
 def instance(study: optuna.Study) -> str:
     """What tells this study from another of the same name: the token its settings got when
     it was created (the storage's study id for a study made before there was one, which a
-    new database, or a name deleted and used again, gives out again)."""
+    new database, or a name deleted and used again, gives out again). Workers that create
+    the study at the same moment each write one and the last write stays; it is first read
+    inside the float32 reference's claim (:mod:`scalertune._storage._claims`), which settles
+    after those writes, so every worker reads the same."""
     settings = study.user_attrs.get(SETTINGS_ATTR) or {}
     return str(settings.get(INSTANCE_KEY) or study._study_id)  # noqa: SLF001
 

@@ -7,7 +7,7 @@ import late_workloads
 import torch
 import yaml
 from conftest import example
-from plain_loop import ratio_at_the_end
+from plain_loop import ratio_at_the_end, skipped_steps
 
 import scalertune
 from scalertune import _policy
@@ -48,6 +48,12 @@ def test_a_precision_floor_that_opens_late_is_caught_and_float16_holds(tmp_path)
     _agrees_with_full_runs(result, late_workloads.readings_near_1000)
     assert result.best_amp is not None and result.holds(result.best_amp)
     assert ratio_at_the_end(factory, result.best_amp.config, 2000) <= TOLERANCE
+    # what the search predicts the float16 answer's scaler does over the horizon, it does
+    best = result.best_amp.config
+    real = len(skipped_steps(factory, best, 2000))
+    assert best.dtype == "float16" and real > 0
+    assert abs(result.predict(best).skipped_steps - real) <= max(
+        _policy.SKIP_TOLERANCE_STEPS, _policy.SKIP_TOLERANCE_SHARE * real)
     # the clipped bfloat16 run is ruled out by the plain one's precision, untrained
     clipped = next(f for f in result.finalists if f.config.dtype == "bfloat16"
                    and f.config.clip_norm is not None)
