@@ -47,6 +47,7 @@ from torch import nn  # noqa: E402
 
 from scalertune import _policy  # noqa: E402
 from scalertune._amp._config import AmpConfig  # noqa: E402
+from scalertune._judge._rank import skip_tolerance  # noqa: E402
 from scalertune._replay._gradscaler import replay, replay_many  # noqa: E402
 from scalertune._replay._predict import predict  # noqa: E402
 from scalertune._run._loop import Plan, run_config  # noqa: E402
@@ -214,8 +215,7 @@ def _real_run(name: str, n: int, config: AmpConfig, cache: str | None,
 
 
 def hit(predicted: int, real: int) -> bool:
-    return abs(predicted - real) <= max(_policy.SKIP_TOLERANCE_STEPS,
-                                        _policy.SKIP_TOLERANCE_SHARE * real)
+    return abs(predicted - real) <= skip_tolerance(real)
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from plain_loop import ratio_at_the_end, skipped_steps
 
 import scalertune
 from scalertune import _policy
+from scalertune._judge._rank import skip_tolerance
 
 torch.set_num_threads(1)
 TOLERANCE = 1 + _policy.PHASE_TOLERANCE
@@ -52,8 +53,7 @@ def test_a_precision_floor_that_opens_late_is_caught_and_float16_holds(tmp_path)
     best = result.best_amp.config
     real = len(skipped_steps(factory, best, 2000))
     assert best.dtype == "float16" and real > 0
-    assert abs(result.predict(best).skipped_steps - real) <= max(
-        _policy.SKIP_TOLERANCE_STEPS, _policy.SKIP_TOLERANCE_SHARE * real)
+    assert abs(result.predict(best).skipped_steps - real) <= skip_tolerance(real)
     # the clipped bfloat16 run is ruled out by the plain one's precision, untrained
     clipped = next(f for f in result.finalists if f.config.dtype == "bfloat16"
                    and f.config.clip_norm is not None)

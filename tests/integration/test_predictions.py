@@ -15,7 +15,8 @@ from conftest import example
 from plain_loop import skipped_steps
 
 import scalertune
-from scalertune import AmpConfig, _policy
+from scalertune import AmpConfig
+from scalertune._judge._rank import skip_tolerance
 
 torch.set_num_threads(1)
 HORIZON = 1500
@@ -35,8 +36,7 @@ def _random_configs(n, seed=12345):
 
 
 def _within(predicted, real):
-    return abs(predicted - real) <= max(_policy.SKIP_TOLERANCE_STEPS,
-                                        _policy.SKIP_TOLERANCE_SHARE * real)
+    return abs(predicted - real) <= skip_tolerance(real)
 
 
 @pytest.fixture(scope="module")
