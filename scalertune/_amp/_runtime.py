@@ -13,7 +13,8 @@ from scalertune._amp._config import SCALER_KNOBS, AmpConfig
 from scalertune._amp._device import resolve_device
 from scalertune._amp._guard import Guard, check_guard
 from scalertune._amp._islands import apply_islands
-from scalertune._amp._watch import STARTUP_GAP, AmpDriftWarning, Watch, caller_stacklevel
+from scalertune._amp._scaler import DeviceStep, RuntimeScaler, Skips
+from scalertune._amp._watch import AmpDriftWarning, Watch, caller_stacklevel
 from scalertune._errors import UsageError
 
 
@@ -60,11 +61,14 @@ class AmpRuntime:
         self.watch = watch if config.uses_scaler else None
         self.device = resolve_device(device)
         self._forward = _Forward(config, self.device)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.uses_scaler,
-                                           **{k: getattr(config, k) for k in SCALER_KNOBS})
+        #: The GradScaler (a :class:`~scalertune._amp._scaler.RuntimeScaler`: it reports each
+        #: step to this runtime, whoever calls it; disabled for bfloat16 and float32).
+        self.scaler = RuntimeScaler(self.device.type, listener=self, enabled=config.uses_scaler,
+                                    **{k: getattr(config, k) for k in SCALER_KNOBS})
         self.steps = 0
         self._checks = _Checks(self.guard, self.watch) if self.guard or self.watch else None
-        self._skips = _Skips(ring=self._checks.every if self._checks else 0)
+        self._skips = Skips(ring=self._checks.every if self._checks else 0)
+        self._stepped: bool | DeviceStep = True
         # `scale` before GradScaler's first backward, and without one: made once, not per step
         self._initial_scale = torch.full(
             (), config.init_scale if config.uses_scaler else 1.0, device=self.device)
@@ -111,26 +115,51 @@ class AmpRuntime:
         """
         return self._forward.prepare(model)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward through the scaled loss (plain backward when no scaler is active)."""
-        self.scaler.scale(loss).backward()
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backward through the scaled loss (plain backward when no scaler is active);
+        ``kwargs`` go to ``Tensor.backward`` (``retain_graph``)."""
+        self.scaler.scale(loss).backward(**kwargs)
         if self._after_backward is not None:
             self._after_backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Unscale, clip (if configured), step the optimizer unless skipped, update the scale.
+    def step(self, optimizer: torch.optim.Optimizer) -> bool | DeviceStep:
+        """Unscale, clip (if configured), step the optimizer unless skipped, update the scale;
+        returns whether the optimizer really stepped.
 
         Call after :meth:`backward`. Gradients are clipped on their true (unscaled) values,
-        over all parameters the optimizer holds.
+        over all parameters the optimizer holds. The result is False for a step GradScaler
+        skipped (its gradients were inf/NaN): step an LR scheduler only when it is true, as
+        Accelerate does, or the schedule runs ahead of the optimizer. For an optimizer that
+        applies GradScaler's flag inside its own kernel (fused Adam, AdamW, SGD) only the
+        device knows: the result is then a :class:`~scalertune._amp._scaler.DeviceStep`
+        whose ``bool()`` reads it (one transfer, taken only if asked).
         """
         if self._before_step is not None:
             self._before_step()
         if self._clip is not None:
             self._clip(self.scaler, optimizer)
-        if self._uses_scaler:
-            self._skips.step(self.scaler, optimizer, self.steps)
-        else:
+        if not self._uses_scaler:
             optimizer.step()
+            self.steps += 1
+            return True
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return self._stepped
+
+    @property
+    def last_step(self) -> bool | DeviceStep:
+        """Whether the optimizer really stepped on the last step GradScaler decided (what
+        :meth:`step` returned; for a framework that calls the scaler itself, the same)."""
+        return self._stepped
+
+    def scaler_stepping(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called by :attr:`scaler` as ``scaler.step(optimizer)`` starts."""
+        self._skips.begin(self.scaler, optimizer)
+
+    def scaler_updated(self) -> None:
+        """Called by :attr:`scaler` once ``scaler.update()`` has decided the step: count it,
+        and run the guard and the watch when they are due."""
+        self._stepped = self._skips.decide(self.scaler, self.steps)
         self.steps += 1
         if self._checks is not None and self.steps % self._checks.every == 0:
             self._checks.run(self)
@@ -232,142 +261,6 @@ class _Clip:
             params = self._params[id(optimizer)] = [p for group in optimizer.param_groups
                                                     for p in group["params"]]
         torch.nn.utils.clip_grad_norm_(params, self.max_norm)
-
-
-class _Taken:
-    """An optimizer step post-hook: counts the optimizer steps that really ran."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self, *_: Any) -> None:
-        self.count += 1
-
-
-class _Skips:
-    """Which steps GradScaler skipped: how many, how many in a row, how many in the start-up.
-
-    For an ordinary optimizer GradScaler decides on the host: ``scaler.step`` reads the
-    inf/NaN flag (its one sync per step) and calls ``optimizer.step()`` only when the
-    gradients are finite. A post-hook on the optimizer that did not fire during
-    ``scaler.step`` *is* a skipped step, known on the host with no device work at all. Until
-    one step has been seen to run, the hook is checked against the scale (below, one read per
-    step of the start-up), so an optimizer whose hooks never fire cannot pass for one that
-    skips every step.
-
-    An optimizer that applies the flag itself (``_step_supports_amp_scaling``: fused Adam,
-    AdamW, SGD) is always called and skips inside its kernel, so the host never learns. There
-    the scale tells: ``update()`` multiplies it by ``backoff_factor < 1`` exactly when the
-    step was skipped, so a smaller scale afterwards is a skipped step. That comparison stays
-    on the device, summed into a device count; with a guard or a watch each step's flag also
-    goes into a ring of ``ring`` slots that the next check reads along with the scale.
-
-    The start-up burst is counted as the search's replay counts it: skips from the first
-    steps, each at most ``STARTUP_GAP`` steps after the one before.
-    """
-
-    def __init__(self, *, ring: int) -> None:
-        self._ring = ring
-        self._taken = _Taken()
-        self._modes: dict[int, tuple[torch.optim.Optimizer, str]] = {}
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._mode = "device"
-        # Made on the first step that needs them: the scale before the step, each step's
-        # flag (one slot, or the ring), and the count of skips decided on the device.
-        self._before = self._flags = self._on_device = None
-        self._pending: list[int] = []  # steps whose flags wait in the ring
-        self.restore(0, steps=0)
-
-    def restore(self, skipped: int, *, steps: int) -> None:
-        """Start from ``skipped`` skips after ``steps`` steps (a checkpoint's counts)."""
-        self._host, self.streak, self._pending = skipped, 0, []
-        self.startup, self.startup_last, self._startup_open = 0, -1, steps == 0
-        if self._on_device is not None:
-            self._on_device.zero_()
-
-    @property
-    def total(self) -> int:
-        if self._on_device is None:
-            return self._host
-        return self._host + int(self._on_device.item())
-
-    def step(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer,
-             index: int) -> None:
-        """``scaler.step(optimizer)`` and ``scaler.update()`` for step ``index``, counted."""
-        if optimizer is not self._optimizer:
-            self._select(optimizer)
-        taken = self._taken.count
-        if self._mode == "host":
-            scaler.step(optimizer)
-            scaler.update()
-            self._record(index, self._taken.count == taken, on_host=True)
-            return
-        scale = scaler._scale  # noqa: SLF001 - read on the device, no sync
-        if self._before is None:
-            self._before = torch.empty_like(scale)
-            self._flags = torch.zeros(max(self._ring, 1), dtype=torch.bool, device=scale.device)
-        self._before.copy_(scale)
-        scaler.step(optimizer)
-        scaler.update()
-        slot = self._flags[index % len(self._flags)]
-        torch.lt(scale, self._before, out=slot)  # update() changed `scale` in place
-        if self._mode == "verify":
-            self._verify(optimizer, index, bool(slot), self._taken.count == taken)
-            return
-        if self._on_device is None:
-            self._on_device = torch.zeros((), dtype=torch.int64, device=scale.device)
-        self._on_device.add_(slot)
-        if self._ring:
-            self._pending.append(index)
-
-    def read(self, scale: torch.Tensor) -> tuple[float, int]:
-        """The scale and the count of skipped steps on the host, in one transfer with the
-        flags the ring holds since the last read, which bring the streak and the start-up up
-        to date."""
-        if self._on_device is None:
-            return float(scale), self._host
-        values = torch.cat((scale.reshape(1).double(), self._on_device.reshape(1).double(),
-                            self._flags.double())).tolist()
-        for index in self._pending:
-            self._record(index, bool(values[2 + index % self._ring]), on_host=False)
-        self._pending = []
-        return values[0], self._host + int(values[1])
-
-    def _record(self, index: int, skipped: bool, *, on_host: bool) -> None:
-        if not skipped:
-            self.streak = 0
-            # No later skip can be within STARTUP_GAP of the burst's last one any more.
-            if self._startup_open and index - self.startup_last >= STARTUP_GAP:
-                self._startup_open = False
-            return
-        self._host += on_host
-        self.streak += 1
-        if self._startup_open and index - self.startup_last <= STARTUP_GAP:
-            self.startup, self.startup_last = self.startup + 1, index
-        else:
-            self._startup_open = False
-
-    def _select(self, optimizer: torch.optim.Optimizer) -> None:
-        known = self._modes.get(id(optimizer))
-        if known is None or known[0] is not optimizer:
-            fused = getattr(optimizer, "_step_supports_amp_scaling", False)
-            hooks = hasattr(optimizer, "register_step_post_hook")
-            mode = "verify" if hooks and not fused else "device"
-            if mode == "verify":
-                weakref.finalize(self, optimizer.register_step_post_hook(self._taken).remove)
-            known = self._modes[id(optimizer)] = (optimizer, mode)
-        self._optimizer, self._mode = known
-
-    def _verify(self, optimizer: torch.optim.Optimizer, index: int, backed_off: bool,
-                hook_silent: bool) -> None:
-        """Count the step by the scale; trust the hook from the first step it ran and the hook
-        heard it, and never if the two disagree."""
-        self._record(index, backed_off, on_host=True)
-        if backed_off != hook_silent:
-            self._mode = "device"
-        elif not backed_off:
-            self._mode = "host"
-        self._modes[id(optimizer)] = (optimizer, self._mode)
 
 
 class _Checks:

@@ -12,7 +12,9 @@ class NoStep(AmpRuntime):
     its forward and backward through it (the start-up probe looks at the gradients, the
     late-phase check at the loss), and nothing is applied."""
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Nothing is applied: False, so a step function steps no scheduler either."""
         if self._before_step is not None:
             self._before_step()
         self.steps += 1
+        return False

@@ -122,6 +122,48 @@ def test_skipped_steps_are_the_steps_whose_scale_backed_off_for_every_optimizer(
     assert restored.skipped_steps == amp.skipped_steps
 
 
+@pytest.mark.parametrize("kind", list(_optimizers()))
+def test_step_says_whether_the_optimizer_really_stepped(kind):
+    # True exactly on the steps whose weights moved (GradScaler applied the update); for fused
+    # Adam, which skips inside its kernel, bool() of the answer reads the device.
+    model, batch = _model_and_batch(target_scale=1e3)
+    opt = _optimizers()[kind](model.parameters())
+    amp = AmpRuntime(AmpConfig(init_scale=2.0**24, growth_interval=5), device="cpu")
+    summed = lambda o, y: nn.functional.mse_loss(o, y, reduction="sum")  # noqa: E731
+    said, moved = [], []
+    for _ in range(40):
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad(set_to_none=True)
+        with amp.autocast():
+            loss = summed(model(batch[0]), batch[1])
+        amp.backward(loss)
+        said.append(bool(amp.step(opt)))
+        moved.append(any(not torch.equal(a, b) for a, b in zip(before, model.parameters())))
+    assert said == moved and said.count(False) == amp.skipped_steps > 10
+
+
+def test_a_scaler_that_a_framework_steps_counts_its_skips_and_runs_the_guard():
+    # Accelerate's optimizer and Lightning's precision plugin call scaler.step and
+    # scaler.update themselves: the runtime's scaler counts those steps as its own.
+    model, batch = _model_and_batch(target_scale=1e3)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    amp = AmpRuntime(AmpConfig(init_scale=2.0**24, growth_interval=5), device="cpu",
+                     guard=scalertune.Guard(min_scale=2.0**10, check_every=10))
+    scales = []
+    with pytest.raises(scalertune.AmpGuardError, match="scale"):
+        for _ in range(60):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(batch[0]), batch[1], reduction="sum")
+            amp.scaler.scale(loss).backward()
+            amp.scaler.step(opt)
+            amp.scaler.update()
+            scales.append(amp.scaler.get_scale())
+    # the guard's check after step 20 raised from inside that step's update()
+    assert amp.steps == len(scales) + 1 == 20
+    assert amp.skipped_steps == len(skipped_steps(scales, 2.0**24)) + 1 > 10
+
+
 def test_a_step_reads_the_device_no_more_than_a_hand_written_amp_step(monkeypatch):
     # GradScaler reads its inf/NaN flag to decide whether to step (and Adam reads its step
     # counts); the runtime's own bookkeeping, skipped steps included, adds no read.

@@ -1,0 +1,215 @@
+"""The GradScaler the runtime builds, and how it knows which steps were skipped.
+
+GradScaler decides every step: ``scaler.step(optimizer)`` unscales the gradients, and calls
+``optimizer.step()`` only when all of them are finite; ``scaler.update()`` then backs the
+scale off (a *skipped step*) or counts one more finite step towards its growth. Whoever calls
+the two (the runtime's own :meth:`~scalertune.AmpRuntime.step`, Accelerate's prepared
+optimizer, Lightning's precision plugin), :class:`RuntimeScaler` tells the runtime about
+each step once ``update()`` has decided it, so the skipped steps, the guard and the watch
+are the framework's own steps, with no extra call in its loop.
+
+How a step is known to be skipped, without waiting for the device more than GradScaler does
+(:class:`Skips`): for an ordinary optimizer, GradScaler reads the inf/NaN flag on the host
+(its one sync per step) and an optimizer step post-hook that did not fire *is* a skipped
+step. Until one step has been seen to run, the hook is checked against the scale (one read
+per step of the start-up), so an optimizer whose hooks never fire cannot pass for one that
+skips every step. An optimizer that applies the flag itself (``_step_supports_amp_scaling``:
+fused Adam, AdamW, SGD) is always called and skips inside its kernel, so the host never
+learns; there the scale tells: ``update()`` multiplies it by ``backoff_factor < 1`` exactly
+when the step was skipped, and that comparison stays on the device.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Protocol
+
+import torch
+
+from scalertune._amp._watch import STARTUP_GAP
+
+
+class StepListener(Protocol):
+    """What a :class:`RuntimeScaler` tells: a step begins (``scaler.step``), a step is
+    decided (``scaler.update``)."""
+
+    def scaler_stepping(self, optimizer: torch.optim.Optimizer) -> None: ...
+    def scaler_updated(self) -> None: ...
+
+
+class RuntimeScaler(torch.amp.GradScaler):
+    """A GradScaler that tells its runtime about every step it takes and every update.
+
+    It is GradScaler in every number: the subclass only reports. Frameworks take it where they
+    take a GradScaler (``MixedPrecision(..., scaler=...)``, ``Accelerator.scaler``).
+    """
+
+    def __init__(self, device: str, *, listener: StepListener, **kwargs: Any) -> None:
+        super().__init__(device, **kwargs)
+        self._listener = listener
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        if self._enabled:
+            self._listener.scaler_stepping(optimizer)
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        super().update(new_scale)
+        if self._enabled:
+            self._listener.scaler_updated()
+
+
+class Taken:
+    """An optimizer step post-hook: counts the optimizer steps that really ran."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, *_: Any) -> None:
+        self.count += 1
+
+
+class DeviceStep:
+    """Whether a fused optimizer's step was applied, as a device flag: ``bool()`` reads it
+    (one transfer), and nothing is read unless asked."""
+
+    __slots__ = ("_skipped",)
+
+    def __init__(self, skipped: torch.Tensor) -> None:
+        self._skipped = skipped
+
+    def __bool__(self) -> bool:
+        return not bool(self._skipped)
+
+    def __repr__(self) -> str:
+        return "DeviceStep(read with bool())"
+
+
+class Skips:
+    """Which steps GradScaler skipped: how many, how many in a row, how many in the start-up
+    (see the module's docstring for how a skip is known).
+
+    :meth:`begin` is called as ``scaler.step`` starts (for each optimizer it steps),
+    :meth:`decide` once ``scaler.update`` has run. With a guard or a watch each device-decided
+    step's flag also goes into a ring of ``ring`` slots that the next check reads along with
+    the scale. The start-up burst is counted as the search's replay counts it: skips from the
+    first steps, each at most ``STARTUP_GAP`` steps after the one before.
+    """
+
+    def __init__(self, *, ring: int) -> None:
+        self._ring = ring
+        self._taken = Taken()
+        self._modes: dict[int, tuple[torch.optim.Optimizer, str]] = {}
+        # This step's optimizers and the post-hook count as it began; the scale before it
+        # (a device copy, made on the first step that needs one).
+        self._stepping: list[tuple[torch.optim.Optimizer, str]] = []
+        self._taken_before, self._copied = 0, False
+        self._before: torch.Tensor | None = None
+        self._flags: torch.Tensor | None = None
+        self._on_device: torch.Tensor | None = None  # the count of skips decided there
+        self._pending: list[int] = []  # steps whose flags wait in the ring
+        self.restore(0, steps=0)
+
+    def restore(self, skipped: int, *, steps: int) -> None:
+        """Start from ``skipped`` skips after ``steps`` steps (a checkpoint's counts)."""
+        self._host, self.streak, self._pending = skipped, 0, []
+        self.startup, self.startup_last, self._startup_open = 0, -1, steps == 0
+        if self._on_device is not None:
+            self._on_device.zero_()
+
+    @property
+    def total(self) -> int:
+        if self._on_device is None:
+            return self._host
+        return self._host + int(self._on_device.item())
+
+    def begin(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+        """``scaler.step(optimizer)`` is about to run (once per optimizer it steps)."""
+        if not self._stepping:
+            self._taken_before, self._copied = self._taken.count, False
+        mode = self._mode(optimizer)
+        self._stepping.append((optimizer, mode))
+        scale = scaler._scale  # noqa: SLF001 - read on the device, no sync
+        if mode != "host" and not self._copied and scale is not None:
+            # step() leaves the scale alone; update() changes it in place
+            if self._before is None:
+                self._before = torch.empty_like(scale)
+            self._before.copy_(scale)
+            self._copied = True
+
+    def decide(self, scaler: torch.amp.GradScaler, index: int) -> bool | DeviceStep:
+        """``scaler.update()`` has run for step ``index``: count it; whether the optimizer
+        stepped (a :class:`DeviceStep` where only the device knows)."""
+        stepping, self._stepping = self._stepping, []
+        if all(mode == "host" for _, mode in stepping):
+            silent = self._taken.count - self._taken_before < len(stepping)
+            self._record(index, silent, on_host=True)
+            return not silent
+        scale = scaler._scale  # noqa: SLF001 - update() changed it in place
+        if scale is None or not self._copied:  # no step began: nothing to compare
+            return True
+        skipped = torch.lt(scale, self._before)
+        if len(stepping) == 1 and stepping[0][1] == "verify":
+            backed_off = bool(skipped)
+            self._verify(stepping[0][0], index, backed_off,
+                         self._taken.count == self._taken_before)
+            return not backed_off
+        if self._on_device is None:
+            self._on_device = torch.zeros((), dtype=torch.int64, device=scale.device)
+        self._on_device.add_(skipped)
+        if self._ring:
+            if self._flags is None:
+                self._flags = torch.zeros(self._ring, dtype=torch.bool, device=scale.device)
+            self._flags[index % self._ring].copy_(skipped)
+            self._pending.append(index)
+        return DeviceStep(skipped)
+
+    def read(self, scale: torch.Tensor) -> tuple[float, int]:
+        """The scale and the count of skipped steps on the host, in one transfer with the
+        flags the ring holds since the last read, which bring the streak and the start-up up
+        to date."""
+        if self._on_device is None:
+            return float(scale), self._host
+        parts = [scale.reshape(1).double(), self._on_device.reshape(1).double()]
+        if self._flags is not None:
+            parts.append(self._flags.double())
+        values = torch.cat(parts).tolist()
+        for index in self._pending:
+            self._record(index, bool(values[2 + index % self._ring]), on_host=False)
+        self._pending = []
+        return values[0], self._host + int(values[1])
+
+    def _record(self, index: int, skipped: bool, *, on_host: bool) -> None:
+        if not skipped:
+            self.streak = 0
+            # No later skip can be within STARTUP_GAP of the burst's last one any more.
+            if self._startup_open and index - self.startup_last >= STARTUP_GAP:
+                self._startup_open = False
+            return
+        self._host += on_host
+        self.streak += 1
+        if self._startup_open and index - self.startup_last <= STARTUP_GAP:
+            self.startup, self.startup_last = self.startup + 1, index
+        else:
+            self._startup_open = False
+
+    def _mode(self, optimizer: torch.optim.Optimizer) -> str:
+        """How ``optimizer``'s skips are known: "verify" (the post-hook, checked against the
+        scale until it has heard a step), "host" (the post-hook) or "device" (the scale)."""
+        known = self._modes.get(id(optimizer))
+        if known is None or known[0] is not optimizer:
+            fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+            hooks = hasattr(optimizer, "register_step_post_hook")
+            mode = "verify" if hooks and not fused else "device"
+            if mode == "verify":
+                weakref.finalize(self, optimizer.register_step_post_hook(self._taken).remove)
+            known = self._modes[id(optimizer)] = (optimizer, mode)
+        return known[1]
+
+    def _verify(self, optimizer: torch.optim.Optimizer, index: int, backed_off: bool,
+                hook_silent: bool) -> None:
+        """Count the step by the scale; trust the hook from the first step it ran and the hook
+        heard it, and never if the two disagree."""
+        self._record(index, backed_off, on_host=True)
+        mode = "device" if backed_off != hook_silent else "verify" if backed_off else "host"
+        self._modes[id(optimizer)] = (optimizer, mode)
