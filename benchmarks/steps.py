@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 from scalertune._run._timing import spread, time_dtypes  # noqa: E402
-from scalertune._workload._contract import build_workload  # noqa: E402
+from scalertune._workload._factory import build_workload  # noqa: E402
 
 
 def measure(device: torch.device) -> list[dict[str, Any]]:

@@ -5,6 +5,8 @@ The pipeline, one private subpackage per stage (each ``__init__`` lists its modu
 - ``_workload``: load the user's factory and check what it returns (:class:`Workload`);
 - ``_amp``: the canonical AMP step (:class:`AmpRuntime`) and the result YAML, used by trials
   and by training code (:func:`load`, with its guard and watch); never imports Optuna;
+- ``_frameworks``: a Hugging Face, Lightning or Accelerate trainer under a runtime
+  (:func:`attach`), for training and for the search's trainer workloads;
 - ``_run``: run one config and watch it for non-finite values; the step timing, the
   checkpoints and the gradient trace;
 - ``_replay``: GradScaler's (and DeepSpeed's) update rule replayed over a trace;
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     )
     from scalertune._errors import SearchError, UsageError
     from scalertune._export._api import FRAMEWORKS, Export, export
+    from scalertune._frameworks._attach import attach
     from scalertune._judge._outcome import Outcome
     from scalertune._judge._speedup import Speedup
     from scalertune._judge._target import Target
@@ -61,7 +64,7 @@ _EXPORTS = {
     "diagnose": "_diagnose._api",
     "UsageError": "_errors",
     "FRAMEWORKS": "_export._api", "Export": "_export._api", "export": "_export._api",
-    "lightning_workload": "_workload._lightning",
+    "lightning_workload": "_workload._lightning", "attach": "_frameworks._attach",
     "Speedup": "_judge._speedup", "Target": "_judge._target",
     "Outcome": "_judge._outcome",
     "SearchResult": "_review._result", "analyze": "_review._analyze",
@@ -123,5 +126,6 @@ __all__ = [
     "Export", "Guard",
     "Isolation", "ModuleReport", "Outcome", "SearchError", "SearchResult", "SearchSpace",
     "ScalerCheck", "Speedup", "StepTimes", "Target", "TensorStats", "UsageError", "Workload",
-    "analyze", "diagnose", "export", "lightning_workload", "load", "load_config", "search",
+    "analyze", "attach", "diagnose", "export", "lightning_workload", "load", "load_config",
+    "search",
 ]

@@ -58,7 +58,7 @@ from scalertune._diagnose._runner import (
 )
 from scalertune._diagnose._verdict import _grad_absmax, _Judge, _overflowing_gradients
 from scalertune._errors import UsageError
-from scalertune._workload._contract import build_workload
+from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import load_factory
 
 

@@ -13,7 +13,8 @@ from scalertune._amp._runtime import AmpRuntime
 from scalertune._diagnose._hooks import _Hooks, _row, _sample
 from scalertune._diagnose._report import ModuleReport, TensorStats, _Run
 from scalertune._errors import UsageError
-from scalertune._workload._contract import Workload, build_workload, to_device
+from scalertune._workload._contract import Workload, to_device
+from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import one_line
 
 

@@ -5,7 +5,10 @@ same batches: the checkpoint holds the weights, the optimizer's state, the state
 scheduler the workload declares, the data position and every RNG. The data position is the
 RNG state at the start of the current pass over the batches and the index within that pass:
 restoring it replays the pass's shuffling (a ``DataLoader`` draws its order from torch's RNG
-when a pass begins) and skips to the index, so no batch is seen twice or missed.
+when a pass begins) and skips to the index, so no batch is seen twice or missed. Batches
+whose sampler is seeded per pass (``set_epoch``: ``DistributedSampler``, Accelerate's
+seedable sampler) are told the pass number before each pass, as the frameworks' loops tell
+them, and the number is saved with the position.
 
 Checkpoints are files (``torch.save``), written whole or not at all, so a large model's
 states never pile up in memory, and a reference that was interrupted resumes from its last.
@@ -14,37 +17,13 @@ states never pile up in memory, and a reference that was interrupted resumes fro
 from __future__ import annotations
 
 import os
-import random
 from typing import Any, Iterator
 
 import torch
 
 from scalertune._amp._schema import temporary_name
 from scalertune._workload._contract import Workload
-
-
-def rng_state() -> dict[str, Any]:
-    """Every RNG a workload draws from: Python's, NumPy's, torch's (and CUDA's, if in use)."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy
-    except ImportError:
-        return state
-    state["numpy"] = numpy.random.get_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy
-
-        numpy.random.set_state(state["numpy"])
+from scalertune._workload._rng import rng_state, set_rng_state
 
 
 class BatchCursor(Iterator[Any]):
@@ -59,12 +38,15 @@ class BatchCursor(Iterator[Any]):
         self._pass: Iterator[Any] | None = None
         self._pass_rng: dict[str, Any] | None = None
         self._index = 0
+        self._epoch = -1  # the pass in progress (its number, from 0)
+        self._set_epoch = getattr(batches, "set_epoch", None)
 
     def __next__(self) -> Any:
         while True:
             if self._pass is None:
                 self._pass_rng = rng_state() if self._saves else None
-                self._pass, self._index = iter(self.batches), 0
+                self._epoch += 1
+                self._pass, self._index = self._begin(), 0
             try:
                 batch = next(self._pass)
             except StopIteration:
@@ -73,10 +55,16 @@ class BatchCursor(Iterator[Any]):
             self._index += 1
             return batch
 
+    def _begin(self) -> Iterator[Any]:
+        """A new pass, its sampler told the pass number first."""
+        if self._set_epoch is not None:
+            self._set_epoch(self._epoch)
+        return iter(self.batches)
+
     def state(self) -> dict[str, Any]:
         if not self._saves:
             raise RuntimeError("this cursor was made with saves=False: its position is not kept")
-        return {"pass_rng": self._pass_rng, "index": self._index}
+        return {"pass_rng": self._pass_rng, "index": self._index, "epoch": self._epoch}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a saved position; the RNGs are left as they were."""
@@ -85,7 +73,8 @@ class BatchCursor(Iterator[Any]):
             return
         now = rng_state()
         set_rng_state(state["pass_rng"])
-        self._pass_rng, self._pass = state["pass_rng"], iter(self.batches)
+        self._epoch = state.get("epoch", 0)  # checkpoints older than the pass number: 0
+        self._pass_rng, self._pass = state["pass_rng"], self._begin()
         for _ in range(state["index"]):
             next(self._pass)
         self._index = state["index"]

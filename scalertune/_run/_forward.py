@@ -23,7 +23,8 @@ from scalertune._run._checkpoint import BatchCursor, load_checkpoint
 from scalertune._run._loop import step_function
 from scalertune._run._memory import release_memory
 from scalertune._run._probe import NoStep
-from scalertune._workload._contract import build_workload, to_device
+from scalertune._workload._contract import to_device
+from scalertune._workload._factory import build_workload
 
 
 def forward_ratio(factory: Callable[[], Any], config: AmpConfig, checkpoint: str, *,

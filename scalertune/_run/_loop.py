@@ -30,7 +30,8 @@ from scalertune._run._checkpoint import BatchCursor, load_checkpoint, save_check
 from scalertune._run._memory import release_memory
 from scalertune._run._nonfinite import judge_window
 from scalertune._run._record import RunRecord, StopRule, WindowCallback
-from scalertune._workload._contract import Workload, build_workload, to_device
+from scalertune._workload._contract import Workload, to_device
+from scalertune._workload._factory import build_workload
 
 
 class Watcher(Protocol):

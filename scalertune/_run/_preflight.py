@@ -11,7 +11,8 @@ from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._run._loop import step_function
-from scalertune._workload._contract import build_workload, to_device
+from scalertune._workload._contract import to_device
+from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import one_line
 
 

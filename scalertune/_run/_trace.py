@@ -27,6 +27,7 @@ large from the start meets while it skips.
 from __future__ import annotations
 
 import base64
+import copy
 import functools
 import itertools
 from typing import Any, Callable
@@ -38,7 +39,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
-from scalertune._run._checkpoint import rng_state, set_rng_state
+from scalertune._workload._rng import rng_state, set_rng_state
 from scalertune._run._probe import NoStep
 from scalertune._workload._contract import Workload, to_device
 
@@ -141,10 +142,16 @@ class TraceCollector:
         return trace
 
     def _probe(self, workload: Workload, step: Callable[..., Any]) -> np.ndarray:
-        """The largest gradient of each of the first batches at the initial weights."""
+        """The largest gradient of each of the first batches at the initial weights (the
+        workload left as it was: buffers, schedulers, learning rates, RNGs)."""
         model = workload.model
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
         state = rng_state()
+        # A step function may step its schedulers (Lightning steps them after every step,
+        # taken or not): their states and the learning rates they set are put back too.
+        schedules = [copy.deepcopy(s.state_dict()) for s in workload.schedulers]
+        groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                  for g in workload.optimizer.param_groups]
         amp = NoStep(AmpConfig(dtype="float32"), device=self._hooks.device)
         _hear(amp, self._hooks)
         rows = []
@@ -161,6 +168,10 @@ class TraceCollector:
             with torch.no_grad():
                 for name, value in model.named_buffers():
                     value.copy_(buffers[name])
+            for scheduler, saved in zip(workload.schedulers, schedules):
+                scheduler.load_state_dict(saved)
+            for group, saved in zip(workload.optimizer.param_groups, groups):
+                group.update(saved)
             set_rng_state(state)
         return np.array(rows, np.float32)
 

@@ -224,7 +224,7 @@ def _child(conn: Any, job: tuple[Any, ...], parent_pid: int) -> None:
     try:
         from scalertune._run._loop import run_config
         from scalertune._run._timing import time_dtypes
-        from scalertune._workload._contract import build_workload
+        from scalertune._workload._factory import build_workload
         from scalertune._workload._loader import load_factory
 
         factory, dev = load_factory(spec), torch.device(device)

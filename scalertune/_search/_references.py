@@ -49,7 +49,7 @@ from scalertune._search._isolate import (
 from scalertune._search._setup import Setup
 from scalertune._search._study import add_reference, instance
 from scalertune._storage._claims import Once
-from scalertune._workload._contract import build_workload
+from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import FactoryError
 
 #: A reference to the horizon saves a checkpoint to resume from this often (as a share of it).

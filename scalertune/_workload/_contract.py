@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import random
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
 from scalertune._errors import UsageError
-from scalertune._workload._loader import FactoryError, one_line
+from scalertune._workload._rng import kept_rng
 
 StepFn = Callable[[torch.nn.Module, Any, Any], torch.Tensor]
 
@@ -68,37 +67,8 @@ class Workload:
 _FIELDS = tuple(f.name for f in dataclasses.fields(Workload))
 
 
-def seed_everything(seed: int) -> None:
-    """Seed every RNG a factory or a DataLoader may draw from."""
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy
-    except ImportError:
-        return
-    numpy.random.seed(seed)
-
-
-def build_workload(factory: Callable[[], Any], *, seed: int, device: torch.device) -> Workload:
-    """Seed, call the factory, check what it returned, and move the model to ``device``.
-
-    Raises :class:`UsageError` for a result of the wrong shape and :class:`FactoryError`
-    when the factory itself raises.
-    """
-    seed_everything(seed)
-    try:
-        result = factory()
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # SystemExit, and the odd class derived from BaseException
-        raise FactoryError(one_line(exc)) from exc
-    workload = _coerce(result)
-    _check(workload)
-    workload.model.to(device)
-    return workload
-
-
-def _coerce(result: Any) -> Workload:
+def from_result(result: Any) -> Workload:
+    """A factory's :class:`Workload`, or the one its mapping describes."""
     if isinstance(result, Workload):
         return result
     if not isinstance(result, Mapping):
@@ -119,7 +89,8 @@ def _coerce(result: Any) -> Workload:
     return Workload(**result)
 
 
-def _check(w: Workload) -> None:
+def check_workload(w: Workload) -> None:
+    """Refuse, in one line, a workload that breaks the contract."""
     if not isinstance(w.model, torch.nn.Module):
         raise UsageError(f"'model' is a {type(w.model).__name__}: return a torch.nn.Module")
     if not isinstance(w.optimizer, torch.optim.Optimizer):
@@ -166,7 +137,9 @@ def _check(w: Workload) -> None:
             "'batches' is a one-shot iterator: return a list or a DataLoader that can be "
             "iterated again for every epoch"
         )
-    if next(iterator, _EMPTY) is _EMPTY:
+    with kept_rng():  # a DataLoader draws from torch's RNG as a pass begins: not this one
+        first = next(iterator, _EMPTY)
+    if first is _EMPTY:
         raise UsageError("'batches' is empty: return at least one (inputs, targets) batch")
 
 

@@ -1,10 +1,14 @@
-"""Searching from inside a framework: a LightningModule's own ``training_step``, unchanged.
+"""Searching from inside Lightning: a LightningModule's own ``training_step``, unchanged.
 
 ``lightning_workload(module, batches)`` turns a LightningModule into a scalertune Workload
 whose step runs ``module.training_step`` under the trial's autocast and scaler, with the
 optimizer and LR schedulers from ``module.configure_optimizers()``, stepped as Lightning's
-training loop steps them. No Trainer runs: each trial is the same training_step, optimizer,
-schedule and data under a different AMP config. ``self.trainer`` is a stand-in that holds what
+training loop steps them. A factory that returns a Lightning ``Trainer`` with its module and
+data (:func:`lightning_trainer_workload`) gets the same, with the Trainer's ``max_steps``,
+``max_epochs``, ``accumulate_grad_batches`` and ``gradient_clip_val``. No Trainer runs: each
+trial is the same training_step, optimizer, schedule and data under a different AMP config.
+Lightning steps its LR schedulers after every optimizer step, a skipped one included (its
+loop does not ask the scaler), and so does this. ``self.trainer`` is a stand-in that holds what
 training code commonly reads from a Trainer (the step and epoch counters, ``max_steps``,
 ``estimated_stepping_batches``, the optimizers, the logged metrics); anything else raises an
 ``AttributeError`` that names the attribute.
@@ -12,6 +16,7 @@ training code commonly reads from a Trainer (the step and epoch counters, ``max_
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import warnings
@@ -20,7 +25,9 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from scalertune._errors import UsageError
+from scalertune._frameworks._lightning import check_lightning, lightning_device
 from scalertune._workload._contract import Workload
+from scalertune._workload._groups import Groups
 
 #: What a Trainer with neither max_steps nor max_epochs runs (Lightning's own default).
 _LIGHTNING_DEFAULT_MAX_EPOCHS = 1000
@@ -29,13 +36,17 @@ _PRECISION = {"float16": "16-mixed", "bfloat16": "bf16-mixed", "float32": "32-tr
 
 
 def lightning_workload(module: torch.nn.Module, batches: Iterable[Any], *, max_steps: int = -1,
-                       max_epochs: int | None = None) -> Workload:
+                       max_epochs: int | None = None, accumulate_grad_batches: int = 1,
+                       clip_norm: float | None = None) -> Workload:
     """A Workload that trains ``module`` (a LightningModule) through its ``training_step``.
 
-    ``max_steps`` and ``max_epochs`` are what your Trainer is given: a schedule built from
+    ``max_steps``, ``max_epochs``, ``accumulate_grad_batches`` and ``clip_norm`` (your
+    ``gradient_clip_val``) are what your Trainer is given: a schedule built from
     ``self.trainer.estimated_stepping_batches`` (``OneCycleLR``, warm-up then decay) then
-    has the length it has in real training, and the search sees its first ``--steps`` steps.
-    Schedulers are stepped as Lightning steps them: ``interval`` "step" after every
+    has the length it has in real training, and the search sees its first ``--steps``
+    optimizer steps. Each step takes ``accumulate_grad_batches`` batches (the last of a pass
+    over ``batches`` what is left), each loss divided by it before backward, as Lightning
+    does. Schedulers are stepped as Lightning steps them: ``interval`` "step" after every
     ``frequency``-th batch of an epoch, "epoch" after every ``frequency``-th epoch (an epoch
     is one pass over ``batches``), and ``ReduceLROnPlateau`` with the last value
     ``training_step`` logged under its ``monitor``. Only automatic optimization is run: a
@@ -54,7 +65,12 @@ def lightning_workload(module: torch.nn.Module, batches: Iterable[Any], *, max_s
             f"{type(module).__name__} sets automatic_optimization = False: lightning_workload "
             "runs Lightning's automatic optimization only; return a Workload with a "
             "step(model, batch, amp) function that calls amp.backward and amp.step instead")
-    trainer = _TrainerView(module, batches, max_steps=max_steps, max_epochs=max_epochs)
+    if isinstance(accumulate_grad_batches, bool) or not isinstance(
+            accumulate_grad_batches, int) or accumulate_grad_batches < 1:
+        raise UsageError(f"accumulate_grad_batches must be a positive integer, got "
+                         f"{accumulate_grad_batches!r}")
+    trainer = _TrainerView(module, batches, max_steps=max_steps, max_epochs=max_epochs,
+                           accumulate=accumulate_grad_batches)
     module.trainer = trainer
     # Lightning's own parsing of configure_optimizers(): every return shape it accepts, with
     # its defaults for interval ("epoch") and frequency (1), and its errors for bad ones.
@@ -70,19 +86,60 @@ def lightning_workload(module: torch.nn.Module, batches: Iterable[Any], *, max_s
     optimizer = optimizers[0]
     trainer.optimizers = [optimizer]
 
-    def step(model: torch.nn.Module, batch: Any, amp: Any) -> torch.Tensor:
+    def step(model: torch.nn.Module, group: list[Any], amp: Any) -> torch.Tensor:
         trainer.precision = _PRECISION[amp.config.dtype]
         optimizer.zero_grad(set_to_none=True)
-        with amp.autocast():
-            out = model.training_step(batch, trainer.batch_idx)
-        loss = out["loss"] if isinstance(out, Mapping) else out
-        amp.backward(loss)
+        losses = []
+        for batch in group:
+            with amp.autocast():
+                out = model.training_step(batch, trainer.batch_idx)
+            loss = out["loss"] if isinstance(out, Mapping) else out
+            amp.backward(loss / trainer.accumulate_grad_batches)
+            losses.append(loss.detach())
+            trainer.batch_idx += 1
         amp.step(optimizer)
         trainer.advance()
-        return loss
+        return losses[0] if len(losses) == 1 else torch.stack(losses).mean()
 
-    return Workload(model=module, optimizer=optimizer, batches=batches, step=step,
+    return Workload(model=module, optimizer=optimizer, step=step, clip_norm=clip_norm,
+                    batches=Groups(batches, accumulate_grad_batches,
+                                   on_epoch=functools.partial(_set_sampler_epoch, batches)),
                     schedulers=[trainer])
+
+
+def lightning_trainer_workload(trainer: Any, module: torch.nn.Module, data: Any, *,
+                               device: torch.device, horizon: int | None = None) -> Workload:
+    """What ``trainer.fit(module, data)`` trains, as a Workload (``data``: a dataloader, or a
+    LightningDataModule, whose ``train_dataloader()`` is taken as ``fit`` takes it)."""
+    check_lightning(trainer)
+    where = lightning_device(trainer)
+    if where.type != device.type:
+        raise UsageError(f"the Trainer trains on {where.type} and the search runs on "
+                         f"{device.type}: give --device {where.type} (or the Trainer's "
+                         "accelerator to match)")
+    clip = trainer.gradient_clip_val
+    if clip and str(trainer.gradient_clip_algorithm or "norm").lower() != "norm":
+        raise UsageError("the Trainer clips gradients by value (gradient_clip_algorithm="
+                         "'value'): scalertune searches the clipping norm; clip by norm")
+    if hasattr(data, "train_dataloader") and hasattr(data, "setup"):  # a LightningDataModule
+        data.prepare_data()
+        data.setup("fit")
+        data = data.train_dataloader()
+    workload = lightning_workload(module, data, max_steps=trainer.max_steps,
+                                  max_epochs=trainer.max_epochs,
+                                  accumulate_grad_batches=trainer.accumulate_grad_batches,
+                                  clip_norm=float(clip) if clip else None)
+    estimate = module.trainer.estimated_stepping_batches
+    workload.horizon = horizon or (int(estimate) if math.isfinite(estimate) else None)
+    return workload
+
+
+def _set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """What Lightning's fit loop tells a dataloader's samplers before each epoch."""
+    for sampler in ("sampler", "batch_sampler"):
+        found = getattr(loader, sampler, None)
+        if found is not None and hasattr(found, "set_epoch"):
+            found.set_epoch(epoch)
 
 
 def _lightning_core(module: torch.nn.Module) -> Any:
@@ -99,16 +156,17 @@ def _lightning_core(module: torch.nn.Module) -> Any:
 class _TrainerView:
     """What training code reads from ``self.trainer``, for a module trained without one."""
 
-    # A single process on one device, optimizing on every batch.
-    world_size = num_devices = num_nodes = accumulate_grad_batches = 1
+    # A single process on one device.
+    world_size = num_devices = num_nodes = 1
     global_rank = local_rank = node_rank = 0
     is_global_zero = training = True
     sanity_checking = validating = testing = predicting = should_stop = False
     logger = datamodule = progress_bar_callback = None
 
     def __init__(self, module: Any, batches: Iterable[Any], *, max_steps: int,
-                 max_epochs: int | None) -> None:
+                 max_epochs: int | None, accumulate: int) -> None:
         self.lightning_module = self.model = module
+        self.accumulate_grad_batches = accumulate
         self.train_dataloader = batches
         self.max_steps = max_steps
         if max_epochs is None:
@@ -131,12 +189,13 @@ class _TrainerView:
 
     @property
     def estimated_stepping_batches(self) -> float:
-        """Lightning's formula, for one device without gradient accumulation."""
+        """Lightning's formula, for one device."""
         if self.max_epochs == -1:
             return math.inf if self.max_steps == -1 else self.max_steps
         if self.num_training_batches == math.inf:
             return self.max_steps
-        estimate = self.num_training_batches * max(self.max_epochs, 1)
+        per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
+        estimate = per_epoch * max(self.max_epochs, 1)
         return min(estimate, self.max_steps) if self.max_steps != -1 else estimate
 
     def _log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
@@ -147,10 +206,10 @@ class _TrainerView:
             self._log(name, value)
 
     def advance(self) -> None:
-        """After an optimizer step: count it, step the schedulers that are due, and close the
-        epoch at the end of ``batches``, in the order Lightning's training loop does."""
+        """After an optimizer step (``batch_idx`` past its last batch): count it, step the
+        schedulers that are due, and close the epoch at the end of ``batches``, in the order
+        Lightning's training loop does."""
         self.global_step += 1
-        self.batch_idx += 1
         epoch_ends = self.batch_idx >= self.num_training_batches
         for plateau in (False, True):
             for config in self.lr_scheduler_configs:

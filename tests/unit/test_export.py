@@ -450,7 +450,7 @@ def test_lightning_workload_steps_schedulers_and_counters_as_a_lightning_trainer
     for i in range(steps):
         if i % 3 == 0:
             batches = iter(_loader())
-        workload.step(workload.model, next(batches), amp)
+        workload.step(workload.model, [next(batches)], amp)  # one optimizer step's batches
     assert module.total == reference.total == steps
     assert [s[:3] for s in module.seen] == [s[:3] for s in reference.seen]
     assert [s[3] for s in module.seen] == pytest.approx([s[3] for s in reference.seen])

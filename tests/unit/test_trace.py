@@ -28,14 +28,15 @@ def _traced(factory, steps, **plan):
 def test_the_trace_leaves_the_run_unchanged_and_its_subset_keeps_the_largest(factory,
                                                                               monkeypatch):
     """Between full steps only the tensors that came close to the largest are watched: on
-    all but the odd step (a tensor that never came close before) that is the largest."""
+    all but the odd step (a tensor that never came close before) that is the largest, and
+    on those close to it."""
     plain = run_config(factory, FLOAT32, steps=240, seed=0, device=CPU)
     traced = _traced(factory, 240)
     assert traced.losses == plain.losses
     monkeypatch.setattr(_policy, "TRACE_FULL_EVERY", 1)  # every tensor on every step
     full = _traced(factory, 240)
     ratio = traced.trace.amax / full.trace.amax
-    assert np.mean(ratio == 1) >= 0.99 and ratio.min() > 0.5
+    assert np.mean(ratio == 1) >= 0.95 and ratio.min() > 0.9
     assert traced.trace.steps == 240 and np.all(traced.trace.amax > 0)
 
 

@@ -15,7 +15,7 @@ from scalertune._amp._watch import AmpDriftWarning, ScalerPrediction, Watch
 from scalertune._replay._predict import predict
 from scalertune._run._loop import Plan, run_config
 from scalertune._run._trace import TraceCollector
-from scalertune._workload._contract import build_workload
+from scalertune._workload._factory import build_workload
 
 CPU = torch.device("cpu")
 HORIZON = 600

@@ -1,0 +1,109 @@
+"""An Accelerate ``Accelerator`` that trains under a runtime's config.
+
+Accelerate decides mixed precision when the ``Accelerator`` is made: ``mixed_precision="fp16"``
+builds a GradScaler with PyTorch's defaults (or ``GradScalerKwargs``), and only off the CPU;
+on a CPU it trains in float32 without a word. :func:`route_accelerator` leaves that decision
+aside and puts the runtime in its place, on the objects Accelerate itself calls:
+
+- ``prepare_model``: the model's forward runs under the runtime's autocast (float32 outputs,
+  as Accelerate's own), with the config's float32 islands; Accelerate's autocast is off;
+- ``backward``: the runtime's backward (the scaled loss), after Accelerate's division by its
+  gradient accumulation steps;
+- in training, ``scaler`` is the runtime's GradScaler, so the optimizers ``prepare`` wraps
+  step and update through it, and ``unscale_gradients`` (``clip_grad_norm_``) unscales with
+  it. Each prepared optimizer's ``step_was_skipped`` is the runtime's verdict, so the
+  schedulers ``prepare`` wraps (and a Hugging Face Trainer's) stay put on a skipped step.
+  Accelerate's own verdict is whether the optimizer's ``step`` was called, which a fused
+  optimizer's always is: it applies GradScaler's flag inside its kernel.
+
+Each is an attribute of this ``Accelerator`` only; nothing of Accelerate's own changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+from scalertune._errors import UsageError
+from scalertune._frameworks._route import Route
+
+#: Accelerate's distributed types that run the model under autocast with a GradScaler, one
+#: model copy per process: the runtime can take their place.
+_SUPPORTED = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU")
+
+
+def check_accelerator(accelerator: Any, *, what: str = "this Accelerator") -> None:
+    """Refuse, in one line, what the runtime cannot drive."""
+    kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
+    if kind == "DEEPSPEED":
+        raise UsageError(f"{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: "
+                         "export the config with scalertune export --to deepspeed instead")
+    if kind not in _SUPPORTED:
+        raise UsageError(f"{what} runs {kind}: scalertune drives single-process and DDP "
+                         "training (one model copy per process) only")
+    if accelerator._models or accelerator._optimizers:  # noqa: SLF001 - what prepare() made
+        raise UsageError(f"{what} has prepared a model or optimizer already: attach before "
+                         "accelerator.prepare(...) (or Trainer.train())")
+
+
+def route_accelerator(accelerator: Any, route: Route, *, training: bool) -> None:
+    """Point ``accelerator``'s autocast and backward at ``route`` (see the module's
+    docstring); with ``training``, its scaler and unscaling too."""
+    accelerator.native_amp = False  # Accelerate's autocast wrapper: the route's runs instead
+    accelerator.backward = functools.partial(_backward, accelerator, route)
+    accelerator.prepare_model = functools.partial(_prepare_model, accelerator.prepare_model,
+                                                  route, training)
+    if training:
+        amp = route.runtime()
+        accelerator.scaler = amp.scaler if amp.config.uses_scaler else None
+        accelerator.unscale_gradients = functools.partial(_unscale, accelerator, route)
+        accelerator.prepare_optimizer = functools.partial(
+            _prepare_optimizer, accelerator.prepare_optimizer, route)
+
+
+def _backward(accelerator: Any, route: Route, loss: Any, **kwargs: Any) -> None:
+    kwargs.pop("learning_rate", None)  # LOMO's; its optimizers are not supported
+    route.backward(loss / accelerator.gradient_accumulation_steps, **kwargs)
+
+
+def _prepare_model(prepare: Any, route: Route, training: bool, model: Any, *args: Any,
+                   **kwargs: Any) -> Any:
+    prepared = prepare(model, *args, **kwargs)
+    if training:  # a search's run applies its own config's islands
+        route.runtime().prepare(model)  # float32 islands, on the module itself
+    route.wrap_forward(prepared)
+    return prepared
+
+
+def _prepare_optimizer(prepare: Any, route: Route, optimizer: Any, *args: Any,
+                       **kwargs: Any) -> Any:
+    prepared = prepare(optimizer, *args, **kwargs)
+    accelerated_step = type(prepared).step
+
+    def step(self: Any, *step_args: Any, **step_kwargs: Any) -> Any:
+        result = accelerated_step(self, *step_args, **step_kwargs)
+        if self.scaler is not None and self.gradient_state.sync_gradients:
+            # what step_was_skipped reads: the runtime's verdict (a fused optimizer's is read
+            # from the device here, as a Trainer reads the gradient norm every step anyway)
+            self._is_overflow = not route.runtime().last_step  # noqa: SLF001
+        return result
+
+    # a method of this object: an LR scheduler wraps the step method of its optimizer
+    prepared.step = types.MethodType(step, prepared)
+    return prepared
+
+
+def _unscale(accelerator: Any, route: Route, optimizer: Any = None) -> None:
+    """Accelerate's ``unscale_gradients``, with the runtime's scaler."""
+    amp = route.runtime()
+    if not amp.config.uses_scaler:
+        return
+    if optimizer is None:
+        optimizers = list(accelerator._optimizers)  # noqa: SLF001 - those prepare() made
+    else:
+        optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    for opt in optimizers:
+        while hasattr(opt, "optimizer") and hasattr(opt, "scaler"):  # AcceleratedOptimizer
+            opt = opt.optimizer
+        amp.scaler.unscale_(opt)

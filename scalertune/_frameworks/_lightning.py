@@ -1,0 +1,95 @@
+"""A Lightning ``Trainer`` under a runtime's config: its precision plugin, made from the runtime.
+
+Lightning keeps everything mixed precision does in the strategy's precision plugin:
+``MixedPrecision`` autocasts the forward (``forward_context``), scales the loss
+(``pre_backward``), unscales before clipping, and calls ``scaler.step`` and ``scaler.update``
+in ``optimizer_step``. :func:`route_lightning` puts a subclass of it on the Trainer's strategy
+whose autocast is the runtime's (so its float32 islands hold) and whose scaler is the
+runtime's GradScaler: Lightning's own loop, hooks and clipping (``gradient_clip_val``, set to
+the config's) run unchanged. A float32 config gets Lightning's plain ``Precision``.
+
+Lightning refuses ``precision="16-mixed"`` on a CPU when the Trainer is made; the plugin set
+here is Lightning's own class with a device of "cpu", which trains in float16 there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any, Iterator
+
+import torch
+
+from scalertune._amp._runtime import AmpRuntime
+from scalertune._errors import UsageError
+
+#: Lightning's precision flags a Trainer may have been given that mean autocast (or none):
+#: the runtime's plugin replaces them. Any other ("16-true", "bf16-true", "64-true",
+#: "transformer-engine", a DeepSpeed or FSDP plugin) changes the model itself.
+_REPLACEABLE = ("32-true", "32", "16-mixed", "bf16-mixed")
+
+
+def lightning_package(obj: Any, base: str) -> str | None:
+    """``lightning.pytorch`` or ``pytorch_lightning``: where ``obj``'s class ``base`` comes from
+    (``None`` when ``obj`` is not one)."""
+    for cls in type(obj).__mro__:
+        if cls.__name__ == base:
+            package = cls.__module__.split(".")[0]
+            if package == "lightning":
+                return "lightning.pytorch"
+            if package == "pytorch_lightning":
+                return package
+    return None
+
+
+def check_lightning(trainer: Any) -> None:
+    """Refuse, in one line, a Trainer whose precision the runtime cannot take over."""
+    strategy = trainer.strategy
+    kind = type(strategy).__name__
+    if kind not in ("SingleDeviceStrategy", "DDPStrategy"):
+        raise UsageError(f"this Trainer runs {kind}: scalertune drives single-device and DDP "
+                         "Trainers only")
+    plugin = strategy.precision_plugin
+    if type(plugin).__name__ not in ("Precision", "MixedPrecision", "_RuntimePrecision") or (
+            str(plugin.precision) not in _REPLACEABLE):
+        raise UsageError(f"this Trainer's precision is {plugin.precision!r} "
+                         f"({type(plugin).__name__}), which casts the model itself: make it "
+                         "with precision='32-true' (or 16-mixed, bf16-mixed) for scalertune to "
+                         "set mixed precision")
+    if getattr(trainer, "state", None) is not None and trainer.state.fn is not None:
+        raise UsageError("this Trainer has run fit() already: attach before trainer.fit(...)")
+
+
+def route_lightning(trainer: Any, amp: AmpRuntime) -> None:
+    """Set the runtime's precision plugin on ``trainer``'s strategy, and its clipping."""
+    package = lightning_package(trainer, "Trainer")
+    plugins = importlib.import_module(f"{package}.plugins.precision")
+    trainer.strategy.precision_plugin = _plugin(plugins, amp)
+    trainer.gradient_clip_val = amp.config.clip_norm
+    trainer.gradient_clip_algorithm = "norm"
+
+
+def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
+    config = amp.config
+    if config.dtype == "float32":
+        return plugins.Precision()
+    precision = "16-mixed" if config.dtype == "float16" else "bf16-mixed"
+
+    class _RuntimePrecision(plugins.MixedPrecision):  # type: ignore[misc,name-defined]
+        """Lightning's MixedPrecision with the runtime's autocast, islands and scaler."""
+
+        def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+            return amp.prepare(super().convert_module(module))
+
+        @contextlib.contextmanager
+        def forward_context(self) -> Iterator[None]:
+            with amp.autocast():
+                yield
+
+    return _RuntimePrecision(precision, amp.device.type,
+                             scaler=amp.scaler if config.uses_scaler else None)
+
+
+def lightning_device(trainer: Any) -> torch.device:
+    """The device a (single-device or DDP) Lightning Trainer trains on."""
+    return torch.device(trainer.strategy.root_device)

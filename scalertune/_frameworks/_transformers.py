@@ -1,0 +1,63 @@
+"""A Hugging Face ``Trainer`` (TRL's trainers are subclasses) under a runtime's config.
+
+``TrainingArguments`` has no loss-scaler settings, and the Trainer builds its Accelerator
+from ``fp16``/``bf16`` with Accelerate's defaults; on a CPU ``fp16=True`` trains in float32.
+The Trainer runs everything through that Accelerator, though: its ``training_step`` calls
+``accelerator.backward``, its clipping ``accelerator.clip_grad_norm_``, its optimizer step
+the optimizer ``accelerator.prepare`` wrapped (and it steps the LR scheduler only when
+``accelerator.optimizer_step_was_skipped`` is false). :func:`route_trainer` routes that
+Accelerator (``_accelerate``) and the model's forward, so the Trainer trains under the
+runtime: its dtype, its GradScaler, its float32 islands, and its clipping as the Trainer's own
+``max_grad_norm``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from scalertune._errors import UsageError
+from scalertune._frameworks._accelerate import check_accelerator, route_accelerator
+from scalertune._frameworks._route import Route
+
+
+def is_trainer(obj: Any) -> bool:
+    """Whether ``obj`` is a ``transformers.Trainer`` (or a subclass), without importing
+    transformers."""
+    return any(cls.__name__ == "Trainer" and cls.__module__ == "transformers.trainer"
+               for cls in type(obj).__mro__)
+
+
+def check_trainer(trainer: Any) -> None:
+    """Refuse, in one line, a Trainer the runtime cannot drive."""
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        raise UsageError("this Trainer runs DeepSpeed, whose fp16 mode has its own loss scaler: "
+                         "export the config with scalertune export --to deepspeed instead")
+    if getattr(trainer, "is_fsdp_enabled", False):
+        raise UsageError("this Trainer runs FSDP: scalertune drives single-process and DDP "
+                         "Trainers only")
+    halves = {p.dtype for p in trainer.model.parameters() if p.requires_grad
+              and p.dtype in (torch.float16, torch.bfloat16)}
+    if halves:
+        raise UsageError(f"the Trainer's model has {', '.join(sorted(map(str, halves)))} "
+                         "parameters: mixed precision keeps float32 weights; load the model in "
+                         "float32 (torch_dtype=torch.float32)")
+    check_accelerator(trainer.accelerator, what="this Trainer's Accelerator")
+
+
+def route_trainer(trainer: Any, route: Route, *, training: bool) -> None:
+    """Train ``trainer`` under ``route``'s runtime (see the module's docstring); with
+    ``training`` (``scalertune.attach``) its clipping becomes the config's."""
+    route_accelerator(trainer.accelerator, route, training=training)
+    route.wrap_forward(trainer.model)
+    if training:
+        amp = route.runtime()
+        amp.prepare(trainer.model)
+        # 0 is the Trainer's own "no clipping"
+        trainer.args.max_grad_norm = amp.config.clip_norm or 0.0
+
+
+def trainer_device(trainer: Any) -> torch.device:
+    """The device the Trainer trains on (``TrainingArguments.device``)."""
+    return torch.device(trainer.args.device)
