@@ -47,7 +47,7 @@ def make_trainer():
                                        n_positions=LENGTH, bos_token_id=0, eos_token_id=0))
     args = TrainingArguments(
         output_dir=os.path.join(tempfile.gettempdir(), "scalertune-hf-trainer"),
-        max_steps=400, per_device_train_batch_size=8, learning_rate=2e-3, warmup_steps=20,
+        max_steps=400, per_device_train_batch_size=8, learning_rate=3e-3, warmup_steps=5,
         report_to=[], save_strategy="no", logging_steps=50, disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),
     )

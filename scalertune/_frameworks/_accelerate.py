@@ -83,10 +83,14 @@ def _prepare_optimizer(prepare: Any, route: Route, optimizer: Any, *args: Any,
 
     def step(self: Any, *step_args: Any, **step_kwargs: Any) -> Any:
         result = accelerated_step(self, *step_args, **step_kwargs)
-        if self.scaler is not None and self.gradient_state.sync_gradients:
+        if not self.gradient_state.sync_gradients:  # accumulating: no optimizer step
+            return result
+        if self.scaler is not None:
             # what step_was_skipped reads: the runtime's verdict (a fused optimizer's is read
             # from the device here, as a Trainer reads the gradient norm every step anyway)
             self._is_overflow = not route.runtime().last_step  # noqa: SLF001
+        else:  # no scaler to count it
+            route.runtime().steps += 1
         return result
 
     # a method of this object: an LR scheduler wraps the step method of its optimizer

@@ -50,7 +50,8 @@ def check_lightning(trainer: Any) -> None:
         raise UsageError(f"this Trainer runs {kind}: scalertune drives single-device and DDP "
                          "Trainers only")
     plugin = strategy.precision_plugin
-    if type(plugin).__name__ not in ("Precision", "MixedPrecision", "_RuntimePrecision") or (
+    if type(plugin).__name__ not in ("Precision", "MixedPrecision", "_RuntimePrecision",
+                                     "_Float32") or (
             str(plugin.precision) not in _REPLACEABLE):
         raise UsageError(f"this Trainer's precision is {plugin.precision!r} "
                          f"({type(plugin).__name__}), which casts the model itself: make it "
@@ -71,12 +72,28 @@ def route_lightning(trainer: Any, amp: AmpRuntime) -> None:
 
 def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
     config = amp.config
+
+    class _Float32(plugins.Precision):  # type: ignore[misc,name-defined]
+        """Lightning's plain precision, its optimizer steps counted by the runtime."""
+
+        def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+            result = super().optimizer_step(*args, **kwargs)
+            amp.steps += 1
+            return result
+
     if config.dtype == "float32":
-        return plugins.Precision()
+        return _Float32()
     precision = "16-mixed" if config.dtype == "float16" else "bf16-mixed"
 
     class _RuntimePrecision(plugins.MixedPrecision):  # type: ignore[misc,name-defined]
-        """Lightning's MixedPrecision with the runtime's autocast, islands and scaler."""
+        """Lightning's MixedPrecision with the runtime's autocast, islands and scaler (which
+        counts its steps; without one, as for bfloat16, they are counted here)."""
+
+        def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+            result = super().optimizer_step(*args, **kwargs)
+            if self.scaler is None:
+                amp.steps += 1
+            return result
 
         def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
             return amp.prepare(super().convert_module(module))

@@ -35,13 +35,17 @@ from scalertune import _policy
 def phase_windows(horizon: int, steps: int) -> list[tuple[int, int]]:
     """The (first step, end) of each window a finalist is branched for: one from the middle
     of the horizon and one ending at it, each ``PHASE_WINDOW_SHARE`` of the horizon long and
-    at least a trial long; none when the horizon is the trial (the trial is the evidence)."""
+    at least a trial long, starting at a multiple of ``READBACK_INTERVAL``; none when the
+    horizon is the trial (the trial is the evidence)."""
     if horizon <= steps:
         return []
     unit = _policy.READBACK_INTERVAL
     width = max(steps, round(_policy.PHASE_WINDOW_SHARE * horizon / unit) * unit)
     width = min(width, horizon)
-    end_window = (horizon - width, horizon)
+    # A window starts where the reference can save a checkpoint: at the end of one of its
+    # read-back windows, never at step 0 (the end window of a horizon that is no multiple of
+    # the interval grows by the remainder; one barely past a trial is shorter than a trial).
+    end_window = (max(unit, (horizon - width) // unit * unit), horizon)
     middle = max(steps, round(horizon / 2 / unit) * unit)
     if middle + width > end_window[0]:
         return [end_window]

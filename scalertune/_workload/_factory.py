@@ -52,23 +52,18 @@ def build_workload(factory: Callable[[], Any], *, seed: int, device: torch.devic
     return workload
 
 
-#: The loggers a framework greets every new trainer on at the info level (Lightning's "GPU
-#: available", its tips): a factory is called for every run of a search.
-_GREETERS = ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
-
-
 @contextlib.contextmanager
 def _quiet_frameworks() -> Iterator[None]:
-    """Framework info logs off while the factory builds a trainer; warnings stay."""
-    loggers = [logging.getLogger(name) for name in _GREETERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+    """Info logs off while the factory builds a trainer (a factory is called for every run of
+    a search, and Lightning greets every new Trainer: "GPU available", tips); warnings stay.
+    Process-wide for the call, since a framework imported by the factory sets its own
+    loggers' levels as it loads."""
+    before = logging.root.manager.disable
+    logging.disable(max(before, logging.INFO))
     try:
         yield
     finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+        logging.disable(before)
 
 
 def read_result(result: Any, *, device: torch.device) -> Workload:

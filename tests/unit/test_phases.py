@@ -6,6 +6,9 @@ import random
 
 import numpy as np
 import pytest
+import workloads
+
+import scalertune
 
 from scalertune import _policy
 from scalertune._judge._phases import judge_phase, phase_windows
@@ -18,6 +21,22 @@ def test_windows_sit_in_the_middle_and_at_the_end_of_the_horizon():
     assert phase_windows(100_000, 200) == [(50_000, 60_000), (90_000, 100_000)]
     assert phase_windows(200, 200) == []  # the trial is the evidence
     assert phase_windows(500, 200) == [(300, 500)]  # too short for two: the end alone
+
+
+def test_windows_start_where_the_reference_saves_a_checkpoint():
+    # the reference saves at the end of a read-back window: a horizon that is no multiple of
+    # it (a Trainer's epochs times its steps) branched from a step it never saved
+    assert phase_windows(1234, 200) == [(620, 820), (1030, 1234)]
+    assert phase_windows(24, 20) == [(10, 24)]  # barely past a trial: never from step 0
+    for horizon in range(21, 700, 7):
+        for start, end in phase_windows(horizon, 20):
+            assert start % _policy.READBACK_INTERVAL == 0 and 0 < start < end <= horizon
+
+
+def test_a_search_to_a_horizon_off_the_read_back_grid_branches_without_a_failed_run(storage):
+    result = scalertune.search(workloads.healthy, storage=storage, steps=20, horizon=24,
+                               space="float16", n_trials=3, device="cpu")
+    assert result.failed == 0 and result.phases
 
 
 def _noisy(mean, n=200, noise=0.05, seed=0):
