@@ -47,8 +47,11 @@ def load_config(path: str, *, best_amp: bool = False) -> AmpConfig:
 def _chosen(data: dict[str, Any], path: str, best_amp: bool) -> dict[str, Any]:
     """The block holding the config (and guard) to load: the file itself, or its
     ``evidence.best_amp``."""
-    if not best_amp:
-        return data
+    return best_amp_block(data, path) if best_amp else data
+
+
+def best_amp_block(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """``evidence.best_amp`` of a result: the best AMP config that held, with its evidence."""
     evidence = data.get("evidence")
     block = evidence.get("best_amp") if isinstance(evidence, dict) else None
     if not isinstance(block, dict) or not isinstance(block.get("config"), dict):

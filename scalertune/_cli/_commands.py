@@ -126,7 +126,7 @@ def _export(args: argparse.Namespace) -> int:
     from scalertune._export._api import export
 
     result = export(args.result, args.to, device=args.device, strict=args.strict,
-                    micro_batch_size=args.micro_batch_size)
+                    micro_batch_size=args.micro_batch_size, best_amp=args.best_amp)
     print(result.code, end="")
     if args.to == "deepspeed" and not args.quiet:
         # JSON has no comments: what the code text would say in them goes beside it.

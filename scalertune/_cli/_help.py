@@ -84,12 +84,17 @@ EXPORT_DESCRIPTION = (
     "YAML written by scalertune search): the GradScaler and autocast for torch, the Trainer "
     "arguments with their precision plugin for Lightning, the Accelerator arguments with "
     "GradScalerKwargs for Accelerate, TrainingArguments fields for Transformers, and for "
-    "DeepSpeed a JSON config to save as ds_config.json (its notes go to stderr). "
+    "DeepSpeed a JSON config to save as ds_config.json (its notes go to stderr). For "
+    "Transformers, Lightning and Accelerate it also shows the scalertune.attach call that "
+    "puts the whole config into the trainer, with the guard and the watch (TrainingArguments "
+    "has no loss-scaler settings: attach is how its knobs get in). --best-amp exports the "
+    "best AMP config that held where the search answered float32 (a CPU). "
     "scalertune.export() returns the same objects in Python. Where the framework cannot "
     "express a searched value, a 'NOT EXPRESSIBLE' comment says so and the nearest setting is "
     "used; --strict makes that an error (exit status 2). 'DIFFERS' comments say where the "
     "framework's scaler behaves otherwise with the same numbers.")
 EXPORT_EPILOG = ("examples:\n  scalertune export amp.yaml --to lightning --device cuda\n"
+                 "  scalertune export amp.yaml --to transformers --best-amp\n"
                  "  scalertune export amp.yaml --to deepspeed --micro-batch-size 8 > "
                  "ds_config.json")
 DASHBOARD_DESCRIPTION = (

@@ -167,6 +167,9 @@ def _export(sub: Any) -> None:
     e.add_argument("--micro-batch-size", type=int, metavar="N",
                    help="with --to deepspeed: write train_micro_batch_size_per_gpu, which "
                         "DeepSpeed requires, so the JSON is a complete ds_config.json")
+    e.add_argument("--best-amp", action="store_true",
+                   help="export the best AMP config that held (evidence.best_amp) instead of "
+                        "the answer: where a search on a CPU answered float32, for a GPU")
     _quiet_argument(e)
 
 

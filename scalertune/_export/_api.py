@@ -12,14 +12,16 @@ numbers, :attr:`Export.differences` says how and by how much.
 - torch: everything: GradScaler, autocast, ``clip_grad_norm_`` after ``unscale_``.
 - lightning: ``MixedPrecision(..., scaler=GradScaler(...))`` and ``gradient_clip_val``.
 - accelerate: ``mixed_precision`` and ``GradScalerKwargs``; clipping is a call in the loop.
-- transformers: ``TrainingArguments`` has only ``fp16``/``bf16``/``max_grad_norm``: the
-  Trainer's scaler always has PyTorch's defaults.
+- transformers: ``TrainingArguments`` has only ``fp16``/``bf16``/``max_grad_norm``; the
+  loss scaler's knobs go into the Trainer with ``scalertune.attach(trainer, ...)``.
 - deepspeed: its ``fp16`` block grows by 2 and backs off by 0.5, takes the initial scale as a
   power of two, never goes below a minimum scale of 1, and grows one step later than GradScaler.
 
 Float32 islands are applied by :meth:`Export.prepare` (or the line of code that does the same)
 in every framework that runs the model under autocast: all but DeepSpeed, whose fp16 and bf16
-modes cast the model itself to half precision.
+modes cast the model itself to half precision. For a Hugging Face Trainer, a Lightning Trainer
+and an Accelerate Accelerator the code also shows ``scalertune.attach``, which puts the whole
+config, the guard and the watch into the trainer in one call (and trains float16 on a CPU too).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 
 from scalertune import _limits
-from scalertune._amp._config import PYTORCH_DEFAULT, AmpConfig
+from scalertune._amp._config import AmpConfig
 from scalertune._errors import UsageError
 from scalertune._replay._deepspeed_block import DEEPSPEED_MIN_LOSS_SCALE, deepspeed_fp16_block
 
@@ -155,7 +157,7 @@ class Export:
 
 def export(source: AmpConfig | str | os.PathLike[str] | SearchResult, framework: str, *,
            device: str = "auto", strict: bool = False,
-           micro_batch_size: int | None = None) -> Export:
+           micro_batch_size: int | None = None, best_amp: bool = False) -> Export:
     """The config in ``source`` for ``framework`` (one of :data:`FRAMEWORKS`).
 
     ``source`` is an :class:`AmpConfig`, a :class:`SearchResult`, or the path of a YAML file
@@ -164,15 +166,20 @@ def export(source: AmpConfig | str | os.PathLike[str] | SearchResult, framework:
     what the training runs on: ``auto`` (CUDA when this machine has it), ``cuda``, ``cpu``.
     ``micro_batch_size`` completes DeepSpeed's config, which refuses one without a batch size.
     With ``strict=True`` a value the framework cannot express raises :class:`UsageError`.
+    ``best_amp=True`` exports the best AMP config that held (``evidence.best_amp``) instead of
+    the answer: where a search on a CPU answered float32, the config for a GPU.
     """
     if framework not in FRAMEWORKS:
         raise UsageError(f"unknown framework {framework!r}: use one of {', '.join(FRAMEWORKS)}")
     if micro_batch_size is not None and framework != "deepspeed":
         raise UsageError("micro_batch_size is for DeepSpeed's config (framework 'deepspeed')")
     _limits.check(_limits.EXPORT, micro_batch_size=micro_batch_size)
-    config, evidence = _read_source(source)
+    config, evidence = _read_source(source, best_amp)
     where = _device(device)
     parts = _WRITERS[framework](config, where, _lowest_scale(evidence), micro_batch_size)
+    if framework in _ATTACHABLE:
+        parts.usage += _attach_usage(framework, config,
+                                     _attach_argument(source, config, best_amp))
     if framework == "deepspeed" and config.uses_scaler:
         parts.differ.extend(_deepspeed_horizon(evidence))
     result = Export(framework=framework, config=config, device=where.value,
@@ -186,20 +193,64 @@ def export(source: AmpConfig | str | os.PathLike[str] | SearchResult, framework:
     return result
 
 
-def _read_source(source: Any) -> tuple[AmpConfig, Any]:
-    """The config to export, and the evidence it came with (``None`` for a bare config)."""
-    from scalertune._amp._schema import read_result
+def _read_source(source: Any, best_amp: bool) -> tuple[AmpConfig, Any]:
+    """The config to export, and the evidence it came with (``None`` for a bare config);
+    with ``best_amp``, the best AMP config's, and its own evidence block."""
+    from scalertune._amp._schema import best_amp_block, read_result
     from scalertune._review._result import SearchResult
 
     if isinstance(source, AmpConfig):
+        if best_amp:
+            raise UsageError("best_amp reads a search's result: give its YAML or SearchResult")
         return source, None
     if isinstance(source, (str, os.PathLike)):
         data = read_result(os.fspath(source))
-        return AmpConfig.from_dict(data["config"]), data.get("evidence")
-    if isinstance(source, SearchResult):
-        return source.config, source.to_dict().get("evidence")
-    raise UsageError(f"cannot export a {type(source).__name__}: give an AmpConfig, a "
-                     "SearchResult or the path of a result YAML")
+    elif isinstance(source, SearchResult):
+        data = source.to_dict()
+    else:
+        raise UsageError(f"cannot export a {type(source).__name__}: give an AmpConfig, a "
+                         "SearchResult or the path of a result YAML")
+    evidence = data.get("evidence")
+    if not best_amp:
+        return AmpConfig.from_dict(data["config"]), evidence
+    block = best_amp_block(data, os.fspath(source) if isinstance(source, (str, os.PathLike))
+                           else "this search")
+    said = evidence.get("deepspeed_prediction") if isinstance(evidence, Mapping) else None
+    return AmpConfig.from_dict(block["config"]), {**block, "deepspeed_prediction": said}
+
+
+#: The frameworks whose trainer ``scalertune.attach`` takes, and what it is called there.
+_ATTACHABLE = {"lightning": ("trainer", "before trainer.fit(...)"),
+               "accelerate": ("accelerator", "before accelerator.prepare(...)"),
+               "transformers": ("trainer", "before trainer.train()")}
+
+
+def _attach_argument(source: Any, config: AmpConfig, best_amp: bool) -> str:
+    """How the attach line names the config: the YAML's path, or the config itself."""
+    if isinstance(source, (str, os.PathLike)):
+        return repr(os.fspath(source)) + (", best_amp=True" if best_amp else "")
+    return "scalertune." + repr(config)
+
+
+def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]:
+    name, when = _ATTACHABLE[framework]
+    parts = [f"{config.dtype} autocast" + (" with a GradScaler of exactly these knobs"
+                                           if config.uses_scaler else "")]
+    if config.dtype == "float32":
+        parts = ["float32"]
+    if framework != "accelerate":  # an Accelerate loop clips with its own call
+        parts.append("the clipping")
+    if config.fp32_modules:
+        parts.append("the float32 islands")
+    if config.uses_scaler:
+        parts.append("the guard and the watch")
+    what = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+    line = f"#     amp = scalertune.attach({name}, {argument})  # {when}"
+    if framework == "transformers":
+        return [f"# TrainingArguments has no loss-scaler settings: scalertune.attach puts {what}",
+                "# into the Trainer (on a CPU too, whatever its fp16/bf16):", line,
+                "#     trainer.train(); print(amp.skipped_steps, amp.scaler.get_scale())"]
+    return [f"# or, instead: scalertune.attach puts {what} into the {name} (on a CPU too)", line]
 
 
 def _deepspeed_horizon(evidence: Any) -> list[str]:
@@ -320,7 +371,8 @@ def _accelerate(c: AmpConfig, device: _Device, lowest: float | None, batch: int 
                         f"#     accelerator.clip_grad_norm_(model.parameters(), {c.clip_norm!r})"]
     if c.uses_scaler and device.value == "cpu":
         parts.differ.append("Accelerate makes a GradScaler and autocasts to float16 only on "
-                            "GPUs: on a CPU, mixed_precision='fp16' trains in float32")
+                            "GPUs: on a CPU, mixed_precision='fp16' trains in float32 (with "
+                            "scalertune.attach it trains in float16 there too)")
     return parts
 
 
@@ -331,13 +383,8 @@ def _transformers(c: AmpConfig, device: _Device, lowest: float | None, batch: in
                     "max_grad_norm": c.clip_norm if c.clip_norm is not None else 0.0,
                     "use_cpu": _Expr("device == \"cpu\"", device.value == "cpu")},
                    name="training_arguments")
-    if c.uses_scaler:
-        for knob, value in _knobs(c).items():
-            default = getattr(PYTORCH_DEFAULT, knob)
-            if value != default:
-                parts.lost.append(f"{knob}={value!r}: TrainingArguments has no loss-scaler "
-                                  f"settings; the Trainer's GradScaler uses PyTorch's {default!r}")
-    parts.usage = ["# args = transformers.TrainingArguments(output_dir=..., **training_arguments)"]
+    parts.usage = ["# args = transformers.TrainingArguments(output_dir=..., **training_arguments)",
+                   "# trainer = transformers.Trainer(model=model, args=args, ...)"]
     return parts
 
 

@@ -27,8 +27,8 @@ def _scheduled():
         with amp.autocast():
             loss = parts["loss_fn"](model(x), y)
         amp.backward(loss)
-        amp.step(optimizer)
-        schedule.step()
+        if amp.step(optimizer):  # the schedule follows the steps the optimizer took
+            schedule.step()
         return loss
 
     return {"model": model, "optimizer": optimizer, "step": step, "batches": parts["batches"],

@@ -171,8 +171,8 @@ def test_accelerate_accelerator_takes_the_export_and_clips_in_the_loop(config):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
-def test_transformers_training_arguments_take_the_export_and_mark_the_scaler(config, tmp_path):
-    from transformers import TrainingArguments
+def test_transformers_export_puts_the_scaler_into_the_trainer_with_attach(config, tmp_path):
+    from transformers import Trainer, TrainingArguments
 
     export = scalertune.export(config, "transformers", device="cpu")
     for fields in (export.build(), _exec(export.code)["training_arguments"]):
@@ -182,16 +182,37 @@ def test_transformers_training_arguments_take_the_export_and_mark_the_scaler(con
         assert args.max_grad_norm == (config.clip_norm or 0.0)
         assert args.use_cpu
     assert TrainingArguments(output_dir=str(tmp_path)).max_grad_norm == 1.0
-    marked = {line.split("=")[0] for line in export.not_expressible}
-    names = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
-    expected = {k for k, v, d in zip(names, _yaml_knobs(config), _yaml_knobs(AmpConfig()),
-                                     strict=True) if v != d and config.uses_scaler}
-    assert marked == expected
-    if expected:
-        with pytest.raises(scalertune.UsageError, match="transformers cannot express"):
-            scalertune.export(config, "transformers", strict=True)
-    else:
-        scalertune.export(config, "transformers", strict=True)
+    # what TrainingArguments cannot say, the attach line the code shows puts in: every knob
+    assert export.not_expressible == ()
+    scalertune.export(config, "transformers", strict=True)
+    line = next(c for c in export.code.splitlines() if "scalertune.attach(trainer," in c)
+    trainer = Trainer(model=nn.Linear(8, 1), args=TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to=[]))
+    amp = eval(line.lstrip("# ").split("=", 1)[1].split("  #")[0],  # noqa: S307 - our own code
+               {"scalertune": scalertune, "trainer": trainer})
+    assert amp.config == config
+    if config.uses_scaler:
+        assert _knobs(amp.scaler) == _yaml_knobs(config)
+    assert trainer.args.max_grad_norm == (config.clip_norm or 0.0)
+
+
+def test_export_best_amp_takes_the_amp_config_that_held_where_float32_won(tmp_path):
+    path = tmp_path / "cpu.yaml"
+    path.write_text("config: {dtype: float32}\nevidence:\n  best_amp:\n    config: "
+                    "{dtype: float16, init_scale: 256.0, growth_interval: 50}\n"
+                    "    min_scale: 0.5\n")
+    answer = scalertune.export(str(path), "deepspeed", micro_batch_size=2)
+    best = scalertune.export(str(path), "deepspeed", micro_batch_size=2, best_amp=True)
+    assert answer.build()["fp16"] == {"enabled": False}
+    assert best.build()["fp16"]["initial_scale_power"] == 8
+    assert any("backed the scale off to 0.5" in line for line in best.not_expressible)
+    ran = run_cli("export", "cpu.yaml", "--to", "transformers", "--best-amp", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "'fp16': True" in ran.stdout
+    assert "scalertune.attach(trainer, 'cpu.yaml', best_amp=True)" in ran.stdout
+    (tmp_path / "no.yaml").write_text("config: {dtype: float32}\n")
+    missing = run_cli("export", "no.yaml", "--to", "torch", "--best-amp", cwd=tmp_path)
+    assert missing.returncode == 2 and "has no evidence.best_amp" in missing.stderr
 
 
 def _deepspeed_config(data):
@@ -351,7 +372,7 @@ def test_export_command_prints_json_for_deepspeed_and_strict_refuses_in_one_line
     assert data["fp16"]["min_loss_scale"] == 1 and data["gradient_clipping"] == 0.0
     assert _deepspeed_config(data).float16_config.initial_scale_power == 0
     assert "NOT EXPRESSIBLE: init_scale=0.125" in ds.stderr and "DIFFERS: growth" in ds.stderr
-    for framework, quiet in (("deepspeed", ["-q"]), ("transformers", [])):
+    for framework, quiet in (("deepspeed", ["-q"]),):
         # -q drops the notes, never the error
         strict = run_cli(*quiet, "export", "odd.yaml", "--to", framework, "--strict", cwd=tmp_path)
         assert strict.returncode == 2 and f"{framework} cannot express" in strict.stderr
@@ -359,7 +380,9 @@ def test_export_command_prints_json_for_deepspeed_and_strict_refuses_in_one_line
     lightning = run_cli("export", str(path), "--to", "lightning", "--strict", "--device", "cpu",
                      cwd=tmp_path)
     assert lightning.returncode == 0, lightning.stderr
-    assert str(path) not in lightning.stdout and "odd.yaml" not in lightning.stdout
+    code = [line for line in lightning.stdout.splitlines() if not line.startswith("#")]
+    assert not any(str(path) in line for line in code)  # the code stands alone: no file read
+    assert f"scalertune.attach(trainer, {str(path)!r})" in lightning.stdout  # the one that does
     scaler = _exec(lightning.stdout)["trainer_kwargs"]["plugins"][0].scaler
     assert _knobs(scaler) == _yaml_knobs(ODD)
 

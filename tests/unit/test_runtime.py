@@ -1,5 +1,7 @@
 """AmpRuntime: the canonical AMP step that trials and training code share."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -140,6 +142,39 @@ def test_step_says_whether_the_optimizer_really_stepped(kind):
         said.append(bool(amp.step(opt)))
         moved.append(any(not torch.equal(a, b) for a, b in zip(before, model.parameters())))
     assert said == moved and said.count(False) == amp.skipped_steps > 10
+
+
+def test_a_step_function_steps_its_schedule_only_after_real_steps_without_a_warning():
+    # PyTorch warns "Detected call of lr_scheduler.step() before optimizer.step()" when a
+    # schedule is stepped after a skipped first step; stepped on amp.step's answer it is not
+    model, batch = _model_and_batch(target_scale=1e3)
+    made = []
+
+    def factory():
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5)
+        made.append(schedule)
+
+        def step(model, batch, amp):
+            optimizer.zero_grad(set_to_none=True)
+            with amp.autocast():
+                loss = nn.functional.mse_loss(model(batch[0]), batch[1], reduction="sum")
+            amp.backward(loss)
+            if amp.step(optimizer):
+                schedule.step()
+            return loss
+
+        return {"model": model, "optimizer": optimizer, "step": step, "batches": [batch],
+                "schedulers": [schedule]}
+
+    from scalertune._run._loop import run_config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        record = run_config(factory, AmpConfig(init_scale=2.0**24, growth_interval=5),
+                            steps=30, seed=0, device=torch.device("cpu"))
+    skipped = len(skipped_steps(record.scales, 2.0**24))
+    assert skipped > 5 and made[-1].last_epoch == 30 - skipped  # once per real step
 
 
 def test_a_scaler_that_a_framework_steps_counts_its_skips_and_runs_the_guard():
