@@ -43,6 +43,34 @@ def test_the_float32_reference_of_a_hf_trainer_is_its_own_training_loss_for_loss
     assert own[-1] < 0.95 * own[0]
 
 
+def test_a_trial_of_a_hf_trainer_logs_saves_and_reports_nothing(tmp_path):
+    heard = []
+
+    def factory():
+        trainer = trainers.hf_trainer(output_dir=str(tmp_path / "out"), save_strategy="steps",
+                                      save_steps=1, logging_steps=1, disable_tqdm=False)
+
+        class Heard(trainers._callback_base()):
+            def on_log(self, args, state, control, **kwargs):
+                heard.append("log")
+
+            def on_save(self, args, state, control, **kwargs):
+                heard.append("save")
+
+            def on_step_end(self, args, state, control, **kwargs):
+                heard.append("step")
+
+        trainer.add_callback(Heard())
+        return trainer
+
+    record = run_config(factory, AmpConfig(dtype="float32", clip_norm=1.0), steps=5, seed=0,
+                        device=CPU)
+    assert len(record.losses) == 5
+    assert heard == []  # no callback: no logging, saving or report_to integration ran
+    out = tmp_path / "out"
+    assert not out.exists() or not any(out.iterdir())  # and no checkpoint was written
+
+
 def test_a_float16_run_of_a_hf_trainer_skips_the_steps_its_own_fp16_training_skips():
     # the Trainer's own float16 path (Accelerate's autocast and a plain GradScaler with the
     # same knobs, forced on this CPU) against the search's run of the same factory
