@@ -145,10 +145,10 @@ class Skips:
             silent = self._taken.count - self._taken_before < len(stepping)
             self._record(index, silent, on_host=True)
             return not silent
-        scale = scaler._scale  # noqa: SLF001 - update() changed it in place
-        if scale is None or not self._copied:  # no step began: nothing to compare
+        scale, before = scaler._scale, self._before  # noqa: SLF001 - update() changed it
+        if scale is None or before is None or not self._copied:  # no step began
             return True
-        skipped = torch.lt(scale, self._before)
+        skipped = torch.lt(scale, before)
         if len(stepping) == 1 and stepping[0][1] == "verify":
             backed_off = bool(skipped)
             self._verify(stepping[0][0], index, backed_off,

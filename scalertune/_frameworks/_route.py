@@ -57,7 +57,7 @@ class Route:
                 output = original(*args, **kwargs)
             return _float32(output)
 
-        module.forward = forward  # type: ignore[method-assign]
+        module.forward = forward
         module._scalertune_route = self  # type: ignore[assignment]
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

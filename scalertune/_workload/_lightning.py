@@ -35,7 +35,7 @@ _LIGHTNING_DEFAULT_MAX_EPOCHS = 1000
 _PRECISION = {"float16": "16-mixed", "bfloat16": "bf16-mixed", "float32": "32-true"}
 
 
-def lightning_workload(module: torch.nn.Module, batches: Iterable[Any], *, max_steps: int = -1,
+def lightning_workload(module: Any, batches: Iterable[Any], *, max_steps: int = -1,
                        max_epochs: int | None = None, accumulate_grad_batches: int = 1,
                        clip_norm: float | None = None) -> Workload:
     """A Workload that trains ``module`` (a LightningModule) through its ``training_step``.
@@ -86,7 +86,7 @@ def lightning_workload(module: torch.nn.Module, batches: Iterable[Any], *, max_s
     optimizer = optimizers[0]
     trainer.optimizers = [optimizer]
 
-    def step(model: torch.nn.Module, group: list[Any], amp: Any) -> torch.Tensor:
+    def step(model: Any, group: list[Any], amp: Any) -> torch.Tensor:
         trainer.precision = _PRECISION[amp.config.dtype]
         optimizer.zero_grad(set_to_none=True)
         losses = []
@@ -107,7 +107,7 @@ def lightning_workload(module: torch.nn.Module, batches: Iterable[Any], *, max_s
                     schedulers=[trainer])
 
 
-def lightning_trainer_workload(trainer: Any, module: torch.nn.Module, data: Any, *,
+def lightning_trainer_workload(trainer: Any, module: Any, data: Any, *,
                                device: torch.device, horizon: int | None = None) -> Workload:
     """What ``trainer.fit(module, data)`` trains, as a Workload (``data``: a dataloader, or a
     LightningDataModule, whose ``train_dataloader()`` is taken as ``fit`` takes it)."""

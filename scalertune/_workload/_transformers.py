@@ -57,7 +57,7 @@ def transformers_workload(trainer: Any, *, device: torch.device,
         route.amp = amp
         micro, items = trainer.get_batch_samples(iter(group), len(group), args.device)
         trainer.current_gradient_accumulation_steps = len(micro)
-        loss = sum(trainer.training_step(model, inputs, items) for inputs in micro)
+        loss: torch.Tensor = sum(trainer.training_step(model, inputs, items) for inputs in micro)
         if amp.step(optimizer) and not plateau:
             scheduler.step()
         model.zero_grad()
@@ -76,8 +76,8 @@ def _set_epoch(loader: Any, epoch: int) -> None:
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(epoch)
     # Accelerate's set_epoch does not reach a batch sampler wrapped in BatchSamplerShard
-    inner = getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None)
-    if hasattr(inner, "set_epoch"):
+    inner: Any = getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None)
+    if inner is not None and hasattr(inner, "set_epoch"):
         inner.set_epoch(epoch)
 
 
