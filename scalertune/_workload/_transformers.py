@@ -22,8 +22,9 @@ checkpoint saving or ``report_to`` integration.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -32,6 +33,7 @@ from scalertune._frameworks._route import Route
 from scalertune._frameworks._transformers import check_trainer, route_trainer, trainer_device
 from scalertune._workload._contract import Workload
 from scalertune._workload._groups import Groups
+from scalertune._workload._loader import one_line
 
 
 def transformers_workload(trainer: Any, *, device: torch.device,
@@ -45,10 +47,12 @@ def transformers_workload(trainer: Any, *, device: torch.device,
     route = Route()
     route_trainer(trainer, route, training=False)
     args = trainer.args
-    loader = trainer.get_train_dataloader()
-    max_steps = trainer.set_initial_training_values(args, loader)[-1]
-    optimizer = trainer.create_optimizer()
-    scheduler = trainer.create_scheduler(num_training_steps=max_steps, optimizer=optimizer)
+    with _the_trainers("dataloader"):
+        loader = trainer.get_train_dataloader()
+        max_steps = trainer.set_initial_training_values(args, loader)[-1]
+    with _the_trainers("optimizer and scheduler"):
+        optimizer = trainer.create_optimizer()
+        scheduler = trainer.create_scheduler(num_training_steps=max_steps, optimizer=optimizer)
     trainer.state.max_steps = max_steps
     counters = _Counters(trainer)
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -69,6 +73,16 @@ def transformers_workload(trainer: Any, *, device: torch.device,
                                    on_epoch=functools.partial(_set_epoch, loader)),
                     clip_norm=args.max_grad_norm if args.max_grad_norm > 0 else None,
                     schedulers=[scheduler, counters], horizon=horizon or max_steps)
+
+
+@contextlib.contextmanager
+def _the_trainers(what: str) -> Iterator[None]:
+    """The Trainer's own refusal (no train_dataset, no max_steps for a dataset without a
+    length) as one line, as train() would raise it."""
+    try:
+        yield
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise UsageError(f"the Trainer's {what}: {one_line(exc)}") from None
 
 
 def _set_epoch(loader: Any, epoch: int) -> None:

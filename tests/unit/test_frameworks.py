@@ -131,6 +131,20 @@ def test_attach_refuses_what_it_cannot_drive_in_one_line():
         scalertune.attach(parts["accelerator"], AmpConfig())
 
 
+def test_a_hf_trainer_that_cannot_train_is_refused_in_one_line():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(trainers.Sequences())
+
+    def endless():
+        trainer = trainers.hf_trainer(max_steps=-1)
+        trainer.train_dataset = Stream()  # no length, and no max_steps to stop it
+        return trainer
+
+    with pytest.raises(scalertune.UsageError, match="the Trainer's dataloader: ValueError"):
+        build_workload(endless, seed=0, device=CPU)
+
+
 def test_a_hf_trainer_on_another_device_than_the_search_is_refused():
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA to ask for a device it lacks")
