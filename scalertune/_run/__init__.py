@@ -5,5 +5,6 @@
 - ``_nonfinite``: whether a window went non-finite, and the prune reason;
 - ``_preflight``: one float32 step before any study row exists;
 - ``_timing``: the interleaved step time of each dtype;
+- ``_schedules``: the LR schedules put back after steps that are not training's;
 - ``_memory``: giving a finished run's memory back.
 """

@@ -33,6 +33,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._run._checkpoint import BatchCursor
+from scalertune._run._schedules import kept_schedules
 from scalertune._workload._contract import Workload, to_device
 
 
@@ -120,7 +121,7 @@ def time_dtypes(workload: Workload, dtypes: Sequence[str], *, device: torch.devi
     n = _policy.READBACK_INTERVAL
     buffer = torch.empty(n, dtype=torch.float32, device=device)
     windows: dict[str, list[tuple[float, bool]]] = {d: [] for d in order}
-    broken: set[str] = set()
+    broken: dict[str, str] = {}  # dtype -> why its steps raised
     steps = 0
     workload.model.train()
     with _learning_rate_zero(workload.optimizer):
@@ -128,16 +129,17 @@ def time_dtypes(workload: Workload, dtypes: Sequence[str], *, device: torch.devi
             steps += _round(r, runtimes, workload, step, batches, buffer, windows, broken,
                             announce)
     if "float32" in broken:
-        raise RuntimeError("float32 steps could not be timed")
+        raise RuntimeError(f"float32 steps could not be timed: {broken['float32']}")
     return StepTimes({d: _per_round(w) for d, w in windows.items() if d not in broken},
                      steps=steps)
 
 
 def _round(r: int, runtimes: dict[str, AmpRuntime], workload: Workload, step: Any,
            batches: Any, buffer: torch.Tensor, windows: dict[str, list[tuple[float, bool]]],
-           broken: set[str], announce: Callable[[str], None] | None) -> int:
+           broken: dict[str, str], announce: Callable[[str], None] | None) -> int:
     """One window per dtype, timed from its first step to its read-back; returns the steps
-    it trained."""
+    it trained. Each window leaves the schedules where they were: a timing of many windows
+    must not run a schedule past its length."""
     device, n, steps = buffer.device, len(buffer), 0
     for dtype, amp in runtimes.items():
         if dtype in broken:
@@ -147,10 +149,12 @@ def _round(r: int, runtimes: dict[str, AmpRuntime], workload: Workload, step: An
         skipped_before = amp._skipped.clone()  # noqa: SLF001 - device counter, no sync
         started = time.perf_counter()
         try:
-            for i in range(n):
-                buffer[i] = step(workload, to_device(next(batches), device), amp).detach()
-        except Exception:  # noqa: BLE001 - the dtype cannot run here; its trials will say why
-            broken.add(dtype)
+            with kept_schedules(workload):
+                for i in range(n):
+                    buffer[i] = step(workload, to_device(next(batches), device), amp).detach()
+        except Exception as exc:  # noqa: BLE001 - the dtype cannot run here; its trials say why
+            text = str(exc).strip().splitlines()
+            broken[dtype] = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
             continue
         finite, skipped = torch.stack((
             torch.isfinite(buffer).all().double(),

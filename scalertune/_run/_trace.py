@@ -27,7 +27,6 @@ large from the start meets while it skips.
 from __future__ import annotations
 
 import base64
-import copy
 import functools
 import itertools
 from typing import Any, Callable
@@ -41,6 +40,7 @@ from scalertune._amp._runtime import AmpRuntime
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
 from scalertune._workload._rng import rng_state, set_rng_state
 from scalertune._run._probe import NoStep
+from scalertune._run._schedules import kept_schedules
 from scalertune._workload._contract import Workload, to_device
 
 
@@ -147,31 +147,23 @@ class TraceCollector:
         model = workload.model
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
         state = rng_state()
-        # A step function may step its schedulers (Lightning steps them after every step,
-        # taken or not): their states and the learning rates they set are put back too.
-        schedules = [copy.deepcopy(s.state_dict()) for s in workload.schedulers]
-        groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
-                  for g in workload.optimizer.param_groups]
         amp = NoStep(AmpConfig(dtype="float32"), device=self._hooks.device)
         _hear(amp, self._hooks)
         rows = []
         try:
-            for batch in itertools.islice(iter(workload.batches),
-                                          _policy.STARTUP_PROBE_BATCHES):
-                self._hooks.begin(0)
-                step(workload, to_device(batch, self._hooks.device), amp)
-                self._hooks.flush()
-                rows.append(self._hooks.read(1).max())
+            with kept_schedules(workload):
+                for batch in itertools.islice(iter(workload.batches),
+                                              _policy.STARTUP_PROBE_BATCHES):
+                    self._hooks.begin(0)
+                    step(workload, to_device(batch, self._hooks.device), amp)
+                    self._hooks.flush()
+                    rows.append(self._hooks.read(1).max())
         finally:
             self._hooks.take_block()  # the probe's histograms are not the run's
             workload.optimizer.zero_grad(set_to_none=True)
             with torch.no_grad():
                 for name, value in model.named_buffers():
                     value.copy_(buffers[name])
-            for scheduler, saved in zip(workload.schedulers, schedules):
-                scheduler.load_state_dict(saved)
-            for group, saved in zip(workload.optimizer.param_groups, groups):
-                group.update(saved)
             set_rng_state(state)
         return np.array(rows, np.float32)
 

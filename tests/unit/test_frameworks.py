@@ -185,6 +185,30 @@ def test_a_float16_run_of_a_lightning_trainer_skips_what_its_own_fit_skips():
     assert ours.losses == pytest.approx(own, rel=1e-3)
 
 
+def test_the_step_timing_leaves_a_schedule_as_long_as_the_training_where_it_was():
+    # a OneCycleLR as long as the Trainer's 30 steps, which Lightning steps after every step:
+    # the timing's 3 dtypes x 7 windows x 10 steps would run it past its end
+    from scalertune._run._timing import time_dtypes
+
+    def factory():
+        parts = trainers.lightning_parts()
+
+        def configure_optimizers():
+            optimizer = torch.optim.Adam(parts["model"].parameters(), lr=1e-3)
+            total = int(parts["model"].trainer.estimated_stepping_batches)
+            return [optimizer], [{"scheduler": torch.optim.lr_scheduler.OneCycleLR(
+                optimizer, max_lr=1e-2, total_steps=total), "interval": "step"}]
+
+        parts["model"].configure_optimizers = configure_optimizers
+        return parts
+
+    workload = build_workload(factory, seed=0, device=CPU)
+    times = time_dtypes(workload, ["float32", "bfloat16", "float16"], device=CPU, clip_norm=1e4)
+    assert set(times.rounds) == {"float32", "bfloat16", "float16"}
+    schedule = workload.schedulers[0].lr_scheduler_configs[0].scheduler
+    assert schedule.last_epoch == 0 and workload.schedulers[0].global_step == 0
+
+
 def test_attach_trains_a_lightning_trainer_given_no_precision_in_float16_on_a_cpu():
     parts = trainers.lightning_parts()
     amp = scalertune.attach(parts["trainer"], AmpConfig(**{**FAR.to_dict(), "clip_norm": 1e4}))
