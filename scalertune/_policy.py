@@ -70,9 +70,11 @@ CONFIRM_SEEDS = (1, 2)
 #: started, and by more than ``REFERENCE_NOISE_MULTIPLE`` standard errors of its final
 #: smoothed loss (the standard deviation of the per-step losses over its last
 #: ``SMOOTHING_STEPS`` steps, over the square root of that count): batch-to-batch noise.
-#: Below that the target says nothing (every run "reaches" it at once) and the search stops
-#: before any trial runs. 1% is far below what any training that learns does in a search's
-#: budget of steps; twice the noise keeps a flat, noisy loss from passing as learning.
+#: It must also end more than ``TARGET_TOLERANCE`` below its start, so that the target lies
+#: below where every run begins. Below that the target says nothing (every run "reaches" it
+#: at once, one that skipped every step included) and the search stops before any trial
+#: runs. 1% is far below what any training that learns does in a search's budget of steps;
+#: twice the noise keeps a flat, noisy loss from passing as learning.
 REFERENCE_MIN_DROP = 0.01
 REFERENCE_NOISE_MULTIPLE = 2.0
 

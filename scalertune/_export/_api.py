@@ -351,9 +351,11 @@ def _lightning(c: AmpConfig, device: _Device, lowest: float | None, batch: int |
     # None is Lightning's own "no clipping"; written out so that it is not left to a default.
     spec["gradient_clip_val"] = c.clip_norm
     spec["gradient_clip_algorithm"] = "norm"
-    usage = ["# trainer = lightning.pytorch.Trainer(**trainer_kwargs, ...your own arguments)",
-             "# (the plugin's device is the Trainer's accelerator: one kind of device for both)"]
-    return _Parts(spec, name="trainer_kwargs", usage=usage)
+    usage = ["# trainer = lightning.pytorch.Trainer(**trainer_kwargs, ...your own arguments)"]
+    if c.dtype != "float32":
+        usage.append("# (the plugin's device is the Trainer's accelerator: one kind of device "
+                     "for both)")
+    return _Parts(spec, name="trainer_kwargs", usage=usage, uses_device=c.dtype != "float32")
 
 
 def _accelerate(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None
@@ -383,6 +385,10 @@ def _transformers(c: AmpConfig, device: _Device, lowest: float | None, batch: in
                     "max_grad_norm": c.clip_norm if c.clip_norm is not None else 0.0,
                     "use_cpu": _Expr("device == \"cpu\"", device.value == "cpu")},
                    name="training_arguments")
+    if c.uses_scaler and device.value == "cpu":
+        parts.differ.append("the Trainer's Accelerator makes a GradScaler and autocasts to "
+                            "float16 only on GPUs: on a CPU, fp16=True trains in float32 (with "
+                            "scalertune.attach it trains in float16 there too)")
     parts.usage = ["# args = transformers.TrainingArguments(output_dir=..., **training_arguments)",
                    "# trainer = transformers.Trainer(model=model, args=args, ...)"]
     return parts

@@ -33,8 +33,9 @@ from scalertune._frameworks._route import Route
 _SUPPORTED = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU")
 
 
-def check_accelerator(accelerator: Any, *, what: str = "this Accelerator") -> None:
-    """Refuse, in one line, what the runtime cannot drive."""
+def check_accelerator(accelerator: Any, *, what: str = "this Accelerator",
+                      before: str = "attach before accelerator.prepare(...)") -> None:
+    """Refuse, in one line, what the runtime cannot drive (``before``: when to hand it over)."""
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
     if kind == "DEEPSPEED":
         raise UsageError(f"{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: "
@@ -43,13 +44,16 @@ def check_accelerator(accelerator: Any, *, what: str = "this Accelerator") -> No
         raise UsageError(f"{what} runs {kind}: scalertune drives single-process and DDP "
                          "training (one model copy per process) only")
     if accelerator._models or accelerator._optimizers:  # noqa: SLF001 - what prepare() made
-        raise UsageError(f"{what} has prepared a model or optimizer already: attach before "
-                         "accelerator.prepare(...) (or Trainer.train())")
+        raise UsageError(f"{what} has prepared a model or optimizer already: {before}")
+    if getattr(accelerator, "_scalertune_route", None) is not None:
+        raise UsageError(f"{what} is attached to a runtime already: make a new one to attach "
+                         "another config")
 
 
 def route_accelerator(accelerator: Any, route: Route, *, training: bool) -> None:
     """Point ``accelerator``'s autocast and backward at ``route`` (see the module's
     docstring); with ``training``, its scaler and unscaling too."""
+    accelerator._scalertune_route = route
     accelerator.native_amp = False  # Accelerate's autocast wrapper: the route's runs instead
     accelerator.backward = functools.partial(_backward, accelerator, route)
     accelerator.prepare_model = functools.partial(_prepare_model, accelerator.prepare_model,

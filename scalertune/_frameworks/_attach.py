@@ -28,9 +28,10 @@ def attach(trainer: Any, config: str | os.PathLike[str] | AmpConfig | AmpRuntime
       or ``precision`` the trainer was given (a float16 config trains in float16 on a CPU);
     - a GradScaler with exactly the config's ``init_scale``, ``growth_factor``,
       ``backoff_factor`` and ``growth_interval``, which the framework itself calls;
-    - the config's clipping, as the framework's own (``max_grad_norm``,
-      ``gradient_clip_val``; with an Accelerator, ``accelerator.clip_grad_norm_`` in your
-      loop unscales with the runtime's scaler first);
+    - the config's clipping, as the framework's own, in place of the trainer's
+      (``max_grad_norm``, ``gradient_clip_val`` by norm; a config without one turns it off;
+      with an Accelerator, ``accelerator.clip_grad_norm_`` in your loop unscales with the
+      runtime's scaler first);
     - its float32 islands, and the guard and the watch the YAML recommends
       (``guard=False``, ``watch=False`` to leave them out), on the steps the framework took.
 
@@ -78,6 +79,9 @@ def _kind(trainer: Any) -> tuple[str, torch.device]:
 
 def _runtime(config: Any, device: torch.device, *, guard: bool, watch: bool,
              best_amp: bool) -> AmpRuntime:
+    if best_amp and not isinstance(config, (str, os.PathLike)):
+        raise UsageError("best_amp=True reads evidence.best_amp from a result YAML: give the "
+                         "YAML's path (an AmpConfig or a runtime is already one config)")
     if isinstance(config, AmpRuntime):
         if config.device.type != device.type:
             raise UsageError(f"the runtime is for {config.device.type} and the trainer trains on "

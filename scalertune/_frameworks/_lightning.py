@@ -8,8 +8,9 @@ whose autocast is the runtime's (so its float32 islands hold) and whose scaler i
 runtime's GradScaler: Lightning's own loop, hooks and clipping (``gradient_clip_val``, set to
 the config's) run unchanged. A float32 config gets Lightning's plain ``Precision``.
 
-Lightning refuses ``precision="16-mixed"`` on a CPU when the Trainer is made; the plugin set
-here is Lightning's own class with a device of "cpu", which trains in float16 there.
+Made with ``precision="16-mixed"`` on a CPU, a Trainer warns and trains ``bf16-mixed``
+instead; the plugin set here is Lightning's own class with a device of "cpu", which trains in
+float16 there.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def check_lightning(trainer: Any) -> None:
                          "set mixed precision")
     if getattr(trainer, "state", None) is not None and trainer.state.fn is not None:
         raise UsageError("this Trainer has run fit() already: attach before trainer.fit(...)")
+    if type(plugin).__name__ in ("_RuntimePrecision", "_Float32"):
+        raise UsageError("this Trainer is attached to a runtime already: make a new one to "
+                         "attach another config")
 
 
 def route_lightning(trainer: Any, amp: AmpRuntime) -> None:

@@ -29,8 +29,9 @@ def is_trainer(obj: Any) -> bool:
                for cls in type(obj).__mro__)
 
 
-def check_trainer(trainer: Any) -> None:
-    """Refuse, in one line, a Trainer the runtime cannot drive."""
+def check_trainer(trainer: Any, *, before: str = "attach before trainer.train()") -> None:
+    """Refuse, in one line, a Trainer the runtime cannot drive (``before``: when to hand it
+    over)."""
     if getattr(trainer, "is_deepspeed_enabled", False):
         raise UsageError("this Trainer runs DeepSpeed, whose fp16 mode has its own loss scaler: "
                          "export the config with scalertune export --to deepspeed instead")
@@ -43,7 +44,7 @@ def check_trainer(trainer: Any) -> None:
         raise UsageError(f"the Trainer's model has {', '.join(sorted(map(str, halves)))} "
                          "parameters: mixed precision keeps float32 weights; load the model in "
                          "float32 (torch_dtype=torch.float32)")
-    check_accelerator(trainer.accelerator, what="this Trainer's Accelerator")
+    check_accelerator(trainer.accelerator, what="this Trainer", before=before)
 
 
 def route_trainer(trainer: Any, route: Route, *, training: bool) -> None:

@@ -55,12 +55,15 @@ class Target:
     @property
     def reference_learned(self) -> bool:
         """Whether float32 lowered its loss by a meaningful margin: at least
-        ``REFERENCE_MIN_DROP`` of where it started, and by more than
-        ``REFERENCE_NOISE_MULTIPLE`` standard errors of its final smoothed loss.
-        Without that, every run "reaches" the target at once and the search says nothing."""
+        ``REFERENCE_MIN_DROP`` of where it started, by more than
+        ``REFERENCE_NOISE_MULTIPLE`` standard errors of its final smoothed loss, and to
+        below where it started by more than the target's tolerance (the target lies below
+        float32's start). Without that, every run "reaches" the target at once (a run that
+        skipped every step included) and the search says nothing."""
         drop = self.reference_start - self.reference_final
         return (drop > _policy.REFERENCE_MIN_DROP * abs(self.reference_start)
-                and drop > _policy.REFERENCE_NOISE_MULTIPLE * self.reference_noise)
+                and drop > _policy.REFERENCE_NOISE_MULTIPLE * self.reference_noise
+                and self.loss < self.reference_start)
 
     def check_learned(self, steps: int) -> None:
         """:class:`UsageError` naming what to do when the reference did not learn."""
@@ -69,8 +72,9 @@ class Target:
         raise UsageError(
             f"the float32 reference did not learn in {steps} steps (smoothed loss "
             f"{self.reference_start:.4g} -> {self.reference_final:.4g}, noise "
-            f"{self.reference_noise:.3g}), so no run can be judged against it: raise --steps or "
-            "the learning rate, or check the workload's loss and data"
+            f"{self.reference_noise:.3g}; the target, {self.loss:.4g}, must lie below where it "
+            "started), so no run can be judged against it: raise --steps or the learning rate, "
+            "or check the workload's loss and data"
         )
 
     def steps_to_target(self, losses: Sequence[float]) -> int | None:

@@ -35,7 +35,8 @@ def accelerate_workload(result: dict[str, Any], *, device: torch.device) -> Work
     if not any(c.__name__ == "Accelerator" for c in type(accelerator).__mro__):
         raise UsageError(f"'accelerator' is a {type(accelerator).__name__}: give an "
                          "accelerate.Accelerator")
-    check_accelerator(accelerator)
+    check_accelerator(accelerator, before="return the Accelerator with what it will prepare, "
+                                               "unprepared")
     if torch.device(accelerator.device).type != device.type:
         raise UsageError(f"the Accelerator trains on {torch.device(accelerator.device).type} and "
                          f"the search runs on {device.type}: give --device "

@@ -70,6 +70,10 @@ def read_result(result: Any, *, device: torch.device) -> Workload:
     """The workload a factory's result describes (see the module's docstring)."""
     if is_trainer(result):
         return transformers_workload(result, device=device)
+    if lightning_package(result, "Trainer") is not None:
+        raise UsageError("a Lightning Trainer comes with its LightningModule and data: return "
+                         "{'trainer': trainer, 'model': module, 'batches': train_dataloader "
+                         "or datamodule}")
     if not isinstance(result, Mapping):
         return from_result(result)
     if "accelerator" in result:
@@ -95,5 +99,6 @@ def read_result(result: Any, *, device: torch.device) -> Workload:
 def _only(result: Mapping[str, Any], keys: tuple[str, ...], what: str) -> None:
     unknown = sorted(set(result) - set(keys))
     if unknown:
+        verb = "comes" if len(unknown) == 1 else "come"
         raise UsageError(f"with {what} the factory's result takes {', '.join(keys)}; "
-                         f"{', '.join(map(repr, unknown))} come from the trainer itself")
+                         f"{', '.join(map(repr, unknown))} {verb} from the trainer itself")

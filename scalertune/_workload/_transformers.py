@@ -39,7 +39,7 @@ from scalertune._workload._loader import one_line
 def transformers_workload(trainer: Any, *, device: torch.device,
                           horizon: int | None = None) -> Workload:
     """The Workload that trains what ``trainer.train()`` would (see the module's docstring)."""
-    check_trainer(trainer)
+    check_trainer(trainer, before="return the Trainer before train() (or a new one)")
     if trainer_device(trainer).type != device.type:
         raise UsageError(f"the Trainer trains on {trainer_device(trainer).type} and the search "
                          f"runs on {device.type}: give --device {trainer_device(trainer).type} "

@@ -129,6 +129,14 @@ def test_attach_refuses_what_it_cannot_drive_in_one_line():
     parts["accelerator"].prepare(parts["model"])
     with pytest.raises(scalertune.UsageError, match="attach before accelerator.prepare"):
         scalertune.attach(parts["accelerator"], AmpConfig())
+    # twice: the second config would silently take over from the first
+    for target in (trainers.hf_trainer(), trainers.lightning_trainer(),
+                   trainers.accelerate_parts()["accelerator"]):
+        scalertune.attach(target, AmpConfig())
+        with pytest.raises(scalertune.UsageError, match="attached to a runtime already"):
+            scalertune.attach(target, AmpConfig(init_scale=8.0))
+    with pytest.raises(scalertune.UsageError, match="best_amp=True reads evidence.best_amp"):
+        scalertune.attach(trainers.hf_trainer(), AmpConfig(), best_amp=True)
 
 
 def test_a_hf_trainer_that_cannot_train_is_refused_in_one_line():
@@ -143,6 +151,18 @@ def test_a_hf_trainer_that_cannot_train_is_refused_in_one_line():
 
     with pytest.raises(scalertune.UsageError, match="the Trainer's dataloader: ValueError"):
         build_workload(endless, seed=0, device=CPU)
+
+
+def test_a_trainer_returned_in_a_shape_the_search_cannot_take_is_refused_in_one_line():
+    trained = trainers.hf_trainer(max_steps=1)
+    trained.train()
+    with pytest.raises(scalertune.UsageError, match="return the Trainer before train()"):
+        build_workload(lambda: trained, seed=0, device=CPU)
+    with pytest.raises(scalertune.UsageError, match="comes with its LightningModule and data"):
+        build_workload(trainers.lightning_trainer, seed=0, device=CPU)
+    with pytest.raises(scalertune.UsageError, match="'loss_fn' comes from the trainer itself"):
+        build_workload(lambda: {"trainer": trainers.hf_trainer(), "loss_fn": len}, seed=0,
+                       device=CPU)
 
 
 def test_a_hf_trainer_on_another_device_than_the_search_is_refused():

@@ -10,6 +10,7 @@ import torch
 import workloads
 from conftest import spec
 
+import scalertune
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
@@ -156,6 +157,16 @@ def test_target_learned_needs_a_drop_beyond_the_batch_noise():
     assert not flat.reference_learned
     learns = Target.from_reference([10.0 * 0.98**i for i in range(200)])
     assert learns.reference_learned
+
+
+def test_target_learned_needs_a_target_below_where_float32_started():
+    # 5% lower at the end, steadily: beyond the noise and the 1% floor, but the target (10%
+    # above the end) is above the start, where a run that never steps "reaches" it at once
+    barely = Target.from_reference([100.0 - 0.025 * i for i in range(200)])
+    assert barely.loss > barely.reference_start and not barely.reference_learned
+    assert barely.steps_to_target([100.0] * 20) == 1  # what it would have judged
+    with pytest.raises(scalertune.UsageError, match="must lie below where it started"):
+        barely.check_learned(200)
 
 
 def test_the_timing_leaves_the_weights_where_they_start():
