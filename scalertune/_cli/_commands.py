@@ -197,6 +197,9 @@ def _dashboard(args: argparse.Namespace) -> int:
     return 0
 
 EXIT_FAILED, EXIT_INTERRUPTED = 1, _interrupt.EXIT_INTERRUPTED
+#: A fault outside the workload stopped the command: the storage or the artifact store stayed
+#: unreachable, or evidence stayed missing after its retries. Nothing is lost: rerun.
+EXIT_STORAGE = 3
 
 
 def _checked(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -29,7 +29,9 @@ from scalertune._search._progress import Progress
 from scalertune._search._setup import Isolation, Setup, prepare
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import default_study_name, open_study
+from scalertune._errors import StorageUnavailable
 from scalertune._storage._open import DEFAULT_STORAGE, open_storage, storage_url
+from scalertune._storage._outage import Outage, forget, set_log
 from scalertune._storage._recovery import retry
 from scalertune._storage._redact import redact
 from scalertune._text import plural
@@ -71,8 +73,9 @@ def search(
     checkpoints (default ``scalertune-artifacts``).
 
     Raises :class:`UsageError` for bad input before any study row is written (a number out of
-    range is a ``ValueError`` naming the parameter) and :class:`SearchError` when the
-    workload itself fails.
+    range is a ``ValueError`` naming the parameter), :class:`SearchError` when the
+    workload itself fails, and :class:`StorageUnavailable` when the storage or the artifact
+    store stayed unreachable past the outage bound (rerun: the study resumes).
 
     Example:
         >>> import scalertune
@@ -87,12 +90,26 @@ def search(
                               device=device, timeout=timeout, isolation=isolation,
                               artifact_dir=artifact_dir)
     url = storage_url(storage or DEFAULT_STORAGE)
+    forget()
+    try:
+        return _search(factory, setup, settings, url, study_name=study_name, log=log,
+                       progress=progress, n_trials=n_trials, timeout=timeout, seed=seed)
+    except Outage as exc:
+        raise StorageUnavailable(str(exc)) from None
+    finally:
+        set_log(None)
+
+
+def _search(factory: str | Callable[[], Any], setup: Setup, settings: dict[str, Any],
+            url: str, *, study_name: str | None, log: Callable[[str], None] | None,
+            progress: bool, n_trials: int, timeout: float | None, seed: int) -> SearchResult:
     # From the first storage write on, Ctrl-C and SIGTERM stop the search at a safe point.
     with _interrupt.handled(), _interrupt.deferred():
         study, created = open_study(open_storage(url, on_stale_trial=retry),
                                     study_name or default_study_name(factory), settings,
                                     seed=seed, url=url, space=setup.space)
         lines = Progress(log, bar=progress)
+        set_log(lines.line)
         if not created:
             lines.line(resuming(study))
         if progress:

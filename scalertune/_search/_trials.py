@@ -54,6 +54,7 @@ from scalertune._storage._names import (
     ROLE_SURPLUS,
     TRACEBACK_ATTR,
 )
+from scalertune._storage._outage import outage_behind
 from scalertune._storage._recovery import survive_lost_trial, take
 from scalertune._workload._loader import FactoryError
 
@@ -81,7 +82,13 @@ class TrialRunner:
 
     def run_one(self) -> None:
         with survive_lost_trial(self.study, self.progress.line):
-            self.study.optimize(self._objective, n_trials=1, catch=(TrialFailed,))
+            try:
+                self.study.optimize(self._objective, n_trials=1, catch=(TrialFailed,))
+            except Exception as exc:
+                behind = outage_behind(exc)
+                if behind is not None:
+                    raise behind from None
+                raise
 
     # -- the objective ----------------------------------------------------------------------
 
