@@ -21,7 +21,13 @@ from scalertune._cli import (
     flag,
     parse,
 )
-from scalertune._errors import ParameterError, SearchError, StorageUnavailable, UsageError
+from scalertune._errors import (
+    MissingEvidence,
+    ParameterError,
+    SearchError,
+    StorageUnavailable,
+    UsageError,
+)
 from scalertune._storage._outage import Outage
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_STORAGE", "EXIT_USAGE", "main", "program"]
@@ -72,7 +78,7 @@ def _run(command: str, args: object) -> int:
     except SearchError as exc:  # the workload itself is broken
         print(f"scalertune {command}: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except (StorageUnavailable, Outage) as exc:  # nothing lost: a rerun resumes
+    except (StorageUnavailable, Outage, MissingEvidence) as exc:  # nothing lost: rerun
         print(f"scalertune {command}: {exc}", file=sys.stderr)
         return EXIT_STORAGE
     except SystemExit as exc:  # the user's module or step called sys.exit() outside a run

@@ -21,6 +21,7 @@ from scalertune._cli._files import (
 from scalertune._cli._flags import check_numbers
 from scalertune._errors import UsageError
 from scalertune._storage._open import storage_url
+from scalertune._text import plural
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -49,8 +50,15 @@ def _search(args: argparse.Namespace) -> int:
     if result.interrupted:
         return EXIT_INTERRUPTED
     with _interrupt.deferred():  # the YAML and the study's notes are written whole or not
-        _write(result, output, args.artifact_dir, sys.stdout)
-    return EXIT_INTERRUPTED if _interrupt.received() else 0
+        _write(result, output, None, sys.stdout)
+    if _interrupt.received():
+        return EXIT_INTERRUPTED
+    if result.missing:
+        print(f"scalertune search: the evidence of {plural(len(result.missing), 'run')} is "
+              "missing (see 'Missing evidence' above): rerun the same command to complete it",
+              file=sys.stderr)
+        return EXIT_STORAGE
+    return 0
 
 
 def _check_search(args: argparse.Namespace) -> str:
@@ -177,9 +185,14 @@ def _dashboard(args: argparse.Namespace) -> int:
         raise UsageError("optuna-dashboard is not installed: pip install 'scalertune[dashboard]'")
     if args.study_name is not None:
         _check_study_name(args.study_name)
-    if args.artifact_dir is not None and not os.path.isdir(args.artifact_dir):
+    from scalertune._storage._store import is_bucket, normalized
+
+    if args.artifact_dir is not None and not (is_bucket(args.artifact_dir)
+                                              or os.path.isdir(args.artifact_dir)):
         raise UsageError(f"--artifact-dir {args.artifact_dir} is not a folder: name the folder "
                          "the search stored its pictures in")
+    if args.artifact_dir is not None:
+        args.artifact_dir = normalized(args.artifact_dir)
     if args.study_name is None:
         studies = load_existing_studies(args.storage)
     else:

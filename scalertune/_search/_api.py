@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from scalertune import _interrupt, _policy
 from scalertune._amp._config import BASELINES
+from scalertune._errors import StorageUnavailable
 from scalertune._judge._phases import phase_windows
 from scalertune._review._analyze import analyze
 from scalertune._review._result import SearchResult
@@ -29,11 +30,11 @@ from scalertune._search._progress import Progress
 from scalertune._search._setup import Isolation, Setup, prepare
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import default_study_name, open_study
-from scalertune._errors import StorageUnavailable
 from scalertune._storage._open import DEFAULT_STORAGE, open_storage, storage_url
 from scalertune._storage._outage import Outage, forget, set_log
 from scalertune._storage._recovery import retry
 from scalertune._storage._redact import redact
+from scalertune._storage._store import Store, default_location, settle_location
 from scalertune._text import plural
 
 __all__ = ["cost_estimate", "search"]
@@ -69,8 +70,10 @@ def search(
     the finalists are branched at its late phases. ``n_trials`` bounds the study's sampled
     trials across reruns and workers (rerunning resumes); ``timeout`` stops sampling.
     ``storage``: an Optuna URL, a SQLite file or a journal file; ``fp32_modules``: modules kept
-    in float32 on every float16 trial; ``artifact_dir``: the study's pictures and float32
-    checkpoints (default ``scalertune-artifacts``).
+    in float32 on every float16 trial; ``artifact_dir``: the study's artifact store, its
+    float32 checkpoints and pictures, a folder or ``s3://BUCKET`` (default
+    ``scalertune-artifacts`` beside a SQLite or journal file, else here; recorded in the
+    study, where every worker finds it).
 
     Raises :class:`UsageError` for bad input before any study row is written (a number out of
     range is a ``ValueError`` naming the parameter), :class:`SearchError` when the
@@ -103,11 +106,13 @@ def search(
 def _search(factory: str | Callable[[], Any], setup: Setup, settings: dict[str, Any],
             url: str, *, study_name: str | None, log: Callable[[str], None] | None,
             progress: bool, n_trials: int, timeout: float | None, seed: int) -> SearchResult:
+    Store(setup.artifact_dir or default_location(url)).check()
     # From the first storage write on, Ctrl-C and SIGTERM stop the search at a safe point.
     with _interrupt.handled(), _interrupt.deferred():
         study, created = open_study(open_storage(url, on_stale_trial=retry),
                                     study_name or default_study_name(factory), settings,
                                     seed=seed, url=url, space=setup.space)
+        settle_location(study, given=setup.artifact_dir, default=default_location(url))
         lines = Progress(log, bar=progress)
         set_log(lines.line)
         if not created:

@@ -148,7 +148,7 @@ def _retried(method: Callable[..., Any], name: str, url: str,
     from optuna.exceptions import UpdateFinishedTrialError
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        failed = []
+        failed: list[BaseException] = []
 
         def once() -> Any:
             try:
@@ -228,6 +228,14 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(e))
         yield e
         e = e.__cause__ or e.__context__
+
+
+def storage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was raised by) a storage error: Optuna's or SQLAlchemy's."""
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    return any(isinstance(e, (StorageInternalError, SQLAlchemyError)) for e in _chain(exc))
 
 
 def outage_behind(exc: BaseException) -> BaseException | None:
