@@ -89,9 +89,17 @@ def _write(result: "SearchResult", output: str, artifact_dir: str | None,
     """The YAML, the pictures beside it, and what the dashboard shows; ``stream`` (if any)
     says what was written."""
     from scalertune._review._dashboard import publish
+    from scalertune._storage._open import first_line
 
-    result.to_yaml(output)
-    pictures = result.write_pictures(output)
+    try:
+        result.to_yaml(output)
+        pictures = result.write_pictures(output)
+    except OSError as exc:  # a full disk, a read-only folder: each file is written whole
+        again = (f"scalertune report --storage STORAGE --study-name '{result.study_name}' -o "
+                 "FILE writes them again")
+        raise UsageError(f"cannot write {exc.filename or output}: {exc.strerror or exc}: free "
+                         f"space or pass another --output; the study keeps everything ({again})"
+                         ) from None
     if stream is not None:
         print(f"Wrote {', '.join([output, *pictures.values()])}", file=stream)
     if not publish_notes:
@@ -99,7 +107,7 @@ def _write(result: "SearchResult", output: str, artifact_dir: str | None,
     try:
         publish(result, pictures=pictures, artifact_dir=artifact_dir)
     except Exception as exc:  # the YAML is written; the dashboard extras must not undo that
-        print(f"scalertune: could not add notes and pictures to the study: {exc}",
+        print(f"scalertune: could not add notes and pictures to the study: {first_line(exc)}",
               file=sys.stderr)
 
 

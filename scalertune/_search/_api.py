@@ -30,9 +30,11 @@ from scalertune._search._progress import Progress
 from scalertune._search._setup import Isolation, Setup, prepare
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import default_study_name, open_study
+from scalertune._storage._claims import held
+from scalertune._storage._names import SETTINGS_ATTR
 from scalertune._storage._open import DEFAULT_STORAGE, open_storage, storage_url
 from scalertune._storage._outage import Outage, forget, set_log
-from scalertune._storage._recovery import retry
+from scalertune._storage._recovery import missing_of, retry
 from scalertune._storage._redact import redact
 from scalertune._storage._store import Store, default_location, settle_location
 from scalertune._text import plural
@@ -160,7 +162,16 @@ def resuming(study: optuna.Study) -> str:
         role = str(t.user_attrs.get("role", "?"))
         roles[role] = roles.get(role, 0) + 1
     said = ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))
+    if not finished:
+        seed = int((study.user_attrs.get(SETTINGS_ATTR) or {}).get("seed", 0))
+        if held(study, f"reference.{seed}"):
+            return (f"joining study {study.study_name!r}: another worker is running its "
+                    "float32 reference; this one waits for it, then shares the trials")
+        return f"resuming study {study.study_name!r}: no run finished yet; starting it"
+    missing = missing_of(study.get_trials(deepcopy=False))
     done = "recommended" in roles
     return (f"resuming study {study.study_name!r}: {plural(len(finished), 'run')} finished "
-            f"({said or 'none yet'}); " + ("the answer is in: checking for more work"
-                                          if done else "going on from there"))
+            f"({said}); " + (f"the evidence of {plural(len(missing), 'run')} is missing: "
+                             "completing it" if missing else
+                             "the answer is in: checking for more work" if done
+                             else "going on from there"))

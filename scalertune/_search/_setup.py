@@ -76,7 +76,9 @@ def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
     except FactoryError as exc:
         raise UsageError(f"the factory {factory_name(factory)} raised {exc}: fix it and "
                          "rerun") from None
-    horizon = horizon or checked.horizon or steps
+    if horizon is None and checked.horizon is not None:
+        horizon = _declared_horizon(checked.horizon, factory_name(factory), steps)
+    horizon = horizon or steps
     if horizon < steps:
         raise ParameterError("horizon", f"must be at least steps ({steps}): it is the "
                              f"training the evidence covers, at least one trial; got {horizon}")
@@ -90,6 +92,21 @@ def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
         "reference": checked.reference.to_dict(),
     }
     return setup, settings
+
+
+def _declared_horizon(horizon: int, factory: str, steps: int) -> int:
+    """The horizon the factory declares, held to the same range as ``--horizon``."""
+    try:
+        _limits.check(_limits.SEARCH, horizon=horizon)
+    except ParameterError as exc:
+        raise UsageError(f"the factory {factory} declares horizon {horizon}, which "
+                         f"{exc.problem.split(', got')[0]}: declare another, or pass "
+                         "--horizon") from None
+    if horizon < steps:
+        raise UsageError(f"the factory {factory} declares horizon {horizon}, shorter than a "
+                         f"trial's {steps} steps (--steps): declare at least {steps}, or pass "
+                         "--horizon (or a smaller --steps)")
+    return horizon
 
 
 def describe_device(device: torch.device) -> str:

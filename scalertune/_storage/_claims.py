@@ -76,8 +76,13 @@ def claim(study: optuna.Study, key: str) -> Iterator[bool]:
 
 def wait_released(study: optuna.Study, key: str) -> None:
     """Block until nobody holds a fresh claim on ``key``."""
-    while _held(_read(study, key)):
+    while held(study, key):
         _interrupt.sleep(_policy.POLL_S)
+
+
+def held(study: optuna.Study, key: str) -> bool:
+    """Whether another worker holds a fresh claim on ``key`` now."""
+    return _held(_read(study, key))
 
 
 def _held(current: dict | None) -> bool:
