@@ -46,6 +46,14 @@ RDB_CALLS = (
     "get_best_trial", "_get_best_trial_id", "get_trial_params", "get_trial_user_attrs",
     "get_trial_system_attrs", "_get_stale_trial_ids",
 )
+#: What a server says, refusing a connection, when it is restarting (a refused connection
+#: carries no SQLSTATE in the driver's error: psycopg 3 gives only libpq's message).
+_RESTARTING = ("starting up", "shutting down", "in recovery mode", "not yet accepting",
+               "not currently accepting", "due to administrator command",
+               "closed the connection unexpectedly")
+#: ... and when it will refuse again whatever the wait: a wrong name, password or host.
+_REFUSED_FOR_GOOD = ("does not exist", "authentication failed", "no pg_hba.conf entry",
+                     "permission denied", "could not translate host name")
 #: SQLSTATEs of a server that is going away or coming back (PostgreSQL's admin_shutdown,
 #: crash_shutdown, cannot_connect_now; a database closed to connections for maintenance),
 #: and the class of connection exceptions.
@@ -199,20 +207,21 @@ def unreachable_at_open(exc: BaseException) -> bool:
     for e in _chain(exc):
         if isinstance(e, (sa.OperationalError, sa.InterfaceError)):
             state = _sqlstate(e.orig)
-            return state is not None and (state in _PASSING_STATES
-                                          or state.startswith(_CONNECTION_CLASS))
+            if state is not None:
+                return state in _PASSING_STATES or state.startswith(_CONNECTION_CLASS)
+            return any(words in str(e.orig).lower() for words in _RESTARTING)
     return False
 
 
 def _passing_driver_error(orig: BaseException | None) -> bool:
     if orig is None:
         return False
+    text = str(orig).lower()
     if type(orig).__module__.startswith("sqlite3"):
-        text = str(orig).lower()
         return "locked" in text or "busy" in text
     state = _sqlstate(orig)
-    if state is None:  # the driver never got an answer: the connection failed or dropped
-        return True
+    if state is None:  # no answer, or a refused connection (which carries no SQLSTATE)
+        return not any(words in text for words in _REFUSED_FOR_GOOD)
     return state in _PASSING_STATES or state.startswith(_CONNECTION_CLASS)
 
 
