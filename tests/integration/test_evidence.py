@@ -263,3 +263,38 @@ def _outage_during_the_reference(admin, name, storage, *, seconds):
     time.sleep(seconds)
     with admin.connect() as c:
         c.execute(sqlalchemy.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+
+
+def test_a_storage_down_past_the_bound_ends_the_worker_in_one_line_and_a_rerun_resumes(
+        tmp_path, undisturbed):
+    """SQLite locked by another process for longer than the outage bound (1 s here): the
+    worker ends with one line naming the storage and what to do, exit status 3, its running
+    trial left as a dead worker's; the same command again resumes to the undisturbed answer."""
+    import time
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}?timeout=0.05"
+    worker = _search(storage, tmp_path, "-q", launcher=("outage", "1"))
+    deadline = time.monotonic() + STUCK_S
+    while time.monotonic() < deadline and worker.poll() is None:
+        try:
+            if len(_study(storage).get_trials(deepcopy=False)) >= 4:
+                break
+        except KeyError:
+            pass
+        time.sleep(0.05)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys, time\n"
+         "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+         "c.execute('BEGIN EXCLUSIVE'); time.sleep(8); c.execute('COMMIT')\n",
+         str(tmp_path / "study.db")])
+    ((code, out, err),) = _finish(worker)
+    holder.wait(timeout=60)
+    lines = err.strip().splitlines()
+    assert code == 3 and len(lines) == 1, err
+    assert lines[0].startswith(f"scalertune search: storage {storage} has been unreachable for "
+                               "1 s (database is locked): start it")
+    assert "rerun the same command" in lines[0]
+    ((code, out, err),) = _finish(_search(storage, tmp_path))
+    assert code == 0, err
+    assert _answer(tmp_path / "amp.yaml") == undisturbed["answer"]
+    _nothing_failed(_study(storage))
