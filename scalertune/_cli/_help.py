@@ -54,6 +54,8 @@ examples:
   scalertune search examples/codepoints.py:make_model
   scalertune search model.py:make_model --space float16 --n-trials 40 --device cuda
   scalertune search model.py:make_model --storage postgresql://user@db/optuna --study-name run1
+  scalertune search model.py:make_model --horizon 20000 --storage postgresql://user@db/optuna \\
+      --study-name run1 --artifact-dir s3://amp-runs    # workers on several hosts
 
 output:
   stdout  the summary table: float32, the two baselines, the best trials, pruned trials

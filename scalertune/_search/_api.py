@@ -108,7 +108,8 @@ def search(
 def _search(factory: str | Callable[[], Any], setup: Setup, settings: dict[str, Any],
             url: str, *, study_name: str | None, log: Callable[[str], None] | None,
             progress: bool, n_trials: int, timeout: float | None, seed: int) -> SearchResult:
-    Store(setup.artifact_dir or default_location(url)).check()
+    if setup.artifact_dir is not None:
+        Store(setup.artifact_dir).check()
     # From the first storage write on, Ctrl-C and SIGTERM stop the search at a safe point.
     with _interrupt.handled(), _interrupt.deferred():
         study, created = open_study(open_storage(url, on_stale_trial=retry),
