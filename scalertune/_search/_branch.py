@@ -67,7 +67,7 @@ def _finite(value: float) -> float | None:
 def run_from_start(setup: Setup, references: References, config: AmpConfig, *, seed: int,
                    end: int, on_window: Any = None, save: str | None = None,
                    continues: str | None = None, resumed_at: int = 0,
-                   log: Callable[[str], None] = print) -> tuple[RunRecord, dict[str, Any]]:
+                   log: Callable[[str], None]) -> tuple[RunRecord, dict[str, Any]]:
     """Train ``config`` from step 0 to ``end`` (the horizon, or as far as the search can
     afford), judged at every phase window up to there; the record and the judged figures of
     each window it got to. ``save``: the name its state at ``end`` is kept under (in the

@@ -129,9 +129,12 @@ class Store:
         self._retrying(call)
 
     def remove(self, names: list[str]) -> None:
-        """Remove the artifacts ``names`` and their manifests, those there are."""
+        """Remove the artifacts ``names`` and their manifests, those there are (a folder that
+        was never made is not made for it)."""
         from optuna.artifacts.exceptions import ArtifactNotFound
 
+        if not is_bucket(self.location) and not os.path.isdir(self.location):
+            return
         for name in names:
             for artifact in (name, name + ".json"):
                 try:
