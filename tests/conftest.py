@@ -143,12 +143,17 @@ def postgres_database(prefix):
 
 
 @contextlib.contextmanager
-def s3_bucket(name="scalertune-test"):
-    """A local S3 endpoint (moto's server, in this process) holding an empty bucket, for the
-    artifact store ``s3://NAME``: boto3 in this process, and in the processes it starts,
-    reaches it through the environment (endpoint and throwaway credentials), as a user's
-    workers reach theirs. The server stops afterwards."""
+def s3_bucket():
+    """A local S3 endpoint (moto's server, in this process) holding an empty bucket of a name
+    of its own (moto keeps its buckets for the whole process), for the artifact store
+    ``s3://NAME``: boto3 in this process, and in the processes it starts, reaches it through
+    the environment (endpoint and throwaway credentials), as a user's workers reach theirs.
+    The server stops afterwards."""
+    import uuid
+
     from moto.server import ThreadedMotoServer
+
+    name = f"scalertune-{uuid.uuid4().hex[:12]}"
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -23,7 +23,12 @@ from scalertune._run._loop import run_config
 pytestmark = pytest.mark.xdist_group("evidence")
 
 WORKLOAD = "healthy"
-ARGS = ["--steps", "40", "--horizon", "400", "--n-trials", "3", "--device", "cpu"]
+#: A search whose answer is the same however its workers share it: no sampled trial (which
+#: configs several workers sample depends on who asks first), PyTorch's float16 defaults and
+#: the replay's choice, ranked by their steps to the target (one dtype, one step time).
+HORIZON = 200
+ARGS = ["--steps", "40", "--horizon", str(HORIZON), "--n-trials", "0", "--space", "float16",
+        "--device", "cpu"]
 LAUNCHER = os.path.join(HERE, "fault_launcher.py")
 #: A search here takes about 20 s; longer is stuck.
 STUCK_S = 300
@@ -83,7 +88,7 @@ def _reference_is_float32s_own(study):
     go: a resume from a checkpoint, or a rebuilt one, replayed the same steps bit for bit."""
     import workloads
 
-    own = run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=400, seed=0,
+    own = run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=HORIZON, seed=0,
                      device=torch.device("cpu"), prune=False).losses
     ref = next(t for t in study.trials if t.user_attrs.get("role") == "reference"
                and t.user_attrs.get("seed") == 0)
