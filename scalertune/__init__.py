@@ -40,7 +40,7 @@ if TYPE_CHECKING:
         ScalerCheck,
         TensorStats,
     )
-    from scalertune._errors import SearchError, UsageError
+    from scalertune._errors import SearchError, StorageUnavailable, UsageError
     from scalertune._export._api import FRAMEWORKS, Export, export
     from scalertune._frameworks._attach import attach
     from scalertune._judge._outcome import Outcome
@@ -72,7 +72,7 @@ _EXPORTS = {
     "AmpDriftWarning": "_amp._watch",
     "load_config": "_amp._schema",
     "Isolation": "_search._api", "SearchError": "_errors", "search": "_search._api",
-    "SearchSpace": "_search._space",
+    "SearchSpace": "_search._space", "StorageUnavailable": "_errors",
     "StepTimes": "_run._timing",
     "Workload": "_workload._contract",
 }
@@ -125,7 +125,7 @@ __all__ = [
     "FRAMEWORKS", "AmpConfig", "AmpDriftWarning", "AmpGuardError", "AmpRuntime", "Diagnosis",
     "Export", "Guard",
     "Isolation", "ModuleReport", "Outcome", "SearchError", "SearchResult", "SearchSpace",
-    "ScalerCheck", "Speedup", "StepTimes", "Target", "TensorStats", "UsageError", "Workload",
-    "analyze", "attach", "diagnose", "export", "lightning_workload", "load", "load_config",
-    "search",
+    "ScalerCheck", "Speedup", "StepTimes", "StorageUnavailable", "Target", "TensorStats",
+    "UsageError", "Workload", "analyze", "attach", "diagnose", "export", "lightning_workload",
+    "load", "load_config", "search",
 ]

@@ -28,3 +28,16 @@ class ParameterError(UsageError, ValueError):
 
 class SearchError(Exception):
     """The search cannot go on: the workload itself is broken (not one config)."""
+
+
+class StorageUnavailable(Exception):
+    """The study's storage or artifact store stayed unreachable past the outage bound
+    (``STORAGE_OUTAGE_S``): the search stopped where it was, nothing lost. Rerun the same
+    command once the storage is back: the study resumes. The command line exits with
+    status 3."""
+
+
+class MissingEvidence(Exception):
+    """Evidence a run needs could not be had: a checkpoint missing, damaged or unreadable, an
+    artifact store or storage that failed. A fault outside the config: the run is retried or
+    reported as missing, never judged."""

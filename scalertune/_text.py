@@ -54,3 +54,19 @@ def format_table(rows: list[tuple[str, ...]]) -> list[str]:
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return out
+
+
+def duration(seconds: float) -> str:
+    """A length of time as a person says it, to two units at most.
+
+    >>> duration(42.4), duration(754), duration(3 * 3600 + 20 * 60 + 5), duration(2.5 * 86400)
+    ('42 s', '12 min 34 s', '3 h 20 min', '2 days 12 h')
+    """
+    s = max(0, int(round(seconds)))
+    for size, unit, smaller, small_unit in ((86400, " days", 3600, " h"),
+                                            (3600, " h", 60, " min"), (60, " min", 1, " s")):
+        if s >= size:
+            whole, rest = divmod(s, size)
+            unit = " day" if unit == " days" and whole == 1 else unit
+            return f"{whole}{unit}" + (f" {rest // smaller}{small_unit}" if rest // smaller else "")
+    return f"{s} s"

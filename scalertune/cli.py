@@ -16,13 +16,21 @@ from scalertune._cli import (
     COMMANDS,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_STORAGE,
     EXIT_USAGE,
     flag,
     parse,
 )
-from scalertune._errors import ParameterError, SearchError, UsageError
+from scalertune._errors import (
+    MissingEvidence,
+    ParameterError,
+    SearchError,
+    StorageUnavailable,
+    UsageError,
+)
+from scalertune._storage._outage import Outage
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "main", "program"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_STORAGE", "EXIT_USAGE", "main", "program"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,6 +78,9 @@ def _run(command: str, args: object) -> int:
     except SearchError as exc:  # the workload itself is broken
         print(f"scalertune {command}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except (StorageUnavailable, Outage, MissingEvidence) as exc:  # nothing lost: rerun
+        print(f"scalertune {command}: {exc}", file=sys.stderr)
+        return EXIT_STORAGE
     except SystemExit as exc:  # the user's module or step called sys.exit() outside a run
         print(f"scalertune {command}: error: the workload called sys.exit({exc.code!r}): "
               "return from the factory instead, and keep script code under "

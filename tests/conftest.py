@@ -140,3 +140,37 @@ def postgres_database(prefix):
     finally:
         drop()
         engine.dispose()
+
+
+@contextlib.contextmanager
+def s3_bucket():
+    """A local S3 endpoint (moto's server, in this process) holding an empty bucket of a name
+    of its own (moto keeps its buckets for the whole process), for the artifact store
+    ``s3://NAME``: boto3 in this process, and in the processes it starts, reaches it through
+    the environment (endpoint and throwaway credentials), as a user's workers reach theirs.
+    The server stops afterwards."""
+    import uuid
+
+    from moto.server import ThreadedMotoServer
+
+    name = f"scalertune-{uuid.uuid4().hex[:12]}"
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL_S3": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket=name)
+        yield f"s3://{name}"
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()

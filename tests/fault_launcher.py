@@ -1,13 +1,33 @@
-"""Run the scalertune command line and hit it with a signal from inside a storage write.
+"""Run the scalertune command line with a fault planted where a random moment finds it only by
+chance.
 
     python fault_launcher.py SIGNAL N ARGS...
 
 sends SIGNAL (INT, TERM or KILL) to this very process at the N-th moment inside a storage
 write. The moments are, on SQLite and PostgreSQL, just before and just after each SQL statement
 that changes a table, just before each commit and just after it; on a journal file, just
-before and just after each append. A signal sent from outside lands there only by chance; this
-lands there every time. Only the main thread's writes count (Optuna's heartbeat thread writes
-on its own).
+before and just after each append. Only the main thread's writes count (Optuna's heartbeat
+thread writes on its own).
+
+    python fault_launcher.py checkpoint HOW N ARGS...
+
+once the N-th checkpoint is stored whole with its checksum, damages its file (HOW:
+``truncated``, ``emptied``, ``garbled``, ``gone``, or ``intact``) as a disk, a copy or a person
+would, and SIGKILLs this process: a worker that dies the moment its evidence is damaged.
+
+    python fault_launcher.py lose HOW ARGS...
+
+once the float32 reference is stored, damages (HOW, as above) every checkpoint it saved,
+and goes on: the branches must find float32's checkpoints damaged after the reference.
+
+    python fault_launcher.py outage SECONDS ARGS...
+
+runs with the storage outage bound (``STORAGE_OUTAGE_S``) set to SECONDS.
+
+    python fault_launcher.py fsize BYTES ARGS...
+
+runs with no file written past BYTES (``RLIMIT_FSIZE``): a write that would grow one further
+fails with "File too large", as on a full disk.
 """
 
 import os
@@ -49,12 +69,86 @@ def _arm(signum: int, n: int) -> None:
     JournalFileBackend.append_logs = append_logs
 
 
+def damage(stored, how: str) -> None:
+    """Damage a stored checkpoint's file (see the module docstring)."""
+    import io
+
+    if how == "intact":
+        return
+    if how == "gone":
+        stored.store.inner.remove(stored.name)
+        return
+    body = stored.store.read(stored.name, lambda f: f.read())
+    damaged = {"truncated": body[:len(body) // 3], "emptied": b"",
+               "garbled": body[:500] + bytes(b ^ 0xFF for b in body[500:600]) + body[600:]}
+    stored.store.inner.write(stored.name, io.BytesIO(damaged[how]))
+
+
+def _damage_at_checkpoint(how: str, n: int) -> None:
+    from scalertune._storage._checkpoints import StoredCheckpoint
+
+    publish = StoredCheckpoint.publish
+    count = 0
+
+    def published(self, path, step):
+        nonlocal count
+        publish(self, path, step)
+        count += 1
+        if count == n:
+            damage(self, how)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    StoredCheckpoint.publish = published
+
+
+def _lose_after_reference(how: str) -> None:
+    from scalertune._search import _references
+    from scalertune._storage._checkpoints import StoredCheckpoint
+
+    add = _references.add_reference
+
+    def added(study, record, config, times, *, steps, checkpoints):
+        add(study, record, config, times, steps=steps, checkpoints=checkpoints)
+        if checkpoints:
+            from scalertune._storage._store import Store, location_of
+
+            store = Store(location_of(study))
+            for name in checkpoints.values():
+                damage(StoredCheckpoint(store, name), how)
+
+    _references.add_reference = added
+
+
+def _limit_file_size(size: int) -> None:
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+
 if __name__ == "__main__":
-    _arm(getattr(signal, "SIG" + sys.argv[1]), int(sys.argv[2]))
+    mode = sys.argv[1]
+    if mode == "checkpoint":
+        _damage_at_checkpoint(sys.argv[2], int(sys.argv[3]))
+        rest = sys.argv[4:]
+    elif mode == "lose":
+        _lose_after_reference(sys.argv[2])
+        rest = sys.argv[3:]
+    elif mode == "outage":
+        from scalertune import _policy
+
+        _policy.STORAGE_OUTAGE_S = float(sys.argv[2])
+        rest = sys.argv[3:]
+    elif mode == "fsize":
+        _limit_file_size(int(sys.argv[2]))
+        rest = sys.argv[3:]
+    else:
+        _arm(getattr(signal, "SIG" + mode), int(sys.argv[2]))
+        rest = sys.argv[3:]
     from scalertune.cli import program
 
     # The executable's own entry point: once the command has its exit status, a late Ctrl-C
     # cannot change it (cli.main returns to a caller that may still be interrupted, and a
     # second SIGINT in the moment before sys.exit killed this launcher with -2).
-    sys.argv = ["scalertune", *sys.argv[3:]]
+    sys.argv = ["scalertune", *rest]
     program()

@@ -21,6 +21,7 @@ from scalertune._cli._files import (
 from scalertune._cli._flags import check_numbers
 from scalertune._errors import UsageError
 from scalertune._storage._open import storage_url
+from scalertune._text import plural
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -49,8 +50,15 @@ def _search(args: argparse.Namespace) -> int:
     if result.interrupted:
         return EXIT_INTERRUPTED
     with _interrupt.deferred():  # the YAML and the study's notes are written whole or not
-        _write(result, output, args.artifact_dir, sys.stdout)
-    return EXIT_INTERRUPTED if _interrupt.received() else 0
+        _write(result, output, None, sys.stdout)
+    if _interrupt.received():
+        return EXIT_INTERRUPTED
+    if result.missing:
+        print(f"scalertune search: the evidence of {plural(len(result.missing), 'run')} is "
+              "missing (see 'Missing evidence' above): rerun the same command to complete it",
+              file=sys.stderr)
+        return EXIT_STORAGE
+    return 0
 
 
 def _check_search(args: argparse.Namespace) -> str:
@@ -81,9 +89,17 @@ def _write(result: "SearchResult", output: str, artifact_dir: str | None,
     """The YAML, the pictures beside it, and what the dashboard shows; ``stream`` (if any)
     says what was written."""
     from scalertune._review._dashboard import publish
+    from scalertune._storage._open import first_line
 
-    result.to_yaml(output)
-    pictures = result.write_pictures(output)
+    try:
+        result.to_yaml(output)
+        pictures = result.write_pictures(output)
+    except OSError as exc:  # a full disk, a read-only folder: each file is written whole
+        again = (f"scalertune report --storage STORAGE --study-name '{result.study_name}' -o "
+                 "FILE writes them again")
+        raise UsageError(f"cannot write {exc.filename or output}: {exc.strerror or exc}: free "
+                         f"space or pass another --output; the study keeps everything ({again})"
+                         ) from None
     if stream is not None:
         print(f"Wrote {', '.join([output, *pictures.values()])}", file=stream)
     if not publish_notes:
@@ -91,7 +107,7 @@ def _write(result: "SearchResult", output: str, artifact_dir: str | None,
     try:
         publish(result, pictures=pictures, artifact_dir=artifact_dir)
     except Exception as exc:  # the YAML is written; the dashboard extras must not undo that
-        print(f"scalertune: could not add notes and pictures to the study: {exc}",
+        print(f"scalertune: could not add notes and pictures to the study: {first_line(exc)}",
               file=sys.stderr)
 
 
@@ -177,9 +193,14 @@ def _dashboard(args: argparse.Namespace) -> int:
         raise UsageError("optuna-dashboard is not installed: pip install 'scalertune[dashboard]'")
     if args.study_name is not None:
         _check_study_name(args.study_name)
-    if args.artifact_dir is not None and not os.path.isdir(args.artifact_dir):
+    from scalertune._storage._store import is_bucket, normalized
+
+    if args.artifact_dir is not None and not (is_bucket(args.artifact_dir)
+                                              or os.path.isdir(args.artifact_dir)):
         raise UsageError(f"--artifact-dir {args.artifact_dir} is not a folder: name the folder "
                          "the search stored its pictures in")
+    if args.artifact_dir is not None:
+        args.artifact_dir = normalized(args.artifact_dir)
     if args.study_name is None:
         studies = load_existing_studies(args.storage)
     else:
@@ -197,6 +218,9 @@ def _dashboard(args: argparse.Namespace) -> int:
     return 0
 
 EXIT_FAILED, EXIT_INTERRUPTED = 1, _interrupt.EXIT_INTERRUPTED
+#: A fault outside the workload stopped the command: the storage or the artifact store stayed
+#: unreachable, or evidence stayed missing after its retries. Nothing is lost: rerun.
+EXIT_STORAGE = 3
 
 
 def _checked(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

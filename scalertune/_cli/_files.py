@@ -46,10 +46,11 @@ def _check_storage_and_output(storage: str, output: str | None, artifact_dir: st
     """The storage's own files must be usable, and the output YAML (and the PNGs written
     beside it) must be a new or regular file, in a folder that exists, that is none of the
     files the study owns or the search reads."""
-    from scalertune._storage._open import DEFAULT_ARTIFACT_DIR, check_local, owned_files
+    from scalertune._storage._open import check_local, owned_files
+    from scalertune._storage._store import default_location, is_bucket, normalized
 
     check_local(storage)
-    artifacts = os.path.abspath(artifact_dir or DEFAULT_ARTIFACT_DIR)
+    artifacts = normalized(artifact_dir) if artifact_dir else default_location(storage)
     if artifact_dir is not None and os.path.exists(artifacts) and not os.path.isdir(artifacts):
         raise UsageError(f"--artifact-dir {artifact_dir} is a file: name a folder")
     if artifact_dir is not None and any(_same(artifacts, f) for f in owned_files(storage)):
@@ -80,7 +81,7 @@ def _check_storage_and_output(storage: str, output: str | None, artifact_dir: st
         if _same(path, file):
             raise UsageError(f"--output {output} is the study's {what}: writing the YAML there "
                              "would destroy it; pass another --output")
-    if path == artifacts or path.startswith(artifacts + os.sep):
+    if not is_bucket(artifacts) and (path == artifacts or path.startswith(artifacts + os.sep)):
         raise UsageError(f"--output {output} is inside the artifact folder {artifacts}, which "
                          "the study owns: pass another --output")
 

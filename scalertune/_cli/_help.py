@@ -18,6 +18,10 @@ exit status:
   0  the search (or report) finished
   1  the workload itself failed (the float32 reference, or every run alike)
   2  bad input: the message says what was wrong and what to do; nothing was written
+     (or a file could not be written: the message names it; nothing written before is lost)
+  3  a fault outside the workload: the storage or the artifact store stayed unreachable
+     past the outage bound, or evidence stayed missing after its retries; nothing is
+     lost: rerun the same command once the storage is back, and the study resumes
   130  interrupted (Ctrl-C or SIGTERM): finished trials are kept; rerun the same command
        to resume
 
@@ -50,6 +54,8 @@ examples:
   scalertune search examples/codepoints.py:make_model
   scalertune search model.py:make_model --space float16 --n-trials 40 --device cuda
   scalertune search model.py:make_model --storage postgresql://user@db/optuna --study-name run1
+  scalertune search model.py:make_model --horizon 20000 --storage postgresql://user@db/optuna \\
+      --study-name run1 --artifact-dir s3://amp-runs    # workers on several hosts
 
 output:
   stdout  the summary table: float32, the two baselines, the best trials, pruned trials

@@ -124,9 +124,13 @@ def _search(sub: Any) -> None:
                    help="with --isolate: kill a trial that runs longer (default: no limit)")
     s.add_argument("--trial-memory", type=float, metavar="GB",
                    help="with --isolate, on CPU: cap each trial's address space")
-    s.add_argument("--artifact-dir", metavar="DIR",
-                   help="where the PNGs attached to trials are stored, for optuna-dashboard "
-                        "(default: scalertune-artifacts here)")
+    s.add_argument("--artifact-dir", metavar="DIR|s3://BUCKET",
+                   help="the study's artifact store: its float32 checkpoints and the PNGs "
+                        "optuna-dashboard shows. A folder, or s3://BUCKET (boto3's endpoint "
+                        "and credentials: AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, ...) for "
+                        "workers on several hosts. Recorded in the study: other workers, "
+                        "report and dashboard find it (default: scalertune-artifacts beside a "
+                        "SQLite or journal file, else here)")
     _quiet_argument(s)
 
 
@@ -179,8 +183,8 @@ def _dashboard(sub: Any) -> None:
     _storage_arguments(d, study_help="refresh this study's notes only (default: every study's)")
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     d.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
-    d.add_argument("--artifact-dir", metavar="DIR",
-                   help="artifact store folder (default: the one each study's search used)")
+    d.add_argument("--artifact-dir", metavar="DIR|s3://BUCKET",
+                   help="the artifact store to show (default: the one each study records)")
     _quiet_argument(d)
 
 

@@ -37,6 +37,7 @@ from scalertune._storage._names import (
     STOPPED_ATTR,
     TIMES_ATTR,
 )
+from scalertune._storage._recovery import missing_of
 
 
 def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
@@ -66,7 +67,9 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
         islands=[o for o in ranking if o.role == ROLE_ISLAND],
         failed=sum(t.state == TrialState.FAIL and "error" in t.user_attrs
                    and t.user_attrs.get("role") != ROLE_SURPLUS for t in trials),
-        lost=sum(t.state == TrialState.FAIL and "error" not in t.user_attrs for t in trials),
+        lost=sum(t.state == TrialState.FAIL and "error" not in t.user_attrs
+                 and "missing" not in t.user_attrs for t in trials),
+        missing=missing_of(trials),
         steps_trained=_steps_trained(trials), reused=sum(o.reused for o in outcomes),
         stop_reason=study.user_attrs.get(STOPPED_ATTR), study=study,
     )

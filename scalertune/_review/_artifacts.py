@@ -1,5 +1,5 @@
-"""The study's pictures as Optuna artifacts: where they are kept, uploaded once by content,
-and found again by the notes that embed them.
+"""The study's pictures as Optuna artifacts: uploaded once by content to the study's artifact
+store (:mod:`scalertune._storage._store`), and found again by the notes that embed them.
 
 Optuna refuses attributes, artifacts included, on a trial that has finished, and which trial
 is recommended is known only after all have: every picture is a *study* artifact, and its
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from typing import IO, Any
 
 import optuna
@@ -19,7 +18,7 @@ import optuna
 from scalertune._review._horizon_plot import is_horizon_picture
 from scalertune._review._plots import picture_trial
 from scalertune._storage._names import ARTIFACT_DIR_ATTR
-from scalertune._storage._open import DEFAULT_ARTIFACT_DIR
+from scalertune._storage._store import Store
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,24 +33,14 @@ class Pictures:
         return {*self.trials.values(), *([self.horizon] if self.horizon else [])}
 
 
-def artifact_dir_of(study: optuna.Study, override: str | None = None) -> str:
-    """Where this study's artifacts live: ``override``, the stored one, or the default."""
-    return os.path.abspath(override or study.user_attrs.get(ARTIFACT_DIR_ATTR)
-                           or DEFAULT_ARTIFACT_DIR)
+def upload(study: optuna.Study, paths: list[str], location: str) -> None:
+    """Attach the PNGs at ``paths`` to ``study`` in the artifact store at ``location``,
+    skipping any whose content is there."""
+    from optuna.artifacts import get_all_artifact_meta, upload_artifact
 
-
-def upload(study: optuna.Study, paths: list[str], directory: str) -> None:
-    """Attach the PNGs at ``paths`` to ``study``, skipping any whose content is there."""
-    from optuna.artifacts import (
-        FileSystemArtifactStore,
-        get_all_artifact_meta,
-        upload_artifact,
-    )
-
-    os.makedirs(directory, exist_ok=True)
-    if study.user_attrs.get(ARTIFACT_DIR_ATTR) != directory:
-        study.set_user_attr(ARTIFACT_DIR_ATTR, directory)
-    store = FileSystemArtifactStore(directory)
+    store = Store(location)
+    if study.user_attrs.get(ARTIFACT_DIR_ATTR) != location:
+        study.set_user_attr(ARTIFACT_DIR_ATTR, location)
     # The same pictures come back under other names (`report -o other.yaml`, a resumed
     # search): compare contents, not names.
     stored = set()
@@ -63,17 +52,16 @@ def upload(study: optuna.Study, paths: list[str], directory: str) -> None:
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
         if digest not in stored:
-            upload_artifact(artifact_store=store, file_path=path, study_or_trial=study,
+            upload_artifact(artifact_store=store.inner, file_path=path, study_or_trial=study,
                             mimetype="image/png")
             stored.add(digest)
 
 
-def _stored_digest(store: Any, artifact_id: str) -> str | None:
+def _stored_digest(store: Store, artifact_id: str) -> str | None:
     from optuna.artifacts.exceptions import ArtifactNotFound
 
     try:
-        with store.open_reader(artifact_id) as f:
-            return hashlib.sha256(f.read()).hexdigest()
+        return store.read(artifact_id, lambda f: hashlib.sha256(f.read()).hexdigest())
     except ArtifactNotFound:
         return None
 
@@ -94,25 +82,23 @@ def pictures_of(study: optuna.Study) -> Pictures:
     return Pictures(trials, horizon)
 
 
-class ArtifactFolders:
-    """Optuna's artifact store protocol over several folders: studies of one storage may
-    each keep their artifacts in their own ``--artifact-dir``, and the dashboard takes one
-    store. Artifact ids are UUIDs, so an id names one file in one folder."""
+class ArtifactStores:
+    """Optuna's artifact store protocol over several stores: studies of one storage may each
+    keep their artifacts in their own place, and the dashboard takes one store. Artifact ids
+    are UUIDs, so an id names one file in one store."""
 
-    def __init__(self, folders: list[str]) -> None:
-        from optuna.artifacts import FileSystemArtifactStore
-
-        self.folders = folders
-        self._stores = [FileSystemArtifactStore(f) for f in folders]
+    def __init__(self, locations: list[str]) -> None:
+        self.locations = locations
+        self._stores = [Store(location) for location in locations]
 
     def open_reader(self, artifact_id: str) -> IO[bytes]:
-        return self._in_each(artifact_id, lambda store: store.open_reader(artifact_id))
+        return self._in_each(artifact_id, lambda store: store.inner.open_reader(artifact_id))
 
     def write(self, artifact_id: str, content_body: IO[bytes]) -> None:
-        self._stores[0].write(artifact_id, content_body)
+        self._stores[0].inner.write(artifact_id, content_body)
 
     def remove(self, artifact_id: str) -> None:
-        self._in_each(artifact_id, lambda store: store.remove(artifact_id))
+        self._in_each(artifact_id, lambda store: store.inner.remove(artifact_id))
 
     def _in_each(self, artifact_id: str, action: Any) -> Any:
         from optuna.artifacts.exceptions import ArtifactNotFound
@@ -122,4 +108,4 @@ class ArtifactFolders:
                 return action(store)
             except ArtifactNotFound:
                 continue
-        raise ArtifactNotFound(f"artifact {artifact_id} is in none of {self.folders}")
+        raise ArtifactNotFound(f"artifact {artifact_id} is in none of {self.locations}")

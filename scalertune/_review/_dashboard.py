@@ -27,7 +27,7 @@ import yaml
 
 from scalertune import _policy
 from scalertune._errors import UsageError
-from scalertune._review._artifacts import Pictures, artifact_dir_of, pictures_of, upload
+from scalertune._review._artifacts import Pictures, pictures_of, upload
 from scalertune._review._describe import describe_outcome
 from scalertune._review._evidence import evidence_of, why_not
 from scalertune._review._horizon_plot import branched_runs
@@ -42,6 +42,7 @@ from scalertune._review._notes import (
 from scalertune._review._scaler import replay_agreement, scaler_advice
 from scalertune._storage._names import ROLE_RECOMMENDED, SETTINGS_ATTR
 from scalertune._storage._redact import redact
+from scalertune._storage._store import location_of
 
 if TYPE_CHECKING:
     from scalertune._review._result import SearchResult
@@ -67,7 +68,7 @@ def publish(result: "SearchResult", *, pictures: dict[int, str] | None = None,
     if study is None:
         raise ValueError("the result has no study attached (build it with analyze())")
     if pictures:
-        upload(study, list(pictures.values()), artifact_dir_of(study, artifact_dir))
+        upload(study, list(pictures.values()), location_of(study, artifact_dir))
     if have_dashboard():
         write_notes(result)
 
@@ -285,4 +286,4 @@ def serve(studies: list[optuna.Study], *, storage_url: str, host: str, port: int
         if study.user_attrs.get(SETTINGS_ATTR) is not None:
             write_notes(analyze(study, storage=redact(storage_url)))
     run(studies, host=host, port=port,
-        folders=sorted({artifact_dir_of(s, artifact_dir) for s in studies}))
+        locations=sorted({location_of(s, artifact_dir) for s in studies}))

@@ -74,6 +74,8 @@ def evidence(result: "SearchResult") -> dict[str, Any]:
                    "of": f"{result.horizon}-step runs (the horizon)"}
     if result.stop_reason:
         out["stopped_early"] = result.stop_reason
+    if result.missing:  # a fault outside the configs: a rerun completes it
+        out["missing"] = {f"trial {n}": why for n, why in sorted(result.missing.items())}
     return out
 
 

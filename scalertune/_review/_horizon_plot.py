@@ -28,7 +28,7 @@ from scalertune._errors import UsageError
 from scalertune._judge._horizon import is_from_start
 from scalertune._judge._phases import PhaseResult, judged_end
 from scalertune._judge._target import smoothed
-from scalertune._review._plots import DPI, FIGURE_INCHES, have_matplotlib, wrap
+from scalertune._review._plots import DPI, FIGURE_INCHES, have_matplotlib, save_figure, wrap
 from scalertune._storage._names import LOSSES_ATTR, ROLE_PHASE
 
 if TYPE_CHECKING:
@@ -111,11 +111,7 @@ def _ratio(losses: Sequence[float], reference: Sequence[float]) -> list[float]:
 
 def horizon_picture(result: "SearchResult", path: str) -> None:
     """Write the horizon's PNG (see the module's docstring)."""
-    fig = horizon_figure(result)
-    import matplotlib.pyplot as plt
-
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    save_figure(horizon_figure(result), path)
 
 
 def write_horizon_picture(result: "SearchResult", stem: str) -> dict[int, str]:

@@ -14,10 +14,12 @@ heavy, and a search on a training node does not need it.
 from __future__ import annotations
 
 import math
+import os
 import re
 import textwrap
 from typing import TYPE_CHECKING, Any, Sequence
 
+from scalertune._amp._schema import temporary_name
 from scalertune._errors import UsageError
 from scalertune._judge._target import smoothed
 from scalertune._review._describe import describe_outcome
@@ -58,11 +60,25 @@ def picture_trial(filename: str) -> int | None:
 def plot_run(result: "SearchResult", outcome: "Outcome", path: str) -> None:
     """Write a PNG of ``outcome``: its loss over the float32 target, and for float16 its loss
     scale with the skipped steps marked."""
-    fig = run_figure(result, outcome)
+    save_figure(run_figure(result, outcome), path)
+
+
+def save_figure(fig: Any, path: str) -> None:
+    """Write ``fig`` as a PNG at ``path``, whole or not at all (a picture written before is
+    kept when this one cannot be: a full disk, a read-only folder), and close it. A failed
+    write raises ``OSError`` naming ``path``."""
     import matplotlib.pyplot as plt
 
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    tmp = temporary_name(path)
+    try:
+        fig.savefig(tmp, dpi=DPI, format="png")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), path) from None
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def run_figure(result: "SearchResult", outcome: "Outcome") -> Any:

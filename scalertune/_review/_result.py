@@ -79,6 +79,9 @@ class SearchResult(ResultViews):
     spread: float = 0.0
     #: Runs stopped by Ctrl-C or SIGTERM, or lost with a worker that died.
     lost: int = 0
+    #: Runs whose evidence is missing after their retries (a checkpoint missing or damaged, a
+    #: storage error): the first trial of each -> why. Never judged: a rerun completes them.
+    missing: dict[int, str] = dataclasses.field(default_factory=dict)
     #: Training steps every run and the step timing executed (reused duplicates cost none).
     steps_trained: int = 0
     #: Sampled configs that had run already: their result was reused, nothing trained.

@@ -1,6 +1,6 @@
 """The optuna-dashboard server of ``scalertune dashboard``: Optuna's storage, with the
 recommendation as each scalertune study's Best Trial, and one artifact store over the studies'
-folders.
+stores (what optuna-dashboard's own ``--artifact-dir`` would be for one folder).
 
 optuna-dashboard 0.21 shows as a single-objective study's Best Trial what
 ``storage.get_best_trial(study_id)`` returns: Optuna's choice, the trial of least value. For a
@@ -20,8 +20,9 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from scalertune._review._artifacts import ArtifactFolders
+from scalertune._review._artifacts import ArtifactStores
 from scalertune._storage._names import ROLE_RECOMMENDED, SETTINGS_ATTR
+from scalertune._storage._store import is_bucket
 
 
 def recommended_best(storage: BaseStorage) -> BaseStorage:
@@ -49,11 +50,12 @@ def latest_recommended(storage: BaseStorage, study_id: int) -> FrozenTrial | Non
     return max(recommended, key=lambda t: t.number, default=None)
 
 
-def run(studies: list[optuna.Study], *, host: str, port: int, folders: list[str]) -> None:
-    """Serve the storage of ``studies`` (every study it holds) until interrupted."""
+def run(studies: list[optuna.Study], *, host: str, port: int, locations: list[str]) -> None:
+    """Serve the storage of ``studies`` (every study it holds) until interrupted, with their
+    artifact stores (folders that exist, and buckets) as the dashboard's one store."""
     from optuna_dashboard import run_server
 
-    store = ArtifactFolders([f for f in folders if os.path.isdir(f)])
+    store = ArtifactStores([p for p in locations if is_bucket(p) or os.path.isdir(p)])
     storage: Any = studies[0]._storage  # noqa: SLF001
     run_server(recommended_best(storage), host=host, port=port,
-               artifact_store=store if store.folders else None)
+               artifact_store=store if store.locations else None)

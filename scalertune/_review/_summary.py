@@ -131,12 +131,24 @@ def _notes(result: "SearchResult") -> list[str]:
     if broken:
         why = " (each trial's error attribute says why)" if result.failed else ""
         lines.append(f"Failed: {'; '.join(broken)}{why}")
+    for number, why in sorted(result.missing.items()):
+        lines.append(f"Missing evidence: trial #{number} ({_job(result, number)}): {why}; "
+                     "rerun the same command to complete it")
     if result.stop_reason:
         lines.append(f"Sampling stopped early: {result.stop_reason}")
     lines += [text for text in (_all_tied(result), scaler_advice(result),
                                 replay_agreement(result),
                                 result.forward_overflow_hint(), result.forecast()) if text]
     return lines
+
+
+def _job(result: "SearchResult", number: int) -> str:
+    """What the run of trial ``number`` was for, in a few words."""
+    attrs = result.study.trials[number].user_attrs if result.study is not None else {}
+    role = attrs.get("role", "run")
+    if "of" in attrs:
+        return f"{role} of trial #{attrs['of']}, steps {attrs.get('start')}-{attrs.get('end')}"
+    return str(role)
 
 
 def _all_tied(result: "SearchResult") -> str | None:

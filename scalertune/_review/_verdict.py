@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._speedup import Speedup
 from scalertune._review._evidence import why_not
+from scalertune._text import plural
 
 if TYPE_CHECKING:
     from scalertune._review._result import SearchResult
@@ -77,6 +78,11 @@ def _covers(result: "SearchResult") -> str:
 def _no_amp(result: "SearchResult") -> str:
     """Why no AMP config is recommended: none reached the target, none held for the
     horizon (per dtype, where it fell behind), or none was confirmed."""
+    if result.missing and not any(result.holds(c) for c in result.pool):
+        runs = plural(len(result.missing), "run")
+        return (f"no AMP config is proven yet: the evidence of {runs} is missing (a fault "
+                "outside the configs, not a verdict on them: see 'Missing evidence'), and a "
+                "rerun of the same command completes it")
     if not result.pool:
         return "no AMP config reached the float32 target without going non-finite"
     failed = [f for f in result.finalists + result.islands if result.holds(f) is False]

@@ -11,13 +11,18 @@ seedable sampler) are told the pass number before each pass, as the frameworks' 
 them, and the number is saved with the position.
 
 Checkpoints are files (``torch.save``), written whole or not at all, so a large model's
-states never pile up in memory, and a reference that was interrupted resumes from its last.
+states never pile up in memory, and a reference that was interrupted resumes from its last;
+a file can be handed on once written (to the study's artifact store, with its checksum). A
+run saves at fixed steps and, over a long run, every few minutes of training
+(:class:`SaveSchedule`).
 """
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any, Iterator
+import time
+from typing import Any, Iterator, Mapping, Protocol
 
 import torch
 
@@ -81,9 +86,58 @@ class BatchCursor(Iterator[Any]):
         set_rng_state(now)
 
 
-def save_checkpoint(path: str, workload: Workload, cursor: BatchCursor, *, step: int,
-                    extra: dict[str, Any] | None = None) -> None:
-    """Write the run's state after ``step`` steps to ``path`` (atomically)."""
+class CheckpointTarget(Protocol):
+    """Where a checkpoint goes besides a plain file: written to ``local_path()``, then handed
+    to ``publish`` (the study's artifact store, :mod:`scalertune._storage._checkpoints`)."""
+
+    def local_path(self) -> str: ...
+    def publish(self, path: str, step: int) -> None: ...
+
+
+class SaveSchedule(Mapping[int, "str | CheckpointTarget"]):
+    """Where a run saves its state: at fixed steps, and, between them, once ``every_s``
+    seconds of training have passed since the last save, into two slots in turn (the older
+    is overwritten, so that a save cut short leaves the other). The training loop asks
+    ``step in schedule`` after each read-back window and saves to ``schedule[step]``; each
+    save restarts the clock."""
+
+    def __init__(self, fixed: Mapping[int, str | CheckpointTarget], *,
+                 slots: tuple[CheckpointTarget, CheckpointTarget] | None = None,
+                 every_s: float = math.inf) -> None:
+        self.fixed, self.slots, self.every_s = dict(fixed), slots, every_s
+        self._last: float | None = None
+        self._turn = 0
+
+    def __contains__(self, step: object) -> bool:
+        if step in self.fixed:
+            return True
+        if self.slots is None:
+            return False
+        now = time.monotonic()
+        if self._last is None:  # the clock starts with the first window
+            self._last = now
+        return now - self._last >= self.every_s
+
+    def __getitem__(self, step: int) -> str | CheckpointTarget:
+        self._last = time.monotonic()
+        if step in self.fixed:
+            return self.fixed[step]
+        if self.slots is None:
+            raise KeyError(step)
+        self._turn ^= 1
+        return self.slots[self._turn]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.fixed)
+
+    def __len__(self) -> int:  # a schedule with slots saves even without fixed steps
+        return len(self.fixed) + (1 if self.slots is not None else 0)
+
+
+def save_checkpoint(where: str | CheckpointTarget, workload: Workload, cursor: BatchCursor, *,
+                    step: int, extra: dict[str, Any] | None = None) -> None:
+    """Write the run's state after ``step`` steps to ``where``: a file (written atomically),
+    or a :class:`CheckpointTarget` that stores it once written."""
     state = {
         "step": step,
         "model": workload.model.state_dict(),
@@ -93,9 +147,12 @@ def save_checkpoint(path: str, workload: Workload, cursor: BatchCursor, *, step:
         "rng": rng_state(),
         "extra": extra or {},
     }
+    path = where if isinstance(where, str) else where.local_path()
     tmp = temporary_name(path)
     torch.save(state, tmp)
     os.replace(tmp, path)
+    if not isinstance(where, str):
+        where.publish(path, step)
 
 
 def load_checkpoint(path: str, workload: Workload, cursor: BatchCursor) -> dict[str, Any]:

@@ -57,8 +57,9 @@ class Plan:
     #: middle window), its record, watcher and scaler included.
     checkpoint: str | None = None
     resume: bool = False
-    #: Step -> where to save a checkpoint once that many steps are done.
-    save_at: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    #: Step -> where to save a checkpoint once that many steps are done (a file, or a
+    #: target in the study's artifact store; a ``SaveSchedule`` saves every few minutes too).
+    save_at: Mapping[int, Any] = dataclasses.field(default_factory=dict)
     #: GradScaler state to start from (``scale``, ``_growth_tracker``), instead of init_scale.
     scaler: Mapping[str, float] | None = None
     watcher: Watcher | None = None

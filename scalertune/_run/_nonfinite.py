@@ -21,6 +21,14 @@ def judge_window(record: RunRecord, workload: Workload, start: int) -> None:
         # them is an overflow no scale can reach. Without a scaler, inf/NaN reaches the
         # weights on the very step it appears.
         first = bad[0]
+        if first == 0 and record.start == 0 and config.dtype == "float32":
+            # no optimizer step has run yet, and float32 has no range to overflow
+            _prune(record, "forward",
+                   f"the loss is {record.losses[0]} at step 0, before any optimizer step, with "
+                   "the initial weights: the model's forward, the loss function or the data "
+                   "produce it (check the batches for NaN/inf, and the loss for a log or "
+                   "division of zero)")
+            return
         if not _parameters_finite(workload.model):
             _prune(record, "parameters",
                    f"weights became non-finite by step {first}: an optimizer step applied "

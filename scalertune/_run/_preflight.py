@@ -63,6 +63,12 @@ def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int,
     except Exception as exc:  # the user's model, loss or step: theirs to fix
         raise UsageError(f"the first float32 training step failed: {one_line(exc)}") from None
     check_loss(loss)
+    if not bool(torch.isfinite(loss)):
+        raise UsageError(
+            f"the loss is {loss.item()} on the first batch, in float32 with the initial "
+            "weights, before any optimizer step: the model's forward, the loss function or "
+            "the data produce it (check the batches for NaN/inf, and the loss for a log or "
+            "division of zero)")
     if workload.step is not None and amp.steps == 0:
         raise UsageError(
             "the step function never called amp.step(optimizer): call amp.backward(loss) "

@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from scalertune import _interrupt, _policy
 from scalertune._amp._config import BASELINES
+from scalertune._errors import StorageUnavailable
 from scalertune._judge._phases import phase_windows
 from scalertune._review._analyze import analyze
 from scalertune._review._result import SearchResult
@@ -29,9 +30,13 @@ from scalertune._search._progress import Progress
 from scalertune._search._setup import Isolation, Setup, prepare
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import default_study_name, open_study
+from scalertune._storage._claims import held
+from scalertune._storage._names import SETTINGS_ATTR
 from scalertune._storage._open import DEFAULT_STORAGE, open_storage, storage_url
-from scalertune._storage._recovery import retry
+from scalertune._storage._outage import Outage, forget, set_log
+from scalertune._storage._recovery import missing_of, retry
 from scalertune._storage._redact import redact
+from scalertune._storage._store import Store, default_location, settle_location
 from scalertune._text import plural
 
 __all__ = ["cost_estimate", "search"]
@@ -67,12 +72,15 @@ def search(
     the finalists are branched at its late phases. ``n_trials`` bounds the study's sampled
     trials across reruns and workers (rerunning resumes); ``timeout`` stops sampling.
     ``storage``: an Optuna URL, a SQLite file or a journal file; ``fp32_modules``: modules kept
-    in float32 on every float16 trial; ``artifact_dir``: the study's pictures and float32
-    checkpoints (default ``scalertune-artifacts``).
+    in float32 on every float16 trial; ``artifact_dir``: the study's artifact store, its
+    float32 checkpoints and pictures, a folder or ``s3://BUCKET`` (default
+    ``scalertune-artifacts`` beside a SQLite or journal file, else here; recorded in the
+    study, where every worker finds it).
 
     Raises :class:`UsageError` for bad input before any study row is written (a number out of
-    range is a ``ValueError`` naming the parameter) and :class:`SearchError` when the
-    workload itself fails.
+    range is a ``ValueError`` naming the parameter), :class:`SearchError` when the
+    workload itself fails, and :class:`StorageUnavailable` when the storage or the artifact
+    store stayed unreachable past the outage bound (rerun: the study resumes).
 
     Example:
         >>> import scalertune
@@ -87,12 +95,29 @@ def search(
                               device=device, timeout=timeout, isolation=isolation,
                               artifact_dir=artifact_dir)
     url = storage_url(storage or DEFAULT_STORAGE)
+    forget()
+    try:
+        return _search(factory, setup, settings, url, study_name=study_name, log=log,
+                       progress=progress, n_trials=n_trials, timeout=timeout, seed=seed)
+    except Outage as exc:
+        raise StorageUnavailable(str(exc)) from None
+    finally:
+        set_log(None)
+
+
+def _search(factory: str | Callable[[], Any], setup: Setup, settings: dict[str, Any],
+            url: str, *, study_name: str | None, log: Callable[[str], None] | None,
+            progress: bool, n_trials: int, timeout: float | None, seed: int) -> SearchResult:
+    if setup.artifact_dir is not None:
+        Store(setup.artifact_dir).check()
     # From the first storage write on, Ctrl-C and SIGTERM stop the search at a safe point.
     with _interrupt.handled(), _interrupt.deferred():
         study, created = open_study(open_storage(url, on_stale_trial=retry),
                                     study_name or default_study_name(factory), settings,
                                     seed=seed, url=url, space=setup.space)
+        settle_location(study, given=setup.artifact_dir, default=default_location(url))
         lines = Progress(log, bar=progress)
+        set_log(lines.line)
         if not created:
             lines.line(resuming(study))
         if progress:
@@ -138,7 +163,16 @@ def resuming(study: optuna.Study) -> str:
         role = str(t.user_attrs.get("role", "?"))
         roles[role] = roles.get(role, 0) + 1
     said = ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))
+    if not finished:
+        seed = int((study.user_attrs.get(SETTINGS_ATTR) or {}).get("seed", 0))
+        if held(study, f"reference.{seed}"):
+            return (f"joining study {study.study_name!r}: another worker is running its "
+                    "float32 reference; this one waits for it, then shares the trials")
+        return f"resuming study {study.study_name!r}: no run finished yet; starting it"
+    missing = missing_of(study.get_trials(deepcopy=False))
     done = "recommended" in roles
     return (f"resuming study {study.study_name!r}: {plural(len(finished), 'run')} finished "
-            f"({said or 'none yet'}); " + ("the answer is in: checking for more work"
-                                          if done else "going on from there"))
+            f"({said}); " + (f"the evidence of {plural(len(missing), 'run')} is missing: "
+                             "completing it" if missing else
+                             "the answer is in: checking for more work" if done
+                             else "going on from there"))

@@ -17,9 +17,10 @@ judge_from_start`); it stops at the first window it does not hold.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from scalertune._amp._config import AmpConfig
+from scalertune._errors import MissingEvidence
 from scalertune._judge._phases import (
     PhaseResult,
     judge_from_start,
@@ -41,7 +42,7 @@ def run_branch(setup: Setup, references: References, config: AmpConfig, *, seed:
     """Train ``config`` from the reference's checkpoint at ``start`` to ``end``; the record
     and the phase's judged figures."""
     horizon = references.horizon(seed)
-    checkpoint = horizon["checkpoints"][str(start)]
+    checkpoint = references.checkpoint(seed, start)
     scaler = (scaler_state_at(references.trace(seed), config, start)
               if config.uses_scaler else None)
     record = execute(setup, config, steps=end, seed=seed, on_window=on_window,
@@ -53,7 +54,7 @@ def run_branch(setup: Setup, references: References, config: AmpConfig, *, seed:
         "phase_start": start, "phase_end": end, "phase_ratio": _finite(result.ratio),
         "phase_z": _finite(result.z), "phase_nonfinite": result.nonfinite,
         "phase_holds": result.holds, "initial_scale": record.initial_scale,
-        "phase_forward": (_finite(_forward(setup, config, latest_checkpoint(horizon), seed))
+        "phase_forward": (_finite(_forward(setup, references, config, seed))
                           if behind else None),
         "phase_forward_at": latest_start(horizon),
     }
@@ -65,16 +66,27 @@ def _finite(value: float) -> float | None:
 
 def run_from_start(setup: Setup, references: References, config: AmpConfig, *, seed: int,
                    end: int, on_window: Any = None, save: str | None = None,
-                   resume: str | None = None, resumed_at: int = 0,
-                   ) -> tuple[RunRecord, dict[str, Any]]:
+                   continues: str | None = None, resumed_at: int = 0,
+                   log: Callable[[str], None]) -> tuple[RunRecord, dict[str, Any]]:
     """Train ``config`` from step 0 to ``end`` (the horizon, or as far as the search can
     afford), judged at every phase window up to there; the record and the judged figures of
-    each window it got to. ``save``: where to keep its state at ``end``, for a later run to
-    continue from (``resume``: that state, saved at step ``resumed_at``, the run then going on
-    to ``end`` as one run)."""
+    each window it got to. ``save``: the name its state at ``end`` is kept under (in the
+    study's artifact store), for a later run to continue from (``continues``: that state,
+    saved at step ``resumed_at``, the run then going on to ``end`` as one run). A state to
+    continue from that is missing or damaged is said in one line (``log``), and the run
+    trains from step 0 instead: the same run, only longer."""
+    resume = None
+    if continues:
+        try:
+            resume = references.checkpoints.stored(continues).fetch()
+        except MissingEvidence as exc:
+            log(f"{exc}: training it from step 0 instead")
+    if resume is None:
+        resumed_at = 0
     horizon = references.horizon(seed)
     spans = [w for w in phase_windows(setup.horizon, setup.steps) if judged_end(*w) <= end]
-    plan = Plan(save_at={end: save} if save else {}, checkpoint=resume, resume=bool(resume))
+    plan = Plan(save_at={end: references.checkpoints.stored(save)} if save else {},
+                checkpoint=resume, resume=bool(resume))
     stop = _BehindStop(horizon["windows"], spans, end)
     record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop,
                      plan=plan)
@@ -89,7 +101,7 @@ def run_from_start(setup: Setup, references: References, config: AmpConfig, *, s
                     "phase_nonfinite": bool(last and last.nonfinite),
                     "phase_holds": all(p.holds for p in results),
                     "phase_forward": None if behind is None else _finite(_forward(
-                        setup, config, latest_checkpoint(horizon), seed)),
+                        setup, references, config, seed)),
                     "phase_forward_at": latest_start(horizon),
                     "initial_scale": record.initial_scale,
                     # a continuation's record holds the run it continues: count its own steps
@@ -101,18 +113,14 @@ def latest_start(horizon: dict[str, Any]) -> int:
     return max(int(s) for s in horizon["windows"])
 
 
-def latest_checkpoint(horizon: dict[str, Any]) -> str:
-    """float32's checkpoint at the last window's first step: where float32 has fitted the
-    most, so where a precision floor shows most."""
-    return horizon["checkpoints"][str(latest_start(horizon))]
-
-
-def _forward(setup: Setup, config: AmpConfig, checkpoint: str, seed: int) -> float:
+def _forward(setup: Setup, references: References, config: AmpConfig, seed: int) -> float:
     """``config``'s forward loss over float32's at float32's own weights, at the horizon's
-    latest checkpoint. Within the phase tolerance, a run of it that fell behind did so on its
-    way (a plateau of its own), and a branch of its dtype from float32's weights shows
-    nothing about getting there; beyond it, the precision itself is what fails, for every
-    config that shares it."""
+    latest checkpoint (where float32 has fitted the most, so where a precision floor shows
+    most). Within the phase tolerance, a run of it that fell behind did so on its way (a
+    plateau of its own), and a branch of its dtype from float32's weights shows nothing about
+    getting there; beyond it, the precision itself is what fails, for every config that
+    shares it."""
+    checkpoint = references.checkpoint(seed, latest_start(references.horizon(seed)))
     return run_here(forward_ratio, setup.factory, config, checkpoint, seed=seed,
                     device=setup.device)
 

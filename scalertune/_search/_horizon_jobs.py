@@ -12,7 +12,6 @@ left, may propose an island.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from scalertune import _policy
@@ -101,10 +100,9 @@ class HorizonJobs:
         return job, self.jobs.params(run.config)
 
     def _own_checkpoint(self, run: Any, step: int) -> str:
-        """Where a finalist's run from step 0 keeps its state at ``step``, beside the
-        reference's checkpoints (removed with them)."""
-        folder = self.jobs.references.checkpoints
-        return os.path.join(folder, f"trial{run.number}-step{step}.pt")
+        """The name of a finalist's own state at ``step``, saved by its run from step 0 for
+        its continuation, beside the reference's checkpoints in the study's artifact store."""
+        return f"trial{run.number}-step{step}.pt"
 
     def _island_jobs(self, result: Any, run: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """The island a late phase proposes for ``run``, which fell behind with the workload's

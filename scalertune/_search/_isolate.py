@@ -32,10 +32,12 @@ import torch
 
 from scalertune import _interrupt
 from scalertune._amp._config import AmpConfig
+from scalertune._errors import MissingEvidence
 from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes
 from scalertune._search._setup import Setup
+from scalertune._storage._outage import Outage
 
 _T = TypeVar("_T")
 
@@ -84,6 +86,10 @@ def run_isolated(spec: str | Callable[[], Any], config: AmpConfig, *, steps: int
     for kind, payload in _Child(job, timeout_s):
         if kind == "error":
             raise TrialCrashed(payload)
+        if kind == "missing":
+            raise MissingEvidence(payload)
+        if kind == "outage":
+            raise Outage(payload)
         if kind == "record":
             return payload
     raise TrialCrashed("the trial's process ended without a result")
@@ -170,7 +176,7 @@ class _Child:
                 except GeneratorExit:  # the caller has what it needs
                     self._finished = True
                     raise
-                if message[0] in ("error", "times", "record", "advice"):
+                if message[0] in ("error", "missing", "outage", "times", "record", "advice"):
                     self._finished = True
                     break
         finally:
@@ -244,6 +250,10 @@ def _child(conn: Any, job: tuple[Any, ...], parent_pid: int) -> None:
                                             seed=seed, device=dev)))
     except SystemExit as exc:
         conn.send(("error", _exited(exc)))
+    except MissingEvidence as exc:  # a checkpoint the run reads or writes: not its failure
+        conn.send(("missing", str(exc)))
+    except Outage as exc:
+        conn.send(("outage", str(exc)))
     except BaseException as exc:  # everything the user's code can throw goes back as text
         conn.send(("error", describe_error(exc) + "\n" + traceback.format_exc()[-3000:]))
     finally:

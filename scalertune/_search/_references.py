@@ -2,9 +2,10 @@
 
 The reference of the search's own seed runs first, once per study (whichever worker claims
 it). Its first ``steps`` define the target of the trials. When the horizon goes past a trial,
-it trains on to the horizon, once: it saves a checkpoint at the start of every phase window
-(the finalists are branched from there) and every quarter of the way (a reference that was
-interrupted resumes from its last instead of starting over), keeps its per-step losses over
+it trains on to the horizon, once: it saves checkpoints to the study's artifact store
+(:mod:`scalertune._search._checkpoints`: at the start of every phase window, where the
+finalists are branched, and every few minutes, so that a reference that was interrupted
+resumes instead of starting over), says how long it will take, keeps its per-step losses over
 the windows (float32's own continuation, which a branch is compared with) and records the
 gradient trace that the scaler replay reads. The interleaved step timing of every dtype the
 study may run follows, on a fresh workload (:mod:`scalertune._run._timing`). With
@@ -17,21 +18,16 @@ settings.
 
 from __future__ import annotations
 
-import functools
-import glob
-import os
-import re
-import shutil
+import time
 from typing import Any, Callable
 
 import optuna
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._errors import SearchError, UsageError
+from scalertune._errors import MissingEvidence, SearchError, UsageError
 from scalertune._judge._horizon import seed_spread
 from scalertune._judge._outcome import reference_of
-from scalertune._judge._phases import phase_windows
 from scalertune._judge._target import Target
 from scalertune._replay._trace import Trace
 from scalertune._run._loop import Plan
@@ -39,6 +35,7 @@ from scalertune._run._memory import release_memory
 from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes, time_dtypes
 from scalertune._run._trace import TraceCollector
+from scalertune._search._checkpoints import Checkpoints
 from scalertune._search._isolate import (
     TrialCrashed,
     describe_error,
@@ -47,13 +44,15 @@ from scalertune._search._isolate import (
     time_isolated,
 )
 from scalertune._search._setup import Setup
-from scalertune._search._study import add_reference, instance
+from scalertune._search._study import add_reference
 from scalertune._storage._claims import Once
+from scalertune._text import duration
 from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import FactoryError
 
-#: A reference to the horizon saves a checkpoint to resume from this often (as a share of it).
-_RESUME_EVERY = 0.25
+#: How long into the reference's training its time to the horizon is said: the step time
+#: of the first windows (warm-up aside) is a fair guess by then.
+_TIME_LEFT_AFTER_S = 3.0
 
 
 class References:
@@ -67,6 +66,7 @@ class References:
         self._times: StepTimes | None = None
         self._stored: dict[int, dict[str, Any]] = {}
         self._traces: dict[int, Trace] = {}
+        self.checkpoints = Checkpoints(study, once, setup, config, log=log)
 
     def target(self, seed: int) -> Target:
         """The float32 target of ``seed``; runs and stores the reference if nobody has."""
@@ -108,13 +108,10 @@ class References:
         seeds = (self.setup.seed, *_policy.CONFIRM_SEEDS)
         return seed_spread([self.reference(s)["steps_to_target"] for s in seeds])
 
-    @functools.cached_property
-    def checkpoints(self) -> str:
-        """The folder of this study's float32 checkpoints: named by the study and its
-        instance token, so that a study made again under the same name (a new database, a
-        deleted name used again) does not resume from another's checkpoints."""
-        name = re.sub(r"[^A-Za-z0-9._-]+", "_", self.study.study_name)[:80]
-        return os.path.join(self.setup.checkpoints, f"{name}-{instance(self.study)}")
+    def checkpoint(self, seed: int, start: int) -> str:
+        """float32's checkpoint at ``start`` as a file here, checked (rebuilt first where it
+        is missing or damaged: :meth:`Checkpoints.get`)."""
+        return self.checkpoints.get(self.horizon(seed)["checkpoints"][str(start)], start)
 
     def _run(self, seed: int) -> None:
         main = seed == self.setup.seed
@@ -130,7 +127,7 @@ class References:
             raise
         times = self._time() if main else None
         add_reference(self.study, record, self.config.to_dict(), times, steps=self.setup.steps,
-                      checkpoints=self._phase_checkpoints() if long else {})
+                      checkpoints=self.checkpoints.phase_names() if long else {})
         measured = "" if times is None else ", step time " + ", ".join(
             f"{d} {times.median(d) * 1e3:.3g} ms" for d in times.rounds)
         self.log(f"float32 reference, seed {seed}: target loss {target.loss:.4g}{measured}")
@@ -138,14 +135,18 @@ class References:
     def _train(self, seed: int, main: bool, long: bool) -> RunRecord:
         """The reference run itself, to the horizon with its checkpoints when ``long``."""
         steps = self.setup.horizon if long else self.setup.steps
-        plan = self._plan() if long else (Plan(watcher=TraceCollector(steps)) if main else None)
+        plan = (self.checkpoints.plan(TraceCollector(steps)) if long
+                else Plan(watcher=TraceCollector(steps)) if main else None)
         try:
-            record = execute(self.setup, self.config, steps=steps, seed=seed, plan=plan)
+            record = execute(self.setup, self.config, steps=steps, seed=seed, plan=plan,
+                             on_window=_TimeLeft(self.log, steps) if long else None)
         except FactoryError as exc:
             raise SearchError(f"the float32 reference failed: the factory raised {exc}") from None
         except TrialCrashed as exc:  # its message's first line says how the process ended
             why = str(exc).partition("\n")[0]
             raise SearchError(f"the float32 reference failed: {why}") from None
+        except MissingEvidence as exc:  # its checkpoint could not be stored: not the workload's
+            raise MissingEvidence(f"the float32 reference stopped: {exc}") from None
         except Exception as exc:
             raise SearchError(f"the float32 reference failed: {describe_error(exc)}") from exc
         if record.pruned:
@@ -154,30 +155,6 @@ class References:
                 "fix the workload (learning rate, loss, data) before searching AMP configs; "
                 "if your training clips gradients, return clip_norm from the factory")
         return record
-
-    def _plan(self) -> Plan:
-        """Checkpoints at every phase window's start and every quarter of the horizon, the
-        gradient trace, and the latest checkpoint of an interrupted run to resume from."""
-        horizon = self.setup.horizon
-        os.makedirs(self.checkpoints, exist_ok=True)
-        quarters = {round(horizon * k * _RESUME_EVERY / 10) * 10 for k in range(1, 4)}
-        starts = {start for start, _ in phase_windows(horizon, self.setup.steps)}
-        save_at = {step: self._path(step) for step in sorted(starts | quarters) if step > 0}
-        saved = sorted((int(m.group(1)), p) for p in glob.glob(self._path("*"))
-                       if (m := re.search(r"step(\d+)\.pt$", p)) and int(m.group(1)) in save_at)
-        if not saved:
-            return Plan(save_at=save_at, watcher=TraceCollector(horizon))
-        step, path = saved[-1]
-        self.log(f"float32 reference: resuming from its checkpoint at step {step}")
-        return Plan(save_at=save_at, checkpoint=path, resume=True,
-                    watcher=TraceCollector(horizon))
-
-    def _path(self, step: int | str) -> str:
-        return os.path.join(self.checkpoints, f"reference-seed{self.setup.seed}-step{step}.pt")
-
-    def _phase_checkpoints(self) -> dict[int, str]:
-        return {start: os.path.abspath(self._path(start))
-                for start, _ in phase_windows(self.setup.horizon, self.setup.steps)}
 
     def _time(self) -> StepTimes | None:
         """The interleaved step timing of the study's dtypes, on a fresh workload (in its own
@@ -203,7 +180,28 @@ class References:
         refused first reference leaves no trace."""
         study = self.study
         if not study.get_trials(deepcopy=False):
-            shutil.rmtree(self.checkpoints, ignore_errors=True)
+            self.checkpoints.remove()
             optuna.delete_study(study_name=study.study_name,
                                 storage=study._storage)  # noqa: SLF001
 
+
+class _TimeLeft:
+    """Says once, a few seconds into the reference's training to the horizon, how long the
+    rest will take at its step time so far, and how often it saves a checkpoint."""
+
+    def __init__(self, log: Callable[[str], None], steps: int) -> None:
+        self.log, self.steps, self.said = log, steps, False
+        self.started = time.monotonic()
+
+    def __call__(self, record: RunRecord, start: int) -> None:
+        timed = len(record.window_step_times) - _policy.WARMUP_WINDOWS
+        left = self.steps - record.start - record.steps_run
+        if self.said or timed < 1 or left <= 0 or (
+                time.monotonic() - self.started < _TIME_LEFT_AFTER_S):
+            return
+        self.said = True
+        each = record.median_step_time
+        self.log(f"float32 reference: {each * 1e3:.3g} ms a step, about "
+                 f"{duration(left * each)} to step {self.steps} (a checkpoint every "
+                 f"{duration(_policy.CHECKPOINT_EVERY_S)} of training; interrupted, it "
+                 "resumes from the last)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import platform
 from typing import Any, Callable
 
@@ -14,7 +13,7 @@ from scalertune._amp._device import resolve_device
 from scalertune._errors import ParameterError, UsageError
 from scalertune._run._preflight import preflight
 from scalertune._search._space import SearchSpace
-from scalertune._storage._open import DEFAULT_ARTIFACT_DIR
+from scalertune._storage._store import normalized
 from scalertune._text import plural
 from scalertune._workload._loader import FactoryError, factory_name, load_factory
 
@@ -46,8 +45,9 @@ class Setup:
     isolation: Isolation | None
     #: The steps of training the evidence covers; ``steps`` when no longer horizon is asked.
     horizon: int = 0
-    #: Where the float32 reference's checkpoints go (a folder the study owns).
-    checkpoints: str = ""
+    #: Where the study's artifacts go, as given (a folder or ``s3://BUCKET``); ``None``: the
+    #: study's recorded place, else beside its storage (:mod:`scalertune._storage._store`).
+    artifact_dir: str | None = None
 
     @property
     def long(self) -> bool:
@@ -65,6 +65,7 @@ def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
     device, the factory and one float32 step of it; the setup and the study's settings."""
     _limits.check(_limits.SEARCH, n_trials=n_trials, steps=steps, horizon=horizon, seed=seed,
                   timeout=timeout)
+    location = None if artifact_dir is None else normalized(artifact_dir)
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     if fp32_modules:
         space = space.with_islands(fp32_modules)
@@ -75,20 +76,37 @@ def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
     except FactoryError as exc:
         raise UsageError(f"the factory {factory_name(factory)} raised {exc}: fix it and "
                          "rerun") from None
-    horizon = horizon or checked.horizon or steps
+    if horizon is None and checked.horizon is not None:
+        horizon = _declared_horizon(checked.horizon, factory_name(factory), steps)
+    horizon = horizon or steps
     if horizon < steps:
         raise ParameterError("horizon", f"must be at least steps ({steps}): it is the "
                              f"training the evidence covers, at least one trial; got {horizon}")
     setup = Setup(spec=factory, factory=user_factory, space=space, device=dev, steps=steps,
                   seed=seed, n_trials=n_trials, clip_norm=checked.reference.clip_norm,
                   isolation=isolation, horizon=horizon,
-                  checkpoints=os.path.join(artifact_dir or DEFAULT_ARTIFACT_DIR, "checkpoints"))
+                  artifact_dir=location)
     settings = {
         "factory": factory_name(factory), "steps": steps, "horizon": horizon, "seed": seed,
         "space": space.to_dict(), "device_type": dev.type, "device": describe_device(dev),
         "reference": checked.reference.to_dict(),
     }
     return setup, settings
+
+
+def _declared_horizon(horizon: int, factory: str, steps: int) -> int:
+    """The horizon the factory declares, held to the same range as ``--horizon``."""
+    try:
+        _limits.check(_limits.SEARCH, horizon=horizon)
+    except ParameterError as exc:
+        raise UsageError(f"the factory {factory} declares horizon {horizon}, which "
+                         f"{exc.problem.split(', got')[0]}: declare another, or pass "
+                         "--horizon") from None
+    if horizon < steps:
+        raise UsageError(f"the factory {factory} declares horizon {horizon}, shorter than a "
+                         f"trial's {steps} steps (--steps): declare at least {steps}, or pass "
+                         "--horizon (or a smaller --steps)")
+    return horizon
 
 
 def describe_device(device: torch.device) -> str:

@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import DTYPES, AmpConfig
-from scalertune._errors import SearchError
+from scalertune._errors import MissingEvidence, SearchError
 from scalertune._judge._horizon import is_from_start
 from scalertune._judge._stopping import StopRule
 from scalertune._judge._target import Target
@@ -54,7 +54,8 @@ from scalertune._storage._names import (
     ROLE_SURPLUS,
     TRACEBACK_ATTR,
 )
-from scalertune._storage._recovery import survive_lost_trial, take
+from scalertune._storage._outage import outage_behind, storage_error
+from scalertune._storage._recovery import retry, survive_lost_trial, take
 from scalertune._workload._loader import FactoryError
 
 #: A failed run's error as the dashboard shows it (its first line, cut to this length); the
@@ -81,7 +82,13 @@ class TrialRunner:
 
     def run_one(self) -> None:
         with survive_lost_trial(self.study, self.progress.line):
-            self.study.optimize(self._objective, n_trials=1, catch=(TrialFailed,))
+            try:
+                self.study.optimize(self._objective, n_trials=1, catch=(TrialFailed,))
+            except Exception as exc:
+                behind = outage_behind(exc)
+                if behind is not None:
+                    raise behind from None
+                raise
 
     # -- the objective ----------------------------------------------------------------------
 
@@ -102,8 +109,14 @@ class TrialRunner:
         target = self.references.target(seed)
         try:
             record, judged = self._train(trial, role, config, seed, target, trials)
+        except MissingEvidence as exc:  # never the config's failure: run again
+            self._missing(trial, str(exc))
+            raise TrialFailed() from None
         except Exception as exc:  # TrialCrashed, or anything the user's code raised
-            self._failed(trial, exc)
+            if storage_error(exc):  # a write the storage refused: not the config's either
+                self._missing(trial, f"the storage failed: {describe_error(exc)}")
+            else:
+                self._failed(trial, exc)
             raise TrialFailed() from None
         self._any_success = True
         store_judged(trial, judged)
@@ -148,7 +161,8 @@ class TrialRunner:
                     record, judged = run_from_start(
                         self.setup, self.references, config, seed=seed, end=end,
                         on_window=reports.window, save=attrs.get("save"),
-                        resume=attrs.get("continues"), resumed_at=start)
+                        continues=attrs.get("continues"), resumed_at=start,
+                        log=lambda line: self.progress.line(f"#{trial.number}: {line}"))
                 else:
                     record, judged = run_branch(self.setup, self.references, config,
                                                 seed=seed, start=start, end=end,
@@ -164,6 +178,18 @@ class TrialRunner:
         if record.prune_kind == "forward":
             locate_overflow(self.setup, trial, config, seed, record)
         return record, judged_attrs(record, target, step_time)
+
+    def _missing(self, trial: optuna.Trial, why: str) -> None:
+        """A run that could not get its evidence: it is queued again (at most
+        ``MAX_RETRIES`` times), and says why; its trial fails without an error of its own."""
+        trial.set_user_attr("missing", why[:_ERROR_CHARS])
+        frozen = self.study._storage.get_trial(trial._trial_id)  # noqa: SLF001
+        queued = retry(self.study, frozen)
+        self.progress.line(f"#{trial.number}: evidence missing: {why}: "
+                           + ("queued again" if queued else "retried enough: rerun the same "
+                              "command once the cause is fixed"))
+        if queued:
+            self.progress.grow(1)
 
     def _execute(self, config: AmpConfig, seed: int, trial: optuna.Trial, target: Target,
                  rule: StopRule, steps: int) -> RunRecord:

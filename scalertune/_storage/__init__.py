@@ -1,9 +1,13 @@
-"""Optuna storage: opening it, hiding its passwords, recovering dead workers' trials.
+"""Optuna storage and the study's artifact store: opening them, riding out their outages, hiding
+passwords, recovering dead workers' trials.
 
 - ``_names``: every name a study stores (attribute keys, trial roles);
 - ``_open``: storage URLs, SQLite and journal files, heartbeats, one-line errors;
+- ``_outage``: a storage (or artifact store) outage ridden out, up to a bound;
 - ``_redact``: passwords hidden in URLs and messages;
 - ``_recovery``: failing and retrying trials whose worker died;
 - ``_claims``: once-per-study work among several workers;
-- ``_points``: a running trial's curve points, many in one write.
+- ``_points``: a running trial's curve points, many in one write;
+- ``_store``: the study's artifact store (a folder or an S3 bucket), recorded in the study;
+- ``_checkpoints``: checkpoints in that store, each carrying its checksum.
 """

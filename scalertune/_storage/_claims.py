@@ -20,6 +20,7 @@ import optuna
 
 from scalertune import _interrupt, _policy
 from scalertune._storage._names import CLAIM_PREFIX
+from scalertune._storage._outage import Outage
 from scalertune._storage._recovery import WORKER, worker_gone
 
 
@@ -57,6 +58,8 @@ def claim(study: optuna.Study, key: str) -> Iterator[bool]:
                 _write(study, key, {"by": token, "at": time.time()})
             except KeyError:
                 return  # the study was removed under the claim
+            except Outage:
+                return  # the worker's own next storage call says so, and ends it
 
     thread = threading.Thread(target=refresh, name=f"scalertune-claim-{key}", daemon=True)
     thread.start()
@@ -73,8 +76,13 @@ def claim(study: optuna.Study, key: str) -> Iterator[bool]:
 
 def wait_released(study: optuna.Study, key: str) -> None:
     """Block until nobody holds a fresh claim on ``key``."""
-    while _held(_read(study, key)):
+    while held(study, key):
         _interrupt.sleep(_policy.POLL_S)
+
+
+def held(study: optuna.Study, key: str) -> bool:
+    """Whether another worker holds a fresh claim on ``key`` now."""
+    return _held(_read(study, key))
 
 
 def _held(current: dict | None) -> bool:

@@ -28,7 +28,7 @@ ROLE_REPLAY = "replay"
 RUN_ROLES = (ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM, ROLE_ISLAND, ROLE_REPLAY)
 
 #: Study user attributes: the settings the study was created with, why sampling stopped, and
-#: where its pictures are stored.
+#: its artifact store (its checkpoints and pictures: a folder, or ``s3://BUCKET``).
 SETTINGS_ATTR = "scalertune.settings"
 STOPPED_ATTR = "scalertune.stopped_early"
 ARTIFACT_DIR_ATTR = "scalertune.artifact_dir"
@@ -55,6 +55,7 @@ CONSTRAINT_ATTR = "constraints:target_gap"
 CONSTRAINTS_ATTR = "constraints"
 
 #: The user attributes that say what a trial runs; a retry copies these and nothing else
-#: (not who ran it, nor how far it got).
+#: (not who ran it, nor how far it got). A finalist's run from step 0 saves its state as
+#: ``save`` (a checkpoint's name), which its continuation ``continues`` from.
 JOB_ATTRS = ("role", "baseline", "confirms", "seed", "config", "of", "start", "end",
-             "island_of", "clip_of")
+             "island_of", "clip_of", "save", "continues")

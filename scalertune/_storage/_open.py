@@ -5,8 +5,9 @@
 - a plain file path (``study.log``): Optuna's journal file, safe for several processes on one
   host, no database server needed.
 
-RDB storages get heartbeats: a trial whose worker was killed is marked failed after
-``HEARTBEAT_GRACE_S`` and retried by another worker (``_recovery``). Journal files have no
+RDB storages ride out an outage (:mod:`._outage`), and get heartbeats: a trial whose worker
+was killed is marked failed after ``HEARTBEAT_GRACE_S`` and retried by another worker
+(``_recovery``). Journal files have no
 heartbeat; there a worker that finds a running trial whose process (on this host) is gone
 fails and retries it.
 
@@ -27,11 +28,10 @@ from typing import Any, Callable
 # handles Ctrl-C, and refuses bad input without waiting for it.
 from scalertune import _policy
 from scalertune._errors import UsageError
+from scalertune._storage._outage import RERUN, retrying, ride_out, unreachable_at_open
 from scalertune._storage._redact import HIDDEN, redact
 
 DEFAULT_STORAGE = "sqlite:///scalertune.db"
-#: Where a study's files go by default: its pictures (artifacts), its float32 checkpoints.
-DEFAULT_ARTIFACT_DIR = "scalertune-artifacts"
 #: A path with one of these suffixes names a SQLite database, not a journal file.
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 #: A storage string that starts like a URL without ``://`` (``postgresql:/u:pw@h/db``): it
@@ -69,7 +69,7 @@ def _starts_with(path: str, start: bytes) -> bool:
 
 
 def open_storage(url: str, *, must_exist: bool = False,
-                 on_stale_trial: Callable[[Any, Any], None] | None = None) -> Any:
+                 on_stale_trial: Callable[[Any, Any], Any] | None = None) -> Any:
     """The Optuna storage object for ``url``; :class:`UsageError` when it cannot be used.
 
     On RDB storage, ``on_stale_trial(study, trial)`` is Optuna's heartbeat callback: what to
@@ -93,7 +93,7 @@ def open_storage(url: str, *, must_exist: bool = False,
         ) from None
 
 
-def _rdb(url: str, on_stale_trial: Callable[[Any, Any], None] | None) -> Any:
+def _rdb(url: str, on_stale_trial: Callable[[Any, Any], Any] | None) -> Any:
     """``RDBStorage`` with heartbeats. Workers that start at once on a new database all try
     to create its tables; the losers of that race get a unique-key error (SQLite's
     ``alembic_version``, PostgreSQL's ``pg_type``) and simply open it again, tables made."""
@@ -102,13 +102,20 @@ def _rdb(url: str, on_stale_trial: Callable[[Any, Any], None] | None) -> Any:
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     deadline = time.monotonic() + _policy.COLD_START_S
+
+    def attempt() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(url, heartbeat_interval=_policy.HEARTBEAT_INTERVAL_S,
+                              grace_period=_policy.HEARTBEAT_GRACE_S,
+                              heartbeat_stale_trial_callback=on_stale_trial)
+
     while True:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return RDBStorage(url, heartbeat_interval=_policy.HEARTBEAT_INTERVAL_S,
-                                  grace_period=_policy.HEARTBEAT_GRACE_S,
-                                  heartbeat_stale_trial_callback=on_stale_trial)
+            storage = retrying(attempt, store=f"storage {redact(url)}",
+                               passing=unreachable_at_open, url=url,
+                               what_to_do=RERUN)
+            return ride_out(storage, url)
         except (IntegrityError, OperationalError, ProgrammingError) as exc:
             racing = isinstance(exc, IntegrityError) or "already exists" in str(exc)
             if not racing or time.monotonic() > deadline:

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from scalertune._storage._outage import RERUN, passing_rdb, retrying
+from scalertune._storage._redact import redact
+
 
 def write_points(trial: Any, points: Sequence[tuple[float, int]]) -> None:
     """Store ``(value, step)`` points as intermediate values of the running ``trial``."""
@@ -27,8 +30,13 @@ def write_points(trial: Any, points: Sequence[tuple[float, int]]) -> None:
     from optuna.storages._rdb.storage import _create_scoped_session
 
     trial_id = trial._trial_id  # noqa: SLF001 - the id trial.report writes under
-    with _create_scoped_session(rdb.scoped_session, True) as session:
-        _add_points(rdb, session, trial_id, points)
+
+    def write() -> None:
+        with _create_scoped_session(rdb.scoped_session, True) as session:
+            _add_points(rdb, session, trial_id, points)
+
+    retrying(write, store=f"storage {redact(rdb.url)}", passing=passing_rdb, url=rdb.url,
+             what_to_do=RERUN)
     cached = getattr(trial, "_cached_frozen_trial", None)
     if cached is not None:  # what trial.report keeps, so the trial object reads the same
         cached.intermediate_values.update({step: float(value) for value, step in points})

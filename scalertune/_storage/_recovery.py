@@ -50,12 +50,13 @@ def take(trial: optuna.Trial) -> None:
     _current[trial.study._study_id] = trial._trial_id  # noqa: SLF001
 
 
-def retry(study: optuna.Study, trial: FrozenTrial) -> None:
+def retry(study: optuna.Study, trial: FrozenTrial) -> bool:
     """Queue a copy of the failed ``trial`` (same params and job), unless it has been
-    retried ``MAX_RETRIES`` times already. Also Optuna's heartbeat callback on RDB storage."""
+    retried ``MAX_RETRIES`` times already; whether it was. Also Optuna's heartbeat callback
+    on RDB storage."""
     history = [*trial.system_attrs.get("retry_history", []), trial.number]
     if len(history) > _policy.MAX_RETRIES:
-        return
+        return False
     system_attrs = {k: v for k, v in trial.system_attrs.items() if k in _JOB_SYSTEM_ATTRS}
     system_attrs.update(failed_trial=system_attrs.get("failed_trial", trial.number),
                         retry_history=history)
@@ -64,6 +65,7 @@ def retry(study: optuna.Study, trial: FrozenTrial) -> None:
         user_attrs={k: v for k, v in trial.user_attrs.items() if k in JOB_ATTRS},
         system_attrs=system_attrs,
     ))
+    return True
 
 
 def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
@@ -156,3 +158,20 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def missing_of(trials: list[FrozenTrial]) -> dict[int, str]:
+    """The runs whose evidence is missing: trial number (the first of its retries) -> why,
+    for each run that failed without an error of its own for want of evidence (``missing``)
+    and has no retry finished, queued or running."""
+    chains: dict[int, list[FrozenTrial]] = {}
+    for t in trials:
+        chains.setdefault(int(t.system_attrs.get("failed_trial", t.number)), []).append(t)
+    out = {}
+    for first, chain in chains.items():
+        if any(t.state != TrialState.FAIL for t in chain):
+            continue
+        why = [t.user_attrs["missing"] for t in chain if "missing" in t.user_attrs]
+        if why:
+            out[first] = why[-1]
+    return out

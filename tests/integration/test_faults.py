@@ -1,8 +1,12 @@
 """Faults repeated until they stop finding anything: workers interrupted (SIGINT once or twice,
-SIGTERM) or killed (SIGKILL) at random moments, on a journal file, SQLite and PostgreSQL; after
-every round the same command resumes the study, which must then hold exactly what one
-uninterrupted search would: nothing RUNNING, nothing lost, nothing run twice but a declared
-retry, the float32 references and the baselines once, and the recommendation ``report`` gives.
+SIGTERM) or killed (SIGKILL) at random moments, on a journal file, SQLite and PostgreSQL, a
+PostgreSQL database that drops every connection and refuses new ones for a few seconds, and,
+over a horizon with each worker started in its own folder, a worker killed the moment a
+checkpoint it stored is damaged (cut short, emptied, garbled, gone); after every round the
+same command resumes the study, which must then hold exactly what one uninterrupted search
+would: nothing RUNNING, nothing lost, no evidence missing, nothing run twice but a declared
+retry, the float32 references and the baselines once, float32's losses over the horizon those
+of one undisturbed run, and the recommendation ``report`` gives.
 
 Bounded by rounds and by time (``SCALERTUNE_FAULT_ROUNDS`` rounds per storage, at most
 ``SCALERTUNE_FAULT_BUDGET_S`` seconds per storage; raise both for a long hunt).
@@ -10,6 +14,7 @@ Bounded by rounds and by time (``SCALERTUNE_FAULT_ROUNDS`` rounds per storage, a
 """
 
 import collections
+import dataclasses
 import json
 import os
 import random
@@ -31,17 +36,43 @@ N_TRIALS, STEPS = 3, 20
 #: What can happen to one worker: nothing, Ctrl-C once or twice, SIGTERM, SIGKILL from outside
 #: at a random moment, or one of them from inside its N-th storage write (``fault_launcher``).
 FAULTS = ("none", "int", "int-int", "term", "kill", "int@write", "term@write", "kill@write")
+#: ... on PostgreSQL, the database closed to every worker for a few seconds at that moment;
+OUTAGE = "outage"
+#: ... over a horizon, its N-th stored checkpoint damaged and the worker SIGKILLed at once.
+DAMAGED = tuple(f"{how}@checkpoint" for how in ("truncated", "emptied", "garbled", "gone"))
 #: A search here makes a few hundred storage writes; N is drawn below this.
 WRITES = 400
+#: ... and, over ``HORIZON``, stores a few checkpoints (float32's, a finalist's own).
+HORIZON, CHECKPOINTS = 200, 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """What one fault loop runs: the faults drawn, whether the search covers a horizon, and
+    whether each worker starts in its own folder (as on its own host)."""
+
+    faults: tuple = FAULTS
+    horizon: bool = False
+    own_folders: bool = False
+
+    def args(self):
+        return ["--horizon", str(HORIZON)] if self.horizon else []
+
+
+PLAIN = Loop()
 LAUNCHER = os.path.join(HERE, "fault_launcher.py")
 #: A worker or a resume that runs longer than this is stuck (a whole search takes ~10 s).
 STUCK_S = 150
 
 
-def _command(storage, study, output, fault="none", rng=None):
+def _command(storage, study, output, fault="none", rng=None, loop=PLAIN):
     args = ["search", spec("healthy"), "--storage", storage, "--study-name", study,
             "--n-trials", str(N_TRIALS), "--steps", str(STEPS), "--device", "cpu", "-q",
-            "-o", output]
+            "-o", output, *loop.args()]
+    if fault.endswith("@checkpoint"):
+        how = fault.split("@")[0]
+        return [sys.executable, LAUNCHER, "checkpoint", how, str(rng.randrange(1, CHECKPOINTS)),
+                *args]
     if fault.endswith("@write"):
         signal_name = fault.split("@")[0].upper()
         return [sys.executable, LAUNCHER, signal_name, str(rng.randrange(1, WRITES)), *args]
@@ -64,19 +95,37 @@ def _study(storage, name):
     return optuna.load_study(study_name=name, storage=_STORAGES[storage])
 
 
-def _faulted_workers(storage, study, workers, rng, cwd):
+def _folder(cwd, i, loop):
+    """Where worker ``i`` starts: the round's folder, or one of its own."""
+    if not loop.own_folders:
+        return cwd
+    folder = os.path.join(cwd, f"worker{i}")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def _from(storage, folder):
+    """The storage as a worker in ``folder`` names it: a file by its path from there."""
+    return storage if "://" in storage else os.path.relpath(storage, folder)
+
+
+def _faulted_workers(storage, study, workers, rng, cwd, loop):
     """Start ``workers`` processes on one study, hit each (at least one) with a random fault
     at a random moment, and return ``[(fault, returncode, stderr)]``."""
-    faults = [rng.choice(FAULTS) for _ in range(workers)]
+    faults = [rng.choice(loop.faults) for _ in range(workers)]
     if all(f == "none" for f in faults):
-        faults[rng.randrange(workers)] = rng.choice(FAULTS[1:])
-    procs = [_start(_command(storage, study, f"{study}.w{i}.yaml", fault, rng), cwd)
-             for i, fault in enumerate(faults)]
+        faults[rng.randrange(workers)] = rng.choice(loop.faults[1:])
+    folders = [_folder(cwd, i, loop) for i in range(workers)]
+    procs = [_start(_command(_from(storage, folders[i]), study, f"{study}.w{i}.yaml", fault,
+                             rng, loop), folders[i]) for i, fault in enumerate(faults)]
     try:
         for i in sorted((i for i, f in enumerate(faults) if f not in ("none",) and "@" not in f),
                         key=lambda _: rng.random()):
             _wait_for_a_moment(storage, study, procs, rng)
-            _hit(procs[i], faults[i], rng)
+            if faults[i] == OUTAGE:
+                _outage(storage, rng.uniform(1.0, 5.0))
+            else:
+                _hit(procs[i], faults[i], rng)
         out = []
         for fault, proc in zip(faults, procs):
             _, err = proc.communicate(timeout=STUCK_S)
@@ -140,13 +189,35 @@ def _hit(proc, fault, rng):
                 proc.send_signal(signal.SIGINT)
 
 
+def _outage(storage, seconds):
+    """Close the PostgreSQL database to connections and drop the open ones, for ``seconds``:
+    what every worker sees of a restart, of its database alone."""
+    import sqlalchemy
+    from conftest import POSTGRES
+
+    name = storage.rsplit("/", 1)[1]
+    admin = sqlalchemy.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.execute(sqlalchemy.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
+            c.execute(sqlalchemy.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                      f"WHERE datname = '{name}'"))
+        time.sleep(seconds)
+    finally:
+        with admin.connect() as c:
+            c.execute(sqlalchemy.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+        admin.dispose()
+        _STORAGES.pop(storage, None)  # this process's own connections were dropped too
+
+
 def _check_exits(results, context):
     for fault, code, err in results:
         where = f"{context}, worker hit by {fault}"
         assert "Traceback" not in err, f"{where}: {err}"
-        if fault.startswith("kill"):
+        if fault.startswith("kill") or fault.endswith("@checkpoint"):
+            # 0 when it finished, or another worker stored the checkpoints first
             assert code in (0, -signal.SIGKILL), f"{where}: exit {code}: {err}"
-        elif fault == "none":
+        elif fault in ("none", OUTAGE):
             assert code == 0, f"{where}: a worker nobody touched exited {code}: {err}"
         else:
             # 0 only when the search had finished before the signal arrived
@@ -158,7 +229,7 @@ def _finished(trials):
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
 
 
-def _check_study(study, before, context):
+def _check_study(study, before, context, loop=PLAIN):
     """The invariants of a finished study, whatever happened to its workers."""
     trials = study.get_trials(deepcopy=False)
     assert [t.number for t in trials] == list(range(len(trials))), context
@@ -187,7 +258,14 @@ def _check_study(study, before, context):
     assert sorted(references) == sorted(set(references)) and 0 in references, (
         f"{context}: float32 references {references}")
     baselines = [t.user_attrs["baseline"] for t in done if t.user_attrs.get("role") == "baseline"]
-    assert sorted(baselines) == ["init-scale-4096", "pytorch-default"], f"{context}: {baselines}"
+    # over a horizon, only PyTorch's defaults are trained (the replay says the rest)
+    expected = ["pytorch-default"] if loop.horizon else ["init-scale-4096", "pytorch-default"]
+    assert sorted(baselines) == expected, f"{context}: {baselines}"
+    from scalertune._storage._recovery import missing_of
+
+    assert not missing_of(trials), f"{context}: evidence missing {missing_of(trials)}"
+    if loop.horizon:
+        _reference_is_float32s_own(study, context)
     confirms = [(t.user_attrs["confirms"], t.user_attrs["seed"]) for t in done
                 if t.user_attrs.get("role") == "confirm"]
     assert len(confirms) == len(set(confirms)) > 0, f"{context}: confirmations {confirms}"
@@ -205,6 +283,26 @@ def _check_study(study, before, context):
     assert all(trials[n].state == TrialState.FAIL for n in retries), context
 
 
+def _reference_is_float32s_own(study, context):
+    """float32's losses over each window of the horizon are those of one undisturbed float32
+    run: resumed from a good checkpoint, or from one before a damaged one, the reference
+    replays the same steps bit for bit."""
+    import torch
+    import workloads
+
+    from scalertune._amp._config import AmpConfig
+    from scalertune._run._loop import run_config
+
+    own = run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=HORIZON, seed=0,
+                     device=torch.device("cpu"), prune=False).losses
+    ref = next(t for t in study.trials if t.user_attrs.get("role") == "reference"
+               and t.user_attrs.get("seed") == 0)
+    windows = ref.system_attrs["scalertune.horizon"]["windows"]
+    assert windows and all(losses == own[int(start):int(start) + len(losses)]
+                           for start, losses in windows.items()), (
+        f"{context}: float32's losses over the horizon differ from an undisturbed run's")
+
+
 def _check_report(storage, study, output, cwd, context):
     report = subprocess.run(
         [sys.executable, "-m", "scalertune", "report", "--storage", storage, "--study-name",
@@ -216,21 +314,21 @@ def _check_report(storage, study, output, cwd, context):
     assert json.loads(report.stdout) == written, f"{context}: report differs from the search"
 
 
-def _rounds(storage, workers, cwd):
+def _rounds(storage, workers, cwd, loop=PLAIN):
     rng = random.Random(SEED)
     deadline = time.monotonic() + BUDGET_S
     done = 0
     while done < ROUNDS and (done == 0 or time.monotonic() < deadline):
         study = f"round{done}"
         context = f"{storage} round {done} (SCALERTUNE_FAULT_SEED={SEED})"
-        results = _faulted_workers(storage, study, workers, rng, cwd)
+        results = _faulted_workers(storage, study, workers, rng, cwd, loop)
         _check_exits(results, context)
         try:
             before = _finished(_study(storage, study).get_trials(deepcopy=False))
         except KeyError:  # every worker was stopped before it created the study
             before = {}
         output = f"{study}.yaml"
-        resume = _start(_command(storage, study, output), cwd)
+        resume = _start(_command(storage, study, output, loop=loop), cwd)
         try:
             out, err = resume.communicate(timeout=STUCK_S)
         except subprocess.TimeoutExpired:
@@ -240,12 +338,15 @@ def _rounds(storage, workers, cwd):
             pytest.fail(f"{context}: the resume hangs; RUNNING trials {running} after "
                         f"{[r[0] for r in results]}")
         assert resume.returncode == 0, f"{context}: the resume exited {resume.returncode}: {err}"
-        _check_study(_study(storage, study), before, context)
+        _check_study(_study(storage, study), before, context, loop)
         _check_report(storage, study, output, cwd, context)
-        # Interrupted and lost runs are counted as such, never as runs that raised an error.
+        # Interrupted and lost runs are counted as such, never as runs that raised an error;
+        # a run retried for want of evidence is neither.
         lost = sum(t.state == TrialState.FAIL and t.user_attrs.get("role") != "surplus"
+                   and "missing" not in t.user_attrs
                    for t in _study(storage, study).get_trials(deepcopy=False))
-        assert "raised an error" not in out, f"{context}: {out}"
+        assert "raised an error" not in out and "Missing evidence" not in out, (
+            f"{context}: {out}")
         assert (f"{lost} run{'s' if lost != 1 else ''} interrupted or lost" in out) == (
             lost > 0), f"{context}: {lost} failed trials; {out}"
         done += 1
@@ -262,7 +363,14 @@ def test_faults_on_sqlite_one_worker(tmp_path):
 @needs_postgres
 def test_faults_on_postgresql(tmp_path):
     with postgres_database("scalertune_faults") as fresh:
-        _rounds(fresh(), 3, tmp_path)
+        _rounds(fresh(), 3, tmp_path, Loop(faults=(*FAULTS, OUTAGE)))
+
+
+def test_faults_over_a_horizon_with_each_worker_in_its_own_folder(tmp_path):
+    """Checkpoints in the study's artifact store, beside the journal file: a worker killed as
+    its checkpoint is damaged, and the others (started in other folders) go on."""
+    _rounds(str(tmp_path / "study.log"), 2, str(tmp_path),
+            Loop(faults=("none", "kill", *DAMAGED), horizon=True, own_folders=True))
 
 
 # -- the same faults, replayed step by step where a random moment finds them only by chance --

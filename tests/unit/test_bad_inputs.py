@@ -83,6 +83,24 @@ _POSITIVE = "--{} must be a positive finite number"
 _EXITS_ON_IMPORT = "import sys\nsys.exit(3)\n"
 _EXITS_IN_FACTORY = "import sys\n\ndef make_model():\n    sys.exit(5)\n"
 _SPACE_OK = "dtype: {choices: [float16]}\n"
+_DECLARES_HORIZON = """import torch
+
+def make_model():
+    model = torch.nn.Linear(4, 1)
+    batches = [(torch.randn(16, 4), torch.randn(16, 1))]
+    return {{"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.01),
+             "loss_fn": torch.nn.functional.mse_loss, "batches": batches,
+             "horizon": {horizon}}}
+"""
+_NAN_IN_THE_DATA = """import torch
+
+def make_model():
+    model = torch.nn.Linear(4, 1)
+    x = torch.randn(16, 4)
+    x[3, 1] = float("nan")
+    return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.01),
+            "loss_fn": torch.nn.functional.mse_loss, "batches": [(x, torch.randn(16, 1))]}
+"""
 
 SEARCH = [
     Case("seed negative", ["--seed", "-1"], r"--seed must be an integer from 0 to 4294967295"),
@@ -181,6 +199,18 @@ SEARCH = [
     Case("factory raises a BaseException subclass", [], r"raised Odd: odd",
          _model("class Odd(BaseException):\n    pass\n\n\n"
                 "def make_model():\n    raise Odd('odd')\n")),
+    Case("factory's horizon past the flag's range", [], r"the factory model\.py:make_model "
+         r"declares horizon 1000000000000, which must be an integer from 20 to 10000000",
+         _model(_DECLARES_HORIZON.format(horizon=10**12))),
+    Case("factory's horizon shorter than a trial", [],
+         r"declares horizon 50, shorter than a trial's 200 steps \(--steps\)",
+         _model(_DECLARES_HORIZON.format(horizon=50))),
+    Case("NaN loss on the first batch", [], r"the loss is nan on the first batch, in float32 "
+         r"with the initial weights, before any optimizer step",
+         _model(_NAN_IN_THE_DATA)),
+    Case("artifact store without a bucket", ["--artifact-dir", "s3://"], r"name a bucket"),
+    Case("artifact store in a bucket's folder", ["--artifact-dir", "s3://runs/amp"],
+         r"--artifact-dir s3://runs/amp: name a bucket, as s3://BUCKET"),
     Case("unknown device", ["--device", "tpu"], r"unknown device 'tpu'"),
     Case("missing float32 island", ["--fp32-modules", "nosuch"],
          r"fp32_modules names 'nosuch'"),

@@ -1,0 +1,164 @@
+"""The float32 reference's checkpoints in the study's artifact store: their names, where the
+reference saves them, the latest good one to resume from, and the rebuild of one that is lost.
+
+The reference to the horizon saves a checkpoint at the start of every phase window (the
+finalists branch from there), every quarter of the horizon, and every ``CHECKPOINT_EVERY_S``
+of training into two slots in turn. Each is stored with its checksum
+(:mod:`scalertune._storage._checkpoints`) in the study's artifact store, where every worker of
+the study reaches it, on this host or another.
+
+A reference that was interrupted resumes from the latest checkpoint that reads back whole;
+each damaged one is named in one line and passed over for the one before, or step 0. A
+window's checkpoint that is missing or damaged when a branch needs it is rebuilt by one
+worker while the others wait: float32 trained again from its latest good checkpoint before
+that step (or from step 0), which replays the same steps (the checkpoint holds every random
+state and the data position). A checkpoint that cannot be had is missing evidence for the
+run that needs it, never a verdict on its config.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Callable
+
+import optuna
+
+from scalertune import _policy
+from scalertune._amp._config import AmpConfig
+from scalertune._errors import MissingEvidence
+from scalertune._judge._phases import phase_windows
+from scalertune._run._checkpoint import SaveSchedule
+from scalertune._run._loop import Plan, Watcher
+from scalertune._search._isolate import describe_error, execute
+from scalertune._search._setup import Setup
+from scalertune._search._study import instance
+from scalertune._storage._checkpoints import StoredCheckpoint
+from scalertune._storage._claims import Once
+from scalertune._storage._store import Store, location_of
+
+#: A reference to the horizon saves a checkpoint to resume from this often (as a share of it),
+#: besides every ``CHECKPOINT_EVERY_S`` of training.
+_RESUME_EVERY = 0.25
+
+
+class Checkpoints:
+    """The study's checkpoints: float32's, and the finalists' own (see the module)."""
+
+    def __init__(self, study: optuna.Study, once: Once, setup: Setup, config: AmpConfig, *,
+                 log: Callable[[str], None]) -> None:
+        self.study, self.once, self.setup, self.config, self.log = (
+            study, once, setup, config, log)
+
+    @functools.cached_property
+    def store(self) -> Store:
+        """The study's artifact store, read where the study records it: first inside the
+        float32 reference's claim, which settles after racing creators' writes, so every
+        worker reads the same (as :func:`~scalertune._search._study.instance`)."""
+        return Store(location_of(self.study))
+
+    @functools.cached_property
+    def prefix(self) -> str:
+        """What this study's checkpoints are named by: the study's name and its instance
+        token, so that a study made again under the same name (a new database, a deleted name
+        used again) does not resume from another's checkpoints."""
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", self.study.study_name)[:80]
+        return f"{name}-{instance(self.study)}"
+
+    def stored(self, name: str) -> StoredCheckpoint:
+        """The study's checkpoint ``name`` (a finalist's own, or float32's)."""
+        return StoredCheckpoint(self.store, f"{self.prefix}.{name}")
+
+    def plan(self, watcher: Watcher) -> Plan:
+        """The reference's run to the horizon: where it saves, and the latest good checkpoint
+        of an interrupted run to resume from."""
+        fixed = {step: self._at(step) for step in self._fixed_steps()}
+        slots = self._slots()
+        schedule = SaveSchedule(fixed, slots=slots, every_s=_policy.CHECKPOINT_EVERY_S)
+        found = self._latest_good([*fixed.values(), *slots], before=self.setup.horizon)
+        if found is None:
+            return Plan(save_at=schedule, watcher=watcher)
+        step, path = found
+        self.log(f"float32 reference: resuming from its checkpoint at step {step}")
+        return Plan(save_at=schedule, checkpoint=path, resume=True, watcher=watcher)
+
+    def phase_names(self) -> dict[int, str]:
+        """Each phase window's start -> the name of float32's checkpoint there."""
+        return {start: self._at(start).name
+                for start, _ in phase_windows(self.setup.horizon, self.setup.steps)}
+
+    def get(self, name: str, step: int) -> str:
+        """float32's checkpoint ``name``, of step ``step``, checked, as a file here; rebuilt
+        first where it is missing or damaged (see the module). :class:`MissingEvidence`
+        when it cannot be had."""
+        stored = StoredCheckpoint(self.store, name)
+        try:
+            return stored.fetch()
+        except MissingEvidence as exc:
+            why = str(exc)
+        self.once(f"rebuild.{step}", lambda: self._rebuild(step, stored, why),
+                  lambda: _good(stored))
+        return stored.fetch()
+
+    def remove(self) -> None:
+        """Remove float32's checkpoints (a study refused before its first trial)."""
+        self.store.remove([c.name for c in (*map(self._at, self._fixed_steps()),
+                                            *self._slots())])
+
+    def _fixed_steps(self) -> list[int]:
+        horizon = self.setup.horizon
+        quarters = {round(horizon * k * _RESUME_EVERY / 10) * 10 for k in range(1, 4)}
+        starts = {start for start, _ in phase_windows(horizon, self.setup.steps)}
+        return sorted(step for step in starts | quarters if step > 0)
+
+    def _at(self, step: int) -> StoredCheckpoint:
+        return self.stored(f"reference-seed{self.setup.seed}-step{step}.pt")
+
+    def _slots(self) -> tuple[StoredCheckpoint, StoredCheckpoint]:
+        """The two checkpoints saved in turn every ``CHECKPOINT_EVERY_S``."""
+        seed = self.setup.seed
+        return (self.stored(f"reference-seed{seed}-every-a.pt"),
+                self.stored(f"reference-seed{seed}-every-b.pt"))
+
+    def _latest_good(self, candidates: list[StoredCheckpoint], *,
+                     before: int) -> tuple[int, str] | None:
+        """The latest of ``candidates`` at a step before ``before`` that reads back whole, as
+        (step, file); each damaged one is said in one line and passed over."""
+        found = []
+        for candidate in candidates:
+            try:
+                manifest = candidate.manifest()
+            except MissingEvidence as exc:
+                self.log(f"{exc}: passed over")
+                continue
+            if manifest is not None and 0 < manifest["step"] < before:
+                found.append((int(manifest["step"]), candidate))
+        for step, candidate in sorted(found, key=lambda f: f[0], reverse=True):
+            try:
+                return step, candidate.fetch()
+            except MissingEvidence as exc:
+                self.log(f"{exc}: falling back to an earlier checkpoint")
+        return None
+
+    def _rebuild(self, step: int, stored: StoredCheckpoint, why: str) -> None:
+        """Train float32 again to ``step`` and save its checkpoint there as ``stored``."""
+        earlier = self._latest_good([*(self._at(s) for s in self._fixed_steps() if s < step),
+                                     *self._slots()], before=step)
+        origin = 0 if earlier is None else earlier[0]
+        self.log(f"{why}: training float32 again from step {origin} to {step} to rebuild it")
+        plan = Plan(checkpoint=None if earlier is None else earlier[1], save_at={step: stored})
+        try:
+            execute(self.setup, self.config, steps=step, seed=self.setup.seed, plan=plan)
+        except MissingEvidence:
+            raise
+        except Exception as exc:  # float32 trained this far once: whatever stops it now
+            raise MissingEvidence(f"{why}, and training float32 again to rebuild it failed: "
+                                  f"{describe_error(exc)}") from None
+
+
+def _good(stored: StoredCheckpoint) -> bool:
+    try:
+        stored.fetch()
+    except MissingEvidence:
+        return False
+    return True

@@ -1,0 +1,157 @@
+"""Checkpoints in the study's artifact store, each carrying its checksum.
+
+A checkpoint is two artifacts: the file ``torch.save`` wrote (``NAME``), and its manifest
+(``NAME.json``: the file's SHA-256, its size and the step it holds), written once the file is
+stored whole. A checkpoint without a manifest was never finished; one whose file does not
+hash to its manifest is damaged (truncated, emptied, garbled). Reading one checks it, and a
+checkpoint that is missing or damaged raises :class:`~scalertune._errors.MissingEvidence` with
+one line naming it and what is wrong: what the search does then (an earlier checkpoint, step
+0, a retry) is its caller's to say, never a verdict on a config.
+
+Names are fixed by what a checkpoint holds (``STUDY-TOKEN.reference-seed0-step750.pt``), so
+that a worker finds the checkpoints another wrote, in this process or an isolated run's,
+without an index; the study's name and instance token keep two studies of one name apart in
+one store.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from typing import IO, Any
+
+from scalertune._errors import MissingEvidence
+from scalertune._storage._store import Store
+
+#: Bytes hashed at a time.
+_CHUNK = 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredCheckpoint:
+    """One checkpoint of the study, by name, in the store at ``store.location``; where a run
+    saves it (``local_path`` then ``publish``: the protocol of
+    :func:`scalertune._run._checkpoint.save_checkpoint`) and where it is read from
+    (:meth:`fetch`). It crosses to an isolated run's process as it is."""
+
+    store: Store
+    name: str
+
+    def local_path(self) -> str:
+        """Where the run writes the file before it is stored: the store's own folder, or this
+        process's scratch folder for a bucket."""
+        path = self.store.path(self.name)
+        if path is not None:
+            os.makedirs(self.store.location, exist_ok=True)
+            return os.path.join(self.store.location, f".tmp-{os.getpid()}-{self.name}")
+        return os.path.join(_scratch(), self.name)
+
+    def publish(self, path: str, step: int) -> None:
+        """Store the file at ``path`` (removed afterwards), then its manifest."""
+        digest, size = _digest_of_file(path)
+        try:
+            final = self.store.path(self.name)
+            if final is not None:
+                os.replace(path, final)
+            else:
+                self.store.write(self.name, path)
+            manifest = os.path.join(_scratch(), f"{self.name}.json.{os.getpid()}")
+            with open(manifest, "w", encoding="utf-8") as f:
+                json.dump({"sha256": digest, "bytes": size, "step": step}, f)
+            self.store.write(self.name + ".json", manifest)
+            os.remove(manifest)
+        except Exception as exc:  # a full disk, a read-only folder, a bucket refusing
+            raise MissingEvidence(f"could not store {self.describe()}: {_why(exc)}: free "
+                                  "space or fix the artifact store, and rerun") from None
+        finally:
+            if os.path.exists(path):
+                os.remove(path)
+
+    def manifest(self) -> dict[str, Any] | None:
+        """The manifest (``sha256``, ``bytes``, ``step``); ``None`` when the checkpoint was
+        never finished. :class:`MissingEvidence` when the manifest itself is damaged."""
+        from optuna.artifacts.exceptions import ArtifactNotFound
+
+        try:
+            raw = self.store.read(self.name + ".json", lambda f: f.read())
+        except ArtifactNotFound:
+            return None
+        except Exception as exc:  # unreadable: permissions, a bucket refusing
+            raise MissingEvidence(f"{self.describe()} cannot be read: {_why(exc)}") from None
+        try:
+            found = json.loads(raw)
+            if {"sha256", "bytes", "step"} <= set(found):
+                return dict(found)
+        except ValueError:
+            pass
+        raise MissingEvidence(f"{self.describe()} is damaged: its checksum record is not "
+                              "readable")
+
+    def fetch(self) -> str:
+        """The checkpoint's file, checked against its manifest, as a path on this machine;
+        :class:`MissingEvidence` naming it when it is missing or damaged."""
+        from optuna.artifacts.exceptions import ArtifactNotFound
+
+        manifest = self.manifest()
+        if manifest is None:
+            raise MissingEvidence(f"{self.describe()} is missing")
+        path = self.store.path(self.name)
+        try:
+            if path is None:
+                path = os.path.join(_scratch(), f"{manifest['sha256']}.pt")
+                if not os.path.exists(path):
+                    self.store.read(self.name, lambda f: _copy_to(f, path))
+            digest, size = _digest_of_file(path)
+        except (ArtifactNotFound, FileNotFoundError):
+            raise MissingEvidence(f"{self.describe()} is missing its file") from None
+        except Exception as exc:  # unreadable: permissions, a bucket refusing
+            raise MissingEvidence(f"{self.describe()} cannot be read: {_why(exc)}") from None
+        if (digest, size) != (manifest["sha256"], manifest["bytes"]):
+            if self.store.path(self.name) is None:
+                os.remove(path)
+            raise MissingEvidence(
+                f"{self.describe()} is damaged: its file is {size} bytes with another checksum "
+                f"than the {manifest['bytes']} bytes written at step {manifest['step']}")
+        return path
+
+    def describe(self) -> str:
+        return f"checkpoint {self.name} in {self.store.location}"
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _digest_of_file(path: str) -> tuple[str, int]:
+    sha, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            sha.update(chunk)
+            size += len(chunk)
+    return sha.hexdigest(), size
+
+
+def _copy_to(stream: IO[bytes], path: str) -> None:
+    tmp = f"{path}.{os.getpid()}.part"
+    with open(tmp, "wb") as f:
+        shutil.copyfileobj(stream, f, _CHUNK)
+    os.replace(tmp, path)
+
+
+_SCRATCH: list[str] = []
+
+
+def _scratch() -> str:
+    """This process's folder for files on their way to or from a bucket; removed at exit."""
+    if not _SCRATCH:
+        _SCRATCH.append(tempfile.mkdtemp(prefix="scalertune-"))
+        atexit.register(shutil.rmtree, _SCRATCH[0], True)
+    return _SCRATCH[0]

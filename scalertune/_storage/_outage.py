@@ -1,0 +1,282 @@
+"""Riding out a storage outage: a database restart, a failover, a dropped connection.
+
+Every call a search makes to an RDB storage (through Optuna or its own) is retried while the
+storage fails in a way that passes (the server restarting or shutting down, a connection
+dropped, SQLite busy), with a wait that doubles from ``STORAGE_RETRY_FIRST_S`` to
+``STORAGE_RETRY_MAX_S``, for up to ``STORAGE_OUTAGE_S``; a read or write that failed wrote
+nothing, so it is simply made again. Past the bound the storage is **down** for this process:
+:class:`Outage` is raised, and every later call raises it at once. A trial that was running
+stays so in the storage, as with any worker that died, and the next worker or rerun recovers
+it: an outage is never recorded as a run's result. The artifact store's calls go through
+:func:`retrying` the same way.
+
+:class:`Outage` is a ``BaseException``, like ``KeyboardInterrupt``: no ``except Exception``
+on its way (Optuna's objective wrapper, a run's error handling) may take it for a run's own
+failure. The search turns it into :class:`~scalertune._errors.StorageUnavailable`, and the
+command line into one line and exit status 3.
+
+When a server cannot be reached at all while the storage is first opened (connection
+refused, an unknown host), nothing has been written yet and a wrong URL is likelier than an
+outage: that is said at once (:mod:`._open`); a server that answers that it is starting or
+shutting down is waited for.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+from typing import Any, Callable, Iterator, TypeVar
+
+from scalertune import _interrupt, _policy
+from scalertune._storage._redact import redact
+
+_T = TypeVar("_T")
+
+#: The RDB storage's methods that touch the database: the public ones, and the private ones
+#: Optuna's cache in front of it calls (each is checked to exist, in the tests).
+RDB_CALLS = (
+    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
+    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions",
+    "get_study_user_attrs", "get_study_system_attrs", "get_all_studies", "create_new_trial",
+    "_create_new_trial", "set_trial_param", "_set_trial_param", "get_trial_param",
+    "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id",
+    "set_trial_state_values", "set_trial_intermediate_value", "set_trial_user_attr",
+    "set_trial_system_attr", "get_trial", "get_all_trials", "_get_trials", "get_n_trials",
+    "get_best_trial", "_get_best_trial_id", "get_trial_params", "get_trial_user_attrs",
+    "get_trial_system_attrs", "_get_stale_trial_ids",
+)
+#: What a server says, refusing a connection, when it is restarting (a refused connection
+#: carries no SQLSTATE in the driver's error: psycopg 3 gives only libpq's message).
+_RESTARTING = ("starting up", "shutting down", "in recovery mode", "not yet accepting",
+               "not currently accepting", "due to administrator command",
+               "closed the connection unexpectedly")
+#: ... and when it will refuse again whatever the wait: a wrong name, password or host.
+_REFUSED_FOR_GOOD = ("does not exist", "authentication failed", "no pg_hba.conf entry",
+                     "permission denied", "could not translate host name")
+#: SQLSTATEs of a server that is going away or coming back (PostgreSQL's admin_shutdown,
+#: crash_shutdown, cannot_connect_now; a database closed to connections for maintenance),
+#: and the class of connection exceptions.
+_PASSING_STATES = ("57P01", "57P02", "57P03", "55000")
+_CONNECTION_CLASS = "08"
+
+
+#: What to do about a storage past the bound.
+RERUN = ("start it (or wait until it is back) and rerun the same command: the study resumes "
+         "where it stopped")
+
+
+class Outage(BaseException):
+    """The storage (or the artifact store) stayed unreachable past ``STORAGE_OUTAGE_S``."""
+
+
+class _Down:
+    """Which stores this process has given up on, and what it says of them."""
+
+    def __init__(self) -> None:
+        self.messages: dict[str, str] = {}
+        self.lock = threading.Lock()
+        #: Says a line when an outage starts and ends (the main thread only).
+        self.log: Callable[[str], None] | None = None
+
+
+_down = _Down()
+
+
+def set_log(log: Callable[[str], None] | None) -> None:
+    """Where the lines about an outage go (``None``: nowhere)."""
+    _down.log = log
+
+
+def forget() -> None:
+    """Try every store afresh: a new command (or search) in this process."""
+    with _down.lock:
+        _down.messages.clear()
+
+
+def retrying(call: Callable[[], _T], *, store: str, passing: Callable[[BaseException], bool],
+             what_to_do: str, url: str | None = None) -> _T:
+    """``call()``, made again while it fails in a way ``passing`` says passes, for up to
+    ``STORAGE_OUTAGE_S``; then :class:`Outage`, naming ``store`` and ``what_to_do``. The
+    errors quoted are redacted against ``url``."""
+    if store in _down.messages:
+        raise Outage(_down.messages[store])
+    deadline, wait, said = None, _policy.STORAGE_RETRY_FIRST_S, False
+    while True:
+        try:
+            result = call()
+        except Exception as exc:
+            if not passing(exc):
+                raise
+            now = time.monotonic()
+            deadline = deadline or now + _policy.STORAGE_OUTAGE_S
+            reason = redact(_reason(exc), url)
+            if now >= deadline:
+                message = (f"{store} has been unreachable for {_policy.STORAGE_OUTAGE_S:g} s "
+                           f"({reason}): {what_to_do}")
+                with _down.lock:
+                    _down.messages.setdefault(store, message)
+                raise Outage(_down.messages[store]) from None
+            if not said:
+                said = _say(f"{store} is unreachable ({reason}): retrying for up to "
+                            f"{_policy.STORAGE_OUTAGE_S:g} s")
+            _pause(min(wait, max(0.0, deadline - now)))
+            wait = min(wait * 2, _policy.STORAGE_RETRY_MAX_S)
+            continue
+        if said:
+            _say(f"{store} is back")
+        return result
+
+
+def ride_out(storage: Any, url: str) -> Any:
+    """``storage`` (an Optuna ``RDBStorage`` opened on ``url``) with its database calls
+    retried through an outage (:func:`retrying`). The object keeps its class, so that Optuna
+    treats it as the RDB storage it is."""
+    for name in RDB_CALLS:
+        method = getattr(storage, name)
+        wrapped = _retried(method, name, url, RERUN)
+        setattr(storage, name, types.MethodType(wrapped, storage))
+    beat = storage.record_heartbeat
+
+    def record_heartbeat(self: Any, trial_id: int) -> None:
+        # a missed heartbeat is made up by the next, five seconds later; a trial whose beats
+        # stop for longer is failed and run again, as after a dead worker
+        try:
+            beat(trial_id)
+        except Exception as exc:  # noqa: BLE001 - any failure: the next beat tries again
+            if not passing_rdb(exc):
+                raise
+
+    storage.record_heartbeat = types.MethodType(record_heartbeat, storage)
+    return storage
+
+
+def _retried(method: Callable[..., Any], name: str, url: str,
+             what: str) -> Callable[..., Any]:
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        failed: list[BaseException] = []
+
+        def once() -> Any:
+            try:
+                return method(*args, **kwargs)
+            except UpdateFinishedTrialError:
+                # A trial's end that was written before the connection dropped, and is
+                # written again: the first write stood.
+                if name == "set_trial_state_values" and failed and _ended_as(
+                        self, args, kwargs):
+                    return True
+                raise
+            except Exception as exc:
+                failed.append(exc)
+                raise
+
+        return retrying(once, store=f"storage {redact(url)}", passing=passing_rdb,
+                        what_to_do=what, url=url)
+
+    return call
+
+
+def _ended_as(storage: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    trial_id = kwargs.get("trial_id", args[0] if args else None)
+    state = kwargs.get("state", args[1] if len(args) > 1 else None)
+    return trial_id is not None and storage.get_trial(trial_id).state == state
+
+
+def passing_rdb(exc: BaseException) -> bool:
+    """Whether an RDB storage's error is one that passes: the server going away or coming
+    back, a dropped connection, SQLite busy. Not bad SQL, a constraint, a refused password."""
+    from sqlalchemy import exc as sa
+
+    for e in _chain(exc):
+        if isinstance(e, sa.DBAPIError) and e.connection_invalidated:
+            return True
+        if isinstance(e, (sa.TimeoutError, sa.PendingRollbackError)):
+            return True
+        if isinstance(e, (sa.OperationalError, sa.InterfaceError)):
+            return _passing_driver_error(e.orig)
+    return False
+
+
+def unreachable_at_open(exc: BaseException) -> bool:
+    """Whether opening the storage failed because its server is starting or stopping: worth
+    waiting for. (Nobody answering at all is said at once: see the module docstring.)"""
+    from sqlalchemy import exc as sa
+
+    for e in _chain(exc):
+        if isinstance(e, (sa.OperationalError, sa.InterfaceError)):
+            state = _sqlstate(e.orig)
+            if state is not None:
+                return state in _PASSING_STATES or state.startswith(_CONNECTION_CLASS)
+            return any(words in str(e.orig).lower() for words in _RESTARTING)
+    return False
+
+
+def _passing_driver_error(orig: BaseException | None) -> bool:
+    if orig is None:
+        return False
+    text = str(orig).lower()
+    if type(orig).__module__.startswith("sqlite3"):
+        return "locked" in text or "busy" in text
+    state = _sqlstate(orig)
+    if state is None:  # no answer, or a refused connection (which carries no SQLSTATE)
+        return not any(words in text for words in _REFUSED_FOR_GOOD)
+    return state in _PASSING_STATES or state.startswith(_CONNECTION_CLASS)
+
+
+def _sqlstate(orig: BaseException | None) -> str | None:
+    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return str(state) if state else None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def storage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was raised by) a storage error: Optuna's or SQLAlchemy's."""
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    return any(isinstance(e, (StorageInternalError, SQLAlchemyError)) for e in _chain(exc))
+
+
+def outage_behind(exc: BaseException) -> BaseException | None:
+    """The :class:`Outage` (or ``KeyboardInterrupt``) that ``exc`` stands in front of, if any.
+    Optuna's trial loop reads, after a failed write of a trial's end, a name that write never
+    set: the ``UnboundLocalError`` it raises then hides what stopped the write."""
+    return next((e for e in _chain(exc) if isinstance(e, (Outage, KeyboardInterrupt))), None)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of the deepest error: the driver's, not its wrappers'."""
+    deepest = exc
+    for e in _chain(exc):
+        deepest = e
+        orig = getattr(e, "orig", None)
+        if orig is not None:
+            deepest = orig
+            break
+    text = str(deepest).strip()
+    return text.splitlines()[0] if text else type(deepest).__name__
+
+
+def _say(line: str) -> bool:
+    if _down.log is not None and threading.current_thread() is threading.main_thread():
+        _down.log(line)
+    return True
+
+
+def _pause(seconds: float) -> None:
+    """Wait between tries: Ctrl-C ends the wait at once on the main thread (nothing is half
+    written: the failed call wrote nothing)."""
+    if threading.current_thread() is threading.main_thread():
+        _interrupt.sleep(seconds)
+    else:
+        time.sleep(seconds)

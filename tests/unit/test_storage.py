@@ -1,0 +1,287 @@
+"""The storage's faults: passwords never printed and nothing else masked, outages ridden out
+(real SQLite locks), checkpoints that carry their checksum in folders and buckets."""
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scalertune._storage._redact import redact
+
+#: (password as the user means it, as written in the URL)
+PASSWORDS = [
+    ("my secret pw", "my secret pw"),
+    ("my secret pw", "my%20secret%20pw"),
+    ("p@ss:w/rd", "p%40ss%3Aw%2Frd"),
+    ("s3cr3t-PW", "s3cr3t-PW"),
+    ("e", "e"),
+    ("127", "127"),
+    ("failed", "failed"),
+    ("ünïcødé pässwörd", "ünïcødé pässwörd"),
+    ("'quoted\"", "'quoted\""),
+]
+
+
+@pytest.mark.parametrize("password, written", PASSWORDS, ids=[w for _, w in PASSWORDS])
+def test_a_storage_url_is_printed_with_its_password_hidden_whatever_it_holds(password,
+                                                                              written):
+    url = f"postgresql://sp:{written}@127.0.0.1:5432/optuna"
+    shown = redact(url)
+    assert shown == "postgresql://sp:***@127.0.0.1:5432/optuna"
+    # a message quoting the URL, as SQLAlchemy renders it or as the user wrote it
+    from sqlalchemy.engine import make_url
+
+    rendered = make_url(url).render_as_string(hide_password=False)
+    for quoted in (url, rendered):
+        assert redact(f"could not parse '{quoted}' here", url) == (
+            f"could not parse '{shown}' here")
+
+
+@pytest.mark.parametrize("message, password", [
+    ("connection to server at \"127.0.0.1\", port 1 failed: Connection refused", "127"),
+    ("FATAL:  password authentication failed for user \"sp\"", "failed"),
+    ("FATAL:  password authentication failed for user \"sp\"", "password"),
+    ("FATAL:  database \"optuna\" does not exist", "optuna"),
+    ("server closed the connection unexpectedly", "e"),
+])
+def test_a_password_that_is_a_word_or_number_masks_nothing_else(message, password):
+    assert redact(message, f"postgresql://sp:{password}@127.0.0.1:1/optuna") == message
+
+
+@pytest.mark.parametrize("message", [
+    "invalid connection option: host=db password=PW dbname=optuna",
+    "invalid connection option: host=db password='PW' dbname=optuna",
+    "postgresql://sp:PW@db/optuna is down",
+])
+@pytest.mark.parametrize("password", ["127", "failed", "my secret pw", "e"])
+def test_a_password_given_as_one_in_a_message_is_hidden_however_short(message, password):
+    shown = redact(message.replace("PW", password), f"postgresql://sp:{password}@db/optuna")
+    assert shown == message.replace("PW", "***")
+
+
+def test_a_distinctive_password_is_hidden_wherever_a_message_quotes_it():
+    url = "postgresql://sp:my secret pw@db/optuna"
+    assert redact("pw 'my secret pw' rejected", url) == "pw '***' rejected"
+    assert redact("rejected s3cr3t-PW!", "postgresql://sp:s3cr3t-PW@db/x") == "rejected ***!"
+
+
+# -- riding out an outage ---------------------------------------------------------------------
+
+def test_every_storage_call_the_outage_retries_is_one_the_rdb_storage_has():
+    from optuna.storages import RDBStorage
+    from optuna.storages._cached_storage import _CachedStorage
+
+    from scalertune._storage._outage import RDB_CALLS
+
+    assert all(callable(getattr(RDBStorage, name, None)) for name in RDB_CALLS)
+    # what Optuna's cache calls on the storage behind it is among them
+    import inspect
+    import re
+
+    called = set(re.findall(r"self\._backend\.(\w+)\(", inspect.getsource(_CachedStorage)))
+    no_database = {"get_heartbeat_interval", "get_heartbeat_stale_trial_callback",
+                   "record_heartbeat"}
+    assert called - no_database <= set(RDB_CALLS)
+
+
+@contextlib.contextmanager
+def _locked(path, seconds):
+    """Another process's exclusive lock on a SQLite database, for ``seconds``: SQLite's
+    "database is locked", as a busy server or a stuck writer gives it."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys, time\n"
+         "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+         "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True)\n"
+         "time.sleep(float(sys.argv[2])); c.execute('COMMIT')\n", str(path), str(seconds)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield holder
+    finally:
+        holder.wait(timeout=60)
+
+
+def _sqlite_study(tmp_path):
+    import optuna
+
+    from scalertune._storage._open import open_storage
+
+    # SQLite's own wait for a lock, cut short: the outage is what is tested here
+    url = f"sqlite:///{tmp_path / 's.db'}?timeout=0.05"
+    return optuna.create_study(study_name="s", storage=open_storage(url)), url
+
+
+def test_a_storage_that_is_busy_for_a_while_is_waited_for_and_said_so(tmp_path):
+    from scalertune._storage import _outage
+
+    study, _ = _sqlite_study(tmp_path)
+    said = []
+    _outage.set_log(said.append)
+    try:
+        with _locked(tmp_path / "s.db", 1.5):
+            started = time.monotonic()
+            study.set_user_attr("written", True)
+            waited = time.monotonic() - started
+    finally:
+        _outage.set_log(None)
+    assert study.user_attrs["written"] is True and 0.5 < waited < 10
+    assert len(said) == 2 and "is unreachable (database is locked)" in said[0]
+    assert said[1].endswith("is back")
+
+
+def test_a_storage_down_past_the_bound_ends_the_worker_with_one_line(tmp_path, monkeypatch):
+    from scalertune import _policy
+    from scalertune._storage import _outage
+
+    monkeypatch.setattr(_policy, "STORAGE_OUTAGE_S", 0.6)
+    study, url = _sqlite_study(tmp_path)
+    try:
+        with _locked(tmp_path / "s.db", 3):
+            with pytest.raises(_outage.Outage) as down:
+                study.set_user_attr("written", True)
+            started = time.monotonic()
+            with pytest.raises(_outage.Outage):  # down for this process: said at once
+                study.set_user_attr("written", True)
+            assert time.monotonic() - started < 0.5
+    finally:
+        _outage.forget()
+    message = str(down.value)
+    assert "\n" not in message and message.startswith(f"storage {url} has been unreachable")
+    assert "rerun the same command" in message
+
+
+def test_a_storage_error_that_does_not_pass_is_not_retried(tmp_path):
+    import sqlalchemy
+
+    from scalertune._storage._outage import passing_rdb
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    with pytest.raises(sqlalchemy.exc.OperationalError) as caught, engine.connect() as c:
+        c.execute(sqlalchemy.text("SELECT * FROM no_such_table"))
+    assert not passing_rdb(caught.value)
+
+
+# -- checkpoints that carry their checksum -----------------------------------------------------
+
+def _saved(location, step=30):
+    """A real float32 checkpoint of the healthy workload at ``step``, stored at ``location``;
+    the checkpoint, and the losses of the run that goes on from it to step 60."""
+    import torch
+    import workloads
+
+    from scalertune._amp._config import AmpConfig
+    from scalertune._run._loop import Plan, run_config
+    from scalertune._storage._checkpoints import StoredCheckpoint
+    from scalertune._storage._store import Store
+
+    stored = StoredCheckpoint(Store(location), "study-abc.reference-seed0-step30.pt")
+    run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=step, seed=0,
+               device=torch.device("cpu"), plan=Plan(save_at={step: stored}))
+    whole = run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=60, seed=0,
+                       device=torch.device("cpu"))
+    return stored, whole.losses[step:]
+
+
+def _branch(path):
+    import torch
+    import workloads
+
+    from scalertune._amp._config import AmpConfig
+    from scalertune._run._loop import Plan, run_config
+
+    return run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=60, seed=0,
+                      device=torch.device("cpu"), plan=Plan(checkpoint=path)).losses
+
+
+def _damage(stored, how):
+    """Damage the stored file as a disk, a copy or a person would: cut short, emptied,
+    overwritten in the middle, or gone."""
+    from optuna.artifacts.exceptions import ArtifactNotFound
+
+    body = stored.store.read(stored.name, lambda f: f.read())
+    damaged = {"truncated": body[:len(body) // 3], "emptied": b"",
+               "garbled": body[:500] + bytes(b ^ 0xFF for b in body[500:600]) + body[600:]}
+    if how == "gone":
+        stored.store.inner.remove(stored.name)
+        with pytest.raises(ArtifactNotFound):
+            stored.store.read(stored.name, lambda f: f.read())
+        return
+    import io
+
+    stored.store.inner.write(stored.name, io.BytesIO(damaged[how]))
+
+
+@pytest.mark.parametrize("how", ["truncated", "emptied", "garbled", "gone"])
+def test_a_damaged_checkpoint_is_named_in_one_line_and_never_loaded(tmp_path, how):
+    from scalertune._errors import MissingEvidence
+
+    stored, after = _saved(str(tmp_path / "artifacts"))
+    assert _branch(stored.fetch()) == after  # whole, it replays the run bit for bit
+    _damage(stored, how)
+    with pytest.raises(MissingEvidence) as missing:
+        stored.fetch()
+    said = str(missing.value)
+    assert "\n" not in said and stored.name in said and str(tmp_path / "artifacts") in said
+    assert ("is missing its file" if how == "gone" else "is damaged") in said
+
+
+def test_a_checkpoint_without_its_manifest_was_never_finished(tmp_path):
+    from scalertune._errors import MissingEvidence
+
+    stored, _ = _saved(str(tmp_path / "artifacts"))
+    stored.store.inner.remove(stored.name + ".json")
+    assert stored.manifest() is None
+    with pytest.raises(MissingEvidence, match="is missing$"):
+        stored.fetch()
+
+
+def test_checkpoints_in_an_s3_bucket_carry_their_checksum_too(tmp_path):
+    from conftest import s3_bucket
+
+    from scalertune._errors import MissingEvidence
+
+    with s3_bucket() as bucket:
+        stored, after = _saved(bucket)
+        import boto3
+
+        keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(
+            Bucket=bucket[len("s3://"):])["Contents"]}
+        assert keys == {stored.name, stored.name + ".json"}
+        assert stored.manifest()["step"] == 30
+        assert _branch(stored.fetch()) == after
+        _damage(stored, "truncated")
+        # a good copy fetched before is used again; a worker without one fetches the damage
+        assert _branch(stored.fetch()) == after
+        from scalertune._storage import _checkpoints
+
+        for name in os.listdir(_checkpoints._scratch()):
+            os.remove(os.path.join(_checkpoints._scratch(), name))
+        with pytest.raises(MissingEvidence, match=f"{stored.name} in {bucket} is damaged"):
+            stored.fetch()
+
+
+def test_a_long_run_also_saves_every_few_minutes_into_two_slots_in_turn(tmp_path):
+    """The schedule's clock, shortened: every window saves, into the two slots in turn; the
+    later slot holds the latest state, the earlier one the state before it."""
+    import torch
+    import workloads
+
+    from scalertune._amp._config import AmpConfig
+    from scalertune._run._checkpoint import SaveSchedule
+    from scalertune._run._loop import Plan, run_config
+    from scalertune._storage._checkpoints import StoredCheckpoint
+    from scalertune._storage._store import Store
+
+    store = Store(str(tmp_path / "artifacts"))
+    slots = (StoredCheckpoint(store, "a.pt"), StoredCheckpoint(store, "b.pt"))
+    fixed = StoredCheckpoint(store, "step20.pt")
+    run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=50, seed=0,
+               device=torch.device("cpu"),
+               plan=Plan(save_at=SaveSchedule({20: fixed}, slots=slots, every_s=0.0)))
+    steps = sorted(s.manifest()["step"] for s in slots)
+    assert steps == [40, 50] and fixed.manifest()["step"] == 20
+    never = SaveSchedule({20: fixed}, slots=slots, every_s=300.0)
+    assert 10 not in never and 10 not in never and 20 in never
