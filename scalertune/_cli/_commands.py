@@ -171,6 +171,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     args.storage = storage_url(args.storage)
     from scalertune._review._dashboard import have_dashboard, serve
     from scalertune._storage._open import load_existing_studies, load_existing_study
+    from scalertune._storage._optuna import study_id
     from scalertune._storage._redact import redact
 
     if not have_dashboard():
@@ -186,7 +187,7 @@ def _dashboard(args: argparse.Namespace) -> int:
         studies = [load_existing_study(args.storage, args.study_name)]
     base = f"http://{args.host}:{args.port}/dashboard"
     lines = [f"optuna-dashboard on {redact(args.storage)} at {base} (Ctrl-C stops it)"]
-    lines += [f"  {s.study_name}: {base}/studies/{s._study_id}" for s in studies]  # noqa: SLF001
+    lines += [f"  {s.study_name}: {base}/studies/{study_id(s)}" for s in studies]
     print("\n".join(lines), flush=True)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:

@@ -41,6 +41,7 @@ from scalertune._review._notes import (
 )
 from scalertune._review._scaler import replay_agreement, scaler_advice
 from scalertune._storage._names import ROLE_RECOMMENDED, SETTINGS_ATTR
+from scalertune._storage._optuna import trial_handle
 from scalertune._storage._redact import redact
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def write_notes(result: "SearchResult") -> None:
         body = trial_note(frozen, result, pictures)
         if body is None:
             continue
-        trial = optuna.Trial(study, frozen._trial_id)  # noqa: SLF001
+        trial = trial_handle(study, frozen)
         if get_note(trial) != body:
             save_note(trial, body)
 

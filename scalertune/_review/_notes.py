@@ -31,6 +31,7 @@ from scalertune._storage._names import (
     ROLE_REPLAY,
     ROLE_SEARCH,
 )
+from scalertune._storage._optuna import study_id
 from scalertune._text import readable
 
 if TYPE_CHECKING:
@@ -320,7 +321,7 @@ def _continuation(trial: FrozenTrial, result: "SearchResult", reference: int | N
         return "float32's continuation: its reference trial is not in this study."
     pages = ""
     if result.study is not None:
-        sid = result.study._study_id  # noqa: SLF001
+        sid = study_id(result.study)
         pages = (f" [Trials {reference} and {trial.number}](/dashboard/studies/{sid}/trials"
                  f"?numbers={reference},{trial.number}) shows their pages side by side.")
     # optuna-dashboard draws every trial's curve in one plot, each a legend entry that

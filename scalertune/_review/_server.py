@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune._review._artifacts import ArtifactFolders
 from scalertune._storage._names import ROLE_RECOMMENDED, SETTINGS_ATTR
+from scalertune._storage._optuna import storage_of
 
 
 def recommended_best(storage: BaseStorage) -> BaseStorage:
@@ -54,6 +55,6 @@ def run(studies: list[optuna.Study], *, host: str, port: int, folders: list[str]
     from optuna_dashboard import run_server
 
     store = ArtifactFolders([f for f in folders if os.path.isdir(f)])
-    storage: Any = studies[0]._storage  # noqa: SLF001
+    storage: Any = storage_of(studies[0])
     run_server(recommended_best(storage), host=host, port=port,
                artifact_store=store if store.folders else None)

@@ -49,6 +49,7 @@ from scalertune._search._isolate import (
 from scalertune._search._setup import Setup
 from scalertune._search._study import add_reference, instance
 from scalertune._storage._claims import Once
+from scalertune._storage._optuna import storage_of
 from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import FactoryError
 
@@ -205,5 +206,5 @@ class References:
         if not study.get_trials(deepcopy=False):
             shutil.rmtree(self.checkpoints, ignore_errors=True)
             optuna.delete_study(study_name=study.study_name,
-                                storage=study._storage)  # noqa: SLF001
+                                storage=storage_of(study))
 

@@ -53,6 +53,7 @@ from scalertune._storage._names import (
     TRACE_ATTR,
 )
 from scalertune._storage._open import first_line
+from scalertune._storage._optuna import set_system_attr, study_id
 from scalertune._storage._redact import redact
 from scalertune._text import readable
 from scalertune._workload._loader import factory_name
@@ -123,7 +124,7 @@ def instance(study: optuna.Study) -> str:
     inside the float32 reference's claim (:mod:`scalertune._storage._claims`), which settles
     after those writes, so every worker reads the same."""
     settings = study.user_attrs.get(SETTINGS_ATTR) or {}
-    return str(settings.get(INSTANCE_KEY) or study._study_id)  # noqa: SLF001
+    return str(settings.get(INSTANCE_KEY) or study_id(study))
 
 
 def _short(value: Any) -> str:
@@ -202,7 +203,7 @@ def _constraints(gap: float) -> dict[str, Any]:
 def store_constraint(trial: optuna.Trial, gap: float) -> None:
     """Mark the running ``trial`` feasible (``gap`` <= 0: it reached the target) or not."""
     for key, value in _constraints(gap).items():
-        trial.storage.set_trial_system_attr(trial._trial_id, key, value)  # noqa: SLF001
+        set_system_attr(trial, key, value)
 
 
 def store_judged(trial: optuna.Trial, judged: dict[str, Any]) -> None:
@@ -210,8 +211,7 @@ def store_judged(trial: optuna.Trial, judged: dict[str, Any]) -> None:
     analysis and ``report`` read, and as user attributes rounded for reading, which the
     dashboard shows (the prune reason, a sentence, stays in the first and in the trial's
     note: drawn unwrapped among the attributes, it widened every trial page)."""
-    storage, trial_id = trial.storage, trial._trial_id  # noqa: SLF001
-    storage.set_trial_system_attr(trial_id, JUDGED_ATTR, judged)
+    set_system_attr(trial, JUDGED_ATTR, judged)
     for key, value in judged.items():
         if key != "prune_reason":
             trial.set_user_attr(key, readable(value))
@@ -244,9 +244,8 @@ def judged_attrs(record: RunRecord, target: Target, step_time: float | None) -> 
 
 def store_curves(trial: optuna.Trial, record: RunRecord) -> None:
     """The per-step loss and loss scale, for the pictures and for ``report``."""
-    storage, trial_id = trial.storage, trial._trial_id  # noqa: SLF001
-    storage.set_trial_system_attr(trial_id, LOSSES_ATTR, record.losses)
-    storage.set_trial_system_attr(trial_id, SCALES_ATTR, encode_scales(record.scales))
+    set_system_attr(trial, LOSSES_ATTR, record.losses)
+    set_system_attr(trial, SCALES_ATTR, encode_scales(record.scales))
 
 
 def objective_value(judged: dict[str, Any]) -> float:

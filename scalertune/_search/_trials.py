@@ -31,7 +31,6 @@ from scalertune._search._isolate import (
     describe_error,
     execute,
 )
-from scalertune._search._points import fixed_params
 from scalertune._search._references import References
 from scalertune._search._reports import Reports
 from scalertune._search._reuse import locate_overflow, reuse
@@ -54,6 +53,7 @@ from scalertune._storage._names import (
     ROLE_SURPLUS,
     TRACEBACK_ATTR,
 )
+from scalertune._storage._optuna import fixed_params, set_system_attr
 from scalertune._storage._recovery import survive_lost_trial, take
 from scalertune._workload._loader import FactoryError
 
@@ -184,8 +184,7 @@ class TrialRunner:
             message = describe_error(cause)
             trace = "".join(traceback.format_exception(cause))
         trial.set_user_attr("error", message[:_ERROR_CHARS])
-        trial.storage.set_trial_system_attr(trial._trial_id, TRACEBACK_ATTR,  # noqa: SLF001
-                                            trace[-4000:])
+        set_system_attr(trial, TRACEBACK_ATTR, trace[-4000:])
         self.progress.line(f"#{trial.number} failed: {message}")
         self._failures.append(message)
         recent = self._failures[-_policy.SAME_FAILURES_BEFORE_STOP:]

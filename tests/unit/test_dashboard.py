@@ -27,6 +27,7 @@ from scalertune._storage._names import (
     LOSSES_ATTR,
     SETTINGS_ATTR,
 )
+from scalertune._storage._optuna import storage_of, study_id
 from scalertune._text import readable
 
 STEPS, HORIZON = 100, 1000
@@ -124,16 +125,16 @@ def test_readable_rounds_floats_for_reading_and_leaves_the_rest():
 
 def test_the_servers_best_trial_is_the_latest_recommendation_not_the_least_value(late):
     study, _, runs = late
-    storage = recommended_best(study._storage)
+    storage = recommended_best(storage_of(study))
     # the bfloat16 run has the least value: faster to the early target, behind later
     assert optuna.storages.InMemoryStorage.get_best_trial(
-        storage, study._study_id).number == runs["bfloat16"]
-    best = storage.get_best_trial(study._study_id)
+        storage, study_id(study)).number == runs["bfloat16"]
+    best = storage.get_best_trial(study_id(study))
     assert best.user_attrs["role"] == "recommended" and best.number == study.trials[-1].number
     other = optuna.create_study(storage=storage, study_name="not scalertune's")
     other.add_trial(create_trial(value=2.0))
     other.add_trial(create_trial(value=1.0))
-    assert storage.get_best_trial(other._study_id).number == 1
+    assert storage.get_best_trial(study_id(other)).number == 1
     assert type(storage) is optuna.storages.InMemoryStorage
 
 
