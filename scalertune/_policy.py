@@ -297,8 +297,8 @@ TRACE_FULL_EVERY = 50
 TRACE_FULL_SAMPLES = 2 * TRACE_BLOCKS
 TRACE_SUBSET_MARGIN = 4.0
 #: The subset leaves out a module output whose gradient was at most another's on every full
-#: step (``_run._trace``), tracked over up to this many leaf modules (a matrix of their
-#: pairs, kept in the reference's checkpoint; past it, nothing is left out). On GPT-2 it
+#: step (``_run._trace_collector``), tracked over up to this many leaf modules (a matrix of
+#: their pairs, kept in the reference's checkpoint; past it, nothing is left out). On GPT-2 it
 #: halves the hooked outputs (11.5 to 3.8 per step), and in every step of 600, fully watched,
 #: of GPT-2, BERT, a TransformerEncoder and codepoints, the largest gradient stayed that of
 #: the full collection.

@@ -18,7 +18,7 @@ from typing import Any
 from scalertune import _policy
 from scalertune._judge._phases import judged_end, phase_windows
 from scalertune._review._analyze import analyze
-from scalertune._search._islands import island_for
+from scalertune._search._island_choice import island_for
 from scalertune._search._setup import Setup
 from scalertune._storage._names import ROLE_ISLAND, ROLE_PHASE
 

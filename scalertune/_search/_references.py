@@ -38,7 +38,7 @@ from scalertune._run._loop import Plan
 from scalertune._run._memory import release_memory
 from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes, time_dtypes
-from scalertune._run._trace import TraceCollector
+from scalertune._run._trace_collector import TraceCollector
 from scalertune._search._isolate import (
     TrialCrashed,
     describe_error,
