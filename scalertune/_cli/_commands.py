@@ -61,9 +61,6 @@ def _check_search(args: argparse.Namespace) -> str:
 
     if (args.trial_timeout is not None or args.trial_memory is not None) and not args.isolate:
         raise UsageError("--trial-timeout and --trial-memory need --isolate")
-    if args.horizon is not None and args.horizon < args.steps:
-        raise UsageError(f"--horizon {args.horizon} is shorter than --steps {args.steps}: the "
-                         "horizon is the training the evidence covers, at least one trial long")
     SearchSpace.load(args.space)  # read again by the search; here it is refused before torch
     from scalertune._search._study import default_study_name
 

@@ -19,27 +19,9 @@ from typing import Sequence
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
+from scalertune._judge._settings import Noise
 from scalertune._run._timing import StepTimes
 from scalertune._storage._names import ROLE_CONFIRM
-
-
-@dataclasses.dataclass(frozen=True)
-class Noise:
-    """How many steps to the target are a tie: float32's seed-to-seed spread of them, as a
-    share of the steps, or, over a horizon longer than a trial, of the horizon (a head start
-    of a few steps is nothing over the training the answer is for)."""
-
-    spread: float = 0.0
-    horizon: int = 0
-
-    @classmethod
-    def over(cls, spread: float, horizon: int, steps: int) -> Noise:
-        """The noise of a search of ``steps``-step trials over ``horizon``: the horizon
-        counts only where it goes past a trial."""
-        return cls(spread, horizon if horizon > steps else 0)
-
-    def margin(self, steps: float) -> float:
-        return self.spread * max(steps, self.horizon)
 
 
 def time_bounds(outcome: Outcome, times: StepTimes | None,

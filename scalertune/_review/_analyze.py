@@ -23,17 +23,16 @@ from scalertune._judge._horizon import (
     seed_spread,
 )
 from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
-from scalertune._judge._phases import phase_windows
-from scalertune._judge._rank import Noise, candidates, confirmations_of, ranked
+from scalertune._judge._rank import candidates, confirmations_of, ranked
+from scalertune._judge._settings import StudySettings
+from scalertune._review._findings import amp_wins
 from scalertune._review._result import SearchResult
-from scalertune._review._verdict import amp_wins
 from scalertune._storage._names import (
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
     ROLE_ISLAND,
     ROLE_RECOMMENDED,
     ROLE_SURPLUS,
-    SETTINGS_ATTR,
     STOPPED_ATTR,
     TIMES_ATTR,
 )
@@ -41,8 +40,8 @@ from scalertune._storage._names import (
 
 def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
     """Rebuild the result of a search from the study alone (no training runs)."""
-    settings = study.user_attrs.get(SETTINGS_ATTR) or {}
-    seed = int(settings.get("seed", 0))
+    settings = StudySettings.of(study)
+    seed = settings.seed
     trials = study.get_trials(deepcopy=False)
     outcomes = outcomes_of(trials)
     ranking = ranked(outcomes)
@@ -50,14 +49,11 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
                   if (ref := reference_of(study, s)) is not None}
     times = references[seed].get("step_times") if seed in references else None
     spread = seed_spread([r.get("steps_to_target") for r in references.values()])
-    clip = (settings.get("reference") or {}).get("clip_norm")
-    steps = int(settings.get("steps") or 0)
-    horizon = int(settings.get("horizon") or steps)
-    pool = candidates(ranking, times, clip, Noise.over(spread, horizon, steps))
+    pool = candidates(ranking, times, settings.clip_norm, settings.noise(spread))
     phases = phases_of(trials)
-    windows = phase_windows(horizon, steps)
     ruled = ruled_out(trials)
-    ordered = [c for c in pool if holds(c, phases, windows, ruled)][:_policy.CONFIRM_TOP]
+    ordered = [c for c in pool
+               if holds(c, phases, settings.windows, ruled)][:_policy.CONFIRM_TOP]
     result = SearchResult(
         study_name=study.study_name, storage=storage, settings=settings,
         references=references, ranking=ranking, candidates=ordered,

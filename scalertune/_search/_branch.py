@@ -25,7 +25,6 @@ from scalertune._judge._phases import (
     judge_from_start,
     judge_phase,
     judged_end,
-    phase_windows,
 )
 from scalertune._replay._state import scaler_state_at
 from scalertune._run._forward import forward_ratio
@@ -40,22 +39,22 @@ def run_branch(setup: Setup, references: References, config: AmpConfig, *, seed:
                start: int, end: int, on_window: Any = None) -> tuple[RunRecord, dict[str, Any]]:
     """Train ``config`` from the reference's checkpoint at ``start`` to ``end``; the record
     and the phase's judged figures."""
-    horizon = references.horizon(seed)
-    checkpoint = horizon["checkpoints"][str(start)]
+    reference = references.reference(seed)
+    checkpoint = reference["checkpoints"][str(start)]
     scaler = (scaler_state_at(references.trace(seed), config, start)
               if config.uses_scaler else None)
     record = execute(setup, config, steps=end, seed=seed, on_window=on_window,
                      plan=Plan(checkpoint=checkpoint, scaler=scaler))
-    result = judge_phase(record.losses, horizon["windows"][str(start)], start=start,
+    result = judge_phase(record.losses, reference["windows"][str(start)], start=start,
                          pruned=record.pruned)
     behind = result.behind and not result.nonfinite
     return record, {
         "phase_start": start, "phase_end": end, "phase_ratio": _finite(result.ratio),
         "phase_z": _finite(result.z), "phase_nonfinite": result.nonfinite,
         "phase_holds": result.holds, "initial_scale": record.initial_scale,
-        "phase_forward": (_finite(_forward(setup, config, latest_checkpoint(horizon), seed))
+        "phase_forward": (_finite(_forward(setup, config, latest_checkpoint(reference), seed))
                           if behind else None),
-        "phase_forward_at": latest_start(horizon),
+        "phase_forward_at": latest_start(reference),
     }
 
 
@@ -72,13 +71,13 @@ def run_from_start(setup: Setup, references: References, config: AmpConfig, *, s
     each window it got to. ``save``: where to keep its state at ``end``, for a later run to
     continue from (``resume``: that state, saved at step ``resumed_at``, the run then going on
     to ``end`` as one run)."""
-    horizon = references.horizon(seed)
-    spans = [w for w in phase_windows(setup.horizon, setup.steps) if judged_end(*w) <= end]
+    reference = references.reference(seed)
+    spans = [w for w in setup.windows if judged_end(*w) <= end]
     plan = Plan(save_at={end: save} if save else {}, checkpoint=resume, resume=bool(resume))
-    stop = _BehindStop(horizon["windows"], spans, end)
+    stop = _BehindStop(reference["windows"], spans, end)
     record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop,
                      plan=plan)
-    results = judge_from_start(record.losses, horizon["windows"], spans, pruned=record.pruned,
+    results = judge_from_start(record.losses, reference["windows"], spans, pruned=record.pruned,
                                first_nonfinite=record.steps_run if record.pruned else None)
     behind = next((p for p in results if p.behind and not p.nonfinite), None)
     last = results[-1] if results else None  # the verdict's window, as a branch shows one
@@ -89,22 +88,22 @@ def run_from_start(setup: Setup, references: References, config: AmpConfig, *, s
                     "phase_nonfinite": bool(last and last.nonfinite),
                     "phase_holds": all(p.holds for p in results),
                     "phase_forward": None if behind is None else _finite(_forward(
-                        setup, config, latest_checkpoint(horizon), seed)),
-                    "phase_forward_at": latest_start(horizon),
+                        setup, config, latest_checkpoint(reference), seed)),
+                    "phase_forward_at": latest_start(reference),
                     "initial_scale": record.initial_scale,
                     # a continuation's record holds the run it continues: count its own steps
                     **({"steps_run": record.steps_run - resumed_at} if resume else {})}
 
 
-def latest_start(horizon: dict[str, Any]) -> int:
-    """The last window's first step."""
-    return max(int(s) for s in horizon["windows"])
+def latest_start(reference: dict[str, Any]) -> int:
+    """The float32 ``reference``'s last window's first step."""
+    return max(int(s) for s in reference["windows"])
 
 
-def latest_checkpoint(horizon: dict[str, Any]) -> str:
+def latest_checkpoint(reference: dict[str, Any]) -> str:
     """float32's checkpoint at the last window's first step: where float32 has fitted the
     most, so where a precision floor shows most."""
-    return horizon["checkpoints"][str(latest_start(horizon))]
+    return reference["checkpoints"][str(latest_start(reference))]
 
 
 def _forward(setup: Setup, config: AmpConfig, checkpoint: str, seed: int) -> float:

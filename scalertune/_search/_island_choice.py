@@ -24,7 +24,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
 from scalertune._review._result import SearchResult
 from scalertune._run._forward import forward_ratio
-from scalertune._search._branch import latest_checkpoint
+from scalertune._search._branch import latest_checkpoint, latest_start
 from scalertune._search._isolate import run_here
 from scalertune._search._references import References
 from scalertune._search._setup import Setup
@@ -37,9 +37,9 @@ def island_for(result: SearchResult, finalist: Outcome, setup: Setup,
     failed = [p for p in result.phases.get(finalist.number, []) if not p.holds]
     if not failed or finalist.config.fp32_modules or finalist.config.dtype == "float32":
         return None
-    horizon = references.horizon(setup.seed)
-    checkpoint = latest_checkpoint(horizon)  # where the precision floor shows most
-    start = max(int(s) for s in horizon["windows"])
+    reference = references.reference(setup.seed)
+    checkpoint = latest_checkpoint(reference)  # where the precision floor shows most
+    start = latest_start(reference)
     if _ratio(setup, finalist.config, checkpoint) <= 1 + _policy.PHASE_TOLERANCE:
         return None  # the forward is as good as float32's: the precision is not what fails
     for module in _largest_outputs(references, setup.seed, start):

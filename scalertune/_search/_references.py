@@ -31,7 +31,6 @@ from scalertune._amp._config import AmpConfig
 from scalertune._errors import SearchError, UsageError
 from scalertune._judge._horizon import seed_spread
 from scalertune._judge._outcome import reference_of
-from scalertune._judge._phases import phase_windows
 from scalertune._judge._target import Target
 from scalertune._replay._trace import Trace
 from scalertune._run._loop import Plan
@@ -93,10 +92,6 @@ class References:
             self._stored[seed] = reference_of(self.study, seed)
         return self._stored[seed]
 
-    def horizon(self, seed: int) -> dict[str, Any]:
-        """The reference's horizon record: its windows' losses and their checkpoints."""
-        return self.reference(seed)["horizon"]
-
     def trace(self, seed: int) -> Trace:
         """The reference's gradient trace."""
         if seed not in self._traces:
@@ -130,7 +125,8 @@ class References:
             self._remove_if_empty()
             raise
         times = self._time() if main else None
-        add_reference(self.study, record, self.config.to_dict(), times, steps=self.setup.steps,
+        add_reference(self.study, record, self.config.to_dict(), times,
+                      settings=self.setup.settings,
                       checkpoints=self._phase_checkpoints() if long else {})
         measured = "" if times is None else ", step time " + ", ".join(
             f"{d} {times.median(d) * 1e3:.3g} ms" for d in times.rounds)
@@ -162,7 +158,7 @@ class References:
         horizon = self.setup.horizon
         os.makedirs(self.checkpoints, exist_ok=True)
         quarters = {round(horizon * k * _RESUME_EVERY / 10) * 10 for k in range(1, 4)}
-        starts = {start for start, _ in phase_windows(horizon, self.setup.steps)}
+        starts = {start for start, _ in self.setup.windows}
         save_at = {step: self._path(step) for step in sorted(starts | quarters) if step > 0}
         saved = sorted((int(m.group(1)), p) for p in glob.glob(self._path("*"))
                        if (m := re.search(r"step(\d+)\.pt$", p)) and int(m.group(1)) in save_at)
@@ -178,7 +174,7 @@ class References:
 
     def _phase_checkpoints(self) -> dict[int, str]:
         return {start: os.path.abspath(self._path(start))
-                for start, _ in phase_windows(self.setup.horizon, self.setup.steps)}
+                for start, _ in self.setup.windows}
 
     def _time(self) -> StepTimes | None:
         """The interleaved step timing of the study's dtypes, on a fresh workload (in its own

@@ -32,6 +32,7 @@ import optuna
 from scalertune._amp._config import DTYPES, SCALER_KNOBS, AmpConfig
 from scalertune._amp._yaml import parse_yaml, read_yaml
 from scalertune._errors import UsageError
+from scalertune._judge._settings import space_dtypes
 from scalertune._search._sampler import DtypeSampler
 from scalertune._storage._optuna import fixed_params
 
@@ -58,8 +59,7 @@ class SearchSpace:
 
     @property
     def dtypes(self) -> tuple[str, ...]:
-        dtype = self.params.get("dtype", {"choices": ["float16"]})
-        return tuple(dtype["choices"]) if isinstance(dtype, Mapping) else (dtype,)
+        return space_dtypes(self.params)
 
     @classmethod
     def load(cls, name_or_path: str) -> "SearchSpace":

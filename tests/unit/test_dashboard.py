@@ -15,7 +15,8 @@ from conftest import run_cli
 from optuna.trial import TrialState, create_trial
 
 from scalertune import _policy
-from scalertune._judge._phases import judge_phase, phase_windows
+from scalertune._judge._phases import judge_phase
+from scalertune._judge._settings import StudySettings
 from scalertune._judge._target import Target
 from scalertune._review._analyze import analyze
 from scalertune._review._dashboard import study_note
@@ -31,7 +32,8 @@ from scalertune._storage._optuna import storage_of, study_id
 from scalertune._text import readable
 
 STEPS, HORIZON = 100, 1000
-WINDOWS = phase_windows(HORIZON, STEPS)
+WINDOWS = StudySettings(factory="late.py:make_model", steps=STEPS, horizon=HORIZON, seed=0,
+                        space={}, device_type="cpu", device="cpu").windows
 FLOAT16 = {"dtype": "float16", "init_scale": 0.01, "growth_factor": 2.0, "backoff_factor": 0.5,
            "growth_interval": 2000, "clip_norm": None}
 BFLOAT16 = {"dtype": "bfloat16", "clip_norm": None}
