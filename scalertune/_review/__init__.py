@@ -7,7 +7,7 @@
 - ``_describe``: runs, their evidence over the horizon, a forward overflow and the forecast,
   in words;
 - ``_verdict``: the answer against float32 on this device, in one paragraph;
-- ``_scaler``: what GradScaler will do over the horizon, as the replay tells it;
+- ``_scaler_advice``: what GradScaler will do over the horizon, as the replay tells it;
 - ``_document``: the result YAML's content (``config``, ``guard``, ``evidence``);
 - ``_summary``: the terminal table;
 - ``_plots``, ``_horizon_plot``, ``_pictures``: a run's loss and scale, the horizon's

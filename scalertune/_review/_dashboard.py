@@ -46,7 +46,7 @@ from scalertune._review._notes import (
     is_recommended,
     trial_note,
 )
-from scalertune._review._scaler import replay_agreement, scaler_advice
+from scalertune._review._scaler_advice import replay_agreement, scaler_advice
 from scalertune._review._verdict import verdict
 from scalertune._storage._names import ROLE_RECOMMENDED
 from scalertune._storage._optuna import trial_handle

@@ -20,7 +20,7 @@ from scalertune._replay._deepspeed_block import deepspeed_fp16_block
 from scalertune._replay._predict import Prediction, predict, predict_deepspeed
 from scalertune._review._describe import describe_outcome
 from scalertune._review._findings import Findings, speedup
-from scalertune._review._scaler import defaults_prediction
+from scalertune._review._scaler_advice import defaults_prediction
 from scalertune._review._verdict import verdict
 from scalertune._run._record import skipped_steps
 

@@ -19,7 +19,7 @@ from scalertune._review._describe import (
     why_not,
 )
 from scalertune._review._findings import Findings
-from scalertune._review._scaler import replay_agreement, scaler_advice
+from scalertune._review._scaler_advice import replay_agreement, scaler_advice
 from scalertune._review._verdict import verdict
 from scalertune._run._record import PRUNE_KINDS
 from scalertune._run._timing import spread
