@@ -78,7 +78,7 @@ class Outcome:
     @property
     def label(self) -> str:
         if self.role == ROLE_BASELINE:
-            return self.attrs["baseline"]
+            return str(self.attrs["baseline"])
         if self.role == ROLE_CONFIRM:
             return f"#{self.attrs['confirms']} seed {self.seed}"
         if self.role == ROLE_FLOAT32_CLIP:

@@ -100,7 +100,8 @@ def _float32_choice(result: SearchResult, twin: Outcome | None) -> Outcome | Non
     """float32 at the best AMP config's clip, when it reaches the target in fewer steps than
     the workload's own float32 beyond the seed spread, and holds for the horizon."""
     ref = result.reference
-    if twin is None or not twin.reached or not ref or not ref.get("steps_to_target"):
+    if (twin is None or not twin.reached or twin.steps_to_target is None or not ref
+            or not ref.get("steps_to_target")):
         return None
     if not fewer_steps(twin.steps_to_target, ref["steps_to_target"], result.spread):
         return None

@@ -90,12 +90,12 @@ def write_notes(result: Findings) -> None:
     if get_note(study) != body:
         save_note(study, body)
     for frozen in study.get_trials(deepcopy=False):
-        body = trial_note(frozen, result, pictures)
-        if body is None:
+        note = trial_note(frozen, result, pictures)
+        if note is None:
             continue
         trial = trial_handle(study, frozen)
-        if get_note(trial) != body:
-            save_note(trial, body)
+        if get_note(trial) != note:
+            save_note(trial, note)
 
 
 def study_note(result: Findings, pictures: Pictures | None = None) -> str:
@@ -233,7 +233,8 @@ def _pictures_section(result: Findings, pictures: Pictures) -> list[str]:
 
 def _reading_guide(result: Findings) -> list[str]:
     rec = result.recommended or result.float32_choice
-    shown = [t.number for t in result.study.get_trials(deepcopy=False)
+    trials = result.study.get_trials(deepcopy=False) if result.study is not None else []
+    shown = [t.number for t in trials
              if t.user_attrs.get("role") == ROLE_RECOMMENDED and is_recommended(t, result)]
     best = (f"trial {rec.number}" if rec is not None
             else f"float32 (the reference, trial {result.reference['trial']})"

@@ -117,8 +117,8 @@ def _phases(result: Findings, outcome: Outcome) -> list[dict[str, Any]]:
 
 
 def _float32(result: Findings) -> dict[str, Any]:
-    ref = result.reference
-    return {"target_loss": _num(ref["target_loss"]),
+    ref = result.reference or {}
+    return {"target_loss": _num(ref.get("target_loss")),
             "steps_to_target": ref.get("steps_to_target"),
             "step_time_s": _num(ref.get("step_time_s")),
             "time_to_target_s": _num(result.reference_time_to_target),

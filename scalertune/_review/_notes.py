@@ -127,7 +127,7 @@ def _title(trial: FrozenTrial, result: Findings) -> str:
         ROLE_REPLAY: "the replay's scaler setting",
         ROLE_RECOMMENDED: ("the recommendation" if is_recommended(trial, result)
                            else "an earlier recommendation"),
-    }.get(role, role or "no role recorded")
+    }.get(str(role), str(role or "no role recorded"))
 
 
 def _mark(trial: FrozenTrial, result: Findings) -> str:

@@ -119,7 +119,7 @@ def _plot_loss(ax: Any, result: Findings, outcome: Outcome) -> None:
     reference = list(result.reference["losses"]) if result.reference else []
     relative = (target is not None and target.loss > 0
                 and all(_all_positive(c) for c in (losses, reference) if _finite(c)))
-    unit = target.loss if relative else 1.0
+    unit = target.loss if target is not None and relative else 1.0
 
     def draw(curve: Sequence[float], color: str, name: str, faint: str) -> None:
         if not _finite(curve):

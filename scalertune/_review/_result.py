@@ -4,9 +4,9 @@ Like Lightning's learning-rate finder, a search returns an object, not a bare di
 config to use (:attr:`SearchResult.config`), the evidence behind it (the float32 reference,
 the baselines, the ranking, the confirmation runs, the interleaved step timing) and ways to
 show it (:meth:`SearchResult.summary`, :meth:`SearchResult.to_yaml`,
-:meth:`SearchResult.plot`), and to ask it about other configs (:meth:`SearchResult.predict`). The evidence is plain data
-(:class:`~scalertune._review._findings.Findings`); each way to show it is a function of that
-data in a module of its own, which the methods here call.
+:meth:`SearchResult.plot`), and to ask it about other configs (:meth:`SearchResult.predict`).
+The evidence is plain data (:class:`~scalertune._review._findings.Findings`); each way to show
+it is a function of that data in a module of its own, which the methods here call.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def _head(result: Findings) -> list[str]:
 
 
 def _rows(result: Findings, top: int) -> list[tuple[str, ...]]:
-    ref = result.reference
+    ref = result.reference or {}
     rows: list[tuple[str, ...]] = [_COLUMNS]
     rows.append(("float32 reference", _describe_reference(result.settings.clip_norm), "-", "-",
                  _int(ref.get("steps_to_target")), _ms(ref.get("step_time_s")),
