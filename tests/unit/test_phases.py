@@ -9,7 +9,6 @@ import pytest
 import workloads
 
 import scalertune
-
 from scalertune import _policy
 from scalertune._judge._phases import judge_phase
 from scalertune._judge._settings import StudySettings
