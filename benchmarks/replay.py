@@ -86,7 +86,7 @@ def _real_trace(steps: int) -> Any:
     import workloads
 
     from scalertune._run._loop import Plan, run_config
-    from scalertune._run._trace import TraceCollector
+    from scalertune._run._trace_collector import TraceCollector
 
     return run_config(workloads.gradient_overflow, AmpConfig(dtype="float32"), steps=steps,
                       seed=0, device=torch.device("cpu"),

@@ -51,7 +51,7 @@ from scalertune._judge._rank import skip_tolerance  # noqa: E402
 from scalertune._replay._gradscaler import replay, replay_many  # noqa: E402
 from scalertune._replay._predict import predict  # noqa: E402
 from scalertune._run._loop import Plan, run_config  # noqa: E402
-from scalertune._run._trace import TraceCollector  # noqa: E402
+from scalertune._run._trace_collector import TraceCollector  # noqa: E402
 
 STEPS = 2000
 CONFIGS = 30

@@ -3,9 +3,10 @@ the same run without it.
 
     python benchmarks/trace.py [--workloads gpt2 ...] [--steps 600] [--pairs 3] [--horizon N]
 
-The float32 reference of a search records the trace the replay reads (``_run._trace``): every
-tensor on the first ``TRACE_FULL_STEPS`` steps and one step in ``TRACE_FULL_EVERY`` after, the
-subset of tensors that came close to the largest on the others. The budget is 5% per step of
+The float32 reference of a search records the trace the replay reads
+(``_run._trace_collector``): every tensor on the first ``TRACE_FULL_STEPS`` steps and one step
+in ``TRACE_FULL_EVERY`` after, the subset of tensors that came close to the largest on the
+others. The budget is 5% per step of
 the one run that records it. Each pair trains the workload's float32 reference twice, without
 and with the collector, same seed, one after the other. After each 10-step window of either,
 the training loop's window callback runs one window of a hand-written float32 loop of the same
@@ -41,7 +42,7 @@ from replay_calibration import WORKLOADS  # noqa: E402
 from scalertune import _policy  # noqa: E402
 from scalertune._amp._config import AmpConfig  # noqa: E402
 from scalertune._run._loop import Plan, run_config  # noqa: E402
-from scalertune._run._trace import TraceCollector, full_every  # noqa: E402
+from scalertune._run._trace_collector import TraceCollector, full_every  # noqa: E402
 
 FLOAT32 = AmpConfig(dtype="float32")
 

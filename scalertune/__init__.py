@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from scalertune._export._api import FRAMEWORKS, Export, export
     from scalertune._frameworks._attach import attach
     from scalertune._judge._outcome import Outcome
+    from scalertune._judge._settings import StudySettings
     from scalertune._judge._speedup import Speedup
     from scalertune._judge._target import Target
     from scalertune._review._analyze import analyze
@@ -66,7 +67,7 @@ _EXPORTS = {
     "FRAMEWORKS": "_export._api", "Export": "_export._api", "export": "_export._api",
     "lightning_workload": "_workload._lightning", "attach": "_frameworks._attach",
     "Speedup": "_judge._speedup", "Target": "_judge._target",
-    "Outcome": "_judge._outcome",
+    "Outcome": "_judge._outcome", "StudySettings": "_judge._settings",
     "SearchResult": "_review._result", "analyze": "_review._analyze",
     "AmpGuardError": "_amp._guard", "AmpRuntime": "_amp._runtime",
     "AmpDriftWarning": "_amp._watch",
@@ -125,7 +126,8 @@ __all__ = [
     "FRAMEWORKS", "AmpConfig", "AmpDriftWarning", "AmpGuardError", "AmpRuntime", "Diagnosis",
     "Export", "Guard",
     "Isolation", "ModuleReport", "Outcome", "SearchError", "SearchResult", "SearchSpace",
-    "ScalerCheck", "Speedup", "StepTimes", "StorageUnavailable", "Target", "TensorStats",
-    "UsageError", "Workload", "analyze", "attach", "diagnose", "export", "lightning_workload",
-    "load", "load_config", "search",
+    "ScalerCheck", "Speedup", "StepTimes", "StorageUnavailable", "StudySettings", "Target",
+    "TensorStats", "UsageError", "Workload",
+    "analyze", "attach", "diagnose", "export", "lightning_workload", "load", "load_config",
+    "search",
 ]

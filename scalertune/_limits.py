@@ -79,6 +79,22 @@ REPORT: Mapping[str, Limit] = {"top": _COUNT, "trial": _COUNT}
 DASHBOARD: Mapping[str, Limit] = {"port": Limit(True, 1, 65535)}
 
 
+def horizon(steps: int, asked: int | None = None, declared: int | None = None) -> int:
+    """The horizon a search's evidence covers: the one ``asked`` for, else the factory's
+    ``declared`` one, else the trial's ``steps``; never shorter than a trial (it is the
+    training the evidence covers, and the trial is part of it)."""
+    found = asked or declared or steps
+    check_horizon(steps, found)
+    return found
+
+
+def check_horizon(steps: int, horizon: int) -> None:
+    """:class:`ParameterError` unless ``horizon`` is at least a trial's ``steps``."""
+    if horizon < steps:
+        raise ParameterError("horizon", f"must be at least a trial's steps ({steps}): it is "
+                             f"the training the evidence covers; got {horizon}")
+
+
 def check(limits: Mapping[str, Limit], **values: Any) -> None:
     """Check each value (``None`` means "not given") against its limit, in the order given."""
     for name, value in values.items():

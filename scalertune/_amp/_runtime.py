@@ -76,7 +76,7 @@ class AmpRuntime:
         self._uses_scaler = config.uses_scaler  # read on every step: a plain attribute
         #: Called after each :meth:`backward` and first in :meth:`step`, while the gradients
         #: are backward's own: the float32 reference's gradient trace reads them there
-        #: (``_run._trace``).
+        #: (``_run._trace_collector``).
         self._after_backward: Callable[[], None] | None = None
         self._before_step: Callable[[], None] | None = None
 

@@ -69,9 +69,6 @@ def _check_search(args: argparse.Namespace) -> str:
 
     if (args.trial_timeout is not None or args.trial_memory is not None) and not args.isolate:
         raise UsageError("--trial-timeout and --trial-memory need --isolate")
-    if args.horizon is not None and args.horizon < args.steps:
-        raise UsageError(f"--horizon {args.horizon} is shorter than --steps {args.steps}: the "
-                         "horizon is the training the evidence covers, at least one trial long")
     SearchSpace.load(args.space)  # read again by the search; here it is refused before torch
     from scalertune._search._study import default_study_name
 
@@ -187,6 +184,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     args.storage = storage_url(args.storage)
     from scalertune._review._dashboard import have_dashboard, serve
     from scalertune._storage._open import load_existing_studies, load_existing_study
+    from scalertune._storage._optuna import study_id
     from scalertune._storage._redact import redact
 
     if not have_dashboard():
@@ -207,7 +205,7 @@ def _dashboard(args: argparse.Namespace) -> int:
         studies = [load_existing_study(args.storage, args.study_name)]
     base = f"http://{args.host}:{args.port}/dashboard"
     lines = [f"optuna-dashboard on {redact(args.storage)} at {base} (Ctrl-C stops it)"]
-    lines += [f"  {s.study_name}: {base}/studies/{s._study_id}" for s in studies]  # noqa: SLF001
+    lines += [f"  {s.study_name}: {base}/studies/{study_id(s)}" for s in studies]
     print("\n".join(lines), flush=True)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:

@@ -34,11 +34,12 @@ def _remove_if_unused(storage: str, new_files: list[str]) -> None:
 
 
 def _check_study_name(name: str) -> None:
-    from optuna.storages._rdb.models import MAX_INDEXED_STRING_LENGTH
+    from scalertune._storage._optuna import max_study_name_length
 
-    if len(name) > MAX_INDEXED_STRING_LENGTH:
+    longest = max_study_name_length()
+    if len(name) > longest:
         raise UsageError(f"the study name is {len(name)} characters long; Optuna's storages hold "
-                         f"at most {MAX_INDEXED_STRING_LENGTH}: pass a shorter --study-name")
+                         f"at most {longest}: pass a shorter --study-name")
 
 
 def _check_storage_and_output(storage: str, output: str | None, artifact_dir: str | None,

@@ -29,6 +29,7 @@ def check_numbers(args: argparse.Namespace) -> None:
         _limits.check(_limits.SEARCH, n_trials=args.n_trials, steps=args.steps,
                       horizon=args.horizon, seed=args.seed, timeout=args.timeout,
                       timeout_s=args.trial_timeout, memory_gb=args.trial_memory)
+        _limits.horizon(args.steps, args.horizon)
         _limits.check(_limits.REPORT, top=args.top)
     elif command == "diagnose":
         _limits.check(_limits.DIAGNOSE, init_scale=args.init_scale, steps=args.steps,

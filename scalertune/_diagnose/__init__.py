@@ -2,7 +2,8 @@
 
 - ``_api``: :func:`diagnose`;
 - ``_runner``, ``_hooks``: real training steps under hooks on every module;
-- ``_islands``, ``_patterns``: float32 islands for a forward overflow, as glob patterns;
-- ``_verdict``: the verdict, each claim checked by a real GradScaler run;
+- ``_locate``, ``_patterns``: the float32 islands that fix a forward overflow, located and
+  grouped as glob patterns;
+- ``_conclusions``: the verdict and the fix, each claim checked by a real GradScaler run;
 - ``_report``: :class:`Diagnosis` and its table.
 """

@@ -46,7 +46,8 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._device import resolve_device
 from scalertune._amp._modules import match_modules
-from scalertune._diagnose._islands import _find_islands, group_patterns
+from scalertune._diagnose._conclusions import _grad_absmax, _Judge, _overflowing_gradients
+from scalertune._diagnose._locate import _find_islands, group_patterns
 from scalertune._diagnose._report import Diagnosis, ModuleReport
 from scalertune._diagnose._runner import (
     _FLOAT32,
@@ -56,7 +57,6 @@ from scalertune._diagnose._runner import (
     _Run,
     _Runner,
 )
-from scalertune._diagnose._verdict import _grad_absmax, _Judge, _overflowing_gradients
 from scalertune._errors import UsageError
 from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import load_factory

@@ -78,7 +78,7 @@ class Outcome:
     @property
     def label(self) -> str:
         if self.role == ROLE_BASELINE:
-            return self.attrs["baseline"]
+            return str(self.attrs["baseline"])
         if self.role == ROLE_CONFIRM:
             return f"#{self.attrs['confirms']} seed {self.seed}"
         if self.role == ROLE_FLOAT32_CLIP:
@@ -143,12 +143,18 @@ def reference_trial(study: optuna.Study, seed: int) -> optuna.trial.FrozenTrial 
 
 
 def reference_of(study: optuna.Study, seed: int) -> dict[str, Any] | None:
-    """The float32 reference of ``seed`` as plain data, or ``None`` if it has not run yet."""
+    """The float32 reference of ``seed`` as plain data, or ``None`` if it has not run yet.
+
+    A reference to a horizon longer than a trial has its ``horizon`` (the steps it trained),
+    its losses over each phase window by first step (``windows``: float32's own continuation
+    there) and the checkpoint each window starts from (``checkpoints``); another has
+    ``horizon`` ``None`` and neither."""
     trial = reference_trial(study, seed)
     if trial is None:
         return None
     attrs = trial.user_attrs
     times = trial.system_attrs.get(TIMES_ATTR)
+    late = trial.system_attrs.get(HORIZON_ATTR) or {}
     return {
         "trial": trial.number,
         "seed": seed,
@@ -158,6 +164,8 @@ def reference_of(study: optuna.Study, seed: int) -> dict[str, Any] | None:
         "step_time_s": attrs.get("step_time_s"),
         "steps_run": attrs.get("steps_run"),
         "step_times": StepTimes.from_dict(times) if times else None,
-        "horizon": trial.system_attrs.get(HORIZON_ATTR),
+        "horizon": int(late["horizon"]) if late else None,
+        "windows": dict(late.get("windows") or {}),
+        "checkpoints": dict(late.get("checkpoints") or {}),
         "trace": trial.system_attrs.get(TRACE_ATTR),
     }

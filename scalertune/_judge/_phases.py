@@ -1,18 +1,19 @@
 """Phases of the horizon: where a config is branched from the float32 reference, and whether
 it holds there.
 
-A short trial covers the first ``steps`` of training; failures that only show late (bfloat16's
-8 significant bits stopping the fit once float32 learns fine detail, a clip that helps early
-and hurts late, activations that grow until float16's range runs out) need evidence from
-the late phases themselves. The float32 reference trains to the horizon once and keeps
-checkpoints at the start of each phase window; a finalist config is branched from each for
-the window and compared with float32's own continuation, the reference itself, over the same
-batches. The comparison is paired, step by step, over the last half of the window (the first
-half lets the branch settle into the config): the branch **falls behind** when its mean loss
-exceeds float32's by more than ``PHASE_TOLERANCE`` of it and by more than ``PHASE_Z``
-standard errors of the paired difference; it **goes non-finite** when the branch is pruned for
-a non-finite value or more than ``PHASE_NONFINITE_SHARE`` of its losses are inf/NaN (a few are
-GradScaler's skipped steps).
+A short trial covers the first ``steps`` of training; failures that only show late
+(bfloat16's 8 significant bits stopping the fit once float32 learns fine detail, a clip that
+helps early and hurts late, activations that grow until float16's range runs out) need
+evidence from the late phases themselves. The float32 reference trains to the horizon once
+and keeps checkpoints at the start of each phase window (the study's
+:attr:`~scalertune._judge._settings.StudySettings.windows`); a finalist config is branched
+from each for the window and compared with float32's own continuation, the reference itself,
+over the same batches. The comparison is paired, step by step, over the last half of the
+window (the first half lets the branch settle into the config): the branch **falls behind**
+when its mean loss exceeds float32's by more than ``PHASE_TOLERANCE`` of it and by more than
+``PHASE_Z`` standard errors of the paired difference; it **goes non-finite** when the branch
+is pruned for a non-finite value or more than ``PHASE_NONFINITE_SHARE`` of its losses are
+inf/NaN (a few are GradScaler's skipped steps).
 
 A branch shows whether a config can *follow* float32 from float32's state; it cannot show
 whether the config *reaches* that state (a run that stalls on a plateau of its own early on),
@@ -30,26 +31,6 @@ import statistics
 from typing import Sequence
 
 from scalertune import _policy
-
-
-def phase_windows(horizon: int, steps: int) -> list[tuple[int, int]]:
-    """The (first step, end) of each window a finalist is branched for: one from the middle
-    of the horizon and one ending at it, each ``PHASE_WINDOW_SHARE`` of the horizon long and
-    at least a trial long, starting at a multiple of ``READBACK_INTERVAL``; none when the
-    horizon is the trial (the trial is the evidence)."""
-    if horizon <= steps:
-        return []
-    unit = _policy.READBACK_INTERVAL
-    width = max(steps, round(_policy.PHASE_WINDOW_SHARE * horizon / unit) * unit)
-    width = min(width, horizon)
-    # A window starts where the reference can save a checkpoint: at the end of one of its
-    # read-back windows, never at step 0 (the end window of a horizon that is no multiple of
-    # the interval grows by the remainder; one barely past a trial is shorter than a trial).
-    end_window = (max(unit, (horizon - width) // unit * unit), horizon)
-    middle = max(steps, round(horizon / 2 / unit) * unit)
-    if middle + width > end_window[0]:
-        return [end_window]
-    return [(middle, middle + width), end_window]
 
 
 @dataclasses.dataclass(frozen=True)

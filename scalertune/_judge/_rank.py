@@ -12,34 +12,15 @@ finite and reaches each seed's target.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Sequence
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
+from scalertune._judge._settings import Noise
 from scalertune._run._timing import StepTimes
 from scalertune._storage._names import ROLE_CONFIRM
-
-
-@dataclasses.dataclass(frozen=True)
-class Noise:
-    """How many steps to the target are a tie: float32's seed-to-seed spread of them, as a
-    share of the steps, or, over a horizon longer than a trial, of the horizon (a head start
-    of a few steps is nothing over the training the answer is for)."""
-
-    spread: float = 0.0
-    horizon: int = 0
-
-    @classmethod
-    def over(cls, spread: float, horizon: int, steps: int) -> Noise:
-        """The noise of a search of ``steps``-step trials over ``horizon``: the horizon
-        counts only where it goes past a trial."""
-        return cls(spread, horizon if horizon > steps else 0)
-
-    def margin(self, steps: float) -> float:
-        return self.spread * max(steps, self.horizon)
 
 
 def time_bounds(outcome: Outcome, times: StepTimes | None,
@@ -58,13 +39,15 @@ def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None,
     """Whether ``a`` reaches the target sooner than ``b`` beyond the noise: on the same dtype
     (the same step time) in fewer steps beyond the tie margin; across dtypes with
     time-to-target ranges that do not overlap, or, where their steps to the target tie, with
-    step times whose spreads do not overlap (over the horizon, every step costs that)."""
+    step times whose spreads do not overlap (over the horizon, every step costs that). A run
+    that never reaches the target is faster than none, and slower than any that does."""
+    mine, theirs = a.steps_to_target, b.steps_to_target
+    if mine is None or theirs is None:
+        return mine is not None
     if a.config.dtype == b.config.dtype:
-        return a.steps_to_target + noise.margin(a.steps_to_target) < b.steps_to_target
-    if (times is not None and a.steps_to_target is not None and b.steps_to_target is not None
-            and a.config.dtype in times and b.config.dtype in times
-            and abs(a.steps_to_target - b.steps_to_target)
-            <= noise.margin(max(a.steps_to_target, b.steps_to_target))):
+        return mine + noise.margin(mine) < theirs
+    if (times is not None and a.config.dtype in times and b.config.dtype in times
+            and abs(mine - theirs) <= noise.margin(max(mine, theirs))):
         # Steps to the target tie: what differs over the horizon is the time of every step.
         return times.bounds(a.config.dtype)[1] < times.bounds(b.config.dtype)[0]
     return time_bounds(a, times, noise)[1] < time_bounds(b, times)[0]

@@ -10,8 +10,12 @@ trains past the point where its outcome is known:
   and the best's at the slow end (within the noise it could still tie, and ties are decided by
   stability, so it runs on); Optuna records it as pruned, with the reason;
 - the **study stops** once ``STUDY_PATIENCE`` sampled trials in a row found nothing faster
-  by ``STUDY_MIN_IMPROVEMENT`` (after ``STUDY_MIN_TRIALS``), or the sampler keeps proposing
-  configs already run.
+  than the best beyond the noise (after ``STUDY_MIN_TRIALS``): a run that only ties with the
+  best, within float32's seed spread of steps and the step-time spreads, is no progress
+  however much faster its point estimate; at once, whatever ``STUDY_MIN_TRIALS`` says, when
+  ``STUDY_TIED_TRIALS`` sampled trials in a row reached the target and none after the first of
+  them was faster than the best beyond the noise (the space's knobs do not change how fast
+  this workload learns); or when the sampler keeps proposing configs already run.
 
 The float32 reference always runs in full: its last steps define the target.
 """
@@ -22,8 +26,12 @@ import dataclasses
 from typing import Sequence
 
 from scalertune import _policy
+from scalertune._judge._outcome import Outcome
+from scalertune._judge._rank import surely_faster
+from scalertune._judge._settings import Noise
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
+from scalertune._run._timing import StepTimes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +88,8 @@ class StopRule:
 
     def _slower(self, record: RunRecord) -> str | None:
         best = self.best
+        if best is None:
+            return None
         dtype = record.config.dtype
         if dtype in best.steps and record.steps_run >= best.steps[dtype][0] + best.margin:
             steps, label = best.steps[dtype]
@@ -94,29 +104,39 @@ class StopRule:
         return None
 
 
-def study_stop_reason(sampled: Sequence[tuple[float | None, bool]],
-                      min_trials: int = _policy.STUDY_MIN_TRIALS) -> str | None:
-    """Why the study should sample no more, from its sampled trials in the order they ran:
-    ``(time to target or None, reused)`` each. ``None`` while more trials may help."""
+def study_stop_reason(sampled: Sequence[Outcome], times: StepTimes | None, noise: Noise, *,
+                      min_trials: int = _policy.STUDY_MIN_TRIALS,
+                      tied_trials: int | None = _policy.STUDY_TIED_TRIALS) -> str | None:
+    """Why the study should sample no more, from its sampled runs in the order they ran
+    (``times`` and ``noise``: what is faster beyond the noise, see
+    :func:`~scalertune._judge._rank.surely_faster`); ``None`` while more trials may help.
+    ``tied_trials=None`` turns off the stop on a run of trials that reached the target
+    without progress."""
     duplicates = 0
-    for _, reused in reversed(sampled):
-        if not reused:
+    for outcome in reversed(sampled):
+        if not outcome.reused:
             break
         duplicates += 1
     if duplicates >= _policy.MAX_CONSECUTIVE_DUPLICATES:
         return (f"the sampler proposed {duplicates} configs in a row that had already run: "
                 "the space has nothing new to try")
-    fresh = [time for time, reused in sampled if not reused]
-    if len(fresh) < min_trials:
-        return None
-    best, since = float("inf"), 0
-    for time in fresh:
-        if time is not None and time < best * (1 - _policy.STUDY_MIN_IMPROVEMENT):
-            best, since = time, 0
-        else:
-            best = min(best, time if time is not None else best)
-            since += 1
-    if since >= _policy.STUDY_PATIENCE:
-        return (f"the last {since} sampled trials found no faster time to target "
-                f"(stopped early after {len(fresh)})")
+    fresh = [o for o in sampled if not o.reused]
+    best: Outcome | None = None
+    # since: trials since the last progress; streak: trials in a row that reached the target,
+    # the first of them possibly progress, none after it
+    since = streak = 0
+    for outcome in fresh:
+        if outcome.reached and (best is None or surely_faster(outcome, best, times, noise)):
+            best, since, streak = outcome, 0, 1
+            continue
+        since += 1
+        streak = streak + 1 if outcome.reached else 0
+        if best is not None and outcome.time_to_target < best.time_to_target:
+            best = outcome  # a tie with a better estimate: the yardstick, but no progress
+    if tied_trials and streak >= tied_trials:
+        return (f"the last {streak} sampled trials all reached the target, none faster than "
+                f"the best beyond the noise (stopped early after {len(fresh)})")
+    if len(fresh) >= min_trials and since >= _policy.STUDY_PATIENCE:
+        return (f"the last {since} sampled trials found no faster time to target beyond the "
+                f"noise (stopped early after {len(fresh)})")
     return None

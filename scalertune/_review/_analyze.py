@@ -23,17 +23,16 @@ from scalertune._judge._horizon import (
     seed_spread,
 )
 from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
-from scalertune._judge._phases import phase_windows
-from scalertune._judge._rank import Noise, candidates, confirmations_of, ranked
+from scalertune._judge._rank import candidates, confirmations_of, ranked
+from scalertune._judge._settings import StudySettings
+from scalertune._review._findings import amp_wins
 from scalertune._review._result import SearchResult
-from scalertune._review._verdict import amp_wins
 from scalertune._storage._names import (
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
     ROLE_ISLAND,
     ROLE_RECOMMENDED,
     ROLE_SURPLUS,
-    SETTINGS_ATTR,
     STOPPED_ATTR,
     TIMES_ATTR,
 )
@@ -42,8 +41,8 @@ from scalertune._storage._recovery import missing_of
 
 def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
     """Rebuild the result of a search from the study alone (no training runs)."""
-    settings = study.user_attrs.get(SETTINGS_ATTR) or {}
-    seed = int(settings.get("seed", 0))
+    settings = StudySettings.of(study)
+    seed = settings.seed
     trials = study.get_trials(deepcopy=False)
     outcomes = outcomes_of(trials)
     ranking = ranked(outcomes)
@@ -51,14 +50,11 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
                   if (ref := reference_of(study, s)) is not None}
     times = references[seed].get("step_times") if seed in references else None
     spread = seed_spread([r.get("steps_to_target") for r in references.values()])
-    clip = (settings.get("reference") or {}).get("clip_norm")
-    steps = int(settings.get("steps") or 0)
-    horizon = int(settings.get("horizon") or steps)
-    pool = candidates(ranking, times, clip, Noise.over(spread, horizon, steps))
+    pool = candidates(ranking, times, settings.clip_norm, settings.noise(spread))
     phases = phases_of(trials)
-    windows = phase_windows(horizon, steps)
     ruled = ruled_out(trials)
-    ordered = [c for c in pool if holds(c, phases, windows, ruled)][:_policy.CONFIRM_TOP]
+    ordered = [c for c in pool
+               if holds(c, phases, settings.windows, ruled)][:_policy.CONFIRM_TOP]
     result = SearchResult(
         study_name=study.study_name, storage=storage, settings=settings,
         references=references, ranking=ranking, candidates=ordered,
@@ -107,7 +103,8 @@ def _float32_choice(result: SearchResult, twin: Outcome | None) -> Outcome | Non
     """float32 at the best AMP config's clip, when it reaches the target in fewer steps than
     the workload's own float32 beyond the seed spread, and holds for the horizon."""
     ref = result.reference
-    if twin is None or not twin.reached or not ref or not ref.get("steps_to_target"):
+    if (twin is None or not twin.reached or twin.steps_to_target is None or not ref
+            or not ref.get("steps_to_target")):
         return None
     if not fewer_steps(twin.steps_to_target, ref["steps_to_target"], result.spread):
         return None

@@ -18,6 +18,7 @@ import optuna
 from scalertune._review._horizon_plot import is_horizon_picture
 from scalertune._review._plots import picture_trial
 from scalertune._storage._names import ARTIFACT_DIR_ATTR
+from scalertune._storage._optuna import study_id
 from scalertune._storage._store import Store
 
 
@@ -73,7 +74,7 @@ def pictures_of(study: optuna.Study) -> Pictures:
 
     trials, horizon = {}, None
     for meta in get_all_artifact_meta(study):
-        url = f"/artifacts/{study._study_id}/{meta.artifact_id}"  # noqa: SLF001
+        url = f"/artifacts/{study_id(study)}/{meta.artifact_id}"
         number = picture_trial(meta.filename)
         if number is not None:
             trials[number] = url

@@ -20,16 +20,23 @@ Notes need the optional ``optuna-dashboard`` package (``pip install 'scalertune[
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import optuna
 import yaml
 
 from scalertune import _policy
+from scalertune._amp._schema import result_document
 from scalertune._errors import UsageError
+from scalertune._judge._settings import StudySettings
 from scalertune._review._artifacts import Pictures, pictures_of, upload
-from scalertune._review._describe import describe_outcome
-from scalertune._review._evidence import evidence_of, why_not
+from scalertune._review._describe import (
+    describe_outcome,
+    evidence_of,
+    forecast_line,
+    overflow_hint,
+    why_not,
+)
+from scalertune._review._document import document
+from scalertune._review._findings import Findings
 from scalertune._review._horizon_plot import branched_runs
 from scalertune._review._notes import (
     ROLES,
@@ -39,13 +46,12 @@ from scalertune._review._notes import (
     is_recommended,
     trial_note,
 )
-from scalertune._review._scaler import replay_agreement, scaler_advice
-from scalertune._storage._names import ROLE_RECOMMENDED, SETTINGS_ATTR
+from scalertune._review._scaler_advice import replay_agreement, scaler_advice
+from scalertune._review._verdict import verdict
+from scalertune._storage._names import ROLE_RECOMMENDED
+from scalertune._storage._optuna import trial_handle
 from scalertune._storage._redact import redact
 from scalertune._storage._store import location_of
-
-if TYPE_CHECKING:
-    from scalertune._review._result import SearchResult
 
 _INSTALL = "pip install 'scalertune[dashboard]'"
 
@@ -58,7 +64,7 @@ def have_dashboard() -> bool:
     return True
 
 
-def publish(result: "SearchResult", *, pictures: dict[int, str] | None = None,
+def publish(result: Findings, *, pictures: dict[int, str] | None = None,
             artifact_dir: str | None = None) -> None:
     """Attach ``pictures`` (trial number -> PNG, as :meth:`SearchResult.write_pictures`
     returns them; the horizon's under the float32 reference's number) to the study as
@@ -73,53 +79,53 @@ def publish(result: "SearchResult", *, pictures: dict[int, str] | None = None,
         write_notes(result)
 
 
-def write_notes(result: "SearchResult") -> None:
+def write_notes(result: Findings) -> None:
     """The study note and every finished trial's note, each saved only where it changed."""
     from optuna_dashboard import get_note, save_note
 
     study = result.study
+    if study is None:
+        raise ValueError("the result has no study attached (build it with analyze())")
     pictures = pictures_of(study)
     body = study_note(result, pictures)
     if get_note(study) != body:
         save_note(study, body)
     for frozen in study.get_trials(deepcopy=False):
-        body = trial_note(frozen, result, pictures)
-        if body is None:
+        note = trial_note(frozen, result, pictures)
+        if note is None:
             continue
-        trial = optuna.Trial(study, frozen._trial_id)  # noqa: SLF001
-        if get_note(trial) != body:
-            save_note(trial, body)
+        trial = trial_handle(study, frozen)
+        if get_note(trial) != note:
+            save_note(trial, note)
 
 
-def study_note(result: "SearchResult", pictures: Pictures | None = None) -> str:
+def study_note(result: Findings, pictures: Pictures | None = None) -> str:
     """The study note: the summary a reviewer needs first, how to read the dashboard, then
     the YAML itself."""
-    from scalertune._amp._schema import result_document
-
     s = result.settings
     horizon = f", horizon {result.horizon} steps" if result.long else ""
     lines = [f"## scalertune: {result.study_name}", "",
-             f"Workload `{s.get('factory')}`, {s.get('steps')} steps per trial{horizon}, seed "
-             f"{s.get('seed')}, search space `{(s.get('space') or {}).get('name')}`, on "
-             f"{s.get('device')}.", "", _horizon_line(result), "", *_answer_lines(result),
-             "", f"**Verdict:** {result.verdict}.", "", *_runs_table(result)]
+             f"Workload `{s.factory}`, {s.steps} steps per trial{horizon}, seed {s.seed}, "
+             f"search space `{s.space_name}`, on {s.device}.", "", _horizon_line(result), "",
+             *_answer_lines(result), "", f"**Verdict:** {verdict(result)}.", "",
+             *_runs_table(result)]
     if result.long:
         lines += ["", *_phases_section(result)]
     advice = [text for text in (scaler_advice(result), replay_agreement(result),
-                                result.forecast()) if text]
+                                forecast_line(result)) if text]
     if advice:
         lines += ["", "### What the replay of float32's gradients says", "",
                   *(f"- {_literal(a)}." for a in advice)]
-    hint = result.forward_overflow_hint()
+    hint = overflow_hint(result)
     if hint:
         lines += ["", hint]
     pruned = result.pruned_by_kind
     if pruned:
         lines += ["", "Pruned: " + ", ".join(f"{n} {k}" for k, n in sorted(pruned.items()))
                   + ". Each pruned trial's note says why."]
-    document = yaml.safe_dump(result_document(result.to_dict()), sort_keys=False, width=100)
+    shown = yaml.safe_dump(result_document(document(result)), sort_keys=False, width=100)
     lines += ["", *_pictures_section(result, pictures or Pictures()), *_reading_guide(result),
-              "### Recommendation YAML", "", "```yaml", document.rstrip(), "```", ""]
+              "### Recommendation YAML", "", "```yaml", shown.rstrip(), "```", ""]
     return "\n".join(lines)
 
 
@@ -128,8 +134,8 @@ def _literal(text: str) -> str:
     return text.replace("*", r"\*")
 
 
-def _horizon_line(result: "SearchResult") -> str:
-    steps = int(result.settings.get("steps") or 0)
+def _horizon_line(result: Findings) -> str:
+    steps = result.settings.steps
     covers = f"evidence covers steps 0-{result.horizon} of the horizon"
     if not result.long:
         return (f"**Horizon:** the trial's {steps} steps (no `--horizon`): {covers}.")
@@ -142,7 +148,7 @@ def _horizon_line(result: "SearchResult") -> str:
             f"continuation: {covers}.")
 
 
-def _answer_lines(result: "SearchResult") -> list[str]:
+def _answer_lines(result: Findings) -> list[str]:
     rec, best = result.recommended, result.best_amp
     if rec is not None:
         seeds = [rec.seed, *sorted(result.confirmations.get(rec.number, {}))]
@@ -161,13 +167,13 @@ def _answer_lines(result: "SearchResult") -> list[str]:
         lines += ["", f"**Best AMP config that holds:** ☆ trial {best.number}, "
                       f"`{best.config.describe()}`, confirmed on seeds "
                       f"{', '.join(map(str, seeds))}: {describe_outcome(best)}{holds}. Not "
-                      f"faster than float32 beyond the noise on {result.settings.get('device')}"
+                      f"faster than float32 beyond the noise on {result.settings.device}"
                       "; on a GPU, use it (`evidence.best_amp` in the YAML) or run the search "
                       "there."]
     return lines
 
 
-def _runs_table(result: "SearchResult") -> list[str]:
+def _runs_table(result: Findings) -> list[str]:
     lines = ["| run | config | outcome |", "| --- | --- | --- |"]
     if result.reference:
         ref = result.reference
@@ -179,7 +185,7 @@ def _runs_table(result: "SearchResult") -> list[str]:
     return lines
 
 
-def _phases_section(result: "SearchResult") -> list[str]:
+def _phases_section(result: Findings) -> list[str]:
     """Each branched run's loss over float32's in each window, with the branch's trial."""
     windows, numbers = result.windows, branch_numbers(result)
     lines = ["### Phases of the horizon", "",
@@ -205,7 +211,7 @@ def _phases_section(result: "SearchResult") -> list[str]:
     return lines + (["", *failed] if failed else [])
 
 
-def _pictures_section(result: "SearchResult", pictures: Pictures) -> list[str]:
+def _pictures_section(result: Findings, pictures: Pictures) -> list[str]:
     shown = []
     best = result.recommended or result.best_amp
     if best is not None:
@@ -226,9 +232,10 @@ def _pictures_section(result: "SearchResult", pictures: Pictures) -> list[str]:
     return ["### Pictures", "", *lines] if lines else []
 
 
-def _reading_guide(result: "SearchResult") -> list[str]:
+def _reading_guide(result: Findings) -> list[str]:
     rec = result.recommended or result.float32_choice
-    shown = [t.number for t in result.study.get_trials(deepcopy=False)
+    trials = result.study.get_trials(deepcopy=False) if result.study is not None else []
+    shown = [t.number for t in trials
              if t.user_attrs.get("role") == ROLE_RECOMMENDED and is_recommended(t, result)]
     best = (f"trial {rec.number}" if rec is not None
             else f"float32 (the reference, trial {result.reference['trial']})"
@@ -283,7 +290,7 @@ def serve(studies: list[optuna.Study], *, storage_url: str, host: str, port: int
     from scalertune._review._server import run
 
     for study in studies:
-        if study.user_attrs.get(SETTINGS_ATTR) is not None:
+        if StudySettings.of(study).stored:
             write_notes(analyze(study, storage=redact(storage_url)))
     run(studies, host=host, port=port,
         locations=sorted({location_of(s, artifact_dir) for s in studies}))

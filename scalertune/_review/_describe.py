@@ -1,11 +1,16 @@
-"""A run's outcome in words: what the summary, the notes and the pictures say of it."""
+"""A search's runs and findings in words: what the summary, the notes, the pictures and the
+YAML say of a run's outcome, of how its evidence over the horizon was taken and why it does
+not hold, of a forward overflow, and of the forecast past the horizon."""
 
 from __future__ import annotations
 
 import shlex
 from typing import Any, Mapping, Sequence
 
+from scalertune._judge._horizon import behind_from, ruling
 from scalertune._judge._outcome import Outcome
+from scalertune._replay._forecast import forecast
+from scalertune._review._findings import Findings
 
 
 def describe_outcome(outcome: Outcome) -> str:
@@ -48,3 +53,58 @@ def forward_overflow_hint(factory: str, study_name: str, runs: Sequence[Mapping[
             f"the forward is finite with them): scalertune search {factory}{space_arg} "
             f"--fp32-modules {shlex.quote(islands)} "
             f"--study-name {shlex.quote(study_name + '+fp32')}")
+
+
+def evidence_of(result: Findings, outcome: Outcome) -> str:
+    """How the horizon's evidence for ``outcome`` was taken: ``holds at every phase of the
+    horizon, trained from step 0 through the 1000-1200 window and branched after`` (empty
+    for a short horizon, where the trial is the evidence)."""
+    if not result.long:
+        return ""
+    done = result.phases.get(outcome.number, [])
+    ran = [p for p in done if p.from_start]
+    if ran and len(ran) == len(done):
+        how = "trained from step 0 through every window"
+    elif ran:
+        how = (f"trained from step 0 through the {ran[-1].start}-{ran[-1].end} window and "
+               "branched after")
+    else:
+        how = ("branched from float32's checkpoints (the cost cap left no room to train "
+               "it from step 0)")
+    return f"holds at every phase of the horizon, {how}"
+
+
+def why_not(result: Findings, outcome: Outcome) -> str:
+    """Where ``outcome``'s config stopped holding, in words (see :meth:`Findings.holds`)."""
+    done = result.phases.get(outcome.number, [])
+    rule = ruling(outcome, done, result.ruled)
+    if rule is not None:
+        dtype = outcome.config.dtype
+        if rule.stalled:
+            return (f"{dtype} trained from step 0 (trial #{rule.number}) fell behind "
+                    f"float32 by {rule.start}-{rule.end} although its forward keeps up at "
+                    f"float32's own weights of step {rule.forward_at}: it stalls on the way, "
+                    f"which a branch of {dtype} cannot show")
+        return (f"{dtype} (trial #{rule.number}) fell behind float32 "
+                f"by {rule.start}-{rule.end}, and its forward at float32's own weights of "
+                f"step {rule.forward_at} is {rule.forward:.3g}x float32's loss: the precision "
+                "fails, for this config too (a clip does not change it)")
+    return behind_from(done)
+
+
+def overflow_hint(result: Findings) -> str | None:
+    """What to do when every float16 trial of the search overflowed in the forward pass
+    (:func:`forward_overflow_hint`); ``None`` otherwise."""
+    if result.forward_overflow_modules is None:
+        return None
+    runs = [o.attrs for o in result.ranking if o.config.dtype == "float16"]
+    return forward_overflow_hint(result.settings.factory or "FACTORY", result.study_name,
+                                 runs, space=result.settings.space_name or None)
+
+
+def forecast_line(result: Findings) -> str | None:
+    """Beyond the horizon: the first module whose forward peaks, at their trend, would reach
+    float16's range, and when; ``None`` where no trend is significant."""
+    trace = result.trace
+    found = forecast(trace, result.horizon) if trace is not None else []
+    return f"Forecast beyond the horizon: {found[0].describe()}" if found else None

@@ -11,23 +11,21 @@ what the search cost in run-equivalents of the horizon.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scalertune import _policy
 from scalertune._amp._guard import Guard
 from scalertune._judge._outcome import Outcome
 from scalertune._replay._deepspeed_block import deepspeed_fp16_block
-from scalertune._replay._predict import predict, predict_deepspeed
+from scalertune._replay._predict import Prediction, predict, predict_deepspeed
 from scalertune._review._describe import describe_outcome
-from scalertune._review._scaler import defaults_prediction, trace_of
-from scalertune._review._verdict import speedup, verdict
+from scalertune._review._findings import Findings, speedup
+from scalertune._review._scaler_advice import defaults_prediction
+from scalertune._review._verdict import verdict
 from scalertune._run._record import skipped_steps
 
-if TYPE_CHECKING:
-    from scalertune._review._result import SearchResult
 
-
-def document(result: "SearchResult") -> dict[str, Any]:
+def document(result: Findings) -> dict[str, Any]:
     """The recommendation and its evidence as plain data (the YAML file's content)."""
     data: dict[str, Any] = {"config": result.config.to_dict()}
     found = guard(result, result.recommended)
@@ -37,14 +35,14 @@ def document(result: "SearchResult") -> dict[str, Any]:
     return data
 
 
-def evidence(result: "SearchResult") -> dict[str, Any]:
+def evidence(result: Findings) -> dict[str, Any]:
     settings, rec = result.settings, result.recommended
     out: dict[str, Any] = {
         "study": result.study_name, "storage": result.storage,
-        "factory": settings.get("factory"), "device": settings.get("device"),
-        "steps": settings.get("steps"), "horizon": result.horizon,
+        "factory": settings.factory, "device": settings.device,
+        "steps": settings.steps, "horizon": result.horizon,
         "covers": f"steps 0-{result.horizon} of the horizon",
-        "search_space": (settings.get("space") or {}).get("name"),
+        "search_space": settings.space_name,
         "verdict": verdict(result), "speedup_vs_float32": _speedup(result, result.best_amp),
     }
     if rec is not None:
@@ -79,12 +77,12 @@ def evidence(result: "SearchResult") -> dict[str, Any]:
     return out
 
 
-def _predictions(result: "SearchResult") -> dict[str, Any]:
+def _predictions(result: Findings) -> dict[str, Any]:
     """For a float16 answer (or best AMP config): what its GradScaler will do over the
     horizon, and PyTorch's defaults', replayed from the float32 reference's trace; and what
     DeepSpeed's dynamic loss scaler would do with the config's export."""
     run = result.recommended or result.best_amp
-    trace = trace_of(result)
+    trace = result.trace
     if run is None or not run.config.uses_scaler or trace is None:
         return {}
     ours = predict(trace, run.config, horizon=result.horizon)
@@ -95,7 +93,7 @@ def _predictions(result: "SearchResult") -> dict[str, Any]:
     return out
 
 
-def prediction_block(found: Any) -> dict[str, Any]:
+def prediction_block(found: Prediction) -> dict[str, Any]:
     return {"horizon": found.horizon, "skipped_steps": found.skipped_steps,
             "skipped_first": found.startup_skips, "startup_steps": found.startup_span,
             "min_scale": _num(float(found.min_scale)),
@@ -104,7 +102,7 @@ def prediction_block(found: Any) -> dict[str, Any]:
             "says": found.describe()}
 
 
-def _run_block(result: "SearchResult", outcome: Outcome) -> dict[str, Any]:
+def _run_block(result: Findings, outcome: Outcome) -> dict[str, Any]:
     confirmed = result.confirmations.get(outcome.number, {})
     block = {"trial": outcome.number, "seeds": [outcome.seed, *sorted(confirmed)],
              **_run_evidence(outcome),
@@ -114,22 +112,22 @@ def _run_block(result: "SearchResult", outcome: Outcome) -> dict[str, Any]:
     return block
 
 
-def _phases(result: "SearchResult", outcome: Outcome) -> list[dict[str, Any]]:
+def _phases(result: Findings, outcome: Outcome) -> list[dict[str, Any]]:
     return [{"steps": [p.start, p.end], "loss_vs_float32": _num(p.ratio), "z": _num(p.z),
              "nonfinite": p.nonfinite, "holds": p.holds, "from_start": p.from_start}
             for p in result.phases.get(outcome.number, [])]
 
 
-def _float32(result: "SearchResult") -> dict[str, Any]:
-    ref = result.reference
-    return {"target_loss": _num(ref["target_loss"]),
+def _float32(result: Findings) -> dict[str, Any]:
+    ref = result.reference or {}
+    return {"target_loss": _num(ref.get("target_loss")),
             "steps_to_target": ref.get("steps_to_target"),
             "step_time_s": _num(ref.get("step_time_s")),
             "time_to_target_s": _num(result.reference_time_to_target),
             "seed_spread": _num(result.spread)}
 
 
-def _speedup(result: "SearchResult", outcome: Outcome | None) -> dict[str, Any] | None:
+def _speedup(result: Findings, outcome: Outcome | None) -> dict[str, Any] | None:
     found = speedup(result, outcome)
     return None if found is None else {
         "point": _num(found.point), "low": _num(found.low), "high": _num(found.high),
@@ -140,7 +138,7 @@ def _guard_block(found: Guard) -> dict[str, Any]:
     return {"min_scale": found.min_scale, "max_consecutive_skips": found.max_consecutive_skips}
 
 
-def guard(result: "SearchResult", rec: Outcome | None) -> Guard | None:
+def guard(result: Findings, rec: Outcome | None) -> Guard | None:
     """The production guard the evidence supports for ``rec`` (float16 only): a floor
     ``GUARD_SCALE_MARGIN_POWERS`` powers of two below the smallest scale any run of that
     config reached, and twice its longest run of skipped steps (at least the search's own

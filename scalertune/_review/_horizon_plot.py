@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from optuna.trial import TrialState
 
 from scalertune import _policy
 from scalertune._errors import UsageError
 from scalertune._judge._horizon import is_from_start
+from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult, judged_end
 from scalertune._judge._target import smoothed
+from scalertune._review._findings import Findings
 from scalertune._review._plots import DPI, FIGURE_INCHES, have_matplotlib, save_figure, wrap
 from scalertune._storage._names import LOSSES_ATTR, ROLE_PHASE
-
-if TYPE_CHECKING:
-    from scalertune._judge._outcome import Outcome
-    from scalertune._review._result import SearchResult
 
 _SUFFIX = ".horizon.png"
 
@@ -57,7 +55,7 @@ class Stretch:
     phase: PhaseResult | None = None
 
 
-def branched_runs(result: "SearchResult") -> list["Outcome"]:
+def branched_runs(result: Findings) -> list[Outcome]:
     """The runs of the horizon's evidence, as the summary lists them: the finalists, the
     islands, float32 at the best AMP config's clip, then any other run that was branched (a
     finalist before later trials of the study changed the finalists)."""
@@ -66,12 +64,12 @@ def branched_runs(result: "SearchResult") -> list["Outcome"]:
     return runs + [o for o in result.ranking if o.number in result.phases and o not in runs]
 
 
-def stretches(result: "SearchResult", run: "Outcome",
+def stretches(result: Findings, run: Outcome,
               branches: dict[tuple[int, int], list[float]]) -> list[Stretch]:
     """``run``'s short trial and each branch of it that finished, as ratios to float32
     (``branches``: (run number, window start) -> the branch's per-step losses)."""
     ref = result.reference or {}
-    windows = (ref.get("horizon") or {}).get("windows") or {}
+    windows = ref.get("windows") or {}
     judged = {p.start: p for p in result.phases.get(run.number, [])}
     out = [Stretch(0, _ratio(run.losses, ref.get("losses") or []))]
     for start, _ in result.windows:
@@ -81,7 +79,7 @@ def stretches(result: "SearchResult", run: "Outcome",
     return out
 
 
-def branch_losses(result: "SearchResult") -> dict[tuple[int, int], list[float]]:
+def branch_losses(result: Findings) -> dict[tuple[int, int], list[float]]:
     """(run number, window start) -> the per-step losses of its finished branch (the last
     one, where a branch was retried)."""
     found: dict[tuple[int, int], list[float]] = {}
@@ -109,15 +107,15 @@ def _ratio(losses: Sequence[float], reference: Sequence[float]) -> list[float]:
             for a, b in zip(ours, theirs)]
 
 
-def horizon_picture(result: "SearchResult", path: str) -> None:
+def horizon_picture(result: Findings, path: str) -> None:
     """Write the horizon's PNG (see the module's docstring)."""
     save_figure(horizon_figure(result), path)
 
 
-def write_horizon_picture(result: "SearchResult", stem: str) -> dict[int, str]:
+def write_horizon_picture(result: Findings, stem: str) -> dict[int, str]:
     """``STEM.horizon.png`` when the horizon is longer than a trial and matplotlib is
     installed, as ``{the float32 reference's trial: path}`` (the run every stretch is drawn
-    against), the form of :meth:`SearchResult.write_pictures`; else ``{}``."""
+    against), the form of :func:`~scalertune._review._pictures.write_pictures`; else ``{}``."""
     ref = result.reference
     if not result.long or not have_matplotlib() or not ref or not ref.get("horizon"):
         return {}
@@ -126,7 +124,7 @@ def write_horizon_picture(result: "SearchResult", stem: str) -> dict[int, str]:
     return {int(ref["trial"]): path}
 
 
-def horizon_figure(result: "SearchResult") -> Any:
+def horizon_figure(result: Findings) -> Any:
     """The matplotlib figure :func:`horizon_picture` saves (close it with ``plt.close``)."""
     if not have_matplotlib():
         raise UsageError("plots need matplotlib: pip install 'scalertune[dashboard]'")
@@ -137,7 +135,7 @@ def horizon_figure(result: "SearchResult") -> Any:
 
     fig = plt.figure(figsize=FIGURE_INCHES, dpi=DPI, layout="constrained")
     ax = fig.subplots(1, 1)
-    steps = int(result.settings.get("steps") or 0)
+    steps = result.settings.steps
     fig.suptitle(wrap(f"Loss over float32's at the same step, across the horizon of "
                       f"{result.horizon} steps"), fontsize=12, fontweight="bold")
     starts = ", ".join(str(a) for a, _ in result.windows)
@@ -175,7 +173,7 @@ def _shade_windows(ax: Any, windows: Sequence[tuple[int, int]]) -> None:
                 ha="center", va="bottom", fontsize=8, color="0.35")
 
 
-def _draw_run(ax: Any, result: "SearchResult", run: "Outcome", parts: list[Stretch],
+def _draw_run(ax: Any, result: Findings, run: Outcome, parts: list[Stretch],
               color: str) -> None:
     verdict = {True: "holds", False: "does not hold", None: "pending"}[result.holds(run)]
     # the judged figures go in the legend: written beside the windows they overlap the curves

@@ -10,16 +10,19 @@ float32's continuation beside it; for the recommendation, a mark and its picture
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
+from scalertune._amp._config import AmpConfig
 from scalertune._judge._horizon import behind_from, is_from_start, phases_of
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
-from scalertune._review._describe import describe_outcome
-from scalertune._review._evidence import why_not
+from scalertune._review._artifacts import Pictures
+from scalertune._review._describe import describe_outcome, why_not
+from scalertune._review._findings import Findings
+from scalertune._review._verdict import verdict
 from scalertune._storage._names import (
     ROLE_BASELINE,
     ROLE_CONFIRM,
@@ -31,11 +34,8 @@ from scalertune._storage._names import (
     ROLE_REPLAY,
     ROLE_SEARCH,
 )
+from scalertune._storage._optuna import study_id
 from scalertune._text import readable
-
-if TYPE_CHECKING:
-    from scalertune._review._artifacts import Pictures
-    from scalertune._review._result import SearchResult
 
 #: What each value of a trial's ``role`` attribute means, as the study note lists them.
 ROLES = {
@@ -69,7 +69,7 @@ ROLES = {
 }
 
 
-def is_recommended(trial: FrozenTrial, result: "SearchResult") -> bool:
+def is_recommended(trial: FrozenTrial, result: Findings) -> bool:
     """Whether ``trial`` is the answer: the run of the recommended config (float32 at the best
     AMP config's clip, or the float32 reference, when float32 is the answer), or the
     ``recommended`` trial that repeats it."""
@@ -81,8 +81,8 @@ def is_recommended(trial: FrozenTrial, result: "SearchResult") -> bool:
     return result.reference is not None and trial.number == result.reference["trial"]
 
 
-def trial_note(trial: FrozenTrial, result: "SearchResult",
-               pictures: "Pictures | None" = None) -> str | None:
+def trial_note(trial: FrozenTrial, result: Findings,
+               pictures: Pictures | None = None) -> str | None:
     """What a trial is and what happened to it, in words; ``None`` while it runs."""
     if trial.state in (TrialState.RUNNING, TrialState.WAITING):
         return None
@@ -93,8 +93,6 @@ def trial_note(trial: FrozenTrial, result: "SearchResult",
         lines += [f"*{role}*: {ROLES[role]}.", ""]
     config = attrs.get("config")
     if isinstance(config, dict):
-        from scalertune._amp._config import AmpConfig
-
         lines += [f"Config: `{AmpConfig.from_dict(config).describe()}`", ""]
     if role == ROLE_PHASE and trial.state != TrialState.FAIL:
         lines += branch_lines(trial, result)
@@ -112,7 +110,7 @@ def trial_note(trial: FrozenTrial, result: "SearchResult",
     return "\n".join(lines)
 
 
-def _title(trial: FrozenTrial, result: "SearchResult") -> str:
+def _title(trial: FrozenTrial, result: Findings) -> str:
     attrs = trial.user_attrs
     role = attrs.get("role")
     return {
@@ -129,10 +127,10 @@ def _title(trial: FrozenTrial, result: "SearchResult") -> str:
         ROLE_REPLAY: "the replay's scaler setting",
         ROLE_RECOMMENDED: ("the recommendation" if is_recommended(trial, result)
                            else "an earlier recommendation"),
-    }.get(role, role or "no role recorded")
+    }.get(str(role), str(role or "no role recorded"))
 
 
-def _mark(trial: FrozenTrial, result: "SearchResult") -> str:
+def _mark(trial: FrozenTrial, result: Findings) -> str:
     if is_recommended(trial, result):
         return "★ " if trial.user_attrs.get("role") == ROLE_RECOMMENDED else "★ recommended, "
     best = result.best_amp
@@ -141,10 +139,10 @@ def _mark(trial: FrozenTrial, result: "SearchResult") -> str:
     return ""
 
 
-def _confirmed(result: "SearchResult") -> str:
+def _confirmed(result: Findings) -> str:
     rec = result.recommended
     if rec is None:
-        return f"**Recommended**: {result.config.describe()}. {_sentence(result.verdict)}."
+        return f"**Recommended**: {result.config.describe()}. {_sentence(verdict(result))}."
     confirmations = sorted(result.confirmations.get(rec.number, {}).items())
     seeds = [rec.seed, *(seed for seed, _ in confirmations)]
     reruns = ", ".join(str(o.number) for _, o in confirmations)
@@ -171,7 +169,7 @@ def _curve_line(trial: FrozenTrial) -> str:
             "the target, 1 ten times above it.")
 
 
-def _what_happened(trial: FrozenTrial, result: "SearchResult") -> list[str]:
+def _what_happened(trial: FrozenTrial, result: Findings) -> list[str]:
     attrs = trial.user_attrs
     if trial.state == TrialState.FAIL:
         error = attrs.get("error") or "no error recorded (its worker died)"
@@ -204,7 +202,7 @@ def _what_happened(trial: FrozenTrial, result: "SearchResult") -> list[str]:
     return lines + _figures(attrs)
 
 
-def _recommended_lines(trial: FrozenTrial, result: "SearchResult") -> list[str]:
+def _recommended_lines(trial: FrozenTrial, result: Findings) -> list[str]:
     attrs = trial.user_attrs
     if not is_recommended(trial, result):
         return ["The answer before later trials changed it; the note of the study names "
@@ -231,7 +229,7 @@ def _figures(attrs: dict[str, Any]) -> list[str]:
     return ["; ".join(figures) + ".", ""] if figures else []
 
 
-def _over_the_horizon(trial: FrozenTrial, result: "SearchResult") -> list[str]:
+def _over_the_horizon(trial: FrozenTrial, result: Findings) -> list[str]:
     """A branched run's verdict over the horizon, with its branches' trial numbers."""
     done = result.phases.get(trial.number)
     if not done or trial.user_attrs.get("role") == ROLE_RECOMMENDED:
@@ -247,7 +245,7 @@ def _over_the_horizon(trial: FrozenTrial, result: "SearchResult") -> list[str]:
                     else ""), ""]
 
 
-def branch_numbers(result: "SearchResult") -> dict[tuple[int, int], int]:
+def branch_numbers(result: Findings) -> dict[tuple[int, int], int]:
     """(run number, window start) -> the trial number of its finished branch (the last one,
     where a branch was retried)."""
     if result.study is None:
@@ -267,7 +265,7 @@ def branch_numbers(result: "SearchResult") -> dict[tuple[int, int], int]:
     return out
 
 
-def branch_lines(trial: FrozenTrial, result: "SearchResult") -> list[str]:
+def branch_lines(trial: FrozenTrial, result: Findings) -> list[str]:
     """A branch's note: what it is, how it did against float32, and where float32's own
     continuation over the same steps is."""
     attrs = trial.user_attrs
@@ -314,13 +312,13 @@ def _branch_verdict(phase: PhaseResult) -> str:
             f"standard errors of the difference). {rule}")
 
 
-def _continuation(trial: FrozenTrial, result: "SearchResult", reference: int | None) -> str:
+def _continuation(trial: FrozenTrial, result: Findings, reference: int | None) -> str:
     start, end = trial.user_attrs.get("start"), trial.user_attrs.get("end")
     if reference is None:
         return "float32's continuation: its reference trial is not in this study."
     pages = ""
     if result.study is not None:
-        sid = result.study._study_id  # noqa: SLF001
+        sid = study_id(result.study)
         pages = (f" [Trials {reference} and {trial.number}](/dashboard/studies/{sid}/trials"
                  f"?numbers={reference},{trial.number}) shows their pages side by side.")
     # optuna-dashboard draws every trial's curve in one plot, each a legend entry that

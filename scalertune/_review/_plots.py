@@ -17,16 +17,14 @@ import math
 import os
 import re
 import textwrap
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from scalertune._amp._schema import temporary_name
 from scalertune._errors import UsageError
+from scalertune._judge._outcome import Outcome
 from scalertune._judge._target import smoothed
 from scalertune._review._describe import describe_outcome
-
-if TYPE_CHECKING:
-    from scalertune._judge._outcome import Outcome
-    from scalertune._review._result import SearchResult
+from scalertune._review._findings import Findings
 
 #: 4:3 like the dashboard's preview box; 1080 x 810 pixels, which a note shows unscaled on a
 #: laptop screen and a browser scales down, still legible, on a narrower one.
@@ -57,7 +55,28 @@ def picture_trial(filename: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def plot_run(result: "SearchResult", outcome: "Outcome", path: str) -> None:
+def named_run(result: Findings, name: str) -> Outcome:
+    """The run called ``name``: ``recommended`` (the answer, or the best AMP config where
+    float32 is the answer), a baseline's name, or ``#N``; ``KeyError`` when there is none."""
+    if name == "recommended":
+        chosen = result.recommended or result.best_amp
+        if chosen is None:
+            raise KeyError("no AMP config held")
+        return chosen
+    if name.startswith("#"):
+        found = next((o for o in result.ranking if o.number == int(name[1:])), None)
+        if found is None:
+            raise KeyError(f"no finished run {name}")
+        return found
+    return result.baselines[name]
+
+
+def plot(result: Findings, path: str, *, run: str = "recommended") -> None:
+    """Write a PNG of the run called ``run`` (see :func:`named_run`) at ``path``."""
+    plot_run(result, named_run(result, run), path)
+
+
+def plot_run(result: Findings, outcome: Outcome, path: str) -> None:
     """Write a PNG of ``outcome``: its loss over the float32 target, and for float16 its loss
     scale with the skipped steps marked."""
     save_figure(run_figure(result, outcome), path)
@@ -81,7 +100,7 @@ def save_figure(fig: Any, path: str) -> None:
             os.remove(tmp)
 
 
-def run_figure(result: "SearchResult", outcome: "Outcome") -> Any:
+def run_figure(result: Findings, outcome: Outcome) -> Any:
     """The matplotlib figure :func:`plot_run` saves (close it with ``plt.close``)."""
     if not have_matplotlib():
         raise UsageError("plots need matplotlib: pip install 'scalertune[dashboard]'")
@@ -110,13 +129,13 @@ def run_figure(result: "SearchResult", outcome: "Outcome") -> Any:
     return fig
 
 
-def _plot_loss(ax: Any, result: "SearchResult", outcome: "Outcome") -> None:
+def _plot_loss(ax: Any, result: Findings, outcome: Outcome) -> None:
     target = result.target
     losses = list(outcome.losses)
     reference = list(result.reference["losses"]) if result.reference else []
     relative = (target is not None and target.loss > 0
                 and all(_all_positive(c) for c in (losses, reference) if _finite(c)))
-    unit = target.loss if relative else 1.0
+    unit = target.loss if target is not None and relative else 1.0
 
     def draw(curve: Sequence[float], color: str, name: str, faint: str) -> None:
         if not _finite(curve):
@@ -153,7 +172,7 @@ def _plot_loss(ax: Any, result: "SearchResult", outcome: "Outcome") -> None:
     ax.grid(alpha=0.3)
 
 
-def _plot_scale(ax: Any, outcome: "Outcome", scales: list[float]) -> None:
+def _plot_scale(ax: Any, outcome: Outcome, scales: list[float]) -> None:
     ax.step(range(len(scales)), scales, where="post", color="tab:orange", lw=1.5,
             label="loss scale")
     previous = [outcome.config.init_scale, *scales[:-1]]

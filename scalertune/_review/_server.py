@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune._review._artifacts import ArtifactStores
 from scalertune._storage._names import ROLE_RECOMMENDED, SETTINGS_ATTR
+from scalertune._storage._optuna import storage_of
 from scalertune._storage._store import is_bucket
 
 
@@ -56,6 +57,6 @@ def run(studies: list[optuna.Study], *, host: str, port: int, locations: list[st
     from optuna_dashboard import run_server
 
     store = ArtifactStores([p for p in locations if is_bucket(p) or os.path.isdir(p)])
-    storage: Any = studies[0]._storage  # noqa: SLF001
+    storage: Any = storage_of(studies[0])
     run_server(recommended_best(storage), host=host, port=port,
                artifact_store=store if store.locations else None)

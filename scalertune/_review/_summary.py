@@ -6,20 +6,25 @@ from __future__ import annotations
 import math
 import statistics
 import textwrap
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scalertune._judge._outcome import Outcome
-from scalertune._judge._rank import Noise, all_tied
-from scalertune._review._describe import describe_outcome
-from scalertune._review._evidence import evidence_of, why_not
-from scalertune._review._scaler import replay_agreement, scaler_advice
+from scalertune._judge._phases import PhaseResult
+from scalertune._judge._rank import all_tied
+from scalertune._review._describe import (
+    describe_outcome,
+    evidence_of,
+    forecast_line,
+    overflow_hint,
+    why_not,
+)
+from scalertune._review._findings import Findings
+from scalertune._review._scaler_advice import replay_agreement, scaler_advice
+from scalertune._review._verdict import verdict
 from scalertune._run._record import PRUNE_KINDS
 from scalertune._run._timing import spread
 from scalertune._storage._names import ROLE_SEARCH
 from scalertune._text import format_table, plural
-
-if TYPE_CHECKING:
-    from scalertune._review._result import SearchResult
 
 _COLUMNS = ("run", "config", "skipped", "min scale", "steps to target", "ms/step",
             "time to target", "loss/fp32 @step", "steps run")
@@ -28,7 +33,9 @@ _INTERRUPTED = "Interrupted: every finished trial is kept; rerun the same comman
 _WIDTH = 100
 
 
-def render(result: "SearchResult", *, top: int) -> str:
+def summary(result: Findings, *, top: int = 5) -> str:
+    """The table printed at the end of a search (and by ``scalertune report``): ``top``
+    sampled trials beside the references, the baselines and the runs of other roles."""
     lines = _head(result)
     if result.reference is None or result.target is None:
         lines.append("  no float32 reference yet: nothing to compare with.")
@@ -41,18 +48,19 @@ def render(result: "SearchResult", *, top: int) -> str:
     return "\n".join(lines)
 
 
-def _head(result: "SearchResult") -> list[str]:
+def _head(result: Findings) -> list[str]:
     s = result.settings
     horizon = (f", horizon {result.horizon} steps" if result.long else "")
     lines = [f"scalertune study {result.study_name!r}"
-             + (f" in {result.storage}" if result.storage else ""),
-             f"  workload {s.get('factory')}, {s.get('steps')} steps per trial{horizon}, "
-             f"seed {s.get('seed')}, space {(s.get('space') or {}).get('name')!r}, "
-             f"on {s.get('device')}"]
+             + (f" in {result.storage}" if result.storage else "")]
+    if not s.stored:
+        return [*lines, "  no settings stored: not a study of scalertune search"]
+    lines.append(f"  workload {s.factory}, {s.steps} steps per trial{horizon}, seed {s.seed}, "
+                 f"space {s.space_name!r}, on {s.device}")
     target = result.target
     if target is None:
         return lines
-    final = (f"float32 is at {target.reference_final:.4g} by step {s.get('steps')}"
+    final = (f"float32 is at {target.reference_final:.4g} by step {s.steps}"
              if result.long else f"float32 ends at {target.reference_final:.4g}")
     lines.append(f"  float32 target loss {target.loss:.4g} ({final}, from "
                  f"{target.reference_start:.4g})")
@@ -73,11 +81,10 @@ def _head(result: "SearchResult") -> list[str]:
     return lines
 
 
-def _rows(result: "SearchResult", top: int) -> list[tuple[str, ...]]:
-    ref = result.reference
+def _rows(result: Findings, top: int) -> list[tuple[str, ...]]:
+    ref = result.reference or {}
     rows: list[tuple[str, ...]] = [_COLUMNS]
-    ref_config = result.settings.get("reference") or {}
-    rows.append(("float32 reference", _describe_reference(ref_config), "-", "-",
+    rows.append(("float32 reference", _describe_reference(result.settings.clip_norm), "-", "-",
                  _int(ref.get("steps_to_target")), _ms(ref.get("step_time_s")),
                  _sec(result.reference_time_to_target), "1", _int(ref.get("steps_run"))))
     if result.float32_clip is not None:
@@ -91,7 +98,7 @@ def _rows(result: "SearchResult", top: int) -> list[tuple[str, ...]]:
     return rows
 
 
-def _phases(result: "SearchResult") -> list[str]:
+def _phases(result: Findings) -> list[str]:
     """Each finalist's branches, window by window: its loss over float32's there."""
     windows = result.windows
     rows: list[tuple[str, ...]] = [("phases of the horizon", "config",
@@ -108,20 +115,20 @@ def _phases(result: "SearchResult") -> list[str]:
     return [*format_table(rows), *notes]
 
 
-def _unjudged(result: "SearchResult") -> str:
+def _unjudged(result: Findings) -> str:
     """A finalist without its evidence: not needed once one before it held and was
     confirmed (the answer takes them in order), else still to come."""
     return "not run" if result.best_amp is not None else "pending"
 
 
-def _phase_cell(phase: Any) -> str:
+def _phase_cell(phase: PhaseResult | None) -> str:
     if phase is None:
         return "-"
     return "non-finite" if phase.nonfinite else f"{phase.ratio:.3g}x" + (
         " behind" if phase.behind else "")
 
 
-def _notes(result: "SearchResult") -> list[str]:
+def _notes(result: Findings) -> list[str]:
     lines = [f"{name}: {describe_outcome(outcome)}" for name, outcome in result.baselines.items()]
     lines.append(_counts(result))
     broken = [f"{plural(result.failed, 'run')} raised an error"] if result.failed else []
@@ -137,12 +144,12 @@ def _notes(result: "SearchResult") -> list[str]:
     if result.stop_reason:
         lines.append(f"Sampling stopped early: {result.stop_reason}")
     lines += [text for text in (_all_tied(result), scaler_advice(result),
-                                replay_agreement(result),
-                                result.forward_overflow_hint(), result.forecast()) if text]
+                                replay_agreement(result), overflow_hint(result),
+                                forecast_line(result)) if text]
     return lines
 
 
-def _job(result: "SearchResult", number: int) -> str:
+def _job(result: Findings, number: int) -> str:
     """What the run of trial ``number`` was for, in a few words."""
     attrs = result.study.trials[number].user_attrs if result.study is not None else {}
     role = attrs.get("role", "run")
@@ -151,9 +158,9 @@ def _job(result: "SearchResult", number: int) -> str:
     return str(role)
 
 
-def _all_tied(result: "SearchResult") -> str | None:
+def _all_tied(result: Findings) -> str | None:
     """One line where every config that reached the target ties with every other."""
-    noise = Noise.over(result.spread, result.horizon, int(result.settings.get("steps") or 0))
+    noise = result.settings.noise(result.spread)
     if not all_tied(result.pool, result.step_times, noise):
         return None
     return (f"Tied: the {len(result.pool)} configs that reached the target are as fast as "
@@ -164,7 +171,7 @@ def _all_tied(result: "SearchResult") -> str | None:
             "horizon, so the order is the more stable, then the simpler config")
 
 
-def _counts(result: "SearchResult") -> str:
+def _counts(result: Findings) -> str:
     searched = [o for o in result.ranking if o.role == ROLE_SEARCH]
     pruned: dict[str, int] = {}
     for o in searched:
@@ -177,7 +184,7 @@ def _counts(result: "SearchResult") -> str:
                if result.reused else ""))
 
 
-def _answer(result: "SearchResult") -> list[str]:
+def _answer(result: Findings) -> list[str]:
     rec, best = result.recommended, result.best_amp
     if result.interrupted and best is None and rec is None:
         return [f"Recommended: pending: the search was interrupted before "
@@ -197,33 +204,33 @@ def _answer(result: "SearchResult") -> list[str]:
     for candidate in result.candidates[:ahead]:
         lines.append(f"  not confirmed: {candidate.label} [{candidate.config.describe()}] "
                      f"{_confirm_failure(result, candidate)}")
-    lines += textwrap.wrap(f"Verdict: {result.verdict}", _WIDTH, subsequent_indent="  ")
+    lines += textwrap.wrap(f"Verdict: {verdict(result)}", _WIDTH, subsequent_indent="  ")
     lines.append(f"Cost: {_cost(result)}")
     if result.interrupted:
         lines.append(_INTERRUPTED)
     return lines
 
 
-def _pending(result: "SearchResult") -> str:
+def _pending(result: Findings) -> str:
     if result.long and any(result.holds(f) is None for f in result.finalists):
         return "its finalists had their evidence over the horizon"
     return "its best candidate was confirmed on the other seeds"
 
 
-def _confirmed(result: "SearchResult", run: Outcome) -> str:
+def _confirmed(result: Findings, run: Outcome) -> str:
     seeds = sorted(result.confirmations.get(run.number, {}))
     holds = f"; {evidence_of(result, run)}" if result.long else ""
     return (f"confirmed on seeds {', '.join(map(str, [run.seed, *seeds]))}: "
             f"{describe_outcome(run)}{holds}")
 
 
-def _cost(result: "SearchResult") -> str:
+def _cost(result: Findings) -> str:
     return (f"{result.run_equivalents:.1f} run-equivalents of the horizon "
             f"({result.steps_trained} training steps over all runs and the step timing, "
             f"over {result.horizon})")
 
 
-def _confirm_failure(result: "SearchResult", candidate: Outcome) -> str:
+def _confirm_failure(result: Findings, candidate: Outcome) -> str:
     runs = result.confirmations.get(candidate.number, {})
     bad = [f"seed {s}: {describe_outcome(o)}" for s, o in sorted(runs.items()) if not o.reached]
     return "; ".join(bad) if bad else "(confirmation incomplete)"
@@ -251,8 +258,7 @@ def _spread(ratios: list[float]) -> str:
     return f"{statistics.median(ratios):.2f}x, {low:.2f}-{high:.2f}x"
 
 
-def _describe_reference(config: dict[str, Any]) -> str:
-    clip = config.get("clip_norm")
+def _describe_reference(clip: float | None) -> str:
     return "float32" + (f", clip {clip:.3g} (the workload's)" if clip else "")
 
 

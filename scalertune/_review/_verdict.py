@@ -12,46 +12,14 @@ the best AMP config that held is still carried (``evidence.best_amp``), to use o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from scalertune._judge._outcome import Outcome
-from scalertune._judge._speedup import Speedup
-from scalertune._review._evidence import why_not
+from scalertune._review._describe import why_not
+from scalertune._review._findings import Findings, speedup
 from scalertune._text import plural
 
-if TYPE_CHECKING:
-    from scalertune._review._result import SearchResult
 
-
-def speedup(result: "SearchResult", outcome: Outcome | None) -> Speedup | None:
-    """float32's time to target over ``outcome``'s, with its spread."""
-    times = result.step_times
-    if outcome is None or times is None or outcome.config.dtype not in times:
-        return None
-    twin = result.float32_clip
-    if twin is not None and twin.reached and outcome.reached:
-        # float32 with the same clipping: the steps it saves are not the precision's
-        ratios = [twin.steps_to_target / outcome.steps_to_target]
-    else:
-        runs = [outcome, *result.confirmations.get(outcome.number, {}).values()]
-        ratios = [result.references[o.seed]["steps_to_target"] / o.steps_to_target
-                  for o in runs if o.seed in result.references and o.reached
-                  and result.references[o.seed].get("steps_to_target")]
-    if not ratios:
-        return None
-    return Speedup.of(ratios, times.ratios(outcome.config.dtype))
-
-
-def amp_wins(result: "SearchResult", best: Outcome) -> bool:
-    """Whether ``best`` reaches the target sooner than float32 on this device beyond the
-    noise (a tie goes to float32: the simpler config)."""
-    found = speedup(result, best)
-    return found is not None and found.low > 1
-
-
-def verdict(result: "SearchResult") -> str:
+def verdict(result: Findings) -> str:
     """The one-paragraph answer the summary, the YAML and the dashboard carry."""
-    device = result.settings.get("device", "this device")
+    device = result.settings.device
     best = result.best_amp
     covers = _covers(result)
     if best is None:
@@ -71,11 +39,11 @@ def verdict(result: "SearchResult") -> str:
     return said + clause + covers
 
 
-def _covers(result: "SearchResult") -> str:
+def _covers(result: Findings) -> str:
     return f". Evidence covers steps 0-{result.horizon} of the horizon"
 
 
-def _no_amp(result: "SearchResult") -> str:
+def _no_amp(result: Findings) -> str:
     """Why no AMP config is recommended: none reached the target, none held for the
     horizon (per dtype, where it fell behind), or none was confirmed."""
     if result.missing and not any(result.holds(c) for c in result.pool):
@@ -96,7 +64,7 @@ def _no_amp(result: "SearchResult") -> str:
             + (" and held for the horizon" if result.long else ""))
 
 
-def _clipping_clause(result: "SearchResult") -> str:
+def _clipping_clause(result: Findings) -> str:
     """Whose steps the verdict compares with, when the best AMP config clips otherwise than
     the workload: float32 clipped the same way, which is the fair comparison."""
     twin, ref = result.float32_clip, result.reference

@@ -6,5 +6,10 @@
 - ``_preflight``: one float32 step before any study row exists;
 - ``_timing``: the interleaved step time of each dtype;
 - ``_schedules``: the LR schedules put back after steps that are not training's;
+- ``_checkpoint``: a run's state saved and restored (the float32 reference's, a branch's);
+- ``_trace_collector``: the gradient trace recorded along the float32 reference;
+- ``_probe``: a runtime whose step leaves the optimizer alone (the start-up probe, the
+  late-phase check);
+- ``_forward``: a config's forward loss at float32's own weights;
 - ``_memory``: giving a finished run's memory back.
 """

@@ -1,12 +1,25 @@
 """The search: :func:`scalertune.search`, one worker's part of a study.
 
-- ``_api``: :func:`search`, the pipeline from a factory to a recommendation;
-- ``_space``, ``_sampler``: search spaces, and the sampler that keeps to their dtypes;
-- ``_study``: the study's settings and the records a search writes;
+- ``_api``: :func:`search`, from a factory spec to a confirmed recommendation, and the cost
+  said up front;
+- ``_setup``: what a worker checks before it writes anything, and works with after;
+- ``_space``, ``_sampler``: search spaces (the config a trial's parameters name, and back),
+  and the sampler that keeps to their dtypes;
+- ``_study``: the study, its settings, and the records a search writes to it;
+- ``_pipeline``: one worker's part, phase by phase;
 - ``_references``: the float32 reference of each seed, and the step timing;
-- ``_checkpoints``: the float32 reference's checkpoints: where they are saved, resumed from,
-  and rebuilt when lost;
-- ``_trials``: one trial: sample or take a queued run, reuse a twin, train, store;
+- ``_reference_checkpoints``: the float32 reference's checkpoints: where they are saved,
+  resumed from, and rebuilt when lost;
+- ``_trials``: one trial: take a queued run or sample a config, reuse a twin, train, store;
+- ``_rules``: when a run stops, and how long it may train;
+- ``_reuse``: a twin that already ran, and a forward overflow's modules named;
+- ``_reports``: a run's curve, written while it trains;
+- ``_jobs``: the once-per-study runs (baselines, confirmations, the recommended trial);
+- ``_horizon_jobs``, ``_branch``: the evidence over a long horizon, finalist by finalist:
+  runs from step 0 and branches from float32's checkpoints;
+- ``_island_choice``: the float32 island a late phase proposes;
+- ``_replay_choice``: the float16 scaler setting the replay finds best over the horizon;
+- ``_recommended``: the recommended trial, where the dashboard looks for the answer;
 - ``_isolate``: where runs execute (their own process with ``--isolate``);
 - ``_progress``: the line per run on stderr, or the progress bar.
 """

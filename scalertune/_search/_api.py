@@ -22,7 +22,6 @@ from optuna.trial import TrialState
 from scalertune import _interrupt, _policy
 from scalertune._amp._config import BASELINES
 from scalertune._errors import StorageUnavailable
-from scalertune._judge._phases import phase_windows
 from scalertune._review._analyze import analyze
 from scalertune._review._result import SearchResult
 from scalertune._search._pipeline import Pipeline
@@ -90,14 +89,14 @@ def search(
         >>> result.config.dtype, result.best_amp.config.dtype  # doctest: +SKIP
         ('float32', 'bfloat16')
     """
-    setup, settings = prepare(factory, space=space, fp32_modules=fp32_modules,
-                              n_trials=n_trials, steps=steps, horizon=horizon, seed=seed,
-                              device=device, timeout=timeout, isolation=isolation,
-                              artifact_dir=artifact_dir)
+    setup = prepare(factory, space=space, fp32_modules=fp32_modules,
+                    n_trials=n_trials, steps=steps, horizon=horizon, seed=seed,
+                    device=device, timeout=timeout, isolation=isolation,
+                    artifact_dir=artifact_dir)
     url = storage_url(storage or DEFAULT_STORAGE)
     forget()
     try:
-        return _search(factory, setup, settings, url, study_name=study_name, log=log,
+        return _search(factory, setup, url, study_name=study_name, log=log,
                        progress=progress, n_trials=n_trials, timeout=timeout, seed=seed)
     except Outage as exc:
         raise StorageUnavailable(str(exc)) from None
@@ -105,15 +104,15 @@ def search(
         set_log(None)
 
 
-def _search(factory: str | Callable[[], Any], setup: Setup, settings: dict[str, Any],
-            url: str, *, study_name: str | None, log: Callable[[str], None] | None,
-            progress: bool, n_trials: int, timeout: float | None, seed: int) -> SearchResult:
+def _search(factory: str | Callable[[], Any], setup: Setup, url: str, *,
+            study_name: str | None, log: Callable[[str], None] | None, progress: bool,
+            n_trials: int, timeout: float | None, seed: int) -> SearchResult:
     if setup.artifact_dir is not None:
         Store(setup.artifact_dir).check()
     # From the first storage write on, Ctrl-C and SIGTERM stop the search at a safe point.
     with _interrupt.handled(), _interrupt.deferred():
         study, created = open_study(open_storage(url, on_stale_trial=retry),
-                                    study_name or default_study_name(factory), settings,
+                                    study_name or default_study_name(factory), setup.settings,
                                     seed=seed, url=url, space=setup.space)
         settle_location(study, given=setup.artifact_dir, default=default_location(url))
         lines = Progress(log, bar=progress)
@@ -141,7 +140,7 @@ def cost_estimate(setup: Setup, *, n_trials: int) -> str:
     timing = dtypes * (_policy.WARMUP_WINDOWS + _policy.TIMING_ROUNDS) * _policy.READBACK_INTERVAL
     confirmations = len(_policy.CONFIRM_SEEDS) * _policy.CONFIRM_TOP
     short = (len(_policy.CONFIRM_SEEDS) + len(BASELINES) + n_trials + confirmations) * steps
-    windows = phase_windows(horizon, steps)
+    windows = setup.windows
     branches = (_policy.PHASE_FINALISTS - 1) * sum(end - start for start, end in windows)
     leader = horizon if windows else 0
     most = (horizon + timing + short + leader + branches) / horizon

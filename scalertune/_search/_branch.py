@@ -26,7 +26,6 @@ from scalertune._judge._phases import (
     judge_from_start,
     judge_phase,
     judged_end,
-    phase_windows,
 )
 from scalertune._replay._state import scaler_state_at
 from scalertune._run._forward import forward_ratio
@@ -41,13 +40,13 @@ def run_branch(setup: Setup, references: References, config: AmpConfig, *, seed:
                start: int, end: int, on_window: Any = None) -> tuple[RunRecord, dict[str, Any]]:
     """Train ``config`` from the reference's checkpoint at ``start`` to ``end``; the record
     and the phase's judged figures."""
-    horizon = references.horizon(seed)
+    reference = references.reference(seed)
     checkpoint = references.checkpoint(seed, start)
     scaler = (scaler_state_at(references.trace(seed), config, start)
               if config.uses_scaler else None)
     record = execute(setup, config, steps=end, seed=seed, on_window=on_window,
                      plan=Plan(checkpoint=checkpoint, scaler=scaler))
-    result = judge_phase(record.losses, horizon["windows"][str(start)], start=start,
+    result = judge_phase(record.losses, reference["windows"][str(start)], start=start,
                          pruned=record.pruned)
     behind = result.behind and not result.nonfinite
     return record, {
@@ -56,7 +55,7 @@ def run_branch(setup: Setup, references: References, config: AmpConfig, *, seed:
         "phase_holds": result.holds, "initial_scale": record.initial_scale,
         "phase_forward": (_finite(_forward(setup, references, config, seed))
                           if behind else None),
-        "phase_forward_at": latest_start(horizon),
+        "phase_forward_at": latest_start(reference),
     }
 
 
@@ -83,14 +82,14 @@ def run_from_start(setup: Setup, references: References, config: AmpConfig, *, s
             log(f"{exc}: training it from step 0 instead")
     if resume is None:
         resumed_at = 0
-    horizon = references.horizon(seed)
-    spans = [w for w in phase_windows(setup.horizon, setup.steps) if judged_end(*w) <= end]
+    reference = references.reference(seed)
+    spans = [w for w in setup.windows if judged_end(*w) <= end]
     plan = Plan(save_at={end: references.checkpoints.stored(save)} if save else {},
                 checkpoint=resume, resume=bool(resume))
-    stop = _BehindStop(horizon["windows"], spans, end)
+    stop = _BehindStop(reference["windows"], spans, end)
     record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop,
                      plan=plan)
-    results = judge_from_start(record.losses, horizon["windows"], spans, pruned=record.pruned,
+    results = judge_from_start(record.losses, reference["windows"], spans, pruned=record.pruned,
                                first_nonfinite=record.steps_run if record.pruned else None)
     behind = next((p for p in results if p.behind and not p.nonfinite), None)
     last = results[-1] if results else None  # the verdict's window, as a branch shows one
@@ -102,15 +101,15 @@ def run_from_start(setup: Setup, references: References, config: AmpConfig, *, s
                     "phase_holds": all(p.holds for p in results),
                     "phase_forward": None if behind is None else _finite(_forward(
                         setup, references, config, seed)),
-                    "phase_forward_at": latest_start(horizon),
+                    "phase_forward_at": latest_start(reference),
                     "initial_scale": record.initial_scale,
                     # a continuation's record holds the run it continues: count its own steps
                     **({"steps_run": record.steps_run - resumed_at} if resume else {})}
 
 
-def latest_start(horizon: dict[str, Any]) -> int:
-    """The last window's first step."""
-    return max(int(s) for s in horizon["windows"])
+def latest_start(reference: dict[str, Any]) -> int:
+    """The float32 ``reference``'s last window's first step."""
+    return max(int(s) for s in reference["windows"])
 
 
 def _forward(setup: Setup, references: References, config: AmpConfig, seed: int) -> float:
@@ -120,7 +119,7 @@ def _forward(setup: Setup, references: References, config: AmpConfig, seed: int)
     plateau of its own), and a branch of its dtype from float32's weights shows nothing about
     getting there; beyond it, the precision itself is what fails, for every config that
     shares it."""
-    checkpoint = references.checkpoint(seed, latest_start(references.horizon(seed)))
+    checkpoint = references.checkpoint(seed, latest_start(references.reference(seed)))
     return run_here(forward_ratio, setup.factory, config, checkpoint, seed=seed,
                     device=setup.device)
 

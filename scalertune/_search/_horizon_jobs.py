@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from scalertune import _policy
-from scalertune._judge._phases import judged_end, phase_windows
+from scalertune._judge._phases import judged_end
 from scalertune._review._analyze import analyze
-from scalertune._search._islands import island_for
+from scalertune._search._island_choice import island_for
 from scalertune._search._setup import Setup
 from scalertune._storage._names import ROLE_ISLAND, ROLE_PHASE
 
@@ -146,7 +146,7 @@ def _affordable_end(setup: Setup, result: Any, run: Any) -> int | None:
     keeping room for one more finalist from step 0 (through the first window, its
     confirmations and its later branches) while another is left; ``None`` when not even the
     first window fits."""
-    windows = phase_windows(setup.horizon, setup.steps)
+    windows = setup.windows
 
     def cost(end: int) -> int:
         return end + sum(e - s for s, e in windows if s >= end)

@@ -240,7 +240,7 @@ def _child(conn: Any, job: tuple[Any, ...], parent_pid: int) -> None:
             conn.send(("times", time_dtypes(workload, dtypes, device=dev, clip_norm=clip,
                                             announce=lambda d: conn.send(("dtype", d)))))
         elif kind == "locate":  # a forward overflow's replay (``steps`` holds the losses)
-            from scalertune._diagnose._islands import locate_forward_overflow
+            from scalertune._diagnose._locate import locate_forward_overflow
 
             conn.send(("advice", locate_forward_overflow(
                 factory, AmpConfig.from_dict(config), steps, seed=seed, device=dev)))

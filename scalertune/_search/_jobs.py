@@ -26,7 +26,6 @@ import optuna
 
 from scalertune import _policy
 from scalertune._amp._config import BASELINES, AmpConfig
-from scalertune._judge._phases import phase_windows
 from scalertune._review._analyze import analyze
 from scalertune._search._horizon_jobs import PHASE_KEY, HorizonJobs
 from scalertune._search._progress import Progress
@@ -136,8 +135,7 @@ class Jobs:
                     ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Branches of ``runs`` at the windows from ``after`` on, but for windows a run from
         step 0 already judged (in ``result``)."""
-        windows = [w for w in phase_windows(self.setup.horizon, self.setup.steps)
-                   if w[0] >= after]
+        windows = [w for w in self.setup.windows if w[0] >= after]
         judged = set() if result is None else {
             (n, p.start) for n, ps in result.phases.items() for p in ps if p.from_start}
         return [(self.job(ROLE_PHASE, run.config, of=run.number, start=start, end=end),

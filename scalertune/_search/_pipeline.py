@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _interrupt, _policy
 from scalertune._amp._config import AmpConfig
+from scalertune._judge._outcome import Outcome
 from scalertune._judge._stopping import study_stop_reason
 from scalertune._search._jobs import Jobs
 from scalertune._search._progress import Progress
@@ -104,9 +105,10 @@ class Pipeline:
             return (f"the space has {plural(distinct, 'distinct config')}, and "
                     f"{'it has' if distinct == 1 else 'every one has'} run")
         least = _policy.STUDY_MIN_TRIALS_LONG if self.setup.long else _policy.STUDY_MIN_TRIALS
-        reason = study_stop_reason([
-            (t.user_attrs.get("time_to_target_s"), "duplicate_of" in t.user_attrs)
-            for t in sampled], min_trials=least)
+        reason = study_stop_reason(
+            [Outcome.from_trial(t) for t in sampled], self.references.step_times,
+            self.setup.settings.noise(self.references.spread()), min_trials=least,
+            tied_trials=None if self.setup.long else _policy.STUDY_TIED_TRIALS)
         if reason is None and self.deadline is not None and time.monotonic() > self.deadline:
             reason = "the time budget (timeout) is spent"
         return reason

@@ -3,8 +3,8 @@
 The reference of the search's own seed runs first, once per study (whichever worker claims
 it). Its first ``steps`` define the target of the trials. When the horizon goes past a trial,
 it trains on to the horizon, once: it saves checkpoints to the study's artifact store
-(:mod:`scalertune._search._checkpoints`: at the start of every phase window, where the
-finalists are branched, and every few minutes, so that a reference that was interrupted
+(:mod:`scalertune._search._reference_checkpoints`: at the start of every phase window, where
+the finalists are branched, and every few minutes, so that a reference that was interrupted
 resumes instead of starting over), says how long it will take, keeps its per-step losses over
 the windows (float32's own continuation, which a branch is compared with) and records the
 gradient trace that the scaler replay reads. The interleaved step timing of every dtype the
@@ -34,8 +34,7 @@ from scalertune._run._loop import Plan
 from scalertune._run._memory import release_memory
 from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes, time_dtypes
-from scalertune._run._trace import TraceCollector
-from scalertune._search._checkpoints import Checkpoints
+from scalertune._run._trace_collector import TraceCollector
 from scalertune._search._isolate import (
     TrialCrashed,
     describe_error,
@@ -43,9 +42,11 @@ from scalertune._search._isolate import (
     run_here,
     time_isolated,
 )
+from scalertune._search._reference_checkpoints import Checkpoints
 from scalertune._search._setup import Setup
 from scalertune._search._study import add_reference
 from scalertune._storage._claims import Once
+from scalertune._storage._optuna import storage_of
 from scalertune._text import duration
 from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import FactoryError
@@ -92,10 +93,6 @@ class References:
             self._stored[seed] = reference_of(self.study, seed)
         return self._stored[seed]
 
-    def horizon(self, seed: int) -> dict[str, Any]:
-        """The reference's horizon record: its windows' losses and their checkpoints."""
-        return self.reference(seed)["horizon"]
-
     def trace(self, seed: int) -> Trace:
         """The reference's gradient trace."""
         if seed not in self._traces:
@@ -111,7 +108,7 @@ class References:
     def checkpoint(self, seed: int, start: int) -> str:
         """float32's checkpoint at ``start`` as a file here, checked (rebuilt first where it
         is missing or damaged: :meth:`Checkpoints.get`)."""
-        return self.checkpoints.get(self.horizon(seed)["checkpoints"][str(start)], start)
+        return self.checkpoints.get(self.reference(seed)["checkpoints"][str(start)], start)
 
     def _run(self, seed: int) -> None:
         main = seed == self.setup.seed
@@ -126,7 +123,8 @@ class References:
             self._remove_if_empty()
             raise
         times = self._time() if main else None
-        add_reference(self.study, record, self.config.to_dict(), times, steps=self.setup.steps,
+        add_reference(self.study, record, self.config.to_dict(), times,
+                      settings=self.setup.settings,
                       checkpoints=self.checkpoints.phase_names() if long else {})
         measured = "" if times is None else ", step time " + ", ".join(
             f"{d} {times.median(d) * 1e3:.3g} ms" for d in times.rounds)
@@ -182,7 +180,7 @@ class References:
         if not study.get_trials(deepcopy=False):
             self.checkpoints.remove()
             optuna.delete_study(study_name=study.study_name,
-                                storage=study._storage)  # noqa: SLF001
+                                storage=storage_of(study))
 
 
 class _TimeLeft:

@@ -33,15 +33,14 @@ from scalertune._search._setup import Setup
 
 def replay_choice(result: SearchResult, setup: Setup) -> AmpConfig | None:
     """The float16 setting worth a real run (see the module's docstring), or ``None``."""
-    ref = result.reference
-    if "float16" not in setup.space.dtypes or not ref or not ref.get("trace"):
+    trace = result.trace
+    if "float16" not in setup.space.dtypes or trace is None:
         return None
     base = _base(result, setup)
     default = result.baselines.get("pytorch-default")
     if (default is not None and default.prune_kind == "forward"
             and default.config.fp32_modules == base.fp32_modules):
         return None  # the forward pass overflows float16 whatever the scaler does
-    trace = Trace.decode(ref["trace"])
     best = fewest_skips(trace, base, [base, *_drawn(setup, base)], result.horizon,
                         setup.clip_norm)
     return best if best is not None and worth_changing(trace, base, best, result) else None

@@ -12,7 +12,7 @@ import optuna
 from scalertune import _policy
 from scalertune._judge._target import Target, smoothed
 from scalertune._run._record import RunRecord
-from scalertune._storage._points import write_points
+from scalertune._storage._optuna import write_points
 
 
 class Reports:

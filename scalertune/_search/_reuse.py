@@ -9,7 +9,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune._amp._config import AmpConfig
-from scalertune._diagnose._islands import locate_forward_overflow
+from scalertune._diagnose._locate import locate_forward_overflow
 from scalertune._judge._outcome import Outcome
 from scalertune._run._record import RunRecord
 from scalertune._search._isolate import locate_isolated, run_here

@@ -54,7 +54,7 @@ class Rules:
 
     def noise(self) -> Noise:
         """What counts as a tie in steps to the target (float32's seed spread of them)."""
-        return Noise.over(self.references.spread(), self.setup.horizon, self.setup.steps)
+        return self.setup.settings.noise(self.references.spread())
 
     def trial_steps(self, role: str) -> int:
         """How long a run from the start may train: a trial, and over a long horizon a tie's

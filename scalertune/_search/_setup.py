@@ -11,6 +11,7 @@ import torch
 from scalertune import _limits
 from scalertune._amp._device import resolve_device
 from scalertune._errors import ParameterError, UsageError
+from scalertune._judge._settings import StudySettings
 from scalertune._run._preflight import preflight
 from scalertune._search._space import SearchSpace
 from scalertune._storage._store import normalized
@@ -31,38 +32,52 @@ class Isolation:
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    """What every trial of one worker shares."""
+    """What every trial of one worker shares: the study's settings (the record the study
+    stores), and what this worker runs them with."""
 
     spec: str | Callable[[], Any]
     factory: Callable[[], Any]
     space: SearchSpace
     device: torch.device
-    steps: int
-    seed: int
     n_trials: int
-    #: The workload's own clipping: every run without a clip of its own uses it.
-    clip_norm: float | None
+    settings: StudySettings
     isolation: Isolation | None
-    #: The steps of training the evidence covers; ``steps`` when no longer horizon is asked.
-    horizon: int = 0
     #: Where the study's artifacts go, as given (a folder or ``s3://BUCKET``); ``None``: the
     #: study's recorded place, else beside its storage (:mod:`scalertune._storage._store`).
     artifact_dir: str | None = None
 
     @property
+    def steps(self) -> int:
+        return self.settings.steps
+
+    @property
+    def seed(self) -> int:
+        return self.settings.seed
+
+    @property
+    def horizon(self) -> int:
+        return self.settings.horizon
+
+    @property
     def long(self) -> bool:
-        """Whether the horizon goes past a trial: then the reference trains to it, and the
-        finalists are branched at its phases."""
-        return self.horizon > self.steps
+        return self.settings.long
+
+    @property
+    def windows(self) -> list[tuple[int, int]]:
+        return self.settings.windows
+
+    @property
+    def clip_norm(self) -> float | None:
+        """The workload's own clipping: every run without a clip of its own uses it."""
+        return self.settings.clip_norm
 
 
 def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
             fp32_modules: str | None, n_trials: int, steps: int, horizon: int | None,
             seed: int, device: str | None, timeout: float | None,
-            isolation: Isolation | None, artifact_dir: str | None,
-            ) -> tuple[Setup, dict[str, Any]]:
+            isolation: Isolation | None, artifact_dir: str | None) -> Setup:
     """Everything a search checks before it writes anything: its numbers, its space, the
-    device, the factory and one float32 step of it; the setup and the study's settings."""
+    device, the factory and one float32 step of it; the setup, with the study's settings."""
     _limits.check(_limits.SEARCH, n_trials=n_trials, steps=steps, horizon=horizon, seed=seed,
                   timeout=timeout)
     location = None if artifact_dir is None else normalized(artifact_dir)
@@ -76,22 +91,17 @@ def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
     except FactoryError as exc:
         raise UsageError(f"the factory {factory_name(factory)} raised {exc}: fix it and "
                          "rerun") from None
-    if horizon is None and checked.horizon is not None:
-        horizon = _declared_horizon(checked.horizon, factory_name(factory), steps)
-    horizon = horizon or steps
-    if horizon < steps:
-        raise ParameterError("horizon", f"must be at least steps ({steps}): it is the "
-                             f"training the evidence covers, at least one trial; got {horizon}")
-    setup = Setup(spec=factory, factory=user_factory, space=space, device=dev, steps=steps,
-                  seed=seed, n_trials=n_trials, clip_norm=checked.reference.clip_norm,
-                  isolation=isolation, horizon=horizon,
-                  artifact_dir=location)
-    settings = {
-        "factory": factory_name(factory), "steps": steps, "horizon": horizon, "seed": seed,
-        "space": space.to_dict(), "device_type": dev.type, "device": describe_device(dev),
-        "reference": checked.reference.to_dict(),
-    }
-    return setup, settings
+    declared = checked.horizon
+    if horizon is None and declared is not None:
+        declared = _declared_horizon(declared, factory_name(factory), steps)
+    settings = StudySettings(
+        factory=factory_name(factory), steps=steps,
+        horizon=_limits.horizon(steps, horizon, declared), seed=seed,
+        space=space.to_dict(), device_type=dev.type, device=describe_device(dev),
+        reference=checked.reference)
+    return Setup(spec=factory, factory=user_factory, space=space, device=dev,
+                 n_trials=n_trials, settings=settings, isolation=isolation,
+                 artifact_dir=location)
 
 
 def _declared_horizon(horizon: int, factory: str, steps: int) -> int:

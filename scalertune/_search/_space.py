@@ -29,14 +29,17 @@ from typing import Any, Mapping
 
 import optuna
 
-from scalertune._amp._config import DTYPES, AmpConfig
+from scalertune._amp._config import DTYPES, SCALER_KNOBS, AmpConfig
 from scalertune._amp._yaml import parse_yaml, read_yaml
 from scalertune._errors import UsageError
-from scalertune._search import _points
-from scalertune._search._points import NUMERIC_KNOBS
+from scalertune._judge._settings import space_dtypes
 from scalertune._search._sampler import DtypeSampler
+from scalertune._storage._optuna import fixed_params
 
 _RANGE_KEYS = {"low", "high", "log", "step", "optional"}
+#: Searched, like the scaler's knobs, only on float16 trials: the range problem islands fix.
+FLOAT16_ONLY = (*SCALER_KNOBS, "fp32_modules")
+NUMERIC_KNOBS = (*SCALER_KNOBS, "clip_norm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +59,7 @@ class SearchSpace:
 
     @property
     def dtypes(self) -> tuple[str, ...]:
-        dtype = self.params.get("dtype", {"choices": ["float16"]})
-        return tuple(dtype["choices"]) if isinstance(dtype, Mapping) else (dtype,)
+        return space_dtypes(self.params)
 
     @classmethod
     def load(cls, name_or_path: str) -> "SearchSpace":
@@ -142,7 +144,36 @@ class SearchSpace:
 
         The study's sampler must be :meth:`sampler` (or another that keeps ``dtype`` to the
         space's choices)."""
-        return _points.suggest(self, trial)
+        # Every run of a study, the float32 references included, is a point of one dtype
+        # parameter over all three dtypes; the space's sampler keeps to the space's choices.
+        values: dict[str, Any] = {"dtype": trial.suggest_categorical("dtype", list(DTYPES))}
+        if values["dtype"] not in self.dtypes and "dtype" not in fixed_params(trial):
+            raise UsageError(f"the study's sampler proposed dtype {values['dtype']!r}, outside "
+                             f"search space {self.name!r}: create the study with "
+                             "sampler=space.sampler()")
+        islands = self.params.get("fp32_modules")
+        if islands is not None and values["dtype"] == "float16":
+            values["fp32_modules"] = (
+                trial.suggest_categorical("fp32_modules", list(islands["choices"]))
+                if isinstance(islands, Mapping) else islands)
+        for key in NUMERIC_KNOBS:
+            if key not in self.params or (key in FLOAT16_ONLY and values["dtype"] != "float16"):
+                continue
+            spec = self.params[key]
+            if not isinstance(spec, Mapping):
+                values[key] = spec
+                continue
+            if spec.get("optional") and not trial.suggest_categorical(f"use_{key}",
+                                                                      [False, True]):
+                continue
+            kwargs = {k: spec[k] for k in ("log", "step") if k in spec}
+            if key == "growth_interval":
+                values[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]),
+                                                **kwargs)
+            else:
+                values[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]),
+                                                  **kwargs)
+        return AmpConfig(**values)
 
     def params_for(self, config: AmpConfig) -> dict[str, Any] | None:
         """The parameters :meth:`suggest` would record to produce ``config``, or ``None``
@@ -152,15 +183,71 @@ class SearchSpace:
         ``config`` is taken before the workload's own clipping is applied: a ``clip_norm`` of
         ``None`` is "no clipping of its own", which the space spells ``use_clip_norm: false``.
         """
-        return _points.params_for(self, config)
+        return _params_for(self, config)
 
     def distinct_configs(self) -> int | None:
         """How many different configs the space can produce; ``None`` when a range makes it
         endless. (A purely categorical space runs out: the search stops once all have run.)"""
-        return _points.distinct_configs(self)
+        return _distinct_configs(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "params": dict(self.params)}
+
+
+def _params_for(space: SearchSpace, config: AmpConfig) -> dict[str, Any] | None:
+    params: dict[str, Any] = {"dtype": config.dtype}
+    float16 = config.dtype == "float16"
+    islands = space.params.get("fp32_modules")
+    if islands is not None and float16:
+        joined = ",".join(config.fp32_modules)
+        if not isinstance(islands, Mapping):
+            if AmpConfig(fp32_modules=islands or "").fp32_modules != config.fp32_modules:
+                return None
+        elif joined in islands["choices"]:
+            params["fp32_modules"] = joined
+        else:
+            return None
+    elif config.fp32_modules:
+        return None
+    for key in NUMERIC_KNOBS:
+        value = getattr(config, key)
+        spec = space.params.get(key)
+        if spec is None or (key in FLOAT16_ONLY and not float16):
+            if key in FLOAT16_ONLY and float16 and value != getattr(AmpConfig(), key):
+                return None
+            if key == "clip_norm" and value is not None:
+                return None
+            continue
+        if not isinstance(spec, Mapping):
+            if value != spec:
+                return None
+            continue
+        if spec.get("optional"):
+            params[f"use_{key}"] = value is not None
+            if value is None:
+                continue
+        if value is None or not spec["low"] <= value <= spec["high"]:
+            return None
+        params[key] = value
+    return params
+
+
+def _distinct_configs(space: SearchSpace) -> int | None:
+    total = 0
+    for dtype in space.dtypes:
+        count = 1
+        for key in NUMERIC_KNOBS:
+            spec = space.params.get(key)
+            if not isinstance(spec, Mapping) or (key in FLOAT16_ONLY and dtype != "float16"):
+                continue
+            if spec["low"] != spec["high"]:
+                return None
+            count *= 2 if spec.get("optional") else 1
+        islands = space.params.get("fp32_modules")
+        if isinstance(islands, Mapping) and dtype == "float16":
+            count *= len(set(islands["choices"]))
+        total += count
+    return total
 
 
 def shipped_spaces() -> dict[str, str]:

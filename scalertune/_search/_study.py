@@ -3,8 +3,9 @@
 One study holds everything a search ran, so that resuming, a second worker or a later
 ``report`` see the same evidence:
 
-- a study user attribute with the settings the study was created with (factory, steps, seed,
-  space, device type, the reference's clipping): a rerun with other settings is refused;
+- a study user attribute with the settings the study was created with
+  (:class:`~scalertune._judge._settings.StudySettings`: factory, steps, horizon, seed, space,
+  device, the reference's clipping): a rerun with other settings is refused;
 - one *reference* trial per seed the search needed: the float32 run, its target loss, and
   (for the main seed) the interleaved step time of every dtype the study may run;
 - the sampled *search* trials, the two named *baseline* trials, the *confirmation* reruns and
@@ -20,6 +21,7 @@ answer's run, float32's included), not the least value: see :mod:`scalertune._re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import secrets
@@ -35,7 +37,7 @@ from scalertune import _policy
 from scalertune._amp._config import DTYPES
 from scalertune._errors import UsageError
 from scalertune._judge._outcome import encode_scales
-from scalertune._judge._phases import phase_windows
+from scalertune._judge._settings import StudySettings
 from scalertune._judge._target import Target, smoothed
 from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes
@@ -53,17 +55,14 @@ from scalertune._storage._names import (
     TRACE_ATTR,
 )
 from scalertune._storage._open import first_line
+from scalertune._storage._optuna import set_system_attr, study_id
 from scalertune._storage._redact import redact
 from scalertune._text import readable
 from scalertune._workload._loader import factory_name
 
-#: The settings whose change makes stored trials incomparable with new ones.
-COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference")
 #: Every run's dtype is a value of this one distribution (see the module docstring).
 DTYPE_DISTRIBUTION = CategoricalDistribution(list(DTYPES))
 _SETTINGS_WAIT_S = 30
-#: The settings' key of the token made when the study was created (see :func:`instance`).
-INSTANCE_KEY = "instance"
 
 
 def default_study_name(factory: str | Callable[[], Any]) -> str:
@@ -74,7 +73,7 @@ def default_study_name(factory: str | Callable[[], Any]) -> str:
     return f"{stem}:{name}"
 
 
-def open_study(storage: Any, study_name: str, settings: dict[str, Any], *, seed: int,
+def open_study(storage: Any, study_name: str, settings: StudySettings, *, seed: int,
                url: str, space: SearchSpace) -> tuple[optuna.Study, bool]:
     """Create the study, or load it when it exists with the same settings.
 
@@ -100,18 +99,20 @@ def open_study(storage: Any, study_name: str, settings: dict[str, Any], *, seed:
     if stored is None:
         # the study's own name for its files (its float32 checkpoints): a study made again
         # under the same name, in a new database or after a delete, gets another
-        study.set_user_attr(SETTINGS_ATTR, {**settings, INSTANCE_KEY: secrets.token_hex(4)})
+        created = dataclasses.replace(settings, instance=secrets.token_hex(4))
+        study.set_user_attr(SETTINGS_ATTR, created.to_dict())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(["time to target (s)"])
         return study, True
-    for key in COMPARABLE:
-        if stored.get(key) != settings.get(key):
-            raise UsageError(
-                f"study {study_name!r} was created with {key}={_short(stored.get(key))}, not "
-                f"{_short(settings.get(key))}: rerun with the same {key}, or pass a new "
-                "--study-name"
-            )
+    existing = StudySettings.from_dict(stored)
+    key = existing.differs_from(settings)
+    if key is not None:
+        raise UsageError(
+            f"study {study_name!r} was created with {key}={_short(existing.to_dict()[key])}, "
+            f"not {_short(settings.to_dict()[key])}: rerun with the same {key}, or pass a new "
+            "--study-name"
+        )
     return study, False
 
 
@@ -122,8 +123,7 @@ def instance(study: optuna.Study) -> str:
     the study at the same moment each write one and the last write stays; it is first read
     inside the float32 reference's claim (:mod:`scalertune._storage._claims`), which settles
     after those writes, so every worker reads the same."""
-    settings = study.user_attrs.get(SETTINGS_ATTR) or {}
-    return str(settings.get(INSTANCE_KEY) or study._study_id)  # noqa: SLF001
+    return StudySettings.of(study).instance or str(study_id(study))
 
 
 def _short(value: Any) -> str:
@@ -133,7 +133,7 @@ def _short(value: Any) -> str:
 
 
 def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any],
-                  times: StepTimes | None, *, steps: int,
+                  times: StepTimes | None, *, settings: StudySettings,
                   checkpoints: dict[int, str]) -> None:
     """Store a finished float32 run as the reference trial of its seed, in one write.
 
@@ -141,7 +141,7 @@ def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any]
     horizon also stores its losses over each phase window (float32's own continuation,
     which a branch from the window's checkpoint is compared with) and where those
     checkpoints are. Its gradient trace goes with it."""
-    early = record.losses[:steps]
+    early = record.losses[:settings.steps]
     target = Target.from_reference(early)
     reached = target.steps_to_target(early)
     step_time = times.median("float32") if times else record.median_step_time
@@ -150,12 +150,11 @@ def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any]
         system_attrs[TIMES_ATTR] = times.to_dict()
     if record.trace is not None:
         system_attrs[TRACE_ATTR] = record.trace.encode()
-    horizon = len(record.losses)
     if checkpoints:
         system_attrs[HORIZON_ATTR] = {
-            "horizon": horizon,
+            "horizon": len(record.losses),
             "windows": {str(start): record.losses[start:end]
-                        for start, end in phase_windows(horizon, steps)},
+                        for start, end in settings.windows},
             "checkpoints": {str(k): v for k, v in checkpoints.items()},
         }
     study.add_trial(optuna.trial.create_trial(
@@ -202,7 +201,7 @@ def _constraints(gap: float) -> dict[str, Any]:
 def store_constraint(trial: optuna.Trial, gap: float) -> None:
     """Mark the running ``trial`` feasible (``gap`` <= 0: it reached the target) or not."""
     for key, value in _constraints(gap).items():
-        trial.storage.set_trial_system_attr(trial._trial_id, key, value)  # noqa: SLF001
+        set_system_attr(trial, key, value)
 
 
 def store_judged(trial: optuna.Trial, judged: dict[str, Any]) -> None:
@@ -210,8 +209,7 @@ def store_judged(trial: optuna.Trial, judged: dict[str, Any]) -> None:
     analysis and ``report`` read, and as user attributes rounded for reading, which the
     dashboard shows (the prune reason, a sentence, stays in the first and in the trial's
     note: drawn unwrapped among the attributes, it widened every trial page)."""
-    storage, trial_id = trial.storage, trial._trial_id  # noqa: SLF001
-    storage.set_trial_system_attr(trial_id, JUDGED_ATTR, judged)
+    set_system_attr(trial, JUDGED_ATTR, judged)
     for key, value in judged.items():
         if key != "prune_reason":
             trial.set_user_attr(key, readable(value))
@@ -244,9 +242,8 @@ def judged_attrs(record: RunRecord, target: Target, step_time: float | None) -> 
 
 def store_curves(trial: optuna.Trial, record: RunRecord) -> None:
     """The per-step loss and loss scale, for the pictures and for ``report``."""
-    storage, trial_id = trial.storage, trial._trial_id  # noqa: SLF001
-    storage.set_trial_system_attr(trial_id, LOSSES_ATTR, record.losses)
-    storage.set_trial_system_attr(trial_id, SCALES_ATTR, encode_scales(record.scales))
+    set_system_attr(trial, LOSSES_ATTR, record.losses)
+    set_system_attr(trial, SCALES_ATTR, encode_scales(record.scales))
 
 
 def objective_value(judged: dict[str, Any]) -> float:

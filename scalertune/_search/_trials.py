@@ -31,7 +31,6 @@ from scalertune._search._isolate import (
     describe_error,
     execute,
 )
-from scalertune._search._points import fixed_params
 from scalertune._search._references import References
 from scalertune._search._reports import Reports
 from scalertune._search._reuse import locate_overflow, reuse
@@ -54,6 +53,7 @@ from scalertune._storage._names import (
     ROLE_SURPLUS,
     TRACEBACK_ATTR,
 )
+from scalertune._storage._optuna import fixed_params, set_system_attr, storage_of, trial_id
 from scalertune._storage._outage import outage_behind, storage_error
 from scalertune._storage._recovery import retry, survive_lost_trial, take
 from scalertune._workload._loader import FactoryError
@@ -183,7 +183,7 @@ class TrialRunner:
         """A run that could not get its evidence: it is queued again (at most
         ``MAX_RETRIES`` times), and says why; its trial fails without an error of its own."""
         trial.set_user_attr("missing", why[:_ERROR_CHARS])
-        frozen = self.study._storage.get_trial(trial._trial_id)  # noqa: SLF001
+        frozen = storage_of(self.study).get_trial(trial_id(trial))
         queued = retry(self.study, frozen)
         self.progress.line(f"#{trial.number}: evidence missing: {why}: "
                            + ("queued again" if queued else "retried enough: rerun the same "
@@ -210,8 +210,7 @@ class TrialRunner:
             message = describe_error(cause)
             trace = "".join(traceback.format_exception(cause))
         trial.set_user_attr("error", message[:_ERROR_CHARS])
-        trial.storage.set_trial_system_attr(trial._trial_id, TRACEBACK_ATTR,  # noqa: SLF001
-                                            trace[-4000:])
+        set_system_attr(trial, TRACEBACK_ATTR, trace[-4000:])
         self.progress.line(f"#{trial.number} failed: {message}")
         self._failures.append(message)
         recent = self._failures[-_policy.SAME_FAILURES_BEFORE_STOP:]

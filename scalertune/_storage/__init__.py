@@ -7,7 +7,8 @@ passwords, recovering dead workers' trials.
 - ``_redact``: passwords hidden in URLs and messages;
 - ``_recovery``: failing and retrying trials whose worker died;
 - ``_claims``: once-per-study work among several workers;
-- ``_points``: a running trial's curve points, many in one write;
 - ``_store``: the study's artifact store (a folder or an S3 bucket), recorded in the study;
-- ``_checkpoints``: checkpoints in that store, each carrying its checksum.
+- ``_checkpoints``: checkpoints in that store, each carrying its checksum;
+- ``_optuna``: Optuna's private API, in one place (ids, a running trial's system
+  attributes, a trial's curve points many in one write), each part checked by a test.
 """

@@ -20,17 +20,18 @@ import optuna
 
 from scalertune import _interrupt, _policy
 from scalertune._storage._names import CLAIM_PREFIX
+from scalertune._storage._optuna import storage_of, study_id
 from scalertune._storage._outage import Outage
 from scalertune._storage._recovery import WORKER, worker_gone
 
 
 def _read(study: optuna.Study, key: str) -> dict | None:
-    attrs = study._storage.get_study_system_attrs(study._study_id)  # noqa: SLF001
+    attrs = storage_of(study).get_study_system_attrs(study_id(study))
     return attrs.get(CLAIM_PREFIX + key)
 
 
 def _write(study: optuna.Study, key: str, value: dict | None) -> None:
-    study._storage.set_study_system_attr(study._study_id, CLAIM_PREFIX + key, value)  # noqa: SLF001
+    storage_of(study).set_study_system_attr(study_id(study), CLAIM_PREFIX + key, value)
 
 
 @contextlib.contextmanager

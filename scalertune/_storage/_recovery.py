@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune import _policy
 from scalertune._storage._names import JOB_ATTRS
 from scalertune._storage._open import heartbeat_enabled
+from scalertune._storage._optuna import storage_of, study_id, trial_id
 
 #: Optuna's bookkeeping of retries and of enqueued parameters, which a copy keeps.
 _JOB_SYSTEM_ATTRS = ("failed_trial", "retry_history", "fixed_params")
@@ -47,7 +48,7 @@ _current: dict[int, int] = {}
 def take(trial: optuna.Trial) -> None:
     """Name this process as the worker of ``trial``: the first write to any trial it runs."""
     trial.set_user_attr("worker", WORKER)
-    _current[trial.study._study_id] = trial._trial_id  # noqa: SLF001
+    _current[study_id(trial.study)] = trial_id(trial)
 
 
 def retry(study: optuna.Study, trial: FrozenTrial) -> bool:
@@ -70,7 +71,7 @@ def retry(study: optuna.Study, trial: FrozenTrial) -> bool:
 
 def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
     """Fail and requeue every running trial whose worker is gone; say which."""
-    storage = study._storage  # noqa: SLF001
+    storage = storage_of(study)
     if heartbeat_enabled(storage):
         running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
         optuna.storages.fail_stale_trials(study)  # calls retry() for each trial it fails
@@ -80,13 +81,13 @@ def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
                     "marked failed, its run queued again")
     now = time.monotonic()
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    seen = {(study._study_id, t._trial_id) for t in running}  # noqa: SLF001
-    for key in [k for k in _unowned if k[0] == study._study_id and k not in seen]:  # noqa: SLF001
+    seen = {(study_id(study), trial_id(t)) for t in running}
+    for key in [k for k in _unowned if k[0] == study_id(study) and k not in seen]:
         del _unowned[key]
     for trial in running:
         worker = trial.user_attrs.get("worker")
         if worker is None:
-            first = _unowned.setdefault((study._study_id, trial._trial_id), now)  # noqa: SLF001
+            first = _unowned.setdefault((study_id(study), trial_id(trial)), now)
             if now - first < _policy.HEARTBEAT_GRACE_S:
                 continue
             why = (f"trial #{trial.number} was taken by a worker that died before naming "
@@ -97,14 +98,14 @@ def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
         else:
             continue
         if _fail(storage, trial):
-            retry(study, storage.get_trial(trial._trial_id))  # noqa: SLF001
+            retry(study, storage.get_trial(trial_id(trial)))
             log(f"{why}: marked failed, its run queued again")
 
 
 def _fail(storage: Any, trial: FrozenTrial) -> bool:
     """Fail ``trial``; ``False`` when another worker finished or failed it first."""
     try:
-        return bool(storage.set_trial_state_values(trial._trial_id,  # noqa: SLF001
+        return bool(storage.set_trial_state_values(trial_id(trial),
                                                    state=TrialState.FAIL))
     except UpdateFinishedTrialError:
         return False
@@ -132,16 +133,16 @@ def survive_lost_trial(study: optuna.Study, log: Callable[[str], None]) -> Itera
         # Optuna's words when the trial it is asked to finish is finished already.
         refused = isinstance(exc, UpdateFinishedTrialError) or str(exc).startswith(
             "Cannot tell a ")
-        trial_id = _current.get(study._study_id)  # noqa: SLF001
-        if not refused or trial_id is None:
+        running = _current.get(study_id(study))
+        if not refused or running is None:
             raise
-        trial = study._storage.get_trial(trial_id)  # noqa: SLF001
+        trial = storage_of(study).get_trial(running)
         if trial.state != TrialState.FAIL or "error" in trial.user_attrs:
             raise
         log(f"trial #{trial.number} was failed by another worker, which took this one for "
             "dead (it stalled past the heartbeat grace period): its queued copy runs it")
     finally:
-        _current.pop(study._study_id, None)  # noqa: SLF001
+        _current.pop(study_id(study), None)
 
 
 def _alive(pid: int) -> bool:

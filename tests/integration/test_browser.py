@@ -32,6 +32,8 @@ import pytest
 import yaml
 from conftest import ROOT, run_cli, spec
 
+from scalertune._storage._optuna import study_id
+
 # one xdist worker for the whole file: its module fixture runs three searches and a server
 pytestmark = pytest.mark.xdist_group("dashboard")
 
@@ -68,7 +70,7 @@ def _stored(url):
     storage = optuna.storages.RDBStorage(url)
     state = {}
     for study in storage.get_all_studies():
-        sid = study._study_id
+        sid = study_id(study)
         # a pruned run's curve ends in NaN, which equals nothing, itself included
         trials = [(t.number, t.state, t.values, t.params, t.user_attrs, t.system_attrs,
                    {k: "nan" if math.isnan(v) else v for k, v in t.intermediate_values.items()},

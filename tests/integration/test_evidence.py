@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 
 from scalertune._amp._config import AmpConfig
 from scalertune._run._loop import run_config
+from scalertune._storage._optuna import storage_of, study_id
 
 pytestmark = pytest.mark.xdist_group("evidence")
 
@@ -243,7 +244,7 @@ def test_workers_on_postgresql_ride_out_an_outage_and_never_print_the_password(t
 
 
 def _system_attrs(study):
-    return study._storage.get_study_system_attrs(study._study_id)  # noqa: SLF001
+    return storage_of(study).get_study_system_attrs(study_id(study))
 
 
 def _outage_during_the_reference(admin, name, storage, *, seconds):

@@ -38,7 +38,7 @@ def test_a_function_factory_is_searched_like_its_spec_and_crosses_to_an_isolated
     result = scalertune.search(workloads.healthy, storage=storage, space="bfloat16",
                                n_trials=1, steps=20, device="cpu")
     assert result.study_name == "workloads:healthy"
-    assert result.settings["factory"] == "workloads:healthy"
+    assert result.settings.factory == "workloads:healthy"
     assert result.reference is not None and result.ranking
     # --isolate hands the function itself to a fresh process, which imports it by name
     record = run_isolated(workloads.healthy, AmpConfig(dtype="bfloat16"), steps=20, seed=0,

@@ -423,13 +423,14 @@ def test_a_trial_taken_by_a_worker_that_died_before_naming_itself_is_recovered(
     """A trial RUNNING with no worker and no heartbeat (the worker died right after taking
     it) is failed and queued again once it has stayed so for the grace period."""
     from scalertune import _policy
+    from scalertune._storage._optuna import take_waiting_trial
     from scalertune._storage._recovery import recover
 
     monkeypatch.setattr(_policy, "HEARTBEAT_GRACE_S", 0.5)
     study = _journal_study(tmp_path)
     study.enqueue_trial({}, user_attrs={"role": "baseline", "baseline": "pytorch-default",
                                         "seed": 0, "config": {"dtype": "float16"}})
-    study._pop_waiting_trial_id()  # noqa: SLF001 - taken, and its worker died at once
+    take_waiting_trial(study)  # taken, and its worker died at once
     lines = []
     recover(study, lines.append)
     assert [t.state for t in study.trials] == [TrialState.RUNNING]

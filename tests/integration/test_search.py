@@ -86,7 +86,8 @@ def test_a_study_made_again_under_its_name_trains_its_own_reference(tmp_path):
     own = run_config(late_workloads.codepoints_fast, AmpConfig(dtype="float32"), steps=400,
                      seed=0, device=torch.device("cpu"), prune=False)
     assert again.reference["losses"] == own.losses[:60]
-    windows = again.reference["horizon"]["windows"]
+    assert again.reference["horizon"] == 400
+    windows = again.reference["windows"]
     assert windows and all(losses == own.losses[int(start):int(start) + len(losses)]
                            for start, losses in windows.items())
 

@@ -14,10 +14,16 @@ from conftest import amp_answer, needs_postgres, postgres_database, spec
 from optuna.trial import TrialState
 
 import scalertune
+from scalertune import _policy
 from scalertune._search._setup import Isolation
 
+#: Sampled trials a worker's search asks for: as many as sampling runs on this flat workload
+#: before it stops on trials that only tie (``STUDY_TIED_TRIALS``), so that the study's
+#: total is exactly the number asked for, and a trial lost or run twice shows.
+SAMPLED = _policy.STUDY_TIED_TRIALS
 
-def _worker(storage, *extra, cwd, workload="slow", n_trials=6):
+
+def _worker(storage, *extra, cwd, workload="slow", n_trials=SAMPLED):
     return subprocess.Popen(
         [sys.executable, "-m", "scalertune", "search", spec(workload), "--storage", storage,
          "--study-name", "shared", "--n-trials", str(n_trials), "--steps", "40",
@@ -71,7 +77,7 @@ def _check_nothing_lost(url, killed_number, cwd):
     roles = collections.Counter(
         t.user_attrs["role"] for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
         and "duplicate_of" not in t.user_attrs)
-    assert roles["search"] == 6
+    assert roles["search"] == SAMPLED
     assert roles["baseline"] == 2
     references = [t.user_attrs["seed"] for t in trials if t.user_attrs.get("role") == "reference"]
     assert sorted(references) == sorted(set(references)) and 0 in references
@@ -87,7 +93,7 @@ def _check_nothing_lost(url, killed_number, cwd):
                                                   storage=_storage_object(url)))
     assert data["config"] == result.config.to_dict()
     assert data["evidence"]["best_amp"]["trial"] == amp_answer(result).number
-    assert len([o for o in result.ranking if o.role == "search"]) == 6
+    assert len([o for o in result.ranking if o.role == "search"]) == SAMPLED
 
 
 def _three_workers_one_killed(url, cwd):
@@ -117,7 +123,7 @@ def test_three_workers_on_postgresql_survive_a_killed_worker(tmp_path):
 
 def test_ctrl_c_keeps_finished_trials_and_a_rerun_resumes_to_the_total(tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    worker = _worker(url, cwd=tmp_path, n_trials=8)
+    worker = _worker(url, cwd=tmp_path, n_trials=SAMPLED)
     try:
         deadline = time.time() + 180
         while time.time() < deadline:
@@ -142,7 +148,7 @@ def test_ctrl_c_keeps_finished_trials_and_a_rerun_resumes_to_the_total(tmp_path)
     trials = _trials(url)
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    rerun = _worker(url, cwd=tmp_path, n_trials=8)
+    rerun = _worker(url, cwd=tmp_path, n_trials=SAMPLED)
     out, err = rerun.communicate(timeout=400)
     assert rerun.returncode == 0, err
     assert f"resuming study 'shared': {len(finished)} runs finished" in err + out
@@ -151,7 +157,7 @@ def test_ctrl_c_keeps_finished_trials_and_a_rerun_resumes_to_the_total(tmp_path)
     searched = [t for t in after if t.user_attrs.get("role") == "search"
                 and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
                 and "duplicate_of" not in t.user_attrs]
-    assert len(searched) == 8
+    assert len(searched) == SAMPLED
 
 
 def test_a_run_another_worker_held_that_turns_out_a_reused_twin_is_sampled_again(tmp_path):

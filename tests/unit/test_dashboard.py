@@ -15,7 +15,8 @@ from conftest import run_cli
 from optuna.trial import TrialState, create_trial
 
 from scalertune import _policy
-from scalertune._judge._phases import judge_phase, phase_windows
+from scalertune._judge._phases import judge_phase
+from scalertune._judge._settings import StudySettings
 from scalertune._judge._target import Target
 from scalertune._review._analyze import analyze
 from scalertune._review._dashboard import study_note
@@ -27,10 +28,12 @@ from scalertune._storage._names import (
     LOSSES_ATTR,
     SETTINGS_ATTR,
 )
+from scalertune._storage._optuna import storage_of, study_id
 from scalertune._text import readable
 
 STEPS, HORIZON = 100, 1000
-WINDOWS = phase_windows(HORIZON, STEPS)
+WINDOWS = StudySettings(factory="late.py:make_model", steps=STEPS, horizon=HORIZON, seed=0,
+                        space={}, device_type="cpu", device="cpu").windows
 FLOAT16 = {"dtype": "float16", "init_scale": 0.01, "growth_factor": 2.0, "backoff_factor": 0.5,
            "growth_interval": 2000, "clip_norm": None}
 BFLOAT16 = {"dtype": "bfloat16", "clip_norm": None}
@@ -124,16 +127,16 @@ def test_readable_rounds_floats_for_reading_and_leaves_the_rest():
 
 def test_the_servers_best_trial_is_the_latest_recommendation_not_the_least_value(late):
     study, _, runs = late
-    storage = recommended_best(study._storage)
+    storage = recommended_best(storage_of(study))
     # the bfloat16 run has the least value: faster to the early target, behind later
     assert optuna.storages.InMemoryStorage.get_best_trial(
-        storage, study._study_id).number == runs["bfloat16"]
-    best = storage.get_best_trial(study._study_id)
+        storage, study_id(study)).number == runs["bfloat16"]
+    best = storage.get_best_trial(study_id(study))
     assert best.user_attrs["role"] == "recommended" and best.number == study.trials[-1].number
     other = optuna.create_study(storage=storage, study_name="not scalertune's")
     other.add_trial(create_trial(value=2.0))
     other.add_trial(create_trial(value=1.0))
-    assert storage.get_best_trial(other._study_id).number == 1
+    assert storage.get_best_trial(study_id(other)).number == 1
     assert type(storage) is optuna.storages.InMemoryStorage
 
 

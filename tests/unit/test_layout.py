@@ -1,9 +1,11 @@
 """The codebase's shape, as CI checks it: stages layered without circles (import-linter's
-contracts in pyproject.toml), every module importable on its own, and no class or function
-grown past what a reader takes in at once."""
+contracts in pyproject.toml), no circle among the modules either, counting every import (the
+ones inside functions and under ``TYPE_CHECKING`` too), every module importable on its own,
+and no class or function grown past what a reader takes in at once."""
 
 import ast
 import importlib
+import importlib.util
 import os
 import pkgutil
 
@@ -32,6 +34,87 @@ def test_the_import_contracts_hold():
         assert lint_imports(config_filename="pyproject.toml") == 0
     finally:
         os.chdir(before)
+
+
+def _imports(name: str, path: str, modules: set[str]) -> set[str]:
+    """The package's modules that module ``name`` imports anywhere in its file: at its top,
+    inside a function, under ``TYPE_CHECKING``. ``from package import name`` is the module
+    ``package.name`` where there is one, else the package."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                         for a in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    paths = {"scalertune": scalertune.__file__}
+    for info in pkgutil.walk_packages(scalertune.__path__, "scalertune."):
+        spec = importlib.util.find_spec(info.name)
+        paths[info.name] = spec.origin
+    return {name: _imports(name, path, set(paths)) for name, path in paths.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_through_others_counting_every_import():
+    """A circle of imports, even one only annotations close, means two modules that need
+    each other: one concept split in two, or a concept in the wrong module."""
+    graph = _import_graph()
+    assert graph["scalertune._review._summary"], "the graph lost its edges"
+    assert _cycles(graph) == []
+
+
+def test_an_import_under_type_checking_or_in_a_function_is_an_edge(tmp_path):
+    path = tmp_path / "_x.py"
+    path.write_text("from typing import TYPE_CHECKING\n"
+                    "from scalertune import _policy\n"
+                    "if TYPE_CHECKING:\n    from scalertune._pkg._a import A\n"
+                    "def f():\n    from . import _b\n    import scalertune._c\n")
+    modules = {"scalertune._policy", "scalertune._pkg._a", "scalertune._pkg._b",
+               "scalertune._c", "scalertune._pkg"}
+    assert _imports("scalertune._pkg._x", str(path), modules) == modules - {"scalertune._pkg"}
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 @pytest.mark.parametrize("name", _modules())

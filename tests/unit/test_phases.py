@@ -9,11 +9,17 @@ import pytest
 import workloads
 
 import scalertune
-
 from scalertune import _policy
-from scalertune._judge._phases import judge_phase, phase_windows
+from scalertune._judge._phases import judge_phase
+from scalertune._judge._settings import StudySettings
 from scalertune._replay._forecast import forecast
 from scalertune._replay._trace import empty
+
+
+def phase_windows(horizon, steps):
+    """The windows of a study of ``steps``-step trials over ``horizon``."""
+    return StudySettings(factory="f.py:make_model", steps=steps, horizon=horizon, seed=0,
+                         space={}, device_type="cpu", device="cpu").windows
 
 
 def test_windows_sit_in_the_middle_and_at_the_end_of_the_horizon():

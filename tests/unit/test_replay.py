@@ -32,7 +32,7 @@ from scalertune._replay._gradscaler import (
 )
 from scalertune._replay._predict import PHASES, SKIPS_LISTED, predict, predict_deepspeed
 from scalertune._run._loop import Plan, run_config
-from scalertune._run._trace import TraceCollector
+from scalertune._run._trace_collector import TraceCollector
 from scalertune._search._replay_choice import fewest_skips, pick
 
 CPU = torch.device("cpu")

@@ -13,7 +13,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
 from scalertune._search._reports import Reports
-from scalertune._storage._points import write_points
+from scalertune._storage._optuna import write_points
 
 TARGET = Target(loss=1.0, reference_final=0.9, reference_start=2.0)
 

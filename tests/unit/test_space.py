@@ -4,6 +4,7 @@ import optuna
 import pytest
 
 from scalertune import SearchSpace, UsageError
+from scalertune._storage._optuna import storage_of
 
 
 @pytest.mark.parametrize("name", ["default", "float16", "bfloat16"])
@@ -68,7 +69,7 @@ def test_workers_sharing_a_study_and_its_seed_sample_different_configs():
     # workers proposed the same config side by side and trained it twice at once.
     space = SearchSpace.load("default")
     study = optuna.create_study()
-    workers = [optuna.load_study(study_name=study.study_name, storage=study._storage,
+    workers = [optuna.load_study(study_name=study.study_name, storage=storage_of(study),
                                  sampler=space.sampler(seed=0)) for _ in range(2)]
     same = 0
     for i in range(8):

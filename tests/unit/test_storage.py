@@ -70,23 +70,6 @@ def test_a_distinctive_password_is_hidden_wherever_a_message_quotes_it():
 
 # -- riding out an outage ---------------------------------------------------------------------
 
-def test_every_storage_call_the_outage_retries_is_one_the_rdb_storage_has():
-    from optuna.storages import RDBStorage
-    from optuna.storages._cached_storage import _CachedStorage
-
-    from scalertune._storage._outage import RDB_CALLS
-
-    assert all(callable(getattr(RDBStorage, name, None)) for name in RDB_CALLS)
-    # what Optuna's cache calls on the storage behind it is among them
-    import inspect
-    import re
-
-    called = set(re.findall(r"self\._backend\.(\w+)\(", inspect.getsource(_CachedStorage)))
-    no_database = {"get_heartbeat_interval", "get_heartbeat_stale_trial_callback",
-                   "record_heartbeat"}
-    assert called - no_database <= set(RDB_CALLS)
-
-
 @contextlib.contextmanager
 def _locked(path, seconds):
     """Another process's exclusive lock on a SQLite database, for ``seconds``: SQLite's

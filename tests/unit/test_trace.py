@@ -12,7 +12,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._replay._trace import Trace
 from scalertune._run._loop import Plan, run_config
-from scalertune._run._trace import TraceCollector
+from scalertune._run._trace_collector import TraceCollector
 
 CPU = torch.device("cpu")
 FLOAT32 = AmpConfig(dtype="float32")
@@ -106,7 +106,7 @@ def test_the_trace_is_compact_and_survives_the_study():
 
 def test_the_histogram_counts_each_value_in_its_binary_exponents_bin():
     from scalertune._replay._trace import HIST_BINS, HIST_LOW
-    from scalertune._run._trace import _as_hist, _exponent_counts
+    from scalertune._run._trace_collector import _as_hist, _exponent_counts
 
     values = torch.tensor([0.0, 1.0, 2.0, 3.0, -0.5, 2.0**-126, float("inf"), float("nan")])
     hist = _as_hist(_exponent_counts(values).numpy())

@@ -14,7 +14,7 @@ from scalertune._amp._schema import load_prediction
 from scalertune._amp._watch import AmpDriftWarning, ScalerPrediction, Watch
 from scalertune._replay._predict import predict
 from scalertune._run._loop import Plan, run_config
-from scalertune._run._trace import TraceCollector
+from scalertune._run._trace_collector import TraceCollector
 from scalertune._workload._factory import build_workload
 
 CPU = torch.device("cpu")

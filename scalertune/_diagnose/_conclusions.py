@@ -1,5 +1,5 @@
-"""The verdict of a diagnosis, each claim checked by a real GradScaler run (a bisection over
-scales)."""
+"""The conclusions of a diagnosis (its verdict and its fix), each claim checked by a real
+GradScaler run (a bisection over scales)."""
 
 from __future__ import annotations
 

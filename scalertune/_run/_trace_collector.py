@@ -38,10 +38,10 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
-from scalertune._workload._rng import rng_state, set_rng_state
 from scalertune._run._probe import NoStep
 from scalertune._run._schedules import kept_schedules
 from scalertune._workload._contract import Workload, to_device
+from scalertune._workload._rng import rng_state, set_rng_state
 
 
 def _one_pass(batches: Any) -> float:

@@ -10,24 +10,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from scalertune._amp._config import PYTORCH_DEFAULT
 from scalertune._judge._rank import skip_tolerance
 from scalertune._replay._predict import Prediction, predict
 from scalertune._replay._trace import Trace
+from scalertune._review._findings import Findings
 from scalertune._storage._names import ROLE_REPLAY
 
-if TYPE_CHECKING:
-    from scalertune._review._result import SearchResult
 
-
-def trace_of(result: "SearchResult") -> Trace | None:
-    ref = result.reference
-    return Trace.decode(ref["trace"]) if ref and ref.get("trace") else None
-
-
-def defaults_prediction(result: "SearchResult", trace: Trace) -> Prediction:
+def defaults_prediction(result: Findings, trace: Trace) -> Prediction:
     """PyTorch's defaults, with the clip and islands of the best float16 run, over the
     horizon."""
     run = next((o for o in result.pool if o.config.dtype == "float16"), None)
@@ -36,12 +28,11 @@ def defaults_prediction(result: "SearchResult", trace: Trace) -> Prediction:
     return predict(trace, base, horizon=result.horizon)
 
 
-def scaler_advice(result: "SearchResult") -> str | None:
+def scaler_advice(result: Findings) -> str | None:
     """One line: whether changing PyTorch's scaler defaults is worth it over the horizon."""
-    if "float16" not in ((result.settings.get("space") or {}).get("params") or {}).get(
-            "dtype", {"choices": ["float16"]}).get("choices", ["float16"]):
+    if "float16" not in result.settings.space_dtypes:
         return None
-    trace = trace_of(result)
+    trace = result.trace
     if trace is None:
         return None
     defaults = defaults_prediction(result, trace)
@@ -55,10 +46,10 @@ def scaler_advice(result: "SearchResult") -> str | None:
             "the defaults is worth it")
 
 
-def replay_agreement(result: "SearchResult") -> str | None:
+def replay_agreement(result: Findings) -> str | None:
     """How many of the search's float16 runs skipped as many steps as the replay predicted
     for them over the steps they ran, within max(2, 20%)."""
-    trace = trace_of(result)
+    trace = result.trace
     runs = [o for o in result.ranking if o.config.uses_scaler and o.steps_run and o.scales]
     if trace is None or not runs:
         return None

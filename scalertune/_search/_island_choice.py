@@ -37,10 +37,9 @@ def island_for(result: SearchResult, finalist: Outcome, setup: Setup,
     failed = [p for p in result.phases.get(finalist.number, []) if not p.holds]
     if not failed or finalist.config.fp32_modules or finalist.config.dtype == "float32":
         return None
-    horizon = references.horizon(setup.seed)
-    # where the precision floor shows most
-    checkpoint = references.checkpoint(setup.seed, latest_start(horizon))
-    start = max(int(s) for s in horizon["windows"])
+    reference = references.reference(setup.seed)
+    start = latest_start(reference)
+    checkpoint = references.checkpoint(setup.seed, start)  # where the precision floor shows most
     if _ratio(setup, finalist.config, checkpoint) <= 1 + _policy.PHASE_TOLERANCE:
         return None  # the forward is as good as float32's: the precision is not what fails
     for module in _largest_outputs(references, setup.seed, start):

@@ -27,7 +27,6 @@ import optuna
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import MissingEvidence
-from scalertune._judge._phases import phase_windows
 from scalertune._run._checkpoint import SaveSchedule
 from scalertune._run._loop import Plan, Watcher
 from scalertune._search._isolate import describe_error, execute
@@ -85,7 +84,7 @@ class Checkpoints:
     def phase_names(self) -> dict[int, str]:
         """Each phase window's start -> the name of float32's checkpoint there."""
         return {start: self._at(start).name
-                for start, _ in phase_windows(self.setup.horizon, self.setup.steps)}
+                for start, _ in self.setup.windows}
 
     def get(self, name: str, step: int) -> str:
         """float32's checkpoint ``name``, of step ``step``, checked, as a file here; rebuilt
@@ -108,7 +107,7 @@ class Checkpoints:
     def _fixed_steps(self) -> list[int]:
         horizon = self.setup.horizon
         quarters = {round(horizon * k * _RESUME_EVERY / 10) * 10 for k in range(1, 4)}
-        starts = {start for start, _ in phase_windows(horizon, self.setup.steps)}
+        starts = {start for start, _ in self.setup.windows}
         return sorted(step for step in starts | quarters if step > 0)
 
     def _at(self, step: int) -> StoredCheckpoint:

@@ -1,0 +1,187 @@
+"""A study's settings, as one typed record: written by the search when it creates the study,
+read back by every worker that joins it and by everything that reviews it.
+
+The rules about the horizon, the trial and the phase windows live here, and nowhere else:
+
+- the **horizon** is the training the evidence covers: ``--horizon``, else the factory's, else
+  the trial's ``steps``, never shorter than a trial (:func:`scalertune._limits.horizon`,
+  which the command line also runs before torch loads);
+- a horizon **longer** than a trial (:attr:`StudySettings.long`) is covered in phase windows:
+  the float32 reference trains to it, and the finalists are trained or branched there;
+- the **windows** (:attr:`StudySettings.windows`): one from the middle of the horizon and one
+  ending at it, each ``PHASE_WINDOW_SHARE`` of the horizon long and at least a trial long;
+- over a long horizon, a **tie** in steps to the target is float32's seed spread of the
+  horizon, not of the trial (:meth:`StudySettings.noise`).
+
+Stored as the study user attribute ``scalertune.settings`` (:meth:`StudySettings.to_dict`,
+with its ``version``); :meth:`StudySettings.from_dict` reads every version a study may hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Mapping
+
+from scalertune import _limits, _policy
+from scalertune._amp._config import AmpConfig
+from scalertune._errors import UsageError
+from scalertune._storage._names import SETTINGS_ATTR
+
+if TYPE_CHECKING:
+    import optuna
+
+#: The record's format, stored with it. 2: this record. 1: the settings a search stored
+#: before they had a version (the same keys; ``horizon`` missing in the first studies, which
+#: covered the trial alone, and ``reference`` and ``instance`` in some).
+VERSION = 2
+#: The settings whose change makes stored trials incomparable with new ones: a rerun of a
+#: search with another of these is refused.
+COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudySettings:
+    """What a study was created with: the workload, the trial, the horizon, the space and the
+    device, and the float32 reference's config (the workload's own clipping).
+
+    Example:
+        >>> from scalertune import StudySettings
+        >>> s = StudySettings(factory="model.py:make_model", steps=200, horizon=2000, seed=0,
+        ...                   space={"name": "default", "params": {}}, device_type="cpu",
+        ...                   device="cpu (x86_64, 2 threads)")
+        >>> s.long, s.windows
+        (True, [(1000, 1200), (1800, 2000)])
+        >>> StudySettings.from_dict(s.to_dict()) == s
+        True
+    """
+
+    factory: str
+    steps: int
+    #: The steps of training the evidence covers (``steps`` when no longer horizon is asked).
+    horizon: int
+    seed: int
+    #: The search space as :meth:`scalertune.SearchSpace.to_dict` writes it (name, params).
+    space: Mapping[str, Any]
+    device_type: str
+    #: The device in words: ``cpu (x86_64, 2 threads)``, ``cuda:0 (NVIDIA H100)``.
+    device: str
+    #: The float32 reference's config: float32 with the workload's own clipping, if any.
+    reference: AmpConfig = AmpConfig(dtype="float32")
+    #: The token the study got when it was created (see ``_search._study.instance``).
+    instance: str = ""
+    version: int = VERSION
+
+    def __post_init__(self) -> None:
+        _limits.check_horizon(self.steps, self.horizon)
+
+    @property
+    def long(self) -> bool:
+        """Whether the horizon goes past a trial: then the reference trains to it, and the
+        finalists get evidence in its phase windows."""
+        return self.horizon > self.steps
+
+    @property
+    def windows(self) -> list[tuple[int, int]]:
+        """The (first step, end) of each phase window: one from the middle of the horizon and
+        one ending at it, each ``PHASE_WINDOW_SHARE`` of the horizon long and at least a
+        trial long, starting at a multiple of ``READBACK_INTERVAL`` (the end alone when both
+        do not fit); none when the horizon is the trial (the trial is the evidence)."""
+        if not self.long:
+            return []
+        unit = _policy.READBACK_INTERVAL
+        width = max(self.steps, round(_policy.PHASE_WINDOW_SHARE * self.horizon / unit) * unit)
+        width = min(width, self.horizon)
+        # A window starts where the reference can save a checkpoint: at the end of one of its
+        # read-back windows, never at step 0 (the end window of a horizon that is no multiple
+        # of the interval grows by the remainder; one barely past a trial is shorter than a
+        # trial).
+        end_window = (max(unit, (self.horizon - width) // unit * unit), self.horizon)
+        middle = max(self.steps, round(self.horizon / 2 / unit) * unit)
+        if middle + width > end_window[0]:
+            return [end_window]
+        return [(middle, middle + width), end_window]
+
+    def noise(self, spread: float) -> Noise:
+        """What counts as a tie in steps to the target: float32's seed ``spread`` of them, as
+        a share of the trial's steps or, over a long horizon, of the horizon."""
+        return Noise(spread, self.horizon if self.long else 0)
+
+    @property
+    def clip_norm(self) -> float | None:
+        """The workload's own clipping: every run without a clip of its own uses it."""
+        return self.reference.clip_norm
+
+    @property
+    def space_name(self) -> str:
+        return str(self.space.get("name", ""))
+
+    @property
+    def space_dtypes(self) -> tuple[str, ...]:
+        """The dtypes the space searches (float16 where the space does not say)."""
+        return space_dtypes(self.space.get("params") or {})
+
+    @property
+    def stored(self) -> bool:
+        """Whether the study had settings (a study not made by ``scalertune search`` has
+        none: see :meth:`of`)."""
+        return self.version > 0
+
+    def differs_from(self, other: StudySettings) -> str | None:
+        """The first of the ``COMPARABLE`` settings that differs from ``other``'s."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return next((key for key in COMPARABLE if mine[key] != theirs[key]), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "factory": self.factory, "steps": self.steps,
+                "horizon": self.horizon, "seed": self.seed,
+                "space": {"name": self.space.get("name"),
+                          "params": dict(self.space.get("params") or {})},
+                "device_type": self.device_type, "device": self.device,
+                "reference": self.reference.to_dict(), "instance": self.instance}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StudySettings:
+        """The record as stored, in any version a study may hold."""
+        version = int(data.get("version") or 1)
+        if version > VERSION:
+            raise UsageError(f"the study's settings are of version {version}, newer than this "
+                             f"scalertune reads ({VERSION}): upgrade scalertune to review it")
+        steps = int(data["steps"])
+        return cls(factory=str(data["factory"]), steps=steps,
+                   horizon=int(data.get("horizon") or steps), seed=int(data["seed"]),
+                   space=dict(data.get("space") or {}),
+                   device_type=str(data.get("device_type") or ""),
+                   device=str(data.get("device") or "this device"),
+                   reference=AmpConfig.from_dict(data.get("reference") or {"dtype": "float32"}),
+                   instance=str(data.get("instance") or ""), version=version)
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> StudySettings:
+        """The settings ``study`` was created with; for a study that holds none (not made by
+        a search), a record of ``version`` 0 that says so (:attr:`stored`)."""
+        stored = study.user_attrs.get(SETTINGS_ATTR)
+        if stored is None:
+            return cls(factory="", steps=0, horizon=0, seed=0, space={}, device_type="",
+                       device="this device", version=0)
+        return cls.from_dict(stored)
+
+
+@dataclasses.dataclass(frozen=True)
+class Noise:
+    """How many steps to the target are a tie: float32's seed-to-seed spread of them, as a
+    share of the steps, or, over a horizon longer than a trial, of the horizon (a head start
+    of a few steps is nothing over the training the answer is for): ``horizon`` is 0 where
+    it is the trial (see :meth:`StudySettings.noise`)."""
+
+    spread: float = 0.0
+    horizon: int = 0
+
+    def margin(self, steps: float) -> float:
+        return self.spread * max(steps, self.horizon)
+
+
+def space_dtypes(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """The dtypes a space's ``params`` search: the choices of ``dtype``, or its one value;
+    float16 where the space does not name a dtype."""
+    dtype = params.get("dtype", {"choices": ["float16"]})
+    return tuple(dtype["choices"]) if isinstance(dtype, Mapping) else (dtype,)

@@ -1,0 +1,137 @@
+"""A study's settings as one typed record: its rules about the horizon, the trial and the
+windows, its round trip through storage, and the studies written before it existed, which
+still review as they did.
+
+``tests/data/study_v1.journal`` holds two studies written by scalertune before the record
+had a version (a 40-step search of ``tests/workloads.py:healthy``, and one of
+``tests/late_workloads.py:readings_near_1000`` over a horizon of 200), with what
+``scalertune report --json`` and ``scalertune report`` printed for each then
+(``study_v1.NAME.json``, ``study_v1.NAME.summary.txt``).
+"""
+
+import json
+import os
+import shutil
+
+import optuna
+import pytest
+from conftest import HERE, ROOT, run_cli
+
+import scalertune
+from scalertune._amp._config import AmpConfig
+from scalertune._errors import ParameterError, UsageError
+from scalertune._judge._settings import VERSION, StudySettings
+from scalertune._storage._names import SETTINGS_ATTR
+from scalertune._storage._open import open_storage
+
+DATA = os.path.join(HERE, "data")
+V1_JOURNAL = "written_by_0.1.journal"
+
+
+def _settings(**changes):
+    base = {"factory": "model.py:make_model", "steps": 200, "horizon": 2000, "seed": 0,
+            "space": {"name": "default", "params": {"dtype": {"choices": ["bfloat16"]}}},
+            "device_type": "cpu", "device": "cpu (x86_64, 2 threads)",
+            "reference": AmpConfig(dtype="float32", clip_norm=1.0)}
+    return StudySettings(**{**base, **changes})
+
+
+def test_the_record_round_trips_through_its_stored_form_with_its_version():
+    settings = _settings(instance="abcd1234")
+    stored = json.loads(json.dumps(settings.to_dict()))  # as a storage keeps it
+    assert stored["version"] == VERSION and stored["reference"]["clip_norm"] == 1.0
+    assert StudySettings.from_dict(stored) == settings
+    assert settings.clip_norm == 1.0 and settings.space_dtypes == ("bfloat16",)
+
+
+def test_the_horizon_rules_live_in_the_record():
+    long, short = _settings(), _settings(horizon=200)
+    assert long.long and long.windows == [(1000, 1200), (1800, 2000)]
+    assert not short.long and short.windows == []
+    # a tie is float32's seed spread of the horizon where it goes past a trial
+    assert long.noise(0.05).margin(100) == pytest.approx(100.0)
+    assert short.noise(0.05).margin(100) == pytest.approx(5.0)
+    with pytest.raises(ParameterError, match="horizon must be at least a trial's steps"):
+        _settings(horizon=100)
+
+
+def test_the_horizon_defaults_to_the_factorys_then_to_the_trial():
+    from scalertune import _limits
+
+    assert _limits.horizon(200) == 200
+    assert _limits.horizon(200, None, 5000) == 5000
+    assert _limits.horizon(200, 3000, 5000) == 3000
+    with pytest.raises(ParameterError, match="got 100"):
+        _limits.horizon(200, 100)
+
+
+def test_older_stored_settings_read_with_the_defaults_of_their_time():
+    oldest = {"factory": "m.py:f", "steps": 200, "seed": 3, "space": {"name": "float16"},
+              "device_type": "cuda", "device": "cuda:0 (A100)"}
+    settings = StudySettings.from_dict(oldest)
+    # no horizon: the trial was the evidence; no reference: float32 without a clip
+    assert (settings.version, settings.horizon, settings.long) == (1, 200, False)
+    assert settings.reference == AmpConfig(dtype="float32") and settings.instance == ""
+    assert settings.space_dtypes == ("float16",)
+
+
+def test_settings_from_a_newer_scalertune_are_refused_in_words():
+    with pytest.raises(UsageError, match=f"newer than this scalertune reads \\({VERSION}\\)"):
+        StudySettings.from_dict({**_settings().to_dict(), "version": VERSION + 1})
+
+
+def test_a_rerun_compares_the_settings_that_make_trials_comparable():
+    settings = _settings()
+    assert settings.differs_from(_settings(horizon=4000, device="cpu (1 thread)")) is None
+    assert settings.differs_from(_settings(steps=100, horizon=2000)) == "steps"
+    assert settings.differs_from(_settings(reference=AmpConfig(dtype="float32"))) == "reference"
+
+
+def test_a_study_without_settings_says_so():
+    study = optuna.create_study()
+    settings = StudySettings.of(study)
+    assert not settings.stored and settings.windows == []
+    study.set_user_attr(SETTINGS_ATTR, _settings().to_dict())
+    assert StudySettings.of(study) == _settings()
+
+
+@pytest.fixture
+def v1(tmp_path):
+    """The studies written before the record had a version, in a folder of their own."""
+    shutil.copy(os.path.join(DATA, "study_v1.journal"), tmp_path / V1_JOURNAL)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", ["short", "long"])
+def test_a_study_written_before_the_record_reports_as_it_did(v1, name):
+    with open(os.path.join(DATA, f"study_v1.{name}.summary.txt"), encoding="utf-8") as f:
+        summary = f.read()
+    with open(os.path.join(DATA, f"study_v1.{name}.json"), encoding="utf-8") as f:
+        document = json.load(f)
+    ran = run_cli("report", "--storage", V1_JOURNAL, "--study-name", name, cwd=v1)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == summary
+    ran = run_cli("report", "--storage", V1_JOURNAL, "--study-name", name, "--json", cwd=v1)
+    assert json.loads(ran.stdout) == document
+    study = optuna.load_study(study_name=name, storage=open_storage(str(v1 / V1_JOURNAL)))
+    settings = StudySettings.of(study)
+    assert settings.version == 1 and settings.stored
+    assert settings.long == (name == "long") and settings.instance
+
+
+def test_a_search_resumes_a_study_written_before_the_record(v1):
+    """The same search again on the old study: its settings compare equal, nothing is
+    refused, and the answer it already had is the answer."""
+    shutil.copytree(os.path.join(ROOT, "tests"), v1 / "tests",
+                    ignore=shutil.ignore_patterns("data", "__pycache__", "unit", "integration"))
+    before = os.getcwd()
+    os.chdir(v1)
+    try:
+        result = scalertune.search("tests/workloads.py:healthy", storage=V1_JOURNAL,
+                                   study_name="short", steps=40, n_trials=3, device="cpu")
+    finally:
+        os.chdir(before)
+    with open(os.path.join(DATA, "study_v1.short.json"), encoding="utf-8") as f:
+        document = json.load(f)
+    assert result.config.to_dict() == document["config"]
+    assert result.settings.version == 1
