@@ -44,7 +44,7 @@ def _arguments(tmp="/tmp/scalertune-tests-hf", **overrides):
     from transformers import TrainingArguments
 
     kwargs = dict(output_dir=tmp, max_steps=HF_STEPS, per_device_train_batch_size=4,
-                  gradient_accumulation_steps=2, learning_rate=2e-3, warmup_steps=3,
+                  gradient_accumulation_steps=2, learning_rate=1e-2, warmup_steps=3,
                   optim="adamw_torch", report_to=[], save_strategy="no", logging_steps=1,
                   disable_tqdm=True, use_cpu=True, seed=0)
     kwargs.update(overrides)
@@ -94,8 +94,11 @@ def sft_trainer():
     from trl import SFTConfig, SFTTrainer
 
     ids = Sequences().ids.tolist()
+    # a constant learning rate over 2 micro-batches: float32 learns by more than the target's
+    # tolerance in a trial's 20 steps, as a search needs
     config = SFTConfig(output_dir="/tmp/scalertune-tests-sft", max_steps=HF_STEPS,
-                       per_device_train_batch_size=4, learning_rate=2e-3, report_to=[],
+                       per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                       learning_rate=1e-2, lr_scheduler_type="constant", report_to=[],
                        save_strategy="no", disable_tqdm=True, use_cpu=True, seed=0,
                        dataset_kwargs={"skip_prepare_dataset": True}, max_length=LENGTH,
                        remove_unused_columns=False, bf16=False)
