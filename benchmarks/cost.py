@@ -19,7 +19,8 @@ import contextlib
 import os
 import tempfile
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import optuna
 import torch

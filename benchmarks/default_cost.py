@@ -29,7 +29,8 @@ import contextlib
 import os
 import statistics
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import optuna
 

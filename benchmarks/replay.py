@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import platform
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -107,6 +109,10 @@ def _stepwise(amax: np.ndarray, chosen: list[AmpConfig]) -> np.ndarray:
     return scalers.totals()[0]
 
 
+def _looped(amax: Any, chosen: list[Any]) -> list[Any]:
+    return [replay(amax, c) for c in chosen]
+
+
 def measure(*, repeats: int = 5, real_steps: int = STEPS) -> list[dict[str, Any]]:
     chosen = configs()
     ranked = [PYTORCH_DEFAULT, *chosen]
@@ -115,16 +121,16 @@ def measure(*, repeats: int = 5, real_steps: int = STEPS) -> list[dict[str, Any]
         amax, probe = trace.amax, trace.startup
         times, ranking = [], []
         for _ in range(repeats):
-            seconds, many = _cpu(lambda: replay_many(amax, chosen))
+            seconds, many = _cpu(functools.partial(replay_many, amax, chosen))
             times.append(seconds)
-            seconds, picked = _cpu(lambda: fewest_skips(trace, PYTORCH_DEFAULT, ranked,
-                                                        len(amax), None))
+            seconds, picked = _cpu(functools.partial(fewest_skips, trace, PYTORCH_DEFAULT,
+                                                      ranked, len(amax), None))
             ranking.append(seconds)
         # what the search would pick from the full replay, with no config stopped
         assert picked is pick(trace, ranked, replay_many(amax, ranked, startup=probe), None)
-        probed_s, probed = _cpu(lambda: replay_many(amax, chosen, startup=probe))
-        stepwise_s, stepwise = _cpu(lambda: _stepwise(amax, chosen))
-        looped_s, looped = _cpu(lambda: [replay(amax, c) for c in chosen[:LOOPED]])
+        probed_s, probed = _cpu(functools.partial(replay_many, amax, chosen, startup=probe))
+        stepwise_s, stepwise = _cpu(functools.partial(_stepwise, amax, chosen))
+        looped_s, looped = _cpu(functools.partial(_looped, amax, chosen[:LOOPED]))
         assert np.array_equal(many.n_skipped, stepwise)
         assert [len(r.skipped) for r in looped] == many.n_skipped[:LOOPED].tolist()
         assert all(np.array_equal(replay(amax, c, startup=probe, lag=False).skipped,

@@ -35,7 +35,8 @@ import platform
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -130,7 +131,8 @@ def resnet() -> dict[str, Any]:
     import third_party
 
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
-                          nn.ReLU(), third_party._Block(8), _MeanPool(), nn.Linear(8, 10))
+                          nn.ReLU(), third_party._Block(8),  # noqa: SLF001
+                          _MeanPool(), nn.Linear(8, 10))
     return {"model": model,
             "optimizer": torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9),
             "loss_fn": nn.CrossEntropyLoss(reduction="sum"),

@@ -12,7 +12,8 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optuna
 import torch

@@ -15,7 +15,8 @@ import contextlib
 import multiprocessing
 import os
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import optuna
 

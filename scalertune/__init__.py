@@ -98,7 +98,7 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path that was nev
 
 
 def load(path: str, *, device: str = "auto", guard: bool = True, watch: bool = True,
-         best_amp: bool = False) -> "AmpRuntime":
+         best_amp: bool = False) -> AmpRuntime:
     """The runtime for the config in a result YAML: GradScaler, autocast and clipping,
     float32 islands, the guard the YAML recommends (``guard=False`` turns it off), and a
     watch that warns once (:class:`AmpDriftWarning`) when the scaler leaves the search's

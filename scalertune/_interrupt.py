@@ -28,7 +28,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 #: Exit status of a command stopped by Ctrl-C or SIGTERM (the shell's 128 + SIGINT).
 EXIT_INTERRUPTED = 130

@@ -9,7 +9,8 @@ line's words (a parameter becomes its flag) and exit statuses.
 from __future__ import annotations
 
 import sys
-from typing import NoReturn, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from scalertune import _interrupt
 from scalertune._cli import (

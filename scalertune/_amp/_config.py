@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from scalertune._amp._modules import _split
 from scalertune._errors import UsageError
@@ -103,7 +104,7 @@ class AmpConfig:
             **islands,
         }
 
-    def with_clip(self, clip_norm: float | None) -> "AmpConfig":
+    def with_clip(self, clip_norm: float | None) -> AmpConfig:
         """This config, clipping at ``clip_norm`` where it does not clip itself: the
         workload's own clipping applies to every run that does not choose another."""
         if self.clip_norm is not None or clip_norm is None:
@@ -118,7 +119,7 @@ class AmpConfig:
         return changed + int(bool(self.fp32_modules))
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "AmpConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> AmpConfig:
         """Build from a mapping, rejecting unknown keys by name."""
         if not isinstance(data, Mapping):
             raise UsageError(f"an AMP config must be a mapping, got {type(data).__name__}")

@@ -8,7 +8,8 @@ keeps its class, parameters and ``state_dict`` keys, and ``copy.deepcopy``, pick
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from typing import Iterable
+from collections.abc import Iterable
 
 from scalertune._errors import UsageError
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -83,7 +84,7 @@ class AmpRuntime:
     @classmethod
     def from_yaml(cls, path: str, *, device: str | torch.device | None = "auto",
                   guard: bool = True, watch: bool = True,
-                  best_amp: bool = False) -> "AmpRuntime":
+                  best_amp: bool = False) -> AmpRuntime:
         """Build the runtime from a YAML file that ``scalertune search`` wrote, with the
         guard it recommends (``guard=False`` for none) and a watch on the scaler it predicts
         (``watch=False`` for none; a file without a prediction has none). ``best_amp=True``

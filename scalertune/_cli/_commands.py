@@ -6,10 +6,13 @@ import argparse
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from scalertune._review._result import SearchResult
+
+import contextlib
 
 from scalertune import _interrupt
 from scalertune._cli._files import (
@@ -81,7 +84,7 @@ def _check_search(args: argparse.Namespace) -> str:
     return output
 
 
-def _write(result: "SearchResult", output: str, artifact_dir: str | None,
+def _write(result: SearchResult, output: str, artifact_dir: str | None,
            stream: Any | None, *, publish_notes: bool = True) -> None:
     """The YAML, the pictures beside it, and what the dashboard shows; ``stream`` (if any)
     says what was written."""
@@ -208,11 +211,9 @@ def _dashboard(args: argparse.Namespace) -> int:
     lines += [f"  {s.study_name}: {base}/studies/{study_id(s)}" for s in studies]
     print("\n".join(lines), flush=True)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         serve(studies, storage_url=args.storage, host=args.host, port=args.port,
               artifact_dir=args.artifact_dir)
-    except KeyboardInterrupt:
-        pass
     return 0
 
 EXIT_FAILED, EXIT_INTERRUPTED = 1, _interrupt.EXIT_INTERRUPTED

@@ -10,7 +10,8 @@ import argparse
 import difflib
 import re
 import sys
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import scalertune._cli._help as _help
 from scalertune import _policy

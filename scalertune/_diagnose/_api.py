@@ -38,7 +38,8 @@ none unless it locates the overflow of a trial it pruned for one.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 

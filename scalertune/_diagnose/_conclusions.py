@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shlex
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -4,7 +4,8 @@ parameters'."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 
 def group_patterns(chosen: Sequence[str], names: Sequence[str]) -> list[str]:

@@ -31,7 +31,8 @@ import importlib
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 

@@ -26,7 +26,7 @@ import types
 from typing import Any
 
 from scalertune._errors import UsageError
-from scalertune._frameworks._route import Route
+from scalertune._frameworks._route import ROUTE_ATTR, Route
 
 #: Accelerate's distributed types that run the model under autocast with a GradScaler, one
 #: model copy per process: the runtime can take their place.
@@ -45,7 +45,7 @@ def check_accelerator(accelerator: Any, *, what: str = "this Accelerator",
                          "training (one model copy per process) only")
     if accelerator._models or accelerator._optimizers:  # noqa: SLF001 - what prepare() made
         raise UsageError(f"{what} has prepared a model or optimizer already: {before}")
-    if getattr(accelerator, "_scalertune_route", None) is not None:
+    if getattr(accelerator, ROUTE_ATTR, None) is not None:
         raise UsageError(f"{what} is attached to a runtime already: make a new one to attach "
                          "another config")
 
@@ -53,7 +53,7 @@ def check_accelerator(accelerator: Any, *, what: str = "this Accelerator",
 def route_accelerator(accelerator: Any, route: Route, *, training: bool) -> None:
     """Point ``accelerator``'s autocast and backward at ``route`` (see the module's
     docstring); with ``training``, its scaler and unscaling too."""
-    accelerator._scalertune_route = route
+    setattr(accelerator, ROUTE_ATTR, route)
     accelerator.native_amp = False  # Accelerate's autocast wrapper: the route's runs instead
     accelerator.backward = functools.partial(_backward, accelerator, route)
     accelerator.prepare_model = functools.partial(_prepare_model, accelerator.prepare_model,

@@ -15,11 +15,15 @@ as it does on a GPU under ``fp16=True``.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from scalertune._amp._runtime import AmpRuntime
+
+#: The attribute that marks a module (or an Accelerator) as routed through a runtime.
+ROUTE_ATTR = "_scalertune_route"
 
 
 def _float32(value: Any) -> Any:
@@ -43,7 +47,7 @@ class Route:
 
     def wrap_forward(self, module: torch.nn.Module) -> None:
         """Run ``module``'s forward under the routed runtime's autocast (once per module)."""
-        if getattr(module, "_scalertune_route", None) is self:
+        if getattr(module, ROUTE_ATTR, None) is self:
             return
         original: Callable[..., Any] = module.forward
         route = self
@@ -58,7 +62,7 @@ class Route:
             return _float32(output)
 
         module.forward = forward
-        module._scalertune_route = self  # type: ignore[assignment]
+        setattr(module, ROUTE_ATTR, self)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """The routed runtime's backward (``scaler.scale(loss).backward()``)."""

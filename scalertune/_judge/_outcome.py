@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -59,7 +60,7 @@ class Outcome:
     scales: tuple[float, ...] = ()
 
     @classmethod
-    def from_trial(cls, trial: FrozenTrial) -> "Outcome":
+    def from_trial(cls, trial: FrozenTrial) -> Outcome:
         # the judged figures in full precision over the rounded copies the dashboard shows
         attrs = {**trial.user_attrs, **trial.system_attrs.get(JUDGED_ATTR, {}),
                  **({"traceback": trial.system_attrs[TRACEBACK_ATTR]}

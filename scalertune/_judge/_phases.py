@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from scalertune import _policy
 

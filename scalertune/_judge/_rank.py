@@ -13,7 +13,7 @@ finite and reaches each seed's target.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig

@@ -20,7 +20,8 @@ with its ``version``); :meth:`StudySettings.from_dict` reads every version a stu
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from scalertune import _limits, _policy
 from scalertune._amp._config import AmpConfig

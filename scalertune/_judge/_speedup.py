@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Speedup:
     step_time_ratio: float
 
     @classmethod
-    def of(cls, step_ratios: Sequence[float], time_ratios: Sequence[float]) -> "Speedup":
+    def of(cls, step_ratios: Sequence[float], time_ratios: Sequence[float]) -> Speedup:
         """``step_ratios``: float32's steps to target over the config's, per seed;
         ``time_ratios``: the config's step time over float32's, per timing round."""
         from scalertune._run._timing import spread

@@ -23,7 +23,7 @@ The float32 reference always runs in full: its last steps define the target.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from scalertune import _policy
 from scalertune._judge._outcome import Outcome

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from scalertune import _policy
 from scalertune._errors import UsageError
@@ -42,7 +42,7 @@ class Target:
     reference_noise: float = 0.0
 
     @classmethod
-    def from_reference(cls, losses: Sequence[float]) -> "Target":
+    def from_reference(cls, losses: Sequence[float]) -> Target:
         curve = smoothed(losses)
         start = curve[min(len(curve), _policy.SMOOTHING_STEPS) - 1]
         final = curve[-1]

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,7 @@ class DeepSpeedScaler:
     zero: bool = True
 
     @classmethod
-    def from_fp16_block(cls, block: Mapping[str, Any], *, zero: bool = True) -> "DeepSpeedScaler":
+    def from_fp16_block(cls, block: Mapping[str, Any], *, zero: bool = True) -> DeepSpeedScaler:
         """The scaler a DeepSpeed config's ``fp16`` block sets up (its keys as DeepSpeed reads
         them, :data:`FP16_DEFAULTS` where absent). Only dynamic scaling (``loss_scale`` 0)
         has a scaler to replay."""

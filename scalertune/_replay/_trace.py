@@ -69,7 +69,7 @@ class Trace:
         return base64.b64encode(zlib.compress(buffer.getvalue(), 9)).decode("ascii")
 
     @classmethod
-    def decode(cls, text: str) -> "Trace":
+    def decode(cls, text: str) -> Trace:
         data = np.load(io.BytesIO(zlib.decompress(base64.b64decode(text))), allow_pickle=False)
         # a trace stored before the start-up probe reads as one without it
         startup = data["startup"] if "startup" in data.files else np.zeros(0, np.float32)

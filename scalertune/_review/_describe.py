@@ -5,7 +5,8 @@ not hold, of a forward overflow, and of the forecast past the horizon."""
 from __future__ import annotations
 
 import shlex
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from scalertune._judge._horizon import behind_from, ruling
 from scalertune._judge._outcome import Outcome

@@ -17,7 +17,8 @@ import math
 import os
 import re
 import textwrap
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from scalertune._amp._schema import temporary_name
 from scalertune._errors import UsageError

@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Iterator, Mapping, Protocol
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
 import torch
 

@@ -6,7 +6,8 @@ import dataclasses
 import math
 import statistics
 import struct
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Iterator
+from collections.abc import Iterator
 
 from scalertune._workload._contract import Workload
 

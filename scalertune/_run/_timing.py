@@ -25,7 +25,8 @@ import contextlib
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -77,7 +78,7 @@ class StepTimes:
         return {"rounds": self.rounds, "steps": self.steps}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "StepTimes":
+    def from_dict(cls, data: dict[str, Any]) -> StepTimes:
         return cls(rounds={k: [float(v) for v in vs] for k, vs in data["rounds"].items()},
                    steps=int(data.get("steps", 0)))
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 import base64
 import functools
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -421,7 +422,7 @@ class _Slots:
         magnitude (one fused kernel), on a CPU each one's minimum and maximum."""
         if cuda and grads:
             self.row(step, _Slots.PARAM, len(grads))
-            norms = torch._foreach_norm(grads, float("inf"))
+            norms = torch._foreach_norm(grads, float("inf"))  # noqa: SLF001 - one kernel for all
             span = self.buffer[step, _Slots.PARAM, :len(grads)]
             if float32:
                 torch.stack(norms, out=span)

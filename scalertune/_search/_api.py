@@ -14,7 +14,8 @@ Everything the command line does goes through here.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState

@@ -17,7 +17,8 @@ judge_from_start`); it stops at the first window it does not hold.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import MissingEvidence

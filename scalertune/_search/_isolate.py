@@ -26,7 +26,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch
 

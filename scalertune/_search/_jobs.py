@@ -20,7 +20,8 @@ already, and drained; a worker that finds the work claimed waits for it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optuna
 

@@ -7,7 +7,8 @@ otherwise, or with ``--quiet``, to the log function given (or nowhere).
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._horizon import behind_from, from_start_results

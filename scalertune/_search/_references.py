@@ -19,7 +19,8 @@ settings.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optuna
 

@@ -58,7 +58,7 @@ class DtypeSampler(optuna.samplers.BaseSampler):
         self._base.before_trial(study, trial)
 
     def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                    state: "optuna.trial.TrialState", values: Any) -> None:
+                    state: optuna.trial.TrialState, values: Any) -> None:
         self._base.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:

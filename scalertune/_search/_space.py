@@ -24,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+from collections.abc import Mapping
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any
 
 import optuna
 
@@ -62,7 +63,7 @@ class SearchSpace:
         return space_dtypes(self.params)
 
     @classmethod
-    def load(cls, name_or_path: str) -> "SearchSpace":
+    def load(cls, name_or_path: str) -> SearchSpace:
         """A shipped space by name (``default``, ``float16``, ``bfloat16``) or a YAML path."""
         if os.path.isfile(name_or_path):
             data = read_yaml(name_or_path, what="a search space")
@@ -86,7 +87,7 @@ class SearchSpace:
 
     @classmethod
     def from_dict(cls, params: Mapping[str, Any], *, name: str,
-                  description: str = "") -> "SearchSpace":
+                  description: str = "") -> SearchSpace:
         """Validate ``params`` (the file's content without ``description``)."""
         params = dict(params)
         known = ("dtype", *NUMERIC_KNOBS, "fp32_modules")
@@ -128,7 +129,7 @@ class SearchSpace:
             return ()
         return AmpConfig(fp32_modules=spec or "").fp32_modules
 
-    def with_islands(self, names: str) -> "SearchSpace":
+    def with_islands(self, names: str) -> SearchSpace:
         """The same space with ``fp32_modules`` fixed to ``names`` (``--fp32-modules``)."""
         return SearchSpace.from_dict({**self.params, "fp32_modules": names},
                                      name=f"{self.name}+fp32:{names}",

@@ -27,7 +27,8 @@ import os
 import secrets
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution

@@ -14,7 +14,7 @@ import contextlib
 import threading
 import time
 import uuid
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import optuna
 
@@ -69,10 +69,9 @@ def claim(study: optuna.Study, key: str) -> Iterator[bool]:
     finally:
         stop.set()
         thread.join()
-        try:
+        # KeyError: the work removed the study (a float32 reference that did not learn)
+        with contextlib.suppress(KeyError):
             _write(study, key, None)
-        except KeyError:
-            pass  # the work removed the study (a float32 reference that did not learn)
 
 
 def wait_released(study: optuna.Study, key: str) -> None:

@@ -22,7 +22,8 @@ import os
 import re
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # optuna is imported where it is used: the command line imports this module before it
 # handles Ctrl-C, and refuses bad input without waiting for it.

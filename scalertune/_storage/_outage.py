@@ -26,7 +26,8 @@ from __future__ import annotations
 import threading
 import time
 import types
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from scalertune import _interrupt, _policy
 from scalertune._storage._redact import redact

@@ -22,7 +22,8 @@ import contextlib
 import os
 import socket
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError

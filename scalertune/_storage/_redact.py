@@ -18,6 +18,7 @@ Nothing is remembered between calls.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import urllib.parse
 
@@ -89,10 +90,8 @@ def _url_spellings(url: str) -> set[str]:
     from sqlalchemy.engine import make_url
 
     forms = {url}
-    try:
+    with contextlib.suppress(Exception):  # malformed: only the given spelling can appear
         forms.add(make_url(url).render_as_string(hide_password=False))
-    except Exception:  # malformed: only the given spelling can appear
-        pass
     return forms
 
 

@@ -20,12 +20,14 @@ an outage as the storage's do (:func:`~scalertune._storage._outage.retrying`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
 import shutil
 import tempfile
-from typing import IO, Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
 
 from scalertune._errors import UsageError
 from scalertune._storage._names import ARTIFACT_DIR_ATTR
@@ -137,10 +139,8 @@ class Store:
             return
         for name in names:
             for artifact in (name, name + ".json"):
-                try:
+                with contextlib.suppress(ArtifactNotFound):
                     self._retrying(functools.partial(self.inner.remove, artifact))
-                except ArtifactNotFound:
-                    pass
 
     def check(self) -> None:
         """:class:`UsageError` unless the store can be written, creating nothing: a folder

@@ -10,7 +10,8 @@ search's loop, which takes one item per step, takes one optimizer step's batches
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 class Groups:

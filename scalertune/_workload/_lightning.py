@@ -20,7 +20,8 @@ import functools
 import importlib
 import math
 import warnings
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -75,8 +76,10 @@ def lightning_workload(module: Any, batches: Iterable[Any], *, max_steps: int = 
     # Lightning's own parsing of configure_optimizers(): every return shape it accepts, with
     # its defaults for interval ("epoch") and frequency (1), and its errors for bad ones.
     try:
-        optimizers, schedulers, monitor = core._configure_optimizers(module.configure_optimizers())
-        trainer.lr_scheduler_configs = core._configure_schedulers_automatic_opt(schedulers,
+        optimizers, schedulers, monitor = core._configure_optimizers(  # noqa: SLF001 - Lightning's own reading
+            module.configure_optimizers())
+        trainer.lr_scheduler_configs = core._configure_schedulers_automatic_opt(  # noqa: SLF001
+            schedulers,
                                                                                 monitor)
     except Exception as exc:  # MisconfigurationException, from the module's return value
         raise UsageError(f"configure_optimizers(): {str(exc).strip().splitlines()[0]}") from None
@@ -215,10 +218,9 @@ class _TrainerView:
             for config in self.lr_scheduler_configs:
                 if config.reduce_on_plateau != plateau:
                     continue
-                if config.interval == "step" and self.batch_idx % config.frequency == 0:
-                    self._step_scheduler(config)
-                elif (config.interval == "epoch" and epoch_ends
-                      and (self.current_epoch + 1) % config.frequency == 0):
+                due = (self.batch_idx if config.interval == "step"
+                       else self.current_epoch + 1 if epoch_ends else None)
+                if due is not None and due % config.frequency == 0:
                     self._step_scheduler(config)
         if epoch_ends:
             self.current_epoch += 1

@@ -7,7 +7,8 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from scalertune import _interrupt
 from scalertune._errors import UsageError

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

@@ -59,7 +59,7 @@ def test_a_precision_floor_that_opens_late_is_caught_and_float16_holds(tmp_path)
                    and f.config.clip_norm is not None)
     assert result.holds(clipped) is False and clipped.number not in result.phases
     result.to_yaml(str(tmp_path / "amp.yaml"))
-    evidence = yaml.safe_load(open(tmp_path / "amp.yaml"))["evidence"]
+    evidence = yaml.safe_load((tmp_path / "amp.yaml").read_text())["evidence"]
     assert evidence["horizon"] == 2000 and evidence["best_amp"]["config"]
     assert evidence["cost"]["run_equivalents"] <= _policy.HORIZON_COST_CAP
     assert "falls behind float32" in result.summary() and "steps 0-2000" in result.verdict

@@ -105,7 +105,7 @@ def test_baselines_are_pytorch_defaults_and_the_seed_article_fix(storage):
                                device="cpu")
     assert result.baselines["pytorch-default"].config == PYTORCH_DEFAULT
     assert result.baselines["init-scale-4096"].config == SEED_ARTICLE_FIX
-    assert PYTORCH_DEFAULT == AmpConfig("float16", 65536.0, 2.0, 0.5, 2000, None)
+    assert AmpConfig("float16", 65536.0, 2.0, 0.5, 2000, None) == PYTORCH_DEFAULT
 
 
 def test_recommendation_is_confirmed_on_other_seeds_and_states_a_verdict(storage):

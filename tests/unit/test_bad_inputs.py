@@ -9,6 +9,7 @@ process, to prove what a shell sees: the exit status and one line on stderr.
 
 import dataclasses
 import os
+import pathlib
 import re
 
 import optuna
@@ -139,7 +140,7 @@ SEARCH = [
     Case("-o onto a folder", ["-o", "results"], r"--output results is a folder",
          {"results": None}),
     Case("-o is the factory file", ["-o", "model.py"], r"is the study's factory file",
-         {"model.py": open(os.path.join(HERE, "workloads.py")).read()}),
+         {"model.py": pathlib.Path(HERE, "workloads.py").read_text()}),
     Case("-o is the space file", ["--space", "space.yaml", "-o", "space.yaml"],
          r"is the study's search space file", {"space.yaml": _SPACE_OK}),
     Case("-o inside the artifact folder", ["-o", "scalertune-artifacts/amp.yaml"],

@@ -268,7 +268,7 @@ def test_writers_of_the_same_result_file_at_once_never_trip_over_each_others_tem
     for t in threads:
         t.join()
     assert not errors
-    assert yaml.safe_load(open(path))["config"]["dtype"] == "float16"
+    assert yaml.safe_load((tmp_path / "shared.yaml").read_text())["config"]["dtype"] == "float16"
     assert [p.name for p in tmp_path.iterdir()] == ["shared.yaml"]
 
 

@@ -48,7 +48,7 @@ def _train(config, watch, *, seed=0, steps=HORIZON, loss_times=lambda step: 1.0,
         for step in range(steps):
             times = loss_times(step)
             amp.train_step(workload.model, workload.optimizer,
-                           lambda out, y: times * workload.loss_fn(out, y),
+                           lambda out, y, times=times: times * workload.loss_fn(out, y),
                            batches[step % len(batches)])
             warned += [(step, w) for w in caught[len(warned):]]
     return amp, warned
