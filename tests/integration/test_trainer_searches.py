@@ -84,7 +84,7 @@ def test_the_shipped_trainer_examples_search_and_attach(tmp_path, name, factory,
     shutil.copytree(f"{ROOT}/examples", tmp_path / "examples")
     proc = subprocess.run(
         [sys.executable, "-m", "scalertune", "search", f"examples/{name}.py:{factory}",
-         "--steps", "30", "--horizon", str(horizon)],
+         "--steps", "30", "--horizon", str(horizon), "--n-trials", "4"],
         capture_output=True, text=True, cwd=tmp_path, timeout=900, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     path = tmp_path / f"{name}_{factory}.yaml"
