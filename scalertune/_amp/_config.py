@@ -115,7 +115,7 @@ class AmpConfig:
         """How many knobs differ from PyTorch's defaults (and from the workload's own
         ``clip_norm``): among configs equally fast and stable, fewer is simpler."""
         changed = int(self.dtype != _DEFAULTS.dtype) + int(self.clip_norm != clip_norm)
-        changed += sum(getattr(self, k) != getattr(_DEFAULTS, k) for k in SCALER_KNOBS)
+        changed += sum(int(getattr(self, k) != getattr(_DEFAULTS, k)) for k in SCALER_KNOBS)
         return changed + int(bool(self.fp32_modules))
 
     @classmethod
