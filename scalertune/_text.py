@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from scalertune import _policy
@@ -44,7 +45,7 @@ def readable(value: Any, digits: int = _policy.READABLE_DIGITS) -> Any:
     return value
 
 
-def format_table(rows: list[tuple[str, ...]]) -> list[str]:
+def format_table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     """Columns padded to width: the first two left-aligned (names), the rest right (numbers)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []

@@ -8,6 +8,7 @@ line's words (a parameter becomes its flag) and exit statuses.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -66,7 +67,7 @@ def _main(argv: Sequence[str] | None, *, exiting: bool) -> int:
         return code
 
 
-def _run(command: str, args: object) -> int:
+def _run(command: str, args: argparse.Namespace) -> int:
     try:
         return COMMANDS[command](args)
     except ParameterError as exc:

@@ -55,12 +55,7 @@ class AmpConfig:
     fp32_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        islands = self.fp32_modules
-        if isinstance(islands, str):
-            islands = _split(islands)
-        elif not isinstance(islands, (list, tuple)) and islands is not None:
-            raise UsageError(f"fp32_modules must be module names, got {islands!r}")
-        object.__setattr__(self, "fp32_modules", tuple(islands or ()))
+        object.__setattr__(self, "fp32_modules", parse_islands(self.fp32_modules))
         if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             raise UsageError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if not all(isinstance(name, str) and name for name in self.fp32_modules):
@@ -115,7 +110,7 @@ class AmpConfig:
         """How many knobs differ from PyTorch's defaults (and from the workload's own
         ``clip_norm``): among configs equally fast and stable, fewer is simpler."""
         changed = int(self.dtype != _DEFAULTS.dtype) + int(self.clip_norm != clip_norm)
-        changed += sum(getattr(self, k) != getattr(_DEFAULTS, k) for k in SCALER_KNOBS)
+        changed += sum(int(getattr(self, k) != getattr(_DEFAULTS, k)) for k in SCALER_KNOBS)
         return changed + int(bool(self.fp32_modules))
 
     @classmethod
@@ -148,6 +143,16 @@ class AmpConfig:
 
 
 SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
+def parse_islands(islands: object) -> tuple[str, ...]:
+    """``fp32_modules`` as :class:`AmpConfig` holds it: a comma-separated string split into its
+    names (``""`` or ``"none"``: none), a list or tuple as a tuple, ``None`` as none."""
+    if isinstance(islands, str):
+        return _split(islands)
+    if not isinstance(islands, (list, tuple)) and islands is not None:
+        raise UsageError(f"fp32_modules must be module names, got {islands!r}")
+    return tuple(islands or ())
 
 
 def _check(name: str, value: Any, wanted: str, ok: Callable[[float], bool]) -> None:

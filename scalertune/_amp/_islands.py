@@ -31,10 +31,11 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     """The user's model inside torch.compile's and (Distributed)DataParallel's wrappers, whose
     names (``_orig_mod.``, ``module.``) are not the ones ``fp32_modules`` names."""
     while True:
+        compiled = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
         if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
             model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
-            model = model._orig_mod  # noqa: SLF001 - torch.compile's OptimizedModule
+        elif isinstance(compiled, torch.nn.Module):
+            model = compiled
         else:
             return model
 

@@ -270,7 +270,10 @@ class _Checks:
 
     def __init__(self, guard: Guard | None, watch: Watch | None) -> None:
         self.guard, self.watch = guard, watch
-        self.every = guard.check_every if guard is not None else watch.check_every
+        cadence = guard if guard is not None else watch
+        if cadence is None:
+            raise ValueError("checks need a guard or a watch")
+        self.every = cadence.check_every
         self._warned = False
 
     def run(self, amp: AmpRuntime) -> None:

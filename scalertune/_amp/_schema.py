@@ -110,9 +110,11 @@ def _prediction(data: dict[str, Any], path: str) -> ScalerPrediction | None:
     values = {k: block[k] for k in (*_PREDICTION_KEYS, "max_scale") if k in block}
     if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values.values()):
         raise UsageError(needs)
+    # ScalerPrediction's fields by name (the keys chosen above); it checks their values.
+    fields: dict[str, Any] = {k: _as(_PREDICTION_KEYS.get(k, float), v)
+                              for k, v in values.items()}
     try:
-        return ScalerPrediction(**{k: _as(_PREDICTION_KEYS.get(k, float), v)
-                                   for k, v in values.items()})
+        return ScalerPrediction(**fields)
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
 

@@ -21,6 +21,7 @@ import dataclasses
 import math
 import os
 import sys
+from types import FrameType
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
@@ -188,7 +189,7 @@ def caller_stacklevel() -> int:
     """The ``stacklevel`` that points a warning at the first frame outside this package:
     the user's ``amp.step`` or ``amp.train_step`` line, whichever of them it came through."""
     here, level = os.path.dirname(__file__), 1
-    frame = sys._getframe(1)  # noqa: SLF001 - the standard way to walk the caller's stack
+    frame: FrameType | None = sys._getframe(1)  # noqa: SLF001 - the standard way to walk the stack
     while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
         frame, level = frame.f_back, level + 1
     return level

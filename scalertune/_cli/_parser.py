@@ -25,8 +25,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2, and no option is taken
     for another by its prefix."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, allow_abbrev=False, formatter_class=_FMT, **kwargs)
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, formatter_class=_FMT, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}{_suggestion(self, message)} "
@@ -36,11 +36,18 @@ class _Parser(argparse.ArgumentParser):
 def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
     """``: did you mean --steps?`` for an unknown option or command close to a real one."""
     choice = re.search(r"invalid choice: '([^']*)'", message)
-    if choice and parser._subparsers is not None:  # noqa: SLF001 - argparse keeps them here
-        names = [n for a in parser._subparsers._group_actions  # noqa: SLF001
-                 for n in getattr(a, "choices", None) or ()]
-        return _closest(choice.group(1), names)
+    commands = _commands(parser)
+    if choice and commands:
+        return _closest(choice.group(1), list(commands))
     return ""
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser's commands by name (none for a command's own parser)."""
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps the commands here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return action.choices
+    return {}
 
 
 def _closest(word: str, names: Sequence[str]) -> str:
@@ -53,8 +60,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
     parser = build()
     args, extra = parser.parse_known_args(argv)
     if extra:
-        command = parser._subparsers._group_actions[0].choices.get(  # noqa: SLF001
-            args.command, parser) if args.command else parser
+        command = _commands(parser).get(args.command, parser) if args.command else parser
         known = [o for a in command._actions for o in a.option_strings]  # noqa: SLF001
         unknown = next((e for e in extra if e.startswith("-")), extra[0])
         command.error(f"unrecognized arguments: {' '.join(extra)}"

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from scalertune import _policy
-from scalertune._amp._config import AmpConfig
+from scalertune._amp._config import AmpConfig, parse_islands
 from scalertune._amp._device import resolve_device
 from scalertune._amp._modules import match_modules
 from scalertune._diagnose._conclusions import _grad_absmax, _Judge, _overflowing_gradients
@@ -81,7 +81,7 @@ def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.
     factory = (load_factory(factory_or_spec) if isinstance(factory_or_spec, str)
                else factory_or_spec)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
-    config = AmpConfig(init_scale=float(init_scale), fp32_modules=fp32_modules)
+    config = AmpConfig(init_scale=float(init_scale), fp32_modules=parse_islands(fp32_modules))
     if config.fp32_modules:  # a typo is refused before any step runs
         model = build_workload(factory, seed=seed, device=dev).model
         match_modules(config.fp32_modules, (n for n, _ in model.named_modules()))

@@ -139,7 +139,7 @@ class Diagnosis:
                 _max(f16), _pct(f16, "nonfinite"), _max(b16), _pct(b16, "over"),
                 _max(m.backward.get("float32")), _pct(m.backward.get("float16"), "nonfinite"),
                 _max(m.params.get("float32")), _pct(m.params.get("float16"), "nonfinite"),
-                "-" if m.flushed is None else _share(m.flushed),
+                _share(m.flushed),
             ))
         from scalertune._text import format_table
 
@@ -189,7 +189,10 @@ def _list(names: Sequence[str]) -> str:
     return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
 
 
-def _share(v: float) -> str:
+def _share(v: float | None) -> str:
+    """A share as a percentage; ``-`` where it was not measured."""
+    if v is None:
+        return "-"
     return "0%" if v == 0 else f"{v:.1%}"
 
 

@@ -11,9 +11,11 @@ import torch
 
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
+from scalertune._amp._scaler import DeviceStep
 from scalertune._diagnose._hooks import _Hooks, _row, _sample
 from scalertune._diagnose._report import ModuleReport, TensorStats, _Run
 from scalertune._errors import UsageError
+from scalertune._run._loop import loss_function
 from scalertune._workload._contract import Workload, to_device
 from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import one_line
@@ -52,7 +54,7 @@ class _Runner:
                 if workload.step is not None:
                     workload.step(model, batch, amp)
                 else:
-                    amp.train_step(model, workload.optimizer, workload.loss_fn, batch)
+                    amp.train_step(model, workload.optimizer, loss_function(workload), batch)
         finally:
             amp.close()
             if watch is not None:
@@ -86,19 +88,20 @@ class _WatchedRuntime(AmpRuntime):
     def _count(self, *_: Any) -> None:
         self._taken += 1
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if not bool(torch.isfinite(loss.detach()).all()):
             self._bad_loss = True
             self._record.first_bad = self._record.first_bad or "its loss"
-        super().backward(loss)
+        super().backward(loss, **kwargs)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer) -> bool | DeviceStep:
         self._read_gradients()
         taken = self._taken
-        super().step(optimizer)
+        stepped = super().step(optimizer)
         self._record.skipped += self._taken == taken
         self._record.bad_loss_steps += self._bad_loss
         self._bad_loss = False
+        return stepped
 
     def _read_gradients(self) -> None:
         first = self.steps == 0

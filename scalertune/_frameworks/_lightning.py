@@ -78,7 +78,7 @@ def route_lightning(trainer: Any, amp: AmpRuntime) -> None:
 def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
     config = amp.config
 
-    class _Float32(plugins.Precision):  # type: ignore[misc]
+    class _Float32(plugins.Precision):
         """Lightning's plain precision, its optimizer steps counted by the runtime."""
 
         def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -90,7 +90,7 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
         return _Float32()
     precision = "16-mixed" if config.dtype == "float16" else "bf16-mixed"
 
-    class _RuntimePrecision(plugins.MixedPrecision):  # type: ignore[misc]
+    class _RuntimePrecision(plugins.MixedPrecision):
         """Lightning's MixedPrecision with the runtime's autocast, islands and scaler (which
         counts its steps; without one, as for bfloat16, they are counted here)."""
 

@@ -144,7 +144,8 @@ def update_deepspeed_scales(overflows: Sequence[bool],
                             scaler: DeepSpeedScaler) -> tuple[np.ndarray, int | None]:
     """DeepSpeed's scale after the update of each step, given which steps overflowed, and the
     step at which it raises instead (``None`` if it does not; the scales stop there)."""
-    rule, out = _Rule(scaler), []
+    rule = _Rule(scaler)
+    out: list[float] = []
     for step, overflow in enumerate(overflows):
         if rule.update(bool(overflow), step) is not None:
             return np.array(out, dtype=np.float64), step

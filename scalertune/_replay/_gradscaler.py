@@ -186,7 +186,8 @@ class ReplayMany:
     def skipped(self, config: int) -> np.ndarray:
         """The steps config number ``config`` skips, ascending."""
         order, bounds = self._by_config
-        return self.skip_step[order[bounds[config]:bounds[config + 1]]]
+        steps: np.ndarray = self.skip_step[order[bounds[config]:bounds[config + 1]]]
+        return steps
 
     @functools.cached_property
     def _by_config(self) -> tuple[np.ndarray, np.ndarray]:
@@ -279,7 +280,7 @@ class _Scalers:
     def back_off(self, which: np.ndarray, steps: np.ndarray | int,
                  in_effect: np.ndarray) -> np.ndarray:
         """Configs ``which`` overflowed at ``steps`` with scales ``in_effect``: their new scale."""
-        new = (in_effect * self.backoff[which]).astype(np.float32)
+        new: np.ndarray = (in_effect * self.backoff[which]).astype(np.float32)
         self.scale[which] = new
         self.next_growth[which] = steps + self.interval[which]
         self.at.append(np.full(len(which), steps) if isinstance(steps, int) else steps)

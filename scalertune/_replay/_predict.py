@@ -157,7 +157,9 @@ def predict_deepspeed(trace: Trace, fp16_block: Mapping[str, Any], *,
 
 def _prediction(trace: Trace, config: AmpConfig | DeepSpeedScaler, horizon: int,
                 skipped: np.ndarray, lowest: float, final: float,
-                scales: np.ndarray) -> Prediction:
+                scales: np.ndarray | None) -> Prediction:
+    if scales is None:
+        raise ValueError("a prediction needs the scale of each step: replay with per_step=True")
     per_phase = np.bincount(skipped * PHASES // horizon, minlength=PHASES)
     burst = _startup_burst(skipped, horizon)
     return Prediction(

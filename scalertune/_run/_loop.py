@@ -27,6 +27,7 @@ import torch
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
+from scalertune._errors import UsageError
 from scalertune._run._checkpoint import BatchCursor, load_checkpoint, save_checkpoint
 from scalertune._run._memory import release_memory
 from scalertune._run._nonfinite import judge_window
@@ -226,5 +227,13 @@ def step_function(workload: Workload) -> Callable[[Workload, Any, AmpRuntime], t
     if workload.step is not None:
         user_step = workload.step
         return lambda w, batch, amp: user_step(w.model, batch, amp).detach()
-    model, optimizer, loss_fn = workload.model, workload.optimizer, workload.loss_fn
+    model, optimizer, loss_fn = workload.model, workload.optimizer, loss_function(workload)
     return lambda w, batch, amp: amp.train_step(model, optimizer, loss_fn, batch)
+
+
+def loss_function(workload: Workload) -> Callable[[Any, Any], torch.Tensor]:
+    """The ``loss_fn`` of a workload without a ``step`` of its own (the contract asks for one
+    or the other)."""
+    if workload.loss_fn is None:
+        raise UsageError("the factory's result has neither 'loss_fn' nor 'step': give one")
+    return workload.loss_fn

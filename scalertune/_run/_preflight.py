@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -11,7 +11,7 @@ import torch
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
-from scalertune._run._loop import step_function
+from scalertune._run._loop import loss_function, step_function
 from scalertune._workload._contract import to_device
 from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import one_line
@@ -43,7 +43,7 @@ class Checked:
 
 
 def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int,
-              islands: set[str] = frozenset()) -> Checked:
+              islands: Collection[str] = frozenset()) -> Checked:
     """One float32 step on a fresh workload: catches a bad loss before any study row exists.
 
     Also checks that every module named in ``islands`` exists.
@@ -57,7 +57,7 @@ def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int,
         if workload.step is None:
             inputs, targets = batch
             output = workload.model(inputs)
-            check_loss(workload.loss_fn(output, targets), output)
+            check_loss(loss_function(workload)(output, targets), output)
         loss = step_function(workload)(workload, batch, amp)
     except UsageError:
         raise

@@ -257,7 +257,8 @@ class _Hooks:
         self._peaks: list[torch.Tensor] = []  # full steps: forward extremes, and their modules
         self._peak_owners: list[int] = []
         self._counted = _Counts(self._hist)
-        self._row, self._used, self._full, self._pending = 0, 0, None, False
+        self._row, self._used, self._pending = 0, 0, False
+        self._full: bool | None = None  # which hooks are on: none yet
         self._params_read = False  # whether this step's parameters were read
         self._zero = torch.zeros((), device=self.device)
         self._params_key: tuple[bool | None, int] | None = None

@@ -22,7 +22,8 @@ class Progress:
         self._bar = _bar() if bar else None
         # A bar with total 0 is falsy (tqdm defines __len__), hence "is not None".
         if self._bar is not None:
-            self.line = lambda text: self._bar.write(text, file=sys.stderr)
+            write = self._bar.write
+            self.line = lambda text: write(text, file=sys.stderr)
         else:
             self.line = log or (lambda _: None)
 

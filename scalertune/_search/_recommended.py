@@ -13,6 +13,7 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
+from scalertune._errors import MissingEvidence
 from scalertune._review._analyze import analyze
 from scalertune._search._setup import Setup
 from scalertune._search._study import DTYPE_DISTRIBUTION
@@ -28,11 +29,14 @@ from scalertune._text import readable
 def add_recommended(study: optuna.Study, setup: Setup) -> None:
     result = analyze(study)
     run = result.recommended or result.float32_choice
+    source: dict[str, int | str]
     if run is not None:
         repeats = study.trials[run.number]
         value, source = run.time_to_target, {"recommends": run.number}
     else:
         ref = result.reference
+        if ref is None:  # every search runs its reference before it recommends
+            raise MissingEvidence(f"the study holds no float32 reference of seed {setup.seed}")
         repeats = study.trials[ref["trial"]]
         value, source = result.reference_time_to_target, {"recommends": "float32",
                                                           "reference_trial": ref["trial"]}

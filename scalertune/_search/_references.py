@@ -75,7 +75,7 @@ class References:
         if seed not in self._targets:
             self.once(f"reference.{seed}", lambda: self._run(seed),
                       lambda: reference_of(self.study, seed) is not None)
-            reference = reference_of(self.study, seed)
+            reference = self._stored_reference(seed)
             self._targets[seed] = Target.from_reference(reference["losses"])
             if seed == self.setup.seed:
                 self._times = reference["step_times"]
@@ -91,8 +91,15 @@ class References:
         """The stored float32 reference of ``seed`` (run first if nobody has)."""
         self.target(seed)
         if seed not in self._stored:
-            self._stored[seed] = reference_of(self.study, seed)
+            self._stored[seed] = self._stored_reference(seed)
         return self._stored[seed]
+
+    def _stored_reference(self, seed: int) -> dict[str, Any]:
+        reference = reference_of(self.study, seed)
+        if reference is None:  # run above, or by the worker that held the claim
+            raise MissingEvidence(f"the float32 reference of seed {seed} ran but the study "
+                                  "does not hold it")
+        return reference
 
     def trace(self, seed: int) -> Trace:
         """The reference's gradient trace."""

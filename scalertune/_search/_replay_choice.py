@@ -111,7 +111,9 @@ def _drawn(setup: Setup, base: AmpConfig) -> list[AmpConfig]:
     params: Mapping[str, Any] = setup.space.params
     out = []
     for _ in range(_policy.REPLAY_CONFIGS):
-        knobs = {k: _draw(rng, params.get(k), getattr(base, k)) for k in SCALER_KNOBS}
+        # The scaler's knobs by name: AmpConfig checks each value.
+        knobs: dict[str, Any] = {k: _draw(rng, params.get(k), getattr(base, k))
+                                 for k in SCALER_KNOBS}
         knobs["growth_interval"] = int(round(knobs["growth_interval"]))
         out.append(dataclasses.replace(base, **knobs))
     return out

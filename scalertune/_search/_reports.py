@@ -49,6 +49,7 @@ class Reports:
     def _write(self) -> None:
         pending: list[tuple[float, int]] = []
         due = 0.0
+        item: tuple[float, int] | tuple[()] | None
         while True:
             try:
                 item = self._queue.get(timeout=max(0.0, due - time.monotonic())

@@ -10,6 +10,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune._amp._config import AmpConfig
 from scalertune._diagnose._locate import locate_forward_overflow
+from scalertune._errors import MissingEvidence
 from scalertune._judge._outcome import Outcome
 from scalertune._run._record import RunRecord
 from scalertune._search._isolate import locate_isolated, run_here
@@ -36,6 +37,8 @@ def reuse(trial: optuna.Trial, config: AmpConfig, original: FrozenTrial,
     progress.advance()
     if original.state == TrialState.PRUNED:
         raise optuna.TrialPruned(judged.get("prune_reason"))
+    if original.value is None:  # Optuna stores a value with every complete trial
+        raise MissingEvidence(f"trial #{original.number} is complete without its value")
     return float(original.value)
 
 def locate_overflow(setup: Setup, trial: optuna.Trial, config: AmpConfig, seed: int,

@@ -11,7 +11,8 @@ from optuna.trial import FrozenTrial
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import outcomes_of
-from scalertune._judge._rank import Noise, time_bounds
+from scalertune._judge._rank import time_bounds
+from scalertune._judge._settings import Noise
 from scalertune._judge._stopping import Best, StopRule
 from scalertune._judge._target import Target
 from scalertune._search._references import References
@@ -84,9 +85,9 @@ def _best(trials: list[FrozenTrial], seed: int, times: Any, noise: Noise) -> Bes
         return None
     steps: dict[str, tuple[int, str]] = {}
     for o in runs:
-        dtype = o.config.dtype
-        if dtype not in steps or o.steps_to_target < steps[dtype][0]:
-            steps[dtype] = (o.steps_to_target, o.label)
+        dtype, reached_at = o.config.dtype, o.steps_to_target  # set: these runs reached it
+        if reached_at is not None and (dtype not in steps or reached_at < steps[dtype][0]):
+            steps[dtype] = (reached_at, o.label)
     fastest = min(runs, key=lambda o: time_bounds(o, times, noise)[1])
     return Best(time_high=time_bounds(fastest, times, noise)[1], label=fastest.label,
                 steps=steps, margin=noise.margin(min(s for s, _ in steps.values())))

@@ -30,7 +30,7 @@ from typing import Any
 
 import optuna
 
-from scalertune._amp._config import DTYPES, SCALER_KNOBS, AmpConfig
+from scalertune._amp._config import DTYPES, SCALER_KNOBS, AmpConfig, parse_islands
 from scalertune._amp._yaml import parse_yaml, read_yaml
 from scalertune._errors import UsageError
 from scalertune._judge._settings import space_dtypes
@@ -118,7 +118,7 @@ class SearchSpace:
         if spec is None:
             return set()
         choices = spec["choices"] if isinstance(spec, Mapping) else [spec]
-        return {n for c in choices for n in AmpConfig(fp32_modules=c or "").fp32_modules}
+        return {n for c in choices for n in parse_islands(c or "")}
 
     @property
     def fixed_islands(self) -> tuple[str, ...]:
@@ -127,7 +127,7 @@ class SearchSpace:
         spec = self.params.get("fp32_modules")
         if spec is None or isinstance(spec, Mapping):
             return ()
-        return AmpConfig(fp32_modules=spec or "").fp32_modules
+        return parse_islands(spec or "")
 
     def with_islands(self, names: str) -> SearchSpace:
         """The same space with ``fp32_modules`` fixed to ``names`` (``--fp32-modules``)."""
@@ -202,7 +202,7 @@ def _params_for(space: SearchSpace, config: AmpConfig) -> dict[str, Any] | None:
     if islands is not None and float16:
         joined = ",".join(config.fp32_modules)
         if not isinstance(islands, Mapping):
-            if AmpConfig(fp32_modules=islands or "").fp32_modules != config.fp32_modules:
+            if parse_islands(islands or "") != config.fp32_modules:
                 return None
         elif joined in islands["choices"]:
             params["fp32_modules"] = joined
@@ -320,7 +320,8 @@ def _check_numeric(space: str, key: str, spec: Any) -> None:
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise UsageError(f"{where} must be a number, got {v!r}")
+        knob: dict[str, Any] = {key: v}  # AmpConfig checks the value by the knob's name
         try:
-            AmpConfig(**{key: v})
+            AmpConfig(**knob)
         except UsageError as exc:
             raise UsageError(f"search space {space!r}: {exc}") from None

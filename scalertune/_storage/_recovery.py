@@ -74,10 +74,11 @@ def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
     """Fail and requeue every running trial whose worker is gone; say which."""
     storage = storage_of(study)
     if heartbeat_enabled(storage):
-        running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        was_running = {t.number for t in study.get_trials(deepcopy=False,
+                                                          states=(TrialState.RUNNING,))}
         optuna.storages.fail_stale_trials(study)  # calls retry() for each trial it fails
         for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-            if trial.number in running:
+            if trial.number in was_running:
                 log(f"trial #{trial.number} stopped sending heartbeats (its worker died): "
                     "marked failed, its run queued again")
     now = time.monotonic()

@@ -160,7 +160,7 @@ class Store:
                              "writable: pass another --artifact-dir")
 
     def _head_bucket(self) -> None:
-        from botocore.exceptions import ClientError  # type: ignore[import-untyped]
+        from botocore.exceptions import ClientError
 
         bucket = self.location[len(S3):]
         try:
@@ -185,7 +185,7 @@ def _open(location: str) -> Any:
         os.makedirs(location, exist_ok=True)
         return _Folder(location)
     try:
-        import boto3  # type: ignore[import-untyped]
+        import boto3
         from optuna.artifacts import Boto3ArtifactStore
     except ImportError:
         raise UsageError(f"artifact store {location} needs boto3, which is not installed: "
@@ -244,7 +244,7 @@ def _passing(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and not type(exc).__module__.startswith("botocore"):
         return exc.errno in _PASSING_ERRNOS
     try:
-        from botocore.exceptions import (  # type: ignore[import-untyped]
+        from botocore.exceptions import (
             ClientError,
             ConnectionClosedError,
             ConnectTimeoutError,

@@ -209,6 +209,36 @@ def test_a_loss_returned_in_a_dict_does_not_count_as_a_gradient():
     assert d.kind == "clean" and d.skipped == 0
 
 
+def test_a_step_of_its_own_is_answered_as_in_training():
+    """Under diagnose the step's own code passes backward its arguments, and amp.step says
+    whether the optimizer stepped: a scheduler advanced only then keeps pace with it."""
+    schedulers = []
+
+    def factory():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1000)
+        schedulers.append(scheduler)
+
+        def step(model, batch, amp):
+            optimizer.zero_grad(set_to_none=True)
+            with amp.autocast():
+                loss = nn.functional.mse_loss(model(batch[0]), batch[1])
+            amp.backward(loss, retain_graph=True)
+            if amp.step(optimizer):
+                scheduler.step()
+            return loss
+
+        x = torch.randn(32, 8)
+        return {"model": model, "optimizer": optimizer, "step": step,
+                "batches": [(x, 0.1 * x.sum(1, keepdim=True))]}
+
+    d = scalertune.diagnose(factory, init_scale=1024.0, steps=20, device="cpu")
+    assert d.kind == "clean" and d.skipped == 0
+    assert schedulers and [s.last_epoch for s in schedulers] == [20] * len(schedulers)
+
+
 def test_no_hooks_are_left_on_a_model():
     attention = example("attention")
     record = run_config(attention.make_model, AmpConfig(dtype="bfloat16"), steps=20, seed=0,
