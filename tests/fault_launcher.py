@@ -107,8 +107,8 @@ def _lose_after_reference(how: str) -> None:
 
     add = _references.add_reference
 
-    def added(study, record, config, times, *, steps, checkpoints):
-        add(study, record, config, times, steps=steps, checkpoints=checkpoints)
+    def added(study, record, config, times, *, checkpoints, **kwargs):
+        add(study, record, config, times, checkpoints=checkpoints, **kwargs)
         if checkpoints:
             from scalertune._storage._store import Store, location_of
 
