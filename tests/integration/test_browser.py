@@ -127,7 +127,7 @@ def _searches(d, tmp):
     d.late_yaml = yaml.safe_load((tmp / "late.yaml").read_text())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: its group may interleave with other modules
 def dashboard(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboard")
     d = Dashboard(tmp)

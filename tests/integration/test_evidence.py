@@ -98,7 +98,7 @@ def _reference_is_float32s_own(study):
                            for start, losses in windows.items())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: its group may interleave with other modules
 def undisturbed(tmp_path_factory):
     """The same search, one worker, nothing in its way: the answer the others must give."""
     folder = tmp_path_factory.mktemp("undisturbed")

@@ -33,7 +33,7 @@ _SOURCE = {"pyproject.toml", "MANIFEST.in", "LICENSE", "README.md", "scalertune"
            "examples", "benchmarks", ".ci", "search_spaces"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: its group may interleave with other modules
 def dist(tmp_path_factory):
     """The sdist, the wheel built from it, and the folder the sdist unpacks to."""
     out = tmp_path_factory.mktemp("dist")

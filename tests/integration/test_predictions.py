@@ -39,7 +39,7 @@ def _within(predicted, real):
     return abs(predicted - real) <= skip_tolerance(real)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: its group may interleave with other modules
 def searched(tmp_path_factory):
     """The shipped example searched with a horizon, then its study read back from storage."""
     folder = tmp_path_factory.mktemp("predictions")
