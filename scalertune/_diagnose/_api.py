@@ -47,7 +47,12 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig, parse_islands
 from scalertune._amp._device import resolve_device
 from scalertune._amp._modules import match_modules
-from scalertune._diagnose._conclusions import _grad_absmax, _Judge, _overflowing_gradients
+from scalertune._diagnose._conclusions import (
+    _grad_absmax,
+    _Judge,
+    _overflowing_gradients,
+    float32_broken,
+)
 from scalertune._diagnose._locate import _find_islands, group_patterns
 from scalertune._diagnose._report import Diagnosis, ModuleReport
 from scalertune._diagnose._runner import (
@@ -73,11 +78,7 @@ def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.
     Raises :class:`UsageError` for an ``init_scale`` that is not a positive finite number,
     ``steps < 1``, or ``fp32_modules`` naming no module of the model, before anything runs.
     """
-    if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)) or not (
-            math.isfinite(init_scale) and init_scale > 0):
-        raise UsageError(f"init_scale must be a positive finite number, got {init_scale!r}")
-    if steps < 1:
-        raise UsageError(f"steps must be >= 1, got {steps}")
+    _check(init_scale, steps)
     factory = (load_factory(factory_or_spec) if isinstance(factory_or_spec, str)
                else factory_or_spec)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
@@ -99,7 +100,7 @@ def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.
     judge = _Judge(run, first, current, bf16, f32, table, checks)
     islanded = match_modules(current.config.fp32_modules, first.names)
     if not f32.finite:
-        kind, verdict, suggested = judge.float32_broken()
+        kind, verdict, suggested = float32_broken(f32)
     elif current.forward_overflow:
         kind, verdict, suggested = judge.forward_unfixed(culprits)
     elif current.bad_loss_steps:
@@ -111,6 +112,24 @@ def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.
     for name, row in table.items():
         row.flushed = _flushed(_of_module(current.first_grads, name),
                                _of_module(f32.first_grads, name))
+    return _diagnosis(table, config, steps, kind, verdict, suggested, culprits, islanded,
+                      first, current, bf16, checks)
+
+
+def _check(init_scale: Any, steps: int) -> None:
+    """:class:`UsageError` for an ``init_scale`` or ``steps`` no run can take."""
+    if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)) or not (
+            math.isfinite(init_scale) and init_scale > 0):
+        raise UsageError(f"init_scale must be a positive finite number, got {init_scale!r}")
+    if steps < 1:
+        raise UsageError(f"steps must be >= 1, got {steps}")
+
+
+def _diagnosis(table: dict[str, ModuleReport], config: AmpConfig, steps: int, kind: str,
+               verdict: str, suggested: float | None, culprits: list[str],
+               islanded: list[str], first: _Run, current: _Run, bf16: _Run | None,
+               checks: list[Any]) -> Diagnosis:
+    """The judged runs as the :class:`Diagnosis` users read."""
     return Diagnosis(
         modules=list(table.values()), init_scale=config.init_scale, steps=steps, kind=kind,
         verdict=verdict, culprits=culprits,

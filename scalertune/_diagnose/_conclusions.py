@@ -17,6 +17,21 @@ from scalertune._diagnose._report import ModuleReport, ScalerCheck, _list, _shar
 from scalertune._diagnose._runner import _Run, _Runner
 
 
+def float32_broken(f32: _Run) -> tuple[str, str, None]:
+    """The verdict where float32 itself goes non-finite: nothing to tune."""
+    return ("float32",
+            f"float32 itself goes non-finite ({f32.first_bad} inf/NaN within {f32.steps} "
+            "steps), so no mixed-precision setting can do better: fix the workload "
+            "(learning rate, loss, data, initialisation) before tuning AMP.", None)
+
+
+def _where(culprits: list[str], names: list[str]) -> str:
+    """The modules named in a verdict: one by name, several as the patterns that cover them."""
+    if len(culprits) == 1:
+        return f"module {culprits[0]!r}"
+    return f"{len(culprits)} modules ({', '.join(group_patterns(culprits, names))})"
+
+
 class _Judge:
     """The verdict, from the runs made so far, and the scales it checks by running them."""
 
@@ -35,19 +50,13 @@ class _Judge:
             return " bfloat16 stays finite in every module, with no scaler: the alternative."
         return ""
 
-    def float32_broken(self) -> tuple[str, str, None]:
-        f32 = self.f32
-        return ("float32",
-                f"float32 itself goes non-finite ({f32.first_bad} inf/NaN within {f32.steps} "
-                "steps), so no mixed-precision setting can do better: fix the workload "
-                "(learning rate, loss, data, initialisation) before tuning AMP.", None)
-
     def forward_unfixed(self, culprits: list[str]) -> tuple[str, str, None]:
         modules = [c for c in culprits if c]
         head = f"forward overflow at init_scale {self.first.config.init_scale:g}"
         if modules:
             them = "them" if len(modules) > 1 else "it"
-            text = (f"{head} in {self._where(modules)}, before any loss scale applies; keeping "
+            where = _where(modules, self.first.names)
+            text = (f"{head} in {where}, before any loss scale applies; keeping "
                     f"{them} in float32 is not enough: checked, the forward is still inf/NaN "
                     f"(from {self.current.first_forward or '(model)'})")
         elif "" in culprits:
@@ -57,11 +66,6 @@ class _Judge:
         else:
             text = f"{head}: the model's inputs already hold inf/NaN"
         return "forward", text + "." + (self.bfloat16_line() or " Train in float32."), None
-
-    def _where(self, culprits: list[str]) -> str:
-        if len(culprits) == 1:
-            return f"module {culprits[0]!r}"
-        return f"{len(culprits)} modules ({', '.join(group_patterns(culprits, self.first.names))})"
 
     def loss(self) -> tuple[str, str, None]:
         cur = self.current
@@ -73,7 +77,8 @@ class _Judge:
 
     def forward_fixed(self, culprits: list[str], islanded: list[str], gradients: str) -> str:
         patterns = group_patterns(islanded, self.first.names)
-        return (f"forward overflow in {self._where(culprits)}: float16 turns finite inputs into "
+        where = _where(culprits, self.first.names)
+        return (f"forward overflow in {where}: float16 turns finite inputs into "
                 "inf/NaN there, before any loss scale applies, so no scaler setting fixes it. Keep "
                 f"{'them' if len(culprits) > 1 else 'it'} in float32 (--fp32-modules "
                 f"{shlex.quote(','.join(patterns))}): checked, the forward is then finite."

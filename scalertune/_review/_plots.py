@@ -151,6 +151,18 @@ def _plot_loss(ax: Any, result: Findings, outcome: Outcome) -> None:
     if target is not None:
         ax.axhline(1.0 if relative else target.loss, color="black", ls="--", lw=1,
                    label="float32 target" + (" (1.0)" if relative else ""))
+    _mark_events(ax, outcome, losses)
+    if relative:
+        ax.set_yscale("log")
+        ax.set_ylabel("loss / float32 target (1.0 = target)")
+    else:
+        ax.set_ylabel("loss")
+    ax.legend(fontsize=9, loc="best")
+    ax.grid(alpha=0.3)
+
+
+def _mark_events(ax: Any, outcome: Outcome, losses: list[float]) -> None:
+    """Where the run reached the target, first went non-finite, or was pruned."""
     reached = outcome.attrs.get("steps_to_target")
     if outcome.reached and reached:
         ax.axvline(reached - 1, color="tab:green", ls=":", lw=1.5,
@@ -164,13 +176,6 @@ def _plot_loss(ax: Any, result: Findings, outcome: Outcome) -> None:
     if outcome.state == "pruned" and losses:
         ax.axvline(len(losses) - 1, color="tab:purple", ls="--", lw=1.2,
                    label=f"pruned after {len(losses)} steps ({outcome.prune_kind})")
-    if relative:
-        ax.set_yscale("log")
-        ax.set_ylabel("loss / float32 target (1.0 = target)")
-    else:
-        ax.set_ylabel("loss")
-    ax.legend(fontsize=9, loc="best")
-    ax.grid(alpha=0.3)
 
 
 def _plot_scale(ax: Any, outcome: Outcome, scales: list[float]) -> None:

@@ -20,37 +20,47 @@ def judge_window(record: RunRecord, workload: Workload, start: int) -> None:
         # With a scaler, an occasional inf loss is only a skipped step; a whole window of
         # them is an overflow no scale can reach. Without a scaler, inf/NaN reaches the
         # weights on the very step it appears.
-        first = bad[0]
-        if first == 0 and record.start == 0 and config.dtype == "float32":
-            # no optimizer step has run yet, and float32 has no range to overflow
-            _prune(record, "forward",
-                   f"the loss is {record.losses[0]} at step 0, before any optimizer step, with "
-                   "the initial weights: the model's forward, the loss function or the data "
-                   "produce it (check the batches for NaN/inf, and the loss for a log or "
-                   "division of zero)")
-            return
-        if not _parameters_finite(workload.model):
-            _prune(record, "parameters",
-                   f"weights became non-finite by step {first}: an optimizer step applied "
-                   "inf/NaN gradients (try clipping or a lower learning rate)")
-            return
-        finite = [v for v in record.losses[:first] if math.isfinite(v)]
-        if len(finite) > _policy.SMOOTHING_STEPS and max(finite[-_policy.SMOOTHING_STEPS:]) > (
-            10 * finite[0]
-        ):
-            _prune(record, "diverged",
-                   f"the loss grew from {finite[0]:.4g} to {finite[-1]:.4g} and was "
-                   f"{record.losses[first]} at step {first} (exploding gradients: try clipping)")
-            return
-        where = "float16" if config.dtype == "float16" else config.dtype
+        _judge_loss(record, workload, bad[0])
+        return
+    if config.uses_scaler:
+        _judge_scaler(record, scales, start)
+
+
+def _judge_loss(record: RunRecord, workload: Workload, first: int) -> None:
+    """Why the loss went non-finite at step ``first``: the data, the weights, a divergence,
+    or the forward's range."""
+    config = record.config
+    if first == 0 and record.start == 0 and config.dtype == "float32":
+        # no optimizer step has run yet, and float32 has no range to overflow
         _prune(record, "forward",
-               f"forward overflow: the loss is {record.losses[first]} at step {first} with "
-               f"finite weights; activations exceed {where}'s range before any loss scale "
-               "applies, so no scaler setting fixes it (use bfloat16, or keep the "
-               "overflowing module in float32)")
+               f"the loss is {record.losses[0]} at step 0, before any optimizer step, with "
+               "the initial weights: the model's forward, the loss function or the data "
+               "produce it (check the batches for NaN/inf, and the loss for a log or "
+               "division of zero)")
         return
-    if not config.uses_scaler:
+    if not _parameters_finite(workload.model):
+        _prune(record, "parameters",
+               f"weights became non-finite by step {first}: an optimizer step applied "
+               "inf/NaN gradients (try clipping or a lower learning rate)")
         return
+    finite = [v for v in record.losses[:first] if math.isfinite(v)]
+    if len(finite) > _policy.SMOOTHING_STEPS and max(finite[-_policy.SMOOTHING_STEPS:]) > (
+        10 * finite[0]
+    ):
+        _prune(record, "diverged",
+               f"the loss grew from {finite[0]:.4g} to {finite[-1]:.4g} and was "
+               f"{record.losses[first]} at step {first} (exploding gradients: try clipping)")
+        return
+    where = "float16" if config.dtype == "float16" else config.dtype
+    _prune(record, "forward",
+           f"forward overflow: the loss is {record.losses[first]} at step {first} with "
+           f"finite weights; activations exceed {where}'s range before any loss scale "
+           "applies, so no scaler setting fixes it (use bfloat16, or keep the "
+           "overflowing module in float32)")
+
+
+def _judge_scaler(record: RunRecord, scales: list[float], start: int) -> None:
+    """Whether the scaler itself has failed: its scale collapsed, or it skips every step."""
     low = min(scales)
     if low < _policy.SCALE_FLOOR:
         step = start + scales.index(low)

@@ -61,6 +61,20 @@ def lightning_workload(module: Any, batches: Iterable[Any], *, max_steps: int = 
                                                  max_epochs=10)
     """
     core = _lightning_core(module)
+    _check_module(module, accumulate_grad_batches)
+    trainer = _TrainerView(module, batches, max_steps=max_steps, max_epochs=max_epochs,
+                           accumulate=accumulate_grad_batches)
+    module.trainer = trainer
+    optimizer = _configured_optimizer(core, module, trainer)
+    return Workload(model=module, optimizer=optimizer, step=_step(trainer, optimizer),
+                    clip_norm=clip_norm,
+                    batches=Groups(batches, accumulate_grad_batches,
+                                   on_epoch=functools.partial(_set_sampler_epoch, batches)),
+                    schedulers=[trainer])
+
+
+def _check_module(module: Any, accumulate_grad_batches: Any) -> None:
+    """:class:`UsageError` for what :func:`lightning_workload` cannot train."""
     if not module.automatic_optimization:
         raise UsageError(
             f"{type(module).__name__} sets automatic_optimization = False: lightning_workload "
@@ -70,24 +84,29 @@ def lightning_workload(module: Any, batches: Iterable[Any], *, max_steps: int = 
             accumulate_grad_batches, int) or accumulate_grad_batches < 1:
         raise UsageError(f"accumulate_grad_batches must be a positive integer, got "
                          f"{accumulate_grad_batches!r}")
-    trainer = _TrainerView(module, batches, max_steps=max_steps, max_epochs=max_epochs,
-                           accumulate=accumulate_grad_batches)
-    module.trainer = trainer
-    # Lightning's own parsing of configure_optimizers(): every return shape it accepts, with
-    # its defaults for interval ("epoch") and frequency (1), and its errors for bad ones.
+
+
+def _configured_optimizer(core: Any, module: Any, trainer: _TrainerView) -> Any:
+    """The one optimizer of ``configure_optimizers()``, its schedulers given to ``trainer``.
+    Lightning's own parsing: every return shape it accepts, with its defaults for interval
+    ("epoch") and frequency (1), and its errors for bad ones."""
     try:
-        optimizers, schedulers, monitor = core._configure_optimizers(  # noqa: SLF001 - Lightning's own reading
+        optimizers, schedulers, monitor = core._configure_optimizers(  # noqa: SLF001
             module.configure_optimizers())
         trainer.lr_scheduler_configs = core._configure_schedulers_automatic_opt(  # noqa: SLF001
-            schedulers,
-                                                                                monitor)
+            schedulers, monitor)
     except Exception as exc:  # MisconfigurationException, from the module's return value
         raise UsageError(f"configure_optimizers(): {str(exc).strip().splitlines()[0]}") from None
     if len(optimizers) != 1:
         raise UsageError(f"configure_optimizers() returned {len(optimizers)} optimizers: "
                          "automatic optimization trains with exactly one")
-    optimizer = optimizers[0]
-    trainer.optimizers = [optimizer]
+    trainer.optimizers = [optimizers[0]]
+    return optimizers[0]
+
+
+def _step(trainer: _TrainerView, optimizer: Any) -> Any:
+    """One optimizer step as Lightning's automatic optimization takes it: each micro-batch's
+    ``training_step`` under autocast, its loss divided by the accumulation, then the step."""
 
     def step(model: Any, group: list[Any], amp: Any) -> torch.Tensor:
         trainer.precision = _PRECISION[amp.config.dtype]
@@ -104,10 +123,7 @@ def lightning_workload(module: Any, batches: Iterable[Any], *, max_steps: int = 
         trainer.advance()
         return losses[0] if len(losses) == 1 else torch.stack(losses).mean()
 
-    return Workload(model=module, optimizer=optimizer, step=step, clip_norm=clip_norm,
-                    batches=Groups(batches, accumulate_grad_batches,
-                                   on_epoch=functools.partial(_set_sampler_epoch, batches)),
-                    schedulers=[trainer])
+    return step
 
 
 def lightning_trainer_workload(trainer: Any, module: Any, data: Any, *,
