@@ -45,7 +45,7 @@ class BatchCursor(Iterator[Any]):
         self._pass_rng: dict[str, Any] | None = None
         self._index = 0
         self._epoch = -1  # the pass in progress (its number, from 0)
-        self._set_epoch = getattr(batches, "set_epoch", None)
+        self._set_epoch = _epoch_setter(batches)
 
     def __next__(self) -> Any:
         while True:
@@ -85,6 +85,19 @@ class BatchCursor(Iterator[Any]):
             next(self._pass)
         self._index = state["index"]
         set_rng_state(now)
+
+
+def _epoch_setter(batches: Any) -> Any:
+    """What tells ``batches`` the pass number: its own ``set_epoch``, or, for a plain
+    ``DataLoader`` over a ``DistributedSampler`` (each rank's shard, reshuffled per pass
+    only when told the pass), its sampler's or batch sampler's, as Lightning's loop finds it
+    (``_set_sampler_epoch``)."""
+    for owner in (batches, getattr(batches, "sampler", None),
+                  getattr(getattr(batches, "batch_sampler", None), "sampler", None)):
+        found = getattr(owner, "set_epoch", None)
+        if callable(found):
+            return found
+    return None
 
 
 class CheckpointTarget(Protocol):

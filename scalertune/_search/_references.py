@@ -36,13 +36,8 @@ from scalertune._run._memory import release_memory
 from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes, time_dtypes
 from scalertune._run._trace_collector import TraceCollector
-from scalertune._search._isolate import (
-    TrialCrashed,
-    describe_error,
-    execute,
-    run_here,
-    time_isolated,
-)
+from scalertune._search._isolate import execute, run_here
+from scalertune._search._launch import TrialCrashed, describe_error, time_isolated
 from scalertune._search._reference_checkpoints import Checkpoints
 from scalertune._search._setup import Setup
 from scalertune._search._study import add_reference
@@ -170,7 +165,8 @@ class References:
             return time_isolated(setup.spec, self.dtypes, clip_norm=self.config.clip_norm,
                                  seed=setup.seed, device=setup.device,
                                  timeout_s=setup.isolation.timeout_s,
-                                 memory_gb=setup.isolation.memory_gb)
+                                 memory_gb=setup.isolation.memory_gb,
+                                 ranks=setup.isolation.nproc_per_node)
         workload = run_here(build_workload, setup.factory, seed=setup.seed, device=setup.device)
         try:
             return run_here(time_dtypes, workload, self.dtypes, device=setup.device,
