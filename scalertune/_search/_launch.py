@@ -342,14 +342,21 @@ def _child(conn: Any, job: tuple[Any, ...], parent_pid: int,
         conn.send(("missing", str(exc)))
     except Outage as exc:
         conn.send(("outage", str(exc)))
-    except torch.distributed.DistError as exc:  # a peer failed first, or hung
-        conn.send(("peer", describe_error(exc) + "\n" + traceback.format_exc()[-3000:]))
     except BaseException as exc:  # everything the user's code can throw goes back as text
-        conn.send(("error", describe_error(exc) + "\n" + traceback.format_exc()[-3000:]))
+        kind = "peer" if _collective_failure(exc) else "error"
+        conn.send((kind, describe_error(exc) + "\n" + traceback.format_exc()[-3000:]))
     else:
         _ranks.leave()
     finally:
         conn.close()
+
+
+def _collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that broke because a peer failed first or hung (gloo
+    raises a plain RuntimeError from its sources; NCCL's watchdog names itself)."""
+    text = str(exc)
+    return (isinstance(exc, torch.distributed.DistError) or "/gloo/" in text
+            or "NCCL" in text)
 
 
 class _Quiet:
