@@ -35,10 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from torch.distributed.tensor import DTensor
+
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
+from scalertune._run import _ranks
 from scalertune._run._probe import NoStep
 from scalertune._run._schedules import kept_schedules
 from scalertune._workload._contract import Workload, to_device
@@ -241,6 +244,8 @@ class _Hooks:
         self.names = tuple(n or "(model)" for n, _ in leaves)
         self._modules = [m for _, m in leaves]
         self._params = [p for p in workload.model.parameters() if p.requires_grad]
+        # FSDP2's parameters are DTensors: each rank reads its own shard of the gradients
+        self._sharded = any(isinstance(p, DTensor) for p in self._params)
         self.device = self._params[0].device
         self._cuda = self.device.type == "cuda"
         # Per step of the window, a row of slots each side, written in place as the
@@ -292,7 +297,10 @@ class _Hooks:
         """The rows of the last ``steps`` steps (the largest module output gradient, the
         largest parameter gradient; the one read-back per window); the subset grows by what
         came close on its full steps."""
-        rows = self._slots.buffer[:steps].abs().amax(2).cpu().numpy()
+        rows_t = self._slots.buffer[:steps].abs().amax(2)
+        if _ranks.world() > 1:  # every rank's largest: one collective per window
+            rows_t, self._full_rows = _reduce_rows(rows_t, self._full_rows)
+        rows = rows_t.cpu().numpy()
         for largest, modules, params in self._full_rows:
             self.subset.grow(float(largest), modules.cpu().numpy(), params.cpu().numpy())
         self._slots.clear()
@@ -302,6 +310,9 @@ class _Hooks:
     def take_block(self) -> tuple[np.ndarray, np.ndarray]:
         """The histogram and forward peaks of the full steps since the last call (read
         once per trace block), zeroed after."""
+        # across ranks: the histograms add up, the forward peaks are the largest
+        _ranks.reduce(self._hist, "sum")
+        _ranks.reduce(self._forward, "max")
         # copies: on a CPU, .cpu() is the buffer itself, which is zeroed next
         hist = _as_hist(self._hist.to("cpu", copy=True).numpy())
         forward = self._forward.to("cpu", copy=True).numpy()
@@ -354,6 +365,8 @@ class _Hooks:
         """Write the watched parameters' gradient extremes into the step's slots."""
         zero = self._zero
         grads = [zero if p.grad is None else p.grad.detach() for p in self._step_params()]
+        if self._sharded:  # a rank's shard of a small parameter may be empty
+            grads = [local if local.numel() else zero for local in map(_local, grads)]
         self._slots.write_params(self._row, grads, self._cuda, self._float32)
 
     def _step_params(self) -> list[torch.Tensor]:
@@ -371,7 +384,9 @@ class _Hooks:
         each module output's and parameter's largest magnitude and the step's largest."""
         for p in self._params:
             if p.grad is not None:
-                self._counted.add(p.grad)
+                grad = _local(p.grad)
+                if grad.numel():
+                    self._counted.add(grad)
         self._counted.flush()
         act, param = self._slots.buffer[self._row].abs().unbind(0)
         modules = torch.zeros(max(1, len(self._modules)), device=self.device)
@@ -476,6 +491,31 @@ class _Counts:
                 [t.float() for t in self._held])
             self._into += _exponent_counts(joined)
         self._held, self._size = [], 0
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 (DTensor) gradient; any other as it is."""
+    return grad.to_local() if isinstance(grad, DTensor) else grad
+
+
+def _reduce_rows(rows: torch.Tensor, full: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """A window's rows and its full steps' records, each the largest over the ranks (the
+    same shapes on every rank: the ranks train the same steps of the same model), in one
+    all-reduce; the subset each rank grows from them is then the same on every rank."""
+    parts = [rows.flatten()] + [t.flatten().float() for row in full for t in
+                                (row[0].reshape(1), row[1], row[2])]
+    joined = _ranks.reduce(torch.cat(parts), "max")
+    out, at = [], rows.numel()
+    reduced_rows = joined[:at].view_as(rows)
+    for largest, modules, params in full:
+        shapes = [largest.reshape(1), modules, params]
+        pieces = []
+        for t in shapes:
+            pieces.append(joined[at:at + t.numel()].view_as(t))
+            at += t.numel()
+        out.append((pieces[0].reshape(()), pieces[1], pieces[2]))
+    return reduced_rows, out
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
