@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from torch.distributed.tensor import DTensor
 
 from scalertune import _policy
@@ -244,8 +243,6 @@ class _Hooks:
         self.names = tuple(n or "(model)" for n, _ in leaves)
         self._modules = [m for _, m in leaves]
         self._params = [p for p in workload.model.parameters() if p.requires_grad]
-        # FSDP2's parameters are DTensors: each rank reads its own shard of the gradients
-        self._sharded = any(isinstance(p, DTensor) for p in self._params)
         self.device = self._params[0].device
         self._cuda = self.device.type == "cuda"
         # Per step of the window, a row of slots each side, written in place as the
@@ -297,11 +294,8 @@ class _Hooks:
         """The rows of the last ``steps`` steps (the largest module output gradient, the
         largest parameter gradient; the one read-back per window); the subset grows by what
         came close on its full steps."""
-        rows_t = self._slots.buffer[:steps].abs().amax(2)
-        if _ranks.world() > 1:  # every rank's largest: one collective per window
-            rows_t, self._full_rows = _reduce_rows(rows_t, self._full_rows)
-        rows = rows_t.cpu().numpy()
-        for largest, modules, params in self._full_rows:
+        rows, full = _over_ranks(self._slots.buffer[:steps].abs().amax(2), self._full_rows)
+        for largest, modules, params in full:
             self.subset.grow(float(largest), modules.cpu().numpy(), params.cpu().numpy())
         self._slots.clear()
         self._row, self._full_rows = 0, []
@@ -310,9 +304,7 @@ class _Hooks:
     def take_block(self) -> tuple[np.ndarray, np.ndarray]:
         """The histogram and forward peaks of the full steps since the last call (read
         once per trace block), zeroed after."""
-        # across ranks: the histograms add up, the forward peaks are the largest
-        _ranks.reduce(self._hist, "sum")
-        _ranks.reduce(self._forward, "max")
+        _ranks.reduce(self._hist, "sum"), _ranks.reduce(self._forward, "max")  # over ranks
         # copies: on a CPU, .cpu() is the buffer itself, which is zeroed next
         hist = _as_hist(self._hist.to("cpu", copy=True).numpy())
         forward = self._forward.to("cpu", copy=True).numpy()
@@ -364,9 +356,8 @@ class _Hooks:
     def _read_params(self) -> None:
         """Write the watched parameters' gradient extremes into the step's slots."""
         zero = self._zero
-        grads = [zero if p.grad is None else p.grad.detach() for p in self._step_params()]
-        if self._sharded:  # a rank's shard of a small parameter may be empty
-            grads = [local if local.numel() else zero for local in map(_local, grads)]
+        grads = [zero if p.grad is None else _local(p.grad.detach(), zero)
+                 for p in self._step_params()]
         self._slots.write_params(self._row, grads, self._cuda, self._float32)
 
     def _step_params(self) -> list[torch.Tensor]:
@@ -384,9 +375,7 @@ class _Hooks:
         each module output's and parameter's largest magnitude and the step's largest."""
         for p in self._params:
             if p.grad is not None:
-                grad = _local(p.grad)
-                if grad.numel():
-                    self._counted.add(grad)
+                self._counted.add(_local(p.grad))
         self._counted.flush()
         act, param = self._slots.buffer[self._row].abs().unbind(0)
         modules = torch.zeros(max(1, len(self._modules)), device=self.device)
@@ -493,16 +482,20 @@ class _Counts:
         self._held, self._size = [], 0
 
 
-def _local(grad: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of an FSDP2 (DTensor) gradient; any other as it is."""
-    return grad.to_local() if isinstance(grad, DTensor) else grad
+def _local(grad: torch.Tensor, empty: torch.Tensor | None = None) -> torch.Tensor:
+    """This rank's shard of an FSDP2 (DTensor) gradient, any other as it is; ``empty`` for
+    a shard with no element (a rank's shard of a small parameter may be empty)."""
+    local = grad.to_local() if isinstance(grad, DTensor) else grad
+    return local if empty is None or local.numel() else empty
 
 
-def _reduce_rows(rows: torch.Tensor, full: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+def _over_ranks(rows: torch.Tensor, full: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                ) -> tuple[np.ndarray, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
     """A window's rows and its full steps' records, each the largest over the ranks (the
     same shapes on every rank: the ranks train the same steps of the same model), in one
     all-reduce; the subset each rank grows from them is then the same on every rank."""
+    if _ranks.world() == 1:
+        return rows.cpu().numpy(), full
     parts = [rows.flatten()] + [t.flatten().float() for row in full for t in
                                 (row[0].reshape(1), row[1], row[2])]
     joined = _ranks.reduce(torch.cat(parts), "max")
@@ -515,7 +508,7 @@ def _reduce_rows(rows: torch.Tensor, full: list[tuple[torch.Tensor, torch.Tensor
             pieces.append(joined[at:at + t.numel()].view_as(t))
             at += t.numel()
         out.append((pieces[0].reshape(()), pieces[1], pieces[2]))
-    return reduced_rows, out
+    return reduced_rows.cpu().numpy(), out
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 from collections.abc import Callable
 from typing import Any
