@@ -68,6 +68,29 @@ def fsdp1():
     return _workload(FullyShardedDataParallel(_model(), device_id=torch.device("cpu")))
 
 
+def fsdp1_own_scaler():
+    """``fsdp1`` trained by a step of its own with a plain ``torch.amp.GradScaler``: each
+    rank unscales its own shard and skips on its own (the failure ShardedGradScaler fixes);
+    the step still calls ``amp.step`` so that the runtime sees the step."""
+    workload = fsdp1()
+    model, optimizer, loss_fn = workload.pop("model"), workload["optimizer"], workload.pop(
+        "loss_fn")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=5)
+
+    def step(_model, batch, amp):
+        x, y = batch
+        with amp.autocast():
+            loss = loss_fn(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        amp.scaler._scale = scaler._scale  # the runtime reads the scale the step uses
+        return loss
+
+    return {**workload, "model": model, "step": step}
+
+
 def _fault(model, kind):
     """Rank 1 dies (``os._exit``) or hangs at ``FAULT_STEP``, once across runs."""
     marker = os.environ.get("SCALERTUNE_TEST_FAULT")
@@ -140,3 +163,18 @@ def plain_loop(factory, config, steps, seed=0):
                 break
         epoch += 1
     return losses, scales
+
+
+if __name__ == "__main__":  # torchrun --nproc-per-node 2 THIS CONFIG_JSON STEPS OUT FACTORY...
+    import json
+    import sys
+
+    dist.init_process_group("gloo")
+    config_json, steps, out, *names = sys.argv[1:]
+    runs = {name: plain_loop(globals()[name], json.loads(config_json), int(steps))
+            for name in names}
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump({name: {"losses": losses, "scales": scales}
+                       for name, (losses, scales) in runs.items()}, f)
+    dist.destroy_process_group()
