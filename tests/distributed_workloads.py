@@ -34,7 +34,7 @@ def _model():
 
 
 def _workload(model, horizon=None):
-    out = {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.01),
+    out = {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.05),
            "loss_fn": nn.MSELoss(reduction="sum"), "batches": _data()}
     if horizon:
         out["horizon"] = horizon

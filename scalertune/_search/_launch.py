@@ -48,6 +48,11 @@ class TrialCrashed(Exception):
     """The run's process died, timed out or ran out of memory, or the run called sys.exit()."""
 
 
+class RankFailed(TrialCrashed):
+    """One rank of a run died or hung: a fault of one process, evidence the run could not
+    give, retried (never a verdict on the config)."""
+
+
 def exited(exc: SystemExit) -> str:
     return f"the workload called sys.exit({exc.code!r}) during the run"
 
@@ -191,8 +196,9 @@ class _Child:
             with _interrupt.interruptible():
                 ready = multiprocessing.connection.wait(self._live, left)
             if not ready:
-                raise TrialCrashed(f"timed out: the trial ran past its {self._timeout:g} s "
-                                   "limit (--trial-timeout) and was killed")
+                raise (RankFailed if len(self._conns) > 1 else TrialCrashed)(
+                    f"timed out: the trial ran past its {self._timeout:g} s "
+                    "limit (--trial-timeout) and was killed")
             for conn in ready:
                 r, message = self._conns.index(conn), self._receive(conn)
                 if message is None or message[0] in _FAILURES:
@@ -229,8 +235,8 @@ class _Child:
         # first: then the run did not fail, the search was stopped.
         _interrupt.checkpoint()
         kind, text = self._blame(failures)
-        if kind == "died":
-            raise TrialCrashed(text)
+        if kind in ("died", "hung"):
+            raise (RankFailed if len(self._conns) > 1 else TrialCrashed)(text)
         return kind, text
 
     def _blame(self, failures: dict[int, tuple[str, Any] | None]) -> tuple[str, str]:
@@ -251,7 +257,7 @@ class _Child:
         first, (_, text) = min(failures.items())  # type: ignore[misc]
         silent = [r for r in range(n) if r not in failures and self._conns[r] in self._live]
         if silent:
-            return "error", (f"rank {silent[0]} of {n} hung: rank {first}'s collective gave "
+            return "hung", (f"rank {silent[0]} of {n} hung: rank {first}'s collective gave "
                              f"up waiting for it ({text.splitlines()[0]})")
         return "error", who(first) + text
 

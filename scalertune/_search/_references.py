@@ -37,7 +37,12 @@ from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes, time_dtypes
 from scalertune._run._trace_collector import TraceCollector
 from scalertune._search._isolate import execute, run_here
-from scalertune._search._launch import TrialCrashed, describe_error, time_isolated
+from scalertune._search._launch import (
+    RankFailed,
+    TrialCrashed,
+    describe_error,
+    time_isolated,
+)
 from scalertune._search._reference_checkpoints import Checkpoints
 from scalertune._search._setup import Setup
 from scalertune._search._study import add_reference
@@ -136,11 +141,8 @@ class References:
     def _train(self, seed: int, main: bool, long: bool) -> RunRecord:
         """The reference run itself, to the horizon with its checkpoints when ``long``."""
         steps = self.setup.horizon if long else self.setup.steps
-        plan = (self.checkpoints.plan(TraceCollector(steps)) if long
-                else Plan(watcher=TraceCollector(steps)) if main else None)
         try:
-            record = execute(self.setup, self.config, steps=steps, seed=seed, plan=plan,
-                             on_window=_TimeLeft(self.log, steps) if long else None)
+            record = self._execute(seed, main, long, steps)
         except FactoryError as exc:
             raise SearchError(f"the float32 reference failed: the factory raised {exc}") from None
         except TrialCrashed as exc:  # its message's first line says how the process ended
@@ -156,6 +158,23 @@ class References:
                 "fix the workload (learning rate, loss, data) before searching AMP configs; "
                 "if your training clips gradients, return clip_norm from the factory")
         return record
+
+    def _execute(self, seed: int, main: bool, long: bool, steps: int) -> RunRecord:
+        """The reference's run; one whose rank died or hung is run again (a long one from
+        its latest checkpoint), ``MAX_RETRIES`` times at most, as a trial is."""
+        def run() -> RunRecord:
+            plan = (self.checkpoints.plan(TraceCollector(steps)) if long
+                    else Plan(watcher=TraceCollector(steps)) if main else None)
+            return execute(self.setup, self.config, steps=steps, seed=seed, plan=plan,
+                           on_window=_TimeLeft(self.log, steps) if long else None)
+
+        for _ in range(_policy.MAX_RETRIES):
+            try:
+                return run()
+            except RankFailed as exc:
+                self.log(f"float32 reference, seed {seed}: {str(exc).splitlines()[0]}; "
+                         "run again")
+        return run()
 
     def _time(self) -> StepTimes | None:
         """The interleaved step timing of the study's dtypes, on a fresh workload (in its own
