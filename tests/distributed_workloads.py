@@ -20,12 +20,16 @@ HERE = __file__
 FAULT_STEP = 15
 
 
-def _data(n=256, scale_targets=10.0):
+def _data(n=256, scale_targets=10.0, ranks=None):
     """The same samples on every rank (the factory runs under the same seed), sharded by
-    the sampler: the global batch is 2 x 16."""
+    the sampler: the global batch is 2 x 16 (``ranks=1``: the same global batch of 32 in
+    one process)."""
     x = torch.randn(n, 8)
     y = x @ torch.randn(8, 1) * scale_targets
     dataset = TensorDataset(x, y)
+    if ranks == 1:
+        sampler = DistributedSampler(dataset, num_replicas=1, rank=0, seed=1)
+        return DataLoader(dataset, batch_size=32, sampler=sampler)
     return DataLoader(dataset, batch_size=16, sampler=DistributedSampler(dataset, seed=1))
 
 
@@ -47,6 +51,15 @@ def ddp():
     if dist.get_world_size() != 2 or dist.get_rank() not in (0, 1):
         raise RuntimeError("this workload trains as one rank of 2")
     return _workload(nn.parallel.DistributedDataParallel(_model()))
+
+
+def single():
+    """``ddp``'s training in one process: the same global batch (its 32 samples are the two
+    ranks' 16), the loss halved as DDP averages the two ranks' summed losses' gradients."""
+    mse = nn.MSELoss(reduction="sum")
+    model = _model()
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.05),
+            "loss_fn": lambda out, y: mse(out, y) / 2, "batches": _data(ranks=1)}
 
 
 def fsdp2():
