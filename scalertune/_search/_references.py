@@ -45,7 +45,7 @@ from scalertune._search._launch import (
 )
 from scalertune._search._reference_checkpoints import Checkpoints
 from scalertune._search._setup import Setup
-from scalertune._search._study import add_reference
+from scalertune._search._study import add_failed_reference, add_reference
 from scalertune._storage._claims import Once
 from scalertune._storage._optuna import storage_of
 from scalertune._text import duration
@@ -172,8 +172,9 @@ class References:
             try:
                 return run()
             except RankFailed as exc:
-                self.log(f"float32 reference, seed {seed}: {str(exc).splitlines()[0]}; "
-                         "run again")
+                why = str(exc).splitlines()[0]
+                add_failed_reference(self.study, seed, self.config.to_dict(), why)
+                self.log(f"float32 reference, seed {seed}: {why}; run again")
         return run()
 
     def _time(self) -> StepTimes | None:
