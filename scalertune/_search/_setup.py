@@ -147,7 +147,7 @@ def refuse_launcher() -> None:
     if world > 1 and "RANK" in os.environ:
         per_node = os.environ.get("LOCAL_WORLD_SIZE") or world
         raise UsageError(
-            f"scalertune search is running as rank {os.environ['RANK']} of {world} under a "
+            f"this search runs as rank {os.environ['RANK']} of {world} under a "
             f"launcher (torchrun): run it once, without the launcher, with --nproc-per-node "
             f"{per_node} (it starts the ranks of every run itself)")
 

@@ -75,17 +75,3 @@ def test_a_rank_that_dies_or_hangs_ends_its_run_naming_the_rank(fault, tmp_path,
     if fault == "dies":
         assert isinstance(failed.value, TrialCrashed)
         assert len(_ranks_run("ddp_rank_dies", CONFIG, STEPS).losses) == STEPS
-
-
-def test_a_search_under_torchrun_is_refused_in_one_line(tmp_path):
-    """Started by torchrun, every rank would run its own search: refused, naming the
-    option."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", "-m", "scalertune", "search", f"{distributed_workloads.HERE}:ddp",
-         "--storage", str(tmp_path / "s.db")],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode != 0
-    assert "run it once, without the launcher, with --nproc-per-node 2" in proc.stderr
-    assert "scalertune/_" not in proc.stderr  # torchrun's own traceback, none of ours
-    assert not (tmp_path / "s.db").exists()
