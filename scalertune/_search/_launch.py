@@ -21,6 +21,7 @@ which a terminal sends to the whole process group: the parent decides what it st
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -158,7 +159,7 @@ class _Child:
                 self._conns.append(conn)
                 self._processes.append(process)
                 try:
-                    with _interrupt.interruptible():
+                    with _interrupt.interruptible(), _environment(env):
                         process.start()
                 finally:
                     child.close()
@@ -274,6 +275,23 @@ class _Child:
             conn.close()
 
 
+@contextlib.contextmanager
+def _environment(env: dict[str, str] | None) -> Iterator[None]:
+    """``env`` in this process's environment while a child starts (a spawned child's
+    environment is a copy of it), so that the rank's interpreter starts with it, as under
+    torchrun: torch reads OMP_NUM_THREADS when it loads, before any code of ours runs."""
+    saved = {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _rank_envs(ranks: int) -> list[dict[str, str] | None]:
     """What torchrun puts in each worker's environment, for ``ranks`` ranks on this host
     (``None``: one process, no group). OMP_NUM_THREADS is 1 unless set, as torchrun sets it,
@@ -332,8 +350,6 @@ def _child(conn: Any, job: tuple[Any, ...], parent_pid: int,
         from scalertune._run import _ranks
 
         if env is not None:
-            os.environ.update(env)
-            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
             device = str(_ranks.join(device))
             if _ranks.rank() != 0:
                 out = _Quiet(conn)
