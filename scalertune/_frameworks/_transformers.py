@@ -70,8 +70,8 @@ def ranks_model(trainer: Any) -> torch.nn.Module:
     Accelerator as ``train()`` wraps it (DDP for MULTI_CPU and MULTI_GPU); else its own."""
     accelerator = trainer.accelerator
     if accelerator.num_processes > 1:
-        return accelerator.prepare_model(trainer.model)  # type: ignore[no-any-return]
-    return trainer.model  # type: ignore[no-any-return]
+        return accelerator.prepare_model(trainer.model)
+    return trainer.model
 
 
 def micro_batch(trainer: Any, model: torch.nn.Module, last: bool) -> Any:

@@ -86,13 +86,13 @@ def transformers_workload(trainer: Any, *, device: torch.device,
 
 
 def _micro_step(trainer: Any, model: torch.nn.Module, inputs: Any, items: Any,
-                last: bool) -> torch.Tensor:
+                last: bool) -> Any:
     """One micro-batch through ``training_step``; with ranks, the gradients all-reduced
     after the last micro-batch only, as ``train()`` does (:func:`micro_batch`)."""
     if model is trainer.model:
-        return trainer.training_step(model, inputs, items)  # type: ignore[no-any-return]
+        return trainer.training_step(model, inputs, items)
     with micro_batch(trainer, model, last):
-        return trainer.training_step(model, inputs, items)  # type: ignore[no-any-return]
+        return trainer.training_step(model, inputs, items)
 
 
 @contextlib.contextmanager
