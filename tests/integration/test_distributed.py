@@ -61,7 +61,7 @@ def test_ranks_whose_scalers_disagree_stop_the_run_naming_the_step(tmp_path):
 def test_a_rank_that_dies_or_hangs_ends_its_run_naming_the_rank(fault, tmp_path, monkeypatch):
     """Rank 1 exits hard (or hangs) mid-run: the run ends within its bounds, as a fault of
     one rank (retried, never a verdict) naming rank 1 and how it ended, with no process
-    left behind; run again, it trains."""
+    left behind."""
     import multiprocessing
 
     monkeypatch.setenv("SCALERTUNE_TEST_FAULT", str(tmp_path / "fault"))
@@ -72,6 +72,4 @@ def test_a_rank_that_dies_or_hangs_ends_its_run_naming_the_rank(fault, tmp_path,
     assert time.monotonic() - started < 60
     assert (tmp_path / "fault").exists()
     assert not multiprocessing.active_children()
-    if fault == "dies":
-        assert isinstance(failed.value, TrialCrashed)
-        assert len(_ranks_run("ddp_rank_dies", CONFIG, STEPS).losses) == STEPS
+    assert isinstance(failed.value, TrialCrashed)
