@@ -355,9 +355,7 @@ class _Hooks:
 
     def _read_params(self) -> None:
         """Write the watched parameters' gradient extremes into the step's slots."""
-        zero = self._zero
-        grads = [zero if p.grad is None else _local(p.grad.detach(), zero)
-                 for p in self._step_params()]
+        grads = [_local(p.grad, self._zero) for p in self._step_params()]
         self._slots.write_params(self._row, grads, self._cuda, self._float32)
 
     def _step_params(self) -> list[torch.Tensor]:
@@ -375,7 +373,7 @@ class _Hooks:
         each module output's and parameter's largest magnitude and the step's largest."""
         for p in self._params:
             if p.grad is not None:
-                self._counted.add(_local(p.grad))
+                self._counted.add(p.grad)
         self._counted.flush()
         act, param = self._slots.buffer[self._row].abs().unbind(0)
         modules = torch.zeros(max(1, len(self._modules)), device=self.device)
@@ -469,6 +467,7 @@ class _Counts:
         self._size = 0
 
     def add(self, tensor: torch.Tensor) -> None:
+        tensor = tensor.to_local() if isinstance(tensor, DTensor) else tensor  # FSDP2's shard
         self._held.append(tensor.detach().reshape(-1))
         self._size += tensor.numel()
         if self._size >= self._most:
@@ -482,11 +481,15 @@ class _Counts:
         self._held, self._size = [], 0
 
 
-def _local(grad: torch.Tensor, empty: torch.Tensor | None = None) -> torch.Tensor:
-    """This rank's shard of an FSDP2 (DTensor) gradient, any other as it is; ``empty`` for
-    a shard with no element (a rank's shard of a small parameter may be empty)."""
-    local = grad.to_local() if isinstance(grad, DTensor) else grad
-    return local if empty is None or local.numel() else empty
+def _local(grad: torch.Tensor | None, empty: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 (DTensor) gradient, any other as it is, detached;
+    ``empty`` for none, or a shard with no element (a rank's shard of a small parameter may
+    be empty)."""
+    if grad is None:
+        return empty
+    local = grad.detach()
+    local = local.to_local() if isinstance(local, DTensor) else local
+    return local if local.numel() else empty
 
 
 def _over_ranks(rows: torch.Tensor, full: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
