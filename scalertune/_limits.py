@@ -69,6 +69,7 @@ SEARCH: Mapping[str, Limit] = {
     "timeout": _SECONDS,
     "timeout_s": _SECONDS,
     "memory_gb": _SECONDS,
+    "nproc_per_node": Limit(True, 1, _policy.MAX_NPROC_PER_NODE),
 }
 DIAGNOSE: Mapping[str, Limit] = {
     "init_scale": Limit(False, 0, FLOAT32_MAX, low_excluded=True),

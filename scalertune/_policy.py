@@ -171,6 +171,24 @@ CLAIM_STALE_S = 30
 #: How often an idle worker looks at the study while it waits for other workers.
 POLL_S = 0.5
 
+#: With ``--nproc-per-node``, how long one rank waits for the others in a collective before
+#: it gives up (torch's default is 30 minutes for gloo and 10 for NCCL: a hung rank would hold
+#: a run that long). The ranks meet at every DDP/FSDP step and once per read-back window, and
+#: at start-up, where one rank may build or load its model a while after another; 5 minutes
+#: covers that start-up skew for a model that fits a node, and bounds how long a hung rank
+#: holds its run when no ``--trial-timeout`` ends it sooner. A rank that dies is seen at once.
+COLLECTIVE_TIMEOUT_S = 300
+
+#: The most ranks ``--nproc-per-node`` starts on one host: the most devices one node holds
+#: (8 GPUs is the common node; 64 leaves room for CPU ranks), past which a number is a typo.
+MAX_NPROC_PER_NODE = 64
+
+#: After the first rank of a run fails, the launcher waits this long (seconds) for the others
+#: to report or die before it kills them all: a rank that dies makes its peers fail in their
+#: next collective within milliseconds, and the record must name the rank that died, not the
+#: peer whose collective broke first.
+RANK_SETTLE_S = 2.0
+
 #: float16's limits, which every diagnosis is measured against.
 FLOAT16_MAX = 65504.0
 FLOAT16_SMALLEST_NORMAL = 2.0**-14  # below this, values lose precision (subnormal)

@@ -14,7 +14,7 @@ from scalertune._amp._config import SCALER_KNOBS, AmpConfig
 from scalertune._amp._device import resolve_device
 from scalertune._amp._guard import Guard, check_guard
 from scalertune._amp._islands import apply_islands
-from scalertune._amp._scaler import DeviceStep, RuntimeScaler, Skips
+from scalertune._amp._scaler import DeviceStep, RuntimeScaler, Skips, scaler_class
 from scalertune._amp._watch import AmpDriftWarning, Watch, caller_stacklevel
 from scalertune._errors import UsageError
 
@@ -64,8 +64,7 @@ class AmpRuntime:
         self._forward = _Forward(config, self.device)
         #: The GradScaler (a :class:`~scalertune._amp._scaler.RuntimeScaler`: it reports each
         #: step to this runtime, whoever calls it; disabled for bfloat16 and float32).
-        self.scaler = RuntimeScaler(self.device.type, listener=self, enabled=config.uses_scaler,
-                                    **{k: getattr(config, k) for k in SCALER_KNOBS})
+        self.scaler: torch.amp.GradScaler = self._scaler(RuntimeScaler)
         self.steps = 0
         self._checks = _Checks(self.guard, self.watch) if self.guard or self.watch else None
         self._skips = Skips(ring=self._checks.every if self._checks else 0)
@@ -113,8 +112,18 @@ class AmpRuntime:
         pair of forward hooks (see :mod:`._islands`), so deepcopy (EMA, SWA), pickling and
         ``torch.compile`` carry it with its module. Calling it twice is harmless; a name or
         pattern that selects no module is a :class:`UsageError` naming the closest names.
+
+        An FSDP1-wrapped ``model`` gets ``ShardedGradScaler`` (see
+        :class:`~scalertune._amp._scaler.RuntimeScaler`), before the first step.
         """
+        if self.steps == 0 and type(self.scaler) is not scaler_class(model):
+            self.scaler = self._scaler(scaler_class(model))  # FSDP1: ShardedGradScaler
         return self._forward.prepare(model)
+
+    def _scaler(self, kind: type[torch.amp.GradScaler]) -> torch.amp.GradScaler:
+        config = self.config
+        return kind(self.device.type, listener=self,  # type: ignore[call-arg]
+                    enabled=config.uses_scaler, **{k: getattr(config, k) for k in SCALER_KNOBS})
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward through the scaled loss (plain backward when no scaler is active);

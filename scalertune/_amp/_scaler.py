@@ -21,6 +21,8 @@ when the step was skipped, and that comparison stays on the device.
 
 from __future__ import annotations
 
+import functools
+import sys
 import weakref
 from typing import Any, Protocol
 
@@ -37,26 +39,64 @@ class StepListener(Protocol):
     def scaler_updated(self) -> None: ...
 
 
-class RuntimeScaler(torch.amp.GradScaler):
-    """A GradScaler that tells its runtime about every step it takes and every update.
+class _Reporting:
+    """What a runtime's scaler adds to its GradScaler class: it tells its listener about every
+    step it takes and every update, and is that class in every number."""
 
-    It is GradScaler in every number: the subclass only reports. Frameworks take it where they
-    take a GradScaler (``MixedPrecision(..., scaler=...)``, ``Accelerator.scaler``).
-    """
+    _enabled: bool
 
     def __init__(self, device: str, *, listener: StepListener, **kwargs: Any) -> None:
-        super().__init__(device, **kwargs)
+        super().__init__(device, **kwargs)  # type: ignore[call-arg]
         self._listener = listener
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         if self._enabled:
             self._listener.scaler_stepping(optimizer)
-        return super().step(optimizer, *args, **kwargs)
+        return super().step(optimizer, *args, **kwargs)  # type: ignore[misc]
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
-        super().update(new_scale)
+        super().update(new_scale)  # type: ignore[misc]
         if self._enabled:
             self._listener.scaler_updated()
+
+
+class RuntimeScaler(_Reporting, torch.amp.GradScaler):
+    """A GradScaler that tells its runtime about every step it takes and every update.
+
+    It is GradScaler in every number: the subclass only reports. Frameworks take it where they
+    take a GradScaler (``MixedPrecision(..., scaler=...)``, ``Accelerator.scaler``).
+
+    Which scaler a wrapper needs: a model, DDP and FSDP2 (``fully_shard``) take GradScaler
+    (DDP's gradients are all-reduced before the scaler reads them; FSDP2 all-reduces
+    ``found_inf`` over the mesh itself). FSDP1 (``FullyShardedDataParallel``) needs
+    ``ShardedGradScaler``, which all-reduces ``found_inf`` over the shards: with a plain
+    GradScaler each rank skips on its own shard's gradients and the scales drift apart.
+    The runtime takes :func:`sharded_scaler` for an FSDP1 model (:func:`scaler_class`).
+    """
+
+
+@functools.cache
+def sharded_scaler() -> type[torch.amp.GradScaler]:
+    """:class:`RuntimeScaler` over ``ShardedGradScaler`` (made on first use: importing FSDP
+    costs a second, paid only by a program that has an FSDP1 model)."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    class ShardedRuntimeScaler(_Reporting, ShardedGradScaler):
+        """``ShardedGradScaler`` that reports to its runtime, as :class:`RuntimeScaler`."""
+
+    return ShardedRuntimeScaler
+
+
+def scaler_class(model: torch.nn.Module) -> type[torch.amp.GradScaler]:
+    """The scaler ``model`` needs: :func:`sharded_scaler` when a module of it is
+    FSDP1-wrapped, :class:`RuntimeScaler` otherwise (see its docstring)."""
+    if "torch.distributed.fsdp" not in sys.modules:  # no FSDP1 model exists in this process
+        return RuntimeScaler
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        return sharded_scaler()
+    return RuntimeScaler
 
 
 class Taken:

@@ -35,7 +35,8 @@ def _search(args: argparse.Namespace) -> int:
     from scalertune._storage._open import owned_files
 
     quiet = args.quiet
-    isolation = Isolation(args.trial_timeout, args.trial_memory) if args.isolate else None
+    isolation = (Isolation(args.trial_timeout, args.trial_memory)
+                 if args.isolate or args.nproc_per_node > 1 else None)
     new_files = [f for f in owned_files(args.storage) if not os.path.exists(f)]
     try:
         result = search(
@@ -43,6 +44,7 @@ def _search(args: argparse.Namespace) -> int:
             fp32_modules=args.fp32_modules, n_trials=args.n_trials, steps=args.steps,
             horizon=args.horizon, seed=args.seed, device=args.device, timeout=args.timeout,
             isolation=isolation, artifact_dir=args.artifact_dir,
+            nproc_per_node=args.nproc_per_node,
             log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
             progress=not quiet and sys.stderr.isatty(),
         )
@@ -70,8 +72,10 @@ def _check_search(args: argparse.Namespace) -> str:
     output file."""
     from scalertune._search._space import SearchSpace
 
-    if (args.trial_timeout is not None or args.trial_memory is not None) and not args.isolate:
-        raise UsageError("--trial-timeout and --trial-memory need --isolate")
+    if ((args.trial_timeout is not None or args.trial_memory is not None)
+            and not args.isolate and args.nproc_per_node == 1):
+        raise UsageError("--trial-timeout and --trial-memory need --isolate (or "
+                         "--nproc-per-node)")
     SearchSpace.load(args.space)  # read again by the search; here it is refused before torch
     from scalertune._search._study import default_study_name
 

@@ -28,7 +28,8 @@ def check_numbers(args: argparse.Namespace) -> None:
     if command == "search":
         _limits.check(_limits.SEARCH, n_trials=args.n_trials, steps=args.steps,
                       horizon=args.horizon, seed=args.seed, timeout=args.timeout,
-                      timeout_s=args.trial_timeout, memory_gb=args.trial_memory)
+                      timeout_s=args.trial_timeout, memory_gb=args.trial_memory,
+                      nproc_per_node=args.nproc_per_node)
         _limits.horizon(args.steps, args.horizon)
         _limits.check(_limits.REPORT, top=args.top)
     elif command == "diagnose":

@@ -127,10 +127,17 @@ def _search(sub: Any) -> None:
     s.add_argument("--isolate", action="store_true",
                    help="run every trial in its own process, so a crash, a hang or an "
                         "out-of-memory fails that trial only")
+    s.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help="run every run as N processes of one torch.distributed group, as "
+                        "torchrun --nproc-per-node N runs your script: the factory is called "
+                        "in each rank, with the group up, and wraps its model (DDP, FSDP) "
+                        "itself; gloo on CPU, NCCL with one GPU per rank (default: 1)")
     s.add_argument("--trial-timeout", type=float, metavar="SECONDS",
-                   help="with --isolate: kill a trial that runs longer (default: no limit)")
+                   help="with --isolate or --nproc-per-node: kill a trial that runs longer "
+                        "(default: no limit)")
     s.add_argument("--trial-memory", type=float, metavar="GB",
-                   help="with --isolate, on CPU: cap each trial's address space")
+                   help="with --isolate or --nproc-per-node, on CPU: cap each trial's "
+                        "(each rank's) address space")
     s.add_argument("--artifact-dir", metavar="DIR|s3://BUCKET",
                    help="the study's artifact store: its float32 checkpoints and the PNGs "
                         "optuna-dashboard shows. A folder, or s3://BUCKET (boto3's endpoint "

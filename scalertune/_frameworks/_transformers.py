@@ -13,6 +13,7 @@ runtime: its dtype, its GradScaler, its float32 islands, and its clipping as the
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -62,3 +63,23 @@ def route_trainer(trainer: Any, route: Route, *, training: bool) -> None:
 def trainer_device(trainer: Any) -> torch.device:
     """The device the Trainer trains on (``TrainingArguments.device``)."""
     return torch.device(trainer.args.device)
+
+
+def ranks_model(trainer: Any) -> torch.nn.Module:
+    """The model a Trainer trains: under a process group of several ranks, wrapped by its
+    Accelerator as ``train()`` wraps it (DDP for MULTI_CPU and MULTI_GPU); else its own."""
+    accelerator = trainer.accelerator
+    if accelerator.num_processes > 1:
+        return accelerator.prepare_model(trainer.model)
+    return trainer.model
+
+
+def micro_batch(trainer: Any, model: torch.nn.Module, last: bool) -> Any:
+    """The context of one micro-batch of a step, as ``Trainer._run_epoch`` sets it: the
+    Accelerator told whether gradients sync after it, and a wrapped model's all-reduce held
+    back (``no_sync``) on all but the last."""
+    accelerator = trainer.accelerator
+    accelerator.gradient_state._set_sync_gradients(last)  # noqa: SLF001 - what train() sets
+    if last or model is trainer.model:
+        return contextlib.nullcontext()
+    return accelerator.no_sync(model)

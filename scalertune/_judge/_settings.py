@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 VERSION = 2
 #: The settings whose change makes stored trials incomparable with new ones: a rerun of a
 #: search with another of these is refused.
-COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference")
+COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference",
+              "nproc_per_node")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,9 @@ class StudySettings:
     #: The token the study got when it was created (see ``_search._study.instance``).
     instance: str = ""
     version: int = VERSION
+    #: The processes every run trains on (``--nproc-per-node``): 1, or the ranks of a
+    #: ``torch.distributed`` group (studies written before it: 1).
+    nproc_per_node: int = 1
 
     def __post_init__(self) -> None:
         _limits.check_horizon(self.steps, self.horizon)
@@ -138,7 +142,8 @@ class StudySettings:
                 "space": {"name": self.space.get("name"),
                           "params": dict(self.space.get("params") or {})},
                 "device_type": self.device_type, "device": self.device,
-                "reference": self.reference.to_dict(), "instance": self.instance}
+                "reference": self.reference.to_dict(), "instance": self.instance,
+                "nproc_per_node": self.nproc_per_node}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StudySettings:
@@ -154,7 +159,8 @@ class StudySettings:
                    device_type=str(data.get("device_type") or ""),
                    device=str(data.get("device") or "this device"),
                    reference=AmpConfig.from_dict(data.get("reference") or {"dtype": "float32"}),
-                   instance=str(data.get("instance") or ""), version=version)
+                   instance=str(data.get("instance") or ""), version=version,
+                   nproc_per_node=int(data.get("nproc_per_node") or 1))
 
     @classmethod
     def of(cls, study: optuna.Study) -> StudySettings:

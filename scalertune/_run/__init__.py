@@ -11,5 +11,7 @@
 - ``_probe``: a runtime whose step leaves the optimizer alone (the start-up probe, the
   late-phase check);
 - ``_forward``: a config's forward loss at float32's own weights;
-- ``_memory``: giving a finished run's memory back.
+- ``_memory``: giving a finished run's memory back;
+- ``_ranks``: a run as N ranks of a process group: joining it, and what the ranks share
+  once per window (the losses averaged, the scaler checked to agree).
 """

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from scalertune._amp._schema import temporary_name
+from scalertune._run import _ranks
 from scalertune._workload._contract import Workload
 from scalertune._workload._rng import rng_state, set_rng_state
 
@@ -45,7 +46,7 @@ class BatchCursor(Iterator[Any]):
         self._pass_rng: dict[str, Any] | None = None
         self._index = 0
         self._epoch = -1  # the pass in progress (its number, from 0)
-        self._set_epoch = getattr(batches, "set_epoch", None)
+        self._set_epoch = _epoch_setter(batches)
 
     def __next__(self) -> Any:
         while True:
@@ -85,6 +86,19 @@ class BatchCursor(Iterator[Any]):
             next(self._pass)
         self._index = state["index"]
         set_rng_state(now)
+
+
+def _epoch_setter(batches: Any) -> Any:
+    """What tells ``batches`` the pass number: its own ``set_epoch``, or, for a plain
+    ``DataLoader`` over a ``DistributedSampler`` (each rank's shard, reshuffled per pass
+    only when told the pass), its sampler's or batch sampler's, as Lightning's loop finds it
+    (``_set_sampler_epoch``)."""
+    for owner in (batches, getattr(batches, "sampler", None),
+                  getattr(getattr(batches, "batch_sampler", None), "sampler", None)):
+        found = getattr(owner, "set_epoch", None)
+        if callable(found):
+            return found
+    return None
 
 
 class CheckpointTarget(Protocol):
@@ -138,16 +152,20 @@ class SaveSchedule(Mapping[int, "str | CheckpointTarget"]):
 def save_checkpoint(where: str | CheckpointTarget, workload: Workload, cursor: BatchCursor, *,
                     step: int, extra: dict[str, Any] | None = None) -> None:
     """Write the run's state after ``step`` steps to ``where``: a file (written atomically),
-    or a :class:`CheckpointTarget` that stores it once written."""
-    state = {
-        "step": step,
-        "model": workload.model.state_dict(),
-        "optimizer": workload.optimizer.state_dict(),
-        "schedulers": [s.state_dict() for s in workload.schedulers],
-        "cursor": cursor.state(),
-        "rng": rng_state(),
-        "extra": extra or {},
-    }
+    or a :class:`CheckpointTarget` that stores it once written. With ranks, rank 0 writes
+    it, with every rank's data position and RNGs (see :func:`_ranked_save`)."""
+    mine = {"cursor": cursor.state(), "rng": rng_state()}
+    if _ranks.world() > 1:
+        saved = _ranked_save(workload, mine)
+        if saved is None:
+            return
+        model, optimizer, ranks = saved
+    else:
+        model, optimizer, ranks = (workload.model.state_dict(),
+                                   workload.optimizer.state_dict(), None)
+    state = {"step": step, "model": model, "optimizer": optimizer,
+             "schedulers": [s.state_dict() for s in workload.schedulers], **mine,
+             "ranks": ranks, "extra": extra or {}}
     path = where if isinstance(where, str) else where.local_path()
     tmp = temporary_name(path)
     torch.save(state, tmp)
@@ -156,16 +174,40 @@ def save_checkpoint(where: str | CheckpointTarget, workload: Workload, cursor: B
         where.publish(path, step)
 
 
+def _ranked_save(workload: Workload, mine: dict[str, Any]) -> tuple[Any, Any, Any] | None:
+    """The whole model's and optimizer's state on rank 0, gathered through
+    ``torch.distributed.checkpoint``'s state-dict API from DDP's replicas or FSDP's shards
+    (a collective: every rank calls it), and each rank's data position and RNGs; None on
+    the other ranks, which write nothing."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model, optimizer = get_state_dict(workload.model, workload.optimizer, options=options)
+    ranks: list[Any] = [None] * _ranks.world()
+    torch.distributed.all_gather_object(ranks, mine)
+    return (model, optimizer, ranks) if _ranks.rank() == 0 else None
+
+
 def load_checkpoint(path: str, workload: Workload, cursor: BatchCursor) -> dict[str, Any]:
     """Put a freshly built ``workload`` and ``cursor`` in the state saved at ``path``;
-    returns the checkpoint (``step``, ``extra``)."""
+    returns the checkpoint (``step``, ``extra``). With ranks, every rank reads the file (the
+    ranks share a host) and takes the whole state, its shard of it under FSDP, and its own
+    data position and RNGs."""
     state = torch.load(path, map_location=next(workload.model.parameters()).device,
                        weights_only=False)
-    workload.model.load_state_dict(state["model"])
-    # Read from the file at every call: load_state_dict keeps the given tensors where dtype
-    # and device already match, so a state kept in memory and loaded twice would be changed
-    # by the first branch's optimizer steps before the second began.
-    workload.optimizer.load_state_dict(state["optimizer"])
+    if state.get("ranks") is not None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(workload.model, workload.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=True))
+        state.update(state["ranks"][_ranks.rank()])
+    else:
+        workload.model.load_state_dict(state["model"])
+        # Read from the file at every call: load_state_dict keeps the given tensors where
+        # dtype and device already match, so a state kept in memory and loaded twice would
+        # be changed by the first branch's optimizer steps before the second began.
+        workload.optimizer.load_state_dict(state["optimizer"])
     for scheduler, saved in zip(workload.schedulers, state["schedulers"]):
         scheduler.load_state_dict(saved)
     cursor.restore(state["cursor"])

@@ -28,6 +28,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
+from scalertune._run import _ranks
 from scalertune._run._checkpoint import BatchCursor, load_checkpoint, save_checkpoint
 from scalertune._run._memory import release_memory
 from scalertune._run._nonfinite import judge_window
@@ -124,7 +125,7 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
                 watcher.after_step(start + i)
             if (i + 1) % every and i + 1 < steps - start:
                 continue
-            _read_back(record, readings, window_start, i + 1, started)
+            _read_back(record, readings, window_start, i + 1, started, amp)
             if watcher is not None:
                 watcher.read_window(start + window_start, start + i + 1)
             if not record.pruned:
@@ -213,10 +214,13 @@ class Readings:
 
 
 def _read_back(record: RunRecord, readings: Readings, first: int, end: int,
-               started: float) -> None:
-    """Bring one window's losses and scales to the host (see :class:`Readings`)."""
+               started: float, amp: AmpRuntime) -> None:
+    """Bring one window's losses and scales to the host (see :class:`Readings`); with ranks,
+    the losses of the global batch, once the ranks agree on the scaler (:mod:`._ranks`)."""
     losses, scales = readings.window(first, end)
     record.window_step_times.append((time.perf_counter() - started) / (end - first))
+    if _ranks.world() > 1:
+        losses = _ranks.agree(losses, scales, amp.skipped_steps, len(record.losses))
     record.losses.extend(losses)
     record.scales.extend(scales)
 

@@ -34,11 +34,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
+from scalertune._run import _ranks
 from scalertune._run._probe import NoStep
 from scalertune._run._schedules import kept_schedules
 from scalertune._workload._contract import Workload, to_device
@@ -292,8 +294,8 @@ class _Hooks:
         """The rows of the last ``steps`` steps (the largest module output gradient, the
         largest parameter gradient; the one read-back per window); the subset grows by what
         came close on its full steps."""
-        rows = self._slots.buffer[:steps].abs().amax(2).cpu().numpy()
-        for largest, modules, params in self._full_rows:
+        rows, full = _over_ranks(self._slots.buffer[:steps].abs().amax(2), self._full_rows)
+        for largest, modules, params in full:
             self.subset.grow(float(largest), modules.cpu().numpy(), params.cpu().numpy())
         self._slots.clear()
         self._row, self._full_rows = 0, []
@@ -302,6 +304,7 @@ class _Hooks:
     def take_block(self) -> tuple[np.ndarray, np.ndarray]:
         """The histogram and forward peaks of the full steps since the last call (read
         once per trace block), zeroed after."""
+        _ranks.reduce(self._hist, "sum"), _ranks.reduce(self._forward, "max")  # over ranks
         # copies: on a CPU, .cpu() is the buffer itself, which is zeroed next
         hist = _as_hist(self._hist.to("cpu", copy=True).numpy())
         forward = self._forward.to("cpu", copy=True).numpy()
@@ -352,8 +355,7 @@ class _Hooks:
 
     def _read_params(self) -> None:
         """Write the watched parameters' gradient extremes into the step's slots."""
-        zero = self._zero
-        grads = [zero if p.grad is None else p.grad.detach() for p in self._step_params()]
+        grads = [_local(p.grad, self._zero) for p in self._step_params()]
         self._slots.write_params(self._row, grads, self._cuda, self._float32)
 
     def _step_params(self) -> list[torch.Tensor]:
@@ -465,6 +467,7 @@ class _Counts:
         self._size = 0
 
     def add(self, tensor: torch.Tensor) -> None:
+        tensor = tensor.to_local() if isinstance(tensor, DTensor) else tensor  # FSDP2's shard
         self._held.append(tensor.detach().reshape(-1))
         self._size += tensor.numel()
         if self._size >= self._most:
@@ -476,6 +479,39 @@ class _Counts:
                 [t.float() for t in self._held])
             self._into += _exponent_counts(joined)
         self._held, self._size = [], 0
+
+
+def _local(grad: torch.Tensor | None, empty: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 (DTensor) gradient, any other as it is, detached;
+    ``empty`` for none, or a shard with no element (a rank's shard of a small parameter may
+    be empty)."""
+    if grad is None:
+        return empty
+    local = grad.detach()
+    local = local.to_local() if isinstance(local, DTensor) else local
+    return local if local.numel() else empty
+
+
+def _over_ranks(rows: torch.Tensor, full: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                ) -> tuple[np.ndarray, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """A window's rows and its full steps' records, each the largest over the ranks (the
+    same shapes on every rank: the ranks train the same steps of the same model), in one
+    all-reduce; the subset each rank grows from them is then the same on every rank."""
+    if _ranks.world() == 1:
+        return rows.cpu().numpy(), full
+    parts = [rows.flatten()] + [t.flatten().float() for row in full for t in
+                                (row[0].reshape(1), row[1], row[2])]
+    joined = _ranks.reduce(torch.cat(parts), "max")
+    out, at = [], rows.numel()
+    reduced_rows = joined[:at].view_as(rows)
+    for largest, modules, params in full:
+        shapes = [largest.reshape(1), modules, params]
+        pieces = []
+        for t in shapes:
+            pieces.append(joined[at:at + t.numel()].view_as(t))
+            at += t.numel()
+        out.append((pieces[0].reshape(()), pieces[1], pieces[2]))
+    return reduced_rows.cpu().numpy(), out
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

@@ -20,6 +20,8 @@
 - ``_island_choice``: the float32 island a late phase proposes;
 - ``_replay_choice``: the float16 scaler setting the replay finds best over the horizon;
 - ``_recommended``: the recommended trial, where the dashboard looks for the answer;
-- ``_isolate``: where runs execute (their own process with ``--isolate``);
+- ``_isolate``: where runs execute (in this process, or fresh ones);
+- ``_launch``: a run's processes: one with ``--isolate``, one per rank with
+  ``--nproc-per-node``, and what they send back;
 - ``_progress``: the line per run on stderr, or the progress bar.
 """

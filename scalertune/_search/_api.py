@@ -61,6 +61,7 @@ def search(
     timeout: float | None = None,
     isolation: Isolation | None = None,
     artifact_dir: str | None = None,
+    nproc_per_node: int = 1,
     log: Callable[[str], None] | None = None,
     progress: bool = False,
 ) -> SearchResult:
@@ -75,7 +76,9 @@ def search(
     in float32 on every float16 trial; ``artifact_dir``: the study's artifact store, its
     float32 checkpoints and pictures, a folder or ``s3://BUCKET`` (default
     ``scalertune-artifacts`` beside a SQLite or journal file, else here; recorded in the
-    study, where every worker finds it).
+    study, where every worker finds it). ``nproc_per_node`` > 1 runs every run as that many
+    ranks of one ``torch.distributed`` group, each in its own process (as torchrun runs a
+    script): the factory, called in every rank, wraps its model (DDP, FSDP) itself.
 
     Raises :class:`UsageError` for bad input before any study row is written (a number out of
     range is a ``ValueError`` naming the parameter), :class:`SearchError` when the
@@ -93,7 +96,7 @@ def search(
     setup = prepare(factory, space=space, fp32_modules=fp32_modules,
                     n_trials=n_trials, steps=steps, horizon=horizon, seed=seed,
                     device=device, timeout=timeout, isolation=isolation,
-                    artifact_dir=artifact_dir)
+                    artifact_dir=artifact_dir, nproc_per_node=nproc_per_node)
     url = storage_url(storage or DEFAULT_STORAGE)
     forget()
     try:

@@ -36,16 +36,16 @@ from scalertune._run._memory import release_memory
 from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes, time_dtypes
 from scalertune._run._trace_collector import TraceCollector
-from scalertune._search._isolate import (
+from scalertune._search._isolate import execute, run_here
+from scalertune._search._launch import (
+    RankFailed,
     TrialCrashed,
     describe_error,
-    execute,
-    run_here,
     time_isolated,
 )
 from scalertune._search._reference_checkpoints import Checkpoints
 from scalertune._search._setup import Setup
-from scalertune._search._study import add_reference
+from scalertune._search._study import add_failed_reference, add_reference
 from scalertune._storage._claims import Once
 from scalertune._storage._optuna import storage_of
 from scalertune._text import duration
@@ -141,11 +141,8 @@ class References:
     def _train(self, seed: int, main: bool, long: bool) -> RunRecord:
         """The reference run itself, to the horizon with its checkpoints when ``long``."""
         steps = self.setup.horizon if long else self.setup.steps
-        plan = (self.checkpoints.plan(TraceCollector(steps)) if long
-                else Plan(watcher=TraceCollector(steps)) if main else None)
         try:
-            record = execute(self.setup, self.config, steps=steps, seed=seed, plan=plan,
-                             on_window=_TimeLeft(self.log, steps) if long else None)
+            record = self._execute(seed, main, long, steps)
         except FactoryError as exc:
             raise SearchError(f"the float32 reference failed: the factory raised {exc}") from None
         except TrialCrashed as exc:  # its message's first line says how the process ended
@@ -162,6 +159,24 @@ class References:
                 "if your training clips gradients, return clip_norm from the factory")
         return record
 
+    def _execute(self, seed: int, main: bool, long: bool, steps: int) -> RunRecord:
+        """The reference's run; one whose rank died or hung is run again (a long one from
+        its latest checkpoint), ``MAX_RETRIES`` times at most, as a trial is."""
+        def run() -> RunRecord:
+            plan = (self.checkpoints.plan(TraceCollector(steps)) if long
+                    else Plan(watcher=TraceCollector(steps)) if main else None)
+            return execute(self.setup, self.config, steps=steps, seed=seed, plan=plan,
+                           on_window=_TimeLeft(self.log, steps) if long else None)
+
+        for _ in range(_policy.MAX_RETRIES):
+            try:
+                return run()
+            except RankFailed as exc:
+                why = str(exc).splitlines()[0]
+                add_failed_reference(self.study, seed, self.config.to_dict(), why)
+                self.log(f"float32 reference, seed {seed}: {why}; run again")
+        return run()
+
     def _time(self) -> StepTimes | None:
         """The interleaved step timing of the study's dtypes, on a fresh workload (in its own
         process with ``--isolate``)."""
@@ -170,7 +185,8 @@ class References:
             return time_isolated(setup.spec, self.dtypes, clip_norm=self.config.clip_norm,
                                  seed=setup.seed, device=setup.device,
                                  timeout_s=setup.isolation.timeout_s,
-                                 memory_gb=setup.isolation.memory_gb)
+                                 memory_gb=setup.isolation.memory_gb,
+                                 ranks=setup.isolation.nproc_per_node)
         workload = run_here(build_workload, setup.factory, seed=setup.seed, device=setup.device)
         try:
             return run_here(time_dtypes, workload, self.dtypes, device=setup.device,

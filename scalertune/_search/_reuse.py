@@ -13,7 +13,8 @@ from scalertune._diagnose._locate import locate_forward_overflow
 from scalertune._errors import MissingEvidence
 from scalertune._judge._outcome import Outcome
 from scalertune._run._record import RunRecord
-from scalertune._search._isolate import locate_isolated, run_here
+from scalertune._search._isolate import run_here
+from scalertune._search._launch import locate_isolated
 from scalertune._search._setup import Setup
 from scalertune._search._study import store_constraint, store_judged
 from scalertune._storage._names import CONSTRAINT_ATTR, JUDGED_ATTR
@@ -49,7 +50,8 @@ def locate_overflow(setup: Setup, trial: optuna.Trial, config: AmpConfig, seed: 
             advice = locate_isolated(setup.spec, config, record.losses, seed=seed,
                                      device=setup.device,
                                      timeout_s=setup.isolation.timeout_s,
-                                     memory_gb=setup.isolation.memory_gb)
+                                     memory_gb=setup.isolation.memory_gb,
+                                     ranks=setup.isolation.nproc_per_node)
         else:
             advice = run_here(locate_forward_overflow, setup.factory, config,
                               record.losses, seed=seed, device=setup.device)

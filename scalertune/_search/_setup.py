@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ from scalertune._amp._device import resolve_device
 from scalertune._errors import ParameterError, UsageError
 from scalertune._judge._settings import StudySettings
 from scalertune._run._preflight import preflight
+from scalertune._search._launch import preflight_ranks
 from scalertune._search._space import SearchSpace
 from scalertune._storage._store import normalized
 from scalertune._text import plural
@@ -22,13 +24,17 @@ from scalertune._workload._loader import FactoryError, factory_name, load_factor
 
 @dataclasses.dataclass(frozen=True)
 class Isolation:
-    """Run each trial in its own process: ``timeout_s`` and ``memory_gb`` bound it."""
+    """Run each trial in its own process: ``timeout_s`` and ``memory_gb`` bound it.
+    ``nproc_per_node`` > 1: in that many, the ranks of one ``torch.distributed`` group (what
+    :func:`scalertune.search`'s ``nproc_per_node`` sets)."""
 
     timeout_s: float | None = None
     memory_gb: float | None = None
+    nproc_per_node: int = 1
 
     def __post_init__(self) -> None:
-        _limits.check(_limits.SEARCH, timeout_s=self.timeout_s, memory_gb=self.memory_gb)
+        _limits.check(_limits.SEARCH, timeout_s=self.timeout_s, memory_gb=self.memory_gb,
+                      nproc_per_node=self.nproc_per_node)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +82,17 @@ class Setup:
 def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
             fp32_modules: str | None, n_trials: int, steps: int, horizon: int | None,
             seed: int, device: str | None, timeout: float | None,
-            isolation: Isolation | None, artifact_dir: str | None) -> Setup:
+            isolation: Isolation | None, artifact_dir: str | None,
+            nproc_per_node: int = 1) -> Setup:
     """Everything a search checks before it writes anything: its numbers, its space, the
-    device, the factory and one float32 step of it; the setup, with the study's settings."""
+    device, the factory and one float32 step of it (in every rank with ``nproc_per_node``
+    > 1, whose runs are all isolated); the setup, with the study's settings."""
     _limits.check(_limits.SEARCH, n_trials=n_trials, steps=steps, horizon=horizon, seed=seed,
-                  timeout=timeout)
+                  timeout=timeout, nproc_per_node=nproc_per_node)
+    refuse_launcher()
+    if nproc_per_node > 1:
+        isolation = dataclasses.replace(isolation or Isolation(),
+                                        nproc_per_node=nproc_per_node)
     location = None if artifact_dir is None else normalized(artifact_dir)
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     if fp32_modules:
@@ -88,7 +100,14 @@ def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
     dev = resolve_device(device)
     user_factory = load_factory(factory, isolated=isolation is not None)
     try:
-        checked = preflight(user_factory, device=dev, seed=seed, islands=space.island_names)
+        if isolation is not None and isolation.nproc_per_node > 1:
+            checked = preflight_ranks(factory, device=dev, seed=seed,
+                                      islands=space.island_names,
+                                      timeout_s=isolation.timeout_s,
+                                      ranks=isolation.nproc_per_node)
+        else:
+            checked = preflight(user_factory, device=dev, seed=seed,
+                                islands=space.island_names)
     except FactoryError as exc:
         raise UsageError(f"the factory {factory_name(factory)} raised {exc}: fix it and "
                          "rerun") from None
@@ -99,7 +118,8 @@ def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
         factory=factory_name(factory), steps=steps,
         horizon=_limits.horizon(steps, horizon, declared), seed=seed,
         space=space.to_dict(), device_type=dev.type, device=describe_device(dev),
-        reference=checked.reference)
+        reference=checked.reference,
+        nproc_per_node=isolation.nproc_per_node if isolation is not None else 1)
     return Setup(spec=factory, factory=user_factory, space=space, device=dev,
                  n_trials=n_trials, settings=settings, isolation=isolation,
                  artifact_dir=location)
@@ -118,6 +138,18 @@ def _declared_horizon(horizon: int, factory: str, steps: int) -> int:
                          f"trial's {steps} steps (--steps): declare at least {steps}, or pass "
                          "--horizon (or a smaller --steps)")
     return horizon
+
+
+def refuse_launcher() -> None:
+    """A search started by torchrun (or another launcher) would run once per rank, each its
+    own search of one process: refused, in one line."""
+    world = int(os.environ.get("WORLD_SIZE") or 1)
+    if world > 1 and "RANK" in os.environ:
+        per_node = os.environ.get("LOCAL_WORLD_SIZE") or world
+        raise UsageError(
+            f"this search runs as rank {os.environ['RANK']} of {world} under a "
+            f"launcher (torchrun): run it once, without the launcher, with --nproc-per-node "
+            f"{per_node} (it starts the ranks of every run itself)")
 
 
 def describe_device(device: torch.device) -> str:

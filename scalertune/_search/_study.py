@@ -175,6 +175,18 @@ def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any]
     ))
 
 
+def add_failed_reference(study: optuna.Study, seed: int, config: dict[str, Any],
+                         why: str) -> None:
+    """Record a float32 reference run that failed for a fault of one process (a rank that
+    died or hung) as a failed trial of its seed, saying why: it is run again at once (its
+    evidence is not missing), and the study keeps that it happened."""
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.FAIL, params={"dtype": "float32"},
+        distributions={"dtype": DTYPE_DISTRIBUTION},
+        user_attrs={"role": ROLE_REFERENCE, "seed": seed, "config": config,
+                    "error": why[:2000]}))
+
+
 def relative_curve(losses: list[float], target: Target, start: int = 0) -> dict[int, float]:
     """Step -> log10 of the smoothed loss over the target, at the end of each read-back
     window (0 is the target): what the dashboard plots, on one axis for every run whatever

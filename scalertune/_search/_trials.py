@@ -26,11 +26,8 @@ from scalertune._judge._stopping import StopRule
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
 from scalertune._search._branch import run_branch, run_from_start
-from scalertune._search._isolate import (
-    TrialCrashed,
-    describe_error,
-    execute,
-)
+from scalertune._search._isolate import execute
+from scalertune._search._launch import RankFailed, TrialCrashed, describe_error
 from scalertune._search._references import References
 from scalertune._search._reports import Reports
 from scalertune._search._reuse import locate_overflow, reuse
@@ -111,6 +108,9 @@ class TrialRunner:
             record, judged = self._train(trial, role, config, seed, target, trials)
         except MissingEvidence as exc:  # never the config's failure: run again
             self._missing(trial, str(exc))
+            raise TrialFailed() from None
+        except RankFailed as exc:  # one rank died or hung: a fault, not the config's
+            self._missing(trial, str(exc).splitlines()[0])
             raise TrialFailed() from None
         except Exception as exc:  # TrialCrashed, or anything the user's code raised
             if storage_error(exc):  # a write the storage refused: not the config's either

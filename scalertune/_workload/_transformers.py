@@ -13,6 +13,8 @@ runs:
   takes what is left), counted as the Trainer counts them (``get_batch_samples``), each
   through the Trainer's ``training_step``, hence its ``compute_loss`` and its loss
   normalisation; the Accelerator's ``backward`` is the run's (``_frameworks``);
+- under ``--nproc-per-node``, the model wrapped by the Trainer's Accelerator (DDP), the
+  gradients all-reduced after each step's last micro-batch only (``no_sync`` before);
 - ``max_grad_norm`` as the workload's own clipping, and the scheduler stepped only after a
   step the optimizer really took, as the Trainer does.
 
@@ -31,7 +33,13 @@ import torch
 
 from scalertune._errors import UsageError
 from scalertune._frameworks._route import Route
-from scalertune._frameworks._transformers import check_trainer, route_trainer, trainer_device
+from scalertune._frameworks._transformers import (
+    check_trainer,
+    micro_batch,
+    ranks_model,
+    route_trainer,
+    trainer_device,
+)
 from scalertune._workload._contract import Workload
 from scalertune._workload._groups import Groups
 from scalertune._workload._loader import one_line
@@ -62,18 +70,29 @@ def transformers_workload(trainer: Any, *, device: torch.device,
         route.amp = amp
         micro, items = trainer.get_batch_samples(iter(group), len(group), args.device)
         trainer.current_gradient_accumulation_steps = len(micro)
-        loss: torch.Tensor = sum(trainer.training_step(model, inputs, items) for inputs in micro)
+        loss: torch.Tensor = sum(_micro_step(trainer, model, inputs, items, i == len(micro) - 1)
+                                 for i, inputs in enumerate(micro))
         if amp.step(optimizer) and not plateau:
             scheduler.step()
         model.zero_grad()
         trainer.state.global_step += 1
         return loss
 
-    return Workload(model=trainer.model, optimizer=optimizer, step=step,
+    return Workload(model=ranks_model(trainer), optimizer=optimizer, step=step,
                     batches=Groups(loader, args.gradient_accumulation_steps,
                                    on_epoch=functools.partial(_set_epoch, loader)),
                     clip_norm=args.max_grad_norm if args.max_grad_norm > 0 else None,
                     schedulers=[scheduler, counters], horizon=horizon or max_steps)
+
+
+def _micro_step(trainer: Any, model: torch.nn.Module, inputs: Any, items: Any,
+                last: bool) -> Any:
+    """One micro-batch through ``training_step``; with ranks, the gradients all-reduced
+    after the last micro-batch only, as ``train()`` does (:func:`micro_batch`)."""
+    if model is trainer.model:
+        return trainer.training_step(model, inputs, items)
+    with micro_batch(trainer, model, last):
+        return trainer.training_step(model, inputs, items)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ def test_the_yaml_carries_a_guard_from_the_evidence_and_load_enables_it(storage,
 def test_a_function_factory_is_searched_like_its_spec_and_crosses_to_an_isolated_trial(storage):
     import workloads
 
-    from scalertune._search._isolate import run_isolated
+    from scalertune._search._launch import run_isolated
 
     result = scalertune.search(workloads.healthy, storage=storage, space="bfloat16",
                                n_trials=1, steps=20, device="cpu")

@@ -123,6 +123,10 @@ SEARCH = [
     Case("trial-memory inf", ["--isolate", "--trial-memory", "inf"],
          r"--trial-memory must be a positive finite number"),
     Case("trial-timeout without isolate", ["--trial-timeout", "5"], r"need --isolate"),
+    Case("nproc-per-node zero", ["--nproc-per-node", "0"],
+         r"--nproc-per-node must be an integer from 1 to 64"),
+    Case("nproc-per-node past a node", ["--nproc-per-node", "1000"],
+         r"--nproc-per-node must be an integer from 1 to 64"),
     Case("timeout zero", ["--timeout", "0"], _POSITIVE.format("timeout")),
     Case("timeout inf", ["--timeout", "inf"], _POSITIVE.format("timeout")),
     Case("-o is the database", ["-o", "scalertune.db"], r"is the study's storage",
@@ -422,3 +426,18 @@ def test_the_search_api_refuses_bad_numbers_before_anything_runs(tmp_path):
         assert "--" not in str(raised.value)  # the Python parameter, not a flag
     assert os.listdir(tmp_path) == []
 
+
+
+def test_a_search_started_by_torchrun_is_refused_naming_nproc_per_node(tmp_path, monkeypatch):
+    """Under torchrun (its environment: RANK, WORLD_SIZE, LOCAL_WORLD_SIZE), each rank would
+    run a search of its own: refused in one line, before any study exists."""
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                        "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    proc = run_cli("search", HEALTHY, "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "scalertune search: error: this search runs as rank 1 of 2 under a launcher "
+        "(torchrun): run it once, without the launcher, with --nproc-per-node 2 (it starts "
+        "the ranks of every run itself)")
+    assert not (tmp_path / "scalertune.db").exists()

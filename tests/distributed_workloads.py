@@ -1,0 +1,193 @@
+"""Tiny workloads that train as ranks of a ``torch.distributed`` group (gloo on a CPU), as a
+user's script does under ``torchrun``: the factory finds the group up, wraps its model (DDP,
+FSDP2's ``fully_shard``, FSDP1) and takes its rank's shard of the data through a
+``DistributedSampler``. ``plain_loop`` is the yardstick: the same factory trained by a plain
+GradScaler loop under ``torchrun``, as the user's script would train it.
+
+Fault workloads read ``SCALERTUNE_TEST_FAULT`` (a file path): the first run whose rank 1
+reaches step ``FAULT_STEP`` creates the file and dies (or hangs) there; later runs train.
+"""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+HERE = __file__
+FAULT_STEP = 15
+
+
+def _data(n=256, scale_targets=10.0, ranks=None):
+    """The same samples on every rank (the factory runs under the same seed), sharded by
+    the sampler: the global batch is 2 x 16 (``ranks=1``: the same global batch of 32 in
+    one process)."""
+    x = torch.randn(n, 8)
+    y = x @ torch.randn(8, 1) * scale_targets
+    dataset = TensorDataset(x, y)
+    if ranks == 1:
+        sampler = DistributedSampler(dataset, num_replicas=1, rank=0, seed=1)
+        return DataLoader(dataset, batch_size=32, sampler=sampler)
+    return DataLoader(dataset, batch_size=16, sampler=DistributedSampler(dataset, seed=1))
+
+
+def _model():
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
+def _workload(model, horizon=None):
+    out = {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.05),
+           "loss_fn": nn.MSELoss(reduction="sum"), "batches": _data()}
+    if horizon:
+        out["horizon"] = horizon
+    return out
+
+
+def ddp():
+    """An MLP under DistributedDataParallel; float16 overflows its summed loss's gradients
+    at a high loss scale, so a GradScaler backs off."""
+    if dist.get_world_size() != 2 or dist.get_rank() not in (0, 1):
+        raise RuntimeError("this workload trains as one rank of 2")
+    return _workload(nn.parallel.DistributedDataParallel(_model()))
+
+
+def single():
+    """``ddp``'s training in one process: the same global batch (its 32 samples are the two
+    ranks' 16), the loss halved as DDP averages the two ranks' summed losses' gradients."""
+    mse = nn.MSELoss(reduction="sum")
+    model = _model()
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.05),
+            "loss_fn": lambda out, y: mse(out, y) / 2, "batches": _data(ranks=1)}
+
+
+def fsdp2():
+    """The same MLP sharded with FSDP2's ``fully_shard`` (each Linear, then the root)."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    return _workload(model)
+
+
+def fsdp1():
+    """The same MLP under FSDP1 (``FullyShardedDataParallel``), which needs
+    ``ShardedGradScaler``."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return _workload(FullyShardedDataParallel(_model(), device_id=torch.device("cpu")))
+
+
+def fsdp1_own_scaler():
+    """``fsdp1`` trained by a step of its own with a plain ``torch.amp.GradScaler``: each
+    rank unscales its own shard and skips on its own (the failure ShardedGradScaler fixes);
+    the step still calls ``amp.step`` so that the runtime sees the step."""
+    workload = fsdp1()
+    model, optimizer, loss_fn = workload.pop("model"), workload["optimizer"], workload.pop(
+        "loss_fn")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=5)
+
+    def step(_model, batch, amp):
+        x, y = batch
+        with amp.autocast():
+            loss = loss_fn(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        amp.scaler._scale = scaler._scale  # the runtime reads the scale the step uses
+        return loss
+
+    return {**workload, "model": model, "step": step}
+
+
+def _fault(model, kind):
+    """Rank 1 dies (``os._exit``) or hangs at ``FAULT_STEP``, once across runs."""
+    marker = os.environ.get("SCALERTUNE_TEST_FAULT")
+    if dist.get_rank() != 1 or not marker:
+        return
+    steps = [0]
+
+    def hook(_module, _inputs):
+        steps[0] += 1
+        if steps[0] == FAULT_STEP:
+            try:
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return
+            os.close(fd)
+            if kind == "dies":
+                os._exit(13)
+            time.sleep(3600)
+
+    model.register_forward_pre_hook(hook)
+
+
+def ddp_rank_dies():
+    """``ddp`` whose rank 1 exits hard at ``FAULT_STEP`` once."""
+    workload = ddp()
+    _fault(workload["model"], "dies")
+    return workload
+
+
+def ddp_rank_hangs():
+    """``ddp`` whose rank 1 hangs at ``FAULT_STEP`` once."""
+    workload = ddp()
+    _fault(workload["model"], "hangs")
+    return workload
+
+
+def plain_loop(factory, config, steps, seed=0):
+    """What the user's own script does under torchrun: the workload trained ``steps`` steps
+    with a plain ``torch.amp.GradScaler`` (``ShardedGradScaler`` for FSDP1), its losses
+    all-reduced to the global batch's. Returns (losses, scales) on every rank."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    torch.manual_seed(seed)
+    workload = factory()
+    model, optimizer, loss_fn = workload["model"], workload["optimizer"], workload["loss_fn"]
+    fp16 = config["dtype"] == "float16"
+    knobs = {k: config[k] for k in ("init_scale", "growth_factor", "backoff_factor",
+                                    "growth_interval") if k in config}
+    scaler_class = (ShardedGradScaler if isinstance(model, FullyShardedDataParallel)
+                    else torch.amp.GradScaler)
+    scaler = scaler_class("cpu", enabled=fp16, **knobs)
+    dtype = getattr(torch, config["dtype"])
+    losses, scales, epoch = [], [], 0
+    loader = workload["batches"]
+    while len(losses) < steps:
+        loader.sampler.set_epoch(epoch)
+        for x, y in loader:
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                loss = loss_fn(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            mean = loss.detach().float().clone()
+            dist.all_reduce(mean)
+            losses.append(mean.item() / dist.get_world_size())
+            scales.append(scaler.get_scale() if fp16 else 1.0)
+            if len(losses) == steps:
+                break
+        epoch += 1
+    return losses, scales
+
+
+if __name__ == "__main__":  # torchrun --nproc-per-node 2 THIS CONFIG_JSON STEPS OUT FACTORY...
+    import json
+    import sys
+
+    dist.init_process_group("gloo")
+    config_json, steps, out, *names = sys.argv[1:]
+    runs = {name: plain_loop(globals()[name], json.loads(config_json), int(steps))
+            for name in names}
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump({name: {"losses": losses, "scales": scales}
+                       for name, (losses, scales) in runs.items()}, f)
+    dist.destroy_process_group()
