@@ -124,6 +124,12 @@ def _search(sub: Any) -> None:
     s.add_argument("--output", "-o", metavar="FILE",
                    help="where to write the recommendation (default: STUDY_NAME.yaml here)")
     _top_argument(s)
+    _run_arguments(s)
+    _quiet_argument(s)
+
+
+def _run_arguments(s: Any) -> None:
+    """Where and how a search's runs execute: their processes, their limits, their files."""
     s.add_argument("--isolate", action="store_true",
                    help="run every trial in its own process, so a crash, a hang or an "
                         "out-of-memory fails that trial only")
@@ -145,7 +151,6 @@ def _search(sub: Any) -> None:
                         "workers on several hosts. Recorded in the study: other workers, "
                         "report and dashboard find it (default: scalertune-artifacts beside a "
                         "SQLite or journal file, else here)")
-    _quiet_argument(s)
 
 
 def _diagnose(sub: Any) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -152,23 +153,8 @@ class TrialRunner:
         horizon (``start`` 0)."""
         step_time = self.rules.step_time(config)
         if role == ROLE_PHASE:
-            attrs = trial.user_attrs
-            start, end = int(attrs["start"]), int(attrs["end"])
-            reports = Reports(trial, target)
-            record = None
-            try:
-                if is_from_start(attrs):
-                    record, judged = run_from_start(
-                        self.setup, self.references, config, seed=seed, end=end,
-                        on_window=reports.window, save=attrs.get("save"),
-                        continues=attrs.get("continues"), resumed_at=start,
-                        log=lambda line: self.progress.line(f"#{trial.number}: {line}"))
-                else:
-                    record, judged = run_branch(self.setup, self.references, config,
-                                                seed=seed, start=start, end=end,
-                                                on_window=reports.window)
-            finally:
-                reports.close(record if record is not None and record.pruned else None)
+            record, judged = _phase_run(self.setup, self.references, trial, config, seed,
+                                        target, log=self.progress.line)
             # the short trial's target means nothing in a window starting at step `start`
             short = {k: v for k, v in judged_attrs(record, target, step_time).items()
                      if k not in _SHORT_TRIAL_ONLY}
@@ -221,6 +207,29 @@ class TrialRunner:
                 f"is broken rather than a config: {message}"
             )
         self.progress.advance()
+
+
+def _phase_run(setup: Setup, references: References, trial: optuna.Trial, config: AmpConfig,
+               seed: int, target: Target, *, log: Callable[[str], None],
+               ) -> tuple[RunRecord, dict[str, Any]]:
+    """A phase's run: a branch from the float32 reference's checkpoint at its ``start``, or a
+    run from step 0 (``start`` 0, or a continuation of one) judged at every window."""
+    attrs = trial.user_attrs
+    start, end = int(attrs["start"]), int(attrs["end"])
+    reports = Reports(trial, target)
+    record = None
+    try:
+        if is_from_start(attrs):
+            record, judged = run_from_start(
+                setup, references, config, seed=seed, end=end, on_window=reports.window,
+                save=attrs.get("save"), continues=attrs.get("continues"), resumed_at=start,
+                log=lambda line: log(f"#{trial.number}: {line}"))
+        else:
+            record, judged = run_branch(setup, references, config, seed=seed, start=start,
+                                        end=end, on_window=reports.window)
+    finally:
+        reports.close(record if record is not None and record.pruned else None)
+    return record, judged
 
 
 #: Figures measured against the short trial's float32 target, left off a phase's branch.

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import re
 
 import pytest
 from conftest import ROOT
@@ -15,7 +16,8 @@ from conftest import ROOT
 import scalertune
 
 #: About a screen or two: past these a class holds several roles, a function several steps.
-#: Docstrings do not count: they are the documentation, not the code a reader must hold.
+#: Docstrings do not count: they are the documentation, not the code a reader must hold; nor
+#: do lines that only close brackets.
 MAX_CLASS_LINES = 150
 MAX_FUNCTION_LINES = 60
 
@@ -128,11 +130,23 @@ def _sizes():
             if file.endswith(".py"):
                 path = os.path.join(folder, file)
                 with open(path, encoding="utf-8") as f:
-                    tree = ast.parse(f.read())
+                    source = f.read()
+                tree = ast.parse(source)
                 for node in ast.walk(tree):
                     if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                        lines = node.end_lineno - node.lineno + 1 - _docstring_lines(node)
+                        lines = _code_lines(source, node) - _docstring_lines(node)
                         yield os.path.relpath(path, ROOT), node, lines
+
+
+#: A line that only closes brackets (and perhaps ends a clause): the formatter's layout.
+_CLOSING = re.compile(r"^\s*[)\]}]+[,:]?\s*(#.*)?$")
+
+
+def _code_lines(source, node):
+    """The lines of ``node`` but those that only close brackets: layout (ruff format puts a
+    call's closing bracket on a line of its own)."""
+    lines = source.splitlines()[node.lineno - 1:node.end_lineno]
+    return sum(1 for line in lines if not _CLOSING.match(line))
 
 
 def _docstring_lines(node):
