@@ -17,7 +17,7 @@ import scalertune
 
 #: About a screen or two: past these a class holds several roles, a function several steps.
 #: Docstrings do not count: they are the documentation, not the code a reader must hold; nor
-#: do lines that only close brackets.
+#: do blank lines and lines that only close brackets (the formatter's layout).
 MAX_CLASS_LINES = 150
 MAX_FUNCTION_LINES = 60
 
@@ -134,7 +134,7 @@ def _sizes():
                 tree = ast.parse(source)
                 for node in ast.walk(tree):
                     if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                        lines = _code_lines(source, node) - _docstring_lines(node)
+                        lines = _code_lines(source, node)
                         yield os.path.relpath(path, ROOT), node, lines
 
 
@@ -143,23 +143,26 @@ _CLOSING = re.compile(r"^\s*[)\]}]+[,:]?\s*(#.*)?$")
 
 
 def _code_lines(source, node):
-    """The lines of ``node`` but those that only close brackets: layout (ruff format puts a
-    call's closing bracket on a line of its own)."""
-    lines = source.splitlines()[node.lineno - 1:node.end_lineno]
-    return sum(1 for line in lines if not _CLOSING.match(line))
+    """The lines of ``node`` a reader holds: not its docstrings (nor those of what it defines),
+    not blank lines, not lines that only close brackets (ruff format's layout)."""
+    lines = source.splitlines()
+    skip = _docstring_lines(node)
+    return sum(1 for number in range(node.lineno, node.end_lineno + 1)
+               if number not in skip and lines[number - 1].strip()
+               and not _CLOSING.match(lines[number - 1]))
 
 
 def _docstring_lines(node):
-    """The lines of the docstrings of ``node`` and of everything defined inside it."""
-    total = 0
+    """The line numbers of the docstrings of ``node`` and of everything defined inside it."""
+    found = set()
     for inner in ast.walk(node):
         body = getattr(inner, "body", None)
         if (isinstance(inner, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
                 and body and isinstance(body[0], ast.Expr)
                 and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
-            total += body[0].end_lineno - body[0].lineno + 1
-    return total
+            found.update(range(body[0].lineno, body[0].end_lineno + 1))
+    return found
 
 
 def test_no_class_or_function_is_too_long():
