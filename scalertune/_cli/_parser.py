@@ -93,15 +93,7 @@ def _search(sub: Any) -> None:
     s.add_argument("factory", metavar="FACTORY",
                    help="path/to/model.py:make_model or module:function")
     _storage_arguments(s)
-    s.add_argument("--space", default="default", metavar="NAME|FILE",
-                   help="search space: default (float16 and bfloat16), float16, bfloat16, or a "
-                        "YAML file (default: %(default)s)")
-    s.add_argument("--fp32-modules", metavar="NAMES",
-                   help="keep these modules in float32 on every float16 trial: float32 "
-                        "islands for a forward overflow (see scalertune diagnose). "
-                        "Comma-separated names as model.named_modules() gives them, or glob "
-                        "patterns over those names ('*.DenseReluDense.wo'); each must match a "
-                        "module")
+    _space_arguments(s)
     s.add_argument("--n-trials", type=int, default=24, metavar="N",
                    help="most sampled trials in the study, in total across reruns and workers; "
                         "sampling stops earlier once it stops finding faster configs "
@@ -126,6 +118,19 @@ def _search(sub: Any) -> None:
     _top_argument(s)
     _run_arguments(s)
     _quiet_argument(s)
+
+
+def _space_arguments(s: Any) -> None:
+    """What a search searches: the space, and the modules every float16 trial keeps in float32."""
+    s.add_argument("--space", default="default", metavar="NAME|FILE",
+                   help="search space: default (float16 and bfloat16), float16, bfloat16, or a "
+                        "YAML file (default: %(default)s)")
+    s.add_argument("--fp32-modules", metavar="NAMES",
+                   help="keep these modules in float32 on every float16 trial: float32 "
+                        "islands for a forward overflow (see scalertune diagnose). "
+                        "Comma-separated names as model.named_modules() gives them, or glob "
+                        "patterns over those names ('*.DenseReluDense.wo'); each must match a "
+                        "module")
 
 
 def _run_arguments(s: Any) -> None:

@@ -130,7 +130,7 @@ class References:
         except UsageError:
             self._remove_if_empty()
             raise
-        times = self._time() if main else None
+        times = _time(self.setup, self.dtypes, self.config.clip_norm) if main else None
         add_reference(self.study, record, self.config.to_dict(), times,
                       settings=self.setup.settings,
                       checkpoints=self.checkpoints.phase_names() if long else {})
@@ -177,26 +177,6 @@ class References:
                 self.log(f"float32 reference, seed {seed}: {why}; run again")
         return run()
 
-    def _time(self) -> StepTimes | None:
-        """The interleaved step timing of the study's dtypes, on a fresh workload (in its own
-        process with ``--isolate``)."""
-        setup = self.setup
-        if setup.isolation is not None:
-            return time_isolated(setup.spec, self.dtypes, clip_norm=self.config.clip_norm,
-                                 seed=setup.seed, device=setup.device,
-                                 timeout_s=setup.isolation.timeout_s,
-                                 memory_gb=setup.isolation.memory_gb,
-                                 ranks=setup.isolation.nproc_per_node)
-        workload = run_here(build_workload, setup.factory, seed=setup.seed, device=setup.device)
-        try:
-            return run_here(time_dtypes, workload, self.dtypes, device=setup.device,
-                            clip_norm=self.config.clip_norm)
-        except Exception as exc:
-            raise SearchError(f"the step timing failed: {describe_error(exc)}") from exc
-        finally:
-            del workload
-            release_memory()
-
     def _remove_if_empty(self) -> None:
         """Delete a study that holds nothing yet, and the checkpoints its reference wrote: a
         refused first reference leaves no trace."""
@@ -205,6 +185,24 @@ class References:
             self.checkpoints.remove()
             optuna.delete_study(study_name=study.study_name,
                                 storage=storage_of(study))
+
+
+def _time(setup: Setup, dtypes: list[str], clip_norm: float | None) -> StepTimes | None:
+    """The interleaved step timing of the study's ``dtypes``, on a fresh workload (in its own
+    process with ``--isolate``, in its ranks on ranks)."""
+    if setup.isolation is not None:
+        return time_isolated(setup.spec, dtypes, clip_norm=clip_norm, seed=setup.seed,
+                             device=setup.device, timeout_s=setup.isolation.timeout_s,
+                             memory_gb=setup.isolation.memory_gb,
+                             ranks=setup.isolation.nproc_per_node)
+    workload = run_here(build_workload, setup.factory, seed=setup.seed, device=setup.device)
+    try:
+        return run_here(time_dtypes, workload, dtypes, device=setup.device, clip_norm=clip_norm)
+    except Exception as exc:
+        raise SearchError(f"the step timing failed: {describe_error(exc)}") from exc
+    finally:
+        del workload
+        release_memory()
 
 
 class _TimeLeft:

@@ -99,18 +99,7 @@ def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
         space = space.with_islands(fp32_modules)
     dev = resolve_device(device)
     user_factory = load_factory(factory, isolated=isolation is not None)
-    try:
-        if isolation is not None and isolation.nproc_per_node > 1:
-            checked = preflight_ranks(factory, device=dev, seed=seed,
-                                      islands=space.island_names,
-                                      timeout_s=isolation.timeout_s,
-                                      ranks=isolation.nproc_per_node)
-        else:
-            checked = preflight(user_factory, device=dev, seed=seed,
-                                islands=space.island_names)
-    except FactoryError as exc:
-        raise UsageError(f"the factory {factory_name(factory)} raised {exc}: fix it and "
-                         "rerun") from None
+    checked = _preflight(factory, user_factory, dev, seed, space, isolation)
     declared = checked.horizon
     if horizon is None and declared is not None:
         declared = _declared_horizon(declared, factory_name(factory), steps)
@@ -123,6 +112,22 @@ def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
     return Setup(spec=factory, factory=user_factory, space=space, device=dev,
                  n_trials=n_trials, settings=settings, isolation=isolation,
                  artifact_dir=location)
+
+
+def _preflight(factory: str | Callable[[], Any], user_factory: Callable[[], Any],
+               dev: torch.device, seed: int, space: SearchSpace,
+               isolation: Isolation | None) -> Any:
+    """One float32 step of the factory (in every rank, on ranks), before anything is written;
+    the factory's own error as one line."""
+    try:
+        if isolation is not None and isolation.nproc_per_node > 1:
+            return preflight_ranks(factory, device=dev, seed=seed, islands=space.island_names,
+                                   timeout_s=isolation.timeout_s,
+                                   ranks=isolation.nproc_per_node)
+        return preflight(user_factory, device=dev, seed=seed, islands=space.island_names)
+    except FactoryError as exc:
+        raise UsageError(f"the factory {factory_name(factory)} raised {exc}: fix it and "
+                         "rerun") from None
 
 
 def _declared_horizon(horizon: int, factory: str, steps: int) -> int:

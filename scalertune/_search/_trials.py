@@ -160,7 +160,8 @@ class TrialRunner:
                      if k not in _SHORT_TRIAL_ONLY}
             return record, {**short, **judged}
         rule = self.rules.stop_rule(role, config, target, trials)
-        record = self._execute(config, seed, trial, target, rule, self.rules.trial_steps(role))
+        record = _short_run(self.setup, config, seed, trial, target, rule,
+                            self.rules.trial_steps(role))
         if record.prune_kind == "forward":
             locate_overflow(self.setup, trial, config, seed, record)
         return record, judged_attrs(record, target, step_time)
@@ -176,17 +177,6 @@ class TrialRunner:
                               "command once the cause is fixed"))
         if queued:
             self.progress.grow(1)
-
-    def _execute(self, config: AmpConfig, seed: int, trial: optuna.Trial, target: Target,
-                 rule: StopRule, steps: int) -> RunRecord:
-        reports = Reports(trial, target)
-        record = None
-        try:
-            record = execute(self.setup, config, steps=steps, seed=seed, stop=rule,
-                             on_window=reports.window)
-            return record
-        finally:
-            reports.close(record if record is not None and record.pruned else None)
 
     def _failed(self, trial: optuna.Trial, exc: BaseException) -> None:
         cause = exc.__cause__ if isinstance(exc, FactoryError) and exc.__cause__ else exc
@@ -207,6 +197,19 @@ class TrialRunner:
                 f"is broken rather than a config: {message}"
             )
         self.progress.advance()
+
+
+def _short_run(setup: Setup, config: AmpConfig, seed: int, trial: optuna.Trial,
+               target: Target, rule: StopRule, steps: int) -> RunRecord:
+    """A trial's own run from step 0, its curve written while it trains."""
+    reports = Reports(trial, target)
+    record = None
+    try:
+        record = execute(setup, config, steps=steps, seed=seed, stop=rule,
+                         on_window=reports.window)
+        return record
+    finally:
+        reports.close(record if record is not None and record.pruned else None)
 
 
 def _phase_run(setup: Setup, references: References, trial: optuna.Trial, config: AmpConfig,
