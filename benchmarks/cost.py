@@ -68,16 +68,21 @@ def one_search(factory: str, *, steps: int, device: str, memory: bool) -> dict[s
         if memory:
             stack.enter_context(_in_memory())
         started = time.perf_counter()
-        result = scalertune.search(factory, storage=f"sqlite:///{folder}/bench.db",
-                                   steps=steps, device=device)
+        result = scalertune.search(
+            factory, storage=f"sqlite:///{folder}/bench.db", steps=steps, device=device
+        )
         wall = time.perf_counter() - started
-    return {"run_equivalents": result.run_equivalents, "wall_s": wall,
-            "outside": 1 - training[0] / wall, "dtype": result.config.dtype,
-            "config": result.config.describe(), "verdict": result.verdict}
+    return {
+        "run_equivalents": result.run_equivalents,
+        "wall_s": wall,
+        "outside": 1 - training[0] / wall,
+        "dtype": result.config.dtype,
+        "config": result.config.describe(),
+        "verdict": result.verdict,
+    }
 
 
-def measure(workloads: dict[str, tuple[str, int]],
-            device: str) -> Iterator[dict[str, Any]]:
+def measure(workloads: dict[str, tuple[str, int]], device: str) -> Iterator[dict[str, Any]]:
     """``workloads``: name -> (factory spec, steps); one row per workload, as it is measured.
     SQLite and memory searches alternate. The two searches of a workload may train different
     numbers of steps (their stopping rules read their own timings), so the SQLite/memory ratio
@@ -86,9 +91,13 @@ def measure(workloads: dict[str, tuple[str, int]],
         sqlite = one_search(factory, steps=steps, device=device, memory=False)
         memory = one_search(factory, steps=steps, device=device, memory=True)
         per_run = [r["wall_s"] / r["run_equivalents"] for r in (sqlite, memory)]
-        yield {"workload": name, "steps": steps, **sqlite,
-               "sqlite_over_memory": per_run[0] / per_run[1],
-               "memory_run_equivalents": memory["run_equivalents"]}
+        yield {
+            "workload": name,
+            "steps": steps,
+            **sqlite,
+            "sqlite_over_memory": per_run[0] / per_run[1],
+            "memory_run_equivalents": memory["run_equivalents"],
+        }
 
 
 if __name__ == "__main__":
@@ -96,9 +105,12 @@ if __name__ == "__main__":
     root = os.path.dirname(here)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    for row in measure({
-        "codepoints": (os.path.join(root, "examples/codepoints.py:make_model"), 200),
-        "classifier": (os.path.join(root, "examples/classifier.py:make_model"), 200),
-        "midsize": (os.path.join(here, "models.py:midsize"), 200),
-    }, device):
+    for row in measure(
+        {
+            "codepoints": (os.path.join(root, "examples/codepoints.py:make_model"), 200),
+            "classifier": (os.path.join(root, "examples/classifier.py:make_model"), 200),
+            "midsize": (os.path.join(here, "models.py:midsize"), 200),
+        },
+        device,
+    ):
         print(row)

@@ -41,14 +41,20 @@ from scalertune._search import _references
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-EXAMPLES = {"classifier": "examples/classifier.py:make_model",
-            "codepoints": "examples/codepoints.py:make_model"}
+EXAMPLES = {
+    "classifier": "examples/classifier.py:make_model",
+    "codepoints": "examples/codepoints.py:make_model",
+}
 #: Per-round step time over float32's, six rounds each (see the module's docstring).
 PROFILES = {
-    "quiet": {"float16": [1.40, 1.45, 1.50, 1.53, 1.58, 1.61],
-              "bfloat16": [1.15, 1.22, 1.33, 1.36, 1.38, 1.39]},
-    "loaded": {"float16": [0.70, 0.72, 1.10, 1.68, 2.07, 2.10],
-               "bfloat16": [0.69, 0.71, 1.05, 1.60, 1.98, 2.00]},
+    "quiet": {
+        "float16": [1.40, 1.45, 1.50, 1.53, 1.58, 1.61],
+        "bfloat16": [1.15, 1.22, 1.33, 1.36, 1.38, 1.39],
+    },
+    "loaded": {
+        "float16": [0.70, 0.72, 1.10, 1.68, 2.07, 2.10],
+        "bfloat16": [0.69, 0.71, 1.05, 1.60, 1.98, 2.00],
+    },
 }
 
 
@@ -84,8 +90,7 @@ def float32_step(spec: str) -> float:
 
         _references.time_dtypes = keep
         try:
-            scalertune.search(spec, storage=f"sqlite:///{folder}/t.db", n_trials=0,
-                              device="cpu")
+            scalertune.search(spec, storage=f"sqlite:///{folder}/t.db", n_trials=0, device="cpu")
         finally:
             _references.time_dtypes = original
     return statistics.median(found[0].rounds["float32"])
@@ -93,14 +98,22 @@ def float32_step(spec: str) -> float:
 
 def one_search(spec: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
-        result = scalertune.search(spec, storage=f"sqlite:///{folder}/cost.db", device="cpu",
-                                   artifact_dir=os.path.join(folder, "artifacts"))
+        result = scalertune.search(
+            spec,
+            storage=f"sqlite:///{folder}/cost.db",
+            device="cpu",
+            artifact_dir=os.path.join(folder, "artifacts"),
+        )
     sampled = [o for o in result.ranking if o.role == "search"]
     best = result.best_amp
-    return {"run_equivalents": result.run_equivalents, "steps": result.steps_trained,
-            "sampled": len(sampled) + result.reused, "stopped": result.stop_reason or "-",
-            "answer": result.config.describe(),
-            "best_amp": "-" if best is None else f"{best.label} [{best.config.describe()}]"}
+    return {
+        "run_equivalents": result.run_equivalents,
+        "steps": result.steps_trained,
+        "sampled": len(sampled) + result.reused,
+        "stopped": result.stop_reason or "-",
+        "answer": result.config.describe(),
+        "best_amp": "-" if best is None else f"{best.label} [{best.config.describe()}]",
+    }
 
 
 def main() -> None:
@@ -116,10 +129,12 @@ def main() -> None:
         for profile in args.profiles:
             with timing(pinned(PROFILES[profile], step)):
                 row = one_search(spec)
-            print(f"{name:<11} {profile:<7} {row['run_equivalents']:5.1f} run-eq "
-                  f"({row['steps']} steps), {row['sampled']} sampled; answer "
-                  f"{row['answer']}; best AMP {row['best_amp']}; stopped: {row['stopped']}",
-                  flush=True)
+            print(
+                f"{name:<11} {profile:<7} {row['run_equivalents']:5.1f} run-eq "
+                f"({row['steps']} steps), {row['sampled']} sampled; answer "
+                f"{row['answer']}; best AMP {row['best_amp']}; stopped: {row['stopped']}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -27,10 +27,15 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKLOADS = os.path.join(ROOT, "tests", "distributed_workloads.py")
-CONFIG = {"dtype": "float16", "init_scale": 1024.0, "growth_factor": 2.0,
-          "backoff_factor": 0.5, "growth_interval": 2000}
+CONFIG = {
+    "dtype": "float16",
+    "init_scale": 1024.0,
+    "growth_factor": 2.0,
+    "backoff_factor": 0.5,
+    "growth_interval": 2000,
+}
 
-_PLAIN = r'''
+_PLAIN = r"""
 import json, statistics, sys, time
 import torch, torch.distributed as dist
 sys.path.insert(0, sys.argv[1])
@@ -63,17 +68,31 @@ while done < steps:
 if dist.get_rank() == 0:
     json.dump(statistics.median(windows[1:]), open(out, "w"))
 dist.destroy_process_group()
-'''
+"""
 
 
 def plain_step_time(steps: int, folder: str) -> float:
     script, out = os.path.join(folder, "plain.py"), os.path.join(folder, "plain.json")
     with open(script, "w") as f:
         f.write(_PLAIN)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc-per-node", "2", script, os.path.dirname(WORKLOADS),
-                    json.dumps(CONFIG), str(steps), out], check=True, capture_output=True,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            script,
+            os.path.dirname(WORKLOADS),
+            json.dumps(CONFIG),
+            str(steps),
+            out,
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     with open(out) as f:
         return float(json.load(f))
 
@@ -84,8 +103,16 @@ def scalertune_step_time(steps: int) -> float:
     from scalertune._amp._config import AmpConfig
     from scalertune._search._launch import run_isolated
 
-    record = run_isolated(f"{WORKLOADS}:ddp", AmpConfig(**CONFIG), steps=steps, seed=0,
-                          device=torch.device("cpu"), timeout_s=600, memory_gb=None, ranks=2)
+    record = run_isolated(
+        f"{WORKLOADS}:ddp",
+        AmpConfig(**CONFIG),
+        steps=steps,
+        seed=0,
+        device=torch.device("cpu"),
+        timeout_s=600,
+        memory_gb=None,
+        ranks=2,
+    )
     return statistics.median(record.window_step_times[1:])
 
 
@@ -96,10 +123,12 @@ def step_times(rounds: int, steps: int) -> None:
             theirs.append(plain_step_time(steps, folder))
             ours.append(scalertune_step_time(steps))
             ratios.append(ours[-1] / theirs[-1])
-    print(f"per-step time, 2 ranks (DDP, gloo), {rounds} rounds of {steps} steps: "
-          f"scalertune {statistics.median(ours) * 1e3:.3g} ms, torchrun loop "
-          f"{statistics.median(theirs) * 1e3:.3g} ms; ratio {statistics.median(ratios):.3f} "
-          f"(range {min(ratios):.3f}-{max(ratios):.3f})")
+    print(
+        f"per-step time, 2 ranks (DDP, gloo), {rounds} rounds of {steps} steps: "
+        f"scalertune {statistics.median(ours) * 1e3:.3g} ms, torchrun loop "
+        f"{statistics.median(theirs) * 1e3:.3g} ms; ratio {statistics.median(ratios):.3f} "
+        f"(range {min(ratios):.3f}-{max(ratios):.3f})"
+    )
 
 
 def searches() -> None:
@@ -108,16 +137,24 @@ def searches() -> None:
     for name, nproc in (("single", 1), ("ddp", 2)):
         with tempfile.TemporaryDirectory() as folder:
             started = time.perf_counter()
-            result = scalertune.search(f"{WORKLOADS}:{name}", space="float16", n_trials=6,
-                                       steps=40, device="cpu", nproc_per_node=nproc,
-                                       storage=os.path.join(folder, "s.db"),
-                                       artifact_dir=os.path.join(folder, "art"))
+            result = scalertune.search(
+                f"{WORKLOADS}:{name}",
+                space="float16",
+                n_trials=6,
+                steps=40,
+                device="cpu",
+                nproc_per_node=nproc,
+                storage=os.path.join(folder, "s.db"),
+                artifact_dir=os.path.join(folder, "art"),
+            )
             wall = time.perf_counter() - started
             summary = result.summary().splitlines()
             cost = next((line for line in summary if line.startswith("Cost:")), "")
             best = result.best_amp.config if result.best_amp is not None else None
-            print(f"search of {name} on {nproc} process(es): {wall:.0f} s; {cost}; "
-                  f"answer {result.config}; best AMP {best}")
+            print(
+                f"search of {name} on {nproc} process(es): {wall:.0f} s; {cost}; "
+                f"answer {result.config}; best AMP {best}"
+            )
 
 
 def main() -> None:

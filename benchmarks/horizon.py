@@ -39,38 +39,53 @@ def one(name: str, label: str, **kwargs: Any) -> dict[str, Any]:
     factory = getattr(late_workloads, name)
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
-        result = scalertune.search(os.path.join(ROOT, "tests", f"late_workloads.py:{name}"),
-                                   storage=f"sqlite:///{folder}/h.db", device="cpu",
-                                   artifact_dir=folder, **kwargs)
+        result = scalertune.search(
+            os.path.join(ROOT, "tests", f"late_workloads.py:{name}"),
+            storage=f"sqlite:///{folder}/h.db",
+            device="cpu",
+            artifact_dir=folder,
+            **kwargs,
+        )
         wall = time.perf_counter() - started
     best = result.best_amp
-    return {"label": label, "run_equivalents": result.steps_trained / HORIZON, "wall_s": wall,
-            "answer": result.config.describe(),
-            "answer_ratio": ratio_at_the_end(factory, result.config, HORIZON),
-            "best_amp": None if best is None else best.config.describe(),
-            "best_amp_ratio": None if best is None else ratio_at_the_end(
-                factory, best.config, HORIZON)}
+    return {
+        "label": label,
+        "run_equivalents": result.steps_trained / HORIZON,
+        "wall_s": wall,
+        "answer": result.config.describe(),
+        "answer_ratio": ratio_at_the_end(factory, result.config, HORIZON),
+        "best_amp": None if best is None else best.config.describe(),
+        "best_amp_ratio": None if best is None else ratio_at_the_end(factory, best.config, HORIZON),
+    }
 
 
 def measure(name: str) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     steps = STEPS.get(name, 200)
-    return [one(name, f"--horizon {HORIZON} (trials of {steps})", horizon=HORIZON,
-                steps=steps),
-            one(name, f"--steps {HORIZON} (trials of {HORIZON})", steps=HORIZON)]
+    return [
+        one(name, f"--horizon {HORIZON} (trials of {steps})", horizon=HORIZON, steps=steps),
+        one(name, f"--steps {HORIZON} (trials of {HORIZON})", steps=HORIZON),
+    ]
 
 
 def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else "readings_near_1000"
     print(f"Horizon against long trials on {name}, horizon {HORIZON} steps")
-    print(f"   {'search':<30} {'run-equiv':>9} {'wall s':>7}  answer (its loss / float32's "
-          f"at {HORIZON}); best AMP config (same)")
+    print(
+        f"   {'search':<30} {'run-equiv':>9} {'wall s':>7}  answer (its loss / float32's "
+        f"at {HORIZON}); best AMP config (same)"
+    )
     for r in measure(name):
-        best = ("none held" if r["best_amp"] is None
-                else f"{r['best_amp']} ({r['best_amp_ratio']:.2f}x)")
-        print(f"   {r['label']:<30} {r['run_equivalents']:>9.2f} {r['wall_s']:>7.0f}  "
-              f"{r['answer']} ({r['answer_ratio']:.2f}x); {best}")
+        best = (
+            "none held"
+            if r["best_amp"] is None
+            else f"{r['best_amp']} ({r['best_amp_ratio']:.2f}x)"
+        )
+        print(
+            f"   {r['label']:<30} {r['run_equivalents']:>9.2f} {r['wall_s']:>7.0f}  "
+            f"{r['answer']} ({r['answer_ratio']:.2f}x); {best}"
+        )
 
 
 if __name__ == "__main__":

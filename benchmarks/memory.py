@@ -41,10 +41,27 @@ def _peak_mib(cmd: list[str], cwd: str) -> float:
 def measure() -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
         one = _peak_mib([sys.executable, "-c", _ONE_RUN], folder)
-        search = _peak_mib([sys.executable, "-m", "scalertune", "search", FACTORY,
-                            "--storage", f"sqlite:///{folder}/m.db", "--steps", str(STEPS),
-                            "--n-trials", str(N_TRIALS), "--device", "cpu", "-q",
-                            "-o", os.path.join(folder, "m.yaml")], folder)
+        search = _peak_mib(
+            [
+                sys.executable,
+                "-m",
+                "scalertune",
+                "search",
+                FACTORY,
+                "--storage",
+                f"sqlite:///{folder}/m.db",
+                "--steps",
+                str(STEPS),
+                "--n-trials",
+                str(N_TRIALS),
+                "--device",
+                "cpu",
+                "-q",
+                "-o",
+                os.path.join(folder, "m.yaml"),
+            ],
+            folder,
+        )
     return {"one_run_mib": one, "search_mib": search, "ratio": search / one}
 
 

@@ -19,8 +19,9 @@ class Encoder(nn.Module):
     def __init__(self, dim: int, layers: int, ff: int) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, dim)
-        layer = nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=ff, batch_first=True,
-                                           dropout=0.0)
+        layer = nn.TransformerEncoderLayer(
+            dim, nhead=4, dim_feedforward=ff, batch_first=True, dropout=0.0
+        )
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(dim, CLASSES)
 
@@ -32,9 +33,13 @@ def _workload(dim: int, layers: int, ff: int, batch: int, length: int = LENGTH) 
     model = Encoder(dim, layers, ff)
     tokens = torch.randint(0, VOCAB, (batch * 16, length))
     labels = tokens.max(dim=1).values * CLASSES // VOCAB
-    batches = [(tokens[i:i + batch], labels[i:i + batch]) for i in range(0, len(tokens), batch)]
-    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=3e-4),
-            "loss_fn": nn.CrossEntropyLoss(), "batches": batches}
+    batches = [(tokens[i : i + batch], labels[i : i + batch]) for i in range(0, len(tokens), batch)]
+    return {
+        "model": model,
+        "optimizer": torch.optim.AdamW(model.parameters(), lr=3e-4),
+        "loss_fn": nn.CrossEntropyLoss(),
+        "batches": batches,
+    }
 
 
 def midsize() -> dict:

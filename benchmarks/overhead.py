@@ -57,18 +57,27 @@ def tiny() -> dict[str, Any]:
     """The codepoints MLP's size: 580 parameters, where Python overhead shows most."""
     model = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 4))
     batches = [(torch.randn(16, 4), torch.randn(16, 4)) for _ in range(8)]
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
-            "loss_fn": nn.MSELoss(), "batches": batches}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
+        "loss_fn": nn.MSELoss(),
+        "batches": batches,
+    }
 
 
 def mid() -> dict[str, Any]:
     """An MLP of 0.23M parameters on batches of 64: float16 on a CPU makes each step a few
     milliseconds already."""
-    model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                          nn.Linear(256, 128))
+    model = nn.Sequential(
+        nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 128)
+    )
     batches = [(torch.randn(64, 128), torch.randn(64, 128)) for _ in range(8)]
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
-            "loss_fn": nn.MSELoss(), "batches": batches}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
+        "loss_fn": nn.MSELoss(),
+        "batches": batches,
+    }
 
 
 def hand_written(factory: Callable[[], dict[str, Any]], device: torch.device) -> Iterator[None]:
@@ -105,15 +114,25 @@ class _Pairs:
     def summary(self, which: int = 0) -> dict[str, float]:
         ratios = [o[which] / h[which] for o, h in zip(self.ours, self.hand)]
         size = max(1, len(ratios) // BLOCKS)
-        blocks = [statistics.median(ratios[i:i + size])
-                  for i in range(0, len(ratios) - size + 1, size)]
-        return {"ratio": statistics.median(ratios), "low": min(blocks), "high": max(blocks),
-                "ours_ms": statistics.median(o[which] for o in self.ours) * 1e3,
-                "hand_ms": statistics.median(h[which] for h in self.hand) * 1e3}
+        blocks = [
+            statistics.median(ratios[i : i + size]) for i in range(0, len(ratios) - size + 1, size)
+        ]
+        return {
+            "ratio": statistics.median(ratios),
+            "low": min(blocks),
+            "high": max(blocks),
+            "ours_ms": statistics.median(o[which] for o in self.ours) * 1e3,
+            "hand_ms": statistics.median(h[which] for h in self.hand) * 1e3,
+        }
 
 
-def interleaved(factory: Callable[[], dict[str, Any]], device: torch.device, *, windows: int,
-                as_searched: bool = False) -> _Pairs:
+def interleaved(
+    factory: Callable[[], dict[str, Any]],
+    device: torch.device,
+    *,
+    windows: int,
+    as_searched: bool = False,
+) -> _Pairs:
     """``windows`` pairs of windows, trial then hand-written, in runs of ``TRIAL_STEPS``;
     ``as_searched``: the trial with its stop rule and its curve written to a SQLite study."""
     pairs = _Pairs()
@@ -129,13 +148,21 @@ def interleaved(factory: Callable[[], dict[str, Any]], device: torch.device, *, 
     return pairs
 
 
-def _one_run(factory: Callable[[], dict[str, Any]], device: torch.device, pairs: _Pairs,
-             windows: int, reports: Any) -> None:
+def _one_run(
+    factory: Callable[[], dict[str, Any]],
+    device: torch.device,
+    pairs: _Pairs,
+    windows: int,
+    reports: Any,
+) -> None:
     hand = hand_written(factory, device)
     next(hand)
     # The writer thread's CPU time, read wherever it ran, is the trial's.
-    writer = (time.pthread_getcpuclockid(reports._thread.ident)  # noqa: SLF001
-              if reports is not None else None)
+    writer = (
+        time.pthread_getcpuclockid(reports._thread.ident)  # noqa: SLF001
+        if reports is not None
+        else None
+    )
     writer_cpu = (lambda: time.clock_gettime(writer)) if writer is not None else (lambda: 0.0)
     last = {"cpu": 0.0, "wall": 0.0, "first": True}
 
@@ -154,10 +181,14 @@ def _one_run(factory: Callable[[], dict[str, Any]], device: torch.device, pairs:
         last.update(cpu=time.process_time(), wall=time.perf_counter(), first=False)
 
     # A target no run reaches, so that the stop rule judges every window and stops none.
-    stop = StopRule(Target(loss=1e-9, reference_final=1.0, reference_start=2.0)) \
-        if reports is not None else None
-    run_config(factory, CONFIG, steps=TRIAL_STEPS, seed=0, device=device,
-               on_window=on_window, stop=stop)
+    stop = (
+        StopRule(Target(loss=1e-9, reference_final=1.0, reference_start=2.0))
+        if reports is not None
+        else None
+    )
+    run_config(
+        factory, CONFIG, steps=TRIAL_STEPS, seed=0, device=device, on_window=on_window, stop=stop
+    )
 
 
 def _sqlite_study(stack: contextlib.ExitStack) -> Any:
@@ -178,18 +209,28 @@ def _reports(study: Any) -> Any:
 def counting_syncs() -> Iterator[dict[str, int]]:
     """Count the calls that make the host wait for the device."""
     counts = {"n": 0}
-    patched = [(torch.Tensor, "item"), (torch.Tensor, "cpu"), (torch.Tensor, "tolist"),
-               (torch.Tensor, "__bool__"), (torch.cuda, "synchronize")]
+    patched = [
+        (torch.Tensor, "item"),
+        (torch.Tensor, "cpu"),
+        (torch.Tensor, "tolist"),
+        (torch.Tensor, "__bool__"),
+        (torch.cuda, "synchronize"),
+    ]
     originals = [(owner, name, getattr(owner, name)) for owner, name in patched]
 
     def wrap(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         def counted(*args: Any, **kwargs: Any) -> Any:
             tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
             # tolist() of a tensor already on the host waits for nothing
-            if not (name == "tolist" and tensor is not None and tensor.device.type == "cpu"
-                    and not torch.cuda.is_available()):
+            if not (
+                name == "tolist"
+                and tensor is not None
+                and tensor.device.type == "cpu"
+                and not torch.cuda.is_available()
+            ):
                 counts["n"] += 1
             return fn(*args, **kwargs)
+
         return counted
 
     for owner, name, fn in originals:
@@ -201,8 +242,9 @@ def counting_syncs() -> Iterator[dict[str, int]]:
             setattr(owner, name, fn)
 
 
-def syncs_per_step(factory: Callable[[], dict[str, Any]], device: torch.device,
-                   steps: int = 100) -> tuple[float, float]:
+def syncs_per_step(
+    factory: Callable[[], dict[str, Any]], device: torch.device, steps: int = 100
+) -> tuple[float, float]:
     """Host syncs per step: the hand-written loop's, the trial's as it runs on an accelerator
     (on a CPU the trial reads each step's loss and scale with ``item()``, which waits for
     nothing there; counted that way it would look like two syncs per step)."""
@@ -228,8 +270,13 @@ def accelerator_readings() -> Iterator[None]:
         _loop.HOST_READS = before
 
 
-def measure(device: torch.device, *, windows: int = 5000, threads: int = 1,
-            searched_windows: int | None = None) -> list[dict[str, Any]]:
+def measure(
+    device: torch.device,
+    *,
+    windows: int = 5000,
+    threads: int = 1,
+    searched_windows: int | None = None,
+) -> list[dict[str, Any]]:
     """One row per model: CPU ms per step of each loop, the ratio with its block spread, the
     wall-time ratio, the ratio of the trial as searched (``searched_windows`` pairs, a fifth
     of ``windows`` by default; 0 for none), and host syncs per step."""
@@ -240,13 +287,21 @@ def measure(device: torch.device, *, windows: int = 5000, threads: int = 1,
     try:
         for name, factory in (("tiny (580 params)", tiny), ("mid (0.23M params)", mid)):
             cpu = interleaved(factory, device, windows=windows)
-            row = {"model": name, **cpu.summary(0), "wall_ratio": cpu.summary(1)["ratio"],
-                   "windows": windows}
+            row = {
+                "model": name,
+                **cpu.summary(0),
+                "wall_ratio": cpu.summary(1)["ratio"],
+                "windows": windows,
+            }
             if searched_windows:
-                searched = interleaved(factory, device, windows=searched_windows,
-                                       as_searched=True).summary(0)
-                row.update(searched_ratio=searched["ratio"], searched_low=searched["low"],
-                           searched_high=searched["high"])
+                searched = interleaved(
+                    factory, device, windows=searched_windows, as_searched=True
+                ).summary(0)
+                row.update(
+                    searched_ratio=searched["ratio"],
+                    searched_low=searched["low"],
+                    searched_high=searched["high"],
+                )
             row["hand_syncs"], row["ours_syncs"] = syncs_per_step(factory, device)
             rows.append(row)
     finally:
@@ -261,13 +316,24 @@ if __name__ == "__main__":
     parser.add_argument("--searched-windows", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    print(f"{CONFIG.describe()}; process CPU time per step, median of paired 10-step windows "
-          f"(spread: lowest-highest median of {BLOCKS} blocks), {args.threads} torch thread(s)")
-    for r in measure(torch.device(args.device), windows=args.windows, threads=args.threads,
-                     searched_windows=args.searched_windows):
-        searched = (f"; as searched (SQLite writer) {r['searched_ratio']:.3f}x "
-                    f"({r['searched_low']:.3f}-{r['searched_high']:.3f})"
-                    if "searched_ratio" in r else "")
-        print(f"{r['model']:<20} hand {r['hand_ms']:.3f} ms, trial {r['ours_ms']:.3f} ms: "
-              f"{r['ratio']:.3f}x ({r['low']:.3f}-{r['high']:.3f}; wall {r['wall_ratio']:.3f}x)"
-              f"{searched}; syncs/step {r['hand_syncs']:.2f} vs {r['ours_syncs']:.2f}")
+    print(
+        f"{CONFIG.describe()}; process CPU time per step, median of paired 10-step windows "
+        f"(spread: lowest-highest median of {BLOCKS} blocks), {args.threads} torch thread(s)"
+    )
+    for r in measure(
+        torch.device(args.device),
+        windows=args.windows,
+        threads=args.threads,
+        searched_windows=args.searched_windows,
+    ):
+        searched = (
+            f"; as searched (SQLite writer) {r['searched_ratio']:.3f}x "
+            f"({r['searched_low']:.3f}-{r['searched_high']:.3f})"
+            if "searched_ratio" in r
+            else ""
+        )
+        print(
+            f"{r['model']:<20} hand {r['hand_ms']:.3f} ms, trial {r['ours_ms']:.3f} ms: "
+            f"{r['ratio']:.3f}x ({r['low']:.3f}-{r['high']:.3f}; wall {r['wall_ratio']:.3f}x)"
+            f"{searched}; syncs/step {r['hand_syncs']:.2f} vs {r['ours_syncs']:.2f}"
+        )

@@ -40,8 +40,12 @@ def overflowing() -> dict[str, Any]:
     model = _Overflowing()
     w = torch.randn(8, 1)
     batches = [(x, x @ w) for x in (torch.randn(32, 8) for _ in range(4))]
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.01),
-            "loss_fn": nn.MSELoss(), "batches": batches}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.01),
+        "loss_fn": nn.MSELoss(),
+        "batches": batches,
+    }
 
 
 def configs(n: int = 10) -> list[AmpConfig]:
@@ -52,10 +56,14 @@ def configs(n: int = 10) -> list[AmpConfig]:
         if i % 5 == 4:
             out.append(AmpConfig(dtype="bfloat16"))
         else:
-            out.append(AmpConfig(init_scale=2.0 ** rng.randint(-8, 24),
-                                 growth_factor=rng.uniform(1.25, 4),
-                                 backoff_factor=rng.uniform(0.125, 0.75),
-                                 growth_interval=rng.randint(10, 5000)))
+            out.append(
+                AmpConfig(
+                    init_scale=2.0 ** rng.randint(-8, 24),
+                    growth_factor=rng.uniform(1.25, 4),
+                    backoff_factor=rng.uniform(0.125, 0.75),
+                    growth_interval=rng.randint(10, 5000),
+                )
+            )
     return out
 
 
@@ -76,10 +84,15 @@ def measure() -> dict[str, Any]:
         if record.pruned:
             n_pruned += 1
             past.append(record.steps_run - 1 - record.first_nonfinite_step)
-    return {"configs": len(configs()), "pruned": n_pruned, "pruned_s": pruned_s,
-            "full_s": full_s, "saving": full_s / pruned_s,
-            "steps_past_first_nonfinite_max": max(past) if past else 0,
-            "steps_past_first_nonfinite_median": statistics.median(past) if past else 0}
+    return {
+        "configs": len(configs()),
+        "pruned": n_pruned,
+        "pruned_s": pruned_s,
+        "full_s": full_s,
+        "saving": full_s / pruned_s,
+        "steps_past_first_nonfinite_max": max(past) if past else 0,
+        "steps_past_first_nonfinite_median": statistics.median(past) if past else 0,
+    }
 
 
 if __name__ == "__main__":

@@ -60,12 +60,15 @@ def configs(n: int = CONFIGS, seed: int = 0) -> list[AmpConfig]:
     """The shipped float16 space's ranges: init_scale 2**U(-4, 24), growth U(1.25, 4),
     backoff U(0.125, 0.75), growth interval log-uniform over 10..5000."""
     rng = np.random.default_rng(seed)
-    return [AmpConfig(init_scale=float(2.0 ** rng.uniform(-4, 24)),
-                      growth_factor=float(rng.uniform(1.25, 4)),
-                      backoff_factor=float(rng.uniform(0.125, 0.75)),
-                      growth_interval=int(round(math.exp(rng.uniform(math.log(10),
-                                                                     math.log(5000))))))
-            for _ in range(n)]
+    return [
+        AmpConfig(
+            init_scale=float(2.0 ** rng.uniform(-4, 24)),
+            growth_factor=float(rng.uniform(1.25, 4)),
+            backoff_factor=float(rng.uniform(0.125, 0.75)),
+            growth_interval=int(round(math.exp(rng.uniform(math.log(10), math.log(5000))))),
+        )
+        for _ in range(n)
+    ]
 
 
 def traces(steps: int = STEPS, real_steps: int = STEPS, seed: int = 0) -> dict[str, Trace]:
@@ -77,8 +80,10 @@ def traces(steps: int = STEPS, real_steps: int = STEPS, seed: int = 0) -> dict[s
         walk[t] = 0.95 * walk[t - 1] + noise[t]
     spikes = np.where(rng.random(steps) < 1e-3, 100.0, 1.0)
     amax["trend + AR(1) + spikes"] = np.exp(np.linspace(2, -1, steps) + walk) * spikes
-    out = {name: dataclasses.replace(empty(), amax=a, param_amax=a, startup=a[:4])
-           for name, a in amax.items()}  # a probe of four "batches"
+    out = {
+        name: dataclasses.replace(empty(), amax=a, param_amax=a, startup=a[:4])
+        for name, a in amax.items()
+    }  # a probe of four "batches"
     if real_steps:
         out[f"gradient_overflow, float32 ({real_steps:,} steps)"] = _real_trace(real_steps)
     return out
@@ -90,9 +95,14 @@ def _real_trace(steps: int) -> Any:
     from scalertune._run._loop import Plan, run_config
     from scalertune._run._trace_collector import TraceCollector
 
-    return run_config(workloads.gradient_overflow, AmpConfig(dtype="float32"), steps=steps,
-                      seed=0, device=torch.device("cpu"),
-                      plan=Plan(watcher=TraceCollector(steps))).trace
+    return run_config(
+        workloads.gradient_overflow,
+        AmpConfig(dtype="float32"),
+        steps=steps,
+        seed=0,
+        device=torch.device("cpu"),
+        plan=Plan(watcher=TraceCollector(steps)),
+    ).trace
 
 
 def _cpu(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -123,8 +133,9 @@ def measure(*, repeats: int = 5, real_steps: int = STEPS) -> list[dict[str, Any]
         for _ in range(repeats):
             seconds, many = _cpu(functools.partial(replay_many, amax, chosen))
             times.append(seconds)
-            seconds, picked = _cpu(functools.partial(fewest_skips, trace, PYTORCH_DEFAULT,
-                                                      ranked, len(amax), None))
+            seconds, picked = _cpu(
+                functools.partial(fewest_skips, trace, PYTORCH_DEFAULT, ranked, len(amax), None)
+            )
             ranking.append(seconds)
         # what the search would pick from the full replay, with no config stopped
         assert picked is pick(trace, ranked, replay_many(amax, ranked, startup=probe), None)
@@ -133,37 +144,58 @@ def measure(*, repeats: int = 5, real_steps: int = STEPS) -> list[dict[str, Any]
         looped_s, looped = _cpu(functools.partial(_looped, amax, chosen[:LOOPED]))
         assert np.array_equal(many.n_skipped, stepwise)
         assert [len(r.skipped) for r in looped] == many.n_skipped[:LOOPED].tolist()
-        assert all(np.array_equal(replay(amax, c, startup=probe, lag=False).skipped,
-                                  probed.skipped(n)) for n, c in enumerate(chosen[:LOOPED]))
+        assert all(
+            np.array_equal(replay(amax, c, startup=probe, lag=False).skipped, probed.skipped(n))
+            for n, c in enumerate(chosen[:LOOPED])
+        )
         median = statistics.median(times)
-        rows.append({"trace": name, "steps": len(amax), "median_s": median,
-                     "low_s": min(times), "high_s": max(times), "probed_s": probed_s,
-                     "ranked_s": statistics.median(ranking),
-                     "stepwise_s": stepwise_s, "looped_s": looped_s * CONFIGS / LOOPED,
-                     "skips_median": float(np.median(many.n_skipped)),
-                     "skips_max": int(many.n_skipped.max()),
-                     "skips_total": int(many.n_skipped.sum())})
+        rows.append(
+            {
+                "trace": name,
+                "steps": len(amax),
+                "median_s": median,
+                "low_s": min(times),
+                "high_s": max(times),
+                "probed_s": probed_s,
+                "ranked_s": statistics.median(ranking),
+                "stepwise_s": stepwise_s,
+                "looped_s": looped_s * CONFIGS / LOOPED,
+                "skips_median": float(np.median(many.n_skipped)),
+                "skips_max": int(many.n_skipped.max()),
+                "skips_total": int(many.n_skipped.sum()),
+            }
+        )
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--real-steps", type=int, default=STEPS,
-                        help="steps of the real float32 trace (0: synthetic traces only)")
+    parser.add_argument(
+        "--real-steps",
+        type=int,
+        default=STEPS,
+        help="steps of the real float32 trace (0: synthetic traces only)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"Replay time on {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-          f"(load {os.getloadavg()[0]:.1f}), numpy {np.__version__}, one thread: "
-          f"{CONFIGS:,} float16 configs (the shipped space's ranges) x {STEPS:,} steps, CPU s")
-    print(f"   {'trace':<40} {'replay_many':>20} {'with probe':>10} {'ranked':>7} "
-          f"{'step by step':>13} {'one at a time':>14}   skips per config (median, max; total)")
+    print(
+        f"Replay time on {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+        f"(load {os.getloadavg()[0]:.1f}), numpy {np.__version__}, one thread: "
+        f"{CONFIGS:,} float16 configs (the shipped space's ranges) x {STEPS:,} steps, CPU s"
+    )
+    print(
+        f"   {'trace':<40} {'replay_many':>20} {'with probe':>10} {'ranked':>7} "
+        f"{'step by step':>13} {'one at a time':>14}   skips per config (median, max; total)"
+    )
     for r in measure(repeats=args.repeats, real_steps=args.real_steps):
         many = f"{r['median_s']:.2f} ({r['low_s']:.2f}-{r['high_s']:.2f})"
-        print(f"   {r['trace']:<40} {many:>20} {r['probed_s']:>10.2f} {r['ranked_s']:>7.2f} "
-              f"{r['stepwise_s']:>6.2f} {r['stepwise_s'] / r['median_s']:>5.1f}x "
-              f"{r['looped_s']:>7.1f} {r['looped_s'] / r['median_s']:>5.0f}x   "
-              f"{r['skips_median']:g}, {r['skips_max']:,}; {r['skips_total']:,}")
+        print(
+            f"   {r['trace']:<40} {many:>20} {r['probed_s']:>10.2f} {r['ranked_s']:>7.2f} "
+            f"{r['stepwise_s']:>6.2f} {r['stepwise_s'] / r['median_s']:>5.1f}x "
+            f"{r['looped_s']:>7.1f} {r['looped_s'] / r['median_s']:>5.0f}x   "
+            f"{r['skips_median']:g}, {r['skips_max']:,}; {r['skips_total']:,}"
+        )
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ def _own_loss_step(optimizer: torch.optim.Optimizer, call: Callable[..., Any]) -
         amp.backward(loss)
         amp.step(optimizer)
         return loss
+
     return step
 
 
@@ -89,28 +90,54 @@ def gpt2() -> dict[str, Any]:
     gpt2 at a quarter of the width."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=128,
-                                       n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
-                                       attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=2,
+            n_head=2,
+            n_embd=32,
+            vocab_size=128,
+            n_positions=32,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return {"model": model, "optimizer": optimizer, "batches": _tokens(128, 4, 16, 4),
-            "step": _own_loss_step(optimizer, lambda m, b: m(input_ids=b, labels=b))}
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "batches": _tokens(128, 4, 16, 4),
+        "step": _own_loss_step(optimizer, lambda m, b: m(input_ids=b, labels=b)),
+    }
 
 
 def bert() -> dict[str, Any]:
     """Hugging Face BERT for sequence classification from its config (2 layers, width 32)."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    model = BertForSequenceClassification(BertConfig(
-        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=32, num_labels=4,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    model = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=128,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=32,
+            num_labels=4,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     tokens = _tokens(128, 8, 16, 4)
-    return {"model": model, "optimizer": optimizer,
-            "batches": [(t, t[:, 0] % 4) for t in tokens],
-            "step": _own_loss_step(optimizer,
-                                   lambda m, b: m(input_ids=b[0], labels=b[1]))}
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "batches": [(t, t[:, 0] % 4) for t in tokens],
+        "step": _own_loss_step(optimizer, lambda m, b: m(input_ids=b[0], labels=b[1])),
+    }
 
 
 def encoder() -> dict[str, Any]:
@@ -119,9 +146,12 @@ def encoder() -> dict[str, Any]:
     import third_party
 
     model = third_party._Encoder(ffn_scale=1.0)  # noqa: SLF001 - the tests' model, unscaled
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
-            "loss_fn": nn.CrossEntropyLoss(reduction="sum"),
-            "batches": [(t, t.max(dim=1).values) for t in _tokens(64, 16, 12, 4)]}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
+        "loss_fn": nn.CrossEntropyLoss(reduction="sum"),
+        "batches": [(t, t.max(dim=1).values) for t in _tokens(64, 16, 12, 4)],
+    }
 
 
 def resnet() -> dict[str, Any]:
@@ -130,14 +160,20 @@ def resnet() -> dict[str, Any]:
     cross-entropy and SGD with momentum as there."""
     import third_party
 
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
-                          nn.ReLU(), third_party._Block(8),  # noqa: SLF001
-                          _MeanPool(), nn.Linear(8, 10))
-    return {"model": model,
-            "optimizer": torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9),
-            "loss_fn": nn.CrossEntropyLoss(reduction="sum"),
-            "batches": [(torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))
-                        for _ in range(2)]}
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        third_party._Block(8),  # noqa: SLF001
+        _MeanPool(),
+        nn.Linear(8, 10),
+    )
+    return {
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9),
+        "loss_fn": nn.CrossEntropyLoss(reduction="sum"),
+        "batches": [(torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))) for _ in range(2)],
+    }
 
 
 class _MeanPool(nn.Module):
@@ -157,8 +193,14 @@ def gradient_overflow() -> dict[str, Any]:
     return workloads.gradient_overflow()
 
 
-WORKLOADS = {"gpt2": gpt2, "bert": bert, "encoder": encoder, "resnet": resnet,
-             "codepoints": codepoints, "gradient_overflow": gradient_overflow}
+WORKLOADS = {
+    "gpt2": gpt2,
+    "bert": bert,
+    "encoder": encoder,
+    "resnet": resnet,
+    "codepoints": codepoints,
+    "gradient_overflow": gradient_overflow,
+}
 
 
 # -- one workload -----------------------------------------------------------------------------
@@ -176,27 +218,44 @@ def measure(name: str, cache: str | None = None, real_seed: int = 0) -> dict[str
     training seldom shares the search's seed."""
     torch.set_num_threads(1)
     factory, started = WORKLOADS[name], time.process_time()
-    trace = run_config(factory, AmpConfig(dtype="float32"), steps=STEPS, seed=0, device=CPU,
-                       plan=Plan(watcher=TraceCollector(STEPS))).trace
+    trace = run_config(
+        factory,
+        AmpConfig(dtype="float32"),
+        steps=STEPS,
+        seed=0,
+        device=CPU,
+        plan=Plan(watcher=TraceCollector(STEPS)),
+    ).trace
     trace_s = time.process_time() - started
     chosen = configs()
     many = replay_many(trace.amax, chosen, startup=trace.startup)
     rows = []
     for n, config in enumerate(chosen):
         real = _real_run(name, n, config, cache, real_seed)
-        rows.append({"n": n, "config": config.to_dict(), "real": real,
-                     "predict": list(map(int, replay(trace.amax, config,
-                                                     startup=trace.startup).skipped)),
-                     "many": list(map(int, many.skipped(n))),
-                     "trace": list(map(int, replay(trace.amax, config).skipped))})
+        rows.append(
+            {
+                "n": n,
+                "config": config.to_dict(),
+                "real": real,
+                "predict": list(
+                    map(int, replay(trace.amax, config, startup=trace.startup).skipped)
+                ),
+                "many": list(map(int, many.skipped(n))),
+                "trace": list(map(int, replay(trace.amax, config).skipped)),
+            }
+        )
         assert predict(trace, config).skipped_steps == len(rows[-1]["predict"])
-    return {"workload": name, "rows": rows, "trace_s": trace_s,
-            "params": sum(p.numel() for p in factory()["model"].parameters()),
-            "cpu_s": time.process_time() - started, "probe_batches": len(trace.startup)}
+    return {
+        "workload": name,
+        "rows": rows,
+        "trace_s": trace_s,
+        "params": sum(p.numel() for p in factory()["model"].parameters()),
+        "cpu_s": time.process_time() - started,
+        "probe_batches": len(trace.startup),
+    }
 
 
-def _real_run(name: str, n: int, config: AmpConfig, cache: str | None,
-              seed: int = 0) -> list[int]:
+def _real_run(name: str, n: int, config: AmpConfig, cache: str | None, seed: int = 0) -> list[int]:
     tag = f"_seed{seed}" if seed else ""
     path = os.path.join(cache, f"{name}_{n:02d}{tag}.json") if cache else None
     if path and os.path.exists(path):
@@ -204,8 +263,7 @@ def _real_run(name: str, n: int, config: AmpConfig, cache: str | None,
             saved = json.load(f)
         if saved["config"] == config.to_dict():
             return saved["skipped"]
-    record = run_config(WORKLOADS[name], config, steps=STEPS, seed=seed, device=CPU,
-                        prune=False)
+    record = run_config(WORKLOADS[name], config, steps=STEPS, seed=seed, device=CPU, prune=False)
     assert record.steps_run == STEPS, (name, config, record.stopped)
     if path:
         with open(path, "w") as f:
@@ -223,28 +281,41 @@ def hit(predicted: int, real: int) -> bool:
 def summary(result: dict[str, Any]) -> dict[str, Any]:
     rows = result["rows"]
     real = [len(r["real"]) for r in rows]
-    out = {"workload": result["workload"], "params": result["params"],
-           "real": f"{min(real)}-{max(real)}, median {statistics.median(real):g}, "
-                   f"{sum(r == 0 for r in real)} with none"}
+    out = {
+        "workload": result["workload"],
+        "params": result["params"],
+        "real": f"{min(real)}-{max(real)}, median {statistics.median(real):g}, "
+        f"{sum(r == 0 for r in real)} with none",
+    }
     for key in ("predict", "many", "trace"):
         errors = [abs(len(r[key]) - len(r["real"])) for r in rows]
-        out[key] = {"hit": sum(hit(len(r[key]), len(r["real"])) for r in rows),
-                    "exact": errors.count(0), "mean": statistics.mean(errors),
-                    "max": max(errors),
-                    "startup": sum(_streak(r[key]) == _streak(r["real"]) for r in rows)}
+        out[key] = {
+            "hit": sum(hit(len(r[key]), len(r["real"])) for r in rows),
+            "exact": errors.count(0),
+            "mean": statistics.mean(errors),
+            "max": max(errors),
+            "startup": sum(_streak(r[key]) == _streak(r["real"]) for r in rows),
+        }
     # the misses first, then the largest errors within the tolerance
-    worst = sorted(rows, key=lambda r: (hit(len(r["predict"]), len(r["real"])),
-                                        -abs(len(r["predict"]) - len(r["real"]))))[:2]
+    worst = sorted(
+        rows,
+        key=lambda r: (
+            hit(len(r["predict"]), len(r["real"])),
+            -abs(len(r["predict"]) - len(r["real"])),
+        ),
+    )[:2]
     out["worst"] = [_miss(r) for r in worst if len(r["predict"]) != len(r["real"])]
     return out
 
 
 def _miss(row: dict[str, Any]) -> str:
     c = row["config"]
-    return (f"#{row['n']:02d} init 2**{math.log2(c['init_scale']):.1f} growth "
-            f"{c['growth_factor']:.2f} backoff {c['backoff_factor']:.2f} every "
-            f"{c['growth_interval']}: real {len(row['real'])} {_first(row['real'])}, "
-            f"predicted {len(row['predict'])} {_first(row['predict'])}")
+    return (
+        f"#{row['n']:02d} init 2**{math.log2(c['init_scale']):.1f} growth "
+        f"{c['growth_factor']:.2f} backoff {c['backoff_factor']:.2f} every "
+        f"{c['growth_interval']}: real {len(row['real'])} {_first(row['real'])}, "
+        f"predicted {len(row['predict'])} {_first(row['predict'])}"
+    )
 
 
 def _first(skipped: list[int], n: int = 14) -> str:
@@ -252,18 +323,24 @@ def _first(skipped: list[int], n: int = 14) -> str:
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    print(f"\n   hit = within max({_policy.SKIP_TOLERANCE_STEPS}, "
-          f"{_policy.SKIP_TOLERANCE_SHARE:.0%}) of the real count, of {CONFIGS}; "
-          "exact counts; exact start-up streaks; mean / max |error|")
-    print(f"   {'workload':<18} {'params':>7}  {'predictor':<8} {'hit':>5} {'exact':>5} "
-          f"{'start-up':>8} {'mean':>5} {'max':>4}   real skips (min-max, median)")
+    print(
+        f"\n   hit = within max({_policy.SKIP_TOLERANCE_STEPS}, "
+        f"{_policy.SKIP_TOLERANCE_SHARE:.0%}) of the real count, of {CONFIGS}; "
+        "exact counts; exact start-up streaks; mean / max |error|"
+    )
+    print(
+        f"   {'workload':<18} {'params':>7}  {'predictor':<8} {'hit':>5} {'exact':>5} "
+        f"{'start-up':>8} {'mean':>5} {'max':>4}   real skips (min-max, median)"
+    )
     for result in results:
         s = summary(result)
         for i, key in enumerate(("predict", "many", "trace")):
             p = s[key]
-            head = (f"{s['workload']:<18} {s['params']:>7,}" if i == 0 else " " * 26)
-            print(f"   {head}  {key:<8} {p['hit']:>5} {p['exact']:>5} {p['startup']:>8} "
-                  f"{p['mean']:>5.2f} {p['max']:>4}" + (f"   {s['real']}" if i == 0 else ""))
+            head = f"{s['workload']:<18} {s['params']:>7,}" if i == 0 else " " * 26
+            print(
+                f"   {head}  {key:<8} {p['hit']:>5} {p['exact']:>5} {p['startup']:>8} "
+                f"{p['mean']:>5.2f} {p['max']:>4}" + (f"   {s['real']}" if i == 0 else "")
+            )
     print("\n   worst misses of predict (outside the tolerance first):")
     for result in results:
         for line in summary(result)["worst"]:
@@ -275,27 +352,39 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="*", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--jobs", type=int, default=1, help="workloads measured at once")
     parser.add_argument("--cache", help="a folder keeping each real run's skipped steps")
-    parser.add_argument("--real-seed", type=int, default=0,
-                        help="the real runs' seed (the trace's is 0): 0 replays the run the "
-                             "trace saw, another seed another run of the same training")
+    parser.add_argument(
+        "--real-seed",
+        type=int,
+        default=0,
+        help="the real runs' seed (the trace's is 0): 0 replays the run the "
+        "trace saw, another seed another run of the same training",
+    )
     args = parser.parse_args()
     if args.cache:
         os.makedirs(args.cache, exist_ok=True)
     started, load = time.perf_counter(), os.getloadavg()[0]
-    print(f"Replay calibration on {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores (load {load:.1f}), torch {torch.__version__}, one thread per "
-          f"workload, {args.jobs} at once: {CONFIGS} float16 configs x {STEPS} steps per "
-          "workload, predicted from one float32 trace each (seed 0)"
-          + (f", the real runs at seed {args.real_seed}" if args.real_seed else ""), flush=True)
+    print(
+        f"Replay calibration on {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores (load {load:.1f}), torch {torch.__version__}, one thread per "
+        f"workload, {args.jobs} at once: {CONFIGS} float16 configs x {STEPS} steps per "
+        "workload, predicted from one float32 trace each (seed 0)"
+        + (f", the real runs at seed {args.real_seed}" if args.real_seed else ""),
+        flush=True,
+    )
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-        results = pool.starmap(measure, [(name, args.cache, args.real_seed)
-                                         for name in args.workloads])
+        results = pool.starmap(
+            measure, [(name, args.cache, args.real_seed) for name in args.workloads]
+        )
     for r in results:
-        print(f"   {r['workload']}: trace {r['trace_s']:.0f} s CPU (probe "
-              f"{r['probe_batches']} batches), all {r['cpu_s'] / 60:.1f} min CPU")
+        print(
+            f"   {r['workload']}: trace {r['trace_s']:.0f} s CPU (probe "
+            f"{r['probe_batches']} batches), all {r['cpu_s'] / 60:.1f} min CPU"
+        )
     print_table(results)
-    print(f"\n(calibration: {(time.perf_counter() - started) / 60:.0f} min wall, load "
-          f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)")
+    print(
+        f"\n(calibration: {(time.perf_counter() - started) / 60:.0f} min wall, load "
+        f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)"
+    )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,9 @@ def table(factory: Callable[[], Any]) -> dict[AmpConfig, float]:
     return out
 
 
-def trials_to_near_best(values: dict[AmpConfig, float],
-                        sampler: optuna.samplers.BaseSampler) -> int:
+def trials_to_near_best(
+    values: dict[AmpConfig, float], sampler: optuna.samplers.BaseSampler
+) -> int:
     best = min(values.values())
     study = optuna.create_study(sampler=sampler)
     for n in range(1, BUDGET + 1):
@@ -74,11 +75,19 @@ def measure(examples: dict[str, Callable[[], Any]]) -> list[dict[str, Any]]:
     rows = []
     for name, factory in examples.items():
         values = table(factory)
-        tpe = [trials_to_near_best(values, optuna.samplers.TPESampler(seed=s))
-               for s in range(SEEDS)]
-        rnd = [trials_to_near_best(values, optuna.samplers.RandomSampler(seed=s))
-               for s in range(SEEDS)]
-        rows.append({"example": name, "grid": len(values),
-                     "near_best": sum(v <= min(values.values()) * WITHIN for v in values.values()),
-                     "tpe_median": statistics.median(tpe), "random_median": statistics.median(rnd)})
+        tpe = [
+            trials_to_near_best(values, optuna.samplers.TPESampler(seed=s)) for s in range(SEEDS)
+        ]
+        rnd = [
+            trials_to_near_best(values, optuna.samplers.RandomSampler(seed=s)) for s in range(SEEDS)
+        ]
+        rows.append(
+            {
+                "example": name,
+                "grid": len(values),
+                "near_best": sum(v <= min(values.values()) * WITHIN for v in values.values()),
+                "tpe_median": statistics.median(tpe),
+                "random_median": statistics.median(rnd),
+            }
+        )
     return rows

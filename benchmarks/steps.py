@@ -25,13 +25,27 @@ from scalertune._workload._factory import build_workload  # noqa: E402
 def measure(device: torch.device) -> list[dict[str, Any]]:
     workload = build_workload(models.midsize, seed=0, device=device)
     times = time_dtypes(workload, ["bfloat16", "float16"], device=device, clip_norm=None)
-    rows = [{"dtype": "float32", "ms": statistics.median(times.rounds["float32"]) * 1e3,
-             "ratio": 1.0, "low": 1.0, "high": 1.0}]
+    rows = [
+        {
+            "dtype": "float32",
+            "ms": statistics.median(times.rounds["float32"]) * 1e3,
+            "ratio": 1.0,
+            "low": 1.0,
+            "high": 1.0,
+        }
+    ]
     for dtype in ("bfloat16", "float16"):
         if dtype in times:
             low, high = spread(times.ratios(dtype))
-            rows.append({"dtype": dtype, "ms": times.median(dtype) * 1e3,
-                         "ratio": times.ratio(dtype), "low": low, "high": high})
+            rows.append(
+                {
+                    "dtype": dtype,
+                    "ms": times.median(dtype) * 1e3,
+                    "ratio": times.ratio(dtype),
+                    "low": low,
+                    "high": high,
+                }
+            )
     return rows
 
 

@@ -105,10 +105,17 @@ def one_run(factory: Any, steps: int, traced: bool, horizon: int = 0) -> dict[st
         last["cpu"] = time.process_time()
 
     plan = Plan(watcher=TraceCollector(max(steps, horizon))) if traced else None
-    run_config(factory, FLOAT32, steps=steps, seed=0, device=torch.device("cpu"),
-               on_window=on_window, prune=False, plan=plan)
-    return {"ratio": ours[0] / theirs[0], "per_step": ours[0] / (steps - 100),
-            "early": early["s"]}
+    run_config(
+        factory,
+        FLOAT32,
+        steps=steps,
+        seed=0,
+        device=torch.device("cpu"),
+        on_window=on_window,
+        prune=False,
+        plan=plan,
+    )
+    return {"ratio": ours[0] / theirs[0], "per_step": ours[0] / (steps - 100), "early": early["s"]}
 
 
 def measure(name: str, steps: int, pairs: int, horizon: int = 0) -> dict[str, Any]:
@@ -121,33 +128,52 @@ def measure(name: str, steps: int, pairs: int, horizon: int = 0) -> dict[str, An
         ratios.append(traced["ratio"] / plain["ratio"])
         early.append((traced["early"] - plain["early"]) / (plain["per_step"] * steps))
         plain_ms.append(plain["per_step"] * 1e3)
-    return {"workload": name, "ms": statistics.median(plain_ms),
-            "ratio": statistics.median(ratios), "low": min(ratios), "high": max(ratios),
-            "early": statistics.median(early)}
+    return {
+        "workload": name,
+        "ms": statistics.median(plain_ms),
+        "ratio": statistics.median(ratios),
+        "low": min(ratios),
+        "high": max(ratios),
+        "early": statistics.median(early),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", default=["gpt2", "bert", "encoder",
-                                                           "codepoints"],
-                        choices=sorted(WORKLOADS))
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        default=["gpt2", "bert", "encoder", "codepoints"],
+        choices=sorted(WORKLOADS),
+    )
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--horizon", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"Trace overhead on {platform.machine()}, {os.cpu_count()} cores (load "
-          f"{os.getloadavg()[0]:.1f}), torch {torch.__version__}, one thread: the float32 "
-          f"reference with the trace over without it, CPU time per step after step "
-          f"{_policy.TRACE_FULL_STEPS}, median of {args.pairs} pairs of {args.steps}-step runs"
-          + (f", the collector told a horizon of {args.horizon:,} (one full step in "
-             f"{full_every(args.horizon)})" if args.horizon else ""))
-    print(f"   {'workload':<12} {'ms/step':>8} {'ratio':>7} {'(range)':<15} "
-          f"probe and first {_policy.TRACE_FULL_STEPS} steps, as a share of one run")
+    print(
+        f"Trace overhead on {platform.machine()}, {os.cpu_count()} cores (load "
+        f"{os.getloadavg()[0]:.1f}), torch {torch.__version__}, one thread: the float32 "
+        f"reference with the trace over without it, CPU time per step after step "
+        f"{_policy.TRACE_FULL_STEPS}, median of {args.pairs} pairs of {args.steps}-step runs"
+        + (
+            f", the collector told a horizon of {args.horizon:,} (one full step in "
+            f"{full_every(args.horizon)})"
+            if args.horizon
+            else ""
+        )
+    )
+    print(
+        f"   {'workload':<12} {'ms/step':>8} {'ratio':>7} {'(range)':<15} "
+        f"probe and first {_policy.TRACE_FULL_STEPS} steps, as a share of one run"
+    )
     for name in args.workloads:
         r = measure(name, args.steps, args.pairs, args.horizon)
-        print(f"   {r['workload']:<12} {r['ms']:>8.3f} {r['ratio']:>7.3f} "
-              f"({r['low']:.3f}-{r['high']:.3f})  {100 * r['early']:>6.1f}%", flush=True)
+        print(
+            f"   {r['workload']:<12} {r['ms']:>8.3f} {r['ratio']:>7.3f} "
+            f"({r['low']:.3f}-{r['high']:.3f})  {100 * r['early']:>6.1f}%",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

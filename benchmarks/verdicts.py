@@ -62,14 +62,21 @@ def measure(repeat: int, load: bool, device: str = "cpu") -> list[dict[str, Any]
                 with tempfile.TemporaryDirectory() as folder:
                     result = scalertune.search(
                         os.path.join(ROOT, f"examples/{name}.py:make_model"),
-                        storage=f"sqlite:///{folder}/v.db", device=device)
+                        storage=f"sqlite:///{folder}/v.db",
+                        device=device,
+                    )
                 speedup = result.speedup
-                rows.append({
-                    "example": name, "config": result.config.describe(),
-                    "dtype": result.config.dtype, "direction": direction(result),
-                    "interval": None if speedup is None else (speedup.low, speedup.high),
-                    "point": None if speedup is None else speedup.point,
-                    "run_equivalents": result.run_equivalents})
+                rows.append(
+                    {
+                        "example": name,
+                        "config": result.config.describe(),
+                        "dtype": result.config.dtype,
+                        "direction": direction(result),
+                        "interval": None if speedup is None else (speedup.low, speedup.high),
+                        "point": None if speedup is None else speedup.point,
+                        "run_equivalents": result.run_equivalents,
+                    }
+                )
     return rows
 
 
@@ -83,15 +90,22 @@ def main() -> None:
     for name in EXAMPLES:
         print(f"{name}:")
         for r in (r for r in rows if r["example"] == name):
-            interval = ("-" if r["interval"] is None
-                        else f"{r['point']:.2f}x ({r['interval'][0]:.2f}-{r['interval'][1]:.2f}x)")
-            print(f"  {r['dtype']:<9} {r['direction']:<7} {interval:<22} "
-                  f"{r['run_equivalents']:5.1f} run-eq  {r['config']}")
+            interval = (
+                "-"
+                if r["interval"] is None
+                else f"{r['point']:.2f}x ({r['interval'][0]:.2f}-{r['interval'][1]:.2f}x)"
+            )
+            print(
+                f"  {r['dtype']:<9} {r['direction']:<7} {interval:<22} "
+                f"{r['run_equivalents']:5.1f} run-eq  {r['config']}"
+            )
         dtypes = {r["dtype"] for r in rows if r["example"] == name}
         directions = {r["direction"] for r in rows if r["example"] == name}
         opposite = {"faster", "slower"} <= directions
-        print(f"  recommended dtypes {sorted(dtypes)}; verdicts "
-              f"{'POINT IN OPPOSITE DIRECTIONS' if opposite else 'never opposite'}")
+        print(
+            f"  recommended dtypes {sorted(dtypes)}; verdicts "
+            f"{'POINT IN OPPOSITE DIRECTIONS' if opposite else 'never opposite'}"
+        )
 
 
 if __name__ == "__main__":

@@ -33,21 +33,59 @@ def _children_cpu() -> float:
 
 def _search(n_workers: int, folder: str, tag: str) -> dict[str, float]:
     journal = os.path.join(folder, f"{tag}.log")
-    cmd = [sys.executable, "-m", "scalertune", "search", EXAMPLE, "--storage", journal,
-           "--study-name", "bench", "--n-trials", str(N_TRIALS), "--device", "cpu", "-q",
-           "-o", os.path.join(folder, f"{tag}.yaml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "scalertune",
+        "search",
+        EXAMPLE,
+        "--storage",
+        journal,
+        "--study-name",
+        "bench",
+        "--n-trials",
+        str(N_TRIALS),
+        "--device",
+        "cpu",
+        "-q",
+        "-o",
+        os.path.join(folder, f"{tag}.yaml"),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cpu, started = _children_cpu(), time.perf_counter()
-    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL, env=env) for _ in range(n_workers)]
+    procs = [
+        subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        for _ in range(n_workers)
+    ]
     for p in procs:
         _, err = p.communicate()
         if p.returncode != 0:
             raise RuntimeError(err.decode())
     wall, cpu = time.perf_counter() - started, _children_cpu() - cpu
-    report = subprocess.run([sys.executable, "-m", "scalertune", "report", "--storage", journal,
-                             "--study-name", "bench", "--json"], cwd=ROOT, capture_output=True,
-                            text=True, check=True)
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "report",
+            "--storage",
+            journal,
+            "--study-name",
+            "bench",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     steps = json.loads(report.stdout)["evidence"]["cost"]["training_steps"]
     return {"wall_s": wall, "cpu_s": cpu, "steps": steps}
 
@@ -56,16 +94,19 @@ def measure() -> dict[str, Any]:
     runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     with tempfile.TemporaryDirectory() as folder:
         for pair in range(PAIRS):
-            for n in ((1, 2) if pair % 2 == 0 else (2, 1)):
+            for n in (1, 2) if pair % 2 == 0 else (2, 1):
                 runs[n].append(_search(n, folder, f"p{pair}w{n}"))
-    ratios = [(b["steps"] / b["wall_s"]) / (a["steps"] / a["wall_s"])
-              for a, b in zip(runs[1], runs[2])]
+    ratios = [
+        (b["steps"] / b["wall_s"]) / (a["steps"] / a["wall_s"]) for a, b in zip(runs[1], runs[2])
+    ]
     return {
         "pairs": PAIRS,
         "steps_per_s": {n: [r["steps"] / r["wall_s"] for r in rs] for n, rs in runs.items()},
-        "cpu_ms_per_step": {n: [r["cpu_s"] / r["steps"] * 1e3 for r in rs]
-                            for n, rs in runs.items()},
-        "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+        "cpu_ms_per_step": {
+            n: [r["cpu_s"] / r["steps"] * 1e3 for r in rs] for n, rs in runs.items()
+        },
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
         "ratio_max": max(ratios),
     }
 

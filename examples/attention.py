@@ -49,7 +49,7 @@ def make_model():
     model = Model()
     tokens = torch.randint(0, VOCAB, (512, LENGTH))
     labels = tokens.max(dim=1).values  # the largest token in the sequence
-    batches = [(tokens[i:i + 64], labels[i:i + 64]) for i in range(0, 512, 64)]
+    batches = [(tokens[i : i + 64], labels[i : i + 64]) for i in range(0, 512, 64)]
     return {
         "model": model,
         "optimizer": torch.optim.Adam(model.parameters(), lr=3e-3),

@@ -23,8 +23,12 @@ def spirals(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def make_model():
     model = nn.Sequential(
-        nn.Linear(2, 128), nn.LayerNorm(128), nn.GELU(),
-        nn.Linear(128, 128), nn.LayerNorm(128), nn.GELU(),
+        nn.Linear(2, 128),
+        nn.LayerNorm(128),
+        nn.GELU(),
+        nn.Linear(128, 128),
+        nn.LayerNorm(128),
+        nn.GELU(),
         nn.Linear(128, 2),
     )
     x, y = spirals(2048)

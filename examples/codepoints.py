@@ -19,9 +19,7 @@ TEXT = "中野哲平"
 def make_model():
     code_points = torch.tensor([float(ord(c)) for c in TEXT])
     model = nn.Sequential(nn.Linear(len(TEXT), 64), nn.ReLU(), nn.Linear(64, len(TEXT)))
-    batches = [
-        (torch.randn(16, len(TEXT)), code_points.expand(16, -1).clone()) for _ in range(8)
-    ]
+    batches = [(torch.randn(16, len(TEXT)), code_points.expand(16, -1).clone()) for _ in range(8)]
     return {
         "model": model,
         "optimizer": torch.optim.Adam(model.parameters(), lr=0.5),

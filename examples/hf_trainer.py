@@ -43,12 +43,27 @@ class ArithmeticText(Dataset):
 
 
 def make_trainer():
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=VOCAB,
-                                       n_positions=LENGTH, bos_token_id=0, eos_token_id=0))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=2,
+            n_head=2,
+            n_embd=64,
+            vocab_size=VOCAB,
+            n_positions=LENGTH,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
     args = TrainingArguments(
         output_dir=os.path.join(tempfile.gettempdir(), "scalertune-hf-trainer"),
-        max_steps=400, per_device_train_batch_size=8, learning_rate=3e-3, warmup_steps=5,
-        report_to=[], save_strategy="no", logging_steps=50, disable_tqdm=True,
+        max_steps=400,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        warmup_steps=5,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=50,
+        disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),
     )
     return Trainer(model=model, args=args, train_dataset=ArithmeticText())

@@ -23,8 +23,9 @@ from torch import nn
 class Readings(pl.LightningModule):
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(),
-                                 nn.Linear(64, 1))
+        self.net = nn.Sequential(
+            nn.Linear(8, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 1)
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -35,8 +36,11 @@ class Readings(pl.LightningModule):
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
         schedule = torch.optim.lr_scheduler.OneCycleLR(  # warm up over 5%, then anneal
-            optimizer, max_lr=3e-3, pct_start=0.05,
-            total_steps=int(self.trainer.estimated_stepping_batches))
+            optimizer,
+            max_lr=3e-3,
+            pct_start=0.05,
+            total_steps=int(self.trainer.estimated_stepping_batches),
+        )
         return [optimizer], [{"scheduler": schedule, "interval": "step"}]
 
 
@@ -50,7 +54,14 @@ def readings(n=1024):
 def make_trainer():
     module = Readings()
     loader = torch.utils.data.DataLoader(readings(), batch_size=64, shuffle=True)
-    trainer = pl.Trainer(max_steps=600, accelerator="auto", devices=1, gradient_clip_val=50.0,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+    trainer = pl.Trainer(
+        max_steps=600,
+        accelerator="auto",
+        devices=1,
+        gradient_clip_val=50.0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     return {"trainer": trainer, "model": module, "batches": loader}

@@ -59,21 +59,34 @@ if TYPE_CHECKING:
 #: Public name -> the module defining it, imported on first use: the command line answers
 #: --help, a bad option or Ctrl-C before torch has loaded (a second or more).
 _EXPORTS = {
-    "AmpConfig": "_amp._config", "Guard": "_amp._guard",
-    "Diagnosis": "_diagnose._report", "ModuleReport": "_diagnose._report",
-    "ScalerCheck": "_diagnose._report", "TensorStats": "_diagnose._report",
+    "AmpConfig": "_amp._config",
+    "Guard": "_amp._guard",
+    "Diagnosis": "_diagnose._report",
+    "ModuleReport": "_diagnose._report",
+    "ScalerCheck": "_diagnose._report",
+    "TensorStats": "_diagnose._report",
     "diagnose": "_diagnose._api",
     "UsageError": "_errors",
-    "FRAMEWORKS": "_export._api", "Export": "_export._api", "export": "_export._api",
-    "lightning_workload": "_workload._lightning", "attach": "_frameworks._attach",
-    "Speedup": "_judge._speedup", "Target": "_judge._target",
-    "Outcome": "_judge._outcome", "StudySettings": "_judge._settings",
-    "SearchResult": "_review._result", "analyze": "_review._analyze",
-    "AmpGuardError": "_amp._guard", "AmpRuntime": "_amp._runtime",
+    "FRAMEWORKS": "_export._api",
+    "Export": "_export._api",
+    "export": "_export._api",
+    "lightning_workload": "_workload._lightning",
+    "attach": "_frameworks._attach",
+    "Speedup": "_judge._speedup",
+    "Target": "_judge._target",
+    "Outcome": "_judge._outcome",
+    "StudySettings": "_judge._settings",
+    "SearchResult": "_review._result",
+    "analyze": "_review._analyze",
+    "AmpGuardError": "_amp._guard",
+    "AmpRuntime": "_amp._runtime",
     "AmpDriftWarning": "_amp._watch",
     "load_config": "_amp._schema",
-    "Isolation": "_search._api", "SearchError": "_errors", "search": "_search._api",
-    "SearchSpace": "_search._space", "StorageUnavailable": "_errors",
+    "Isolation": "_search._api",
+    "SearchError": "_errors",
+    "search": "_search._api",
+    "SearchSpace": "_search._space",
+    "StorageUnavailable": "_errors",
     "StepTimes": "_run._timing",
     "Workload": "_workload._contract",
 }
@@ -97,8 +110,14 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path that was nev
     __version__ = "0+unknown"
 
 
-def load(path: str, *, device: str = "auto", guard: bool = True, watch: bool = True,
-         best_amp: bool = False) -> AmpRuntime:
+def load(
+    path: str,
+    *,
+    device: str = "auto",
+    guard: bool = True,
+    watch: bool = True,
+    best_amp: bool = False,
+) -> AmpRuntime:
     """The runtime for the config in a result YAML: GradScaler, autocast and clipping,
     float32 islands, the guard the YAML recommends (``guard=False`` turns it off), and a
     watch that warns once (:class:`AmpDriftWarning`) when the scaler leaves the search's
@@ -118,16 +137,39 @@ def load(path: str, *, device: str = "auto", guard: bool = True, watch: bool = T
     """
     from scalertune._amp._runtime import AmpRuntime
 
-    return AmpRuntime.from_yaml(path, device=device, guard=guard, watch=watch,
-                                best_amp=best_amp)
+    return AmpRuntime.from_yaml(path, device=device, guard=guard, watch=watch, best_amp=best_amp)
 
 
 __all__ = [
-    "FRAMEWORKS", "AmpConfig", "AmpDriftWarning", "AmpGuardError", "AmpRuntime", "Diagnosis",
-    "Export", "Guard",
-    "Isolation", "ModuleReport", "Outcome", "SearchError", "SearchResult", "SearchSpace",
-    "ScalerCheck", "Speedup", "StepTimes", "StorageUnavailable", "StudySettings", "Target",
-    "TensorStats", "UsageError", "Workload",
-    "analyze", "attach", "diagnose", "export", "lightning_workload", "load", "load_config",
+    "FRAMEWORKS",
+    "AmpConfig",
+    "AmpDriftWarning",
+    "AmpGuardError",
+    "AmpRuntime",
+    "Diagnosis",
+    "Export",
+    "Guard",
+    "Isolation",
+    "ModuleReport",
+    "Outcome",
+    "SearchError",
+    "SearchResult",
+    "SearchSpace",
+    "ScalerCheck",
+    "Speedup",
+    "StepTimes",
+    "StorageUnavailable",
+    "StudySettings",
+    "Target",
+    "TensorStats",
+    "UsageError",
+    "Workload",
+    "analyze",
+    "attach",
+    "diagnose",
+    "export",
+    "lightning_workload",
+    "load",
+    "load_config",
     "search",
 ]

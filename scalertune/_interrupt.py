@@ -56,8 +56,11 @@ def _handler(signum: int, frame: Any) -> None:
     if _state.settled:
         return
     if _state.received >= _FORCE_AT:
-        os.write(2, b"scalertune: interrupted again: exiting now; rerun the same command to "
-                    b"resume (it recovers the trial that was running)\n")
+        os.write(
+            2,
+            b"scalertune: interrupted again: exiting now; rerun the same command to "
+            b"resume (it recovers the trial that was running)\n",
+        )
         os._exit(EXIT_INTERRUPTED)
     if _state.received > 1:  # the first one is stopping the work already
         return
@@ -73,7 +76,8 @@ def handled() -> Iterator[None]:
     ``KeyboardInterrupt`` (at a safe point inside :func:`deferred`), a second one is ignored
     while the first is honoured, a third exits at once."""
     if threading.current_thread() is not threading.main_thread() or any(
-            signal.getsignal(s) is _handler for s in SIGNALS):  # an outer scope handles them
+        signal.getsignal(s) is _handler for s in SIGNALS
+    ):  # an outer scope handles them
         yield
         return
     previous = {}

@@ -44,8 +44,11 @@ class Limit:
 
     def _wanted(self) -> str:
         if self.integer:
-            return (f"an integer >= {self.low:.0f}" if self.high == math.inf
-                    else f"an integer from {self.low:.0f} to {self.high:.0f}")
+            return (
+                f"an integer >= {self.low:.0f}"
+                if self.high == math.inf
+                else f"an integer from {self.low:.0f} to {self.high:.0f}"
+            )
         if self.low_excluded and self.low == 0:
             return "a positive finite number"
         return f"a finite number {'>' if self.low_excluded else '>='} {self.low:g}"
@@ -93,8 +96,11 @@ def horizon(steps: int, asked: int | None = None, declared: int | None = None) -
 def check_horizon(steps: int, horizon: int) -> None:
     """:class:`ParameterError` unless ``horizon`` is at least a trial's ``steps``."""
     if horizon < steps:
-        raise ParameterError("horizon", f"must be at least a trial's steps ({steps}): it is "
-                             f"the training the evidence covers; got {horizon}")
+        raise ParameterError(
+            "horizon",
+            f"must be at least a trial's steps ({steps}): it is "
+            f"the training the evidence covers; got {horizon}",
+        )
 
 
 def check(limits: Mapping[str, Limit], **values: Any) -> None:

@@ -50,8 +50,11 @@ def format_table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for n, row in enumerate(rows):
-        out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        out.append(
+            "  ".join(
+                c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return out
@@ -64,8 +67,11 @@ def duration(seconds: float) -> str:
     ('42 s', '12 min 34 s', '3 h 20 min', '2 days 12 h')
     """
     s = max(0, int(round(seconds)))
-    for size, unit, smaller, small_unit in ((86400, " days", 3600, " h"),
-                                            (3600, " h", 60, " min"), (60, " min", 1, " s")):
+    for size, unit, smaller, small_unit in (
+        (86400, " days", 3600, " h"),
+        (3600, " h", 60, " min"),
+        (60, " min", 1, " s"),
+    ):
         if s >= size:
             whole, rest = divmod(s, size)
             unit = " day" if unit == " days" and whole == 1 else unit

@@ -71,8 +71,10 @@ def _run(command: str, args: argparse.Namespace) -> int:
     try:
         return COMMANDS[command](args)
     except ParameterError as exc:
-        print(f"scalertune {command}: error: {flag(command, exc.parameter)} {exc.problem}",
-              file=sys.stderr)
+        print(
+            f"scalertune {command}: error: {flag(command, exc.parameter)} {exc.problem}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     except UsageError as exc:
         print(f"scalertune {command}: error: {exc}", file=sys.stderr)
@@ -84,9 +86,12 @@ def _run(command: str, args: argparse.Namespace) -> int:
         print(f"scalertune {command}: {exc}", file=sys.stderr)
         return EXIT_STORAGE
     except SystemExit as exc:  # the user's module or step called sys.exit() outside a run
-        print(f"scalertune {command}: error: the workload called sys.exit({exc.code!r}): "
-              "return from the factory instead, and keep script code under "
-              "if __name__ == '__main__':", file=sys.stderr)
+        print(
+            f"scalertune {command}: error: the workload called sys.exit({exc.code!r}): "
+            "return from the factory instead, and keep script code under "
+            "if __name__ == '__main__':",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
 
 

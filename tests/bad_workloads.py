@@ -8,8 +8,12 @@ NOT_CALLABLE = 42
 
 def _parts():
     model = nn.Linear(4, 1)
-    return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
-            "loss_fn": nn.MSELoss(), "batches": [(torch.randn(8, 4), torch.randn(8, 1))]}
+    return {
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "loss_fn": nn.MSELoss(),
+        "batches": [(torch.randn(8, 4), torch.randn(8, 1))],
+    }
 
 
 def raises():
@@ -69,6 +73,9 @@ class _LikeHuggingFace(nn.Module):
 
 def model_output_without_labels():
     model = _LikeHuggingFace()
-    return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
-            "loss_fn": lambda output, target: output.loss,
-            "batches": [(torch.randn(8, 4), torch.randint(0, 3, (8,)))]}
+    return {
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "loss_fn": lambda output, target: output.loss,
+        "batches": [(torch.randn(8, 4), torch.randint(0, 3, (8,)))],
+    }

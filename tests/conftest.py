@@ -54,8 +54,14 @@ def run_cli(*args, cwd, process=False, timeout=300):
     own process (what a shell sees: the exit status, the streams, the signals)."""
     args = [str(a) for a in args]
     if process:
-        proc = subprocess.run([sys.executable, "-m", "scalertune", *args], capture_output=True,
-                              text=True, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [sys.executable, "-m", "scalertune", *args],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
         return Ran(proc.returncode, proc.stdout, proc.stderr)
     from scalertune.cli import main
 
@@ -92,10 +98,12 @@ def storage(tmp_path):
 @pytest.fixture
 def space_file(tmp_path):
     """Write a search space YAML and return its path."""
+
     def write(text: str, name: str = "space.yaml") -> str:
         path = tmp_path / name
         path.write_text(text)
         return str(path)
+
     return write
 
 
@@ -112,7 +120,8 @@ POSTGRES = os.environ.get("SCALERTUNE_TEST_POSTGRES")
 #: PostgreSQL tests run where a server is given, and must run in CI (.ci/run starts one).
 needs_postgres = pytest.mark.skipif(
     not POSTGRES and os.environ.get("CI") != "true",
-    reason="set SCALERTUNE_TEST_POSTGRES to a PostgreSQL URL (.ci/run does)")
+    reason="set SCALERTUNE_TEST_POSTGRES to a PostgreSQL URL (.ci/run does)",
+)
 
 
 @contextlib.contextmanager
@@ -158,8 +167,12 @@ def s3_bucket():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL_S3": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     before = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

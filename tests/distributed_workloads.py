@@ -38,8 +38,12 @@ def _model():
 
 
 def _workload(model, horizon=None):
-    out = {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.05),
-           "loss_fn": nn.MSELoss(reduction="sum"), "batches": _data()}
+    out = {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.05),
+        "loss_fn": nn.MSELoss(reduction="sum"),
+        "batches": _data(),
+    }
     if horizon:
         out["horizon"] = horizon
     return out
@@ -58,8 +62,12 @@ def single():
     ranks' 16), the loss halved as DDP averages the two ranks' summed losses' gradients."""
     mse = nn.MSELoss(reduction="sum")
     model = _model()
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.05),
-            "loss_fn": lambda out, y: mse(out, y) / 2, "batches": _data(ranks=1)}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.05),
+        "loss_fn": lambda out, y: mse(out, y) / 2,
+        "batches": _data(ranks=1),
+    }
 
 
 def fsdp2():
@@ -86,8 +94,11 @@ def fsdp1_own_scaler():
     rank unscales its own shard and skips on its own (the failure ShardedGradScaler fixes);
     the step still calls ``amp.step`` so that the runtime sees the step."""
     workload = fsdp1()
-    model, optimizer, loss_fn = workload.pop("model"), workload["optimizer"], workload.pop(
-        "loss_fn")
+    model, optimizer, loss_fn = (
+        workload.pop("model"),
+        workload["optimizer"],
+        workload.pop("loss_fn"),
+    )
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=5)
 
     def step(_model, batch, amp):
@@ -151,10 +162,14 @@ def plain_loop(factory, config, steps, seed=0):
     workload = factory()
     model, optimizer, loss_fn = workload["model"], workload["optimizer"], workload["loss_fn"]
     fp16 = config["dtype"] == "float16"
-    knobs = {k: config[k] for k in ("init_scale", "growth_factor", "backoff_factor",
-                                    "growth_interval") if k in config}
-    scaler_class = (ShardedGradScaler if isinstance(model, FullyShardedDataParallel)
-                    else torch.amp.GradScaler)
+    knobs = {
+        k: config[k]
+        for k in ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+        if k in config
+    }
+    scaler_class = (
+        ShardedGradScaler if isinstance(model, FullyShardedDataParallel) else torch.amp.GradScaler
+    )
     scaler = scaler_class("cpu", enabled=fp16, **knobs)
     dtype = getattr(torch, config["dtype"])
     losses, scales, epoch = [], [], 0
@@ -184,10 +199,16 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 2 THIS CONFIG_JSON STEPS
 
     dist.init_process_group("gloo")
     config_json, steps, out, *names = sys.argv[1:]
-    runs = {name: plain_loop(globals()[name], json.loads(config_json), int(steps))
-            for name in names}
+    runs = {
+        name: plain_loop(globals()[name], json.loads(config_json), int(steps)) for name in names
+    }
     if dist.get_rank() == 0:
         with open(out, "w") as f:
-            json.dump({name: {"losses": losses, "scales": scales}
-                       for name, (losses, scales) in runs.items()}, f)
+            json.dump(
+                {
+                    name: {"losses": losses, "scales": scales}
+                    for name, (losses, scales) in runs.items()
+                },
+                f,
+            )
     dist.destroy_process_group()

@@ -79,8 +79,11 @@ def damage(stored, how: str) -> None:
         stored.store.inner.remove(stored.name)
         return
     body = stored.store.read(stored.name, lambda f: f.read())
-    damaged = {"truncated": body[:len(body) // 3], "emptied": b"",
-               "garbled": body[:500] + bytes(b ^ 0xFF for b in body[500:600]) + body[600:]}
+    damaged = {
+        "truncated": body[: len(body) // 3],
+        "emptied": b"",
+        "garbled": body[:500] + bytes(b ^ 0xFF for b in body[500:600]) + body[600:],
+    }
     stored.store.inner.write(stored.name, io.BytesIO(damaged[how]))
 
 

@@ -16,8 +16,9 @@ def gradscaler(factory, config, steps=_policy.DIAGNOSE_STEPS):
     clip = factory().get("clip_norm")
     if clip is not None and config.clip_norm is None:
         config = AmpConfig(**{**config.to_dict(), "clip_norm": clip})
-    record = run_config(factory, config, steps=steps, seed=0, device=torch.device("cpu"),
-                        prune=False)
+    record = run_config(
+        factory, config, steps=steps, seed=0, device=torch.device("cpu"), prune=False
+    )
     return len(record.skipped), all(math.isfinite(v) for v in record.losses)
 
 

@@ -31,15 +31,19 @@ def readings_near_1000():
     """
     g = torch.Generator().manual_seed(1234)
     teacher_w = torch.randn(4, 8, generator=g)
-    teacher_v = torch.randn(8, 1, generator=g) / 8 ** 0.5
+    teacher_v = torch.randn(8, 1, generator=g) / 8**0.5
     batches = []
     for _ in range(8):
         x = torch.randn(64, 4)
         y = 1000.0 + 3.0 * torch.tanh(x @ teacher_w) @ teacher_v + 0.3 * torch.randn(64, 1)
         batches.append((x, y))
     model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 1))
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.05),
-            "loss_fn": nn.MSELoss(), "batches": batches}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.05),
+        "loss_fn": nn.MSELoss(),
+        "batches": batches,
+    }
 
 
 HORIZON["readings_near_1000"] = 2000
@@ -52,8 +56,12 @@ def _codepoints(lr):
     code_points = torch.tensor([float(ord(c)) for c in CODEPOINTS])
     model = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 4))
     batches = [(torch.randn(16, 4), code_points.expand(16, -1).clone()) for _ in range(8)]
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=lr),
-            "loss_fn": nn.MSELoss(reduction="sum"), "batches": batches}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=lr),
+        "loss_fn": nn.MSELoss(reduction="sum"),
+        "batches": batches,
+    }
 
 
 def codepoints_fast():
@@ -127,8 +135,12 @@ def growing_activations():
         x = torch.randn(64, 4)
         batches.append((x, torch.sin(x @ teacher) + 0.3 * torch.randn(64, 1)))
     model = _RawInputsLayerNorm()
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.2),
-            "loss_fn": nn.MSELoss(), "batches": batches}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.2),
+        "loss_fn": nn.MSELoss(),
+        "batches": batches,
+    }
 
 
 HORIZON["growing_activations"] = 3000
@@ -151,10 +163,15 @@ def plateau_mlp():
     for _ in range(8):
         x = torch.randn(32, 8, generator=g)
         batches.append((x, 500.0 + 50.0 * torch.sin(x @ w)))
-    model = nn.Sequential(nn.Linear(8, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(),
-                          nn.Linear(256, 1))
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-2),
-            "loss_fn": lambda out, y: ((out - y) ** 2).sum(), "batches": batches}
+    model = nn.Sequential(
+        nn.Linear(8, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 1)
+    )
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=1e-2),
+        "loss_fn": lambda out, y: ((out - y) ** 2).sum(),
+        "batches": batches,
+    }
 
 
 HORIZON["plateau_mlp"] = 2000

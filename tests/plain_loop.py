@@ -32,11 +32,14 @@ def train(factory, config, steps, seed=0):
     parts = factory()
     model, optimizer, loss_fn = parts["model"], parts["optimizer"], parts["loss_fn"]
     apply_islands(model, config.fp32_modules, "cpu")
-    scaler = torch.amp.GradScaler("cpu", init_scale=config.init_scale,
-                                  growth_factor=config.growth_factor,
-                                  backoff_factor=config.backoff_factor,
-                                  growth_interval=config.growth_interval,
-                                  enabled=config.uses_scaler)
+    scaler = torch.amp.GradScaler(
+        "cpu",
+        init_scale=config.init_scale,
+        growth_factor=config.growth_factor,
+        backoff_factor=config.backoff_factor,
+        growth_interval=config.growth_interval,
+        enabled=config.uses_scaler,
+    )
     dtype = getattr(torch, config.dtype)
     out, skipped = [], []
     batches = itertools.islice(itertools.cycle(parts["batches"]), steps)
@@ -64,8 +67,7 @@ def ratio_at_the_end(factory, config, steps, seed=0, window=50):
 
     own_clip = factory().get("clip_norm")  # the workload's own clipping is float32's too
     ours = losses(factory, config, steps, seed)[-window:]
-    theirs = losses(factory, AmpConfig(dtype="float32", clip_norm=own_clip), steps,
-                    seed)[-window:]
+    theirs = losses(factory, AmpConfig(dtype="float32", clip_norm=own_clip), steps, seed)[-window:]
     if not all(np.isfinite(ours)):
         return float("inf")
     return float(np.mean(ours) / np.mean(theirs))

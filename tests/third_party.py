@@ -17,8 +17,9 @@ def gpt2():
     at PyTorch's default scale trains it without a skipped step."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=128, vocab_size=512,
-                                       n_positions=64))
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=2, n_head=2, n_embd=128, vocab_size=512, n_positions=64)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step(model, batch, amp):
@@ -29,8 +30,7 @@ def gpt2():
         amp.step(optimizer)
         return loss
 
-    return {"model": model, "optimizer": optimizer, "step": step,
-            "batches": _tokens(512, 4, 32)}
+    return {"model": model, "optimizer": optimizer, "step": step, "batches": _tokens(512, 4, 32)}
 
 
 T5_WO_SCALE = 3e5
@@ -42,9 +42,20 @@ def t5():
     known float16 failure), while float32 and bfloat16 train it."""
     from transformers import T5Config, T5ForConditionalGeneration
 
-    model = T5ForConditionalGeneration(T5Config(
-        vocab_size=128, d_model=32, d_kv=8, num_heads=4, d_ff=256, num_layers=2,
-        num_decoder_layers=2, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
+    model = T5ForConditionalGeneration(
+        T5Config(
+            vocab_size=128,
+            d_model=32,
+            d_kv=8,
+            num_heads=4,
+            d_ff=256,
+            num_layers=2,
+            num_decoder_layers=2,
+            dropout_rate=0.0,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+        )
+    )
     with torch.no_grad():
         for name, module in model.named_modules():
             if name.endswith("DenseReluDense.wo"):
@@ -61,8 +72,12 @@ def t5():
         return out["loss"]
 
     sources = _tokens(128, 4, 12)
-    return {"model": model, "optimizer": optimizer, "step": step,
-            "batches": [(s, s.flip(1)) for s in sources]}
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "step": step,
+        "batches": [(s, s.flip(1)) for s in sources],
+    }
 
 
 FFN_SCALE = 1e6
@@ -72,9 +87,12 @@ def transformer_encoder():
     """PyTorch's own ``nn.TransformerEncoder`` (2 post-norm layers) with its feed-forward
     output weights scaled up: every ``linear2`` overflows float16 in the forward pass."""
     model = _Encoder()
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
-            "loss_fn": nn.CrossEntropyLoss(),
-            "batches": [(t, t.max(dim=1).values) for t in _tokens(64, 16, 12)]}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
+        "loss_fn": nn.CrossEntropyLoss(),
+        "batches": [(t, t.max(dim=1).values) for t in _tokens(64, 16, 12)],
+    }
 
 
 class _Encoder(nn.Module):
@@ -84,8 +102,9 @@ class _Encoder(nn.Module):
     def __init__(self, ffn_scale=FFN_SCALE):
         super().__init__()
         self.embed = nn.Embedding(64, 32)
-        layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=128, dropout=0.0,
-                                           batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            32, 4, dim_feedforward=128, dropout=0.0, batch_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.head = nn.Linear(32, 64)
         with torch.no_grad():
@@ -103,9 +122,13 @@ def article_mlp():
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     x = torch.randn(4, 128, 32)
     y = torch.randint(0, 10, (4, 128))
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
-            "loss_fn": nn.CrossEntropyLoss(reduction="sum"),
-            "batches": list(zip(x, y)), "clip_norm": 1.0}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
+        "loss_fn": nn.CrossEntropyLoss(reduction="sum"),
+        "batches": list(zip(x, y)),
+        "clip_norm": 1.0,
+    }
 
 
 class _Block(nn.Module):
@@ -126,8 +149,9 @@ class _ResNet(nn.Module):
 
     def __init__(self, classes=10):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False),
-                                  nn.BatchNorm2d(16), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()
+        )
         self.layer1 = nn.Sequential(_Block(16), _Block(16))
         self.fc = nn.Linear(16, classes)
 
@@ -140,8 +164,9 @@ def resnet():
     weight gradients (sums over every pixel of every image) overflow float16 at 65536, while
     no activation does."""
     model = _ResNet()
-    return {"model": model,
-            "optimizer": torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9),
-            "loss_fn": nn.CrossEntropyLoss(reduction="sum"),
-            "batches": [(torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,)))
-                        for _ in range(2)]}
+    return {
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9),
+        "loss_fn": nn.CrossEntropyLoss(reduction="sum"),
+        "batches": [(torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))) for _ in range(2)],
+    }

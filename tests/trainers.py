@@ -36,17 +36,37 @@ class Sequences(Dataset):
 def _gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB,
-                                      n_positions=LENGTH, bos_token_id=0, eos_token_id=0))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=2,
+            n_head=2,
+            n_embd=32,
+            vocab_size=VOCAB,
+            n_positions=LENGTH,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
 
 
 def _arguments(tmp="/tmp/scalertune-tests-hf", **overrides):
     from transformers import TrainingArguments
 
-    kwargs = dict(output_dir=tmp, max_steps=HF_STEPS, per_device_train_batch_size=4,
-                  gradient_accumulation_steps=2, learning_rate=1e-2, warmup_steps=3,
-                  optim="adamw_torch", report_to=[], save_strategy="no", logging_steps=1,
-                  disable_tqdm=True, use_cpu=True, seed=0)
+    kwargs = dict(
+        output_dir=tmp,
+        max_steps=HF_STEPS,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        warmup_steps=3,
+        optim="adamw_torch",
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=0,
+    )
     kwargs.update(overrides)
     return TrainingArguments(**kwargs)
 
@@ -78,8 +98,7 @@ def scaled_loss_trainer(**overrides):
             return (loss, outputs) if return_outputs else loss
 
     overrides.setdefault("max_grad_norm", 0.0)
-    return ScaledLossTrainer(model=_gpt2(), args=_arguments(**overrides),
-                             train_dataset=Sequences())
+    return ScaledLossTrainer(model=_gpt2(), args=_arguments(**overrides), train_dataset=Sequences())
 
 
 def scaled_loss_trainer_float16():
@@ -96,15 +115,29 @@ def sft_trainer():
     ids = Sequences().ids.tolist()
     # a constant learning rate over 2 micro-batches: float32 learns by more than the target's
     # tolerance in a trial's 20 steps, as a search needs
-    config = SFTConfig(output_dir="/tmp/scalertune-tests-sft", max_steps=HF_STEPS,
-                       per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                       learning_rate=1e-2, lr_scheduler_type="constant", report_to=[],
-                       save_strategy="no", disable_tqdm=True, use_cpu=True, seed=0,
-                       dataset_kwargs={"skip_prepare_dataset": True}, max_length=LENGTH,
-                       remove_unused_columns=False, bf16=False)
-    return SFTTrainer(model=_gpt2(), args=config,
-                      train_dataset=HFDataset.from_dict({"input_ids": ids}),
-                      processing_class=_tokenizer())
+    config = SFTConfig(
+        output_dir="/tmp/scalertune-tests-sft",
+        max_steps=HF_STEPS,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        lr_scheduler_type="constant",
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=0,
+        dataset_kwargs={"skip_prepare_dataset": True},
+        max_length=LENGTH,
+        remove_unused_columns=False,
+        bf16=False,
+    )
+    return SFTTrainer(
+        model=_gpt2(),
+        args=config,
+        train_dataset=HFDataset.from_dict({"input_ids": ids}),
+        processing_class=_tokenizer(),
+    )
 
 
 def _tokenizer():
@@ -114,7 +147,8 @@ def _tokenizer():
 
     vocab = {str(i): i for i in range(VOCAB)}
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="0")))
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="0"))
+    )
     tokenizer.pad_token, tokenizer.eos_token, tokenizer.unk_token = "0", "0", "0"
     return tokenizer
 
@@ -154,7 +188,7 @@ def hf_losses_and_skips(trainer, scaler=None):
     trainer.add_callback(Count())
     trainer.train()
     accumulate = trainer.args.gradient_accumulation_steps
-    losses = [sum(micro[i:i + accumulate]) for i in range(0, len(micro), accumulate)]
+    losses = [sum(micro[i : i + accumulate]) for i in range(0, len(micro), accumulate)]
     skipped = [i for i, n in enumerate(steps) if n == (steps[i - 1] if i else 0)]
     return losses, skipped
 
@@ -185,8 +219,7 @@ def lightning_module():
 
         def __init__(self):
             super().__init__()
-            self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.1),
-                                     nn.Linear(32, 1))
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, 1))
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -205,10 +238,17 @@ def lightning_module():
 def lightning_trainer(**overrides):
     import lightning.pytorch as pl
 
-    kwargs = dict(max_steps=LIGHTNING_STEPS, accelerator="cpu", devices=1,
-                  accumulate_grad_batches=2, gradient_clip_val=1e4, logger=False,
-                  enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False)
+    kwargs = dict(
+        max_steps=LIGHTNING_STEPS,
+        accelerator="cpu",
+        devices=1,
+        accumulate_grad_batches=2,
+        gradient_clip_val=1e4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     kwargs.update(overrides)
     return pl.Trainer(**kwargs)
 
@@ -219,8 +259,11 @@ def lightning_loader():
 
 def lightning_parts():
     """The factory: what ``trainer.fit(module, loader)`` takes."""
-    return {"trainer": lightning_trainer(), "model": lightning_module(),
-            "batches": lightning_loader()}
+    return {
+        "trainer": lightning_trainer(),
+        "model": lightning_module(),
+        "batches": lightning_loader(),
+    }
 
 
 def lightning_losses_and_skips(trainer, module, loader):
@@ -243,8 +286,10 @@ def lightning_losses_and_skips(trainer, module, loader):
     trainer.callbacks.append(Record())
     trainer.fit(module, loader)
     accumulate = trainer.accumulate_grad_batches
-    losses = [sum(micro[i:i + accumulate]) / len(micro[i:i + accumulate])
-              for i in range(0, len(micro), accumulate)]
+    losses = [
+        sum(micro[i : i + accumulate]) / len(micro[i : i + accumulate])
+        for i in range(0, len(micro), accumulate)
+    ]
     counts = [*steps[1:], len(taken)]  # the count after each optimizer step
     skipped = [i for i, n in enumerate(counts) if n == (counts[i - 1] if i else 0)]
     return losses, skipped
@@ -252,14 +297,19 @@ def lightning_losses_and_skips(trainer, module, loader):
 
 # --- Accelerate -----------------------------------------------------------------------------
 
+
 def accelerate_parts():
     """An Accelerator and what a training script prepares with it."""
     from accelerate import Accelerator
 
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
-    return {"accelerator": Accelerator(cpu=True), "model": model, "optimizer": optimizer,
-            "loss_fn": lambda out, y: nn.functional.mse_loss(out, y, reduction="sum"),
-            "batches": lightning_loader(),
-            "schedulers": [torch.optim.lr_scheduler.StepLR(optimizer, 10, gamma=0.7)],
-            "horizon": 40}
+    return {
+        "accelerator": Accelerator(cpu=True),
+        "model": model,
+        "optimizer": optimizer,
+        "loss_fn": lambda out, y: nn.functional.mse_loss(out, y, reduction="sum"),
+        "batches": lightning_loader(),
+        "schedulers": [torch.optim.lr_scheduler.StepLR(optimizer, 10, gamma=0.7)],
+        "horizon": 40,
+    }

@@ -19,15 +19,23 @@ def _regression(scale_inputs: float = 1.0, scale_targets: float = 1.0, n: int = 
 def healthy():
     """Trains under every sane config: the control."""
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
-            "loss_fn": nn.MSELoss(), "batches": _regression()}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
+        "loss_fn": nn.MSELoss(),
+        "batches": _regression(),
+    }
 
 
 def gradient_overflow():
     """Gradients around 1e3: fine unscaled, inf in float16 once multiplied by 2**24."""
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
-            "loss_fn": nn.MSELoss(reduction="sum"), "batches": _regression(scale_targets=10)}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
+        "loss_fn": nn.MSELoss(reduction="sum"),
+        "batches": _regression(scale_targets=10),
+    }
 
 
 def underflow():
@@ -39,8 +47,12 @@ def underflow():
     """
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     mse = nn.MSELoss()
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
-            "loss_fn": lambda out, y: 1e-9 * mse(out, y), "batches": _regression()}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
+        "loss_fn": lambda out, y: 1e-9 * mse(out, y),
+        "batches": _regression(),
+    }
 
 
 class _BigEmbedding(nn.Module):
@@ -60,8 +72,12 @@ class _BigEmbedding(nn.Module):
 
 def forward_overflow():
     model = _BigEmbedding()
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.01),
-            "loss_fn": nn.MSELoss(), "batches": _regression()}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.01),
+        "loss_fn": nn.MSELoss(),
+        "batches": _regression(),
+    }
 
 
 def exploding():
@@ -70,10 +86,13 @@ def exploding():
     The user's float32 training clips at 10 (``clip_norm``), so the reference does too.
     """
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
-    return {"model": model,
-            "optimizer": torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9),
-            "loss_fn": nn.MSELoss(), "batches": _regression(scale_targets=30, n=8),
-            "clip_norm": 10.0}
+    return {
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9),
+        "loss_fn": nn.MSELoss(),
+        "batches": _regression(scale_targets=30, n=8),
+        "clip_norm": 10.0,
+    }
 
 
 def _healthy_with_step(before_step=None):
@@ -109,7 +128,8 @@ def slow():
 
 def _in_float16_at_step_3(crash):
     return _healthy_with_step(
-        lambda amp: crash() if amp.config.dtype == "float16" and amp.steps == 3 else None)
+        lambda amp: crash() if amp.config.dtype == "float16" and amp.steps == 3 else None
+    )
 
 
 def aborts_in_float16():
@@ -164,14 +184,22 @@ def _raise(exc):
 
 def raises_in_float16():
     """A config-specific failure, as nn.LSTM under CPU float16 autocast is."""
-    return _healthy_with_step(lambda amp: _raise(RuntimeError(
-        "this kernel has no float16 implementation")) if amp.config.dtype == "float16" else None)
+    return _healthy_with_step(
+        lambda amp: (
+            _raise(RuntimeError("this kernel has no float16 implementation"))
+            if amp.config.dtype == "float16"
+            else None
+        )
+    )
 
 
 def always_raises():
     """Fails on every AMP run, whatever the config: the workload is broken, not a config."""
-    return _healthy_with_step(lambda amp: _raise(ValueError("labels out of range"))
-                              if amp.config.dtype != "float32" else None)
+    return _healthy_with_step(
+        lambda amp: (
+            _raise(ValueError("labels out of range")) if amp.config.dtype != "float32" else None
+        )
+    )
 
 
 def lightning_module():
@@ -209,9 +237,12 @@ def seed_article_toy():
     search's budget of steps, so no run can be judged against it."""
     code_points = torch.tensor([[float(ord(c)) for c in "中野哲平"]])
     model = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 4))
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
-            "loss_fn": nn.MSELoss(),
-            "batches": [(torch.randn(1, 4), code_points) for _ in range(100)]}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
+        "loss_fn": nn.MSELoss(),
+        "batches": [(torch.randn(1, 4), code_points) for _ in range(100)],
+    }
 
 
 class CountingAdam(torch.optim.Adam):

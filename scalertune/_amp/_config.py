@@ -63,9 +63,12 @@ class AmpConfig:
         _check("init_scale", self.init_scale, "> 0 and finite", lambda v: v > 0)
         _check("growth_factor", self.growth_factor, "> 1 and finite", lambda v: v > 1)
         _check("backoff_factor", self.backoff_factor, "in (0, 1)", lambda v: 0 < v < 1)
-        _check("growth_interval", self.growth_interval,
-               f"an integer >= 1 (at most {MAX_GROWTH_INTERVAL})",
-               lambda v: v % 1 == 0 and 1 <= v <= MAX_GROWTH_INTERVAL)
+        _check(
+            "growth_interval",
+            self.growth_interval,
+            f"an integer >= 1 (at most {MAX_GROWTH_INTERVAL})",
+            lambda v: v % 1 == 0 and 1 <= v <= MAX_GROWTH_INTERVAL,
+        )
         object.__setattr__(self, "growth_interval", int(self.growth_interval))
         if self.clip_norm is not None:
             _check("clip_norm", self.clip_norm, "> 0 and finite, or null", lambda v: v > 0)
@@ -85,12 +88,16 @@ class AmpConfig:
 
         Only the knobs the config uses: the scaler's four for float16 alone.
         """
-        scaler = {
-            "init_scale": float(self.init_scale),
-            "growth_factor": float(self.growth_factor),
-            "backoff_factor": float(self.backoff_factor),
-            "growth_interval": int(self.growth_interval),
-        } if self.uses_scaler else {}
+        scaler = (
+            {
+                "init_scale": float(self.init_scale),
+                "growth_factor": float(self.growth_factor),
+                "backoff_factor": float(self.backoff_factor),
+                "growth_interval": int(self.growth_interval),
+            }
+            if self.uses_scaler
+            else {}
+        )
         islands = {"fp32_modules": list(self.fp32_modules)} if self.fp32_modules else {}
         return {
             "dtype": self.dtype,
@@ -159,8 +166,11 @@ def _check(name: str, value: Any, wanted: str, ok: Callable[[float], bool]) -> N
     """``value`` must be a real number (not a bool, not a string), finite in float32, where
     the scaler keeps it, and ``ok``."""
     # abs() <= a finite bound is False for NaN and inf, and exact for ints of any size.
-    number = (isinstance(value, (int, float)) and not isinstance(value, bool)
-              and abs(value) <= FLOAT32_MAX)
+    number = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and abs(value) <= FLOAT32_MAX
+    )
     if not (number and ok(value)):
         raise UsageError(f"{name} must be {wanted}, got {shown(value)}")
 

@@ -36,30 +36,36 @@ class Guard:
         # A floor of 0 (or below, or NaN) never trips, and a limit of 0 skips trips at once:
         # either would make the guard a lie.
         scale = self.min_scale
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
-                0 < scale <= FLOAT32_MAX):
-            raise UsageError(f"the guard's min_scale must be a finite number > 0, got "
-                             f"{shown(scale)}")
+        if (
+            isinstance(scale, bool)
+            or not isinstance(scale, (int, float))
+            or not (0 < scale <= FLOAT32_MAX)
+        ):
+            raise UsageError(
+                f"the guard's min_scale must be a finite number > 0, got {shown(scale)}"
+            )
         for name in ("max_consecutive_skips", "check_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UsageError(f"the guard's {name} must be an integer >= 1, got "
-                                 f"{shown(value)}")
+                raise UsageError(f"the guard's {name} must be an integer >= 1, got {shown(value)}")
 
 
-def check_guard(guard: Guard, *, scale: float, streak: int, step: int,
-                islands: tuple[str, ...]) -> None:
+def check_guard(
+    guard: Guard, *, scale: float, streak: int, step: int, islands: tuple[str, ...]
+) -> None:
     """:class:`AmpGuardError` when ``scale`` is below the guard's floor or ``streak`` skipped
     steps in a row reach its limit; what to do, without advising what the config already
     does (with islands in place, the overflow is in another module)."""
     if scale >= guard.min_scale and streak < guard.max_consecutive_skips:
         return
-    fix = (f"this config already keeps {','.join(islands)} in float32, so another "
-           f"module overflows: run scalertune diagnose with --fp32-modules "
-           f"'{','.join(islands)}' to find it, or train in bfloat16."
-           if islands else
-           "run scalertune diagnose to find the module, then keep it in float32 "
-           "(fp32_modules) or train in bfloat16.")
+    fix = (
+        f"this config already keeps {','.join(islands)} in float32, so another "
+        f"module overflows: run scalertune diagnose with --fp32-modules "
+        f"'{','.join(islands)}' to find it, or train in bfloat16."
+        if islands
+        else "run scalertune diagnose to find the module, then keep it in float32 "
+        "(fp32_modules) or train in bfloat16."
+    )
     raise AmpGuardError(
         f"AMP guard at step {step}: the loss scale is {scale:.3g} (floor "
         f"{guard.min_scale:.3g}) after {streak} skipped steps in a row "

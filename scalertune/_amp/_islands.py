@@ -42,8 +42,10 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 
 def is_island(module: torch.nn.Module) -> bool:
     """Whether :meth:`AmpRuntime.prepare` made ``module`` a float32 island."""
-    return any(isinstance(getattr(hook, "__self__", None), _Float32Island)
-               for hook in module._forward_pre_hooks.values())  # noqa: SLF001
+    hooks = module._forward_pre_hooks  # noqa: SLF001 - torch keeps no public list of them
+    return any(
+        isinstance(getattr(hook, "__self__", None), _Float32Island) for hook in hooks.values()
+    )
 
 
 #: The autocast-off contexts of the islands running now, innermost last, per thread (nested
@@ -66,8 +68,9 @@ class _Float32Island:
         self.device_type = device_type
 
     @torch.compiler.disable
-    def enter(self, module: torch.nn.Module, args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    def enter(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
         off = torch.autocast(self.device_type, enabled=False)
         off.__enter__()
         if not hasattr(_ACTIVE, "contexts"):

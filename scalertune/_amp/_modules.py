@@ -26,8 +26,13 @@ def match_modules(entries: Iterable[str], names: Iterable[str]) -> list[str]:
     names = [n for n in names if n]
     chosen: set[str] = set()
     for entry in entries:
-        hits = ([n for n in names if fnmatch.fnmatchcase(n, entry)] if is_pattern(entry)
-                else [entry] if entry in names else [])
+        hits = (
+            [n for n in names if fnmatch.fnmatchcase(n, entry)]
+            if is_pattern(entry)
+            else [entry]
+            if entry in names
+            else []
+        )
         if not hits:
             raise UsageError(_no_match(entry, names))
         chosen.update(hits)
@@ -37,16 +42,19 @@ def match_modules(entries: Iterable[str], names: Iterable[str]) -> list[str]:
 def _no_match(entry: str, names: list[str]) -> str:
     if is_pattern(entry):
         # Close patterns are suggested from the names' dotted tails (*.DenseReluDense.wo).
-        tails = sorted({"*." + ".".join(n.split(".")[i:]) for n in names
-                        for i in range(1, n.count(".") + 1)})
+        tails = sorted(
+            {"*." + ".".join(n.split(".")[i:]) for n in names for i in range(1, n.count(".") + 1)}
+        )
         close = difflib.get_close_matches(entry, tails + names, n=3, cutoff=0.75)
         what = f"fp32_modules pattern {entry!r} matches no module of the model"
     else:
         close = difflib.get_close_matches(entry, names, n=3, cutoff=0.75)
         what = f"fp32_modules names {entry!r}, which the model does not have"
-    hint = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close
-            else f"use names from model.named_modules(), e.g. "
-                 f"{', '.join(repr(n) for n in names[:3])}")
+    hint = (
+        f"did you mean {' or '.join(repr(c) for c in close)}?"
+        if close
+        else f"use names from model.named_modules(), e.g. {', '.join(repr(n) for n in names[:3])}"
+    )
     return f"{what}: {hint}"
 
 

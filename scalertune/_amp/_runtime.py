@@ -55,8 +55,14 @@ class AmpRuntime:
         (1, 0)
     """
 
-    def __init__(self, config: AmpConfig, *, device: str | torch.device | None = "auto",
-                 guard: Guard | None = None, watch: Watch | None = None) -> None:
+    def __init__(
+        self,
+        config: AmpConfig,
+        *,
+        device: str | torch.device | None = "auto",
+        guard: Guard | None = None,
+        watch: Watch | None = None,
+    ) -> None:
         self.config = config
         self.guard = guard if config.uses_scaler else None
         self.watch = watch if config.uses_scaler else None
@@ -71,7 +77,8 @@ class AmpRuntime:
         self._stepped: bool | DeviceStep = True
         # `scale` before GradScaler's first backward, and without one: made once, not per step
         self._initial_scale = torch.full(
-            (), config.init_scale if config.uses_scaler else 1.0, device=self.device)
+            (), config.init_scale if config.uses_scaler else 1.0, device=self.device
+        )
         self._clip = _Clip(config.clip_norm) if config.clip_norm is not None else None
         self._uses_scaler = config.uses_scaler  # read on every step: a plain attribute
         #: Called after each :meth:`backward` and first in :meth:`step`, while the gradients
@@ -81,9 +88,15 @@ class AmpRuntime:
         self._before_step: Callable[[], None] | None = None
 
     @classmethod
-    def from_yaml(cls, path: str, *, device: str | torch.device | None = "auto",
-                  guard: bool = True, watch: bool = True,
-                  best_amp: bool = False) -> AmpRuntime:
+    def from_yaml(
+        cls,
+        path: str,
+        *,
+        device: str | torch.device | None = "auto",
+        guard: bool = True,
+        watch: bool = True,
+        best_amp: bool = False,
+    ) -> AmpRuntime:
         """Build the runtime from a YAML file that ``scalertune search`` wrote, with the
         guard it recommends (``guard=False`` for none) and a watch on the scaler it predicts
         (``watch=False`` for none; a file without a prediction has none). ``best_amp=True``
@@ -91,8 +104,7 @@ class AmpRuntime:
         for a GPU, when the search ran where float32 is faster."""
         from scalertune._amp._schema import load_runtime
 
-        return cls(**load_runtime(path, guard=guard, watch=watch, best_amp=best_amp),
-                   device=device)
+        return cls(**load_runtime(path, guard=guard, watch=watch, best_amp=best_amp), device=device)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward context: autocast to the config's dtype (a no-op for float32).
@@ -122,8 +134,12 @@ class AmpRuntime:
 
     def _scaler(self, kind: type[torch.amp.GradScaler]) -> torch.amp.GradScaler:
         config = self.config
-        return kind(self.device.type, listener=self,  # type: ignore[call-arg]
-                    enabled=config.uses_scaler, **{k: getattr(config, k) for k in SCALER_KNOBS})
+        return kind(
+            self.device.type,
+            listener=self,  # type: ignore[call-arg]
+            enabled=config.uses_scaler,
+            **{k: getattr(config, k) for k in SCALER_KNOBS},
+        )
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward through the scaled loss (plain backward when no scaler is active);
@@ -174,9 +190,13 @@ class AmpRuntime:
         if self._checks is not None and self.steps % self._checks.every == 0:
             self._checks.run(self)
 
-    def train_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                   loss_fn: Callable[[Any, Any], torch.Tensor],
-                   batch: tuple[Any, Any]) -> torch.Tensor:
+    def train_step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        batch: tuple[Any, Any],
+    ) -> torch.Tensor:
         """The whole canonical step on one ``(inputs, targets)`` batch; returns the loss.
 
         Applies the float32 islands (:meth:`prepare`) to ``model`` on first use.
@@ -214,8 +234,11 @@ class AmpRuntime:
 
     def state_dict(self) -> dict[str, Any]:
         """Scaler state and counters, for checkpoints."""
-        return {"scaler": self.scaler.state_dict(), "steps": self.steps,
-                "skipped": self.skipped_steps}
+        return {
+            "scaler": self.scaler.state_dict(),
+            "steps": self.steps,
+            "skipped": self.skipped_steps,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved."""
@@ -237,16 +260,20 @@ class _Forward:
         #: The context :meth:`AmpRuntime.train_step` enters on every step, made once: it is
         #: entered and left in turn, never nested, and making one costs more than entering it.
         self.reused: contextlib.AbstractContextManager[Any] = (
-            contextlib.nullcontext() if self._float32
-            else torch.autocast(device.type, dtype=self._dtype))
+            contextlib.nullcontext()
+            if self._float32
+            else torch.autocast(device.type, dtype=self._dtype)
+        )
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self._float32:
             return contextlib.nullcontext()
         if self.islands and not self._prepared:
-            raise UsageError(f"this config keeps {', '.join(self.islands)} in float32 "
-                             "(fp32_modules): call model = amp.prepare(model) once before "
-                             "training")
+            raise UsageError(
+                f"this config keeps {', '.join(self.islands)} in float32 "
+                "(fp32_modules): call model = amp.prepare(model) once before "
+                "training"
+            )
         return torch.autocast(self.device.type, dtype=self._dtype)
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -268,8 +295,9 @@ class _Clip:
         scaler.unscale_(optimizer)
         params = self._params.get(id(optimizer))
         if params is None:
-            params = self._params[id(optimizer)] = [p for group in optimizer.param_groups
-                                                    for p in group["params"]]
+            params = self._params[id(optimizer)] = [
+                p for group in optimizer.param_groups for p in group["params"]
+            ]
         torch.nn.utils.clip_grad_norm_(params, self.max_norm)
 
 
@@ -289,13 +317,23 @@ class _Checks:
         skips = amp._skips  # noqa: SLF001 - the runtime's own bookkeeping
         scale, skipped = skips.read(amp.scale)
         if self.guard is not None:
-            check_guard(self.guard, scale=scale, streak=skips.streak, step=amp.steps,
-                        islands=amp.config.fp32_modules)
+            check_guard(
+                self.guard,
+                scale=scale,
+                streak=skips.streak,
+                step=amp.steps,
+                islands=amp.config.fp32_modules,
+            )
         if self.watch is None or self._warned:
             return
-        found = self.watch.drift(amp.config, steps=amp.steps, skipped=skipped,
-                                 startup=skips.startup, startup_last=skips.startup_last,
-                                 scale=scale)
+        found = self.watch.drift(
+            amp.config,
+            steps=amp.steps,
+            skipped=skipped,
+            startup=skips.startup,
+            startup_last=skips.startup_last,
+            scale=scale,
+        )
         if found is not None:
             self._warned = True
             warnings.warn(AmpDriftWarning(found), stacklevel=caller_stacklevel())

@@ -191,8 +191,7 @@ class Skips:
         skipped = torch.lt(scale, before)
         if len(stepping) == 1 and stepping[0][1] == "verify":
             backed_off = bool(skipped)
-            self._verify(stepping[0][0], index, backed_off,
-                         self._taken.count == self._taken_before)
+            self._verify(stepping[0][0], index, backed_off, self._taken.count == self._taken_before)
             return not backed_off
         if self._on_device is None:
             self._on_device = torch.zeros((), dtype=torch.int64, device=scale.device)
@@ -246,8 +245,9 @@ class Skips:
             known = self._modes[id(optimizer)] = (optimizer, mode)
         return known[1]
 
-    def _verify(self, optimizer: torch.optim.Optimizer, index: int, backed_off: bool,
-                hook_silent: bool) -> None:
+    def _verify(
+        self, optimizer: torch.optim.Optimizer, index: int, backed_off: bool, hook_silent: bool
+    ) -> None:
         """Count the step by the scale; trust the hook from the first step it ran and the hook
         heard it, and never if the two disagree."""
         self._record(index, backed_off, on_host=True)

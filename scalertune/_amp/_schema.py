@@ -30,8 +30,9 @@ def read_result(path: str) -> dict[str, Any]:
     """The parsed result file; :class:`UsageError` when it is missing or not a result."""
     from scalertune._amp._yaml import read_yaml
 
-    data = read_yaml(path, what="a scalertune result file",
-                     missing=" (run scalertune search first)")
+    data = read_yaml(
+        path, what="a scalertune result file", missing=" (run scalertune search first)"
+    )
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise UsageError(f"{path} has no 'config' mapping: is it a scalertune result file?")
     return data
@@ -55,8 +56,10 @@ def best_amp_block(data: dict[str, Any], path: str) -> dict[str, Any]:
     evidence = data.get("evidence")
     block = evidence.get("best_amp") if isinstance(evidence, dict) else None
     if not isinstance(block, dict) or not isinstance(block.get("config"), dict):
-        raise UsageError(f"{path} has no evidence.best_amp: no AMP config held in that "
-                         "search, so train with its config (best_amp=False)")
+        raise UsageError(
+            f"{path} has no evidence.best_amp: no AMP config held in that "
+            "search, so train with its config (best_amp=False)"
+        )
     return block
 
 
@@ -67,8 +70,9 @@ def load_prediction(path: str) -> ScalerPrediction | None:
     return _prediction(read_result(path), path)
 
 
-def load_runtime(path: str, *, guard: bool = True, watch: bool = True,
-                 best_amp: bool = False) -> dict[str, Any]:
+def load_runtime(
+    path: str, *, guard: bool = True, watch: bool = True, best_amp: bool = False
+) -> dict[str, Any]:
     """What :class:`AmpRuntime` is built with from a result YAML, read once: its ``config``
     (``evidence.best_amp``'s with ``best_amp=True``), the ``guard`` it recommends and a
     ``watch`` on its prediction (each ``None`` when the file has none or it is turned off).
@@ -77,9 +81,11 @@ def load_runtime(path: str, *, guard: bool = True, watch: bool = True,
     data = read_result(path)
     chosen = _chosen(data, path, best_amp)
     predicted = _prediction(data, path) if watch else None
-    return {"config": AmpConfig.from_dict(chosen["config"]),
-            "guard": _guard(chosen, path) if guard else None,
-            "watch": Watch(predicted) if predicted is not None else None}
+    return {
+        "config": AmpConfig.from_dict(chosen["config"]),
+        "guard": _guard(chosen, path) if guard else None,
+        "watch": Watch(predicted) if predicted is not None else None,
+    }
 
 
 def _guard(data: dict[str, Any], path: str) -> Guard | None:
@@ -87,16 +93,23 @@ def _guard(data: dict[str, Any], path: str) -> Guard | None:
     if block is None:
         return None
     try:
-        return Guard(min_scale=float(block["min_scale"]),
-                     max_consecutive_skips=int(block["max_consecutive_skips"]))
+        return Guard(
+            min_scale=float(block["min_scale"]),
+            max_consecutive_skips=int(block["max_consecutive_skips"]),
+        )
     except (KeyError, TypeError, ValueError):
         raise UsageError(f"{path}: 'guard' needs min_scale and max_consecutive_skips") from None
 
 
 #: The keys of ``evidence.prediction``, with the type each is read as (``max_scale`` may be
 #: left out).
-_PREDICTION_KEYS = {"horizon": int, "skipped_steps": int, "skipped_first": int,
-                    "min_scale": float, "final_scale": float}
+_PREDICTION_KEYS = {
+    "horizon": int,
+    "skipped_steps": int,
+    "skipped_first": int,
+    "min_scale": float,
+    "final_scale": float,
+}
 
 
 def _prediction(data: dict[str, Any], path: str) -> ScalerPrediction | None:
@@ -111,8 +124,7 @@ def _prediction(data: dict[str, Any], path: str) -> ScalerPrediction | None:
     if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values.values()):
         raise UsageError(needs)
     # ScalerPrediction's fields by name (the keys chosen above); it checks their values.
-    fields: dict[str, Any] = {k: _as(_PREDICTION_KEYS.get(k, float), v)
-                              for k, v in values.items()}
+    fields: dict[str, Any] = {k: _as(_PREDICTION_KEYS.get(k, float), v) for k, v in values.items()}
     try:
         return ScalerPrediction(**fields)
     except UsageError as exc:
@@ -138,7 +150,7 @@ def write_result(data: dict[str, Any], path: str) -> None:
     """Write ``data`` (config, guard, evidence) atomically, with a header saying how to load it."""
     header = (
         "# Written by scalertune. Load it in training code with\n"
-        "#   amp = scalertune.load(\"" + os.path.basename(path) + "\", device=\"cuda\")\n"
+        '#   amp = scalertune.load("' + os.path.basename(path) + '", device="cuda")\n'
         "# 'config' is what the runtime uses; 'evidence' says why it was chosen.\n"
     )
     # A temporary name of this process's own: workers that finish together write the same

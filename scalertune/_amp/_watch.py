@@ -80,20 +80,26 @@ class ScalerPrediction:
         for name, low in (("horizon", 1), ("skipped_steps", 0), ("skipped_first", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise UsageError(f"the prediction's {name} must be an integer >= {low}, got "
-                                 f"{shown(value)}")
+                raise UsageError(
+                    f"the prediction's {name} must be an integer >= {low}, got {shown(value)}"
+                )
         if not self.skipped_first <= self.skipped_steps <= self.horizon:
             raise UsageError(
                 f"the prediction's counts must satisfy skipped_first <= skipped_steps <= "
-                f"horizon, got {self.skipped_first}, {self.skipped_steps}, {self.horizon}")
+                f"horizon, got {self.skipped_first}, {self.skipped_steps}, {self.horizon}"
+            )
         for name in ("min_scale", "final_scale", "max_scale"):
             value = getattr(self, name)
             if value is None and name == "max_scale":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    0 < value <= FLOAT32_MAX):
-                raise UsageError(f"the prediction's {name} must be a finite number > 0, got "
-                                 f"{shown(value)}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (0 < value <= FLOAT32_MAX)
+            ):
+                raise UsageError(
+                    f"the prediction's {name} must be a finite number > 0, got {shown(value)}"
+                )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +146,7 @@ class Watch:
             raise UsageError(f"the watch needs a ScalerPrediction, got {shown(self.prediction)}")
         value = self.check_every
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UsageError(f"the watch's check_every must be an integer >= 1, got "
-                             f"{shown(value)}")
+            raise UsageError(f"the watch's check_every must be an integer >= 1, got {shown(value)}")
 
     def allowed_skips(self, steps: int) -> float:
         """The most skipped steps a run of ``steps`` steps may have and still be the predicted
@@ -151,38 +156,57 @@ class Watch:
         error = max(SKIP_ERROR_STEPS, SKIP_ERROR_SHARE * max(p.skipped_steps, expected))
         return expected + DRIFT_MARGIN * error
 
-    def drift(self, config: AmpConfig, *, steps: int, skipped: int, startup: int,
-              startup_last: int, scale: float) -> str | None:
+    def drift(
+        self,
+        config: AmpConfig,
+        *,
+        steps: int,
+        skipped: int,
+        startup: int,
+        startup_last: int,
+        scale: float,
+    ) -> str | None:
         """What differs from the prediction after ``steps`` steps, in words (``None``: the run
         is the predicted one). ``startup`` counts the start-up burst's skips so far, its last
         at step ``startup_last``; ``scale`` is the loss scale now."""
         p, found = self.prediction, []
-        if (startup > p.skipped_first + DRIFT_MARGIN * SKIP_ERROR_STEPS
-                and startup_last < p.horizon / 2):
+        if (
+            startup > p.skipped_first + DRIFT_MARGIN * SKIP_ERROR_STEPS
+            and startup_last < p.horizon / 2
+        ):
             larger = (1 / config.backoff_factor) ** (startup - p.skipped_first)
-            found.append(f"its start-up has skipped {startup} steps where the search "
-                         f"predicted {p.skipped_first} (exact in calibration): its first "
-                         f"gradients are at least {larger:.3g} times larger than the search's")
+            found.append(
+                f"its start-up has skipped {startup} steps where the search "
+                f"predicted {p.skipped_first} (exact in calibration): its first "
+                f"gradients are at least {larger:.3g} times larger than the search's"
+            )
         if skipped > self.allowed_skips(steps):
-            found.append(f"this run skipped {skipped:,} steps in its first {steps:,}; the "
-                         f"search predicted {p.skipped_steps:,} over {p.horizon:,}"
-                         + (f" ({p.skipped_first} of them in the start-up)"
-                            if p.skipped_first else ""))
+            found.append(
+                f"this run skipped {skipped:,} steps in its first {steps:,}; the "
+                f"search predicted {p.skipped_steps:,} over {p.horizon:,}"
+                + (f" ({p.skipped_first} of them in the start-up)" if p.skipped_first else "")
+            )
         highest = max(p.max_scale or 0.0, p.final_scale, config.init_scale)
         if scale < p.min_scale / SCALE_SLACK:
             below = p.min_scale / scale if scale > 0 else math.inf  # backed off to zero
-            found.append(f"the loss scale is {scale:.3g}, {below:.3g} times "
-                         f"below the lowest the search predicted ({p.min_scale:.3g}): "
-                         "gradients overflow float16 at scales the search's run held")
+            found.append(
+                f"the loss scale is {scale:.3g}, {below:.3g} times "
+                f"below the lowest the search predicted ({p.min_scale:.3g}): "
+                "gradients overflow float16 at scales the search's run held"
+            )
         elif steps <= p.horizon and scale > highest * SCALE_SLACK:
-            found.append(f"the loss scale is {scale:.3g}, {scale / highest:.3g} times above "
-                         f"the highest the search predicted ({highest:.3g}): the gradients "
-                         "are much smaller than the search's")
+            found.append(
+                f"the loss scale is {scale:.3g}, {scale / highest:.3g} times above "
+                f"the highest the search predicted ({highest:.3g}): the gradients "
+                "are much smaller than the search's"
+            )
         if not found:
             return None
-        return (f"AMP watch at step {steps:,}: " + "; ".join(found) + ". The run is no longer "
-                "the one the search saw (other data, learning rate or model?): rerun "
-                "scalertune search on it (scalertune.load(..., watch=False) silences this)")
+        return (
+            f"AMP watch at step {steps:,}: " + "; ".join(found) + ". The run is no longer "
+            "the one the search saw (other data, learning rate or model?): rerun "
+            "scalertune search on it (scalertune.load(..., watch=False) silences this)"
+        )
 
 
 def caller_stacklevel() -> int:

@@ -34,8 +34,9 @@ def read_yaml(path: str, *, what: str, missing: str = "") -> Any:
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     if len(raw) > _policy.MAX_YAML_BYTES:
-        raise UsageError(f"{path} is larger than {_policy.MAX_YAML_BYTES // 1024} KiB: "
-                         f"is it {what}?")
+        raise UsageError(
+            f"{path} is larger than {_policy.MAX_YAML_BYTES // 1024} KiB: is it {what}?"
+        )
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -73,20 +74,27 @@ def _measure(root: yaml.Node, where: str, loader: yaml.SafeLoader) -> None:
         if key in counted:
             return counted[key]
         if key in open_nodes:
-            raise UsageError(f"{where}: an alias at line {node.start_mark.line + 1} refers to "
-                             "a value that contains it: write the value out")
+            raise UsageError(
+                f"{where}: an alias at line {node.start_mark.line + 1} refers to "
+                "a value that contains it: write the value out"
+            )
         if isinstance(node, yaml.ScalarNode):
             _check_finite(node, where, loader)
             total = 1
         else:
             open_nodes.add(key)
-            children = (node.value if isinstance(node, yaml.SequenceNode)
-                        else [n for pair in node.value for n in pair])
+            children = (
+                node.value
+                if isinstance(node, yaml.SequenceNode)
+                else [n for pair in node.value for n in pair]
+            )
             total = 1 + sum(count(child) for child in children)
             open_nodes.discard(key)
         if total > _policy.MAX_YAML_VALUES:
-            raise UsageError(f"{where}: its aliases expand to more than "
-                             f"{_policy.MAX_YAML_VALUES} values: write the values out")
+            raise UsageError(
+                f"{where}: its aliases expand to more than "
+                f"{_policy.MAX_YAML_VALUES} values: write the values out"
+            )
         counted[key] = total
         return total
 
@@ -98,5 +106,7 @@ def _check_finite(node: yaml.ScalarNode, where: str, loader: yaml.SafeLoader) ->
         return
     value = loader.construct_yaml_float(node)
     if not math.isfinite(value):
-        raise UsageError(f"{where}: line {node.start_mark.line + 1}: {node.value} is not a "
-                         "finite number: give a finite value")
+        raise UsageError(
+            f"{where}: line {node.start_mark.line + 1}: {node.value} is not a "
+            "finite number: give a finite value"
+        )

@@ -11,5 +11,13 @@ from scalertune._cli._commands import COMMANDS, EXIT_FAILED, EXIT_INTERRUPTED, E
 from scalertune._cli._flags import flag
 from scalertune._cli._parser import EXIT_USAGE, build, parse
 
-__all__ = ["COMMANDS", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_STORAGE", "EXIT_USAGE", "build",
-           "flag", "parse"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_STORAGE",
+    "EXIT_USAGE",
+    "build",
+    "flag",
+    "parse",
+]

@@ -35,15 +35,27 @@ def _search(args: argparse.Namespace) -> int:
     from scalertune._storage._open import owned_files
 
     quiet = args.quiet
-    isolation = (Isolation(args.trial_timeout, args.trial_memory)
-                 if args.isolate or args.nproc_per_node > 1 else None)
+    isolation = (
+        Isolation(args.trial_timeout, args.trial_memory)
+        if args.isolate or args.nproc_per_node > 1
+        else None
+    )
     new_files = [f for f in owned_files(args.storage) if not os.path.exists(f)]
     try:
         result = search(
-            args.factory, storage=args.storage, study_name=args.study_name, space=args.space,
-            fp32_modules=args.fp32_modules, n_trials=args.n_trials, steps=args.steps,
-            horizon=args.horizon, seed=args.seed, device=args.device, timeout=args.timeout,
-            isolation=isolation, artifact_dir=args.artifact_dir,
+            args.factory,
+            storage=args.storage,
+            study_name=args.study_name,
+            space=args.space,
+            fp32_modules=args.fp32_modules,
+            n_trials=args.n_trials,
+            steps=args.steps,
+            horizon=args.horizon,
+            seed=args.seed,
+            device=args.device,
+            timeout=args.timeout,
+            isolation=isolation,
+            artifact_dir=args.artifact_dir,
             nproc_per_node=args.nproc_per_node,
             log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
             progress=not quiet and sys.stderr.isatty(),
@@ -59,9 +71,11 @@ def _search(args: argparse.Namespace) -> int:
     if _interrupt.received():
         return EXIT_INTERRUPTED
     if result.missing:
-        print(f"scalertune search: the evidence of {plural(len(result.missing), 'run')} is "
-              "missing (see 'Missing evidence' above): rerun the same command to complete it",
-              file=sys.stderr)
+        print(
+            f"scalertune search: the evidence of {plural(len(result.missing), 'run')} is "
+            "missing (see 'Missing evidence' above): rerun the same command to complete it",
+            file=sys.stderr,
+        )
         return EXIT_STORAGE
     return 0
 
@@ -72,10 +86,12 @@ def _check_search(args: argparse.Namespace) -> str:
     output file."""
     from scalertune._search._space import SearchSpace
 
-    if ((args.trial_timeout is not None or args.trial_memory is not None)
-            and not args.isolate and args.nproc_per_node == 1):
-        raise UsageError("--trial-timeout and --trial-memory need --isolate (or "
-                         "--nproc-per-node)")
+    if (
+        (args.trial_timeout is not None or args.trial_memory is not None)
+        and not args.isolate
+        and args.nproc_per_node == 1
+    ):
+        raise UsageError("--trial-timeout and --trial-memory need --isolate (or --nproc-per-node)")
     SearchSpace.load(args.space)  # read again by the search; here it is refused before torch
     from scalertune._search._study import default_study_name
 
@@ -88,8 +104,14 @@ def _check_search(args: argparse.Namespace) -> str:
     return output
 
 
-def _write(result: SearchResult, output: str, artifact_dir: str | None,
-           stream: Any | None, *, publish_notes: bool = True) -> None:
+def _write(
+    result: SearchResult,
+    output: str,
+    artifact_dir: str | None,
+    stream: Any | None,
+    *,
+    publish_notes: bool = True,
+) -> None:
     """The YAML, the pictures beside it, and what the dashboard shows; ``stream`` (if any)
     says what was written."""
     from scalertune._review._dashboard import publish
@@ -99,11 +121,14 @@ def _write(result: SearchResult, output: str, artifact_dir: str | None,
         result.to_yaml(output)
         pictures = result.write_pictures(output)
     except OSError as exc:  # a full disk, a read-only folder: each file is written whole
-        again = (f"scalertune report --storage STORAGE --study-name '{result.study_name}' -o "
-                 "FILE writes them again")
-        raise UsageError(f"cannot write {exc.filename or output}: {exc.strerror or exc}: free "
-                         f"space or pass another --output; the study keeps everything ({again})"
-                         ) from None
+        again = (
+            f"scalertune report --storage STORAGE --study-name '{result.study_name}' -o "
+            "FILE writes them again"
+        )
+        raise UsageError(
+            f"cannot write {exc.filename or output}: {exc.strerror or exc}: free "
+            f"space or pass another --output; the study keeps everything ({again})"
+        ) from None
     if stream is not None:
         print(f"Wrote {', '.join([output, *pictures.values()])}", file=stream)
     if not publish_notes:
@@ -111,8 +136,10 @@ def _write(result: SearchResult, output: str, artifact_dir: str | None,
     try:
         publish(result, pictures=pictures, artifact_dir=artifact_dir)
     except Exception as exc:  # the YAML is written; the dashboard extras must not undo that
-        print(f"scalertune: could not add notes and pictures to the study: {first_line(exc)}",
-              file=sys.stderr)
+        print(
+            f"scalertune: could not add notes and pictures to the study: {first_line(exc)}",
+            file=sys.stderr,
+        )
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -137,16 +164,27 @@ def _report(args: argparse.Namespace) -> int:
         written = result if args.trial is None else result.for_trial(args.trial)
         note = None if args.quiet else sys.stderr
         with _interrupt.deferred():
-            _write(written, args.output, None, note if args.json else sys.stdout,
-                   publish_notes=args.trial is None)
+            _write(
+                written,
+                args.output,
+                None,
+                note if args.json else sys.stdout,
+                publish_notes=args.trial is None,
+            )
     return EXIT_INTERRUPTED if _interrupt.received() else 0
 
 
 def _export(args: argparse.Namespace) -> int:
     from scalertune._export._api import export
 
-    result = export(args.result, args.to, device=args.device, strict=args.strict,
-                    micro_batch_size=args.micro_batch_size, best_amp=args.best_amp)
+    result = export(
+        args.result,
+        args.to,
+        device=args.device,
+        strict=args.strict,
+        micro_batch_size=args.micro_batch_size,
+        best_amp=args.best_amp,
+    )
     print(result.code, end="")
     if args.to == "deepspeed" and not args.quiet:
         # JSON has no comments: what the code text would say in them goes beside it.
@@ -170,14 +208,22 @@ def _diagnose(args: argparse.Namespace) -> int:
     except FactoryError as exc:
         raise UsageError(f"the factory {args.factory} raised {exc}: fix it and rerun") from None
     try:
-        result = diagnose(factory, init_scale=args.init_scale, steps=args.steps,
-                          seed=args.seed, device=device, fp32_modules=islands)
+        result = diagnose(
+            factory,
+            init_scale=args.init_scale,
+            steps=args.steps,
+            seed=args.seed,
+            device=device,
+            fp32_modules=islands,
+        )
     except TrainingFailed as exc:
         print(f"scalertune diagnose: {exc}", file=sys.stderr)
         return EXIT_FAILED
     kept = f", with {','.join(islands)} in float32" if islands else ""
-    print(f"scalertune diagnose {args.factory}: {args.steps} steps each in float32, bfloat16 "
-          f"and float16 (init_scale {args.init_scale:g}{kept}), on {device}\n")
+    print(
+        f"scalertune diagnose {args.factory}: {args.steps} steps each in float32, bfloat16 "
+        f"and float16 (init_scale {args.init_scale:g}{kept}), on {device}\n"
+    )
     print(result.summary())
     command = result.next_command(args.factory)
     if command:
@@ -200,10 +246,13 @@ def _dashboard(args: argparse.Namespace) -> int:
         _check_study_name(args.study_name)
     from scalertune._storage._store import is_bucket, normalized
 
-    if args.artifact_dir is not None and not (is_bucket(args.artifact_dir)
-                                              or os.path.isdir(args.artifact_dir)):
-        raise UsageError(f"--artifact-dir {args.artifact_dir} is not a folder: name the folder "
-                         "the search stored its pictures in")
+    if args.artifact_dir is not None and not (
+        is_bucket(args.artifact_dir) or os.path.isdir(args.artifact_dir)
+    ):
+        raise UsageError(
+            f"--artifact-dir {args.artifact_dir} is not a folder: name the folder "
+            "the search stored its pictures in"
+        )
     if args.artifact_dir is not None:
         args.artifact_dir = normalized(args.artifact_dir)
     if args.study_name is None:
@@ -216,9 +265,15 @@ def _dashboard(args: argparse.Namespace) -> int:
     print("\n".join(lines), flush=True)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     with contextlib.suppress(KeyboardInterrupt):
-        serve(studies, storage_url=args.storage, host=args.host, port=args.port,
-              artifact_dir=args.artifact_dir)
+        serve(
+            studies,
+            storage_url=args.storage,
+            host=args.host,
+            port=args.port,
+            artifact_dir=args.artifact_dir,
+        )
     return 0
+
 
 EXIT_FAILED, EXIT_INTERRUPTED = 1, _interrupt.EXIT_INTERRUPTED
 #: A fault outside the workload stopped the command: the storage or the artifact store stayed
@@ -242,7 +297,9 @@ def _checked(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 
 #: Command name -> what runs it.
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "search": _checked(_search), "report": _checked(_report),
-    "dashboard": _checked(_dashboard), "diagnose": _checked(_diagnose),
+    "search": _checked(_search),
+    "report": _checked(_report),
+    "dashboard": _checked(_dashboard),
+    "diagnose": _checked(_diagnose),
     "export": _checked(_export),
 }

@@ -38,12 +38,15 @@ def _check_study_name(name: str) -> None:
 
     longest = max_study_name_length()
     if len(name) > longest:
-        raise UsageError(f"the study name is {len(name)} characters long; Optuna's storages hold "
-                         f"at most {longest}: pass a shorter --study-name")
+        raise UsageError(
+            f"the study name is {len(name)} characters long; Optuna's storages hold "
+            f"at most {longest}: pass a shorter --study-name"
+        )
 
 
-def _check_storage_and_output(storage: str, output: str | None, artifact_dir: str | None,
-                              inputs: dict[str, str]) -> None:
+def _check_storage_and_output(
+    storage: str, output: str | None, artifact_dir: str | None, inputs: dict[str, str]
+) -> None:
     """The storage's own files must be usable, and the output YAML (and the PNGs written
     beside it) must be a new or regular file, in a folder that exists, that is none of the
     files the study owns or the search reads."""
@@ -60,12 +63,15 @@ def _check_storage_and_output(storage: str, output: str | None, artifact_dir: st
         return
     path = os.path.abspath(output)
     if os.path.isdir(path):
-        raise UsageError(f"--output {output} is a folder: name a file, e.g. "
-                         f"{os.path.join(output, 'amp.yaml')}")
+        raise UsageError(
+            f"--output {output} is a folder: name a file, e.g. {os.path.join(output, 'amp.yaml')}"
+        )
     folder = os.path.dirname(path)
     if not os.path.isdir(folder):
-        raise UsageError(f"--output {output}: the folder {folder} does not exist: create it, "
-                         "or write the YAML elsewhere")
+        raise UsageError(
+            f"--output {output}: the folder {folder} does not exist: create it, "
+            "or write the YAML elsewhere"
+        )
     if not os.access(folder, os.W_OK):
         raise UsageError(f"--output {output}: the folder {folder} is not writable")
     if os.path.exists(path) and not os.path.isfile(path):
@@ -73,18 +79,24 @@ def _check_storage_and_output(storage: str, output: str | None, artifact_dir: st
     longest = os.path.splitext(os.path.basename(path))[0] + _LONGEST_PICTURE_SUFFIX
     limit = _name_max(folder)
     if len(os.path.basename(path)) + TEMPORARY_SUFFIX_CHARS > limit or len(longest) > limit:
-        raise UsageError(f"--output {output}: the file names written there (up to "
-                         f"{len(longest)} characters) exceed this file system's {limit}: "
-                         "pass a shorter --output (or --study-name)")
+        raise UsageError(
+            f"--output {output}: the file names written there (up to "
+            f"{len(longest)} characters) exceed this file system's {limit}: "
+            "pass a shorter --output (or --study-name)"
+        )
     owned = {f: "storage" for f in owned_files(storage)}
     owned.update({f: what for what, f in inputs.items() if f and os.path.isfile(f)})
     for file, what in owned.items():
         if _same(path, file):
-            raise UsageError(f"--output {output} is the study's {what}: writing the YAML there "
-                             "would destroy it; pass another --output")
+            raise UsageError(
+                f"--output {output} is the study's {what}: writing the YAML there "
+                "would destroy it; pass another --output"
+            )
     if not is_bucket(artifacts) and (path == artifacts or path.startswith(artifacts + os.sep)):
-        raise UsageError(f"--output {output} is inside the artifact folder {artifacts}, which "
-                         "the study owns: pass another --output")
+        raise UsageError(
+            f"--output {output} is inside the artifact folder {artifacts}, which "
+            "the study owns: pass another --output"
+        )
 
 
 #: The longest name a picture written beside the YAML takes after its stem

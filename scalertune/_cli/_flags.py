@@ -26,15 +26,23 @@ def check_numbers(args: argparse.Namespace) -> None:
     :class:`~scalertune._errors.ParameterError` names the first that is not."""
     command = args.command
     if command == "search":
-        _limits.check(_limits.SEARCH, n_trials=args.n_trials, steps=args.steps,
-                      horizon=args.horizon, seed=args.seed, timeout=args.timeout,
-                      timeout_s=args.trial_timeout, memory_gb=args.trial_memory,
-                      nproc_per_node=args.nproc_per_node)
+        _limits.check(
+            _limits.SEARCH,
+            n_trials=args.n_trials,
+            steps=args.steps,
+            horizon=args.horizon,
+            seed=args.seed,
+            timeout=args.timeout,
+            timeout_s=args.trial_timeout,
+            memory_gb=args.trial_memory,
+            nproc_per_node=args.nproc_per_node,
+        )
         _limits.horizon(args.steps, args.horizon)
         _limits.check(_limits.REPORT, top=args.top)
     elif command == "diagnose":
-        _limits.check(_limits.DIAGNOSE, init_scale=args.init_scale, steps=args.steps,
-                      seed=args.seed)
+        _limits.check(
+            _limits.DIAGNOSE, init_scale=args.init_scale, steps=args.steps, seed=args.seed
+        )
     elif command == "export":
         _limits.check(_limits.EXPORT, micro_batch_size=args.micro_batch_size)
     elif command == "report":

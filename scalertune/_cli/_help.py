@@ -82,8 +82,10 @@ suggests make the forward finite, the init_scale it suggests skips no step.
 """
 
 
-QUIET_HELP = ("print results only: no per-run lines or progress bar, no notes on stderr "
-               "(errors are still printed)")
+QUIET_HELP = (
+    "print results only: no per-run lines or progress bar, no notes on stderr "
+    "(errors are still printed)"
+)
 
 EXPORT_DESCRIPTION = (
     "Print the code that builds the objects a framework takes for the config in RESULT (a "
@@ -98,21 +100,31 @@ EXPORT_DESCRIPTION = (
     "scalertune.export() returns the same objects in Python. Where the framework cannot "
     "express a searched value, a 'NOT EXPRESSIBLE' comment says so and the nearest setting is "
     "used; --strict makes that an error (exit status 2). 'DIFFERS' comments say where the "
-    "framework's scaler behaves otherwise with the same numbers.")
-EXPORT_EPILOG = ("examples:\n  scalertune export amp.yaml --to lightning --device cuda\n"
-                 "  scalertune export amp.yaml --to transformers --best-amp\n"
-                 "  scalertune export amp.yaml --to deepspeed --micro-batch-size 8 > "
-                 "ds_config.json")
+    "framework's scaler behaves otherwise with the same numbers."
+)
+EXPORT_EPILOG = (
+    "examples:\n  scalertune export amp.yaml --to lightning --device cuda\n"
+    "  scalertune export amp.yaml --to transformers --best-amp\n"
+    "  scalertune export amp.yaml --to deepspeed --micro-batch-size 8 > "
+    "ds_config.json"
+)
 DASHBOARD_DESCRIPTION = (
     "Start optuna-dashboard, bound to 127.0.0.1, on the storage and its studies' artifact "
     "stores: it shows every study the storage holds. First refresh the notes scalertune writes "
     "(the study's summary, what each trial is and what happened to it) on every study, or on "
     "--study-name's only; nothing but notes is written. Needs: pip install "
-    "'scalertune[dashboard]'.")
-REPORT_DESCRIPTION = ("Print the summary of a stored study, recomputed from what the storage "
-                      "holds (after several workers, or after a crash).")
-DIAGNOSE_EPILOG = ("exit status: 0 diagnosed; 1 the workload raised in float16 (or float32); "
-                   "2 bad input (nothing was run)")
-STORAGE_HELP = ("Optuna storage URL (sqlite:///..., postgresql://...), a SQLite file (.db, "
-                ".sqlite), or the path of a journal file for several workers on one host "
-                "(default: %(default)s)")
+    "'scalertune[dashboard]'."
+)
+REPORT_DESCRIPTION = (
+    "Print the summary of a stored study, recomputed from what the storage "
+    "holds (after several workers, or after a crash)."
+)
+DIAGNOSE_EPILOG = (
+    "exit status: 0 diagnosed; 1 the workload raised in float16 (or float32); "
+    "2 bad input (nothing was run)"
+)
+STORAGE_HELP = (
+    "Optuna storage URL (sqlite:///..., postgresql://...), a SQLite file (.db, "
+    ".sqlite), or the path of a journal file for several workers on one host "
+    "(default: %(default)s)"
+)

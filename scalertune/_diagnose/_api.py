@@ -68,10 +68,15 @@ from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import load_factory
 
 
-def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.0**16,
-             steps: int = _policy.DIAGNOSE_STEPS, seed: int = 0,
-             device: str | torch.device = "auto",
-             fp32_modules: str | Sequence[str] = ()) -> Diagnosis:
+def diagnose(
+    factory_or_spec: str | Callable[[], Any],
+    *,
+    init_scale: float = 2.0**16,
+    steps: int = _policy.DIAGNOSE_STEPS,
+    seed: int = 0,
+    device: str | torch.device = "auto",
+    fp32_modules: str | Sequence[str] = (),
+) -> Diagnosis:
     """Watch ``steps`` training steps in float16 (at ``init_scale``, with ``fp32_modules``
     already in float32), bfloat16 and float32, check the fixes by running them, and judge.
 
@@ -79,8 +84,7 @@ def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.
     ``steps < 1``, or ``fp32_modules`` naming no module of the model, before anything runs.
     """
     _check(init_scale, steps)
-    factory = (load_factory(factory_or_spec) if isinstance(factory_or_spec, str)
-               else factory_or_spec)
+    factory = load_factory(factory_or_spec) if isinstance(factory_or_spec, str) else factory_or_spec
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     config = AmpConfig(init_scale=float(init_scale), fp32_modules=parse_islands(fp32_modules))
     if config.fp32_modules:  # a typo is refused before any step runs
@@ -110,41 +114,75 @@ def diagnose(factory_or_spec: str | Callable[[], Any], *, init_scale: float = 2.
         if culprits:
             kind, verdict = "forward", judge.forward_fixed(culprits, islanded, verdict)
     for name, row in table.items():
-        row.flushed = _flushed(_of_module(current.first_grads, name),
-                               _of_module(f32.first_grads, name))
-    return _diagnosis(table, config, steps, kind, verdict, suggested, culprits, islanded,
-                      first, current, bf16, checks)
+        row.flushed = _flushed(
+            _of_module(current.first_grads, name), _of_module(f32.first_grads, name)
+        )
+    return _diagnosis(
+        table,
+        config,
+        steps,
+        kind,
+        verdict,
+        suggested,
+        culprits,
+        islanded,
+        first,
+        current,
+        bf16,
+        checks,
+    )
 
 
 def _check(init_scale: Any, steps: int) -> None:
     """:class:`UsageError` for an ``init_scale`` or ``steps`` no run can take."""
-    if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)) or not (
-            math.isfinite(init_scale) and init_scale > 0):
+    if (
+        isinstance(init_scale, bool)
+        or not isinstance(init_scale, (int, float))
+        or not (math.isfinite(init_scale) and init_scale > 0)
+    ):
         raise UsageError(f"init_scale must be a positive finite number, got {init_scale!r}")
     if steps < 1:
         raise UsageError(f"steps must be >= 1, got {steps}")
 
 
-def _diagnosis(table: dict[str, ModuleReport], config: AmpConfig, steps: int, kind: str,
-               verdict: str, suggested: float | None, culprits: list[str],
-               islanded: list[str], first: _Run, current: _Run, bf16: _Run | None,
-               checks: list[Any]) -> Diagnosis:
+def _diagnosis(
+    table: dict[str, ModuleReport],
+    config: AmpConfig,
+    steps: int,
+    kind: str,
+    verdict: str,
+    suggested: float | None,
+    culprits: list[str],
+    islanded: list[str],
+    first: _Run,
+    current: _Run,
+    bf16: _Run | None,
+    checks: list[Any],
+) -> Diagnosis:
     """The judged runs as the :class:`Diagnosis` users read."""
     return Diagnosis(
-        modules=list(table.values()), init_scale=config.init_scale, steps=steps, kind=kind,
-        verdict=verdict, culprits=culprits,
-        islands=[] if kind == "float32" or current.forward_overflow
+        modules=list(table.values()),
+        init_scale=config.init_scale,
+        steps=steps,
+        kind=kind,
+        verdict=verdict,
+        culprits=culprits,
+        islands=[]
+        if kind == "float32" or current.forward_overflow
         else group_patterns(islanded, first.names),
-        skipped=first.skipped, overflowing_gradients=_overflowing_gradients(table),
-        underflow_share=current.flushed, suggested_init_scale=suggested,
-        bfloat16_finite=bf16 is not None and bf16.finite, checks=checks,
+        skipped=first.skipped,
+        overflowing_gradients=_overflowing_gradients(table),
+        underflow_share=current.flushed,
+        suggested_init_scale=suggested,
+        bfloat16_finite=bf16 is not None and bf16.finite,
+        checks=checks,
         first_forward_nonfinite=first.first_forward,
-        first_backward_nonfinite=first.first_backward, grad_absmax=_grad_absmax(table))
+        first_backward_nonfinite=first.first_backward,
+        grad_absmax=_grad_absmax(table),
+    )
 
 
 # -- running -------------------------------------------------------------------------------
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-

@@ -16,9 +16,17 @@ from scalertune._diagnose._report import ModuleReport, TensorStats, _Run
 class _Hooks:
     """Forward hooks on every module (and gradient hooks on their outputs) for one run."""
 
-    def __init__(self, model: torch.nn.Module, dtype: str, record: _Run,
-                 table: dict[str, ModuleReport] | None, *, grads: bool, repair: bool,
-                 device_type: str) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        dtype: str,
+        record: _Run,
+        table: dict[str, ModuleReport] | None,
+        *,
+        grads: bool,
+        repair: bool,
+        device_type: str,
+    ) -> None:
         self.dtype, self.record, self.table = dtype, record, table
         self.grads, self.repair, self.device_type = grads, repair, device_type
         record.watched = True
@@ -26,8 +34,9 @@ class _Hooks:
         self._handles = []
         for name, module in model.named_modules():
             self._handles.append(module.register_forward_pre_hook(self._enter))
-            self._handles.append(module.register_forward_hook(
-                self._leave(name), with_kwargs=True, always_call=True))
+            self._handles.append(
+                module.register_forward_hook(self._leave(name), with_kwargs=True, always_call=True)
+            )
 
     def _enter(self, _module: torch.nn.Module, _args: Any) -> None:
         self._below.append(False)
@@ -48,7 +57,8 @@ class _Hooks:
                 if self.record.first_forward is None:
                     self.record.first_forward = name
                     self.record.first_bad = self.record.first_bad or (
-                        f"the output of {name or '(model)'}")
+                        f"the output of {name or '(model)'}"
+                    )
                 mine = not below and not any(_overflowed(t) for t in _tensors((args, kwargs)))
                 if mine and name not in self.record.culprits:
                     self.record.culprits.append(name)
@@ -65,6 +75,7 @@ class _Hooks:
                     if t.requires_grad and t.dim() > 0:  # a scalar is a loss: d loss/d loss
                         t.register_hook(self._on_grad(name))
             return repaired
+
         return hook
 
     def _recompute(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
@@ -83,6 +94,7 @@ class _Hooks:
                 self.table[name].backward.setdefault(self.dtype, TensorStats()).add(grad)
             if self.record.first_backward is None and not bool(torch.isfinite(grad).all()):
                 self.record.first_backward = name
+
         return hook
 
     def remove(self) -> None:

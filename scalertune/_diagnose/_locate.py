@@ -17,8 +17,14 @@ from scalertune._diagnose._report import IslandAdvice
 from scalertune._diagnose._runner import _Run, _Runner
 
 
-def locate_forward_overflow(factory: Callable[[], Any], config: AmpConfig, losses: Sequence[float],
-                            *, seed: int, device: torch.device) -> IslandAdvice | None:
+def locate_forward_overflow(
+    factory: Callable[[], Any],
+    config: AmpConfig,
+    losses: Sequence[float],
+    *,
+    seed: int,
+    device: torch.device,
+) -> IslandAdvice | None:
     """Replay a run that overflowed forward (its per-step ``losses``) up to its first
     non-finite loss, find the modules whose own computation overflowed, and check that
     keeping them in float32 makes that forward finite. ``None`` when the overflow came too
@@ -35,14 +41,17 @@ def locate_forward_overflow(factory: Callable[[], Any], config: AmpConfig, losse
         return None
     islanded = match_modules(current.config.fp32_modules, first.names)
     where = group_patterns([c for c in culprits if c], first.names)
-    return IslandAdvice(culprits=culprits,
-                        where=",".join(where + ["(model)"] * ("" in culprits)),
-                        islands=group_patterns(islanded, first.names),
-                        fixed=not current.forward_overflow)
+    return IslandAdvice(
+        culprits=culprits,
+        where=",".join(where + ["(model)"] * ("" in culprits)),
+        islands=group_patterns(islanded, first.names),
+        fixed=not current.forward_overflow,
+    )
 
 
-def _find_islands(run: _Runner, config: AmpConfig,
-                  first: _Run) -> tuple[list[str], _Run, list[_Run]]:
+def _find_islands(
+    run: _Runner, config: AmpConfig, first: _Run
+) -> tuple[list[str], _Run, list[_Run]]:
     """Keep the culprits found so far in float32 and rerun, until the forward is finite.
 
     Each rerun also recomputes any further culprit without submodules in float32 on the spot
@@ -58,8 +67,9 @@ def _find_islands(run: _Runner, config: AmpConfig,
         islands = tuple(c for c in culprits if c)
         if not islands:
             break
-        trial = run(dataclasses.replace(config, fp32_modules=config.fp32_modules + islands),
-                    repair=True)
+        trial = run(
+            dataclasses.replace(config, fp32_modules=config.fp32_modules + islands), repair=True
+        )
         new = [c for c in trial.culprits if c not in culprits]
         culprits += new
         if trial.repaired == 0:

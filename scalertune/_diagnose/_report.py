@@ -79,8 +79,11 @@ class ScalerCheck:
         islands = f" with {','.join(self.islands)} in float32" if self.islands else ""
         parts = [f"skipped {self.skipped} of {self.steps} steps"]
         if self.outputs_finite is not None:
-            parts.append("every module's output finite" if self.outputs_finite
-                         else "a module's output inf/NaN")
+            parts.append(
+                "every module's output finite"
+                if self.outputs_finite
+                else "a module's output inf/NaN"
+            )
         if self.bad_loss_steps:
             parts.append(f"the loss inf/NaN on {self.bad_loss_steps} steps")
         elif self.outputs_finite is None:
@@ -129,18 +132,38 @@ class Diagnosis:
     def table(self) -> str:
         """Module by module, in execution order."""
         s = f"@{self.init_scale:g}"
-        rows = [("module", "type", "fp16 max", "fp16 inf/nan", "bf16 max", "bf16 >65504",
-                 "grad max fp32", f"grad inf/nan {s}", "param grad max fp32",
-                 f"param inf/nan {s}", f"param flushed {s}")]
+        rows = [
+            (
+                "module",
+                "type",
+                "fp16 max",
+                "fp16 inf/nan",
+                "bf16 max",
+                "bf16 >65504",
+                "grad max fp32",
+                f"grad inf/nan {s}",
+                "param grad max fp32",
+                f"param inf/nan {s}",
+                f"param flushed {s}",
+            )
+        ]
         for m in self.modules:
             f16, b16 = m.forward.get("float16"), m.forward.get("bfloat16")
-            rows.append((
-                m.name or "(model)", m.kind,
-                _max(f16), _pct(f16, "nonfinite"), _max(b16), _pct(b16, "over"),
-                _max(m.backward.get("float32")), _pct(m.backward.get("float16"), "nonfinite"),
-                _max(m.params.get("float32")), _pct(m.params.get("float16"), "nonfinite"),
-                _share(m.flushed),
-            ))
+            rows.append(
+                (
+                    m.name or "(model)",
+                    m.kind,
+                    _max(f16),
+                    _pct(f16, "nonfinite"),
+                    _max(b16),
+                    _pct(b16, "over"),
+                    _max(m.backward.get("float32")),
+                    _pct(m.backward.get("float16"), "nonfinite"),
+                    _max(m.params.get("float32")),
+                    _pct(m.params.get("float16"), "nonfinite"),
+                    _share(m.flushed),
+                )
+            )
         from scalertune._text import format_table
 
         return "\n".join(format_table(rows))
@@ -149,11 +172,14 @@ class Diagnosis:
         """The table, where things first went non-finite, the checks, and the verdict."""
         lines = [self.table(), ""]
         if self.first_forward_nonfinite is not None:
-            lines.append("first non-finite forward output: "
-                         f"{self.first_forward_nonfinite or '(model)'}")
+            lines.append(
+                f"first non-finite forward output: {self.first_forward_nonfinite or '(model)'}"
+            )
         if self.culprits:
-            lines.append("turned finite inputs into inf/NaN: "
-                         + ", ".join(c or "(model's own code)" for c in self.culprits))
+            lines.append(
+                "turned finite inputs into inf/NaN: "
+                + ", ".join(c or "(model's own code)" for c in self.culprits)
+            )
         if self.first_backward_nonfinite is not None:
             lines.append(f"first non-finite gradient: {self.first_backward_nonfinite or '(model)'}")
         lines.append(f"checked with real GradScaler steps ({self.steps} per run, same seed):")
@@ -164,8 +190,9 @@ class Diagnosis:
     def next_command(self, factory: str) -> str | None:
         """The search to run next: with the islands, or at all when something is wrong."""
         if self.islands:
-            return (f"scalertune search {factory} --fp32-modules "
-                    f"{shlex.quote(','.join(self.islands))}")
+            return (
+                f"scalertune search {factory} --fp32-modules {shlex.quote(','.join(self.islands))}"
+            )
         if self.kind not in ("clean", "float32"):
             return f"scalertune search {factory}"
         return None
@@ -205,8 +232,11 @@ def _max(stats: TensorStats | None) -> str:
 
 
 def _pct(stats: TensorStats | None, field: str) -> str:
-    return "-" if stats is None else ("0" if not getattr(stats, field)
-                                      else f"{stats.share(getattr(stats, field)):.1%}")
+    return (
+        "-"
+        if stats is None
+        else ("0" if not getattr(stats, field) else f"{stats.share(getattr(stats, field)):.1%}")
+    )
 
 
 class _Run:
@@ -239,6 +269,12 @@ class _Run:
 
     def check(self) -> ScalerCheck:
         islands = group_patterns(match_modules(self.config.fp32_modules, self.names), self.names)
-        return ScalerCheck(self.config, self.steps, self.skipped, self.bad_loss_steps,
-                           not self.forward_overflow if self.watched else None, self.flushed,
-                           tuple(islands))
+        return ScalerCheck(
+            self.config,
+            self.steps,
+            self.skipped,
+            self.bad_loss_steps,
+            not self.forward_overflow if self.watched else None,
+            self.flushed,
+            tuple(islands),
+        )

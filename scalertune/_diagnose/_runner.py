@@ -24,14 +24,28 @@ from scalertune._workload._loader import one_line
 class _Runner:
     """Runs configs on fresh workloads of one factory, seed and device."""
 
-    def __init__(self, factory: Callable[[], Any], *, steps: int, seed: int,
-                 device: torch.device, watch_from: int = 0) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        steps: int,
+        seed: int,
+        device: torch.device,
+        watch_from: int = 0,
+    ) -> None:
         self.factory, self.steps, self.seed, self.device = factory, steps, seed, device
         self.watch_from = watch_from
         self.float32_grads: dict[str, torch.Tensor] | None = None
 
-    def __call__(self, config: AmpConfig, *, table: dict[str, ModuleReport] | None = None,
-                 grads: bool = False, hooks: bool = True, repair: bool = False) -> _Run:
+    def __call__(
+        self,
+        config: AmpConfig,
+        *,
+        table: dict[str, ModuleReport] | None = None,
+        grads: bool = False,
+        hooks: bool = True,
+        repair: bool = False,
+    ) -> _Run:
         """Train ``steps`` steps under ``config``. ``table`` collects per-module statistics
         (with the activation gradients when ``grads``); ``repair`` recomputes, in float32,
         the output of a culprit without submodules, so that one pass finds the next one."""
@@ -48,8 +62,15 @@ class _Runner:
         try:
             for i in range(self.steps):
                 if i == self.watch_from and hooks:
-                    watch = _Hooks(model, config.dtype, record, table, grads=grads,
-                                   repair=repair, device_type=self.device.type)
+                    watch = _Hooks(
+                        model,
+                        config.dtype,
+                        record,
+                        table,
+                        grads=grads,
+                        repair=repair,
+                        device_type=self.device.type,
+                    )
                 batch = to_device(next(batches), self.device)
                 if workload.step is not None:
                     workload.step(model, batch, amp)
@@ -61,8 +82,11 @@ class _Runner:
                 watch.remove()
         if config.dtype == "float32":
             self.float32_grads = record.first_grads
-        elif (config.dtype == "float16" and self.float32_grads is not None
-              and record.first_grads_finite):
+        elif (
+            config.dtype == "float16"
+            and self.float32_grads is not None
+            and record.first_grads_finite
+        ):
             record.flushed = _flushed(record.first_grads, self.float32_grads)
         return record
 
@@ -76,8 +100,14 @@ class _WatchedRuntime(AmpRuntime):
     scale.
     """
 
-    def __init__(self, config: AmpConfig, device: torch.device, workload: Workload,
-                 record: _Run, table: dict[str, ModuleReport] | None) -> None:
+    def __init__(
+        self,
+        config: AmpConfig,
+        device: torch.device,
+        workload: Workload,
+        record: _Run,
+        table: dict[str, ModuleReport] | None,
+    ) -> None:
         super().__init__(config, device=device)
         self._record, self._table = record, table
         self._modules = list(workload.model.named_modules())
@@ -117,7 +147,8 @@ class _WatchedRuntime(AmpRuntime):
                     self._record.first_grads_finite &= not first
                 if self._table is not None:
                     _row(self._table, name, module).params.setdefault(
-                        self.config.dtype, TensorStats()).add(p.grad)
+                        self.config.dtype, TensorStats()
+                    ).add(p.grad)
                 if first:
                     self._record.first_grads[f"{name}.{pname}"] = _sample(p.grad)
 
@@ -133,7 +164,8 @@ def _attempt(run: _Runner, config: AmpConfig, **kwargs: Any) -> _Run:
     except Exception as exc:  # the user's model or step, under this dtype
         raise TrainingFailed(
             f"{config.dtype} training of the workload raised {one_line(exc)}: there is "
-            f"nothing to diagnose in {config.dtype} on this device") from exc
+            f"nothing to diagnose in {config.dtype} on this device"
+        ) from exc
 
 
 def _flushed(float16: dict[str, torch.Tensor], float32: dict[str, torch.Tensor]) -> float | None:
@@ -151,8 +183,7 @@ def _flushed(float16: dict[str, torch.Tensor], float32: dict[str, torch.Tensor])
 
 def _of_module(grads: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
     prefix = f"{name}."
-    return {k: v for k, v in grads.items()
-            if k.startswith(prefix) and "." not in k[len(prefix):]}
+    return {k: v for k, v in grads.items() if k.startswith(prefix) and "." not in k[len(prefix) :]}
 
 
 def _cycle(batches: Any) -> Iterator[Any]:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 FRAMEWORKS = ("torch", "lightning", "accelerate", "transformers", "deepspeed")
 
+
 @dataclasses.dataclass(frozen=True)
 class _Call:
     """``target(*args, **kwargs)``, with ``target`` as ``"module:Name"``."""
@@ -113,8 +114,9 @@ class Export:
         """Apply the config's float32 islands to ``model`` (in place; a no-op without any)."""
         from scalertune._amp._runtime import AmpRuntime
 
-        return AmpRuntime(AmpConfig(fp32_modules=self.config.fp32_modules),
-                          device=self.device).prepare(model)
+        return AmpRuntime(
+            AmpConfig(fp32_modules=self.config.fp32_modules), device=self.device
+        ).prepare(model)
 
     @property
     def code(self) -> str:
@@ -128,14 +130,17 @@ class Export:
             body += [f"{key} = {_render(value, imports)}" for key, value in self._spec.items()]
         else:
             body.append(f"{self._name} = {{")
-            body += [f"    {key!r}: {_render(value, imports)}," for key, value in
-                     self._spec.items()]
+            body += [
+                f"    {key!r}: {_render(value, imports)}," for key, value in self._spec.items()
+            ]
             body.append("}")
         if self.config.fp32_modules:
             imports.add("import scalertune")
-            body.append(f"scalertune.AmpRuntime(scalertune.AmpConfig(fp32_modules="
-                        f"{list(self.config.fp32_modules)!r}), device=device).prepare(model)"
-                        "  # float32 islands")
+            body.append(
+                f"scalertune.AmpRuntime(scalertune.AmpConfig(fp32_modules="
+                f"{list(self.config.fp32_modules)!r}), device=device).prepare(model)"
+                "  # float32 islands"
+            )
         if self._device_line is not None:
             imports.add("import torch")
             body.insert(0, self._device_line)
@@ -148,17 +153,25 @@ class Export:
         return [*self._head(), *(line for line in self._usage if line)]
 
     def _head(self) -> list[str]:
-        return [f"# scalertune export for {self.framework}: {self.config.describe()}",
-                *(f"# NOT EXPRESSIBLE: {line}" for line in self.not_expressible),
-                *(f"# DIFFERS: {line}" for line in self.differences)]
+        return [
+            f"# scalertune export for {self.framework}: {self.config.describe()}",
+            *(f"# NOT EXPRESSIBLE: {line}" for line in self.not_expressible),
+            *(f"# DIFFERS: {line}" for line in self.differences),
+        ]
 
     def __str__(self) -> str:
         return self.code
 
 
-def export(source: AmpConfig | str | os.PathLike[str] | SearchResult, framework: str, *,
-           device: str = "auto", strict: bool = False,
-           micro_batch_size: int | None = None, best_amp: bool = False) -> Export:
+def export(
+    source: AmpConfig | str | os.PathLike[str] | SearchResult,
+    framework: str,
+    *,
+    device: str = "auto",
+    strict: bool = False,
+    micro_batch_size: int | None = None,
+    best_amp: bool = False,
+) -> Export:
     """The config in ``source`` for ``framework`` (one of :data:`FRAMEWORKS`).
 
     ``source`` is an :class:`AmpConfig`, a :class:`SearchResult`, or the path of a YAML file
@@ -179,18 +192,25 @@ def export(source: AmpConfig | str | os.PathLike[str] | SearchResult, framework:
     where = _device(device)
     parts = _WRITERS[framework](config, where, _lowest_scale(evidence), micro_batch_size)
     if framework in _ATTACHABLE:
-        parts.usage += _attach_usage(framework, config,
-                                     _attach_argument(source, config, best_amp))
+        parts.usage += _attach_usage(framework, config, _attach_argument(source, config, best_amp))
     if framework == "deepspeed" and config.uses_scaler:
         parts.differ.extend(_deepspeed_horizon(evidence))
-    result = Export(framework=framework, config=config, device=where.value,
-                    not_expressible=tuple(parts.lost), differences=tuple(parts.differ),
-                    _spec=parts.spec, _name=parts.name,
-                    _device_line=where.line if parts.uses_device else None,
-                    _usage=tuple(parts.usage))
+    result = Export(
+        framework=framework,
+        config=config,
+        device=where.value,
+        not_expressible=tuple(parts.lost),
+        differences=tuple(parts.differ),
+        _spec=parts.spec,
+        _name=parts.name,
+        _device_line=where.line if parts.uses_device else None,
+        _usage=tuple(parts.usage),
+    )
     if strict and result.not_expressible:
-        raise UsageError(f"{framework} cannot express: {'; '.join(result.not_expressible)} "
-                         "(drop --strict to get the nearest setting)")
+        raise UsageError(
+            f"{framework} cannot express: {'; '.join(result.not_expressible)} "
+            "(drop --strict to get the nearest setting)"
+        )
     return result
 
 
@@ -209,21 +229,26 @@ def _read_source(source: Any, best_amp: bool) -> tuple[AmpConfig, Any]:
     elif isinstance(source, SearchResult):
         data = source.to_dict()
     else:
-        raise UsageError(f"cannot export a {type(source).__name__}: give an AmpConfig, a "
-                         "SearchResult or the path of a result YAML")
+        raise UsageError(
+            f"cannot export a {type(source).__name__}: give an AmpConfig, a "
+            "SearchResult or the path of a result YAML"
+        )
     evidence = data.get("evidence")
     if not best_amp:
         return AmpConfig.from_dict(data["config"]), evidence
-    block = best_amp_block(data, os.fspath(source) if isinstance(source, (str, os.PathLike))
-                           else "this search")
+    block = best_amp_block(
+        data, os.fspath(source) if isinstance(source, (str, os.PathLike)) else "this search"
+    )
     said = evidence.get("deepspeed_prediction") if isinstance(evidence, Mapping) else None
     return AmpConfig.from_dict(block["config"]), {**block, "deepspeed_prediction": said}
 
 
 #: The frameworks whose trainer ``scalertune.attach`` takes, and what it is called there.
-_ATTACHABLE = {"lightning": ("trainer", "before trainer.fit(...)"),
-               "accelerate": ("accelerator", "before accelerator.prepare(...)"),
-               "transformers": ("trainer", "before trainer.train()")}
+_ATTACHABLE = {
+    "lightning": ("trainer", "before trainer.fit(...)"),
+    "accelerate": ("accelerator", "before accelerator.prepare(...)"),
+    "transformers": ("trainer", "before trainer.train()"),
+}
 
 
 def _attach_argument(source: Any, config: AmpConfig, best_amp: bool) -> str:
@@ -235,8 +260,10 @@ def _attach_argument(source: Any, config: AmpConfig, best_amp: bool) -> str:
 
 def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]:
     name, when = _ATTACHABLE[framework]
-    parts = [f"{config.dtype} autocast" + (" with a GradScaler of exactly these knobs"
-                                           if config.uses_scaler else "")]
+    parts = [
+        f"{config.dtype} autocast"
+        + (" with a GradScaler of exactly these knobs" if config.uses_scaler else "")
+    ]
     if config.dtype == "float32":
         parts = ["float32"]
     if framework != "accelerate":  # an Accelerate loop clips with its own call
@@ -248,9 +275,12 @@ def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]
     what = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
     line = f"#     amp = scalertune.attach({name}, {argument})  # {when}"
     if framework == "transformers":
-        return [f"# TrainingArguments has no loss-scaler settings: scalertune.attach puts {what}",
-                "# into the Trainer (on a CPU too, whatever its fp16/bf16):", line,
-                "#     trainer.train(); print(amp.skipped_steps, amp.scaler.get_scale())"]
+        return [
+            f"# TrainingArguments has no loss-scaler settings: scalertune.attach puts {what}",
+            "# into the Trainer (on a CPU too, whatever its fp16/bf16):",
+            line,
+            "#     trainer.train(); print(amp.skipped_steps, amp.scaler.get_scale())",
+        ]
     return [f"# or, instead: scalertune.attach puts {what} into the {name} (on a CPU too)", line]
 
 
@@ -260,8 +290,10 @@ def _deepspeed_horizon(evidence: Any) -> list[str]:
     said = evidence.get("deepspeed_prediction") if isinstance(evidence, Mapping) else None
     if not isinstance(said, Mapping) or "says" not in said:
         return []
-    return [f"over the horizon ({said.get('horizon')} steps), replayed from the search's "
-            f"float32 gradient trace, DeepSpeed's scaler {said['says']}"]
+    return [
+        f"over the horizon ({said.get('horizon')} steps), replayed from the search's "
+        f"float32 gradient trace, DeepSpeed's scaler {said['says']}"
+    ]
 
 
 def _lowest_scale(evidence: Any) -> float | None:
@@ -269,8 +301,11 @@ def _lowest_scale(evidence: Any) -> float | None:
     if not isinstance(evidence, Mapping):
         return None
     runs = [evidence, *(evidence.get("confirmation") or {}).values()]
-    scales = [r["min_scale"] for r in runs
-              if isinstance(r, Mapping) and isinstance(r.get("min_scale"), (int, float))]
+    scales = [
+        r["min_scale"]
+        for r in runs
+        if isinstance(r, Mapping) and isinstance(r.get("min_scale"), (int, float))
+    ]
     return min(scales) if scales else None
 
 
@@ -307,8 +342,12 @@ class _Parts:
 
 
 def _knobs(c: AmpConfig) -> dict[str, Any]:
-    return {"init_scale": c.init_scale, "growth_factor": c.growth_factor,
-            "backoff_factor": c.backoff_factor, "growth_interval": c.growth_interval}
+    return {
+        "init_scale": c.init_scale,
+        "growth_factor": c.growth_factor,
+        "backoff_factor": c.backoff_factor,
+        "growth_interval": c.growth_interval,
+    }
 
 
 def _grad_scaler(c: AmpConfig, device: _Device) -> _Call:
@@ -323,28 +362,37 @@ def _torch(c: AmpConfig, device: _Device, lowest: float | None, batch: int | Non
         autocast["enabled"] = False
     else:
         autocast["dtype"] = _Expr(f"torch.{c.dtype}", getattr(torch, c.dtype))
-    usage = ["", "# for inputs, targets in loader:",
-             "#     optimizer.zero_grad(set_to_none=True)",
-             "#     with torch.autocast(**autocast):",
-             "#         loss = loss_fn(model(inputs), targets)",
-             "#     scaler.scale(loss).backward()"]
+    usage = [
+        "",
+        "# for inputs, targets in loader:",
+        "#     optimizer.zero_grad(set_to_none=True)",
+        "#     with torch.autocast(**autocast):",
+        "#         loss = loss_fn(model(inputs), targets)",
+        "#     scaler.scale(loss).backward()",
+    ]
     if c.clip_norm is not None:
-        usage += ["#     scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones",
-                  "#     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)"]
-    usage += ["#     scaler.step(optimizer)  # skipped when the gradients are inf/NaN",
-              "#     scaler.update()",
-              "# scalertune.load(YAML) does the same step and adds the guard the search "
-              "recommends"]
-    return _Parts({"scaler": _grad_scaler(c, device), "autocast": autocast,
-                   "max_norm": c.clip_norm}, usage=usage)
+        usage += [
+            "#     scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones",
+            "#     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+        ]
+    usage += [
+        "#     scaler.step(optimizer)  # skipped when the gradients are inf/NaN",
+        "#     scaler.update()",
+        "# scalertune.load(YAML) does the same step and adds the guard the search recommends",
+    ]
+    return _Parts(
+        {"scaler": _grad_scaler(c, device), "autocast": autocast, "max_norm": c.clip_norm},
+        usage=usage,
+    )
 
 
 def _lightning(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None) -> _Parts:
     plugin = "lightning.pytorch.plugins.precision:MixedPrecision"
     spec: dict[str, Any]
     if c.dtype == "float16":
-        spec = {"plugins": [_Call(plugin, ("16-mixed", device),
-                                  {"scaler": _grad_scaler(c, device)})]}
+        spec = {
+            "plugins": [_Call(plugin, ("16-mixed", device), {"scaler": _grad_scaler(c, device)})]
+        }
     elif c.dtype == "bfloat16":
         spec = {"plugins": [_Call(plugin, ("bf16-mixed", device))]}
     else:
@@ -354,15 +402,16 @@ def _lightning(c: AmpConfig, device: _Device, lowest: float | None, batch: int |
     spec["gradient_clip_algorithm"] = "norm"
     usage = ["# trainer = lightning.pytorch.Trainer(**trainer_kwargs, ...your own arguments)"]
     if c.dtype != "float32":
-        usage.append("# (the plugin's device is the Trainer's accelerator: one kind of device "
-                     "for both)")
+        usage.append(
+            "# (the plugin's device is the Trainer's accelerator: one kind of device for both)"
+        )
     return _Parts(spec, name="trainer_kwargs", usage=usage, uses_device=c.dtype != "float32")
 
 
-def _accelerate(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None
-                ) -> _Parts:
+def _accelerate(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None) -> _Parts:
     spec: dict[str, Any] = {
-        "mixed_precision": {"float16": "fp16", "bfloat16": "bf16", "float32": "no"}[c.dtype]}
+        "mixed_precision": {"float16": "fp16", "bfloat16": "bf16", "float32": "no"}[c.dtype]
+    }
     if c.uses_scaler:
         spec["kwargs_handlers"] = [_Call("accelerate.utils:GradScalerKwargs", (), _knobs(c))]
     if device.value == "cpu" and not device.auto:
@@ -370,33 +419,44 @@ def _accelerate(c: AmpConfig, device: _Device, lowest: float | None, batch: int 
     parts = _Parts(spec, name="accelerator_kwargs", uses_device=bool(c.fp32_modules))
     parts.usage = ["# accelerator = accelerate.Accelerator(**accelerator_kwargs)"]
     if c.clip_norm is not None:
-        parts.usage += ["# in the loop, between accelerator.backward(loss) and optimizer.step():",
-                        f"#     accelerator.clip_grad_norm_(model.parameters(), {c.clip_norm!r})"]
+        parts.usage += [
+            "# in the loop, between accelerator.backward(loss) and optimizer.step():",
+            f"#     accelerator.clip_grad_norm_(model.parameters(), {c.clip_norm!r})",
+        ]
     if c.uses_scaler and device.value == "cpu":
-        parts.differ.append("Accelerate makes a GradScaler and autocasts to float16 only on "
-                            "GPUs: on a CPU, mixed_precision='fp16' trains in float32 (with "
-                            "scalertune.attach it trains in float16 there too)")
+        parts.differ.append(
+            "Accelerate makes a GradScaler and autocasts to float16 only on "
+            "GPUs: on a CPU, mixed_precision='fp16' trains in float32 (with "
+            "scalertune.attach it trains in float16 there too)"
+        )
     return parts
 
 
-def _transformers(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None
-                  ) -> _Parts:
-    parts = _Parts({"fp16": c.dtype == "float16", "bf16": c.dtype == "bfloat16",
-                    # 0 turns off the Trainer's own clipping at 1.0
-                    "max_grad_norm": c.clip_norm if c.clip_norm is not None else 0.0,
-                    "use_cpu": _Expr("device == \"cpu\"", device.value == "cpu")},
-                   name="training_arguments")
+def _transformers(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None) -> _Parts:
+    parts = _Parts(
+        {
+            "fp16": c.dtype == "float16",
+            "bf16": c.dtype == "bfloat16",
+            # 0 turns off the Trainer's own clipping at 1.0
+            "max_grad_norm": c.clip_norm if c.clip_norm is not None else 0.0,
+            "use_cpu": _Expr('device == "cpu"', device.value == "cpu"),
+        },
+        name="training_arguments",
+    )
     if c.uses_scaler and device.value == "cpu":
-        parts.differ.append("the Trainer's Accelerator makes a GradScaler and autocasts to "
-                            "float16 only on GPUs: on a CPU, fp16=True trains in float32 (with "
-                            "scalertune.attach it trains in float16 there too)")
-    parts.usage = ["# args = transformers.TrainingArguments(output_dir=..., **training_arguments)",
-                   "# trainer = transformers.Trainer(model=model, args=args, ...)"]
+        parts.differ.append(
+            "the Trainer's Accelerator makes a GradScaler and autocasts to "
+            "float16 only on GPUs: on a CPU, fp16=True trains in float32 (with "
+            "scalertune.attach it trains in float16 there too)"
+        )
+    parts.usage = [
+        "# args = transformers.TrainingArguments(output_dir=..., **training_arguments)",
+        "# trainer = transformers.Trainer(model=model, args=args, ...)",
+    ]
     return parts
 
 
-def _deepspeed(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None
-               ) -> _Parts:
+def _deepspeed(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None) -> _Parts:
     spec: dict[str, Any] = {}
     if batch is not None:
         spec["train_micro_batch_size_per_gpu"] = batch
@@ -406,18 +466,26 @@ def _deepspeed(c: AmpConfig, device: _Device, lowest: float | None, batch: int |
     # Always written: DeepSpeed clips at 1.0 when the key is absent; 0 turns clipping off.
     spec["gradient_clipping"] = c.clip_norm if c.clip_norm is not None else 0.0
     if c.fp32_modules:
-        parts.lost.append(f"fp32_modules {list(c.fp32_modules)}: DeepSpeed's fp16 and bf16 modes "
-                          "cast the whole model to half precision; keep those modules' "
-                          "computation in float32 in your model code")
+        parts.lost.append(
+            f"fp32_modules {list(c.fp32_modules)}: DeepSpeed's fp16 and bf16 modes "
+            "cast the whole model to half precision; keep those modules' "
+            "computation in float32 in your model code"
+        )
     if c.dtype != "float32":
-        parts.differ.append(f"DeepSpeed casts the model's weights and activations to {c.dtype} "
-                            "instead of autocasting: ops autocast runs in float32 (softmax, "
-                            "layer_norm, losses) run in half precision unless the model upcasts")
-    parts.usage = ["# save it as ds_config.json: deepspeed.initialize(model=model, "
-                   "model_parameters=model.parameters(), config=\"ds_config.json\")"]
+        parts.differ.append(
+            f"DeepSpeed casts the model's weights and activations to {c.dtype} "
+            "instead of autocasting: ops autocast runs in float32 (softmax, "
+            "layer_norm, losses) run in half precision unless the model upcasts"
+        )
+    parts.usage = [
+        "# save it as ds_config.json: deepspeed.initialize(model=model, "
+        'model_parameters=model.parameters(), config="ds_config.json")'
+    ]
     if batch is None:
-        parts.usage.append("# DeepSpeed refuses a config without a batch size: add your "
-                           "train_micro_batch_size_per_gpu (or export with --micro-batch-size)")
+        parts.usage.append(
+            "# DeepSpeed refuses a config without a batch size: add your "
+            "train_micro_batch_size_per_gpu (or export with --micro-batch-size)"
+        )
     return parts
 
 
@@ -434,40 +502,55 @@ def _deepspeed_fp16(c: AmpConfig, lowest: float | None, parts: _Parts) -> dict[s
     power = math.log2(c.init_scale)
     nearest = max(round(power), 0)
     if c.init_scale < DEEPSPEED_MIN_LOSS_SCALE:
-        parts.lost.append(f"init_scale={c.init_scale!r}: DeepSpeed's scale never goes below "
-                          f"min_loss_scale={DEEPSPEED_MIN_LOSS_SCALE} (the smallest its config "
-                          "takes); nearest: initial_scale_power 0 = 1.0")
+        parts.lost.append(
+            f"init_scale={c.init_scale!r}: DeepSpeed's scale never goes below "
+            f"min_loss_scale={DEEPSPEED_MIN_LOSS_SCALE} (the smallest its config "
+            "takes); nearest: initial_scale_power 0 = 1.0"
+        )
     elif power != round(power):
-        parts.lost.append(f"init_scale={c.init_scale!r} is not a power of two; nearest: "
-                          f"initial_scale_power {nearest} = {2.0 ** nearest!r}")
+        parts.lost.append(
+            f"init_scale={c.init_scale!r} is not a power of two; nearest: "
+            f"initial_scale_power {nearest} = {2.0**nearest!r}"
+        )
     if c.growth_factor != 2.0:
         parts.lost.append(f"growth_factor={c.growth_factor!r}: DeepSpeed always grows by 2")
     if c.backoff_factor != 0.5:
-        parts.lost.append(f"backoff_factor={c.backoff_factor!r}: DeepSpeed always backs off "
-                          "by 0.5")
+        parts.lost.append(f"backoff_factor={c.backoff_factor!r}: DeepSpeed always backs off by 0.5")
     if lowest is not None and lowest < DEEPSPEED_MIN_LOSS_SCALE <= c.init_scale:
-        parts.lost.append(f"the search's runs of this config backed the scale off to {lowest:.3g}; "
-                          f"DeepSpeed stops at {DEEPSPEED_MIN_LOSS_SCALE}, and under ZeRO an "
-                          "overflow there ends training")
+        parts.lost.append(
+            f"the search's runs of this config backed the scale off to {lowest:.3g}; "
+            f"DeepSpeed stops at {DEEPSPEED_MIN_LOSS_SCALE}, and under ZeRO an "
+            "overflow there ends training"
+        )
     window = c.growth_interval
     parts.differ.append(
         f"growth: DeepSpeed doubles the scale after loss_scale_window+1 = {window + 1} clean "
         f"steps (after an overflow or the start), then every {window}: each growth comes 1 step "
-        f"later than GradScaler's ({window}, {2 * window}, ...)")
-    floor = (f"; in the search this config's scale stayed at or above {lowest:.3g}"
-             if lowest is not None and lowest >= DEEPSPEED_MIN_LOSS_SCALE else "")
+        f"later than GradScaler's ({window}, {2 * window}, ...)"
+    )
+    floor = (
+        f"; in the search this config's scale stayed at or above {lowest:.3g}"
+        if lowest is not None and lowest >= DEEPSPEED_MIN_LOSS_SCALE
+        else ""
+    )
     parts.differ.append(
         f"minimum: DeepSpeed never lowers the scale below min_loss_scale="
         f"{DEEPSPEED_MIN_LOSS_SCALE}, and under ZeRO (stages 1-3) an overflow at that minimum "
         f"raises and ends training: from 2**{nearest} that is {nearest + 1} overflow"
         f"{'s' if nearest else ''} in a row without a growth between (without ZeRO it skips the "
         "step and stays at 1). GradScaler "
-        f"keeps multiplying the scale by backoff_factor{floor}")
+        f"keeps multiplying the scale by backoff_factor{floor}"
+    )
     return deepspeed_fp16_block(c)
 
 
-_WRITERS = {"torch": _torch, "lightning": _lightning, "accelerate": _accelerate,
-            "transformers": _transformers, "deepspeed": _deepspeed}
+_WRITERS = {
+    "torch": _torch,
+    "lightning": _lightning,
+    "accelerate": _accelerate,
+    "transformers": _transformers,
+    "deepspeed": _deepspeed,
+}
 
 
 def _build(value: Any) -> Any:
@@ -476,10 +559,11 @@ def _build(value: Any) -> Any:
         try:
             factory = getattr(importlib.import_module(module), name)
         except ImportError:
-            raise UsageError(f"{module} is not installed: install the framework to build its "
-                             "objects (the code text needs none)") from None
-        return factory(*map(_build, value.args),
-                       **{k: _build(v) for k, v in value.kwargs.items()})
+            raise UsageError(
+                f"{module} is not installed: install the framework to build its "
+                "objects (the code text needs none)"
+            ) from None
+        return factory(*map(_build, value.args), **{k: _build(v) for k, v in value.kwargs.items()})
     if isinstance(value, _Expr):
         return value.value
     if isinstance(value, list):

@@ -33,21 +33,30 @@ from scalertune._frameworks._route import ROUTE_ATTR, Route
 _SUPPORTED = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU")
 
 
-def check_accelerator(accelerator: Any, *, what: str = "this Accelerator",
-                      before: str = "attach before accelerator.prepare(...)") -> None:
+def check_accelerator(
+    accelerator: Any,
+    *,
+    what: str = "this Accelerator",
+    before: str = "attach before accelerator.prepare(...)",
+) -> None:
     """Refuse, in one line, what the runtime cannot drive (``before``: when to hand it over)."""
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
     if kind == "DEEPSPEED":
-        raise UsageError(f"{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: "
-                         "export the config with scalertune export --to deepspeed instead")
+        raise UsageError(
+            f"{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: "
+            "export the config with scalertune export --to deepspeed instead"
+        )
     if kind not in _SUPPORTED:
-        raise UsageError(f"{what} runs {kind}: scalertune drives single-process and DDP "
-                         "training (one model copy per process) only")
+        raise UsageError(
+            f"{what} runs {kind}: scalertune drives single-process and DDP "
+            "training (one model copy per process) only"
+        )
     if accelerator._models or accelerator._optimizers:  # noqa: SLF001 - what prepare() made
         raise UsageError(f"{what} has prepared a model or optimizer already: {before}")
     if getattr(accelerator, ROUTE_ATTR, None) is not None:
-        raise UsageError(f"{what} is attached to a runtime already: make a new one to attach "
-                         "another config")
+        raise UsageError(
+            f"{what} is attached to a runtime already: make a new one to attach another config"
+        )
 
 
 def route_accelerator(accelerator: Any, route: Route, *, training: bool) -> None:
@@ -56,14 +65,16 @@ def route_accelerator(accelerator: Any, route: Route, *, training: bool) -> None
     setattr(accelerator, ROUTE_ATTR, route)
     accelerator.native_amp = False  # Accelerate's autocast wrapper: the route's runs instead
     accelerator.backward = functools.partial(_backward, accelerator, route)
-    accelerator.prepare_model = functools.partial(_prepare_model, accelerator.prepare_model,
-                                                  route, training)
+    accelerator.prepare_model = functools.partial(
+        _prepare_model, accelerator.prepare_model, route, training
+    )
     if training:
         amp = route.runtime()
         accelerator.scaler = amp.scaler if amp.config.uses_scaler else None
         accelerator.unscale_gradients = functools.partial(_unscale, accelerator, route)
         accelerator.prepare_optimizer = functools.partial(
-            _prepare_optimizer, accelerator.prepare_optimizer, route)
+            _prepare_optimizer, accelerator.prepare_optimizer, route
+        )
 
 
 def _backward(accelerator: Any, route: Route, loss: Any, **kwargs: Any) -> None:
@@ -71,8 +82,9 @@ def _backward(accelerator: Any, route: Route, loss: Any, **kwargs: Any) -> None:
     route.backward(loss / accelerator.gradient_accumulation_steps, **kwargs)
 
 
-def _prepare_model(prepare: Any, route: Route, training: bool, model: Any, *args: Any,
-                   **kwargs: Any) -> Any:
+def _prepare_model(
+    prepare: Any, route: Route, training: bool, model: Any, *args: Any, **kwargs: Any
+) -> Any:
     prepared = prepare(model, *args, **kwargs)
     if training:  # a search's run applies its own config's islands
         route.runtime().prepare(model)  # float32 islands, on the module itself
@@ -80,8 +92,9 @@ def _prepare_model(prepare: Any, route: Route, training: bool, model: Any, *args
     return prepared
 
 
-def _prepare_optimizer(prepare: Any, route: Route, optimizer: Any, *args: Any,
-                       **kwargs: Any) -> Any:
+def _prepare_optimizer(
+    prepare: Any, route: Route, optimizer: Any, *args: Any, **kwargs: Any
+) -> Any:
     prepared = prepare(optimizer, *args, **kwargs)
     accelerated_step = type(prepared).step
 

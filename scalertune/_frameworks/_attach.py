@@ -14,8 +14,14 @@ from scalertune._frameworks import _accelerate, _lightning, _transformers
 from scalertune._frameworks._route import Route
 
 
-def attach(trainer: Any, config: str | os.PathLike[str] | AmpConfig | AmpRuntime, *,
-           guard: bool = True, watch: bool = True, best_amp: bool = False) -> AmpRuntime:
+def attach(
+    trainer: Any,
+    config: str | os.PathLike[str] | AmpConfig | AmpRuntime,
+    *,
+    guard: bool = True,
+    watch: bool = True,
+    best_amp: bool = False,
+) -> AmpRuntime:
     """Train ``trainer`` with the config a search chose; returns the runtime that does it.
 
     ``trainer`` is a Hugging Face ``transformers.Trainer`` (any subclass: TRL's, one with its
@@ -68,29 +74,41 @@ def _kind(trainer: Any) -> tuple[str, torch.device]:
         return "transformers", _transformers.trainer_device(trainer)
     if _lightning.lightning_package(trainer, "Trainer") is not None:
         return "lightning", _lightning.lightning_device(trainer)
-    if any(cls.__name__ == "Accelerator" and cls.__module__.startswith("accelerate")
-           for cls in type(trainer).__mro__):
+    if any(
+        cls.__name__ == "Accelerator" and cls.__module__.startswith("accelerate")
+        for cls in type(trainer).__mro__
+    ):
         return "accelerate", torch.device(trainer.device)
-    raise UsageError(f"cannot attach to a {type(trainer).__name__}: give a transformers.Trainer "
-                     "(before train()), a Lightning Trainer (before fit()) or an "
-                     "accelerate.Accelerator (before prepare()); for a loop of your own use "
-                     "scalertune.load")
+    raise UsageError(
+        f"cannot attach to a {type(trainer).__name__}: give a transformers.Trainer "
+        "(before train()), a Lightning Trainer (before fit()) or an "
+        "accelerate.Accelerator (before prepare()); for a loop of your own use "
+        "scalertune.load"
+    )
 
 
-def _runtime(config: Any, device: torch.device, *, guard: bool, watch: bool,
-             best_amp: bool) -> AmpRuntime:
+def _runtime(
+    config: Any, device: torch.device, *, guard: bool, watch: bool, best_amp: bool
+) -> AmpRuntime:
     if best_amp and not isinstance(config, (str, os.PathLike)):
-        raise UsageError("best_amp=True reads evidence.best_amp from a result YAML: give the "
-                         "YAML's path (an AmpConfig or a runtime is already one config)")
+        raise UsageError(
+            "best_amp=True reads evidence.best_amp from a result YAML: give the "
+            "YAML's path (an AmpConfig or a runtime is already one config)"
+        )
     if isinstance(config, AmpRuntime):
         if config.device.type != device.type:
-            raise UsageError(f"the runtime is for {config.device.type} and the trainer trains on "
-                             f"{device.type}: build it with device={device.type!r}")
+            raise UsageError(
+                f"the runtime is for {config.device.type} and the trainer trains on "
+                f"{device.type}: build it with device={device.type!r}"
+            )
         return config
     if isinstance(config, AmpConfig):
         return AmpRuntime(config, device=device)
     if isinstance(config, (str, os.PathLike)):
-        return AmpRuntime.from_yaml(os.fspath(config), device=device, guard=guard, watch=watch,
-                                    best_amp=best_amp)
-    raise UsageError(f"cannot attach a {type(config).__name__}: give the result YAML's path, "
-                     "an AmpConfig or an AmpRuntime")
+        return AmpRuntime.from_yaml(
+            os.fspath(config), device=device, guard=guard, watch=watch, best_amp=best_amp
+        )
+    raise UsageError(
+        f"cannot attach a {type(config).__name__}: give the result YAML's path, "
+        "an AmpConfig or an AmpRuntime"
+    )

@@ -49,21 +49,28 @@ def check_lightning(trainer: Any) -> None:
     strategy = trainer.strategy
     kind = type(strategy).__name__
     if kind not in ("SingleDeviceStrategy", "DDPStrategy"):
-        raise UsageError(f"this Trainer runs {kind}: scalertune drives single-device and DDP "
-                         "Trainers only")
+        raise UsageError(
+            f"this Trainer runs {kind}: scalertune drives single-device and DDP Trainers only"
+        )
     plugin = strategy.precision_plugin
-    if type(plugin).__name__ not in ("Precision", "MixedPrecision", "_RuntimePrecision",
-                                     "_Float32") or (
-            str(plugin.precision) not in _REPLACEABLE):
-        raise UsageError(f"this Trainer's precision is {plugin.precision!r} "
-                         f"({type(plugin).__name__}), which casts the model itself: make it "
-                         "with precision='32-true' (or 16-mixed, bf16-mixed) for scalertune to "
-                         "set mixed precision")
+    if type(plugin).__name__ not in (
+        "Precision",
+        "MixedPrecision",
+        "_RuntimePrecision",
+        "_Float32",
+    ) or (str(plugin.precision) not in _REPLACEABLE):
+        raise UsageError(
+            f"this Trainer's precision is {plugin.precision!r} "
+            f"({type(plugin).__name__}), which casts the model itself: make it "
+            "with precision='32-true' (or 16-mixed, bf16-mixed) for scalertune to "
+            "set mixed precision"
+        )
     if getattr(trainer, "state", None) is not None and trainer.state.fn is not None:
         raise UsageError("this Trainer has run fit() already: attach before trainer.fit(...)")
     if type(plugin).__name__ in ("_RuntimePrecision", "_Float32"):
-        raise UsageError("this Trainer is attached to a runtime already: make a new one to "
-                         "attach another config")
+        raise UsageError(
+            "this Trainer is attached to a runtime already: make a new one to attach another config"
+        )
 
 
 def route_lightning(trainer: Any, amp: AmpRuntime) -> None:
@@ -108,8 +115,9 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
             with amp.autocast():
                 yield
 
-    return _RuntimePrecision(precision, amp.device.type,
-                             scaler=amp.scaler if config.uses_scaler else None)
+    return _RuntimePrecision(
+        precision, amp.device.type, scaler=amp.scaler if config.uses_scaler else None
+    )
 
 
 def lightning_device(trainer: Any) -> torch.device:

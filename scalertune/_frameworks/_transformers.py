@@ -26,25 +26,35 @@ from scalertune._frameworks._route import Route
 def is_trainer(obj: Any) -> bool:
     """Whether ``obj`` is a ``transformers.Trainer`` (or a subclass), without importing
     transformers."""
-    return any(cls.__name__ == "Trainer" and cls.__module__ == "transformers.trainer"
-               for cls in type(obj).__mro__)
+    return any(
+        cls.__name__ == "Trainer" and cls.__module__ == "transformers.trainer"
+        for cls in type(obj).__mro__
+    )
 
 
 def check_trainer(trainer: Any, *, before: str = "attach before trainer.train()") -> None:
     """Refuse, in one line, a Trainer the runtime cannot drive (``before``: when to hand it
     over)."""
     if getattr(trainer, "is_deepspeed_enabled", False):
-        raise UsageError("this Trainer runs DeepSpeed, whose fp16 mode has its own loss scaler: "
-                         "export the config with scalertune export --to deepspeed instead")
+        raise UsageError(
+            "this Trainer runs DeepSpeed, whose fp16 mode has its own loss scaler: "
+            "export the config with scalertune export --to deepspeed instead"
+        )
     if getattr(trainer, "is_fsdp_enabled", False):
-        raise UsageError("this Trainer runs FSDP: scalertune drives single-process and DDP "
-                         "Trainers only")
-    halves = {p.dtype for p in trainer.model.parameters() if p.requires_grad
-              and p.dtype in (torch.float16, torch.bfloat16)}
+        raise UsageError(
+            "this Trainer runs FSDP: scalertune drives single-process and DDP Trainers only"
+        )
+    halves = {
+        p.dtype
+        for p in trainer.model.parameters()
+        if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16)
+    }
     if halves:
-        raise UsageError(f"the Trainer's model has {', '.join(sorted(map(str, halves)))} "
-                         "parameters: mixed precision keeps float32 weights; load the model in "
-                         "float32 (torch_dtype=torch.float32)")
+        raise UsageError(
+            f"the Trainer's model has {', '.join(sorted(map(str, halves)))} "
+            "parameters: mixed precision keeps float32 weights; load the model in "
+            "float32 (torch_dtype=torch.float32)"
+        )
     check_accelerator(trainer.accelerator, what="this Trainer", before=before)
 
 

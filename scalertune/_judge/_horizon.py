@@ -30,43 +30,62 @@ def phases_of(trials: Iterable[FrozenTrial]) -> dict[int, list[PhaseResult]]:
     found: dict[int, dict[int, PhaseResult]] = {}
     for trial in trials:
         attrs = trial.user_attrs
-        if attrs.get("role") != ROLE_PHASE or trial.state not in (TrialState.COMPLETE,
-                                                                  TrialState.PRUNED):
+        if attrs.get("role") != ROLE_PHASE or trial.state not in (
+            TrialState.COMPLETE,
+            TrialState.PRUNED,
+        ):
             continue
         judged = trial.system_attrs.get(JUDGED_ATTR, {})
         windows = found.setdefault(int(attrs["of"]), {})
         if "phase_results" in judged:  # a run from step 0, or its continuation
             windows.update({p.start: p for p in from_start_results(judged["phase_results"])})
         elif "phase_ratio" in judged and not (
-                int(attrs["start"]) in windows and windows[int(attrs["start"])].from_start):
+            int(attrs["start"]) in windows and windows[int(attrs["start"])].from_start
+        ):
             windows[int(attrs["start"])] = PhaseResult(
-                start=int(attrs["start"]), end=int(attrs["end"]),
-                ratio=_float(judged["phase_ratio"]), z=_float(judged["phase_z"]),
-                nonfinite=bool(judged["phase_nonfinite"]))
+                start=int(attrs["start"]),
+                end=int(attrs["end"]),
+                ratio=_float(judged["phase_ratio"]),
+                z=_float(judged["phase_z"]),
+                nonfinite=bool(judged["phase_nonfinite"]),
+            )
     return {n: sorted(w.values(), key=lambda p: p.start) for n, w in found.items() if w}
 
 
 def from_start_results(stored: Iterable[dict[str, Any]]) -> list[PhaseResult]:
     """A run from step 0's windows as stored (``phase_results``), as :class:`PhaseResult`."""
-    return [PhaseResult(start=int(p["start"]), end=int(p["end"]), ratio=_float(p["ratio"]),
-                        z=_float(p["z"]), nonfinite=bool(p["nonfinite"]), from_start=True,
-                        at=p.get("at")) for p in stored]
+    return [
+        PhaseResult(
+            start=int(p["start"]),
+            end=int(p["end"]),
+            ratio=_float(p["ratio"]),
+            z=_float(p["z"]),
+            nonfinite=bool(p["nonfinite"]),
+            from_start=True,
+            at=p.get("at"),
+        )
+        for p in stored
+    ]
 
 
 def is_from_start(attrs: dict[str, Any]) -> bool:
     """Whether a phase trial's attributes name a run from step 0, or its continuation (not a
     branch from float32's checkpoint)."""
-    return attrs.get("role") == ROLE_PHASE and (int(attrs.get("start", -1)) == 0
-                                                or bool(attrs.get("continues")))
+    return attrs.get("role") == ROLE_PHASE and (
+        int(attrs.get("start", -1)) == 0 or bool(attrs.get("continues"))
+    )
 
 
 def _float(value: Any) -> float:
     return math.inf if value is None else float(value)
 
 
-def holds(outcome: Outcome, phases: dict[int, list[PhaseResult]],
-          windows: Sequence[tuple[int, int]],
-          ruled: dict[str, RuledOut] | None = None) -> bool | None:
+def holds(
+    outcome: Outcome,
+    phases: dict[int, list[PhaseResult]],
+    windows: Sequence[tuple[int, int]],
+    ruled: dict[str, RuledOut] | None = None,
+) -> bool | None:
     """Whether ``outcome``'s config holds for the horizon: ``None`` while a window's branch
     has not run (``True`` at once when there are no windows: the trial is the evidence).
     A config of a dtype that another run ``ruled`` out (see :class:`RuledOut`) does not hold
@@ -106,13 +125,18 @@ class RuledOut:
         return self.stalled or tuple(config.fp32_modules) == self.fp32_modules
 
 
-def ruling(outcome: Outcome, done: Sequence[PhaseResult],
-           ruled: dict[str, RuledOut] | None) -> RuledOut | None:
+def ruling(
+    outcome: Outcome, done: Sequence[PhaseResult], ruled: dict[str, RuledOut] | None
+) -> RuledOut | None:
     """The run of another config of ``outcome``'s dtype that rules it out (``done``: its own
     windows), unless it was trained from step 0 itself."""
     rule = (ruled or {}).get(outcome.config.dtype)
-    if (rule is None or rule.number == outcome.number or not rule.covers(outcome.config)
-            or any(p.from_start for p in done)):
+    if (
+        rule is None
+        or rule.number == outcome.number
+        or not rule.covers(outcome.config)
+        or any(p.from_start for p in done)
+    ):
         return None
     return rule
 
@@ -129,17 +153,29 @@ def ruled_out(trials: Iterable[FrozenTrial]) -> dict[str, RuledOut]:
             continue
         forward = _float(judged["phase_forward"])
         if "phase_results" in judged:
-            behind = [(p.start, p.end) for p in from_start_results(judged["phase_results"])
-                      if p.behind and not p.nonfinite]
+            behind = [
+                (p.start, p.end)
+                for p in from_start_results(judged["phase_results"])
+                if p.behind and not p.nonfinite
+            ]
         else:  # a branch rules out only for the precision: its start was float32's own state
-            behind = [(int(attrs["start"]), int(attrs["end"]))] if (
-                forward > 1 + _policy.PHASE_TOLERANCE) else []
+            behind = (
+                [(int(attrs["start"]), int(attrs["end"]))]
+                if (forward > 1 + _policy.PHASE_TOLERANCE)
+                else []
+            )
         if behind:
             config = attrs["config"]
-            out.setdefault(str(config["dtype"]), RuledOut(
-                int(attrs["of"]), *behind[0], forward,
-                tuple(config.get("fp32_modules") or ()),
-                int(judged.get("phase_forward_at", 0))))
+            out.setdefault(
+                str(config["dtype"]),
+                RuledOut(
+                    int(attrs["of"]),
+                    *behind[0],
+                    forward,
+                    tuple(config.get("fp32_modules") or ()),
+                    int(judged.get("phase_forward_at", 0)),
+                ),
+            )
     return out
 
 
@@ -158,14 +194,23 @@ def fewer_steps(a: int, b: int, spread: float) -> bool:
     return a * (1 + spread) < b
 
 
-def finalists(candidates: Sequence[Outcome], ranking: Sequence[Outcome],
-              clip_norm: float | None = None) -> list[Outcome]:
+def finalists(
+    candidates: Sequence[Outcome], ranking: Sequence[Outcome], clip_norm: float | None = None
+) -> list[Outcome]:
     """The runs branched at the phases, at most ``PHASE_FINALISTS``: PyTorch's defaults when
     they reached the target, then the first candidate of each family (its dtype, and whether
     it clips otherwise than the workload: a clip that helps early may hurt late, so the best
     unclipped run of a dtype must be seen too), then the next candidates in order."""
-    defaults = next((o for o in ranking if o.role == ROLE_BASELINE
-                     and o.attrs.get("baseline") == "pytorch-default" and o.reached), None)
+    defaults = next(
+        (
+            o
+            for o in ranking
+            if o.role == ROLE_BASELINE
+            and o.attrs.get("baseline") == "pytorch-default"
+            and o.reached
+        ),
+        None,
+    )
     chosen: list[Outcome] = [defaults] if defaults is not None else []
     families = {_family(o, clip_norm) for o in chosen}
     for c in candidates:
@@ -173,7 +218,7 @@ def finalists(candidates: Sequence[Outcome], ranking: Sequence[Outcome],
             families.add(_family(c, clip_norm))
             chosen.append(c)
     chosen += [c for c in candidates if all(c.config != o.config for o in chosen)]
-    return chosen[:_policy.PHASE_FINALISTS]
+    return chosen[: _policy.PHASE_FINALISTS]
 
 
 def _family(outcome: Outcome, clip_norm: float | None) -> tuple[str, bool]:
@@ -185,16 +230,20 @@ def behind_from(results: Sequence[PhaseResult]) -> str:
     1000-1200, 4.3x at 1800-2000`` (its loss over float32's, window by window), said to be
     ``trained from step 0`` where it was."""
     ran = [p for p in results if p.from_start]
-    how = ("" if not ran else "trained from step 0, " if len(ran) == len(results)
-           else f"trained from step 0 through {ran[-1].start}-{ran[-1].end} and branched "
-                "after, ")
+    how = (
+        ""
+        if not ran
+        else "trained from step 0, "
+        if len(ran) == len(results)
+        else f"trained from step 0 through {ran[-1].start}-{ran[-1].end} and branched after, "
+    )
     failed = [p for p in results if not p.holds]
     if not failed:
         return f"{how}holds at every phase"
     first = failed[0]
     if first.nonfinite and first.at is not None:
         return f"{how}goes non-finite at step {first.at}" + "".join(
-            f", {p.describe()}" for p in results if p is not first)
+            f", {p.describe()}" for p in results if p is not first
+        )
     verb = "goes non-finite" if first.nonfinite else "falls behind float32"
-    return (f"{how}{verb} by {first.start}-{first.end}: "
-            + ", ".join(p.describe() for p in results))
+    return f"{how}{verb} by {first.start}-{first.end}: " + ", ".join(p.describe() for p in results)

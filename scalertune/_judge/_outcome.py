@@ -62,9 +62,15 @@ class Outcome:
     @classmethod
     def from_trial(cls, trial: FrozenTrial) -> Outcome:
         # the judged figures in full precision over the rounded copies the dashboard shows
-        attrs = {**trial.user_attrs, **trial.system_attrs.get(JUDGED_ATTR, {}),
-                 **({"traceback": trial.system_attrs[TRACEBACK_ATTR]}
-                    if TRACEBACK_ATTR in trial.system_attrs else {})}
+        attrs = {
+            **trial.user_attrs,
+            **trial.system_attrs.get(JUDGED_ATTR, {}),
+            **(
+                {"traceback": trial.system_attrs[TRACEBACK_ATTR]}
+                if TRACEBACK_ATTR in trial.system_attrs
+                else {}
+            ),
+        }
         return cls(
             number=trial.number,
             role=attrs.get("role", ROLE_SEARCH),
@@ -130,8 +136,11 @@ def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:
     """Finished AMP runs (complete or pruned), in trial-number order; the float32 reference
     trials are the yardstick, not candidates, and are left out."""
     done = (TrialState.COMPLETE, TrialState.PRUNED)
-    return [Outcome.from_trial(t) for t in trials
-            if t.state in done and t.user_attrs.get("role") in RUN_ROLES]
+    return [
+        Outcome.from_trial(t)
+        for t in trials
+        if t.state in done and t.user_attrs.get("role") in RUN_ROLES
+    ]
 
 
 def reference_trial(study: optuna.Study, seed: int) -> optuna.trial.FrozenTrial | None:

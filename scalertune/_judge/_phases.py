@@ -61,13 +61,22 @@ class PhaseResult:
         """``1.9x at 1000-1200`` (its loss over float32's) or ``non-finite at 1800-2000``."""
         where = f"{self.start}-{self.end}"
         if self.nonfinite:
-            return f"non-finite at step {self.at}" if self.at is not None else (
-                f"non-finite at {where}")
+            return (
+                f"non-finite at step {self.at}"
+                if self.at is not None
+                else (f"non-finite at {where}")
+            )
         return f"{self.ratio:.3g}x at {where}"
 
 
-def judge_phase(branch: Sequence[float], reference: Sequence[float], *, start: int,
-                pruned: bool, first_half: bool = False) -> PhaseResult:
+def judge_phase(
+    branch: Sequence[float],
+    reference: Sequence[float],
+    *,
+    start: int,
+    pruned: bool,
+    first_half: bool = False,
+) -> PhaseResult:
     """Compare a branch's per-step losses with float32's over the same steps (``reference``,
     the reference's losses over the window), over the window's last half, or its first
     (``first_half``: a run from step 0 that stops inside the window, see
@@ -77,22 +86,31 @@ def judge_phase(branch: Sequence[float], reference: Sequence[float], *, start: i
     bad = sum(not math.isfinite(v) for v in branch[:needed])
     if pruned or len(branch) < needed or bad > _policy.PHASE_NONFINITE_SHARE * needed:
         return PhaseResult(start, end, math.inf, math.inf, nonfinite=True)
-    ours, theirs = ((branch[:half], reference[:half]) if first_half
-                    else (branch[half:], reference[half:]))
+    ours, theirs = (
+        (branch[:half], reference[:half]) if first_half else (branch[half:], reference[half:])
+    )
     pairs = [(b, r) for b, r in zip(ours, theirs) if math.isfinite(b)]
     mean_ref = statistics.fmean(r for _, r in pairs)
     diffs = [b - r for b, r in pairs]
     excess = statistics.fmean(diffs)
-    return PhaseResult(start, end, ratio=(mean_ref + excess) / mean_ref if mean_ref else 1.0,
-                       z=_z(diffs, excess), nonfinite=False)
+    return PhaseResult(
+        start,
+        end,
+        ratio=(mean_ref + excess) / mean_ref if mean_ref else 1.0,
+        z=_z(diffs, excess),
+        nonfinite=False,
+    )
 
 
 def _z(diffs: list[float], mean: float) -> float:
     """``mean`` over the standard error of the paired differences, taken from the means of
     consecutive blocks of ``READBACK_INTERVAL`` steps (neighbouring steps are correlated)."""
     block = _policy.READBACK_INTERVAL
-    means = [statistics.fmean(diffs[i:i + block]) for i in range(0, len(diffs), block)
-             if len(diffs[i:i + block]) == block]
+    means = [
+        statistics.fmean(diffs[i : i + block])
+        for i in range(0, len(diffs), block)
+        if len(diffs[i : i + block]) == block
+    ]
     if len(means) < 2:
         return 0.0
     error = statistics.stdev(means) / math.sqrt(len(means))
@@ -110,9 +128,14 @@ def judged_end(start: int, end: int) -> int:
     return start + (end - start) // 2
 
 
-def judge_from_start(losses: Sequence[float], windows: dict[str, Sequence[float]],
-                     spans: Sequence[tuple[int, int]], *, pruned: bool,
-                     first_nonfinite: int | None = None) -> list[PhaseResult]:
+def judge_from_start(
+    losses: Sequence[float],
+    windows: dict[str, Sequence[float]],
+    spans: Sequence[tuple[int, int]],
+    *,
+    pruned: bool,
+    first_nonfinite: int | None = None,
+) -> list[PhaseResult]:
     """Judge a run trained from step 0 at each window of ``spans`` it got to (``windows``: the
     reference's losses over each, by first step), in order: on the window's last half where
     the run got to its end (as a branch is judged), else on its first half
@@ -126,11 +149,21 @@ def judge_from_start(losses: Sequence[float], windows: dict[str, Sequence[float]
             break
         if len(losses) < need:
             if pruned:
-                out.append(PhaseResult(start, end, math.inf, math.inf, nonfinite=True,
-                                       from_start=True, at=first_nonfinite))
+                out.append(
+                    PhaseResult(
+                        start,
+                        end,
+                        math.inf,
+                        math.inf,
+                        nonfinite=True,
+                        from_start=True,
+                        at=first_nonfinite,
+                    )
+                )
             break
-        judged = judge_phase(losses[start:end], reference, start=start, pruned=False,
-                             first_half=len(losses) < end)
+        judged = judge_phase(
+            losses[start:end], reference, start=start, pruned=False, first_half=len(losses) < end
+        )
         out.append(dataclasses.replace(judged, from_start=True))
         if not judged.holds:
             break

@@ -23,8 +23,9 @@ from scalertune._run._timing import StepTimes
 from scalertune._storage._names import ROLE_CONFIRM
 
 
-def time_bounds(outcome: Outcome, times: StepTimes | None,
-                noise: Noise = Noise()) -> tuple[float, float]:
+def time_bounds(
+    outcome: Outcome, times: StepTimes | None, noise: Noise = Noise()
+) -> tuple[float, float]:
     """The range of a run's time to target: its steps (and, at the top, the noise of steps)
     times its dtype's step-time spread."""
     steps = outcome.steps_to_target
@@ -34,8 +35,7 @@ def time_bounds(outcome: Outcome, times: StepTimes | None,
     return steps * low, (steps + noise.margin(steps)) * high
 
 
-def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None,
-                  noise: Noise = Noise()) -> bool:
+def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None, noise: Noise = Noise()) -> bool:
     """Whether ``a`` reaches the target sooner than ``b`` beyond the noise: on the same dtype
     (the same step time) in fewer steps beyond the tie margin; across dtypes with
     time-to-target ranges that do not overlap, or, where their steps to the target tie, with
@@ -46,8 +46,12 @@ def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None,
         return mine is not None
     if a.config.dtype == b.config.dtype:
         return mine + noise.margin(mine) < theirs
-    if (times is not None and a.config.dtype in times and b.config.dtype in times
-            and abs(mine - theirs) <= noise.margin(max(mine, theirs))):
+    if (
+        times is not None
+        and a.config.dtype in times
+        and b.config.dtype in times
+        and abs(mine - theirs) <= noise.margin(max(mine, theirs))
+    ):
         # Steps to the target tie: what differs over the horizon is the time of every step.
         return times.bounds(a.config.dtype)[1] < times.bounds(b.config.dtype)[0]
     return time_bounds(a, times, noise)[1] < time_bounds(b, times)[0]
@@ -56,15 +60,15 @@ def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None,
 def tied(a: Outcome, b: Outcome, times: StepTimes | None, noise: Noise = Noise()) -> bool:
     """Whether two runs that reached the target are equally fast within the noise: neither
     is surely faster."""
-    return (not surely_faster(a, b, times, noise)
-            and not surely_faster(b, a, times, noise))
+    return not surely_faster(a, b, times, noise) and not surely_faster(b, a, times, noise)
 
 
 def all_tied(pool: Sequence[Outcome], times: StepTimes | None, noise: Noise = Noise()) -> bool:
     """Whether two or more runs reached the target and none is surely faster than another:
     the comparison cannot tell them apart, and the order is stability, then simplicity."""
-    return len(pool) >= 2 and not any(surely_faster(a, b, times, noise)
-                                      for a in pool for b in pool if a is not b)
+    return len(pool) >= 2 and not any(
+        surely_faster(a, b, times, noise) for a in pool for b in pool if a is not b
+    )
 
 
 def rank_key(outcome: Outcome) -> tuple[int, float, int]:
@@ -81,12 +85,15 @@ def rank_key(outcome: Outcome) -> tuple[int, float, int]:
 def ranked(outcomes: Sequence[Outcome]) -> list[Outcome]:
     """Search and baseline runs of the main seed, best first (confirmations and reused
     duplicates excluded)."""
-    return sorted((o for o in outcomes if o.role != ROLE_CONFIRM and not o.reused),
-                  key=rank_key)
+    return sorted((o for o in outcomes if o.role != ROLE_CONFIRM and not o.reused), key=rank_key)
 
 
-def candidates(ranking: Sequence[Outcome], times: StepTimes | None,
-               clip_norm: float | None, noise: Noise = Noise()) -> list[Outcome]:
+def candidates(
+    ranking: Sequence[Outcome],
+    times: StepTimes | None,
+    clip_norm: float | None,
+    noise: Noise = Noise(),
+) -> list[Outcome]:
     """Distinct configs that reached the target, in the order they are confirmed.
 
     The runs that no other run beats beyond the noise come first (the fastest, and the runs
@@ -106,9 +113,14 @@ def candidates(ranking: Sequence[Outcome], times: StepTimes | None,
     while pool:
         group = [o for o in pool if not any(surely_faster(p, o, times, noise) for p in pool)]
         fewest = min(o.stability[0] for o in group)
-        group.sort(key=lambda o: (o.stability[0] > fewest + skip_tolerance(fewest),
-                                  o.config.knobs_changed(clip_norm), o.time_to_target,
-                                  o.number))
+        group.sort(
+            key=lambda o: (
+                o.stability[0] > fewest + skip_tolerance(fewest),
+                o.config.knobs_changed(clip_norm),
+                o.time_to_target,
+                o.number,
+            )
+        )
         ordered.extend(group)
         pool = [o for o in pool if o not in group]
     return ordered
@@ -123,6 +135,7 @@ def skip_tolerance(skips: float) -> float:
 def confirmations_of(candidate: Outcome, outcomes: Sequence[Outcome]) -> dict[int, Outcome]:
     """Seed -> the confirmation run of ``candidate``'s config on that seed."""
     return {
-        o.seed: o for o in outcomes
+        o.seed: o
+        for o in outcomes
         if o.role == ROLE_CONFIRM and o.attrs.get("confirms") == candidate.number
     }

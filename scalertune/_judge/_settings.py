@@ -37,8 +37,7 @@ if TYPE_CHECKING:
 VERSION = 2
 #: The settings whose change makes stored trials incomparable with new ones: a rerun of a
 #: search with another of these is refused.
-COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference",
-              "nproc_per_node")
+COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference", "nproc_per_node")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,30 +136,46 @@ class StudySettings:
         return next((key for key in COMPARABLE if mine[key] != theirs[key]), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "factory": self.factory, "steps": self.steps,
-                "horizon": self.horizon, "seed": self.seed,
-                "space": {"name": self.space.get("name"),
-                          "params": dict(self.space.get("params") or {})},
-                "device_type": self.device_type, "device": self.device,
-                "reference": self.reference.to_dict(), "instance": self.instance,
-                "nproc_per_node": self.nproc_per_node}
+        return {
+            "version": self.version,
+            "factory": self.factory,
+            "steps": self.steps,
+            "horizon": self.horizon,
+            "seed": self.seed,
+            "space": {
+                "name": self.space.get("name"),
+                "params": dict(self.space.get("params") or {}),
+            },
+            "device_type": self.device_type,
+            "device": self.device,
+            "reference": self.reference.to_dict(),
+            "instance": self.instance,
+            "nproc_per_node": self.nproc_per_node,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StudySettings:
         """The record as stored, in any version a study may hold."""
         version = int(data.get("version") or 1)
         if version > VERSION:
-            raise UsageError(f"the study's settings are of version {version}, newer than this "
-                             f"scalertune reads ({VERSION}): upgrade scalertune to review it")
+            raise UsageError(
+                f"the study's settings are of version {version}, newer than this "
+                f"scalertune reads ({VERSION}): upgrade scalertune to review it"
+            )
         steps = int(data["steps"])
-        return cls(factory=str(data["factory"]), steps=steps,
-                   horizon=int(data.get("horizon") or steps), seed=int(data["seed"]),
-                   space=dict(data.get("space") or {}),
-                   device_type=str(data.get("device_type") or ""),
-                   device=str(data.get("device") or "this device"),
-                   reference=AmpConfig.from_dict(data.get("reference") or {"dtype": "float32"}),
-                   instance=str(data.get("instance") or ""), version=version,
-                   nproc_per_node=int(data.get("nproc_per_node") or 1))
+        return cls(
+            factory=str(data["factory"]),
+            steps=steps,
+            horizon=int(data.get("horizon") or steps),
+            seed=int(data["seed"]),
+            space=dict(data.get("space") or {}),
+            device_type=str(data.get("device_type") or ""),
+            device=str(data.get("device") or "this device"),
+            reference=AmpConfig.from_dict(data.get("reference") or {"dtype": "float32"}),
+            instance=str(data.get("instance") or ""),
+            version=version,
+            nproc_per_node=int(data.get("nproc_per_node") or 1),
+        )
 
     @classmethod
     def of(cls, study: optuna.Study) -> StudySettings:
@@ -168,8 +183,16 @@ class StudySettings:
         a search), a record of ``version`` 0 that says so (:attr:`stored`)."""
         stored = study.user_attrs.get(SETTINGS_ATTR)
         if stored is None:
-            return cls(factory="", steps=0, horizon=0, seed=0, space={}, device_type="",
-                       device="this device", version=0)
+            return cls(
+                factory="",
+                steps=0,
+                horizon=0,
+                seed=0,
+                space={},
+                device_type="",
+                device="this device",
+                version=0,
+            )
         return cls.from_dict(stored)
 
 

@@ -65,8 +65,14 @@ class StopRule:
         (True, 1, 'reached')
     """
 
-    def __init__(self, target: Target, *, step_time: tuple[float, float] | None = None,
-                 best: Best | None = None, at_target: bool = True) -> None:
+    def __init__(
+        self,
+        target: Target,
+        *,
+        step_time: tuple[float, float] | None = None,
+        best: Best | None = None,
+        at_target: bool = True,
+    ) -> None:
         self.target, self.step_time, self.best, self.at_target = target, step_time, best, at_target
 
     def __call__(self, record: RunRecord) -> bool:
@@ -82,8 +88,9 @@ class StopRule:
         if reason is None:
             return False
         record.prune_kind = record.stopped = "slower"
-        record.prune_reason = (f"slower than the best: not at the target after "
-                               f"{record.steps_run} steps, {reason}")
+        record.prune_reason = (
+            f"slower than the best: not at the target after {record.steps_run} steps, {reason}"
+        )
         return True
 
     def _slower(self, record: RunRecord) -> str | None:
@@ -93,20 +100,26 @@ class StopRule:
         dtype = record.config.dtype
         if dtype in best.steps and record.steps_run >= best.steps[dtype][0] + best.margin:
             steps, label = best.steps[dtype]
-            within = (f", up to {best.margin:.0f} steps more being a tie" if best.margin
-                      else "")
+            within = f", up to {best.margin:.0f} steps more being a tie" if best.margin else ""
             return f"while {label} ({dtype} too) reached it at step {steps}{within}"
         if self.step_time is None:
             return None
         if (record.steps_run + 1) * self.step_time[0] > best.time_high:
-            return (f"so it cannot reach it before {best.label} ({best.time_high:.3g} s at the "
-                    "slow end of its timing spread)")
+            return (
+                f"so it cannot reach it before {best.label} ({best.time_high:.3g} s at the "
+                "slow end of its timing spread)"
+            )
         return None
 
 
-def study_stop_reason(sampled: Sequence[Outcome], times: StepTimes | None, noise: Noise, *,
-                      min_trials: int = _policy.STUDY_MIN_TRIALS,
-                      tied_trials: int | None = _policy.STUDY_TIED_TRIALS) -> str | None:
+def study_stop_reason(
+    sampled: Sequence[Outcome],
+    times: StepTimes | None,
+    noise: Noise,
+    *,
+    min_trials: int = _policy.STUDY_MIN_TRIALS,
+    tied_trials: int | None = _policy.STUDY_TIED_TRIALS,
+) -> str | None:
     """Why the study should sample no more, from its sampled runs in the order they ran
     (``times`` and ``noise``: what is faster beyond the noise, see
     :func:`~scalertune._judge._rank.surely_faster`); ``None`` while more trials may help.
@@ -118,8 +131,10 @@ def study_stop_reason(sampled: Sequence[Outcome], times: StepTimes | None, noise
             break
         duplicates += 1
     if duplicates >= _policy.MAX_CONSECUTIVE_DUPLICATES:
-        return (f"the sampler proposed {duplicates} configs in a row that had already run: "
-                "the space has nothing new to try")
+        return (
+            f"the sampler proposed {duplicates} configs in a row that had already run: "
+            "the space has nothing new to try"
+        )
     fresh = [o for o in sampled if not o.reused]
     best: Outcome | None = None
     # since: trials since the last progress; streak: trials in a row that reached the target,
@@ -134,9 +149,13 @@ def study_stop_reason(sampled: Sequence[Outcome], times: StepTimes | None, noise
         if best is not None and outcome.time_to_target < best.time_to_target:
             best = outcome  # a tie with a better estimate: the yardstick, but no progress
     if tied_trials and streak >= tied_trials:
-        return (f"the last {streak} sampled trials all reached the target, none faster than "
-                f"the best beyond the noise (stopped early after {len(fresh)})")
+        return (
+            f"the last {streak} sampled trials all reached the target, none faster than "
+            f"the best beyond the noise (stopped early after {len(fresh)})"
+        )
     if len(fresh) >= min_trials and since >= _policy.STUDY_PATIENCE:
-        return (f"the last {since} sampled trials found no faster time to target beyond the "
-                f"noise (stopped early after {len(fresh)})")
+        return (
+            f"the last {since} sampled trials found no faster time to target beyond the "
+            f"noise (stopped early after {len(fresh)})"
+        )
     return None

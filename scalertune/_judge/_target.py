@@ -46,11 +46,15 @@ class Target:
         curve = smoothed(losses)
         start = curve[min(len(curve), _policy.SMOOTHING_STEPS) - 1]
         final = curve[-1]
-        tail = list(losses[-_policy.SMOOTHING_STEPS:])
+        tail = list(losses[-_policy.SMOOTHING_STEPS :])
         noise = statistics.pstdev(tail) / math.sqrt(len(tail)) if len(tail) > 1 else 0.0
-        return cls(loss=final + _policy.TARGET_TOLERANCE * abs(final),
-                   reference_final=final, reference_start=start,
-                   reference_curve=tuple(curve), reference_noise=noise)
+        return cls(
+            loss=final + _policy.TARGET_TOLERANCE * abs(final),
+            reference_final=final,
+            reference_start=start,
+            reference_curve=tuple(curve),
+            reference_noise=noise,
+        )
 
     @property
     def reference_learned(self) -> bool:
@@ -61,9 +65,11 @@ class Target:
         float32's start). Without that, every run "reaches" the target at once (a run that
         skipped every step included) and the search says nothing."""
         drop = self.reference_start - self.reference_final
-        return (drop > _policy.REFERENCE_MIN_DROP * abs(self.reference_start)
-                and drop > _policy.REFERENCE_NOISE_MULTIPLE * self.reference_noise
-                and self.loss < self.reference_start)
+        return (
+            drop > _policy.REFERENCE_MIN_DROP * abs(self.reference_start)
+            and drop > _policy.REFERENCE_NOISE_MULTIPLE * self.reference_noise
+            and self.loss < self.reference_start
+        )
 
     def check_learned(self, steps: int) -> None:
         """:class:`UsageError` naming what to do when the reference did not learn."""
@@ -117,5 +123,3 @@ class Target:
         if not curve:
             return math.inf
         return (min(curve) - self.loss) / max(abs(self.loss), 1e-12)
-
-

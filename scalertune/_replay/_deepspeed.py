@@ -43,8 +43,13 @@ from scalertune._replay._gradscaler import limits, seen_limit
 
 #: DeepSpeed 0.19's defaults for the keys of a config's ``fp16`` block that drive its scaler
 #: (``deepspeed/runtime/precision_config.py``): what a block without them gets.
-FP16_DEFAULTS = {"initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
-                 "consecutive_hysteresis": False, "min_loss_scale": 1}
+FP16_DEFAULTS = {
+    "initial_scale_power": 16,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "consecutive_hysteresis": False,
+    "min_loss_scale": 1,
+}
 
 #: Why a replay ends early, as :attr:`DeepSpeedReplay.raised` says it.
 AT_MINIMUM = "an overflow at min_loss_scale (DeepSpeed raises: cannot decrease scale anymore)"
@@ -83,28 +88,44 @@ class DeepSpeedScaler:
         if not isinstance(block, Mapping):
             raise ParameterError("fp16_block", f"must be a mapping, got {type(block).__name__}")
         if block.get("loss_scale", 0) != 0:
-            raise ParameterError("fp16_block", f"has loss_scale={block['loss_scale']!r}, a static "
-                                 "scale: set loss_scale 0 for DeepSpeed's dynamic scaler")
+            raise ParameterError(
+                "fp16_block",
+                f"has loss_scale={block['loss_scale']!r}, a static "
+                "scale: set loss_scale 0 for DeepSpeed's dynamic scaler",
+            )
         values = {**FP16_DEFAULTS, **{k: block[k] for k in FP16_DEFAULTS if k in block}}
         # DeepSpeed's own parser takes any integer hysteresis (below 1 it never backs off:
         # replayed as it is), a window and a minimum of at least 1, and any integer power
         # (here: one whose scale a float holds).
-        for key, low, high in (("initial_scale_power", -1074, 1023),
-                               ("hysteresis", -math.inf, math.inf),
-                               ("loss_scale_window", 1, math.inf), ("min_loss_scale", 1, math.inf)):
+        for key, low, high in (
+            ("initial_scale_power", -1074, 1023),
+            ("hysteresis", -math.inf, math.inf),
+            ("loss_scale_window", 1, math.inf),
+            ("min_loss_scale", 1, math.inf),
+        ):
             value = values[key]
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                wanted = ("an integer" if low == -math.inf else f"an integer >= {low}"
-                          if high == math.inf else f"an integer from {low} to {high}")
+                wanted = (
+                    "an integer"
+                    if low == -math.inf
+                    else f"an integer >= {low}"
+                    if high == math.inf
+                    else f"an integer from {low} to {high}"
+                )
                 raise ParameterError(f"fp16_block[{key!r}]", f"must be {wanted}, got {value!r}")
         if not isinstance(values["consecutive_hysteresis"], bool):
-            raise ParameterError("fp16_block['consecutive_hysteresis']",
-                                 f"must be true or false, got {values['consecutive_hysteresis']!r}")
-        return cls(init_scale=float(2 ** values["initial_scale_power"]),
-                   scale_window=values["loss_scale_window"],
-                   min_scale=float(values["min_loss_scale"]),
-                   delayed_shift=values["hysteresis"],
-                   consecutive_hysteresis=values["consecutive_hysteresis"], zero=zero)
+            raise ParameterError(
+                "fp16_block['consecutive_hysteresis']",
+                f"must be true or false, got {values['consecutive_hysteresis']!r}",
+            )
+        return cls(
+            init_scale=float(2 ** values["initial_scale_power"]),
+            scale_window=values["loss_scale_window"],
+            min_scale=float(values["min_loss_scale"]),
+            delayed_shift=values["hysteresis"],
+            consecutive_hysteresis=values["consecutive_hysteresis"],
+            zero=zero,
+        )
 
 
 class _Rule:
@@ -140,8 +161,9 @@ class _Rule:
         return None
 
 
-def update_deepspeed_scales(overflows: Sequence[bool],
-                            scaler: DeepSpeedScaler) -> tuple[np.ndarray, int | None]:
+def update_deepspeed_scales(
+    overflows: Sequence[bool], scaler: DeepSpeedScaler
+) -> tuple[np.ndarray, int | None]:
     """DeepSpeed's scale after the update of each step, given which steps overflowed, and the
     step at which it raises instead (``None`` if it does not; the scales stop there)."""
     rule = _Rule(scaler)
@@ -170,9 +192,14 @@ class DeepSpeedReplay:
     scales: np.ndarray | None = None
 
 
-def replay_deepspeed(amax: np.ndarray, scaler: DeepSpeedScaler, *,
-                     startup: np.ndarray | None = None, per_step: bool = False,
-                     lag: bool = True) -> DeepSpeedReplay:
+def replay_deepspeed(
+    amax: np.ndarray,
+    scaler: DeepSpeedScaler,
+    *,
+    startup: np.ndarray | None = None,
+    per_step: bool = False,
+    lag: bool = True,
+) -> DeepSpeedReplay:
     """DeepSpeed's scaler over the trace ``amax``, step by step. ``startup`` and ``lag`` read
     the trace as :func:`~scalertune._replay._gradscaler.replay` does: a skipped step leaves
     the weights where they were, whichever scaler skipped it."""
@@ -186,8 +213,9 @@ def replay_deepspeed(amax: np.ndarray, scaler: DeepSpeedScaler, *,
     for t in range(len(limit)):
         if scales is not None:
             scales[t] = rule.scale
-        overflow = rule.scale >= (seen_limit(limit, probe, t, len(skipped), lag) if probe
-                                  else limit[t])
+        overflow = rule.scale >= (
+            seen_limit(limit, probe, t, len(skipped), lag) if probe else limit[t]
+        )
         if overflow:
             skipped.append(t)
         raised = rule.update(overflow, t)
@@ -195,14 +223,24 @@ def replay_deepspeed(amax: np.ndarray, scaler: DeepSpeedScaler, *,
             raised_at = t
             break
         lowest = min(lowest, rule.scale)
-    return DeepSpeedReplay(np.array(skipped, dtype=np.int64), lowest, rule.scale,
-                           raised_at, raised, scales)
+    return DeepSpeedReplay(
+        np.array(skipped, dtype=np.int64), lowest, rule.scale, raised_at, raised, scales
+    )
 
 
-def replay_fp16_block(amax: np.ndarray, fp16_block: Mapping[str, Any], *,
-                      startup: np.ndarray | None = None, zero: bool = True,
-                      per_step: bool = False) -> DeepSpeedReplay:
+def replay_fp16_block(
+    amax: np.ndarray,
+    fp16_block: Mapping[str, Any],
+    *,
+    startup: np.ndarray | None = None,
+    zero: bool = True,
+    per_step: bool = False,
+) -> DeepSpeedReplay:
     """:func:`replay_deepspeed` of the scaler a DeepSpeed config's ``fp16`` block sets up
     (the block ``scalertune export --to deepspeed`` writes, or any other)."""
-    return replay_deepspeed(amax, DeepSpeedScaler.from_fp16_block(fp16_block, zero=zero),
-                            startup=startup, per_step=per_step)
+    return replay_deepspeed(
+        amax,
+        DeepSpeedScaler.from_fp16_block(fp16_block, zero=zero),
+        startup=startup,
+        per_step=per_step,
+    )

@@ -20,7 +20,12 @@ DEEPSPEED_MIN_LOSS_SCALE = 1
 
 def deepspeed_fp16_block(config: AmpConfig) -> dict[str, Any]:
     """The ``fp16`` block (dynamic loss scaling) nearest to ``config``'s scaler."""
-    return {"enabled": True, "loss_scale": 0,
-            "initial_scale_power": max(round(math.log2(config.init_scale)), 0),
-            "loss_scale_window": config.growth_interval, "hysteresis": 1,
-            "consecutive_hysteresis": False, "min_loss_scale": DEEPSPEED_MIN_LOSS_SCALE}
+    return {
+        "enabled": True,
+        "loss_scale": 0,
+        "initial_scale_power": max(round(math.log2(config.init_scale)), 0),
+        "loss_scale_window": config.growth_interval,
+        "hysteresis": 1,
+        "consecutive_hysteresis": False,
+        "min_loss_scale": DEEPSPEED_MIN_LOSS_SCALE,
+    }

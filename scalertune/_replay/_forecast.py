@@ -34,9 +34,11 @@ class Forecast:
 
     def describe(self) -> str:
         latest = "later" if math.isinf(self.latest) else f"{self.latest:,.0f}"
-        return (f"module {self.module}'s activations (now up to {self.peak:.3g}) reach 65504 "
-                f"near step ~{self.step:,.0f} at this rate (between {self.earliest:,.0f} and "
-                f"{latest}); bfloat16 has no such limit")
+        return (
+            f"module {self.module}'s activations (now up to {self.peak:.3g}) reach 65504 "
+            f"near step ~{self.step:,.0f} at this rate (between {self.earliest:,.0f} and "
+            f"{latest}); bfloat16 has no such limit"
+        )
 
 
 def forecast(trace: Trace, horizon: int) -> list[Forecast]:
@@ -83,5 +85,6 @@ def _fit(x: np.ndarray, y: np.ndarray, module: str, peak: float) -> Forecast | N
         return (limit - intercept) / rate if rate > 0 else math.inf
 
     low, high = slope + 2 * error, slope - 2 * error
-    return Forecast(module=module, step=reach(slope), earliest=reach(low), latest=reach(high),
-                    peak=peak)
+    return Forecast(
+        module=module, step=reach(slope), earliest=reach(low), latest=reach(high), peak=peak
+    )

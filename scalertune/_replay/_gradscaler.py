@@ -85,8 +85,14 @@ def limits(amax: np.ndarray) -> np.ndarray:
     return out
 
 
-def update_scales(found_inf: Sequence[bool], *, init_scale: float, growth_factor: float,
-                  backoff_factor: float, growth_interval: int) -> np.ndarray:
+def update_scales(
+    found_inf: Sequence[bool],
+    *,
+    init_scale: float,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+) -> np.ndarray:
     """GradScaler's scale after the ``update()`` of each step, given which steps found an inf
     or NaN: float32, equal to ``scaler._scale`` float for float."""
     scale, good = _f32(init_scale), 0
@@ -118,8 +124,14 @@ class Replay:
     scales: np.ndarray | None = None
 
 
-def replay(amax: np.ndarray, config: AmpConfig, *, startup: np.ndarray | None = None,
-           per_step: bool = False, lag: bool = True) -> Replay:
+def replay(
+    amax: np.ndarray,
+    config: AmpConfig,
+    *,
+    startup: np.ndarray | None = None,
+    per_step: bool = False,
+    lag: bool = True,
+) -> Replay:
     """GradScaler under ``config`` over the trace ``amax``, step by step (about 50 ms per
     100,000 steps).
 
@@ -186,7 +198,7 @@ class ReplayMany:
     def skipped(self, config: int) -> np.ndarray:
         """The steps config number ``config`` skips, ascending."""
         order, bounds = self._by_config
-        steps: np.ndarray = self.skip_step[order[bounds[config]:bounds[config + 1]]]
+        steps: np.ndarray = self.skip_step[order[bounds[config] : bounds[config + 1]]]
         return steps
 
     @functools.cached_property
@@ -196,9 +208,13 @@ class ReplayMany:
         return order, bounds
 
 
-def replay_many(amax: np.ndarray, configs: Sequence[AmpConfig], *,
-                startup: np.ndarray | None = None,
-                stop_above: int | None = None) -> ReplayMany:
+def replay_many(
+    amax: np.ndarray,
+    configs: Sequence[AmpConfig],
+    *,
+    startup: np.ndarray | None = None,
+    stop_above: int | None = None,
+) -> ReplayMany:
     """Every config's GradScaler over the trace ``amax`` at once, exactly as :func:`replay`
     with ``lag=False`` would run each (about a second for 1,000 configs over 100,000 steps).
 
@@ -247,7 +263,7 @@ def replay_many(amax: np.ndarray, configs: Sequence[AmpConfig], *,
                 for t in range(start, len(limit), every):
                     if stop_above is not None and not scalers.stop_above(stop_above):
                         break
-                    run(scalers, limit[:t + every], t)
+                    run(scalers, limit[: t + every], t)
                 parts.append((chosen, scalers))
     return _merged(len(configs), parts)
 
@@ -262,8 +278,7 @@ class _Scalers:
         self.growth = np.array([c.growth_factor for c in configs], dtype=np.float64)
         self.backoff = np.array([c.backoff_factor for c in configs], dtype=np.float64)
         self.interval = np.array([c.growth_interval for c in configs], dtype=np.int64)
-        self.scale = np.array([c.init_scale for c in configs], dtype=np.float64
-                              ).astype(np.float32)
+        self.scale = np.array([c.init_scale for c in configs], dtype=np.float64).astype(np.float32)
         self.initial = self.scale.copy()
         self.next_growth = self.interval - 1
         self.at: list[np.ndarray] = []
@@ -277,8 +292,9 @@ class _Scalers:
         self._counts = np.zeros(len(configs), dtype=np.int64)
         self._renumbered = 0
 
-    def back_off(self, which: np.ndarray, steps: np.ndarray | int,
-                 in_effect: np.ndarray) -> np.ndarray:
+    def back_off(
+        self, which: np.ndarray, steps: np.ndarray | int, in_effect: np.ndarray
+    ) -> np.ndarray:
         """Configs ``which`` overflowed at ``steps`` with scales ``in_effect``: their new scale."""
         new: np.ndarray = (in_effect * self.backoff[which]).astype(np.float32)
         self.scale[which] = new
@@ -338,8 +354,12 @@ class _Scalers:
         of = np.concatenate([np.zeros(0, np.int64), *self.of])
         lowest = self.initial.copy()  # float32, as the record: ufunc.at's fast path
         np.minimum.at(lowest, of, np.concatenate([np.zeros(0, np.float32), *self.to]))
-        return (np.bincount(of, minlength=len(self.initial)), lowest,
-                np.concatenate([np.zeros(0, np.int64), *self.at]), of)
+        return (
+            np.bincount(of, minlength=len(self.initial)),
+            lowest,
+            np.concatenate([np.zeros(0, np.int64), *self.at]),
+            of,
+        )
 
 
 def _startup_streak(scalers: _Scalers, limit: np.ndarray, probe: np.ndarray) -> int:
@@ -370,7 +390,7 @@ def _run_blocked(scalers: _Scalers, limit: np.ndarray, start: int) -> None:
     later = positions[None, :] > positions[:, None]  # row i: the positions after i
     for b, low in enumerate(after[:, 0].tolist()):
         t0 = start + b * block
-        window = limit[t0:t0 + block]
+        window = limit[t0 : t0 + block]
         growth_in_block = scalers.next_growth - t0
         grows = growth_in_block < len(window)
         grown, scale = scalers.grown(), scalers.scale
@@ -381,8 +401,19 @@ def _run_blocked(scalers: _Scalers, limit: np.ndarray, start: int) -> None:
         busy = _nonzero(scalers.scale >= low)
         if len(busy):
             n = len(window)
-            _busy_block(scalers, window, t0, busy, growth_in_block, scale, grown,
-                        positions[:n], rows[:len(busy)], after[b], later[:n, :n])
+            _busy_block(
+                scalers,
+                window,
+                t0,
+                busy,
+                growth_in_block,
+                scale,
+                grown,
+                positions[:n],
+                rows[: len(busy)],
+                after[b],
+                later[:n, :n],
+            )
 
 
 def _suffix_minima(limit: np.ndarray, block: int) -> np.ndarray:
@@ -390,21 +421,31 @@ def _suffix_minima(limit: np.ndarray, block: int) -> np.ndarray:
     block's end (column 0: the block's smallest; a last column of inf, and inf past the end)."""
     blocks = -(-len(limit) // block)
     flat = np.full(blocks * block, np.inf)
-    flat[:len(limit)] = limit
+    flat[: len(limit)] = limit
     padded = np.hstack([flat.reshape(blocks, block), np.full((blocks, 1), np.inf)])
     return np.minimum.accumulate(padded[:, ::-1], axis=1)[:, ::-1]
 
 
-def _busy_block(scalers: _Scalers, window: np.ndarray, t0: int, busy: np.ndarray,
-                growth_in_block: np.ndarray, scale: np.ndarray, grown: np.ndarray,
-                positions: np.ndarray, rows: np.ndarray, after: np.ndarray,
-                later: np.ndarray) -> None:
+def _busy_block(
+    scalers: _Scalers,
+    window: np.ndarray,
+    t0: int,
+    busy: np.ndarray,
+    growth_in_block: np.ndarray,
+    scale: np.ndarray,
+    grown: np.ndarray,
+    positions: np.ndarray,
+    rows: np.ndarray,
+    after: np.ndarray,
+    later: np.ndarray,
+) -> None:
     """The overflows of the configs ``busy`` in the block at ``t0``, whose scales were
     ``scale`` as it began and ``grown`` after their next growth. (``positions`` and ``rows``:
     ``arange`` over the block and over ``busy``; ``later``: which positions come after each;
     all made once per replay. ``after``: the block's suffix minima.)"""
-    profile = np.where(positions[None, :] > growth_in_block[busy, None],
-                       grown[busy, None], scale[busy, None])
+    profile = np.where(
+        positions[None, :] > growth_in_block[busy, None], grown[busy, None], scale[busy, None]
+    )
     hit = window[None, :] <= profile
     first = hit.argmax(axis=1)
     overflowed = _nonzero(hit[rows, first])
@@ -434,14 +475,16 @@ def _merged(count: int, parts: list[tuple[np.ndarray, _Scalers]]) -> ReplayMany:
         final[chosen], stopped[chosen] = scalers.final, scalers.stopped
         steps.append(at)
         owners.append(chosen[of])
-    return ReplayMany(skips, lowest, final, np.concatenate(steps), np.concatenate(owners),
-                      stopped)
+    return ReplayMany(skips, lowest, final, np.concatenate(steps), np.concatenate(owners), stopped)
 
 
 def _check(config: AmpConfig) -> None:
     if not config.uses_scaler:
-        raise ParameterError("config", f"is {config.dtype}, which runs without a loss scaler: "
-                             "only float16 configs have GradScaler steps to replay")
+        raise ParameterError(
+            "config",
+            f"is {config.dtype}, which runs without a loss scaler: "
+            "only float16 configs have GradScaler steps to replay",
+        )
 
 
 def _f32(value: float) -> float:

@@ -92,8 +92,10 @@ class Prediction:
         hurts the run (a DeepSpeed raise, flushing gradients)."""
         if isinstance(self.config, AmpConfig) and not self.config.uses_scaler:
             return f"{self.config.dtype}: no loss scaler, so no skipped step"
-        text = (f"skips {self._skips()}; lowest scale {_power(self.min_scale)}, "
-                f"final {_power(self.final_scale)}")
+        text = (
+            f"skips {self._skips()}; lowest scale {_power(self.min_scale)}, "
+            f"final {_power(self.final_scale)}"
+        )
         if self.stops_at is not None:
             text += f"; DeepSpeed ends training at step {self.stops_at:,}: {self.stop_reason}"
         worst = max((s for s in self.flushed if not math.isnan(s)), default=0.0)
@@ -113,8 +115,10 @@ class Prediction:
         rate = f"1 per {_rounded((horizon - self.startup_span) / rest)}" if rest else "none"
         if not self.startup_skips:
             return f"{rate}: {share}"
-        return (f"{self.startup_skips} step{'s' if self.startup_skips > 1 else ''} in the "
-                f"first {self.startup_span:,}, then {rate}: {share}")
+        return (
+            f"{self.startup_skips} step{'s' if self.startup_skips > 1 else ''} in the "
+            f"first {self.startup_span:,}, then {rate}: {share}"
+        )
 
 
 def predict(trace: Trace, config: AmpConfig, *, horizon: int | None = None) -> Prediction:
@@ -130,44 +134,66 @@ def predict(trace: Trace, config: AmpConfig, *, horizon: int | None = None) -> P
     horizon = _horizon(trace, horizon)
     if not config.uses_scaler:
         return Prediction(config, horizon, 0, (), (0,) * PHASES, 1.0, 1.0, (0.0,) * PHASES)
-    run = replay(trace.amax[:horizon], config, startup=trace.startup, per_step=True,
-                 lag=trace.startup_whole)
-    return _prediction(trace, config, horizon, run.skipped, run.min_scale, run.final_scale,
-                       run.scales)
+    run = replay(
+        trace.amax[:horizon], config, startup=trace.startup, per_step=True, lag=trace.startup_whole
+    )
+    return _prediction(
+        trace, config, horizon, run.skipped, run.min_scale, run.final_scale, run.scales
+    )
 
 
-def predict_deepspeed(trace: Trace, fp16_block: Mapping[str, Any], *,
-                      horizon: int | None = None, zero: bool = True) -> Prediction:
+def predict_deepspeed(
+    trace: Trace, fp16_block: Mapping[str, Any], *, horizon: int | None = None, zero: bool = True
+) -> Prediction:
     """What DeepSpeed's dynamic loss scaler, as a config's ``fp16`` block sets it up, does over
     the first ``horizon`` steps: under ZeRO (``zero=True``, stages 1 to 3) or without it
     (``FP16_Optimizer``; see :mod:`~scalertune._replay._deepspeed` for the difference)."""
     if not isinstance(fp16_block, Mapping) or fp16_block.get("enabled") is not True:
-        raise ParameterError("fp16_block", "must enable fp16 (\"enabled\": true; DeepSpeed's "
-                             f"default is false), got {shown(fp16_block)}: without it DeepSpeed "
-                             "trains with no loss scaler to predict")
+        raise ParameterError(
+            "fp16_block",
+            'must enable fp16 ("enabled": true; DeepSpeed\'s '
+            f"default is false), got {shown(fp16_block)}: without it DeepSpeed "
+            "trains with no loss scaler to predict",
+        )
     scaler = DeepSpeedScaler.from_fp16_block(fp16_block, zero=zero)
     horizon = _horizon(trace, horizon)
-    run = replay_deepspeed(trace.amax[:horizon], scaler, startup=trace.startup, per_step=True,
-                           lag=trace.startup_whole)
+    run = replay_deepspeed(
+        trace.amax[:horizon], scaler, startup=trace.startup, per_step=True, lag=trace.startup_whole
+    )
     return dataclasses.replace(
-        _prediction(trace, scaler, horizon, run.skipped, run.min_scale, run.final_scale,
-                    run.scales),
-        stops_at=run.raised_at, stop_reason=run.raised)
+        _prediction(
+            trace, scaler, horizon, run.skipped, run.min_scale, run.final_scale, run.scales
+        ),
+        stops_at=run.raised_at,
+        stop_reason=run.raised,
+    )
 
 
-def _prediction(trace: Trace, config: AmpConfig | DeepSpeedScaler, horizon: int,
-                skipped: np.ndarray, lowest: float, final: float,
-                scales: np.ndarray | None) -> Prediction:
+def _prediction(
+    trace: Trace,
+    config: AmpConfig | DeepSpeedScaler,
+    horizon: int,
+    skipped: np.ndarray,
+    lowest: float,
+    final: float,
+    scales: np.ndarray | None,
+) -> Prediction:
     if scales is None:
         raise ValueError("a prediction needs the scale of each step: replay with per_step=True")
     per_phase = np.bincount(skipped * PHASES // horizon, minlength=PHASES)
     burst = _startup_burst(skipped, horizon)
     return Prediction(
-        config=config, horizon=horizon, skipped_steps=len(skipped),
+        config=config,
+        horizon=horizon,
+        skipped_steps=len(skipped),
         skipped_at=tuple(int(t) for t in skipped[:SKIPS_LISTED]),
-        skipped_per_phase=tuple(int(n) for n in per_phase), min_scale=float(lowest),
-        final_scale=float(final), flushed=_flushed(trace, scales, horizon),
-        startup_skips=burst, startup_span=int(skipped[burst - 1]) + 1 if burst else 0)
+        skipped_per_phase=tuple(int(n) for n in per_phase),
+        min_scale=float(lowest),
+        final_scale=float(final),
+        flushed=_flushed(trace, scales, horizon),
+        startup_skips=burst,
+        startup_span=int(skipped[burst - 1]) + 1 if burst else 0,
+    )
 
 
 def _startup_burst(skipped: np.ndarray, horizon: int) -> int:
@@ -192,17 +218,19 @@ def _flushed(trace: Trace, scales: np.ndarray, horizon: int) -> tuple[float, ...
     ends = np.append(starts[1:], trace.steps)
     shares, weights = np.full(len(starts), np.nan), trace.hist[:, 2:].sum(axis=1)
     for b, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
-        in_effect = scales[start:min(end, horizon)]
+        in_effect = scales[start : min(end, horizon)]
         in_effect = in_effect[~np.isnan(in_effect)]
         if len(in_effect):
-            shares[b] = trace.share_below(float(np.median(in_effect)), _FLUSH_BELOW, start,
-                                          start + 1)
+            shares[b] = trace.share_below(
+                float(np.median(in_effect)), _FLUSH_BELOW, start, start + 1
+            )
     out = []
     for phase in range(PHASES):
         low, high = horizon * phase // PHASES, horizon * (phase + 1) // PHASES
         mine = (starts < high) & (ends > low) & ~np.isnan(shares) & (weights > 0)
-        out.append(float(np.average(shares[mine], weights=weights[mine])) if mine.any()
-                   else math.nan)
+        out.append(
+            float(np.average(shares[mine], weights=weights[mine])) if mine.any() else math.nan
+        )
     return tuple(out)
 
 
@@ -212,9 +240,12 @@ def _horizon(trace: Trace, horizon: Any) -> int:
     if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
         raise ParameterError("horizon", f"must be an integer >= 1, got {shown(horizon)}")
     if horizon > steps:
-        raise ParameterError("horizon", f"is {int(horizon):,} steps, but the trace covers "
-                             f"{steps:,}: a prediction cannot reach past the float32 reference "
-                             f"it replays; record the reference to {int(horizon):,} steps")
+        raise ParameterError(
+            "horizon",
+            f"is {int(horizon):,} steps, but the trace covers "
+            f"{steps:,}: a prediction cannot reach past the float32 reference "
+            f"it replays; record the reference to {int(horizon):,} steps",
+        )
     return int(horizon)
 
 

@@ -59,13 +59,17 @@ class Trace:
     def encode(self) -> str:
         """The trace as one ASCII string (zlib-compressed npz), for a study attribute."""
         buffer = io.BytesIO()
-        np.savez(buffer, amax=self.amax.astype(np.float32),
-                 param_amax=self.param_amax.astype(np.float32),
-                 block_starts=self.block_starts.astype(np.int64),
-                 hist=self.hist.astype(np.int64), forward=self.forward.astype(np.float32),
-                 modules=np.array(self.modules, dtype=str),
-                 startup=self.startup.astype(np.float32),
-                 startup_whole=np.array(self.startup_whole))
+        np.savez(
+            buffer,
+            amax=self.amax.astype(np.float32),
+            param_amax=self.param_amax.astype(np.float32),
+            block_starts=self.block_starts.astype(np.int64),
+            hist=self.hist.astype(np.int64),
+            forward=self.forward.astype(np.float32),
+            modules=np.array(self.modules, dtype=str),
+            startup=self.startup.astype(np.float32),
+            startup_whole=np.array(self.startup_whole),
+        )
         return base64.b64encode(zlib.compress(buffer.getvalue(), 9)).decode("ascii")
 
     @classmethod
@@ -74,13 +78,20 @@ class Trace:
         # a trace stored before the start-up probe reads as one without it
         startup = data["startup"] if "startup" in data.files else np.zeros(0, np.float32)
         whole = bool(data["startup_whole"]) if "startup_whole" in data.files else False
-        return cls(amax=data["amax"], param_amax=data["param_amax"],
-                   block_starts=data["block_starts"], hist=data["hist"],
-                   forward=data["forward"], modules=tuple(str(m) for m in data["modules"]),
-                   startup=startup, startup_whole=whole)
+        return cls(
+            amax=data["amax"],
+            param_amax=data["param_amax"],
+            block_starts=data["block_starts"],
+            hist=data["hist"],
+            forward=data["forward"],
+            modules=tuple(str(m) for m in data["modules"]),
+            startup=startup,
+            startup_whole=whole,
+        )
 
-    def share_below(self, scale: float, limit: float, start: int = 0,
-                    end: int | None = None) -> float:
+    def share_below(
+        self, scale: float, limit: float, start: int = 0, end: int | None = None
+    ) -> float:
         """The share of the nonzero finite gradient values, over the blocks from ``start`` to
         ``end``, whose magnitude times ``scale`` is below ``limit`` (``2**-24``: they flush to
         zero in float16; ``2**-14``: subnormal). A bin counts as below when its top edge is."""
@@ -97,7 +108,11 @@ class Trace:
 
 
 def empty(modules: tuple[str, ...] = ()) -> Trace:
-    return Trace(amax=np.zeros(0, np.float32), param_amax=np.zeros(0, np.float32),
-                 block_starts=np.zeros(0, np.int64), hist=np.zeros((0, HIST_BINS), np.int64),
-                 forward=np.zeros((0, len(modules)), np.float32), modules=modules)
-
+    return Trace(
+        amax=np.zeros(0, np.float32),
+        param_amax=np.zeros(0, np.float32),
+        block_starts=np.zeros(0, np.int64),
+        hist=np.zeros((0, HIST_BINS), np.int64),
+        forward=np.zeros((0, len(modules)), np.float32),
+        modules=modules,
+    )

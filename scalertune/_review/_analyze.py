@@ -46,37 +46,62 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
     trials = study.get_trials(deepcopy=False)
     outcomes = outcomes_of(trials)
     ranking = ranked(outcomes)
-    references = {s: ref for s in (seed, *_policy.CONFIRM_SEEDS)
-                  if (ref := reference_of(study, s)) is not None}
+    references = {
+        s: ref
+        for s in (seed, *_policy.CONFIRM_SEEDS)
+        if (ref := reference_of(study, s)) is not None
+    }
     times = references[seed].get("step_times") if seed in references else None
     spread = seed_spread([r.get("steps_to_target") for r in references.values()])
     pool = candidates(ranking, times, settings.clip_norm, settings.noise(spread))
     phases = phases_of(trials)
     ruled = ruled_out(trials)
-    ordered = [c for c in pool
-               if holds(c, phases, settings.windows, ruled)][:_policy.CONFIRM_TOP]
+    ordered = [c for c in pool if holds(c, phases, settings.windows, ruled)][: _policy.CONFIRM_TOP]
     result = SearchResult(
-        study_name=study.study_name, storage=storage, settings=settings,
-        references=references, ranking=ranking, candidates=ordered,
-        confirmations=_confirmations(pool, outcomes, trials), recommended=None,
-        pool=pool, phases=phases, ruled=ruled, spread=spread,
+        study_name=study.study_name,
+        storage=storage,
+        settings=settings,
+        references=references,
+        ranking=ranking,
+        candidates=ordered,
+        confirmations=_confirmations(pool, outcomes, trials),
+        recommended=None,
+        pool=pool,
+        phases=phases,
+        ruled=ruled,
+        spread=spread,
         islands=[o for o in ranking if o.role == ROLE_ISLAND],
-        failed=sum(t.state == TrialState.FAIL and "error" in t.user_attrs
-                   and t.user_attrs.get("role") != ROLE_SURPLUS for t in trials),
-        lost=sum(t.state == TrialState.FAIL and "error" not in t.user_attrs
-                 and "missing" not in t.user_attrs for t in trials),
+        failed=sum(
+            t.state == TrialState.FAIL
+            and "error" in t.user_attrs
+            and t.user_attrs.get("role") != ROLE_SURPLUS
+            for t in trials
+        ),
+        lost=sum(
+            t.state == TrialState.FAIL
+            and "error" not in t.user_attrs
+            and "missing" not in t.user_attrs
+            for t in trials
+        ),
         missing=missing_of(trials),
-        steps_trained=_steps_trained(trials), reused=sum(o.reused for o in outcomes),
-        stop_reason=study.user_attrs.get(STOPPED_ATTR), study=study,
+        steps_trained=_steps_trained(trials),
+        reused=sum(o.reused for o in outcomes),
+        stop_reason=study.user_attrs.get(STOPPED_ATTR),
+        study=study,
     )
     return _answer(result, trials)
 
 
-def _confirmations(ordered: list[Outcome], outcomes: list[Outcome],
-                   trials: list[FrozenTrial]) -> dict[int, dict[int, Outcome]]:
-    failed = [Outcome.from_trial(t) for t in trials
-              if t.state == TrialState.FAIL and t.user_attrs.get("role") == ROLE_CONFIRM
-              and "error" in t.user_attrs]
+def _confirmations(
+    ordered: list[Outcome], outcomes: list[Outcome], trials: list[FrozenTrial]
+) -> dict[int, dict[int, Outcome]]:
+    failed = [
+        Outcome.from_trial(t)
+        for t in trials
+        if t.state == TrialState.FAIL
+        and t.user_attrs.get("role") == ROLE_CONFIRM
+        and "error" in t.user_attrs
+    ]
     return {c.number: confirmations_of(c, [*outcomes, *failed]) for c in ordered}
 
 
@@ -84,15 +109,33 @@ def _answer(result: SearchResult, trials: list[FrozenTrial]) -> SearchResult:
     """The best AMP config (the first confirmed candidate, every one before it failed), float32
     at its clip, and the answer on this device."""
     ordered = result.candidates
-    best = next((c for c in ordered if result.confirmation_state(c) == "confirmed"
-                 and all(result.confirmation_state(b) == "failed"
-                         for b in ordered[:ordered.index(c)])), None)
-    twins = [Outcome.from_trial(t) for t in trials
-             if t.user_attrs.get("role") == ROLE_FLOAT32_CLIP
-             and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    twin = None if best is None else next(
-        (o for o in twins if o.seed == best.seed and o.config.clip_norm == best.config.clip_norm),
-        None)
+    best = next(
+        (
+            c
+            for c in ordered
+            if result.confirmation_state(c) == "confirmed"
+            and all(result.confirmation_state(b) == "failed" for b in ordered[: ordered.index(c)])
+        ),
+        None,
+    )
+    twins = [
+        Outcome.from_trial(t)
+        for t in trials
+        if t.user_attrs.get("role") == ROLE_FLOAT32_CLIP
+        and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    ]
+    twin = (
+        None
+        if best is None
+        else next(
+            (
+                o
+                for o in twins
+                if o.seed == best.seed and o.config.clip_norm == best.config.clip_norm
+            ),
+            None,
+        )
+    )
     result = dataclasses.replace(result, best_amp=best, float32_clip=twin)
     if best is not None and amp_wins(result, best):
         return dataclasses.replace(result, recommended=best)
@@ -103,8 +146,13 @@ def _float32_choice(result: SearchResult, twin: Outcome | None) -> Outcome | Non
     """float32 at the best AMP config's clip, when it reaches the target in fewer steps than
     the workload's own float32 beyond the seed spread, and holds for the horizon."""
     ref = result.reference
-    if (twin is None or not twin.reached or twin.steps_to_target is None or not ref
-            or not ref.get("steps_to_target")):
+    if (
+        twin is None
+        or not twin.reached
+        or twin.steps_to_target is None
+        or not ref
+        or not ref.get("steps_to_target")
+    ):
         return None
     if not fewer_steps(twin.steps_to_target, ref["steps_to_target"], result.spread):
         return None

@@ -53,8 +53,12 @@ def upload(study: optuna.Study, paths: list[str], location: str) -> None:
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
         if digest not in stored:
-            upload_artifact(artifact_store=store.inner, file_path=path, study_or_trial=study,
-                            mimetype="image/png")
+            upload_artifact(
+                artifact_store=store.inner,
+                file_path=path,
+                study_or_trial=study,
+                mimetype="image/png",
+            )
             stored.add(digest)
 
 

@@ -64,8 +64,9 @@ def have_dashboard() -> bool:
     return True
 
 
-def publish(result: Findings, *, pictures: dict[int, str] | None = None,
-            artifact_dir: str | None = None) -> None:
+def publish(
+    result: Findings, *, pictures: dict[int, str] | None = None, artifact_dir: str | None = None
+) -> None:
     """Attach ``pictures`` (trial number -> PNG, as :meth:`SearchResult.write_pictures`
     returns them; the horizon's under the float32 reference's number) to the study as
     artifacts, skipping any whose content is already there, and, when optuna-dashboard is
@@ -104,28 +105,57 @@ def study_note(result: Findings, pictures: Pictures | None = None) -> str:
     the YAML itself."""
     s = result.settings
     horizon = f", horizon {result.horizon} steps" if result.long else ""
-    lines = [f"## scalertune: {result.study_name}", "",
-             f"Workload `{s.factory}`, {s.steps} steps per trial{horizon}, seed {s.seed}, "
-             f"search space `{s.space_name}`, on {s.device}.", "", _horizon_line(result), "",
-             *_answer_lines(result), "", f"**Verdict:** {verdict(result)}.", "",
-             *_runs_table(result)]
+    lines = [
+        f"## scalertune: {result.study_name}",
+        "",
+        f"Workload `{s.factory}`, {s.steps} steps per trial{horizon}, seed {s.seed}, "
+        f"search space `{s.space_name}`, on {s.device}.",
+        "",
+        _horizon_line(result),
+        "",
+        *_answer_lines(result),
+        "",
+        f"**Verdict:** {verdict(result)}.",
+        "",
+        *_runs_table(result),
+    ]
     if result.long:
         lines += ["", *_phases_section(result)]
-    advice = [text for text in (scaler_advice(result), replay_agreement(result),
-                                forecast_line(result)) if text]
+    advice = [
+        text
+        for text in (scaler_advice(result), replay_agreement(result), forecast_line(result))
+        if text
+    ]
     if advice:
-        lines += ["", "### What the replay of float32's gradients says", "",
-                  *(f"- {_literal(a)}." for a in advice)]
+        lines += [
+            "",
+            "### What the replay of float32's gradients says",
+            "",
+            *(f"- {_literal(a)}." for a in advice),
+        ]
     hint = overflow_hint(result)
     if hint:
         lines += ["", hint]
     pruned = result.pruned_by_kind
     if pruned:
-        lines += ["", "Pruned: " + ", ".join(f"{n} {k}" for k, n in sorted(pruned.items()))
-                  + ". Each pruned trial's note says why."]
+        lines += [
+            "",
+            "Pruned: "
+            + ", ".join(f"{n} {k}" for k, n in sorted(pruned.items()))
+            + ". Each pruned trial's note says why.",
+        ]
     shown = yaml.safe_dump(result_document(document(result)), sort_keys=False, width=100)
-    lines += ["", *_pictures_section(result, pictures or Pictures()), *_reading_guide(result),
-              "### Recommendation YAML", "", "```yaml", shown.rstrip(), "```", ""]
+    lines += [
+        "",
+        *_pictures_section(result, pictures or Pictures()),
+        *_reading_guide(result),
+        "### Recommendation YAML",
+        "",
+        "```yaml",
+        shown.rstrip(),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -138,38 +168,48 @@ def _horizon_line(result: Findings) -> str:
     steps = result.settings.steps
     covers = f"evidence covers steps 0-{result.horizon} of the horizon"
     if not result.long:
-        return (f"**Horizon:** the trial's {steps} steps (no `--horizon`): {covers}.")
+        return f"**Horizon:** the trial's {steps} steps (no `--horizon`): {covers}."
     windows = " and ".join(f"{a}-{b}" for a, b in result.windows)
     ref = result.reference
     where = f" (trial {ref['trial']})" if ref else ""
-    return (f"**Horizon:** {result.horizon} steps. The trials cover steps 0-{steps}; the "
-            f"float32 reference{where} trained to the horizon, and each finalist was branched "
-            f"from its checkpoints for steps {windows} and compared there with float32's own "
-            f"continuation: {covers}.")
+    return (
+        f"**Horizon:** {result.horizon} steps. The trials cover steps 0-{steps}; the "
+        f"float32 reference{where} trained to the horizon, and each finalist was branched "
+        f"from its checkpoints for steps {windows} and compared there with float32's own "
+        f"continuation: {covers}."
+    )
 
 
 def _answer_lines(result: Findings) -> list[str]:
     rec, best = result.recommended, result.best_amp
     if rec is not None:
         seeds = [rec.seed, *sorted(result.confirmations.get(rec.number, {}))]
-        return [f"**Recommended:** ★ trial {rec.number}, `{rec.config.describe()}`, confirmed "
-                f"on seeds {', '.join(map(str, seeds))}: {describe_outcome(rec)}."]
+        return [
+            f"**Recommended:** ★ trial {rec.number}, `{rec.config.describe()}`, confirmed "
+            f"on seeds {', '.join(map(str, seeds))}: {describe_outcome(rec)}."
+        ]
     choice = result.float32_choice
     if choice is not None:
         run = f": trial {choice.number} (role *float32-clip*)"
     else:
-        run = f": the float32 reference, trial {result.reference['trial']}" if (
-            result.reference) else ""
+        run = (
+            f": the float32 reference, trial {result.reference['trial']}"
+            if (result.reference)
+            else ""
+        )
     lines = [f"**Recommended:** {result.config.describe()} (no autocast, no scaler){run}."]
     if best is not None:
         seeds = [best.seed, *sorted(result.confirmations.get(best.number, {}))]
         holds = f"; {evidence_of(result, best)}" if result.long else ""
-        lines += ["", f"**Best AMP config that holds:** ☆ trial {best.number}, "
-                      f"`{best.config.describe()}`, confirmed on seeds "
-                      f"{', '.join(map(str, seeds))}: {describe_outcome(best)}{holds}. Not "
-                      f"faster than float32 beyond the noise on {result.settings.device}"
-                      "; on a GPU, use it (`evidence.best_amp` in the YAML) or run the search "
-                      "there."]
+        lines += [
+            "",
+            f"**Best AMP config that holds:** ☆ trial {best.number}, "
+            f"`{best.config.describe()}`, confirmed on seeds "
+            f"{', '.join(map(str, seeds))}: {describe_outcome(best)}{holds}. Not "
+            f"faster than float32 beyond the noise on {result.settings.device}"
+            "; on a GPU, use it (`evidence.best_amp` in the YAML) or run the search "
+            "there.",
+        ]
     return lines
 
 
@@ -177,37 +217,59 @@ def _runs_table(result: Findings) -> list[str]:
     lines = ["| run | config | outcome |", "| --- | --- | --- |"]
     if result.reference:
         ref = result.reference
-        lines.append(f"| float32 reference (trial {ref['trial']}) | float32 | target loss "
-                     f"{as_g(ref['target_loss'])}, {as_ms(ref.get('step_time_s'))} per step |")
+        lines.append(
+            f"| float32 reference (trial {ref['trial']}) | float32 | target loss "
+            f"{as_g(ref['target_loss'])}, {as_ms(ref.get('step_time_s'))} per step |"
+        )
     for name, outcome in result.baselines.items():
-        lines.append(f"| {name} (trial {outcome.number}) | `{outcome.config.describe()}` | "
-                     f"{describe_outcome(outcome)} |")
+        lines.append(
+            f"| {name} (trial {outcome.number}) | `{outcome.config.describe()}` | "
+            f"{describe_outcome(outcome)} |"
+        )
     return lines
 
 
 def _phases_section(result: Findings) -> list[str]:
     """Each branched run's loss over float32's in each window, with the branch's trial."""
     windows, numbers = result.windows, branch_numbers(result)
-    lines = ["### Phases of the horizon", "",
-             "Each finalist's loss over float32's over the last half of each window (its "
-             "branch's trial in brackets); a branch falls behind above "
-             f"{1 + _policy.PHASE_TOLERANCE:g}x when beyond the noise.", "",
-             "| run | config | " + " | ".join(f"{a}-{b}" for a, b in windows) + " | holds |",
-             "| --- | --- | " + " | ".join("---" for _ in windows) + " | --- |"]
+    lines = [
+        "### Phases of the horizon",
+        "",
+        "Each finalist's loss over float32's over the last half of each window (its "
+        "branch's trial in brackets); a branch falls behind above "
+        f"{1 + _policy.PHASE_TOLERANCE:g}x when beyond the noise.",
+        "",
+        "| run | config | " + " | ".join(f"{a}-{b}" for a, b in windows) + " | holds |",
+        "| --- | --- | " + " | ".join("---" for _ in windows) + " | --- |",
+    ]
     for run in branched_runs(result):
         done = {p.start: p for p in result.phases.get(run.number, [])}
         cells = []
         for start, _ in windows:
             phase, branch = done.get(start), numbers.get((run.number, start))
-            cell = "-" if phase is None else "non-finite" if phase.nonfinite else (
-                f"{phase.ratio:.3g}x" + (" behind" if phase.behind else ""))
+            cell = (
+                "-"
+                if phase is None
+                else "non-finite"
+                if phase.nonfinite
+                else (f"{phase.ratio:.3g}x" + (" behind" if phase.behind else ""))
+            )
             cells.append(cell + (f" (trial {branch})" if branch is not None else ""))
-        verdict = {True: "yes", False: "no", None: "not run (an earlier one held)" if (
-            result.best_amp is not None) else "pending"}[result.holds(run)]
-        lines.append(f"| {run.label} (trial {run.number}) | `{run.config.describe()}` | "
-                     + " | ".join(cells) + f" | {verdict} |")
-    failed = [f"- {run.label}: {why_not(result, run)}."
-              for run in branched_runs(result) if result.holds(run) is False]
+        verdict = {
+            True: "yes",
+            False: "no",
+            None: "not run (an earlier one held)" if (result.best_amp is not None) else "pending",
+        }[result.holds(run)]
+        lines.append(
+            f"| {run.label} (trial {run.number}) | `{run.config.describe()}` | "
+            + " | ".join(cells)
+            + f" | {verdict} |"
+        )
+    failed = [
+        f"- {run.label}: {why_not(result, run)}."
+        for run in branched_runs(result)
+        if result.holds(run) is False
+    ]
     return lines + (["", *failed] if failed else [])
 
 
@@ -215,8 +277,11 @@ def _pictures_section(result: Findings, pictures: Pictures) -> list[str]:
     shown = []
     best = result.recommended or result.best_amp
     if best is not None:
-        what = ("the recommendation" if result.recommended is not None
-                else "the best AMP config that holds")
+        what = (
+            "the recommendation"
+            if result.recommended is not None
+            else "the best AMP config that holds"
+        )
         shown.append((best.number, what))
     default = result.baselines.get("pytorch-default")
     if default is not None and all(n != default.number for n, _ in shown):
@@ -224,28 +289,44 @@ def _pictures_section(result: Findings, pictures: Pictures) -> list[str]:
     lines = []
     for number, what in shown:
         if number in pictures.trials:
-            lines += [f"![trial {number}, {what}: loss over the float32 target]"
-                      f"({pictures.trials[number]})", ""]
+            lines += [
+                f"![trial {number}, {what}: loss over the float32 target]"
+                f"({pictures.trials[number]})",
+                "",
+            ]
     if pictures.horizon and result.long:
-        lines += [f"![the horizon: each finalist's loss over float32's at the same step, "
-                  f"steps 0-{result.horizon}]({pictures.horizon})", ""]
+        lines += [
+            f"![the horizon: each finalist's loss over float32's at the same step, "
+            f"steps 0-{result.horizon}]({pictures.horizon})",
+            "",
+        ]
     return ["### Pictures", "", *lines] if lines else []
 
 
 def _reading_guide(result: Findings) -> list[str]:
     rec = result.recommended or result.float32_choice
     trials = result.study.get_trials(deepcopy=False) if result.study is not None else []
-    shown = [t.number for t in trials
-             if t.user_attrs.get("role") == ROLE_RECOMMENDED and is_recommended(t, result)]
-    best = (f"trial {rec.number}" if rec is not None
-            else f"float32 (the reference, trial {result.reference['trial']})"
-            if result.reference else "float32")
+    shown = [
+        t.number
+        for t in trials
+        if t.user_attrs.get("role") == ROLE_RECOMMENDED and is_recommended(t, result)
+    ]
+    best = (
+        f"trial {rec.number}"
+        if rec is not None
+        else f"float32 (the reference, trial {result.reference['trial']})"
+        if result.reference
+        else "float32"
+    )
     if shown:
-        best = (f"trial {shown[-1]} (role *recommended*), which repeats {best}: its curve, "
-                "figures and value (the time to target, as the summary prints it) are that "
-                "run's")
+        best = (
+            f"trial {shown[-1]} (role *recommended*), which repeats {best}: its curve, "
+            "figures and value (the time to target, as the summary prints it) are that "
+            "run's"
+        )
     return [
-        "### Reading this study in the dashboard", "",
+        "### Reading this study in the dashboard",
+        "",
         "- **Objective**, *time to target (s)*: steps to the float32 target x step time. A "
         "run that never reaches the target is *infeasible* (its constraint "
         "`target_gap`, how far its best smoothed loss stayed above the target relative to the "
@@ -266,17 +347,31 @@ def _reading_guide(result: Findings) -> list[str]:
         "branch.",
         "- **Roles**: every trial's `role` attribute, on its page (Trials) and in the table "
         "of the Smart Selection page:",
-        "", "| role | the run |", "| --- | --- |",
-        *(f"| {role} | {what} |" for role, what in ROLES.items()), "",
+        "",
+        "| role | the run |",
+        "| --- | --- |",
+        *(f"| {role} | {what} |" for role, what in ROLES.items()),
+        "",
         "- **Notes**: each trial's note says what it is and what happened; ★ marks the "
-        "recommended trial" + ("; ☆ the best AMP config that holds, for a GPU"
-                               if result.recommended is None and result.best_amp else "")
-        + ".", "",
+        "recommended trial"
+        + (
+            "; ☆ the best AMP config that holds, for a GPU"
+            if result.recommended is None and result.best_amp
+            else ""
+        )
+        + ".",
+        "",
     ]
 
 
-def serve(studies: list[optuna.Study], *, storage_url: str, host: str, port: int,
-          artifact_dir: str | None = None) -> None:
+def serve(
+    studies: list[optuna.Study],
+    *,
+    storage_url: str,
+    host: str,
+    port: int,
+    artifact_dir: str | None = None,
+) -> None:
     """Refresh the notes of ``studies``, then run the real optuna-dashboard server on their
     storage, which shows every study it holds (blocks); its Best Trial of a scalertune study
     is the study's latest ``recommended`` trial (:func:`._server.recommended_best`).
@@ -292,5 +387,9 @@ def serve(studies: list[optuna.Study], *, storage_url: str, host: str, port: int
     for study in studies:
         if StudySettings.of(study).stored:
             write_notes(analyze(study, storage=redact(storage_url)))
-    run(studies, host=host, port=port,
-        locations=sorted({location_of(s, artifact_dir) for s in studies}))
+    run(
+        studies,
+        host=host,
+        port=port,
+        locations=sorted({location_of(s, artifact_dir) for s in studies}),
+    )

@@ -25,13 +25,17 @@ def describe_outcome(outcome: Outcome) -> str:
     if outcome.reached:
         return f"reached the float32 target at step {outcome.steps_to_target}{tail}"
     ratio = outcome.attrs.get("loss_vs_float32")
-    return (f"never reached the float32 target (loss {float(ratio):.3g}x float32's at step "
-            f"{outcome.attrs.get('loss_vs_float32_step')}){tail}"
-            if ratio is not None else f"never reached the float32 target{tail}")
+    return (
+        f"never reached the float32 target (loss {float(ratio):.3g}x float32's at step "
+        f"{outcome.attrs.get('loss_vs_float32_step')}){tail}"
+        if ratio is not None
+        else f"never reached the float32 target{tail}"
+    )
 
 
-def forward_overflow_hint(factory: str, study_name: str, runs: Sequence[Mapping[str, Any]],
-                          space: str | None = None) -> str:
+def forward_overflow_hint(
+    factory: str, study_name: str, runs: Sequence[Mapping[str, Any]], space: str | None = None
+) -> str:
     """What to do when every float16 run of a search overflowed in the forward pass.
 
     ``runs`` are those runs' attributes: ``overflow_islands`` (what to keep in float32, the
@@ -42,18 +46,22 @@ def forward_overflow_hint(factory: str, study_name: str, runs: Sequence[Mapping[
     """
     fixes = [r["overflow_islands"] for r in runs if r.get("overflow_islands")]
     if not fixes:
-        return ("Every float16 trial overflowed in the forward pass: no scaler setting "
-                "fixes that. Use bfloat16, or find the modules with scalertune diagnose "
-                f"{factory}.")
+        return (
+            "Every float16 trial overflowed in the forward pass: no scaler setting "
+            "fixes that. Use bfloat16, or find the modules with scalertune diagnose "
+            f"{factory}."
+        )
     islands = max(fixes, key=fixes.count)
     where = next(r.get("overflow_module") for r in runs if r.get("overflow_islands") == islands)
     base = (space or "default").split("+fp32:")[0]
     space_arg = f" --space {base}" if base in ("float16", "bfloat16") else ""
-    return (f"Every float16 trial overflowed in the forward pass (in {where}): no scaler "
-            f"setting fixes that. Use bfloat16, or keep these modules in float32 (checked: "
-            f"the forward is finite with them): scalertune search {factory}{space_arg} "
-            f"--fp32-modules {shlex.quote(islands)} "
-            f"--study-name {shlex.quote(study_name + '+fp32')}")
+    return (
+        f"Every float16 trial overflowed in the forward pass (in {where}): no scaler "
+        f"setting fixes that. Use bfloat16, or keep these modules in float32 (checked: "
+        f"the forward is finite with them): scalertune search {factory}{space_arg} "
+        f"--fp32-modules {shlex.quote(islands)} "
+        f"--study-name {shlex.quote(study_name + '+fp32')}"
+    )
 
 
 def evidence_of(result: Findings, outcome: Outcome) -> str:
@@ -67,11 +75,15 @@ def evidence_of(result: Findings, outcome: Outcome) -> str:
     if ran and len(ran) == len(done):
         how = "trained from step 0 through every window"
     elif ran:
-        how = (f"trained from step 0 through the {ran[-1].start}-{ran[-1].end} window and "
-               "branched after")
+        how = (
+            f"trained from step 0 through the {ran[-1].start}-{ran[-1].end} window and "
+            "branched after"
+        )
     else:
-        how = ("branched from float32's checkpoints (the cost cap left no room to train "
-               "it from step 0)")
+        how = (
+            "branched from float32's checkpoints (the cost cap left no room to train "
+            "it from step 0)"
+        )
     return f"holds at every phase of the horizon, {how}"
 
 
@@ -82,14 +94,18 @@ def why_not(result: Findings, outcome: Outcome) -> str:
     if rule is not None:
         dtype = outcome.config.dtype
         if rule.stalled:
-            return (f"{dtype} trained from step 0 (trial #{rule.number}) fell behind "
-                    f"float32 by {rule.start}-{rule.end} although its forward keeps up at "
-                    f"float32's own weights of step {rule.forward_at}: it stalls on the way, "
-                    f"which a branch of {dtype} cannot show")
-        return (f"{dtype} (trial #{rule.number}) fell behind float32 "
-                f"by {rule.start}-{rule.end}, and its forward at float32's own weights of "
-                f"step {rule.forward_at} is {rule.forward:.3g}x float32's loss: the precision "
-                "fails, for this config too (a clip does not change it)")
+            return (
+                f"{dtype} trained from step 0 (trial #{rule.number}) fell behind "
+                f"float32 by {rule.start}-{rule.end} although its forward keeps up at "
+                f"float32's own weights of step {rule.forward_at}: it stalls on the way, "
+                f"which a branch of {dtype} cannot show"
+            )
+        return (
+            f"{dtype} (trial #{rule.number}) fell behind float32 "
+            f"by {rule.start}-{rule.end}, and its forward at float32's own weights of "
+            f"step {rule.forward_at} is {rule.forward:.3g}x float32's loss: the precision "
+            "fails, for this config too (a clip does not change it)"
+        )
     return behind_from(done)
 
 
@@ -99,8 +115,12 @@ def overflow_hint(result: Findings) -> str | None:
     if result.forward_overflow_modules is None:
         return None
     runs = [o.attrs for o in result.ranking if o.config.dtype == "float16"]
-    return forward_overflow_hint(result.settings.factory or "FACTORY", result.study_name,
-                                 runs, space=result.settings.space_name or None)
+    return forward_overflow_hint(
+        result.settings.factory or "FACTORY",
+        result.study_name,
+        runs,
+        space=result.settings.space_name or None,
+    )
 
 
 def forecast_line(result: Findings) -> str | None:

@@ -38,38 +38,52 @@ def document(result: Findings) -> dict[str, Any]:
 def evidence(result: Findings) -> dict[str, Any]:
     settings, rec = result.settings, result.recommended
     out: dict[str, Any] = {
-        "study": result.study_name, "storage": result.storage,
-        "factory": settings.factory, "device": settings.device,
-        "steps": settings.steps, "horizon": result.horizon,
+        "study": result.study_name,
+        "storage": result.storage,
+        "factory": settings.factory,
+        "device": settings.device,
+        "steps": settings.steps,
+        "horizon": result.horizon,
         "covers": f"steps 0-{result.horizon} of the horizon",
         "search_space": settings.space_name,
-        "verdict": verdict(result), "speedup_vs_float32": _speedup(result, result.best_amp),
+        "verdict": verdict(result),
+        "speedup_vs_float32": _speedup(result, result.best_amp),
     }
     if rec is not None:
         out.update(_run_block(result, rec))
     if result.best_amp is not None:
-        out["best_amp"] = {"config": result.best_amp.config.to_dict(),
-                           "speedup_vs_float32": _speedup(result, result.best_amp),
-                           **_run_block(result, result.best_amp)}
+        out["best_amp"] = {
+            "config": result.best_amp.config.to_dict(),
+            "speedup_vs_float32": _speedup(result, result.best_amp),
+            **_run_block(result, result.best_amp),
+        }
         found = guard(result, result.best_amp)
         if found is not None:  # for scalertune.load(..., best_amp=True)
             out["best_amp"]["guard"] = _guard_block(found)
     if result.float32_clip is not None:
-        out["float32_same_clip"] = {"config": result.float32_clip.config.to_dict(),
-                                    **_run_evidence(result.float32_clip)}
+        out["float32_same_clip"] = {
+            "config": result.float32_clip.config.to_dict(),
+            **_run_evidence(result.float32_clip),
+        }
     if result.reference:
         out["float32"] = _float32(result)
     if result.long:
-        out["finalists"] = {f.label: {"config": f.config.to_dict(),
-                                      "holds": result.holds(f),
-                                      "phases": _phases(result, f)}
-                            for f in [*result.finalists, *result.islands]}
+        out["finalists"] = {
+            f.label: {
+                "config": f.config.to_dict(),
+                "holds": result.holds(f),
+                "phases": _phases(result, f),
+            }
+            for f in [*result.finalists, *result.islands]
+        }
     for name, outcome in result.baselines.items():
         out[name] = {"config": outcome.config.to_dict(), **_run_evidence(outcome)}
     out.update(_predictions(result))
-    out["cost"] = {"run_equivalents": _num(result.run_equivalents),
-                   "training_steps": result.steps_trained,
-                   "of": f"{result.horizon}-step runs (the horizon)"}
+    out["cost"] = {
+        "run_equivalents": _num(result.run_equivalents),
+        "training_steps": result.steps_trained,
+        "of": f"{result.horizon}-step runs (the horizon)",
+    }
     if result.stop_reason:
         out["stopped_early"] = result.stop_reason
     if result.missing:  # a fault outside the configs: a rerun completes it
@@ -86,52 +100,79 @@ def _predictions(result: Findings) -> dict[str, Any]:
     if run is None or not run.config.uses_scaler or trace is None:
         return {}
     ours = predict(trace, run.config, horizon=result.horizon)
-    out = {"prediction": prediction_block(ours),
-           "pytorch_default_prediction": prediction_block(defaults_prediction(result, trace))}
+    out = {
+        "prediction": prediction_block(ours),
+        "pytorch_default_prediction": prediction_block(defaults_prediction(result, trace)),
+    }
     out["deepspeed_prediction"] = prediction_block(
-        predict_deepspeed(trace, deepspeed_fp16_block(run.config), horizon=result.horizon))
+        predict_deepspeed(trace, deepspeed_fp16_block(run.config), horizon=result.horizon)
+    )
     return out
 
 
 def prediction_block(found: Prediction) -> dict[str, Any]:
-    return {"horizon": found.horizon, "skipped_steps": found.skipped_steps,
-            "skipped_first": found.startup_skips, "startup_steps": found.startup_span,
-            "min_scale": _num(float(found.min_scale)),
-            "final_scale": _num(float(found.final_scale)),
-            **({"stops_at": found.stops_at} if found.stops_at is not None else {}),
-            "says": found.describe()}
+    return {
+        "horizon": found.horizon,
+        "skipped_steps": found.skipped_steps,
+        "skipped_first": found.startup_skips,
+        "startup_steps": found.startup_span,
+        "min_scale": _num(float(found.min_scale)),
+        "final_scale": _num(float(found.final_scale)),
+        **({"stops_at": found.stops_at} if found.stops_at is not None else {}),
+        "says": found.describe(),
+    }
 
 
 def _run_block(result: Findings, outcome: Outcome) -> dict[str, Any]:
     confirmed = result.confirmations.get(outcome.number, {})
-    block = {"trial": outcome.number, "seeds": [outcome.seed, *sorted(confirmed)],
-             **_run_evidence(outcome),
-             "confirmation": {f"seed {s}": _run_evidence(o) for s, o in sorted(confirmed.items())}}
+    block = {
+        "trial": outcome.number,
+        "seeds": [outcome.seed, *sorted(confirmed)],
+        **_run_evidence(outcome),
+        "confirmation": {f"seed {s}": _run_evidence(o) for s, o in sorted(confirmed.items())},
+    }
     if result.long:
         block["phases"] = _phases(result, outcome)
     return block
 
 
 def _phases(result: Findings, outcome: Outcome) -> list[dict[str, Any]]:
-    return [{"steps": [p.start, p.end], "loss_vs_float32": _num(p.ratio), "z": _num(p.z),
-             "nonfinite": p.nonfinite, "holds": p.holds, "from_start": p.from_start}
-            for p in result.phases.get(outcome.number, [])]
+    return [
+        {
+            "steps": [p.start, p.end],
+            "loss_vs_float32": _num(p.ratio),
+            "z": _num(p.z),
+            "nonfinite": p.nonfinite,
+            "holds": p.holds,
+            "from_start": p.from_start,
+        }
+        for p in result.phases.get(outcome.number, [])
+    ]
 
 
 def _float32(result: Findings) -> dict[str, Any]:
     ref = result.reference or {}
-    return {"target_loss": _num(ref.get("target_loss")),
-            "steps_to_target": ref.get("steps_to_target"),
-            "step_time_s": _num(ref.get("step_time_s")),
-            "time_to_target_s": _num(result.reference_time_to_target),
-            "seed_spread": _num(result.spread)}
+    return {
+        "target_loss": _num(ref.get("target_loss")),
+        "steps_to_target": ref.get("steps_to_target"),
+        "step_time_s": _num(ref.get("step_time_s")),
+        "time_to_target_s": _num(result.reference_time_to_target),
+        "seed_spread": _num(result.spread),
+    }
 
 
 def _speedup(result: Findings, outcome: Outcome | None) -> dict[str, Any] | None:
     found = speedup(result, outcome)
-    return None if found is None else {
-        "point": _num(found.point), "low": _num(found.low), "high": _num(found.high),
-        "step_time_ratio": _num(found.step_time_ratio)}
+    return (
+        None
+        if found is None
+        else {
+            "point": _num(found.point),
+            "low": _num(found.low),
+            "high": _num(found.high),
+            "step_time_ratio": _num(found.step_time_ratio),
+        }
+    )
 
 
 def _guard_block(found: Guard) -> dict[str, Any]:
@@ -149,8 +190,10 @@ def guard(result: Findings, rec: Outcome | None) -> Guard | None:
     lowest = min(min(o.scales) if o.scales else o.config.init_scale for o in runs)
     streak = max(_longest_skip_streak(o) for o in runs)
     floor = max(lowest / 2.0**_policy.GUARD_SCALE_MARGIN_POWERS, _policy.SCALE_FLOOR)
-    return Guard(min_scale=float(f"{floor:.6g}"),
-                 max_consecutive_skips=max(_policy.MAX_CONSECUTIVE_SKIPS, 2 * streak))
+    return Guard(
+        min_scale=float(f"{floor:.6g}"),
+        max_consecutive_skips=max(_policy.MAX_CONSECUTIVE_SKIPS, 2 * streak),
+    )
 
 
 def _longest_skip_streak(outcome: Outcome) -> int:
@@ -166,9 +209,18 @@ def _run_evidence(outcome: Outcome) -> dict[str, Any]:
     a = outcome.attrs
     out: dict[str, Any] = {"outcome": describe_outcome(outcome)}
     scaled = outcome.config.uses_scaler  # a config without a scaler has no scale to report
-    for key in ("steps_to_target", "time_to_target_s", "step_time_s", "skipped_steps",
-                "min_scale", "final_scale", "first_nonfinite_step", "steps_run",
-                "loss_vs_float32", "loss_vs_float32_step"):
+    for key in (
+        "steps_to_target",
+        "time_to_target_s",
+        "step_time_s",
+        "skipped_steps",
+        "min_scale",
+        "final_scale",
+        "first_nonfinite_step",
+        "steps_run",
+        "loss_vs_float32",
+        "loss_vs_float32_step",
+    ):
         if key in ("min_scale", "final_scale") and not scaled:
             continue
         if a.get(key) is not None:

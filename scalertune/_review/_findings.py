@@ -210,14 +210,24 @@ def speedup(found: Findings, outcome: Outcome | None) -> Speedup | None:
     if outcome is None or times is None or outcome.config.dtype not in times:
         return None
     twin = found.float32_clip
-    if (twin is not None and twin.steps_to_target is not None
-            and outcome.steps_to_target is not None and twin.reached and outcome.reached):
+    if (
+        twin is not None
+        and twin.steps_to_target is not None
+        and outcome.steps_to_target is not None
+        and twin.reached
+        and outcome.reached
+    ):
         ratios = [twin.steps_to_target / outcome.steps_to_target]
     else:
         runs = [outcome, *found.confirmations.get(outcome.number, {}).values()]
-        ratios = [found.references[o.seed]["steps_to_target"] / o.steps_to_target
-                  for o in runs if o.seed in found.references and o.steps_to_target
-                  and o.reached and found.references[o.seed].get("steps_to_target")]
+        ratios = [
+            found.references[o.seed]["steps_to_target"] / o.steps_to_target
+            for o in runs
+            if o.seed in found.references
+            and o.steps_to_target
+            and o.reached
+            and found.references[o.seed].get("steps_to_target")
+        ]
     if not ratios:
         return None
     return Speedup.of(ratios, times.ratios(outcome.config.dtype))

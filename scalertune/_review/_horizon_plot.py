@@ -60,13 +60,17 @@ def branched_runs(result: Findings) -> list[Outcome]:
     """The runs of the horizon's evidence, as the summary lists them: the finalists, the
     islands, float32 at the best AMP config's clip, then any other run that was branched (a
     finalist before later trials of the study changed the finalists)."""
-    runs = [*result.finalists, *result.islands,
-            *([result.float32_clip] if result.float32_clip else [])]
+    runs = [
+        *result.finalists,
+        *result.islands,
+        *([result.float32_clip] if result.float32_clip else []),
+    ]
     return runs + [o for o in result.ranking if o.number in result.phases and o not in runs]
 
 
-def stretches(result: Findings, run: Outcome,
-              branches: dict[tuple[int, int], list[float]]) -> list[Stretch]:
+def stretches(
+    result: Findings, run: Outcome, branches: dict[tuple[int, int], list[float]]
+) -> list[Stretch]:
     """``run``'s short trial and each branch of it that finished, as ratios to float32
     (``branches``: (run number, window start) -> the branch's per-step losses)."""
     ref = result.reference or {}
@@ -85,8 +89,11 @@ def branch_losses(result: Findings) -> dict[tuple[int, int], list[float]]:
     one, where a branch was retried)."""
     found: dict[tuple[int, int], list[float]] = {}
     study = result.study
-    for trial in [] if study is None else study.get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+    for trial in (
+        []
+        if study is None
+        else study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    ):
         attrs = trial.user_attrs
         if attrs.get("role") != ROLE_PHASE or LOSSES_ATTR not in trial.system_attrs:
             continue
@@ -104,8 +111,10 @@ def _ratio(losses: Sequence[float], reference: Sequence[float]) -> list[float]:
     """Smoothed loss over float32's smoothed loss at the same step (NaN where either is not
     finite or float32's is not positive)."""
     ours, theirs = smoothed(losses), smoothed(reference)
-    return [a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
-            for a, b in zip(ours, theirs)]
+    return [
+        a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
+        for a, b in zip(ours, theirs)
+    ]
 
 
 def horizon_picture(result: Findings, path: str) -> None:
@@ -137,12 +146,20 @@ def horizon_figure(result: Findings) -> Any:
     fig = plt.figure(figsize=FIGURE_INCHES, dpi=DPI, layout="constrained")
     ax = fig.subplots(1, 1)
     steps = result.settings.steps
-    fig.suptitle(wrap(f"Loss over float32's at the same step, across the horizon of "
-                      f"{result.horizon} steps"), fontsize=12, fontweight="bold")
+    fig.suptitle(
+        wrap(f"Loss over float32's at the same step, across the horizon of {result.horizon} steps"),
+        fontsize=12,
+        fontweight="bold",
+    )
     starts = ", ".join(str(a) for a, _ in result.windows)
-    ax.set_title(wrap(f"each finalist's trial from step 0 (to {steps}) and its branches from "
-                      f"float32's checkpoints at steps {starts}; thick: the window's last "
-                      "half, which the phase verdict judges"), fontsize=10)
+    ax.set_title(
+        wrap(
+            f"each finalist's trial from step 0 (to {steps}) and its branches from "
+            f"float32's checkpoints at steps {starts}; thick: the window's last "
+            "half, which the phase verdict judges"
+        ),
+        fontsize=10,
+    )
     _shade_windows(ax, result.windows)
     branches = branch_losses(result)
     runs = branched_runs(result)
@@ -151,9 +168,13 @@ def horizon_figure(result: Findings) -> Any:
     for color, (run, parts) in enumerate(zip(runs, drawn)):
         _draw_run(ax, result, run, parts, f"C{color % 10}")
     ax.axhline(1.0, color="black", ls="--", lw=1, label="float32 (1.0)")
-    ax.axhline(1 + _policy.PHASE_TOLERANCE, color="tab:red", ls=":", lw=1.5,
-               label=f"phase tolerance ({1 + _policy.PHASE_TOLERANCE:g}x: above it, "
-                     "falls behind)")
+    ax.axhline(
+        1 + _policy.PHASE_TOLERANCE,
+        color="tab:red",
+        ls=":",
+        lw=1.5,
+        label=f"phase tolerance ({1 + _policy.PHASE_TOLERANCE:g}x: above it, falls behind)",
+    )
     ax.set_xlim(0, result.horizon)
     if ratios and min(ratios) > 0:
         ax.set_yscale("log")
@@ -170,12 +191,19 @@ def _shade_windows(ax: Any, windows: Sequence[tuple[int, int]]) -> None:
     where = ax.get_xaxis_transform()
     for start, end in windows:
         ax.axvspan(start, end, color="0.92", zorder=0)
-        ax.text((start + end) / 2, 0.02, f"window\n{start}-{end}", transform=where,
-                ha="center", va="bottom", fontsize=8, color="0.35")
+        ax.text(
+            (start + end) / 2,
+            0.02,
+            f"window\n{start}-{end}",
+            transform=where,
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color="0.35",
+        )
 
 
-def _draw_run(ax: Any, result: Findings, run: Outcome, parts: list[Stretch],
-              color: str) -> None:
+def _draw_run(ax: Any, result: Findings, run: Outcome, parts: list[Stretch], color: str) -> None:
     verdict = {True: "holds", False: "does not hold", None: "pending"}[result.holds(run)]
     # the judged figures go in the legend: written beside the windows they overlap the curves
     judged = ", ".join(p.phase.describe() for p in parts if p.phase is not None)
@@ -192,5 +220,12 @@ def _draw_run(ax: Any, result: Findings, run: Outcome, parts: list[Stretch],
             ax.scatter([phase.start], [1.0], marker="x", s=60, color=color, label="_")
             continue
         half = phase.start + (phase.end - phase.start) // 2
-        ax.plot([half, phase.end], [phase.ratio, phase.ratio], color=color, lw=4,
-                alpha=0.6, solid_capstyle="butt", label="_")
+        ax.plot(
+            [half, phase.end],
+            [phase.ratio, phase.ratio],
+            color=color,
+            lw=4,
+            alpha=0.6,
+            solid_capstyle="butt",
+            label="_",
+        )

@@ -119,8 +119,9 @@ def run_figure(result: Findings, outcome: Outcome) -> Any:
     outcome_line = describe_outcome(outcome)
     if not outcome.config.uses_scaler:
         outcome_line += f"; no loss scaler ({outcome.config.dtype} needs none)"
-    fig.suptitle(wrap(f"{outcome.label}: {outcome.config.describe()}"), fontsize=12,
-                 fontweight="bold")
+    fig.suptitle(
+        wrap(f"{outcome.label}: {outcome.config.describe()}"), fontsize=12, fontweight="bold"
+    )
     top.set_title(wrap(outcome_line), fontsize=10)
 
     _plot_loss(top, result, outcome)
@@ -134,8 +135,11 @@ def _plot_loss(ax: Any, result: Findings, outcome: Outcome) -> None:
     target = result.target
     losses = list(outcome.losses)
     reference = list(result.reference["losses"]) if result.reference else []
-    relative = (target is not None and target.loss > 0
-                and all(_all_positive(c) for c in (losses, reference) if _finite(c)))
+    relative = (
+        target is not None
+        and target.loss > 0
+        and all(_all_positive(c) for c in (losses, reference) if _finite(c))
+    )
     unit = target.loss if target is not None and relative else 1.0
 
     def draw(curve: Sequence[float], color: str, name: str, faint: str) -> None:
@@ -143,14 +147,24 @@ def _plot_loss(ax: Any, result: Findings, outcome: Outcome) -> None:
             return  # a line with no finite point would be a legend entry for nothing
         steps = range(len(curve))
         ax.plot(steps, [v / unit for v in curve], color=faint, lw=0.8, label=f"{name} (per step)")
-        ax.plot(steps, [v / unit for v in smoothed(curve)], color=color, lw=2,
-                label=f"{name} (smoothed)")
+        ax.plot(
+            steps,
+            [v / unit for v in smoothed(curve)],
+            color=color,
+            lw=2,
+            label=f"{name} (smoothed)",
+        )
 
     draw(reference, "0.3", "float32 reference", "0.8")
     draw(losses, "tab:blue", outcome.config.dtype, "#a6c8e8")
     if target is not None:
-        ax.axhline(1.0 if relative else target.loss, color="black", ls="--", lw=1,
-                   label="float32 target" + (" (1.0)" if relative else ""))
+        ax.axhline(
+            1.0 if relative else target.loss,
+            color="black",
+            ls="--",
+            lw=1,
+            label="float32 target" + (" (1.0)" if relative else ""),
+        )
     _mark_events(ax, outcome, losses)
     if relative:
         ax.set_yscale("log")
@@ -165,27 +179,50 @@ def _mark_events(ax: Any, outcome: Outcome, losses: list[float]) -> None:
     """Where the run reached the target, first went non-finite, or was pruned."""
     reached = outcome.attrs.get("steps_to_target")
     if outcome.reached and reached:
-        ax.axvline(reached - 1, color="tab:green", ls=":", lw=1.5,
-                   label=f"reached the target (step {reached})")
+        ax.axvline(
+            reached - 1,
+            color="tab:green",
+            ls=":",
+            lw=1.5,
+            label=f"reached the target (step {reached})",
+        )
     bad_loss = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
     if bad_loss is not None:
         # Skipped steps (non-finite gradients) are marked on the scale panel; this is the
         # loss itself, after which the run has no curve.
-        ax.axvline(bad_loss, color="tab:red", ls="-", lw=1.5, alpha=0.8,
-                   label=f"first non-finite loss (step {bad_loss})")
+        ax.axvline(
+            bad_loss,
+            color="tab:red",
+            ls="-",
+            lw=1.5,
+            alpha=0.8,
+            label=f"first non-finite loss (step {bad_loss})",
+        )
     if outcome.state == "pruned" and losses:
-        ax.axvline(len(losses) - 1, color="tab:purple", ls="--", lw=1.2,
-                   label=f"pruned after {len(losses)} steps ({outcome.prune_kind})")
+        ax.axvline(
+            len(losses) - 1,
+            color="tab:purple",
+            ls="--",
+            lw=1.2,
+            label=f"pruned after {len(losses)} steps ({outcome.prune_kind})",
+        )
 
 
 def _plot_scale(ax: Any, outcome: Outcome, scales: list[float]) -> None:
-    ax.step(range(len(scales)), scales, where="post", color="tab:orange", lw=1.5,
-            label="loss scale")
+    ax.step(
+        range(len(scales)), scales, where="post", color="tab:orange", lw=1.5, label="loss scale"
+    )
     previous = [outcome.config.init_scale, *scales[:-1]]
     skipped = [i for i, (a, b) in enumerate(zip(previous, scales)) if b < a]
     if skipped:
-        ax.scatter(skipped, [scales[i] for i in skipped], color="tab:red", s=14, zorder=3,
-                   label=f"skipped step ({len(skipped)})")
+        ax.scatter(
+            skipped,
+            [scales[i] for i in skipped],
+            color="tab:red",
+            s=14,
+            zorder=3,
+            label=f"skipped step ({len(skipped)})",
+        )
     ax.set_yscale("log", base=2)
     ax.set_ylabel("loss scale")
     ax.legend(fontsize=9, loc="best")

@@ -91,9 +91,11 @@ class SearchResult(Findings):
         """
         trace = self.trace
         if trace is None:
-            raise UsageError("this study's float32 reference has no gradient trace (it ran "
-                             "before scalertune recorded one): rerun the search with a new "
-                             "study name")
+            raise UsageError(
+                "this study's float32 reference has no gradient trace (it ran "
+                "before scalertune recorded one): rerun the search with a new "
+                "study name"
+            )
         return predict(trace, config, horizon=horizon or self.horizon)
 
     def for_trial(self, number: int) -> SearchResult:

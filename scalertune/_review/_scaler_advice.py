@@ -23,8 +23,13 @@ def defaults_prediction(result: Findings, trace: Trace) -> Prediction:
     """PyTorch's defaults, with the clip and islands of the best float16 run, over the
     horizon."""
     run = next((o for o in result.pool if o.config.dtype == "float16"), None)
-    base = PYTORCH_DEFAULT if run is None else dataclasses.replace(
-        PYTORCH_DEFAULT, clip_norm=run.config.clip_norm, fp32_modules=run.config.fp32_modules)
+    base = (
+        PYTORCH_DEFAULT
+        if run is None
+        else dataclasses.replace(
+            PYTORCH_DEFAULT, clip_norm=run.config.clip_norm, fp32_modules=run.config.fp32_modules
+        )
+    )
     return predict(trace, base, horizon=result.horizon)
 
 
@@ -39,11 +44,15 @@ def scaler_advice(result: Findings) -> str | None:
     said = f"Scaler over the horizon: PyTorch's defaults: {defaults.describe()}"
     chosen = next((o for o in result.ranking if o.role == ROLE_REPLAY), None)
     if chosen is None:
-        return (said + "; no setting of the space skips fewer beyond the noise: PyTorch's "
-                "defaults are as good here, keep them")
+        return (
+            said + "; no setting of the space skips fewer beyond the noise: PyTorch's "
+            "defaults are as good here, keep them"
+        )
     ours = predict(trace, chosen.config, horizon=result.horizon)
-    return (f"{said}; {chosen.label} [{chosen.config.describe()}] {ours.describe()}: changing "
-            "the defaults is worth it")
+    return (
+        f"{said}; {chosen.label} [{chosen.config.describe()}] {ours.describe()}: changing "
+        "the defaults is worth it"
+    )
 
 
 def replay_agreement(result: Findings) -> str | None:
@@ -58,5 +67,7 @@ def replay_agreement(result: Findings) -> str | None:
         real = int(run.attrs.get("skipped_steps") or 0)
         predicted = predict(trace, run.config, horizon=min(run.steps_run, trace.steps))
         agree += abs(predicted.skipped_steps - real) <= skip_tolerance(real)
-    return (f"Replay check: the predicted skipped steps of {agree} of {len(runs)} float16 "
-            "runs match what they really skipped, within max(2, 20%)")
+    return (
+        f"Replay check: the predicted skipped steps of {agree} of {len(runs)} float16 "
+        "runs match what they really skipped, within max(2, 20%)"
+    )

@@ -58,5 +58,9 @@ def run(studies: list[optuna.Study], *, host: str, port: int, locations: list[st
 
     store = ArtifactStores([p for p in locations if is_bucket(p) or os.path.isdir(p)])
     storage: Any = storage_of(studies[0])
-    run_server(recommended_best(storage), host=host, port=port,
-               artifact_store=store if store.locations else None)
+    run_server(
+        recommended_best(storage),
+        host=host,
+        port=port,
+        artifact_store=store if store.locations else None,
+    )

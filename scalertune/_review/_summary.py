@@ -26,8 +26,17 @@ from scalertune._run._timing import spread
 from scalertune._storage._names import ROLE_SEARCH
 from scalertune._text import format_table, plural
 
-_COLUMNS = ("run", "config", "skipped", "min scale", "steps to target", "ms/step",
-            "time to target", "loss/fp32 @step", "steps run")
+_COLUMNS = (
+    "run",
+    "config",
+    "skipped",
+    "min scale",
+    "steps to target",
+    "ms/step",
+    "time to target",
+    "loss/fp32 @step",
+    "steps run",
+)
 _INTERRUPTED = "Interrupted: every finished trial is kept; rerun the same command to resume."
 #: The summary's paragraphs (the verdict) are wrapped to this width.
 _WIDTH = 100
@@ -50,43 +59,70 @@ def summary(result: Findings, *, top: int = 5) -> str:
 
 def _head(result: Findings) -> list[str]:
     s = result.settings
-    horizon = (f", horizon {result.horizon} steps" if result.long else "")
-    lines = [f"scalertune study {result.study_name!r}"
-             + (f" in {result.storage}" if result.storage else "")]
+    horizon = f", horizon {result.horizon} steps" if result.long else ""
+    lines = [
+        f"scalertune study {result.study_name!r}"
+        + (f" in {result.storage}" if result.storage else "")
+    ]
     if not s.stored:
         return [*lines, "  no settings stored: not a study of scalertune search"]
-    lines.append(f"  workload {s.factory}, {s.steps} steps per trial{horizon}, seed {s.seed}, "
-                 f"space {s.space_name!r}, on {s.device}")
+    lines.append(
+        f"  workload {s.factory}, {s.steps} steps per trial{horizon}, seed {s.seed}, "
+        f"space {s.space_name!r}, on {s.device}"
+    )
     target = result.target
     if target is None:
         return lines
-    final = (f"float32 is at {target.reference_final:.4g} by step {s.steps}"
-             if result.long else f"float32 ends at {target.reference_final:.4g}")
-    lines.append(f"  float32 target loss {target.loss:.4g} ({final}, from "
-                 f"{target.reference_start:.4g})")
+    final = (
+        f"float32 is at {target.reference_final:.4g} by step {s.steps}"
+        if result.long
+        else f"float32 ends at {target.reference_final:.4g}"
+    )
+    lines.append(
+        f"  float32 target loss {target.loss:.4g} ({final}, from {target.reference_start:.4g})"
+    )
     reached = [(seed, r.get("steps_to_target")) for seed, r in sorted(result.references.items())]
     if len(reached) > 1:
-        lines.append("  float32 reaches its own target at steps "
-                     + ", ".join(str(steps) for _, steps in reached)
-                     + f" on seeds {', '.join(str(seed) for seed, _ in reached)}: within a dtype, "
-                     + (f"fewer steps by less than {result.spread:.0%} of the horizon "
-                        f"({result.spread * result.horizon:.0f} steps) is a tie" if result.long
-                        else f"fewer steps by less than {result.spread:.0%} is a tie"))
+        lines.append(
+            "  float32 reaches its own target at steps "
+            + ", ".join(str(steps) for _, steps in reached)
+            + f" on seeds {', '.join(str(seed) for seed, _ in reached)}: within a dtype, "
+            + (
+                f"fewer steps by less than {result.spread:.0%} of the horizon "
+                f"({result.spread * result.horizon:.0f} steps) is a tie"
+                if result.long
+                else f"fewer steps by less than {result.spread:.0%} is a tie"
+            )
+        )
     times = result.step_times
     if times is not None:
-        lines.append("  step time, interleaved: " + ", ".join(
-            f"{d} {times.median(d) * 1e3:.3g} ms" + ("" if d == "float32" else
-                                                     f" ({_spread(times.ratios(d))} float32's)")
-            for d in times.rounds))
+        lines.append(
+            "  step time, interleaved: "
+            + ", ".join(
+                f"{d} {times.median(d) * 1e3:.3g} ms"
+                + ("" if d == "float32" else f" ({_spread(times.ratios(d))} float32's)")
+                for d in times.rounds
+            )
+        )
     return lines
 
 
 def _rows(result: Findings, top: int) -> list[tuple[str, ...]]:
     ref = result.reference or {}
     rows: list[tuple[str, ...]] = [_COLUMNS]
-    rows.append(("float32 reference", _describe_reference(result.settings.clip_norm), "-", "-",
-                 _int(ref.get("steps_to_target")), _ms(ref.get("step_time_s")),
-                 _sec(result.reference_time_to_target), "1", _int(ref.get("steps_run"))))
+    rows.append(
+        (
+            "float32 reference",
+            _describe_reference(result.settings.clip_norm),
+            "-",
+            "-",
+            _int(ref.get("steps_to_target")),
+            _ms(ref.get("step_time_s")),
+            _sec(result.reference_time_to_target),
+            "1",
+            _int(ref.get("steps_run")),
+        )
+    )
     if result.float32_clip is not None:
         rows.append(_row(result.float32_clip.label, result.float32_clip))
     for name, outcome in result.baselines.items():
@@ -101,17 +137,30 @@ def _rows(result: Findings, top: int) -> list[tuple[str, ...]]:
 def _phases(result: Findings) -> list[str]:
     """Each finalist's branches, window by window: its loss over float32's there."""
     windows = result.windows
-    rows: list[tuple[str, ...]] = [("phases of the horizon", "config",
-                                    *(f"{a}-{b}" for a, b in windows), "holds")]
-    for run in [*result.finalists, *result.islands,
-                *([result.float32_clip] if result.float32_clip else [])]:
+    rows: list[tuple[str, ...]] = [
+        ("phases of the horizon", "config", *(f"{a}-{b}" for a, b in windows), "holds")
+    ]
+    for run in [
+        *result.finalists,
+        *result.islands,
+        *([result.float32_clip] if result.float32_clip else []),
+    ]:
         done = {p.start: p for p in result.phases.get(run.number, [])}
         cells = [_phase_cell(done.get(a)) for a, _ in windows]
         verdict = result.holds(run)
-        rows.append((run.label, run.config.describe(), *cells,
-                     {True: "yes", False: "no", None: _unjudged(result)}[verdict]))
-    notes = [f"{run.label}: {why_not(result, run)}"
-             for run in [*result.finalists, *result.islands] if result.holds(run) is False]
+        rows.append(
+            (
+                run.label,
+                run.config.describe(),
+                *cells,
+                {True: "yes", False: "no", None: _unjudged(result)}[verdict],
+            )
+        )
+    notes = [
+        f"{run.label}: {why_not(result, run)}"
+        for run in [*result.finalists, *result.islands]
+        if result.holds(run) is False
+    ]
     return [*format_table(rows), *notes]
 
 
@@ -124,8 +173,11 @@ def _unjudged(result: Findings) -> str:
 def _phase_cell(phase: PhaseResult | None) -> str:
     if phase is None:
         return "-"
-    return "non-finite" if phase.nonfinite else f"{phase.ratio:.3g}x" + (
-        " behind" if phase.behind else "")
+    return (
+        "non-finite"
+        if phase.nonfinite
+        else f"{phase.ratio:.3g}x" + (" behind" if phase.behind else "")
+    )
 
 
 def _notes(result: Findings) -> list[str]:
@@ -133,19 +185,31 @@ def _notes(result: Findings) -> list[str]:
     lines.append(_counts(result))
     broken = [f"{plural(result.failed, 'run')} raised an error"] if result.failed else []
     if result.lost:
-        broken.append(f"{plural(result.lost, 'run')} interrupted or lost with "
-                      f"{'its' if result.lost == 1 else 'their'} worker")
+        broken.append(
+            f"{plural(result.lost, 'run')} interrupted or lost with "
+            f"{'its' if result.lost == 1 else 'their'} worker"
+        )
     if broken:
         why = " (each trial's error attribute says why)" if result.failed else ""
         lines.append(f"Failed: {'; '.join(broken)}{why}")
     for number, why in sorted(result.missing.items()):
-        lines.append(f"Missing evidence: trial #{number} ({_job(result, number)}): {why}; "
-                     "rerun the same command to complete it")
+        lines.append(
+            f"Missing evidence: trial #{number} ({_job(result, number)}): {why}; "
+            "rerun the same command to complete it"
+        )
     if result.stop_reason:
         lines.append(f"Sampling stopped early: {result.stop_reason}")
-    lines += [text for text in (_all_tied(result), scaler_advice(result),
-                                replay_agreement(result), overflow_hint(result),
-                                forecast_line(result)) if text]
+    lines += [
+        text
+        for text in (
+            _all_tied(result),
+            scaler_advice(result),
+            replay_agreement(result),
+            overflow_hint(result),
+            forecast_line(result),
+        )
+        if text
+    ]
     return lines
 
 
@@ -163,12 +227,14 @@ def _all_tied(result: Findings) -> str | None:
     noise = result.settings.noise(result.spread)
     if not all_tied(result.pool, result.step_times, noise):
         return None
-    return (f"Tied: the {len(result.pool)} configs that reached the target are as fast as "
-            f"each other within the noise (float32's seed-to-seed spread of "
-            f"{100 * noise.spread:.2g}% in steps"
-            + (" of the horizon" if noise.horizon else "")
-            + ", and the step-time spread): the comparison cannot tell them apart at this "
-            "horizon, so the order is the more stable, then the simpler config")
+    return (
+        f"Tied: the {len(result.pool)} configs that reached the target are as fast as "
+        f"each other within the noise (float32's seed-to-seed spread of "
+        f"{100 * noise.spread:.2g}% in steps"
+        + (" of the horizon" if noise.horizon else "")
+        + ", and the step-time spread): the comparison cannot tell them apart at this "
+        "horizon, so the order is the more stable, then the simpler config"
+    )
 
 
 def _counts(result: Findings) -> str:
@@ -178,18 +244,21 @@ def _counts(result: Findings) -> str:
         if o.state == "pruned":
             pruned[o.prune_kind or "unknown"] = pruned.get(o.prune_kind or "unknown", 0) + 1
     counted = ", ".join(f"{n} {PRUNE_KINDS.get(k, k)}" for k, n in sorted(pruned.items()))
-    return (f"{plural(len(searched), 'sampled trial')} finished; pruned {sum(pruned.values())}"
-            + (f" ({counted})" if counted else "")
-            + (f"; {result.reused} reused an earlier run of the same config"
-               if result.reused else ""))
+    return (
+        f"{plural(len(searched), 'sampled trial')} finished; pruned {sum(pruned.values())}"
+        + (f" ({counted})" if counted else "")
+        + (f"; {result.reused} reused an earlier run of the same config" if result.reused else "")
+    )
 
 
 def _answer(result: Findings) -> list[str]:
     rec, best = result.recommended, result.best_amp
     if result.interrupted and best is None and rec is None:
-        return [f"Recommended: pending: the search was interrupted before "
-                f"{_pending(result)}",
-                f"Cost so far: {_cost(result)}", _INTERRUPTED]
+        return [
+            f"Recommended: pending: the search was interrupted before {_pending(result)}",
+            f"Cost so far: {_cost(result)}",
+            _INTERRUPTED,
+        ]
     lines = []
     if rec is not None:
         lines.append(f"Recommended: {rec.label} [{rec.config.describe()}]")
@@ -197,13 +266,16 @@ def _answer(result: Findings) -> list[str]:
     else:
         lines.append(f"Recommended: {result.config.describe()} (no autocast, no scaler)")
         if best is not None:
-            lines.append(f"  best AMP config that holds: {best.label} [{best.config.describe()}]"
-                         f", {_confirmed(result, best)}")
-    ahead = result.candidates.index(best) if best in result.candidates else len(
-        result.candidates)
+            lines.append(
+                f"  best AMP config that holds: {best.label} [{best.config.describe()}]"
+                f", {_confirmed(result, best)}"
+            )
+    ahead = result.candidates.index(best) if best in result.candidates else len(result.candidates)
     for candidate in result.candidates[:ahead]:
-        lines.append(f"  not confirmed: {candidate.label} [{candidate.config.describe()}] "
-                     f"{_confirm_failure(result, candidate)}")
+        lines.append(
+            f"  not confirmed: {candidate.label} [{candidate.config.describe()}] "
+            f"{_confirm_failure(result, candidate)}"
+        )
     lines += textwrap.wrap(f"Verdict: {verdict(result)}", _WIDTH, subsequent_indent="  ")
     lines.append(f"Cost: {_cost(result)}")
     if result.interrupted:
@@ -220,14 +292,18 @@ def _pending(result: Findings) -> str:
 def _confirmed(result: Findings, run: Outcome) -> str:
     seeds = sorted(result.confirmations.get(run.number, {}))
     holds = f"; {evidence_of(result, run)}" if result.long else ""
-    return (f"confirmed on seeds {', '.join(map(str, [run.seed, *seeds]))}: "
-            f"{describe_outcome(run)}{holds}")
+    return (
+        f"confirmed on seeds {', '.join(map(str, [run.seed, *seeds]))}: "
+        f"{describe_outcome(run)}{holds}"
+    )
 
 
 def _cost(result: Findings) -> str:
-    return (f"{result.run_equivalents:.1f} run-equivalents of the horizon "
-            f"({result.steps_trained} training steps over all runs and the step timing, "
-            f"over {result.horizon})")
+    return (
+        f"{result.run_equivalents:.1f} run-equivalents of the horizon "
+        f"({result.steps_trained} training steps over all runs and the step timing, "
+        f"over {result.horizon})"
+    )
 
 
 def _confirm_failure(result: Findings, candidate: Outcome) -> str:
@@ -248,9 +324,17 @@ def _row(label: str, o: Outcome) -> tuple[str, ...]:
     ratio = a.get("loss_vs_float32")
     at = "-" if ratio is None else f"{float(ratio):.3g} @{a.get('loss_vs_float32_step')}"
     scale = _g(a.get("min_scale")) if o.config.uses_scaler else "-"
-    return (label, o.config.describe(), _int(a.get("skipped_steps")), scale,
-            reached, _ms(a.get("step_time_s")),
-            _sec(o.time_to_target if o.reached else math.nan), at, _int(a.get("steps_run")))
+    return (
+        label,
+        o.config.describe(),
+        _int(a.get("skipped_steps")),
+        scale,
+        reached,
+        _ms(a.get("step_time_s")),
+        _sec(o.time_to_target if o.reached else math.nan),
+        at,
+        _int(a.get("steps_run")),
+    )
 
 
 def _spread(ratios: list[float]) -> str:

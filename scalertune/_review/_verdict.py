@@ -30,12 +30,17 @@ def verdict(result: Findings) -> str:
     said = found.verdict(device)
     clause = _clipping_clause(result)
     if result.recommended is None:
-        why = ("CPUs without native half-precision matmul run AMP steps slower than float32"
-               if found.cpu_note(device) else "a tie goes to the simpler config")
-        return (f"train in {result.config.describe()}: the best AMP config that holds, "
-                f"{best.label} [{best.config.describe()}], is "
-                f"{found.verdict(device, note=False)}{clause}. {why}: on a GPU, use it "
-                f"(evidence.best_amp) or run the search there{covers}")
+        why = (
+            "CPUs without native half-precision matmul run AMP steps slower than float32"
+            if found.cpu_note(device)
+            else "a tie goes to the simpler config"
+        )
+        return (
+            f"train in {result.config.describe()}: the best AMP config that holds, "
+            f"{best.label} [{best.config.describe()}], is "
+            f"{found.verdict(device, note=False)}{clause}. {why}: on a GPU, use it "
+            f"(evidence.best_amp) or run the search there{covers}"
+        )
     return said + clause + covers
 
 
@@ -48,20 +53,24 @@ def _no_amp(result: Findings) -> str:
     horizon (per dtype, where it fell behind), or none was confirmed."""
     if result.missing and not any(result.holds(c) for c in result.pool):
         runs = plural(len(result.missing), "run")
-        return (f"no AMP config is proven yet: the evidence of {runs} is missing (a fault "
-                "outside the configs, not a verdict on them: see 'Missing evidence'), and a "
-                "rerun of the same command completes it")
+        return (
+            f"no AMP config is proven yet: the evidence of {runs} is missing (a fault "
+            "outside the configs, not a verdict on them: see 'Missing evidence'), and a "
+            "rerun of the same command completes it"
+        )
     if not result.pool:
         return "no AMP config reached the float32 target without going non-finite"
     failed = [f for f in result.finalists + result.islands if result.holds(f) is False]
     if result.long and failed and not any(result.holds(c) for c in result.pool):
         per_dtype: dict[str, str] = {}
         for f in failed:
-            per_dtype.setdefault(f.config.dtype, f"{f.config.dtype} ({f.label}) "
-                                 f"{why_not(result, f)}")
-        return ("no AMP config holds for the horizon: " + "; ".join(per_dtype.values()))
-    return ("no AMP config stayed finite and reached the target on every confirmation seed"
-            + (" and held for the horizon" if result.long else ""))
+            per_dtype.setdefault(
+                f.config.dtype, f"{f.config.dtype} ({f.label}) {why_not(result, f)}"
+            )
+        return "no AMP config holds for the horizon: " + "; ".join(per_dtype.values())
+    return "no AMP config stayed finite and reached the target on every confirmation seed" + (
+        " and held for the horizon" if result.long else ""
+    )
 
 
 def _clipping_clause(result: Findings) -> str:
@@ -72,11 +81,15 @@ def _clipping_clause(result: Findings) -> str:
         return ""
     clip = f"clip {twin.config.clip_norm:.3g}"
     if not twin.reached:
-        return (f"; float32 with the same {clip} never reaches the target, so the "
-                "comparison is with the float32 reference")
+        return (
+            f"; float32 with the same {clip} never reaches the target, so the "
+            "comparison is with the float32 reference"
+        )
     said = f"; against float32 at the same {clip} (target at step {twin.steps_to_target}"
     ref_steps = ref.get("steps_to_target")
     if ref_steps and twin.steps_to_target < 0.9 * ref_steps:
-        said += (f", where the float32 reference needs {ref_steps}: the clipping, not the "
-                 "precision, saves those steps")
+        said += (
+            f", where the float32 reference needs {ref_steps}: the clipping, not the "
+            "precision, saves those steps"
+        )
     return said + ")"

@@ -93,8 +93,11 @@ def _epoch_setter(batches: Any) -> Any:
     ``DataLoader`` over a ``DistributedSampler`` (each rank's shard, reshuffled per pass
     only when told the pass), its sampler's or batch sampler's, as Lightning's loop finds it
     (``_set_sampler_epoch``)."""
-    for owner in (batches, getattr(batches, "sampler", None),
-                  getattr(getattr(batches, "batch_sampler", None), "sampler", None)):
+    for owner in (
+        batches,
+        getattr(batches, "sampler", None),
+        getattr(getattr(batches, "batch_sampler", None), "sampler", None),
+    ):
         found = getattr(owner, "set_epoch", None)
         if callable(found):
             return found
@@ -116,9 +119,13 @@ class SaveSchedule(Mapping[int, "str | CheckpointTarget"]):
     ``step in schedule`` after each read-back window and saves to ``schedule[step]``; each
     save restarts the clock."""
 
-    def __init__(self, fixed: Mapping[int, str | CheckpointTarget], *,
-                 slots: tuple[CheckpointTarget, CheckpointTarget] | None = None,
-                 every_s: float = math.inf) -> None:
+    def __init__(
+        self,
+        fixed: Mapping[int, str | CheckpointTarget],
+        *,
+        slots: tuple[CheckpointTarget, CheckpointTarget] | None = None,
+        every_s: float = math.inf,
+    ) -> None:
         self.fixed, self.slots, self.every_s = dict(fixed), slots, every_s
         self._last: float | None = None
         self._turn = 0
@@ -149,8 +156,14 @@ class SaveSchedule(Mapping[int, "str | CheckpointTarget"]):
         return len(self.fixed) + (1 if self.slots is not None else 0)
 
 
-def save_checkpoint(where: str | CheckpointTarget, workload: Workload, cursor: BatchCursor, *,
-                    step: int, extra: dict[str, Any] | None = None) -> None:
+def save_checkpoint(
+    where: str | CheckpointTarget,
+    workload: Workload,
+    cursor: BatchCursor,
+    *,
+    step: int,
+    extra: dict[str, Any] | None = None,
+) -> None:
     """Write the run's state after ``step`` steps to ``where``: a file (written atomically),
     or a :class:`CheckpointTarget` that stores it once written. With ranks, rank 0 writes
     it, with every rank's data position and RNGs (see :func:`_ranked_save`)."""
@@ -161,11 +174,20 @@ def save_checkpoint(where: str | CheckpointTarget, workload: Workload, cursor: B
             return
         model, optimizer, ranks = saved
     else:
-        model, optimizer, ranks = (workload.model.state_dict(),
-                                   workload.optimizer.state_dict(), None)
-    state = {"step": step, "model": model, "optimizer": optimizer,
-             "schedulers": [s.state_dict() for s in workload.schedulers], **mine,
-             "ranks": ranks, "extra": extra or {}}
+        model, optimizer, ranks = (
+            workload.model.state_dict(),
+            workload.optimizer.state_dict(),
+            None,
+        )
+    state = {
+        "step": step,
+        "model": model,
+        "optimizer": optimizer,
+        "schedulers": [s.state_dict() for s in workload.schedulers],
+        **mine,
+        "ranks": ranks,
+        "extra": extra or {},
+    }
     path = where if isinstance(where, str) else where.local_path()
     tmp = temporary_name(path)
     torch.save(state, tmp)
@@ -193,14 +215,19 @@ def load_checkpoint(path: str, workload: Workload, cursor: BatchCursor) -> dict[
     returns the checkpoint (``step``, ``extra``). With ranks, every rank reads the file (the
     ranks share a host) and takes the whole state, its shard of it under FSDP, and its own
     data position and RNGs."""
-    state = torch.load(path, map_location=next(workload.model.parameters()).device,
-                       weights_only=False)
+    state = torch.load(
+        path, map_location=next(workload.model.parameters()).device, weights_only=False
+    )
     if state.get("ranks") is not None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        set_state_dict(workload.model, workload.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(full_state_dict=True))
+        set_state_dict(
+            workload.model,
+            workload.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
         state.update(state["ranks"][_ranks.rank()])
     else:
         workload.model.load_state_dict(state["model"])

@@ -28,28 +28,40 @@ from scalertune._workload._contract import to_device
 from scalertune._workload._factory import build_workload
 
 
-def forward_ratio(factory: Callable[[], Any], config: AmpConfig, checkpoint: str, *,
-                  seed: int, device: torch.device) -> float:
+def forward_ratio(
+    factory: Callable[[], Any],
+    config: AmpConfig,
+    checkpoint: str,
+    *,
+    seed: int,
+    device: torch.device,
+) -> float:
     """``config``'s mean loss over float32's on the ``ISLAND_PROBE_BATCHES`` batches after the
     checkpoint, at its weights (``inf`` when ``config``'s is not finite)."""
     ours = _mean_loss(factory, config, checkpoint, seed=seed, device=device)
-    theirs = _mean_loss(factory, AmpConfig(dtype="float32"), checkpoint, seed=seed,
-                        device=device)
+    theirs = _mean_loss(factory, AmpConfig(dtype="float32"), checkpoint, seed=seed, device=device)
     return ours / theirs if math.isfinite(ours) and theirs > 0 else math.inf
 
 
-def _mean_loss(factory: Callable[[], Any], config: AmpConfig, checkpoint: str, *,
-               seed: int, device: torch.device) -> float:
+def _mean_loss(
+    factory: Callable[[], Any],
+    config: AmpConfig,
+    checkpoint: str,
+    *,
+    seed: int,
+    device: torch.device,
+) -> float:
     workload = build_workload(factory, seed=seed, device=device)
     try:
         cursor = BatchCursor(workload.batches, saves=False)
         load_checkpoint(checkpoint, workload, cursor)
-        amp = NoStep(AmpConfig(dtype=config.dtype, fp32_modules=config.fp32_modules),
-                     device=device)
+        amp = NoStep(AmpConfig(dtype=config.dtype, fp32_modules=config.fp32_modules), device=device)
         amp.prepare(workload.model)
         step = step_function(workload)
-        losses = [float(step(workload, to_device(batch, device), amp).detach())
-                  for batch in itertools.islice(cursor, _policy.ISLAND_PROBE_BATCHES)]
+        losses = [
+            float(step(workload, to_device(batch, device), amp).detach())
+            for batch in itertools.islice(cursor, _policy.ISLAND_PROBE_BATCHES)
+        ]
     finally:
         del workload
         release_memory()

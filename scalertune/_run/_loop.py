@@ -41,8 +41,9 @@ class Watcher(Protocol):
     """What a run may record beside its loss: per step on the device, per window on the host;
     its ``state()`` goes into the run's checkpoints, so that a resumed run continues it."""
 
-    def attach(self, workload: Workload, step: Callable[..., Any], start: int,
-               amp: AmpRuntime) -> None: ...
+    def attach(
+        self, workload: Workload, step: Callable[..., Any], start: int, amp: AmpRuntime
+    ) -> None: ...
     def after_step(self, index: int) -> None: ...
     def read_window(self, start: int, end: int) -> None: ...
     def detach(self) -> None: ...
@@ -91,18 +92,35 @@ def run_config(
     workload = build_workload(factory, seed=seed, device=device)
     size = sum(p.numel() * p.element_size() for p in workload.model.parameters())
     try:
-        record = train(workload, config, steps=steps, seed=seed, device=device,
-                       on_window=on_window, stop=stop, prune=prune, plan=plan)
+        record = train(
+            workload,
+            config,
+            steps=steps,
+            seed=seed,
+            device=device,
+            on_window=on_window,
+            stop=stop,
+            prune=prune,
+            plan=plan,
+        )
     finally:
         del workload
         release_memory(size)
     return record
 
 
-def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
-          device: torch.device, on_window: WindowCallback | None = None,
-          stop: StopRule | None = None, prune: bool = True,
-          plan: Plan | None = None) -> RunRecord:
+def train(
+    workload: Workload,
+    config: AmpConfig,
+    *,
+    steps: int,
+    seed: int,
+    device: torch.device,
+    on_window: WindowCallback | None = None,
+    stop: StopRule | None = None,
+    prune: bool = True,
+    plan: Plan | None = None,
+) -> RunRecord:
     """The training loop of :func:`run_config`, on a workload already built."""
     plan = plan or Plan()
     amp = AmpRuntime(config, device=device)
@@ -136,10 +154,17 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
             if stopping or (record.pruned and prune):
                 break
             if start + i + 1 in plan.save_at:
-                save_checkpoint(plan.save_at[start + i + 1], workload, batches,
-                                step=start + i + 1, extra={
-                                    "record": record, "amp": amp.state_dict(),
-                                    "watcher": None if watcher is None else watcher.state()})
+                save_checkpoint(
+                    plan.save_at[start + i + 1],
+                    workload,
+                    batches,
+                    step=start + i + 1,
+                    extra={
+                        "record": record,
+                        "amp": amp.state_dict(),
+                        "watcher": None if watcher is None else watcher.state(),
+                    },
+                )
             window_start, started = i + 1, time.perf_counter()
     finally:
         if watcher is not None:
@@ -149,8 +174,15 @@ def train(workload: Workload, config: AmpConfig, *, steps: int, seed: int,
     return record
 
 
-def _record(config: AmpConfig, seed: int, steps: int, start: int, plan: Plan,
-            amp: AmpRuntime, saved: dict[str, Any] | None) -> RunRecord:
+def _record(
+    config: AmpConfig,
+    seed: int,
+    steps: int,
+    start: int,
+    plan: Plan,
+    amp: AmpRuntime,
+    saved: dict[str, Any] | None,
+) -> RunRecord:
     """The record a run starts with: the steps before its checkpoint when it resumes (and its
     watcher where it was); empty otherwise, with the scaler where the plan puts it."""
     if plan.resume and saved is not None:
@@ -187,8 +219,9 @@ class Readings:
         self._losses: list[float] = []
         self._scales: list[float] = []
         if not self._host:
-            self._buffers = torch.empty((2 if scaled else 1, steps), dtype=torch.float32,
-                                        device=device)
+            self._buffers = torch.empty(
+                (2 if scaled else 1, steps), dtype=torch.float32, device=device
+            )
             self._loss_slots = self._buffers[0].unbind()
             self._scale_slots = self._buffers[1:].flatten().unbind()
 
@@ -213,8 +246,9 @@ class Readings:
         return losses, scales if self._scaled else [1.0] * len(losses)
 
 
-def _read_back(record: RunRecord, readings: Readings, first: int, end: int,
-               started: float, amp: AmpRuntime) -> None:
+def _read_back(
+    record: RunRecord, readings: Readings, first: int, end: int, started: float, amp: AmpRuntime
+) -> None:
     """Bring one window's losses and scales to the host (see :class:`Readings`); with ranks,
     the losses of the global batch, once the ranks agree on the scaler (:mod:`._ranks`)."""
     losses, scales = readings.window(first, end)

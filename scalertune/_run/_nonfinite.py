@@ -32,31 +32,43 @@ def _judge_loss(record: RunRecord, workload: Workload, first: int) -> None:
     config = record.config
     if first == 0 and record.start == 0 and config.dtype == "float32":
         # no optimizer step has run yet, and float32 has no range to overflow
-        _prune(record, "forward",
-               f"the loss is {record.losses[0]} at step 0, before any optimizer step, with "
-               "the initial weights: the model's forward, the loss function or the data "
-               "produce it (check the batches for NaN/inf, and the loss for a log or "
-               "division of zero)")
+        _prune(
+            record,
+            "forward",
+            f"the loss is {record.losses[0]} at step 0, before any optimizer step, with "
+            "the initial weights: the model's forward, the loss function or the data "
+            "produce it (check the batches for NaN/inf, and the loss for a log or "
+            "division of zero)",
+        )
         return
     if not _parameters_finite(workload.model):
-        _prune(record, "parameters",
-               f"weights became non-finite by step {first}: an optimizer step applied "
-               "inf/NaN gradients (try clipping or a lower learning rate)")
+        _prune(
+            record,
+            "parameters",
+            f"weights became non-finite by step {first}: an optimizer step applied "
+            "inf/NaN gradients (try clipping or a lower learning rate)",
+        )
         return
     finite = [v for v in record.losses[:first] if math.isfinite(v)]
-    if len(finite) > _policy.SMOOTHING_STEPS and max(finite[-_policy.SMOOTHING_STEPS:]) > (
+    if len(finite) > _policy.SMOOTHING_STEPS and max(finite[-_policy.SMOOTHING_STEPS :]) > (
         10 * finite[0]
     ):
-        _prune(record, "diverged",
-               f"the loss grew from {finite[0]:.4g} to {finite[-1]:.4g} and was "
-               f"{record.losses[first]} at step {first} (exploding gradients: try clipping)")
+        _prune(
+            record,
+            "diverged",
+            f"the loss grew from {finite[0]:.4g} to {finite[-1]:.4g} and was "
+            f"{record.losses[first]} at step {first} (exploding gradients: try clipping)",
+        )
         return
     where = "float16" if config.dtype == "float16" else config.dtype
-    _prune(record, "forward",
-           f"forward overflow: the loss is {record.losses[first]} at step {first} with "
-           f"finite weights; activations exceed {where}'s range before any loss scale "
-           "applies, so no scaler setting fixes it (use bfloat16, or keep the "
-           "overflowing module in float32)")
+    _prune(
+        record,
+        "forward",
+        f"forward overflow: the loss is {record.losses[first]} at step {first} with "
+        f"finite weights; activations exceed {where}'s range before any loss scale "
+        "applies, so no scaler setting fixes it (use bfloat16, or keep the "
+        "overflowing module in float32)",
+    )
 
 
 def _judge_scaler(record: RunRecord, scales: list[float], start: int) -> None:
@@ -64,26 +76,31 @@ def _judge_scaler(record: RunRecord, scales: list[float], start: int) -> None:
     low = min(scales)
     if low < _policy.SCALE_FLOOR:
         step = start + scales.index(low)
-        _prune(record, "scale-collapse",
-               f"scale collapse: the loss scale fell to {low:.3g} by step {step}, below "
-               "2**-24; gradients are non-finite at every scale, which points to an overflow "
-               "in the forward pass")
+        _prune(
+            record,
+            "scale-collapse",
+            f"scale collapse: the loss scale fell to {low:.3g} by step {step}, below "
+            "2**-24; gradients are non-finite at every scale, which points to an overflow "
+            "in the forward pass",
+        )
         return
     streak = _trailing_skip_streak(record)
     if streak >= _policy.MAX_CONSECUTIVE_SKIPS:
         last = record.steps_run - 1
-        _prune(record, "gradients",
-               f"gradients non-finite on every step from step {last - streak + 1} to {last} "
-               f"({streak} skipped in a row); the scaler backed off to {scales[-1]:.3g} "
-               "without recovering")
+        _prune(
+            record,
+            "gradients",
+            f"gradients non-finite on every step from step {last - streak + 1} to {last} "
+            f"({streak} skipped in a row); the scaler backed off to {scales[-1]:.3g} "
+            "without recovering",
+        )
 
 
 def _trailing_skip_streak(record: RunRecord) -> int:
     """The skipped steps in a row that end the run so far, read backwards from its last
     scale: the window's work, not the whole run's (``record.skipped`` rescans every step)."""
     scales, config = record.scales, record.config
-    first = as_float32(config.init_scale if record.initial_scale is None
-                       else record.initial_scale)
+    first = as_float32(config.init_scale if record.initial_scale is None else record.initial_scale)
     streak = 0
     for i in range(len(scales) - 1, -1, -1):
         if not scales[i] < (scales[i - 1] if i else first):

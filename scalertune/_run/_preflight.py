@@ -42,15 +42,21 @@ class Checked:
     horizon: int | None
 
 
-def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int,
-              islands: Collection[str] = frozenset()) -> Checked:
+def preflight(
+    factory: Callable[[], Any],
+    *,
+    device: torch.device,
+    seed: int,
+    islands: Collection[str] = frozenset(),
+) -> Checked:
     """One float32 step on a fresh workload: catches a bad loss before any study row exists.
 
     Also checks that every module named in ``islands`` exists.
     """
     workload = build_workload(factory, seed=seed, device=device)
     AmpRuntime(AmpConfig(fp32_modules=tuple(sorted(islands))), device=device).prepare(
-        workload.model)
+        workload.model
+    )
     amp = AmpRuntime(AmpConfig(dtype="float32"), device=device)
     batch = to_device(next(iter(workload.batches)), device)
     try:
@@ -69,21 +75,25 @@ def preflight(factory: Callable[[], Any], *, device: torch.device, seed: int,
             f"the loss is {loss.item()} on the first batch, in float32 with the initial "
             "weights, before any optimizer step: the model's forward, the loss function or "
             "the data produce it (check the batches for NaN/inf, and the loss for a log or "
-            "division of zero)")
+            "division of zero)"
+        )
     if workload.step is not None and amp.steps == 0:
         raise UsageError(
             "the step function never called amp.step(optimizer): call amp.backward(loss) "
             "and amp.step(optimizer) so the scaler and clipping run"
         )
-    return Checked(reference=AmpConfig(dtype="float32", clip_norm=workload.clip_norm),
-                   horizon=workload.horizon)
+    return Checked(
+        reference=AmpConfig(dtype="float32", clip_norm=workload.clip_norm), horizon=workload.horizon
+    )
 
 
 def _model_output_hint(output: Any) -> str:
     """Why a Hugging Face model's output gave no loss, and the two ways out."""
     if not (hasattr(output, "logits") or (isinstance(output, Mapping) and "logits" in output)):
         return ""
-    return ("; the model returned a Hugging Face output, whose loss is None unless the model "
-            "is given labels (scalertune calls model(inputs) with each batch's first "
-            "element): compute the loss from output.logits in loss_fn, or give a step "
-            "function that calls model(input_ids=..., labels=...)")
+    return (
+        "; the model returned a Hugging Face output, whose loss is None unless the model "
+        "is given labels (scalertune calls model(inputs) with each batch's first "
+        "element): compute the loss from output.logits in loss_fn, or give a step "
+        "function that calls model(input_ids=..., labels=...)"
+    )

@@ -55,8 +55,7 @@ def join(device: str) -> torch.device:
         dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(dev)
     timeout = datetime.timedelta(seconds=_policy.COLLECTIVE_TIMEOUT_S)
-    torch.distributed.init_process_group("nccl" if dev.type == "cuda" else "gloo",
-                                         timeout=timeout)
+    torch.distributed.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timeout)
     return dev
 
 
@@ -74,8 +73,9 @@ def reduce(tensor: torch.Tensor, op: str = "max") -> torch.Tensor:
     return tensor
 
 
-def agree(losses: Sequence[float], scales: Sequence[float], skipped: int,
-          first_step: int) -> list[float]:
+def agree(
+    losses: Sequence[float], scales: Sequence[float], skipped: int, first_step: int
+) -> list[float]:
     """A window's losses averaged over the ranks, once the ranks are seen to agree on every
     step's loss scale and on the steps skipped so far (one ``all_gather`` per window);
     :class:`RanksDisagree` naming the first step where they do not."""
@@ -91,11 +91,15 @@ def agree(losses: Sequence[float], scales: Sequence[float], skipped: int,
     differs = (decided != decided[0]).any(dim=0).nonzero()
     if len(differs):
         column = int(differs[0])
-        what = ("skipped steps so far" if column == len(scales)
-                else f"loss scale after step {first_step + column + 1}")
+        what = (
+            "skipped steps so far"
+            if column == len(scales)
+            else f"loss scale after step {first_step + column + 1}"
+        )
         values = ", ".join(f"rank {r}: {float(v):g}" for r, v in enumerate(decided[:, column]))
         raise RanksDisagree(
             f"the ranks' GradScalers disagree on the {what} ({values}): each rank decided "
             "on its own gradients (an FSDP1 model needs ShardedGradScaler, which scalertune "
-            "gives an FSDP1-wrapped model; a scaler of the step's own is not shared)")
+            "gives an FSDP1-wrapped model; a scaler of the step's own is not shared)"
+        )
     return table[:, :k].mean(dim=0).tolist()

@@ -92,7 +92,7 @@ class RunRecord:
     @property
     def median_step_time(self) -> float:
         """Median seconds per step over the windows after warm-up."""
-        times = self.window_step_times[_policy.WARMUP_WINDOWS:] or self.window_step_times
+        times = self.window_step_times[_policy.WARMUP_WINDOWS :] or self.window_step_times
         return statistics.median(times) if times else math.nan
 
     @property

@@ -17,8 +17,10 @@ def kept_schedules(workload: Workload) -> Iterator[None]:
     """Whatever runs inside leaves the workload's schedulers, and the learning rates (and
     momenta) they set on the optimizer's parameter groups, as it found them."""
     schedules = [copy.deepcopy(s.state_dict()) for s in workload.schedulers]
-    groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
-              for g in workload.optimizer.param_groups]
+    groups = [
+        {k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+        for g in workload.optimizer.param_groups
+    ]
     try:
         yield
     finally:

@@ -79,8 +79,10 @@ class StepTimes:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepTimes:
-        return cls(rounds={k: [float(v) for v in vs] for k, vs in data["rounds"].items()},
-                   steps=int(data.get("steps", 0)))
+        return cls(
+            rounds={k: [float(v) for v in vs] for k, vs in data["rounds"].items()},
+            steps=int(data.get("steps", 0)),
+        )
 
 
 def spread(values: Sequence[float]) -> tuple[float, float]:
@@ -98,14 +100,18 @@ def timing_config(dtype: str, clip_norm: float | None) -> AmpConfig:
     the optimizer too and is cheaper than a real one. (Gradients that flush to zero at that
     scale cost the same to compute.)"""
     if dtype == "float16":
-        return AmpConfig(init_scale=_policy.SCALE_FLOOR, growth_interval=2**30,
-                         clip_norm=clip_norm)
+        return AmpConfig(init_scale=_policy.SCALE_FLOOR, growth_interval=2**30, clip_norm=clip_norm)
     return AmpConfig(dtype=dtype, clip_norm=clip_norm)
 
 
-def time_dtypes(workload: Workload, dtypes: Sequence[str], *, device: torch.device,
-                clip_norm: float | None,
-                announce: Callable[[str], None] | None = None) -> StepTimes:
+def time_dtypes(
+    workload: Workload,
+    dtypes: Sequence[str],
+    *,
+    device: torch.device,
+    clip_norm: float | None,
+    announce: Callable[[str], None] | None = None,
+) -> StepTimes:
     """Interleaved step timing of ``dtypes`` (float32 always included) on ``workload``.
 
     Windows where float16 skipped a step, or a dtype raised (a kernel with no half-precision
@@ -127,17 +133,23 @@ def time_dtypes(workload: Workload, dtypes: Sequence[str], *, device: torch.devi
     workload.model.train()
     with _learning_rate_zero(workload.optimizer):
         for r in range(_policy.WARMUP_WINDOWS + _policy.TIMING_ROUNDS):
-            steps += _round(r, runtimes, workload, step, batches, buffer, windows, broken,
-                            announce)
+            steps += _round(r, runtimes, workload, step, batches, buffer, windows, broken, announce)
     if "float32" in broken:
         raise RuntimeError(f"float32 steps could not be timed: {broken['float32']}")
-    return StepTimes({d: _per_round(w) for d, w in windows.items() if d not in broken},
-                     steps=steps)
+    return StepTimes({d: _per_round(w) for d, w in windows.items() if d not in broken}, steps=steps)
 
 
-def _round(r: int, runtimes: dict[str, AmpRuntime], workload: Workload, step: Any,
-           batches: Any, buffer: torch.Tensor, windows: dict[str, list[tuple[float, bool]]],
-           broken: dict[str, str], announce: Callable[[str], None] | None) -> int:
+def _round(
+    r: int,
+    runtimes: dict[str, AmpRuntime],
+    workload: Workload,
+    step: Any,
+    batches: Any,
+    buffer: torch.Tensor,
+    windows: dict[str, list[tuple[float, bool]]],
+    broken: dict[str, str],
+    announce: Callable[[str], None] | None,
+) -> int:
     """One window per dtype, timed from its first step to its read-back; returns the steps
     it trained. Each window leaves the schedules where they were: a timing of many windows
     must not run a schedule past its length."""
@@ -157,10 +169,12 @@ def _round(r: int, runtimes: dict[str, AmpRuntime], workload: Workload, step: An
             text = str(exc).strip().splitlines()
             broken[dtype] = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
             continue
-        finite, skipped = torch.stack((
-            torch.isfinite(buffer).all().double(),
-            (amp._skipped - skipped_before).double(),  # noqa: SLF001
-        )).tolist()  # the window's one read-back, and its end on CUDA
+        finite, skipped = torch.stack(
+            (
+                torch.isfinite(buffer).all().double(),
+                (amp._skipped - skipped_before).double(),  # noqa: SLF001
+            )
+        ).tolist()  # the window's one read-back, and its end on CUDA
         elapsed = time.perf_counter() - started
         steps += n
         if not finite and not amp.config.uses_scaler:

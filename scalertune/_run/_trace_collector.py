@@ -82,8 +82,9 @@ class TraceCollector:
 
     # -- the Watcher protocol -----------------------------------------------------------------
 
-    def attach(self, workload: Workload, step: Callable[..., Any], start: int,
-               amp: AmpRuntime) -> None:
+    def attach(
+        self, workload: Workload, step: Callable[..., Any], start: int, amp: AmpRuntime
+    ) -> None:
         self._hooks.attach(workload)
         self._amp = amp
         _hear(amp, self._hooks)
@@ -107,8 +108,11 @@ class TraceCollector:
         _hear(self._amp, None)
 
     def state(self) -> dict[str, Any]:
-        return {"trace": self._settled().encode(), "block": self.block,
-                "subset": self._hooks.subset.state()}
+        return {
+            "trace": self._settled().encode(),
+            "block": self.block,
+            "subset": self._hooks.subset.state(),
+        }
 
     def restore(self, state: dict[str, Any]) -> None:
         self.trace, self.block = Trace.decode(state["trace"]), state["block"]
@@ -155,8 +159,9 @@ class TraceCollector:
         rows = []
         try:
             with kept_schedules(workload):
-                for batch in itertools.islice(iter(workload.batches),
-                                              _policy.STARTUP_PROBE_BATCHES):
+                for batch in itertools.islice(
+                    iter(workload.batches), _policy.STARTUP_PROBE_BATCHES
+                ):
                     self._hooks.begin(0)
                     step(workload, to_device(batch, self._hooks.device), amp)
                     self._hooks.flush()
@@ -213,10 +218,19 @@ class _Subset:
         return [i for i, out in zip(chosen, beaten.any(axis=0)) if not out]
 
     def state(self) -> dict[str, Any]:
-        dominance = None if self.dominance is None else [len(self.dominance), base64.b64encode(
-            np.packbits(self.dominance).tobytes()).decode("ascii")]
-        return {"modules": sorted(self.modules), "params": sorted(self.params),
-                "dominance": dominance}
+        dominance = (
+            None
+            if self.dominance is None
+            else [
+                len(self.dominance),
+                base64.b64encode(np.packbits(self.dominance).tobytes()).decode("ascii"),
+            ]
+        )
+        return {
+            "modules": sorted(self.modules),
+            "params": sorted(self.params),
+            "dominance": dominance,
+        }
 
     def restore(self, saved: dict[str, Any]) -> None:
         self.modules, self.params = set(saved["modules"]), set(saved["params"])
@@ -238,8 +252,9 @@ class _Hooks:
         self.subset = _Subset()
 
     def attach(self, workload: Workload) -> None:
-        leaves = [(n, m) for n, m in workload.model.named_modules()
-                  if next(m.children(), None) is None]
+        leaves = [
+            (n, m) for n, m in workload.model.named_modules() if next(m.children(), None) is None
+        ]
         self.names = tuple(n or "(model)" for n, _ in leaves)
         self._modules = [m for _, m in leaves]
         self._params = [p for p in workload.model.parameters() if p.requires_grad]
@@ -249,8 +264,9 @@ class _Hooks:
         # gradients come and reduced once per window by :meth:`read`: the module output
         # gradients' extremes (a minimum and a maximum each) and the parameters' (a pair each
         # on a CPU, one largest magnitude each on CUDA, one fused kernel for them all).
-        self._slots = _Slots(max(2 * len(leaves), (1 if self._cuda else 2) * len(self._params)),
-                             self.device)
+        self._slots = _Slots(
+            max(2 * len(leaves), (1 if self._cuda else 2) * len(self._params)), self.device
+        )
         self._hist = torch.zeros(256, dtype=torch.int64, device=self.device)  # by exponent
         self._forward = torch.zeros(len(leaves), device=self.device)
         self._full_rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -276,8 +292,9 @@ class _Hooks:
         if full != self._full:
             self.detach()
             chosen = range(len(self._modules)) if full else self.subset.hooked_modules()
-            self._handles = [self._modules[i].register_forward_hook(self._on_output(i))
-                             for i in chosen]
+            self._handles = [
+                self._modules[i].register_forward_hook(self._on_output(i)) for i in chosen
+            ]
             self._full = full
 
     def flush(self) -> None:
@@ -321,6 +338,7 @@ class _Hooks:
                     self._peaks.extend(torch.aminmax(tensor.detach()))
                     self._peak_owners += (index, index)
                 tensor.register_hook(on_grad)
+
         return hook
 
     def _on_grad(self, index: int, grad: torch.Tensor) -> None:
@@ -379,14 +397,14 @@ class _Hooks:
         modules = torch.zeros(max(1, len(self._modules)), device=self.device)
         if self._owners:
             owners = self._device_index("act", self._owners)
-            modules.scatter_reduce_(0, owners, act[:len(self._owners)], "amax")
+            modules.scatter_reduce_(0, owners, act[: len(self._owners)], "amax")
         if self._peaks:
             owners = self._device_index("forward", self._peak_owners)
             peaks = torch.stack(self._peaks).float().abs()
             self._forward.scatter_reduce_(0, owners, peaks, "amax")
             self._peaks, self._peak_owners = [], []
         n = len(self._params)  # a full step watches every one
-        params = param[:n] if self._cuda else param[:2 * n].view(-1, 2).amax(1)
+        params = param[:n] if self._cuda else param[: 2 * n].view(-1, 2).amax(1)
         self._full_rows.append((torch.maximum(act.max(), param.max()), modules, params))
         self._owners = []
 
@@ -419,14 +437,13 @@ class _Slots:
             self.buffer, self._views = wider, _views(wider)
         return self._views[step][side]
 
-    def write_params(self, step: int, grads: list[torch.Tensor], cuda: bool,
-                     float32: bool) -> None:
+    def write_params(self, step: int, grads: list[torch.Tensor], cuda: bool, float32: bool) -> None:
         """Row ``step``'s parameter slots from ``grads``: on CUDA each one's largest
         magnitude (one fused kernel), on a CPU each one's minimum and maximum."""
         if cuda and grads:
             self.row(step, _Slots.PARAM, len(grads))
             norms = torch._foreach_norm(grads, float("inf"))  # noqa: SLF001 - one kernel for all
-            span = self.buffer[step, _Slots.PARAM, :len(grads)]
+            span = self.buffer[step, _Slots.PARAM, : len(grads)]
             if float32:
                 torch.stack(norms, out=span)
             else:  # out= takes only its own dtype
@@ -475,8 +492,11 @@ class _Counts:
 
     def flush(self) -> None:
         if self._held:
-            joined = self._held[0] if len(self._held) == 1 else torch.cat(
-                [t.float() for t in self._held])
+            joined = (
+                self._held[0]
+                if len(self._held) == 1
+                else torch.cat([t.float() for t in self._held])
+            )
             self._into += _exponent_counts(joined)
         self._held, self._size = [], 0
 
@@ -492,15 +512,17 @@ def _local(grad: torch.Tensor | None, empty: torch.Tensor) -> torch.Tensor:
     return local if local.numel() else empty
 
 
-def _over_ranks(rows: torch.Tensor, full: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-                ) -> tuple[np.ndarray, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+def _over_ranks(
+    rows: torch.Tensor, full: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+) -> tuple[np.ndarray, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
     """A window's rows and its full steps' records, each the largest over the ranks (the
     same shapes on every rank: the ranks train the same steps of the same model), in one
     all-reduce; the subset each rank grows from them is then the same on every rank."""
     if _ranks.world() == 1:
         return rows.cpu().numpy(), full
-    parts = [rows.flatten()] + [t.flatten().float() for row in full for t in
-                                (row[0].reshape(1), row[1], row[2])]
+    parts = [rows.flatten()] + [
+        t.flatten().float() for row in full for t in (row[0].reshape(1), row[1], row[2])
+    ]
     joined = _ranks.reduce(torch.cat(parts), "max")
     out, at = [], rows.numel()
     reduced_rows = joined[:at].view_as(rows)
@@ -508,7 +530,7 @@ def _over_ranks(rows: torch.Tensor, full: list[tuple[torch.Tensor, torch.Tensor,
         shapes = [largest.reshape(1), modules, params]
         pieces = []
         for t in shapes:
-            pieces.append(joined[at:at + t.numel()].view_as(t))
+            pieces.append(joined[at : at + t.numel()].view_as(t))
             at += t.numel()
         out.append((pieces[0].reshape(()), pieces[1], pieces[2]))
     return reduced_rows.cpu().numpy(), out
@@ -531,8 +553,9 @@ def _exponent_counts(tensor: torch.Tensor) -> torch.Tensor:
     float32 subnormal, 255 inf/NaN), read off the bits: a shift, a mask and a count. The
     buffers add these up as they come; :func:`_as_hist` orders them once per window."""
     bits = tensor.detach().float().reshape(-1).view(torch.int32)
-    return torch.bincount(torch.bitwise_and(torch.bitwise_right_shift(bits, 23), 255),
-                          minlength=256)
+    return torch.bincount(
+        torch.bitwise_and(torch.bitwise_right_shift(bits, 23), 255), minlength=256
+    )
 
 
 def _as_hist(counts: np.ndarray) -> np.ndarray:

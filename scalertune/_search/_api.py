@@ -93,31 +93,64 @@ def search(
         >>> result.config.dtype, result.best_amp.config.dtype  # doctest: +SKIP
         ('float32', 'bfloat16')
     """
-    setup = prepare(factory, space=space, fp32_modules=fp32_modules,
-                    n_trials=n_trials, steps=steps, horizon=horizon, seed=seed,
-                    device=device, timeout=timeout, isolation=isolation,
-                    artifact_dir=artifact_dir, nproc_per_node=nproc_per_node)
+    setup = prepare(
+        factory,
+        space=space,
+        fp32_modules=fp32_modules,
+        n_trials=n_trials,
+        steps=steps,
+        horizon=horizon,
+        seed=seed,
+        device=device,
+        timeout=timeout,
+        isolation=isolation,
+        artifact_dir=artifact_dir,
+        nproc_per_node=nproc_per_node,
+    )
     url = storage_url(storage or DEFAULT_STORAGE)
     forget()
     try:
-        return _search(factory, setup, url, study_name=study_name, log=log,
-                       progress=progress, n_trials=n_trials, timeout=timeout, seed=seed)
+        return _search(
+            factory,
+            setup,
+            url,
+            study_name=study_name,
+            log=log,
+            progress=progress,
+            n_trials=n_trials,
+            timeout=timeout,
+            seed=seed,
+        )
     except Outage as exc:
         raise StorageUnavailable(str(exc)) from None
     finally:
         set_log(None)
 
 
-def _search(factory: str | Callable[[], Any], setup: Setup, url: str, *,
-            study_name: str | None, log: Callable[[str], None] | None, progress: bool,
-            n_trials: int, timeout: float | None, seed: int) -> SearchResult:
+def _search(
+    factory: str | Callable[[], Any],
+    setup: Setup,
+    url: str,
+    *,
+    study_name: str | None,
+    log: Callable[[str], None] | None,
+    progress: bool,
+    n_trials: int,
+    timeout: float | None,
+    seed: int,
+) -> SearchResult:
     if setup.artifact_dir is not None:
         Store(setup.artifact_dir).check()
     # From the first storage write on, Ctrl-C and SIGTERM stop the search at a safe point.
     with _interrupt.handled(), _interrupt.deferred():
-        study, created = open_study(open_storage(url, on_stale_trial=retry),
-                                    study_name or default_study_name(factory), setup.settings,
-                                    seed=seed, url=url, space=setup.space)
+        study, created = open_study(
+            open_storage(url, on_stale_trial=retry),
+            study_name or default_study_name(factory),
+            setup.settings,
+            seed=seed,
+            url=url,
+            space=setup.space,
+        )
         settle_location(study, given=setup.artifact_dir, default=default_location(url))
         lines = Progress(log, bar=progress)
         set_log(lines.line)
@@ -148,19 +181,28 @@ def cost_estimate(setup: Setup, *, n_trials: int) -> str:
     branches = (_policy.PHASE_FINALISTS - 1) * sum(end - start for start, end in windows)
     leader = horizon if windows else 0
     most = (horizon + timing + short + leader + branches) / horizon
-    return (f"search cost: at most {most:.0f} run-equivalents of the horizon ({horizon} steps: "
-            f"the float32 reference to the horizon, up to {n_trials} sampled trials of "
-            f"{steps} steps, {len(BASELINES)} baselines, up to {confirmations} confirmations"
-            + (", the leading config from step 0 to the horizon and, if it does not hold, "
-               "the other finalists' branches in the late phases" if windows else "")
-            + "); runs stop at the target or as soon as they cannot win, and sampling stops "
-            "when it stops finding faster configs, so most searches cost a fraction of that")
+    return (
+        f"search cost: at most {most:.0f} run-equivalents of the horizon ({horizon} steps: "
+        f"the float32 reference to the horizon, up to {n_trials} sampled trials of "
+        f"{steps} steps, {len(BASELINES)} baselines, up to {confirmations} confirmations"
+        + (
+            ", the leading config from step 0 to the horizon and, if it does not hold, "
+            "the other finalists' branches in the late phases"
+            if windows
+            else ""
+        )
+        + "); runs stop at the target or as soon as they cannot win, and sampling stops "
+        "when it stops finding faster configs, so most searches cost a fraction of that"
+    )
 
 
 def resuming(study: optuna.Study) -> str:
     """What a rerun of a search finds: how far the study got, and that it goes on from there."""
-    finished = [t for t in study.get_trials(deepcopy=False)
-                if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    finished = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    ]
     roles: dict[str, int] = {}
     for t in finished:
         role = str(t.user_attrs.get("role", "?"))
@@ -169,13 +211,21 @@ def resuming(study: optuna.Study) -> str:
     if not finished:
         seed = int((study.user_attrs.get(SETTINGS_ATTR) or {}).get("seed", 0))
         if held(study, f"reference.{seed}"):
-            return (f"joining study {study.study_name!r}: another worker is running its "
-                    "float32 reference; this one waits for it, then shares the trials")
+            return (
+                f"joining study {study.study_name!r}: another worker is running its "
+                "float32 reference; this one waits for it, then shares the trials"
+            )
         return f"resuming study {study.study_name!r}: no run finished yet; starting it"
     missing = missing_of(study.get_trials(deepcopy=False))
     done = "recommended" in roles
-    return (f"resuming study {study.study_name!r}: {plural(len(finished), 'run')} finished "
-            f"({said}); " + (f"the evidence of {plural(len(missing), 'run')} is missing: "
-                             "completing it" if missing else
-                             "the answer is in: checking for more work" if done
-                             else "going on from there"))
+    return (
+        f"resuming study {study.study_name!r}: {plural(len(finished), 'run')} finished "
+        f"({said}); "
+        + (
+            f"the evidence of {plural(len(missing), 'run')} is missing: completing it"
+            if missing
+            else "the answer is in: checking for more work"
+            if done
+            else "going on from there"
+        )
+    )

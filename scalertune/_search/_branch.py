@@ -37,25 +37,42 @@ from scalertune._search._references import References
 from scalertune._search._setup import Setup
 
 
-def run_branch(setup: Setup, references: References, config: AmpConfig, *, seed: int,
-               start: int, end: int, on_window: Any = None) -> tuple[RunRecord, dict[str, Any]]:
+def run_branch(
+    setup: Setup,
+    references: References,
+    config: AmpConfig,
+    *,
+    seed: int,
+    start: int,
+    end: int,
+    on_window: Any = None,
+) -> tuple[RunRecord, dict[str, Any]]:
     """Train ``config`` from the reference's checkpoint at ``start`` to ``end``; the record
     and the phase's judged figures."""
     reference = references.reference(seed)
     checkpoint = references.checkpoint(seed, start)
-    scaler = (scaler_state_at(references.trace(seed), config, start)
-              if config.uses_scaler else None)
-    record = execute(setup, config, steps=end, seed=seed, on_window=on_window,
-                     plan=Plan(checkpoint=checkpoint, scaler=scaler))
-    result = judge_phase(record.losses, reference["windows"][str(start)], start=start,
-                         pruned=record.pruned)
+    scaler = scaler_state_at(references.trace(seed), config, start) if config.uses_scaler else None
+    record = execute(
+        setup,
+        config,
+        steps=end,
+        seed=seed,
+        on_window=on_window,
+        plan=Plan(checkpoint=checkpoint, scaler=scaler),
+    )
+    result = judge_phase(
+        record.losses, reference["windows"][str(start)], start=start, pruned=record.pruned
+    )
     behind = result.behind and not result.nonfinite
     return record, {
-        "phase_start": start, "phase_end": end, "phase_ratio": _finite(result.ratio),
-        "phase_z": _finite(result.z), "phase_nonfinite": result.nonfinite,
-        "phase_holds": result.holds, "initial_scale": record.initial_scale,
-        "phase_forward": (_finite(_forward(setup, references, config, seed))
-                          if behind else None),
+        "phase_start": start,
+        "phase_end": end,
+        "phase_ratio": _finite(result.ratio),
+        "phase_z": _finite(result.z),
+        "phase_nonfinite": result.nonfinite,
+        "phase_holds": result.holds,
+        "initial_scale": record.initial_scale,
+        "phase_forward": (_finite(_forward(setup, references, config, seed)) if behind else None),
         "phase_forward_at": latest_start(reference),
     }
 
@@ -64,10 +81,19 @@ def _finite(value: float) -> float | None:
     return value if value == value and abs(value) != float("inf") else None
 
 
-def run_from_start(setup: Setup, references: References, config: AmpConfig, *, seed: int,
-                   end: int, on_window: Any = None, save: str | None = None,
-                   continues: str | None = None, resumed_at: int = 0,
-                   log: Callable[[str], None]) -> tuple[RunRecord, dict[str, Any]]:
+def run_from_start(
+    setup: Setup,
+    references: References,
+    config: AmpConfig,
+    *,
+    seed: int,
+    end: int,
+    on_window: Any = None,
+    save: str | None = None,
+    continues: str | None = None,
+    resumed_at: int = 0,
+    log: Callable[[str], None],
+) -> tuple[RunRecord, dict[str, Any]]:
     """Train ``config`` from step 0 to ``end`` (the horizon, or as far as the search can
     afford), judged at every phase window up to there; the record and the judged figures of
     each window it got to. ``save``: the name its state at ``end`` is kept under (in the
@@ -85,27 +111,38 @@ def run_from_start(setup: Setup, references: References, config: AmpConfig, *, s
         resumed_at = 0
     reference = references.reference(seed)
     spans = [w for w in setup.windows if judged_end(*w) <= end]
-    plan = Plan(save_at={end: references.checkpoints.stored(save)} if save else {},
-                checkpoint=resume, resume=bool(resume))
+    plan = Plan(
+        save_at={end: references.checkpoints.stored(save)} if save else {},
+        checkpoint=resume,
+        resume=bool(resume),
+    )
     stop = _BehindStop(reference["windows"], spans, end)
-    record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop,
-                     plan=plan)
-    results = judge_from_start(record.losses, reference["windows"], spans, pruned=record.pruned,
-                               first_nonfinite=record.steps_run if record.pruned else None)
+    record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop, plan=plan)
+    results = judge_from_start(
+        record.losses,
+        reference["windows"],
+        spans,
+        pruned=record.pruned,
+        first_nonfinite=record.steps_run if record.pruned else None,
+    )
     behind = next((p for p in results if p.behind and not p.nonfinite), None)
     last = results[-1] if results else None  # the verdict's window, as a branch shows one
-    return record, {"phase_start": 0, "phase_end": end,
-                    "phase_results": [_result_dict(p) for p in results],
-                    "phase_ratio": None if last is None else _finite(last.ratio),
-                    "phase_z": None if last is None else _finite(last.z),
-                    "phase_nonfinite": bool(last and last.nonfinite),
-                    "phase_holds": all(p.holds for p in results),
-                    "phase_forward": None if behind is None else _finite(_forward(
-                        setup, references, config, seed)),
-                    "phase_forward_at": latest_start(reference),
-                    "initial_scale": record.initial_scale,
-                    # a continuation's record holds the run it continues: count its own steps
-                    **({"steps_run": record.steps_run - resumed_at} if resume else {})}
+    return record, {
+        "phase_start": 0,
+        "phase_end": end,
+        "phase_results": [_result_dict(p) for p in results],
+        "phase_ratio": None if last is None else _finite(last.ratio),
+        "phase_z": None if last is None else _finite(last.z),
+        "phase_nonfinite": bool(last and last.nonfinite),
+        "phase_holds": all(p.holds for p in results),
+        "phase_forward": None
+        if behind is None
+        else _finite(_forward(setup, references, config, seed)),
+        "phase_forward_at": latest_start(reference),
+        "initial_scale": record.initial_scale,
+        # a continuation's record holds the run it continues: count its own steps
+        **({"steps_run": record.steps_run - resumed_at} if resume else {}),
+    }
 
 
 def latest_start(reference: dict[str, Any]) -> int:
@@ -121,16 +158,16 @@ def _forward(setup: Setup, references: References, config: AmpConfig, seed: int)
     getting there; beyond it, the precision itself is what fails, for every config that
     shares it."""
     checkpoint = references.checkpoint(seed, latest_start(references.reference(seed)))
-    return run_here(forward_ratio, setup.factory, config, checkpoint, seed=seed,
-                    device=setup.device)
+    return run_here(
+        forward_ratio, setup.factory, config, checkpoint, seed=seed, device=setup.device
+    )
 
 
 class _BehindStop:
     """Stops a run from step 0 after the first window it does not hold (what comes after
     cannot change the verdict)."""
 
-    def __init__(self, windows: dict[str, Any], spans: list[tuple[int, int]],
-                 run_end: int) -> None:
+    def __init__(self, windows: dict[str, Any], spans: list[tuple[int, int]], run_end: int) -> None:
         self.windows, self.pending, self.run_end = windows, list(spans), run_end
 
     def _need(self, span: tuple[int, int]) -> int:
@@ -141,13 +178,20 @@ class _BehindStop:
     def __call__(self, record: RunRecord) -> bool:
         while self.pending and self._need(self.pending[0]) <= record.steps_run:
             span = self.pending.pop(0)
-            if not all(p.holds for p in judge_from_start(record.losses, self.windows, [span],
-                                                          pruned=False)):
+            if not all(
+                p.holds for p in judge_from_start(record.losses, self.windows, [span], pruned=False)
+            ):
                 record.stopped = "behind"
                 return True
         return False
 
 
 def _result_dict(p: PhaseResult) -> dict[str, Any]:
-    return {"start": p.start, "end": p.end, "ratio": _finite(p.ratio), "z": _finite(p.z),
-            "nonfinite": p.nonfinite, "at": p.at}
+    return {
+        "start": p.start,
+        "end": p.end,
+        "ratio": _finite(p.ratio),
+        "z": _finite(p.z),
+        "nonfinite": p.nonfinite,
+        "at": p.at,
+    }

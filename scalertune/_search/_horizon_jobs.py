@@ -63,8 +63,11 @@ class HorizonJobs:
         before = len(result.islands)
         for run in result.finalists:
             if result.holds(run) is False and result.phases.get(run.number):
-                self.jobs.queue(f"islands.{run.number}", self._island_jobs(
-                    analyze(self.jobs.study), run), _ISLAND_KEY)
+                self.jobs.queue(
+                    f"islands.{run.number}",
+                    self._island_jobs(analyze(self.jobs.study), run),
+                    _ISLAND_KEY,
+                )
         return len(analyze(self.jobs.study).islands) > before
 
     def _evidence(self, run: Any, result: Any) -> None:
@@ -72,14 +75,14 @@ class HorizonJobs:
         its own state where the cap allows that, else branched after; else branched."""
         end = _affordable_end(self.jobs.setup, result, run)
         if end is not None:
-            self.jobs.queue(f"from-start.{run.number}", [self._from_start_job(run, end)],
-                            PHASE_KEY)
+            self.jobs.queue(f"from-start.{run.number}", [self._from_start_job(run, end)], PHASE_KEY)
             result = analyze(self.jobs.study)
             if result.holds(run) is False:
                 return
             if end < self.jobs.setup.horizon and _can_continue(self.jobs.setup, result, end):
-                self.jobs.queue(f"continued.{run.number}", [self._continued_job(run, end)],
-                                PHASE_KEY)
+                self.jobs.queue(
+                    f"continued.{run.number}", [self._continued_job(run, end)], PHASE_KEY
+                )
                 if analyze(self.jobs.study).holds(run) is not None:
                     return
             after = end
@@ -89,14 +92,25 @@ class HorizonJobs:
         self.jobs.queue(f"branches.{run.number}", branches, PHASE_KEY)
 
     def _from_start_job(self, run: Any, end: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        job = self.jobs.job(ROLE_PHASE, run.config, of=run.number, start=0, end=end,
-                            save=self._own_checkpoint(run, end))
+        job = self.jobs.job(
+            ROLE_PHASE,
+            run.config,
+            of=run.number,
+            start=0,
+            end=end,
+            save=self._own_checkpoint(run, end),
+        )
         return job, self.jobs.params(run.config)
 
     def _continued_job(self, run: Any, start: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        job = self.jobs.job(ROLE_PHASE, run.config, of=run.number, start=start,
-                            end=self.jobs.setup.horizon,
-                            continues=self._own_checkpoint(run, start))
+        job = self.jobs.job(
+            ROLE_PHASE,
+            run.config,
+            of=run.number,
+            start=start,
+            end=self.jobs.setup.horizon,
+            continues=self._own_checkpoint(run, start),
+        )
         return job, self.jobs.params(run.config)
 
     def _own_checkpoint(self, run: Any, step: int) -> str:
@@ -109,8 +123,10 @@ class HorizonJobs:
         own clipping (a clip that hurts late is not the precision's doing), while the search
         has fewer than ``ISLANDS_PER_SEARCH``; the check runs in the worker that holds the
         claim."""
-        if (len(result.islands) >= _policy.ISLANDS_PER_SEARCH
-                or run.config.clip_norm != self.jobs.setup.clip_norm):
+        if (
+            len(result.islands) >= _policy.ISLANDS_PER_SEARCH
+            or run.config.clip_norm != self.jobs.setup.clip_norm
+        ):
             return []
         config = island_for(result, run, self.jobs.setup, self.jobs.references)
         if config is None:
@@ -130,8 +146,11 @@ def _undecided(result: Any) -> list[Any]:
     # user's MLP an island held through its windows and ended 1.7-2.3x behind float32 from
     # step 0, where PyTorch's float16 defaults ended at 0.59-1.01x)
     for c in sorted(result.pool, key=lambda c: c.config.dtype in result.ruled):
-        if c.number not in runs or result.holds(c) is False or (
-                result.confirmation_state(c) == "failed"):
+        if (
+            c.number not in runs
+            or result.holds(c) is False
+            or (result.confirmation_state(c) == "failed")
+        ):
             continue
         if result.holds(c) and result.confirmation_state(c) == "confirmed":
             break
@@ -154,11 +173,15 @@ def _affordable_end(setup: Setup, result: Any, run: Any) -> int | None:
     ends = sorted({judged_end(*w) for w in windows}, reverse=True)
     confirm = len(_policy.CONFIRM_SEEDS) * setup.steps  # its own, still to come
     room = _policy.HORIZON_COST_CAP * setup.horizon - result.steps_trained - confirm
-    others = [f for f in result.finalists if f.number != run.number
-              and not any(p.from_start for p in result.phases.get(f.number, []))]
+    others = [
+        f
+        for f in result.finalists
+        if f.number != run.number and not any(p.from_start for p in result.phases.get(f.number, []))
+    ]
     keep = cost(ends[-1]) + confirm if others else 0
-    return next((e for e in ends if cost(e) + keep <= room),
-                ends[-1] if cost(ends[-1]) <= room else None)
+    return next(
+        (e for e in ends if cost(e) + keep <= room), ends[-1] if cost(ends[-1]) <= room else None
+    )
 
 
 def _can_continue(setup: Setup, result: Any, end: int) -> bool:
@@ -166,5 +189,7 @@ def _can_continue(setup: Setup, result: Any, end: int) -> bool:
     state within ``HORIZON_COST_CAP``, its confirmations still to come included: then it is
     one run from step 0 to the horizon, and its late windows need no branch."""
     confirm = len(_policy.CONFIRM_SEEDS) * setup.steps
-    return (result.steps_trained + setup.horizon - end + confirm
-            <= _policy.HORIZON_COST_CAP * setup.horizon)
+    return (
+        result.steps_trained + setup.horizon - end + confirm
+        <= _policy.HORIZON_COST_CAP * setup.horizon
+    )

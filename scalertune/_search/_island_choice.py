@@ -30,8 +30,9 @@ from scalertune._search._references import References
 from scalertune._search._setup import Setup
 
 
-def island_for(result: SearchResult, finalist: Outcome, setup: Setup,
-               references: References) -> AmpConfig | None:
+def island_for(
+    result: SearchResult, finalist: Outcome, setup: Setup, references: References
+) -> AmpConfig | None:
     """The config with one module in float32 that the late-phase check says fixes where
     ``finalist`` stopped holding; ``None`` when it held, or no island helps."""
     failed = [p for p in result.phases.get(finalist.number, []) if not p.holds]
@@ -50,8 +51,9 @@ def island_for(result: SearchResult, finalist: Outcome, setup: Setup,
 
 
 def _ratio(setup: Setup, config: AmpConfig, checkpoint: str) -> float:
-    return run_here(forward_ratio, setup.factory, config, checkpoint, seed=setup.seed,
-                    device=setup.device)
+    return run_here(
+        forward_ratio, setup.factory, config, checkpoint, seed=setup.seed, device=setup.device
+    )
 
 
 def _largest_outputs(references: References, seed: int, start: int) -> list[str]:
@@ -61,5 +63,5 @@ def _largest_outputs(references: References, seed: int, start: int) -> list[str]
     if not rows.any() or not trace.modules:
         return []
     peaks = trace.forward[rows].max(axis=0)
-    order = np.argsort(-peaks)[:_policy.ISLAND_CANDIDATES]
+    order = np.argsort(-peaks)[: _policy.ISLAND_CANDIDATES]
     return [trace.modules[i] for i in order if peaks[i] > 0 and trace.modules[i] != "(model)"]

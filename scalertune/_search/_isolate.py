@@ -38,21 +38,44 @@ def run_here(run: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         raise RuntimeError(describe_error(exc)) from exc
 
 
-def execute(setup: Setup, config: AmpConfig, *, steps: int, seed: int,
-            plan: Plan | None = None, stop: Any = None,
-            on_window: Any = None) -> RunRecord:
+def execute(
+    setup: Setup,
+    config: AmpConfig,
+    *,
+    steps: int,
+    seed: int,
+    plan: Plan | None = None,
+    stop: Any = None,
+    on_window: Any = None,
+) -> RunRecord:
     """Train ``config`` where the search's runs execute: in this process, or in a fresh one
     with ``--isolate`` (whose record comes back whole, after the run; a stop rule and the
     per-window callback then see only that)."""
     if setup.isolation is not None:
-        record = run_isolated(setup.spec, config, steps=steps, seed=seed, device=setup.device,
-                              timeout_s=setup.isolation.timeout_s,
-                              memory_gb=setup.isolation.memory_gb, plan=plan,
-                              ranks=setup.isolation.nproc_per_node)
+        record = run_isolated(
+            setup.spec,
+            config,
+            steps=steps,
+            seed=seed,
+            device=setup.device,
+            timeout_s=setup.isolation.timeout_s,
+            memory_gb=setup.isolation.memory_gb,
+            plan=plan,
+            ranks=setup.isolation.nproc_per_node,
+        )
         if on_window is not None:
             on_window(record, 0)
         return record
     from scalertune._run._loop import run_config
 
-    return run_here(run_config, setup.factory, config, steps=steps, seed=seed,
-                    device=setup.device, stop=stop, on_window=on_window, plan=plan)
+    return run_here(
+        run_config,
+        setup.factory,
+        config,
+        steps=steps,
+        seed=seed,
+        device=setup.device,
+        stop=stop,
+        on_window=on_window,
+        plan=plan,
+    )

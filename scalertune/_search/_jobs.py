@@ -53,14 +53,24 @@ _REPLAY_KEY = ("role",)
 class Jobs:
     """Queues and drains the once-per-study runs (see the module's docstring)."""
 
-    def __init__(self, study: optuna.Study, setup: Setup, once: Once, references: References,
-                 progress: Progress, *, drain: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        study: optuna.Study,
+        setup: Setup,
+        once: Once,
+        references: References,
+        progress: Progress,
+        *,
+        drain: Callable[[], None],
+    ) -> None:
         self.study, self.setup, self.once, self.references = study, setup, once, references
         self.progress, self.drain = progress, drain
 
     def baselines(self) -> None:
-        jobs = [(self.job(ROLE_BASELINE, config, baseline=name), self.params(config))
-                for name, config in self._baseline_configs().items()]
+        jobs = [
+            (self.job(ROLE_BASELINE, config, baseline=name), self.params(config))
+            for name, config in self._baseline_configs().items()
+        ]
         self.queue("baselines", jobs, _BASELINE_KEY)
 
     def replay_choice(self) -> None:
@@ -68,8 +78,7 @@ class Jobs:
         PyTorch's defaults by more than the noise: one real run checks it."""
         result = analyze(self.study)
         config = replay_choice(result, self.setup)
-        jobs = [] if config is None else [(self.job(ROLE_REPLAY, config),
-                                           self.params(config))]
+        jobs = [] if config is None else [(self.job(ROLE_REPLAY, config), self.params(config))]
         self.queue("replay", jobs, _REPLAY_KEY)
 
     def phases(self) -> None:
@@ -89,9 +98,18 @@ class Jobs:
 
     def confirm_one(self, candidate: Any) -> None:
         params = self.study.trials[candidate.number].params
-        jobs = [({"role": ROLE_CONFIRM, "confirms": candidate.number, "seed": seed,
-                  "config": candidate.config.to_dict()}, params)
-                for seed in _policy.CONFIRM_SEEDS]
+        jobs = [
+            (
+                {
+                    "role": ROLE_CONFIRM,
+                    "confirms": candidate.number,
+                    "seed": seed,
+                    "config": candidate.config.to_dict(),
+                },
+                params,
+            )
+            for seed in _policy.CONFIRM_SEEDS
+        ]
         self.queue(f"confirm.{candidate.number}", jobs, _CONFIRM_KEY)
 
     def float32_clip(self) -> None:
@@ -103,23 +121,31 @@ class Jobs:
         if best is None or best.config.clip_norm == self.setup.clip_norm:
             return
         config = AmpConfig(dtype="float32", clip_norm=best.config.clip_norm)
-        job = {"role": ROLE_FLOAT32_CLIP, "clip_of": best.number, "seed": self.setup.seed,
-               "config": config.to_dict()}
+        job = {
+            "role": ROLE_FLOAT32_CLIP,
+            "clip_of": best.number,
+            "seed": self.setup.seed,
+            "config": config.to_dict(),
+        }
         self.queue(f"float32-clip.{best.number}", [(job, self.params(config))], _CLIP_KEY)
         twin = analyze(self.study).float32_clip
         if twin is not None and self.setup.long:
-            self.queue(f"float32-clip-phases.{best.number}", self.phase_jobs([twin]),
-                        PHASE_KEY)
+            self.queue(f"float32-clip-phases.{best.number}", self.phase_jobs([twin]), PHASE_KEY)
 
     def recommended(self) -> None:
-        self.once("recommended", lambda: add_recommended(self.study, self.setup),
-                  lambda: recommended_stored(self.study))
+        self.once(
+            "recommended",
+            lambda: add_recommended(self.study, self.setup),
+            lambda: recommended_stored(self.study),
+        )
 
     # -- queueing ---------------------------------------------------------------------------
 
-    def queue(self, key: str, jobs: list[tuple[dict[str, Any], dict[str, Any]]],
-               fields: tuple[str, ...]) -> None:
+    def queue(
+        self, key: str, jobs: list[tuple[dict[str, Any], dict[str, Any]]], fields: tuple[str, ...]
+    ) -> None:
         """Queue ``jobs`` (attributes, parameters) once per study, then run what is queued."""
+
         def work() -> None:
             if any(job["role"] == ROLE_CONFIRM for job, _ in jobs):
                 for seed in _policy.CONFIRM_SEEDS:
@@ -132,24 +158,41 @@ class Jobs:
         self.once(key, work, lambda: all(self._exists(job, fields) for job, _ in jobs))
         self.drain()
 
-    def phase_jobs(self, runs: list[Any], *, after: int = 0, result: Any = None,
-                    ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    def phase_jobs(
+        self,
+        runs: list[Any],
+        *,
+        after: int = 0,
+        result: Any = None,
+    ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Branches of ``runs`` at the windows from ``after`` on, but for windows a run from
         step 0 already judged (in ``result``)."""
         windows = [w for w in self.setup.windows if w[0] >= after]
-        judged = set() if result is None else {
-            (n, p.start) for n, ps in result.phases.items() for p in ps if p.from_start}
-        return [(self.job(ROLE_PHASE, run.config, of=run.number, start=start, end=end),
-                 self.params(run.config)) for run in runs for start, end in windows
-                if (run.number, start) not in judged]
+        judged = (
+            set()
+            if result is None
+            else {(n, p.start) for n, ps in result.phases.items() for p in ps if p.from_start}
+        )
+        return [
+            (
+                self.job(ROLE_PHASE, run.config, of=run.number, start=start, end=end),
+                self.params(run.config),
+            )
+            for run in runs
+            for start, end in windows
+            if (run.number, start) not in judged
+        ]
 
     def job(self, role: str, config: AmpConfig, **attrs: Any) -> dict[str, Any]:
         return {"role": role, "seed": self.setup.seed, "config": config.to_dict(), **attrs}
 
     def params(self, config: AmpConfig) -> dict[str, Any]:
         """The point of the space that names ``config`` (a dtype alone when none does)."""
-        bare = config if config.clip_norm != self.setup.clip_norm else dataclasses.replace(
-            config, clip_norm=None)
+        bare = (
+            config
+            if config.clip_norm != self.setup.clip_norm
+            else dataclasses.replace(config, clip_norm=None)
+        )
         return self.setup.space.params_for(bare) or {"dtype": config.dtype}
 
     def _baseline_configs(self) -> dict[str, AmpConfig]:
@@ -160,8 +203,12 @@ class Jobs:
         included, is the replay's to say, at no training step."""
         islands = self.setup.space.fixed_islands
         names = ["pytorch-default"] if self.setup.long else list(BASELINES)
-        return {name: dataclasses.replace(BASELINES[name], fp32_modules=islands).with_clip(
-            self.setup.clip_norm) for name in names}
+        return {
+            name: dataclasses.replace(BASELINES[name], fp32_modules=islands).with_clip(
+                self.setup.clip_norm
+            )
+            for name in names
+        }
 
     def _exists(self, attrs: dict[str, Any], key: tuple[str, ...]) -> bool:
         """Whether the study has the run ``attrs`` describes: queued, running, done, or
@@ -171,4 +218,3 @@ class Jobs:
             and (t.state in LIVE or "error" in t.user_attrs)
             for t in self.study.get_trials(deepcopy=False)
         )
-

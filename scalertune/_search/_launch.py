@@ -64,16 +64,27 @@ def describe_error(exc: BaseException) -> str:
     first = text[0] if text else ""
     if isinstance(exc, torch.OutOfMemoryError) or "CUDA out of memory" in first:
         return f"CUDA out of memory: {first}"
-    if isinstance(exc, MemoryError) or "can't allocate memory" in first or (
-            "not enough memory" in first):
+    if (
+        isinstance(exc, MemoryError)
+        or "can't allocate memory" in first
+        or ("not enough memory" in first)
+    ):
         return f"out of memory: {first or type(exc).__name__}"
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def run_isolated(spec: str | Callable[[], Any], config: AmpConfig, *, steps: int, seed: int,
-                 device: torch.device, timeout_s: float | None,
-                 memory_gb: float | None, plan: Plan | None = None,
-                 ranks: int = 1) -> RunRecord:
+def run_isolated(
+    spec: str | Callable[[], Any],
+    config: AmpConfig,
+    *,
+    steps: int,
+    seed: int,
+    device: torch.device,
+    timeout_s: float | None,
+    memory_gb: float | None,
+    plan: Plan | None = None,
+    ranks: int = 1,
+) -> RunRecord:
     """``run_config`` in a fresh process (``ranks`` of them, one per rank);
     :class:`TrialCrashed` if one fails. ``plan`` crosses to it as it is (its watcher is
     attached there, and what it recorded comes back in the record)."""
@@ -90,9 +101,17 @@ def run_isolated(spec: str | Callable[[], Any], config: AmpConfig, *, steps: int
     raise TrialCrashed("the trial's process ended without a result")
 
 
-def locate_isolated(spec: str | Callable[[], Any], config: AmpConfig, losses: list[float], *,
-                    seed: int, device: torch.device, timeout_s: float | None,
-                    memory_gb: float | None, ranks: int = 1) -> Any:
+def locate_isolated(
+    spec: str | Callable[[], Any],
+    config: AmpConfig,
+    losses: list[float],
+    *,
+    seed: int,
+    device: torch.device,
+    timeout_s: float | None,
+    memory_gb: float | None,
+    ranks: int = 1,
+) -> Any:
     """``locate_forward_overflow`` of a pruned run, in a fresh process (one per rank);
     :class:`TrialCrashed` if one fails."""
     job = ("locate", spec, config.to_dict(), list(losses), seed, str(device), memory_gb, None)
@@ -103,10 +122,17 @@ def locate_isolated(spec: str | Callable[[], Any], config: AmpConfig, losses: li
     raise TrialCrashed("the process locating the overflow sent nothing")
 
 
-def time_isolated(spec: str | Callable[[], Any], dtypes: Sequence[str], *,
-                  clip_norm: float | None, seed: int, device: torch.device,
-                  timeout_s: float | None, memory_gb: float | None,
-                  ranks: int = 1) -> StepTimes | None:
+def time_isolated(
+    spec: str | Callable[[], Any],
+    dtypes: Sequence[str],
+    *,
+    clip_norm: float | None,
+    seed: int,
+    device: torch.device,
+    timeout_s: float | None,
+    memory_gb: float | None,
+    ranks: int = 1,
+) -> StepTimes | None:
     """The step timing (:func:`scalertune._timing.time_dtypes`) in a fresh process, on a
     fresh workload. A dtype whose kernels kill the process (an abort, a hang past
     ``timeout_s``, out of memory) is left out and the others are timed again in another;
@@ -115,8 +141,11 @@ def time_isolated(spec: str | Callable[[], Any], dtypes: Sequence[str], *,
     while True:
         running = None
         try:
-            for kind, payload in _Child(("time", spec, None, 0, seed, str(device), memory_gb,
-                                         (left, clip_norm)), timeout_s, ranks):
+            for kind, payload in _Child(
+                ("time", spec, None, 0, seed, str(device), memory_gb, (left, clip_norm)),
+                timeout_s,
+                ranks,
+            ):
                 if kind == "error":
                     return None
                 if kind == "dtype":
@@ -154,8 +183,9 @@ class _Child:
             for r, env in enumerate(_rank_envs(ranks)):
                 conn, child = ctx.Pipe(duplex=False)
                 name = "scalertune-trial" if ranks == 1 else f"scalertune-rank{r}"
-                process = ctx.Process(target=_child, args=(child, job, os.getpid(), env),
-                                      name=name, daemon=True)
+                process = ctx.Process(
+                    target=_child, args=(child, job, os.getpid(), env), name=name, daemon=True
+                )
                 self._conns.append(conn)
                 self._processes.append(process)
                 try:
@@ -192,14 +222,14 @@ class _Child:
         """Rank 0's next message; the run's failure as an ``error`` message (one rank's
         exception) or :class:`TrialCrashed` (a rank that died or hung)."""
         while True:
-            left = (None if self._deadline is None
-                    else max(0.0, self._deadline - time.monotonic()))
+            left = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
             with _interrupt.interruptible():
                 ready = multiprocessing.connection.wait(self._live, left)
             if not ready:
                 raise (RankFailed if len(self._conns) > 1 else TrialCrashed)(
                     f"timed out: the trial ran past its {self._timeout:g} s "
-                    "limit (--trial-timeout) and was killed")
+                    "limit (--trial-timeout) and was killed"
+                )
             for conn in ready:
                 r, message = self._conns.index(conn), self._receive(conn)
                 if message is None or message[0] in _FAILURES:
@@ -225,8 +255,9 @@ class _Child:
         until = time.monotonic() + (_policy.RANK_SETTLE_S if len(self._conns) > 1 else 0)
         while self._live and time.monotonic() < until:
             with _interrupt.interruptible():
-                ready = multiprocessing.connection.wait(self._live,
-                                                        max(0.0, until - time.monotonic()))
+                ready = multiprocessing.connection.wait(
+                    self._live, max(0.0, until - time.monotonic())
+                )
             for conn in ready:
                 message = self._receive(conn)
                 if message is None or message[0] != "done":
@@ -258,8 +289,10 @@ class _Child:
         first, (_, text) = min(failures.items())  # type: ignore[misc]
         silent = [r for r in range(n) if r not in failures and self._conns[r] in self._live]
         if silent:
-            return "hung", (f"rank {silent[0]} of {n} hung: rank {first}'s collective gave "
-                             f"up waiting for it ({text.splitlines()[0]})")
+            return "hung", (
+                f"rank {silent[0]} of {n} hung: rank {first}'s collective gave "
+                f"up waiting for it ({text.splitlines()[0]})"
+            )
         return "error", who(first) + text
 
     def _end(self) -> None:
@@ -301,9 +334,14 @@ def _rank_envs(ranks: int) -> list[dict[str, str] | None]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    common = {"WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0",
-              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    common = {
+        "WORLD_SIZE": str(ranks),
+        "LOCAL_WORLD_SIZE": str(ranks),
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
     return [{**common, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(ranks)]
 
 
@@ -311,8 +349,10 @@ def _death(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name
         if name == "SIGKILL":
-            return ("the trial's process was killed (SIGKILL), most often by the operating "
-                    "system for running out of memory")
+            return (
+                "the trial's process was killed (SIGKILL), most often by the operating "
+                "system for running out of memory"
+            )
         return f"the trial's process died with {name} (a crash in native code)"
     return f"the trial's process exited with status {exitcode} without a result"
 
@@ -325,6 +365,7 @@ def _die_with_parent(parent_pid: int) -> None:
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     else:
+
         def watch() -> None:
             while os.getppid() == parent_pid:
                 time.sleep(1.0)
@@ -335,8 +376,9 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _child(conn: Any, job: tuple[Any, ...], parent_pid: int,
-           env: dict[str, str] | None = None) -> None:
+def _child(
+    conn: Any, job: tuple[Any, ...], parent_pid: int, env: dict[str, str] | None = None
+) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     kind, spec, config, steps, seed, device, memory_gb, extra = job
@@ -377,8 +419,7 @@ def _collective_failure(exc: BaseException) -> bool:
     """Whether ``exc`` is a collective that broke because a peer failed first or hung (gloo
     raises a plain RuntimeError from its sources; NCCL's watchdog names itself)."""
     text = str(exc)
-    return (isinstance(exc, torch.distributed.DistError) or "/gloo/" in text
-            or "NCCL" in text)
+    return isinstance(exc, torch.distributed.DistError) or "/gloo/" in text or "NCCL" in text
 
 
 class _Quiet:
@@ -391,8 +432,9 @@ class _Quiet:
         pass
 
 
-def _job(conn: Any, kind: str, spec: Any, config: Any, steps: Any, seed: int, device: str,
-         extra: Any) -> None:
+def _job(
+    conn: Any, kind: str, spec: Any, config: Any, steps: Any, seed: int, device: str, extra: Any
+) -> None:
     from scalertune._run._loop import run_config
     from scalertune._run._timing import time_dtypes
     from scalertune._workload._factory import build_workload
@@ -402,24 +444,58 @@ def _job(conn: Any, kind: str, spec: Any, config: Any, steps: Any, seed: int, de
     if kind == "time":
         dtypes, clip = extra
         workload = build_workload(factory, seed=seed, device=dev)
-        conn.send(("times", time_dtypes(workload, dtypes, device=dev, clip_norm=clip,
-                                        announce=lambda d: conn.send(("dtype", d)))))
+        conn.send(
+            (
+                "times",
+                time_dtypes(
+                    workload,
+                    dtypes,
+                    device=dev,
+                    clip_norm=clip,
+                    announce=lambda d: conn.send(("dtype", d)),
+                ),
+            )
+        )
     elif kind == "locate":  # a forward overflow's replay (``steps`` holds the losses)
         from scalertune._diagnose._locate import locate_forward_overflow
 
-        conn.send(("advice", locate_forward_overflow(
-            factory, AmpConfig.from_dict(config), steps, seed=seed, device=dev)))
+        conn.send(
+            (
+                "advice",
+                locate_forward_overflow(
+                    factory, AmpConfig.from_dict(config), steps, seed=seed, device=dev
+                ),
+            )
+        )
     elif kind == "preflight":  # ``extra`` holds the islands
         from scalertune._run._preflight import preflight
 
         conn.send(("checked", preflight(factory, device=dev, seed=seed, islands=extra)))
     else:
-        conn.send(("record", run_config(factory, AmpConfig.from_dict(config), steps=steps,
-                                        plan=extra, seed=seed, device=dev)))
+        conn.send(
+            (
+                "record",
+                run_config(
+                    factory,
+                    AmpConfig.from_dict(config),
+                    steps=steps,
+                    plan=extra,
+                    seed=seed,
+                    device=dev,
+                ),
+            )
+        )
 
 
-def preflight_ranks(spec: str | Callable[[], Any], *, device: torch.device, seed: int,
-                    islands: set[str], timeout_s: float | None, ranks: int) -> Any:
+def preflight_ranks(
+    spec: str | Callable[[], Any],
+    *,
+    device: torch.device,
+    seed: int,
+    islands: set[str],
+    timeout_s: float | None,
+    ranks: int,
+) -> Any:
     """``preflight`` (one float32 step) in every rank; :class:`UsageError` as a rank raised
     it, a failure of the factory as :class:`FactoryError`."""
     from scalertune._workload._loader import FactoryError

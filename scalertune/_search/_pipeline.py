@@ -35,13 +35,15 @@ from scalertune._text import plural
 class Pipeline:
     """The phases of a search, in order, for one worker."""
 
-    def __init__(self, study: optuna.Study, setup: Setup, progress: Progress, *,
-                 timeout: float | None) -> None:
+    def __init__(
+        self, study: optuna.Study, setup: Setup, progress: Progress, *, timeout: float | None
+    ) -> None:
         self.study, self.setup, self.progress = study, setup, progress
         once = Once(study)
         reference = AmpConfig(dtype="float32", clip_norm=setup.clip_norm)
-        self.references = References(study, once, setup, reference,
-                                     dtypes=setup.space.timed_dtypes, log=progress.line)
+        self.references = References(
+            study, once, setup, reference, dtypes=setup.space.timed_dtypes, log=progress.line
+        )
         self.runner = TrialRunner(study, setup, self.references, progress)
         self.jobs = Jobs(study, setup, once, self.references, progress, drain=self.drain)
         self.deadline = None if timeout is None else time.monotonic() + timeout
@@ -51,8 +53,10 @@ class Pipeline:
         self.references.target(self.setup.seed)
         self.references.spread()
         trials = self.study.get_trials(deepcopy=False)
-        self.progress.grow(sum(t.state == TrialState.WAITING for t in trials)
-                           + max(0, self.setup.n_trials - counted_search_trials(trials)))
+        self.progress.grow(
+            sum(t.state == TrialState.WAITING for t in trials)
+            + max(0, self.setup.n_trials - counted_search_trials(trials))
+        )
         while True:
             while self._sample_more():
                 self.runner.run_one()
@@ -73,8 +77,9 @@ class Pipeline:
         come back as retries) until nothing is left."""
         while True:
             recover(self.study, self.progress.line)
-            trials = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,
-                                                                   TrialState.RUNNING))
+            trials = self.study.get_trials(
+                deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)
+            )
             if any(t.state == TrialState.WAITING for t in trials):
                 self.runner.run_one()
             elif trials:
@@ -98,17 +103,26 @@ class Pipeline:
         return True
 
     def _stop_reason(self, trials: list[FrozenTrial]) -> str | None:
-        sampled = [t for t in trials if t.user_attrs.get("role") == ROLE_SEARCH
-                   and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        sampled = [
+            t
+            for t in trials
+            if t.user_attrs.get("role") == ROLE_SEARCH
+            and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        ]
         distinct = self.setup.space.distinct_configs()
         if distinct is not None and len({_config_key(t) for t in sampled}) >= distinct:
-            return (f"the space has {plural(distinct, 'distinct config')}, and "
-                    f"{'it has' if distinct == 1 else 'every one has'} run")
+            return (
+                f"the space has {plural(distinct, 'distinct config')}, and "
+                f"{'it has' if distinct == 1 else 'every one has'} run"
+            )
         least = _policy.STUDY_MIN_TRIALS_LONG if self.setup.long else _policy.STUDY_MIN_TRIALS
         reason = study_stop_reason(
-            [Outcome.from_trial(t) for t in sampled], self.references.step_times,
-            self.setup.settings.noise(self.references.spread()), min_trials=least,
-            tied_trials=None if self.setup.long else _policy.STUDY_TIED_TRIALS)
+            [Outcome.from_trial(t) for t in sampled],
+            self.references.step_times,
+            self.setup.settings.noise(self.references.spread()),
+            min_trials=least,
+            tied_trials=None if self.setup.long else _policy.STUDY_TIED_TRIALS,
+        )
         if reason is None and self.deadline is not None and time.monotonic() > self.deadline:
             reason = "the time budget (timeout) is spent"
         return reason

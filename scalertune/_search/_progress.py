@@ -37,8 +37,9 @@ class Progress:
         if self._bar is not None:
             self._bar.update(1)
 
-    def finished(self, number: int, who: str, config: AmpConfig, record: RunRecord,
-                 judged: dict[str, Any]) -> None:
+    def finished(
+        self, number: int, who: str, config: AmpConfig, record: RunRecord, judged: dict[str, Any]
+    ) -> None:
         """One line for a run that trained: what it reached, or why it stopped."""
         steps, ratio = judged.get("steps_to_target"), judged.get("loss_vs_float32")
         if record.pruned:
@@ -48,12 +49,16 @@ class Progress:
         elif steps is None:
             what = "never reached the target" + (
                 f" (loss {ratio:.3g}x float32's at step {judged['loss_vs_float32_step']})"
-                if ratio is not None else "")
+                if ratio is not None
+                else ""
+            )
         else:
             what = f"reached the target at step {steps}"
         skipped = judged["skipped_steps"]
-        self.line(f"#{number} {who + ' ' if who else ''}[{config.describe()}] {what}"
-                  + (f", {skipped} skipped" if skipped else ""))
+        self.line(
+            f"#{number} {who + ' ' if who else ''}[{config.describe()}] {what}"
+            + (f", {skipped} skipped" if skipped else "")
+        )
         self.advance()
 
     def close(self) -> None:

@@ -38,29 +38,39 @@ def add_recommended(study: optuna.Study, setup: Setup) -> None:
         if ref is None:  # every search runs its reference before it recommends
             raise MissingEvidence(f"the study holds no float32 reference of seed {setup.seed}")
         repeats = study.trials[ref["trial"]]
-        value, source = result.reference_time_to_target, {"recommends": "float32",
-                                                          "reference_trial": ref["trial"]}
+        value, source = (
+            result.reference_time_to_target,
+            {"recommends": "float32", "reference_trial": ref["trial"]},
+        )
     judged = repeats.system_attrs.get(JUDGED_ATTR, {})
-    shown = {k: v for k, v in repeats.user_attrs.items()
-             if k not in ("role", "worker", "config", "seed")}
+    shown = {
+        k: v for k, v in repeats.user_attrs.items() if k not in ("role", "worker", "config", "seed")
+    }
     speedup = result.speedup
     trial = optuna.trial.create_trial(
-        state=TrialState.COMPLETE, value=float(readable(value)),
+        state=TrialState.COMPLETE,
+        value=float(readable(value)),
         params=repeats.params if run is not None else {"dtype": "float32"},
-        distributions=(repeats.distributions if run is not None
-                       else {"dtype": DTYPE_DISTRIBUTION}),
+        distributions=(repeats.distributions if run is not None else {"dtype": DTYPE_DISTRIBUTION}),
         intermediate_values=dict(repeats.intermediate_values),
-        user_attrs={**shown, "role": ROLE_RECOMMENDED, "config": result.config.to_dict(),
-                    "seed": setup.seed, **source, "verdict": result.verdict,
-                    "speedup_vs_float32": None if speedup is None else round(speedup.point, 3),
-                    "time_to_target_s": readable(value)},
-        system_attrs={CONSTRAINT_ATTR: 0.0, CONSTRAINTS_ATTR: [0.0], JUDGED_ATTR: judged})
+        user_attrs={
+            **shown,
+            "role": ROLE_RECOMMENDED,
+            "config": result.config.to_dict(),
+            "seed": setup.seed,
+            **source,
+            "verdict": result.verdict,
+            "speedup_vs_float32": None if speedup is None else round(speedup.point, 3),
+            "time_to_target_s": readable(value),
+        },
+        system_attrs={CONSTRAINT_ATTR: 0.0, CONSTRAINTS_ATTR: [0.0], JUDGED_ATTR: judged},
+    )
     study.add_trial(trial)
 
 
 def recommended_stored(study: optuna.Study) -> bool:
     config = analyze(study).config.to_dict()
-    return any(t.user_attrs.get("role") == ROLE_RECOMMENDED
-               and t.user_attrs.get("config") == config
-               for t in study.get_trials(deepcopy=False))
-
+    return any(
+        t.user_attrs.get("role") == ROLE_RECOMMENDED and t.user_attrs.get("config") == config
+        for t in study.get_trials(deepcopy=False)
+    )

@@ -44,10 +44,16 @@ _RESUME_EVERY = 0.25
 class Checkpoints:
     """The study's checkpoints: float32's, and the finalists' own (see the module)."""
 
-    def __init__(self, study: optuna.Study, once: Once, setup: Setup, config: AmpConfig, *,
-                 log: Callable[[str], None]) -> None:
-        self.study, self.once, self.setup, self.config, self.log = (
-            study, once, setup, config, log)
+    def __init__(
+        self,
+        study: optuna.Study,
+        once: Once,
+        setup: Setup,
+        config: AmpConfig,
+        *,
+        log: Callable[[str], None],
+    ) -> None:
+        self.study, self.once, self.setup, self.config, self.log = (study, once, setup, config, log)
 
     @functools.cached_property
     def store(self) -> Store:
@@ -83,8 +89,7 @@ class Checkpoints:
 
     def phase_names(self) -> dict[int, str]:
         """Each phase window's start -> the name of float32's checkpoint there."""
-        return {start: self._at(start).name
-                for start, _ in self.setup.windows}
+        return {start: self._at(start).name for start, _ in self.setup.windows}
 
     def get(self, name: str, step: int) -> str:
         """float32's checkpoint ``name``, of step ``step``, checked, as a file here; rebuilt
@@ -95,14 +100,14 @@ class Checkpoints:
             return stored.fetch()
         except MissingEvidence as exc:
             why = str(exc)
-        self.once(f"rebuild.{step}", lambda: self._rebuild(step, stored, why),
-                  lambda: _good(stored))
+        self.once(
+            f"rebuild.{step}", lambda: self._rebuild(step, stored, why), lambda: _good(stored)
+        )
         return stored.fetch()
 
     def remove(self) -> None:
         """Remove float32's checkpoints (a study refused before its first trial)."""
-        self.store.remove([c.name for c in (*map(self._at, self._fixed_steps()),
-                                            *self._slots())])
+        self.store.remove([c.name for c in (*map(self._at, self._fixed_steps()), *self._slots())])
 
     def _fixed_steps(self) -> list[int]:
         horizon = self.setup.horizon
@@ -116,11 +121,14 @@ class Checkpoints:
     def _slots(self) -> tuple[StoredCheckpoint, StoredCheckpoint]:
         """The two checkpoints saved in turn every ``CHECKPOINT_EVERY_S``."""
         seed = self.setup.seed
-        return (self.stored(f"reference-seed{seed}-every-a.pt"),
-                self.stored(f"reference-seed{seed}-every-b.pt"))
+        return (
+            self.stored(f"reference-seed{seed}-every-a.pt"),
+            self.stored(f"reference-seed{seed}-every-b.pt"),
+        )
 
-    def _latest_good(self, candidates: list[StoredCheckpoint], *,
-                     before: int) -> tuple[int, str] | None:
+    def _latest_good(
+        self, candidates: list[StoredCheckpoint], *, before: int
+    ) -> tuple[int, str] | None:
         """The latest of ``candidates`` at a step before ``before`` that reads back whole, as
         (step, file); each damaged one is said in one line and passed over."""
         found = []
@@ -141,8 +149,9 @@ class Checkpoints:
 
     def _rebuild(self, step: int, stored: StoredCheckpoint, why: str) -> None:
         """Train float32 again to ``step`` and save its checkpoint there as ``stored``."""
-        earlier = self._latest_good([*(self._at(s) for s in self._fixed_steps() if s < step),
-                                     *self._slots()], before=step)
+        earlier = self._latest_good(
+            [*(self._at(s) for s in self._fixed_steps() if s < step), *self._slots()], before=step
+        )
         origin = 0 if earlier is None else earlier[0]
         self.log(f"{why}: training float32 again from step {origin} to {step} to rebuild it")
         plan = Plan(checkpoint=None if earlier is None else earlier[1], save_at={step: stored})
@@ -151,8 +160,9 @@ class Checkpoints:
         except MissingEvidence:
             raise
         except Exception as exc:  # float32 trained this far once: whatever stops it now
-            raise MissingEvidence(f"{why}, and training float32 again to rebuild it failed: "
-                                  f"{describe_error(exc)}") from None
+            raise MissingEvidence(
+                f"{why}, and training float32 again to rebuild it failed: {describe_error(exc)}"
+            ) from None
 
 
 def _good(stored: StoredCheckpoint) -> bool:

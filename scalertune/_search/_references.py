@@ -60,8 +60,16 @@ _TIME_LEFT_AFTER_S = 3.0
 class References:
     """The float32 targets of a study's seeds and the study's step timing, run on demand."""
 
-    def __init__(self, study: optuna.Study, once: Once, setup: Setup, config: AmpConfig, *,
-                 dtypes: list[str], log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        study: optuna.Study,
+        once: Once,
+        setup: Setup,
+        config: AmpConfig,
+        *,
+        dtypes: list[str],
+        log: Callable[[str], None],
+    ) -> None:
         self.study, self.once, self.setup, self.config = study, once, setup, config
         self.dtypes, self.log = dtypes, log
         self._targets: dict[int, Target] = {}
@@ -73,8 +81,11 @@ class References:
     def target(self, seed: int) -> Target:
         """The float32 target of ``seed``; runs and stores the reference if nobody has."""
         if seed not in self._targets:
-            self.once(f"reference.{seed}", lambda: self._run(seed),
-                      lambda: reference_of(self.study, seed) is not None)
+            self.once(
+                f"reference.{seed}",
+                lambda: self._run(seed),
+                lambda: reference_of(self.study, seed) is not None,
+            )
             reference = self._stored_reference(seed)
             self._targets[seed] = Target.from_reference(reference["losses"])
             if seed == self.setup.seed:
@@ -97,8 +108,9 @@ class References:
     def _stored_reference(self, seed: int) -> dict[str, Any]:
         reference = reference_of(self.study, seed)
         if reference is None:  # run above, or by the worker that held the claim
-            raise MissingEvidence(f"the float32 reference of seed {seed} ran but the study "
-                                  "does not hold it")
+            raise MissingEvidence(
+                f"the float32 reference of seed {seed} ran but the study does not hold it"
+            )
         return reference
 
     def trace(self, seed: int) -> Trace:
@@ -121,21 +133,33 @@ class References:
     def _run(self, seed: int) -> None:
         main = seed == self.setup.seed
         long = main and self.setup.long
-        self.log(f"float32 reference, seed {seed}"
-                 + (f", to the horizon of {self.setup.horizon} steps" if long else "") + " ...")
+        self.log(
+            f"float32 reference, seed {seed}"
+            + (f", to the horizon of {self.setup.horizon} steps" if long else "")
+            + " ..."
+        )
         record = self._train(seed, main, long)
-        target = Target.from_reference(record.losses[:self.setup.steps])
+        target = Target.from_reference(record.losses[: self.setup.steps])
         try:
             target.check_learned(self.setup.steps)
         except UsageError:
             self._remove_if_empty()
             raise
         times = _time(self.setup, self.dtypes, self.config.clip_norm) if main else None
-        add_reference(self.study, record, self.config.to_dict(), times,
-                      settings=self.setup.settings,
-                      checkpoints=self.checkpoints.phase_names() if long else {})
-        measured = "" if times is None else ", step time " + ", ".join(
-            f"{d} {times.median(d) * 1e3:.3g} ms" for d in times.rounds)
+        add_reference(
+            self.study,
+            record,
+            self.config.to_dict(),
+            times,
+            settings=self.setup.settings,
+            checkpoints=self.checkpoints.phase_names() if long else {},
+        )
+        measured = (
+            ""
+            if times is None
+            else ", step time "
+            + ", ".join(f"{d} {times.median(d) * 1e3:.3g} ms" for d in times.rounds)
+        )
         self.log(f"float32 reference, seed {seed}: target loss {target.loss:.4g}{measured}")
 
     def _train(self, seed: int, main: bool, long: bool) -> RunRecord:
@@ -156,17 +180,30 @@ class References:
             raise SearchError(
                 f"the float32 reference itself went non-finite ({record.prune_reason}): "
                 "fix the workload (learning rate, loss, data) before searching AMP configs; "
-                "if your training clips gradients, return clip_norm from the factory")
+                "if your training clips gradients, return clip_norm from the factory"
+            )
         return record
 
     def _execute(self, seed: int, main: bool, long: bool, steps: int) -> RunRecord:
         """The reference's run; one whose rank died or hung is run again (a long one from
         its latest checkpoint), ``MAX_RETRIES`` times at most, as a trial is."""
+
         def run() -> RunRecord:
-            plan = (self.checkpoints.plan(TraceCollector(steps)) if long
-                    else Plan(watcher=TraceCollector(steps)) if main else None)
-            return execute(self.setup, self.config, steps=steps, seed=seed, plan=plan,
-                           on_window=_TimeLeft(self.log, steps) if long else None)
+            plan = (
+                self.checkpoints.plan(TraceCollector(steps))
+                if long
+                else Plan(watcher=TraceCollector(steps))
+                if main
+                else None
+            )
+            return execute(
+                self.setup,
+                self.config,
+                steps=steps,
+                seed=seed,
+                plan=plan,
+                on_window=_TimeLeft(self.log, steps) if long else None,
+            )
 
         for _ in range(_policy.MAX_RETRIES):
             try:
@@ -183,18 +220,23 @@ class References:
         study = self.study
         if not study.get_trials(deepcopy=False):
             self.checkpoints.remove()
-            optuna.delete_study(study_name=study.study_name,
-                                storage=storage_of(study))
+            optuna.delete_study(study_name=study.study_name, storage=storage_of(study))
 
 
 def _time(setup: Setup, dtypes: list[str], clip_norm: float | None) -> StepTimes | None:
     """The interleaved step timing of the study's ``dtypes``, on a fresh workload (in its own
     process with ``--isolate``, in its ranks on ranks)."""
     if setup.isolation is not None:
-        return time_isolated(setup.spec, dtypes, clip_norm=clip_norm, seed=setup.seed,
-                             device=setup.device, timeout_s=setup.isolation.timeout_s,
-                             memory_gb=setup.isolation.memory_gb,
-                             ranks=setup.isolation.nproc_per_node)
+        return time_isolated(
+            setup.spec,
+            dtypes,
+            clip_norm=clip_norm,
+            seed=setup.seed,
+            device=setup.device,
+            timeout_s=setup.isolation.timeout_s,
+            memory_gb=setup.isolation.memory_gb,
+            ranks=setup.isolation.nproc_per_node,
+        )
     workload = run_here(build_workload, setup.factory, seed=setup.seed, device=setup.device)
     try:
         return run_here(time_dtypes, workload, dtypes, device=setup.device, clip_norm=clip_norm)
@@ -216,12 +258,18 @@ class _TimeLeft:
     def __call__(self, record: RunRecord, start: int) -> None:
         timed = len(record.window_step_times) - _policy.WARMUP_WINDOWS
         left = self.steps - record.start - record.steps_run
-        if self.said or timed < 1 or left <= 0 or (
-                time.monotonic() - self.started < _TIME_LEFT_AFTER_S):
+        if (
+            self.said
+            or timed < 1
+            or left <= 0
+            or (time.monotonic() - self.started < _TIME_LEFT_AFTER_S)
+        ):
             return
         self.said = True
         each = record.median_step_time
-        self.log(f"float32 reference: {each * 1e3:.3g} ms a step, about "
-                 f"{duration(left * each)} to step {self.steps} (a checkpoint every "
-                 f"{duration(_policy.CHECKPOINT_EVERY_S)} of training; interrupted, it "
-                 "resumes from the last)")
+        self.log(
+            f"float32 reference: {each * 1e3:.3g} ms a step, about "
+            f"{duration(left * each)} to step {self.steps} (a checkpoint every "
+            f"{duration(_policy.CHECKPOINT_EVERY_S)} of training; interrupted, it "
+            "resumes from the last)"
+        )

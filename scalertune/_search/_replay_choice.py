@@ -39,16 +39,19 @@ def replay_choice(result: SearchResult, setup: Setup) -> AmpConfig | None:
         return None
     base = _base(result, setup)
     default = result.baselines.get("pytorch-default")
-    if (default is not None and default.prune_kind == "forward"
-            and default.config.fp32_modules == base.fp32_modules):
+    if (
+        default is not None
+        and default.prune_kind == "forward"
+        and default.config.fp32_modules == base.fp32_modules
+    ):
         return None  # the forward pass overflows float16 whatever the scaler does
-    best = fewest_skips(trace, base, [base, *_drawn(setup, base)], result.horizon,
-                        setup.clip_norm)
+    best = fewest_skips(trace, base, [base, *_drawn(setup, base)], result.horizon, setup.clip_norm)
     return best if best is not None and worth_changing(trace, base, best, result) else None
 
 
-def fewest_skips(trace: Trace, base: AmpConfig, configs: list[AmpConfig], horizon: int,
-                 clip_norm: float | None) -> AmpConfig | None:
+def fewest_skips(
+    trace: Trace, base: AmpConfig, configs: list[AmpConfig], horizon: int, clip_norm: float | None
+) -> AmpConfig | None:
     """The viable config of ``configs`` (scale above the floor, gradients not flushed) that
     skips fewest steps over ``horizon`` in the replay, the one with the fewest knobs changed
     among equals; ``None`` if none is viable. Where ``base`` (one of ``configs``) is viable,
@@ -56,30 +59,42 @@ def fewest_skips(trace: Trace, base: AmpConfig, configs: list[AmpConfig], horizo
     amax = trace.amax[:horizon]
     alone = replay(amax, base, startup=trace.startup, lag=False)
     bound = len(alone.skipped) if keeps_gradients(trace, alone.min_scale) else None
-    return pick(trace, configs, replay_many(amax, configs, startup=trace.startup,
-                                            stop_above=bound), clip_norm)
+    return pick(
+        trace,
+        configs,
+        replay_many(amax, configs, startup=trace.startup, stop_above=bound),
+        clip_norm,
+    )
 
 
-def pick(trace: Trace, configs: list[AmpConfig], played: ReplayMany,
-         clip_norm: float | None) -> AmpConfig | None:
+def pick(
+    trace: Trace, configs: list[AmpConfig], played: ReplayMany, clip_norm: float | None
+) -> AmpConfig | None:
     """Of ``configs`` as ``played``, the viable one (not stopped, its gradients kept) that
     skips fewest steps, then changes fewest knobs; ``None`` if none is viable."""
-    viable = [i for i in range(len(configs))
-              if not played.stopped[i] and keeps_gradients(trace, played.min_scale[i])]
+    viable = [
+        i
+        for i in range(len(configs))
+        if not played.stopped[i] and keeps_gradients(trace, played.min_scale[i])
+    ]
     if not viable:
         return None
-    return configs[min(viable, key=lambda i: (played.n_skipped[i], configs[i].knobs_changed(
-        clip_norm)))]
+    return configs[
+        min(viable, key=lambda i: (played.n_skipped[i], configs[i].knobs_changed(clip_norm)))
+    ]
 
 
-def worth_changing(trace: Trace, defaults: AmpConfig, best: AmpConfig,
-                   result: SearchResult) -> bool:
+def worth_changing(
+    trace: Trace, defaults: AmpConfig, best: AmpConfig, result: SearchResult
+) -> bool:
     """Whether ``best`` skips fewer steps than ``defaults`` over the horizon beyond the noise
     (or the defaults' scale collapses, or flushes the gradients, and ``best``'s does not)."""
     if best == defaults:
         return False
-    ours, theirs = predict(trace, best, horizon=result.horizon), predict(
-        trace, defaults, horizon=result.horizon)
+    ours, theirs = (
+        predict(trace, best, horizon=result.horizon),
+        predict(trace, defaults, horizon=result.horizon),
+    )
     if theirs.min_scale < _policy.SCALE_FLOOR:
         return True
     saved = theirs.skipped_steps - ours.skipped_steps
@@ -89,9 +104,11 @@ def worth_changing(trace: Trace, defaults: AmpConfig, best: AmpConfig,
 def keeps_gradients(trace: Trace, min_scale: float) -> bool:
     """Whether a scale that falls to ``min_scale`` stays above the floor and flushes no more
     than ``UNDERFLOW_SHARE`` of the trace's gradients to zero."""
-    return (min_scale >= _policy.SCALE_FLOOR
-            and trace.share_below(min_scale, _policy.FLOAT16_SMALLEST_SUBNORMAL / 2)
-            <= _policy.UNDERFLOW_SHARE)
+    return (
+        min_scale >= _policy.SCALE_FLOOR
+        and trace.share_below(min_scale, _policy.FLOAT16_SMALLEST_SUBNORMAL / 2)
+        <= _policy.UNDERFLOW_SHARE
+    )
 
 
 def _base(result: SearchResult, setup: Setup) -> AmpConfig:
@@ -99,10 +116,12 @@ def _base(result: SearchResult, setup: Setup) -> AmpConfig:
     workload's own clip and the space's fixed islands)."""
     run = next((o for o in result.pool if o.config.dtype == "float16"), None)
     if run is not None:
-        return dataclasses.replace(PYTORCH_DEFAULT, clip_norm=run.config.clip_norm,
-                                   fp32_modules=run.config.fp32_modules)
-    return dataclasses.replace(PYTORCH_DEFAULT, clip_norm=setup.clip_norm,
-                               fp32_modules=setup.space.fixed_islands)
+        return dataclasses.replace(
+            PYTORCH_DEFAULT, clip_norm=run.config.clip_norm, fp32_modules=run.config.fp32_modules
+        )
+    return dataclasses.replace(
+        PYTORCH_DEFAULT, clip_norm=setup.clip_norm, fp32_modules=setup.space.fixed_islands
+    )
 
 
 def _drawn(setup: Setup, base: AmpConfig) -> list[AmpConfig]:
@@ -112,8 +131,9 @@ def _drawn(setup: Setup, base: AmpConfig) -> list[AmpConfig]:
     out = []
     for _ in range(_policy.REPLAY_CONFIGS):
         # The scaler's knobs by name: AmpConfig checks each value.
-        knobs: dict[str, Any] = {k: _draw(rng, params.get(k), getattr(base, k))
-                                 for k in SCALER_KNOBS}
+        knobs: dict[str, Any] = {
+            k: _draw(rng, params.get(k), getattr(base, k)) for k in SCALER_KNOBS
+        }
         knobs["growth_interval"] = int(round(knobs["growth_interval"]))
         out.append(dataclasses.replace(base, **knobs))
     return out

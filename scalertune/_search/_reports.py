@@ -30,13 +30,12 @@ class Reports:
         self._trial, self._target = trial, target
         self._queue: queue.SimpleQueue[tuple[float, int] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._write, name="scalertune-reports",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._write, name="scalertune-reports", daemon=True)
         self._thread.start()
 
     def window(self, record: RunRecord, start: int, last: int | None = None) -> None:
         """Queue the points of the windows that ended since ``start`` (up to ``last``)."""
-        curve = smoothed(record.losses[max(0, start - _policy.SMOOTHING_STEPS):])
+        curve = smoothed(record.losses[max(0, start - _policy.SMOOTHING_STEPS) :])
         offset = max(0, start - _policy.SMOOTHING_STEPS)
         end = record.steps_run if last is None else last
         for step in range(start, end):
@@ -52,8 +51,9 @@ class Reports:
         item: tuple[float, int] | tuple[()] | None
         while True:
             try:
-                item = self._queue.get(timeout=max(0.0, due - time.monotonic())
-                                       if pending else None)
+                item = self._queue.get(
+                    timeout=max(0.0, due - time.monotonic()) if pending else None
+                )
             except queue.Empty:
                 item = ()  # the flush is due
             if item:

@@ -20,12 +20,12 @@ from scalertune._search._study import store_constraint, store_judged
 from scalertune._storage._names import CONSTRAINT_ATTR, JUDGED_ATTR
 
 
-def reuse(trial: optuna.Trial, config: AmpConfig, original: FrozenTrial,
-          progress: Any) -> float:
+def reuse(trial: optuna.Trial, config: AmpConfig, original: FrozenTrial, progress: Any) -> float:
     """Finish ``trial`` with ``original``'s result: the same config already ran."""
     judged = Outcome.from_trial(original).attrs
-    store_judged(trial, {k: v for k, v in judged.items()
-                         if k in original.system_attrs.get(JUDGED_ATTR, {})})
+    store_judged(
+        trial, {k: v for k, v in judged.items() if k in original.system_attrs.get(JUDGED_ATTR, {})}
+    )
     for key in ("overflow_module", "overflow_islands"):
         if key in original.user_attrs:
             trial.set_user_attr(key, original.user_attrs[key])
@@ -33,8 +33,10 @@ def reuse(trial: optuna.Trial, config: AmpConfig, original: FrozenTrial,
     gap = original.system_attrs.get(CONSTRAINT_ATTR)
     if gap is not None:
         store_constraint(trial, gap)
-    progress.line(f"#{trial.number} [{config.describe()}] is trial #{original.number}'s "
-                       "config: its result is reused, nothing trained")
+    progress.line(
+        f"#{trial.number} [{config.describe()}] is trial #{original.number}'s "
+        "config: its result is reused, nothing trained"
+    )
     progress.advance()
     if original.state == TrialState.PRUNED:
         raise optuna.TrialPruned(judged.get("prune_reason"))
@@ -42,24 +44,38 @@ def reuse(trial: optuna.Trial, config: AmpConfig, original: FrozenTrial,
         raise MissingEvidence(f"trial #{original.number} is complete without its value")
     return float(original.value)
 
-def locate_overflow(setup: Setup, trial: optuna.Trial, config: AmpConfig, seed: int,
-                    record: RunRecord) -> None:
+
+def locate_overflow(
+    setup: Setup, trial: optuna.Trial, config: AmpConfig, seed: int, record: RunRecord
+) -> None:
     """Name the modules where the forward overflowed, and the islands checked to fix it."""
     try:
         if setup.isolation is not None:
-            advice = locate_isolated(setup.spec, config, record.losses, seed=seed,
-                                     device=setup.device,
-                                     timeout_s=setup.isolation.timeout_s,
-                                     memory_gb=setup.isolation.memory_gb,
-                                     ranks=setup.isolation.nproc_per_node)
+            advice = locate_isolated(
+                setup.spec,
+                config,
+                record.losses,
+                seed=seed,
+                device=setup.device,
+                timeout_s=setup.isolation.timeout_s,
+                memory_gb=setup.isolation.memory_gb,
+                ranks=setup.isolation.nproc_per_node,
+            )
         else:
-            advice = run_here(locate_forward_overflow, setup.factory, config,
-                              record.losses, seed=seed, device=setup.device)
+            advice = run_here(
+                locate_forward_overflow,
+                setup.factory,
+                config,
+                record.losses,
+                seed=seed,
+                device=setup.device,
+            )
     except Exception:  # the diagnosis is a courtesy; the prune reason stands without it
         return
     if advice is not None:
         trial.set_user_attr("overflow_module", advice.where)
         if advice.fixed:
             trial.set_user_attr("overflow_islands", ",".join(advice.islands))
-        record.prune_reason = (f"{record.prune_reason}; the modules whose own computation "
-                               f"overflowed: {advice.where}")
+        record.prune_reason = (
+            f"{record.prune_reason}; the modules whose own computation overflowed: {advice.where}"
+        )

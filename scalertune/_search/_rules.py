@@ -33,8 +33,9 @@ class Rules:
     def __init__(self, setup: Setup, references: References) -> None:
         self.setup, self.references = setup, references
 
-    def stop_rule(self, role: str, config: AmpConfig, target: Target,
-                   trials: list[FrozenTrial]) -> StopRule:
+    def stop_rule(
+        self, role: str, config: AmpConfig, target: Target, trials: list[FrozenTrial]
+    ) -> StopRule:
         """Search runs, baselines, islands and the replay's choice may be pruned as slower
         than the best; confirmations and float32 with the recommendation's clipping only
         stop at their target (they must show where it is reached, not race)."""
@@ -77,10 +78,14 @@ class Rules:
 def _best(trials: list[FrozenTrial], seed: int, times: Any, noise: Noise) -> Best | None:
     """The main-seed runs that reached the target soonest: overall, at the slow end of its
     timing spread, and per dtype in steps."""
-    runs = [o for o in outcomes_of(trials)
-            if o.role in (ROLE_SEARCH, ROLE_BASELINE, ROLE_ISLAND, ROLE_REPLAY)
-            and o.seed == seed and o.reached
-            and not o.reused]
+    runs = [
+        o
+        for o in outcomes_of(trials)
+        if o.role in (ROLE_SEARCH, ROLE_BASELINE, ROLE_ISLAND, ROLE_REPLAY)
+        and o.seed == seed
+        and o.reached
+        and not o.reused
+    ]
     if not runs:
         return None
     steps: dict[str, tuple[int, str]] = {}
@@ -89,7 +94,9 @@ def _best(trials: list[FrozenTrial], seed: int, times: Any, noise: Noise) -> Bes
         if reached_at is not None and (dtype not in steps or reached_at < steps[dtype][0]):
             steps[dtype] = (reached_at, o.label)
     fastest = min(runs, key=lambda o: time_bounds(o, times, noise)[1])
-    return Best(time_high=time_bounds(fastest, times, noise)[1], label=fastest.label,
-                steps=steps, margin=noise.margin(min(s for s, _ in steps.values())))
-
-
+    return Best(
+        time_high=time_bounds(fastest, times, noise)[1],
+        label=fastest.label,
+        steps=steps,
+        margin=noise.margin(min(s for s, _ in steps.values())),
+    )

@@ -23,12 +23,14 @@ class DtypeSampler(optuna.samplers.BaseSampler):
         self._dtypes = list(dtypes)
         self._rng = random.Random(seed)
 
-    def infer_relative_search_space(self, study: optuna.Study,
-                                    trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial
+    ) -> dict[str, Any]:
         return self._base.infer_relative_search_space(study, trial)
 
-    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                        search_space: dict[str, Any]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, search_space: dict[str, Any]
+    ) -> dict[str, Any]:
         for _ in range(8):
             params = self._base.sample_relative(study, trial, search_space)
             if params.get("dtype", self._dtypes[0]) in self._dtypes:
@@ -36,8 +38,13 @@ class DtypeSampler(optuna.samplers.BaseSampler):
         # Leave dtype to sample_independent, which keeps to the space's choices.
         return {k: v for k, v in params.items() if k != "dtype"}
 
-    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                           param_name: str, param_distribution: Any) -> Any:
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: optuna.trial.FrozenTrial,
+        param_name: str,
+        param_distribution: Any,
+    ) -> Any:
         if param_name != "dtype":
             return self._base.sample_independent(study, trial, param_name, param_distribution)
         if len(self._dtypes) == 1:
@@ -57,8 +64,13 @@ class DtypeSampler(optuna.samplers.BaseSampler):
             self._base, self._rng = _tpe(seed), random.Random(seed)
         self._base.before_trial(study, trial)
 
-    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                    state: optuna.trial.TrialState, values: Any) -> None:
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: optuna.trial.FrozenTrial,
+        state: optuna.trial.TrialState,
+        values: Any,
+    ) -> None:
         self._base.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:

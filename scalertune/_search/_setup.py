@@ -33,8 +33,12 @@ class Isolation:
     nproc_per_node: int = 1
 
     def __post_init__(self) -> None:
-        _limits.check(_limits.SEARCH, timeout_s=self.timeout_s, memory_gb=self.memory_gb,
-                      nproc_per_node=self.nproc_per_node)
+        _limits.check(
+            _limits.SEARCH,
+            timeout_s=self.timeout_s,
+            memory_gb=self.memory_gb,
+            nproc_per_node=self.nproc_per_node,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,20 +83,36 @@ class Setup:
         return self.settings.clip_norm
 
 
-def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
-            fp32_modules: str | None, n_trials: int, steps: int, horizon: int | None,
-            seed: int, device: str | None, timeout: float | None,
-            isolation: Isolation | None, artifact_dir: str | None,
-            nproc_per_node: int = 1) -> Setup:
+def prepare(
+    factory: str | Callable[[], Any],
+    *,
+    space: str | SearchSpace,
+    fp32_modules: str | None,
+    n_trials: int,
+    steps: int,
+    horizon: int | None,
+    seed: int,
+    device: str | None,
+    timeout: float | None,
+    isolation: Isolation | None,
+    artifact_dir: str | None,
+    nproc_per_node: int = 1,
+) -> Setup:
     """Everything a search checks before it writes anything: its numbers, its space, the
     device, the factory and one float32 step of it (in every rank with ``nproc_per_node``
     > 1, whose runs are all isolated); the setup, with the study's settings."""
-    _limits.check(_limits.SEARCH, n_trials=n_trials, steps=steps, horizon=horizon, seed=seed,
-                  timeout=timeout, nproc_per_node=nproc_per_node)
+    _limits.check(
+        _limits.SEARCH,
+        n_trials=n_trials,
+        steps=steps,
+        horizon=horizon,
+        seed=seed,
+        timeout=timeout,
+        nproc_per_node=nproc_per_node,
+    )
     refuse_launcher()
     if nproc_per_node > 1:
-        isolation = dataclasses.replace(isolation or Isolation(),
-                                        nproc_per_node=nproc_per_node)
+        isolation = dataclasses.replace(isolation or Isolation(), nproc_per_node=nproc_per_node)
     location = None if artifact_dir is None else normalized(artifact_dir)
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     if fp32_modules:
@@ -104,30 +124,53 @@ def prepare(factory: str | Callable[[], Any], *, space: str | SearchSpace,
     if horizon is None and declared is not None:
         declared = _declared_horizon(declared, factory_name(factory), steps)
     settings = StudySettings(
-        factory=factory_name(factory), steps=steps,
-        horizon=_limits.horizon(steps, horizon, declared), seed=seed,
-        space=space.to_dict(), device_type=dev.type, device=describe_device(dev),
+        factory=factory_name(factory),
+        steps=steps,
+        horizon=_limits.horizon(steps, horizon, declared),
+        seed=seed,
+        space=space.to_dict(),
+        device_type=dev.type,
+        device=describe_device(dev),
         reference=checked.reference,
-        nproc_per_node=isolation.nproc_per_node if isolation is not None else 1)
-    return Setup(spec=factory, factory=user_factory, space=space, device=dev,
-                 n_trials=n_trials, settings=settings, isolation=isolation,
-                 artifact_dir=location)
+        nproc_per_node=isolation.nproc_per_node if isolation is not None else 1,
+    )
+    return Setup(
+        spec=factory,
+        factory=user_factory,
+        space=space,
+        device=dev,
+        n_trials=n_trials,
+        settings=settings,
+        isolation=isolation,
+        artifact_dir=location,
+    )
 
 
-def _preflight(factory: str | Callable[[], Any], user_factory: Callable[[], Any],
-               dev: torch.device, seed: int, space: SearchSpace,
-               isolation: Isolation | None) -> Any:
+def _preflight(
+    factory: str | Callable[[], Any],
+    user_factory: Callable[[], Any],
+    dev: torch.device,
+    seed: int,
+    space: SearchSpace,
+    isolation: Isolation | None,
+) -> Any:
     """One float32 step of the factory (in every rank, on ranks), before anything is written;
     the factory's own error as one line."""
     try:
         if isolation is not None and isolation.nproc_per_node > 1:
-            return preflight_ranks(factory, device=dev, seed=seed, islands=space.island_names,
-                                   timeout_s=isolation.timeout_s,
-                                   ranks=isolation.nproc_per_node)
+            return preflight_ranks(
+                factory,
+                device=dev,
+                seed=seed,
+                islands=space.island_names,
+                timeout_s=isolation.timeout_s,
+                ranks=isolation.nproc_per_node,
+            )
         return preflight(user_factory, device=dev, seed=seed, islands=space.island_names)
     except FactoryError as exc:
-        raise UsageError(f"the factory {factory_name(factory)} raised {exc}: fix it and "
-                         "rerun") from None
+        raise UsageError(
+            f"the factory {factory_name(factory)} raised {exc}: fix it and rerun"
+        ) from None
 
 
 def _declared_horizon(horizon: int, factory: str, steps: int) -> int:
@@ -135,13 +178,17 @@ def _declared_horizon(horizon: int, factory: str, steps: int) -> int:
     try:
         _limits.check(_limits.SEARCH, horizon=horizon)
     except ParameterError as exc:
-        raise UsageError(f"the factory {factory} declares horizon {horizon}, which "
-                         f"{exc.problem.split(', got')[0]}: declare another, or pass "
-                         "--horizon") from None
+        raise UsageError(
+            f"the factory {factory} declares horizon {horizon}, which "
+            f"{exc.problem.split(', got')[0]}: declare another, or pass "
+            "--horizon"
+        ) from None
     if horizon < steps:
-        raise UsageError(f"the factory {factory} declares horizon {horizon}, shorter than a "
-                         f"trial's {steps} steps (--steps): declare at least {steps}, or pass "
-                         "--horizon (or a smaller --steps)")
+        raise UsageError(
+            f"the factory {factory} declares horizon {horizon}, shorter than a "
+            f"trial's {steps} steps (--steps): declare at least {steps}, or pass "
+            "--horizon (or a smaller --steps)"
+        )
     return horizon
 
 
@@ -154,7 +201,8 @@ def refuse_launcher() -> None:
         raise UsageError(
             f"this search runs as rank {os.environ['RANK']} of {world} under a "
             f"launcher (torchrun): run it once, without the launcher, with --nproc-per-node "
-            f"{per_node} (it starts the ranks of every run itself)")
+            f"{per_node} (it starts the ranks of every run itself)"
+        )
 
 
 def describe_device(device: torch.device) -> str:

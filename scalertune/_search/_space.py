@@ -86,8 +86,9 @@ class SearchSpace:
         return cls.from_dict(data, name=name, description=str(description))
 
     @classmethod
-    def from_dict(cls, params: Mapping[str, Any], *, name: str,
-                  description: str = "") -> SearchSpace:
+    def from_dict(
+        cls, params: Mapping[str, Any], *, name: str, description: str = ""
+    ) -> SearchSpace:
         """Validate ``params`` (the file's content without ``description``)."""
         params = dict(params)
         known = ("dtype", *NUMERIC_KNOBS, "fp32_modules")
@@ -131,9 +132,11 @@ class SearchSpace:
 
     def with_islands(self, names: str) -> SearchSpace:
         """The same space with ``fp32_modules`` fixed to ``names`` (``--fp32-modules``)."""
-        return SearchSpace.from_dict({**self.params, "fp32_modules": names},
-                                     name=f"{self.name}+fp32:{names}",
-                                     description=self.description)
+        return SearchSpace.from_dict(
+            {**self.params, "fp32_modules": names},
+            name=f"{self.name}+fp32:{names}",
+            description=self.description,
+        )
 
     def sampler(self, *, seed: int | None = None) -> optuna.samplers.BaseSampler:
         """The sampler a study of this space uses: Optuna's TPE, with ``dtype`` kept to the
@@ -149,14 +152,18 @@ class SearchSpace:
         # parameter over all three dtypes; the space's sampler keeps to the space's choices.
         values: dict[str, Any] = {"dtype": trial.suggest_categorical("dtype", list(DTYPES))}
         if values["dtype"] not in self.dtypes and "dtype" not in fixed_params(trial):
-            raise UsageError(f"the study's sampler proposed dtype {values['dtype']!r}, outside "
-                             f"search space {self.name!r}: create the study with "
-                             "sampler=space.sampler()")
+            raise UsageError(
+                f"the study's sampler proposed dtype {values['dtype']!r}, outside "
+                f"search space {self.name!r}: create the study with "
+                "sampler=space.sampler()"
+            )
         islands = self.params.get("fp32_modules")
         if islands is not None and values["dtype"] == "float16":
             values["fp32_modules"] = (
                 trial.suggest_categorical("fp32_modules", list(islands["choices"]))
-                if isinstance(islands, Mapping) else islands)
+                if isinstance(islands, Mapping)
+                else islands
+            )
         for key in NUMERIC_KNOBS:
             if key not in self.params or (key in FLOAT16_ONLY and values["dtype"] != "float16"):
                 continue
@@ -164,16 +171,15 @@ class SearchSpace:
             if not isinstance(spec, Mapping):
                 values[key] = spec
                 continue
-            if spec.get("optional") and not trial.suggest_categorical(f"use_{key}",
-                                                                      [False, True]):
+            if spec.get("optional") and not trial.suggest_categorical(f"use_{key}", [False, True]):
                 continue
             kwargs = {k: spec[k] for k in ("log", "step") if k in spec}
             if key == "growth_interval":
-                values[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]),
-                                                **kwargs)
+                values[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]), **kwargs)
             else:
-                values[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]),
-                                                  **kwargs)
+                values[key] = trial.suggest_float(
+                    key, float(spec["low"]), float(spec["high"]), **kwargs
+                )
         return AmpConfig(**values)
 
     def params_for(self, config: AmpConfig) -> dict[str, Any] | None:
@@ -288,10 +294,15 @@ def _check_islands(space: str, spec: Any) -> None:
     choices = spec.get("choices") if isinstance(spec, Mapping) else [spec]
     if isinstance(spec, Mapping) and set(spec) - {"choices"}:
         raise UsageError(f"{where} takes only 'choices'")
-    if not isinstance(choices, list) or not choices or not all(
-            c is None or isinstance(c, str) for c in choices):
-        raise UsageError(f"{where} must be module names or glob patterns "
-                         "('attn.score,*.DenseReluDense.wo') or choices of them ('' for none)")
+    if (
+        not isinstance(choices, list)
+        or not choices
+        or not all(c is None or isinstance(c, str) for c in choices)
+    ):
+        raise UsageError(
+            f"{where} must be module names or glob patterns "
+            "('attn.score,*.DenseReluDense.wo') or choices of them ('' for none)"
+        )
 
 
 def _check_numeric(space: str, key: str, spec: Any) -> None:
@@ -301,8 +312,10 @@ def _check_numeric(space: str, key: str, spec: Any) -> None:
     else:
         unknown = sorted(set(spec) - _RANGE_KEYS)
         if unknown:
-            raise UsageError(f"{where} has unknown key(s) {', '.join(unknown)}; use low, high, "
-                             "log, step (and optional for clip_norm)")
+            raise UsageError(
+                f"{where} has unknown key(s) {', '.join(unknown)}; use low, high, "
+                "log, step (and optional for clip_norm)"
+            )
         if "low" not in spec or "high" not in spec:
             raise UsageError(f"{where} needs both low and high (or a single fixed value)")
         if spec.get("optional") and key != "clip_norm":

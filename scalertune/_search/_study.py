@@ -74,8 +74,15 @@ def default_study_name(factory: str | Callable[[], Any]) -> str:
     return f"{stem}:{name}"
 
 
-def open_study(storage: Any, study_name: str, settings: StudySettings, *, seed: int,
-               url: str, space: SearchSpace) -> tuple[optuna.Study, bool]:
+def open_study(
+    storage: Any,
+    study_name: str,
+    settings: StudySettings,
+    *,
+    seed: int,
+    url: str,
+    space: SearchSpace,
+) -> tuple[optuna.Study, bool]:
     """Create the study, or load it when it exists with the same settings.
 
     Returns the study and whether this call created it."""
@@ -83,12 +90,17 @@ def open_study(storage: Any, study_name: str, settings: StudySettings, *, seed: 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study = optuna.create_study(storage=storage, study_name=study_name,
-                                        direction="minimize", sampler=sampler,
-                                        load_if_exists=True)
+            study = optuna.create_study(
+                storage=storage,
+                study_name=study_name,
+                direction="minimize",
+                sampler=sampler,
+                load_if_exists=True,
+            )
     except Exception as exc:
-        raise UsageError(f"cannot open study {study_name!r} in {redact(url)}: "
-                         f"{redact(first_line(exc), url)}") from None
+        raise UsageError(
+            f"cannot open study {study_name!r} in {redact(url)}: {redact(first_line(exc), url)}"
+        ) from None
     stored = study.user_attrs.get(SETTINGS_ATTR)
     if stored is None and study.trials:
         # Another worker created the study a moment ago and is writing its settings.
@@ -96,7 +108,8 @@ def open_study(storage: Any, study_name: str, settings: StudySettings, *, seed: 
         while stored is None and time.monotonic() < deadline:
             time.sleep(0.2)
             stored = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get(
-                SETTINGS_ATTR)
+                SETTINGS_ATTR
+            )
     if stored is None:
         # the study's own name for its files (its float32 checkpoints): a study made again
         # under the same name, in a new database or after a delete, gets another
@@ -133,16 +146,22 @@ def _short(value: Any) -> str:
     return repr(value)
 
 
-def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any],
-                  times: StepTimes | None, *, settings: StudySettings,
-                  checkpoints: dict[int, str]) -> None:
+def add_reference(
+    study: optuna.Study,
+    record: RunRecord,
+    config: dict[str, Any],
+    times: StepTimes | None,
+    *,
+    settings: StudySettings,
+    checkpoints: dict[int, str],
+) -> None:
     """Store a finished float32 run as the reference trial of its seed, in one write.
 
     Its first ``steps`` losses define the target of the trials; a reference to a longer
     horizon also stores its losses over each phase window (float32's own continuation,
     which a branch from the window's checkpoint is compared with) and where those
     checkpoints are. Its gradient trace goes with it."""
-    early = record.losses[:settings.steps]
+    early = record.losses[: settings.steps]
     target = Target.from_reference(early)
     reached = target.steps_to_target(early)
     step_time = times.median("float32") if times else record.median_step_time
@@ -154,37 +173,48 @@ def add_reference(study: optuna.Study, record: RunRecord, config: dict[str, Any]
     if checkpoints:
         system_attrs[HORIZON_ATTR] = {
             "horizon": len(record.losses),
-            "windows": {str(start): record.losses[start:end]
-                        for start, end in settings.windows},
+            "windows": {str(start): record.losses[start:end] for start, end in settings.windows},
             "checkpoints": {str(k): v for k, v in checkpoints.items()},
         }
-    study.add_trial(optuna.trial.create_trial(
-        state=TrialState.COMPLETE,
-        value=math.inf,
-        params={"dtype": "float32"},
-        distributions={"dtype": DTYPE_DISTRIBUTION},
-        intermediate_values=relative_curve(record.losses, target),
-        user_attrs={
-            "role": ROLE_REFERENCE, "seed": record.seed, "config": config,
-            "target_loss": target.loss, "steps_to_target": reached,
-            "step_time_s": step_time,
-            "time_to_target_s": None if reached is None else reached * step_time,
-            "steps_run": record.steps_run,
-        },
-        system_attrs=system_attrs,
-    ))
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.COMPLETE,
+            value=math.inf,
+            params={"dtype": "float32"},
+            distributions={"dtype": DTYPE_DISTRIBUTION},
+            intermediate_values=relative_curve(record.losses, target),
+            user_attrs={
+                "role": ROLE_REFERENCE,
+                "seed": record.seed,
+                "config": config,
+                "target_loss": target.loss,
+                "steps_to_target": reached,
+                "step_time_s": step_time,
+                "time_to_target_s": None if reached is None else reached * step_time,
+                "steps_run": record.steps_run,
+            },
+            system_attrs=system_attrs,
+        )
+    )
 
 
-def add_failed_reference(study: optuna.Study, seed: int, config: dict[str, Any],
-                         why: str) -> None:
+def add_failed_reference(study: optuna.Study, seed: int, config: dict[str, Any], why: str) -> None:
     """Record a float32 reference run that failed for a fault of one process (a rank that
     died or hung) as a failed trial of its seed, saying why: it is run again at once (its
     evidence is not missing), and the study keeps that it happened."""
-    study.add_trial(optuna.trial.create_trial(
-        state=TrialState.FAIL, params={"dtype": "float32"},
-        distributions={"dtype": DTYPE_DISTRIBUTION},
-        user_attrs={"role": ROLE_REFERENCE, "seed": seed, "config": config,
-                    "error": why[:2000]}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.FAIL,
+            params={"dtype": "float32"},
+            distributions={"dtype": DTYPE_DISTRIBUTION},
+            user_attrs={
+                "role": ROLE_REFERENCE,
+                "seed": seed,
+                "config": config,
+                "error": why[:2000],
+            },
+        )
+    )
 
 
 def relative_curve(losses: list[float], target: Target, start: int = 0) -> dict[int, float]:
@@ -193,8 +223,9 @@ def relative_curve(losses: list[float], target: Target, start: int = 0) -> dict[
     its loss scale. ``start`` is the run's first step (a branch's); a long run is thinned to
     about ``CURVE_POINTS`` points."""
     curve = smoothed(losses)
-    every = _policy.READBACK_INTERVAL * max(1, len(curve) // (
-        _policy.CURVE_POINTS * _policy.READBACK_INTERVAL))
+    every = _policy.READBACK_INTERVAL * max(
+        1, len(curve) // (_policy.CURVE_POINTS * _policy.READBACK_INTERVAL)
+    )
     points = {}
     for end in range(every, len(curve) + every, every):
         step = min(end, len(curve)) - 1
@@ -230,8 +261,9 @@ def store_judged(trial: optuna.Trial, judged: dict[str, Any]) -> None:
 
 def judged_attrs(record: RunRecord, target: Target, step_time: float | None) -> dict[str, Any]:
     """The per-trial attributes a user reads in the summary and the dashboard."""
-    reached = None if record.pruned else (record.reached_at
-                                          or target.steps_to_target(record.losses))
+    reached = (
+        None if record.pruned else (record.reached_at or target.steps_to_target(record.losses))
+    )
     ratio, at = target.ratio_at(record.losses)
     attrs: dict[str, Any] = {
         "skipped_steps": len(record.skipped),
@@ -241,8 +273,7 @@ def judged_attrs(record: RunRecord, target: Target, step_time: float | None) -> 
         "steps_run": record.steps_run,
         "steps_to_target": reached,
         "step_time_s": step_time,
-        "time_to_target_s": (None if reached is None or step_time is None
-                             else reached * step_time),
+        "time_to_target_s": (None if reached is None or step_time is None else reached * step_time),
         "measured_step_time_s": _finite_or_none(record.median_step_time),
         "loss_vs_float32": _finite_or_none(ratio),
         "loss_vs_float32_step": at,

@@ -70,10 +70,15 @@ class TrialFailed(Exception):
 class TrialRunner:
     """Runs one trial at a time for one worker; any number of workers may share the study."""
 
-    def __init__(self, study: optuna.Study, setup: Setup, references: References,
-                 progress: Any) -> None:
+    def __init__(
+        self, study: optuna.Study, setup: Setup, references: References, progress: Any
+    ) -> None:
         self.study, self.setup, self.references, self.progress = (
-            study, setup, references, progress)
+            study,
+            setup,
+            references,
+            progress,
+        )
         self.rules = Rules(setup, references)
         self._failures: list[str] = []
         self._any_success = False
@@ -96,8 +101,10 @@ class TrialRunner:
         trials = self.study.get_trials(deepcopy=False)
         if role is None and _surplus(trials, trial.number, self.setup.n_trials):
             trial.set_user_attr("role", ROLE_SURPLUS)
-            trial.set_user_attr("error", "not run: another worker took the study's last "
-                                         "trial slot at the same moment")
+            trial.set_user_attr(
+                "error",
+                "not run: another worker took the study's last trial slot at the same moment",
+            )
             raise TrialFailed()
         config, seed, role = self._job(trial, role)
         if role == ROLE_SEARCH:
@@ -123,8 +130,7 @@ class TrialRunner:
         store_judged(trial, judged)
         store_curves(trial, record)
         store_constraint(trial, target.gap(record.losses) if role != ROLE_PHASE else 0.0)
-        self.progress.finished(trial.number, _who(trial.user_attrs, seed), config, record,
-                               judged)
+        self.progress.finished(trial.number, _who(trial.user_attrs, seed), config, record, judged)
         if record.pruned and role != ROLE_PHASE:
             raise optuna.TrialPruned(record.prune_reason)
         # float32 runs, other seeds and branches are yardsticks and evidence, not candidates:
@@ -138,30 +144,48 @@ class TrialRunner:
         setup = self.setup
         if role in (None, ROLE_SEARCH):
             config = setup.space.suggest(trial).with_clip(setup.clip_norm)
-            for key, value in {"role": ROLE_SEARCH, "config": config.to_dict(),
-                               "seed": setup.seed}.items():
+            for key, value in {
+                "role": ROLE_SEARCH,
+                "config": config.to_dict(),
+                "seed": setup.seed,
+            }.items():
                 trial.set_user_attr(key, value)
             return config, setup.seed, ROLE_SEARCH
         _record_params(trial, setup.space)
-        return (AmpConfig.from_dict(trial.user_attrs["config"]), int(trial.user_attrs["seed"]),
-                role)
+        return (
+            AmpConfig.from_dict(trial.user_attrs["config"]),
+            int(trial.user_attrs["seed"]),
+            role,
+        )
 
-    def _train(self, trial: optuna.Trial, role: str, config: AmpConfig, seed: int,
-               target: Target, trials: list[FrozenTrial]) -> tuple[RunRecord, dict[str, Any]]:
+    def _train(
+        self,
+        trial: optuna.Trial,
+        role: str,
+        config: AmpConfig,
+        seed: int,
+        target: Target,
+        trials: list[FrozenTrial],
+    ) -> tuple[RunRecord, dict[str, Any]]:
         """Run the trial's training and judge it: a short run from the start, or (``role``
         phase) a branch from the float32 reference's checkpoint or a run from step 0 to the
         horizon (``start`` 0)."""
         step_time = self.rules.step_time(config)
         if role == ROLE_PHASE:
-            record, judged = _phase_run(self.setup, self.references, trial, config, seed,
-                                        target, log=self.progress.line)
+            record, judged = _phase_run(
+                self.setup, self.references, trial, config, seed, target, log=self.progress.line
+            )
             # the short trial's target means nothing in a window starting at step `start`
-            short = {k: v for k, v in judged_attrs(record, target, step_time).items()
-                     if k not in _SHORT_TRIAL_ONLY}
+            short = {
+                k: v
+                for k, v in judged_attrs(record, target, step_time).items()
+                if k not in _SHORT_TRIAL_ONLY
+            }
             return record, {**short, **judged}
         rule = self.rules.stop_rule(role, config, target, trials)
-        record = _short_run(self.setup, config, seed, trial, target, rule,
-                            self.rules.trial_steps(role))
+        record = _short_run(
+            self.setup, config, seed, trial, target, rule, self.rules.trial_steps(role)
+        )
         if record.prune_kind == "forward":
             locate_overflow(self.setup, trial, config, seed, record)
         return record, judged_attrs(record, target, step_time)
@@ -172,9 +196,14 @@ class TrialRunner:
         trial.set_user_attr("missing", why[:_ERROR_CHARS])
         frozen = storage_of(self.study).get_trial(trial_id(trial))
         queued = retry(self.study, frozen)
-        self.progress.line(f"#{trial.number}: evidence missing: {why}: "
-                           + ("queued again" if queued else "retried enough: rerun the same "
-                              "command once the cause is fixed"))
+        self.progress.line(
+            f"#{trial.number}: evidence missing: {why}: "
+            + (
+                "queued again"
+                if queued
+                else "retried enough: rerun the same command once the cause is fixed"
+            )
+        )
         if queued:
             self.progress.grow(1)
 
@@ -189,9 +218,12 @@ class TrialRunner:
         set_system_attr(trial, TRACEBACK_ATTR, trace[-4000:])
         self.progress.line(f"#{trial.number} failed: {message}")
         self._failures.append(message)
-        recent = self._failures[-_policy.SAME_FAILURES_BEFORE_STOP:]
-        if (not self._any_success and len(recent) == _policy.SAME_FAILURES_BEFORE_STOP
-                and len(set(recent)) == 1):
+        recent = self._failures[-_policy.SAME_FAILURES_BEFORE_STOP :]
+        if (
+            not self._any_success
+            and len(recent) == _policy.SAME_FAILURES_BEFORE_STOP
+            and len(set(recent)) == 1
+        ):
             raise SearchError(
                 f"the first {len(recent)} runs all failed with the same error, so the workload "
                 f"is broken rather than a config: {message}"
@@ -199,22 +231,35 @@ class TrialRunner:
         self.progress.advance()
 
 
-def _short_run(setup: Setup, config: AmpConfig, seed: int, trial: optuna.Trial,
-               target: Target, rule: StopRule, steps: int) -> RunRecord:
+def _short_run(
+    setup: Setup,
+    config: AmpConfig,
+    seed: int,
+    trial: optuna.Trial,
+    target: Target,
+    rule: StopRule,
+    steps: int,
+) -> RunRecord:
     """A trial's own run from step 0, its curve written while it trains."""
     reports = Reports(trial, target)
     record = None
     try:
-        record = execute(setup, config, steps=steps, seed=seed, stop=rule,
-                         on_window=reports.window)
+        record = execute(setup, config, steps=steps, seed=seed, stop=rule, on_window=reports.window)
         return record
     finally:
         reports.close(record if record is not None and record.pruned else None)
 
 
-def _phase_run(setup: Setup, references: References, trial: optuna.Trial, config: AmpConfig,
-               seed: int, target: Target, *, log: Callable[[str], None],
-               ) -> tuple[RunRecord, dict[str, Any]]:
+def _phase_run(
+    setup: Setup,
+    references: References,
+    trial: optuna.Trial,
+    config: AmpConfig,
+    seed: int,
+    target: Target,
+    *,
+    log: Callable[[str], None],
+) -> tuple[RunRecord, dict[str, Any]]:
     """A phase's run: a branch from the float32 reference's checkpoint at its ``start``, or a
     run from step 0 (``start`` 0, or a continuation of one) judged at every window."""
     attrs = trial.user_attrs
@@ -224,20 +269,33 @@ def _phase_run(setup: Setup, references: References, trial: optuna.Trial, config
     try:
         if is_from_start(attrs):
             record, judged = run_from_start(
-                setup, references, config, seed=seed, end=end, on_window=reports.window,
-                save=attrs.get("save"), continues=attrs.get("continues"), resumed_at=start,
-                log=lambda line: log(f"#{trial.number}: {line}"))
+                setup,
+                references,
+                config,
+                seed=seed,
+                end=end,
+                on_window=reports.window,
+                save=attrs.get("save"),
+                continues=attrs.get("continues"),
+                resumed_at=start,
+                log=lambda line: log(f"#{trial.number}: {line}"),
+            )
         else:
-            record, judged = run_branch(setup, references, config, seed=seed, start=start,
-                                        end=end, on_window=reports.window)
+            record, judged = run_branch(
+                setup, references, config, seed=seed, start=start, end=end, on_window=reports.window
+            )
     finally:
         reports.close(record if record is not None and record.pruned else None)
     return record, judged
 
 
 #: Figures measured against the short trial's float32 target, left off a phase's branch.
-_SHORT_TRIAL_ONLY = ("steps_to_target", "time_to_target_s", "loss_vs_float32",
-                     "loss_vs_float32_step")
+_SHORT_TRIAL_ONLY = (
+    "steps_to_target",
+    "time_to_target_s",
+    "loss_vs_float32",
+    "loss_vs_float32_step",
+)
 
 
 def _record_params(trial: optuna.Trial, space: SearchSpace) -> None:
@@ -249,15 +307,20 @@ def _record_params(trial: optuna.Trial, space: SearchSpace) -> None:
         trial.suggest_categorical("dtype", list(DTYPES))
 
 
-def _finished_twin(trials: list[FrozenTrial], config: AmpConfig, seed: int,
-                   number: int) -> FrozenTrial | None:
+def _finished_twin(
+    trials: list[FrozenTrial], config: AmpConfig, seed: int, number: int
+) -> FrozenTrial | None:
     """A finished run of the same config on the same seed, trained (not itself reused)."""
     for t in trials:
         attrs = t.user_attrs
-        if (t.number != number and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                and attrs.get("role") in (ROLE_SEARCH, ROLE_BASELINE)
-                and "duplicate_of" not in attrs and attrs.get("seed") == seed
-                and AmpConfig.from_dict(attrs["config"]) == config):
+        if (
+            t.number != number
+            and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and attrs.get("role") in (ROLE_SEARCH, ROLE_BASELINE)
+            and "duplicate_of" not in attrs
+            and attrs.get("seed") == seed
+            and AmpConfig.from_dict(attrs["config"]) == config
+        ):
             return t
     return None
 
@@ -268,10 +331,14 @@ def counted_search_trials(trials: list[FrozenTrial]) -> int:
     retries count instead, nor reused duplicates. A just-asked trial has no role yet; count
     it too."""
     return sum(
-        1 for t in trials
-        if (t.state in LIVE or "error" in t.user_attrs) and "duplicate_of" not in t.user_attrs
-        and (t.user_attrs.get("role") == ROLE_SEARCH
-             or ("role" not in t.user_attrs and t.state == TrialState.RUNNING))
+        1
+        for t in trials
+        if (t.state in LIVE or "error" in t.user_attrs)
+        and "duplicate_of" not in t.user_attrs
+        and (
+            t.user_attrs.get("role") == ROLE_SEARCH
+            or ("role" not in t.user_attrs and t.state == TrialState.RUNNING)
+        )
     )
 
 
@@ -290,4 +357,3 @@ def _who(attrs: dict[str, Any], seed: int) -> str:
     if role == ROLE_FLOAT32_CLIP:
         return f"float32 with #{attrs.get('clip_of')}'s clipping"
     return ""
-

@@ -66,8 +66,10 @@ class StoredCheckpoint:
             self.store.write(self.name + ".json", manifest)
             os.remove(manifest)
         except Exception as exc:  # a full disk, a read-only folder, a bucket refusing
-            raise MissingEvidence(f"could not store {self.describe()}: {_why(exc)}: free "
-                                  "space or fix the artifact store, and rerun") from None
+            raise MissingEvidence(
+                f"could not store {self.describe()}: {_why(exc)}: free "
+                "space or fix the artifact store, and rerun"
+            ) from None
         finally:
             if os.path.exists(path):
                 os.remove(path)
@@ -89,8 +91,7 @@ class StoredCheckpoint:
                 return dict(found)
         except ValueError:
             pass
-        raise MissingEvidence(f"{self.describe()} is damaged: its checksum record is not "
-                              "readable")
+        raise MissingEvidence(f"{self.describe()} is damaged: its checksum record is not readable")
 
     def fetch(self) -> str:
         """The checkpoint's file, checked against its manifest, as a path on this machine;
@@ -116,7 +117,8 @@ class StoredCheckpoint:
                 os.remove(path)
             raise MissingEvidence(
                 f"{self.describe()} is damaged: its file is {size} bytes with another checksum "
-                f"than the {manifest['bytes']} bytes written at step {manifest['step']}")
+                f"than the {manifest['bytes']} bytes written at step {manifest['step']}"
+            )
         return path
 
     def describe(self) -> str:

@@ -87,8 +87,11 @@ def held(study: optuna.Study, key: str) -> bool:
 
 def _held(current: dict | None) -> bool:
     """Whether a claim is held: refreshed lately, by a worker not known to be gone."""
-    return (current is not None and time.time() - current["at"] < _policy.CLAIM_STALE_S
-            and not worker_gone(current["by"]))
+    return (
+        current is not None
+        and time.time() - current["at"] < _policy.CLAIM_STALE_S
+        and not worker_gone(current["by"])
+    )
 
 
 class Once:
@@ -102,8 +105,7 @@ class Once:
         self.study = study
         self._holding = False
 
-    def __call__(self, key: str, work: Callable[[], None],
-                 done: Callable[[], bool]) -> None:
+    def __call__(self, key: str, work: Callable[[], None], done: Callable[[], bool]) -> None:
         """Run ``work`` here unless ``done()`` already, or another worker is on it."""
         while not done():
             if self._holding:

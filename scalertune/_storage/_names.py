@@ -57,5 +57,17 @@ CONSTRAINTS_ATTR = "constraints"
 #: The user attributes that say what a trial runs; a retry copies these and nothing else
 #: (not who ran it, nor how far it got). A finalist's run from step 0 saves its state as
 #: ``save`` (a checkpoint's name), which its continuation ``continues`` from.
-JOB_ATTRS = ("role", "baseline", "confirms", "seed", "config", "of", "start", "end",
-             "island_of", "clip_of", "save", "continues")
+JOB_ATTRS = (
+    "role",
+    "baseline",
+    "confirms",
+    "seed",
+    "config",
+    "of",
+    "start",
+    "end",
+    "island_of",
+    "clip_of",
+    "save",
+    "continues",
+)

@@ -37,8 +37,11 @@ DEFAULT_STORAGE = "sqlite:///scalertune.db"
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 #: A storage string that starts like a URL without ``://`` (``postgresql:/u:pw@h/db``): it
 #: would be taken for a journal file's path, password included.
-_URL_LIKE = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]+:/|(?:sqlite|postgres|postgresql|mysql|"
-                       r"mariadb|oracle|mssql)(?:\+[A-Za-z0-9]+)?:)")
+_URL_LIKE = re.compile(
+    r"^(?:[A-Za-z][A-Za-z0-9+.-]+:/|(?:sqlite|postgres|postgresql|mysql|"
+    r"mariadb|oracle|mssql)(?:\+[A-Za-z0-9]+)?:)"
+)
+
 
 def is_rdb(url: str) -> bool:
     return "://" in url
@@ -69,8 +72,9 @@ def _starts_with(path: str, start: bytes) -> bool:
         return False
 
 
-def open_storage(url: str, *, must_exist: bool = False,
-                 on_stale_trial: Callable[[Any, Any], Any] | None = None) -> Any:
+def open_storage(
+    url: str, *, must_exist: bool = False, on_stale_trial: Callable[[Any, Any], Any] | None = None
+) -> Any:
     """The Optuna storage object for ``url``; :class:`UsageError` when it cannot be used.
 
     On RDB storage, ``on_stale_trial(study, trial)`` is Optuna's heartbeat callback: what to
@@ -107,15 +111,22 @@ def _rdb(url: str, on_stale_trial: Callable[[Any, Any], Any] | None) -> Any:
     def attempt() -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(url, heartbeat_interval=_policy.HEARTBEAT_INTERVAL_S,
-                              grace_period=_policy.HEARTBEAT_GRACE_S,
-                              heartbeat_stale_trial_callback=on_stale_trial)
+            return RDBStorage(
+                url,
+                heartbeat_interval=_policy.HEARTBEAT_INTERVAL_S,
+                grace_period=_policy.HEARTBEAT_GRACE_S,
+                heartbeat_stale_trial_callback=on_stale_trial,
+            )
 
     while True:
         try:
-            storage = retrying(attempt, store=f"storage {redact(url)}",
-                               passing=unreachable_at_open, url=url,
-                               what_to_do=RERUN)
+            storage = retrying(
+                attempt,
+                store=f"storage {redact(url)}",
+                passing=unreachable_at_open,
+                url=url,
+                what_to_do=RERUN,
+            )
             return ride_out(storage, url)
         except (IntegrityError, OperationalError, ProgrammingError) as exc:
             racing = isinstance(exc, IntegrityError) or "already exists" in str(exc)
@@ -128,7 +139,7 @@ def sqlite_path(url: str) -> str | None:
     """The file of a ``sqlite:///`` URL (``None`` for other URLs and in-memory SQLite)."""
     if not url.startswith("sqlite:///"):
         return None
-    path = url[len("sqlite:///"):].split("?", 1)[0]
+    path = url[len("sqlite:///") :].split("?", 1)[0]
     return path if path and path != ":memory:" else None
 
 
@@ -162,9 +173,11 @@ def check_local(url: str, *, must_exist: bool = False) -> None:
         return
     if _URL_LIKE.match(url) and not os.path.exists(url):
         scheme = url.split(":", 1)[0]
-        raise UsageError(f"storage {scheme}:{HIDDEN} looks like a database URL without "
-                         f"'://': write it as {scheme}://user@host/db (a journal file's path "
-                         "cannot start with a scheme)")
+        raise UsageError(
+            f"storage {scheme}:{HIDDEN} looks like a database URL without "
+            f"'://': write it as {scheme}://user@host/db (a journal file's path "
+            "cannot start with a scheme)"
+        )
     _check_path(url, url, "journal file", must_exist=must_exist)
     if not os.path.exists(url):
         return
@@ -174,8 +187,10 @@ def check_local(url: str, *, must_exist: bool = False) -> None:
     except OSError as exc:
         raise UsageError(f"cannot read journal file {url}: {exc.strerror}") from None
     if start and not start.startswith(_JOURNAL_START):
-        raise UsageError(f"{url} is not an Optuna journal file: pass a new file name (a "
-                         "journal file), or a storage URL such as sqlite:///study.db")
+        raise UsageError(
+            f"{url} is not an Optuna journal file: pass a new file name (a "
+            "journal file), or a storage URL such as sqlite:///study.db"
+        )
 
 
 def _journal(path: str, *, must_exist: bool) -> Any:
@@ -199,8 +214,10 @@ def _check_url(url: str) -> None:
         return
     if "@" in host:
         scheme = url.split("://", 1)[0]
-        raise UsageError(f"storage {scheme}://{HIDDEN}: the user name or password holds an "
-                         "'@': write it as %40 (URL-encode it)")
+        raise UsageError(
+            f"storage {scheme}://{HIDDEN}: the user name or password holds an "
+            "'@': write it as %40 (URL-encode it)"
+        )
 
 
 def _check_path(path: str, shown: str, what: str, *, must_exist: bool) -> None:
@@ -247,14 +264,14 @@ def load_existing_study(url: str, study_name: str | None) -> Any:
     if study_name is None:
         names = optuna.get_all_study_names(storage=storage)
         if len(names) != 1:
-            raise UsageError(f"{redact(url)} holds {len(names)} studies: "
-                             "name the study to use")
+            raise UsageError(f"{redact(url)} holds {len(names)} studies: name the study to use")
         study_name = names[0]
     try:
         return optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
-        raise UsageError(f"no study {study_name!r} in {redact(url)}: "
-                         "check the study name and the storage") from None
+        raise UsageError(
+            f"no study {study_name!r} in {redact(url)}: check the study name and the storage"
+        ) from None
 
 
 def load_existing_studies(url: str) -> list[Any]:

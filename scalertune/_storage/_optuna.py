@@ -110,25 +110,32 @@ def write_points(trial: Any, points: Sequence[tuple[float, int]]) -> None:
         with _create_scoped_session(rdb.scoped_session, True) as session:
             _add_points(rdb, session, trial_id(trial), points)
 
-    retrying(write, store=f"storage {redact(rdb.url)}", passing=passing_rdb, url=rdb.url,
-             what_to_do=RERUN)
+    retrying(
+        write,
+        store=f"storage {redact(rdb.url)}",
+        passing=passing_rdb,
+        url=rdb.url,
+        what_to_do=RERUN,
+    )
     cached = getattr(trial, "_cached_frozen_trial", None)
     if cached is not None:  # what trial.report keeps, so the trial object reads the same
         cached.intermediate_values.update({step: float(value) for value, step in points})
 
 
-def _add_points(rdb: Any, session: Any, trial_id: int,
-                points: Sequence[tuple[float, int]]) -> None:
+def _add_points(rdb: Any, session: Any, trial_id: int, points: Sequence[tuple[float, int]]) -> None:
     """What the storage's per-value write does (the trial must be running; a step written
     before is overwritten), with the trial and the steps already written read once."""
     from optuna.storages._rdb import models
 
     rows = models.TrialIntermediateValueModel
-    rdb.check_trial_is_updatable(trial_id, models.TrialModel.find_or_raise_by_id(
-        trial_id, session).state)
+    rdb.check_trial_is_updatable(
+        trial_id, models.TrialModel.find_or_raise_by_id(trial_id, session).state
+    )
     steps = [step for _, step in points]
-    written = {row.step: row for row in session.query(rows).filter(
-        rows.trial_id == trial_id, rows.step.in_(steps))}
+    written = {
+        row.step: row
+        for row in session.query(rows).filter(rows.trial_id == trial_id, rows.step.in_(steps))
+    }
     for value, step in points:
         stored, kind = rows.intermediate_value_to_stored_repr(float(value))
         row = written.get(step)
@@ -150,9 +157,13 @@ def rdb_backend(trial: Any) -> Any:
     except ImportError:
         return None
     rows = getattr(models, "TrialIntermediateValueModel", None)
-    if (isinstance(backend, RDBStorage) and hasattr(rdb_module, "_create_scoped_session")
-            and hasattr(backend, "check_trial_is_updatable") and hasattr(trial, "_trial_id")
-            and hasattr(models.TrialModel, "find_or_raise_by_id")
-            and hasattr(rows, "intermediate_value_to_stored_repr")):
+    if (
+        isinstance(backend, RDBStorage)
+        and hasattr(rdb_module, "_create_scoped_session")
+        and hasattr(backend, "check_trial_is_updatable")
+        and hasattr(trial, "_trial_id")
+        and hasattr(models.TrialModel, "find_or_raise_by_id")
+        and hasattr(rows, "intermediate_value_to_stored_repr")
+    ):
         return backend
     return None

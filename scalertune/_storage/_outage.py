@@ -37,24 +37,57 @@ _T = TypeVar("_T")
 #: The RDB storage's methods that touch the database: the public ones, and the private ones
 #: Optuna's cache in front of it calls (each is checked to exist, in the tests).
 RDB_CALLS = (
-    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
-    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions",
-    "get_study_user_attrs", "get_study_system_attrs", "get_all_studies", "create_new_trial",
-    "_create_new_trial", "set_trial_param", "_set_trial_param", "get_trial_param",
-    "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id",
-    "set_trial_state_values", "set_trial_intermediate_value", "set_trial_user_attr",
-    "set_trial_system_attr", "get_trial", "get_all_trials", "_get_trials", "get_n_trials",
-    "get_best_trial", "_get_best_trial_id", "get_trial_params", "get_trial_user_attrs",
-    "get_trial_system_attrs", "_get_stale_trial_ids",
+    "create_new_study",
+    "delete_study",
+    "set_study_user_attr",
+    "set_study_system_attr",
+    "get_study_id_from_name",
+    "get_study_name_from_id",
+    "get_study_directions",
+    "get_study_user_attrs",
+    "get_study_system_attrs",
+    "get_all_studies",
+    "create_new_trial",
+    "_create_new_trial",
+    "set_trial_param",
+    "_set_trial_param",
+    "get_trial_param",
+    "get_trial_id_from_study_id_trial_number",
+    "get_trial_number_from_id",
+    "set_trial_state_values",
+    "set_trial_intermediate_value",
+    "set_trial_user_attr",
+    "set_trial_system_attr",
+    "get_trial",
+    "get_all_trials",
+    "_get_trials",
+    "get_n_trials",
+    "get_best_trial",
+    "_get_best_trial_id",
+    "get_trial_params",
+    "get_trial_user_attrs",
+    "get_trial_system_attrs",
+    "_get_stale_trial_ids",
 )
 #: What a server says, refusing a connection, when it is restarting (a refused connection
 #: carries no SQLSTATE in the driver's error: psycopg 3 gives only libpq's message).
-_RESTARTING = ("starting up", "shutting down", "in recovery mode", "not yet accepting",
-               "not currently accepting", "due to administrator command",
-               "closed the connection unexpectedly")
+_RESTARTING = (
+    "starting up",
+    "shutting down",
+    "in recovery mode",
+    "not yet accepting",
+    "not currently accepting",
+    "due to administrator command",
+    "closed the connection unexpectedly",
+)
 #: ... and when it will refuse again whatever the wait: a wrong name, password or host.
-_REFUSED_FOR_GOOD = ("does not exist", "authentication failed", "no pg_hba.conf entry",
-                     "permission denied", "could not translate host name")
+_REFUSED_FOR_GOOD = (
+    "does not exist",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "could not translate host name",
+)
 #: SQLSTATEs of a server that is going away or coming back (PostgreSQL's admin_shutdown,
 #: crash_shutdown, cannot_connect_now; a database closed to connections for maintenance),
 #: and the class of connection exceptions.
@@ -63,8 +96,10 @@ _CONNECTION_CLASS = "08"
 
 
 #: What to do about a storage past the bound.
-RERUN = ("start it (or wait until it is back) and rerun the same command: the study resumes "
-         "where it stopped")
+RERUN = (
+    "start it (or wait until it is back) and rerun the same command: the study resumes "
+    "where it stopped"
+)
 
 
 class Outage(BaseException):
@@ -95,8 +130,14 @@ def forget() -> None:
         _down.messages.clear()
 
 
-def retrying(call: Callable[[], _T], *, store: str, passing: Callable[[BaseException], bool],
-             what_to_do: str, url: str | None = None) -> _T:
+def retrying(
+    call: Callable[[], _T],
+    *,
+    store: str,
+    passing: Callable[[BaseException], bool],
+    what_to_do: str,
+    url: str | None = None,
+) -> _T:
     """``call()``, made again while it fails in a way ``passing`` says passes, for up to
     ``STORAGE_OUTAGE_S``; then :class:`Outage`, naming ``store`` and ``what_to_do``. The
     errors quoted are redacted against ``url``."""
@@ -113,14 +154,18 @@ def retrying(call: Callable[[], _T], *, store: str, passing: Callable[[BaseExcep
             deadline = deadline or now + _policy.STORAGE_OUTAGE_S
             reason = redact(_reason(exc), url)
             if now >= deadline:
-                message = (f"{store} has been unreachable for {_policy.STORAGE_OUTAGE_S:g} s "
-                           f"({reason}): {what_to_do}")
+                message = (
+                    f"{store} has been unreachable for {_policy.STORAGE_OUTAGE_S:g} s "
+                    f"({reason}): {what_to_do}"
+                )
                 with _down.lock:
                     _down.messages.setdefault(store, message)
                 raise Outage(_down.messages[store]) from None
             if not said:
-                said = _say(f"{store} is unreachable ({reason}): retrying for up to "
-                            f"{_policy.STORAGE_OUTAGE_S:g} s")
+                said = _say(
+                    f"{store} is unreachable ({reason}): retrying for up to "
+                    f"{_policy.STORAGE_OUTAGE_S:g} s"
+                )
             _pause(min(wait, max(0.0, deadline - now)))
             wait = min(wait * 2, _policy.STORAGE_RETRY_MAX_S)
             continue
@@ -152,8 +197,7 @@ def ride_out(storage: Any, url: str) -> Any:
     return storage
 
 
-def _retried(method: Callable[..., Any], name: str, url: str,
-             what: str) -> Callable[..., Any]:
+def _retried(method: Callable[..., Any], name: str, url: str, what: str) -> Callable[..., Any]:
     from optuna.exceptions import UpdateFinishedTrialError
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -165,16 +209,16 @@ def _retried(method: Callable[..., Any], name: str, url: str,
             except UpdateFinishedTrialError:
                 # A trial's end that was written before the connection dropped, and is
                 # written again: the first write stood.
-                if name == "set_trial_state_values" and failed and _ended_as(
-                        self, args, kwargs):
+                if name == "set_trial_state_values" and failed and _ended_as(self, args, kwargs):
                     return True
                 raise
             except Exception as exc:
                 failed.append(exc)
                 raise
 
-        return retrying(once, store=f"storage {redact(url)}", passing=passing_rdb,
-                        what_to_do=what, url=url)
+        return retrying(
+            once, store=f"storage {redact(url)}", passing=passing_rdb, what_to_do=what, url=url
+        )
 
     return call
 

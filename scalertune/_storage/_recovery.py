@@ -60,13 +60,18 @@ def retry(study: optuna.Study, trial: FrozenTrial) -> bool:
     if len(history) > _policy.MAX_RETRIES:
         return False
     system_attrs = {k: v for k, v in trial.system_attrs.items() if k in _JOB_SYSTEM_ATTRS}
-    system_attrs.update(failed_trial=system_attrs.get("failed_trial", trial.number),
-                        retry_history=history)
-    study.add_trial(optuna.trial.create_trial(
-        state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
-        user_attrs={k: v for k, v in trial.user_attrs.items() if k in JOB_ATTRS},
-        system_attrs=system_attrs,
-    ))
+    system_attrs.update(
+        failed_trial=system_attrs.get("failed_trial", trial.number), retry_history=history
+    )
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            user_attrs={k: v for k, v in trial.user_attrs.items() if k in JOB_ATTRS},
+            system_attrs=system_attrs,
+        )
+    )
     return True
 
 
@@ -74,13 +79,16 @@ def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
     """Fail and requeue every running trial whose worker is gone; say which."""
     storage = storage_of(study)
     if heartbeat_enabled(storage):
-        was_running = {t.number for t in study.get_trials(deepcopy=False,
-                                                          states=(TrialState.RUNNING,))}
+        was_running = {
+            t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        }
         optuna.storages.fail_stale_trials(study)  # calls retry() for each trial it fails
         for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
             if trial.number in was_running:
-                log(f"trial #{trial.number} stopped sending heartbeats (its worker died): "
-                    "marked failed, its run queued again")
+                log(
+                    f"trial #{trial.number} stopped sending heartbeats (its worker died): "
+                    "marked failed, its run queued again"
+                )
     now = time.monotonic()
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     seen = {(study_id(study), trial_id(t)) for t in running}
@@ -92,11 +100,12 @@ def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
             first = _unowned.setdefault((study_id(study), trial_id(trial)), now)
             if now - first < _policy.HEARTBEAT_GRACE_S:
                 continue
-            why = (f"trial #{trial.number} was taken by a worker that died before naming "
-                   "itself")
+            why = f"trial #{trial.number} was taken by a worker that died before naming itself"
         elif worker_gone(worker):
-            why = (f"trial #{trial.number} was left running by process "
-                   f"{worker.rpartition(':')[2]}, which is gone")
+            why = (
+                f"trial #{trial.number} was left running by process "
+                f"{worker.rpartition(':')[2]}, which is gone"
+            )
         else:
             continue
         if _fail(storage, trial):
@@ -107,8 +116,7 @@ def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
 def _fail(storage: Any, trial: FrozenTrial) -> bool:
     """Fail ``trial``; ``False`` when another worker finished or failed it first."""
     try:
-        return bool(storage.set_trial_state_values(trial_id(trial),
-                                                   state=TrialState.FAIL))
+        return bool(storage.set_trial_state_values(trial_id(trial), state=TrialState.FAIL))
     except UpdateFinishedTrialError:
         return False
 
@@ -133,16 +141,17 @@ def survive_lost_trial(study: optuna.Study, log: Callable[[str], None]) -> Itera
         yield
     except (UpdateFinishedTrialError, ValueError) as exc:
         # Optuna's words when the trial it is asked to finish is finished already.
-        refused = isinstance(exc, UpdateFinishedTrialError) or str(exc).startswith(
-            "Cannot tell a ")
+        refused = isinstance(exc, UpdateFinishedTrialError) or str(exc).startswith("Cannot tell a ")
         running = _current.get(study_id(study))
         if not refused or running is None:
             raise
         trial = storage_of(study).get_trial(running)
         if trial.state != TrialState.FAIL or "error" in trial.user_attrs:
             raise
-        log(f"trial #{trial.number} was failed by another worker, which took this one for "
-            "dead (it stalled past the heartbeat grace period): its queued copy runs it")
+        log(
+            f"trial #{trial.number} was failed by another worker, which took this one for "
+            "dead (it stalled past the heartbeat grace period): its queued copy runs it"
+        )
     finally:
         _current.pop(study_id(study), None)
 

@@ -97,9 +97,17 @@ def _url_spellings(url: str) -> set[str]:
 
 def _spellings(secrets: list[str]) -> set[str]:
     """Each secret as written, and as a URL escapes it."""
-    return {form for s in secrets if s
-            for form in (s, urllib.parse.quote(s, safe=""), urllib.parse.quote_plus(s),
-                         urllib.parse.quote(s))}
+    return {
+        form
+        for s in secrets
+        if s
+        for form in (
+            s,
+            urllib.parse.quote(s, safe=""),
+            urllib.parse.quote_plus(s),
+            urllib.parse.quote(s),
+        )
+    }
 
 
 def _hide_fields(text: str, secret: str) -> str:
@@ -107,8 +115,11 @@ def _hide_fields(text: str, secret: str) -> str:
     value of a ``password=`` (``pwd=``, ``passwd:``) field, quoted or not."""
     s = re.escape(secret)
     text = re.sub(rf"(?<=:){s}(?=@)", HIDDEN, text)
-    return re.sub(rf"(?i)((?:pass(?:word|wd)?|pwd)\s*[=:]\s*['\"]?){s}(?=['\"]?(?:\s|&|;|,|$))",
-                  lambda m: m.group(1) + HIDDEN, text)
+    return re.sub(
+        rf"(?i)((?:pass(?:word|wd)?|pwd)\s*[=:]\s*['\"]?){s}(?=['\"]?(?:\s|&|;|,|$))",
+        lambda m: m.group(1) + HIDDEN,
+        text,
+    )
 
 
 def _distinctive(secret: str) -> bool:

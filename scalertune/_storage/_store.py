@@ -54,10 +54,12 @@ def normalized(location: str) -> str:
     :class:`UsageError` for an ``s3://`` location that names no bucket, or more than one."""
     if not is_bucket(location):
         return os.path.abspath(location)
-    bucket = location[len(S3):].rstrip("/")
+    bucket = location[len(S3) :].rstrip("/")
     if not bucket or "/" in bucket:
-        raise UsageError(f"--artifact-dir {location}: name a bucket, as s3://BUCKET (a "
-                         "folder inside it is not supported)")
+        raise UsageError(
+            f"--artifact-dir {location}: name a bucket, as s3://BUCKET (a "
+            "folder inside it is not supported)"
+        )
     return S3 + bucket
 
 
@@ -73,8 +75,7 @@ def default_location(storage_url: str) -> str:
 def location_of(study: Any, override: str | None = None) -> str:
     """Where ``study``'s artifacts live: ``override``, the recorded location, or (a study
     made before locations were recorded) ``scalertune-artifacts`` here."""
-    return normalized(override or study.user_attrs.get(ARTIFACT_DIR_ATTR)
-                      or DEFAULT_ARTIFACT_DIR)
+    return normalized(override or study.user_attrs.get(ARTIFACT_DIR_ATTR) or DEFAULT_ARTIFACT_DIR)
 
 
 def settle_location(study: Any, *, given: str | None, default: str) -> str:
@@ -87,8 +88,10 @@ def settle_location(study: Any, *, given: str | None, default: str) -> str:
         study.set_user_attr(ARTIFACT_DIR_ATTR, mine)
         return mine
     if given is not None and normalized(recorded) != mine:
-        raise UsageError(f"study {study.study_name!r} keeps its artifacts in {recorded}: rerun "
-                         f"without --artifact-dir, or with --artifact-dir {recorded}")
+        raise UsageError(
+            f"study {study.study_name!r} keeps its artifacts in {recorded}: rerun "
+            f"without --artifact-dir, or with --artifact-dir {recorded}"
+        )
     return normalized(recorded)
 
 
@@ -116,6 +119,7 @@ class Store:
     def read(self, name: str, into: Callable[[IO[bytes]], _T]) -> _T:
         """``into(stream)`` over the artifact ``name``; Optuna's ``ArtifactNotFound`` when
         there is none."""
+
         def call() -> _T:
             with self.inner.open_reader(name) as stream:
                 return into(stream)
@@ -124,6 +128,7 @@ class Store:
 
     def write(self, name: str, path: str) -> None:
         """Store the file at ``path`` as the artifact ``name``, whole or not at all."""
+
         def call() -> None:
             with open(path, "rb") as f:
                 self.inner.write(name, f)
@@ -153,31 +158,36 @@ class Store:
         while not os.path.exists(existing):
             existing = os.path.dirname(existing)
         if not os.path.isdir(existing):
-            raise UsageError(f"--artifact-dir {self.location}: {existing} is a file: name a "
-                             "folder")
+            raise UsageError(f"--artifact-dir {self.location}: {existing} is a file: name a folder")
         if not os.access(existing, os.W_OK | os.X_OK):
-            raise UsageError(f"--artifact-dir {self.location}: the folder {existing} is not "
-                             "writable: pass another --artifact-dir")
+            raise UsageError(
+                f"--artifact-dir {self.location}: the folder {existing} is not "
+                "writable: pass another --artifact-dir"
+            )
 
     def _head_bucket(self) -> None:
         from botocore.exceptions import ClientError
 
-        bucket = self.location[len(S3):]
+        bucket = self.location[len(S3) :]
         try:
             self.inner.client.head_bucket(Bucket=bucket)
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code"))
             if code in ("404", "NoSuchBucket"):
-                raise UsageError(f"artifact store {self.location}: there is no such bucket: "
-                                 "create it first") from None
+                raise UsageError(
+                    f"artifact store {self.location}: there is no such bucket: create it first"
+                ) from None
             if code in ("403", "AccessDenied"):
-                raise UsageError(f"artifact store {self.location}: access denied: check the "
-                                 "credentials boto3 uses (AWS_ACCESS_KEY_ID, ~/.aws)") from None
+                raise UsageError(
+                    f"artifact store {self.location}: access denied: check the "
+                    "credentials boto3 uses (AWS_ACCESS_KEY_ID, ~/.aws)"
+                ) from None
             raise
 
     def _retrying(self, call: Callable[[], _T]) -> _T:
-        return retrying(call, store=f"artifact store {self.location}", passing=_passing,
-                        what_to_do=RERUN)
+        return retrying(
+            call, store=f"artifact store {self.location}", passing=_passing, what_to_do=RERUN
+        )
 
 
 def _open(location: str) -> Any:
@@ -188,9 +198,10 @@ def _open(location: str) -> Any:
         import boto3
         from optuna.artifacts import Boto3ArtifactStore
     except ImportError:
-        raise UsageError(f"artifact store {location} needs boto3, which is not installed: "
-                         "pip install boto3") from None
-    return Boto3ArtifactStore(location[len(S3):], client=boto3.client("s3"))
+        raise UsageError(
+            f"artifact store {location} needs boto3, which is not installed: pip install boto3"
+        ) from None
+    return Boto3ArtifactStore(location[len(S3) :], client=boto3.client("s3"))
 
 
 class _Folder:
@@ -253,8 +264,9 @@ def _passing(exc: BaseException) -> bool:
         )
     except ImportError:
         return False
-    if isinstance(exc, (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError,
-                        ConnectTimeoutError)):
+    if isinstance(
+        exc, (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError, ConnectTimeoutError)
+    ):
         return True
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})

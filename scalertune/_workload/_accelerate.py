@@ -33,14 +33,18 @@ def accelerate_workload(result: dict[str, Any], *, device: torch.device) -> Work
     """The Workload of a factory's ``{"accelerator": ..., ...}`` (see the module's docstring)."""
     accelerator = result.pop("accelerator")
     if not any(c.__name__ == "Accelerator" for c in type(accelerator).__mro__):
-        raise UsageError(f"'accelerator' is a {type(accelerator).__name__}: give an "
-                         "accelerate.Accelerator")
-    check_accelerator(accelerator, before="return the Accelerator with what it will prepare, "
-                                               "unprepared")
+        raise UsageError(
+            f"'accelerator' is a {type(accelerator).__name__}: give an accelerate.Accelerator"
+        )
+    check_accelerator(
+        accelerator, before="return the Accelerator with what it will prepare, unprepared"
+    )
     if torch.device(accelerator.device).type != device.type:
-        raise UsageError(f"the Accelerator trains on {torch.device(accelerator.device).type} and "
-                         f"the search runs on {device.type}: give --device "
-                         f"{torch.device(accelerator.device).type}")
+        raise UsageError(
+            f"the Accelerator trains on {torch.device(accelerator.device).type} and "
+            f"the search runs on {device.type}: give --device "
+            f"{torch.device(accelerator.device).type}"
+        )
     workload = from_result(result)
     route = Route()
     route_accelerator(accelerator, route, training=False)

@@ -85,8 +85,10 @@ def from_result(result: Any) -> Workload:
         )
     missing = [k for k in ("model", "optimizer", "batches") if k not in result]
     if missing:
-        raise UsageError(f"the factory's result lacks {', '.join(missing)}: return all of "
-                         "model, optimizer, batches and loss_fn (or step)")
+        raise UsageError(
+            f"the factory's result lacks {', '.join(missing)}: return all of "
+            "model, optimizer, batches and loss_fn (or step)"
+        )
     return Workload(**result)
 
 
@@ -113,18 +115,27 @@ def check_workload(w: Workload) -> None:
         value = getattr(w, name)
         if value is not None and not callable(value):
             raise UsageError(f"'{name}' is a {type(value).__name__}: it must be callable")
-    if w.clip_norm is not None and (isinstance(w.clip_norm, bool) or not isinstance(
-            w.clip_norm, (int, float)) or not w.clip_norm > 0):
+    if w.clip_norm is not None and (
+        isinstance(w.clip_norm, bool)
+        or not isinstance(w.clip_norm, (int, float))
+        or not w.clip_norm > 0
+    ):
         raise UsageError(f"'clip_norm' must be a positive number or None, got {w.clip_norm!r}")
-    if w.horizon is not None and (isinstance(w.horizon, bool) or not isinstance(w.horizon, int)
-                                  or w.horizon < 1):
-        raise UsageError(f"'horizon' must be a positive integer (the steps your training runs) "
-                         f"or None, got {w.horizon!r}")
-    bad = [s for s in w.schedulers if not (hasattr(s, "state_dict")
-                                           and hasattr(s, "load_state_dict"))]
+    if w.horizon is not None and (
+        isinstance(w.horizon, bool) or not isinstance(w.horizon, int) or w.horizon < 1
+    ):
+        raise UsageError(
+            f"'horizon' must be a positive integer (the steps your training runs) "
+            f"or None, got {w.horizon!r}"
+        )
+    bad = [
+        s for s in w.schedulers if not (hasattr(s, "state_dict") and hasattr(s, "load_state_dict"))
+    ]
     if bad:
-        raise UsageError(f"'schedulers' holds a {type(bad[0]).__name__}, which has no "
-                         "state_dict()/load_state_dict(): give the LR schedulers themselves")
+        raise UsageError(
+            f"'schedulers' holds a {type(bad[0]).__name__}, which has no "
+            "state_dict()/load_state_dict(): give the LR schedulers themselves"
+        )
     if w.step is not None and len(inspect.signature(w.step).parameters) != 3:
         raise UsageError("'step' must take (model, batch, amp) and return the loss")
     try:

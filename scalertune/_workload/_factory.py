@@ -72,9 +72,11 @@ def read_result(result: Any, *, device: torch.device) -> Workload:
     if is_trainer(result):
         return transformers_workload(result, device=device)
     if lightning_package(result, "Trainer") is not None:
-        raise UsageError("a Lightning Trainer comes with its LightningModule and data: return "
-                         "{'trainer': trainer, 'model': module, 'batches': train_dataloader "
-                         "or datamodule}")
+        raise UsageError(
+            "a Lightning Trainer comes with its LightningModule and data: return "
+            "{'trainer': trainer, 'model': module, 'batches': train_dataloader "
+            "or datamodule}"
+        )
     if not isinstance(result, Mapping):
         return from_result(result)
     if "accelerator" in result:
@@ -88,18 +90,29 @@ def read_result(result: Any, *, device: torch.device) -> Workload:
     if lightning_package(trainer, "Trainer") is not None:
         _only(result, ("trainer", "model", "batches", "horizon"), "a Lightning Trainer")
         if "model" not in result or "batches" not in result:
-            raise UsageError("a Lightning Trainer comes with its LightningModule and data: "
-                             "return {'trainer': trainer, 'model': module, 'batches': "
-                             "train_dataloader or datamodule}")
-        return lightning_trainer_workload(trainer, result["model"], result["batches"],
-                                          device=device, horizon=result.get("horizon"))
-    raise UsageError(f"'trainer' is a {type(trainer).__name__}: give a transformers.Trainer or "
-                     "a Lightning Trainer (an Accelerator goes under 'accelerator')")
+            raise UsageError(
+                "a Lightning Trainer comes with its LightningModule and data: "
+                "return {'trainer': trainer, 'model': module, 'batches': "
+                "train_dataloader or datamodule}"
+            )
+        return lightning_trainer_workload(
+            trainer,
+            result["model"],
+            result["batches"],
+            device=device,
+            horizon=result.get("horizon"),
+        )
+    raise UsageError(
+        f"'trainer' is a {type(trainer).__name__}: give a transformers.Trainer or "
+        "a Lightning Trainer (an Accelerator goes under 'accelerator')"
+    )
 
 
 def _only(result: Mapping[str, Any], keys: tuple[str, ...], what: str) -> None:
     unknown = sorted(set(result) - set(keys))
     if unknown:
         verb = "comes" if len(unknown) == 1 else "come"
-        raise UsageError(f"with {what} the factory's result takes {', '.join(keys)}; "
-                         f"{', '.join(map(repr, unknown))} {verb} from the trainer itself")
+        raise UsageError(
+            f"with {what} the factory's result takes {', '.join(keys)}; "
+            f"{', '.join(map(repr, unknown))} {verb} from the trainer itself"
+        )

@@ -21,8 +21,9 @@ class Groups:
     (``on_epoch``, by default the loader's own ``set_epoch``).
     """
 
-    def __init__(self, batches: Any, accumulate: int = 1, *,
-                 on_epoch: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self, batches: Any, accumulate: int = 1, *, on_epoch: Callable[[int], None] | None = None
+    ) -> None:
         self.batches, self.accumulate = batches, accumulate
         self._on_epoch = on_epoch if on_epoch is not None else getattr(batches, "set_epoch", None)
 

@@ -36,9 +36,15 @@ _LIGHTNING_DEFAULT_MAX_EPOCHS = 1000
 _PRECISION = {"float16": "16-mixed", "bfloat16": "bf16-mixed", "float32": "32-true"}
 
 
-def lightning_workload(module: Any, batches: Iterable[Any], *, max_steps: int = -1,
-                       max_epochs: int | None = None, accumulate_grad_batches: int = 1,
-                       clip_norm: float | None = None) -> Workload:
+def lightning_workload(
+    module: Any,
+    batches: Iterable[Any],
+    *,
+    max_steps: int = -1,
+    max_epochs: int | None = None,
+    accumulate_grad_batches: int = 1,
+    clip_norm: float | None = None,
+) -> Workload:
     """A Workload that trains ``module`` (a LightningModule) through its ``training_step``.
 
     ``max_steps``, ``max_epochs``, ``accumulate_grad_batches`` and ``clip_norm`` (your
@@ -62,15 +68,27 @@ def lightning_workload(module: Any, batches: Iterable[Any], *, max_steps: int = 
     """
     core = _lightning_core(module)
     _check_module(module, accumulate_grad_batches)
-    trainer = _TrainerView(module, batches, max_steps=max_steps, max_epochs=max_epochs,
-                           accumulate=accumulate_grad_batches)
+    trainer = _TrainerView(
+        module,
+        batches,
+        max_steps=max_steps,
+        max_epochs=max_epochs,
+        accumulate=accumulate_grad_batches,
+    )
     module.trainer = trainer
     optimizer = _configured_optimizer(core, module, trainer)
-    return Workload(model=module, optimizer=optimizer, step=_step(trainer, optimizer),
-                    clip_norm=clip_norm,
-                    batches=Groups(batches, accumulate_grad_batches,
-                                   on_epoch=functools.partial(_set_sampler_epoch, batches)),
-                    schedulers=[trainer])
+    return Workload(
+        model=module,
+        optimizer=optimizer,
+        step=_step(trainer, optimizer),
+        clip_norm=clip_norm,
+        batches=Groups(
+            batches,
+            accumulate_grad_batches,
+            on_epoch=functools.partial(_set_sampler_epoch, batches),
+        ),
+        schedulers=[trainer],
+    )
 
 
 def _check_module(module: Any, accumulate_grad_batches: Any) -> None:
@@ -79,11 +97,16 @@ def _check_module(module: Any, accumulate_grad_batches: Any) -> None:
         raise UsageError(
             f"{type(module).__name__} sets automatic_optimization = False: lightning_workload "
             "runs Lightning's automatic optimization only; return a Workload with a "
-            "step(model, batch, amp) function that calls amp.backward and amp.step instead")
-    if isinstance(accumulate_grad_batches, bool) or not isinstance(
-            accumulate_grad_batches, int) or accumulate_grad_batches < 1:
-        raise UsageError(f"accumulate_grad_batches must be a positive integer, got "
-                         f"{accumulate_grad_batches!r}")
+            "step(model, batch, amp) function that calls amp.backward and amp.step instead"
+        )
+    if (
+        isinstance(accumulate_grad_batches, bool)
+        or not isinstance(accumulate_grad_batches, int)
+        or accumulate_grad_batches < 1
+    ):
+        raise UsageError(
+            f"accumulate_grad_batches must be a positive integer, got {accumulate_grad_batches!r}"
+        )
 
 
 def _configured_optimizer(core: Any, module: Any, trainer: _TrainerView) -> Any:
@@ -92,14 +115,18 @@ def _configured_optimizer(core: Any, module: Any, trainer: _TrainerView) -> Any:
     ("epoch") and frequency (1), and its errors for bad ones."""
     try:
         optimizers, schedulers, monitor = core._configure_optimizers(  # noqa: SLF001
-            module.configure_optimizers())
+            module.configure_optimizers()
+        )
         trainer.lr_scheduler_configs = core._configure_schedulers_automatic_opt(  # noqa: SLF001
-            schedulers, monitor)
+            schedulers, monitor
+        )
     except Exception as exc:  # MisconfigurationException, from the module's return value
         raise UsageError(f"configure_optimizers(): {str(exc).strip().splitlines()[0]}") from None
     if len(optimizers) != 1:
-        raise UsageError(f"configure_optimizers() returned {len(optimizers)} optimizers: "
-                         "automatic optimization trains with exactly one")
+        raise UsageError(
+            f"configure_optimizers() returned {len(optimizers)} optimizers: "
+            "automatic optimization trains with exactly one"
+        )
     trainer.optimizers = [optimizers[0]]
     return optimizers[0]
 
@@ -126,28 +153,37 @@ def _step(trainer: _TrainerView, optimizer: Any) -> Any:
     return step
 
 
-def lightning_trainer_workload(trainer: Any, module: Any, data: Any, *,
-                               device: torch.device, horizon: int | None = None) -> Workload:
+def lightning_trainer_workload(
+    trainer: Any, module: Any, data: Any, *, device: torch.device, horizon: int | None = None
+) -> Workload:
     """What ``trainer.fit(module, data)`` trains, as a Workload (``data``: a dataloader, or a
     LightningDataModule, whose ``train_dataloader()`` is taken as ``fit`` takes it)."""
     check_lightning(trainer)
     where = lightning_device(trainer)
     if where.type != device.type:
-        raise UsageError(f"the Trainer trains on {where.type} and the search runs on "
-                         f"{device.type}: give --device {where.type} (or the Trainer's "
-                         "accelerator to match)")
+        raise UsageError(
+            f"the Trainer trains on {where.type} and the search runs on "
+            f"{device.type}: give --device {where.type} (or the Trainer's "
+            "accelerator to match)"
+        )
     clip = trainer.gradient_clip_val
     if clip and str(trainer.gradient_clip_algorithm or "norm").lower() != "norm":
-        raise UsageError("the Trainer clips gradients by value (gradient_clip_algorithm="
-                         "'value'): scalertune searches the clipping norm; clip by norm")
+        raise UsageError(
+            "the Trainer clips gradients by value (gradient_clip_algorithm="
+            "'value'): scalertune searches the clipping norm; clip by norm"
+        )
     if hasattr(data, "train_dataloader") and hasattr(data, "setup"):  # a LightningDataModule
         data.prepare_data()
         data.setup("fit")
         data = data.train_dataloader()
-    workload = lightning_workload(module, data, max_steps=trainer.max_steps,
-                                  max_epochs=trainer.max_epochs,
-                                  accumulate_grad_batches=trainer.accumulate_grad_batches,
-                                  clip_norm=float(clip) if clip else None)
+    workload = lightning_workload(
+        module,
+        data,
+        max_steps=trainer.max_steps,
+        max_epochs=trainer.max_epochs,
+        accumulate_grad_batches=trainer.accumulate_grad_batches,
+        clip_norm=float(clip) if clip else None,
+    )
     estimate = module.trainer.estimated_stepping_batches
     workload.horizon = horizon or (int(estimate) if math.isfinite(estimate) else None)
     return workload
@@ -168,8 +204,10 @@ def _lightning_core(module: torch.nn.Module) -> Any:
             package = cls.__module__.rpartition(".core")[0]
             if package in ("lightning.pytorch", "pytorch_lightning"):
                 return importlib.import_module(f"{package}.core.optimizer")
-    raise UsageError(f"lightning_workload needs a LightningModule, got a {type(module).__name__}: "
-                     "for a plain nn.Module return a Workload (model, optimizer, batches, loss_fn)")
+    raise UsageError(
+        f"lightning_workload needs a LightningModule, got a {type(module).__name__}: "
+        "for a plain nn.Module return a Workload (model, optimizer, batches, loss_fn)"
+    )
 
 
 class _TrainerView:
@@ -182,8 +220,15 @@ class _TrainerView:
     sanity_checking = validating = testing = predicting = should_stop = False
     logger = datamodule = progress_bar_callback = None
 
-    def __init__(self, module: Any, batches: Iterable[Any], *, max_steps: int,
-                 max_epochs: int | None, accumulate: int) -> None:
+    def __init__(
+        self,
+        module: Any,
+        batches: Iterable[Any],
+        *,
+        max_steps: int,
+        max_epochs: int | None,
+        accumulate: int,
+    ) -> None:
         self.lightning_module = self.model = module
         self.accumulate_grad_batches = accumulate
         self.train_dataloader = batches
@@ -234,8 +279,13 @@ class _TrainerView:
             for config in self.lr_scheduler_configs:
                 if config.reduce_on_plateau != plateau:
                     continue
-                due = (self.batch_idx if config.interval == "step"
-                       else self.current_epoch + 1 if epoch_ends else None)
+                due = (
+                    self.batch_idx
+                    if config.interval == "step"
+                    else self.current_epoch + 1
+                    if epoch_ends
+                    else None
+                )
                 if due is not None and due % config.frequency == 0:
                     self._step_scheduler(config)
         if epoch_ends:
@@ -244,13 +294,19 @@ class _TrainerView:
 
     def state_dict(self) -> dict[str, Any]:
         """The loop's counters and its schedulers' states: what a checkpoint restarts from."""
-        return {"global_step": self.global_step, "current_epoch": self.current_epoch,
-                "batch_idx": self.batch_idx,
-                "schedulers": [c.scheduler.state_dict() for c in self.lr_scheduler_configs]}
+        return {
+            "global_step": self.global_step,
+            "current_epoch": self.current_epoch,
+            "batch_idx": self.batch_idx,
+            "schedulers": [c.scheduler.state_dict() for c in self.lr_scheduler_configs],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.global_step, self.current_epoch, self.batch_idx = (
-            state["global_step"], state["current_epoch"], state["batch_idx"])
+            state["global_step"],
+            state["current_epoch"],
+            state["batch_idx"],
+        )
         for config, saved in zip(self.lr_scheduler_configs, state["schedulers"]):
             config.scheduler.load_state_dict(saved)
 
@@ -264,7 +320,8 @@ class _TrainerView:
                 raise UsageError(
                     f"ReduceLROnPlateau monitors {config.monitor!r}, which training_step has not "
                     f"logged (logged: {', '.join(self.callback_metrics) or 'nothing'}): "
-                    "self.log it in training_step")
+                    "self.log it in training_step"
+                )
         with warnings.catch_warnings():
             # A step GradScaler skipped is what a search is for; torch warns about it when the
             # very first optimizer step was skipped, as it would under a Trainer.
@@ -277,7 +334,8 @@ class _TrainerView:
             "global_step, current_epoch, max_steps, max_epochs, estimated_stepping_batches, "
             "num_training_batches, optimizers, lr_scheduler_configs, callback_metrics, precision "
             "and the rank and device counts; read it outside training_step, or pass a step "
-            "function instead")
+            "function instead"
+        )
 
 
 class _StrategyView:
@@ -298,4 +356,5 @@ class _StrategyView:
         raise AttributeError(
             f"self.trainer.strategy.{name}: lightning_workload trains without a Trainer's "
             "strategy (it offers root_device, and self.optimizers()); read it outside "
-            "training_step, or pass a step function instead")
+            "training_step, or pass a step function instead"
+        )

@@ -25,8 +25,10 @@ def load_factory(spec: str | Callable[[], Any], *, isolated: bool = False) -> Ca
             _check_importable(spec)
         return spec
     if not isinstance(spec, str):
-        raise UsageError(f"the factory is a {type(spec).__name__}: give a function, or "
-                         "'path/to/model.py:make_model'")
+        raise UsageError(
+            f"the factory is a {type(spec).__name__}: give a function, or "
+            "'path/to/model.py:make_model'"
+        )
     module_part, sep, name = spec.rpartition(":")
     if not sep or not module_part or not name:
         raise UsageError(
@@ -39,8 +41,10 @@ def load_factory(spec: str | Callable[[], Any], *, isolated: bool = False) -> Ca
         module = _import_module(module_part)
     factory = getattr(module, name, None)
     if factory is None:
-        raise UsageError(f"{module_part} has no attribute {name!r}: "
-                         f"{_closest(name, _functions(module)) or 'name the factory function'}")
+        raise UsageError(
+            f"{module_part} has no attribute {name!r}: "
+            f"{_closest(name, _functions(module)) or 'name the factory function'}"
+        )
     if not callable(factory):
         raise UsageError(
             f"{module_part}:{name} is a {type(factory).__name__}, not callable: "
@@ -69,22 +73,30 @@ def _check_importable(factory: Callable[[], Any]) -> None:
     found: Any = module
     for part in qualname.split("."):
         found = getattr(found, part, None)
-    if found is not factory or (module is not None and module.__name__ == "__main__"
-                                and not getattr(module, "__file__", None)):
+    if found is not factory or (
+        module is not None
+        and module.__name__ == "__main__"
+        and not getattr(module, "__file__", None)
+    ):
         raise UsageError(
             f"--isolate runs every trial in a new process, which cannot import the factory "
             f"{factory_name(factory)} (a lambda, a nested function or one defined "
-            "interactively): give 'path/to/model.py:make_model', or a module-level function")
+            "interactively): give 'path/to/model.py:make_model', or a module-level function"
+        )
 
 
 def _import_file(path: str) -> Any:
     if not os.path.isfile(path):
         folder = os.path.dirname(path) or "."
-        files = (sorted(f for f in os.listdir(folder) if f.endswith(".py"))
-                 if os.path.isdir(folder) else [])
+        files = (
+            sorted(f for f in os.listdir(folder) if f.endswith(".py"))
+            if os.path.isdir(folder)
+            else []
+        )
         hint = _closest(os.path.basename(path), files)
-        raise UsageError(f"no such file: {path} "
-                         f"({hint or 'give the path to the file holding the factory'})")
+        raise UsageError(
+            f"no such file: {path} ({hint or 'give the path to the file holding the factory'})"
+        )
     path = os.path.abspath(path)
     module_name = "_scalertune_user_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -125,8 +137,10 @@ def _import_module(name: str) -> Any:
 def one_line(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         # A script's exit, run on import or from a factory: say which call, and the cure.
-        return (f"SystemExit: sys.exit({exc.code!r}) was called (keep script code under "
-                "if __name__ == '__main__':)")
+        return (
+            f"SystemExit: sys.exit({exc.code!r}) was called (keep script code under "
+            "if __name__ == '__main__':)"
+        )
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
@@ -137,9 +151,13 @@ class FactoryError(Exception):
 
 def _functions(module: Any) -> list[str]:
     """The public functions a module defines (the candidates for a factory)."""
-    return sorted(name for name, value in vars(module).items()
-                  if callable(value) and not name.startswith("_")
-                  and getattr(value, "__module__", None) == module.__name__)
+    return sorted(
+        name
+        for name, value in vars(module).items()
+        if callable(value)
+        and not name.startswith("_")
+        and getattr(value, "__module__", None) == module.__name__
+    )
 
 
 def _closest(name: str, choices: list[str]) -> str:

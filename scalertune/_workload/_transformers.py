@@ -45,14 +45,17 @@ from scalertune._workload._groups import Groups
 from scalertune._workload._loader import one_line
 
 
-def transformers_workload(trainer: Any, *, device: torch.device,
-                          horizon: int | None = None) -> Workload:
+def transformers_workload(
+    trainer: Any, *, device: torch.device, horizon: int | None = None
+) -> Workload:
     """The Workload that trains what ``trainer.train()`` would (see the module's docstring)."""
     check_trainer(trainer, before="return the Trainer before train() (or a new one)")
     if trainer_device(trainer).type != device.type:
-        raise UsageError(f"the Trainer trains on {trainer_device(trainer).type} and the search "
-                         f"runs on {device.type}: give --device {trainer_device(trainer).type} "
-                         "(or TrainingArguments(use_cpu=...) to match)")
+        raise UsageError(
+            f"the Trainer trains on {trainer_device(trainer).type} and the search "
+            f"runs on {device.type}: give --device {trainer_device(trainer).type} "
+            "(or TrainingArguments(use_cpu=...) to match)"
+        )
     route = Route()
     route_trainer(trainer, route, training=False)
     args = trainer.args
@@ -70,23 +73,30 @@ def transformers_workload(trainer: Any, *, device: torch.device,
         route.amp = amp
         micro, items = trainer.get_batch_samples(iter(group), len(group), args.device)
         trainer.current_gradient_accumulation_steps = len(micro)
-        loss: torch.Tensor = sum(_micro_step(trainer, model, inputs, items, i == len(micro) - 1)
-                                 for i, inputs in enumerate(micro))
+        loss: torch.Tensor = sum(
+            _micro_step(trainer, model, inputs, items, i == len(micro) - 1)
+            for i, inputs in enumerate(micro)
+        )
         if amp.step(optimizer) and not plateau:
             scheduler.step()
         model.zero_grad()
         trainer.state.global_step += 1
         return loss
 
-    return Workload(model=ranks_model(trainer), optimizer=optimizer, step=step,
-                    batches=Groups(loader, args.gradient_accumulation_steps,
-                                   on_epoch=functools.partial(_set_epoch, loader)),
-                    clip_norm=args.max_grad_norm if args.max_grad_norm > 0 else None,
-                    schedulers=[scheduler, counters], horizon=horizon or max_steps)
+    return Workload(
+        model=ranks_model(trainer),
+        optimizer=optimizer,
+        step=step,
+        batches=Groups(
+            loader, args.gradient_accumulation_steps, on_epoch=functools.partial(_set_epoch, loader)
+        ),
+        clip_norm=args.max_grad_norm if args.max_grad_norm > 0 else None,
+        schedulers=[scheduler, counters],
+        horizon=horizon or max_steps,
+    )
 
 
-def _micro_step(trainer: Any, model: torch.nn.Module, inputs: Any, items: Any,
-                last: bool) -> Any:
+def _micro_step(trainer: Any, model: torch.nn.Module, inputs: Any, items: Any, last: bool) -> Any:
     """One micro-batch through ``training_step``; with ranks, the gradients all-reduced
     after the last micro-batch only, as ``train()`` does (:func:`micro_batch`)."""
     if model is trainer.model:

@@ -41,8 +41,14 @@ CODEPOINTS = "codepoints:make_model"
 LATE = "late"
 _NOTE_KEY = re.compile(r"^dashboard:([^:]+:)?note_(ver|str:\d+)$")
 _CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
     "--hide-scrollbars",
 ]
 _AMP_ROLES = ("baseline", "search", "confirm", "recommended")
@@ -72,12 +78,23 @@ def _stored(url):
     for study in storage.get_all_studies():
         sid = study_id(study)
         # a pruned run's curve ends in NaN, which equals nothing, itself included
-        trials = [(t.number, t.state, t.values, t.params, t.user_attrs, t.system_attrs,
-                   {k: "nan" if math.isnan(v) else v for k, v in t.intermediate_values.items()},
-                   t.datetime_start, t.datetime_complete)
-                  for t in storage.get_all_trials(sid)]
-        system = {k: v for k, v in storage.get_study_system_attrs(sid).items()
-                  if not _NOTE_KEY.match(k)}
+        trials = [
+            (
+                t.number,
+                t.state,
+                t.values,
+                t.params,
+                t.user_attrs,
+                t.system_attrs,
+                {k: "nan" if math.isnan(v) else v for k, v in t.intermediate_values.items()},
+                t.datetime_start,
+                t.datetime_complete,
+            )
+            for t in storage.get_all_trials(sid)
+        ]
+        system = {
+            k: v for k, v in storage.get_study_system_attrs(sid).items() if not _NOTE_KEY.match(k)
+        }
         state[study.study_name] = (storage.get_study_user_attrs(sid), system, trials)
     storage.remove_session()
     return state
@@ -103,25 +120,79 @@ class Dashboard:
         for _ in range(3):
             with tempfile.TemporaryDirectory(dir=self.tmp) as profile:
                 dom = subprocess.run(
-                    [_chromium(), *_CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-                     "--window-size=1400,2400", "--virtual-time-budget=20000", "--dump-dom",
-                     f"http://127.0.0.1:{self.port}{page}"],
-                    capture_output=True, text=True, timeout=180).stdout
+                    [
+                        _chromium(),
+                        *_CHROMIUM_FLAGS,
+                        f"--user-data-dir={profile}",
+                        "--window-size=1400,2400",
+                        "--virtual-time-budget=20000",
+                        "--dump-dom",
+                        f"http://127.0.0.1:{self.port}{page}",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=180,
+                ).stdout
             if expect in dom:
                 return dom
         raise AssertionError(f"{page} never showed {expect!r}; last DOM:\n{dom[-3000:]}")
 
 
 def _searches(d, tmp):
-    d.search = run_cli("search", os.path.join(ROOT, "examples", "codepoints.py:make_model"),
-                       "--storage", d.url, "--n-trials", "4", "--steps", "60", "--device",
-                       "cpu", "-q", "-o", "codepoints.yaml", cwd=tmp)
-    run_cli("search", spec("forward_overflow"), "--storage", d.url, "--study-name", "fwd",
-            "--n-trials", "2", "--steps", "30", "--device", "cpu", "-q", "-o", "fwd.yaml",
-            cwd=tmp)
-    late = run_cli("search", spec("readings_near_1000", "late_workloads.py"), "--storage",
-                   d.url, "--study-name", LATE, "--n-trials", "4", "--steps", "100",
-                   "--horizon", "1000", "--device", "cpu", "-q", "-o", "late.yaml", cwd=tmp)
+    d.search = run_cli(
+        "search",
+        os.path.join(ROOT, "examples", "codepoints.py:make_model"),
+        "--storage",
+        d.url,
+        "--n-trials",
+        "4",
+        "--steps",
+        "60",
+        "--device",
+        "cpu",
+        "-q",
+        "-o",
+        "codepoints.yaml",
+        cwd=tmp,
+    )
+    run_cli(
+        "search",
+        spec("forward_overflow"),
+        "--storage",
+        d.url,
+        "--study-name",
+        "fwd",
+        "--n-trials",
+        "2",
+        "--steps",
+        "30",
+        "--device",
+        "cpu",
+        "-q",
+        "-o",
+        "fwd.yaml",
+        cwd=tmp,
+    )
+    late = run_cli(
+        "search",
+        spec("readings_near_1000", "late_workloads.py"),
+        "--storage",
+        d.url,
+        "--study-name",
+        LATE,
+        "--n-trials",
+        "4",
+        "--steps",
+        "100",
+        "--horizon",
+        "1000",
+        "--device",
+        "cpu",
+        "-q",
+        "-o",
+        "late.yaml",
+        cwd=tmp,
+    )
     assert late.returncode == 0, late.stderr
     d.yaml = yaml.safe_load((tmp / "codepoints.yaml").read_text())
     d.late_yaml = yaml.safe_load((tmp / "late.yaml").read_text())
@@ -135,27 +206,41 @@ def dashboard(tmp_path_factory):
     storage = optuna.storages.RDBStorage(d.url)
     codepoints = optuna.load_study(study_name=CODEPOINTS, storage=storage)
     d.artifacts_after_search = optuna.artifacts.get_all_artifact_meta(codepoints)
-    d.report_json = json.loads(run_cli("report", "--storage", d.url, "--study-name", CODEPOINTS,
-                                       "--json", cwd=tmp).stdout)
-    run_cli("report", "--storage", d.url, "--study-name", CODEPOINTS, "-o", "again.yaml",
-            cwd=tmp)
+    d.report_json = json.loads(
+        run_cli("report", "--storage", d.url, "--study-name", CODEPOINTS, "--json", cwd=tmp).stdout
+    )
+    run_cli("report", "--storage", d.url, "--study-name", CODEPOINTS, "-o", "again.yaml", cwd=tmp)
     d.artifacts_after_report = optuna.artifacts.get_all_artifact_meta(codepoints)
     # An outdated note: the dashboard's refresh must replace it, and change nothing else.
     from optuna_dashboard import save_note
+
     save_note(codepoints, "an outdated note")
     storage.remove_session()
 
     d.before = _stored(d.url)
     server = subprocess.Popen(
-        [sys.executable, "-m", "scalertune", "dashboard", "--storage", d.url,
-         "--port", str(d.port)],
-        cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "dashboard",
+            "--storage",
+            d.url,
+            "--port",
+            str(d.port),
+        ],
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
             try:
-                d.studies = {s["study_name"]: s["study_id"]
-                             for s in d.api("/api/studies")["study_summaries"]}
+                d.studies = {
+                    s["study_name"]: s["study_id"] for s in d.api("/api/studies")["study_summaries"]
+                }
                 break
             except OSError:
                 assert server.poll() is None, server.stderr.read()
@@ -180,8 +265,10 @@ def _attrs(trial):
 
 def _recommended(detail):
     """The study's latest ``recommended`` trial: its answer."""
-    return max((t for t in detail["trials"] if _attrs(t).get("role") == "recommended"),
-               key=lambda t: t["number"])
+    return max(
+        (t for t in detail["trials"] if _attrs(t).get("role") == "recommended"),
+        key=lambda t: t["number"],
+    )
 
 
 def _answer_time(document):
@@ -215,8 +302,9 @@ def test_report_json_equals_the_yaml_and_report_uploads_nothing_twice(dashboard)
     # the pictures report wrote beside again.yaml are the same bytes as the search's
     for path in dashboard.tmp.glob("again.*.png"):
         twin = dashboard.tmp / path.name.replace("again.", "codepoints.", 1)
-        assert hashlib.sha256(path.read_bytes()).digest() == \
-            hashlib.sha256(twin.read_bytes()).digest()
+        assert (
+            hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(twin.read_bytes()).digest()
+        )
 
 
 def test_refreshing_notes_changes_nothing_but_notes(dashboard):
@@ -249,11 +337,21 @@ def test_every_run_has_a_role_params_and_the_constraint_the_dashboard_reads(dash
         for number, trial in _trials(dashboard.details[name]).items():
             attrs = _attrs(trial)
             roles.setdefault(name, set()).add(attrs.get("role"))
-            assert attrs.get("role") in ("reference", "float32-clip", *_AMP_ROLES,
-                                         *_HORIZON_ROLES), (number, attrs)
+            assert attrs.get("role") in (
+                "reference",
+                "float32-clip",
+                *_AMP_ROLES,
+                *_HORIZON_ROLES,
+            ), (number, attrs)
             if attrs["role"] in ("baseline", "search", "confirm", "island", "replay"):
-                assert {"config", "skipped_steps", "min_scale", "steps_to_target",
-                        "time_to_target_s", "loss_vs_float32"} <= set(attrs), number
+                assert {
+                    "config",
+                    "skipped_steps",
+                    "min_scale",
+                    "steps_to_target",
+                    "time_to_target_s",
+                    "loss_vs_float32",
+                } <= set(attrs), number
             if attrs["role"] == "phase":
                 assert set(attrs) >= _PHASE_ATTRS, number
             assert trial["params"], f"trial {number} has no params"
@@ -261,7 +359,8 @@ def test_every_run_has_a_role_params_and_the_constraint_the_dashboard_reads(dash
                 continue
             assert trial["constraints"], f"trial {number}: no constraints for the dashboard"
             feasible = attrs["role"] in ("recommended", "phase") or (
-                attrs.get("steps_to_target") != "null")
+                attrs.get("steps_to_target") != "null"
+            )
             assert (max(trial["constraints"]) <= 0) == feasible, (number, trial["constraints"])
     assert "phase" in roles[LATE], "the horizon search branches its finalists"
 
@@ -272,19 +371,24 @@ def test_curves_are_relative_to_the_target_and_branches_sit_in_their_windows(das
     steps = dashboard.yaml["evidence"]["steps"]
     for number, trial in _trials(dashboard.detail).items():
         attrs = _attrs(trial)
-        if (trial["state"] != "Complete" or attrs["role"] == "recommended"
-                or "duplicate_of" in attrs):
+        if (
+            trial["state"] != "Complete"
+            or attrs["role"] == "recommended"
+            or "duplicate_of" in attrs
+        ):
             continue  # pruned runs below; the others trained nothing, the run they repeat did
         values = trial["intermediate_values"]
         assert 0 < len(values) <= steps // _policy.READBACK_INTERVAL + 1, number
         if attrs["role"] == "reference":
             # float32's smoothed loss ends at the target over (1 + tolerance), in log10
             assert values[-1]["value"] == pytest.approx(
-                math.log10(1 / (1 + _policy.TARGET_TOLERANCE)), rel=1e-6)
+                math.log10(1 / (1 + _policy.TARGET_TOLERANCE)), rel=1e-6
+            )
     late = _trials(dashboard.late)
     horizon = dashboard.late_yaml["evidence"]["horizon"]
-    reference = next(t for t in late.values() if _attrs(t)["role"] == "reference"
-                     and _attrs(t)["seed"] == "0")
+    reference = next(
+        t for t in late.values() if _attrs(t)["role"] == "reference" and _attrs(t)["seed"] == "0"
+    )
     assert reference["intermediate_values"][-1]["step"] >= horizon - _policy.READBACK_INTERVAL
     for trial in late.values():
         attrs = _attrs(trial)
@@ -295,8 +399,7 @@ def test_curves_are_relative_to_the_target_and_branches_sit_in_their_windows(das
 
 
 def test_pruned_trials_have_no_objective_value_and_the_history_plot_only_times(dashboard):
-    pruned = [t for d in dashboard.details.values() for t in d["trials"]
-              if t["state"] == "Pruned"]
+    pruned = [t for d in dashboard.details.values() for t in d["trials"] if t["state"] == "Pruned"]
     assert pruned, "the forward-overflow study prunes its float16 runs"
     for trial in pruned:
         # a log10 loss ratio on the time-to-target axis is what Optuna wrote before
@@ -320,8 +423,11 @@ def test_notes_explain_roles_curves_and_mark_the_recommendation(dashboard):
         assert f"★ trial {evidence['trial']}" in note
     for trial in trials.values():
         attrs = _attrs(trial)
-        if (trial["state"] == "Complete" and attrs["role"] in ("baseline", "search", "confirm")
-                and attrs["steps_to_target"] == "null"):
+        if (
+            trial["state"] == "Complete"
+            and attrs["role"] in ("baseline", "search", "confirm")
+            and attrs["steps_to_target"] == "null"
+        ):
             assert "**Infeasible**" in trial["note"]["body"]
     for trial in dashboard.details["fwd"]["trials"]:
         if trial["state"] == "Pruned":
@@ -333,8 +439,11 @@ def test_the_horizon_study_note_and_a_branchs_note_name_the_windows_and_float32(
     horizon = dashboard.late_yaml["evidence"]["horizon"]
     assert f"evidence covers steps 0-{horizon} of the horizon" in note
     assert "### Phases of the horizon" in note
-    reference = next(n for n, t in _trials(dashboard.late).items()
-                     if _attrs(t)["role"] == "reference" and _attrs(t)["seed"] == "0")
+    reference = next(
+        n
+        for n, t in _trials(dashboard.late).items()
+        if _attrs(t)["role"] == "reference" and _attrs(t)["seed"] == "0"
+    )
     for number, trial in _trials(dashboard.late).items():
         attrs = _attrs(trial)
         if attrs["role"] != "phase":
@@ -355,15 +464,18 @@ def test_pictures_are_artifacts_and_shown_full_size_in_the_notes(dashboard):
     for name, count in ((CODEPOINTS, 2), (LATE, 3)):
         detail, sid = dashboard.details[name], dashboard.studies[name]
         artifacts = detail["artifacts"]
-        assert len(artifacts) == count and all(a["mimetype"] == "image/png"
-                                               for a in artifacts), (name, artifacts)
+        assert len(artifacts) == count and all(a["mimetype"] == "image/png" for a in artifacts), (
+            name,
+            artifacts,
+        )
         urls = {f"/artifacts/{sid}/{a['artifact_id']}" for a in artifacts}
         embedded = set(re.findall(r"!\[[^\]]*\]\((/artifacts/[^)]+)\)", detail["note"]["body"]))
         assert embedded == urls, name
         for url in urls:
             assert dashboard.get(url)[:8] == b"\x89PNG\r\n\x1a\n"
-    default = next(t for t in dashboard.detail["trials"]
-                   if _attrs(t).get("baseline") == "pytorch-default")
+    default = next(
+        t for t in dashboard.detail["trials"] if _attrs(t).get("baseline") == "pytorch-default"
+    )
     assert re.search(r"!\[[^\]]*\]\(/artifacts/", default["note"]["body"])
     assert any(a["filename"] == "late.horizon.png" for a in dashboard.late["artifacts"])
     assert (dashboard.tmp / "late.horizon.png").exists()
@@ -372,7 +484,7 @@ def test_pictures_are_artifacts_and_shown_full_size_in_the_notes(dashboard):
 def _history_points(page):
     """Markers the History plot drew (Plotly leaves out a trial without a finite value)."""
     start = page.index('id="plot-history"')
-    return page[start:page.index("Hyperparameter Importance", start)].count('class="point"')
+    return page[start : page.index("Hyperparameter Importance", start)].count('class="point"')
 
 
 def test_the_browser_shows_best_trial_infeasible_runs_note_and_pictures(dashboard):
@@ -381,9 +493,12 @@ def test_the_browser_shows_best_trial_infeasible_runs_note_and_pictures(dashboar
     study_page = dashboard.render(f"/dashboard/studies/{sid}", "Best Trial (number=")
     shown = int(re.search(r"Best Trial \(number=(\d+)\)", study_page).group(1))
     assert shown == best["number"]
-    never = {n: t for n, t in _trials(dashboard.detail).items()
-             if _attrs(t)["role"] in ("baseline", "search", "confirm")
-             and _attrs(t).get("steps_to_target") == "null"}
+    never = {
+        n: t
+        for n, t in _trials(dashboard.detail).items()
+        if _attrs(t)["role"] in ("baseline", "search", "confirm")
+        and _attrs(t).get("steps_to_target") == "null"
+    }
     assert never, "the codepoints float16 baselines never reach the target"
     # Whether they run to the end or are pruned as slower than the best depends on the step
     # timing: a complete one is infeasible, a pruned one has no value and no feasibility.
@@ -415,12 +530,13 @@ def test_the_browser_shows_the_horizon_studys_best_trial_history_and_branch(dash
     assert len(re.findall(rf'<img [^>]*src="/artifacts/{sid}/', note_page)) == 3
     assert 'alt="the horizon: each finalist' in note_page
 
-    branch, attrs = next((n, _attrs(t)) for n, t in _trials(late).items()
-                         if _attrs(t)["role"] == "phase")
-    title = ("config from step 0 to" if attrs["start"] == "0" else "branch of trial")
+    branch, attrs = next(
+        (n, _attrs(t)) for n, t in _trials(late).items() if _attrs(t)["role"] == "phase"
+    )
+    title = "config from step 0 to" if attrs["start"] == "0" else "branch of trial"
     trials_page = dashboard.render(
         f"/dashboard/studies/{sid}/trials?numbers={best['number']},{branch}",
-        f"Trial {branch}: " + (f"trial {attrs['of']}'s " if attrs["start"] == "0" else "")
-        + title)
+        f"Trial {branch}: " + (f"trial {attrs['of']}'s " if attrs["start"] == "0" else "") + title,
+    )
     assert f"Trial {best['number']}: ★ the recommendation" in trials_page
     assert "float32's continuation" in trials_page

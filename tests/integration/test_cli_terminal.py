@@ -18,9 +18,25 @@ def test_a_terminal_gets_a_progress_bar_with_the_run_lines_above_it(tmp_path):
     # a terminal of 40 rows and 120 columns (a new pty has 0x0, where tqdm hides its bar)
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scalertune", "search", spec("healthy"), "--n-trials", "2",
-         "--steps", "40", "--device", "cpu"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, text=True)
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "search",
+            spec("healthy"),
+            "--n-trials",
+            "2",
+            "--steps",
+            "40",
+            "--device",
+            "cpu",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
     os.close(slave)
     chunks = []
     while True:

@@ -15,8 +15,13 @@ from scalertune._search._launch import RankFailed, TrialCrashed, run_isolated
 from tests import distributed_workloads
 
 STEPS = 30
-CONFIG = {"dtype": "float16", "init_scale": 2.0**16, "growth_factor": 2.0,
-          "backoff_factor": 0.5, "growth_interval": 5}
+CONFIG = {
+    "dtype": "float16",
+    "init_scale": 2.0**16,
+    "growth_factor": 2.0,
+    "backoff_factor": 0.5,
+    "growth_interval": 5,
+}
 FACTORIES = ("ddp", "fsdp2", "fsdp1")
 
 
@@ -24,18 +29,39 @@ FACTORIES = ("ddp", "fsdp2", "fsdp1")
 def plain(tmp_path_factory):
     """The yardstick: the user's own loop of each factory, under torchrun (one launch)."""
     out = tmp_path_factory.mktemp("plain") / "plain.json"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc-per-node", "2", distributed_workloads.HERE, json.dumps(CONFIG),
-                    str(STEPS), str(out), *FACTORIES],
-                   check=True, timeout=180, capture_output=True,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            distributed_workloads.HERE,
+            json.dumps(CONFIG),
+            str(STEPS),
+            str(out),
+            *FACTORIES,
+        ],
+        check=True,
+        timeout=180,
+        capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     return json.loads(out.read_text())
 
 
 def _ranks_run(factory, config, steps, timeout_s=120):
-    return run_isolated(f"{distributed_workloads.HERE}:{factory}", AmpConfig(**config),
-                        steps=steps, seed=0, device=torch.device("cpu"), timeout_s=timeout_s,
-                        memory_gb=None, ranks=2)
+    return run_isolated(
+        f"{distributed_workloads.HERE}:{factory}",
+        AmpConfig(**config),
+        steps=steps,
+        seed=0,
+        device=torch.device("cpu"),
+        timeout_s=timeout_s,
+        memory_gb=None,
+        ranks=2,
+    )
 
 
 @pytest.mark.parametrize("factory", FACTORIES)
@@ -52,8 +78,11 @@ def test_a_run_on_two_ranks_trains_as_the_plain_torchrun_loop(factory, plain):
 def test_ranks_whose_scalers_disagree_stop_the_run_naming_the_step(tmp_path):
     """FSDP1 with a plain GradScaler (a step of the workload's own): each rank decides on its
     own shard's gradients, the scales drift apart, and the run stops saying so."""
-    with pytest.raises(TrialCrashed, match=r"GradScalers disagree on the loss scale after "
-                                           r"step \d+ \(rank 0: [\d.]+, rank 1: [\d.]+\)"):
+    with pytest.raises(
+        TrialCrashed,
+        match=r"GradScalers disagree on the loss scale after "
+        r"step \d+ \(rank 0: [\d.]+, rank 1: [\d.]+\)",
+    ):
         _ranks_run("fsdp1_own_scaler", CONFIG, STEPS)
 
 
@@ -66,8 +95,12 @@ def test_a_rank_that_dies_or_hangs_ends_its_run_naming_the_rank(fault, tmp_path,
 
     monkeypatch.setenv("SCALERTUNE_TEST_FAULT", str(tmp_path / "fault"))
     started = time.monotonic()
-    with pytest.raises(RankFailed, match="rank 1 of 2: the trial's process exited with status "
-                       "13" if fault == "dies" else "timed out|rank 1 of 2 hung") as failed:
+    with pytest.raises(
+        RankFailed,
+        match="rank 1 of 2: the trial's process exited with status 13"
+        if fault == "dies"
+        else "timed out|rank 1 of 2 hung",
+    ) as failed:
         _ranks_run(f"ddp_rank_{fault}", CONFIG, STEPS, timeout_s=20)
     assert time.monotonic() - started < 60
     assert (tmp_path / "fault").exists()

@@ -28,8 +28,18 @@ WORKLOAD = "healthy"
 #: configs several workers sample depends on who asks first), PyTorch's float16 defaults and
 #: the replay's choice, ranked by their steps to the target (one dtype, one step time).
 HORIZON = 200
-ARGS = ["--steps", "40", "--horizon", str(HORIZON), "--n-trials", "0", "--space", "float16",
-        "--device", "cpu"]
+ARGS = [
+    "--steps",
+    "40",
+    "--horizon",
+    str(HORIZON),
+    "--n-trials",
+    "0",
+    "--space",
+    "float16",
+    "--device",
+    "cpu",
+]
 LAUNCHER = os.path.join(HERE, "fault_launcher.py")
 #: A search here takes about 20 s; longer is stuck.
 STUCK_S = 300
@@ -37,12 +47,29 @@ STUCK_S = 300
 
 def _search(storage, cwd, *extra, launcher=(), study="shared", output="amp.yaml"):
     os.makedirs(cwd, exist_ok=True)
-    head = [sys.executable, LAUNCHER, *launcher] if launcher else [
-        sys.executable, "-m", "scalertune"]
-    return subprocess.Popen([*head, "search", spec(WORKLOAD), "--storage", storage,
-                             "--study-name", study, "-o", output, *ARGS, *extra],
-                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+    head = (
+        [sys.executable, LAUNCHER, *launcher] if launcher else [sys.executable, "-m", "scalertune"]
+    )
+    return subprocess.Popen(
+        [
+            *head,
+            "search",
+            spec(WORKLOAD),
+            "--storage",
+            storage,
+            "--study-name",
+            study,
+            "-o",
+            output,
+            *ARGS,
+            *extra,
+        ],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _finish(*procs):
@@ -78,9 +105,12 @@ def _nothing_failed(study):
     """No run failed on an error, none is left running or waiting, none lacks evidence (a
     trial that lost the race for the last sampled slot never ran: not a failure)."""
     trials = study.get_trials(deepcopy=False)
-    assert not [(t.number, t.user_attrs.get("error") or t.user_attrs["missing"]) for t in trials
-                if ("error" in t.user_attrs or "missing" in t.user_attrs)
-                and t.user_attrs.get("role") != "surplus"]
+    assert not [
+        (t.number, t.user_attrs.get("error") or t.user_attrs["missing"])
+        for t in trials
+        if ("error" in t.user_attrs or "missing" in t.user_attrs)
+        and t.user_attrs.get("role") != "surplus"
+    ]
     assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
 
 
@@ -89,13 +119,23 @@ def _reference_is_float32s_own(study):
     go: a resume from a checkpoint, or a rebuilt one, replayed the same steps bit for bit."""
     import workloads
 
-    own = run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=HORIZON, seed=0,
-                     device=torch.device("cpu"), prune=False).losses
-    ref = next(t for t in study.trials if t.user_attrs.get("role") == "reference"
-               and t.user_attrs.get("seed") == 0)
+    own = run_config(
+        workloads.healthy,
+        AmpConfig(dtype="float32"),
+        steps=HORIZON,
+        seed=0,
+        device=torch.device("cpu"),
+        prune=False,
+    ).losses
+    ref = next(
+        t
+        for t in study.trials
+        if t.user_attrs.get("role") == "reference" and t.user_attrs.get("seed") == 0
+    )
     windows = ref.system_attrs["scalertune.horizon"]["windows"]
-    assert windows and all(losses == own[int(start):int(start) + len(losses)]
-                           for start, losses in windows.items())
+    assert windows and all(
+        losses == own[int(start) : int(start) + len(losses)] for start, losses in windows.items()
+    )
 
 
 @pytest.fixture(scope="session")  # once per worker: its group may interleave with other modules
@@ -107,8 +147,9 @@ def undisturbed(tmp_path_factory):
     return {"answer": _answer(folder / "amp.yaml"), "folder": folder, "summary": out}
 
 
-def test_workers_started_in_two_folders_share_the_evidence_beside_the_journal(tmp_path,
-                                                                             undisturbed):
+def test_workers_started_in_two_folders_share_the_evidence_beside_the_journal(
+    tmp_path, undisturbed
+):
     """As on two hosts: each worker starts in its own folder and names the journal file from
     there; the checkpoints go beside the journal, where both find them."""
     a, b = _search("../study.log", tmp_path / "a"), _search("../study.log", tmp_path / "b")
@@ -125,9 +166,22 @@ def test_workers_started_in_two_folders_share_the_evidence_beside_the_journal(tm
     assert any(name.endswith(".pt.json") for name in os.listdir(store))
     # a report from a third folder finds the study, its store and its answer
     report = subprocess.run(
-        [sys.executable, "-m", "scalertune", "report", "--storage", "../study.log",
-         "--study-name", "shared", "--json"], cwd=tmp_path / "a", capture_output=True,
-        text=True, timeout=STUCK_S)
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "report",
+            "--storage",
+            "../study.log",
+            "--study-name",
+            "shared",
+            "--json",
+        ],
+        cwd=tmp_path / "a",
+        capture_output=True,
+        text=True,
+        timeout=STUCK_S,
+    )
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["evidence"]["best_amp"]["config"] == undisturbed["answer"]
 
@@ -138,12 +192,16 @@ def test_workers_share_the_evidence_through_an_s3_bucket(tmp_path, undisturbed):
     import boto3
 
     with s3_bucket() as bucket:
-        workers = [_search("../study.log", tmp_path / name, "--artifact-dir", bucket)
-                   for name in ("a", "b")]
+        workers = [
+            _search("../study.log", tmp_path / name, "--artifact-dir", bucket)
+            for name in ("a", "b")
+        ]
         for code, _, err in _finish(*workers):
             assert code == 0, err
-        keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(
-            Bucket=bucket[len("s3://"):])["Contents"]}
+        keys = {
+            o["Key"]
+            for o in boto3.client("s3").list_objects_v2(Bucket=bucket[len("s3://") :])["Contents"]
+        }
     for name in ("a", "b"):
         assert _answer(tmp_path / name / "amp.yaml") == undisturbed["answer"]
     assert not list(tmp_path.rglob("scalertune-artifacts"))
@@ -157,7 +215,8 @@ def test_workers_share_the_evidence_through_an_s3_bucket(tmp_path, undisturbed):
 
 
 def test_float32s_checkpoints_lost_after_the_reference_are_rebuilt_not_judged(
-        tmp_path, undisturbed):
+    tmp_path, undisturbed
+):
     """Every checkpoint the reference saved is lost once it is stored: the runs that need one
     rebuild it (float32 trained again from the last good one before it), and the answer is
     the undisturbed one, never 'no AMP config held'."""
@@ -178,9 +237,24 @@ def test_a_yaml_that_cannot_be_written_is_one_line_and_loses_nothing(tmp_path, u
     for limit, failing in ((1024, "amp.yaml"), (16 * 1024, ".png")):
         (tmp_path / "amp.yaml").write_text(before)
         proc = subprocess.run(
-            [sys.executable, LAUNCHER, "fsize", str(limit), "report", "--storage", storage,
-             "--study-name", "shared", "-o", "amp.yaml"], cwd=tmp_path, capture_output=True,
-            text=True, timeout=STUCK_S)
+            [
+                sys.executable,
+                LAUNCHER,
+                "fsize",
+                str(limit),
+                "report",
+                "--storage",
+                storage,
+                "--study-name",
+                "shared",
+                "-o",
+                "amp.yaml",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=STUCK_S,
+        )
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr
         assert "cannot write " in lines[0] and "File too large" in lines[0]
@@ -220,9 +294,22 @@ def test_workers_on_postgresql_ride_out_an_outage_and_never_print_the_password(t
             _outage_during_the_reference(admin, name, storage, seconds=4)
             results = _finish(*workers)
             report = subprocess.run(
-                [sys.executable, "-m", "scalertune", "report", "--storage", storage,
-                 "--study-name", "shared", "--json"], capture_output=True, text=True,
-                cwd=tmp_path, timeout=STUCK_S)
+                [
+                    sys.executable,
+                    "-m",
+                    "scalertune",
+                    "report",
+                    "--storage",
+                    storage,
+                    "--study-name",
+                    "shared",
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                cwd=tmp_path,
+                timeout=STUCK_S,
+            )
             study = _study(storage)
             _nothing_failed(study)
             stored = json.dumps([study.user_attrs, _system_attrs(study)], default=str)
@@ -264,15 +351,19 @@ def _outage_during_the_reference(admin, name, storage, *, seconds):
         time.sleep(0.05)
     with admin.connect() as c:
         c.execute(sqlalchemy.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
-        c.execute(sqlalchemy.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                  f"WHERE datname = '{name}'"))
+        c.execute(
+            sqlalchemy.text(
+                f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+            )
+        )
     time.sleep(seconds)
     with admin.connect() as c:
         c.execute(sqlalchemy.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
 
 
 def test_a_storage_down_past_the_bound_ends_the_worker_in_one_line_and_a_rerun_resumes(
-        tmp_path, undisturbed):
+    tmp_path, undisturbed
+):
     """SQLite locked by another process for longer than the outage bound (1 s here): the
     worker ends with one line naming the storage and what to do, exit status 3, its running
     trial left as a dead worker's; the same command again resumes to the undisturbed answer."""
@@ -289,16 +380,23 @@ def test_a_storage_down_past_the_bound_ends_the_worker_in_one_line_and_a_rerun_r
             pass
         time.sleep(0.05)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sqlite3, sys, time\n"
-         "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-         "c.execute('BEGIN EXCLUSIVE'); time.sleep(8); c.execute('COMMIT')\n",
-         str(tmp_path / "study.db")])
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time\n"
+            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "c.execute('BEGIN EXCLUSIVE'); time.sleep(8); c.execute('COMMIT')\n",
+            str(tmp_path / "study.db"),
+        ]
+    )
     ((code, out, err),) = _finish(worker)
     holder.wait(timeout=60)
     lines = err.strip().splitlines()
     assert code == 3 and len(lines) == 1, err
-    assert lines[0].startswith(f"scalertune search: storage {storage} has been unreachable for "
-                               "1 s (database is locked): start it")
+    assert lines[0].startswith(
+        f"scalertune search: storage {storage} has been unreachable for "
+        "1 s (database is locked): start it"
+    )
     assert "rerun the same command" in lines[0]
     ((code, out, err),) = _finish(_search(storage, tmp_path))
     assert code == 0, err

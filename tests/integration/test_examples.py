@@ -17,7 +17,11 @@ def _example(tmp_path, name):
     shutil.copytree(os.path.join(ROOT, "examples"), tmp_path / "examples")
     return subprocess.run(
         [sys.executable, "-m", "scalertune", "search", f"examples/{name}.py:make_model"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
     )
 
 
@@ -44,8 +48,7 @@ def test_codepoints_default_search_avoids_what_pytorch_defaults_do(tmp_path):
     finally:
         sys.path.pop(0)
     parts = codepoints.make_model()
-    amp = scalertune.load(str(tmp_path / "codepoints_make_model.yaml"), device="cpu",
-                          best_amp=True)
+    amp = scalertune.load(str(tmp_path / "codepoints_make_model.yaml"), device="cpu", best_amp=True)
     first = last = None
     for _ in range(20):
         for batch in parts["batches"]:
@@ -63,8 +66,9 @@ def test_classifier_trains_under_amp_and_pytorch_defaults_train_it_too(tmp_path)
     default = data["evidence"]["pytorch-default"]
     # PyTorch's defaults train it: they reach the target, or are stopped only for being
     # slower than the best run, never for going non-finite.
-    assert default.get("steps_to_target") is not None or "slower than the best" in default[
-        "outcome"], default
+    assert (
+        default.get("steps_to_target") is not None or "slower than the best" in default["outcome"]
+    ), default
     assert not default.get("skipped_steps")
     # float32 on this CPU (AMP steps are slower here); the best AMP config that held is kept
     assert data["config"]["dtype"] == "float32"

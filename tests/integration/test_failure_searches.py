@@ -14,8 +14,9 @@ CPU = torch.device("cpu")
 
 def test_scale_one_underflow_never_reaches_target_and_ranks_below_larger_scale(storage, space_file):
     path = space_file("dtype: {choices: [float16]}\ninit_scale: 1.0\n")
-    result = scalertune.search(spec("underflow"), storage=storage, space=path, n_trials=1,
-                               steps=60, device="cpu")
+    result = scalertune.search(
+        spec("underflow"), storage=storage, space=path, n_trials=1, steps=60, device="cpu"
+    )
     (scale_one,) = [o for o in result.ranking if o.role == "search"]
     default = result.baselines["pytorch-default"]
     assert scale_one.config.init_scale == 1.0
@@ -30,8 +31,14 @@ def test_scale_one_underflow_never_reaches_target_and_ranks_below_larger_scale(s
 
 
 def test_forward_overflow_is_pruned_with_a_reason_that_says_forward(storage):
-    result = scalertune.search(spec("forward_overflow"), storage=storage, space="float16",
-                               n_trials=3, steps=40, device="cpu")
+    result = scalertune.search(
+        spec("forward_overflow"),
+        storage=storage,
+        space="float16",
+        n_trials=3,
+        steps=40,
+        device="cpu",
+    )
     float16_runs = [o for o in result.ranking if o.config.dtype == "float16"]
     assert len(float16_runs) == 5  # two baselines and three sampled trials
     for outcome in float16_runs:
@@ -46,12 +53,14 @@ def test_forward_overflow_is_pruned_with_a_reason_that_says_forward(storage):
 
 def test_exploding_gradients_clipping_decides(storage, space_file):
     # Unclipped, the workload explodes in any dtype: clipping is what trains it.
-    unclipped_bf16 = run_config(workloads.exploding, AmpConfig(dtype="bfloat16"),
-                                steps=60, seed=0, device=CPU)
+    unclipped_bf16 = run_config(
+        workloads.exploding, AmpConfig(dtype="bfloat16"), steps=60, seed=0, device=CPU
+    )
     assert unclipped_bf16.prune_kind in {"diverged", "parameters"}
     path = space_file("dtype: {choices: [bfloat16]}\nclip_norm: 10.0\n")
-    result = scalertune.search(spec("exploding"), storage=storage, space=path, n_trials=1,
-                               steps=60, device="cpu")
+    result = scalertune.search(
+        spec("exploding"), storage=storage, space=path, n_trials=1, steps=60, device="cpu"
+    )
     assert amp_answer(result) is not None
     assert amp_answer(result).config == AmpConfig(dtype="bfloat16", clip_norm=10.0)
     # The baselines clip as the workload declares: PyTorch's scaler defaults, not "no clip".

@@ -66,13 +66,34 @@ STUCK_S = 150
 
 
 def _command(storage, study, output, fault="none", rng=None, loop=PLAIN):
-    args = ["search", spec("healthy"), "--storage", storage, "--study-name", study,
-            "--n-trials", str(N_TRIALS), "--steps", str(STEPS), "--device", "cpu", "-q",
-            "-o", output, *loop.args()]
+    args = [
+        "search",
+        spec("healthy"),
+        "--storage",
+        storage,
+        "--study-name",
+        study,
+        "--n-trials",
+        str(N_TRIALS),
+        "--steps",
+        str(STEPS),
+        "--device",
+        "cpu",
+        "-q",
+        "-o",
+        output,
+        *loop.args(),
+    ]
     if fault.endswith("@checkpoint"):
         how = fault.split("@")[0]
-        return [sys.executable, LAUNCHER, "checkpoint", how, str(rng.randrange(1, CHECKPOINTS)),
-                *args]
+        return [
+            sys.executable,
+            LAUNCHER,
+            "checkpoint",
+            how,
+            str(rng.randrange(1, CHECKPOINTS)),
+            *args,
+        ]
     if fault.endswith("@write"):
         signal_name = fault.split("@")[0].upper()
         return [sys.executable, LAUNCHER, signal_name, str(rng.randrange(1, WRITES)), *args]
@@ -80,8 +101,14 @@ def _command(storage, study, output, fault="none", rng=None, loop=PLAIN):
 
 
 def _start(command, cwd):
-    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
 
 
 _STORAGES = {}
@@ -116,11 +143,18 @@ def _faulted_workers(storage, study, workers, rng, cwd, loop):
     if all(f == "none" for f in faults):
         faults[rng.randrange(workers)] = rng.choice(loop.faults[1:])
     folders = [_folder(cwd, i, loop) for i in range(workers)]
-    procs = [_start(_command(_from(storage, folders[i]), study, f"{study}.w{i}.yaml", fault,
-                             rng, loop), folders[i]) for i, fault in enumerate(faults)]
+    procs = [
+        _start(
+            _command(_from(storage, folders[i]), study, f"{study}.w{i}.yaml", fault, rng, loop),
+            folders[i],
+        )
+        for i, fault in enumerate(faults)
+    ]
     try:
-        for i in sorted((i for i, f in enumerate(faults) if f not in ("none",) and "@" not in f),
-                        key=lambda _: rng.random()):
+        for i in sorted(
+            (i for i, f in enumerate(faults) if f not in ("none",) and "@" not in f),
+            key=lambda _: rng.random(),
+        ):
             _wait_for_a_moment(storage, study, procs, rng)
             if faults[i] == OUTAGE:
                 _outage(storage, rng.uniform(1.0, 5.0))
@@ -200,8 +234,12 @@ def _outage(storage, seconds):
     try:
         with admin.connect() as c:
             c.execute(sqlalchemy.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
-            c.execute(sqlalchemy.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                      f"WHERE datname = '{name}'"))
+            c.execute(
+                sqlalchemy.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    f"WHERE datname = '{name}'"
+                )
+            )
         time.sleep(seconds)
     finally:
         with admin.connect() as c:
@@ -225,8 +263,11 @@ def _check_exits(results, context):
 
 
 def _finished(trials):
-    return {t.number: (t.state, t.values) for t in trials
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
+    return {
+        t.number: (t.state, t.values)
+        for t in trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    }
 
 
 def _check_study(study, before, context, loop=PLAIN):
@@ -235,18 +276,23 @@ def _check_study(study, before, context, loop=PLAIN):
     assert [t.number for t in trials] == list(range(len(trials))), context
     states = collections.Counter(t.state for t in trials)
     assert states[TrialState.RUNNING] == 0 and states[TrialState.WAITING] == 0, (
-        f"{context}: left {states}")
+        f"{context}: left {states}"
+    )
     after = _finished(trials)
     assert all(after.get(n) == v for n, v in before.items()), f"{context}: a finished trial changed"
 
     done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     # A sampled config the study had finished already is reused, not trained: it does not
     # count, and it must name a finished trial of that config.
-    trained = [t for t in done if t.user_attrs.get("role") == "search"
-               and "duplicate_of" not in t.user_attrs]
+    trained = [
+        t
+        for t in done
+        if t.user_attrs.get("role") == "search" and "duplicate_of" not in t.user_attrs
+    ]
     stopped = study.user_attrs.get("scalertune.stopped_early")
     assert len(trained) == N_TRIALS or (stopped and len(trained) < N_TRIALS), (
-        f"{context}: {len(trained)} sampled trials trained (stopped early: {stopped})")
+        f"{context}: {len(trained)} sampled trials trained (stopped early: {stopped})"
+    )
     for t in done:
         if "duplicate_of" in t.user_attrs:
             original = trials[t.user_attrs["duplicate_of"]]
@@ -256,7 +302,8 @@ def _check_study(study, before, context, loop=PLAIN):
     assert roles["recommended"] == 1, f"{context}: {roles}"
     references = [t.user_attrs["seed"] for t in trials if t.user_attrs.get("role") == "reference"]
     assert sorted(references) == sorted(set(references)) and 0 in references, (
-        f"{context}: float32 references {references}")
+        f"{context}: float32 references {references}"
+    )
     baselines = [t.user_attrs["baseline"] for t in done if t.user_attrs.get("role") == "baseline"]
     # over a horizon, only PyTorch's defaults are trained (the replay says the rest)
     expected = ["pytorch-default"] if loop.horizon else ["init-scale-4096", "pytorch-default"]
@@ -266,8 +313,11 @@ def _check_study(study, before, context, loop=PLAIN):
     assert not missing_of(trials), f"{context}: evidence missing {missing_of(trials)}"
     if loop.horizon:
         _reference_is_float32s_own(study, context)
-    confirms = [(t.user_attrs["confirms"], t.user_attrs["seed"]) for t in done
-                if t.user_attrs.get("role") == "confirm"]
+    confirms = [
+        (t.user_attrs["confirms"], t.user_attrs["seed"])
+        for t in done
+        if t.user_attrs.get("role") == "confirm"
+    ]
     assert len(confirms) == len(set(confirms)) > 0, f"{context}: confirmations {confirms}"
     assert {seed for _, seed in confirms} <= set(references), context
 
@@ -276,9 +326,11 @@ def _check_study(study, before, context, loop=PLAIN):
             # The healthy workload never fails on its own: a stored error is an interruption
             # or a storage error recorded as if the config had failed.
             assert "error" not in t.user_attrs, (
-                f"{context}: trial #{t.number} failed with {t.user_attrs['error']!r}")
-    retries = collections.Counter(t.system_attrs["failed_trial"] for t in done
-                                  if "failed_trial" in t.system_attrs)
+                f"{context}: trial #{t.number} failed with {t.user_attrs['error']!r}"
+            )
+    retries = collections.Counter(
+        t.system_attrs["failed_trial"] for t in done if "failed_trial" in t.system_attrs
+    )
     assert all(n == 1 for n in retries.values()), f"{context}: retried twice: {retries}"
     assert all(trials[n].state == TrialState.FAIL for n in retries), context
 
@@ -293,21 +345,44 @@ def _reference_is_float32s_own(study, context):
     from scalertune._amp._config import AmpConfig
     from scalertune._run._loop import run_config
 
-    own = run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=HORIZON, seed=0,
-                     device=torch.device("cpu"), prune=False).losses
-    ref = next(t for t in study.trials if t.user_attrs.get("role") == "reference"
-               and t.user_attrs.get("seed") == 0)
+    own = run_config(
+        workloads.healthy,
+        AmpConfig(dtype="float32"),
+        steps=HORIZON,
+        seed=0,
+        device=torch.device("cpu"),
+        prune=False,
+    ).losses
+    ref = next(
+        t
+        for t in study.trials
+        if t.user_attrs.get("role") == "reference" and t.user_attrs.get("seed") == 0
+    )
     windows = ref.system_attrs["scalertune.horizon"]["windows"]
-    assert windows and all(losses == own[int(start):int(start) + len(losses)]
-                           for start, losses in windows.items()), (
-        f"{context}: float32's losses over the horizon differ from an undisturbed run's")
+    assert windows and all(
+        losses == own[int(start) : int(start) + len(losses)] for start, losses in windows.items()
+    ), f"{context}: float32's losses over the horizon differ from an undisturbed run's"
 
 
 def _check_report(storage, study, output, cwd, context):
     report = subprocess.run(
-        [sys.executable, "-m", "scalertune", "report", "--storage", storage, "--study-name",
-         study, "--json"], capture_output=True, text=True, cwd=cwd, timeout=STUCK_S,
-        stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "report",
+            "--storage",
+            storage,
+            "--study-name",
+            study,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=STUCK_S,
+        stdin=subprocess.DEVNULL,
+    )
     assert report.returncode == 0, f"{context}: report: {report.stderr}"
     with open(os.path.join(cwd, output), encoding="utf-8") as f:
         written = yaml.safe_load(f)
@@ -333,22 +408,28 @@ def _rounds(storage, workers, cwd, loop=PLAIN):
             out, err = resume.communicate(timeout=STUCK_S)
         except subprocess.TimeoutExpired:
             resume.kill()
-            running = [t.number for t in _study(storage, study).trials
-                       if t.state == TrialState.RUNNING]
-            pytest.fail(f"{context}: the resume hangs; RUNNING trials {running} after "
-                        f"{[r[0] for r in results]}")
+            running = [
+                t.number for t in _study(storage, study).trials if t.state == TrialState.RUNNING
+            ]
+            pytest.fail(
+                f"{context}: the resume hangs; RUNNING trials {running} after "
+                f"{[r[0] for r in results]}"
+            )
         assert resume.returncode == 0, f"{context}: the resume exited {resume.returncode}: {err}"
         _check_study(_study(storage, study), before, context, loop)
         _check_report(storage, study, output, cwd, context)
         # Interrupted and lost runs are counted as such, never as runs that raised an error;
         # a run retried for want of evidence is neither.
-        lost = sum(t.state == TrialState.FAIL and t.user_attrs.get("role") != "surplus"
-                   and "missing" not in t.user_attrs
-                   for t in _study(storage, study).get_trials(deepcopy=False))
-        assert "raised an error" not in out and "Missing evidence" not in out, (
-            f"{context}: {out}")
-        assert (f"{lost} run{'s' if lost != 1 else ''} interrupted or lost" in out) == (
-            lost > 0), f"{context}: {lost} failed trials; {out}"
+        lost = sum(
+            t.state == TrialState.FAIL
+            and t.user_attrs.get("role") != "surplus"
+            and "missing" not in t.user_attrs
+            for t in _study(storage, study).get_trials(deepcopy=False)
+        )
+        assert "raised an error" not in out and "Missing evidence" not in out, f"{context}: {out}"
+        assert (f"{lost} run{'s' if lost != 1 else ''} interrupted or lost" in out) == (lost > 0), (
+            f"{context}: {lost} failed trials; {out}"
+        )
         done += 1
 
 
@@ -369,11 +450,16 @@ def test_faults_on_postgresql(tmp_path):
 def test_faults_over_a_horizon_with_each_worker_in_its_own_folder(tmp_path):
     """Checkpoints in the study's artifact store, beside the journal file: a worker killed as
     its checkpoint is damaged, and the others (started in other folders) go on."""
-    _rounds(str(tmp_path / "study.log"), 2, str(tmp_path),
-            Loop(faults=("none", "kill", *DAMAGED), horizon=True, own_folders=True))
+    _rounds(
+        str(tmp_path / "study.log"),
+        2,
+        str(tmp_path),
+        Loop(faults=("none", "kill", *DAMAGED), horizon=True, own_folders=True),
+    )
 
 
 # -- the same faults, replayed step by step where a random moment finds them only by chance --
+
 
 def _dead_pid():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -394,11 +480,20 @@ def test_a_retry_belongs_to_the_worker_that_runs_it(tmp_path):
 
     study = _journal_study(tmp_path)
     dead = f"{WORKER.rpartition(':')[0]}:{_dead_pid()}"
-    study.add_trial(optuna.trial.create_trial(
-        state=TrialState.RUNNING, params={"x": 0.5},
-        distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
-        user_attrs={"role": "search", "seed": 0, "config": {"dtype": "bfloat16"},
-                    "worker": dead, "steps_run": 7}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.RUNNING,
+            params={"x": 0.5},
+            distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
+            user_attrs={
+                "role": "search",
+                "seed": 0,
+                "config": {"dtype": "bfloat16"},
+                "worker": dead,
+                "steps_run": 7,
+            },
+        )
+    )
     lines = []
     recover(study, lines.append)  # C
     original, copy = study.get_trials(deepcopy=False)
@@ -419,7 +514,8 @@ def test_a_retry_belongs_to_the_worker_that_runs_it(tmp_path):
 
 
 def test_a_trial_taken_by_a_worker_that_died_before_naming_itself_is_recovered(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """A trial RUNNING with no worker and no heartbeat (the worker died right after taking
     it) is failed and queued again once it has stayed so for the grace period."""
     from scalertune import _policy
@@ -428,8 +524,15 @@ def test_a_trial_taken_by_a_worker_that_died_before_naming_itself_is_recovered(
 
     monkeypatch.setattr(_policy, "HEARTBEAT_GRACE_S", 0.5)
     study = _journal_study(tmp_path)
-    study.enqueue_trial({}, user_attrs={"role": "baseline", "baseline": "pytorch-default",
-                                        "seed": 0, "config": {"dtype": "float16"}})
+    study.enqueue_trial(
+        {},
+        user_attrs={
+            "role": "baseline",
+            "baseline": "pytorch-default",
+            "seed": 0,
+            "config": {"dtype": "float16"},
+        },
+    )
     take_waiting_trial(study)  # taken, and its worker died at once
     lines = []
     recover(study, lines.append)
@@ -471,10 +574,28 @@ def _gone(pid, within_s):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_an_isolated_trial_dies_with_its_parent(tmp_path, signum):
-    proc = _start([sys.executable, "-m", "scalertune", "search", spec("hangs_in_float16"),
-                   "--storage", f"sqlite:///{tmp_path / 's.db'}", "--space", "float16",
-                   "--n-trials", "1", "--steps", "20", "--device", "cpu", "--isolate", "-q"],
-                  tmp_path)
+    proc = _start(
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "search",
+            spec("hangs_in_float16"),
+            "--storage",
+            f"sqlite:///{tmp_path / 's.db'}",
+            "--space",
+            "float16",
+            "--n-trials",
+            "1",
+            "--steps",
+            "20",
+            "--device",
+            "cpu",
+            "--isolate",
+            "-q",
+        ],
+        tmp_path,
+    )
     try:
         # Every float16 step 3 hangs: the step timing after the float32 reference, then each
         # trial. Whichever it is, its process is the search's child.
@@ -501,10 +622,26 @@ def test_an_interrupt_out_of_code_evaluated_from_c_still_exits_130(tmp_path):
     # CPython marks such an interrupt, and at the end of `python -m` exits through SIGINT
     # (-2) whatever status the program chose, unless the mark is cleared
     proc = subprocess.run(
-        [sys.executable, "-m", "scalertune", "search", spec("interrupted_in_code_evaluated_from_c"),
-         "--storage", f"sqlite:///{tmp_path / 's.db'}", "--steps", "20", "--device", "cpu",
-         "-q"], capture_output=True, text=True, cwd=tmp_path, timeout=STUCK_S,
-        stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "search",
+            spec("interrupted_in_code_evaluated_from_c"),
+            "--storage",
+            f"sqlite:///{tmp_path / 's.db'}",
+            "--steps",
+            "20",
+            "--device",
+            "cpu",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=STUCK_S,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 130 and proc.stderr == "scalertune: interrupted\n", proc.stderr
 
 
@@ -516,26 +653,70 @@ def test_ctrl_c_waits_for_an_import_to_finish_and_then_stops(tmp_path):
         "os.kill(os.getpid(), signal.SIGINT)\n"
         "pathlib.Path('imported').write_text('whole')\n"
         "def make_model():\n"
-        "    raise AssertionError('the search went on after Ctrl-C')\n")
+        "    raise AssertionError('the search went on after Ctrl-C')\n"
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "scalertune", "search", "model.py:make_model", "--storage",
-         f"sqlite:///{tmp_path / 's.db'}", "--steps", "20", "--device", "cpu", "-q"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=STUCK_S, stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "search",
+            "model.py:make_model",
+            "--storage",
+            f"sqlite:///{tmp_path / 's.db'}",
+            "--steps",
+            "20",
+            "--device",
+            "cpu",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=STUCK_S,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 130 and proc.stderr == "scalertune: interrupted\n", proc.stderr
     assert (tmp_path / "imported").read_text() == "whole"
 
 
-@pytest.mark.parametrize("workload, extra, message", [
-    ("aborts_in_every_run", [],
-     "the float32 reference failed: the trial's process died with SIGABRT"),
-    ("hangs_in_every_run", ["--trial-timeout", "3"], "the float32 reference failed: timed out"),
-])
+@pytest.mark.parametrize(
+    "workload, extra, message",
+    [
+        (
+            "aborts_in_every_run",
+            [],
+            "the float32 reference failed: the trial's process died with SIGABRT",
+        ),
+        ("hangs_in_every_run", ["--trial-timeout", "3"], "the float32 reference failed: timed out"),
+    ],
+)
 def test_isolation_covers_the_float32_reference(tmp_path, workload, extra, message):
     proc = subprocess.run(
-        [sys.executable, "-m", "scalertune", "search", spec(workload), "--storage",
-         f"sqlite:///{tmp_path / 's.db'}", "--n-trials", "1", "--steps", "20", "--device",
-         "cpu", "--isolate", "-q", *extra],
-        capture_output=True, text=True, cwd=tmp_path, timeout=STUCK_S, stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "search",
+            spec(workload),
+            "--storage",
+            f"sqlite:///{tmp_path / 's.db'}",
+            "--n-trials",
+            "1",
+            "--steps",
+            "20",
+            "--device",
+            "cpu",
+            "--isolate",
+            "-q",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=STUCK_S,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
@@ -559,9 +740,16 @@ def _cold_starts(url_of_round, cwd, rounds=4, workers=3):
     for i in range(rounds):
         url = url_of_round(i)
         start = time.time() + 1.5  # after every process has imported what it needs
-        procs = [subprocess.Popen([sys.executable, "-c", _OPEN_AT, url, str(start)], cwd=cwd,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for _ in range(workers)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _OPEN_AT, url, str(start)],
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for _ in range(workers)
+        ]
         outs = [p.communicate(timeout=120)[0].strip() for p in procs]
         assert outs == ["ok"] * workers, f"round {i}: {outs}"
 

@@ -19,9 +19,14 @@ TOLERANCE = 1 + _policy.PHASE_TOLERANCE
 
 def _search(tmp_path, factory, horizon, **kwargs):
     tmp_path.mkdir(parents=True, exist_ok=True)
-    return scalertune.search(factory, storage=f"sqlite:///{tmp_path / 'h.db'}",
-                             horizon=horizon, device="cpu",
-                             artifact_dir=str(tmp_path / "artifacts"), **kwargs)
+    return scalertune.search(
+        factory,
+        storage=f"sqlite:///{tmp_path / 'h.db'}",
+        horizon=horizon,
+        device="cpu",
+        artifact_dir=str(tmp_path / "artifacts"),
+        **kwargs,
+    )
 
 
 def _agrees_with_full_runs(result, factory):
@@ -29,8 +34,7 @@ def _agrees_with_full_runs(result, factory):
     means it ends within the tolerance of float32, fell behind means it does not. Finalists
     after the first that held and was confirmed are not judged (the answer takes them in
     order); the first finalist always is."""
-    judged = [run for run in [*result.finalists, *result.islands]
-              if result.holds(run) is not None]
+    judged = [run for run in [*result.finalists, *result.islands] if result.holds(run) is not None]
     assert result.pool[0] in judged
     for run in judged:
         held = result.holds(run)
@@ -43,8 +47,9 @@ def test_a_precision_floor_that_opens_late_is_caught_and_float16_holds(tmp_path)
     (2.5x at 2000); PyTorch's float16 defaults, next in line, hold."""
     factory = late_workloads.readings_near_1000
     result = _search(tmp_path, "tests/late_workloads.py:readings_near_1000", 2000)
-    plain_bf16 = next(f for f in result.finalists
-                      if f.config.dtype == "bfloat16" and f.config.clip_norm is None)
+    plain_bf16 = next(
+        f for f in result.finalists if f.config.dtype == "bfloat16" and f.config.clip_norm is None
+    )
     assert result.holds(plain_bf16) is False
     _agrees_with_full_runs(result, late_workloads.readings_near_1000)
     assert result.best_amp is not None and result.holds(result.best_amp)
@@ -55,8 +60,11 @@ def test_a_precision_floor_that_opens_late_is_caught_and_float16_holds(tmp_path)
     assert best.dtype == "float16" and real > 0
     assert abs(result.predict(best).skipped_steps - real) <= skip_tolerance(real)
     # the clipped bfloat16 run is ruled out by the plain one's precision, untrained
-    clipped = next(f for f in result.finalists if f.config.dtype == "bfloat16"
-                   and f.config.clip_norm is not None)
+    clipped = next(
+        f
+        for f in result.finalists
+        if f.config.dtype == "bfloat16" and f.config.clip_norm is not None
+    )
     assert result.holds(clipped) is False and clipped.number not in result.phases
     result.to_yaml(str(tmp_path / "amp.yaml"))
     evidence = yaml.safe_load((tmp_path / "amp.yaml").read_text())["evidence"]
@@ -87,8 +95,7 @@ def test_activations_that_grow_past_float16s_range_late_are_not_recommended(tmp_
     assert best.config.dtype == "bfloat16" or "up" in best.config.fp32_modules
 
 
-def test_a_config_that_follows_float32_but_stalls_on_its_own_way_is_caught_from_step_0(
-        tmp_path):
+def test_a_config_that_follows_float32_but_stalls_on_its_own_way_is_caught_from_step_0(tmp_path):
     """The plateau MLP: bfloat16 holds in every branch from float32's weights but, trained
     from step 0 as the search trains its leading config, falls behind by mid-horizon; no
     bfloat16 config is then taken on its branches alone, and what the search carries as the
@@ -97,12 +104,12 @@ def test_a_config_that_follows_float32_but_stalls_on_its_own_way_is_caught_from_
     leader = result.pool[0]
     assert leader.config.dtype == "bfloat16" and result.holds(leader) is False
     assert result.phases[leader.number][0].from_start
-    assert all(result.holds(c) is not True for c in result.pool
-               if c.config.dtype == "bfloat16")
+    assert all(result.holds(c) is not True for c in result.pool if c.config.dtype == "bfloat16")
     assert "trained from step 0" in result.summary()
     if result.best_amp is not None:
-        assert ratio_at_the_end(late_workloads.plateau_mlp, result.best_amp.config,
-                                2000) <= TOLERANCE
+        assert (
+            ratio_at_the_end(late_workloads.plateau_mlp, result.best_amp.config, 2000) <= TOLERANCE
+        )
     assert result.run_equivalents <= _policy.HORIZON_COST_CAP + 0.05
 
 

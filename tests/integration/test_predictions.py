@@ -27,12 +27,15 @@ def _random_configs(n, seed=12345):
     2**U(-4, 24), growth U(1.25, 4), backoff U(0.125, 0.75), growth interval log-uniform over
     10..5000."""
     rng = np.random.default_rng(seed)
-    return [AmpConfig(init_scale=float(2.0 ** rng.uniform(-4, 24)),
-                      growth_factor=float(rng.uniform(1.25, 4)),
-                      backoff_factor=float(rng.uniform(0.125, 0.75)),
-                      growth_interval=round(math.exp(rng.uniform(math.log(10),
-                                                                 math.log(5000)))))
-            for _ in range(n)]
+    return [
+        AmpConfig(
+            init_scale=float(2.0 ** rng.uniform(-4, 24)),
+            growth_factor=float(rng.uniform(1.25, 4)),
+            backoff_factor=float(rng.uniform(0.125, 0.75)),
+            growth_interval=round(math.exp(rng.uniform(math.log(10), math.log(5000)))),
+        )
+        for _ in range(n)
+    ]
 
 
 def _within(predicted, real):
@@ -44,11 +47,17 @@ def searched(tmp_path_factory):
     """The shipped example searched with a horizon, then its study read back from storage."""
     folder = tmp_path_factory.mktemp("predictions")
     storage = f"sqlite:///{folder / 'p.db'}"
-    found = scalertune.search(example("codepoints").make_model, storage=storage,
-                              study_name="predictions", horizon=HORIZON, device="cpu",
-                              artifact_dir=str(folder / "artifacts"))
-    again = scalertune.analyze(optuna.load_study(study_name="predictions", storage=storage),
-                               storage=storage)
+    found = scalertune.search(
+        example("codepoints").make_model,
+        storage=storage,
+        study_name="predictions",
+        horizon=HORIZON,
+        device="cpu",
+        artifact_dir=str(folder / "artifacts"),
+    )
+    again = scalertune.analyze(
+        optuna.load_study(study_name="predictions", storage=storage), storage=storage
+    )
     return found, again
 
 
@@ -58,8 +67,11 @@ def searched(tmp_path_factory):
 def test_predicted_skips_are_a_plain_gradscaler_loops_over_the_horizon(searched, seed):
     found, again = searched
     factory = example("codepoints").make_model
-    answers = [o.config for o in (found.recommended, found.best_amp)
-               if o is not None and o.config.dtype == "float16"]
+    answers = [
+        o.config
+        for o in (found.recommended, found.best_amp)
+        if o is not None and o.config.dtype == "float16"
+    ]
     configs = [AmpConfig(), *answers, *_random_configs(20)]
     rows = []
     for config in configs:
@@ -71,7 +83,7 @@ def test_predicted_skips_are_a_plain_gradscaler_loops_over_the_horizon(searched,
     held = [row for row in rows if _within(row[1], row[2])]
     assert len(held) >= 0.9 * len(rows), [row for row in rows if row not in held]
     # PyTorch's defaults and the answers are what a user acts on: each one within it
-    for row in rows[:1 + len(answers)]:
+    for row in rows[: 1 + len(answers)]:
         assert _within(row[1], row[2]), row
     # a test that can fail: the configs' counts spread (6 to 92 skips here), predicted and real
     assert len({row[1] for row in rows}) > 5 and len({row[2] for row in rows}) > 5

@@ -21,46 +21,62 @@ def _load(storage, name="workloads:healthy"):
 
 
 def test_each_trial_stores_its_loss_curve_and_judged_attributes(storage):
-    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
-                               device="cpu")
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40, device="cpu")
     study = _load(storage)
-    (reference,) = [t for t in study.trials
-                    if t.user_attrs["role"] == "reference" and t.user_attrs["seed"] == 0]
+    (reference,) = [
+        t for t in study.trials if t.user_attrs["role"] == "reference" and t.user_attrs["seed"] == 0
+    ]
     assert len(reference.system_attrs["scalertune.losses"]) == 40
     assert reference.user_attrs["step_time_s"] > 0
     assert reference.user_attrs["config"]["dtype"] == "float32"
     assert reference.params == {"dtype": "float32"}
-    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
-              and t.user_attrs["role"] in ("search", "baseline", "confirm")]
+    trials = [
+        t
+        for t in study.trials
+        if t.state == optuna.trial.TrialState.COMPLETE
+        and t.user_attrs["role"] in ("search", "baseline", "confirm")
+    ]
     assert trials
     for trial in trials:
         assert len(trial.system_attrs["scalertune.losses"]) == trial.user_attrs["steps_run"]
         assert trial.params["dtype"] == trial.user_attrs["config"]["dtype"]
-        for key in ("skipped_steps", "final_scale", "min_scale", "first_nonfinite_step",
-                    "step_time_s", "steps_to_target", "time_to_target_s", "steps_run",
-                    "loss_vs_float32", "loss_vs_float32_step"):
+        for key in (
+            "skipped_steps",
+            "final_scale",
+            "min_scale",
+            "first_nonfinite_step",
+            "step_time_s",
+            "steps_to_target",
+            "time_to_target_s",
+            "steps_run",
+            "loss_vs_float32",
+            "loss_vs_float32_step",
+        ):
             assert key in trial.user_attrs, key
     assert result.reference["target_loss"] > 0
 
 
 def test_rerunning_resumes_and_runs_reference_and_baselines_once(storage):
-    first = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
-                              device="cpu")
-    second = scalertune.search(spec("healthy"), storage=storage, n_trials=3, steps=40,
-                               device="cpu")
+    first = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40, device="cpu")
+    second = scalertune.search(spec("healthy"), storage=storage, n_trials=3, steps=40, device="cpu")
     study = _load(storage)
     roles = [t.user_attrs["role"] for t in study.trials]
     assert roles.count("baseline") == 2
     # one reference per seed: the search seed and the two confirmation seeds
-    assert sorted(t.user_attrs["seed"] for t in study.trials
-                  if t.user_attrs["role"] == "reference") == [0, 1, 2]
+    assert sorted(
+        t.user_attrs["seed"] for t in study.trials if t.user_attrs["role"] == "reference"
+    ) == [0, 1, 2]
     assert roles.count("search") == 3
-    baselines = sorted(t.user_attrs["baseline"] for t in study.trials
-                       if t.user_attrs["role"] == "baseline")
+    baselines = sorted(
+        t.user_attrs["baseline"] for t in study.trials if t.user_attrs["role"] == "baseline"
+    )
     assert baselines == ["init-scale-4096", "pytorch-default"]
     # Confirmation runs are not repeated for a candidate already confirmed.
-    confirms = [(t.user_attrs["confirms"], t.user_attrs["seed"]) for t in study.trials
-                if t.user_attrs["role"] == "confirm"]
+    confirms = [
+        (t.user_attrs["confirms"], t.user_attrs["seed"])
+        for t in study.trials
+        if t.user_attrs["role"] == "confirm"
+    ]
     assert len(confirms) == len(set(confirms))
     assert amp_answer(first) is not None and amp_answer(second) is not None
     # A third identical run has nothing left to do.
@@ -76,20 +92,34 @@ def test_a_study_made_again_under_its_name_trains_its_own_reference(tmp_path):
     import late_workloads
 
     def searched(db, name):
-        return scalertune.search(spec(name, "late_workloads.py"), study_name="same",
-                                 storage=f"sqlite:///{tmp_path / db}", n_trials=0, steps=60,
-                                 horizon=400, device="cpu",
-                                 artifact_dir=str(tmp_path / "artifacts"))
+        return scalertune.search(
+            spec(name, "late_workloads.py"),
+            study_name="same",
+            storage=f"sqlite:///{tmp_path / db}",
+            n_trials=0,
+            steps=60,
+            horizon=400,
+            device="cpu",
+            artifact_dir=str(tmp_path / "artifacts"),
+        )
 
     searched("first.db", "codepoints")
     again = searched("second.db", "codepoints_fast")
-    own = run_config(late_workloads.codepoints_fast, AmpConfig(dtype="float32"), steps=400,
-                     seed=0, device=torch.device("cpu"), prune=False)
+    own = run_config(
+        late_workloads.codepoints_fast,
+        AmpConfig(dtype="float32"),
+        steps=400,
+        seed=0,
+        device=torch.device("cpu"),
+        prune=False,
+    )
     assert again.reference["losses"] == own.losses[:60]
     assert again.reference["horizon"] == 400
     windows = again.reference["windows"]
-    assert windows and all(losses == own.losses[int(start):int(start) + len(losses)]
-                           for start, losses in windows.items())
+    assert windows and all(
+        losses == own.losses[int(start) : int(start) + len(losses)]
+        for start, losses in windows.items()
+    )
 
 
 def test_changed_settings_on_an_existing_study_are_refused_and_nothing_is_written(storage):
@@ -101,16 +131,14 @@ def test_changed_settings_on_an_existing_study_are_refused_and_nothing_is_writte
 
 
 def test_baselines_are_pytorch_defaults_and_the_seed_article_fix(storage):
-    result = scalertune.search(spec("healthy"), storage=storage, n_trials=0, steps=40,
-                               device="cpu")
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=0, steps=40, device="cpu")
     assert result.baselines["pytorch-default"].config == PYTORCH_DEFAULT
     assert result.baselines["init-scale-4096"].config == SEED_ARTICLE_FIX
     assert AmpConfig("float16", 65536.0, 2.0, 0.5, 2000, None) == PYTORCH_DEFAULT
 
 
 def test_recommendation_is_confirmed_on_other_seeds_and_states_a_verdict(storage):
-    result = scalertune.search(spec("healthy"), storage=storage, n_trials=3, steps=40,
-                               device="cpu")
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=3, steps=40, device="cpu")
     rec = amp_answer(result)
     assert rec is not None and rec.reached
     runs = result.confirmations[rec.number]
@@ -120,8 +148,13 @@ def test_recommendation_is_confirmed_on_other_seeds_and_states_a_verdict(storage
     speedup = result.speedup
     assert 0 < speedup.low <= speedup.point <= speedup.high
     text = result.summary()
-    for needle in ("float32 reference", "pytorch-default", "init-scale-4096", "Recommended",
-                   "Verdict"):
+    for needle in (
+        "float32 reference",
+        "pytorch-default",
+        "init-scale-4096",
+        "Recommended",
+        "Verdict",
+    ):
         assert needle in text
     # the Tied line exactly when no config that reached the target beats another
     tied = all_tied(result.pool, result.step_times, Noise(result.spread))
@@ -129,10 +162,20 @@ def test_recommendation_is_confirmed_on_other_seeds_and_states_a_verdict(storage
 
 
 def _outcome(number, reached, time=1.0, ratio=1.0, state="complete"):
-    attrs = {"steps_to_target": 10 if reached else None,
-             "time_to_target_s": time if reached else None, "loss_vs_float32": ratio}
-    return Outcome(number=number, role="search", config=AmpConfig(init_scale=2.0**number),
-                   seed=0, state=state, attrs=attrs, losses=())
+    attrs = {
+        "steps_to_target": 10 if reached else None,
+        "time_to_target_s": time if reached else None,
+        "loss_vs_float32": ratio,
+    }
+    return Outcome(
+        number=number,
+        role="search",
+        config=AmpConfig(init_scale=2.0**number),
+        seed=0,
+        state=state,
+        attrs=attrs,
+        losses=(),
+    )
 
 
 def test_ranking_puts_reached_first_then_shortest_time_then_closest_loss():
@@ -145,8 +188,7 @@ def test_ranking_puts_reached_first_then_shortest_time_then_closest_loss():
 
 
 def test_yaml_round_trip_builds_the_same_runtime_and_trains_with_finite_loss(storage, tmp_path):
-    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
-                               device="cpu")
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40, device="cpu")
     path = tmp_path / "amp.yaml"
     result.to_yaml(str(path))
     assert scalertune.load_config(str(path)) == result.config
@@ -162,24 +204,44 @@ def test_yaml_round_trip_builds_the_same_runtime_and_trains_with_finite_loss(sto
 
 
 def test_user_step_function_runs_through_the_same_runtime(storage):
-    result = scalertune.search(spec("with_step"), storage=storage, n_trials=1, steps=40,
-                               device="cpu", study_name="with-step")
-    ours = run_config(workloads.healthy, PYTORCH_DEFAULT, steps=40, seed=0,
-                      device=torch.device("cpu"))
-    theirs = run_config(workloads.with_step, PYTORCH_DEFAULT, steps=40, seed=0,
-                        device=torch.device("cpu"))
+    result = scalertune.search(
+        spec("with_step"),
+        storage=storage,
+        n_trials=1,
+        steps=40,
+        device="cpu",
+        study_name="with-step",
+    )
+    ours = run_config(
+        workloads.healthy, PYTORCH_DEFAULT, steps=40, seed=0, device=torch.device("cpu")
+    )
+    theirs = run_config(
+        workloads.with_step, PYTORCH_DEFAULT, steps=40, seed=0, device=torch.device("cpu")
+    )
     assert theirs.losses == ours.losses and theirs.scales == ours.scales
     assert result.baselines["pytorch-default"].attrs["skipped_steps"] == len(ours.skipped)
 
 
 def test_report_recomputes_the_same_recommendation_from_storage(storage, tmp_path):
-    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
-                               device="cpu")
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40, device="cpu")
     out = tmp_path / "again.yaml"
     proc = subprocess.run(
-        [sys.executable, "-m", "scalertune", "report", "--storage", storage,
-         "--study-name", "workloads:healthy", "--output", str(out)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "report",
+            "--storage",
+            storage,
+            "--study-name",
+            "workloads:healthy",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert f"Recommended: {result.config.describe()}" in proc.stdout
@@ -187,8 +249,7 @@ def test_report_recomputes_the_same_recommendation_from_storage(storage, tmp_pat
 
 
 def test_attributes_are_rounded_for_reading_and_kept_whole_for_the_analysis(storage):
-    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40,
-                               device="cpu")
+    result = scalertune.search(spec("healthy"), storage=storage, n_trials=2, steps=40, device="cpu")
     study = _load(storage)
     for outcome in result.ranking:
         trial = study.trials[outcome.number]

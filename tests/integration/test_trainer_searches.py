@@ -25,10 +25,17 @@ FAR = AmpConfig(init_scale=2.0**22, growth_factor=4.0, backoff_factor=0.125, gro
 
 
 def test_a_hf_trainer_subclass_is_searched_over_its_max_steps_and_attach_skips_as_predicted(
-        tmp_path):
+    tmp_path,
+):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    result = scalertune.search(trainers.scaled_loss_trainer, storage=storage, steps=20,
-                               space="float16", n_trials=3, device="cpu")
+    result = scalertune.search(
+        trainers.scaled_loss_trainer,
+        storage=storage,
+        steps=20,
+        space="float16",
+        n_trials=3,
+        device="cpu",
+    )
     assert result.to_dict()["evidence"]["horizon"] == trainers.HF_STEPS  # no --horizon given
     # the search's float32 reference is the Trainer's own float32 training, loss for loss
     seed_everything(0)
@@ -54,12 +61,28 @@ def test_a_hf_trainer_subclass_is_searched_over_its_max_steps_and_attach_skips_a
 def test_a_trl_sft_trainer_is_searched_as_it_trains(tmp_path):
     seed_everything(0)
     own, _ = trainers.hf_losses_and_skips(trainers.sft_trainer())
-    ran = run_cli("search", spec("sft_trainer", "trainers.py"), "--steps", "20", "--n-trials",
-                  "2", "--space", "bfloat16", "--device", "cpu", "-o", "sft.yaml", cwd=tmp_path)
+    ran = run_cli(
+        "search",
+        spec("sft_trainer", "trainers.py"),
+        "--steps",
+        "20",
+        "--n-trials",
+        "2",
+        "--space",
+        "bfloat16",
+        "--device",
+        "cpu",
+        "-o",
+        "sft.yaml",
+        cwd=tmp_path,
+    )
     assert ran.returncode == 0, ran.stderr
     assert "horizon 24 steps" in ran.stdout
-    result = scalertune.analyze(optuna.load_study(
-        study_name="trainers:sft_trainer", storage=f"sqlite:///{tmp_path / 'scalertune.db'}"))
+    result = scalertune.analyze(
+        optuna.load_study(
+            study_name="trainers:sft_trainer", storage=f"sqlite:///{tmp_path / 'scalertune.db'}"
+        )
+    )
     # within float rounding: the search clips with torch's clip_grad_norm_, TRL's Trainer with
     # Accelerate's, which sums the same squares in another order
     reference = result.reference["losses"]
@@ -67,25 +90,54 @@ def test_a_trl_sft_trainer_is_searched_as_it_trains(tmp_path):
 
 
 def test_a_lightning_trainer_and_an_accelerator_are_searched_from_the_command_line(tmp_path):
-    for name, horizon in (("lightning_parts", trainers.LIGHTNING_STEPS),
-                          ("accelerate_parts", 40)):
-        ran = run_cli("search", spec(name, "trainers.py"), "--steps", "20", "--n-trials", "2",
-                      "--space", "float16", "--device", "cpu", "-o", f"{name}.yaml",
-                      cwd=tmp_path)
+    for name, horizon in (("lightning_parts", trainers.LIGHTNING_STEPS), ("accelerate_parts", 40)):
+        ran = run_cli(
+            "search",
+            spec(name, "trainers.py"),
+            "--steps",
+            "20",
+            "--n-trials",
+            "2",
+            "--space",
+            "float16",
+            "--device",
+            "cpu",
+            "-o",
+            f"{name}.yaml",
+            cwd=tmp_path,
+        )
         assert ran.returncode == 0, ran.stderr
         evidence = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())["evidence"]
         assert evidence["horizon"] == horizon
         assert evidence["pytorch-default"]["skipped_steps"] > 0  # the summed loss overflows
 
 
-@pytest.mark.parametrize("name, factory, horizon", [
-    ("hf_trainer", "make_trainer", 60), ("lightning_trainer", "make_trainer", 120)])
+@pytest.mark.parametrize(
+    "name, factory, horizon",
+    [("hf_trainer", "make_trainer", 60), ("lightning_trainer", "make_trainer", 120)],
+)
 def test_the_shipped_trainer_examples_search_and_attach(tmp_path, name, factory, horizon):
     shutil.copytree(f"{ROOT}/examples", tmp_path / "examples")
     proc = subprocess.run(
-        [sys.executable, "-m", "scalertune", "search", f"examples/{name}.py:{factory}",
-         "--steps", "30", "--horizon", str(horizon), "--n-trials", "4"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=900, stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "search",
+            f"examples/{name}.py:{factory}",
+            "--steps",
+            "30",
+            "--horizon",
+            str(horizon),
+            "--n-trials",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr
     path = tmp_path / f"{name}_{factory}.yaml"
     data = yaml.safe_load(path.read_text())

@@ -25,16 +25,35 @@ SAMPLED = _policy.STUDY_TIED_TRIALS
 
 def _worker(storage, *extra, cwd, workload="slow", n_trials=SAMPLED):
     return subprocess.Popen(
-        [sys.executable, "-m", "scalertune", "search", spec(workload), "--storage", storage,
-         "--study-name", "shared", "--n-trials", str(n_trials), "--steps", "40",
-         "--device", "cpu", *extra],
-        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "search",
+            spec(workload),
+            "--storage",
+            storage,
+            "--study-name",
+            "shared",
+            "--n-trials",
+            str(n_trials),
+            "--steps",
+            "40",
+            "--device",
+            "cpu",
+            *extra,
+        ],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         stdin=subprocess.DEVNULL,
     )
 
 
 def _storage_object(url):
     from scalertune._storage._open import open_storage
+
     return open_storage(url)
 
 
@@ -52,8 +71,12 @@ def _kill_one_mid_trial(url, workers):
     while time.time() < deadline:
         for trial in _trials(url):
             pid = str(trial.user_attrs.get("worker", "")).rpartition(":")[2]
-            if (trial.state == TrialState.RUNNING and pid.isdigit() and int(pid) in pids
-                    and trial.user_attrs.get("role") in ("search", "baseline")):
+            if (
+                trial.state == TrialState.RUNNING
+                and pid.isdigit()
+                and int(pid) in pids
+                and trial.user_attrs.get("role") in ("search", "baseline")
+            ):
                 time.sleep(0.3)  # well inside the trial's ~1 s
                 pids[int(pid)].send_signal(signal.SIGKILL)
                 pids[int(pid)].wait()
@@ -75,22 +98,43 @@ def _check_nothing_lost(url, killed_number, cwd):
     assert retries[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
     assert retries[0].user_attrs["config"] == killed.user_attrs["config"]
     roles = collections.Counter(
-        t.user_attrs["role"] for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        and "duplicate_of" not in t.user_attrs)
+        t.user_attrs["role"]
+        for t in trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        and "duplicate_of" not in t.user_attrs
+    )
     assert roles["search"] == SAMPLED
     assert roles["baseline"] == 2
     references = [t.user_attrs["seed"] for t in trials if t.user_attrs.get("role") == "reference"]
     assert sorted(references) == sorted(set(references)) and 0 in references
-    confirms = [(t.user_attrs["confirms"], t.user_attrs["seed"]) for t in trials
-                if t.user_attrs.get("role") == "confirm" and t.state != TrialState.FAIL]
+    confirms = [
+        (t.user_attrs["confirms"], t.user_attrs["seed"])
+        for t in trials
+        if t.user_attrs.get("role") == "confirm" and t.state != TrialState.FAIL
+    ]
     assert len(confirms) == len(set(confirms)) > 0
     report = subprocess.run(
-        [sys.executable, "-m", "scalertune", "report", "--storage", url, "--study-name", "shared",
-         "--json"], capture_output=True, text=True, cwd=cwd, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "report",
+            "--storage",
+            url,
+            "--study-name",
+            "shared",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     data = json.loads(report.stdout)
-    result = scalertune.analyze(optuna.load_study(study_name="shared",
-                                                  storage=_storage_object(url)))
+    result = scalertune.analyze(
+        optuna.load_study(study_name="shared", storage=_storage_object(url))
+    )
     assert data["config"] == result.config.to_dict()
     assert data["evidence"]["best_amp"]["trial"] == amp_answer(result).number
     assert len([o for o in result.ranking if o.role == "search"]) == SAMPLED
@@ -127,8 +171,12 @@ def test_ctrl_c_keeps_finished_trials_and_a_rerun_resumes_to_the_total(tmp_path)
     try:
         deadline = time.time() + 180
         while time.time() < deadline:
-            done = [t for t in _trials(url) if t.user_attrs.get("role") == "search"
-                    and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+            done = [
+                t
+                for t in _trials(url)
+                if t.user_attrs.get("role") == "search"
+                and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            ]
             if len(done) >= 2:
                 break
             time.sleep(0.2)
@@ -140,8 +188,10 @@ def test_ctrl_c_keeps_finished_trials_and_a_rerun_resumes_to_the_total(tmp_path)
     assert worker.returncode == 130, err
     assert "Traceback" not in err
     assert "Interrupted: every finished trial is kept" in out
-    if not any(t.user_attrs.get("role") == "confirm" and t.state == TrialState.COMPLETE
-               for t in _trials(url)):
+    if not any(
+        t.user_attrs.get("role") == "confirm" and t.state == TrialState.COMPLETE
+        for t in _trials(url)
+    ):
         # stopped before any confirmation: no verdict it has no evidence for
         assert "Recommended: pending: the search was interrupted before" in out, out
         assert "Verdict:" not in out and "keep training in float32" not in out
@@ -154,9 +204,13 @@ def test_ctrl_c_keeps_finished_trials_and_a_rerun_resumes_to_the_total(tmp_path)
     assert f"resuming study 'shared': {len(finished)} runs finished" in err + out
     after = _trials(url)
     assert all(after[t.number].state == t.state for t in finished)
-    searched = [t for t in after if t.user_attrs.get("role") == "search"
-                and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                and "duplicate_of" not in t.user_attrs]
+    searched = [
+        t
+        for t in after
+        if t.user_attrs.get("role") == "search"
+        and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        and "duplicate_of" not in t.user_attrs
+    ]
     assert len(searched) == SAMPLED
 
 
@@ -169,17 +223,31 @@ def test_a_run_another_worker_held_that_turns_out_a_reused_twin_is_sampled_again
     first.communicate(timeout=300)
     assert first.returncode == 0
     study = optuna.load_study(study_name="shared", storage=_storage_object(url))
-    finished = next(t for t in study.trials if t.user_attrs.get("role") == "search"
-                    and t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs)
+    finished = next(
+        t
+        for t in study.trials
+        if t.user_attrs.get("role") == "search"
+        and t.state == TrialState.COMPLETE
+        and "duplicate_of" not in t.user_attrs
+    )
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         host = socket.gethostname()
-        study.add_trial(optuna.trial.create_trial(
-            state=TrialState.RUNNING, params=finished.params,
-            distributions=finished.distributions,
-            user_attrs={**{k: v for k, v in finished.user_attrs.items()
-                           if k in ("role", "config", "seed")},
-                        "worker": f"{host}:{holder.pid}"}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=TrialState.RUNNING,
+                params=finished.params,
+                distributions=finished.distributions,
+                user_attrs={
+                    **{
+                        k: v
+                        for k, v in finished.user_attrs.items()
+                        if k in ("role", "config", "seed")
+                    },
+                    "worker": f"{host}:{holder.pid}",
+                },
+            )
+        )
         rerun = _worker(url, cwd=tmp_path, workload="healthy", n_trials=3)
         time.sleep(8)  # the rerun counts the held trial and waits for it
         holder.kill()
@@ -190,25 +258,37 @@ def test_a_run_another_worker_held_that_turns_out_a_reused_twin_is_sampled_again
     assert rerun.returncode == 0, err
     after = optuna.load_study(study_name="shared", storage=_storage_object(url)).trials
     reused = [t for t in after if "duplicate_of" in t.user_attrs]
-    assert reused and all(after[t.user_attrs["duplicate_of"]].params == t.params
-                          for t in reused)
-    trained = [t for t in after if t.user_attrs.get("role") == "search"
-               and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-               and "duplicate_of" not in t.user_attrs]
+    assert reused and all(after[t.user_attrs["duplicate_of"]].params == t.params for t in reused)
+    trained = [
+        t
+        for t in after
+        if t.user_attrs.get("role") == "search"
+        and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        and "duplicate_of" not in t.user_attrs
+    ]
     assert len(trained) == 3, out
 
 
 def _isolated(tmp_path, workload, **limits):
     # The two baselines are float16 and crash; the sampled bfloat16 trial runs.
-    return scalertune.search(spec(workload), storage=f"sqlite:///{tmp_path / 's.db'}",
-                             space="bfloat16", n_trials=1, steps=30, device="cpu",
-                             isolation=Isolation(**limits))
+    return scalertune.search(
+        spec(workload),
+        storage=f"sqlite:///{tmp_path / 's.db'}",
+        space="bfloat16",
+        n_trials=1,
+        steps=30,
+        device="cpu",
+        isolation=Isolation(**limits),
+    )
 
 
 def _float16_failures(result):
     study = result.study
-    return [t for t in study.trials if t.state == TrialState.FAIL
-            and t.user_attrs.get("config", {}).get("dtype") == "float16"]
+    return [
+        t
+        for t in study.trials
+        if t.state == TrialState.FAIL and t.user_attrs.get("config", {}).get("dtype") == "float16"
+    ]
 
 
 def test_an_aborting_trial_fails_alone_when_isolated(tmp_path):
@@ -234,8 +314,13 @@ def test_a_memory_hungry_trial_is_reported_as_out_of_memory(tmp_path):
 
 
 def test_user_errors_fail_the_trial_and_the_search_moves_on(tmp_path):
-    result = scalertune.search(spec("raises_in_float16"), storage=f"sqlite:///{tmp_path / 's.db'}",
-                               n_trials=4, steps=30, device="cpu")
+    result = scalertune.search(
+        spec("raises_in_float16"),
+        storage=f"sqlite:///{tmp_path / 's.db'}",
+        n_trials=4,
+        steps=30,
+        device="cpu",
+    )
     failures = _float16_failures(result)
     assert failures
     assert all("no float16 implementation" in t.user_attrs["error"] for t in failures)
@@ -245,23 +330,37 @@ def test_user_errors_fail_the_trial_and_the_search_moves_on(tmp_path):
 
 def test_a_broken_workload_stops_the_search_at_once(tmp_path):
     with pytest.raises(scalertune.SearchError, match="labels out of range"):
-        scalertune.search(spec("always_raises"), storage=f"sqlite:///{tmp_path / 's.db'}",
-                          n_trials=20, steps=30, device="cpu")
-    study = optuna.load_study(study_name="workloads:always_raises",
-                              storage=f"sqlite:///{tmp_path / 's.db'}")
+        scalertune.search(
+            spec("always_raises"),
+            storage=f"sqlite:///{tmp_path / 's.db'}",
+            n_trials=20,
+            steps=30,
+            device="cpu",
+        )
+    study = optuna.load_study(
+        study_name="workloads:always_raises", storage=f"sqlite:///{tmp_path / 's.db'}"
+    )
     assert len([t for t in study.trials if t.state == TrialState.FAIL]) == 5
 
 
-@pytest.mark.parametrize("url, message", [
-    ("postgresql://bob:hunter2@127.0.0.1:1/optuna", "cannot open storage"),
-    ("notadb://x", "cannot open storage"),
-    ("mysql://bob:hunter2@127.0.0.1/optuna", "needs a database driver that is not installed"),
-    ("sqlite:////no/such/folder/s.db", "the folder /no/such/folder does not exist"),
-])
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("postgresql://bob:hunter2@127.0.0.1:1/optuna", "cannot open storage"),
+        ("notadb://x", "cannot open storage"),
+        ("mysql://bob:hunter2@127.0.0.1/optuna", "needs a database driver that is not installed"),
+        ("sqlite:////no/such/folder/s.db", "the folder /no/such/folder does not exist"),
+    ],
+)
 def test_storage_errors_are_one_line_and_never_show_the_password(tmp_path, url, message):
     proc = subprocess.run(
         [sys.executable, "-m", "scalertune", "search", spec("healthy"), "--storage", url],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL)
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert message in proc.stderr
@@ -270,8 +369,10 @@ def test_storage_errors_are_one_line_and_never_show_the_password(tmp_path, url, 
 
 def test_a_study_created_with_another_space_is_refused(tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
-    scalertune.search(spec("healthy"), storage=url, n_trials=0, steps=30, device="cpu",
-                      space="float16")
+    scalertune.search(
+        spec("healthy"), storage=url, n_trials=0, steps=30, device="cpu", space="float16"
+    )
     with pytest.raises(scalertune.UsageError, match="created with space='float16'"):
-        scalertune.search(spec("healthy"), storage=url, n_trials=1, steps=30, device="cpu",
-                          space="bfloat16")
+        scalertune.search(
+            spec("healthy"), storage=url, n_trials=1, steps=30, device="cpu", space="bfloat16"
+        )

@@ -52,8 +52,9 @@ def _study_db(folder, name="scalertune.db"):
 def _journal(folder, name="study.log"):
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    optuna.create_study(study_name="s",
-                        storage=JournalStorage(JournalFileBackend(str(folder / name))))
+    optuna.create_study(
+        study_name="s", storage=JournalStorage(JournalFileBackend(str(folder / name)))
+    )
 
 
 @dataclasses.dataclass
@@ -112,113 +113,257 @@ SEARCH = [
     Case("too few steps", ["--steps", "5"], r"--steps must be an integer from 20 to 1000000"),
     Case("too many steps", ["--steps", "100000000"], r"--steps must be an integer from 20"),
     Case("top negative", ["--top", "-1"], r"--top must be an integer >= 0"),
-    Case("trial-timeout negative", ["--isolate", "--trial-timeout", "-5"],
-         r"--trial-timeout must be a positive finite number"),
-    Case("trial-timeout zero", ["--isolate", "--trial-timeout", "0"],
-         r"--trial-timeout must be a positive finite number"),
-    Case("trial-timeout nan", ["--isolate", "--trial-timeout", "nan"],
-         r"--trial-timeout must be a positive finite number"),
-    Case("trial-memory zero", ["--isolate", "--trial-memory", "0"],
-         r"--trial-memory must be a positive finite number"),
-    Case("trial-memory inf", ["--isolate", "--trial-memory", "inf"],
-         r"--trial-memory must be a positive finite number"),
+    Case(
+        "trial-timeout negative",
+        ["--isolate", "--trial-timeout", "-5"],
+        r"--trial-timeout must be a positive finite number",
+    ),
+    Case(
+        "trial-timeout zero",
+        ["--isolate", "--trial-timeout", "0"],
+        r"--trial-timeout must be a positive finite number",
+    ),
+    Case(
+        "trial-timeout nan",
+        ["--isolate", "--trial-timeout", "nan"],
+        r"--trial-timeout must be a positive finite number",
+    ),
+    Case(
+        "trial-memory zero",
+        ["--isolate", "--trial-memory", "0"],
+        r"--trial-memory must be a positive finite number",
+    ),
+    Case(
+        "trial-memory inf",
+        ["--isolate", "--trial-memory", "inf"],
+        r"--trial-memory must be a positive finite number",
+    ),
     Case("trial-timeout without isolate", ["--trial-timeout", "5"], r"need --isolate"),
-    Case("nproc-per-node zero", ["--nproc-per-node", "0"],
-         r"--nproc-per-node must be an integer from 1 to 64"),
-    Case("nproc-per-node past a node", ["--nproc-per-node", "1000"],
-         r"--nproc-per-node must be an integer from 1 to 64"),
+    Case(
+        "nproc-per-node zero",
+        ["--nproc-per-node", "0"],
+        r"--nproc-per-node must be an integer from 1 to 64",
+    ),
+    Case(
+        "nproc-per-node past a node",
+        ["--nproc-per-node", "1000"],
+        r"--nproc-per-node must be an integer from 1 to 64",
+    ),
     Case("timeout zero", ["--timeout", "0"], _POSITIVE.format("timeout")),
     Case("timeout inf", ["--timeout", "inf"], _POSITIVE.format("timeout")),
-    Case("-o is the database", ["-o", "scalertune.db"], r"is the study's storage",
-         {"scalertune.db": _study_db}),
-    Case("-o is the database, another spelling",
-         ["--storage", "sqlite:///./data/s.db", "-o", "data/../data/s.db"],
-         r"is the study's storage", {"data": None}),
-    Case("-o is the journal file", ["--storage", "study.log", "-o", "study.log"],
-         r"is the study's storage", {"study.log": _journal}),
-    Case("-o is the journal's lock", ["--storage", "study.log", "-o", "study.log.lock"],
-         r"is the study's storage"),
+    Case(
+        "-o is the database",
+        ["-o", "scalertune.db"],
+        r"is the study's storage",
+        {"scalertune.db": _study_db},
+    ),
+    Case(
+        "-o is the database, another spelling",
+        ["--storage", "sqlite:///./data/s.db", "-o", "data/../data/s.db"],
+        r"is the study's storage",
+        {"data": None},
+    ),
+    Case(
+        "-o is the journal file",
+        ["--storage", "study.log", "-o", "study.log"],
+        r"is the study's storage",
+        {"study.log": _journal},
+    ),
+    Case(
+        "-o is the journal's lock",
+        ["--storage", "study.log", "-o", "study.log.lock"],
+        r"is the study's storage",
+    ),
     Case("-o is SQLite's write-ahead log", ["-o", "scalertune.db-wal"], r"is the study's storage"),
-    Case("-o into a missing folder", ["-o", "no/such/folder/amp.yaml"],
-         r"the folder .*no/such/folder does not exist"),
-    Case("-o onto a folder", ["-o", "results"], r"--output results is a folder",
-         {"results": None}),
-    Case("-o is the factory file", ["-o", "model.py"], r"is the study's factory file",
-         {"model.py": pathlib.Path(HERE, "workloads.py").read_text()}),
-    Case("-o is the space file", ["--space", "space.yaml", "-o", "space.yaml"],
-         r"is the study's search space file", {"space.yaml": _SPACE_OK}),
-    Case("-o inside the artifact folder", ["-o", "scalertune-artifacts/amp.yaml"],
-         r"inside the artifact folder", {"scalertune-artifacts": None}),
+    Case(
+        "-o into a missing folder",
+        ["-o", "no/such/folder/amp.yaml"],
+        r"the folder .*no/such/folder does not exist",
+    ),
+    Case("-o onto a folder", ["-o", "results"], r"--output results is a folder", {"results": None}),
+    Case(
+        "-o is the factory file",
+        ["-o", "model.py"],
+        r"is the study's factory file",
+        {"model.py": pathlib.Path(HERE, "workloads.py").read_text()},
+    ),
+    Case(
+        "-o is the space file",
+        ["--space", "space.yaml", "-o", "space.yaml"],
+        r"is the study's search space file",
+        {"space.yaml": _SPACE_OK},
+    ),
+    Case(
+        "-o inside the artifact folder",
+        ["-o", "scalertune-artifacts/amp.yaml"],
+        r"inside the artifact folder",
+        {"scalertune-artifacts": None},
+    ),
     Case("-o not a regular file", ["-o", "/dev/null"], r"not a regular file"),
-    Case("artifact-dir is a file", ["--artifact-dir", "notes.txt"],
-         r"--artifact-dir notes.txt is a file", {"notes.txt": "x"}),
-    Case("study name too long for Optuna", ["--study-name", "s" * 600],
-         r"600 characters long; Optuna's storages hold at most 512"),
-    Case("study name too long for a file name", ["--study-name", "s" * 300],
-         r"exceed this file system's 255"),
-    Case("space high .inf", ["--space", "space.yaml"], r"line 1: \.inf is not a finite number",
-         {"space.yaml": "init_scale: {low: 1.0, high: .inf, log: true}\n"}),
-    Case("space low .nan", ["--space", "space.yaml"], r"\.nan is not a finite number",
-         {"space.yaml": "growth_factor: {low: .nan, high: 4.0}\n"}),
-    Case("space step .inf", ["--space", "space.yaml"], r"\.inf is not a finite number",
-         {"space.yaml": "backoff_factor: {low: 0.25, high: 0.75, step: .inf}\n"}),
-    Case("space fixed value 1e39", ["--space", "space.yaml"],
-         r"init_scale must be > 0 and finite", {"space.yaml": "init_scale: 1.0e+39\n"}),
-    Case("space value a string", ["--space", "space.yaml"], r"init_scale must be a number",
-         {"space.yaml": "init_scale: big\n"}),
-    Case("space alias bomb", ["--space", "space.yaml"], r"aliases expand to more than",
-         {"space.yaml": ALIAS_BOMB + "description: *l5\n"}),
-    Case("space alias in itself", ["--space", "space.yaml"], r"refers to a value that contains",
-         {"space.yaml": "description: &d [*d]\n"}),
-    Case("space nested too deep", ["--space", "space.yaml"], r"nests its values too deeply",
-         {"space.yaml": "description: " + "[" * 5000 + "]" * 5000 + "\n"}),
-    Case("space over 1 MiB", ["--space", "space.yaml"], r"is larger than 1024 KiB",
-         {"space.yaml": "# " + "x" * 2**20 + "\n"}),
-    Case("space not UTF-8", ["--space", "space.yaml"], r"is not UTF-8 text",
-         {"space.yaml": b"dtype: \xff\xfe\n"}),
-    Case("space not YAML", ["--space", "space.yaml"], r"is not valid YAML at line",
-         {"space.yaml": "dtype: [float16\n"}),
-    Case("journal path is another file", ["--storage", "notes.txt"],
-         r"not an Optuna journal file", {"notes.txt": "meeting notes\n"}),
-    Case("journal path is a folder", ["--storage", "runs"], r"runs is a folder",
-         {"runs": None}),
-    Case("password with an empty user",
-         ["--storage", f"postgresql://:{SECRET}@127.0.0.1:1/optuna"], r"cannot open storage"),
-    Case("password in the query",
-         ["--storage", f"postgresql://bob@127.0.0.1:1/optuna?password={SECRET}"],
-         r"cannot open storage"),
-    Case("password in a malformed URL",
-         ["--storage", f"postgresql://bob:{SECRET}@127.0.0.1:notaport/optuna"],
-         r"cannot open storage postgresql://\*\*\*"),
+    Case(
+        "artifact-dir is a file",
+        ["--artifact-dir", "notes.txt"],
+        r"--artifact-dir notes.txt is a file",
+        {"notes.txt": "x"},
+    ),
+    Case(
+        "study name too long for Optuna",
+        ["--study-name", "s" * 600],
+        r"600 characters long; Optuna's storages hold at most 512",
+    ),
+    Case(
+        "study name too long for a file name",
+        ["--study-name", "s" * 300],
+        r"exceed this file system's 255",
+    ),
+    Case(
+        "space high .inf",
+        ["--space", "space.yaml"],
+        r"line 1: \.inf is not a finite number",
+        {"space.yaml": "init_scale: {low: 1.0, high: .inf, log: true}\n"},
+    ),
+    Case(
+        "space low .nan",
+        ["--space", "space.yaml"],
+        r"\.nan is not a finite number",
+        {"space.yaml": "growth_factor: {low: .nan, high: 4.0}\n"},
+    ),
+    Case(
+        "space step .inf",
+        ["--space", "space.yaml"],
+        r"\.inf is not a finite number",
+        {"space.yaml": "backoff_factor: {low: 0.25, high: 0.75, step: .inf}\n"},
+    ),
+    Case(
+        "space fixed value 1e39",
+        ["--space", "space.yaml"],
+        r"init_scale must be > 0 and finite",
+        {"space.yaml": "init_scale: 1.0e+39\n"},
+    ),
+    Case(
+        "space value a string",
+        ["--space", "space.yaml"],
+        r"init_scale must be a number",
+        {"space.yaml": "init_scale: big\n"},
+    ),
+    Case(
+        "space alias bomb",
+        ["--space", "space.yaml"],
+        r"aliases expand to more than",
+        {"space.yaml": ALIAS_BOMB + "description: *l5\n"},
+    ),
+    Case(
+        "space alias in itself",
+        ["--space", "space.yaml"],
+        r"refers to a value that contains",
+        {"space.yaml": "description: &d [*d]\n"},
+    ),
+    Case(
+        "space nested too deep",
+        ["--space", "space.yaml"],
+        r"nests its values too deeply",
+        {"space.yaml": "description: " + "[" * 5000 + "]" * 5000 + "\n"},
+    ),
+    Case(
+        "space over 1 MiB",
+        ["--space", "space.yaml"],
+        r"is larger than 1024 KiB",
+        {"space.yaml": "# " + "x" * 2**20 + "\n"},
+    ),
+    Case(
+        "space not UTF-8",
+        ["--space", "space.yaml"],
+        r"is not UTF-8 text",
+        {"space.yaml": b"dtype: \xff\xfe\n"},
+    ),
+    Case(
+        "space not YAML",
+        ["--space", "space.yaml"],
+        r"is not valid YAML at line",
+        {"space.yaml": "dtype: [float16\n"},
+    ),
+    Case(
+        "journal path is another file",
+        ["--storage", "notes.txt"],
+        r"not an Optuna journal file",
+        {"notes.txt": "meeting notes\n"},
+    ),
+    Case("journal path is a folder", ["--storage", "runs"], r"runs is a folder", {"runs": None}),
+    Case(
+        "password with an empty user",
+        ["--storage", f"postgresql://:{SECRET}@127.0.0.1:1/optuna"],
+        r"cannot open storage",
+    ),
+    Case(
+        "password in the query",
+        ["--storage", f"postgresql://bob@127.0.0.1:1/optuna?password={SECRET}"],
+        r"cannot open storage",
+    ),
+    Case(
+        "password in a malformed URL",
+        ["--storage", f"postgresql://bob:{SECRET}@127.0.0.1:notaport/optuna"],
+        r"cannot open storage postgresql://\*\*\*",
+    ),
     # A one-letter password is hidden where it stands alone, not in every word of the line.
-    Case("one-letter password", ["--storage", "postgresql://bob:e@127.0.0.1:1/optuna"],
-         r"cannot open storage postgresql://bob:\*\*\*@127\.0\.0\.1:1/optuna: "
-         r"\(psycopg\.OperationalError\) connection"),
-    Case("'@' in the password", ["--storage", f"postgresql://bob:p@{SECRET}@127.0.0.1:1/db"],
-         r"holds an '@': write it as %40"),
-    Case("URL missing a slash", ["--storage", f"postgresql:/bob:{SECRET}@127.0.0.1:1/db"],
-         r"looks like a database URL without '://'"),
-    Case("module calls sys.exit on import", [], r"sys\.exit\(3\) was called",
-         _model(_EXITS_ON_IMPORT)),
+    Case(
+        "one-letter password",
+        ["--storage", "postgresql://bob:e@127.0.0.1:1/optuna"],
+        r"cannot open storage postgresql://bob:\*\*\*@127\.0\.0\.1:1/optuna: "
+        r"\(psycopg\.OperationalError\) connection",
+    ),
+    Case(
+        "'@' in the password",
+        ["--storage", f"postgresql://bob:p@{SECRET}@127.0.0.1:1/db"],
+        r"holds an '@': write it as %40",
+    ),
+    Case(
+        "URL missing a slash",
+        ["--storage", f"postgresql:/bob:{SECRET}@127.0.0.1:1/db"],
+        r"looks like a database URL without '://'",
+    ),
+    Case(
+        "module calls sys.exit on import",
+        [],
+        r"sys\.exit\(3\) was called",
+        _model(_EXITS_ON_IMPORT),
+    ),
     Case("factory calls sys.exit", [], r"sys\.exit\(5\) was called", _model(_EXITS_IN_FACTORY)),
-    Case("factory raises a BaseException subclass", [], r"raised Odd: odd",
-         _model("class Odd(BaseException):\n    pass\n\n\n"
-                "def make_model():\n    raise Odd('odd')\n")),
-    Case("factory's horizon past the flag's range", [], r"the factory model\.py:make_model "
-         r"declares horizon 1000000000000, which must be an integer from 20 to 10000000",
-         _model(_DECLARES_HORIZON.format(horizon=10**12))),
-    Case("factory's horizon shorter than a trial", [],
-         r"declares horizon 50, shorter than a trial's 200 steps \(--steps\)",
-         _model(_DECLARES_HORIZON.format(horizon=50))),
-    Case("NaN loss on the first batch", [], r"the loss is nan on the first batch, in float32 "
-         r"with the initial weights, before any optimizer step",
-         _model(_NAN_IN_THE_DATA)),
+    Case(
+        "factory raises a BaseException subclass",
+        [],
+        r"raised Odd: odd",
+        _model(
+            "class Odd(BaseException):\n    pass\n\n\ndef make_model():\n    raise Odd('odd')\n"
+        ),
+    ),
+    Case(
+        "factory's horizon past the flag's range",
+        [],
+        r"the factory model\.py:make_model "
+        r"declares horizon 1000000000000, which must be an integer from 20 to 10000000",
+        _model(_DECLARES_HORIZON.format(horizon=10**12)),
+    ),
+    Case(
+        "factory's horizon shorter than a trial",
+        [],
+        r"declares horizon 50, shorter than a trial's 200 steps \(--steps\)",
+        _model(_DECLARES_HORIZON.format(horizon=50)),
+    ),
+    Case(
+        "NaN loss on the first batch",
+        [],
+        r"the loss is nan on the first batch, in float32 "
+        r"with the initial weights, before any optimizer step",
+        _model(_NAN_IN_THE_DATA),
+    ),
     Case("artifact store without a bucket", ["--artifact-dir", "s3://"], r"name a bucket"),
-    Case("artifact store in a bucket's folder", ["--artifact-dir", "s3://runs/amp"],
-         r"--artifact-dir s3://runs/amp: name a bucket, as s3://BUCKET"),
+    Case(
+        "artifact store in a bucket's folder",
+        ["--artifact-dir", "s3://runs/amp"],
+        r"--artifact-dir s3://runs/amp: name a bucket, as s3://BUCKET",
+    ),
     Case("unknown device", ["--device", "tpu"], r"unknown device 'tpu'"),
-    Case("missing float32 island", ["--fp32-modules", "nosuch"],
-         r"fp32_modules names 'nosuch'"),
+    Case("missing float32 island", ["--fp32-modules", "nosuch"], r"fp32_modules names 'nosuch'"),
 ]
 
 DIAGNOSE = [
@@ -230,58 +375,123 @@ DIAGNOSE = [
     Case("steps zero", ["--steps", "0"], r"--steps must be an integer from 1"),
     Case("seed negative", ["--seed", "-1"], r"--seed must be an integer from 0"),
     Case("seed past numpy", ["--seed", "4294967296"], r"--seed must be an integer from 0"),
-    Case("module calls sys.exit on import", [], r"sys\.exit\(3\) was called",
-         _model(_EXITS_ON_IMPORT)),
+    Case(
+        "module calls sys.exit on import",
+        [],
+        r"sys\.exit\(3\) was called",
+        _model(_EXITS_ON_IMPORT),
+    ),
 ]
 
 EXPORT = [
-    Case("growth_interval .nan", ["--to", "torch"], r"\.nan is not a finite number",
-         {"r.yaml": _result(growth_interval=".nan")}),
-    Case("init_scale .inf", ["--to", "torch"], r"\.inf is not a finite number",
-         {"r.yaml": _result(init_scale=".inf")}),
-    Case("growth_interval not an integer", ["--to", "deepspeed"],
-         r"growth_interval must be an integer", {"r.yaml": _result(growth_interval="2.5")}),
-    Case("clip_norm negative", ["--to", "lightning"], r"clip_norm must be > 0",
-         {"r.yaml": _result(clip_norm="-1.0")}),
-    Case("init_scale a string", ["--to", "torch"], r"init_scale must be > 0",
-         {"r.yaml": _result(init_scale="'4096'")}),
-    Case("unknown dtype", ["--to", "accelerate"], r"unknown dtype 'half'",
-         {"r.yaml": _result(dtype="half")}),
-    Case("unknown config key", ["--to", "torch"], r"unknown config key\(s\) scale",
-         {"r.yaml": RESULT + "  scale: 2\n"}),
+    Case(
+        "growth_interval .nan",
+        ["--to", "torch"],
+        r"\.nan is not a finite number",
+        {"r.yaml": _result(growth_interval=".nan")},
+    ),
+    Case(
+        "init_scale .inf",
+        ["--to", "torch"],
+        r"\.inf is not a finite number",
+        {"r.yaml": _result(init_scale=".inf")},
+    ),
+    Case(
+        "growth_interval not an integer",
+        ["--to", "deepspeed"],
+        r"growth_interval must be an integer",
+        {"r.yaml": _result(growth_interval="2.5")},
+    ),
+    Case(
+        "clip_norm negative",
+        ["--to", "lightning"],
+        r"clip_norm must be > 0",
+        {"r.yaml": _result(clip_norm="-1.0")},
+    ),
+    Case(
+        "init_scale a string",
+        ["--to", "torch"],
+        r"init_scale must be > 0",
+        {"r.yaml": _result(init_scale="'4096'")},
+    ),
+    Case(
+        "unknown dtype",
+        ["--to", "accelerate"],
+        r"unknown dtype 'half'",
+        {"r.yaml": _result(dtype="half")},
+    ),
+    Case(
+        "unknown config key",
+        ["--to", "torch"],
+        r"unknown config key\(s\) scale",
+        {"r.yaml": RESULT + "  scale: 2\n"},
+    ),
     Case("no config", ["--to", "torch"], r"has no 'config' mapping", {"r.yaml": "a: 1\n"}),
     Case("missing file", ["--to", "torch"], r"no such file: r\.yaml"),
     Case("a folder", ["--to", "torch"], r"r\.yaml is a folder", {"r.yaml": None}),
-    Case("alias bomb", ["--to", "torch"], r"aliases expand to more than",
-         {"r.yaml": RESULT + ALIAS_BOMB + "evidence: *l5\n"}),
+    Case(
+        "alias bomb",
+        ["--to", "torch"],
+        r"aliases expand to more than",
+        {"r.yaml": RESULT + ALIAS_BOMB + "evidence: *l5\n"},
+    ),
     Case("not UTF-8", ["--to", "torch"], r"is not UTF-8 text", {"r.yaml": b"\xff\xfe\x00"}),
     Case("over 1 MiB", ["--to", "torch"], r"is larger than", {"r.yaml": b"#" * (2**20 + 5)}),
-    Case("unknown framework", ["--to", "jax"], r"argument --to: invalid choice",
-         {"r.yaml": RESULT}),
-    Case("micro-batch size zero", ["--to", "deepspeed", "--micro-batch-size", "0"],
-         r"--micro-batch-size must be an integer >= 1", {"r.yaml": RESULT}),
+    Case(
+        "unknown framework", ["--to", "jax"], r"argument --to: invalid choice", {"r.yaml": RESULT}
+    ),
+    Case(
+        "micro-batch size zero",
+        ["--to", "deepspeed", "--micro-batch-size", "0"],
+        r"--micro-batch-size must be an integer >= 1",
+        {"r.yaml": RESULT},
+    ),
 ]
 
 REPORT = [
-    Case("-o is the database", ["--study-name", "s", "-o", "scalertune.db"],
-         r"is the study's storage", {"scalertune.db": _study_db}),
-    Case("-o is the journal file", ["--storage", "study.log", "--study-name", "s", "-o",
-                                    "study.log"], r"is the study's storage",
-         {"study.log": _journal}),
-    Case("-o into a missing folder", ["--study-name", "s", "-o", "nope/r.yaml"],
-         r"does not exist", {"scalertune.db": _study_db}),
-    Case("-o onto a folder", ["--study-name", "s", "-o", "out"], r"is a folder",
-         {"scalertune.db": _study_db, "out": None}),
+    Case(
+        "-o is the database",
+        ["--study-name", "s", "-o", "scalertune.db"],
+        r"is the study's storage",
+        {"scalertune.db": _study_db},
+    ),
+    Case(
+        "-o is the journal file",
+        ["--storage", "study.log", "--study-name", "s", "-o", "study.log"],
+        r"is the study's storage",
+        {"study.log": _journal},
+    ),
+    Case(
+        "-o into a missing folder",
+        ["--study-name", "s", "-o", "nope/r.yaml"],
+        r"does not exist",
+        {"scalertune.db": _study_db},
+    ),
+    Case(
+        "-o onto a folder",
+        ["--study-name", "s", "-o", "out"],
+        r"is a folder",
+        {"scalertune.db": _study_db, "out": None},
+    ),
     Case("top negative", ["--study-name", "s", "--top", "-1"], r"--top must be an integer >= 0"),
     Case("no such database", ["--study-name", "s"], r"no such database: sqlite:///scalertune.db"),
-    Case("no such journal", ["--storage", "nope.log", "--study-name", "s"],
-         r"no such journal file: nope\.log"),
-    Case("no such study", ["--study-name", "other"], r"no study 'other'",
-         {"scalertune.db": _study_db}),
+    Case(
+        "no such journal",
+        ["--storage", "nope.log", "--study-name", "s"],
+        r"no such journal file: nope\.log",
+    ),
+    Case(
+        "no such study",
+        ["--study-name", "other"],
+        r"no study 'other'",
+        {"scalertune.db": _study_db},
+    ),
     Case("study name too long", ["--study-name", "x" * 600], r"at most 512"),
-    Case("password in the query", ["--study-name", "s", "--storage",
-                                   f"postgresql://bob@127.0.0.1:1/o?password={SECRET}"],
-         r"cannot open storage"),
+    Case(
+        "password in the query",
+        ["--study-name", "s", "--storage", f"postgresql://bob@127.0.0.1:1/o?password={SECRET}"],
+        r"cannot open storage",
+    ),
 ]
 
 DASHBOARD = [
@@ -289,8 +499,13 @@ DASHBOARD = [
     Case("port zero", ["--port", "0"], r"--port must be an integer from 1 to 65535"),
     Case("port negative", ["--port", "-1"], r"--port must be an integer from 1 to 65535"),
     Case("no such database", [], r"no such database"),
-    Case("artifact folder missing", ["--artifact-dir", "pics"], r"--artifact-dir pics is not a "
-         "folder", {"scalertune.db": _study_db}),
+    Case(
+        "artifact folder missing",
+        ["--artifact-dir", "pics"],
+        r"--artifact-dir pics is not a "
+        "folder",
+        {"scalertune.db": _study_db},
+    ),
     Case("storage is a folder", ["--storage", "sqlite:///db"], r"is a folder", {"db": None}),
 ]
 
@@ -354,9 +569,13 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, command):
 
 #: One row per command, run as the real executable: the exit status and the one line a shell
 #: sees, not only what main() returns.
-_IN_ITS_OWN_PROCESS = {"search": "seed negative", "diagnose": "init-scale nan",
-                       "export": "missing file", "report": "no such study",
-                       "dashboard": "port zero"}
+_IN_ITS_OWN_PROCESS = {
+    "search": "seed negative",
+    "diagnose": "init-scale nan",
+    "export": "missing file",
+    "report": "no such study",
+    "dashboard": "port zero",
+}
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -377,16 +596,28 @@ LOAD = [
     ("init_scale true", _result(init_scale="true"), r"init_scale must be > 0"),
     ("growth_interval .nan", _result(growth_interval=".nan"), r"\.nan is not a finite number"),
     ("growth_interval 2.5", _result(growth_interval="2.5"), r"growth_interval must be an integer"),
-    ("growth_interval past int32", _result(growth_interval="4294967296"),
-     r"growth_interval must be an integer >= 1 \(at most 2147483647\)"),
+    (
+        "growth_interval past int32",
+        _result(growth_interval="4294967296"),
+        r"growth_interval must be an integer >= 1 \(at most 2147483647\)",
+    ),
     ("backoff_factor 1.5", _result(backoff_factor="1.5"), r"backoff_factor must be in \(0, 1\)"),
     ("fp32_modules a number", RESULT + "  fp32_modules: 5\n", r"fp32_modules must be module names"),
-    ("guard floor negative", RESULT + "guard: {min_scale: -1.0, max_consecutive_skips: 50}\n",
-     r"min_scale must be a finite number > 0"),
-    ("guard floor zero", RESULT + "guard: {min_scale: 0.0, max_consecutive_skips: 50}\n",
-     r"min_scale must be a finite number > 0"),
-    ("guard skip limit zero", RESULT + "guard: {min_scale: 1.0, max_consecutive_skips: 0}\n",
-     r"max_consecutive_skips must be an integer >= 1"),
+    (
+        "guard floor negative",
+        RESULT + "guard: {min_scale: -1.0, max_consecutive_skips: 50}\n",
+        r"min_scale must be a finite number > 0",
+    ),
+    (
+        "guard floor zero",
+        RESULT + "guard: {min_scale: 0.0, max_consecutive_skips: 50}\n",
+        r"min_scale must be a finite number > 0",
+    ),
+    (
+        "guard skip limit zero",
+        RESULT + "guard: {min_scale: 1.0, max_consecutive_skips: 0}\n",
+        r"max_consecutive_skips must be an integer >= 1",
+    ),
     ("guard not a mapping", RESULT + "guard: strict\n", r"'guard' needs min_scale"),
     ("alias bomb", RESULT + ALIAS_BOMB + "evidence: *l5\n", r"aliases expand to more than"),
     ("alias in itself", RESULT + "evidence: &e {x: *e}\n", r"refers to a value that contains"),
@@ -405,8 +636,7 @@ def test_load_refuses_a_bad_result_file_in_one_line(tmp_path, label, text, messa
     assert _snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("path, message", [("missing.yaml", "no such file"),
-                                           (".", "is a folder")])
+@pytest.mark.parametrize("path, message", [("missing.yaml", "no such file"), (".", "is a folder")])
 def test_load_refuses_a_missing_result_file(tmp_path, path, message):
     with pytest.raises(scalertune.UsageError, match=message):
         scalertune.load(str(tmp_path / path), device="cpu")
@@ -414,30 +644,38 @@ def test_load_refuses_a_missing_result_file(tmp_path, path, message):
 
 
 def test_the_search_api_refuses_bad_numbers_before_anything_runs(tmp_path):
-    for kwargs, message in [({"seed": -1}, "^seed must be"), ({"seed": 2**32}, "^seed must be"),
-                            ({"steps": 10**7}, "^steps must be"),
-                            ({"n_trials": -1}, "^n_trials must be"),
-                            ({"steps": 25.5}, "^steps must be an integer"),
-                            ({"timeout": 0}, "^timeout must be a positive")]:
+    for kwargs, message in [
+        ({"seed": -1}, "^seed must be"),
+        ({"seed": 2**32}, "^seed must be"),
+        ({"steps": 10**7}, "^steps must be"),
+        ({"n_trials": -1}, "^n_trials must be"),
+        ({"steps": 25.5}, "^steps must be an integer"),
+        ({"timeout": 0}, "^timeout must be a positive"),
+    ]:
         with pytest.raises(ValueError, match=message) as raised:
-            scalertune.search(HEALTHY, storage=f"sqlite:///{tmp_path / 's.db'}",
-                              device="cpu", **kwargs)
+            scalertune.search(
+                HEALTHY, storage=f"sqlite:///{tmp_path / 's.db'}", device="cpu", **kwargs
+            )
         assert isinstance(raised.value, scalertune.UsageError)
         assert "--" not in str(raised.value)  # the Python parameter, not a flag
     assert os.listdir(tmp_path) == []
 
 
-
 def test_a_search_started_by_torchrun_is_refused_naming_nproc_per_node(tmp_path, monkeypatch):
     """Under torchrun (its environment: RANK, WORLD_SIZE, LOCAL_WORLD_SIZE), each rank would
     run a search of its own: refused in one line, before any study exists."""
-    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                        "LOCAL_RANK": "1"}.items():
+    for name, value in {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+    }.items():
         monkeypatch.setenv(name, value)
     proc = run_cli("search", HEALTHY, "--device", "cpu", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "scalertune search: error: this search runs as rank 1 of 2 under a launcher "
         "(torchrun): run it once, without the launcher, with --nproc-per-node 2 (it starts "
-        "the ranks of every run itself)")
+        "the ranks of every run itself)"
+    )
     assert not (tmp_path / "scalertune.db").exists()

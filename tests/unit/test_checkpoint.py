@@ -31,33 +31,46 @@ def _scheduled():
             schedule.step()
         return loss
 
-    return {"model": model, "optimizer": optimizer, "step": step, "batches": parts["batches"],
-            "schedulers": [schedule]}
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "step": step,
+        "batches": parts["batches"],
+        "schedulers": [schedule],
+    }
 
 
-@pytest.mark.parametrize("factory", [_scheduled, example("classifier").make_model],
-                         ids=["schedule-and-dropout", "shuffling-dataloader"])
+@pytest.mark.parametrize(
+    "factory",
+    [_scheduled, example("classifier").make_model],
+    ids=["schedule-and-dropout", "shuffling-dataloader"],
+)
 def test_a_branch_from_a_checkpoint_replays_the_reference_bit_for_bit(tmp_path, factory):
     whole = run_config(factory, FLOAT32, steps=60, seed=3, device=CPU)
     path = str(tmp_path / "at30.pt")
-    first = run_config(factory, FLOAT32, steps=30, seed=3, device=CPU,
-                       plan=Plan(save_at={30: path}))
+    first = run_config(
+        factory, FLOAT32, steps=30, seed=3, device=CPU, plan=Plan(save_at={30: path})
+    )
     assert first.losses == whole.losses[:30]
-    branch = run_config(factory, FLOAT32, steps=60, seed=3, device=CPU,
-                        plan=Plan(checkpoint=path))
+    branch = run_config(factory, FLOAT32, steps=60, seed=3, device=CPU, plan=Plan(checkpoint=path))
     assert branch.start == 30 and branch.losses == whole.losses[30:]
-    again = run_config(factory, FLOAT32, steps=60, seed=3, device=CPU,
-                       plan=Plan(checkpoint=path))
+    again = run_config(factory, FLOAT32, steps=60, seed=3, device=CPU, plan=Plan(checkpoint=path))
     assert again.losses == branch.losses  # the checkpoint is unchanged by a branch from it
 
 
 def test_a_float16_branch_starts_its_scaler_where_the_plan_puts_it(tmp_path):
     path = str(tmp_path / "at20.pt")
-    run_config(workloads.healthy, FLOAT32, steps=20, seed=0, device=CPU,
-               plan=Plan(save_at={20: path}))
-    branch = run_config(workloads.healthy, AmpConfig(init_scale=2.0**16), steps=40, seed=0,
-                        device=CPU, plan=Plan(checkpoint=path,
-                                              scaler={"scale": 256.0, "_growth_tracker": 5}))
+    run_config(
+        workloads.healthy, FLOAT32, steps=20, seed=0, device=CPU, plan=Plan(save_at={20: path})
+    )
+    branch = run_config(
+        workloads.healthy,
+        AmpConfig(init_scale=2.0**16),
+        steps=40,
+        seed=0,
+        device=CPU,
+        plan=Plan(checkpoint=path, scaler={"scale": 256.0, "_growth_tracker": 5}),
+    )
     assert branch.initial_scale == 256.0 and branch.scales[0] == 256.0
     assert branch.skipped == []
 

@@ -14,8 +14,16 @@ def test_help_explains_the_commands_and_exit_statuses(tmp_path):
         assert needle in top.stdout
     sub = run_cli("search", "--help", cwd=tmp_path)
     assert sub.returncode == 0
-    for needle in ("FACTORY", "--storage", "--space", "--n-trials", "--device", "--output",
-                   "float32 reference", "examples:"):
+    for needle in (
+        "FACTORY",
+        "--storage",
+        "--space",
+        "--n-trials",
+        "--device",
+        "--output",
+        "float32 reference",
+        "examples:",
+    ):
         assert needle in sub.stdout
 
 
@@ -37,20 +45,35 @@ BAD_INPUTS = [
     ("non-tensor loss", [_bad("non_tensor_loss")], "the loss is a float, not a tensor"),
     ("no trainable parameters", [_bad("no_trainable_parameters")], "no trainable parameters"),
     ("foreign optimizer", [_bad("foreign_optimizer")], "not the model's"),
-    ("a Hugging Face output without labels", [_bad("model_output_without_labels")],
-     r"the loss is a NoneType.*Hugging Face output, whose loss is None unless the model is "
-     r"given labels"),
+    (
+        "a Hugging Face output without labels",
+        [_bad("model_output_without_labels")],
+        r"the loss is a NoneType.*Hugging Face output, whose loss is None unless the model is "
+        r"given labels",
+    ),
     ("unknown space", [spec("healthy"), "--space", "fp8"], "unknown search space 'fp8'"),
-    ("missing space file", [spec("healthy"), "--space", "spaces/mine.yaml"],
-     "no such search space file"),
+    (
+        "missing space file",
+        [spec("healthy"), "--space", "spaces/mine.yaml"],
+        "no such search space file",
+    ),
     ("unknown device", [spec("healthy"), "--device", "tpu"], "unknown device 'tpu'"),
-    ("bad option", [spec("healthy"), "--n-trails", "3"],
-     "unrecognized arguments: --n-trails 3: did you mean --n-trials"),
-    ("an option abbreviated", [spec("healthy"), "--step", "50"],
-     "unrecognized arguments: --step 50: did you mean --steps"),
+    (
+        "bad option",
+        [spec("healthy"), "--n-trails", "3"],
+        "unrecognized arguments: --n-trails 3: did you mean --n-trials",
+    ),
+    (
+        "an option abbreviated",
+        [spec("healthy"), "--step", "50"],
+        "unrecognized arguments: --step 50: did you mean --steps",
+    ),
     ("a factory mistyped", [_bad("make_modle")], "has no attribute 'make_modle'"),
-    ("a factory file mistyped", [os.path.join(HERE, "workload.py") + ":healthy"],
-     r"no such file: .*workload\.py \(did you mean 'workloads\.py'"),
+    (
+        "a factory file mistyped",
+        [os.path.join(HERE, "workload.py") + ":healthy"],
+        r"no such file: .*workload\.py \(did you mean 'workloads\.py'",
+    ),
     ("too few steps", [spec("healthy"), "--steps", "5"], "--steps must be an integer from 20"),
 ]
 if not torch.cuda.is_available():
@@ -69,14 +92,17 @@ def test_bad_input_is_one_line_exit_2_and_writes_no_study(tmp_path, label, args,
     assert not (tmp_path / "scalertune.db").exists()
 
 
-@pytest.mark.parametrize("text, message", [
-    ("init_scale: {low: 0, high: 8}", "init_scale must be > 0"),
-    ("growth_factor: 1.0", "growth_factor must be > 1"),
-    ("backoff_factor: {low: 0.5, high: 1.5}", "backoff_factor must be in"),
-    ("growth_interval: {low: 10, high: 1}", "is greater than high"),
-    ("dtype: {choices: [half]}", "unknown dtype 'half'"),
-    ("init_scale_max: 3", "unknown key"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("init_scale: {low: 0, high: 8}", "init_scale must be > 0"),
+        ("growth_factor: 1.0", "growth_factor must be > 1"),
+        ("backoff_factor: {low: 0.5, high: 1.5}", "backoff_factor must be in"),
+        ("growth_interval: {low: 10, high: 1}", "is greater than high"),
+        ("dtype: {choices: [half]}", "unknown dtype 'half'"),
+        ("init_scale_max: 3", "unknown key"),
+    ],
+)
 def test_invalid_space_file_is_refused_before_anything_runs(tmp_path, text, message):
     (tmp_path / "space.yaml").write_text(text)
     proc = run_cli("search", spec("healthy"), "--space", "space.yaml", cwd=tmp_path)

@@ -19,41 +19,66 @@ CPU = torch.device("cpu")
 
 
 def _target(seed=0, steps=80):
-    return Target.from_reference(run_config(workloads.healthy, AmpConfig(dtype="float32"),
-                                            steps=steps, seed=seed, device=CPU).losses)
+    return Target.from_reference(
+        run_config(
+            workloads.healthy, AmpConfig(dtype="float32"), steps=steps, seed=seed, device=CPU
+        ).losses
+    )
 
 
 def test_a_run_stopped_at_the_target_has_the_steps_to_target_of_the_full_run():
     target = _target()
     config = AmpConfig(dtype="bfloat16")
-    early = run_config(workloads.healthy, config, steps=80, seed=0, device=CPU,
-                       stop=StopRule(target))
-    full = run_config(workloads.healthy, config, steps=80, seed=0, device=CPU,
-                      stop=StopRule(target, at_target=False))
+    early = run_config(
+        workloads.healthy, config, steps=80, seed=0, device=CPU, stop=StopRule(target)
+    )
+    full = run_config(
+        workloads.healthy,
+        config,
+        steps=80,
+        seed=0,
+        device=CPU,
+        stop=StopRule(target, at_target=False),
+    )
     assert early.stopped == "reached" and full.stopped is None
     assert early.reached_at == full.reached_at == target.steps_to_target(full.losses)
     assert early.steps_run < full.steps_run == 80
-    assert early.losses == full.losses[:early.steps_run]
+    assert early.losses == full.losses[: early.steps_run]
 
 
 def test_a_run_that_cannot_beat_the_best_is_pruned_as_slower():
     target = _target()
     fast = Best(time_high=1e-9, label="trial #3")
-    record = run_config(workloads.healthy, AmpConfig(dtype="bfloat16"), steps=80, seed=0,
-                        device=CPU, stop=StopRule(target, step_time=(1e-3, 2e-3), best=fast))
+    record = run_config(
+        workloads.healthy,
+        AmpConfig(dtype="bfloat16"),
+        steps=80,
+        seed=0,
+        device=CPU,
+        stop=StopRule(target, step_time=(1e-3, 2e-3), best=fast),
+    )
     assert record.prune_kind == "slower" and record.steps_run == 10
     assert "trial #3" in record.prune_reason
     same_dtype = Best(time_high=math.inf, label="trial #4", steps={"float16": (1, "trial #4")})
-    record = run_config(workloads.healthy, AmpConfig(init_scale=1.0), steps=80, seed=0,
-                        device=CPU, stop=StopRule(target, step_time=(1e-3, 2e-3),
-                                                  best=same_dtype))
+    record = run_config(
+        workloads.healthy,
+        AmpConfig(init_scale=1.0),
+        steps=80,
+        seed=0,
+        device=CPU,
+        stop=StopRule(target, step_time=(1e-3, 2e-3), best=same_dtype),
+    )
     assert record.prune_kind == "slower" and "float16 too" in record.prune_reason
 
 
 #: float16 steps 1.4-1.6x float32's, bfloat16 1.15-1.4x: bfloat16 is surely faster per step.
-TIMES = StepTimes({"float32": [1e-3] * 6,
-                   "float16": [1.40e-3, 1.45e-3, 1.50e-3, 1.53e-3, 1.58e-3, 1.61e-3],
-                   "bfloat16": [1.15e-3, 1.22e-3, 1.33e-3, 1.36e-3, 1.38e-3, 1.39e-3]})
+TIMES = StepTimes(
+    {
+        "float32": [1e-3] * 6,
+        "float16": [1.40e-3, 1.45e-3, 1.50e-3, 1.53e-3, 1.58e-3, 1.61e-3],
+        "bfloat16": [1.15e-3, 1.22e-3, 1.33e-3, 1.36e-3, 1.38e-3, 1.39e-3],
+    }
+)
 #: float32's seed spread of steps to the target: 10%.
 NOISE = Noise(0.10)
 
@@ -62,31 +87,38 @@ def _sampled(number, steps, dtype="bfloat16", *, state="complete", reused=False,
     """A sampled run as the study stores it: ``steps`` to the target (``None``: never)."""
     config = AmpConfig(dtype=dtype, clip_norm=clip)
     step_time = TIMES.median(dtype)
-    attrs = {"role": "search", "config": config.to_dict(), "steps_to_target": steps,
-             "time_to_target_s": None if steps is None else steps * step_time,
-             **({"duplicate_of": 3} if reused else {})}
-    return Outcome(number=number, role="search", config=config, seed=0, state=state,
-                   attrs=attrs, losses=())
+    attrs = {
+        "role": "search",
+        "config": config.to_dict(),
+        "steps_to_target": steps,
+        "time_to_target_s": None if steps is None else steps * step_time,
+        **({"duplicate_of": 3} if reused else {}),
+    }
+    return Outcome(
+        number=number, role="search", config=config, seed=0, state=state, attrs=attrs, losses=()
+    )
 
 
 def test_the_study_stops_after_a_patience_of_trials_without_progress():
     # each run 20% fewer steps than the last, beyond the 10% seed spread: progress every time
-    progress = [_sampled(3 + i, int(200 * 0.8 ** i)) for i in range(_policy.STUDY_MIN_TRIALS)]
+    progress = [_sampled(3 + i, int(200 * 0.8**i)) for i in range(_policy.STUDY_MIN_TRIALS)]
     assert study_stop_reason(progress, TIMES, NOISE) is None
     never = [_sampled(20 + i, None, state="pruned") for i in range(_policy.STUDY_PATIENCE)]
     assert "found no faster time" in study_stop_reason(progress + never, TIMES, NOISE)
     # reused duplicates count neither way, but many in a row mean the space is spent
     reused = [_sampled(30 + i, 100, reused=True) for i in range(3)]
     assert study_stop_reason(progress + reused, TIMES, NOISE) is None
-    spent = [_sampled(40 + i, 100, reused=True)
-             for i in range(_policy.MAX_CONSECUTIVE_DUPLICATES)]
+    spent = [_sampled(40 + i, 100, reused=True) for i in range(_policy.MAX_CONSECUTIVE_DUPLICATES)]
     assert "nothing new" in study_stop_reason(progress + spent, TIMES, NOISE)
 
 
 def test_a_tie_within_the_noise_is_no_progress_however_much_faster_its_estimate():
     # 8% fewer steps of the same dtype is within the 10% seed spread: a tie, not progress
-    ties = [_sampled(3, 100), _sampled(4, None, state="pruned"), *(
-        _sampled(5 + i, 92 - i) for i in range(_policy.STUDY_MIN_TRIALS - 2))]
+    ties = [
+        _sampled(3, 100),
+        _sampled(4, None, state="pruned"),
+        *(_sampled(5 + i, 92 - i) for i in range(_policy.STUDY_MIN_TRIALS - 2)),
+    ]
     assert "beyond the noise" in study_stop_reason(ties, TIMES, NOISE)
     # 20% fewer is beyond it: progress, and sampling goes on
     assert study_stop_reason([*ties[:-1], _sampled(9, 80)], TIMES, NOISE) is None
@@ -95,26 +127,35 @@ def test_a_tie_within_the_noise_is_no_progress_however_much_faster_its_estimate(
 def test_sampling_stops_early_when_trials_in_a_row_reach_the_target_no_faster():
     """As on the shipped classifier: every config reaches the target at float32's own step,
     whatever its clip, and float16 is slower per step on this CPU."""
-    runs = [_sampled(3, 147, clip=48.9), _sampled(4, 147, "float16"), _sampled(5, 147),
-            _sampled(6, 150, "float16")]
+    runs = [
+        _sampled(3, 147, clip=48.9),
+        _sampled(4, 147, "float16"),
+        _sampled(5, 147),
+        _sampled(6, 150, "float16"),
+    ]
     tied = _policy.STUDY_TIED_TRIALS
     assert tied < _policy.STUDY_MIN_TRIALS
     found = study_stop_reason(runs[:tied], TIMES, NOISE)
     assert f"the last {tied} sampled trials all reached the target" in found
     assert "none faster than the best beyond the noise" in found
-    assert study_stop_reason(runs[:tied - 1], TIMES, NOISE) is None
+    assert study_stop_reason(runs[: tied - 1], TIMES, NOISE) is None
     # not over a long horizon, where the trials only find the families the phases judge
     assert study_stop_reason(runs, TIMES, NOISE, tied_trials=None) is None
     # a run faster beyond the noise starts the streak again
-    faster = [*runs[:tied - 1], _sampled(7, 120)]
+    faster = [*runs[: tied - 1], _sampled(7, 120)]
     assert study_stop_reason(faster, TIMES, NOISE) is None
 
 
 def test_a_run_that_misses_the_target_keeps_sampling_going():
     """As on the shipped codepoints example: float16 runs that never reach the target show
     that the knobs matter, and the streak starts again."""
-    runs = [_sampled(3, 105, clip=48.9), _sampled(4, 105), _sampled(5, None, "float16"),
-            _sampled(6, 106), _sampled(7, 104, clip=0.453)]
+    runs = [
+        _sampled(3, 105, clip=48.9),
+        _sampled(4, 105),
+        _sampled(5, None, "float16"),
+        _sampled(6, 106),
+        _sampled(7, 104, clip=0.453),
+    ]
     assert study_stop_reason(runs, TIMES, NOISE) is None
     # the float16 run that misses was the first: the three after it reached, no faster
     assert study_stop_reason([runs[0], runs[2], runs[1], runs[3], runs[4]], TIMES, NOISE)
@@ -123,6 +164,12 @@ def test_a_run_that_misses_the_target_keeps_sampling_going():
 def test_a_run_that_ends_without_reaching_the_target_is_not_called_slower():
     target = _target()
     hopeless = Best(time_high=1e-9, label="trial #3")
-    record = run_config(workloads.underflow, AmpConfig(init_scale=1.0), steps=10, seed=0,
-                        device=CPU, stop=StopRule(target, step_time=(1e-3, 2e-3), best=hopeless))
+    record = run_config(
+        workloads.underflow,
+        AmpConfig(init_scale=1.0),
+        steps=10,
+        seed=0,
+        device=CPU,
+        stop=StopRule(target, step_time=(1e-3, 2e-3), best=hopeless),
+    )
     assert record.steps_run == 10 and not record.pruned

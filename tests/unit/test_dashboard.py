@@ -32,10 +32,23 @@ from scalertune._storage._optuna import storage_of, study_id
 from scalertune._text import readable
 
 STEPS, HORIZON = 100, 1000
-WINDOWS = StudySettings(factory="late.py:make_model", steps=STEPS, horizon=HORIZON, seed=0,
-                        space={}, device_type="cpu", device="cpu").windows
-FLOAT16 = {"dtype": "float16", "init_scale": 0.01, "growth_factor": 2.0, "backoff_factor": 0.5,
-           "growth_interval": 2000, "clip_norm": None}
+WINDOWS = StudySettings(
+    factory="late.py:make_model",
+    steps=STEPS,
+    horizon=HORIZON,
+    seed=0,
+    space={},
+    device_type="cpu",
+    device="cpu",
+).windows
+FLOAT16 = {
+    "dtype": "float16",
+    "init_scale": 0.01,
+    "growth_factor": 2.0,
+    "backoff_factor": 0.5,
+    "growth_interval": 2000,
+    "clip_norm": None,
+}
 BFLOAT16 = {"dtype": "bfloat16", "clip_norm": None}
 FLOAT32 = {"dtype": "float32", "clip_norm": None}
 #: How far above float32's each run's loss is in each window (float16 holds, bfloat16 falls
@@ -45,34 +58,70 @@ BEHIND = {"float16": 1.01, "bfloat16": 1.8}
 
 def _float32_losses():
     # noisy, so that the phase verdict's paired standard error is not zero
-    return [1000.0 * 0.99 ** i + 10.0 + (i % 7) * 0.1 for i in range(HORIZON)]
+    return [1000.0 * 0.99**i + 10.0 + (i % 7) * 0.1 for i in range(HORIZON)]
 
 
 def _add(study, *, value, attrs, system=None, curve=None, state=TrialState.COMPLETE):
-    study.add_trial(create_trial(
-        state=state, value=value if state == TrialState.COMPLETE else None,
-        params={}, distributions={}, intermediate_values=curve or {9: 1.0},
-        user_attrs=attrs, system_attrs=system or {}))
+    study.add_trial(
+        create_trial(
+            state=state,
+            value=value if state == TrialState.COMPLETE else None,
+            params={},
+            distributions={},
+            intermediate_values=curve or {9: 1.0},
+            user_attrs=attrs,
+            system_attrs=system or {},
+        )
+    )
     return study.trials[-1].number
 
 
 def _run(study, target, config, losses, step_time):
     reached = target.steps_to_target(losses)
-    return _add(study, value=reached * step_time, system={LOSSES_ATTR: losses}, attrs={
-        "role": "search", "seed": 0, "config": config, "steps_to_target": reached,
-        "step_time_s": step_time, "time_to_target_s": reached * step_time, "skipped_steps": 0,
-        "min_scale": 0.01, "steps_run": len(losses), "loss_vs_float32": 0.9})
+    return _add(
+        study,
+        value=reached * step_time,
+        system={LOSSES_ATTR: losses},
+        attrs={
+            "role": "search",
+            "seed": 0,
+            "config": config,
+            "steps_to_target": reached,
+            "step_time_s": step_time,
+            "time_to_target_s": reached * step_time,
+            "skipped_steps": 0,
+            "min_scale": 0.01,
+            "steps_run": len(losses),
+            "loss_vs_float32": 0.9,
+        },
+    )
 
 
 def _branch(study, of, config, start, end, reference):
     losses = [v * BEHIND[config["dtype"]] for v in reference]
     phase = judge_phase(losses, reference, start=start, pruned=False)
-    judged = {"phase_ratio": phase.ratio, "phase_z": phase.z, "phase_nonfinite": False,
-              "phase_holds": phase.holds, "initial_scale": 0.03125}
-    return _add(study, value=math.inf, curve={s: -1.0 for s in range(start + 9, end, 10)},
-                system={LOSSES_ATTR: losses, JUDGED_ATTR: judged},
-                attrs={"role": "phase", "of": of, "start": start, "end": end, "seed": 0,
-                       "config": config, **readable(judged)})
+    judged = {
+        "phase_ratio": phase.ratio,
+        "phase_z": phase.z,
+        "phase_nonfinite": False,
+        "phase_holds": phase.holds,
+        "initial_scale": 0.03125,
+    }
+    return _add(
+        study,
+        value=math.inf,
+        curve={s: -1.0 for s in range(start + 9, end, 10)},
+        system={LOSSES_ATTR: losses, JUDGED_ATTR: judged},
+        attrs={
+            "role": "phase",
+            "of": of,
+            "start": start,
+            "end": end,
+            "seed": 0,
+            "config": config,
+            **readable(judged),
+        },
+    )
 
 
 @pytest.fixture
@@ -82,46 +131,105 @@ def late():
     least value) that falls behind, each branched at both windows, a pruned run and the
     recommendation."""
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), study_name="late")
-    study.set_user_attr(SETTINGS_ATTR, {
-        "factory": "late.py:make_model", "steps": STEPS, "horizon": HORIZON, "seed": 0,
-        "space": {"name": "default"}, "device": "cpu", "reference": FLOAT32})
+    study.set_user_attr(
+        SETTINGS_ATTR,
+        {
+            "factory": "late.py:make_model",
+            "steps": STEPS,
+            "horizon": HORIZON,
+            "seed": 0,
+            "space": {"name": "default"},
+            "device": "cpu",
+            "reference": FLOAT32,
+        },
+    )
     losses = _float32_losses()
     target = Target.from_reference(losses[:STEPS])
     reached = target.steps_to_target(losses[:STEPS])
     windows = {str(a): losses[a:b] for a, b in WINDOWS}
-    _add(study, value=math.inf, attrs={
-        "role": "reference", "seed": 0, "config": FLOAT32, "target_loss": target.loss,
-        "steps_to_target": reached, "step_time_s": 0.001, "time_to_target_s": reached * 0.001,
-        "steps_run": HORIZON}, system={LOSSES_ATTR: losses[:STEPS], HORIZON_ATTR: {
-            "horizon": HORIZON, "windows": windows, "checkpoints": {}}},
-        curve={s: 0.0 for s in range(9, HORIZON, 10)})
+    _add(
+        study,
+        value=math.inf,
+        attrs={
+            "role": "reference",
+            "seed": 0,
+            "config": FLOAT32,
+            "target_loss": target.loss,
+            "steps_to_target": reached,
+            "step_time_s": 0.001,
+            "time_to_target_s": reached * 0.001,
+            "steps_run": HORIZON,
+        },
+        system={
+            LOSSES_ATTR: losses[:STEPS],
+            HORIZON_ATTR: {"horizon": HORIZON, "windows": windows, "checkpoints": {}},
+        },
+        curve={s: 0.0 for s in range(9, HORIZON, 10)},
+    )
     faster = [v * 0.8 for v in losses[:STEPS]]
-    runs = {"float16": _run(study, target, FLOAT16, losses[:STEPS], 0.002),
-            "bfloat16": _run(study, target, BFLOAT16, faster, 0.0005)}
-    _add(study, value=None, state=TrialState.PRUNED, attrs={
-        "role": "search", "seed": 0, "config": {**FLOAT16, "init_scale": 1e6},
-        "pruned_because": "slower", "steps_run": 40}, system={LOSSES_ATTR: losses[:40]})
+    runs = {
+        "float16": _run(study, target, FLOAT16, losses[:STEPS], 0.002),
+        "bfloat16": _run(study, target, BFLOAT16, faster, 0.0005),
+    }
+    _add(
+        study,
+        value=None,
+        state=TrialState.PRUNED,
+        attrs={
+            "role": "search",
+            "seed": 0,
+            "config": {**FLOAT16, "init_scale": 1e6},
+            "pruned_because": "slower",
+            "steps_run": 40,
+        },
+        system={LOSSES_ATTR: losses[:40]},
+    )
     for name, config in (("float16", FLOAT16), ("bfloat16", BFLOAT16)):
         for start, end in WINDOWS:
             _branch(study, runs[name], config, start, end, windows[str(start)])
-    _add(study, value=readable(reached * 0.001), attrs={
-        "role": "recommended", "seed": 0, "config": FLOAT32, "recommends": "float32",
-        "reference_trial": 0, "time_to_target_s": readable(reached * 0.001)})
+    _add(
+        study,
+        value=readable(reached * 0.001),
+        attrs={
+            "role": "recommended",
+            "seed": 0,
+            "config": FLOAT32,
+            "recommends": "float32",
+            "reference_trial": 0,
+            "time_to_target_s": readable(reached * 0.001),
+        },
+    )
     result = analyze(study)
     return study, result, runs
 
 
 def _phase_trial(study, of, start):
-    return next(t for t in study.trials if t.user_attrs.get("role") == "phase"
-                and t.user_attrs["of"] == of and t.user_attrs["start"] == start)
+    return next(
+        t
+        for t in study.trials
+        if t.user_attrs.get("role") == "phase"
+        and t.user_attrs["of"] == of
+        and t.user_attrs["start"] == start
+    )
 
 
 def test_readable_rounds_floats_for_reading_and_leaves_the_rest():
     assert readable(0.0030449795900123) == 0.003045
-    assert readable({"min_scale": 0.001953125, "skipped_steps": 25, "role": "search",
-                     "steps_to_target": None, "loss_vs_float32": math.inf}) == {
-        "min_scale": 0.001953, "skipped_steps": 25, "role": "search",
-        "steps_to_target": None, "loss_vs_float32": math.inf}
+    assert readable(
+        {
+            "min_scale": 0.001953125,
+            "skipped_steps": 25,
+            "role": "search",
+            "steps_to_target": None,
+            "loss_vs_float32": math.inf,
+        }
+    ) == {
+        "min_scale": 0.001953,
+        "skipped_steps": 25,
+        "role": "search",
+        "steps_to_target": None,
+        "loss_vs_float32": math.inf,
+    }
     assert readable([12345.678, True]) == [12350.0, True]
 
 
@@ -129,8 +237,10 @@ def test_the_servers_best_trial_is_the_latest_recommendation_not_the_least_value
     study, _, runs = late
     storage = recommended_best(storage_of(study))
     # the bfloat16 run has the least value: faster to the early target, behind later
-    assert optuna.storages.InMemoryStorage.get_best_trial(
-        storage, study_id(study)).number == runs["bfloat16"]
+    assert (
+        optuna.storages.InMemoryStorage.get_best_trial(storage, study_id(study)).number
+        == runs["bfloat16"]
+    )
     best = storage.get_best_trial(study_id(study))
     assert best.user_attrs["role"] == "recommended" and best.number == study.trials[-1].number
     other = optuna.create_study(storage=storage, study_name="not scalertune's")
@@ -140,8 +250,7 @@ def test_the_servers_best_trial_is_the_latest_recommendation_not_the_least_value
     assert type(storage) is optuna.storages.InMemoryStorage
 
 
-def test_a_branch_note_says_where_it_started_how_it_did_and_where_float32s_continuation_is(
-        late):
+def test_a_branch_note_says_where_it_started_how_it_did_and_where_float32s_continuation_is(late):
     study, result, runs = late
     (start, end), _ = WINDOWS
     note = trial_note(_phase_trial(study, runs["float16"], start), result)
@@ -206,29 +315,41 @@ def test_horizon_picture_draws_each_finalist_against_float32_with_the_tolerance(
         levels = {line.get_ydata()[0] for line in ax.lines if len(line.get_xdata()) == 2}
         assert {1.0, 1 + _policy.PHASE_TOLERANCE} <= {float(v) for v in levels}
         labels = [t.get_text() for t in ax.get_legend().get_texts()]
-        assert any(f"trial #{runs['bfloat16']}" in label and "does not hold" in label
-                   for label in labels)
+        assert any(
+            f"trial #{runs['bfloat16']}" in label and "does not hold" in label for label in labels
+        )
         assert any(f"trial #{runs['float16']}" in label and "holds" in label for label in labels)
         # each run: its short trial from step 0 and a stretch in every window
         for number in runs.values():
             label = next(lb for lb in labels if f"trial #{number}" in lb)
             color = next(li.get_color() for li in ax.lines if li.get_label() == label)
-            starts = sorted(int(li.get_xdata()[0]) for li in ax.lines
-                            if li.get_color() == color and len(li.get_xdata()) > 2)
+            starts = sorted(
+                int(li.get_xdata()[0])
+                for li in ax.lines
+                if li.get_color() == color and len(li.get_xdata()) > 2
+            )
             assert starts == [0, *(a for a, _ in WINDOWS)]
-        late_bf16 = next(li for li in ax.lines if li.get_label().startswith(
-            f"trial #{runs['bfloat16']}"))
+        late_bf16 = next(
+            li for li in ax.lines if li.get_label().startswith(f"trial #{runs['bfloat16']}")
+        )
         assert late_bf16.get_ydata()[0] == pytest.approx(0.8)
         # the legend names what is drawn, and every word fits in the picture
-        assert set(labels) == {li.get_label() for li in ax.lines
-                               if not li.get_label().startswith("_")}
+        assert set(labels) == {
+            li.get_label() for li in ax.lines if not li.get_label().startswith("_")
+        }
         fig.canvas.draw()
         page = fig.bbox
-        for text in [*fig.texts, ax.title, ax.xaxis.label, ax.yaxis.label,
-                     *ax.get_legend().get_texts()]:
+        for text in [
+            *fig.texts,
+            ax.title,
+            ax.xaxis.label,
+            ax.yaxis.label,
+            *ax.get_legend().get_texts(),
+        ]:
             box = text.get_window_extent()
-            assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 \
-                and box.y1 <= page.y1, text.get_text()
+            assert (
+                page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+            ), text.get_text()
     finally:
         plt.close(fig)
 

@@ -32,8 +32,11 @@ def test_forward_overflow_names_the_module_and_the_island_is_checked():
     skipped, finite = gradscaler(example("attention").make_model, AmpConfig())
     assert not finite and skipped == d.skipped == d.steps
     island = AmpConfig(fp32_modules=("attn.score",))
-    check = next(c for c in d.checks if c.config.fp32_modules == ("attn.score",)
-                 and c.config.init_scale == 2.0**16)
+    check = next(
+        c
+        for c in d.checks
+        if c.config.fp32_modules == ("attn.score",) and c.config.init_scale == 2.0**16
+    )
     assert check.forward_finite
     assert gradscaler(example("attention").make_model, island) == (check.skipped, True)
 
@@ -69,8 +72,12 @@ def nested_own_code():
     torch.manual_seed(0)
     model = _Nested()
     x = torch.randn(4, 8, 4)
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
-            "loss_fn": nn.MSELoss(), "batches": [(x, torch.randn(4, 1))]}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
+        "loss_fn": nn.MSELoss(),
+        "batches": [(x, torch.randn(4, 1))],
+    }
 
 
 def test_the_culprit_is_the_module_whose_own_code_overflowed_at_any_depth():
@@ -94,8 +101,12 @@ class _ScalesInItsOwnCode(nn.Module):
 def overflows_in_the_models_own_code():
     torch.manual_seed(0)
     model = _ScalesInItsOwnCode()
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
-            "loss_fn": nn.MSELoss(), "batches": workloads._regression()}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
+        "loss_fn": nn.MSELoss(),
+        "batches": workloads._regression(),
+    }
 
 
 def test_an_overflow_in_the_models_own_code_gets_no_island_but_the_way_out():
@@ -141,12 +152,14 @@ def test_a_workload_that_raises_in_float16_is_one_line_and_exit_1(capsys):
 def test_gradient_overflow_agrees_with_gradscaler_and_the_scale_it_suggests_skips_nothing():
     d = scalertune.diagnose(workloads.gradient_overflow, init_scale=2.0**24, device="cpu")
     assert d.kind == "gradient-overflow" and d.islands == [] and d.culprits == []
-    assert d.skipped == gradscaler(workloads.gradient_overflow,
-                                   AmpConfig(init_scale=2.0**24))[0] > 0
+    assert (
+        d.skipped == gradscaler(workloads.gradient_overflow, AmpConfig(init_scale=2.0**24))[0] > 0
+    )
     assert d.overflowing_gradients
     assert _policy.SCALE_FLOOR <= d.suggested_init_scale < 2.0**24
-    assert gradscaler(workloads.gradient_overflow,
-                      AmpConfig(init_scale=d.suggested_init_scale)) == (0, True)
+    assert gradscaler(
+        workloads.gradient_overflow, AmpConfig(init_scale=d.suggested_init_scale)
+    ) == (0, True)
     assert f"at init_scale {d.suggested_init_scale:g} GradScaler skipped none" in d.verdict
     assert "(checked)" in d.verdict
 
@@ -159,8 +172,7 @@ def test_underflow_at_scale_one_is_measured_and_the_larger_scale_is_checked():
     assert 1.0 < d.suggested_init_scale <= _policy.DIAGNOSE_MAX_SCALE
     check = next(c for c in d.checks if c.config.init_scale == d.suggested_init_scale)
     assert check.skipped == 0 and check.flushed <= _policy.UNDERFLOW_SHARE
-    assert gradscaler(workloads.underflow,
-                      AmpConfig(init_scale=d.suggested_init_scale))[0] == 0
+    assert gradscaler(workloads.underflow, AmpConfig(init_scale=d.suggested_init_scale))[0] == 0
 
 
 def test_clean_only_when_gradscaler_skips_nothing_and_little_flushes():
@@ -198,8 +210,12 @@ def test_a_loss_returned_in_a_dict_does_not_count_as_a_gradient():
             return loss
 
         x = torch.randn(32, 8)
-        return {"model": model, "optimizer": optimizer, "step": step,
-                "batches": [(x, 0.1 * x.sum(1, keepdim=True))]}
+        return {
+            "model": model,
+            "optimizer": optimizer,
+            "step": step,
+            "batches": [(x, 0.1 * x.sum(1, keepdim=True))],
+        }
 
     d = scalertune.diagnose(factory, init_scale=1024.0, device="cpu")
     root = next(m for m in d.modules if m.name == "")
@@ -231,8 +247,12 @@ def test_a_step_of_its_own_is_answered_as_in_training():
             return loss
 
         x = torch.randn(32, 8)
-        return {"model": model, "optimizer": optimizer, "step": step,
-                "batches": [(x, 0.1 * x.sum(1, keepdim=True))]}
+        return {
+            "model": model,
+            "optimizer": optimizer,
+            "step": step,
+            "batches": [(x, 0.1 * x.sum(1, keepdim=True))],
+        }
 
     d = scalertune.diagnose(factory, init_scale=1024.0, steps=20, device="cpu")
     assert d.kind == "clean" and d.skipped == 0
@@ -241,8 +261,9 @@ def test_a_step_of_its_own_is_answered_as_in_training():
 
 def test_no_hooks_are_left_on_a_model():
     attention = example("attention")
-    record = run_config(attention.make_model, AmpConfig(dtype="bfloat16"), steps=20, seed=0,
-                        device=CPU)
+    record = run_config(
+        attention.make_model, AmpConfig(dtype="bfloat16"), steps=20, seed=0, device=CPU
+    )
     assert not record.pruned
     torch.manual_seed(0)
     model = attention.make_model()["model"]
@@ -258,23 +279,23 @@ def test_diagnose_command_prints_the_table_the_checks_the_verdict_and_the_next_s
     assert "turned finite inputs into inf/NaN: attn.score" in out
     assert "checked with real GradScaler steps" in out
     assert "Verdict: forward overflow in module 'attn.score'" in out
-    assert out.rstrip().endswith(
-        f"Next: scalertune search {ATTENTION} --fp32-modules attn.score")
+    assert out.rstrip().endswith(f"Next: scalertune search {ATTENTION} --fp32-modules attn.score")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--init-scale", "nan"], "--init-scale must be a positive finite number, got nan"),
-    (["--init-scale", "inf"], "--init-scale must be a positive finite number, got inf"),
-    (["--init-scale", "0"], "--init-scale must be a positive finite number, got 0"),
-    (["--init-scale", "-4"], "--init-scale must be a positive finite number, got -4"),
-    (["--fp32-modules", "attn.scroe"], "did you mean 'attn.score'?"),
-    (["--fp32-modules", "*.nothing"], "pattern '*.nothing' matches no module"),
-])
-def test_bad_input_is_one_line_and_exit_2_before_anything_runs(capsys, monkeypatch, args,
-                                                                 message):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--init-scale", "nan"], "--init-scale must be a positive finite number, got nan"),
+        (["--init-scale", "inf"], "--init-scale must be a positive finite number, got inf"),
+        (["--init-scale", "0"], "--init-scale must be a positive finite number, got 0"),
+        (["--init-scale", "-4"], "--init-scale must be a positive finite number, got -4"),
+        (["--fp32-modules", "attn.scroe"], "did you mean 'attn.score'?"),
+        (["--fp32-modules", "*.nothing"], "pattern '*.nothing' matches no module"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_anything_runs(capsys, monkeypatch, args, message):
     ran = []
-    monkeypatch.setattr("scalertune._diagnose._api._Runner.__call__",
-                        lambda *a, **k: ran.append(a))
+    monkeypatch.setattr("scalertune._diagnose._api._Runner.__call__", lambda *a, **k: ran.append(a))
     assert main(["diagnose", ATTENTION, "--device", "cpu", *args]) == 2
     err = capsys.readouterr()
     assert message in err.err and err.err.count("\n") == 1 and err.out == ""
@@ -282,13 +303,14 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_runs(capsys, monkeypat
 
 
 def test_an_unknown_island_in_a_search_is_a_usage_error_and_nothing_is_written(
-        tmp_path, capsys, monkeypatch):
+    tmp_path, capsys, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
-    for islands, message in [("attn.nope", "fp32_modules names 'attn.nope'"),
-                             ("attn.*,*.wo", "pattern '*.wo' matches no module")]:
+    for islands, message in [
+        ("attn.nope", "fp32_modules names 'attn.nope'"),
+        ("attn.*,*.wo", "pattern '*.wo' matches no module"),
+    ]:
         assert main(["search", ATTENTION, "--fp32-modules", islands]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1
         assert not (tmp_path / "scalertune.db").exists()
-
-

@@ -14,26 +14,36 @@ import scalertune
 from scalertune import AmpConfig, AmpGuardError, AmpRuntime, Guard
 from scalertune._amp._islands import is_island
 
-FLOAT16 = AmpConfig(dtype="float16", init_scale=1000.0, growth_factor=3.0, backoff_factor=0.25,
-                    growth_interval=7, clip_norm=1.5)
+FLOAT16 = AmpConfig(
+    dtype="float16",
+    init_scale=1000.0,
+    growth_factor=3.0,
+    backoff_factor=0.25,
+    growth_interval=7,
+    clip_norm=1.5,
+)
 BFLOAT16 = AmpConfig(dtype="bfloat16", clip_norm=2.0)
 FLOAT32 = AmpConfig(dtype="float32", clip_norm=0.5)
 #: The hand-made case: float16 below scale 1, no clipping, growth and backoff DeepSpeed lacks.
-ODD = AmpConfig(dtype="float16", init_scale=0.125, growth_factor=3.0, backoff_factor=0.25,
-                growth_interval=7)
+ODD = AmpConfig(
+    dtype="float16", init_scale=0.125, growth_factor=3.0, backoff_factor=0.25, growth_interval=7
+)
 CONFIGS = [FLOAT16, BFLOAT16, FLOAT32, ODD]
 IDS = ["float16", "bfloat16", "float32", "odd-float16"]
 
 
 def _knobs(scaler):
     """What a GradScaler holds, read back through its own getters."""
-    return (scaler.get_scale(), scaler.get_growth_factor(), scaler.get_backoff_factor(),
-            scaler.get_growth_interval())
+    return (
+        scaler.get_scale(),
+        scaler.get_growth_factor(),
+        scaler.get_backoff_factor(),
+        scaler.get_growth_interval(),
+    )
 
 
 def _yaml_knobs(config):
-    return (config.init_scale, config.growth_factor, config.backoff_factor,
-            config.growth_interval)
+    return (config.init_scale, config.growth_factor, config.backoff_factor, config.growth_interval)
 
 
 def _exec(code, **names):
@@ -45,13 +55,15 @@ def _exec(code, **names):
 def _batches(n=64):
     torch.manual_seed(0)
     x = torch.randn(n, 8)
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)),
-                                       batch_size=16)
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16
+    )
 
 
 def _grad_norm(model):
     return torch.linalg.vector_norm(
-        torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+        torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])
+    )
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
@@ -62,8 +74,11 @@ def test_torch_export_builds_the_yaml_scaler_and_autocast_and_clips_unscaled(con
     assert scaler.is_enabled() == (config.dtype == "float16")
     if config.uses_scaler:
         assert _knobs(scaler) == _yaml_knobs(config)
-    assert autocast == ({"device_type": "cpu", "enabled": False} if config.dtype == "float32"
-                        else {"device_type": "cpu", "dtype": getattr(torch, config.dtype)})
+    assert autocast == (
+        {"device_type": "cpu", "enabled": False}
+        if config.dtype == "float32"
+        else {"device_type": "cpu", "dtype": getattr(torch, config.dtype)}
+    )
     assert max_norm == config.clip_norm
     # the code text builds the same objects
     from_code = _exec(export.code)
@@ -113,9 +128,15 @@ def test_lightning_trainer_built_from_the_export_holds_the_yaml_knobs_and_trains
     export = scalertune.export(config, "lightning", device="cpu")
     assert export.not_expressible == ()
     for kwargs in (export.build(), _exec(export.code)["trainer_kwargs"]):
-        trainer = pl.Trainer(**kwargs, max_steps=3, accelerator="cpu", logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False)
+        trainer = pl.Trainer(
+            **kwargs,
+            max_steps=3,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         plugin = trainer.precision_plugin
         assert trainer.gradient_clip_val == config.clip_norm
         assert trainer.gradient_clip_algorithm == "norm"
@@ -144,14 +165,22 @@ def test_accelerate_accelerator_takes_the_export_and_clips_in_the_loop(config):
         AcceleratorState._reset_state(reset_partial_state=True)  # one Accelerator per process
         accelerator = Accelerator(**kwargs)
         assert accelerator.device.type == "cpu"
-        assert accelerator.mixed_precision == {"float16": "fp16", "bfloat16": "bf16",
-                                               "float32": "no"}[config.dtype]
+        assert (
+            accelerator.mixed_precision
+            == {"float16": "fp16", "bfloat16": "bf16", "float32": "no"}[config.dtype]
+        )
         if config.uses_scaler:
             # exactly what Accelerate hands to GradScaler on a GPU ...
             handler = accelerator.scaler_handler.to_kwargs()
-            assert tuple(handler.get(k, d) for k, d in (
-                ("init_scale", 65536.0), ("growth_factor", 2.0), ("backoff_factor", 0.5),
-                ("growth_interval", 2000))) == _yaml_knobs(config)
+            assert tuple(
+                handler.get(k, d)
+                for k, d in (
+                    ("init_scale", 65536.0),
+                    ("growth_factor", 2.0),
+                    ("backoff_factor", 0.5),
+                    ("growth_interval", 2000),
+                )
+            ) == _yaml_knobs(config)
             # ... and, as the export says, on a CPU it makes none and trains in float32
             assert accelerator.scaler is None
             assert any("on a CPU" in line for line in export.differences)
@@ -186,10 +215,14 @@ def test_transformers_export_puts_the_scaler_into_the_trainer_with_attach(config
     assert export.not_expressible == ()
     scalertune.export(config, "transformers", strict=True)
     line = next(c for c in export.code.splitlines() if "scalertune.attach(trainer," in c)
-    trainer = Trainer(model=nn.Linear(8, 1), args=TrainingArguments(
-        output_dir=str(tmp_path), use_cpu=True, report_to=[]))
-    amp = eval(line.lstrip("# ").split("=", 1)[1].split("  #")[0],  # noqa: S307 - our own code
-               {"scalertune": scalertune, "trainer": trainer})
+    trainer = Trainer(
+        model=nn.Linear(8, 1),
+        args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[]),
+    )
+    amp = eval(
+        line.lstrip("# ").split("=", 1)[1].split("  #")[0],  # noqa: S307 - our own code
+        {"scalertune": scalertune, "trainer": trainer},
+    )
     assert amp.config == config
     if config.uses_scaler:
         assert _knobs(amp.scaler) == _yaml_knobs(config)
@@ -198,9 +231,11 @@ def test_transformers_export_puts_the_scaler_into_the_trainer_with_attach(config
 
 def test_export_best_amp_takes_the_amp_config_that_held_where_float32_won(tmp_path):
     path = tmp_path / "cpu.yaml"
-    path.write_text("config: {dtype: float32}\nevidence:\n  best_amp:\n    config: "
-                    "{dtype: float16, init_scale: 256.0, growth_interval: 50}\n"
-                    "    min_scale: 0.5\n")
+    path.write_text(
+        "config: {dtype: float32}\nevidence:\n  best_amp:\n    config: "
+        "{dtype: float16, init_scale: 256.0, growth_interval: 50}\n"
+        "    min_scale: 0.5\n"
+    )
     answer = scalertune.export(str(path), "deepspeed", micro_batch_size=2)
     best = scalertune.export(str(path), "deepspeed", micro_batch_size=2, best_amp=True)
     assert answer.build()["fp16"] == {"enabled": False}
@@ -234,13 +269,15 @@ def test_deepspeed_parses_the_exported_json_with_the_yaml_knobs(config):
     if config.uses_scaler:
         args = fp16.dynamic_loss_scale_args()
         assert fp16.loss_scale == 0  # dynamic
-        assert args["init_scale"] == 2 ** round(max(0, torch.log2(torch.tensor(
-            config.init_scale)).item()))
+        assert args["init_scale"] == 2 ** round(
+            max(0, torch.log2(torch.tensor(config.init_scale)).item())
+        )
         assert args["scale_window"] == config.growth_interval
         assert args["delayed_shift"] == 1 and args["min_scale"] == 1
     marked = " ".join(export.not_expressible)
-    assert ("init_scale" in marked) == (config.uses_scaler and config.init_scale not in (
-        65536.0, 4096.0))
+    assert ("init_scale" in marked) == (
+        config.uses_scaler and config.init_scale not in (65536.0, 4096.0)
+    )
     assert ("growth_factor" in marked) == (config.uses_scaler and config.growth_factor != 2)
     assert ("backoff_factor" in marked) == (config.uses_scaler and config.backoff_factor != 0.5)
 
@@ -260,8 +297,9 @@ def _gradscaler_scales(config, overflows):
     """The scale after each step of a real GradScaler, given which steps overflow."""
     weight = nn.Parameter(torch.zeros(()))
     optimizer = torch.optim.SGD([weight], lr=0.0)
-    scaler = torch.amp.GradScaler("cpu", init_scale=config.init_scale,
-                                  growth_interval=config.growth_interval)
+    scaler = torch.amp.GradScaler(
+        "cpu", init_scale=config.init_scale, growth_interval=config.growth_interval
+    )
     scaler.scale(torch.ones(()))
     scales = []
     for overflow in overflows:
@@ -283,10 +321,19 @@ def _deepspeed_scales(data, overflows, monkeypatch):
     # decide who logs the overflow.
     monkeypatch.setattr(deepspeed.comm, "get_rank", lambda group=None: 0)
     fp16 = _deepspeed_config(data).float16_config
-    zero = CreateLossScaler(torch.half, fp16.loss_scale, fp16.loss_scale == 0,
-                            fp16.dynamic_loss_scale_args())
-    plain = type("Holder", (), {"verbose": False, "loss_scale_config": LossScaleConfig(
-        torch.half, fp16.loss_scale == 0, fp16.loss_scale, fp16.dynamic_loss_scale_args())})()
+    zero = CreateLossScaler(
+        torch.half, fp16.loss_scale, fp16.loss_scale == 0, fp16.dynamic_loss_scale_args()
+    )
+    plain = type(
+        "Holder",
+        (),
+        {
+            "verbose": False,
+            "loss_scale_config": LossScaleConfig(
+                torch.half, fp16.loss_scale == 0, fp16.loss_scale, fp16.dynamic_loss_scale_args()
+            ),
+        },
+    )()
     plain_scales = []
     for overflow in overflows:
         FP16_Optimizer._update_scale(plain, overflow)
@@ -311,6 +358,7 @@ def test_deepspeed_differences_from_gradscaler_are_what_the_export_says(monkeypa
     clean = [False] * 9
     torch_scales = _gradscaler_scales(config, clean)
     zero, plain = _deepspeed_scales(data, clean, monkeypatch)
+
     def grew(scales):  # the steps after which the scale grew (scales[0]: the initial one)
         return [i for i in range(1, len(scales)) if scales[i] > scales[i - 1]]
 
@@ -329,8 +377,10 @@ def test_deepspeed_differences_from_gradscaler_are_what_the_export_says(monkeypa
 
 
 def test_deepspeed_checks_the_searched_scale_range_against_its_minimum(tmp_path):
-    evidence = ("config:\n  dtype: float16\n  init_scale: 4096.0\n"
-                "evidence:\n  min_scale: {low}\n  confirmation:\n    seed 1: {{min_scale: 64.0}}\n")
+    evidence = (
+        "config:\n  dtype: float16\n  init_scale: 4096.0\n"
+        "evidence:\n  min_scale: {low}\n  confirmation:\n    seed 1: {{min_scale: 64.0}}\n"
+    )
     dipped, stayed = tmp_path / "dipped.yaml", tmp_path / "stayed.yaml"
     dipped.write_text(evidence.format(low=0.25))
     stayed.write_text(evidence.format(low=128.0))
@@ -346,8 +396,10 @@ def test_float32_islands_go_with_every_autocast_export_but_not_deepspeed():
     config = AmpConfig(dtype="float16", init_scale=4096.0, fp32_modules=("0",))
     for framework in ("torch", "lightning", "accelerate", "transformers"):
         export = scalertune.export(config, framework, device="cpu")
-        for model in (export.prepare(nn.Sequential(nn.Linear(4, 4))),
-                      _exec(export.code, model=nn.Sequential(nn.Linear(4, 4)))["model"]):
+        for model in (
+            export.prepare(nn.Sequential(nn.Linear(4, 4))),
+            _exec(export.code, model=nn.Sequential(nn.Linear(4, 4)))["model"],
+        ):
             assert is_island(model[0])
     with pytest.raises(scalertune.UsageError, match="fp32_modules"):
         scalertune.export(config, "deepspeed", strict=True)
@@ -364,8 +416,9 @@ def test_the_device_comes_from_the_user_or_auto():
 
 def test_export_command_prints_json_for_deepspeed_and_strict_refuses_in_one_line(tmp_path):
     path = tmp_path / "odd.yaml"
-    path.write_text("config:\n" + "".join(f"  {k}: {v}\n" for k, v in ODD.to_dict().items()
-                                          if v is not None))
+    path.write_text(
+        "config:\n" + "".join(f"  {k}: {v}\n" for k, v in ODD.to_dict().items() if v is not None)
+    )
     ds = run_cli("export", "odd.yaml", "--to", "deepspeed", "--micro-batch-size", "2", cwd=tmp_path)
     assert ds.returncode == 0, ds.stderr
     data = json.loads(ds.stdout)
@@ -377,8 +430,9 @@ def test_export_command_prints_json_for_deepspeed_and_strict_refuses_in_one_line
         strict = run_cli(*quiet, "export", "odd.yaml", "--to", framework, "--strict", cwd=tmp_path)
         assert strict.returncode == 2 and f"{framework} cannot express" in strict.stderr
         assert len(strict.stderr.strip().splitlines()) == 1 and strict.stdout == ""
-    lightning = run_cli("export", str(path), "--to", "lightning", "--strict", "--device", "cpu",
-                     cwd=tmp_path)
+    lightning = run_cli(
+        "export", str(path), "--to", "lightning", "--strict", "--device", "cpu", cwd=tmp_path
+    )
     assert lightning.returncode == 0, lightning.stderr
     code = [line for line in lightning.stdout.splitlines() if not line.startswith("#")]
     assert not any(str(path) in line for line in code)  # the code stands alone: no file read
@@ -411,6 +465,7 @@ def test_guard_stays_quiet_on_healthy_training():
 
 # --- lightning_workload: a LightningModule searched through its own training_step ---
 
+
 def _scheduled_module():
     import lightning.pytorch as pl
 
@@ -426,9 +481,16 @@ def _scheduled_module():
         def training_step(self, batch, batch_idx):
             x, y = batch
             loss = nn.functional.mse_loss(self.net(x), y)
-            self.seen.append((self.global_step, self.current_epoch, batch_idx,
-                              self.optimizers().param_groups[0]["lr"],
-                              self.trainer.is_global_zero, self.trainer.max_steps))
+            self.seen.append(
+                (
+                    self.global_step,
+                    self.current_epoch,
+                    batch_idx,
+                    self.optimizers().param_groups[0]["lr"],
+                    self.trainer.is_global_zero,
+                    self.trainer.max_steps,
+                )
+            )
             self.log("train_loss", loss)
             return loss
 
@@ -436,12 +498,19 @@ def _scheduled_module():
             optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
             self.total = self.trainer.estimated_stepping_batches
             return [optimizer], [
-                {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5),
-                 "interval": "step", "frequency": 2},
+                {
+                    "scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5),
+                    "interval": "step",
+                    "frequency": 2,
+                },
                 torch.optim.lr_scheduler.MultiplicativeLR(optimizer, lambda epoch: 0.1),
-                {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(
-                    optimizer, mode="max", factor=0.9, patience=0),
-                 "monitor": "train_loss", "interval": "step"},
+                {
+                    "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(
+                        optimizer, mode="max", factor=0.9, patience=0
+                    ),
+                    "monitor": "train_loss",
+                    "interval": "step",
+                },
             ]
 
     return Scheduled()
@@ -451,7 +520,8 @@ def _loader():
     torch.manual_seed(1)
     x = torch.randn(48, 8)
     return torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16
+    )
 
 
 def test_lightning_workload_steps_schedulers_and_counters_as_a_lightning_trainer_does():
@@ -459,9 +529,14 @@ def test_lightning_workload_steps_schedulers_and_counters_as_a_lightning_trainer
 
     steps = 8  # two full epochs of 3 batches and part of a third
     reference = _scheduled_module()
-    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+    trainer = pl.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(reference, _loader())
@@ -507,8 +582,7 @@ def _manual_optimization():
 
 def test_lightning_workload_names_what_it_cannot_offer(storage):
     with pytest.raises(scalertune.UsageError, match=r"self\.trainer\.fit_loop: lightning_work"):
-        scalertune.search(_reads_the_fit_loop, storage=storage, n_trials=0, steps=20,
-                          device="cpu")
+        scalertune.search(_reads_the_fit_loop, storage=storage, n_trials=0, steps=20, device="cpu")
     with pytest.raises(scalertune.UsageError, match="automatic_optimization = False"):
         scalertune.search(_manual_optimization, storage=storage, device="cpu")
     with pytest.raises(scalertune.UsageError, match="needs a LightningModule"):
@@ -517,13 +591,12 @@ def test_lightning_workload_names_what_it_cannot_offer(storage):
 
 def test_search_takes_a_function_and_isolation_wants_one_it_can_import(storage):
     with pytest.raises(scalertune.UsageError, match="--isolate .* cannot import the factory"):
-        scalertune.search(lambda: None, storage=storage, device="cpu",
-                          isolation=scalertune.Isolation())
+        scalertune.search(
+            lambda: None, storage=storage, device="cpu", isolation=scalertune.Isolation()
+        )
     import workloads
 
     from scalertune._search._study import default_study_name
 
     assert default_study_name(workloads.healthy) == "workloads:healthy"
     assert default_study_name(spec("healthy")) == "workloads:healthy"
-
-

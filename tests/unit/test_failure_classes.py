@@ -10,8 +10,9 @@ CPU = torch.device("cpu")
 
 
 def test_large_scale_overflows_gradients_skips_then_recovers():
-    record = run_config(workloads.gradient_overflow, AmpConfig(init_scale=2.0**24),
-                        steps=60, seed=0, device=CPU)
+    record = run_config(
+        workloads.gradient_overflow, AmpConfig(init_scale=2.0**24), steps=60, seed=0, device=CPU
+    )
     assert not record.pruned
     assert record.first_nonfinite_step == 0
     # The scaler halves the scale on each overflowing step until the gradients fit.
@@ -19,20 +20,21 @@ def test_large_scale_overflows_gradients_skips_then_recovers():
     assert record.skipped[:5] == [0, 1, 2, 3, 4]
     assert min(record.scales) < 2.0**24
     assert all(v == v for v in record.losses)
-    small = run_config(workloads.gradient_overflow, AmpConfig(init_scale=2.0**8),
-                       steps=60, seed=0, device=CPU)
+    small = run_config(
+        workloads.gradient_overflow, AmpConfig(init_scale=2.0**8), steps=60, seed=0, device=CPU
+    )
     assert len(small.skipped) < len(record.skipped)
 
 
 def test_forward_overflow_is_fixed_by_bfloat16_not_by_a_small_scale():
-    tiny = run_config(workloads.forward_overflow, AmpConfig(init_scale=2.0**-8),
-                      steps=40, seed=0, device=CPU)
+    tiny = run_config(
+        workloads.forward_overflow, AmpConfig(init_scale=2.0**-8), steps=40, seed=0, device=CPU
+    )
     assert tiny.prune_kind == "forward"
-    bf16 = run_config(workloads.forward_overflow, AmpConfig(dtype="bfloat16"),
-                      steps=40, seed=0, device=CPU)
+    bf16 = run_config(
+        workloads.forward_overflow, AmpConfig(dtype="bfloat16"), steps=40, seed=0, device=CPU
+    )
     assert not bf16.pruned
-
-
 
 
 def test_the_trailing_skip_streak_read_backwards_matches_the_skipped_steps():
@@ -48,8 +50,9 @@ def test_the_trailing_skip_streak_read_backwards_matches_the_skipped_steps():
         for _ in range(rng.randint(0, 30)):
             scale *= rng.choice([0.5, 1.0, 1.0, 2.0])
             scales.append(scale)
-        record = RunRecord(config=config, seed=0, steps=30, losses=[1.0] * len(scales),
-                           scales=scales)
+        record = RunRecord(
+            config=config, seed=0, steps=30, losses=[1.0] * len(scales), scales=scales
+        )
         skipped, streak = set(record.skipped), 0
         while len(scales) - 1 - streak in skipped:
             streak += 1

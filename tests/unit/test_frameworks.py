@@ -31,13 +31,19 @@ def _seeded(factory):
 
 # --- Hugging Face ---------------------------------------------------------------------------
 
+
 def test_the_float32_reference_of_a_hf_trainer_is_its_own_training_loss_for_loss():
     # dropout, a shuffled dataset, warm-up, clipping at 1.0, gradient accumulation over 2
     own, skipped = trainers.hf_losses_and_skips(_seeded(trainers.hf_trainer))
     workload = build_workload(trainers.hf_trainer, seed=0, device=CPU)
     assert workload.clip_norm == 1.0 and workload.horizon == trainers.HF_STEPS
-    ours = run_config(trainers.hf_trainer, AmpConfig(dtype="float32", clip_norm=1.0),
-                      steps=trainers.HF_STEPS, seed=0, device=CPU)
+    ours = run_config(
+        trainers.hf_trainer,
+        AmpConfig(dtype="float32", clip_norm=1.0),
+        steps=trainers.HF_STEPS,
+        seed=0,
+        device=CPU,
+    )
     assert skipped == [] and len(own) == trainers.HF_STEPS
     assert ours.losses == pytest.approx(own, rel=1e-5, abs=0)
     assert own[-1] < 0.95 * own[0]
@@ -47,8 +53,13 @@ def test_a_trial_of_a_hf_trainer_logs_saves_and_reports_nothing(tmp_path):
     heard = []
 
     def factory():
-        trainer = trainers.hf_trainer(output_dir=str(tmp_path / "out"), save_strategy="steps",
-                                      save_steps=1, logging_steps=1, disable_tqdm=False)
+        trainer = trainers.hf_trainer(
+            output_dir=str(tmp_path / "out"),
+            save_strategy="steps",
+            save_steps=1,
+            logging_steps=1,
+            disable_tqdm=False,
+        )
 
         class Heard(trainers._callback_base()):
             def on_log(self, args, state, control, **kwargs):
@@ -63,8 +74,9 @@ def test_a_trial_of_a_hf_trainer_logs_saves_and_reports_nothing(tmp_path):
         trainer.add_callback(Heard())
         return trainer
 
-    record = run_config(factory, AmpConfig(dtype="float32", clip_norm=1.0), steps=5, seed=0,
-                        device=CPU)
+    record = run_config(
+        factory, AmpConfig(dtype="float32", clip_norm=1.0), steps=5, seed=0, device=CPU
+    )
     assert len(record.losses) == 5
     assert heard == []  # no callback: no logging, saving or report_to integration ran
     out = tmp_path / "out"
@@ -74,12 +86,15 @@ def test_a_trial_of_a_hf_trainer_logs_saves_and_reports_nothing(tmp_path):
 def test_a_float16_run_of_a_hf_trainer_skips_the_steps_its_own_fp16_training_skips():
     # the Trainer's own float16 path (Accelerate's autocast and a plain GradScaler with the
     # same knobs, forced on this CPU) against the search's run of the same factory
-    scaler = torch.amp.GradScaler("cpu", init_scale=FAR.init_scale, growth_factor=4.0,
-                                  backoff_factor=0.125, growth_interval=6)
-    own, skipped = trainers.hf_losses_and_skips(_seeded(trainers.scaled_loss_trainer_float16),
-                                                scaler=scaler)
-    ours = run_config(trainers.scaled_loss_trainer, FAR, steps=trainers.HF_STEPS, seed=0,
-                      device=CPU)
+    scaler = torch.amp.GradScaler(
+        "cpu", init_scale=FAR.init_scale, growth_factor=4.0, backoff_factor=0.125, growth_interval=6
+    )
+    own, skipped = trainers.hf_losses_and_skips(
+        _seeded(trainers.scaled_loss_trainer_float16), scaler=scaler
+    )
+    ours = run_config(
+        trainers.scaled_loss_trainer, FAR, steps=trainers.HF_STEPS, seed=0, device=CPU
+    )
     from scalertune._run._record import skipped_steps
 
     assert len(skipped) > 3
@@ -96,9 +111,12 @@ def test_attach_trains_a_hf_trainer_in_float16_on_a_cpu_with_the_yaml_scaler(tmp
     amp = scalertune.attach(trainer, str(path))
     dtypes = []
     trainer.model.lm_head.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
-    assert (amp.scaler.get_scale(), amp.scaler.get_growth_factor(),
-            amp.scaler.get_backoff_factor(), amp.scaler.get_growth_interval()) == (
-        FAR.init_scale, 4.0, 0.125, 6)
+    assert (
+        amp.scaler.get_scale(),
+        amp.scaler.get_growth_factor(),
+        amp.scaler.get_backoff_factor(),
+        amp.scaler.get_growth_interval(),
+    ) == (FAR.init_scale, 4.0, 0.125, 6)
     assert trainer.args.max_grad_norm == 5e4
     lrs = []
 
@@ -130,8 +148,11 @@ def test_attach_refuses_what_it_cannot_drive_in_one_line():
     with pytest.raises(scalertune.UsageError, match="attach before accelerator.prepare"):
         scalertune.attach(parts["accelerator"], AmpConfig())
     # twice: the second config would silently take over from the first
-    for target in (trainers.hf_trainer(), trainers.lightning_trainer(),
-                   trainers.accelerate_parts()["accelerator"]):
+    for target in (
+        trainers.hf_trainer(),
+        trainers.lightning_trainer(),
+        trainers.accelerate_parts()["accelerator"],
+    ):
         scalertune.attach(target, AmpConfig())
         with pytest.raises(scalertune.UsageError, match="attached to a runtime already"):
             scalertune.attach(target, AmpConfig(init_scale=8.0))
@@ -161,8 +182,9 @@ def test_a_trainer_returned_in_a_shape_the_search_cannot_take_is_refused_in_one_
     with pytest.raises(scalertune.UsageError, match="comes with its LightningModule and data"):
         build_workload(trainers.lightning_trainer, seed=0, device=CPU)
     with pytest.raises(scalertune.UsageError, match="'loss_fn' comes from the trainer itself"):
-        build_workload(lambda: {"trainer": trainers.hf_trainer(), "loss_fn": len}, seed=0,
-                       device=CPU)
+        build_workload(
+            lambda: {"trainer": trainers.hf_trainer(), "loss_fn": len}, seed=0, device=CPU
+        )
 
 
 def test_a_hf_trainer_on_another_device_than_the_search_is_refused():
@@ -174,14 +196,21 @@ def test_a_hf_trainer_on_another_device_than_the_search_is_refused():
 
 # --- Lightning ------------------------------------------------------------------------------
 
+
 def test_the_float32_reference_of_a_lightning_trainer_is_its_own_fit_loss_for_loss():
     parts = _seeded(trainers.lightning_parts)
-    own, skipped = trainers.lightning_losses_and_skips(parts["trainer"], parts["model"],
-                                                       parts["batches"])
+    own, skipped = trainers.lightning_losses_and_skips(
+        parts["trainer"], parts["model"], parts["batches"]
+    )
     workload = build_workload(trainers.lightning_parts, seed=0, device=CPU)
     assert workload.clip_norm == 1e4 and workload.horizon == trainers.LIGHTNING_STEPS
-    ours = run_config(trainers.lightning_parts, AmpConfig(dtype="float32", clip_norm=1e4),
-                      steps=trainers.LIGHTNING_STEPS, seed=0, device=CPU)
+    ours = run_config(
+        trainers.lightning_parts,
+        AmpConfig(dtype="float32", clip_norm=1e4),
+        steps=trainers.LIGHTNING_STEPS,
+        seed=0,
+        device=CPU,
+    )
     assert skipped == [] and len(own) == trainers.LIGHTNING_STEPS
     assert ours.losses == pytest.approx(own, rel=1e-5)
 
@@ -191,15 +220,24 @@ def test_a_float16_run_of_a_lightning_trainer_skips_what_its_own_fit_skips():
 
     from scalertune._run._record import skipped_steps
 
-    scaler = torch.amp.GradScaler("cpu", init_scale=FAR.init_scale, growth_factor=4.0,
-                                  backoff_factor=0.125, growth_interval=6)
+    scaler = torch.amp.GradScaler(
+        "cpu", init_scale=FAR.init_scale, growth_factor=4.0, backoff_factor=0.125, growth_interval=6
+    )
     config = AmpConfig(**{**FAR.to_dict(), "clip_norm": 1e4})
-    parts = _seeded(lambda: {**trainers.lightning_parts(), "trainer": trainers.lightning_trainer(
-        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])})
-    own, skipped = trainers.lightning_losses_and_skips(parts["trainer"], parts["model"],
-                                                       parts["batches"])
-    ours = run_config(trainers.lightning_parts, config, steps=trainers.LIGHTNING_STEPS, seed=0,
-                      device=CPU)
+    parts = _seeded(
+        lambda: {
+            **trainers.lightning_parts(),
+            "trainer": trainers.lightning_trainer(
+                plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)]
+            ),
+        }
+    )
+    own, skipped = trainers.lightning_losses_and_skips(
+        parts["trainer"], parts["model"], parts["batches"]
+    )
+    ours = run_config(
+        trainers.lightning_parts, config, steps=trainers.LIGHTNING_STEPS, seed=0, device=CPU
+    )
     assert len(skipped) > 3
     assert skipped_steps(ours.scales, FAR.init_scale) == skipped
     assert ours.losses == pytest.approx(own, rel=1e-3)
@@ -216,8 +254,14 @@ def test_the_step_timing_leaves_a_schedule_as_long_as_the_training_where_it_was(
         def configure_optimizers():
             optimizer = torch.optim.Adam(parts["model"].parameters(), lr=1e-3)
             total = int(parts["model"].trainer.estimated_stepping_batches)
-            return [optimizer], [{"scheduler": torch.optim.lr_scheduler.OneCycleLR(
-                optimizer, max_lr=1e-2, total_steps=total), "interval": "step"}]
+            return [optimizer], [
+                {
+                    "scheduler": torch.optim.lr_scheduler.OneCycleLR(
+                        optimizer, max_lr=1e-2, total_steps=total
+                    ),
+                    "interval": "step",
+                }
+            ]
 
         parts["model"].configure_optimizers = configure_optimizers
         return parts
@@ -235,8 +279,9 @@ def test_attach_trains_a_lightning_trainer_given_no_precision_in_float16_on_a_cp
     assert parts["trainer"].precision == "16-mixed"
     dtypes = []
     parts["model"].net[-1].register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
-    _, skipped = trainers.lightning_losses_and_skips(parts["trainer"], parts["model"],
-                                                     parts["batches"])
+    _, skipped = trainers.lightning_losses_and_skips(
+        parts["trainer"], parts["model"], parts["batches"]
+    )
     assert set(dtypes) == {torch.float16} and len(dtypes) == 2 * trainers.LIGHTNING_STEPS
     assert amp.steps == trainers.LIGHTNING_STEPS and amp.skipped_steps == len(skipped) > 3
     # what a plain GradScaler loop with those knobs skips, within the replay's bound (the
@@ -254,10 +299,13 @@ def _plain_lightning_loop(config, steps):
     module, loader = trainers.lightning_module(), trainers.lightning_loader()
     (optimizer,), (schedule,) = module.configure_optimizers()
     schedule = schedule["scheduler"]
-    scaler = torch.amp.GradScaler("cpu", init_scale=config.init_scale,
-                                  growth_factor=config.growth_factor,
-                                  backoff_factor=config.backoff_factor,
-                                  growth_interval=config.growth_interval)
+    scaler = torch.amp.GradScaler(
+        "cpu",
+        init_scale=config.init_scale,
+        growth_factor=config.growth_factor,
+        backoff_factor=config.backoff_factor,
+        growth_interval=config.growth_interval,
+    )
     skipped, batches = [], iter(())
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
@@ -284,12 +332,14 @@ def _plain_lightning_loop(config, steps):
 
 # --- Accelerate -----------------------------------------------------------------------------
 
+
 def test_attach_trains_an_accelerate_loop_in_float16_on_a_cpu_and_holds_its_scheduler():
     parts = trainers.accelerate_parts()
     accelerator = parts["accelerator"]
     amp = scalertune.attach(accelerator, AmpConfig(**{**FAR.to_dict(), "clip_norm": 1e4}))
     model, optimizer, loader, schedule = accelerator.prepare(
-        parts["model"], parts["optimizer"], parts["batches"], parts["schedulers"][0])
+        parts["model"], parts["optimizer"], parts["batches"], parts["schedulers"][0]
+    )
     dtypes, skipped, lrs = [], [], []
     model[-1].register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
     for step, (x, y) in zip(range(30), (b for _ in range(3) for b in loader)):

@@ -116,8 +116,11 @@ def test_torch_compile_keeps_the_island():
 
 def test_patterns_select_every_matching_module():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU()),
-                          nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 1))
+    model = nn.Sequential(
+        nn.Sequential(nn.Linear(4, 4), nn.ReLU()),
+        nn.Sequential(nn.Linear(4, 4), nn.ReLU()),
+        nn.Linear(4, 1),
+    )
     AmpRuntime(AmpConfig(fp32_modules="*.0"), device="cpu").prepare(model)
     assert [n for n, m in model.named_modules() if is_island(m)] == ["0.0", "1.0"]
     with pytest.raises(UsageError, match=r"pattern '\*\.7' matches no module"):
@@ -130,8 +133,7 @@ def _result_yaml(tmp_path, config):
     return str(path)
 
 
-def test_the_readmes_training_loop_with_islands_trains_and_refuses_to_run_without_them(
-        tmp_path):
+def test_the_readmes_training_loop_with_islands_trains_and_refuses_to_run_without_them(tmp_path):
     path = _result_yaml(tmp_path, AmpConfig(init_scale=256.0, fp32_modules=("u*",)))
     parts = workloads.forward_overflow()
     model, optimizer, loss_fn = parts["model"], parts["optimizer"], parts["loss_fn"]
@@ -165,8 +167,11 @@ def test_the_guard_never_advises_an_island_the_config_already_has():
     torch.manual_seed(0)
     model = _TwoOverflows()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    amp = AmpRuntime(AmpConfig(fp32_modules=("a",)), device="cpu",
-                     guard=Guard(min_scale=1.0, max_consecutive_skips=5, check_every=5))
+    amp = AmpRuntime(
+        AmpConfig(fp32_modules=("a",)),
+        device="cpu",
+        guard=Guard(min_scale=1.0, max_consecutive_skips=5, check_every=5),
+    )
     batch = (torch.randn(16, 8), torch.randn(16, 1))
     with pytest.raises(AmpGuardError) as raised:
         for _ in range(10):

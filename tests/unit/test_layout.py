@@ -23,8 +23,11 @@ MAX_FUNCTION_LINES = 60
 
 
 def _modules():
-    return [m.name for m in pkgutil.walk_packages(scalertune.__path__, "scalertune.")
-            if not m.name.endswith("__main__")]
+    return [
+        m.name
+        for m in pkgutil.walk_packages(scalertune.__path__, "scalertune.")
+        if not m.name.endswith("__main__")
+    ]
 
 
 def test_the_import_contracts_hold():
@@ -53,9 +56,10 @@ def _imports(name: str, path: str, modules: set[str]) -> set[str]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                         for a in node.names)
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            found.update(
+                f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
+            )
     return {m for m in found if m in modules and m != name}
 
 
@@ -109,12 +113,19 @@ def test_no_module_imports_itself_through_others_counting_every_import():
 
 def test_an_import_under_type_checking_or_in_a_function_is_an_edge(tmp_path):
     path = tmp_path / "_x.py"
-    path.write_text("from typing import TYPE_CHECKING\n"
-                    "from scalertune import _policy\n"
-                    "if TYPE_CHECKING:\n    from scalertune._pkg._a import A\n"
-                    "def f():\n    from . import _b\n    import scalertune._c\n")
-    modules = {"scalertune._policy", "scalertune._pkg._a", "scalertune._pkg._b",
-               "scalertune._c", "scalertune._pkg"}
+    path.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from scalertune import _policy\n"
+        "if TYPE_CHECKING:\n    from scalertune._pkg._a import A\n"
+        "def f():\n    from . import _b\n    import scalertune._c\n"
+    )
+    modules = {
+        "scalertune._policy",
+        "scalertune._pkg._a",
+        "scalertune._pkg._b",
+        "scalertune._c",
+        "scalertune._pkg",
+    }
     assert _imports("scalertune._pkg._x", str(path), modules) == modules - {"scalertune._pkg"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -147,9 +158,13 @@ def _code_lines(source, node):
     not blank lines, not lines that only close brackets (ruff format's layout)."""
     lines = source.splitlines()
     skip = _docstring_lines(node)
-    return sum(1 for number in range(node.lineno, node.end_lineno + 1)
-               if number not in skip and lines[number - 1].strip()
-               and not _CLOSING.match(lines[number - 1]))
+    return sum(
+        1
+        for number in range(node.lineno, node.end_lineno + 1)
+        if number not in skip
+        and lines[number - 1].strip()
+        and not _CLOSING.match(lines[number - 1])
+    )
 
 
 def _docstring_lines(node):
@@ -157,17 +172,21 @@ def _docstring_lines(node):
     found = set()
     for inner in ast.walk(node):
         body = getattr(inner, "body", None)
-        if (isinstance(inner, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
+        if (
+            isinstance(inner, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             found.update(range(body[0].lineno, body[0].end_lineno + 1))
     return found
 
 
 def test_no_class_or_function_is_too_long():
-    too_long = [f"{path}:{node.lineno} {node.name} ({lines} lines)"
-                for path, node, lines in _sizes()
-                if lines > (MAX_CLASS_LINES if isinstance(node, ast.ClassDef)
-                            else MAX_FUNCTION_LINES)]
+    too_long = [
+        f"{path}:{node.lineno} {node.name} ({lines} lines)"
+        for path, node, lines in _sizes()
+        if lines > (MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES)
+    ]
     assert not too_long, "\n".join(too_long)

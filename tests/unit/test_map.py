@@ -22,25 +22,28 @@ SHARED_NAMES = {"_api", "_accelerate", "_lightning", "_transformers"}
 def _layout_block() -> list[str]:
     with open(os.path.join(ROOT, "docs", "development.md"), encoding="utf-8") as f:
         text = f.read()
-    section = text[text.index("## The layout"):]
+    section = text[text.index("## The layout") :]
     return section.split("```", 2)[1].splitlines()
 
 
 def _stages() -> list[str]:
-    return sorted(name for name in os.listdir(PACKAGE)
-                  if os.path.isfile(os.path.join(PACKAGE, name, "__init__.py")))
+    return sorted(
+        name
+        for name in os.listdir(PACKAGE)
+        if os.path.isfile(os.path.join(PACKAGE, name, "__init__.py"))
+    )
 
 
 def _modules(folder: str) -> set[str]:
-    return {name[:-3] for name in os.listdir(folder)
-            if name.endswith(".py") and name != "__init__.py"}
+    return {
+        name[:-3] for name in os.listdir(folder) if name.endswith(".py") and name != "__init__.py"
+    }
 
 
 def test_the_layout_lists_every_stage_and_top_level_module_and_nothing_else():
     lines = _layout_block()
     inside = [line for line in lines if re.match(r"^  \S", line)]
-    listed_stages = sorted(m.group(1) for line in inside
-                           if (m := re.match(r"^  (\w+)/\s", line)))
+    listed_stages = sorted(m.group(1) for line in inside if (m := re.match(r"^  (\w+)/\s", line)))
     listed_modules = {m.group(1) for line in inside if (m := re.match(r"^  (\w+)\.py\s", line))}
     assert lines[1] == "scalertune/"
     assert listed_stages == _stages()
@@ -56,8 +59,8 @@ def test_the_stated_layers_are_the_import_contracts():
     layers = re.findall(r'"([^"]+)"', block)
     with open(os.path.join(ROOT, "docs", "development.md"), encoding="utf-8") as f:
         text = " ".join(f.read().split())
-    stated = text[text.index("a stage imports only the stages below it ("):]
-    stated = stated[:stated.index(", top to bottom)")]
+    stated = text[text.index("a stage imports only the stages below it (") :]
+    stated = stated[: stated.index(", top to bottom)")]
     assert re.findall(r"`([^`]+)`", stated) == layers
 
 
@@ -76,6 +79,9 @@ def test_no_two_stages_use_one_module_name_for_two_things():
     for stage in _stages():
         for module in _modules(os.path.join(PACKAGE, stage)):
             where[module].append(stage)
-    repeated = {name: stages for name, stages in where.items()
-                if len(stages) > 1 and name not in SHARED_NAMES}
+    repeated = {
+        name: stages
+        for name, stages in where.items()
+        if len(stages) > 1 and name not in SHARED_NAMES
+    }
     assert repeated == {}

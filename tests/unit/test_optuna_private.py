@@ -18,17 +18,21 @@ from scalertune._storage._open import open_storage
 
 #: How the package spells a private name of Optuna's: an attribute of an Optuna object, or a
 #: private module of Optuna's.
-PRIVATE = re.compile(r"\._(trial_id|study_id|storage|backend|cached_frozen_trial"
-                     r"|pop_waiting_trial_id)\b|optuna\.[a-z_.]*\._[a-z]|_create_scoped_session")
+PRIVATE = re.compile(
+    r"\._(trial_id|study_id|storage|backend|cached_frozen_trial"
+    r"|pop_waiting_trial_id)\b|optuna\.[a-z_.]*\._[a-z]|_create_scoped_session"
+)
 
 
 @pytest.fixture(params=["sqlite", "journal", "memory"])
 def study(request, tmp_path):
     """A study on each kind of storage a search opens (through scalertune's own opener)."""
     kind = request.param
-    storage = {"sqlite": lambda: open_storage(f"sqlite:///{tmp_path / 's.db'}"),
-               "journal": lambda: open_storage(str(tmp_path / "s.log")),
-               "memory": optuna.storages.InMemoryStorage}[kind]()
+    storage = {
+        "sqlite": lambda: open_storage(f"sqlite:///{tmp_path / 's.db'}"),
+        "journal": lambda: open_storage(str(tmp_path / "s.log")),
+        "memory": optuna.storages.InMemoryStorage,
+    }[kind]()
     return optuna.create_study(storage=storage, study_name="private")
 
 
@@ -43,7 +47,8 @@ def test_the_ids_are_the_ones_the_storage_knows_the_study_and_trials_by(study):
     assert _optuna.trial_id(trial) == _optuna.trial_id(frozen)
     assert storage.get_trial(_optuna.trial_id(trial)).number == trial.number == 0
     assert storage.get_trial_id_from_study_id_trial_number(
-        _optuna.study_id(study), 0) == _optuna.trial_id(frozen)
+        _optuna.study_id(study), 0
+    ) == _optuna.trial_id(frozen)
     summary = next(s for s in storage.get_all_studies() if s.study_name == "private")
     assert _optuna.study_id(summary) == _optuna.study_id(study)
 
@@ -125,11 +130,13 @@ def test_no_other_file_names_a_private_part_of_optuna():
     root = pathlib.Path(scalertune.__file__).parents[1]
     here = pathlib.Path(__file__).resolve()
     adapter = pathlib.Path(_optuna.__file__).resolve()
-    naming = sorted(str(path.relative_to(root))
-                    for folder in ("scalertune", "tests", "benchmarks", "examples")
-                    for path in (root / folder).rglob("*.py")
-                    if path.resolve() not in (here, adapter)
-                    and PRIVATE.search(_code(path.read_text(encoding="utf-8"))))
+    naming = sorted(
+        str(path.relative_to(root))
+        for folder in ("scalertune", "tests", "benchmarks", "examples")
+        for path in (root / folder).rglob("*.py")
+        if path.resolve() not in (here, adapter)
+        and PRIVATE.search(_code(path.read_text(encoding="utf-8")))
+    )
     assert naming == []
 
 
@@ -150,6 +157,9 @@ def test_every_storage_call_the_outage_retries_is_one_the_rdb_storage_has():
     import re
 
     called = set(re.findall(r"self\._backend\.(\w+)\(", inspect.getsource(_CachedStorage)))
-    no_database = {"get_heartbeat_interval", "get_heartbeat_stale_trial_callback",
-                   "record_heartbeat"}
+    no_database = {
+        "get_heartbeat_interval",
+        "get_heartbeat_stale_trial_callback",
+        "record_heartbeat",
+    }
     assert called - no_database <= set(RDB_CALLS)

@@ -18,8 +18,15 @@ from scalertune._replay._trace import empty
 
 def phase_windows(horizon, steps):
     """The windows of a study of ``steps``-step trials over ``horizon``."""
-    return StudySettings(factory="f.py:make_model", steps=steps, horizon=horizon, seed=0,
-                         space={}, device_type="cpu", device="cpu").windows
+    return StudySettings(
+        factory="f.py:make_model",
+        steps=steps,
+        horizon=horizon,
+        seed=0,
+        space={},
+        device_type="cpu",
+        device="cpu",
+    ).windows
 
 
 def test_windows_sit_in_the_middle_and_at_the_end_of_the_horizon():
@@ -40,8 +47,15 @@ def test_windows_start_where_the_reference_saves_a_checkpoint():
 
 
 def test_a_search_to_a_horizon_off_the_read_back_grid_branches_without_a_failed_run(storage):
-    result = scalertune.search(workloads.healthy, storage=storage, steps=20, horizon=24,
-                               space="float16", n_trials=3, device="cpu")
+    result = scalertune.search(
+        workloads.healthy,
+        storage=storage,
+        steps=20,
+        horizon=24,
+        space="float16",
+        n_trials=3,
+        device="cpu",
+    )
     assert result.failed == 0 and result.phases
 
 
@@ -132,8 +146,10 @@ def test_a_run_from_step_0_is_judged_at_each_window_it_reached_and_stops_at_the_
     windows = _windows(reference, spans)
     tracking = [v * 1.01 for v in reference]
     held = judge_from_start(tracking, windows, spans, pruned=False)
-    assert [(p.start, p.holds, p.from_start) for p in held] == [(1000, True, True),
-                                                               (1800, True, True)]
+    assert [(p.start, p.holds, p.from_start) for p in held] == [
+        (1000, True, True),
+        (1800, True, True),
+    ]
     stalled = reference[:800] + [2.0] * 1200  # a plateau of its own from step 800
     behind = judge_from_start(stalled, windows, spans, pruned=False)
     assert len(behind) == 1 and behind[0].behind and behind[0].start == 1000
@@ -153,13 +169,19 @@ def test_a_dtype_ruled_out_from_step_0_holds_in_no_branch_of_its_own():
     spans = [(1000, 1200), (1800, 2000)]
 
     def run(number, config):
-        return Outcome(number=number, role="search", config=config, seed=0,
-                       state="complete", attrs={"steps_to_target": 100}, losses=())
+        return Outcome(
+            number=number,
+            role="search",
+            config=config,
+            seed=0,
+            state="complete",
+            attrs={"steps_to_target": 100},
+            losses=(),
+        )
 
     clipped = run(3, AmpConfig(dtype="bfloat16", clip_norm=1.0))
     island = run(7, AmpConfig(dtype="bfloat16", fp32_modules=("4",)))
-    phases = {n: [PhaseResult(a, b, 1.0, 0.0, nonfinite=False) for a, b in spans]
-              for n in (3, 7)}
+    phases = {n: [PhaseResult(a, b, 1.0, 0.0, nonfinite=False) for a, b in spans] for n in (3, 7)}
     assert holds(clipped, phases, spans) is True
     stalled = {"bfloat16": RuledOut(5, 1000, 1200, forward=1.01, fp32_modules=())}
     assert holds(clipped, phases, spans, stalled) is False

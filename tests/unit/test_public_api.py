@@ -15,9 +15,15 @@ def test_every_class_in_a_public_signature_is_exported_by_name():
     for info in pkgutil.iter_modules(scalertune.__path__):
         if info.name.startswith("_") and info.name != "__main__":
             module = importlib.import_module(f"scalertune.{info.name}")
-            classes.update({name: value for name, value in vars(module).items()
-                            if inspect.isclass(value) and not name.startswith("_")
-                            and value.__module__.startswith("scalertune")})
+            classes.update(
+                {
+                    name: value
+                    for name, value in vars(module).items()
+                    if inspect.isclass(value)
+                    and not name.startswith("_")
+                    and value.__module__.startswith("scalertune")
+                }
+            )
     unexported = {}
     for name in scalertune.__all__:
         for annotation in _public_annotations(getattr(scalertune, name)):
@@ -38,17 +44,27 @@ def _public_annotations(obj):
                 continue
             yield from getattr(cls, "__annotations__", {}).values()
             for name, member in vars(cls).items():
-                function = member.fget if isinstance(member, property) else getattr(
-                    member, "__func__", member)
-                if inspect.isfunction(function) and (name == "__init__"
-                                                     or not name.startswith("_")):
+                function = (
+                    member.fget
+                    if isinstance(member, property)
+                    else getattr(member, "__func__", member)
+                )
+                if inspect.isfunction(function) and (
+                    name == "__init__" or not name.startswith("_")
+                ):
                     yield from function.__annotations__.values()
 
 
 def test_bare_command_prints_short_usage_on_stderr_and_quiet_goes_anywhere(tmp_path):
     def scalertune_cli(*args):
-        return subprocess.run([sys.executable, "-m", "scalertune", *args], capture_output=True,
-                              text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [sys.executable, "-m", "scalertune", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+        )
 
     bare = scalertune_cli()
     assert bare.returncode == 2 and bare.stdout == ""

@@ -47,8 +47,12 @@ def _random_config(rng, extreme=False):
     growth = rng.choice([rng.uniform(1.0001, 8.0), 2.0, rng.uniform(1.25, 4.0)])
     backoff = rng.choice([rng.uniform(0.01, 0.999), 0.5, rng.uniform(0.125, 0.75)])
     interval = rng.choice([1, 2, 3, 7, 8, 9, 63, 64, 65, rng.integers(1, 60), rng.integers(1, 400)])
-    return AmpConfig(init_scale=float(min(init, 3.4e38)), growth_factor=float(growth),
-                     backoff_factor=float(backoff), growth_interval=int(interval))
+    return AmpConfig(
+        init_scale=float(min(init, 3.4e38)),
+        growth_factor=float(growth),
+        backoff_factor=float(backoff),
+        growth_interval=int(interval),
+    )
 
 
 def _streak(skipped):
@@ -66,10 +70,13 @@ def _gradscaler_run(config, inject):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
-    scaler = torch.amp.GradScaler("cpu", init_scale=config.init_scale,
-                                  growth_factor=config.growth_factor,
-                                  backoff_factor=config.backoff_factor,
-                                  growth_interval=config.growth_interval)
+    scaler = torch.amp.GradScaler(
+        "cpu",
+        init_scale=config.init_scale,
+        growth_factor=config.growth_factor,
+        backoff_factor=config.backoff_factor,
+        growth_interval=config.growth_interval,
+    )
     x, y = torch.randn(4, 3), torch.randn(4, 2)
     scales, found = [], []
     for bad in inject:
@@ -85,8 +92,10 @@ def _gradscaler_run(config, inject):
 
 
 def _knobs(config):
-    return {k: getattr(config, k) for k in ("init_scale", "growth_factor", "backoff_factor",
-                                            "growth_interval")}
+    return {
+        k: getattr(config, k)
+        for k in ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+    }
 
 
 def test_update_scales_is_gradscalers_scale_float_for_float():
@@ -109,18 +118,26 @@ def test_update_scales_is_the_update_kernel_where_a_growth_would_reach_inf():
     rng = np.random.default_rng(2)
     refused = 0
     for _ in range(30):
-        config = AmpConfig(init_scale=float(2.0 ** rng.uniform(110, 127)),
-                           growth_factor=float(rng.uniform(1.5, 8.0)),
-                           backoff_factor=float(rng.uniform(0.1, 0.9)),
-                           growth_interval=int(rng.integers(1, 5)))
+        config = AmpConfig(
+            init_scale=float(2.0 ** rng.uniform(110, 127)),
+            growth_factor=float(rng.uniform(1.5, 8.0)),
+            backoff_factor=float(rng.uniform(0.1, 0.9)),
+            growth_interval=int(rng.integers(1, 5)),
+        )
         found = rng.random(200) < 0.1
         scale = torch.full((), config.init_scale, dtype=torch.float32)
         tracker, flag = torch.zeros((), dtype=torch.int32), torch.zeros(())
         theirs = []
         for bad in found:
             flag.fill_(float(bad))
-            torch._amp_update_scale_(scale, tracker, flag, config.growth_factor,
-                                     config.backoff_factor, config.growth_interval)
+            torch._amp_update_scale_(
+                scale,
+                tracker,
+                flag,
+                config.growth_factor,
+                config.backoff_factor,
+                config.growth_interval,
+            )
             theirs.append(scale.item())
         ours = update_scales(found, **_knobs(config))
         assert np.array_equal(ours.astype(np.float64), theirs), config
@@ -146,10 +163,13 @@ def _dynamic_loss_scaler(scaler, overflows):
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
 
     theirs = DynamicLossScaler(
-        init_scale=scaler.init_scale, scale_window=scaler.scale_window,
-        min_scale=scaler.min_scale, delayed_shift=scaler.delayed_shift,
+        init_scale=scaler.init_scale,
+        scale_window=scaler.scale_window,
+        min_scale=scaler.min_scale,
+        delayed_shift=scaler.delayed_shift,
         consecutive_hysteresis=scaler.consecutive_hysteresis,
-        raise_error_at_min_scale=scaler.raise_error_at_min_scale)
+        raise_error_at_min_scale=scaler.raise_error_at_min_scale,
+    )
     scales = []
     for step, overflow in enumerate(overflows):
         try:
@@ -169,13 +189,15 @@ def test_the_deepspeed_rule_is_zeros_dynamic_loss_scaler(deepspeed_logs_on_one_r
     for n in range(150):
         scaler = DeepSpeedScaler(
             # one in five starts within a few doublings of float64's range
-            init_scale=float(2.0 ** int(rng.integers(1000, 1024) if n % 5 == 0
-                                        else rng.integers(-2, 33))),
+            init_scale=float(
+                2.0 ** int(rng.integers(1000, 1024) if n % 5 == 0 else rng.integers(-2, 33))
+            ),
             scale_window=int(rng.choice([1, 2, 5, rng.integers(1, 300)])),
             min_scale=float(rng.choice([1.0, 0.25, 2.0**-10, 0.0, 3.0])),
             delayed_shift=int(rng.choice([1, 2, 3, 5])),
             consecutive_hysteresis=bool(rng.random() < 0.5),
-            raise_error_at_min_scale=bool(rng.random() < 0.5))
+            raise_error_at_min_scale=bool(rng.random() < 0.5),
+        )
         overflows = rng.random(400) < rng.choice([0.01, 0.05, 0.2, 0.5])
         scales, raised_at, why = _dynamic_loss_scaler(scaler, overflows)
         ours, our_raise = update_deepspeed_scales(overflows, scaler)
@@ -189,7 +211,7 @@ def test_the_deepspeed_rule_is_zeros_dynamic_loss_scaler(deepspeed_logs_on_one_r
         assert (played.raised_at, played.raised) == (raised_at, why)
         # the scale in effect during step t + 1 is the one after step t's update
         shared = min(len(scales), 399)
-        assert played.scales[1:shared + 1].tolist() == scales[:shared]
+        assert played.scales[1 : shared + 1].tolist() == scales[:shared]
     assert min(endings.values()) >= 10
 
 
@@ -199,17 +221,27 @@ def test_without_zero_the_deepspeed_rule_is_fp16_optimizers_update():
 
     rng = np.random.default_rng(5)
     for _ in range(40):
-        block = {"enabled": True, "loss_scale": 0,
-                 "initial_scale_power": int(rng.integers(0, 30)),
-                 "loss_scale_window": int(rng.integers(1, 100)),
-                 "hysteresis": int(rng.integers(1, 4)), "min_loss_scale": int(rng.integers(1, 4))}
+        block = {
+            "enabled": True,
+            "loss_scale": 0,
+            "initial_scale_power": int(rng.integers(0, 30)),
+            "loss_scale_window": int(rng.integers(1, 100)),
+            "hysteresis": int(rng.integers(1, 4)),
+            "min_loss_scale": int(rng.integers(1, 4)),
+        }
         scaler = DeepSpeedScaler.from_fp16_block(block, zero=False)
-        args = {"init_scale": 2 ** block["initial_scale_power"],
-                "scale_window": block["loss_scale_window"],
-                "delayed_shift": block["hysteresis"], "consecutive_hysteresis": False,
-                "min_scale": block["min_loss_scale"]}
-        holder = type("Holder", (), {"verbose": False, "loss_scale_config": LossScaleConfig(
-            torch.half, True, 0, args)})()
+        args = {
+            "init_scale": 2 ** block["initial_scale_power"],
+            "scale_window": block["loss_scale_window"],
+            "delayed_shift": block["hysteresis"],
+            "consecutive_hysteresis": False,
+            "min_scale": block["min_loss_scale"],
+        }
+        holder = type(
+            "Holder",
+            (),
+            {"verbose": False, "loss_scale_config": LossScaleConfig(torch.half, True, 0, args)},
+        )()
         overflows = rng.random(300) < rng.choice([0.02, 0.2, 0.6])
         theirs = []
         for overflow in overflows:
@@ -248,10 +280,12 @@ def _traces(steps=3000):
     holes[rng.random(steps) < 0.01] = np.inf
     holes[rng.random(steps) < 0.01] = 0.0
     holes[::997] = np.nan
-    return {"lognormal": np.exp(rng.normal(0, 1.5, steps)) * 10,
-            "trend and spikes": np.exp(np.linspace(3, -2, steps) + rng.normal(0, 0.5, steps))
-            * np.where(rng.random(steps) < 0.01, 1e3, 1),
-            "inf, NaN and 0": holes}
+    return {
+        "lognormal": np.exp(rng.normal(0, 1.5, steps)) * 10,
+        "trend and spikes": np.exp(np.linspace(3, -2, steps) + rng.normal(0, 0.5, steps))
+        * np.where(rng.random(steps) < 0.01, 1e3, 1),
+        "inf, NaN and 0": holes,
+    }
 
 
 def _configs_and_probe(seed):
@@ -285,16 +319,22 @@ def test_replay_many_stopped_past_a_bound_is_the_full_replay_up_to_the_stop(name
     # by a check (one every STOP_CHECK_EVERY steps) before the last is stopped
     assert not some.stopped[full.n_skipped <= bound].any()
     assert (some.n_skipped[some.stopped] > bound).all()
-    passed = np.array([n > bound and full.skipped(i)[bound] < len(amax) - STOP_CHECK_EVERY
-                       for i, n in enumerate(full.n_skipped)])
+    passed = np.array(
+        [
+            n > bound and full.skipped(i)[bound] < len(amax) - STOP_CHECK_EVERY
+            for i, n in enumerate(full.n_skipped)
+        ]
+    )
     assert passed.any() and some.stopped[passed].all()
     for n in range(len(configs)):
         if some.stopped[n]:  # the same steps, up to where it stopped
-            assert np.array_equal(full.skipped(n)[:some.n_skipped[n]], some.skipped(n))
+            assert np.array_equal(full.skipped(n)[: some.n_skipped[n]], some.skipped(n))
         else:
             assert np.array_equal(full.skipped(n), some.skipped(n))
-            assert (some.min_scale[n], some.final_scale[n]) == (full.min_scale[n],
-                                                                full.final_scale[n])
+            assert (some.min_scale[n], some.final_scale[n]) == (
+                full.min_scale[n],
+                full.final_scale[n],
+            )
 
 
 def test_the_search_picks_the_same_setting_with_the_replay_stopped_at_the_defaults():
@@ -305,8 +345,9 @@ def test_the_search_picks_the_same_setting_with_the_replay_stopped_at_the_defaul
     full = replay_many(trace.amax, configs, startup=trace.startup)
     fewest = configs.index(pick(trace, configs, full, None))
     assert full.n_skipped[fewest] < full.n_skipped[0]  # a setting that beats the defaults
-    stopped = replay_many(trace.amax, configs, startup=trace.startup,
-                          stop_above=int(full.n_skipped[0])).stopped
+    stopped = replay_many(
+        trace.amax, configs, startup=trace.startup, stop_above=int(full.n_skipped[0])
+    ).stopped
     assert stopped.sum() > len(configs) // 2  # the bound stopped most of them
     assert fewest_skips(trace, base, configs, len(trace.amax), None) is configs[fewest]
 
@@ -321,7 +362,7 @@ def test_the_start_up_streak_reads_the_probe_and_then_the_trace():
         # the same as the trace alone with its first steps (the streak and the step that ends
         # it) taken from the probe: the weights did not move until then
         seen = amax.copy()
-        seen[:streak + 1] = np.resize(probe, streak + 1)
+        seen[: streak + 1] = np.resize(probe, streak + 1)
         assert np.array_equal(replay(seen, config).skipped, played.skipped)
 
 
@@ -341,23 +382,35 @@ def test_per_step_scales_are_the_rule_fed_the_replayed_overflows():
 
 
 def _reference(factory, steps):
-    return run_config(factory, FLOAT32, steps=steps, seed=0, device=CPU,
-                      plan=Plan(watcher=TraceCollector(steps))).trace
+    return run_config(
+        factory, FLOAT32, steps=steps, seed=0, device=CPU, plan=Plan(watcher=TraceCollector(steps))
+    ).trace
 
 
-@pytest.mark.parametrize("factory, configs", [
-    (example("codepoints").make_model, [
-        AmpConfig(), AmpConfig(init_scale=2.0**20, backoff_factor=0.3),
-        AmpConfig(init_scale=1024.0, backoff_factor=0.6), AmpConfig(init_scale=2.0**24)]),
-    (workloads.gradient_overflow, [AmpConfig(), AmpConfig(init_scale=2.0**24)]),
-], ids=["codepoints", "gradient_overflow"])
+@pytest.mark.parametrize(
+    "factory, configs",
+    [
+        (
+            example("codepoints").make_model,
+            [
+                AmpConfig(),
+                AmpConfig(init_scale=2.0**20, backoff_factor=0.3),
+                AmpConfig(init_scale=1024.0, backoff_factor=0.6),
+                AmpConfig(init_scale=2.0**24),
+            ],
+        ),
+        (workloads.gradient_overflow, [AmpConfig(), AmpConfig(init_scale=2.0**24)]),
+    ],
+    ids=["codepoints", "gradient_overflow"],
+)
 def test_the_start_up_probe_predicts_a_real_runs_start_up_streak(factory, configs):
     trace = _reference(factory, 40)
     # the probe's first batch is the trace's first step: the same weights, the same batch
     assert trace.startup[0] == trace.amax[0]
     for config in configs:
-        real = _streak(run_config(factory, config, steps=40, seed=0, device=CPU,
-                                  prune=False).skipped)
+        real = _streak(
+            run_config(factory, config, steps=40, seed=0, device=CPU, prune=False).skipped
+        )
         assert 0 < real < 40
         assert _streak(replay(trace.amax, config, startup=trace.startup).skipped) == real
         assert _streak(replay_many(trace.amax, [config], startup=trace.startup).skipped(0)) == real
@@ -367,11 +420,15 @@ def test_without_the_probe_the_trace_misreads_the_start_up_of_a_fast_learner():
     # Adam at lr 0.5 raises codepoints' gradients 13x in 12 steps: the trace's model moves
     # during the streak, the skipping run's does not
     trace = _reference(example("codepoints").make_model, 40)
-    real = run_config(example("codepoints").make_model, AmpConfig(), steps=40, seed=0,
-                      device=CPU, prune=False).skipped
+    real = run_config(
+        example("codepoints").make_model, AmpConfig(), steps=40, seed=0, device=CPU, prune=False
+    ).skipped
     alone = replay(trace.amax, AmpConfig()).skipped
-    assert _streak(alone) > _streak(real) == _streak(
-        replay(trace.amax, AmpConfig(), startup=trace.startup).skipped)
+    assert (
+        _streak(alone)
+        > _streak(real)
+        == _streak(replay(trace.amax, AmpConfig(), startup=trace.startup).skipped)
+    )
 
 
 # -- predictions --------------------------------------------------------------------------------
@@ -384,8 +441,9 @@ def codepoints_trace():
 
 def test_a_prediction_counts_where_the_skips_fall(codepoints_trace):
     predicted = predict(codepoints_trace, AmpConfig(growth_interval=20))
-    played = replay(codepoints_trace.amax, AmpConfig(growth_interval=20),
-                    startup=codepoints_trace.startup)
+    played = replay(
+        codepoints_trace.amax, AmpConfig(growth_interval=20), startup=codepoints_trace.startup
+    )
     assert predicted.horizon == 200 and predicted.skipped_steps == len(played.skipped)
     assert predicted.skipped_at == tuple(played.skipped[:SKIPS_LISTED])
     assert len(predicted.skipped_per_phase) == PHASES

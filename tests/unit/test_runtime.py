@@ -97,10 +97,12 @@ def _optimizers():
             raw = raw.__wrapped__ if getattr(raw, "hooked", False) else raw
             self.step = lambda *args, **kw: raw(self, *args, **kw)
 
-    return {"sgd": lambda p: torch.optim.SGD(p, lr=1e-4),
-            "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
-            "fused-adam": lambda p: torch.optim.Adam(p, lr=1e-3, fused=True),
-            "hooks-bypassed": lambda p: Unhooked(p, lr=1e-4)}
+    return {
+        "sgd": lambda p: torch.optim.SGD(p, lr=1e-4),
+        "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
+        "fused-adam": lambda p: torch.optim.Adam(p, lr=1e-3, fused=True),
+        "hooks-bypassed": lambda p: Unhooked(p, lr=1e-4),
+    }
 
 
 @pytest.mark.parametrize("kind", list(_optimizers()))
@@ -110,12 +112,16 @@ def test_skipped_steps_are_the_steps_whose_scale_backed_off_for_every_optimizer(
     # decides there (SGD, Adam), on the device for fused Adam, which skips in its kernel.
     model, batch = _model_and_batch(target_scale=1e3)
     opt = _optimizers()[kind](model.parameters())
-    amp = AmpRuntime(AmpConfig(init_scale=2.0**24, growth_interval=5), device="cpu",
-                     guard=scalertune.Guard(max_consecutive_skips=100))
+    amp = AmpRuntime(
+        AmpConfig(init_scale=2.0**24, growth_interval=5),
+        device="cpu",
+        guard=scalertune.Guard(max_consecutive_skips=100),
+    )
     scales = []
     for _ in range(60):
-        amp.train_step(model, opt, lambda o, y: nn.functional.mse_loss(o, y, reduction="sum"),
-                       batch)
+        amp.train_step(
+            model, opt, lambda o, y: nn.functional.mse_loss(o, y, reduction="sum"), batch
+        )
         scales.append(float(amp.scale))
     skipped = skipped_steps(scales, 2.0**24)
     assert amp.skipped_steps == len(skipped) > 20 and skipped[-1] > 30
@@ -164,15 +170,25 @@ def test_a_step_function_steps_its_schedule_only_after_real_steps_without_a_warn
                 schedule.step()
             return loss
 
-        return {"model": model, "optimizer": optimizer, "step": step, "batches": [batch],
-                "schedulers": [schedule]}
+        return {
+            "model": model,
+            "optimizer": optimizer,
+            "step": step,
+            "batches": [batch],
+            "schedulers": [schedule],
+        }
 
     from scalertune._run._loop import run_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        record = run_config(factory, AmpConfig(init_scale=2.0**24, growth_interval=5),
-                            steps=30, seed=0, device=torch.device("cpu"))
+        record = run_config(
+            factory,
+            AmpConfig(init_scale=2.0**24, growth_interval=5),
+            steps=30,
+            seed=0,
+            device=torch.device("cpu"),
+        )
     skipped = len(skipped_steps(record.scales, 2.0**24))
     assert skipped > 5 and made[-1].last_epoch == 30 - skipped  # once per real step
 
@@ -182,8 +198,11 @@ def test_a_scaler_that_a_framework_steps_counts_its_skips_and_runs_the_guard():
     # scaler.update themselves: the runtime's scaler counts those steps as its own.
     model, batch = _model_and_batch(target_scale=1e3)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    amp = AmpRuntime(AmpConfig(init_scale=2.0**24, growth_interval=5), device="cpu",
-                     guard=scalertune.Guard(min_scale=2.0**10, check_every=10))
+    amp = AmpRuntime(
+        AmpConfig(init_scale=2.0**24, growth_interval=5),
+        device="cpu",
+        guard=scalertune.Guard(min_scale=2.0**10, check_every=10),
+    )
     scales = []
     with pytest.raises(scalertune.AmpGuardError, match="scale"):
         for _ in range(60):
@@ -236,12 +255,16 @@ def test_a_step_reads_the_device_no_more_than_a_hand_written_amp_step(monkeypatc
 def test_the_guard_stops_a_run_that_skips_every_step(kind):
     model, batch = _model_and_batch(target_scale=1e3)
     opt = _optimizers()[kind](model.parameters())
-    amp = AmpRuntime(AmpConfig(init_scale=2.0**24), device="cpu",
-                     guard=scalertune.Guard(max_consecutive_skips=15, check_every=5))
+    amp = AmpRuntime(
+        AmpConfig(init_scale=2.0**24),
+        device="cpu",
+        guard=scalertune.Guard(max_consecutive_skips=15, check_every=5),
+    )
     with pytest.raises(scalertune.AmpGuardError, match="at step 15.*after 15 skipped steps"):
         for _ in range(40):
-            amp.train_step(model, opt,
-                           lambda o, y: 1e6 * nn.functional.mse_loss(o, y, reduction="sum"), batch)
+            amp.train_step(
+                model, opt, lambda o, y: 1e6 * nn.functional.mse_loss(o, y, reduction="sum"), batch
+            )
 
 
 def test_writers_of_the_same_result_file_at_once_never_trip_over_each_others_temporary(tmp_path):
@@ -282,12 +305,16 @@ def test_the_accelerator_readings_record_what_the_cpu_readings_do(dtype, monkeyp
 
     from scalertune._run import _loop
 
-    config = (AmpConfig(init_scale=2.0**20, growth_interval=7) if dtype == "float16"
-              else AmpConfig(dtype=dtype))
+    config = (
+        AmpConfig(init_scale=2.0**20, growth_interval=7)
+        if dtype == "float16"
+        else AmpConfig(dtype=dtype)
+    )
 
     def record():
-        return _loop.run_config(workloads.gradient_overflow, config, steps=45, seed=0,
-                                device=torch.device("cpu"))
+        return _loop.run_config(
+            workloads.gradient_overflow, config, steps=45, seed=0, device=torch.device("cpu")
+        )
 
     on_cpu = record()
     monkeypatch.setattr(_loop, "HOST_READS", ())

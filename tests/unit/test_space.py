@@ -14,30 +14,35 @@ def test_shipped_spaces_load_by_name(name):
 
 
 def test_a_space_file_loads_by_path(space_file):
-    path = space_file("dtype: {choices: [float16]}\ninit_scale: {low: 1, high: 1024, log: true}\n",
-                      name="mine.yaml")
+    path = space_file(
+        "dtype: {choices: [float16]}\ninit_scale: {low: 1, high: 1024, log: true}\n",
+        name="mine.yaml",
+    )
     space = SearchSpace.load(path)
     assert space.name == "mine" and space.dtypes == ("float16",)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("init_scale: {low: 0, high: 8}", "init_scale must be > 0"),
-    ("init_scale: -1", "init_scale must be > 0"),
-    ("growth_factor: {low: 1.0, high: 2}", "growth_factor must be > 1"),
-    ("backoff_factor: {low: 0.5, high: 1.0}", r"backoff_factor must be in \(0, 1\)"),
-    ("backoff_factor: 0", r"backoff_factor must be in \(0, 1\)"),
-    ("growth_interval: {low: 100, high: 10}", "low .100. is greater than high .10."),
-    ("dtype: {choices: [float8]}", "unknown dtype 'float8'"),
-    ("dtype: {choices: [float32]}", "unknown dtype 'float32'"),
-    ("loss_scale: {low: 1, high: 2}", "unknown key.s. loss_scale"),
-    ("init_scale: {low: 1, high: 2, scale: log}", "unknown key.s. scale"),
-    ("init_scale: {low: 1}", "needs both low and high"),
-    ("clip_norm: {low: 0, high: 1}", "clip_norm must be > 0"),
-    ("init_scale: {low: 1, high: 2, optional: true}", "only clip_norm can be optional"),
-    ("init_scale: {low: 1, high: 4, log: true, step: 1}", "log and step cannot be combined"),
-    ("- just\n- a list", "must be a mapping"),
-    ("init_scale: [unclosed", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("init_scale: {low: 0, high: 8}", "init_scale must be > 0"),
+        ("init_scale: -1", "init_scale must be > 0"),
+        ("growth_factor: {low: 1.0, high: 2}", "growth_factor must be > 1"),
+        ("backoff_factor: {low: 0.5, high: 1.0}", r"backoff_factor must be in \(0, 1\)"),
+        ("backoff_factor: 0", r"backoff_factor must be in \(0, 1\)"),
+        ("growth_interval: {low: 100, high: 10}", "low .100. is greater than high .10."),
+        ("dtype: {choices: [float8]}", "unknown dtype 'float8'"),
+        ("dtype: {choices: [float32]}", "unknown dtype 'float32'"),
+        ("loss_scale: {low: 1, high: 2}", "unknown key.s. loss_scale"),
+        ("init_scale: {low: 1, high: 2, scale: log}", "unknown key.s. scale"),
+        ("init_scale: {low: 1}", "needs both low and high"),
+        ("clip_norm: {low: 0, high: 1}", "clip_norm must be > 0"),
+        ("init_scale: {low: 1, high: 2, optional: true}", "only clip_norm can be optional"),
+        ("init_scale: {low: 1, high: 4, log: true, step: 1}", "log and step cannot be combined"),
+        ("- just\n- a list", "must be a mapping"),
+        ("init_scale: [unclosed", "not valid YAML"),
+    ],
+)
 def test_invalid_space_values_are_refused_by_name(space_file, text, message):
     with pytest.raises(UsageError, match=message):
         SearchSpace.load(space_file(text))
@@ -69,8 +74,12 @@ def test_workers_sharing_a_study_and_its_seed_sample_different_configs():
     # workers proposed the same config side by side and trained it twice at once.
     space = SearchSpace.load("default")
     study = optuna.create_study()
-    workers = [optuna.load_study(study_name=study.study_name, storage=storage_of(study),
-                                 sampler=space.sampler(seed=0)) for _ in range(2)]
+    workers = [
+        optuna.load_study(
+            study_name=study.study_name, storage=storage_of(study), sampler=space.sampler(seed=0)
+        )
+        for _ in range(2)
+    ]
     same = 0
     for i in range(8):
         trials = [w.ask() for w in workers]

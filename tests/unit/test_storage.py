@@ -26,8 +26,7 @@ PASSWORDS = [
 
 
 @pytest.mark.parametrize("password, written", PASSWORDS, ids=[w for _, w in PASSWORDS])
-def test_a_storage_url_is_printed_with_its_password_hidden_whatever_it_holds(password,
-                                                                              written):
+def test_a_storage_url_is_printed_with_its_password_hidden_whatever_it_holds(password, written):
     url = f"postgresql://sp:{written}@127.0.0.1:5432/optuna"
     shown = redact(url)
     assert shown == "postgresql://sp:***@127.0.0.1:5432/optuna"
@@ -37,25 +36,32 @@ def test_a_storage_url_is_printed_with_its_password_hidden_whatever_it_holds(pas
     rendered = make_url(url).render_as_string(hide_password=False)
     for quoted in (url, rendered):
         assert redact(f"could not parse '{quoted}' here", url) == (
-            f"could not parse '{shown}' here")
+            f"could not parse '{shown}' here"
+        )
 
 
-@pytest.mark.parametrize("message, password", [
-    ("connection to server at \"127.0.0.1\", port 1 failed: Connection refused", "127"),
-    ("FATAL:  password authentication failed for user \"sp\"", "failed"),
-    ("FATAL:  password authentication failed for user \"sp\"", "password"),
-    ("FATAL:  database \"optuna\" does not exist", "optuna"),
-    ("server closed the connection unexpectedly", "e"),
-])
+@pytest.mark.parametrize(
+    "message, password",
+    [
+        ('connection to server at "127.0.0.1", port 1 failed: Connection refused', "127"),
+        ('FATAL:  password authentication failed for user "sp"', "failed"),
+        ('FATAL:  password authentication failed for user "sp"', "password"),
+        ('FATAL:  database "optuna" does not exist', "optuna"),
+        ("server closed the connection unexpectedly", "e"),
+    ],
+)
 def test_a_password_that_is_a_word_or_number_masks_nothing_else(message, password):
     assert redact(message, f"postgresql://sp:{password}@127.0.0.1:1/optuna") == message
 
 
-@pytest.mark.parametrize("message", [
-    "invalid connection option: host=db password=PW dbname=optuna",
-    "invalid connection option: host=db password='PW' dbname=optuna",
-    "postgresql://sp:PW@db/optuna is down",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "invalid connection option: host=db password=PW dbname=optuna",
+        "invalid connection option: host=db password='PW' dbname=optuna",
+        "postgresql://sp:PW@db/optuna is down",
+    ],
+)
 @pytest.mark.parametrize("password", ["127", "failed", "my secret pw", "e"])
 def test_a_password_given_as_one_in_a_message_is_hidden_however_short(message, password):
     shown = redact(message.replace("PW", password), f"postgresql://sp:{password}@db/optuna")
@@ -70,16 +76,25 @@ def test_a_distinctive_password_is_hidden_wherever_a_message_quotes_it():
 
 # -- riding out an outage ---------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def _locked(path, seconds):
     """Another process's exclusive lock on a SQLite database, for ``seconds``: SQLite's
     "database is locked", as a busy server or a stuck writer gives it."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sqlite3, sys, time\n"
-         "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-         "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True)\n"
-         "time.sleep(float(sys.argv[2])); c.execute('COMMIT')\n", str(path), str(seconds)],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time\n"
+            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True)\n"
+            "time.sleep(float(sys.argv[2])); c.execute('COMMIT')\n",
+            str(path),
+            str(seconds),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         yield holder
@@ -149,6 +164,7 @@ def test_a_storage_error_that_does_not_pass_is_not_retried(tmp_path):
 
 # -- checkpoints that carry their checksum -----------------------------------------------------
 
+
 def _saved(location, step=30):
     """A real float32 checkpoint of the healthy workload at ``step``, stored at ``location``;
     the checkpoint, and the losses of the run that goes on from it to step 60."""
@@ -161,10 +177,17 @@ def _saved(location, step=30):
     from scalertune._storage._store import Store
 
     stored = StoredCheckpoint(Store(location), "study-abc.reference-seed0-step30.pt")
-    run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=step, seed=0,
-               device=torch.device("cpu"), plan=Plan(save_at={step: stored}))
-    whole = run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=60, seed=0,
-                       device=torch.device("cpu"))
+    run_config(
+        workloads.healthy,
+        AmpConfig(dtype="float32"),
+        steps=step,
+        seed=0,
+        device=torch.device("cpu"),
+        plan=Plan(save_at={step: stored}),
+    )
+    whole = run_config(
+        workloads.healthy, AmpConfig(dtype="float32"), steps=60, seed=0, device=torch.device("cpu")
+    )
     return stored, whole.losses[step:]
 
 
@@ -175,8 +198,14 @@ def _branch(path):
     from scalertune._amp._config import AmpConfig
     from scalertune._run._loop import Plan, run_config
 
-    return run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=60, seed=0,
-                      device=torch.device("cpu"), plan=Plan(checkpoint=path)).losses
+    return run_config(
+        workloads.healthy,
+        AmpConfig(dtype="float32"),
+        steps=60,
+        seed=0,
+        device=torch.device("cpu"),
+        plan=Plan(checkpoint=path),
+    ).losses
 
 
 def _damage(stored, how):
@@ -185,8 +214,11 @@ def _damage(stored, how):
     from optuna.artifacts.exceptions import ArtifactNotFound
 
     body = stored.store.read(stored.name, lambda f: f.read())
-    damaged = {"truncated": body[:len(body) // 3], "emptied": b"",
-               "garbled": body[:500] + bytes(b ^ 0xFF for b in body[500:600]) + body[600:]}
+    damaged = {
+        "truncated": body[: len(body) // 3],
+        "emptied": b"",
+        "garbled": body[:500] + bytes(b ^ 0xFF for b in body[500:600]) + body[600:],
+    }
     if how == "gone":
         stored.store.inner.remove(stored.name)
         with pytest.raises(ArtifactNotFound):
@@ -230,8 +262,10 @@ def test_checkpoints_in_an_s3_bucket_carry_their_checksum_too(tmp_path):
         stored, after = _saved(bucket)
         import boto3
 
-        keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(
-            Bucket=bucket[len("s3://"):])["Contents"]}
+        keys = {
+            o["Key"]
+            for o in boto3.client("s3").list_objects_v2(Bucket=bucket[len("s3://") :])["Contents"]
+        }
         assert keys == {stored.name, stored.name + ".json"}
         assert stored.manifest()["step"] == 30
         assert _branch(stored.fetch()) == after
@@ -261,9 +295,14 @@ def test_a_long_run_also_saves_every_few_minutes_into_two_slots_in_turn(tmp_path
     store = Store(str(tmp_path / "artifacts"))
     slots = (StoredCheckpoint(store, "a.pt"), StoredCheckpoint(store, "b.pt"))
     fixed = StoredCheckpoint(store, "step20.pt")
-    run_config(workloads.healthy, AmpConfig(dtype="float32"), steps=50, seed=0,
-               device=torch.device("cpu"),
-               plan=Plan(save_at=SaveSchedule({20: fixed}, slots=slots, every_s=0.0)))
+    run_config(
+        workloads.healthy,
+        AmpConfig(dtype="float32"),
+        steps=50,
+        seed=0,
+        device=torch.device("cpu"),
+        plan=Plan(save_at=SaveSchedule({20: fixed}, slots=slots, every_s=0.0)),
+    )
     steps = sorted(s.manifest()["step"] for s in slots)
     assert steps == [40, 50] and fixed.manifest()["step"] == 20
     never = SaveSchedule({20: fixed}, slots=slots, every_s=300.0)

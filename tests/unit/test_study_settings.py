@@ -29,10 +29,16 @@ V1_JOURNAL = "written_by_0.1.journal"
 
 
 def _settings(**changes):
-    base = {"factory": "model.py:make_model", "steps": 200, "horizon": 2000, "seed": 0,
-            "space": {"name": "default", "params": {"dtype": {"choices": ["bfloat16"]}}},
-            "device_type": "cpu", "device": "cpu (x86_64, 2 threads)",
-            "reference": AmpConfig(dtype="float32", clip_norm=1.0)}
+    base = {
+        "factory": "model.py:make_model",
+        "steps": 200,
+        "horizon": 2000,
+        "seed": 0,
+        "space": {"name": "default", "params": {"dtype": {"choices": ["bfloat16"]}}},
+        "device_type": "cpu",
+        "device": "cpu (x86_64, 2 threads)",
+        "reference": AmpConfig(dtype="float32", clip_norm=1.0),
+    }
     return StudySettings(**{**base, **changes})
 
 
@@ -66,8 +72,14 @@ def test_the_horizon_defaults_to_the_factorys_then_to_the_trial():
 
 
 def test_older_stored_settings_read_with_the_defaults_of_their_time():
-    oldest = {"factory": "m.py:f", "steps": 200, "seed": 3, "space": {"name": "float16"},
-              "device_type": "cuda", "device": "cuda:0 (A100)"}
+    oldest = {
+        "factory": "m.py:f",
+        "steps": 200,
+        "seed": 3,
+        "space": {"name": "float16"},
+        "device_type": "cuda",
+        "device": "cuda:0 (A100)",
+    }
     settings = StudySettings.from_dict(oldest)
     # no horizon: the trial was the evidence; no reference: float32 without a clip
     assert (settings.version, settings.horizon, settings.long) == (1, 200, False)
@@ -122,13 +134,22 @@ def test_a_study_written_before_the_record_reports_as_it_did(v1, name):
 def test_a_search_resumes_a_study_written_before_the_record(v1):
     """The same search again on the old study: its settings compare equal, nothing is
     refused, and the answer it already had is the answer."""
-    shutil.copytree(os.path.join(ROOT, "tests"), v1 / "tests",
-                    ignore=shutil.ignore_patterns("data", "__pycache__", "unit", "integration"))
+    shutil.copytree(
+        os.path.join(ROOT, "tests"),
+        v1 / "tests",
+        ignore=shutil.ignore_patterns("data", "__pycache__", "unit", "integration"),
+    )
     before = os.getcwd()
     os.chdir(v1)
     try:
-        result = scalertune.search("tests/workloads.py:healthy", storage=V1_JOURNAL,
-                                   study_name="short", steps=40, n_trials=3, device="cpu")
+        result = scalertune.search(
+            "tests/workloads.py:healthy",
+            storage=V1_JOURNAL,
+            study_name="short",
+            steps=40,
+            n_trials=3,
+            device="cpu",
+        )
     finally:
         os.chdir(before)
     with open(os.path.join(DATA, "study_v1.short.json"), encoding="utf-8") as f:

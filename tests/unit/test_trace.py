@@ -20,13 +20,18 @@ FACTORIES = [workloads.gradient_overflow, example("classifier").make_model]
 
 
 def _traced(factory, steps, **plan):
-    return run_config(factory, FLOAT32, steps=steps, seed=0, device=CPU,
-                      plan=Plan(watcher=TraceCollector(steps), **plan))
+    return run_config(
+        factory,
+        FLOAT32,
+        steps=steps,
+        seed=0,
+        device=CPU,
+        plan=Plan(watcher=TraceCollector(steps), **plan),
+    )
 
 
 @pytest.mark.parametrize("factory", FACTORIES, ids=["summed-mse", "classifier"])
-def test_the_trace_leaves_the_run_unchanged_and_its_subset_keeps_the_largest(factory,
-                                                                              monkeypatch):
+def test_the_trace_leaves_the_run_unchanged_and_its_subset_keeps_the_largest(factory, monkeypatch):
     """Between full steps only the tensors that came close to the largest are watched: on
     all but the odd step (a tensor that never came close before) that is the largest, and
     on those close to it."""
@@ -44,15 +49,19 @@ def _repeated_gradient():
     """Three module outputs that carry one gradient: a dropout at p=0 hands its input the
     gradient it gets, which is the tanh output's, times the tanh's slope (at most 1)."""
     model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.0), nn.Tanh(), nn.Linear(16, 1))
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
-            "loss_fn": nn.MSELoss(reduction="sum"),
-            "batches": workloads._regression(scale_inputs=0.1, scale_targets=10)}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
+        "loss_fn": nn.MSELoss(reduction="sum"),
+        "batches": workloads._regression(scale_inputs=0.1, scale_targets=10),
+    }
 
 
 def test_the_subset_leaves_out_module_outputs_another_always_matched(monkeypatch, tmp_path):
     collector = TraceCollector(240)
-    traced = run_config(_repeated_gradient, FLOAT32, steps=240, seed=0, device=CPU,
-                        plan=Plan(watcher=collector))
+    traced = run_config(
+        _repeated_gradient, FLOAT32, steps=240, seed=0, device=CPU, plan=Plan(watcher=collector)
+    )
     hooks = collector._hooks
     assert hooks.names == ("0", "1", "2", "3") and hooks.subset.modules == {0, 1, 2, 3}
     # the linear's and the dropout's output gradients are the tanh's at most: not hooked
@@ -61,8 +70,14 @@ def test_the_subset_leaves_out_module_outputs_another_always_matched(monkeypatch
     path = str(tmp_path / "at150.pt")
     _traced(_repeated_gradient, 150, save_at={150: path})
     again = TraceCollector(240)
-    resumed = run_config(_repeated_gradient, FLOAT32, steps=240, seed=0, device=CPU,
-                         plan=Plan(watcher=again, checkpoint=path, resume=True))
+    resumed = run_config(
+        _repeated_gradient,
+        FLOAT32,
+        steps=240,
+        seed=0,
+        device=CPU,
+        plan=Plan(watcher=again, checkpoint=path, resume=True),
+    )
     assert np.array_equal(resumed.trace.amax, traced.trace.amax)
     assert np.array_equal(again._hooks.subset.dominance, hooks.subset.dominance)
     monkeypatch.setattr(_policy, "TRACE_FULL_EVERY", 1)
@@ -130,8 +145,12 @@ class _Double(nn.Module):
 
 def _mixed_dtypes():
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), _Double())
-    return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
-            "loss_fn": nn.MSELoss(reduction="sum"), "batches": workloads._regression()}
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.02),
+        "loss_fn": nn.MSELoss(reduction="sum"),
+        "batches": workloads._regression(),
+    }
 
 
 def test_gradients_of_another_dtype_are_traced_as_float32_would_hold_them(monkeypatch):
@@ -145,6 +164,7 @@ def test_gradients_of_another_dtype_are_traced_as_float32_would_hold_them(monkey
 def _own_step(times: int, clip: float | None = None):
     """A workload whose own step backpropagates the batch ``times`` times, clips the
     gradients itself if asked, then steps."""
+
     def make():
         parts = workloads.gradient_overflow()
         optimizer, loss_fn = parts["optimizer"], parts.pop("loss_fn")
@@ -158,7 +178,9 @@ def _own_step(times: int, clip: float | None = None):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             amp.step(optimizer)
             return loss
+
         return {**parts, "step": step}
+
     return make
 
 

@@ -43,12 +43,18 @@ def test_one_window_hit_by_load_does_not_widen_the_spread():
     assert spread([1.0, 2.0]) == (1.0, 2.0)
 
 
-@pytest.mark.parametrize("steps, times, words", [
-    ([1.9, 2.0, 2.1], [1.2, 1.3, 1.25, 1.3, 1.28, 1.27], "faster than float32"),
-    ([1.0, 1.0, 1.0], [1.5, 1.6, 1.55, 1.5, 1.58, 1.52], "slower than float32"),
-    ([1.9, 2.0, 2.1], [1.7, 2.3, 1.9, 2.0, 2.2, 1.8], "as fast as float32 to the target on "
-                                                      "gpu within measurement noise"),
-])
+@pytest.mark.parametrize(
+    "steps, times, words",
+    [
+        ([1.9, 2.0, 2.1], [1.2, 1.3, 1.25, 1.3, 1.28, 1.27], "faster than float32"),
+        ([1.0, 1.0, 1.0], [1.5, 1.6, 1.55, 1.5, 1.58, 1.52], "slower than float32"),
+        (
+            [1.9, 2.0, 2.1],
+            [1.7, 2.3, 1.9, 2.0, 2.2, 1.8],
+            "as fast as float32 to the target on gpu within measurement noise",
+        ),
+    ],
+)
 def test_the_verdict_states_a_direction_only_outside_the_noise(steps, times, words):
     speedup = Speedup.of(steps, times)
     assert words in speedup.verdict("gpu")
@@ -59,11 +65,21 @@ def test_the_verdict_states_a_direction_only_outside_the_noise(steps, times, wor
 
 def _outcome(number, dtype, steps, skipped=0, min_scale=None, clip=None):
     config = AmpConfig(dtype=dtype, clip_norm=clip, init_scale=2.0**number)
-    attrs = {"steps_to_target": steps, "time_to_target_s": steps * (1.0 if dtype == "bfloat16"
-                                                                    else 1.02),
-             "skipped_steps": skipped, "min_scale": min_scale}
-    return Outcome(number=number, role="search", config=config, seed=0, state="complete",
-                   attrs=attrs, losses=())
+    attrs = {
+        "steps_to_target": steps,
+        "time_to_target_s": steps * (1.0 if dtype == "bfloat16" else 1.02),
+        "skipped_steps": skipped,
+        "min_scale": min_scale,
+    }
+    return Outcome(
+        number=number,
+        role="search",
+        config=config,
+        seed=0,
+        state="complete",
+        attrs=attrs,
+        losses=(),
+    )
 
 
 def test_skip_counts_within_the_replays_tolerance_are_the_same_and_simplicity_decides():
@@ -72,9 +88,20 @@ def test_skip_counts_within_the_replays_tolerance_are_the_same_and_simplicity_de
     times = StepTimes({"float32": [1.0] * 6, "float16": [1.02] * 6})
 
     def run(number, config, skipped):
-        return Outcome(number=number, role="search", config=config, seed=0, state="complete",
-                       attrs={"steps_to_target": 100, "time_to_target_s": 102.0,
-                              "skipped_steps": skipped, "min_scale": 1.0}, losses=())
+        return Outcome(
+            number=number,
+            role="search",
+            config=config,
+            seed=0,
+            state="complete",
+            attrs={
+                "steps_to_target": 100,
+                "time_to_target_s": 102.0,
+                "skipped_steps": skipped,
+                "min_scale": 1.0,
+            },
+            losses=(),
+        )
 
     tuned = AmpConfig(init_scale=256.0)
     assert candidates([run(1, tuned, 0), run(2, AmpConfig(), 2)], times, None)[0].number == 2
@@ -82,8 +109,13 @@ def test_skip_counts_within_the_replays_tolerance_are_the_same_and_simplicity_de
 
 
 def test_ties_within_the_timing_noise_go_to_stability_not_to_noise():
-    times = StepTimes({"float32": [1.0] * 6, "bfloat16": [1.0, 0.9, 1.1, 1.0, 0.95, 1.05],
-                       "float16": [1.02, 0.9, 1.12, 1.0, 0.97, 1.08]})
+    times = StepTimes(
+        {
+            "float32": [1.0] * 6,
+            "bfloat16": [1.0, 0.9, 1.1, 1.0, 0.95, 1.05],
+            "float16": [1.02, 0.9, 1.12, 1.0, 0.97, 1.08],
+        }
+    )
     fp16 = _outcome(1, "float16", 100, skipped=3, min_scale=1.0)
     bf16 = _outcome(2, "bfloat16", 101)
     assert [o.number for o in candidates([fp16, bf16], times, None)] == [2, 1]
@@ -99,8 +131,13 @@ def test_a_run_beaten_by_its_own_dtype_is_not_tied_in_by_another_dtypes_spread()
     # Seen on the codepoints example under load: float16's spread (1.1-3.7x) overlapped both
     # bfloat16 runs, and "bfloat16, no clip" (200 steps, no knob changed) won the tie over
     # "bfloat16, clip" (105 steps), though the same dtype makes 105 steps surely faster.
-    times = StepTimes({"float32": [1.0] * 6, "bfloat16": [1.3, 1.7, 1.9, 1.7, 1.6, 2.0],
-                       "float16": [1.1, 1.5, 3.7, 1.4, 1.2, 3.6]})
+    times = StepTimes(
+        {
+            "float32": [1.0] * 6,
+            "bfloat16": [1.3, 1.7, 1.9, 1.7, 1.6, 2.0],
+            "float16": [1.1, 1.5, 3.7, 1.4, 1.2, 3.6],
+        }
+    )
     # (5 skipped steps: beyond the max(2, 20%) within which skip counts are the same)
     fp16 = _outcome(9, "float16", 100, skipped=5, min_scale=0.002)
     bf16_clip = _outcome(5, "bfloat16", 105, clip=12.4)
@@ -111,8 +148,13 @@ def test_a_run_beaten_by_its_own_dtype_is_not_tied_in_by_another_dtypes_spread()
 
 
 def test_all_tied_only_when_no_config_that_reached_the_target_beats_another():
-    times = StepTimes({"float32": [1.0] * 6, "bfloat16": [1.0, 0.9, 1.1, 1.0, 0.95, 1.05],
-                       "float16": [1.02, 0.9, 1.12, 1.0, 0.97, 1.08]})
+    times = StepTimes(
+        {
+            "float32": [1.0] * 6,
+            "bfloat16": [1.0, 0.9, 1.1, 1.0, 0.95, 1.05],
+            "float16": [1.02, 0.9, 1.12, 1.0, 0.97, 1.08],
+        }
+    )
     a, b = _outcome(1, "bfloat16", 100), _outcome(2, "float16", 101)
     assert all_tied([a, b], times)
     assert not all_tied([a], times)  # one config is no comparison
@@ -126,20 +168,39 @@ def test_skipped_steps_match_the_optimizer_steps_gradscaler_really_skipped():
     # 194994.52 is not a float32: GradScaler holds it as 194994.515625.
     for init_scale in (194994.52, 2.0**24, 1.0):
         workloads.CountingAdam.built.clear()
-        record = run_config(workloads.counted_overflow, AmpConfig(init_scale=init_scale),
-                            steps=30, seed=0, device=CPU)
+        record = run_config(
+            workloads.counted_overflow,
+            AmpConfig(init_scale=init_scale),
+            steps=30,
+            seed=0,
+            device=CPU,
+        )
         (optimizer,) = workloads.CountingAdam.built
         assert len(record.skipped) == record.steps_run - optimizer.calls, init_scale
     assert skipped_steps([194994.515625] * 3, 194994.52) == []
 
 
-def test_a_reference_that_does_not_learn_is_refused_before_any_trial_and_leaves_no_study(
-        tmp_path):
+def test_a_reference_that_does_not_learn_is_refused_before_any_trial_and_leaves_no_study(tmp_path):
     db = tmp_path / "study.db"
     proc = subprocess.run(
-        [sys.executable, "-m", "scalertune", "search", spec("seed_article_toy"),
-         "--storage", f"sqlite:///{db}", "--n-trials", "2", "--steps", "40"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "search",
+            spec("seed_article_toy"),
+            "--storage",
+            f"sqlite:///{db}",
+            "--n-trials",
+            "2",
+            "--steps",
+            "40",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert "did not learn" in lines[-1] and "--steps" in lines[-1]
@@ -182,13 +243,23 @@ def test_across_dtypes_steps_that_tie_leave_the_step_time_to_decide():
     # Seen by a new user on a TransformerEncoder over a horizon of 1000: both dtypes reached
     # the target at step 90, bfloat16's steps cost 1.40-1.43x float32's and float16's
     # 1.58-1.61x, and the horizon's step margin (58 steps) tied them all.
-    times = StepTimes({"float32": [1.0] * 6, "bfloat16": [1.40, 1.41, 1.42, 1.43, 1.41, 1.42],
-                       "float16": [1.58, 1.59, 1.60, 1.61, 1.60, 1.59]})
+    times = StepTimes(
+        {
+            "float32": [1.0] * 6,
+            "bfloat16": [1.40, 1.41, 1.42, 1.43, 1.41, 1.42],
+            "float16": [1.58, 1.59, 1.60, 1.61, 1.60, 1.59],
+        }
+    )
     bf16, fp16 = _outcome(2, "bfloat16", 90), _outcome(1, "float16", 90, min_scale=1.0)
     noise = Noise(0.058, 1000)
     assert not all_tied([bf16, fp16], times, noise)
     assert [o.number for o in candidates([fp16, bf16], times, None, noise)][0] == 2
     # overlapping step-time spreads still tie, and the tie goes to stability and simplicity
-    close = StepTimes({"float32": [1.0] * 6, "bfloat16": [1.40, 1.5, 1.6, 1.45, 1.55, 1.5],
-                       "float16": [1.45, 1.55, 1.5, 1.6, 1.5, 1.52]})
+    close = StepTimes(
+        {
+            "float32": [1.0] * 6,
+            "bfloat16": [1.40, 1.5, 1.6, 1.45, 1.55, 1.5],
+            "float16": [1.45, 1.55, 1.5, 1.6, 1.5, 1.52],
+        }
+    )
     assert all_tied([bf16, fp16], close, noise)

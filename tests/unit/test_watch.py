@@ -26,17 +26,25 @@ CONFIG = AmpConfig(init_scale=2.0**24, growth_interval=100)
 @pytest.fixture(scope="module")
 def predicted():
     """What the search would write: the replay of CONFIG over the float32 reference's trace."""
-    reference = run_config(workloads.gradient_overflow, AmpConfig(dtype="float32"),
-                           steps=HORIZON, seed=0, device=CPU,
-                           plan=Plan(watcher=TraceCollector(HORIZON)))
+    reference = run_config(
+        workloads.gradient_overflow,
+        AmpConfig(dtype="float32"),
+        steps=HORIZON,
+        seed=0,
+        device=CPU,
+        plan=Plan(watcher=TraceCollector(HORIZON)),
+    )
     p = predict(reference.trace, CONFIG, horizon=HORIZON)
-    return ScalerPrediction(horizon=HORIZON, skipped_steps=p.skipped_steps,
-                            skipped_first=p.startup_skips, min_scale=p.min_scale,
-                            final_scale=p.final_scale)
+    return ScalerPrediction(
+        horizon=HORIZON,
+        skipped_steps=p.skipped_steps,
+        skipped_first=p.startup_skips,
+        min_scale=p.min_scale,
+        final_scale=p.final_scale,
+    )
 
 
-def _train(config, watch, *, seed=0, steps=HORIZON, loss_times=lambda step: 1.0,
-           fused=False):
+def _train(config, watch, *, seed=0, steps=HORIZON, loss_times=lambda step: 1.0, fused=False):
     """Train gradient_overflow under ``config`` with ``watch``; the step of each warning."""
     workload = build_workload(workloads.gradient_overflow, seed=seed, device=CPU)
     if fused:
@@ -47,10 +55,13 @@ def _train(config, watch, *, seed=0, steps=HORIZON, loss_times=lambda step: 1.0,
         warnings.simplefilter("always")
         for step in range(steps):
             times = loss_times(step)
-            amp.train_step(workload.model, workload.optimizer,
-                           lambda out, y, times=times: times * workload.loss_fn(out, y),
-                           batches[step % len(batches)])
-            warned += [(step, w) for w in caught[len(warned):]]
+            amp.train_step(
+                workload.model,
+                workload.optimizer,
+                lambda out, y, times=times: times * workload.loss_fn(out, y),
+                batches[step % len(batches)],
+            )
+            warned += [(step, w) for w in caught[len(warned) :]]
     return amp, warned
 
 
@@ -63,8 +74,7 @@ def test_a_run_that_does_what_the_search_predicted_never_warns(predicted, seed):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["adam", "fused-adam"])
 def test_a_much_larger_loss_warns_once_early_saying_what_differs(predicted, fused):
-    amp, warned = _train(CONFIG, Watch(predicted), loss_times=lambda step: 2.0**10,
-                         fused=fused)
+    amp, warned = _train(CONFIG, Watch(predicted), loss_times=lambda step: 2.0**10, fused=fused)
     assert [type(w.message) for _, w in warned] == [AmpDriftWarning]
     step, warning = warned[0]
     assert step < 50
@@ -76,10 +86,10 @@ def test_a_much_larger_loss_warns_once_early_saying_what_differs(predicted, fuse
     assert warning.filename == __file__  # it points at the training code's own line
 
 
-def test_gradients_that_grow_later_warn_when_the_scaler_backs_off_past_the_prediction(
-        predicted):
-    amp, warned = _train(CONFIG, Watch(predicted),
-                         loss_times=lambda step: 2.0**12 if step >= 300 else 1.0)
+def test_gradients_that_grow_later_warn_when_the_scaler_backs_off_past_the_prediction(predicted):
+    amp, warned = _train(
+        CONFIG, Watch(predicted), loss_times=lambda step: 2.0**12 if step >= 300 else 1.0
+    )
     assert len(warned) == 1
     step, warning = warned[0]
     assert 300 <= step < 330
@@ -88,17 +98,24 @@ def test_gradients_that_grow_later_warn_when_the_scaler_backs_off_past_the_predi
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_configs_without_a_loss_scaler_are_not_watched(predicted, dtype):
-    amp, warned = _train(AmpConfig(dtype=dtype), Watch(predicted),
-                         loss_times=lambda step: 2.0**10, steps=50)
+    amp, warned = _train(
+        AmpConfig(dtype=dtype), Watch(predicted), loss_times=lambda step: 2.0**10, steps=50
+    )
     assert amp.watch is None and warned == []
 
 
 def _result_file(tmp_path, evidence):
     path = tmp_path / "result.yaml"
-    path.write_text(yaml.safe_dump({
-        "scalertune": 1, "config": CONFIG.to_dict(),
-        "guard": {"min_scale": 2.0**-14, "max_consecutive_skips": 50},
-        "evidence": evidence}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "scalertune": 1,
+                "config": CONFIG.to_dict(),
+                "guard": {"min_scale": 2.0**-14, "max_consecutive_skips": 50},
+                "evidence": evidence,
+            }
+        )
+    )
     return str(path)
 
 
@@ -110,23 +127,54 @@ def test_a_result_file_without_a_prediction_loads_as_before(tmp_path):
 
 
 def test_the_prediction_block_gives_the_loaded_runtime_its_watch(tmp_path, predicted):
-    block = {"horizon": HORIZON, "skipped_steps": predicted.skipped_steps,
-             "skipped_first": predicted.skipped_first, "min_scale": predicted.min_scale,
-             "final_scale": predicted.final_scale}
+    block = {
+        "horizon": HORIZON,
+        "skipped_steps": predicted.skipped_steps,
+        "skipped_first": predicted.skipped_first,
+        "min_scale": predicted.min_scale,
+        "final_scale": predicted.final_scale,
+    }
     path = _result_file(tmp_path, {"horizon": HORIZON, "prediction": block})
     assert scalertune.load(path, device="cpu").watch == Watch(predicted)
     assert AmpRuntime.from_yaml(path, device="cpu", watch=False).watch is None
 
 
-@pytest.mark.parametrize("block, problem", [
-    ({"horizon": 600, "skipped_steps": 19}, "needs horizon, skipped_steps, skipped_first"),
-    ({"horizon": 600, "skipped_steps": 19, "skipped_first": 25, "min_scale": 1.0,
-      "final_scale": 1.0}, "skipped_first <= skipped_steps"),
-    ({"horizon": 600, "skipped_steps": 19.5, "skipped_first": 15, "min_scale": 1.0,
-      "final_scale": 1.0}, "skipped_steps must be an integer"),
-    ({"horizon": 600, "skipped_steps": 19, "skipped_first": 15, "min_scale": 0,
-      "final_scale": 1.0}, "min_scale must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "block, problem",
+    [
+        ({"horizon": 600, "skipped_steps": 19}, "needs horizon, skipped_steps, skipped_first"),
+        (
+            {
+                "horizon": 600,
+                "skipped_steps": 19,
+                "skipped_first": 25,
+                "min_scale": 1.0,
+                "final_scale": 1.0,
+            },
+            "skipped_first <= skipped_steps",
+        ),
+        (
+            {
+                "horizon": 600,
+                "skipped_steps": 19.5,
+                "skipped_first": 15,
+                "min_scale": 1.0,
+                "final_scale": 1.0,
+            },
+            "skipped_steps must be an integer",
+        ),
+        (
+            {
+                "horizon": 600,
+                "skipped_steps": 19,
+                "skipped_first": 15,
+                "min_scale": 0,
+                "final_scale": 1.0,
+            },
+            "min_scale must be a finite number > 0",
+        ),
+    ],
+)
 def test_a_broken_prediction_block_names_what_is_wrong(tmp_path, block, problem):
     path = _result_file(tmp_path, {"prediction": block})
     with pytest.raises(scalertune.UsageError, match=problem):
@@ -134,27 +182,44 @@ def test_a_broken_prediction_block_names_what_is_wrong(tmp_path, block, problem)
 
 
 def test_the_allowance_is_the_start_up_and_the_rest_pro_rata_plus_twice_the_error():
-    watch = Watch(ScalerPrediction(horizon=3000, skipped_steps=19, skipped_first=15,
-                                   min_scale=0.125, final_scale=4096.0))
+    watch = Watch(
+        ScalerPrediction(
+            horizon=3000, skipped_steps=19, skipped_first=15, min_scale=0.125, final_scale=4096.0
+        )
+    )
     # 15 + 4 * t / 3000 + 2 * max(2, 20% of 19)
     assert watch.allowed_skips(0) == pytest.approx(15 + 7.6)
     assert watch.allowed_skips(3000) == pytest.approx(19 + 7.6)
     assert watch.allowed_skips(30000) == pytest.approx(55 + 2 * 0.2 * 55)
 
 
-def test_best_amp_loads_the_amp_config_a_float32_answer_carries_with_its_guard(tmp_path,
-                                                                               predicted):
+def test_best_amp_loads_the_amp_config_a_float32_answer_carries_with_its_guard(tmp_path, predicted):
     """A search on a CPU answers float32 (AMP steps are slower there); ``best_amp=True``
     loads the AMP config that held, its guard, and the watch on its prediction."""
-    block = {"horizon": HORIZON, "skipped_steps": predicted.skipped_steps,
-             "skipped_first": predicted.skipped_first, "min_scale": predicted.min_scale,
-             "final_scale": predicted.final_scale}
+    block = {
+        "horizon": HORIZON,
+        "skipped_steps": predicted.skipped_steps,
+        "skipped_first": predicted.skipped_first,
+        "min_scale": predicted.min_scale,
+        "final_scale": predicted.final_scale,
+    }
     path = tmp_path / "result.yaml"
-    path.write_text(yaml.safe_dump({
-        "scalertune": 1, "config": AmpConfig(dtype="float32").to_dict(),
-        "evidence": {"horizon": HORIZON, "prediction": block, "best_amp": {
-            "config": CONFIG.to_dict(),
-            "guard": {"min_scale": 2.0**-10, "max_consecutive_skips": 60}}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "scalertune": 1,
+                "config": AmpConfig(dtype="float32").to_dict(),
+                "evidence": {
+                    "horizon": HORIZON,
+                    "prediction": block,
+                    "best_amp": {
+                        "config": CONFIG.to_dict(),
+                        "guard": {"min_scale": 2.0**-10, "max_consecutive_skips": 60},
+                    },
+                },
+            }
+        )
+    )
     answer = scalertune.load(str(path), device="cpu")
     assert answer.config.dtype == "float32" and answer.guard is None and answer.watch is None
     amp = scalertune.load(str(path), device="cpu", best_amp=True)
