@@ -187,3 +187,32 @@ def s3_bucket():
             else:
                 os.environ[key] = value
         server.stop()
+
+
+def reference_is_float32s_own(study, horizon, context=""):
+    """The study's float32 reference (seed 0, ``workloads.healthy``) has, over every window of
+    the horizon, the losses of one undisturbed float32 run: resumed from a checkpoint (a good
+    one, or one before a damaged one) or rebuilt, it replayed the same steps bit for bit."""
+    import torch
+    import workloads
+
+    from scalertune._amp._config import AmpConfig
+    from scalertune._run._loop import run_config
+
+    own = run_config(
+        workloads.healthy,
+        AmpConfig(dtype="float32"),
+        steps=horizon,
+        seed=0,
+        device=torch.device("cpu"),
+        prune=False,
+    ).losses
+    ref = next(
+        t
+        for t in study.trials
+        if t.user_attrs.get("role") == "reference" and t.user_attrs.get("seed") == 0
+    )
+    windows = ref.system_attrs["scalertune.horizon"]["windows"]
+    assert windows and all(
+        losses == own[int(start) : int(start) + len(losses)] for start, losses in windows.items()
+    ), f"{context}: float32's losses over the horizon differ from an undisturbed run's"

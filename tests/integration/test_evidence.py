@@ -12,14 +12,18 @@ import sys
 
 import optuna
 import pytest
-import torch
 import yaml
-from conftest import HERE, needs_postgres, postgres_database, s3_bucket, spec
+from conftest import (
+    HERE,
+    needs_postgres,
+    postgres_database,
+    reference_is_float32s_own,
+    s3_bucket,
+    spec,
+)
 from optuna.trial import TrialState
 
 import scalertune
-from scalertune._amp._config import AmpConfig
-from scalertune._run._loop import run_config
 from scalertune._storage._optuna import storage_of, study_id
 
 pytestmark = pytest.mark.xdist_group("evidence")
@@ -115,30 +119,6 @@ def _nothing_failed(study):
     assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
 
 
-def _reference_is_float32s_own(study):
-    """The float32 reference's losses over every window are those of float32 trained in one
-    go: a resume from a checkpoint, or a rebuilt one, replayed the same steps bit for bit."""
-    import workloads
-
-    own = run_config(
-        workloads.healthy,
-        AmpConfig(dtype="float32"),
-        steps=HORIZON,
-        seed=0,
-        device=torch.device("cpu"),
-        prune=False,
-    ).losses
-    ref = next(
-        t
-        for t in study.trials
-        if t.user_attrs.get("role") == "reference" and t.user_attrs.get("seed") == 0
-    )
-    windows = ref.system_attrs["scalertune.horizon"]["windows"]
-    assert windows and all(
-        losses == own[int(start) : int(start) + len(losses)] for start, losses in windows.items()
-    )
-
-
 @pytest.fixture(scope="session")  # once per worker: its group may interleave with other modules
 def undisturbed(tmp_path_factory):
     """The same search, one worker, nothing in its way: the answer the others must give."""
@@ -227,7 +207,7 @@ def test_float32s_checkpoints_lost_after_the_reference_are_rebuilt_not_judged(
     assert _answer(tmp_path / "amp.yaml") == undisturbed["answer"]
     study = _study(str(tmp_path / "study.log"))
     _nothing_failed(study)
-    _reference_is_float32s_own(study)
+    reference_is_float32s_own(study, HORIZON)
 
 
 def test_a_yaml_that_cannot_be_written_is_one_line_and_loses_nothing(tmp_path, undisturbed):

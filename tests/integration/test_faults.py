@@ -26,7 +26,13 @@ import time
 import optuna
 import pytest
 import yaml
-from conftest import HERE, needs_postgres, postgres_database, spec
+from conftest import (
+    HERE,
+    needs_postgres,
+    postgres_database,
+    reference_is_float32s_own,
+    spec,
+)
 from optuna.trial import TrialState
 
 ROUNDS = int(os.environ.get("SCALERTUNE_FAULT_ROUNDS", "3"))
@@ -312,7 +318,7 @@ def _check_study(study, before, context, loop=PLAIN):
 
     assert not missing_of(trials), f"{context}: evidence missing {missing_of(trials)}"
     if loop.horizon:
-        _reference_is_float32s_own(study, context)
+        reference_is_float32s_own(study, HORIZON, context)
     confirms = [
         (t.user_attrs["confirms"], t.user_attrs["seed"])
         for t in done
@@ -333,35 +339,6 @@ def _check_study(study, before, context, loop=PLAIN):
     )
     assert all(n == 1 for n in retries.values()), f"{context}: retried twice: {retries}"
     assert all(trials[n].state == TrialState.FAIL for n in retries), context
-
-
-def _reference_is_float32s_own(study, context):
-    """float32's losses over each window of the horizon are those of one undisturbed float32
-    run: resumed from a good checkpoint, or from one before a damaged one, the reference
-    replays the same steps bit for bit."""
-    import torch
-    import workloads
-
-    from scalertune._amp._config import AmpConfig
-    from scalertune._run._loop import run_config
-
-    own = run_config(
-        workloads.healthy,
-        AmpConfig(dtype="float32"),
-        steps=HORIZON,
-        seed=0,
-        device=torch.device("cpu"),
-        prune=False,
-    ).losses
-    ref = next(
-        t
-        for t in study.trials
-        if t.user_attrs.get("role") == "reference" and t.user_attrs.get("seed") == 0
-    )
-    windows = ref.system_attrs["scalertune.horizon"]["windows"]
-    assert windows and all(
-        losses == own[int(start) : int(start) + len(losses)] for start, losses in windows.items()
-    ), f"{context}: float32's losses over the horizon differ from an undisturbed run's"
 
 
 def _check_report(storage, study, output, cwd, context):
