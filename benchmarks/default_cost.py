@@ -63,8 +63,8 @@ def pinned(profile: dict[str, list[float]], float32_s: float) -> StepTimes:
     training steps a real timing of three dtypes runs."""
     rounds = {"float32": [float32_s] * len(profile["float16"])}
     rounds.update({d: [r * float32_s for r in ratios] for d, ratios in profile.items()})
-    windows = _policy.WARMUP_WINDOWS + _policy.TIMING_ROUNDS
-    return StepTimes(rounds, steps=len(rounds) * windows * _policy.READBACK_INTERVAL)
+    per_dtype = _policy.TIMING_WARMUP_STEPS + _policy.TIMING_ROUNDS * _policy.READBACK_INTERVAL
+    return StepTimes(rounds, steps=len(rounds) * per_dtype)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Step time of float16 and bfloat16 against float32 on the mid-size transformer.
 
 The same interleaved timing a search runs once per study (``scalertune._run._timing``): one
-10-step window per dtype in turn, six rounds after a warm-up round, on one workload. The
+10-step window per dtype in turn, six rounds after 3 warm-up steps of each, on one workload. The
 per-round ratios and their spread are what a verdict on this device would carry.
 """
 

@@ -27,15 +27,21 @@ CURVE_FLUSH_S = 1.0
 #: pay for allocator warm-up, cuBLAS/oneDNN heuristics and autocast's weight-cast cache.
 WARMUP_WINDOWS = 1
 
+#: Untimed steps of each dtype before the interleaved timing's first round: the first steps
+#: pay for allocator warm-up, cuBLAS/oneDNN heuristics and the optimizer's state, once per
+#: dtype (float16 is timed at a scale that never overflows, so it has no start-up skips to
+#: wait out). A whole read-back window of each cost a short search 0.15 run-equivalents.
+TIMING_WARMUP_STEPS = 3
+
 #: Rounds of interleaved step timing. Once per study, right after the float32 reference, a fresh
 #: workload (its learning rates held at 0) runs one read-back window per dtype in turn (float32,
-#: bfloat16, float16, float32, ...), after ``WARMUP_WINDOWS`` untimed rounds. Windows next to
-#: each other in time see the same machine load, so the per-round ratio of a dtype's step time
-#: to float32's cancels the load. The median ratio is the estimate; the spread every speed claim
-#: carries runs from the second-lowest to the second-highest ratio: one window hit by a burst of
-#: load on a shared machine (seen here: one 10-step window 30x its neighbours) must not decide,
-#: but the spread must still show a machine that is noisy throughout. 6 rounds of 10 steps per
-#: dtype cost about one training run in a default space (3 dtypes, 200 steps).
+#: bfloat16, float16, float32, ...), after ``TIMING_WARMUP_STEPS`` untimed steps of each. Windows
+#: next to each other in time see the same machine load, so the per-round ratio of a dtype's step
+#: time to float32's cancels the load. The median ratio is the estimate; the spread every speed
+#: claim carries runs from the second-lowest to the second-highest ratio: one window hit by a burst
+#: of load on a shared machine (seen here: one 10-step window 30x its neighbours) must not decide,
+#: but the spread must still show a machine that is noisy throughout. 6 rounds of 10 steps per dtype
+#: cost about one training run in a default space (3 dtypes, 200 steps).
 TIMING_ROUNDS = 6
 
 #: Trailing mean over this many steps smooths the per-batch loss before it is compared with

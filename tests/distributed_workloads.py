@@ -151,6 +151,15 @@ def ddp_rank_hangs():
     return workload
 
 
+def ddp_declared_rank_dies():
+    """``ddp_rank_dies``, declaring the processes it trains on: a DDP factory cannot be
+    called outside its group, so the search reads the attribute before any call."""
+    return ddp_rank_dies()
+
+
+ddp_declared_rank_dies.nproc_per_node = 2
+
+
 def plain_loop(factory, config, steps, seed=0):
     """What the user's own script does under torchrun: the workload trained ``steps`` steps
     with a plain ``torch.amp.GradScaler`` (``ShardedGradScaler`` for FSDP1), its losses

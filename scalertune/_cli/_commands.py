@@ -37,7 +37,7 @@ def _search(args: argparse.Namespace) -> int:
     quiet = args.quiet
     isolation = (
         Isolation(args.trial_timeout, args.trial_memory)
-        if args.isolate or args.nproc_per_node > 1
+        if args.isolate or (args.nproc_per_node or 1) > 1
         else None
     )
     new_files = [f for f in owned_files(args.storage) if not os.path.exists(f)]
@@ -89,7 +89,7 @@ def _check_search(args: argparse.Namespace) -> str:
     if (
         (args.trial_timeout is not None or args.trial_memory is not None)
         and not args.isolate
-        and args.nproc_per_node == 1
+        and (args.nproc_per_node or 1) == 1
     ):
         raise UsageError("--trial-timeout and --trial-memory need --isolate (or --nproc-per-node)")
     SearchSpace.load(args.space)  # read again by the search; here it is refused before torch

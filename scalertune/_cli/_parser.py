@@ -184,12 +184,12 @@ def _run_arguments(s: Any) -> None:
     s.add_argument(
         "--nproc-per-node",
         type=int,
-        default=1,
         metavar="N",
         help="run every run as N processes of one torch.distributed group, as "
         "torchrun --nproc-per-node N runs your script: the factory is called "
         "in each rank, with the group up, and wraps its model (DDP, FSDP) "
-        "itself; gloo on CPU, NCCL with one GPU per rank (default: 1)",
+        "itself; gloo on CPU, NCCL with one GPU per rank (default: the "
+        "factory's nproc_per_node attribute, else 1)",
     )
     s.add_argument(
         "--trial-timeout",

@@ -46,7 +46,11 @@ from scalertune._review._notes import (
     is_recommended,
     trial_note,
 )
-from scalertune._review._scaler_advice import replay_agreement, scaler_advice
+from scalertune._review._scaler_advice import (
+    article_fix_line,
+    replay_agreement,
+    scaler_advice,
+)
 from scalertune._review._verdict import verdict
 from scalertune._storage._names import ROLE_RECOMMENDED
 from scalertune._storage._optuna import trial_handle
@@ -123,7 +127,12 @@ def study_note(result: Findings, pictures: Pictures | None = None) -> str:
         lines += ["", *_phases_section(result)]
     advice = [
         text
-        for text in (scaler_advice(result), replay_agreement(result), forecast_line(result))
+        for text in (
+            scaler_advice(result),
+            article_fix_line(result),
+            replay_agreement(result),
+            forecast_line(result),
+        )
         if text
     ]
     if advice:

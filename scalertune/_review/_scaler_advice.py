@@ -3,6 +3,7 @@
 - the **advice**: PyTorch's defaults over the whole horizon, against the setting the replay
   found best (``role: replay``, when one beat them beyond the noise and was trained): whether
   changing the defaults is worth it at all;
+- the **article's fix** (``init_scale=4096``), replayed where a short search did not train it;
 - the **agreement**: how the replay's predicted skipped steps compare with the search's own
   float16 runs, each over the steps it trained, within the replay's calibrated tolerance.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from scalertune._amp._config import PYTORCH_DEFAULT
+from scalertune._amp._config import BASELINES
 from scalertune._judge._rank import skip_tolerance
 from scalertune._replay._predict import Prediction, predict
 from scalertune._replay._trace import Trace
@@ -19,17 +20,17 @@ from scalertune._review._findings import Findings
 from scalertune._storage._names import ROLE_REPLAY
 
 
-def defaults_prediction(result: Findings, trace: Trace) -> Prediction:
-    """PyTorch's defaults, with the clip and islands of the best float16 run, over the
-    horizon."""
+def defaults_prediction(
+    result: Findings, trace: Trace, name: str = "pytorch-default"
+) -> Prediction:
+    """PyTorch's defaults (or another baseline by ``name``), with the clip and islands of
+    the best float16 run, over the horizon."""
     run = next((o for o in result.pool if o.config.dtype == "float16"), None)
-    base = (
-        PYTORCH_DEFAULT
-        if run is None
-        else dataclasses.replace(
-            PYTORCH_DEFAULT, clip_norm=run.config.clip_norm, fp32_modules=run.config.fp32_modules
+    base = BASELINES[name]
+    if run is not None:
+        base = dataclasses.replace(
+            base, clip_norm=run.config.clip_norm, fp32_modules=run.config.fp32_modules
         )
-    )
     return predict(trace, base, horizon=result.horizon)
 
 
@@ -52,6 +53,26 @@ def scaler_advice(result: Findings) -> str | None:
     return (
         f"{said}; {chosen.label} [{chosen.config.describe()}] {ours.describe()}: changing "
         "the defaults is worth it"
+    )
+
+
+def article_fix_line(result: Findings) -> str | None:
+    """What the replay says of the article's ``init_scale=4096`` where a search over a
+    trial's horizon did not train it: the replay could not tell it from PyTorch's defaults
+    beyond the noise. (Over a long horizon it is never trained, and the scaler's advice
+    speaks for every setting.)"""
+    trace = result.trace
+    if (
+        result.long
+        or "float16" not in result.settings.space_dtypes
+        or trace is None
+        or "init-scale-4096" in result.baselines
+    ):
+        return None
+    fix = defaults_prediction(result, trace, "init-scale-4096")
+    return (
+        "init-scale-4096, the article's fix, replayed (not trained: it skips as PyTorch's "
+        f"defaults do, within the noise): {fix.describe()}"
     )
 
 

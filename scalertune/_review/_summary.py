@@ -19,7 +19,11 @@ from scalertune._review._describe import (
     why_not,
 )
 from scalertune._review._findings import Findings
-from scalertune._review._scaler_advice import replay_agreement, scaler_advice
+from scalertune._review._scaler_advice import (
+    article_fix_line,
+    replay_agreement,
+    scaler_advice,
+)
 from scalertune._review._verdict import verdict
 from scalertune._run._record import PRUNE_KINDS
 from scalertune._run._timing import spread
@@ -204,6 +208,7 @@ def _notes(result: Findings) -> list[str]:
         for text in (
             _all_tied(result),
             scaler_advice(result),
+            article_fix_line(result),
             replay_agreement(result),
             overflow_hint(result),
             forecast_line(result),

@@ -3,11 +3,11 @@
 A config's speed is its steps to target times the time of one of its steps. The knobs of the
 scaler do not change what a step computes; the dtype does (and, much less, clipping and
 float32 islands). So the step time of each dtype the study can run is measured once, on the
-same device, right after the float32 reference: one read-back window per dtype in turn
-(float32, bfloat16, float16, float32, ...), for ``TIMING_ROUNDS`` rounds after
-``WARMUP_WINDOWS`` untimed ones. Windows next to each other see the same load on the machine,
-so each round's ratio to float32 cancels it, and the spread of the ratios over the rounds is
-the noise every speed claim carries.
+same device, right after the float32 reference: one read-back window per dtype in turn (float32,
+bfloat16, float16, float32, ...), for ``TIMING_ROUNDS`` rounds after ``TIMING_WARMUP_STEPS`` untimed
+steps of each. Windows next to each other see the same load on the machine, so each round's ratio to
+float32 cancels it, and the spread of the ratios over the rounds is the noise every speed claim
+carries.
 
 The timing runs on a fresh workload with every learning rate held at 0: each step computes
 all it computes in training (forward, backward, clipping, the optimizer's update) but the
@@ -132,7 +132,7 @@ def time_dtypes(
     steps = 0
     workload.model.train()
     with _learning_rate_zero(workload.optimizer):
-        for r in range(_policy.WARMUP_WINDOWS + _policy.TIMING_ROUNDS):
+        for r in range(1 + _policy.TIMING_ROUNDS):  # round 0 warms up, untimed
             steps += _round(r, runtimes, workload, step, batches, buffer, windows, broken, announce)
     if "float32" in broken:
         raise RuntimeError(f"float32 steps could not be timed: {broken['float32']}")
@@ -150,10 +150,12 @@ def _round(
     broken: dict[str, str],
     announce: Callable[[str], None] | None,
 ) -> int:
-    """One window per dtype, timed from its first step to its read-back; returns the steps
-    it trained. Each window leaves the schedules where they were: a timing of many windows
-    must not run a schedule past its length."""
-    device, n, steps = buffer.device, len(buffer), 0
+    """One window per dtype, timed from its first step to its read-back (round 0: the
+    untimed warm-up, ``TIMING_WARMUP_STEPS`` steps of each); returns the steps it trained.
+    Each window leaves the schedules where they were: a timing of many windows must not run
+    a schedule past its length."""
+    device, steps = buffer.device, 0
+    n = _policy.TIMING_WARMUP_STEPS if r == 0 else len(buffer)
     for dtype, amp in runtimes.items():
         if dtype in broken:
             continue
@@ -171,7 +173,7 @@ def _round(
             continue
         finite, skipped = torch.stack(
             (
-                torch.isfinite(buffer).all().double(),
+                torch.isfinite(buffer[:n]).all().double(),
                 (amp._skipped - skipped_before).double(),  # noqa: SLF001
             )
         ).tolist()  # the window's one read-back, and its end on CUDA
@@ -179,7 +181,7 @@ def _round(
         steps += n
         if not finite and not amp.config.uses_scaler:
             _repair(workload)
-        if r >= _policy.WARMUP_WINDOWS:
+        if r > 0:
             windows[dtype].append((elapsed / n, not skipped))
     return steps
 

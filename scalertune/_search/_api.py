@@ -61,7 +61,7 @@ def search(
     timeout: float | None = None,
     isolation: Isolation | None = None,
     artifact_dir: str | None = None,
-    nproc_per_node: int = 1,
+    nproc_per_node: int | None = None,
     log: Callable[[str], None] | None = None,
     progress: bool = False,
 ) -> SearchResult:
@@ -78,7 +78,9 @@ def search(
     ``scalertune-artifacts`` beside a SQLite or journal file, else here; recorded in the
     study, where every worker finds it). ``nproc_per_node`` > 1 runs every run as that many
     ranks of one ``torch.distributed`` group, each in its own process (as torchrun runs a
-    script): the factory, called in every rank, wraps its model (DDP, FSDP) itself.
+    script): the factory, called in every rank, wraps its model (DDP, FSDP) itself
+    (default: the factory's own ``nproc_per_node`` attribute, e.g. ``make_model.nproc_per_node
+    = 2``, else 1).
 
     Raises :class:`UsageError` for bad input before any study row is written (a number out of
     range is a ``ValueError`` naming the parameter), :class:`SearchError` when the
@@ -174,7 +176,9 @@ def cost_estimate(setup: Setup, *, n_trials: int) -> str:
     """What a search will cost at most, in run-equivalents of its horizon, said up front."""
     steps, horizon = setup.steps, setup.horizon
     dtypes = len({"float32", *setup.space.dtypes, "float16"})
-    timing = dtypes * (_policy.WARMUP_WINDOWS + _policy.TIMING_ROUNDS) * _policy.READBACK_INTERVAL
+    timing = dtypes * (
+        _policy.TIMING_WARMUP_STEPS + _policy.TIMING_ROUNDS * _policy.READBACK_INTERVAL
+    )
     confirmations = len(_policy.CONFIRM_SEEDS) * _policy.CONFIRM_TOP
     short = (len(_policy.CONFIRM_SEEDS) + len(BASELINES) + n_trials + confirmations) * steps
     windows = setup.windows

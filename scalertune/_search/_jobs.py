@@ -32,7 +32,7 @@ from scalertune._search._horizon_jobs import PHASE_KEY, HorizonJobs
 from scalertune._search._progress import Progress
 from scalertune._search._recommended import add_recommended, recommended_stored
 from scalertune._search._references import References
-from scalertune._search._replay_choice import replay_choice
+from scalertune._search._replay_choice import differs, replay_choice
 from scalertune._search._setup import Setup
 from scalertune._search._trials import LIVE
 from scalertune._storage._claims import Once
@@ -198,17 +198,26 @@ class Jobs:
     def _baseline_configs(self) -> dict[str, AmpConfig]:
         """PyTorch's defaults and the article's fix, with the float32 islands every float16
         run of the space has (the model needs them whatever the scaler does), clipped as the
-        workload clips. Over a long horizon only PyTorch's defaults are trained (and branched
-        as a finalist): how any other scaler setting would do there, the article's fix
-        included, is the replay's to say, at no training step."""
+        workload clips. The article's fix is trained only over a trial's horizon, and only
+        where the replay of float32's gradients tells it from PyTorch's defaults beyond the
+        noise: it starts 4 halvings lower, which saves at most those first back-offs, and a
+        run that ties with the defaults' would cost a run to say so. Over a long horizon
+        only PyTorch's defaults are trained (and branched as a finalist). Where the article's
+        fix is not trained, the summary says what the replay predicts for it, at no
+        training step."""
         islands = self.setup.space.fixed_islands
-        names = ["pytorch-default"] if self.setup.long else list(BASELINES)
-        return {
-            name: dataclasses.replace(BASELINES[name], fp32_modules=islands).with_clip(
-                self.setup.clip_norm
-            )
-            for name in names
+        configs = {
+            name: dataclasses.replace(config, fp32_modules=islands).with_clip(self.setup.clip_norm)
+            for name, config in BASELINES.items()
         }
+        if self.setup.long or not self._replay_tells_apart(*configs.values()):
+            del configs["init-scale-4096"]
+        return configs
+
+    def _replay_tells_apart(self, defaults: AmpConfig, other: AmpConfig) -> bool:
+        """Whether the replay tells ``other`` from ``defaults`` (or cannot say: no trace)."""
+        result = analyze(self.study)
+        return result.trace is None or differs(result.trace, defaults, other, result)
 
     def _exists(self, attrs: dict[str, Any], key: tuple[str, ...]) -> bool:
         """Whether the study has the run ``attrs`` describes: queued, running, done, or

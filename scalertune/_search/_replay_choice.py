@@ -97,8 +97,28 @@ def worth_changing(
     )
     if theirs.min_scale < _policy.SCALE_FLOOR:
         return True
-    saved = theirs.skipped_steps - ours.skipped_steps
-    return saved > skip_tolerance(theirs.skipped_steps) and saved > result.spread * result.horizon
+    return _beyond_noise(theirs.skipped_steps - ours.skipped_steps, theirs.skipped_steps, result)
+
+
+def differs(trace: Trace, defaults: AmpConfig, other: AmpConfig, result: SearchResult) -> bool:
+    """Whether the replay tells ``other`` from ``defaults`` over the horizon: either skips
+    fewer steps than the other beyond the noise, or exactly one of their scales collapses
+    below the floor. Where it cannot, a real run of ``other`` would only repeat the
+    defaults' (within the noise every comparison of the search allows)."""
+    ours, theirs = (
+        predict(trace, other, horizon=result.horizon),
+        predict(trace, defaults, horizon=result.horizon),
+    )
+    if (ours.min_scale < _policy.SCALE_FLOOR) != (theirs.min_scale < _policy.SCALE_FLOOR):
+        return True
+    fewer, more = sorted((ours.skipped_steps, theirs.skipped_steps))
+    return _beyond_noise(more - fewer, more, result)
+
+
+def _beyond_noise(saved: int, skipped: int, result: SearchResult) -> bool:
+    """Whether ``saved`` of ``skipped`` steps is more than the replay's tolerance and
+    float32's seed spread of steps over the horizon."""
+    return saved > skip_tolerance(skipped) and saved > result.spread * result.horizon
 
 
 def keeps_gradients(trace: Trace, min_scale: float) -> bool:

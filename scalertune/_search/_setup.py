@@ -96,11 +96,12 @@ def prepare(
     timeout: float | None,
     isolation: Isolation | None,
     artifact_dir: str | None,
-    nproc_per_node: int = 1,
+    nproc_per_node: int | None = None,
 ) -> Setup:
     """Everything a search checks before it writes anything: its numbers, its space, the
     device, the factory and one float32 step of it (in every rank with ``nproc_per_node``
-    > 1, whose runs are all isolated); the setup, with the study's settings."""
+    > 1, whose runs are all isolated; ``None``: the factory's ``nproc_per_node`` attribute,
+    else 1); the setup, with the study's settings."""
     _limits.check(
         _limits.SEARCH,
         n_trials=n_trials,
@@ -111,14 +112,18 @@ def prepare(
         nproc_per_node=nproc_per_node,
     )
     refuse_launcher()
-    if nproc_per_node > 1:
-        isolation = dataclasses.replace(isolation or Isolation(), nproc_per_node=nproc_per_node)
     location = None if artifact_dir is None else normalized(artifact_dir)
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     if fp32_modules:
         space = space.with_islands(fp32_modules)
     dev = resolve_device(device)
     user_factory = load_factory(factory, isolated=isolation is not None)
+    if nproc_per_node is None:
+        nproc_per_node = declared_nproc(user_factory, factory_name(factory))
+    if nproc_per_node > 1:
+        if isolation is None:
+            load_factory(factory, isolated=True)  # each rank imports it again
+        isolation = dataclasses.replace(isolation or Isolation(), nproc_per_node=nproc_per_node)
     checked = _preflight(factory, user_factory, dev, seed, space, isolation)
     declared = checked.horizon
     if horizon is None and declared is not None:
@@ -171,6 +176,24 @@ def _preflight(
         raise UsageError(
             f"the factory {factory_name(factory)} raised {exc}: fix it and rerun"
         ) from None
+
+
+def declared_nproc(factory: Callable[[], Any], name: str) -> int:
+    """The processes per run the factory declares as its ``nproc_per_node`` attribute (a
+    DDP or FSDP factory cannot be called outside a process group, so it is declared on the
+    function, read before any call, not returned), held to ``--nproc-per-node``'s range;
+    1 when it declares none."""
+    declared = getattr(factory, "nproc_per_node", None)
+    if declared is None:
+        return 1
+    try:
+        _limits.check(_limits.SEARCH, nproc_per_node=declared)
+    except ParameterError as exc:
+        raise UsageError(
+            f"the factory {name} declares nproc_per_node {declared!r}, which "
+            f"{exc.problem.split(', got')[0]}: declare another, or pass --nproc-per-node"
+        ) from None
+    return int(declared)
 
 
 def _declared_horizon(horizon: int, factory: str, steps: int) -> int:

@@ -311,9 +311,12 @@ def _check_study(study, before, context, loop=PLAIN):
         f"{context}: float32 references {references}"
     )
     baselines = [t.user_attrs["baseline"] for t in done if t.user_attrs.get("role") == "baseline"]
-    # over a horizon, only PyTorch's defaults are trained (the replay says the rest)
-    expected = ["pytorch-default"] if loop.horizon else ["init-scale-4096", "pytorch-default"]
-    assert sorted(baselines) == expected, f"{context}: {baselines}"
+    # PyTorch's defaults are trained; the article's fix only where the replay tells it from
+    # them (never over a horizon)
+    assert "pytorch-default" in baselines and len(baselines) == len(set(baselines)), (
+        f"{context}: {baselines}"
+    )
+    assert not loop.horizon or baselines == ["pytorch-default"], f"{context}: {baselines}"
     from scalertune._storage._recovery import missing_of
 
     assert not missing_of(trials), f"{context}: evidence missing {missing_of(trials)}"

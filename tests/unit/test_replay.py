@@ -33,7 +33,7 @@ from scalertune._replay._gradscaler import (
 from scalertune._replay._predict import PHASES, SKIPS_LISTED, predict, predict_deepspeed
 from scalertune._run._loop import Plan, run_config
 from scalertune._run._trace_collector import TraceCollector
-from scalertune._search._replay_choice import fewest_skips, pick
+from scalertune._search._replay_choice import differs, fewest_skips, pick
 
 CPU = torch.device("cpu")
 FLOAT32 = AmpConfig(dtype="float32")
@@ -459,6 +459,26 @@ def test_a_prediction_cannot_reach_past_its_trace(codepoints_trace):
         predict(codepoints_trace, AmpConfig(), horizon=500)
     with pytest.raises(ValueError, match="horizon"):
         predict(codepoints_trace, AmpConfig(), horizon=0)
+
+
+def test_the_replay_tells_a_setting_from_the_defaults_only_beyond_the_noise(codepoints_trace):
+    """The article's init_scale=4096 starts 4 halvings below the defaults: 4 fewer start-up
+    skips of 25, within max(2, 20%), so its run would tie with theirs and is not trained;
+    2**24 skips 8 more, told apart unless float32's seed spread over the horizon covers it."""
+    from types import SimpleNamespace
+
+    quiet, noisy = (SimpleNamespace(spread=s, horizon=200) for s in (0.0, 0.05))
+    defaults, article, high = (
+        AmpConfig(),
+        AmpConfig(init_scale=4096.0),
+        AmpConfig(init_scale=2.0**24),
+    )
+    skips = {c: predict(codepoints_trace, c).skipped_steps for c in (defaults, article, high)}
+    assert skips[defaults] - skips[article] == 4 and skips[high] - skips[defaults] == 8
+    assert not differs(codepoints_trace, defaults, article, quiet)
+    assert differs(codepoints_trace, defaults, high, quiet)
+    assert differs(codepoints_trace, high, defaults, quiet)  # either way round
+    assert not differs(codepoints_trace, defaults, high, noisy)  # 8 steps < 5% of 200
 
 
 def test_bfloat16_and_float32_are_predicted_without_a_scaler(codepoints_trace):

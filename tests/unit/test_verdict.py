@@ -32,7 +32,7 @@ def test_interleaved_timing_measures_every_dtype_in_paired_rounds():
     for dtype in times.rounds:
         assert len(times.rounds[dtype]) == _policy.TIMING_ROUNDS
         assert all(t > 0 for t in times.rounds[dtype])
-    assert times.steps == 3 * (_policy.WARMUP_WINDOWS + _policy.TIMING_ROUNDS) * 10
+    assert times.steps == 3 * (_policy.TIMING_WARMUP_STEPS + _policy.TIMING_ROUNDS * 10)
     low, high = times.bounds("bfloat16")
     assert low <= times.median("bfloat16") <= high
 
