@@ -182,7 +182,7 @@ class _Child:
         try:
             for r, env in enumerate(_rank_envs(ranks)):
                 conn, child = ctx.Pipe(duplex=False)
-                name = "scalertune-trial" if ranks == 1 else f"scalertune-rank{r}"
+                name = _NAMES[0] if ranks == 1 else f"{_NAMES[1]}{r}"
                 process = ctx.Process(
                     target=_child, args=(child, job, os.getpid(), env), name=name, daemon=True
                 )
@@ -281,6 +281,9 @@ class _Child:
             return "" if n == 1 else f"rank {r} of {n}: "
 
         for r, message in sorted(failures.items()):
+            if message is None and self._processes[r].exitcode == REENTERED_STATUS:
+                main = sys.modules.get("__main__")
+                raise _reentered(os.path.basename(getattr(main, "__file__", None) or "your script"))
             if message is None:
                 return "died", who(r) + _death(self._processes[r].exitcode)
         for r, message in sorted(failures.items()):
@@ -343,6 +346,75 @@ def _rank_envs(ranks: int) -> list[dict[str, str] | None]:
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }
     return [{**common, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(ranks)]
+
+
+#: The status a process this module started exits with when, as it starts, the user's script
+#: it imports again (a spawned process imports ``__main__`` anew) calls scalertune again: the
+#: script has no ``if __name__ == "__main__":`` guard around that call.
+REENTERED_STATUS = 86
+
+#: The names of the processes this module starts (``_Child``).
+_NAMES = ("scalertune-trial", "scalertune-rank")
+
+
+def refuse_reentry() -> None:
+    """In a process this module started, a search or diagnosis called again as the user's
+    script is imported anew: end the process at once with ``REENTERED_STATUS``, which the
+    parent turns into one line saying to guard the call, instead of a nested search (or each
+    rank refusing itself as run by a launcher)."""
+    if multiprocessing.current_process().name.startswith(_NAMES):
+        os._exit(REENTERED_STATUS)
+
+
+def refuse_unguarded() -> None:
+    """Before a search starts processes: a script that calls it from its top-level code
+    outside an ``if __name__ == "__main__":`` block would run it again in every process (each
+    imports the script anew), so it is refused in one line now, before anything is written.
+    Read from where the script's top-level code stands in its source; a script that cannot
+    be read (an interactive session, a frozen program) is left to :func:`refuse_reentry`."""
+    import ast
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None) or ""
+    if main is None or not path or not str(path).endswith(".py") or spec_name.endswith(".__main__"):
+        return  # (``python -m package`` runs package/__main__.py, which a process does not import)
+    frame: Any = sys._getframe(1)  # noqa: SLF001 - the standard way to walk the stack
+    while frame is not None and not (
+        frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    line = frame.f_lineno
+    guards = [node for node in ast.walk(tree) if isinstance(node, ast.If) and _is_main_guard(node)]
+    if not any(node.lineno <= line <= (node.end_lineno or line) for node in guards):
+        raise _reentered(os.path.basename(path))
+
+
+def _is_main_guard(node: Any) -> bool:
+    """``if __name__ == "__main__":`` (either way round)."""
+    import ast
+
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    names = {n.id for n in sides if isinstance(n, ast.Name)}
+    values = {n.value for n in sides if isinstance(n, ast.Constant)}
+    return names == {"__name__"} and values == {"__main__"}
+
+
+def _reentered(script: str) -> UsageError:
+    return UsageError(
+        f'{script} calls scalertune outside an if __name__ == "__main__": block, and each '
+        "process the search starts (--isolate, --nproc-per-node) imports the script again "
+        "and would run it again: put the call under that block"
+    )
 
 
 def _death(exitcode: int | None) -> str:

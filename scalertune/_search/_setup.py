@@ -15,7 +15,7 @@ from scalertune._amp._device import resolve_device
 from scalertune._errors import ParameterError, UsageError
 from scalertune._judge._settings import StudySettings
 from scalertune._run._preflight import preflight
-from scalertune._search._launch import preflight_ranks
+from scalertune._search._launch import preflight_ranks, refuse_reentry, refuse_unguarded
 from scalertune._search._space import SearchSpace
 from scalertune._storage._store import normalized
 from scalertune._text import plural
@@ -111,6 +111,7 @@ def prepare(
         timeout=timeout,
         nproc_per_node=nproc_per_node,
     )
+    refuse_reentry()
     refuse_launcher()
     location = None if artifact_dir is None else normalized(artifact_dir)
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
@@ -124,6 +125,8 @@ def prepare(
         if isolation is None:
             load_factory(factory, isolated=True)  # each rank imports it again
         isolation = dataclasses.replace(isolation or Isolation(), nproc_per_node=nproc_per_node)
+    if isolation is not None:
+        refuse_unguarded()
     checked = _preflight(factory, user_factory, dev, seed, space, isolation)
     declared = checked.horizon
     if horizon is None and declared is not None:

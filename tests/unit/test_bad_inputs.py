@@ -679,3 +679,58 @@ def test_a_search_started_by_torchrun_is_refused_naming_nproc_per_node(tmp_path,
         "the ranks of every run itself)"
     )
     assert not (tmp_path / "scalertune.db").exists()
+
+
+@pytest.mark.parametrize("declared", ["0", "65", "'two'", "2.5"])
+def test_a_factory_declaring_processes_out_of_range_is_refused_in_one_line(tmp_path, declared):
+    """``make_model.nproc_per_node`` is read before any call (a DDP factory cannot be called
+    outside its group) and held to --nproc-per-node's range."""
+    (tmp_path / "model.py").write_text(
+        "from workloads import healthy\n\n\n"
+        "def make_model():\n    return healthy()\n\n\n"
+        f"make_model.nproc_per_node = {declared}\n"
+    )
+    proc = run_cli("search", "model.py:make_model", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert "\n" not in line
+    assert re.fullmatch(
+        r"scalertune search: error: the factory model\.py:make_model declares nproc_per_node "
+        r".+, which must be an integer from 1 to 64: declare another, or pass --nproc-per-node",
+        line,
+    ), line
+    assert not (tmp_path / "scalertune.db").exists()
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_that_starts_processes_outside_a_main_guard_is_refused_before_they_start(
+    tmp_path, guarded
+):
+    """Each process a search starts imports the user's script again: a call to scalertune
+    outside ``if __name__ == "__main__":`` would run again in each. It is refused in one
+    line before any process starts; under the guard it goes on."""
+    call = "refuse_unguarded()\nprint('went on')\n"
+    body = (
+        "if __name__ == '__main__':\n" + "".join(f"    {line}\n" for line in call.splitlines())
+        if guarded
+        else call
+    )
+    (tmp_path / "script.py").write_text(
+        "from scalertune._search._launch import refuse_unguarded\n\n" + body
+    )
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    if guarded:
+        assert proc.returncode == 0 and proc.stdout == "went on\n", proc.stderr
+    else:
+        assert proc.returncode == 1 and "went on" not in proc.stdout
+        assert proc.stderr.strip().splitlines()[-1] == (
+            "scalertune._errors.UsageError: script.py calls scalertune outside an if __name__ == "
+            '"__main__": block, and each process the search starts (--isolate, '
+            "--nproc-per-node) imports the script again and would run it again: put the call "
+            "under that block"
+        )
