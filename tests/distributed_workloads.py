@@ -160,6 +160,40 @@ def ddp_declared_rank_dies():
 ddp_declared_rank_dies.nproc_per_node = 2
 
 
+def hf_trainer():
+    """``tests/trainers.py``'s GPT-2 ``Trainer`` subclass whose loss overflows float16 at a
+    high scale, accumulating 2 micro-batches, on the ranks: its Accelerator wraps the model
+    (DDP) and shards the data."""
+    import trainers
+
+    return trainers.scaled_loss_trainer()
+
+
+def hf_own_training(out, knobs_json=None):
+    """The same Trainer's own ``train()`` under torchrun, made with ``fp16=True`` and run
+    through Accelerate's float16 path with a plain GradScaler of ``knobs_json``'s knobs
+    (float32 without them): each optimizer step's loss averaged over the ranks, and the
+    steps its optimizer skipped (rank 0 writes them to ``out``)."""
+    import json
+
+    import trainers
+
+    from scalertune._workload._rng import seed_everything
+
+    seed_everything(0)  # as the search seeds a run before it calls the factory
+    if knobs_json:
+        trainer = trainers.scaled_loss_trainer_float16()
+        scaler = torch.amp.GradScaler("cpu", **json.loads(knobs_json))
+    else:
+        trainer, scaler = trainers.scaled_loss_trainer(), None
+    losses, skipped = trainers.hf_losses_and_skips(trainer, scaler)
+    mean = torch.tensor(losses, dtype=torch.float64)
+    dist.all_reduce(mean)
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump({"losses": (mean / dist.get_world_size()).tolist(), "skipped": skipped}, f)
+
+
 def plain_loop(factory, config, steps, seed=0):
     """What the user's own script does under torchrun: the workload trained ``steps`` steps
     with a plain ``torch.amp.GradScaler`` (``ShardedGradScaler`` for FSDP1), its losses
@@ -206,6 +240,10 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 2 THIS CONFIG_JSON STEPS
     import json
     import sys
 
+    if sys.argv[1] == "hf":  # THIS hf OUT [SCALER_JSON]: the Trainer's own train()
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        hf_own_training(*sys.argv[2:])
+        sys.exit(0)
     dist.init_process_group("gloo")
     config_json, steps, out, *names = sys.argv[1:]
     runs = {

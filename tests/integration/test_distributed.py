@@ -164,3 +164,47 @@ def test_a_search_on_the_ranks_its_factory_declares_finishes_when_a_rank_dies_on
     ]
     assert again, "the run the rank died in was run again"
     assert "Recommended:" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_hugging_face_trainer_on_two_ranks_trains_as_its_own_train_under_torchrun(
+    dtype, tmp_path
+):
+    """A Trainer's run on 2 ranks (its Accelerator's DDP, gradients all-reduced after the
+    last micro-batch of each step) against its own ``train()`` under torchrun, with a plain
+    GradScaler of the same knobs through Accelerate's float16 path: the same loss at every
+    step, and in float16 the same skipped steps."""
+    import trainers
+
+    from scalertune._run._record import skipped_steps
+
+    knobs = {"init_scale": 2.0**22, "growth_factor": 4.0, "backoff_factor": 0.125}
+    knobs["growth_interval"] = 6
+    out = tmp_path / "own.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            distributed_workloads.HERE,
+            "hf",
+            str(out),
+            *([json.dumps(knobs)] if dtype == "float16" else []),
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    own = json.loads(out.read_text())
+    config = {"dtype": dtype, **(knobs if dtype == "float16" else {})}
+    record = _ranks_run("hf_trainer", config, trainers.HF_STEPS)
+    assert len(own["losses"]) == trainers.HF_STEPS
+    if dtype == "float16":
+        assert len(own["skipped"]) > 3
+        assert skipped_steps(record.scales, knobs["init_scale"]) == own["skipped"]
+    assert record.losses == pytest.approx(own["losses"], rel=1e-5 if dtype == "float32" else 1e-3)
