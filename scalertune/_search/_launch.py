@@ -483,8 +483,17 @@ def _child(
         conn.send((kind, describe_error(exc) + "\n" + traceback.format_exc()[-3000:]))
     else:
         _ranks.leave()
+        return
     finally:
         conn.close()
+    if env is not None:
+        # A rank whose job failed leaves its group up (a peer may be gone: tearing it down
+        # could wait on it); ending here skips the C++ destructors of gloo's threads, which
+        # would abort the interpreter's exit with "terminate called without an active
+        # exception". Its report is sent; the parent reads no status from it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def _collective_failure(exc: BaseException) -> bool:

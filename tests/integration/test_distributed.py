@@ -129,7 +129,7 @@ def test_a_search_on_the_ranks_its_factory_declares_finishes_when_a_rank_dies_on
             "--steps",
             "20",
             "--n-trials",
-            "1",
+            "0",
             "--space",
             "float16",
             "--device",
