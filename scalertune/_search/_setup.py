@@ -119,14 +119,7 @@ def prepare(
         space = space.with_islands(fp32_modules)
     dev = resolve_device(device)
     user_factory = load_factory(factory, isolated=isolation is not None)
-    if nproc_per_node is None:
-        nproc_per_node = declared_nproc(user_factory, factory_name(factory))
-    if nproc_per_node > 1:
-        if isolation is None:
-            load_factory(factory, isolated=True)  # each rank imports it again
-        isolation = dataclasses.replace(isolation or Isolation(), nproc_per_node=nproc_per_node)
-    if isolation is not None:
-        refuse_unguarded()
+    isolation = _processes(factory, user_factory, nproc_per_node, isolation)
     checked = _preflight(factory, user_factory, dev, seed, space, isolation)
     declared = checked.horizon
     if horizon is None and declared is not None:
@@ -179,6 +172,26 @@ def _preflight(
         raise UsageError(
             f"the factory {factory_name(factory)} raised {exc}: fix it and rerun"
         ) from None
+
+
+def _processes(
+    factory: str | Callable[[], Any],
+    user_factory: Callable[[], Any],
+    nproc_per_node: int | None,
+    isolation: Isolation | None,
+) -> Isolation | None:
+    """How the runs are started: ``isolation`` with the processes per run given, else those
+    the factory declares; refused now where each started process would run the caller's
+    script's search again."""
+    if nproc_per_node is None:
+        nproc_per_node = declared_nproc(user_factory, factory_name(factory))
+    if nproc_per_node > 1:
+        if isolation is None:
+            load_factory(factory, isolated=True)  # each rank imports it again
+        isolation = dataclasses.replace(isolation or Isolation(), nproc_per_node=nproc_per_node)
+    if isolation is not None:
+        refuse_unguarded()
+    return isolation
 
 
 def declared_nproc(factory: Callable[[], Any], name: str) -> int:
