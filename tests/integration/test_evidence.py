@@ -24,6 +24,7 @@ from conftest import (
 from optuna.trial import TrialState
 
 import scalertune
+from scalertune import _policy
 from scalertune._storage._optuna import storage_of, study_id
 
 pytestmark = pytest.mark.xdist_group("evidence")
@@ -272,7 +273,12 @@ def test_workers_on_postgresql_ride_out_an_outage_and_never_print_the_password(t
         storage = f"postgresql://{role}:{PASSWORD}@{host.host}:{host.port}/{name}"
         try:
             workers = [_search(storage, tmp_path / w) for w in ("a", "b")]
-            _outage_during_the_reference(admin, name, storage, seconds=4)
+            # longer than a heartbeat's interval: some storage call of the running reference
+            # (a heartbeat, or its result) falls inside the outage however late the other
+            # worker starts under load
+            _outage_during_the_reference(
+                admin, name, storage, seconds=_policy.HEARTBEAT_INTERVAL_S + 1
+            )
             results = _finish(*workers)
             report = subprocess.run(
                 [
