@@ -21,6 +21,7 @@ which a terminal sends to the whole process group: the parent decides what it st
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import multiprocessing
 import multiprocessing.connection
@@ -32,7 +33,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -372,8 +373,6 @@ def refuse_unguarded() -> None:
     imports the script anew), so it is refused in one line now, before anything is written.
     Read from where the script's top-level code stands in its source; a script that cannot
     be read (an interactive session, a frozen program) is left to :func:`refuse_reentry`."""
-    import ast
-
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     spec_name = getattr(getattr(main, "__spec__", None), "name", None) or ""
@@ -392,15 +391,13 @@ def refuse_unguarded() -> None:
     except (OSError, SyntaxError, ValueError):
         return
     line = frame.f_lineno
-    guards = [node for node in ast.walk(tree) if isinstance(node, ast.If) and _is_main_guard(node)]
+    guards = [node for node in ast.walk(tree) if _is_main_guard(node)]
     if not any(node.lineno <= line <= (node.end_lineno or line) for node in guards):
         raise _reentered(os.path.basename(path))
 
 
-def _is_main_guard(node: Any) -> bool:
+def _is_main_guard(node: ast.AST) -> TypeGuard[ast.If]:
     """``if __name__ == "__main__":`` (either way round)."""
-    import ast
-
     if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
         return False
     sides = [node.test.left, *node.test.comparators]

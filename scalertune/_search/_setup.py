@@ -202,26 +202,26 @@ def declared_nproc(factory: Callable[[], Any], name: str) -> int:
     declared = getattr(factory, "nproc_per_node", None)
     if declared is None:
         return 1
-    try:
-        _limits.check(_limits.SEARCH, nproc_per_node=declared)
-    except ParameterError as exc:
-        raise UsageError(
-            f"the factory {name} declares nproc_per_node {declared!r}, which "
-            f"{exc.problem.split(', got')[0]}: declare another, or pass --nproc-per-node"
-        ) from None
+    _check_declared(name, "nproc_per_node", declared)
     return int(declared)
+
+
+def _check_declared(factory: str, name: str, value: Any) -> None:
+    """A value the factory declares, held to the range of the flag that sets it, in one
+    line naming both."""
+    try:
+        _limits.check(_limits.SEARCH, **{name: value})
+    except ParameterError as exc:
+        flag = "--" + name.replace("_", "-")
+        raise UsageError(
+            f"the factory {factory} declares {name} {value!r}, which "
+            f"{exc.problem.split(', got')[0]}: declare another, or pass {flag}"
+        ) from None
 
 
 def _declared_horizon(horizon: int, factory: str, steps: int) -> int:
     """The horizon the factory declares, held to the same range as ``--horizon``."""
-    try:
-        _limits.check(_limits.SEARCH, horizon=horizon)
-    except ParameterError as exc:
-        raise UsageError(
-            f"the factory {factory} declares horizon {horizon}, which "
-            f"{exc.problem.split(', got')[0]}: declare another, or pass "
-            "--horizon"
-        ) from None
+    _check_declared(factory, "horizon", horizon)
     if horizon < steps:
         raise UsageError(
             f"the factory {factory} declares horizon {horizon}, shorter than a "

@@ -29,26 +29,20 @@ FACTORIES = ("ddp", "fsdp2", "fsdp1")
 def plain(tmp_path_factory):
     """The yardstick: the user's own loop of each factory, under torchrun (one launch)."""
     out = tmp_path_factory.mktemp("plain") / "plain.json"
+    _torchrun(json.dumps(CONFIG), str(STEPS), str(out), *FACTORIES, timeout=180)
+    return json.loads(out.read_text())
+
+
+def _torchrun(*args, timeout):
+    """``tests/distributed_workloads.py ARGS`` as 2 processes under torchrun."""
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            distributed_workloads.HERE,
-            json.dumps(CONFIG),
-            str(STEPS),
-            str(out),
-            *FACTORIES,
-        ],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + [distributed_workloads.HERE, *args],
         check=True,
-        timeout=180,
+        timeout=timeout,
         capture_output=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    return json.loads(out.read_text())
 
 
 def _ranks_run(factory, config, steps, timeout_s=120):
@@ -182,24 +176,7 @@ def test_a_hugging_face_trainer_on_two_ranks_trains_as_its_own_train_under_torch
     knobs = {"init_scale": 2.0**22, "growth_factor": 4.0, "backoff_factor": 0.125}
     knobs["growth_interval"] = 6
     out = tmp_path / "own.json"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            distributed_workloads.HERE,
-            "hf",
-            str(out),
-            *([json.dumps(knobs)] if dtype == "float16" else []),
-        ],
-        check=True,
-        timeout=300,
-        capture_output=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    _torchrun("hf", str(out), *([json.dumps(knobs)] if dtype == "float16" else []), timeout=300)
     own = json.loads(out.read_text())
     config = {"dtype": dtype, **(knobs if dtype == "float16" else {})}
     record = _ranks_run("hf_trainer", config, trainers.HF_STEPS)
