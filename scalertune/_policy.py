@@ -89,7 +89,14 @@ REFERENCE_NOISE_MULTIPLE = 2.0
 #: dtype. A run that can no longer reach the target before the best found so far, even at the
 #: optimistic end of its dtype's timing spread against the pessimistic end of the best's, is
 #: pruned as "slower than the best" (within the noise it could still tie, and ties are
-#: decided by stability, so it runs on).
+#: decided by stability, so it runs on). A sampled run clipped as the workload clips is not
+#: expected at the target before the float32 reference reached it, less a tie's margin (a
+#: lower precision learns no faster per step: its rounding adds noise, a skipped step does
+#: nothing), and is timed from there: on the codepoints example float32 needs all 200 steps
+#: without a clip, the clipped runs about 105, and the unclipped sampled runs stop at their
+#: first read-back instead of step 110-120 (8.4 run-equivalents instead of 10.0, timing
+#: pinned). The baselines and the replay's choice are evidence the review reads (the scale's
+#: story, the replay's check), and run until the best's time alone rules them out.
 #:
 #: The study stops early when ``STUDY_PATIENCE`` sampled trials in a row (reused duplicates
 #: not counted) have not found a faster time to target, once ``STUDY_MIN_TRIALS`` have run.

@@ -8,7 +8,9 @@ trains past the point where its outcome is known:
 - a run is pruned as **slower than the best** once it can no longer reach the target before
   the best run so far, even with its dtype's step time at the fast end of its measured spread
   and the best's at the slow end (within the noise it could still tie, and ties are decided by
-  stability, so it runs on); Optuna records it as pruned, with the reason;
+  stability, so it runs on); Optuna records it as pruned, with the reason. Where float32
+  clipped as the run is reached the target at some step, the run is not expected there
+  before that step less a tie's margin (a :class:`Floor`), and is timed from there;
 - the **study stops** once ``STUDY_PATIENCE`` sampled trials in a row found nothing faster
   than the best beyond the noise (after ``STUDY_MIN_TRIALS``): a run that only ties with the
   best, within float32's seed spread of steps and the step-time spreads, is no progress
@@ -47,6 +49,17 @@ class Best:
     margin: float = 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Floor:
+    """The fewest steps in which a run can reach the target: float32, clipped as the run is,
+    reached it at step ``reached``; a lower precision learns no faster per step (its rounding
+    only adds noise, a skipped step does nothing), so nothing sooner than a tie's margin
+    before that, ``steps``, is expected (float32's seed spread)."""
+
+    steps: int
+    reached: int
+
+
 class StopRule:
     """After each read-back window: has this run reached the target, or can it no longer win?
 
@@ -54,8 +67,9 @@ class StopRule:
     as slower when a run of its own dtype reached the target in fewer steps than it has run
     (it can no longer even tie), or when even at the fast end of its spread it cannot reach
     the target before the best run at the slow end of that one's. Without ``best`` the run is
-    only stopped at the target. ``at_target=False`` notes when the target is reached but
-    trains on (to compare an early stop with the full run).
+    only stopped at the target. With a ``floor``, a run is not expected at the target before
+    its steps, and is timed from there. ``at_target=False`` notes when the target is reached
+    but trains on (to compare an early stop with the full run).
 
     Example:
         >>> target = Target.from_reference([10.0 - i * 0.04 for i in range(200)])
@@ -71,9 +85,11 @@ class StopRule:
         *,
         step_time: tuple[float, float] | None = None,
         best: Best | None = None,
+        floor: Floor | None = None,
         at_target: bool = True,
     ) -> None:
         self.target, self.step_time, self.best, self.at_target = target, step_time, best, at_target
+        self.floor = floor
 
     def __call__(self, record: RunRecord) -> bool:
         if record.reached_at is None:
@@ -97,17 +113,23 @@ class StopRule:
         best = self.best
         if best is None:
             return None
+        # the soonest step at which this run could still reach the target
+        soonest, because = record.steps_run + 1, ""
+        if self.floor is not None and self.floor.steps > soonest:
+            soonest = self.floor.steps
+            because = (
+                f" (float32 clipped as it is reached it at step {self.floor.reached}: within "
+                f"the noise, not before step {soonest})"
+            )
         dtype = record.config.dtype
-        if dtype in best.steps and record.steps_run >= best.steps[dtype][0] + best.margin:
+        if dtype in best.steps and soonest > best.steps[dtype][0] + best.margin:
             steps, label = best.steps[dtype]
             within = f", up to {best.margin:.0f} steps more being a tie" if best.margin else ""
-            return f"while {label} ({dtype} too) reached it at step {steps}{within}"
-        if self.step_time is None:
-            return None
-        if (record.steps_run + 1) * self.step_time[0] > best.time_high:
+            return f"while {label} ({dtype} too) reached it at step {steps}{within}{because}"
+        if self.step_time is not None and soonest * self.step_time[0] > best.time_high:
             return (
                 f"so it cannot reach it before {best.label} ({best.time_high:.3g} s at the "
-                "slow end of its timing spread)"
+                f"slow end of its timing spread){because}"
             )
         return None
 

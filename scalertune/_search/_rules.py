@@ -13,7 +13,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import outcomes_of
 from scalertune._judge._rank import time_bounds
 from scalertune._judge._settings import Noise
-from scalertune._judge._stopping import Best, StopRule
+from scalertune._judge._stopping import Best, Floor, StopRule
 from scalertune._judge._target import Target
 from scalertune._search._references import References
 from scalertune._search._setup import Setup
@@ -52,7 +52,19 @@ class Rules:
             # over a long horizon a run is beaten only by its own dtype: another dtype's
             # faster start says nothing of the late phases, where it may fall behind
             best = dataclasses.replace(best, time_high=math.inf)
-        return StopRule(target, step_time=step_time, best=best)
+        return StopRule(target, step_time=step_time, best=best, floor=self._floor(role, config))
+
+    def _floor(self, role: str, config: AmpConfig) -> Floor | None:
+        """A sampled run clipped as the workload clips can reach the target no sooner than
+        the float32 reference did, less a tie's margin. Only sampled runs: the baselines and
+        the replay's choice are evidence the review reads (the scale's story, the replay's
+        check), and run until the best's own time rules them out."""
+        if role != ROLE_SEARCH or self.setup.long or config.clip_norm != self.setup.clip_norm:
+            return None
+        reached = self.references.reference(self.setup.seed).get("steps_to_target")
+        if reached is None:
+            return None
+        return Floor(steps=math.floor(reached - self.noise().margin(reached)), reached=reached)
 
     def noise(self) -> Noise:
         """What counts as a tie in steps to the target (float32's seed spread of them)."""

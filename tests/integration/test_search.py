@@ -7,11 +7,11 @@ import optuna
 import pytest
 import torch
 import workloads
-from conftest import amp_answer, spec
+from conftest import ROOT, amp_answer, spec
 
 import scalertune
 from scalertune._amp._config import PYTORCH_DEFAULT, SEED_ARTICLE_FIX, AmpConfig
-from scalertune._judge._outcome import Outcome
+from scalertune._judge._outcome import Outcome, outcomes_of
 from scalertune._judge._rank import Noise, all_tied, ranked
 from scalertune._replay._predict import predict
 from scalertune._run._loop import run_config
@@ -270,3 +270,40 @@ def test_attributes_are_rounded_for_reading_and_kept_whole_for_the_analysis(stor
             if isinstance(value, float) and key != "prune_reason":
                 assert trial.user_attrs[key] == float(f"{value:.4g}")
                 assert outcome.attrs[key] == value
+
+
+def test_sampled_runs_float32_rules_out_at_their_clip_stop_at_the_first_read_back(
+    storage, monkeypatch
+):
+    """On the codepoints example float32 without a clip needs all 200 steps; a sampled
+    run without one cannot reach the target before the clipped bfloat16 runs, and stops at
+    its first read-back. PyTorch's defaults and the replay's choice run on, as evidence.
+    The step timing is pinned to this CPU's quiet ratios (float16 1.40-1.61x float32's,
+    bfloat16 1.15-1.39x), so that the judgement, not the machine's load, is tested."""
+    from scalertune._run._timing import StepTimes
+    from scalertune._search import _references
+
+    ratios = {
+        "float32": [1.0] * 6,
+        "float16": [1.40, 1.45, 1.50, 1.53, 1.58, 1.61],
+        "bfloat16": [1.15, 1.22, 1.33, 1.36, 1.38, 1.39],
+    }
+    times = StepTimes({d: [r * 1e-3 for r in rs] for d, rs in ratios.items()}, steps=189)
+    monkeypatch.setattr(_references, "time_dtypes", lambda *args, **kwargs: times)
+    result = scalertune.search(
+        f"{ROOT}/examples/codepoints.py:make_model", storage=storage, device="cpu"
+    )
+    trials = optuna.load_study(study_name="codepoints:make_model", storage=storage).trials
+    runs = outcomes_of(trials)
+    unclipped = [
+        o for o in runs if o.role == "search" and o.config.clip_norm is None and not o.reused
+    ]
+    assert unclipped
+    for o in unclipped:
+        assert o.attrs["pruned_because"] == "slower" and o.steps_run == 10
+        assert "float32 clipped as it is reached it at step 200" in o.attrs["prune_reason"]
+    evidence = [o for o in runs if o.role in ("baseline", "replay")]
+    assert evidence and all(o.steps_run > 100 for o in evidence)
+    assert result.config == AmpConfig(dtype="float32", clip_norm=result.config.clip_norm)
+    assert result.config.clip_norm is not None
+    assert result.run_equivalents <= 10

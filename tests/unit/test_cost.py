@@ -10,7 +10,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._settings import Noise
-from scalertune._judge._stopping import Best, StopRule, study_stop_reason
+from scalertune._judge._stopping import Best, Floor, StopRule, study_stop_reason
 from scalertune._judge._target import Target
 from scalertune._run._loop import run_config
 from scalertune._run._timing import StepTimes
@@ -69,6 +69,70 @@ def test_a_run_that_cannot_beat_the_best_is_pruned_as_slower():
         stop=StopRule(target, step_time=(1e-3, 2e-3), best=same_dtype),
     )
     assert record.prune_kind == "slower" and "float16 too" in record.prune_reason
+
+
+def test_a_run_that_float32_at_its_clip_says_cannot_win_is_pruned_at_its_first_read_back():
+    """float32 clipped as the run is reached the target at step 78: with the tie's margin, no
+    run of that clip is expected there before step 70, too late to beat the best's 0.05 s."""
+    target = _target()
+    best = Best(time_high=0.05, label="trial #3")
+    rule = dict(step_time=(1e-3, 2e-3), best=best)
+    floored = run_config(
+        workloads.healthy,
+        AmpConfig(dtype="bfloat16"),
+        steps=80,
+        seed=0,
+        device=CPU,
+        stop=StopRule(target, floor=Floor(steps=70, reached=78), **rule),
+    )
+    assert floored.prune_kind == "slower" and floored.steps_run == _policy.READBACK_INTERVAL
+    assert "float32 clipped as it is reached it at step 78" in floored.prune_reason
+    assert "not before step 70" in floored.prune_reason
+    # without the floor the same run trains until its own steps rule it out
+    plain = run_config(
+        workloads.healthy,
+        AmpConfig(dtype="bfloat16"),
+        steps=80,
+        seed=0,
+        device=CPU,
+        stop=StopRule(target, **rule),
+    )
+    assert plain.steps_run > 40 and "float32 clipped" not in (plain.prune_reason or "")
+    # a floor before the best's time prunes nothing early
+    early = run_config(
+        workloads.healthy,
+        AmpConfig(dtype="bfloat16"),
+        steps=80,
+        seed=0,
+        device=CPU,
+        stop=StopRule(target, floor=Floor(steps=20, reached=28), **rule),
+    )
+    assert early.steps_run == plain.steps_run
+
+
+def test_a_floor_beyond_its_own_dtypes_best_by_more_than_a_tie_prunes_at_once():
+    target = _target()
+    own = Best(time_high=math.inf, label="trial #4", steps={"bfloat16": (30, "trial #4")}, margin=5)
+    record = run_config(
+        workloads.healthy,
+        AmpConfig(dtype="bfloat16"),
+        steps=80,
+        seed=0,
+        device=CPU,
+        stop=StopRule(target, step_time=(1e-3, 2e-3), best=own, floor=Floor(steps=36, reached=40)),
+    )
+    assert record.prune_kind == "slower" and record.steps_run == _policy.READBACK_INTERVAL
+    assert "bfloat16 too" in record.prune_reason and "not before step 36" in record.prune_reason
+    # within the tie's margin of its dtype's best it runs on
+    record = run_config(
+        workloads.healthy,
+        AmpConfig(dtype="bfloat16"),
+        steps=80,
+        seed=0,
+        device=CPU,
+        stop=StopRule(target, step_time=(1e-3, 2e-3), best=own, floor=Floor(steps=35, reached=40)),
+    )
+    assert record.steps_run > _policy.READBACK_INTERVAL
 
 
 #: float16 steps 1.4-1.6x float32's, bfloat16 1.15-1.4x: bfloat16 is surely faster per step.
