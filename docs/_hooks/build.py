@@ -17,7 +17,7 @@ import argparse
 import contextlib
 import os
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
@@ -33,8 +33,11 @@ HELP_COLUMNS = 100
 def on_files(files: Files, config, **kwargs) -> Files:
     for name in sorted(os.listdir(PICTURES)):
         if name.endswith(".png"):
-            files.append(File.generated(config, f"examples/{name}",
-                                        abs_src_path=os.path.join(PICTURES, name)))
+            files.append(
+                File.generated(
+                    config, f"examples/{name}", abs_src_path=os.path.join(PICTURES, name)
+                )
+            )
     return files
 
 
@@ -65,8 +68,10 @@ def cli_help() -> str:
             text = p.format_help().rstrip()
             if "```" in text:
                 raise PluginError(f"the help of {title} holds ``` and would end its code block")
-            out.append(f"## `{title}`\n\n<div class=\"cli-help\" markdown>\n\n"
-                       f"```text\n{text}\n```\n\n</div>\n")
+            out.append(
+                f'## `{title}`\n\n<div class="cli-help" markdown>\n\n'
+                f"```text\n{text}\n```\n\n</div>\n"
+            )
     return "\n".join(out)
 
 
@@ -89,8 +94,10 @@ def _check_api(markdown: str) -> None:
     documented = set(re.findall(r"^::: scalertune\.(\w+)\s*$", markdown, flags=re.M))
     missing = [name for name in scalertune.__all__ if name not in documented]
     if missing:
-        raise PluginError(f"{API_PAGE} does not document {', '.join(missing)} "
-                          "(add '::: scalertune.NAME' for each)")
+        raise PluginError(
+            f"{API_PAGE} does not document {', '.join(missing)} "
+            "(add '::: scalertune.NAME' for each)"
+        )
 
 
 _PICTURE_LINK = re.compile(r"\]\(((?:\.\./)+)examples/([\w.-]+\.png)\)")
