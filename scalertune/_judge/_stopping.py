@@ -114,22 +114,22 @@ class StopRule:
         if best is None:
             return None
         # the soonest step at which this run could still reach the target
-        soonest, because = record.steps_run + 1, ""
+        soonest, floor = record.steps_run + 1, ""
         if self.floor is not None and self.floor.steps > soonest:
             soonest = self.floor.steps
-            because = (
-                f" (float32 clipped as it is reached it at step {self.floor.reached}: within "
-                f"the noise, not before step {soonest})"
+            floor = (
+                f"and not before step {soonest} (float32 at its clip reached it at step "
+                f"{self.floor.reached}, less the noise), "
             )
         dtype = record.config.dtype
         if dtype in best.steps and soonest > best.steps[dtype][0] + best.margin:
             steps, label = best.steps[dtype]
             within = f", up to {best.margin:.0f} steps more being a tie" if best.margin else ""
-            return f"while {label} ({dtype} too) reached it at step {steps}{within}{because}"
+            return f"{floor}while {label} ({dtype} too) reached it at step {steps}{within}"
         if self.step_time is not None and soonest * self.step_time[0] > best.time_high:
             return (
-                f"so it cannot reach it before {best.label} ({best.time_high:.3g} s at the "
-                f"slow end of its timing spread){because}"
+                f"{floor}so it cannot reach it before {best.label} ({best.time_high:.3g} s at "
+                "the slow end of its timing spread)"
             )
         return None
 
