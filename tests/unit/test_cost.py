@@ -71,67 +71,39 @@ def test_a_run_that_cannot_beat_the_best_is_pruned_as_slower():
     assert record.prune_kind == "slower" and "float16 too" in record.prune_reason
 
 
+def _bfloat16_run(stop):
+    """The healthy workload in bfloat16 for at most 80 steps under ``stop``."""
+    return run_config(
+        workloads.healthy, AmpConfig(dtype="bfloat16"), steps=80, seed=0, device=CPU, stop=stop
+    )
+
+
 def test_a_run_that_float32_at_its_clip_says_cannot_win_is_pruned_at_its_first_read_back():
     """float32 clipped as the run is reached the target at step 78: with the tie's margin, no
     run of that clip is expected there before step 70, too late to beat the best's 0.05 s."""
     target = _target()
-    best = Best(time_high=0.05, label="trial #3")
-    rule = dict(step_time=(1e-3, 2e-3), best=best)
-    floored = run_config(
-        workloads.healthy,
-        AmpConfig(dtype="bfloat16"),
-        steps=80,
-        seed=0,
-        device=CPU,
-        stop=StopRule(target, floor=Floor(steps=70, reached=78), **rule),
-    )
+    rule = dict(step_time=(1e-3, 2e-3), best=Best(time_high=0.05, label="trial #3"))
+    floored = _bfloat16_run(StopRule(target, floor=Floor(steps=70, reached=78), **rule))
     assert floored.prune_kind == "slower" and floored.steps_run == _policy.READBACK_INTERVAL
     assert "not before step 70 (float32 at its clip reached it at step 78" in floored.prune_reason
     # without the floor the same run trains until its own steps rule it out
-    plain = run_config(
-        workloads.healthy,
-        AmpConfig(dtype="bfloat16"),
-        steps=80,
-        seed=0,
-        device=CPU,
-        stop=StopRule(target, **rule),
-    )
+    plain = _bfloat16_run(StopRule(target, **rule))
     assert plain.steps_run > 40 and "float32 at its clip" not in (plain.prune_reason or "")
     # a floor before the best's time prunes nothing early
-    early = run_config(
-        workloads.healthy,
-        AmpConfig(dtype="bfloat16"),
-        steps=80,
-        seed=0,
-        device=CPU,
-        stop=StopRule(target, floor=Floor(steps=20, reached=28), **rule),
-    )
+    early = _bfloat16_run(StopRule(target, floor=Floor(steps=20, reached=28), **rule))
     assert early.steps_run == plain.steps_run
 
 
 def test_a_floor_beyond_its_own_dtypes_best_by_more_than_a_tie_prunes_at_once():
     target = _target()
     own = Best(time_high=math.inf, label="trial #4", steps={"bfloat16": (30, "trial #4")}, margin=5)
-    record = run_config(
-        workloads.healthy,
-        AmpConfig(dtype="bfloat16"),
-        steps=80,
-        seed=0,
-        device=CPU,
-        stop=StopRule(target, step_time=(1e-3, 2e-3), best=own, floor=Floor(steps=36, reached=40)),
-    )
+    rule = dict(step_time=(1e-3, 2e-3), best=own)
+    record = _bfloat16_run(StopRule(target, floor=Floor(steps=36, reached=40), **rule))
     assert record.prune_kind == "slower" and record.steps_run == _policy.READBACK_INTERVAL
     assert "not before step 36" in record.prune_reason
     assert "bfloat16 too" in record.prune_reason
     # within the tie's margin of its dtype's best it runs on
-    record = run_config(
-        workloads.healthy,
-        AmpConfig(dtype="bfloat16"),
-        steps=80,
-        seed=0,
-        device=CPU,
-        stop=StopRule(target, step_time=(1e-3, 2e-3), best=own, floor=Floor(steps=35, reached=40)),
-    )
+    record = _bfloat16_run(StopRule(target, floor=Floor(steps=35, reached=40), **rule))
     assert record.steps_run > _policy.READBACK_INTERVAL
 
 
