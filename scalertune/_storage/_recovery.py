@@ -30,7 +30,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
-from scalertune._storage._names import JOB_ATTRS
+from scalertune._storage._names import JOB_ATTRS, ROLE_SURPLUS
 from scalertune._storage._open import heartbeat_enabled
 from scalertune._storage._optuna import storage_of, study_id, trial_id
 
@@ -54,8 +54,11 @@ def take(trial: optuna.Trial) -> None:
 
 def retry(study: optuna.Study, trial: FrozenTrial) -> bool:
     """Queue a copy of the failed ``trial`` (same params and job), unless it has been
-    retried ``MAX_RETRIES`` times already; whether it was. Also Optuna's heartbeat callback
-    on RDB storage."""
+    retried ``MAX_RETRIES`` times already, or it names no run (a surplus trial, left
+    running by a worker that died before failing it); whether it was. Also Optuna's
+    heartbeat callback on RDB storage."""
+    if trial.user_attrs.get("role") == ROLE_SURPLUS:
+        return False
     history = [*trial.system_attrs.get("retry_history", []), trial.number]
     if len(history) > _policy.MAX_RETRIES:
         return False
@@ -109,8 +112,8 @@ def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
         else:
             continue
         if _fail(storage, trial):
-            retry(study, storage.get_trial(trial_id(trial)))
-            log(f"{why}: marked failed, its run queued again")
+            queued = retry(study, storage.get_trial(trial_id(trial)))
+            log(f"{why}: marked failed{', its run queued again' if queued else ''}")
 
 
 def _fail(storage: Any, trial: FrozenTrial) -> bool:

@@ -35,14 +35,16 @@ def plain(tmp_path_factory):
 
 def _torchrun(*args, timeout):
     """``tests/distributed_workloads.py ARGS`` as 2 processes under torchrun."""
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
         + [distributed_workloads.HERE, *args],
-        check=True,
         timeout=timeout,
         capture_output=True,
+        text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
+    # the ranks' own words when torchrun fails: CalledProcessError alone shows none of them
+    assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stderr[-4000:]}"
 
 
 def _ranks_run(factory, config, steps, timeout_s=120):

@@ -493,6 +493,28 @@ def test_a_retry_belongs_to_the_worker_that_runs_it(tmp_path):
     assert len(lines) == 1
 
 
+def test_a_surplus_trial_left_running_by_a_dead_worker_is_failed_not_queued_again(tmp_path):
+    """A worker that took a trial over the budget dies after naming it surplus and before
+    failing it: recovery fails it, and queues nothing, since it names no run (a copy would
+    carry no config for the next worker to train)."""
+    from scalertune._storage._recovery import WORKER, recover
+
+    study = _journal_study(tmp_path)
+    dead = f"{WORKER.rpartition(':')[0]}:{_dead_pid()}"
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.RUNNING,
+            params={"x": 0.5},
+            distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
+            user_attrs={"worker": dead, "role": "surplus"},
+        )
+    )
+    lines = []
+    recover(study, lines.append)
+    assert [t.state for t in study.trials] == [TrialState.FAIL]
+    assert lines[0].endswith("which is gone: marked failed"), lines
+
+
 def test_a_trial_taken_by_a_worker_that_died_before_naming_itself_is_recovered(
     tmp_path, monkeypatch
 ):
