@@ -139,9 +139,19 @@ def aborts_in_float16():
 
 
 def hangs_in_float16():
+    """Hangs at float16's step 3, first writing its process id to the file
+    ``SCALERTUNE_TEST_HANG`` names (when set)."""
+    import os
     import time
 
-    return _in_float16_at_step_3(lambda: time.sleep(3600))
+    def hang():
+        path = os.environ.get("SCALERTUNE_TEST_HANG")
+        if path:
+            with open(path, "w", encoding="ascii") as f:
+                f.write(str(os.getpid()))
+        time.sleep(3600)
+
+    return _in_float16_at_step_3(hang)
 
 
 def interrupted_in_code_evaluated_from_c():
@@ -265,3 +275,10 @@ def counted_overflow():
     """``gradient_overflow`` with an optimizer that counts its real steps."""
     parts = gradient_overflow()
     return {**parts, "optimizer": CountingAdam(parts["model"].parameters(), lr=0.02)}
+
+
+def reports_its_environment():
+    """Raises with what its process sees: ``SCALERTUNE_TEST_MARK`` and torch's thread count."""
+    import os
+
+    raise RuntimeError(f"{os.environ.get('SCALERTUNE_TEST_MARK')} {torch.get_num_threads()}")

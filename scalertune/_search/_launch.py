@@ -13,8 +13,15 @@ launcher of our own rather than torch's elastic agent: a rank that fails is not 
 behind the search's back (the search retries the run, and records why it failed), and the
 ranks share the parent-death, time-limit and Ctrl-C rules of ``--isolate``.
 
-A child never outlives its parent: on Linux the kernel kills it when the parent dies, even by
-SIGKILL (``PR_SET_PDEATHSIG``); elsewhere it watches its parent. A parent that stops waiting
+Where the platform has it (Linux, macOS), the processes are forked from a server that
+imported torch and the run's modules once (``multiprocessing``'s forkserver): a process starts
+in a fraction of a second instead of importing torch again (seconds, twice a run on two
+ranks). It gets the search's environment as it is when the run starts, as a spawned process
+does. Elsewhere they are spawned.
+
+A child never outlives its parent, even one killed by SIGKILL: it watches a pipe that only
+the parent holds open, and on Linux the kernel also kills a spawned child with its parent
+(``PR_SET_PDEATHSIG``). A parent that stops waiting
 (Ctrl-C, SIGTERM, a time limit, a failed rank) kills every child. The child ignores Ctrl-C,
 which a terminal sends to the whole process group: the parent decides what it stops.
 """
@@ -176,24 +183,33 @@ class _Child:
     are killed (which tears the group down) and the failure names the rank to blame."""
 
     def __init__(self, job: tuple[Any, ...], timeout_s: float | None, ranks: int = 1) -> None:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = _context()
         self._conns: list[Any] = []
+        self._lifelines: list[Any] = []
         self._processes: list[Any] = []
         self._finished = False
         try:
             for r, env in enumerate(_rank_envs(ranks)):
                 conn, child = ctx.Pipe(duplex=False)
+                # the child's end reads as closed when this process ends (_die_with_parent)
+                lifeline, held = ctx.Pipe(duplex=False)
                 name = _NAMES[0] if ranks == 1 else f"{_NAMES[1]}{r}"
+                environ = {**os.environ, **(env or {})}
                 process = ctx.Process(
-                    target=_child, args=(child, job, os.getpid(), env), name=name, daemon=True
+                    target=_child,
+                    args=(child, job, lifeline, env, environ),
+                    name=name,
+                    daemon=True,
                 )
                 self._conns.append(conn)
+                self._lifelines.append(held)
                 self._processes.append(process)
                 try:
                     with _interrupt.interruptible(), _environment(env):
                         process.start()
                 finally:
                     child.close()
+                    lifeline.close()
         except BaseException:
             self._end()
             raise
@@ -308,8 +324,46 @@ class _Child:
                 if process.is_alive():
                     process.kill()
                     process.join()
-        for conn in self._conns:
+        for conn in self._conns + self._lifelines:
             conn.close()
+
+
+#: How this module starts processes: ``forkserver`` where the platform has it, else
+#: ``spawn`` (``benchmarks/launch_cost.py`` sets it to compare the two).
+START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+#: What the server imports once, before it forks a run's processes: torch (with the compiler
+#: stack that every optimizer's constructor imports) and the modules a job runs. Never the
+#: user's code, which each process imports from its spec, nor anything that starts CUDA.
+_PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "scalertune._search._launch",
+    "scalertune._run._loop",
+    "scalertune._run._ranks",
+    "scalertune._run._timing",
+    "scalertune._workload._factory",
+    "scalertune._workload._loader",
+]
+
+
+def _context() -> Any:
+    ctx = multiprocessing.get_context(START_METHOD)
+    if START_METHOD == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts (the first run)
+    return ctx
+
+
+def _adopt(environ: dict[str, str]) -> None:
+    """The search's environment as it was when this run started (a process forked from the
+    server has the server's, from when the server started). torch read OMP_NUM_THREADS when
+    the server imported it: the thread count is set again from the run's."""
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+    threads = environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and torch.get_num_threads() != int(threads):
+        torch.set_num_threads(int(threads))
 
 
 @contextlib.contextmanager
@@ -426,30 +480,35 @@ def _death(exitcode: int | None) -> str:
     return f"the trial's process exited with status {exitcode} without a result"
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Make this process end when ``parent_pid`` does, however that ends (even SIGKILL)."""
+def _die_with_parent(lifeline: Any) -> None:
+    """End this process when the search's process ends, however that ends (even SIGKILL): a
+    thread waits on ``lifeline``, a pipe only that process holds open, which reads as closed
+    the moment it ends. On Linux the kernel also ends the process with its own parent
+    (``PR_SET_PDEATHSIG``): the search's process when spawned, the server when forked."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    else:
 
-        def watch() -> None:
-            while os.getppid() == parent_pid:
-                time.sleep(1.0)
-            os._exit(1)
-
-        threading.Thread(target=watch, name="scalertune-parent-watch", daemon=True).start()
-    if os.getppid() != parent_pid:  # the parent died before the request took effect
+    def watch() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            lifeline.recv_bytes()  # nothing is ever sent: this returns when the search ends
         os._exit(1)
+
+    threading.Thread(target=watch, name="scalertune-parent-watch", daemon=True).start()
 
 
 def _child(
-    conn: Any, job: tuple[Any, ...], parent_pid: int, env: dict[str, str] | None = None
+    conn: Any,
+    job: tuple[Any, ...],
+    lifeline: Any,
+    env: dict[str, str] | None,
+    environ: dict[str, str],
 ) -> None:
-    _die_with_parent(parent_pid)
+    _die_with_parent(lifeline)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _adopt(environ)
     kind, spec, config, steps, seed, device, memory_gb, extra = job
     if memory_gb is not None:
         import resource

@@ -106,10 +106,11 @@ def _command(storage, study, output, fault="none", rng=None, loop=PLAIN):
     return [sys.executable, "-m", "scalertune", *args]
 
 
-def _start(command, cwd):
+def _start(command, cwd, env=None):
     return subprocess.Popen(
         command,
         cwd=cwd,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -547,17 +548,22 @@ def test_a_trial_taken_by_a_worker_that_died_before_naming_itself_is_recovered(
     assert "died before naming itself" in lines[0]
 
 
-def _pids_of_children(pid):
-    children = []
+def _descendants(pid):
+    """The processes below ``pid``: its children (a run's process, or the server that forks
+    them) and theirs."""
+    parents = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat", encoding="ascii") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        children.append(int(entry))
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
             except OSError:
                 continue
-    return children
+    below, level = [], [pid]
+    while level:
+        level = [p for p, parent in parents.items() if parent in level]
+        below += level
+    return below
 
 
 def _gone(pid, within_s):
@@ -576,6 +582,7 @@ def _gone(pid, within_s):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_an_isolated_trial_dies_with_its_parent(tmp_path, signum):
+    hang = tmp_path / "hang.pid"
     proc = _start(
         [
             sys.executable,
@@ -597,18 +604,17 @@ def test_an_isolated_trial_dies_with_its_parent(tmp_path, signum):
             "-q",
         ],
         tmp_path,
+        env={"SCALERTUNE_TEST_HANG": str(hang)},
     )
     try:
-        # Every float16 step 3 hangs: the step timing after the float32 reference, then each
-        # trial. Whichever it is, its process is the search's child.
+        # Every float16 step 3 hangs (the step timing after the float32 reference, then each
+        # trial), its process saying so first. Whichever it is, it is below the search's.
         deadline = time.monotonic() + STUCK_S
-        hanging = []
-        while not hanging and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-            hanging = _pids_of_children(proc.pid)
-        assert hanging, "the search started no process for its runs"
-        time.sleep(3.0)  # the run is past its import, into the hang
-        hanging = _pids_of_children(proc.pid)
+        while not hang.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert hang.exists(), "no run of the search reached its hang"
+        hanging = _descendants(proc.pid)
+        assert int(hang.read_text()) in hanging
         proc.send_signal(signum)
         proc.wait(timeout=60)
         assert all(_gone(pid, within_s=10) for pid in hanging), "a trial outlived its parent"

@@ -315,6 +315,39 @@ def test_a_hanging_trial_is_killed_at_its_time_limit(tmp_path):
     assert time.time() - started < 300
 
 
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_run_in_its_own_process_sees_the_environment_as_it_is_when_the_run_starts(
+    method, monkeypatch
+):
+    """One server forks every run's processes, started at the first run: each run still sees
+    the search's environment as it is when that run starts, and torch uses OMP_NUM_THREADS's
+    thread count, as a freshly spawned process (the start method where the platform has no
+    forkserver) does."""
+    import torch
+
+    from scalertune._amp._config import AmpConfig
+    from scalertune._search import _launch
+    from scalertune._search._launch import TrialCrashed, run_isolated
+
+    monkeypatch.setattr(_launch, "START_METHOD", method)
+    seen = []
+    for mark, threads in (("first", "1"), ("second", "2")):
+        monkeypatch.setenv("SCALERTUNE_TEST_MARK", mark)
+        monkeypatch.setenv("OMP_NUM_THREADS", threads)
+        with pytest.raises(TrialCrashed) as raised:
+            run_isolated(
+                spec("reports_its_environment"),
+                AmpConfig(dtype="float32"),
+                steps=1,
+                seed=0,
+                device=torch.device("cpu"),
+                timeout_s=120,
+                memory_gb=None,
+            )
+        seen.append(str(raised.value).splitlines()[0])
+    assert seen == ["FactoryError: RuntimeError: first 1", "FactoryError: RuntimeError: second 2"]
+
+
 def test_a_memory_hungry_trial_is_reported_as_out_of_memory(tmp_path):
     result = _isolated(tmp_path, "eats_memory_in_float16", memory_gb=4)
     failures = _float16_failures(result)
