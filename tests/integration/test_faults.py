@@ -454,26 +454,28 @@ def _journal_study(tmp_path, name="replay"):
     return optuna.create_study(study_name=name, storage=open_storage(str(tmp_path / "j.log")))
 
 
-def test_a_retry_belongs_to_the_worker_that_runs_it(tmp_path):
-    """Worker A dies in a trial; C fails it and queues it again; B takes the copy; C (or a
-    fourth worker) recovers again while B runs it: B's trial must stay B's."""
-    from scalertune._storage._recovery import WORKER, recover, take
+def _left_running_by_a_dead_worker(study, **user_attrs):
+    """A RUNNING trial (params ``x`` = 0.5) whose worker, on this host, is a process gone."""
+    from scalertune._storage._recovery import WORKER
 
-    study = _journal_study(tmp_path)
-    dead = f"{WORKER.rpartition(':')[0]}:{_dead_pid()}"
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.RUNNING,
             params={"x": 0.5},
             distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
-            user_attrs={
-                "role": "search",
-                "seed": 0,
-                "config": {"dtype": "bfloat16"},
-                "worker": dead,
-                "steps_run": 7,
-            },
+            user_attrs={**user_attrs, "worker": f"{WORKER.rpartition(':')[0]}:{_dead_pid()}"},
         )
+    )
+
+
+def test_a_retry_belongs_to_the_worker_that_runs_it(tmp_path):
+    """Worker A dies in a trial; C fails it and queues it again; B takes the copy; C (or a
+    fourth worker) recovers again while B runs it: B's trial must stay B's."""
+    from scalertune._storage._recovery import recover, take
+
+    study = _journal_study(tmp_path)
+    _left_running_by_a_dead_worker(
+        study, role="search", seed=0, config={"dtype": "bfloat16"}, steps_run=7
     )
     lines = []
     recover(study, lines.append)  # C
@@ -498,18 +500,10 @@ def test_a_surplus_trial_left_running_by_a_dead_worker_is_failed_not_queued_agai
     """A worker that took a trial over the budget dies after naming it surplus and before
     failing it: recovery fails it, and queues nothing, since it names no run (a copy would
     carry no config for the next worker to train)."""
-    from scalertune._storage._recovery import WORKER, recover
+    from scalertune._storage._recovery import recover
 
     study = _journal_study(tmp_path)
-    dead = f"{WORKER.rpartition(':')[0]}:{_dead_pid()}"
-    study.add_trial(
-        optuna.trial.create_trial(
-            state=TrialState.RUNNING,
-            params={"x": 0.5},
-            distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
-            user_attrs={"worker": dead, "role": "surplus"},
-        )
-    )
+    _left_running_by_a_dead_worker(study, role="surplus")
     lines = []
     recover(study, lines.append)
     assert [t.state for t in study.trials] == [TrialState.FAIL]
