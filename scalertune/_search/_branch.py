@@ -17,6 +17,7 @@ judge_from_start`); it stops at the first window it does not hold.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -52,14 +53,15 @@ def run_branch(
     reference = references.reference(seed)
     checkpoint = references.checkpoint(seed, start)
     scaler = scaler_state_at(references.trace(seed), config, start) if config.uses_scaler else None
-    record = execute(
-        setup,
-        config,
-        steps=end,
-        seed=seed,
-        on_window=on_window,
-        plan=Plan(checkpoint=checkpoint, scaler=scaler),
-    )
+    with references.checkpoints.refusing(checkpoint):
+        record = execute(
+            setup,
+            config,
+            steps=end,
+            seed=seed,
+            on_window=on_window,
+            plan=Plan(checkpoint=checkpoint, scaler=scaler),
+        )
     result = judge_phase(
         record.losses, reference["windows"][str(start)], start=start, pruned=record.pruned
     )
@@ -104,7 +106,7 @@ def run_from_start(
     resume = None
     if continues:
         try:
-            resume = references.checkpoints.stored(continues).fetch()
+            resume = references.checkpoints.fetch(references.checkpoints.stored(continues))
         except MissingEvidence as exc:
             log(f"{exc}: training it from step 0 instead")
     if resume is None:
@@ -117,7 +119,10 @@ def run_from_start(
         resume=bool(resume),
     )
     stop = _BehindStop(reference["windows"], spans, end)
-    record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop, plan=plan)
+    with references.checkpoints.refusing(resume) if resume else contextlib.nullcontext():
+        record = execute(
+            setup, config, steps=end, seed=seed, on_window=on_window, stop=stop, plan=plan
+        )
     results = judge_from_start(
         record.losses,
         reference["windows"],
@@ -158,9 +163,10 @@ def _forward(setup: Setup, references: References, config: AmpConfig, seed: int)
     getting there; beyond it, the precision itself is what fails, for every config that
     shares it."""
     checkpoint = references.checkpoint(seed, latest_start(references.reference(seed)))
-    return run_here(
-        forward_ratio, setup.factory, config, checkpoint, seed=seed, device=setup.device
-    )
+    with references.checkpoints.refusing(checkpoint):
+        return run_here(
+            forward_ratio, setup.factory, config, checkpoint, seed=seed, device=setup.device
+        )
 
 
 class _BehindStop:
