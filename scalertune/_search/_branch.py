@@ -17,12 +17,11 @@ judge_from_start`); it stops at the first window it does not hold.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
 from scalertune._amp._config import AmpConfig
-from scalertune._errors import MissingEvidence
+from scalertune._errors import DamagedCheckpoint, MissingEvidence
 from scalertune._judge._phases import (
     PhaseResult,
     judge_from_start,
@@ -51,17 +50,18 @@ def run_branch(
     """Train ``config`` from the reference's checkpoint at ``start`` to ``end``; the record
     and the phase's judged figures."""
     reference = references.reference(seed)
-    checkpoint = references.checkpoint(seed, start)
     scaler = scaler_state_at(references.trace(seed), config, start) if config.uses_scaler else None
-    with references.checkpoints.refusing(checkpoint):
-        record = execute(
+    record = references.checkpoints.branching(
+        lambda: references.checkpoint(seed, start),
+        lambda checkpoint: execute(
             setup,
             config,
             steps=end,
             seed=seed,
             on_window=on_window,
             plan=Plan(checkpoint=checkpoint, scaler=scaler),
-        )
+        ),
+    )
     result = judge_phase(
         record.losses, reference["windows"][str(start)], start=start, pruned=record.pruned
     )
@@ -113,16 +113,26 @@ def run_from_start(
         resumed_at = 0
     reference = references.reference(seed)
     spans = [w for w in setup.windows if judged_end(*w) <= end]
-    plan = Plan(
-        save_at={end: references.checkpoints.stored(save)} if save else {},
-        checkpoint=resume,
-        resume=bool(resume),
-    )
     stop = _BehindStop(reference["windows"], spans, end)
-    with references.checkpoints.refusing(resume) if resume else contextlib.nullcontext():
-        record = execute(
+
+    def train(checkpoint: str | None) -> RunRecord:
+        plan = Plan(
+            save_at={end: references.checkpoints.stored(save)} if save else {},
+            checkpoint=checkpoint,
+            resume=bool(checkpoint),
+        )
+        return execute(
             setup, config, steps=end, seed=seed, on_window=on_window, stop=stop, plan=plan
         )
+
+    try:
+        record = train(resume)
+    except DamagedCheckpoint as exc:  # found as the run loaded it: step 0 (nothing ran yet)
+        if resume is None:
+            raise
+        references.checkpoints.refuse(resume, f"{exc}: training it from step 0 instead")
+        resume, resumed_at = None, 0
+        record = train(None)
     results = judge_from_start(
         record.losses,
         reference["windows"],
@@ -162,11 +172,13 @@ def _forward(setup: Setup, references: References, config: AmpConfig, seed: int)
     plateau of its own), and a branch of its dtype from float32's weights shows nothing about
     getting there; beyond it, the precision itself is what fails, for every config that
     shares it."""
-    checkpoint = references.checkpoint(seed, latest_start(references.reference(seed)))
-    with references.checkpoints.refusing(checkpoint):
-        return run_here(
+    start = latest_start(references.reference(seed))
+    return references.checkpoints.branching(
+        lambda: references.checkpoint(seed, start),
+        lambda checkpoint: run_here(
             forward_ratio, setup.factory, config, checkpoint, seed=seed, device=setup.device
-        )
+        ),
+    )
 
 
 class _BehindStop:

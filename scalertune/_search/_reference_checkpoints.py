@@ -25,7 +25,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from typing import TypeVar
 
 import optuna
 
@@ -42,6 +43,8 @@ from scalertune._search._study import instance
 from scalertune._storage._checkpoints import StoredCheckpoint, digest_of_file
 from scalertune._storage._claims import Once
 from scalertune._storage._store import Store, location_of
+
+_T = TypeVar("_T")
 
 #: A reference to the horizon saves a checkpoint to resume from this often (as a share of it),
 #: besides every ``CHECKPOINT_EVERY_S`` of training.
@@ -98,22 +101,26 @@ class Checkpoints:
             raise DamagedCheckpoint(f"{stored.describe()} is damaged: {_why(exc)}") from None
         return path
 
-    def refuse(self, path: str, why: str) -> None:
-        """The file at ``path`` (as :meth:`fetch` gave it) did not load into a run
-        (``why``): said in one line, and refused until it is written again."""
-        self.log(f"{why}: passed over")
+    def refuse(self, path: str, said: str) -> None:
+        """The file at ``path`` (as :meth:`fetch` gave it) did not load into a run: said in
+        one line (``said``), and refused until it is written again."""
+        self.log(said)
         with contextlib.suppress(OSError):  # gone since: nothing left to refuse
             self._refused.add(digest_of_file(path))
 
-    @contextlib.contextmanager
-    def refusing(self, path: str) -> Iterator[None]:
-        """A run inside that finds the file at ``path`` damaged refuses it (:meth:`refuse`),
-        and fails as missing evidence: run again, it rebuilds or passes the file over."""
-        try:
-            yield
-        except DamagedCheckpoint as exc:
-            self.refuse(path, str(exc))
-            raise
+    def branching(self, get: Callable[[], str], run: Callable[[str], _T]) -> _T:
+        """``run`` of the checkpoint file ``get`` gives (:meth:`get`); where the run finds it
+        damaged, the file is refused (:meth:`refuse`) and ``run`` goes once more, from the
+        file ``get`` gives then (rebuilt). A second damaged one is missing evidence."""
+        for last in (False, True):
+            path = get()
+            try:
+                return run(path)
+            except DamagedCheckpoint as exc:
+                if last:
+                    raise
+                self.refuse(path, f"{exc}: passed over")
+        raise AssertionError("unreachable")
 
     def run_resuming(
         self, watcher: Callable[[], Watcher | None], run: Callable[[Plan], RunRecord]
@@ -128,7 +135,7 @@ class Checkpoints:
             except DamagedCheckpoint as exc:
                 if plan.checkpoint is None:  # nothing was loaded: not a file's fault
                     raise
-                self.refuse(plan.checkpoint, str(exc))
+                self.refuse(plan.checkpoint, f"{exc}: falling back to an earlier checkpoint")
 
     def plan(self, watcher: Watcher | None) -> Plan:
         """The reference's run to the horizon: where it saves, and the latest good checkpoint
@@ -220,7 +227,7 @@ class Checkpoints:
             except DamagedCheckpoint as exc:
                 if earlier is None:
                     raise
-                self.refuse(earlier[1], str(exc))
+                self.refuse(earlier[1], f"{exc}: falling back to an earlier checkpoint")
             except MissingEvidence:
                 raise
             except Exception as exc:  # float32 trained this far once: whatever stops it now

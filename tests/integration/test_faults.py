@@ -44,8 +44,12 @@ N_TRIALS, STEPS = 3, 20
 FAULTS = ("none", "int", "int-int", "term", "kill", "int@write", "term@write", "kill@write")
 #: ... on PostgreSQL, the database closed to every worker for a few seconds at that moment;
 OUTAGE = "outage"
-#: ... over a horizon, its N-th stored checkpoint damaged and the worker SIGKILLed at once.
-DAMAGED = tuple(f"{how}@checkpoint" for how in ("truncated", "emptied", "garbled", "gone"))
+#: ... over a horizon, its N-th stored checkpoint damaged (or replaced, with a manifest to
+#: match, by a pickle that runs a command on load, or by another model's checkpoint) and the
+#: worker SIGKILLed at once.
+DAMAGED = tuple(
+    f"{how}@checkpoint" for how in ("truncated", "emptied", "garbled", "gone", "planted", "foreign")
+)
 #: A search here makes a few hundred storage writes; N is drawn below this.
 WRITES = 400
 #: ... and, over ``HORIZON``, stores a few checkpoints (float32's, a finalist's own).
@@ -428,15 +432,19 @@ def test_faults_on_postgresql(tmp_path):
         _rounds(fresh(), 3, tmp_path, Loop(faults=(*FAULTS, OUTAGE)))
 
 
-def test_faults_over_a_horizon_with_each_worker_in_its_own_folder(tmp_path):
+def test_faults_over_a_horizon_with_each_worker_in_its_own_folder(tmp_path, monkeypatch):
     """Checkpoints in the study's artifact store, beside the journal file: a worker killed as
-    its checkpoint is damaged, and the others (started in other folders) go on."""
+    its checkpoint is damaged (or replaced by a pickle that runs a command on load, which no
+    worker ever runs), and the others (started in other folders) go on."""
+    mark = tmp_path / "planted-ran"
+    monkeypatch.setenv("SCALERTUNE_TEST_PLANTED", str(mark))
     _rounds(
         str(tmp_path / "study.log"),
         2,
         str(tmp_path),
         Loop(faults=("none", "kill", *DAMAGED), horizon=True, own_folders=True),
     )
+    assert not mark.exists()
 
 
 # -- the same faults, replayed step by step where a random moment finds them only by chance --
