@@ -772,3 +772,95 @@ def test_workers_opening_a_new_sqlite_file_at_once_all_open_it(tmp_path):
 def test_workers_opening_a_new_postgresql_database_at_once_all_open_it(tmp_path):
     with postgres_database("scalertune_cold") as fresh:
         _cold_starts(lambda i: fresh(), tmp_path)
+
+
+# -- a rank of a 2-process run killed at random points ------------------------------------------
+
+#: A rank is killed as it starts a step drawn up to this one: every run that trains gets there.
+RANK_KILL_STEPS = 10
+
+
+def _ranks_search(folder, kill=None):
+    """``scalertune search`` of a DDP factory that declares 2 ranks (gloo on the CPU), whose
+    rank ``kill[0]`` SIGKILLs itself as it starts step ``kill[2]`` of its ``kill[1]``-th run
+    that trains (``distributed_workloads.ddp_rank_killed``); exit status, output, study."""
+    import distributed_workloads
+
+    os.makedirs(folder, exist_ok=True)
+    marker = os.path.join(folder, "killed")
+    rank, run, step = kill or (0, 10**6, 1)
+    proc = _start(
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "search",
+            f"{distributed_workloads.HERE}:ddp_rank_killed",
+            "--steps",
+            str(STEPS),
+            "--n-trials",
+            "0",
+            "--space",
+            "float16",
+            "--device",
+            "cpu",
+            "--storage",
+            "study.log",
+            "--study-name",
+            "ranks",
+            "-o",
+            "amp.yaml",
+        ],
+        folder,
+        env={"SCALERTUNE_TEST_RANK_KILL": f"{marker}:{rank}:{run}:{step}"},
+    )
+    out, err = proc.communicate(timeout=STUCK_S * 2)
+    with open(os.path.join(folder, "amp.yaml"), encoding="utf-8") as f:
+        answer = yaml.safe_load(f)["evidence"]["best_amp"]["config"]
+    runs = os.path.getsize(f"{marker}.runs") if os.path.exists(f"{marker}.runs") else 0
+    return proc.returncode, out, err, answer, runs, os.path.exists(marker)
+
+
+def test_a_rank_killed_at_random_points_fails_its_run_naming_the_rank_and_the_answer_holds(
+    tmp_path,
+):
+    """Round after round, one rank of a run on 2 ranks is SIGKILLed at a random step of a
+    random run that trains (a float32 reference, a baseline, a sampled trial, a
+    confirmation): the search finishes by itself with exit status 0, the run fails naming
+    the rank and is run again, nothing is left RUNNING or WAITING, and the answer is the
+    one the same search gives undisturbed (the first round)."""
+    from scalertune._review._analyze import analyze
+
+    rng = random.Random(SEED)
+    deadline = time.monotonic() + BUDGET_S
+    code, _, err, undisturbed, runs, killed = _ranks_search(tmp_path / "undisturbed")
+    assert code == 0 and not killed and runs > 3, err
+    done = 0
+    while done < ROUNDS and (done == 0 or time.monotonic() < deadline):
+        kill = (rng.randrange(2), rng.randrange(1, runs + 1), rng.randrange(2, RANK_KILL_STEPS))
+        context = f"rank round {done}: rank, run, step {kill} (SCALERTUNE_FAULT_SEED={SEED})"
+        folder = tmp_path / f"round{done}"
+        code, out, err, answer, _, killed = _ranks_search(folder, kill)
+        assert code == 0 and "Traceback" not in err, f"{context}: exit {code}: {err[-3000:]}"
+        assert killed, f"{context}: the rank was never killed"
+        assert answer == undisturbed, context
+        study = _study(str(folder / "study.log"), "ranks")
+        assert analyze(study).settings.nproc_per_node == 2, context
+        trials = study.get_trials(deepcopy=False)
+        assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+        (failed,) = [t for t in trials if t.state == TrialState.FAIL]
+        why = failed.user_attrs.get("error") or failed.user_attrs.get("missing")
+        assert why.startswith(f"rank {kill[0]} of 2: the trial's process was killed"), context
+        again = [
+            t
+            for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and t.number > failed.number
+            and all(
+                t.user_attrs.get(k) == failed.user_attrs.get(k)
+                for k in ("role", "seed", "config", "confirms", "baseline")
+            )
+        ]
+        assert again, f"{context}: the run the rank died in was not run again"
+        assert "Recommended:" in out, f"{context}: {out}"
+        done += 1
