@@ -44,6 +44,8 @@ N_TRIALS, STEPS = 3, 20
 FAULTS = ("none", "int", "int-int", "term", "kill", "int@write", "term@write", "kill@write")
 #: ... on PostgreSQL, the database closed to every worker for a few seconds at that moment;
 OUTAGE = "outage"
+#: ... with an S3 artifact store, its server (moto's) stopped for a few seconds and started;
+S3_OUTAGE = "s3-outage"
 #: ... over a horizon, its N-th stored checkpoint damaged (or replaced, with a manifest to
 #: match, by a pickle that runs a command on load, or by another model's checkpoint) and the
 #: worker SIGKILLed at once.
@@ -64,9 +66,12 @@ class Loop:
     faults: tuple = FAULTS
     horizon: bool = False
     own_folders: bool = False
+    #: The S3 endpoint (``conftest.S3Endpoint``) whose bucket is the artifact store, if any.
+    s3: object = None
 
     def args(self):
-        return ["--horizon", str(HORIZON)] if self.horizon else []
+        horizon = ["--horizon", str(HORIZON)] if self.horizon else []
+        return [*horizon, *(["--artifact-dir", self.s3.bucket] if self.s3 else [])]
 
 
 PLAIN = Loop()
@@ -89,7 +94,7 @@ def _command(storage, study, output, fault="none", rng=None, loop=PLAIN):
         str(STEPS),
         "--device",
         "cpu",
-        "-q",
+        *([] if loop.s3 else ["-q"]),  # an outage of the artifact store is said, not quiet
         "-o",
         output,
         *loop.args(),
@@ -166,9 +171,16 @@ def _faulted_workers(storage, study, workers, rng, cwd, loop):
             (i for i, f in enumerate(faults) if f not in ("none",) and "@" not in f),
             key=lambda _: rng.random(),
         ):
-            _wait_for_a_moment(storage, study, procs, rng)
+            if faults[i] == S3_OUTAGE:
+                _wait_for_a_checkpoint(loop.s3, procs)
+            else:
+                _wait_for_a_moment(storage, study, procs, rng)
             if faults[i] == OUTAGE:
                 _outage(storage, rng.uniform(1.0, 5.0))
+            elif faults[i] == S3_OUTAGE:
+                loop.s3.stop()
+                time.sleep(rng.uniform(1.0, 5.0))
+                loop.s3.start()
             else:
                 _hit(procs[i], faults[i], rng)
         out = []
@@ -204,6 +216,20 @@ def _wait_for_a_moment(storage, study, procs, rng):
             pass
         time.sleep(0.05)
     time.sleep(rng.uniform(0.0, 0.25))
+
+
+def _wait_for_a_checkpoint(s3, procs):
+    """Wait until the bucket holds a checkpoint whole (its manifest): the float32 reference
+    is saving its checkpoints, and the branches will read them."""
+    import boto3
+
+    client, bucket = boto3.client("s3"), s3.bucket[len("s3://") :]
+    deadline = time.monotonic() + STUCK_S
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        listed = client.list_objects_v2(Bucket=bucket).get("Contents", [])
+        if any(o["Key"].endswith(".pt.json") for o in listed):
+            return
+        time.sleep(0.05)
 
 
 def _handles_signals(proc):
@@ -266,7 +292,7 @@ def _check_exits(results, context):
         if fault.startswith("kill") or fault.endswith("@checkpoint"):
             # 0 when it finished, or another worker stored the checkpoints first
             assert code in (0, -signal.SIGKILL), f"{where}: exit {code}: {err}"
-        elif fault in ("none", OUTAGE):
+        elif fault in ("none", OUTAGE, S3_OUTAGE):
             assert code == 0, f"{where}: a worker nobody touched exited {code}: {err}"
         else:
             # 0 only when the search had finished before the signal arrived
@@ -383,6 +409,10 @@ def _rounds(storage, workers, cwd, loop=PLAIN):
         context = f"{storage} round {done} (SCALERTUNE_FAULT_SEED={SEED})"
         results = _faulted_workers(storage, study, workers, rng, cwd, loop)
         _check_exits(results, context)
+        if any(fault == S3_OUTAGE for fault, _, _ in results):  # and it was ridden out
+            said = "\n".join(err for _, _, err in results)
+            assert f"artifact store {loop.s3.bucket} is unreachable" in said, f"{context}: {said}"
+            assert f"artifact store {loop.s3.bucket} is back" in said, f"{context}: {said}"
         try:
             before = _finished(_study(storage, study).get_trials(deepcopy=False))
         except KeyError:  # every worker was stopped before it created the study
@@ -445,6 +475,22 @@ def test_faults_over_a_horizon_with_each_worker_in_its_own_folder(tmp_path, monk
         Loop(faults=("none", "kill", *DAMAGED), horizon=True, own_folders=True),
     )
     assert not mark.exists()
+
+
+def test_an_s3_artifact_store_down_for_seconds_is_ridden_out_like_a_database(tmp_path):
+    """Over a horizon, every checkpoint in an S3 bucket, the workers in folders of their own
+    (as on their own hosts): the S3 endpoint is stopped for a few seconds at a random moment
+    and started again; the workers wait for it as for a database, within the same bound,
+    and the study holds what one uninterrupted search would."""
+    from conftest import s3_endpoint
+
+    with s3_endpoint() as s3:
+        _rounds(
+            str(tmp_path / "study.log"),
+            2,
+            str(tmp_path),
+            Loop(faults=("none", S3_OUTAGE), horizon=True, own_folders=True, s3=s3),
+        )
 
 
 # -- the same faults, replayed step by step where a random moment finds them only by chance --
