@@ -910,3 +910,112 @@ def test_a_rank_killed_at_random_points_fails_its_run_naming_the_rank_and_the_an
         assert again, f"{context}: the run the rank died in was not run again"
         assert "Recommended:" in out, f"{context}: {out}"
         done += 1
+
+
+# -- a team's load: 8 workers on one PostgreSQL, killed and cut off -----------------------------
+
+#: A search whose answer is the same however many workers share it (no sampled trial: which
+#: configs several workers sample depends on who asks first), over a horizon, so that there
+#: is work to share: references, baselines, branches, confirmations, checkpoints.
+LOAD_ARGS = ["--steps", "40", "--horizon", "200", "--n-trials", "0", "--space", "float16"]
+LOAD_WORKERS = 8
+
+
+def _load_command(storage, output):
+    return [
+        sys.executable,
+        "-m",
+        "scalertune",
+        "search",
+        spec("healthy"),
+        "--storage",
+        storage,
+        "--study-name",
+        "load",
+        "--device",
+        "cpu",
+        "-q",
+        "-o",
+        output,
+        *LOAD_ARGS,
+    ]
+
+
+def _load_answer(path):
+    with open(path, encoding="utf-8") as f:
+        evidence = yaml.safe_load(f)["evidence"]
+    assert "missing" not in evidence, path
+    return evidence["best_amp"]["config"]
+
+
+def _load_moment(procs, rng):
+    """A random moment once every worker handles signals: within the first seconds of the
+    search, while the workers claim the references, the baselines and the branches."""
+    deadline = time.monotonic() + STUCK_S
+    while time.monotonic() < deadline and not all(_handles_signals(p) for p in procs):
+        time.sleep(0.01)
+    time.sleep(rng.uniform(0.2, 3.0))
+
+
+@needs_postgres
+def test_eight_workers_on_one_postgresql_killed_and_cut_off_lose_nothing(tmp_path):
+    """A team's load: 8 workers start on one study at once; at random moments a few are
+    SIGKILLed and the database is closed to every worker for a few seconds (what a server
+    restart looks like to them, on this test's database alone). The workers left finish, the
+    same command run once more finishes the study, and then nothing is RUNNING or WAITING,
+    no run's evidence is missing, no run was trained twice but a declared retry, and the
+    answer is the one a single worker gives."""
+    rng = random.Random(SEED)
+    single = _start(_load_command(str(tmp_path / "single.log"), "single.yaml"), tmp_path)
+    assert single.wait(timeout=STUCK_S) == 0, single.stderr.read()
+    with postgres_database("scalertune_load") as fresh:
+        storage = fresh()
+        procs = [
+            _start(_load_command(storage, f"w{i}.yaml"), tmp_path) for i in range(LOAD_WORKERS)
+        ]
+        killed = set(rng.sample(range(LOAD_WORKERS), 3))
+        hits = [*(("kill", i) for i in killed), ("outage", None)]
+        rng.shuffle(hits)
+        deadline = time.monotonic() + STUCK_S
+        try:
+            for what, i in hits:
+                _load_moment(procs, rng)
+                if what == "outage":
+                    _outage(storage, rng.uniform(1.0, 5.0))
+                else:
+                    _hit(procs[i], "kill", rng)
+            codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        for i, (code, proc) in enumerate(zip(codes, procs)):
+            err = proc.stderr.read()
+            assert "Traceback" not in err, f"worker {i}: {err}"
+            assert code in ((0, -signal.SIGKILL) if i in killed else (0,)), f"worker {i}: {err}"
+        resume = _start(_load_command(storage, "load.yaml"), tmp_path)
+        assert resume.wait(timeout=STUCK_S) == 0, resume.stderr.read()
+        study = _study(storage, "load")
+        trials = study.get_trials(deepcopy=False)
+        assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+        from scalertune._storage._recovery import missing_of
+
+        assert not missing_of(trials)
+        done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        runs = collections.Counter(
+            json.dumps(
+                {k: t.user_attrs.get(k) for k in ("role", "seed", "config", "baseline", "confirms")}
+                | {"phase": t.user_attrs.get("phase_start")},
+                sort_keys=True,
+            )
+            for t in done
+            if "duplicate_of" not in t.user_attrs
+        )
+        assert all(n == 1 for n in runs.values()), [r for r, n in runs.items() if n > 1]
+        retries = collections.Counter(
+            t.system_attrs["failed_trial"] for t in done if "failed_trial" in t.system_attrs
+        )
+        assert all(n == 1 for n in retries.values()), retries
+        reference_is_float32s_own(study, 200)
+        assert _load_answer(tmp_path / "load.yaml") == _load_answer(tmp_path / "single.yaml")
+        _STORAGES.pop(storage, None)
