@@ -33,6 +33,7 @@ from scalertune._run._forward import forward_ratio
 from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord
 from scalertune._search._isolate import execute, run_here
+from scalertune._search._reference_checkpoints import Checkpoints
 from scalertune._search._references import References
 from scalertune._search._setup import Setup
 
@@ -102,15 +103,8 @@ def run_from_start(
     study's artifact store), for a later run to continue from (``continues``: that state,
     saved at step ``resumed_at``, the run then going on to ``end`` as one run). A state to
     continue from that is missing or damaged is said in one line (``log``), and the run
-    trains from step 0 instead: the same run, only longer."""
-    resume = None
-    if continues:
-        try:
-            resume = references.checkpoints.fetch(references.checkpoints.stored(continues))
-        except MissingEvidence as exc:
-            log(f"{exc}: training it from step 0 instead")
-    if resume is None:
-        resumed_at = 0
+    trains from step 0 instead: the same run, only longer
+    (:func:`_continuing`)."""
     reference = references.reference(seed)
     spans = [w for w in setup.windows if judged_end(*w) <= end]
     stop = _BehindStop(reference["windows"], spans, end)
@@ -125,14 +119,7 @@ def run_from_start(
             setup, config, steps=end, seed=seed, on_window=on_window, stop=stop, plan=plan
         )
 
-    try:
-        record = train(resume)
-    except DamagedCheckpoint as exc:  # found as the run loaded it: step 0 (nothing ran yet)
-        if resume is None:
-            raise
-        references.checkpoints.refuse(resume, f"{exc}: training it from step 0 instead")
-        resume, resumed_at = None, 0
-        record = train(None)
+    record, continued = _continuing(references.checkpoints, continues, train, log)
     results = judge_from_start(
         record.losses,
         reference["windows"],
@@ -156,8 +143,32 @@ def run_from_start(
         "phase_forward_at": latest_start(reference),
         "initial_scale": record.initial_scale,
         # a continuation's record holds the run it continues: count its own steps
-        **({"steps_run": record.steps_run - resumed_at} if resume else {}),
+        **({"steps_run": record.steps_run - resumed_at} if continued else {}),
     }
+
+
+def _continuing(
+    checkpoints: Checkpoints,
+    name: str | None,
+    run: Callable[[str | None], RunRecord],
+    log: Callable[[str], None],
+) -> tuple[RunRecord, bool]:
+    """``run`` from the state saved as ``name`` (a finalist's own), or from step 0
+    (``run(None)``) where there is none, or it is missing or damaged (said in one line),
+    found so as the run loads it included; and whether it continued."""
+    path = None
+    if name:
+        try:
+            path = checkpoints.fetch(checkpoints.stored(name))
+        except MissingEvidence as exc:
+            log(f"{exc}: training it from step 0 instead")
+    if path is None:
+        return run(None), False
+    try:
+        return run(path), True
+    except DamagedCheckpoint as exc:  # nothing ran yet: the run stopped as it loaded
+        checkpoints.refuse(path, f"{exc}: training it from step 0 instead", log)
+        return run(None), False
 
 
 def latest_start(reference: dict[str, Any]) -> int:

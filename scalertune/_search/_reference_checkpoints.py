@@ -101,10 +101,10 @@ class Checkpoints:
             raise DamagedCheckpoint(f"{stored.describe()} is damaged: {_why(exc)}") from None
         return path
 
-    def refuse(self, path: str, said: str) -> None:
+    def refuse(self, path: str, said: str, log: Callable[[str], None] | None = None) -> None:
         """The file at ``path`` (as :meth:`fetch` gave it) did not load into a run: said in
-        one line (``said``), and refused until it is written again."""
-        self.log(said)
+        one line (``said``, to ``log`` or the study's), and refused until written again."""
+        (log or self.log)(said)
         with contextlib.suppress(OSError):  # gone since: nothing left to refuse
             self._refused.add(digest_of_file(path))
 
