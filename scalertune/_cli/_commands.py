@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -263,16 +264,45 @@ def _dashboard(args: argparse.Namespace) -> int:
     lines = [f"optuna-dashboard on {redact(args.storage)} at {base} (Ctrl-C stops it)"]
     lines += [f"  {s.study_name}: {base}/studies/{study_id(s)}" for s in studies]
     print("\n".join(lines), flush=True)
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    with contextlib.suppress(KeyboardInterrupt):
-        serve(
-            studies,
-            storage_url=args.storage,
-            host=args.host,
-            port=args.port,
-            artifact_dir=args.artifact_dir,
+    if not _loopback(args.host):
+        print(
+            f"--host {args.host} is not a loopback address: optuna-dashboard has no login, so "
+            f"anyone who reaches {base} reads the study (bind 127.0.0.1 and reach it through "
+            "an SSH tunnel to keep it to yourself)",
+            file=sys.stderr,
+            flush=True,
         )
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            serve(
+                studies,
+                storage_url=args.storage,
+                host=args.host,
+                port=args.port,
+                artifact_dir=args.artifact_dir,
+            )
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        raise UsageError(
+            f"cannot serve at {args.host}:{args.port}: {exc.strerror}: pass another --host "
+            "or --port"
+        ) from None
     return 0
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is reached from this machine alone: ``localhost``, 127.0.0.0/8, ::1
+    (an address of all interfaces, ``0.0.0.0`` or ``::``, or any other name, is not)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 EXIT_FAILED, EXIT_INTERRUPTED = 1, _interrupt.EXIT_INTERRUPTED

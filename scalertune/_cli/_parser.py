@@ -305,7 +305,12 @@ def _dashboard(sub: Any) -> None:
         description=_help.DASHBOARD_DESCRIPTION,
     )
     _storage_arguments(d, study_help="refresh this study's notes only (default: every study's)")
-    d.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    d.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default: %(default)s); optuna-dashboard has no login: anyone "
+        "who reaches another address reads the study",
+    )
     d.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
     d.add_argument(
         "--artifact-dir",

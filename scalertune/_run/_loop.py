@@ -17,6 +17,7 @@ per-step work stays on the device, read back with the window).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +31,7 @@ from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._run import _ranks
 from scalertune._run._checkpoint import BatchCursor, load_checkpoint, save_checkpoint
+from scalertune._run._checkpoint_file import restoring
 from scalertune._run._memory import release_memory
 from scalertune._run._nonfinite import judge_window
 from scalertune._run._record import RunRecord, StopRule, WindowCallback
@@ -126,9 +128,7 @@ def train(
     amp = AmpRuntime(config, device=device)
     amp.prepare(workload.model)
     batches = BatchCursor(workload.batches, saves=bool(plan.save_at))
-    saved = load_checkpoint(plan.checkpoint, workload, batches) if plan.checkpoint else None
-    start = saved["step"] if saved else 0
-    record = _record(config, seed, steps, start, plan, amp, saved)
+    start, record = _start(workload, batches, config, seed, steps, plan, amp)
     step_fn, watcher = step_function(workload), plan.watcher
     if watcher is not None:
         watcher.attach(workload, step_fn, start, amp)
@@ -160,7 +160,7 @@ def train(
                     batches,
                     step=start + i + 1,
                     extra={
-                        "record": record,
+                        "record": record.to_dict(),
                         "amp": amp.state_dict(),
                         "watcher": None if watcher is None else watcher.state(),
                     },
@@ -172,6 +172,25 @@ def train(
     if watcher is not None:
         record.trace = watcher.result()
     return record
+
+
+def _start(
+    workload: Workload,
+    batches: BatchCursor,
+    config: AmpConfig,
+    seed: int,
+    steps: int,
+    plan: Plan,
+    amp: AmpRuntime,
+) -> tuple[int, RunRecord]:
+    """The step a run starts at and the record it starts with; the workload and ``batches``
+    put where the plan's checkpoint left them, if it has one."""
+    checkpoint = plan.checkpoint
+    saved = load_checkpoint(checkpoint, workload, batches) if checkpoint else None
+    start = saved["step"] if saved else 0
+    # a resumed run's record, scaler and watcher come from the file too
+    with restoring(checkpoint) if checkpoint and plan.resume else contextlib.nullcontext():
+        return start, _record(config, seed, steps, start, plan, amp, saved)
 
 
 def _record(
@@ -190,7 +209,7 @@ def _record(
             plan.watcher.restore(saved["extra"]["watcher"])
         if saved["extra"].get("amp") is not None:  # the scaler where the run left it
             amp.load_state_dict(saved["extra"]["amp"])
-        return dataclasses.replace(saved["extra"]["record"], steps=steps)
+        return dataclasses.replace(RunRecord.from_dict(saved["extra"]["record"]), steps=steps)
     record = RunRecord(config=config, seed=seed, steps=steps, start=start)
     if plan.scaler is not None and config.uses_scaler:
         amp.scaler.load_state_dict({**amp.scaler.state_dict(), **plan.scaler})

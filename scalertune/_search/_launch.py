@@ -46,7 +46,7 @@ import torch
 
 from scalertune import _interrupt, _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._errors import MissingEvidence, UsageError
+from scalertune._errors import DamagedCheckpoint, MissingEvidence, UsageError
 from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes
@@ -102,6 +102,10 @@ def run_isolated(
             raise TrialCrashed(payload)
         if kind == "missing":
             raise MissingEvidence(payload)
+        if kind == "damaged":
+            raise DamagedCheckpoint(payload)
+        if kind == "usage":
+            raise UsageError(payload)
         if kind == "outage":
             raise Outage(payload)
         if kind == "record":
@@ -530,6 +534,8 @@ def _child(
         conn.send(("error", exited(exc)))
     except UsageError as exc:
         conn.send(("usage", str(exc)))
+    except DamagedCheckpoint as exc:  # the checkpoint the run reads: passed over
+        conn.send(("damaged", str(exc)))
     except MissingEvidence as exc:  # a checkpoint the run reads or writes: not its failure
         conn.send(("missing", str(exc)))
     except Outage as exc:

@@ -105,64 +105,6 @@ def test_a_rank_that_dies_or_hangs_ends_its_run_naming_the_rank(fault, tmp_path,
 
 
 @pytest.mark.slow
-def test_a_search_on_the_ranks_its_factory_declares_finishes_when_a_rank_dies_once(tmp_path):
-    """``scalertune search`` of a DDP factory that declares ``nproc_per_node = 2`` (no flag):
-    rank 1 exits hard once mid-run. The search finishes by itself with exit status 0; the
-    death is a failed run naming the rank, run again; nothing is left RUNNING or WAITING."""
-    import optuna
-    from optuna.trial import TrialState
-
-    from scalertune._review._analyze import analyze
-
-    storage = f"sqlite:///{tmp_path / 's.db'}"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scalertune",
-            "search",
-            f"{distributed_workloads.HERE}:ddp_declared_rank_dies",
-            "--steps",
-            "20",
-            "--n-trials",
-            "0",
-            "--space",
-            "float16",
-            "--device",
-            "cpu",
-            "--storage",
-            storage,
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "SCALERTUNE_TEST_FAULT": str(tmp_path / "fault")},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "fault").exists()  # the rank did die
-    (summary,) = optuna.get_all_study_summaries(storage)
-    study = optuna.load_study(study_name=summary.study_name, storage=storage)
-    assert analyze(study).settings.nproc_per_node == 2
-    states = [t.state for t in study.trials]
-    assert TrialState.RUNNING not in states and TrialState.WAITING not in states
-    failed = [t for t in study.trials if t.state == TrialState.FAIL]
-    assert len(failed) == 1
-    assert failed[0].user_attrs["error"] == (
-        "rank 1 of 2: the trial's process exited with status 13 without a result"
-    )
-    again = [
-        t
-        for t in study.trials
-        if t.state == TrialState.COMPLETE
-        and t.user_attrs.get("role") == failed[0].user_attrs["role"]
-        and t.user_attrs.get("seed") == failed[0].user_attrs.get("seed")
-    ]
-    assert again, "the run the rank died in was run again"
-    assert "Recommended:" in proc.stdout
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_a_hugging_face_trainer_on_two_ranks_trains_as_its_own_train_under_torchrun(
     dtype, tmp_path
