@@ -117,11 +117,17 @@ def load(
     guard: bool = True,
     watch: bool = True,
     best_amp: bool = False,
+    check: bool | str | Any = None,
 ) -> AmpRuntime:
     """The runtime for the config in a result YAML: GradScaler, autocast and clipping,
-    float32 islands, the guard the YAML recommends (``guard=False`` turns it off), and a
-    watch that warns once (:class:`AmpDriftWarning`) when the scaler leaves the search's
-    prediction (``watch=False`` turns it off).
+    float32 islands, the guard the YAML recommends (``guard=False`` turns it off), a watch
+    that warns once (:class:`AmpDriftWarning`) when the scaler leaves the search's prediction
+    (``watch=False`` turns it off), and the in-run check: every ``check.every`` steps
+    (100 by default) the step's loss computed again in float32 at the run's weights, and an
+    action by the YAML's policy when the precision or the scaler fails late (``check=False``
+    turns it off; ``"act"``, ``"warn"`` or ``"stop"`` overrides the YAML's action). The check
+    runs where the runtime sees the loss: :meth:`AmpRuntime.train_step`, or
+    :meth:`AmpRuntime.loss` in a loop of your own.
 
     ``best_amp=True`` loads the best AMP config that held (``evidence.best_amp``) instead of
     the answer: a search on a CPU answers float32, where AMP steps are slower; on a GPU, use
@@ -130,14 +136,16 @@ def load(
     Example:
         >>> import scalertune
         >>> amp = scalertune.load("codepoints.yaml", device="cuda")  # doctest: +SKIP
-        >>> with amp.autocast():  # doctest: +SKIP
-        ...     loss = loss_fn(model(x), y)
+        >>> model = amp.prepare(model)  # doctest: +SKIP
+        >>> loss = amp.loss(lambda: loss_fn(model(x), y))  # doctest: +SKIP
         >>> amp.backward(loss)  # doctest: +SKIP
         >>> amp.step(optimizer)  # doctest: +SKIP
     """
-    from scalertune._amp._runtime import AmpRuntime
+    from scalertune._inrun._build import runtime_from_yaml
 
-    return AmpRuntime.from_yaml(path, device=device, guard=guard, watch=watch, best_amp=best_amp)
+    return runtime_from_yaml(
+        path, device=device, guard=guard, watch=watch, best_amp=best_amp, check=check
+    )
 
 
 __all__ = [

@@ -1,8 +1,9 @@
 """The result file: the YAML a search writes and training code reads back.
 
-Three blocks matter to the runtime: ``config`` (the :class:`AmpConfig` to train with),
-``guard`` (the production guard's limits) and, in ``evidence``, ``prediction`` (what the
-search predicted the scaler does, which the watch compares the run with). The rest of
+Four blocks matter to the runtime: ``config`` (the :class:`AmpConfig` to train with),
+``guard`` (the production guard's limits), ``check`` (the in-run check's policy) and, in
+``evidence``, ``prediction`` (what the search predicted the scaler does, which the watch
+compares the run with). The rest of
 ``evidence`` is for people: why this config, from which trials, how fast against float32.
 This module reads and writes the file and knows nothing else of the search, so the runtime
 can load a config without importing the analysis or the replay.
@@ -17,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from scalertune._amp._check import CheckPolicy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._guard import Guard
 from scalertune._amp._watch import ScalerPrediction, Watch
@@ -86,6 +88,18 @@ def load_runtime(
         "guard": _guard(chosen, path) if guard else None,
         "watch": Watch(predicted) if predicted is not None else None,
     }
+
+
+def load_check(path: str) -> tuple[CheckPolicy, ScalerPrediction | None]:
+    """The result file's ``check`` block (the default policy where it has none: a file
+    written before runs checked themselves) and its scaler prediction."""
+    data = read_result(path)
+    block = data.get("check")
+    try:
+        policy = CheckPolicy() if block is None else CheckPolicy.from_dict(block)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    return policy, _prediction(data, path)
 
 
 def _guard(data: dict[str, Any], path: str) -> Guard | None:

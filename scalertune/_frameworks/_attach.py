@@ -7,11 +7,13 @@ from typing import Any
 
 import torch
 
+from scalertune._amp._check import CheckPolicy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._frameworks import _accelerate, _lightning, _transformers
 from scalertune._frameworks._route import Route
+from scalertune._inrun._build import in_run_check, runtime_from_yaml
 
 
 def attach(
@@ -21,6 +23,7 @@ def attach(
     guard: bool = True,
     watch: bool = True,
     best_amp: bool = False,
+    check: bool | str | CheckPolicy | None = None,
 ) -> AmpRuntime:
     """Train ``trainer`` with the config a search chose; returns the runtime that does it.
 
@@ -39,7 +42,12 @@ def attach(
       with an Accelerator, ``accelerator.clip_grad_norm_`` in your loop unscales with the
       runtime's scaler first);
     - its float32 islands, and the guard and the watch the YAML recommends
-      (``guard=False``, ``watch=False`` to leave them out), on the steps the framework took.
+      (``guard=False``, ``watch=False`` to leave them out), on the steps the framework took;
+    - the in-run check (``check=False`` to leave it out, ``"warn"`` or ``"stop"`` for
+      another action than the YAML's): every 100 steps the loss of the step's batch again in
+      float32 at the run's weights, through the Trainer's ``compute_loss`` or the
+      LightningModule's ``training_step`` (its logging held back for that pass); with an
+      Accelerator, hand the runtime your loss as ``amp.loss(lambda: loss_fn(model(x), y))``.
 
     The runtime's ``skipped_steps``, ``steps`` and ``scaler.get_scale()`` read what the
     framework did. ``best_amp=True`` takes the YAML's best AMP config that held instead of its
@@ -55,7 +63,7 @@ def attach(
         print(amp.skipped_steps, amp.scaler.get_scale())
     """
     kind, device = _kind(trainer)
-    amp = _runtime(config, device, guard=guard, watch=watch, best_amp=best_amp)
+    amp = _runtime(config, device, guard=guard, watch=watch, best_amp=best_amp, check=check)
     if kind == "transformers":
         _transformers.check_trainer(trainer)
         _transformers.route_trainer(trainer, Route(amp), training=True)
@@ -88,7 +96,13 @@ def _kind(trainer: Any) -> tuple[str, torch.device]:
 
 
 def _runtime(
-    config: Any, device: torch.device, *, guard: bool, watch: bool, best_amp: bool
+    config: Any,
+    device: torch.device,
+    *,
+    guard: bool,
+    watch: bool,
+    best_amp: bool,
+    check: bool | str | CheckPolicy | None,
 ) -> AmpRuntime:
     if best_amp and not isinstance(config, (str, os.PathLike)):
         raise UsageError(
@@ -103,10 +117,10 @@ def _runtime(
             )
         return config
     if isinstance(config, AmpConfig):
-        return AmpRuntime(config, device=device)
+        return AmpRuntime(config, device=device, check=in_run_check(None, check))
     if isinstance(config, (str, os.PathLike)):
-        return AmpRuntime.from_yaml(
-            os.fspath(config), device=device, guard=guard, watch=watch, best_amp=best_amp
+        return runtime_from_yaml(
+            config, device=device, guard=guard, watch=watch, best_amp=best_amp, check=check
         )
     raise UsageError(
         f"cannot attach a {type(config).__name__}: give the result YAML's path, "
