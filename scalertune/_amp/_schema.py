@@ -161,12 +161,19 @@ def result_document(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_result(data: dict[str, Any], path: str) -> None:
-    """Write ``data`` (config, guard, evidence) atomically, with a header saying how to load it."""
+    """Write ``data`` (config, guard, evidence) atomically, with a header saying how to load
+    it, and the in-run check's policy (``check``: the defaults, for the user to change)."""
     header = (
         "# Written by scalertune. Load it in training code with\n"
         '#   amp = scalertune.load("' + os.path.basename(path) + '", device="cuda")\n'
-        "# 'config' is what the runtime uses; 'evidence' says why it was chosen.\n"
+        "# 'config' is what the runtime uses; 'evidence' says why it was chosen; 'check' is\n"
+        "# what the run does when, every 'every' steps, its loss at its own weights falls\n"
+        "# behind float32's: act (a float32 island, float32, the scaler's knobs), warn or stop.\n"
     )
+    if "check" not in data:
+        before = {k: v for k, v in data.items() if k != "evidence"}
+        after = {k: v for k, v in data.items() if k == "evidence"}
+        data = {**before, "check": CheckPolicy().to_dict(), **after}
     # A temporary name of this process's own: workers that finish together write the same
     # YAML, and one shared ".tmp" name was moved away under another's feet.
     tmp = temporary_name(path)

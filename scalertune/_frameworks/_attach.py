@@ -25,43 +25,7 @@ def attach(
     best_amp: bool = False,
     check: bool | str | CheckPolicy | None = None,
 ) -> AmpRuntime:
-    """Train ``trainer`` with the config a search chose; returns the runtime that does it.
-
-    ``trainer`` is a Hugging Face ``transformers.Trainer`` (any subclass: TRL's, one with its
-    own ``compute_loss``) before ``train()``, a Lightning ``Trainer`` before ``fit()``, or an
-    Accelerate ``Accelerator`` before ``prepare()``. ``config`` is the result YAML a search
-    wrote (or an :class:`AmpConfig`, or an :class:`AmpRuntime` built already). The training
-    that follows runs:
-
-    - the config's dtype under autocast, on a CPU as on a GPU, whatever ``fp16``, ``bf16``
-      or ``precision`` the trainer was given (a float16 config trains in float16 on a CPU);
-    - a GradScaler with exactly the config's ``init_scale``, ``growth_factor``,
-      ``backoff_factor`` and ``growth_interval``, which the framework itself calls;
-    - the config's clipping, as the framework's own, in place of the trainer's
-      (``max_grad_norm``, ``gradient_clip_val`` by norm; a config without one turns it off;
-      with an Accelerator, ``accelerator.clip_grad_norm_`` in your loop unscales with the
-      runtime's scaler first);
-    - its float32 islands, and the guard and the watch the YAML recommends
-      (``guard=False``, ``watch=False`` to leave them out), on the steps the framework took;
-    - the in-run check (``check=False`` to leave it out, ``"warn"`` or ``"stop"`` for
-      another action than the YAML's): every 100 steps the loss of the step's batch again in
-      float32 at the run's weights, through the Trainer's ``compute_loss`` or the
-      LightningModule's ``training_step`` (its logging held back for that pass); with an
-      Accelerator, hand the runtime your loss as ``amp.loss(lambda: loss_fn(model(x), y))``.
-
-    The runtime's ``skipped_steps``, ``steps`` and ``scaler.get_scale()`` read what the
-    framework did. ``best_amp=True`` takes the YAML's best AMP config that held instead of its
-    answer (for a GPU, when the search ran where float32 was faster). A trainer that the
-    runtime cannot drive (DeepSpeed, FSDP, a model loaded in half precision, a trainer already
-    trained or prepared) is refused with a :class:`UsageError` saying why.
-
-    Example::
-
-        trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset)
-        amp = scalertune.attach(trainer, "amp.yaml")
-        trainer.train()
-        print(amp.skipped_steps, amp.scaler.get_scale())
-    """
+    """:func:`scalertune.attach` without the study's record of the run (see there)."""
     kind, device = _kind(trainer)
     amp = _runtime(config, device, guard=guard, watch=watch, best_amp=best_amp, check=check)
     if kind == "transformers":

@@ -121,9 +121,16 @@ class Passes:
 
     @contextlib.contextmanager
     def _quiet(self) -> Iterator[None]:
-        """No gradients, the step's random numbers, the buffers as they were: the pass
-        leaves no trace on the training."""
-        buffers = [(b, b.detach().clone()) for m in self.amp.models for b in m.buffers()]
+        """No gradients, the step's random numbers, and copies of the buffers: the pass
+        leaves no trace on the training. The buffers are swapped for copies, not saved and
+        written back: the step's own backward may hold them (BatchNorm's running statistics)
+        and refuses a buffer changed in place since its forward."""
+        held = []
+        for model in self.amp.models:
+            for module in model.modules():
+                for name, buffer in list(module.named_buffers(recurse=False)):
+                    held.append((module, name, buffer))
+                    setattr(module, name, buffer.detach().clone())
         with torch.no_grad(), torch.random.fork_rng(devices=self._devices):
             torch.set_rng_state(self._cpu)
             if self._device is not None:
@@ -131,8 +138,8 @@ class Passes:
             try:
                 yield
             finally:
-                for buffer, saved in buffers:
-                    buffer.copy_(saved)
+                for module, name, buffer in held:
+                    setattr(module, name, buffer)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         return self.amp.autocast() if self.autocast else contextlib.nullcontext()

@@ -19,6 +19,7 @@ from scalertune._review._describe import (
     why_not,
 )
 from scalertune._review._findings import Findings
+from scalertune._review._runs import runs_lines
 from scalertune._review._scaler_advice import (
     article_fix_line,
     replay_agreement,
@@ -58,6 +59,8 @@ def summary(result: Findings, *, top: int = 5) -> str:
         lines += [*_phases(result), ""]
     lines += _notes(result)
     lines += ["", *_answer(result)]
+    if result.runs:
+        lines += ["", *runs_lines(result.runs)]
     return "\n".join(lines)
 
 
