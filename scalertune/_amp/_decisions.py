@@ -34,7 +34,7 @@ class ScalerDecisions:
 
     def scaler_scaling(self, loss: torch.Tensor) -> None:
         """Called by :attr:`scaler` as ``scaler.scale(loss)`` runs: with an in-run check, a
-        loss that is not finite is noted on the device for the next read-back."""
+        loss that is not finite is noted for the next read-back (see ``Skips.note_loss``)."""
         if self._checks is not None and self.check is not None:
             self._skips.note_loss(loss)
 

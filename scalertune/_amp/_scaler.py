@@ -199,6 +199,8 @@ class Skips:
         self._on_device: torch.Tensor | None = None  # the count of skips decided there
         self._pending: list[int] = []  # steps whose flags wait in the ring
         self._loss_bad: torch.Tensor | None = None  # with an in-run check: see note_loss
+        self._losses: list[torch.Tensor] = []
+        self._bad_seen = False
         #: Whether a loss :meth:`note_loss` saw since the previous read was not finite.
         self.bad_loss = False
         self.restore(0, steps=0)
@@ -237,6 +239,7 @@ class Skips:
         if all(mode == "host" for _, mode in stepping):
             silent = self._taken.count - self._taken_before < len(stepping)
             self._record(index, silent, on_host=True)
+            self._look_at_losses(silent)
             return not silent
         scale, before = scaler._scale, self._before  # noqa: SLF001 - update() changed it
         if scale is None or before is None or not self._copied:  # no step began
@@ -245,7 +248,9 @@ class Skips:
         if len(stepping) == 1 and stepping[0][1] == "verify":
             backed_off = bool(skipped)
             self._verify(stepping[0][0], index, backed_off, self._taken.count == self._taken_before)
+            self._look_at_losses(backed_off)
             return not backed_off
+        self._look_at_losses(None)
         if self._on_device is None:
             self._on_device = torch.zeros((), dtype=torch.int64, device=scale.device)
         self._on_device.add_(skipped)
@@ -257,17 +262,36 @@ class Skips:
         return DeviceStep(skipped)
 
     def note_loss(self, loss: torch.Tensor) -> None:
-        """A loss about to be scaled: whether any since the last read was inf or NaN is kept
-        on the device (two small device ops, no sync) and read with the scale. A float16 loss
-        that is not finite is a forward that overflowed, which no loss scale fixes."""
+        """A loss about to be scaled, kept until its step is decided (:meth:`decide`): whether
+        any since the last read was inf or NaN is read with the scale (``bad_loss``). A float16
+        loss that is not finite is a forward that overflowed, which no loss scale fixes. Its
+        step is always skipped, so only a skipped step's losses are looked at: on the host,
+        where GradScaler decided it there (one read, on skipped steps only), else on the
+        device (two small ops a loss, read with the scale)."""
+        self._losses.append(loss)
+
+    def _look_at_losses(self, skipped: bool | None) -> None:
+        """The step's losses, now that ``skipped`` is known on the host (``None``: only on
+        the device)."""
+        losses, self._losses = self._losses, []
+        if not losses or skipped is False:
+            return
+        if skipped:
+            self._bad_seen = self._bad_seen or not all(
+                bool(torch.isfinite(x).all()) for x in losses
+            )
+            return
         if self._loss_bad is None:
-            self._loss_bad = torch.zeros((), dtype=torch.bool, device=loss.device)
-        self._loss_bad.logical_or_(torch.isfinite(loss.detach()).logical_not().any())
+            self._loss_bad = torch.zeros((), dtype=torch.bool, device=losses[0].device)
+        for loss in losses:
+            self._loss_bad.logical_or_(torch.isfinite(loss.detach()).logical_not().any())
 
     def read(self, scale: torch.Tensor) -> tuple[float, int]:
         """The scale and the count of skipped steps on the host, in one transfer with the
         flags the ring holds since the last read, which bring the streak and the start-up up
         to date, and whether a loss was not finite since the last read (``bad_loss``)."""
+        seen, self._bad_seen = self._bad_seen, False
+        self.bad_loss = seen
         if self._on_device is None and self._loss_bad is None:
             return float(scale), self._host
         parts = [scale.reshape(1).double()]
@@ -279,7 +303,7 @@ class Skips:
                 parts.append(self._flags.double())
         values = torch.cat(parts).tolist()
         if self._loss_bad is not None:
-            self.bad_loss = bool(values.pop(1))
+            self.bad_loss = seen or bool(values.pop(1))
             self._loss_bad.zero_()
         if self._on_device is None:
             return values[0], self._host

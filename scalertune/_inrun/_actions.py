@@ -51,6 +51,16 @@ class Actions:
                 watch = Watch(prediction, check_every=readback.every)
             readback.rebase(watch, steps=amp.steps, skipped=amp.skipped_steps)
 
+    def islanded(self) -> bool:
+        """Whether the check kept a module in float32 for the precision (``island``; one kept
+        for a forward overflow is ``overflow``)."""
+        return any(a.kind == "island" for a in self.done)
+
+    def tolerance(self) -> float:
+        """The gap the checks allow: the horizon's, or after an island for the precision, the
+        share of float32's loss that island claimed to bring the batch within."""
+        return ISLAND_CLOSES if self.islanded() else _policy.PHASE_TOLERANCE
+
     def float32(self, amp: AmpRuntime, line: str) -> None:
         amp.reconfigure(AmpConfig(dtype="float32", clip_norm=amp.config.clip_norm))
         self.acted(amp, "float32", line)
@@ -66,15 +76,16 @@ def precision_fails(
     (also when the run's own island was not enough)."""
     found = (
         f"{heading(check.step)}: {amp.config.dtype}'s loss is {gap.describe()} at the same "
-        f"weights, beyond the rule of {1 + _policy.PHASE_TOLERANCE:.3g}x and {_policy.PHASE_Z:g}"
+        f"weights, beyond the rule of {1 + actions.tolerance():.3g}x and {_policy.PHASE_Z:g}"
     )
     if not actions.acting(amp, found):
         return
-    ours = any(a.kind == "island" for a in actions.done)
+    ours = actions.islanded()
     best = None if ours else island_for(amp, passes, check)
     if best is None or best[1] > 1 + ISLAND_CLOSES:
         why = (
-            "its float32 island was not enough"
+            f"its float32 island was not enough (it held the step's batch within "
+            f"{ISLAND_CLOSES:.0%} of float32's loss)"
             if ours
             else "no module kept in float32 brings this batch's loss back"
             + (f" (the best, {best[0]!r}, leaves it at {best[1]:.3g}x)" if best else "")
@@ -123,7 +134,7 @@ def forward_overflows(
         else ""
     )
     them = "it" if len(islands) == 1 else "them"
-    actions.acted(amp, "island", f"{found}: {how}; keeping {them} in float32 from now on{kept}")
+    actions.acted(amp, "overflow", f"{found}: {how}; keeping {them} in float32 from now on{kept}")
 
 
 def scaler_drifted(actions: Actions, amp: AmpRuntime, knobs: Knobs, drift: str) -> None:

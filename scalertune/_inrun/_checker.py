@@ -99,7 +99,7 @@ class InRunCheck:
             forward_overflows(self.actions, amp, passes, check, self._healthy)
         elif len(self._window) >= self.policy.window:
             gap = judge(self._window[-self.policy.window :])
-            if gap is not None and gap.failing:
+            if gap is not None and gap.beyond(self.actions.tolerance()):
                 precision_fails(self.actions, amp, passes, check, gap)
         if len(self.actions.done) > acted:
             self._window.clear()  # the evidence of the config that was

@@ -40,7 +40,8 @@ def island_for(amp: AmpRuntime, passes: Passes, check: Check) -> tuple[str, floa
     ratio (``None``: no module to try)."""
     peaks = _peaks(amp, passes)
     islands = set(amp.config.fp32_modules)
-    order = sorted((n for n in peaks if n not in islands), key=lambda n: -peaks[n])
+    tried = [n for n in peaks if n not in islands and not passes.whole(n)]
+    order = sorted(tried, key=lambda n: (-peaks[n], -n.count(".")))  # a tie: the inner one
     best: tuple[str, float] | None = None
     for name in order[:ISLAND_CANDIDATES]:
         (ours,) = over_ranks([float(passes.islanded([name]))], amp.device)
@@ -79,10 +80,11 @@ def overflow_islands(
 def _at_risk(amp: AmpRuntime, passes: Passes) -> tuple[list[str] | None, str]:
     peaks = _peaks(amp, passes)
     edge = _policy.FLOAT16_OVERFLOW / AT_RISK
-    risky = sorted((p, n) for n, p in peaks.items() if p >= edge)
+    risky = sorted((p, n.count("."), n) for n, p in peaks.items() if p >= edge)
+    risky = [r for r in risky if not passes.whole(r[2])]
     if not risky:
         return None, f"no module's output reaches {edge:g} on this batch"
-    peak, name = risky[-1]
+    peak, _, name = risky[-1]  # the largest; of equal ones, the inner one
     return [name], (
         f"the outputs of {name!r} reach {peak:.4g} on this batch, within {AT_RISK:g}x of "
         "float16's 65504"

@@ -6,7 +6,10 @@ same weights. The judgement is the horizon's rule (``_judge._phases``), over the
 float32's by more than ``PHASE_TOLERANCE`` of it, **and** by more than ``PHASE_Z`` standard
 errors of the paired differences, so that one hard batch is no alarm. Both losses are
 taken at the same weights, so the difference is the precision's own: a run whose forward is
-as good as float32's passes however its loss moves.
+as good as float32's passes however its loss moves. After the check kept a module in
+float32 because its island brought the step's batch within ``ISLAND_CLOSES`` of float32's
+loss, the checks that follow hold it to that claim: beyond it (and the noise), the island
+was not enough.
 """
 
 from __future__ import annotations
@@ -50,7 +53,11 @@ class Gap:
 
     @property
     def failing(self) -> bool:
-        return self.ratio - 1 > _policy.PHASE_TOLERANCE and self.z > _policy.PHASE_Z
+        return self.beyond(_policy.PHASE_TOLERANCE)
+
+    def beyond(self, tolerance: float) -> bool:
+        """The ratio exceeds ``1 + tolerance`` and its excess exceeds the noise."""
+        return self.ratio - 1 > tolerance and self.z > _policy.PHASE_Z
 
     def describe(self) -> str:
         z = "inf" if math.isinf(self.z) else f"{self.z:.1f}"

@@ -21,9 +21,10 @@ LOGGER.addHandler(logging.NullHandler())
 
 @dataclasses.dataclass(frozen=True)
 class Action:
-    """What the check did at a step, and why: ``kind`` is ``island``, ``float32``,
-    ``scale`` (kept from collapsing after a forward overflow, with islands), ``knobs`` or
-    ``none`` (the policy warned, or stopped the run)."""
+    """What the check did at a step, and why: ``kind`` is ``island`` (a module kept in
+    float32 for the precision), ``overflow`` (modules kept in float32 after a forward
+    overflow, and the scale kept from collapsing), ``float32``, ``knobs`` or ``none`` (the
+    policy warned)."""
 
     step: int
     kind: str

@@ -102,7 +102,9 @@ class Passes:
         culprits: list[str] = []
 
         def seen(name: str, output: Any, inputs: Any = ()) -> None:
-            if _all_finite(inputs) and not _all_finite(output) and name not in culprits:
+            inner = any(c.startswith(name + ".") for c in culprits)  # its submodule did it
+            fresh = name not in culprits and not inner
+            if fresh and _all_finite(inputs) and not _all_finite(output):
                 culprits.append(name)
 
         with (
@@ -118,6 +120,16 @@ class Passes:
         """The names of the models' modules (the models themselves left out), as the
         passes name them."""
         return [n for m in self.amp.models for n, _ in unwrapped(m).named_modules() if n]
+
+    def whole(self, name: str) -> bool:
+        """Whether module ``name`` holds every parameter of its model: an island of it is the
+        whole model in float32, not an island."""
+        for model in self.amp.models:
+            modules = dict(unwrapped(model).named_modules())
+            if name in modules:
+                total = sum(1 for _ in modules[""].parameters())
+                return total > 0 and sum(1 for _ in modules[name].parameters()) == total
+        return False
 
     @contextlib.contextmanager
     def _quiet(self) -> Iterator[None]:
