@@ -40,7 +40,7 @@ class ScalerDecisions:
 
     def scaler_stepping(self, optimizer: torch.optim.Optimizer) -> None:
         """Called by :attr:`scaler` as ``scaler.step(optimizer)`` starts."""
-        if self.check is not None and self.check.recording():
+        if self.check is not None and self.check.recording:
             self.check.record(self, optimizer)
         self._skips.begin(self.scaler, optimizer)
 

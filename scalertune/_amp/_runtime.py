@@ -218,7 +218,7 @@ class AmpRuntime(ScalerDecisions):
             >>> amp.step(optimizer)
             True
         """
-        if self._check_due():
+        if self.check is not None and self._check_due():
             self._checked_step = self.steps
             assert self.check is not None
             return self.check.run(self, closure, recompute or closure, autocast)
@@ -233,9 +233,9 @@ class AmpRuntime(ScalerDecisions):
         check = self.check
         return (
             check is not None
+            and check.due(self.steps)
             and self._checked_step != self.steps
             and self.config.dtype != "float32"  # after a fall back: nothing to check against
-            and check.due(self.steps)
             and torch.is_grad_enabled()
         )
 

@@ -58,6 +58,7 @@ class InRunCheck:
         sink: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.policy = policy or CheckPolicy()
+        self._every = self.policy.every  # read on every step: a plain attribute
         self.prediction = prediction
         #: Called with :meth:`summary` after each check and action (the study's copy).
         self.sink = sink
@@ -69,8 +70,13 @@ class InRunCheck:
         self._trace: GradientTrace | None = None
         self._drift = ""
 
+    @property
+    def recording(self) -> bool:
+        """Whether it records the run's gradients now (to choose the scaler's knobs)."""
+        return self._trace is not None
+
     def due(self, steps: int) -> bool:
-        return self._requested or steps % self.policy.every == 0
+        return steps % self._every == 0 or self._requested
 
     def run(
         self,
@@ -139,9 +145,6 @@ class InRunCheck:
                 self._trace.steps,
             )
 
-    def recording(self) -> bool:
-        return self._trace is not None
-
     def record(self, amp: AmpRuntime, optimizer: torch.optim.Optimizer) -> None:
         if self._trace is not None:
             self._trace.record(amp, optimizer)
@@ -167,8 +170,9 @@ class InRunCheck:
 
     def summary(self, amp: AmpRuntime) -> dict[str, Any]:
         """The run's record, plain data: the policy, the config now, every check kept, every
-        action, the scaler's story (what the study shows)."""
-        return {
+        action, and the scaler's story beside the search's prediction (what the study shows
+        and :meth:`report` prints)."""
+        record: dict[str, Any] = {
             "policy": self.policy.to_dict(),
             "config": amp.config.to_dict(),
             "steps": amp.steps,
@@ -176,6 +180,17 @@ class InRunCheck:
             "checks": [c.to_list() for c in self.checks],
             "actions": self.actions.to_list(),
         }
+        if amp.config.uses_scaler:
+            record["scale"] = float(amp.scale)
+        if self.prediction is not None:
+            p = self.prediction
+            record["prediction"] = {
+                "horizon": p.horizon,
+                "skipped_steps": p.skipped_steps,
+                "min_scale": p.min_scale,
+                "final_scale": p.final_scale,
+            }
+        return record
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -192,16 +207,5 @@ class InRunCheck:
         self._healthy = state.get("healthy")
 
     def report(self, amp: AmpRuntime) -> str:
-        """What ``amp.report()`` prints: the summary with the search's prediction beside."""
-        record = self.summary(amp)
-        if self.prediction is not None:
-            p = self.prediction
-            record["prediction"] = {
-                "horizon": p.horizon,
-                "skipped_steps": p.skipped_steps,
-                "min_scale": p.min_scale,
-                "final_scale": p.final_scale,
-            }
-        if amp.config.uses_scaler:
-            record["scale"] = float(amp.scale)
-        return describe(record)
+        """What ``amp.report()`` prints (see :meth:`summary`)."""
+        return describe(self.summary(amp))

@@ -208,3 +208,10 @@ def test_ranks_take_the_same_action_at_the_same_step(on_ranks):
     lines = [a["line"] for a in actions]
     assert zero["bfloat16"]["lines"] == one["bfloat16"]["lines"] == lines
     assert zero["bfloat16"]["loss"] <= 1.10 * zero["float32"]["loss"]
+
+
+def test_fully_sharded_ranks_keep_the_same_module_in_float32(on_ranks):
+    zero, one = on_ranks
+    assert zero["fsdp2"] == one["fsdp2"]
+    assert zero["fsdp2"]["islands"] == ["2"]
+    assert [a["kind"] for a in zero["fsdp2"]["actions"]] == ["island"]
