@@ -1,8 +1,9 @@
 """The result file: the YAML a search writes and training code reads back.
 
-Three blocks matter to the runtime: ``config`` (the :class:`AmpConfig` to train with),
-``guard`` (the production guard's limits) and, in ``evidence``, ``prediction`` (what the
-search predicted the scaler does, which the watch compares the run with). The rest of
+Four blocks matter to the runtime: ``config`` (the :class:`AmpConfig` to train with),
+``guard`` (the production guard's limits), ``check`` (the in-run check's policy) and, in
+``evidence``, ``prediction`` (what the search predicted the scaler does, which the watch
+compares the run with). The rest of
 ``evidence`` is for people: why this config, from which trials, how fast against float32.
 This module reads and writes the file and knows nothing else of the search, so the runtime
 can load a config without importing the analysis or the replay.
@@ -17,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from scalertune._amp._check import CheckPolicy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._guard import Guard
 from scalertune._amp._watch import ScalerPrediction, Watch
@@ -88,6 +90,18 @@ def load_runtime(
     }
 
 
+def load_check(path: str) -> tuple[CheckPolicy, ScalerPrediction | None]:
+    """The result file's ``check`` block (the default policy where it has none: a file
+    written before runs checked themselves) and its scaler prediction."""
+    data = read_result(path)
+    block = data.get("check")
+    try:
+        policy = CheckPolicy() if block is None else CheckPolicy.from_dict(block)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    return policy, _prediction(data, path)
+
+
 def _guard(data: dict[str, Any], path: str) -> Guard | None:
     block = data.get("guard")
     if block is None:
@@ -147,12 +161,19 @@ def result_document(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_result(data: dict[str, Any], path: str) -> None:
-    """Write ``data`` (config, guard, evidence) atomically, with a header saying how to load it."""
+    """Write ``data`` (config, guard, evidence) atomically, with a header saying how to load
+    it, and the in-run check's policy (``check``: the defaults, for the user to change)."""
     header = (
         "# Written by scalertune. Load it in training code with\n"
         '#   amp = scalertune.load("' + os.path.basename(path) + '", device="cuda")\n'
-        "# 'config' is what the runtime uses; 'evidence' says why it was chosen.\n"
+        "# 'config' is what the runtime uses; 'evidence' says why it was chosen; 'check' is\n"
+        "# what the run does when, every 'every' steps, its loss at its own weights falls\n"
+        "# behind float32's: act (a float32 island, float32, the scaler's knobs), warn or stop.\n"
     )
+    if "check" not in data:
+        before = {k: v for k, v in data.items() if k != "evidence"}
+        after = {k: v for k, v in data.items() if k == "evidence"}
+        data = {**before, "check": CheckPolicy().to_dict(), **after}
     # A temporary name of this process's own: workers that finish together write the same
     # YAML, and one shared ".tmp" name was moved away under another's feet.
     tmp = temporary_name(path)

@@ -16,6 +16,7 @@ float16 there.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 from collections.abc import Iterator
 from typing import Any
@@ -108,7 +109,10 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
             return result
 
         def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-            return amp.prepare(super().convert_module(module))
+            module = amp.prepare(super().convert_module(module))
+            if amp.check is not None:
+                _check_training_step(module, amp)
+            return module
 
         @contextlib.contextmanager
         def forward_context(self) -> Iterator[None]:
@@ -118,6 +122,49 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
     return _RuntimePrecision(
         precision, amp.device.type, scaler=amp.scaler if config.uses_scaler else None
     )
+
+
+def _check_training_step(module: Any, amp: AmpRuntime) -> None:
+    """The LightningModule's ``training_step`` through the runtime's
+    :meth:`~scalertune.AmpRuntime.loss`, so that the run checks itself: Lightning runs it
+    under the plugin's autocast already; the check's extra passes run it again with
+    ``self.log`` and ``self.log_dict`` held back, so nothing is logged twice. A module that
+    optimizes manually (``automatic_optimization = False``) steps inside ``training_step``,
+    which cannot run twice: it is left unchecked."""
+    if getattr(module, _CHECKED, False) or not getattr(module, "automatic_optimization", True):
+        return  # manual optimization steps inside training_step: it cannot run twice
+    original = module.training_step
+
+    def quiet(*args: Any, **kwargs: Any) -> Any:
+        held = {name: module.__dict__.get(name) for name in ("log", "log_dict")}
+        module.log = module.log_dict = _no_log
+        try:
+            return original(*args, **kwargs)
+        finally:
+            for name, value in held.items():
+                if value is None:
+                    del module.__dict__[name]
+                else:
+                    module.__dict__[name] = value
+
+    @functools.wraps(original)
+    def training_step(*args: Any, **kwargs: Any) -> Any:
+        return amp.loss(
+            lambda: original(*args, **kwargs),
+            autocast=False,
+            recompute=lambda: quiet(*args, **kwargs),
+        )
+
+    module.training_step = training_step
+    setattr(module, _CHECKED, True)
+
+
+#: Marks a LightningModule whose ``training_step`` goes through the in-run check.
+_CHECKED = "_scalertune_checked"
+
+
+def _no_log(*_args: Any, **_kwargs: Any) -> None:
+    """``self.log`` during the in-run check's extra passes: nothing."""
 
 
 def lightning_device(trainer: Any) -> torch.device:

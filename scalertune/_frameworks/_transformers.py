@@ -14,10 +14,12 @@ runtime: its dtype, its GradScaler, its float32 islands, and its clipping as the
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import torch
 
+from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._frameworks._accelerate import check_accelerator, route_accelerator
 from scalertune._frameworks._route import Route
@@ -68,6 +70,21 @@ def route_trainer(trainer: Any, route: Route, *, training: bool) -> None:
         amp.prepare(trainer.model)
         # 0 is the Trainer's own "no clipping"
         trainer.args.max_grad_norm = amp.config.clip_norm or 0.0
+        if amp.check is not None:
+            _check_compute_loss(trainer, amp)
+
+
+def _check_compute_loss(trainer: Any, amp: AmpRuntime) -> None:
+    """The Trainer's ``compute_loss`` (its own, or a subclass's) through the runtime's
+    :meth:`~scalertune.AmpRuntime.loss`, so that the run checks itself: the model's forward
+    is routed under autocast already, and the check's float32 pass runs the same call."""
+    original = trainer.compute_loss
+
+    @functools.wraps(original)
+    def compute_loss(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        return amp.loss(lambda: original(model, inputs, *args, **kwargs), autocast=False)
+
+    trainer.compute_loss = compute_loss
 
 
 def trainer_device(trainer: Any) -> torch.device:

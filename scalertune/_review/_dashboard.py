@@ -46,6 +46,7 @@ from scalertune._review._notes import (
     is_recommended,
     trial_note,
 )
+from scalertune._review._runs import runs_lines
 from scalertune._review._scaler_advice import (
     article_fix_line,
     replay_agreement,
@@ -145,6 +146,8 @@ def study_note(result: Findings, pictures: Pictures | None = None) -> str:
     hint = overflow_hint(result)
     if hint:
         lines += ["", hint]
+    if result.runs:
+        lines += ["", "### Real runs", "", "```", *runs_lines(result.runs), "```"]
     pruned = result.pruned_by_kind
     if pruned:
         lines += [

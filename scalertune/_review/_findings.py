@@ -80,6 +80,9 @@ class Findings:
     reused: int = 0
     stop_reason: str | None = None
     interrupted: bool = False
+    #: The real runs that loaded the answer and checked themselves, each its record (its
+    #: checks, actions and scaler), by run name, oldest first.
+    runs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     study: optuna.Study | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property

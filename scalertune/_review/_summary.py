@@ -8,6 +8,7 @@ import statistics
 import textwrap
 from typing import Any
 
+from scalertune._amp._check import CHECK_EVERY
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
 from scalertune._judge._rank import all_tied
@@ -19,6 +20,7 @@ from scalertune._review._describe import (
     why_not,
 )
 from scalertune._review._findings import Findings
+from scalertune._review._runs import runs_lines
 from scalertune._review._scaler_advice import (
     article_fix_line,
     replay_agreement,
@@ -58,6 +60,8 @@ def summary(result: Findings, *, top: int = 5) -> str:
         lines += [*_phases(result), ""]
     lines += _notes(result)
     lines += ["", *_answer(result)]
+    if result.runs:
+        lines += ["", *runs_lines(result.runs)]
     return "\n".join(lines)
 
 
@@ -283,9 +287,22 @@ def _answer(result: Findings) -> list[str]:
         )
     lines += textwrap.wrap(f"Verdict: {verdict(result)}", _WIDTH, subsequent_indent="  ")
     lines.append(f"Cost: {_cost(result)}")
+    if not result.long:
+        lines += textwrap.wrap(_past_the_trials(result), _WIDTH, subsequent_indent="  ")
     if result.interrupted:
         lines.append(_INTERRUPTED)
     return lines
+
+
+def _past_the_trials(result: Findings) -> str:
+    """The path from a short search: the run checks itself past the evidence's end."""
+    steps = result.horizon
+    return (
+        f"Past step {steps}: a run that loads this answer (scalertune.load, scalertune.attach) "
+        f"checks itself against float32 every {CHECK_EVERY} steps and acts when the precision "
+        f"or the scaler fails late; --horizon N (your training's steps) gives evidence over N "
+        "steps before training, for about 3 trainings of N"
+    )
 
 
 def _pending(result: Findings) -> str:
