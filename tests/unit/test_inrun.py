@@ -245,7 +245,10 @@ def test_the_runs_record_reaches_its_study(tmp_path):
     assert record["config"] == {"dtype": "bfloat16", "clip_norm": None}
 
 
-def test_an_unreachable_study_never_stops_training(tmp_path, caplog):
+def test_an_unreachable_study_never_stops_training(tmp_path, caplog, monkeypatch):
+    # a logging.config.dictConfig elsewhere in the session (import-linter's) disables the
+    # loggers that exist by then, as it would in a program that calls it
+    monkeypatch.setattr(logging.getLogger("scalertune"), "disabled", False)
     path = str(tmp_path / "amp.yaml")
     gone = f"sqlite:///{tmp_path / 'nowhere' / 'study.db'}"
     write_result(
