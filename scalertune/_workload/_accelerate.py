@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from scalertune._amp._device import check_same_device
 from scalertune._errors import UsageError
 from scalertune._frameworks._accelerate import check_accelerator, route_accelerator
 from scalertune._frameworks._route import Route
@@ -39,12 +40,12 @@ def accelerate_workload(result: dict[str, Any], *, device: torch.device) -> Work
     check_accelerator(
         accelerator, before="return the Accelerator with what it will prepare, unprepared"
     )
-    if torch.device(accelerator.device).type != device.type:
-        raise UsageError(
-            f"the Accelerator trains on {torch.device(accelerator.device).type} and "
-            f"the search runs on {device.type}: give --device "
-            f"{torch.device(accelerator.device).type}"
-        )
+    check_same_device(
+        "the Accelerator",
+        torch.device(accelerator.device),
+        device,
+        "or Accelerator(cpu=...) to match",
+    )
     workload = from_result(result)
     route = Route()
     route_accelerator(accelerator, route, training=False)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from scalertune._amp._device import check_same_device
 from scalertune._errors import UsageError
 from scalertune._frameworks._lightning import check_lightning, lightning_device
 from scalertune._workload._contract import Workload
@@ -159,13 +160,9 @@ def lightning_trainer_workload(
     """What ``trainer.fit(module, data)`` trains, as a Workload (``data``: a dataloader, or a
     LightningDataModule, whose ``train_dataloader()`` is taken as ``fit`` takes it)."""
     check_lightning(trainer)
-    where = lightning_device(trainer)
-    if where.type != device.type:
-        raise UsageError(
-            f"the Trainer trains on {where.type} and the search runs on "
-            f"{device.type}: give --device {where.type} (or the Trainer's "
-            "accelerator to match)"
-        )
+    check_same_device(
+        "the Trainer", lightning_device(trainer), device, "or the Trainer's accelerator to match"
+    )
     clip = trainer.gradient_clip_val
     if clip and str(trainer.gradient_clip_algorithm or "norm").lower() != "norm":
         raise UsageError(
