@@ -289,11 +289,11 @@ def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]
     if framework == "transformers":
         return [
             f"# TrainingArguments has no loss-scaler settings: scalertune.attach puts {what}",
-            "# into the Trainer (on a CPU too, whatever its fp16/bf16):",
+            "# into the Trainer, whatever its fp16/bf16:",
             line,
             "#     trainer.train(); print(amp.skipped_steps, amp.scaler.get_scale())",
         ]
-    return [f"# or, instead: scalertune.attach puts {what} into the {name} (on a CPU too)", line]
+    return [f"# or, instead: scalertune.attach puts {what} into the {name}", line]
 
 
 def _deepspeed_horizon(evidence: Any) -> list[str]:
@@ -434,13 +434,19 @@ def _accelerate(c: AmpConfig, device: _Device) -> _Parts:
             "# in the loop, between accelerator.backward(loss) and optimizer.step():",
             f"#     accelerator.clip_grad_norm_(model.parameters(), {c.clip_norm!r})",
         ]
-    if c.uses_scaler and device.value == "cpu":
-        parts.differ.append(
-            "Accelerate makes a GradScaler and autocasts to float16 only on "
-            "GPUs: on a CPU, mixed_precision='fp16' trains in float32 (with "
-            "scalertune.attach it trains in float16 there too)"
-        )
+    parts.differ += _float32_on_a_cpu(c, device, "mixed_precision='fp16'")
     return parts
+
+
+def _float32_on_a_cpu(c: AmpConfig, device: _Device, setting: str) -> list[str]:
+    """The one note that Accelerate's float16 (an Accelerator's, a Hugging Face Trainer's)
+    trains in float32 on a CPU, where ``attach`` trains float16; none elsewhere."""
+    if not (c.uses_scaler and device.value == "cpu"):
+        return []
+    return [
+        f"Accelerate makes a GradScaler and autocasts to float16 only on GPUs: on a CPU, "
+        f"{setting} trains in float32 (scalertune.attach trains float16 there too)"
+    ]
 
 
 def _transformers(c: AmpConfig, device: _Device) -> _Parts:
@@ -454,12 +460,7 @@ def _transformers(c: AmpConfig, device: _Device) -> _Parts:
         },
         name="training_arguments",
     )
-    if c.uses_scaler and device.value == "cpu":
-        parts.differ.append(
-            "the Trainer's Accelerator makes a GradScaler and autocasts to "
-            "float16 only on GPUs: on a CPU, fp16=True trains in float32 (with "
-            "scalertune.attach it trains in float16 there too)"
-        )
+    parts.differ += _float32_on_a_cpu(c, device, "the Trainer's fp16=True")
     parts.usage = [
         "# args = transformers.TrainingArguments(output_dir=..., **training_arguments)",
         "# trainer = transformers.Trainer(model=model, args=args, ...)",
