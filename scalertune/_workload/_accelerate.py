@@ -25,6 +25,7 @@ import torch
 from scalertune._amp._device import check_same_device
 from scalertune._errors import UsageError
 from scalertune._frameworks._accelerate import check_accelerator, route_accelerator
+from scalertune._frameworks._detect import ACCELERATE, trainer_framework
 from scalertune._frameworks._route import Route
 from scalertune._workload._contract import Workload, from_result
 from scalertune._workload._groups import Groups
@@ -33,7 +34,7 @@ from scalertune._workload._groups import Groups
 def accelerate_workload(result: dict[str, Any], *, device: torch.device) -> Workload:
     """The Workload of a factory's ``{"accelerator": ..., ...}`` (see the module's docstring)."""
     accelerator = result.pop("accelerator")
-    if not any(c.__name__ == "Accelerator" for c in type(accelerator).__mro__):
+    if trainer_framework(accelerator) != ACCELERATE:
         raise UsageError(
             f"'accelerator' is a {type(accelerator).__name__}: give an accelerate.Accelerator"
         )
