@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from scalertune._judge._target import Target
     from scalertune._review._analyze import analyze
     from scalertune._review._result import SearchResult
-    from scalertune._run._timing import StepTimes
+    from scalertune._run._step_times import StepTimes
     from scalertune._search._api import search
     from scalertune._search._setup import Isolation
     from scalertune._search._space import SearchSpace
@@ -91,7 +91,7 @@ _EXPORTS = {
     "search": "_search._api",
     "SearchSpace": "_search._space",
     "StorageUnavailable": "_errors",
-    "StepTimes": "_run._timing",
+    "StepTimes": "_run._step_times",
     "Workload": "_workload._contract",
 }
 

@@ -154,7 +154,7 @@ def _report(args: argparse.Namespace) -> int:
     _check_storage_and_output(args.storage, args.output, None, {})
     study = load_existing_study(args.storage, args.study_name)
     from scalertune._amp._schema import result_document
-    from scalertune._review._analyze import analyze  # after the checks: it loads torch
+    from scalertune._review._analyze import analyze
 
     result = analyze(study, storage=redact(args.storage))
     if args.json:
@@ -315,11 +315,11 @@ def _checked(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     """``command``, after the numbers it was given are checked (before torch loads)."""
 
     def run(args: argparse.Namespace) -> int:
+        check_numbers(args)
         import optuna
 
         # scalertune prints its own line per run; Optuna's would repeat them less clearly.
         optuna.logging.set_verbosity(optuna.logging.ERROR)
-        check_numbers(args)
         return command(args)
 
     return run

@@ -12,6 +12,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._frameworks import _accelerate, _lightning, _transformers
+from scalertune._frameworks._detect import trainer_framework
 from scalertune._frameworks._route import Route
 from scalertune._inrun._build import in_run_check, runtime_from_yaml
 
@@ -42,15 +43,13 @@ def attach(
 
 def _kind(trainer: Any) -> tuple[str, torch.device]:
     """Which framework ``trainer`` comes from, and the device it trains on."""
-    if _transformers.is_trainer(trainer):
-        return "transformers", _transformers.trainer_device(trainer)
-    if _lightning.lightning_package(trainer, "Trainer") is not None:
-        return "lightning", _lightning.lightning_device(trainer)
-    if any(
-        cls.__name__ == "Accelerator" and cls.__module__.startswith("accelerate")
-        for cls in type(trainer).__mro__
-    ):
-        return "accelerate", torch.device(trainer.device)
+    kind = trainer_framework(trainer)
+    if kind == "transformers":
+        return kind, _transformers.trainer_device(trainer)
+    if kind == "lightning":
+        return kind, _lightning.lightning_device(trainer)
+    if kind == "accelerate":
+        return kind, torch.device(trainer.device)
     raise UsageError(
         f"cannot attach to a {type(trainer).__name__}: give a transformers.Trainer "
         "(before train()), a Lightning Trainer (before fit()) or an "

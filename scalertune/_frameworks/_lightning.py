@@ -10,7 +10,8 @@ the config's) run unchanged. A float32 config gets Lightning's plain ``Precision
 
 Made with ``precision="16-mixed"`` on a CPU, a Trainer warns and trains ``bf16-mixed``
 instead; the plugin set here is Lightning's own class with a device of "cpu", which trains in
-float16 there.
+float16 there. The plugin's methods overridden here, and what is set on the Trainer, are
+listed in ``_lightning_private``.
 """
 
 from __future__ import annotations
@@ -25,24 +26,12 @@ import torch
 
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
+from scalertune._frameworks import _lightning_private
 
 #: Lightning's precision flags a Trainer may have been given that mean autocast (or none):
 #: the runtime's plugin replaces them. Any other ("16-true", "bf16-true", "64-true",
 #: "transformer-engine", a DeepSpeed or FSDP plugin) changes the model itself.
 _REPLACEABLE = ("32-true", "32", "16-mixed", "bf16-mixed")
-
-
-def lightning_package(obj: Any, base: str) -> str | None:
-    """``lightning.pytorch`` or ``pytorch_lightning``: where ``obj``'s class ``base`` comes from
-    (``None`` when ``obj`` is not one)."""
-    for cls in type(obj).__mro__:
-        if cls.__name__ == base:
-            package = cls.__module__.split(".")[0]
-            if package == "lightning":
-                return "lightning.pytorch"
-            if package == "pytorch_lightning":
-                return package
-    return None
 
 
 def check_lightning(trainer: Any) -> None:
@@ -76,7 +65,7 @@ def check_lightning(trainer: Any) -> None:
 
 def route_lightning(trainer: Any, amp: AmpRuntime) -> None:
     """Set the runtime's precision plugin on ``trainer``'s strategy, and its clipping."""
-    package = lightning_package(trainer, "Trainer")
+    package = _lightning_private.package(trainer, "Trainer")
     plugins = importlib.import_module(f"{package}.plugins.precision")
     trainer.strategy.precision_plugin = _plugin(plugins, amp)
     trainer.gradient_clip_val = amp.config.clip_norm

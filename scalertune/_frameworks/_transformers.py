@@ -21,27 +21,20 @@ import torch
 
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
-from scalertune._frameworks._accelerate import check_accelerator, route_accelerator
+from scalertune._frameworks._accelerate import (
+    check_accelerator,
+    refuse_deepspeed,
+    route_accelerator,
+)
+from scalertune._frameworks._accelerate_private import set_sync_gradients
 from scalertune._frameworks._route import Route
-
-
-def is_trainer(obj: Any) -> bool:
-    """Whether ``obj`` is a ``transformers.Trainer`` (or a subclass), without importing
-    transformers."""
-    return any(
-        cls.__name__ == "Trainer" and cls.__module__ == "transformers.trainer"
-        for cls in type(obj).__mro__
-    )
 
 
 def check_trainer(trainer: Any, *, before: str = "attach before trainer.train()") -> None:
     """Refuse, in one line, a Trainer the runtime cannot drive (``before``: when to hand it
     over)."""
     if getattr(trainer, "is_deepspeed_enabled", False):
-        raise UsageError(
-            "this Trainer runs DeepSpeed, whose fp16 mode has its own loss scaler: "
-            "export the config with scalertune export --to deepspeed instead"
-        )
+        refuse_deepspeed("this Trainer")
     if getattr(trainer, "is_fsdp_enabled", False):
         raise UsageError(
             "this Trainer runs FSDP: scalertune drives single-process and DDP Trainers only"
@@ -106,7 +99,7 @@ def micro_batch(trainer: Any, model: torch.nn.Module, last: bool) -> Any:
     Accelerator told whether gradients sync after it, and a wrapped model's all-reduce held
     back (``no_sync``) on all but the last."""
     accelerator = trainer.accelerator
-    accelerator.gradient_state._set_sync_gradients(last)  # noqa: SLF001 - what train() sets
+    set_sync_gradients(accelerator, last)  # what train() sets
     if last or model is trainer.model:
         return contextlib.nullcontext()
     return accelerator.no_sync(model)

@@ -13,9 +13,18 @@ acts when the precision or the scaler fails late (see ``_checker``).
 - ``_build``: the runtime a result file describes, with its check (``scalertune.load``,
   ``scalertune.attach``).
 
-Like ``_amp``, nothing here imports Optuna: training code loads it.
+Like ``_amp``, nothing here imports Optuna: training code loads it. The package imports
+nothing on its own (a report reads ``_account`` without loading torch).
 """
 
-from scalertune._inrun._checker import InRunCheck
+from typing import Any
 
 __all__ = ["InRunCheck"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "InRunCheck":
+        from scalertune._inrun._checker import InRunCheck
+
+        return InRunCheck
+    raise AttributeError(f"module 'scalertune._inrun' has no attribute {name!r}")

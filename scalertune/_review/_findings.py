@@ -25,7 +25,7 @@ from scalertune._judge._settings import StudySettings
 from scalertune._judge._speedup import Speedup
 from scalertune._judge._target import Target
 from scalertune._replay._trace import Trace
-from scalertune._run._timing import StepTimes
+from scalertune._run._step_times import StepTimes
 from scalertune._storage._names import ROLE_BASELINE
 
 

@@ -28,7 +28,7 @@ from scalertune._review._scaler_advice import (
 )
 from scalertune._review._verdict import verdict
 from scalertune._run._record import PRUNE_KINDS
-from scalertune._run._timing import spread
+from scalertune._run._step_times import spread
 from scalertune._storage._names import ROLE_SEARCH
 from scalertune._text import format_table, plural
 

@@ -60,6 +60,7 @@ def _ranks_run(factory, config, steps, timeout_s=120):
     )
 
 
+@pytest.mark.xdist_group("plain-torchrun")  # one launch of the yardstick for the three
 @pytest.mark.parametrize("factory", FACTORIES)
 def test_a_run_on_two_ranks_trains_as_the_plain_torchrun_loop(factory, plain):
     """The global batch's loss and the scale after every step are those of the user's own
