@@ -94,7 +94,8 @@ def test_settings_from_a_newer_scalertune_are_refused_in_words():
 
 def test_a_rerun_compares_the_settings_that_make_trials_comparable():
     settings = _settings()
-    assert settings.differs_from(_settings(horizon=4000, device="cpu (1 thread)")) is None
+    assert settings.differs_from(_settings(device="cpu (1 thread)")) is None
+    assert settings.differs_from(_settings(horizon=4000)) == "horizon"
     assert settings.differs_from(_settings(steps=100, horizon=2000)) == "steps"
     assert settings.differs_from(_settings(reference=AmpConfig(dtype="float32"))) == "reference"
 
