@@ -5,6 +5,7 @@
 - ``_scaler``: the GradScaler the runtime builds, and how it knows which steps were skipped;
 - ``_guard``: :class:`Guard`, the production guard against a collapsing loss scale;
 - ``_watch``: the warning when a training run's scaler leaves the search's prediction;
+- ``_fingerprint``: the model a result file was searched on, and the warning for another;
 - ``_islands``, ``_modules``: float32 islands and how modules are named for them;
 - ``_device``: which device a run trains on;
 - ``_schema``, ``_yaml``: the result YAML, read with size and alias bounds.

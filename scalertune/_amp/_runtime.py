@@ -86,6 +86,8 @@ class AmpRuntime:
         #: (``_run._trace_collector``).
         self._after_backward: Callable[[], None] | None = None
         self._before_step: Callable[[], None] | None = None
+        #: From a result YAML: the check of the first model prepared (``_fingerprint``).
+        self._model_check: Callable[[torch.nn.Module], None] | None = None
 
     @classmethod
     def from_yaml(
@@ -104,7 +106,11 @@ class AmpRuntime:
         for a GPU, when the search ran where float32 is faster."""
         from scalertune._amp._schema import load_runtime
 
-        return cls(**load_runtime(path, guard=guard, watch=watch, best_amp=best_amp), device=device)
+        loaded = load_runtime(path, guard=guard, watch=watch, best_amp=best_amp)
+        check = loaded.pop("model_check")
+        runtime = cls(**loaded, device=device)
+        runtime._model_check = check  # warns once if the model prepared is another's
+        return runtime
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward context: autocast to the config's dtype (a no-op for float32).
@@ -130,7 +136,14 @@ class AmpRuntime:
         """
         if self.steps == 0 and type(self.scaler) is not scaler_class(model):
             self.scaler = self._scaler(scaler_class(model))  # FSDP1: ShardedGradScaler
+        self._check_model(model)
         return self._forward.prepare(model)
+
+    def _check_model(self, model: torch.nn.Module) -> None:
+        """Once: whether ``model`` is the one the YAML was searched on (``_fingerprint``)."""
+        check, self._model_check = self._model_check, None
+        if check is not None:
+            check(model)
 
     def _scaler(self, kind: type[torch.amp.GradScaler]) -> torch.amp.GradScaler:
         config = self.config
@@ -201,6 +214,8 @@ class AmpRuntime:
 
         Applies the float32 islands (:meth:`prepare`) to ``model`` on first use.
         """
+        if self._model_check is not None:
+            self._check_model(model)
         self._forward.prepare(model)
         inputs, targets = batch
         optimizer.zero_grad(set_to_none=True)
