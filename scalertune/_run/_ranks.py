@@ -148,7 +148,13 @@ class Replicas:
         rows = [torch.empty_like(mine) for _ in range(world())]
         torch.distributed.all_gather(rows, mine)
         table = torch.stack(rows)
-        return bool(((table - table[0]).abs() > 1e-6 * (table.abs() + table[0].abs())).any())
+        return bool(((table - table[0]).abs() > _APART * (table.abs() + table[0].abs())).any())
+
+
+#: How far apart (relative) two ranks' sums may be and still be one model's: DDP's replicas
+#: are equal to the bit; copies trained apart for one step differ by the update itself, which
+#: is a learning rate's share of the weights, far above this.
+_APART = 1e-6
 
 
 def _moments(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
