@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -21,8 +21,16 @@ class Forward:
     :meth:`prepare` has seen; inside :meth:`float32` no autocast at all (the in-run check's
     float32 forward of the same step)."""
 
-    def __init__(self, config: AmpConfig, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: AmpConfig,
+        device: torch.device,
+        model_check: Callable[[torch.nn.Module], None] | None = None,
+    ) -> None:
         self.device = device
+        #: From a result file: called with the first model prepared, whether it is the one
+        #: the file was searched on (``_fingerprint``), then dropped.
+        self._model_check = model_check
         self._prepared: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._float32_now = False
         self.configure(config)
@@ -71,6 +79,9 @@ class Forward:
             self._float32_now = before
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self._model_check is not None:
+            check, self._model_check = self._model_check, None
+            check(model)
         if model not in self._prepared:
             if self.islands:
                 apply_islands(model, self.islands, self.device.type)

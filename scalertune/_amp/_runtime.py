@@ -10,6 +10,7 @@ import torch
 
 from scalertune._amp._autocast import Clip, Forward
 from scalertune._amp._check import RunCheck
+from scalertune._amp._checkpointed import Checkpointed
 from scalertune._amp._config import SCALER_KNOBS, AmpConfig
 from scalertune._amp._decisions import ScalerDecisions
 from scalertune._amp._device import resolve_device
@@ -19,7 +20,7 @@ from scalertune._amp._scaler import DeviceStep, RuntimeScaler, Skips, scaler_cla
 from scalertune._amp._watch import Watch
 
 
-class AmpRuntime(ScalerDecisions):
+class AmpRuntime(ScalerDecisions, Checkpointed):
     """Owns the autocast context, the GradScaler and the unscale-then-clip step.
 
     One object per training run. The canonical AMP step it implements is::
@@ -67,6 +68,7 @@ class AmpRuntime(ScalerDecisions):
         guard: Guard | None = None,
         watch: Watch | None = None,
         check: RunCheck | None = None,
+        model_check: Callable[[torch.nn.Module], None] | None = None,
     ) -> None:
         self.config = config
         self.guard = guard if config.uses_scaler else None
@@ -75,7 +77,7 @@ class AmpRuntime(ScalerDecisions):
         #: to check against.
         self.check = check if config.dtype != "float32" else None
         self.device = resolve_device(device)
-        self._forward = Forward(config, self.device)
+        self._forward = Forward(config, self.device, model_check)
         #: The GradScaler (a :class:`~scalertune._amp._scaler.RuntimeScaler`: it reports each
         #: step to this runtime, whoever calls it; disabled for bfloat16 and float32).
         self.scaler: torch.amp.GradScaler = self._scaler(RuntimeScaler)
@@ -286,30 +288,3 @@ class AmpRuntime(ScalerDecisions):
         """Print what the in-run check saw and did: its checks, its actions (each with its
         step and evidence) and the scaler's story beside the search's prediction."""
         print(self.check.report(self) if self.check is not None else "no in-run check")
-
-    def state_dict(self) -> dict[str, Any]:
-        """Scaler state and counters, for checkpoints; with an in-run check, the config it
-        trains with now (islands added, knobs changed, float32) and the check's record."""
-        state: dict[str, Any] = {
-            "scaler": self.scaler.state_dict(),
-            "steps": self.steps,
-            "skipped": self.skipped_steps,
-        }
-        if self.check is not None:
-            state["config"] = self.config.to_dict()
-            state["check"] = self.check.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved: a resumed run keeps the in-run check's
-        actions."""
-        if "config" in state and self.check is not None:
-            saved = AmpConfig.from_dict(state["config"])
-            if saved != self.config:
-                self.reconfigure(saved)
-        if state["scaler"]:  # a disabled scaler (float32) saves none
-            self.scaler.load_state_dict(state["scaler"])
-        self.steps = int(state["steps"])
-        self._skips.restore(int(state["skipped"]), steps=self.steps)
-        if "check" in state and self.check is not None:
-            self.check.load_state_dict(state["check"])

@@ -1,9 +1,10 @@
 """The result file: the YAML a search writes and training code reads back.
 
-Four blocks matter to the runtime: ``config`` (the :class:`AmpConfig` to train with),
+Five blocks matter to the runtime: ``config`` (the :class:`AmpConfig` to train with),
 ``guard`` (the production guard's limits), ``check`` (the in-run check's policy) and, in
 ``evidence``, ``prediction`` (what the search predicted the scaler does, which the watch
-compares the run with). The rest of
+compares the run with) and ``model`` (the fingerprint of the model it was searched on, which
+a prepared model is checked against). The rest of
 ``evidence`` is for people: why this config, from which trials, how fast against float32.
 This module reads and writes the file and knows nothing else of the search, so the runtime
 can load a config without importing the analysis or the replay.
@@ -20,6 +21,7 @@ import yaml
 
 from scalertune._amp._check import CheckPolicy
 from scalertune._amp._config import AmpConfig
+from scalertune._amp._fingerprint import ModelCheck, searched_model
 from scalertune._amp._guard import Guard
 from scalertune._amp._watch import ScalerPrediction, Watch
 from scalertune._errors import UsageError
@@ -83,10 +85,13 @@ def load_runtime(
     data = read_result(path)
     chosen = _chosen(data, path, best_amp)
     predicted = _prediction(data, path) if watch else None
+    searched = searched_model(data)
     return {
         "config": AmpConfig.from_dict(chosen["config"]),
         "guard": _guard(chosen, path) if guard else None,
         "watch": Watch(predicted) if predicted is not None else None,
+        # the model the file was searched on, checked when a model is prepared
+        "model_check": None if searched is None else ModelCheck(searched, path),
     }
 
 

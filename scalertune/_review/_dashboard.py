@@ -33,6 +33,7 @@ from scalertune._review._describe import (
     evidence_of,
     forecast_line,
     overflow_hint,
+    unjudged,
     why_not,
 )
 from scalertune._review._document import document
@@ -270,7 +271,7 @@ def _phases_section(result: Findings) -> list[str]:
         verdict = {
             True: "yes",
             False: "no",
-            None: "not run (an earlier one held)" if (result.best_amp is not None) else "pending",
+            None: unjudged(result) + (" (an earlier one held)" if result.best_amp else ""),
         }[result.holds(run)]
         lines.append(
             f"| {run.label} (trial {run.number}) | `{run.config.describe()}` | "

@@ -17,6 +17,7 @@ from scalertune._review._describe import (
     evidence_of,
     forecast_line,
     overflow_hint,
+    unjudged,
     why_not,
 )
 from scalertune._review._findings import Findings
@@ -74,9 +75,10 @@ def _head(result: Findings) -> list[str]:
     ]
     if not s.stored:
         return [*lines, "  no settings stored: not a study of scalertune search"]
+    ranks = f", {s.nproc_per_node} ranks per run" if s.nproc_per_node > 1 else ""
     lines.append(
         f"  workload {s.factory}, {s.steps} steps per trial{horizon}, seed {s.seed}, "
-        f"space {s.space_name!r}, on {s.device}"
+        f"space {s.space_name!r}, on {s.device}{ranks}"
     )
     target = result.target
     if target is None:
@@ -161,7 +163,7 @@ def _phases(result: Findings) -> list[str]:
                 run.label,
                 run.config.describe(),
                 *cells,
-                {True: "yes", False: "no", None: _unjudged(result)}[verdict],
+                {True: "yes", False: "no", None: unjudged(result)}[verdict],
             )
         )
     notes = [
@@ -170,12 +172,6 @@ def _phases(result: Findings) -> list[str]:
         if result.holds(run) is False
     ]
     return [*format_table(rows), *notes]
-
-
-def _unjudged(result: Findings) -> str:
-    """A finalist without its evidence: not needed once one before it held and was
-    confirmed (the answer takes them in order), else still to come."""
-    return "not run" if result.best_amp is not None else "pending"
 
 
 def _phase_cell(phase: PhaseResult | None) -> str:

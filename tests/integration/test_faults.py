@@ -879,8 +879,12 @@ def test_a_rank_killed_at_random_points_fails_its_run_naming_the_rank_and_the_an
 
     rng = random.Random(SEED)
     deadline = time.monotonic() + BUDGET_S
-    code, _, err, undisturbed, runs, killed = _ranks_search(tmp_path / "undisturbed")
+    code, out, err, undisturbed, runs, killed = _ranks_search(tmp_path / "undisturbed")
     assert code == 0 and not killed and runs > 3, err
+    # the ranks every run trained on, in the summary and in the result file
+    assert ", 2 ranks per run" in out, out[:2000]
+    written = (tmp_path / "undisturbed" / "amp.yaml").read_text()
+    assert yaml.safe_load(written)["evidence"]["nproc_per_node"] == 2
     done = 0
     while done < ROUNDS and (done == 0 or time.monotonic() < deadline):
         kill = (rng.randrange(2), rng.randrange(1, runs + 1), rng.randrange(2, RANK_KILL_STEPS))

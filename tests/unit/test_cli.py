@@ -97,6 +97,16 @@ BAD_INPUTS = [
     ("one-shot batches", [_bad("one_shot_batches")], "one-shot iterator"),
     ("non-scalar loss", [_bad("non_scalar_loss")], r"shape \(8, 1\), not a scalar"),
     ("non-tensor loss", [_bad("non_tensor_loss")], "the loss is a float, not a tensor"),
+    (
+        "a step returning (logits, loss)",
+        [_bad("step_returns_tuple")],
+        r"the step returned a tuple of 2, not the loss: return the scalar loss tensor alone",
+    ),
+    (
+        "a step returning per-sample losses",
+        [_bad("step_returns_non_scalar")],
+        r"the loss has shape \(8,\), not a scalar",
+    ),
     ("no trainable parameters", [_bad("no_trainable_parameters")], "no trainable parameters"),
     ("foreign optimizer", [_bad("foreign_optimizer")], "not the model's"),
     (
