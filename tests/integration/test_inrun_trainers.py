@@ -83,10 +83,8 @@ def _lightning_fit(attach_to=None, steps=STEPS, check=None):
 
 def test_a_lightning_fit_checks_itself_and_ends_within_1_10x_of_float32(tmp_path):
     float32, _, _, _ = _lightning_fit()
-    path = _yaml(tmp_path, AmpConfig(dtype="bfloat16"))
-    fixed, _, _, _ = _lightning_fit(path, check=False)
-    checked, calls, lines, amp = _lightning_fit(path)
-    assert fixed > 2 * float32
+    # the same config trained as it is ends at 5x float32's loss: the loop's test shows it
+    checked, calls, lines, amp = _lightning_fit(_yaml(tmp_path, AmpConfig(dtype="bfloat16")))
     assert checked <= 1.10 * float32, (checked / float32, lines)
     assert lines and "training in float32 from now on" in lines[-1]
     assert calls == STEPS  # the check's passes log nothing: one self.log per step
