@@ -161,13 +161,18 @@ def _as(kind: type, value: float) -> float:
 def result_document(data: dict[str, Any]) -> dict[str, Any]:
     """What the result file holds for ``data`` (config, guard, evidence): the format version
     first. ``scalertune report --json`` prints it and the study note shows it, so both are the
-    file's content exactly."""
+    file's content exactly. The in-run check's policy (``check``: the defaults, for the user
+    to change) goes before the evidence where ``data`` has none."""
+    if "check" not in data:
+        before = {k: v for k, v in data.items() if k != "evidence"}
+        after = {k: v for k, v in data.items() if k == "evidence"}
+        data = {**before, "check": CheckPolicy().to_dict(), **after}
     return {"scalertune": FORMAT_VERSION, **data}
 
 
 def write_result(data: dict[str, Any], path: str) -> None:
-    """Write ``data`` (config, guard, evidence) atomically, with a header saying how to load
-    it, and the in-run check's policy (``check``: the defaults, for the user to change)."""
+    """Write ``data`` (config, guard, evidence) atomically as ``result_document`` has it,
+    with a header saying how to load it."""
     header = (
         "# Written by scalertune. Load it in training code with\n"
         '#   amp = scalertune.load("' + os.path.basename(path) + '", device="cuda")\n'
@@ -175,10 +180,6 @@ def write_result(data: dict[str, Any], path: str) -> None:
         "# what the run does when, every 'every' steps, its loss at its own weights falls\n"
         "# behind float32's: act (a float32 island, float32, the scaler's knobs), warn or stop.\n"
     )
-    if "check" not in data:
-        before = {k: v for k, v in data.items() if k != "evidence"}
-        after = {k: v for k, v in data.items() if k == "evidence"}
-        data = {**before, "check": CheckPolicy().to_dict(), **after}
     # A temporary name of this process's own: workers that finish together write the same
     # YAML, and one shared ".tmp" name was moved away under another's feet.
     tmp = temporary_name(path)
