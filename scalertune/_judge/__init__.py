@@ -3,7 +3,9 @@
 - ``_settings``: :class:`StudySettings`, the study's settings as one record, with the rules of
   the horizon, its phase windows and the tie margin;
 - ``_target``: the float32 target and the smoothed loss;
-- ``_outcome``: a stored run as an :class:`Outcome`, and the stored references;
+- ``_reference``: the float32 reference as one typed, versioned record, read and written there
+  alone;
+- ``_outcome``: a stored run as an :class:`Outcome`;
 - ``_rank``: ranking, ties within the timing noise, the order of confirmation;
 - ``_phases``: a branch or a run from step 0 judged against float32 in a phase window;
 - ``_horizon``: which configs hold for the horizon, the finalists, the seed spread;

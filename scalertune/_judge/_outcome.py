@@ -1,4 +1,4 @@
-"""Runs as the study stores them: each finished trial as an Outcome, and the float32 references."""
+"""Runs as the study stores them: each finished trial as an Outcome."""
 
 from __future__ import annotations
 
@@ -7,27 +7,21 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._run._step_times import StepTimes
 from scalertune._storage._names import (
-    HORIZON_ATTR,
     JUDGED_ATTR,
     LOSSES_ATTR,
     ROLE_BASELINE,
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
     ROLE_ISLAND,
-    ROLE_REFERENCE,
     ROLE_REPLAY,
     ROLE_SEARCH,
     RUN_ROLES,
     SCALES_ATTR,
-    TIMES_ATTR,
-    TRACE_ATTR,
     TRACEBACK_ATTR,
 )
 
@@ -141,41 +135,3 @@ def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:
         for t in trials
         if t.state in done and t.user_attrs.get("role") in RUN_ROLES
     ]
-
-
-def reference_trial(study: optuna.Study, seed: int) -> optuna.trial.FrozenTrial | None:
-    """The finished float32 reference trial of ``seed``, if it has run."""
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        attrs = trial.user_attrs
-        if attrs.get("role") == ROLE_REFERENCE and attrs.get("seed") == seed:
-            return trial
-    return None
-
-
-def reference_of(study: optuna.Study, seed: int) -> dict[str, Any] | None:
-    """The float32 reference of ``seed`` as plain data, or ``None`` if it has not run yet.
-
-    A reference to a horizon longer than a trial has its ``horizon`` (the steps it trained),
-    its losses over each phase window by first step (``windows``: float32's own continuation
-    there) and the checkpoint each window starts from (``checkpoints``); another has
-    ``horizon`` ``None`` and neither."""
-    trial = reference_trial(study, seed)
-    if trial is None:
-        return None
-    attrs = trial.user_attrs
-    times = trial.system_attrs.get(TIMES_ATTR)
-    late = trial.system_attrs.get(HORIZON_ATTR) or {}
-    return {
-        "trial": trial.number,
-        "seed": seed,
-        "losses": list(trial.system_attrs.get(LOSSES_ATTR, ())),
-        "target_loss": attrs["target_loss"],
-        "steps_to_target": attrs["steps_to_target"],
-        "step_time_s": attrs.get("step_time_s"),
-        "steps_run": attrs.get("steps_run"),
-        "step_times": StepTimes.from_dict(times) if times else None,
-        "horizon": int(late["horizon"]) if late else None,
-        "windows": dict(late.get("windows") or {}),
-        "checkpoints": dict(late.get("checkpoints") or {}),
-        "trace": trial.system_attrs.get(TRACE_ATTR),
-    }

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from scalertune import _policy
 
@@ -130,7 +130,7 @@ def judged_end(start: int, end: int) -> int:
 
 def judge_from_start(
     losses: Sequence[float],
-    windows: dict[str, Sequence[float]],
+    windows: Mapping[int, Sequence[float]],
     spans: Sequence[tuple[int, int]],
     *,
     pruned: bool,
@@ -144,7 +144,7 @@ def judge_from_start(
     ``first_nonfinite``."""
     out: list[PhaseResult] = []
     for start, end in spans:
-        reference, need = windows.get(str(start)), judged_end(start, end)
+        reference, need = windows.get(start), judged_end(start, end)
         if reference is None:
             break
         if len(losses) < need:

@@ -22,8 +22,9 @@ from scalertune._judge._horizon import (
     ruled_out,
     seed_spread,
 )
-from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
+from scalertune._judge._outcome import Outcome, outcomes_of
 from scalertune._judge._rank import candidates, confirmations_of, ranked
+from scalertune._judge._reference import Reference
 from scalertune._judge._settings import StudySettings
 from scalertune._review._findings import amp_wins
 from scalertune._review._result import SearchResult
@@ -50,10 +51,10 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
     references = {
         s: ref
         for s in (seed, *_policy.CONFIRM_SEEDS)
-        if (ref := reference_of(study, s)) is not None
+        if (ref := Reference.of(study, s)) is not None
     }
-    times = references[seed].get("step_times") if seed in references else None
-    spread = seed_spread([r.get("steps_to_target") for r in references.values()])
+    times = references[seed].step_times if seed in references else None
+    spread = seed_spread([r.steps_to_target for r in references.values()])
     pool = candidates(ranking, times, settings.clip_norm, settings.noise(spread))
     phases = phases_of(trials)
     ruled = ruled_out(trials)
@@ -153,10 +154,10 @@ def _float32_choice(result: SearchResult, twin: Outcome | None) -> Outcome | Non
         or not twin.reached
         or twin.steps_to_target is None
         or not ref
-        or not ref.get("steps_to_target")
+        or not ref.steps_to_target
     ):
         return None
-    if not fewer_steps(twin.steps_to_target, ref["steps_to_target"], result.spread):
+    if not fewer_steps(twin.steps_to_target, ref.steps_to_target, result.spread):
         return None
     return twin if result.holds(twin) else None
 

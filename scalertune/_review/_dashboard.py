@@ -184,7 +184,7 @@ def _horizon_line(result: Findings) -> str:
         return f"**Horizon:** the trial's {steps} steps (no `--horizon`): {covers}."
     windows = " and ".join(f"{a}-{b}" for a, b in result.windows)
     ref = result.reference
-    where = f" (trial {ref['trial']})" if ref else ""
+    where = f" (trial {ref.trial})" if ref else ""
     return (
         f"**Horizon:** {result.horizon} steps. The trials cover steps 0-{steps}; the "
         f"float32 reference{where} trained to the horizon, and each finalist was branched "
@@ -206,9 +206,7 @@ def _answer_lines(result: Findings) -> list[str]:
         run = f": trial {choice.number} (role *float32-clip*)"
     else:
         run = (
-            f": the float32 reference, trial {result.reference['trial']}"
-            if (result.reference)
-            else ""
+            f": the float32 reference, trial {result.reference.trial}" if (result.reference) else ""
         )
     lines = [f"**Recommended:** {result.config.describe()} (no autocast, no scaler){run}."]
     if best is not None:
@@ -231,8 +229,8 @@ def _runs_table(result: Findings) -> list[str]:
     if result.reference:
         ref = result.reference
         lines.append(
-            f"| float32 reference (trial {ref['trial']}) | float32 | target loss "
-            f"{as_g(ref['target_loss'])}, {as_ms(ref.get('step_time_s'))} per step |"
+            f"| float32 reference (trial {ref.trial}) | float32 | target loss "
+            f"{as_g(ref.target_loss)}, {as_ms(ref.step_time_s)} per step |"
         )
     for name, outcome in result.baselines.items():
         lines.append(
@@ -327,7 +325,7 @@ def _reading_guide(result: Findings) -> list[str]:
     best = (
         f"trial {rec.number}"
         if rec is not None
-        else f"float32 (the reference, trial {result.reference['trial']})"
+        else f"float32 (the reference, trial {result.reference.trial})"
         if result.reference
         else "float32"
     )

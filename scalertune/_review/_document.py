@@ -156,11 +156,11 @@ def _phases(result: Findings, outcome: Outcome) -> list[dict[str, Any]]:
 
 
 def _float32(result: Findings) -> dict[str, Any]:
-    ref = result.reference or {}
+    ref = result.reference
     return {
-        "target_loss": _num(ref.get("target_loss")),
-        "steps_to_target": ref.get("steps_to_target"),
-        "step_time_s": _num(ref.get("step_time_s")),
+        "target_loss": _num(None if ref is None else ref.target_loss),
+        "steps_to_target": None if ref is None else ref.steps_to_target,
+        "step_time_s": _num(None if ref is None else ref.step_time_s),
         "time_to_target_s": _num(result.reference_time_to_target),
         "seed_spread": _num(result.spread),
     }

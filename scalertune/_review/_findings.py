@@ -21,6 +21,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._judge._horizon import RuledOut, finalists, holds
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
+from scalertune._judge._reference import Reference
 from scalertune._judge._settings import StudySettings
 from scalertune._judge._speedup import Speedup
 from scalertune._judge._target import Target
@@ -38,7 +39,7 @@ class Findings:
     #: What the study was created with: the workload, the trial, the horizon, the space.
     settings: StudySettings
     #: float32 reference per seed that ran (the search's seed, then the confirmation seeds).
-    references: dict[int, dict[str, Any]]
+    references: dict[int, Reference]
     ranking: list[Outcome]
     #: Distinct configs that reached the target, in the order they are confirmed.
     candidates: list[Outcome]
@@ -86,7 +87,7 @@ class Findings:
     study: optuna.Study | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
-    def reference(self) -> dict[str, Any] | None:
+    def reference(self) -> Reference | None:
         """The float32 reference of the search's own seed."""
         return self.references.get(self.settings.seed)
 
@@ -103,18 +104,17 @@ class Findings:
 
     @property
     def target(self) -> Target | None:
-        return Target.from_reference(self.reference["losses"]) if self.reference else None
+        return self.reference.target if self.reference else None
 
     @property
     def step_times(self) -> StepTimes | None:
-        return self.reference.get("step_times") if self.reference else None
+        return self.reference.step_times if self.reference else None
 
     @property
     def trace(self) -> Trace | None:
         """The float32 reference's gradient trace (``None`` for a study made before there
         was one)."""
-        ref = self.reference
-        return Trace.decode(ref["trace"]) if ref and ref.get("trace") else None
+        return self.reference.trace if self.reference else None
 
     @property
     def run_equivalents(self) -> float:
@@ -125,9 +125,8 @@ class Findings:
     @property
     def reference_time_to_target(self) -> float:
         ref = self.reference
-        if not ref or ref.get("steps_to_target") is None or not ref.get("step_time_s"):
-            return math.nan
-        return float(ref["steps_to_target"] * ref["step_time_s"])
+        seconds = None if ref is None else ref.time_to_target_s
+        return math.nan if seconds is None else float(seconds)
 
     @property
     def speedup(self) -> Speedup | None:
@@ -224,12 +223,12 @@ def speedup(found: Findings, outcome: Outcome | None) -> Speedup | None:
     else:
         runs = [outcome, *found.confirmations.get(outcome.number, {}).values()]
         ratios = [
-            found.references[o.seed]["steps_to_target"] / o.steps_to_target
+            reached / o.steps_to_target
             for o in runs
             if o.seed in found.references
             and o.steps_to_target
             and o.reached
-            and found.references[o.seed].get("steps_to_target")
+            and (reached := found.references[o.seed].steps_to_target)
         ]
     if not ratios:
         return None

@@ -74,14 +74,14 @@ def stretches(
 ) -> list[Stretch]:
     """``run``'s short trial and each branch of it that finished, as ratios to float32
     (``branches``: (run number, window start) -> the branch's per-step losses)."""
-    ref = result.reference or {}
-    windows = ref.get("windows") or {}
+    ref = result.reference
+    windows = {} if ref is None else ref.windows
     judged = {p.start: p for p in result.phases.get(run.number, [])}
-    out = [Stretch(0, _ratio(run.losses, ref.get("losses") or []))]
+    out = [Stretch(0, _ratio(run.losses, () if ref is None else ref.losses))]
     for start, _ in result.windows:
         losses = branches.get((run.number, start))
-        if losses is not None and str(start) in windows:
-            out.append(Stretch(start, _ratio(losses, windows[str(start)]), judged.get(start)))
+        if losses is not None and start in windows:
+            out.append(Stretch(start, _ratio(losses, windows[start]), judged.get(start)))
     return out
 
 
@@ -128,11 +128,11 @@ def write_horizon_picture(result: Findings, stem: str) -> dict[int, str]:
     installed, as ``{the float32 reference's trial: path}`` (the run every stretch is drawn
     against), the form of :func:`~scalertune._review._pictures.write_pictures`; else ``{}``."""
     ref = result.reference
-    if not result.long or not have_matplotlib() or not ref or not ref.get("horizon"):
+    if not result.long or not have_matplotlib() or not ref or not ref.horizon:
         return {}
     path = horizon_picture_path(stem)
     horizon_picture(result, path)
-    return {int(ref["trial"]): path}
+    return {ref.trial: path}
 
 
 def horizon_figure(result: Findings) -> Any:

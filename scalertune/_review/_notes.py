@@ -78,7 +78,7 @@ def is_recommended(trial: FrozenTrial, result: Findings) -> bool:
     chosen = result.recommended or result.float32_choice
     if chosen is not None:
         return trial.number == chosen.number
-    return result.reference is not None and trial.number == result.reference["trial"]
+    return result.reference is not None and trial.number == result.reference.trial
 
 
 def trial_note(
@@ -324,7 +324,8 @@ def branch_lines(trial: FrozenTrial, result: Findings) -> list[str]:
     continuation over the same steps is."""
     attrs = trial.user_attrs
     start, end, of = int(attrs["start"]), int(attrs["end"]), attrs.get("of")
-    ref = result.references.get(int(attrs.get("seed", 0))) or {}
+    ref = result.references.get(int(attrs.get("seed", 0)))
+    ref_trial = None if ref is None else ref.trial
     scale = attrs.get("initial_scale")
     scaler = (
         f"; its loss scaler started at {as_g(scale)} (`initial_scale`: where the replay "
@@ -344,12 +345,12 @@ def branch_lines(trial: FrozenTrial, result: Findings) -> list[str]:
             f"{behind_from(judged)}.",
             "",
             *([_branch_verdict(judged[-1]), ""] if judged else []),
-            _continuation(trial, result, ref.get("trial")),
+            _continuation(trial, result, ref_trial),
             "",
         ]
     lines = [
         f"**What it is**: trial {of}'s config, branched from the float32 reference's "
-        f"checkpoint at step {start} (trial {ref.get('trial', '?')}: the weights, "
+        f"checkpoint at step {start} (trial {'?' if ref is None else ref.trial}: the weights, "
         "optimizer and scheduler state, data position and random state float32 had "
         f"there), trained for steps {start}-{end} on the batches float32 trained on"
         f"{scaler}.",
@@ -358,7 +359,7 @@ def branch_lines(trial: FrozenTrial, result: Findings) -> list[str]:
     judged = phases_of([trial]).get(int(of), []) if of is not None else []
     if judged:
         lines += [_branch_verdict(judged[0]), ""]
-    lines += [_continuation(trial, result, ref.get("trial")), ""]
+    lines += [_continuation(trial, result, ref_trial), ""]
     return lines
 
 

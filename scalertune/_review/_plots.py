@@ -134,7 +134,7 @@ def run_figure(result: Findings, outcome: Outcome) -> Any:
 def _plot_loss(ax: Any, result: Findings, outcome: Outcome) -> None:
     target = result.target
     losses = list(outcome.losses)
-    reference = list(result.reference["losses"]) if result.reference else []
+    reference = list(result.reference.losses) if result.reference else []
     relative = (
         target is not None
         and target.loss > 0

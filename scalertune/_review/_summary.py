@@ -91,7 +91,7 @@ def _head(result: Findings) -> list[str]:
     lines.append(
         f"  float32 target loss {target.loss:.4g} ({final}, from {target.reference_start:.4g})"
     )
-    reached = [(seed, r.get("steps_to_target")) for seed, r in sorted(result.references.items())]
+    reached = [(seed, r.steps_to_target) for seed, r in sorted(result.references.items())]
     if len(reached) > 1:
         lines.append(
             "  float32 reaches its own target at steps "
@@ -118,7 +118,7 @@ def _head(result: Findings) -> list[str]:
 
 
 def _rows(result: Findings, top: int) -> list[tuple[str, ...]]:
-    ref = result.reference or {}
+    ref = result.reference
     rows: list[tuple[str, ...]] = [_COLUMNS]
     rows.append(
         (
@@ -126,11 +126,11 @@ def _rows(result: Findings, top: int) -> list[tuple[str, ...]]:
             _describe_reference(result.settings.clip_norm),
             "-",
             "-",
-            _int(ref.get("steps_to_target")),
-            _ms(ref.get("step_time_s")),
+            _int(None if ref is None else ref.steps_to_target),
+            _ms(None if ref is None else ref.step_time_s),
             _sec(result.reference_time_to_target),
             "1",
-            _int(ref.get("steps_run")),
+            _int(None if ref is None else ref.steps_run),
         )
     )
     if result.float32_clip is not None:

@@ -86,8 +86,8 @@ def _clipping_clause(result: Findings) -> str:
             "comparison is with the float32 reference"
         )
     said = f"; against float32 at the same {clip} (target at step {twin.steps_to_target}"
-    ref_steps = ref.get("steps_to_target")
-    if ref_steps and twin.steps_to_target < 0.9 * ref_steps:
+    ref_steps = ref.steps_to_target
+    if ref_steps and twin.steps_to_target is not None and twin.steps_to_target < 0.9 * ref_steps:
         said += (
             f", where the float32 reference needs {ref_steps}: the clipping, not the "
             "precision, saves those steps"

@@ -17,7 +17,7 @@ judge_from_start`); it stops at the first window it does not hold.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from scalertune._amp._config import AmpConfig
@@ -63,9 +63,7 @@ def run_branch(
             plan=Plan(checkpoint=checkpoint, scaler=scaler),
         ),
     )
-    result = judge_phase(
-        record.losses, reference["windows"][str(start)], start=start, pruned=record.pruned
-    )
+    result = judge_phase(record.losses, reference.windows[start], start=start, pruned=record.pruned)
     behind = result.behind and not result.nonfinite
     return record, {
         "phase_start": start,
@@ -76,7 +74,7 @@ def run_branch(
         "phase_holds": result.holds,
         "initial_scale": record.initial_scale,
         "phase_forward": (_finite(_forward(setup, references, config, seed)) if behind else None),
-        "phase_forward_at": latest_start(reference),
+        "phase_forward_at": reference.latest_start,
     }
 
 
@@ -107,7 +105,7 @@ def run_from_start(
     (:func:`_continuing`)."""
     reference = references.reference(seed)
     spans = [w for w in setup.windows if judged_end(*w) <= end]
-    stop = _BehindStop(reference["windows"], spans, end)
+    stop = _BehindStop(reference.windows, spans, end)
 
     def train(checkpoint: str | None) -> RunRecord:
         plan = Plan(
@@ -122,7 +120,7 @@ def run_from_start(
     record, continued = _continuing(references.checkpoints, continues, train, log)
     results = judge_from_start(
         record.losses,
-        reference["windows"],
+        reference.windows,
         spans,
         pruned=record.pruned,
         first_nonfinite=record.steps_run if record.pruned else None,
@@ -140,7 +138,7 @@ def run_from_start(
         "phase_forward": None
         if behind is None
         else _finite(_forward(setup, references, config, seed)),
-        "phase_forward_at": latest_start(reference),
+        "phase_forward_at": reference.latest_start,
         "initial_scale": record.initial_scale,
         # a continuation's record holds the run it continues: count its own steps
         **({"steps_run": record.steps_run - resumed_at} if continued else {}),
@@ -171,11 +169,6 @@ def _continuing(
         return run(None), False
 
 
-def latest_start(reference: dict[str, Any]) -> int:
-    """The float32 ``reference``'s last window's first step."""
-    return max(int(s) for s in reference["windows"])
-
-
 def _forward(setup: Setup, references: References, config: AmpConfig, seed: int) -> float:
     """``config``'s forward loss over float32's at float32's own weights, at the horizon's
     latest checkpoint (where float32 has fitted the most, so where a precision floor shows
@@ -183,7 +176,7 @@ def _forward(setup: Setup, references: References, config: AmpConfig, seed: int)
     plateau of its own), and a branch of its dtype from float32's weights shows nothing about
     getting there; beyond it, the precision itself is what fails, for every config that
     shares it."""
-    start = latest_start(references.reference(seed))
+    start = references.reference(seed).latest_start
     return references.checkpoints.branching(
         lambda: references.checkpoint(seed, start),
         lambda checkpoint: run_here(
@@ -196,7 +189,9 @@ class _BehindStop:
     """Stops a run from step 0 after the first window it does not hold (what comes after
     cannot change the verdict)."""
 
-    def __init__(self, windows: dict[str, Any], spans: list[tuple[int, int]], run_end: int) -> None:
+    def __init__(
+        self, windows: Mapping[int, Sequence[float]], spans: list[tuple[int, int]], run_end: int
+    ) -> None:
         self.windows, self.pending, self.run_end = windows, list(spans), run_end
 
     def _need(self, span: tuple[int, int]) -> int:

@@ -24,7 +24,6 @@ from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
 from scalertune._review._result import SearchResult
 from scalertune._run._forward import forward_ratio
-from scalertune._search._branch import latest_start
 from scalertune._search._isolate import run_here
 from scalertune._search._references import References
 from scalertune._search._setup import Setup
@@ -38,8 +37,7 @@ def island_for(
     failed = [p for p in result.phases.get(finalist.number, []) if not p.holds]
     if not failed or finalist.config.fp32_modules or finalist.config.dtype == "float32":
         return None
-    reference = references.reference(setup.seed)
-    start = latest_start(reference)
+    start = references.reference(setup.seed).latest_start
     checkpoint = references.checkpoint(setup.seed, start)  # where the precision floor shows most
     if _ratio(setup, finalist.config, checkpoint) <= 1 + _policy.PHASE_TOLERANCE:
         return None  # the forward is as good as float32's: the precision is not what fails

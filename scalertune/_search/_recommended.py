@@ -37,10 +37,10 @@ def add_recommended(study: optuna.Study, setup: Setup) -> None:
         ref = result.reference
         if ref is None:  # every search runs its reference before it recommends
             raise MissingEvidence(f"the study holds no float32 reference of seed {setup.seed}")
-        repeats = study.trials[ref["trial"]]
+        repeats = study.trials[ref.trial]
         value, source = (
             result.reference_time_to_target,
-            {"recommends": "float32", "reference_trial": ref["trial"]},
+            {"recommends": "float32", "reference_trial": ref.trial},
         )
     judged = repeats.system_attrs.get(JUDGED_ATTR, {})
     shown = {

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import optuna
 
@@ -28,7 +27,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import MissingEvidence, SearchError, UsageError
 from scalertune._judge._horizon import seed_spread
-from scalertune._judge._outcome import reference_of
+from scalertune._judge._reference import Reference
 from scalertune._judge._target import Target
 from scalertune._replay._trace import Trace
 from scalertune._run._loop import Plan
@@ -74,8 +73,7 @@ class References:
         self.dtypes, self.log = dtypes, log
         self._targets: dict[int, Target] = {}
         self._times: StepTimes | None = None
-        self._stored: dict[int, dict[str, Any]] = {}
-        self._traces: dict[int, Trace] = {}
+        self._stored: dict[int, Reference] = {}
         self.checkpoints = Checkpoints(study, once, setup, config, log=log)
 
     def target(self, seed: int) -> Target:
@@ -84,12 +82,12 @@ class References:
             self.once(
                 f"reference.{seed}",
                 lambda: self._run(seed),
-                lambda: reference_of(self.study, seed) is not None,
+                lambda: Reference.of(self.study, seed) is not None,
             )
             reference = self._stored_reference(seed)
-            self._targets[seed] = Target.from_reference(reference["losses"])
+            self._targets[seed] = reference.target
             if seed == self.setup.seed:
-                self._times = reference["step_times"]
+                self._times = reference.step_times
         return self._targets[seed]
 
     @property
@@ -98,15 +96,15 @@ class References:
         self.target(self.setup.seed)
         return self._times
 
-    def reference(self, seed: int) -> dict[str, Any]:
+    def reference(self, seed: int) -> Reference:
         """The stored float32 reference of ``seed`` (run first if nobody has)."""
         self.target(seed)
         if seed not in self._stored:
             self._stored[seed] = self._stored_reference(seed)
         return self._stored[seed]
 
-    def _stored_reference(self, seed: int) -> dict[str, Any]:
-        reference = reference_of(self.study, seed)
+    def _stored_reference(self, seed: int) -> Reference:
+        reference = Reference.of(self.study, seed)
         if reference is None:  # run above, or by the worker that held the claim
             raise MissingEvidence(
                 f"the float32 reference of seed {seed} ran but the study does not hold it"
@@ -115,20 +113,21 @@ class References:
 
     def trace(self, seed: int) -> Trace:
         """The reference's gradient trace."""
-        if seed not in self._traces:
-            self._traces[seed] = Trace.decode(self.reference(seed)["trace"])
-        return self._traces[seed]
+        trace = self.reference(seed).trace
+        if trace is None:  # the search's own seed records one, always
+            raise MissingEvidence(f"the float32 reference of seed {seed} holds no gradient trace")
+        return trace
 
     def spread(self) -> float:
         """float32's seed-to-seed spread of steps to its own target, over the search's seed
         and the confirmation seeds (their references run now if they have not)."""
         seeds = (self.setup.seed, *_policy.CONFIRM_SEEDS)
-        return seed_spread([self.reference(s)["steps_to_target"] for s in seeds])
+        return seed_spread([self.reference(s).steps_to_target for s in seeds])
 
     def checkpoint(self, seed: int, start: int) -> str:
         """float32's checkpoint at ``start`` as a file here, checked (rebuilt first where it
         is missing or damaged: :meth:`Checkpoints.get`)."""
-        return self.checkpoints.get(self.reference(seed)["checkpoints"][str(start)], start)
+        return self.checkpoints.get(self.reference(seed).checkpoints[start], start)
 
     def _run(self, seed: int) -> None:
         main = seed == self.setup.seed

@@ -61,7 +61,7 @@ class Rules:
         check), and run until the best's own time rules them out."""
         if role != ROLE_SEARCH or self.setup.long or config.clip_norm != self.setup.clip_norm:
             return None
-        reached = self.references.reference(self.setup.seed).get("steps_to_target")
+        reached = self.references.reference(self.setup.seed).steps_to_target
         if reached is None:
             return None
         return Floor(steps=math.floor(reached - self.noise().margin(reached)), reached=reached)

@@ -38,6 +38,7 @@ from scalertune import _policy
 from scalertune._amp._config import DTYPES
 from scalertune._errors import UsageError
 from scalertune._judge._outcome import encode_scales
+from scalertune._judge._reference import Reference
 from scalertune._judge._settings import StudySettings
 from scalertune._judge._target import Target, smoothed
 from scalertune._run._record import RunRecord
@@ -46,14 +47,11 @@ from scalertune._search._space import SearchSpace
 from scalertune._storage._names import (
     CONSTRAINT_ATTR,
     CONSTRAINTS_ATTR,
-    HORIZON_ATTR,
     JUDGED_ATTR,
     LOSSES_ATTR,
     ROLE_REFERENCE,
     SCALES_ATTR,
     SETTINGS_ATTR,
-    TIMES_ATTR,
-    TRACE_ATTR,
 )
 from scalertune._storage._open import first_line
 from scalertune._storage._optuna import set_system_attr, study_id
@@ -163,19 +161,22 @@ def add_reference(
     checkpoints are. Its gradient trace goes with it."""
     early = record.losses[: settings.steps]
     target = Target.from_reference(early)
-    reached = target.steps_to_target(early)
-    step_time = times.median("float32") if times else record.median_step_time
-    system_attrs: dict[str, Any] = {LOSSES_ATTR: early, **_constraints(0.0)}
-    if times is not None:
-        system_attrs[TIMES_ATTR] = times.to_dict()
-    if record.trace is not None:
-        system_attrs[TRACE_ATTR] = record.trace.encode()
-    if checkpoints:
-        system_attrs[HORIZON_ATTR] = {
-            "horizon": len(record.losses),
-            "windows": {str(start): record.losses[start:end] for start, end in settings.windows},
-            "checkpoints": {str(k): v for k, v in checkpoints.items()},
-        }
+    reference = Reference(
+        seed=record.seed,
+        losses=tuple(early),
+        target_loss=target.loss,
+        steps_to_target=target.steps_to_target(early),
+        step_time_s=times.median("float32") if times else record.median_step_time,
+        steps_run=record.steps_run,
+        step_times=times,
+        horizon=len(record.losses) if checkpoints else None,
+        windows={start: tuple(record.losses[start:end]) for start, end in settings.windows}
+        if checkpoints
+        else {},
+        checkpoints=dict(checkpoints),
+        trace=record.trace,
+    )
+    user_attrs, system_attrs = reference.to_attrs()
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.COMPLETE,
@@ -187,13 +188,9 @@ def add_reference(
                 "role": ROLE_REFERENCE,
                 "seed": record.seed,
                 "config": config,
-                "target_loss": target.loss,
-                "steps_to_target": reached,
-                "step_time_s": step_time,
-                "time_to_target_s": None if reached is None else reached * step_time,
-                "steps_run": record.steps_run,
+                **user_attrs,
             },
-            system_attrs=system_attrs,
+            system_attrs={**system_attrs, **_constraints(0.0)},
         )
     )
 

@@ -52,6 +52,8 @@ TIMES_ATTR = "scalertune.step_times"
 HORIZON_ATTR = "scalertune.horizon"
 #: The float32 reference's gradient trace (``_replay._trace.Trace.encode``).
 TRACE_ATTR = "scalertune.trace"
+#: The format of the float32 reference's record (``_judge._reference.VERSION``).
+REFERENCE_VERSION_ATTR = "scalertune.reference_version"
 
 #: Optuna's constraint, in the per-key form Optuna writes (``<= 0`` is feasible: the run
 #: reached the target) and the list optuna-dashboard reads to mark infeasible trials.

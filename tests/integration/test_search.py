@@ -54,7 +54,7 @@ def test_each_trial_stores_its_loss_curve_and_judged_attributes(storage):
             "loss_vs_float32_step",
         ):
             assert key in trial.user_attrs, key
-    assert result.reference["target_loss"] > 0
+    assert result.reference.target_loss > 0
 
 
 def test_rerunning_resumes_and_runs_reference_and_baselines_once(storage):
@@ -114,12 +114,11 @@ def test_a_study_made_again_under_its_name_trains_its_own_reference(tmp_path):
         device=torch.device("cpu"),
         prune=False,
     )
-    assert again.reference["losses"] == own.losses[:60]
-    assert again.reference["horizon"] == 400
-    windows = again.reference["windows"]
+    assert list(again.reference.losses) == own.losses[:60]
+    assert again.reference.horizon == 400
+    windows = again.reference.windows
     assert windows and all(
-        losses == own.losses[int(start) : int(start) + len(losses)]
-        for start, losses in windows.items()
+        list(losses) == own.losses[start : start + len(losses)] for start, losses in windows.items()
     )
 
 

@@ -40,7 +40,7 @@ def test_a_hf_trainer_subclass_is_searched_over_its_max_steps_and_attach_skips_a
     # the search's float32 reference is the Trainer's own float32 training, loss for loss
     seed_everything(0)
     own, _ = trainers.hf_losses_and_skips(trainers.scaled_loss_trainer())
-    reference = result.reference["losses"]  # the trial's steps of it
+    reference = result.reference.losses  # the trial's steps of it
     assert len(reference) == 20 and reference == pytest.approx(own[:20], rel=1e-5)
     # a YAML with knobs far from PyTorch's, attached to a fresh Trainer made without fp16:
     # it trains in float16 on this CPU, and the steps its optimizer really skipped (a hook on
@@ -85,7 +85,7 @@ def test_a_trl_sft_trainer_is_searched_as_it_trains(tmp_path):
     )
     # within float rounding: the search clips with torch's clip_grad_norm_, TRL's Trainer with
     # Accelerate's, which sums the same squares in another order
-    reference = result.reference["losses"]
+    reference = result.reference.losses
     assert len(reference) == 20 and reference == pytest.approx(own[:20], rel=1e-4)
 
 

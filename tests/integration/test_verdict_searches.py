@@ -88,7 +88,7 @@ def test_a_gain_that_comes_from_the_clip_is_credited_to_the_clip(storage):
     assert twin is not None and twin.config == AmpConfig(
         dtype="float32", clip_norm=rec.config.clip_norm
     )
-    assert twin.reached and twin.steps_to_target < result.reference["steps_to_target"]
+    assert twin.reached and twin.steps_to_target < result.reference.steps_to_target
     speedup = result.speedup
     # the steps compared are float32's with the same clip, not the unclipped reference's
     assert speedup.point == pytest.approx(

@@ -157,7 +157,7 @@ def test_a_forecast_past_the_reach_it_was_measured_over_is_not_said():
 
 
 def _windows(reference, spans):
-    return {str(a): reference[a:b] for a, b in spans}
+    return {a: reference[a:b] for a, b in spans}
 
 
 def test_a_run_from_step_0_is_judged_at_each_window_it_reached_and_stops_at_the_first_miss():
