@@ -205,9 +205,7 @@ def finalists(
         (
             o
             for o in ranking
-            if o.role == ROLE_BASELINE
-            and o.attrs.get("baseline") == "pytorch-default"
-            and o.reached
+            if o.role == ROLE_BASELINE and o.baseline == "pytorch-default" and o.reached
         ),
         None,
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -22,7 +21,6 @@ from scalertune._storage._names import (
     ROLE_SEARCH,
     RUN_ROLES,
     SCALES_ATTR,
-    TRACEBACK_ATTR,
 )
 
 
@@ -41,47 +39,91 @@ def decode_scales(runs: Sequence[Sequence[float]]) -> tuple[float, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Figures:
+    """A run's judged figures, as the study stores them (in full precision: the dashboard
+    shows rounded copies), in the order the result's evidence lists them; ``None`` where a
+    run has none (a pruned run never reached the target, a failed one has no step time)."""
+
+    #: The step at which its smoothed loss reached the float32 target.
+    steps_to_target: int | None = None
+    #: Steps to target times its median step time.
+    time_to_target_s: float | None = None
+    step_time_s: float | None = None
+    #: Steps GradScaler skipped (non-finite gradients).
+    skipped_steps: int | None = None
+    #: The loss scale's lowest and last values (runs with a scaler).
+    min_scale: float | None = None
+    final_scale: float | None = None
+    first_nonfinite_step: int | None = None
+    #: The steps it trained (a reused duplicate's: the original's).
+    steps_run: int | None = None
+    #: Its smoothed loss over float32's at the step it stopped, and that step.
+    loss_vs_float32: float | None = None
+    loss_vs_float32_step: int | None = None
+
+
+#: The stored attribute of each of :class:`Figures`, by the same name.
+_FIGURES = tuple(f.name for f in dataclasses.fields(Figures))
+
+
+@dataclasses.dataclass(frozen=True)
 class Outcome:
-    """One finished run as the study stores it: a trial plus its judged attributes."""
+    """One finished run as the study stores it: what it ran, how it ended and its judged
+    figures. :meth:`from_trial` is the one place that reads a run's stored attributes."""
 
     number: int
     role: str
     config: AmpConfig
     seed: int
     state: str
-    attrs: dict[str, Any]
     losses: tuple[float, ...]
     scales: tuple[float, ...] = ()
+    figures: Figures = Figures()
+    #: The baseline it is (``pytorch-default``, ...), for a baseline.
+    baseline: str | None = None
+    #: The candidate's number it confirms on another seed, for a confirmation run.
+    confirms: int | None = None
+    #: The run whose result it reuses, for a sampled config that had run already.
+    duplicate_of: int | None = None
+    #: Why it was pruned, in a word (``forward``, ``scale``, ``slower``...), and in words.
+    prune_kind: str | None = None
+    prune_reason: str | None = None
+    #: The error a failed run raised.
+    error: str | None = None
+    #: Where a forward overflow was (the culprit module) and the float32 islands checked to
+    #: make the forward finite, comma-separated.
+    overflow_module: str | None = None
+    overflow_islands: str | None = None
 
     @classmethod
     def from_trial(cls, trial: FrozenTrial) -> Outcome:
         # the judged figures in full precision over the rounded copies the dashboard shows
-        attrs = {
-            **trial.user_attrs,
-            **trial.system_attrs.get(JUDGED_ATTR, {}),
-            **(
-                {"traceback": trial.system_attrs[TRACEBACK_ATTR]}
-                if TRACEBACK_ATTR in trial.system_attrs
-                else {}
-            ),
-        }
+        attrs = {**trial.user_attrs, **trial.system_attrs.get(JUDGED_ATTR, {})}
         return cls(
             number=trial.number,
             role=attrs.get("role", ROLE_SEARCH),
             config=AmpConfig.from_dict(attrs["config"]),
             seed=int(attrs.get("seed", 0)),
             state=trial.state.name.lower(),
-            attrs=attrs,
             losses=tuple(trial.system_attrs.get(LOSSES_ATTR, ())),
             scales=decode_scales(trial.system_attrs.get(SCALES_ATTR, [])),
+            figures=Figures(**{key: attrs.get(key) for key in _FIGURES}),
+            baseline=attrs.get("baseline"),
+            confirms=attrs.get("confirms"),
+            duplicate_of=attrs.get("duplicate_of"),
+            prune_kind=attrs.get("pruned_because"),
+            prune_reason=attrs.get("prune_reason"),
+            error=attrs.get("error"),
+            overflow_module=attrs.get("overflow_module"),
+            overflow_islands=attrs.get("overflow_islands"),
         )
 
     @property
     def label(self) -> str:
         if self.role == ROLE_BASELINE:
-            return str(self.attrs["baseline"])
+            return str(self.baseline)
         if self.role == ROLE_CONFIRM:
-            return f"#{self.attrs['confirms']} seed {self.seed}"
+            return f"#{self.confirms} seed {self.seed}"
         if self.role == ROLE_FLOAT32_CLIP:
             return f"float32, clip {self.config.clip_norm:.3g}"
         if self.role in (ROLE_ISLAND, ROLE_REPLAY):
@@ -94,33 +136,30 @@ class Outcome:
 
     @property
     def steps_to_target(self) -> int | None:
-        value = self.attrs.get("steps_to_target")
+        value = self.figures.steps_to_target
         return None if value is None else int(value)
 
     @property
     def time_to_target(self) -> float:
-        value = self.attrs.get("time_to_target_s")
+        value = self.figures.time_to_target_s
         return math.inf if value is None else float(value)
-
-    @property
-    def prune_kind(self) -> str | None:
-        return self.attrs.get("pruned_because")
 
     @property
     def reused(self) -> bool:
         """A sampled config that had run already: its result was copied, nothing trained."""
-        return "duplicate_of" in self.attrs
+        return self.duplicate_of is not None
 
     @property
     def steps_run(self) -> int:
-        return 0 if self.reused else int(self.attrs.get("steps_run") or 0)
+        """The steps it trained itself (none for a reused duplicate)."""
+        return 0 if self.reused else int(self.figures.steps_run or 0)
 
     @property
     def stability(self) -> tuple[int, float]:
         """Lower is more stable: skipped steps, then how close the loss scale came to the
         collapse floor (runs without a scaler have all the headroom there is)."""
-        skipped = int(self.attrs.get("skipped_steps") or 0)
-        low = self.attrs.get("min_scale")
+        skipped = int(self.figures.skipped_steps or 0)
+        low = self.figures.min_scale
         if not self.config.uses_scaler or not low:
             return skipped, -math.inf
         return skipped, -math.log2(float(low) / _policy.SCALE_FLOOR)

@@ -77,7 +77,7 @@ def rank_key(outcome: Outcome) -> tuple[int, float, int]:
     if outcome.reached:
         return (0, outcome.time_to_target, outcome.number)
     if outcome.state == "complete":
-        ratio = outcome.attrs.get("loss_vs_float32")
+        ratio = outcome.figures.loss_vs_float32
         return (1, math.inf if ratio is None else float(ratio), outcome.number)
     return (2, math.inf, outcome.number)
 
@@ -135,7 +135,5 @@ def skip_tolerance(skips: float) -> float:
 def confirmations_of(candidate: Outcome, outcomes: Sequence[Outcome]) -> dict[int, Outcome]:
     """Seed -> the confirmation run of ``candidate``'s config on that seed."""
     return {
-        o.seed: o
-        for o in outcomes
-        if o.role == ROLE_CONFIRM and o.attrs.get("confirms") == candidate.number
+        o.seed: o for o in outcomes if o.role == ROLE_CONFIRM and o.confirms == candidate.number
     }

@@ -5,8 +5,7 @@ not hold, of a forward overflow, and of the forecast past the horizon."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from scalertune._judge._horizon import behind_from, ruling
 from scalertune._judge._outcome import Outcome
@@ -24,34 +23,34 @@ def unjudged(result: Findings) -> str:
 def describe_outcome(outcome: Outcome) -> str:
     """One phrase: what happened to this run."""
     if outcome.state == "fail":
-        return f"failed: {outcome.attrs.get('error', 'error')}"
+        return f"failed: {'error' if outcome.error is None else outcome.error}"
     if outcome.state == "pruned":
-        return f"pruned: {outcome.attrs.get('prune_reason', 'non-finite')}"
-    skipped = outcome.attrs.get("skipped_steps") or 0
+        return f"pruned: {'non-finite' if outcome.prune_reason is None else outcome.prune_reason}"
+    skipped = outcome.figures.skipped_steps or 0
     tail = f", {skipped} skipped steps" if skipped else ""
     if outcome.reached:
         return f"reached the float32 target at step {outcome.steps_to_target}{tail}"
-    ratio = outcome.attrs.get("loss_vs_float32")
+    ratio = outcome.figures.loss_vs_float32
     return (
         f"never reached the float32 target (loss {float(ratio):.3g}x float32's at step "
-        f"{outcome.attrs.get('loss_vs_float32_step')}){tail}"
+        f"{outcome.figures.loss_vs_float32_step}){tail}"
         if ratio is not None
         else f"never reached the float32 target{tail}"
     )
 
 
 def forward_overflow_hint(
-    factory: str, study_name: str, runs: Sequence[Mapping[str, Any]], space: str | None = None
+    factory: str, study_name: str, runs: Sequence[Outcome], space: str | None = None
 ) -> str:
     """What to do when every float16 run of a search overflowed in the forward pass.
 
-    ``runs`` are those runs' attributes: ``overflow_islands`` (what to keep in float32, the
+    ``runs`` are those runs: their ``overflow_islands`` (what to keep in float32, the
     config's own islands included, checked to make the forward finite) and
     ``overflow_module`` (where it overflowed), as :func:`locate_forward_overflow` found them.
     The command printed is one that was checked: followed once, its float16 trials no longer
     overflow there.
     """
-    fixes = [r["overflow_islands"] for r in runs if r.get("overflow_islands")]
+    fixes = [r.overflow_islands for r in runs if r.overflow_islands]
     if not fixes:
         return (
             "Every float16 trial overflowed in the forward pass: no scaler setting "
@@ -59,7 +58,7 @@ def forward_overflow_hint(
             f"{factory}."
         )
     islands = max(fixes, key=fixes.count)
-    where = next(r.get("overflow_module") for r in runs if r.get("overflow_islands") == islands)
+    where = next(r.overflow_module for r in runs if r.overflow_islands == islands)
     base = (space or "default").split("+fp32:")[0]
     space_arg = f" --space {base}" if base in ("float16", "bfloat16") else ""
     return (
@@ -121,7 +120,7 @@ def overflow_hint(result: Findings) -> str | None:
     (:func:`forward_overflow_hint`); ``None`` otherwise."""
     if result.forward_overflow_modules is None:
         return None
-    runs = [o.attrs for o in result.ranking if o.config.dtype == "float16"]
+    runs = [o for o in result.ranking if o.config.dtype == "float16"]
     return forward_overflow_hint(
         result.settings.factory or "FACTORY",
         result.study_name,

@@ -11,6 +11,7 @@ what the search cost in run-equivalents of the horizon.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -211,25 +212,13 @@ def _longest_skip_streak(outcome: Outcome) -> int:
 
 
 def _run_evidence(outcome: Outcome) -> dict[str, Any]:
-    a = outcome.attrs
     out: dict[str, Any] = {"outcome": describe_outcome(outcome)}
     scaled = outcome.config.uses_scaler  # a config without a scaler has no scale to report
-    for key in (
-        "steps_to_target",
-        "time_to_target_s",
-        "step_time_s",
-        "skipped_steps",
-        "min_scale",
-        "final_scale",
-        "first_nonfinite_step",
-        "steps_run",
-        "loss_vs_float32",
-        "loss_vs_float32_step",
-    ):
+    for key, value in dataclasses.asdict(outcome.figures).items():
         if key in ("min_scale", "final_scale") and not scaled:
             continue
-        if a.get(key) is not None:
-            out[key] = _num(a[key])
+        if value is not None:
+            out[key] = _num(value)
     return out
 
 

@@ -159,7 +159,7 @@ class Findings:
 
     @property
     def baselines(self) -> dict[str, Outcome]:
-        return {o.attrs["baseline"]: o for o in self.ranking if o.role == ROLE_BASELINE}
+        return {str(o.baseline): o for o in self.ranking if o.role == ROLE_BASELINE}
 
     def confirmation_state(self, candidate: Outcome) -> str:
         """``confirmed``, ``failed`` (a seed that went non-finite or never reached its
@@ -200,7 +200,7 @@ class Findings:
         runs = [o for o in self.ranking if o.config.dtype == "float16"]
         if not runs or any(o.prune_kind != "forward" for o in runs):
             return None
-        named = [o.attrs["overflow_module"] for o in runs if o.attrs.get("overflow_module")]
+        named = [o.overflow_module for o in runs if o.overflow_module]
         return sorted(set(named), key=lambda m: -named.count(m))
 
 

@@ -210,7 +210,7 @@ def _what_happened(trial: FrozenTrial, result: Findings) -> list[str]:
         return [
             f"**Pruned: {attrs.get('pruned_because')}**, after {attrs.get('steps_run')} steps",
             "",
-            f"{outcome.attrs.get('prune_reason')}",
+            f"{outcome.prune_reason}",
             "",
             "A pruned trial has no objective value: its curve ends where it was "
             "pruned, and the History plot leaves it out.",

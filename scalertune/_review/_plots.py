@@ -177,7 +177,7 @@ def _plot_loss(ax: Any, result: Findings, outcome: Outcome) -> None:
 
 def _mark_events(ax: Any, outcome: Outcome, losses: list[float]) -> None:
     """Where the run reached the target, first went non-finite, or was pruned."""
-    reached = outcome.attrs.get("steps_to_target")
+    reached = outcome.steps_to_target
     if outcome.reached and reached:
         ax.axvline(
             reached - 1,

@@ -85,7 +85,7 @@ def replay_agreement(result: Findings) -> str | None:
         return None
     agree = 0
     for run in runs:
-        real = int(run.attrs.get("skipped_steps") or 0)
+        real = int(run.figures.skipped_steps or 0)
         predicted = predict(trace, run.config, horizon=min(run.steps_run, trace.steps))
         agree += abs(predicted.skipped_steps - real) <= skip_tolerance(real)
     return (

@@ -331,27 +331,27 @@ def _confirm_failure(result: Findings, candidate: Outcome) -> str:
 
 
 def _row(label: str, o: Outcome) -> tuple[str, ...]:
-    a = o.attrs
+    a = o.figures
     if o.state == "pruned":
         kind = o.prune_kind or "pruned"
-        step = a.get("first_nonfinite_step") if kind != "slower" else a.get("steps_run")
+        step = a.first_nonfinite_step if kind != "slower" else a.steps_run
         where = step if step is not None else "?"
         reached = f"{'slower' if kind == 'slower' else 'pruned'}@{where}"
     else:
-        reached = _int(a.get("steps_to_target"))
-    ratio = a.get("loss_vs_float32")
-    at = "-" if ratio is None else f"{float(ratio):.3g} @{a.get('loss_vs_float32_step')}"
-    scale = _g(a.get("min_scale")) if o.config.uses_scaler else "-"
+        reached = _int(a.steps_to_target)
+    ratio = a.loss_vs_float32
+    at = "-" if ratio is None else f"{float(ratio):.3g} @{a.loss_vs_float32_step}"
+    scale = _g(a.min_scale) if o.config.uses_scaler else "-"
     return (
         label,
         o.config.describe(),
-        _int(a.get("skipped_steps")),
+        _int(a.skipped_steps),
         scale,
         reached,
-        _ms(a.get("step_time_s")),
+        _ms(a.step_time_s),
         _sec(o.time_to_target if o.reached else math.nan),
         at,
-        _int(a.get("steps_run")),
+        _int(a.steps_run),
     )
 
 

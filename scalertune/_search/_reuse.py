@@ -22,10 +22,7 @@ from scalertune._storage._names import CONSTRAINT_ATTR, JUDGED_ATTR
 
 def reuse(trial: optuna.Trial, config: AmpConfig, original: FrozenTrial, progress: Any) -> float:
     """Finish ``trial`` with ``original``'s result: the same config already ran."""
-    judged = Outcome.from_trial(original).attrs
-    store_judged(
-        trial, {k: v for k, v in judged.items() if k in original.system_attrs.get(JUDGED_ATTR, {})}
-    )
+    store_judged(trial, dict(original.system_attrs.get(JUDGED_ATTR, {})))
     for key in ("overflow_module", "overflow_islands"):
         if key in original.user_attrs:
             trial.set_user_attr(key, original.user_attrs[key])
@@ -39,7 +36,7 @@ def reuse(trial: optuna.Trial, config: AmpConfig, original: FrozenTrial, progres
     )
     progress.advance()
     if original.state == TrialState.PRUNED:
-        raise optuna.TrialPruned(judged.get("prune_reason"))
+        raise optuna.TrialPruned(Outcome.from_trial(original).prune_reason)
     if original.value is None:  # Optuna stores a value with every complete trial
         raise MissingEvidence(f"trial #{original.number} is complete without its value")
     return float(original.value)

@@ -18,7 +18,7 @@ def test_pictures_are_4_by_3_with_whole_titles_and_legends_of_what_is_drawn(stor
         spec("forward_overflow"), storage=storage, n_trials=2, steps=30, device="cpu"
     )
     default = result.baselines["pytorch-default"]
-    assert default.state == "pruned" and len(default.attrs["prune_reason"]) > 150
+    assert default.state == "pruned" and len(default.prune_reason) > 150
     # the picture written as the recommendation's: the AMP run recommended, or on a CPU,
     # where float32 is the answer, the best AMP config that held
     drawn = result.recommended or result.best_amp

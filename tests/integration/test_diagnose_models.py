@@ -175,4 +175,4 @@ def test_following_diagnoses_advice_on_t5_trains_float16_to_the_target(tmp_path)
     config = scalertune.load_config(str(tmp_path / "amp.yaml"), best_amp=True)
     assert config.dtype == "float16" and config.fp32_modules == ("*.DenseReluDense.wo",)
     assert amp_answer(result) is not None
-    assert amp_answer(result).attrs["steps_to_target"] is not None
+    assert amp_answer(result).steps_to_target is not None

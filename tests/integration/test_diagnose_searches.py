@@ -15,7 +15,7 @@ def test_search_names_the_overflow_and_its_printed_command_fixes_it(storage, tmp
         ATTENTION, storage=storage, space="float16", n_trials=2, steps=30, device="cpu"
     )
     assert overflowing.forward_overflow_modules == ["attn.score"]
-    assert all(o.attrs["overflow_islands"] == "attn.score" for o in overflowing.ranking)
+    assert all(o.overflow_islands == "attn.score" for o in overflowing.ranking)
     hint = overflowing.forward_overflow_hint()
     assert "--space float16 --fp32-modules attn.score" in hint
     fixed = scalertune.search(
@@ -49,4 +49,4 @@ def test_baselines_keep_the_islands_every_float16_run_has(storage):
     )
     for name, baseline in result.baselines.items():
         assert baseline.config.fp32_modules == ("attn.score",), name
-        assert baseline.prune_kind != "forward", baseline.attrs.get("prune_reason")
+        assert baseline.prune_kind != "forward", baseline.prune_reason

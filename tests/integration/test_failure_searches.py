@@ -22,8 +22,8 @@ def test_scale_one_underflow_never_reaches_target_and_ranks_below_larger_scale(s
     assert scale_one.config.init_scale == 1.0
     # Nothing is skipped and nothing is NaN: the gradients are simply zero.
     assert scale_one.state == "complete"
-    assert scale_one.attrs["skipped_steps"] == 0
-    assert scale_one.attrs["first_nonfinite_step"] is None
+    assert scale_one.figures.skipped_steps == 0
+    assert scale_one.figures.first_nonfinite_step is None
     assert not scale_one.reached
     assert default.reached
     assert result.ranking.index(default) < result.ranking.index(scale_one)
@@ -46,8 +46,8 @@ def test_forward_overflow_is_pruned_with_a_reason_that_says_forward(storage):
     for outcome in float16_runs:
         assert outcome.state == "pruned"
         assert outcome.prune_kind == "forward"
-        assert "forward overflow" in outcome.attrs["prune_reason"]
-        assert outcome.attrs["first_nonfinite_step"] == 0
+        assert "forward overflow" in outcome.prune_reason
+        assert outcome.figures.first_nonfinite_step == 0
     assert result.pruned_by_kind == {"forward": len(float16_runs)}
     assert result.recommended is None and result.config.dtype == "float32"
     assert "keep training in float32" in result.verdict

@@ -11,7 +11,7 @@ from conftest import ROOT, amp_answer, spec
 
 import scalertune
 from scalertune._amp._config import PYTORCH_DEFAULT, SEED_ARTICLE_FIX, AmpConfig
-from scalertune._judge._outcome import Outcome, outcomes_of
+from scalertune._judge._outcome import Figures, Outcome, outcomes_of
 from scalertune._judge._rank import Noise, all_tied, ranked
 from scalertune._replay._predict import predict
 from scalertune._run._loop import run_config
@@ -172,18 +172,18 @@ def test_recommendation_is_confirmed_on_other_seeds_and_states_a_verdict(storage
 
 
 def _outcome(number, reached, time=1.0, ratio=1.0, state="complete"):
-    attrs = {
-        "steps_to_target": 10 if reached else None,
-        "time_to_target_s": time if reached else None,
-        "loss_vs_float32": ratio,
-    }
+    figures = Figures(
+        steps_to_target=10 if reached else None,
+        time_to_target_s=time if reached else None,
+        loss_vs_float32=ratio,
+    )
     return Outcome(
         number=number,
         role="search",
         config=AmpConfig(init_scale=2.0**number),
         seed=0,
         state=state,
-        attrs=attrs,
+        figures=figures,
         losses=(),
     )
 
@@ -229,7 +229,7 @@ def test_user_step_function_runs_through_the_same_runtime(storage):
         workloads.with_step, PYTORCH_DEFAULT, steps=40, seed=0, device=torch.device("cpu")
     )
     assert theirs.losses == ours.losses and theirs.scales == ours.scales
-    assert result.baselines["pytorch-default"].attrs["skipped_steps"] == len(ours.skipped)
+    assert result.baselines["pytorch-default"].figures.skipped_steps == len(ours.skipped)
 
 
 def test_report_recomputes_the_same_recommendation_from_storage(storage, tmp_path):
@@ -268,7 +268,7 @@ def test_attributes_are_rounded_for_reading_and_kept_whole_for_the_analysis(stor
         for key, value in full.items():
             if isinstance(value, float) and key != "prune_reason":
                 assert trial.user_attrs[key] == float(f"{value:.4g}")
-                assert outcome.attrs[key] == value
+                assert getattr(outcome.figures, key) == value
 
 
 def test_sampled_runs_float32_rules_out_at_their_clip_stop_at_the_first_read_back(
@@ -299,11 +299,8 @@ def test_sampled_runs_float32_rules_out_at_their_clip_stop_at_the_first_read_bac
     ]
     assert unclipped
     for o in unclipped:
-        assert o.attrs["pruned_because"] == "slower" and o.steps_run == 10
-        assert (
-            "(float32 at its clip reached it at step 200, less the noise)"
-            in o.attrs["prune_reason"]
-        )
+        assert o.prune_kind == "slower" and o.steps_run == 10
+        assert "(float32 at its clip reached it at step 200, less the noise)" in o.prune_reason
     evidence = [o for o in runs if o.role in ("baseline", "replay")]
     assert evidence and all(o.steps_run > 100 for o in evidence)
     assert result.config == AmpConfig(dtype="float32", clip_norm=result.config.clip_norm)

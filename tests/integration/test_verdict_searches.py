@@ -19,7 +19,7 @@ def test_the_workloads_clipping_applies_to_baselines_and_the_float32_answer(stor
         assert outcome.config.clip_norm == 10.0, name
         # without the clip float32 itself diverges: a baseline may fail only for float16
         assert outcome.prune_kind in (None, "forward", "gradients", "scale-collapse", "slower"), (
-            outcome.attrs.get("prune_reason")
+            outcome.prune_reason
         )
     overflow = scalertune.search(
         spec("forward_overflow_clipped"),

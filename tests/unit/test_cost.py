@@ -8,7 +8,7 @@ import workloads
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._judge._outcome import Outcome
+from scalertune._judge._outcome import Figures, Outcome
 from scalertune._judge._settings import Noise
 from scalertune._judge._stopping import Best, Floor, StopRule, study_stop_reason
 from scalertune._judge._target import Target
@@ -123,15 +123,18 @@ def _sampled(number, steps, dtype="bfloat16", *, state="complete", reused=False,
     """A sampled run as the study stores it: ``steps`` to the target (``None``: never)."""
     config = AmpConfig(dtype=dtype, clip_norm=clip)
     step_time = TIMES.median(dtype)
-    attrs = {
-        "role": "search",
-        "config": config.to_dict(),
-        "steps_to_target": steps,
-        "time_to_target_s": None if steps is None else steps * step_time,
-        **({"duplicate_of": 3} if reused else {}),
-    }
+    figures = Figures(
+        steps_to_target=steps, time_to_target_s=None if steps is None else steps * step_time
+    )
     return Outcome(
-        number=number, role="search", config=config, seed=0, state=state, attrs=attrs, losses=()
+        number=number,
+        role="search",
+        config=config,
+        seed=0,
+        state=state,
+        figures=figures,
+        duplicate_of=3 if reused else None,
+        losses=(),
     )
 
 

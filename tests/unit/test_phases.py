@@ -185,7 +185,7 @@ def test_a_dtype_ruled_out_from_step_0_holds_in_no_branch_of_its_own():
     worse), only configs of the dtype with other float32 modules may still hold."""
     from scalertune import AmpConfig
     from scalertune._judge._horizon import RuledOut, holds
-    from scalertune._judge._outcome import Outcome
+    from scalertune._judge._outcome import Figures, Outcome
     from scalertune._judge._phases import PhaseResult
 
     spans = [(1000, 1200), (1800, 2000)]
@@ -197,7 +197,7 @@ def test_a_dtype_ruled_out_from_step_0_holds_in_no_branch_of_its_own():
             config=config,
             seed=0,
             state="complete",
-            attrs={"steps_to_target": 100},
+            figures=Figures(steps_to_target=100),
             losses=(),
         )
 

@@ -13,7 +13,7 @@ from conftest import spec
 import scalertune
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._judge._outcome import Outcome
+from scalertune._judge._outcome import Figures, Outcome
 from scalertune._judge._rank import Noise, all_tied, candidates
 from scalertune._judge._speedup import Speedup
 from scalertune._judge._target import Target
@@ -66,19 +66,19 @@ def test_the_verdict_states_a_direction_only_outside_the_noise(steps, times, wor
 
 def _outcome(number, dtype, steps, skipped=0, min_scale=None, clip=None):
     config = AmpConfig(dtype=dtype, clip_norm=clip, init_scale=2.0**number)
-    attrs = {
-        "steps_to_target": steps,
-        "time_to_target_s": steps * (1.0 if dtype == "bfloat16" else 1.02),
-        "skipped_steps": skipped,
-        "min_scale": min_scale,
-    }
+    figures = Figures(
+        steps_to_target=steps,
+        time_to_target_s=steps * (1.0 if dtype == "bfloat16" else 1.02),
+        skipped_steps=skipped,
+        min_scale=min_scale,
+    )
     return Outcome(
         number=number,
         role="search",
         config=config,
         seed=0,
         state="complete",
-        attrs=attrs,
+        figures=figures,
         losses=(),
     )
 
@@ -95,12 +95,9 @@ def test_skip_counts_within_the_replays_tolerance_are_the_same_and_simplicity_de
             config=config,
             seed=0,
             state="complete",
-            attrs={
-                "steps_to_target": 100,
-                "time_to_target_s": 102.0,
-                "skipped_steps": skipped,
-                "min_scale": 1.0,
-            },
+            figures=Figures(
+                steps_to_target=100, time_to_target_s=102.0, skipped_steps=skipped, min_scale=1.0
+            ),
             losses=(),
         )
 
