@@ -1,4 +1,4 @@
-"""Judging runs against the float32 reference.
+"""Judging runs against the float32 reference, and the answer a study supports.
 
 - ``_settings``: :class:`StudySettings`, the study's settings as one record, with the rules of
   the horizon, its phase windows and the tie margin;
@@ -10,5 +10,9 @@
 - ``_phases``: a branch or a run from step 0 judged against float32 in a phase window;
 - ``_horizon``: which configs hold for the horizon, the finalists, the seed spread;
 - ``_stopping``: when a run stops (target reached, slower than the best), when sampling stops;
-- ``_speedup``: the verdict against float32, with its spread.
+- ``_speedup``: the verdict against float32, with its spread;
+- ``_findings``: :class:`Findings`, the evidence and the answer as plain data, the order of
+  confirmation and the speedup against float32 they support;
+- ``_answer``: :func:`judge`, a study judged from its runs alone: the best AMP config,
+  float32 at its clip, and the answer on this device (the search asks it what to run next).
 """

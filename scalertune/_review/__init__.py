@@ -1,8 +1,8 @@
-"""Reviewing a search: what it found, and the ways to show it.
+"""Reviewing a search: the ways to show what it found (the judge decides it:
+:mod:`scalertune._judge`).
 
-- ``_findings``: :class:`Findings`, the evidence and the answer as plain data, and the
-  speedup against float32 they support;
-- ``_analyze``: :func:`analyze`, a search's result rebuilt from the study alone;
+- ``_analyze``: :func:`analyze`, a search's result rebuilt from the study alone, the judge's
+  findings with the ways to show them;
 - ``_result``: :class:`SearchResult`, the findings with the ways to show and use them;
 - ``_describe``: runs, their evidence over the horizon, a forward overflow and the forecast,
   in words;

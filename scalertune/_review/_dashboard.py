@@ -26,6 +26,7 @@ import yaml
 from scalertune import _policy
 from scalertune._amp._schema import result_document
 from scalertune._errors import UsageError
+from scalertune._judge._findings import Findings
 from scalertune._judge._settings import StudySettings
 from scalertune._review._artifacts import Pictures, pictures_of, upload
 from scalertune._review._describe import (
@@ -37,7 +38,6 @@ from scalertune._review._describe import (
     why_not,
 )
 from scalertune._review._document import document
-from scalertune._review._findings import Findings
 from scalertune._review._horizon_plot import branched_runs
 from scalertune._review._notes import (
     ROLES,

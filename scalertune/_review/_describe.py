@@ -7,10 +7,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
+from scalertune._judge._findings import Findings
 from scalertune._judge._horizon import behind_from, ruling
 from scalertune._judge._outcome import Outcome
 from scalertune._replay._forecast import forecast
-from scalertune._review._findings import Findings
 
 
 def unjudged(result: Findings) -> str:

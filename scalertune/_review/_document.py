@@ -17,11 +17,11 @@ from typing import Any
 
 from scalertune import _policy
 from scalertune._amp._guard import Guard
+from scalertune._judge._findings import Findings, speedup
 from scalertune._judge._outcome import Outcome
 from scalertune._replay._deepspeed_block import deepspeed_fp16_block
 from scalertune._replay._predict import Prediction, predict, predict_deepspeed
 from scalertune._review._describe import describe_outcome
-from scalertune._review._findings import Findings, speedup
 from scalertune._review._scaler_advice import defaults_prediction
 from scalertune._review._verdict import verdict
 from scalertune._run._record import skipped_steps

@@ -26,12 +26,12 @@ from optuna.trial import TrialState
 
 from scalertune import _policy
 from scalertune._errors import UsageError
+from scalertune._judge._findings import Findings
 from scalertune._judge._horizon import is_from_start
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult, judged_end
 from scalertune._judge._target import smoothed
 from scalertune._review._describe import unjudged
-from scalertune._review._findings import Findings
 from scalertune._review._plots import DPI, FIGURE_INCHES, have_matplotlib, save_figure, wrap
 from scalertune._storage._names import LOSSES_ATTR, ROLE_PHASE
 

@@ -16,12 +16,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
+from scalertune._judge._findings import Findings
 from scalertune._judge._horizon import behind_from, is_from_start, phases_of
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
 from scalertune._review._artifacts import Pictures
 from scalertune._review._describe import describe_outcome, why_not
-from scalertune._review._findings import Findings
 from scalertune._review._verdict import verdict
 from scalertune._storage._names import (
     ROLE_BASELINE,

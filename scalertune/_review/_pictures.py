@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from scalertune._review._findings import Findings
+from scalertune._judge._findings import Findings
 from scalertune._review._horizon_plot import write_horizon_picture
 from scalertune._review._plots import have_matplotlib, named_run, picture_path, plot_run
 

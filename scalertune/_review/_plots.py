@@ -22,10 +22,10 @@ from typing import Any
 
 from scalertune._amp._schema import temporary_name
 from scalertune._errors import UsageError
+from scalertune._judge._findings import Findings
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._target import smoothed
 from scalertune._review._describe import describe_outcome
-from scalertune._review._findings import Findings
 
 #: 4:3 like the dashboard's preview box; 1080 x 810 pixels, which a note shows unscaled on a
 #: laptop screen and a browser scales down, still legible, on a narrower one.

@@ -5,7 +5,7 @@ config to use (:attr:`SearchResult.config`), the evidence behind it (the float32
 the baselines, the ranking, the confirmation runs, the interleaved step timing) and ways to
 show it (:meth:`SearchResult.summary`, :meth:`SearchResult.to_yaml`,
 :meth:`SearchResult.plot`), and to ask it about other configs (:meth:`SearchResult.predict`).
-The evidence is plain data (:class:`~scalertune._review._findings.Findings`); each way to show
+The evidence is plain data (:class:`~scalertune._judge._findings.Findings`); each way to show
 it is a function of that data in a module of its own, which the methods here call.
 """
 
@@ -18,9 +18,9 @@ from scalertune._amp._config import AmpConfig
 from scalertune._amp._guard import Guard
 from scalertune._amp._schema import write_result
 from scalertune._errors import ParameterError, UsageError
+from scalertune._judge._findings import Findings
 from scalertune._replay._predict import Prediction, predict
 from scalertune._review import _describe, _document, _pictures, _plots, _summary, _verdict
-from scalertune._review._findings import Findings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +34,12 @@ class SearchResult(Findings):
         >>> result.to_yaml("amp.yaml")  # doctest: +SKIP
         >>> amp = scalertune.load("amp.yaml", device="cuda")  # doctest: +SKIP
     """
+
+    @classmethod
+    def of(cls, found: Findings, **changes: Any) -> SearchResult:
+        """``found`` (with ``changes``), with the ways to show it."""
+        fields = {f.name: getattr(found, f.name) for f in dataclasses.fields(found)}
+        return cls(**{**fields, **changes})
 
     @property
     def verdict(self) -> str:

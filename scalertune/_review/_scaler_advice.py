@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 
 from scalertune._amp._config import BASELINES
+from scalertune._judge._findings import Findings
 from scalertune._judge._rank import skip_tolerance
 from scalertune._replay._predict import Prediction, predict
 from scalertune._replay._trace import Trace
-from scalertune._review._findings import Findings
 from scalertune._storage._names import ROLE_REPLAY
 
 

@@ -9,6 +9,7 @@ import textwrap
 from typing import Any
 
 from scalertune._amp._check import CHECK_EVERY
+from scalertune._judge._findings import Findings
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
 from scalertune._judge._rank import all_tied
@@ -20,7 +21,6 @@ from scalertune._review._describe import (
     unjudged,
     why_not,
 )
-from scalertune._review._findings import Findings
 from scalertune._review._runs import runs_lines
 from scalertune._review._scaler_advice import (
     article_fix_line,

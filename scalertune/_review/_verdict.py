@@ -12,8 +12,8 @@ the best AMP config that held is still carried (``evidence.best_amp``), to use o
 
 from __future__ import annotations
 
+from scalertune._judge._findings import Findings, speedup
 from scalertune._review._describe import why_not
-from scalertune._review._findings import Findings, speedup
 from scalertune._text import plural
 
 

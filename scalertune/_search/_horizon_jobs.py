@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from scalertune import _policy
+from scalertune._judge._answer import judge
 from scalertune._judge._phases import judged_end
-from scalertune._review._analyze import analyze
 from scalertune._search._island_choice import island_for
 from scalertune._search._setup import Setup
 from scalertune._storage._names import ROLE_ISLAND, ROLE_PHASE
@@ -42,7 +42,7 @@ class HorizonJobs:
         workload's clipping may propose an island (a late phase saying one module's
         precision limited the fit), which joins the queue."""
         while True:
-            result = analyze(self.jobs.study)
+            result = judge(self.jobs.study)
             if result.best_amp is not None:
                 return
             run = next(iter(_undecided(result)), None)
@@ -52,7 +52,7 @@ class HorizonJobs:
                 return
             if result.holds(run) is None:
                 self._evidence(run, result)
-                if analyze(self.jobs.study).holds(run) is None:
+                if judge(self.jobs.study).holds(run) is None:
                     return  # its runs failed: nothing more to learn from it here
             else:
                 self.jobs.confirm_one(run)
@@ -65,10 +65,10 @@ class HorizonJobs:
             if result.holds(run) is False and result.phases.get(run.number):
                 self.jobs.queue(
                     f"islands.{run.number}",
-                    self._island_jobs(analyze(self.jobs.study), run),
+                    self._island_jobs(judge(self.jobs.study), run),
                     _ISLAND_KEY,
                 )
-        return len(analyze(self.jobs.study).islands) > before
+        return len(judge(self.jobs.study).islands) > before
 
     def _evidence(self, run: Any, result: Any) -> None:
         """``run`` from step 0 as far as the cap allows, then continued to the horizon from
@@ -76,14 +76,14 @@ class HorizonJobs:
         end = _affordable_end(self.jobs.setup, result, run)
         if end is not None:
             self.jobs.queue(f"from-start.{run.number}", [self._from_start_job(run, end)], PHASE_KEY)
-            result = analyze(self.jobs.study)
+            result = judge(self.jobs.study)
             if result.holds(run) is False:
                 return
             if end < self.jobs.setup.horizon and _can_continue(self.jobs.setup, result, end):
                 self.jobs.queue(
                     f"continued.{run.number}", [self._continued_job(run, end)], PHASE_KEY
                 )
-                if analyze(self.jobs.study).holds(run) is not None:
+                if judge(self.jobs.study).holds(run) is not None:
                     return
             after = end
         else:

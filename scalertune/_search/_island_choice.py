@@ -21,8 +21,8 @@ import numpy as np
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
+from scalertune._judge._findings import Findings
 from scalertune._judge._outcome import Outcome
-from scalertune._review._result import SearchResult
 from scalertune._run._forward import forward_ratio
 from scalertune._search._isolate import run_here
 from scalertune._search._references import References
@@ -30,7 +30,7 @@ from scalertune._search._setup import Setup
 
 
 def island_for(
-    result: SearchResult, finalist: Outcome, setup: Setup, references: References
+    result: Findings, finalist: Outcome, setup: Setup, references: References
 ) -> AmpConfig | None:
     """The config with one module in float32 that the late-phase check says fixes where
     ``finalist`` stopped holding; ``None`` when it held, or no island helps."""

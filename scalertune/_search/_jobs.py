@@ -27,7 +27,7 @@ import optuna
 
 from scalertune import _policy
 from scalertune._amp._config import BASELINES, AmpConfig
-from scalertune._review._analyze import analyze
+from scalertune._judge._answer import judge
 from scalertune._search._horizon_jobs import PHASE_KEY, HorizonJobs
 from scalertune._search._progress import Progress
 from scalertune._search._recommended import add_recommended, recommended_stored
@@ -76,7 +76,7 @@ class Jobs:
     def replay_choice(self) -> None:
         """The float16 setting the replay finds best over the horizon, when it beats
         PyTorch's defaults by more than the noise: one real run checks it."""
-        result = analyze(self.study)
+        result = judge(self.study)
         config = replay_choice(result, self.setup)
         jobs = [] if config is None else [(self.job(ROLE_REPLAY, config), self.params(config))]
         self.queue("replay", jobs, _REPLAY_KEY)
@@ -93,7 +93,7 @@ class Jobs:
         self._confirm_in_turn()
 
     def _confirm_in_turn(self) -> None:
-        while (candidate := analyze(self.study).next_to_confirm) is not None:
+        while (candidate := judge(self.study).next_to_confirm) is not None:
             self.confirm_one(candidate)
 
     def confirm_one(self, candidate: Any) -> None:
@@ -117,7 +117,7 @@ class Jobs:
         own clipping (and its phases, over a long horizon): a config can reach the target
         sooner because of its clip alone, and the verdict credits the precision only with
         what is its own; float32 with that clip may be the answer on this device."""
-        best = analyze(self.study).best_amp
+        best = judge(self.study).best_amp
         if best is None or best.config.clip_norm == self.setup.clip_norm:
             return
         config = AmpConfig(dtype="float32", clip_norm=best.config.clip_norm)
@@ -128,7 +128,7 @@ class Jobs:
             "config": config.to_dict(),
         }
         self.queue(f"float32-clip.{best.number}", [(job, self.params(config))], _CLIP_KEY)
-        twin = analyze(self.study).float32_clip
+        twin = judge(self.study).float32_clip
         if twin is not None and self.setup.long:
             self.queue(f"float32-clip-phases.{best.number}", self.phase_jobs([twin]), PHASE_KEY)
 
@@ -216,7 +216,7 @@ class Jobs:
 
     def _replay_tells_apart(self, defaults: AmpConfig, other: AmpConfig) -> bool:
         """Whether the replay tells ``other`` from ``defaults`` (or cannot say: no trace)."""
-        result = analyze(self.study)
+        result = judge(self.study)
         return result.trace is None or differs(result.trace, defaults, other, result)
 
     def _exists(self, attrs: dict[str, Any], key: tuple[str, ...]) -> bool:

@@ -14,7 +14,8 @@ import optuna
 from optuna.trial import TrialState
 
 from scalertune._errors import MissingEvidence
-from scalertune._review._analyze import analyze
+from scalertune._judge._answer import judge
+from scalertune._review._verdict import verdict
 from scalertune._search._setup import Setup
 from scalertune._search._study import DTYPE_DISTRIBUTION
 from scalertune._storage._names import (
@@ -27,7 +28,7 @@ from scalertune._text import readable
 
 
 def add_recommended(study: optuna.Study, setup: Setup) -> None:
-    result = analyze(study)
+    result = judge(study)
     run = result.recommended or result.float32_choice
     source: dict[str, int | str]
     if run is not None:
@@ -59,7 +60,7 @@ def add_recommended(study: optuna.Study, setup: Setup) -> None:
             "config": result.config.to_dict(),
             "seed": setup.seed,
             **source,
-            "verdict": result.verdict,
+            "verdict": verdict(result),
             "speedup_vs_float32": None if speedup is None else round(speedup.point, 3),
             "time_to_target_s": readable(value),
         },
@@ -69,7 +70,7 @@ def add_recommended(study: optuna.Study, setup: Setup) -> None:
 
 
 def recommended_stored(study: optuna.Study) -> bool:
-    config = analyze(study).config.to_dict()
+    config = judge(study).config.to_dict()
     return any(
         t.user_attrs.get("role") == ROLE_RECOMMENDED and t.user_attrs.get("config") == config
         for t in study.get_trials(deepcopy=False)

@@ -24,15 +24,15 @@ import numpy as np
 
 from scalertune import _policy
 from scalertune._amp._config import PYTORCH_DEFAULT, SCALER_KNOBS, AmpConfig
+from scalertune._judge._findings import Findings
 from scalertune._judge._rank import skip_tolerance
 from scalertune._replay._gradscaler import ReplayMany, replay, replay_many
 from scalertune._replay._predict import predict
 from scalertune._replay._trace import Trace
-from scalertune._review._result import SearchResult
 from scalertune._search._setup import Setup
 
 
-def replay_choice(result: SearchResult, setup: Setup) -> AmpConfig | None:
+def replay_choice(result: Findings, setup: Setup) -> AmpConfig | None:
     """The float16 setting worth a real run (see the module's docstring), or ``None``."""
     trace = result.trace
     if "float16" not in setup.space.dtypes or trace is None:
@@ -84,9 +84,7 @@ def pick(
     ]
 
 
-def worth_changing(
-    trace: Trace, defaults: AmpConfig, best: AmpConfig, result: SearchResult
-) -> bool:
+def worth_changing(trace: Trace, defaults: AmpConfig, best: AmpConfig, result: Findings) -> bool:
     """Whether ``best`` skips fewer steps than ``defaults`` over the horizon beyond the noise
     (or the defaults' scale collapses, or flushes the gradients, and ``best``'s does not)."""
     if best == defaults:
@@ -100,7 +98,7 @@ def worth_changing(
     return _beyond_noise(theirs.skipped_steps - ours.skipped_steps, theirs.skipped_steps, result)
 
 
-def differs(trace: Trace, defaults: AmpConfig, other: AmpConfig, result: SearchResult) -> bool:
+def differs(trace: Trace, defaults: AmpConfig, other: AmpConfig, result: Findings) -> bool:
     """Whether the replay tells ``other`` from ``defaults`` over the horizon: either skips
     fewer steps than the other beyond the noise, or exactly one of their scales collapses
     below the floor. Where it cannot, a real run of ``other`` would only repeat the
@@ -115,7 +113,7 @@ def differs(trace: Trace, defaults: AmpConfig, other: AmpConfig, result: SearchR
     return _beyond_noise(more - fewer, more, result)
 
 
-def _beyond_noise(saved: int, skipped: int, result: SearchResult) -> bool:
+def _beyond_noise(saved: int, skipped: int, result: Findings) -> bool:
     """Whether ``saved`` of ``skipped`` steps is more than the replay's tolerance and
     float32's seed spread of steps over the horizon."""
     return saved > skip_tolerance(skipped) and saved > result.spread * result.horizon
@@ -131,7 +129,7 @@ def keeps_gradients(trace: Trace, min_scale: float) -> bool:
     )
 
 
-def _base(result: SearchResult, setup: Setup) -> AmpConfig:
+def _base(result: Findings, setup: Setup) -> AmpConfig:
     """PyTorch's defaults with the clip and islands of the best float16 run (or the
     workload's own clip and the space's fixed islands)."""
     run = next((o for o in result.pool if o.config.dtype == "float16"), None)

@@ -3,9 +3,12 @@ from them. Nothing here shows anything: the summary, the notes, the pictures and
 functions of it (:mod:`scalertune._review`), as Lightning's learning-rate finder keeps its
 curve and its suggestion apart from ``plot()``.
 
-:func:`~scalertune._review._analyze.analyze` builds it from the study alone, so it is the same
-after one worker, several workers or a crash; :class:`~scalertune.SearchResult` is this with
-the ways to show it.
+:func:`~scalertune._judge._answer.judge` builds it from the study alone, so it is the same
+after one worker, several workers or a crash: the search asks it what to run next, and
+:class:`~scalertune.SearchResult` is this with the ways to show it. The rules that decide
+live here and in :mod:`~scalertune._judge._answer`: the order of confirmation
+(:attr:`Findings.next_to_confirm`), and whether the best AMP config beats float32
+(:func:`amp_wins`).
 """
 
 from __future__ import annotations
