@@ -5,7 +5,7 @@
 - ``_target``: the float32 target and the smoothed loss;
 - ``_reference``: the float32 reference as one typed, versioned record, read and written there
   alone;
-- ``_outcome``: a stored run as an :class:`Outcome`;
+- ``_outcome``: a stored run as an :class:`Outcome`, and the float32 reference of a seed found;
 - ``_rank``: ranking, ties within the timing noise, the order of confirmation;
 - ``_phases``: a branch or a run from step 0 judged against float32 in a phase window;
 - ``_horizon``: which configs hold for the horizon, the finalists, the seed spread;

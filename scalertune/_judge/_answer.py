@@ -32,9 +32,8 @@ from scalertune._judge._horizon import (
     ruled_out,
     seed_spread,
 )
-from scalertune._judge._outcome import Outcome, outcomes_of
+from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
 from scalertune._judge._rank import candidates, confirmations_of, ranked
-from scalertune._judge._reference import Reference
 from scalertune._judge._settings import StudySettings
 from scalertune._storage._names import (
     ROLE_CONFIRM,
@@ -60,7 +59,7 @@ def judge(study: optuna.Study, *, storage: str = "") -> Findings:
     references = {
         s: ref
         for s in (seed, *_policy.CONFIRM_SEEDS)
-        if (ref := Reference.of(study, s)) is not None
+        if (ref := reference_of(study, s)) is not None
     }
     times = references[seed].step_times if seed in references else None
     spread = seed_spread([r.steps_to_target for r in references.values()])

@@ -1,4 +1,4 @@
-"""Runs as the study stores them: each finished trial as an Outcome."""
+"""Runs as the study stores them: each finished trial as an Outcome, and the float32 references."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
+import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
+from scalertune._errors import DamagedEvidence
+from scalertune._judge._reference import Reference
 from scalertune._storage._names import (
     JUDGED_ATTR,
     LOSSES_ATTR,
@@ -17,6 +20,7 @@ from scalertune._storage._names import (
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
     ROLE_ISLAND,
+    ROLE_REFERENCE,
     ROLE_REPLAY,
     ROLE_SEARCH,
     RUN_ROLES,
@@ -173,4 +177,36 @@ def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:
         Outcome.from_trial(t)
         for t in trials
         if t.state in done and t.user_attrs.get("role") in RUN_ROLES
+    ]
+
+
+def reference_trial(study: optuna.Study, seed: int) -> FrozenTrial | None:
+    """The finished float32 reference trial of ``seed``, if it has run (the first whose
+    record is sound: one damaged is run again)."""
+    for trial in _reference_trials(study, seed):
+        try:
+            Reference.from_trial(trial)
+        except DamagedEvidence:
+            continue
+        return trial
+    return None
+
+
+def reference_of(study: optuna.Study, seed: int) -> Reference | None:
+    """The float32 reference of ``seed`` (:class:`~scalertune._judge._reference.Reference`),
+    or ``None`` if it has not run yet, or every reference of that seed the study holds is
+    damaged (it runs again)."""
+    for trial in _reference_trials(study, seed):
+        try:
+            return Reference.from_trial(trial)
+        except DamagedEvidence:
+            continue
+    return None
+
+
+def _reference_trials(study: optuna.Study, seed: int) -> list[FrozenTrial]:
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.user_attrs.get("role") == ROLE_REFERENCE and t.user_attrs.get("seed") == seed
     ]

@@ -9,7 +9,8 @@ interleaved step timing of every dtype and the gradient trace that the scaler re
 
 It is stored on its trial (role ``reference``), as its user and system attributes
 (:meth:`Reference.to_attrs`, with its ``version``), and :meth:`Reference.from_trial` reads
-every version a study may hold. These two are the only places that know the stored keys.
+every version a study may hold. These two are the only places that know the stored keys
+(:func:`~scalertune._judge._outcome.reference_of` finds the trial).
 What a study holds is data, never trusted: a part that is not what a reference stores (of
 another type, out of bounds, a trace that does not decode) makes the record
 :class:`~scalertune._errors.DamagedEvidence`, named in one line, and the reference is read
@@ -22,11 +23,12 @@ import dataclasses
 import functools
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from scalertune import _policy
+from scalertune._amp._config import DTYPES
 from scalertune._errors import DamagedEvidence
 from scalertune._judge._target import Target
 from scalertune._replay._trace import Trace
@@ -39,9 +41,6 @@ from scalertune._storage._names import (
     TIMES_ATTR,
     TRACE_ATTR,
 )
-
-if TYPE_CHECKING:
-    import optuna
 
 #: The record's format, stored with it. 2: this record. 1: a reference stored before it had
 #: a version (the same keys; the step timing, the trace and the horizon's parts missing in
@@ -165,37 +164,6 @@ class Reference:
             version=version,
         )
 
-    @classmethod
-    def of(cls, study: optuna.Study, seed: int) -> Reference | None:
-        """The float32 reference of ``seed``, or ``None`` if it has not run yet (or every
-        reference of that seed the study holds is damaged: it runs again)."""
-        for trial in _reference_trials(study, seed):
-            try:
-                return cls.from_trial(trial)
-            except DamagedEvidence:
-                continue
-        return None
-
-
-def reference_trial(study: optuna.Study, seed: int) -> FrozenTrial | None:
-    """The finished float32 reference trial of ``seed``, if it has run (the first whose
-    record is sound)."""
-    for trial in _reference_trials(study, seed):
-        try:
-            Reference.from_trial(trial)
-        except DamagedEvidence:
-            continue
-        return trial
-    return None
-
-
-def _reference_trials(study: optuna.Study, seed: int) -> list[FrozenTrial]:
-    return [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.user_attrs.get("role") == ROLE_REFERENCE and t.user_attrs.get("seed") == seed
-    ]
-
 
 def _damaged(where: str, key: str, why: str) -> DamagedEvidence:
     return DamagedEvidence(f"{where}'s {key} is damaged: it {why}")
@@ -255,11 +223,12 @@ def _step_times(stored: Any, where: str) -> StepTimes | None:
     rounds = stored.get("rounds") if isinstance(stored, Mapping) else None
     if (
         not isinstance(rounds, Mapping)
+        or "float32" not in rounds
         or not all(
-            isinstance(dtype, str)
+            dtype in DTYPES
             and isinstance(seconds, list)
-            and len(seconds) <= _policy.MAX_HORIZON
-            and all(_is_number(s) and 0 <= s < math.inf for s in seconds)
+            and 0 < len(seconds) <= _policy.MAX_HORIZON
+            and all(_is_number(s) and 0 < s < math.inf for s in seconds)
             for dtype, seconds in rounds.items()
         )
         or not _is_integer(stored.get("steps", 0))

@@ -27,6 +27,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import MissingEvidence, SearchError, UsageError
 from scalertune._judge._horizon import seed_spread
+from scalertune._judge._outcome import reference_of
 from scalertune._judge._reference import Reference
 from scalertune._judge._target import Target
 from scalertune._replay._trace import Trace
@@ -82,7 +83,7 @@ class References:
             self.once(
                 f"reference.{seed}",
                 lambda: self._run(seed),
-                lambda: Reference.of(self.study, seed) is not None,
+                lambda: reference_of(self.study, seed) is not None,
             )
             reference = self._stored_reference(seed)
             self._targets[seed] = reference.target
@@ -104,7 +105,7 @@ class References:
         return self._stored[seed]
 
     def _stored_reference(self, seed: int) -> Reference:
-        reference = Reference.of(self.study, seed)
+        reference = reference_of(self.study, seed)
         if reference is None:  # run above, or by the worker that held the claim
             raise MissingEvidence(
                 f"the float32 reference of seed {seed} ran but the study does not hold it"

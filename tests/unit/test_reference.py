@@ -13,7 +13,8 @@ from conftest import HERE
 from optuna.trial import TrialState
 
 from scalertune._errors import DamagedEvidence
-from scalertune._judge._reference import VERSION, Reference, reference_trial
+from scalertune._judge._outcome import reference_of, reference_trial
+from scalertune._judge._reference import VERSION, Reference
 from scalertune._replay._trace import empty
 from scalertune._run._step_times import StepTimes
 from scalertune._storage._names import HORIZON_ATTR, LOSSES_ATTR, REFERENCE_VERSION_ATTR
@@ -66,14 +67,14 @@ def test_the_record_round_trips_through_a_study_with_its_version():
     assert trial.system_attrs[REFERENCE_VERSION_ATTR] == VERSION
     # JSON keeps a window's first step as text: the record gives it back as the step
     assert set(trial.system_attrs[HORIZON_ATTR]["windows"]) == {"40", "60"}
-    read = Reference.of(study, 0)
+    read = reference_of(study, 0)
     assert read == written.__class__(**{**written.__dict__, "trial": trial.number})
     assert read.windows[40] == tuple(float(v) for v in range(40, 60))
     assert read.latest_start == 60 and read.checkpoints[40].endswith("step40.pt")
     assert read.time_to_target_s == pytest.approx(38 * 0.0021)
     assert read.target.loss == written.target.loss
     assert np.array_equal(read.trace.amax, written.trace.amax)  # the gradient trace, decoded
-    assert Reference.of(study, 1) is None  # no reference of that seed has run
+    assert reference_of(study, 1) is None  # no reference of that seed has run
 
 
 def test_a_reference_of_a_trial_alone_has_no_horizon_windows_timing_or_trace():
@@ -81,7 +82,7 @@ def test_a_reference_of_a_trial_alone_has_no_horizon_windows_timing_or_trace():
     short = _record(step_times=None, horizon=None, windows={}, checkpoints={}, trace=None)
     trial = _stored(study, short)
     assert HORIZON_ATTR not in trial.system_attrs
-    assert Reference.of(study, 0) == Reference(**{**short.__dict__, "trial": trial.number})
+    assert reference_of(study, 0) == Reference(**{**short.__dict__, "trial": trial.number})
 
 
 @pytest.mark.parametrize("name", ["short", "long"])
@@ -90,7 +91,7 @@ def test_a_reference_written_before_the_record_had_a_version_reads_as_version_1(
     study = optuna.load_study(study_name=name, storage=open_storage(str(tmp_path / "v1.journal")))
     trial = reference_trial(study, 0)
     assert trial is not None and REFERENCE_VERSION_ATTR not in trial.system_attrs
-    read = Reference.of(study, 0)
+    read = reference_of(study, 0)
     assert read.version == 1 and read.trial == trial.number
     assert list(read.losses) == trial.system_attrs[LOSSES_ATTR]
     assert read.target_loss == trial.user_attrs["target_loss"]
@@ -137,6 +138,6 @@ def test_a_damaged_reference_is_named_in_one_line_and_read_as_missing(user, syst
     message = str(caught.value)
     assert "\n" not in message and message.startswith("the float32 reference (trial #0)'s ")
     # the search reads it as not run (it runs it again), and a sound one after it is used
-    assert Reference.of(study, 0) is None and reference_trial(study, 0) is None
+    assert reference_of(study, 0) is None and reference_trial(study, 0) is None
     _stored(study, good)
-    assert Reference.of(study, 0).trial == 1
+    assert reference_of(study, 0).trial == 1
