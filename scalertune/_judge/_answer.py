@@ -24,6 +24,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
+from scalertune._errors import DamagedEvidence
 from scalertune._judge._findings import Findings, amp_wins
 from scalertune._judge._horizon import (
     fewer_steps,
@@ -34,15 +35,16 @@ from scalertune._judge._horizon import (
 )
 from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
 from scalertune._judge._rank import candidates, confirmations_of, ranked
+from scalertune._judge._reference import Reference
 from scalertune._judge._settings import StudySettings
 from scalertune._storage._names import (
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
     ROLE_ISLAND,
     ROLE_RECOMMENDED,
+    ROLE_REFERENCE,
     ROLE_SURPLUS,
     STOPPED_ATTR,
-    TIMES_ATTR,
 )
 from scalertune._storage._recovery import missing_of
 
@@ -176,7 +178,10 @@ def _steps_trained(trials: list[FrozenTrial]) -> int:
         if "duplicate_of" in attrs or attrs.get("role") == ROLE_RECOMMENDED:
             continue
         total += int(attrs.get("steps_run") or 0)
-        times = trial.system_attrs.get(TIMES_ATTR)
-        if times:
-            total += int(times.get("steps", 0))
+        if attrs.get("role") == ROLE_REFERENCE and trial.state == TrialState.COMPLETE:
+            try:  # and the step timing it ran
+                times = Reference.from_trial(trial).step_times
+            except DamagedEvidence:
+                continue
+            total += 0 if times is None else times.steps
     return total

@@ -16,10 +16,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
+from scalertune._errors import DamagedEvidence
 from scalertune._judge._findings import Findings
 from scalertune._judge._horizon import behind_from, is_from_start, phases_of
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
+from scalertune._judge._reference import Reference
 from scalertune._review._artifacts import Pictures
 from scalertune._review._describe import describe_outcome, why_not
 from scalertune._review._verdict import verdict
@@ -196,13 +198,7 @@ def _what_happened(trial: FrozenTrial, result: Findings) -> list[str]:
     if attrs.get("role") == ROLE_RECOMMENDED:
         return _recommended_lines(trial, result)
     if attrs.get("role") == ROLE_REFERENCE:
-        steps = attrs.get("steps_to_target")
-        return [
-            f"Target loss {as_g(attrs.get('target_loss'))}, reached after {steps} steps "
-            f"at {as_ms(attrs.get('step_time_s'))} per step; trained "
-            f"{attrs.get('steps_run')} steps.",
-            "",
-        ]
+        return _reference_lines(trial)
     if "config" not in attrs:
         return []
     outcome = Outcome.from_trial(trial)
@@ -231,6 +227,18 @@ def _what_happened(trial: FrozenTrial, result: Findings) -> list[str]:
             "",
         ]
     return lines + _figures(attrs)
+
+
+def _reference_lines(trial: FrozenTrial) -> list[str]:
+    try:
+        ref = Reference.from_trial(trial)
+    except DamagedEvidence as exc:  # left out of the judgement, and run again
+        return [f"**Damaged**: {exc}.", ""]
+    return [
+        f"Target loss {as_g(ref.target_loss)}, reached after {ref.steps_to_target} steps "
+        f"at {as_ms(ref.step_time_s)} per step; trained {ref.steps_run} steps.",
+        "",
+    ]
 
 
 def _recommended_lines(trial: FrozenTrial, result: Findings) -> list[str]:
