@@ -91,7 +91,10 @@ class Findings:
 
     @property
     def reference(self) -> Reference | None:
-        """The float32 reference of the search's own seed."""
+        """The float32 reference of the search's own seed, as one typed record
+        (:class:`~scalertune._judge._reference.Reference`): ``losses``, ``target_loss``,
+        ``steps_to_target``, ``step_time_s``, ``step_times``, over a long horizon its
+        ``windows`` by first step, and its gradient ``trace``; ``None`` before it ran."""
         return self.references.get(self.settings.seed)
 
     @property
