@@ -130,7 +130,14 @@ class Diagnosis:
     grad_absmax: float
 
     def table(self) -> str:
-        """Module by module, in execution order."""
+        """Module by module, in execution order: the forward and gradient figures of each run.
+
+        Returns:
+            The table, one line per module.
+
+        Example:
+            >>> print(d.table())  # doctest: +SKIP
+        """
         s = f"@{self.init_scale:g}"
         rows = [
             (
@@ -169,7 +176,14 @@ class Diagnosis:
         return "\n".join(format_table(rows))
 
     def summary(self) -> str:
-        """The table, where things first went non-finite, the checks, and the verdict."""
+        """The table, where things first went non-finite, the checks, and the verdict.
+
+        Returns:
+            What ``scalertune diagnose`` prints.
+
+        Example:
+            >>> print(d.summary())  # doctest: +SKIP
+        """
         lines = [self.table(), ""]
         if self.first_forward_nonfinite is not None:
             lines.append(
@@ -188,7 +202,19 @@ class Diagnosis:
         return "\n".join(lines)
 
     def next_command(self, factory: str) -> str | None:
-        """The search to run next: with the islands, or at all when something is wrong."""
+        """The search to run next: with the islands, or at all when something is wrong.
+
+        Args:
+            factory: The factory spec to put in the command.
+
+        Returns:
+            A ``scalertune search`` command line, or ``None`` when the diagnosis is ``clean`` or
+            float32 itself fails.
+
+        Example:
+            >>> d.next_command("model.py:make_model")  # doctest: +SKIP
+            'scalertune search model.py:make_model --fp32-modules attn.score'
+        """
         if self.islands:
             return (
                 f"scalertune search {factory} --fp32-modules {shlex.quote(','.join(self.islands))}"
