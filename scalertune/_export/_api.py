@@ -112,7 +112,7 @@ class Export:
         installed.
 
         Returns:
-            torch: ``scaler`` (a GradScaler), ``autocast`` (``torch.autocast`` keyword
+            For torch, ``scaler`` (a GradScaler), ``autocast`` (``torch.autocast`` keyword
             arguments) and ``max_norm``; lightning: ``Trainer`` keyword arguments (the precision
             plugin with its GradScaler, the clipping); accelerate: ``Accelerator`` keyword
             arguments (the ``GradScalerKwargs`` handler); transformers: ``TrainingArguments``
