@@ -52,8 +52,8 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
     Args:
         config: The :class:`~scalertune.AmpConfig` to train with.
         device: Where training runs: ``"auto"`` (the default: CUDA when this machine has it,
-            else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``; ``None``
-            is the CPU.
+            else the CPU; ``None`` too), ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a
+            ``torch.device``.
         guard: A :class:`~scalertune.Guard` that raises :class:`~scalertune.AmpGuardError`
             when the loss scale collapses; ``None`` (the default) for none. Only a config with
             a scaler (float16) is guarded.
@@ -65,7 +65,8 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             YAML's fingerprint, that it is the model the search ran on); ``None`` for none.
 
     Raises:
-        UsageError: ``device`` names a CUDA device this machine does not have.
+        UsageError: ``device`` is unknown or names a CUDA device this machine does not
+            have.
 
     Example:
         >>> import torch, scalertune

@@ -78,7 +78,8 @@ def search(
             trainer (Hugging Face, Lightning, Accelerate).
         storage: An Optuna storage URL, a SQLite file or a journal file; ``None`` for
             ``sqlite:///scalertune.db`` here.
-        study_name: The study's name; ``None`` for the factory's spec.
+        study_name: The study's name; ``None`` for the factory's module and name
+            (``examples/classifier.py:make_model`` is ``classifier:make_model``).
         space: A search space: ``"default"``, ``"float16"``, ``"bfloat16"``, the path of a
             space YAML, or a :class:`SearchSpace`.
         fp32_modules: Modules kept in float32 on every float16 trial (comma-separated names or
@@ -101,8 +102,9 @@ def search(
             ``torch.distributed`` group, each in its own process (as torchrun runs a script):
             the factory, called in every rank, wraps its model (DDP, FSDP) itself. ``None``
             for the factory's own ``nproc_per_node`` attribute, else 1.
-        log: Called with each progress line; ``None`` prints nothing.
-        progress: Show a progress bar and the search's cost up front.
+        log: Called with each progress line; ``None`` for none.
+        progress: A progress bar on stderr, with the lines above it (in place of ``log``)
+            and the search's most cost said up front.
 
     Returns:
         The :class:`SearchResult`: the config to train with and its evidence.
@@ -110,10 +112,12 @@ def search(
     Raises:
         UsageError: Bad input (a missing factory, a factory that returns the wrong thing, an
             invalid space), before any study row is written; a number out of range is its
-            subclass ``ParameterError``, a ``ValueError`` that names the parameter. The
-            command line prints the line and exits with status 2.
-        SearchError: The workload itself fails (float32 does not train, or every run
-            crashes), not one config.
+            subclass ``ParameterError``, a ``ValueError`` that names the parameter. Also a
+            float32 reference that does not learn in ``steps`` (raise them or the learning
+            rate). The command line prints the line and exits with status 2.
+        SearchError: The workload itself fails, not one config: the float32 reference
+            fails or goes non-finite, the step timing fails, or the first runs all fail
+            with the same error.
         StorageUnavailable: The storage or the artifact store stayed unreachable past the
             outage bound; nothing is lost: rerun, and the study resumes (the command line
             exits with status 3).
