@@ -1,6 +1,6 @@
-"""The valid range of every number scalertune takes, checked in one place.
+"""The valid range of the numbers a user passes to the Python API and the command line.
 
-The Python API and the command line check their numbers with the same table, before any
+The Python API and the command line check those numbers with the same table, before any
 work starts (the command line before torch has even loaded). A number out of range is a
 :class:`~scalertune.UsageError` of class :class:`ParameterError` (a ``ValueError``) that names
 the Python parameter; the command line says the same with the flag it reads the value from.

@@ -1,8 +1,12 @@
-"""Numbers that are policy, in one place, each with the reason for its value.
+"""The policy numbers that more than one stage reads, each with the reason for its value.
 
-Everything that decides whether a trial is pruned, whether it "reached the target", or how
-its speed is measured reads its threshold from here, so that a reviewer can argue with one
-file instead of hunting through the pipeline.
+These are the facts the stages must agree on: the read-back window, the step timing, the
+smoothing and the target's tolerance, the scale floor, the confirmations, the study's stop
+rules that the judge applies and the search sets, the phases of a horizon, float16's limits,
+and when two skip counts are the same. A number only one stage reads lives in that stage's own
+``_policy`` module (``_run/_policy.py``, ``_search/_policy.py``, ``_judge/_policy.py``, ...),
+and the bound on a number a user passes beside its check in ``_limits``. The measurements
+behind the values are in ``docs/benchmarks.md`` ("Where the policy numbers come from").
 """
 
 #: Steps between two host readbacks of the loss, the loss scale and the step clock.
@@ -62,27 +66,11 @@ CONFIRM_TOP = 3
 #: Seeds the confirmation reruns use (the search itself runs on ``--seed``, default 0).
 CONFIRM_SEEDS = (1, 2)
 
-#: A run stops once it has reached the target: steps to target, its skipped steps and its
-#: scale range are then known, and its step time is the study's interleaved figure for its
-#: dtype. A run that can no longer reach the target before the best found so far, even at the
-#: optimistic end of its dtype's timing spread against the pessimistic end of the best's, is
-#: pruned as "slower than the best" (within the noise it could still tie, and ties are
-#: decided by stability, so it runs on). A sampled run clipped as the workload clips is not
-#: expected at the target before the float32 reference reached it, less a tie's margin (a
-#: lower precision learns no faster per step: its rounding adds noise, a skipped step does
-#: nothing), and is timed from there: on the codepoints example float32 needs all 200 steps
-#: without a clip, the clipped runs about 105, and the unclipped sampled runs stop at their
-#: first read-back instead of step 110-120 (8.4 run-equivalents instead of 10.0, timing
-#: pinned). The baselines and the replay's choice are evidence the review reads (the scale's
-#: story, the replay's check), and run until the best's time alone rules them out.
-#:
 #: The study stops early when ``STUDY_PATIENCE`` sampled trials in a row (reused duplicates
 #: not counted) have not found a faster time to target, once ``STUDY_MIN_TRIALS`` have run.
-#: ``benchmarks/sampler.py`` measures how many trials TPE and random search need to come
-#: within 5% of the best config of a fine grid over the default space: a median of 2-5 on
-#: the shipped examples. 4 in a row without progress after at least 6 leave the answer
-#: unchanged there; where every config reaches the target near float32's own step (the
-#: classifier), each trial costs most of a run, and 24 trials would cost 24 runs.
+#: TPE and random search come within 5% of a fine grid's best config in a few trials on the
+#: shipped examples, and 4 in a row without progress after at least 6 leave the answer
+#: unchanged there, while each further trial costs most of a run (``docs/benchmarks.md``).
 STUDY_MIN_TRIALS = 6
 
 #: A faster time to target counts as progress only when it is faster beyond the noise
@@ -92,15 +80,11 @@ STUDY_MIN_TRIALS = 6
 #: space's knobs do not change how fast this workload learns, and sampling stops before
 #: ``STUDY_MIN_TRIALS``: more trials would each cost most of a run to add another tie, which
 #: goes to the more stable, then the simpler config. A trial that did not reach the target, or
-#: was pruned, ends the streak: the knobs matter there, and sampling goes on. On the shipped
-#: classifier every config reaches the target near float32's own step (147): three trials in
-#: a row say so, and the search costs 9-10 run-equivalents instead of 14-15; what the next
-#: trials would have found, a clip of about 0.45 reaching it at step 127, is beyond float32's
-#: 13% seed spread by 1%, so a float32 at that clip that was the answer becomes float32
-#: without one (see ``benchmarks/default_cost.py``). Two in a row stopped the codepoints
-#: example before its best clip on a loaded machine; three do not. Not over a horizon longer
-#: than a trial, where the trials only find the dtypes and clips that the phases judge, and
-#: ties at the trial's end say nothing of the horizon's.
+#: was pruned, ends the streak: the knobs matter there, and sampling goes on. Three, not two:
+#: two stopped the codepoints example before its best clip on a loaded machine
+#: (``docs/benchmarks.md``). Not over a horizon longer than a trial, where the trials only find
+#: the dtypes and clips that the phases judge, and ties at the trial's end say nothing of the
+#: horizon's.
 STUDY_TIED_TRIALS = 3
 
 #: A crashed trial is retried this many times; a config that kills its worker twice more is
@@ -138,12 +122,10 @@ DIAGNOSE_ISLAND_ROUNDS = 6
 
 #: The phases of a horizon longer than a trial (see ``_judge._phases``). Each finalist is
 #: branched from the float32 reference for two windows, one from the middle of the horizon
-#: and one ending at it, each this share of the horizon long (at least a trial). Measured on
-#: late-failing workloads the team built (bfloat16's precision floor on outputs near 1000 and
-#: 2e4, a clip that helps early and hurts late, activations that grow past float16's range) and
-#: on a classifier where every config holds, with full-length runs on three seeds as the
-#: truth: this design agreed on all 54 clear cases; windows of 5% ending at the horizon alone
-#: missed the clip that hurts late. Two windows of 10% cost 0.2 horizons per finalist.
+#: and one ending at it, each this share of the horizon long (at least a trial): two windows of
+#: 10% cost 0.2 horizons per finalist, and agreed with full-length runs on every clear case
+#: measured, where one window ending at the horizon missed a clip that hurts late
+#: (``docs/benchmarks.md``).
 PHASE_WINDOW_SHARE = 0.1
 
 #: A branch falls behind float32 in a phase when its mean loss over the last half of the

@@ -30,17 +30,12 @@ TRACE_BLOCKS = 200
 #: The gradient trace is collected in full (every leaf module's output gradient, every
 #: parameter's, the magnitude histogram, the forward peaks) on the first ``TRACE_FULL_STEPS``
 #: steps and on one step in ``TRACE_FULL_EVERY`` after; on the other steps only from the
-#: tensors that came within ``TRACE_SUBSET_MARGIN`` of a full step's largest. Measured on a
-#: 2-core CPU, the full collection costs 14-50% per step (Python hooks on every module, a
-#: min-max pass per tensor, a histogram of every gradient value); the subset found in the
-#: first 100 steps reproduced the full value on every later step of six workloads (it was 1 of
-#: 18 module outputs and 11 of 27 parameters of a TransformerEncoder, at 3.8% per step), while
-#: a subset picked in 20 steps missed the largest gradient by 2-4x. The full steps keep
-#: checking it (a tensor that comes close joins the subset) and sample the histograms.
-#: ``benchmarks/trace.py`` measures the whole (subset steps and one full step in 50) at
-#: 4-7.5% per step on transformers of 5 ms steps, over the 5% aimed at on GPT-2 and the
-#: encoder; one full step in 250 brings BERT, a TransformerEncoder and GPT-2 to 3.4-5%; the
-#: rest is the subset's hooks (about 35 us per hooked module output) and min-max passes.
+#: tensors that came within ``TRACE_SUBSET_MARGIN`` of a full step's largest: the full
+#: collection costs a step far more (Python hooks on every module, a min-max pass per tensor, a
+#: histogram of every gradient value) than the subset, and a subset found over the first 100
+#: steps kept the full value on every later step of the workloads measured, where one found in
+#: 20 did not. The full steps keep checking it (a tensor that comes close joins the subset) and
+#: sample the histograms. The measurements are in ``docs/benchmarks.md``.
 TRACE_FULL_STEPS = 100
 TRACE_FULL_EVERY = 50
 

@@ -30,15 +30,12 @@ RANK_SETTLE_S = 2.0
 
 #: What a search over a horizon longer than a trial may cost, in run-equivalents of the
 #: horizon (the float32 reference is 1). A branch shows whether a config can follow float32
-#: from float32's own state, not whether it gets there: on a regression MLP a new user wrote,
-#: bfloat16 held in every branch from float32's weights (0.98-0.99x) and ended 1.84x
-#: float32's loss trained from step 0 (up to 60x on other seeds), stalled on a plateau of its
-#: own. So each finalist, in the answer's order, is trained from step 0 as far into the
-#: horizon as this cap allows after what the search has spent and its confirmations will:
-#: through the middle window at least (where that plateau showed, 1.33x), on to the horizon
-#: from its own state where the cap allows, the windows it does not reach branched
-#: (``_search._horizon_jobs``). Measured: 2.4-2.97 on seven late and new users' workloads at
-#: 10-15x ``--steps``.
+#: from float32's own state, not whether it gets there (bfloat16 can hold in every branch and
+#: still stall on a plateau of its own from step 0). So each finalist, in the answer's order, is
+#: trained from step 0 as far into the horizon as this cap allows after what the search has
+#: spent and its confirmations will: through the middle window at least, on to the horizon
+#: where the cap allows, the windows it does not reach branched (``_search._horizon_jobs``).
+#: What searches cost under it is in ``docs/benchmarks.md``.
 HORIZON_COST_CAP = 3.0
 
 #: At most this many islands are proposed by the late phases: each costs a trial from the start
