@@ -18,7 +18,8 @@ The pipeline, one private subpackage per stage (each ``__init__`` lists its modu
 - ``_export``: :func:`export`, the config as the objects each training framework takes;
 - ``cli`` (with ``_cli``): the ``scalertune`` command.
 
-Every policy number is in ``_policy``, every range check in ``_limits``.
+A policy number lives in the ``_policy`` of the stage that reads it, or in ``_policy`` when
+several stages do; the range check of a number a user passes is in ``_limits``.
 """
 
 from __future__ import annotations

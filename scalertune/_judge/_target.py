@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from scalertune import _policy
 from scalertune._errors import UsageError
+from scalertune._judge import _policy as _judge_policy
 
 
 def smoothed(losses: Sequence[float]) -> list[float]:
@@ -96,8 +97,8 @@ class Target:
         skipped every step included) and the search says nothing."""
         drop = self.reference_start - self.reference_final
         return (
-            drop > _policy.REFERENCE_MIN_DROP * abs(self.reference_start)
-            and drop > _policy.REFERENCE_NOISE_MULTIPLE * self.reference_noise
+            drop > _judge_policy.REFERENCE_MIN_DROP * abs(self.reference_start)
+            and drop > _judge_policy.REFERENCE_NOISE_MULTIPLE * self.reference_noise
             and self.loss < self.reference_start
         )
 
