@@ -14,5 +14,7 @@
 - ``_findings``: :class:`Findings`, the evidence and the answer as plain data, the order of
   confirmation and the speedup against float32 they support;
 - ``_answer``: :func:`judge`, a study judged from its runs alone: the best AMP config,
-  float32 at its clip, and the answer on this device (the search asks it what to run next).
+  float32 at its clip, and the answer on this device (the search asks it what to run next);
+- ``_policy``: the judge's own policy numbers (the reference's drop and noise, the study's
+  patience, the tie's floor), each with its reason.
 """

@@ -91,10 +91,17 @@ class Findings:
 
     @property
     def reference(self) -> Reference | None:
-        """The float32 reference of the search's own seed, as one typed record
-        (:class:`~scalertune._judge._reference.Reference`): ``losses``, ``target_loss``,
-        ``steps_to_target``, ``step_time_s``, ``step_times``, over a long horizon its
-        ``windows`` by first step, and its gradient ``trace``; ``None`` before it ran."""
+        """The float32 reference of the search's own seed; ``None`` before it ran.
+
+        One typed record (:class:`~scalertune._judge._reference.Reference`), read by
+        attribute: ``losses``, ``target_loss``, ``steps_to_target``, ``step_time_s``,
+        ``step_times``, over a long horizon its ``windows`` by first step, and its gradient
+        ``trace``.
+
+        Example:
+            >>> result.reference.steps_to_target  # doctest: +SKIP
+            212
+        """
         return self.references.get(self.settings.seed)
 
     @property
@@ -160,7 +167,21 @@ class Findings:
         return finalists(self.pool, self.ranking, self.settings.clip_norm)
 
     def holds(self, outcome: Outcome) -> bool | None:
-        """Whether ``outcome``'s config holds for the horizon (``None``: not known yet)."""
+        """Whether ``outcome``'s config holds for the horizon.
+
+        Args:
+            outcome: A run of this search.
+
+        Returns:
+            True when it reached the target and held at every phase window (at once when the
+            horizon is the trial); False when it did not reach the target, fell behind float32
+            in a window, or is of a dtype another run ruled out (unless trained from step 0
+            itself); ``None`` while a window's branch has not run.
+
+        Example:
+            >>> result.holds(result.ranking[0])  # doctest: +SKIP
+            True
+        """
         return holds(outcome, self.phases, self.windows, self.ruled)
 
     @property
@@ -168,8 +189,19 @@ class Findings:
         return {str(o.baseline): o for o in self.ranking if o.role == ROLE_BASELINE}
 
     def confirmation_state(self, candidate: Outcome) -> str:
-        """``confirmed``, ``failed`` (a seed that went non-finite or never reached its
-        target), or ``pending`` (a seed not yet run)."""
+        """Where a candidate's confirmation on other seeds stands.
+
+        Args:
+            candidate: One of :attr:`candidates`.
+
+        Returns:
+            ``"confirmed"``, ``"failed"`` (a seed that went non-finite or never reached its
+            target), or ``"pending"`` (a seed not yet run).
+
+        Example:
+            >>> result.confirmation_state(result.candidates[0])  # doctest: +SKIP
+            'confirmed'
+        """
         runs = self.confirmations.get(candidate.number, {})
         if any(not o.reached for o in runs.values()):
             return "failed"

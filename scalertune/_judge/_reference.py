@@ -27,7 +27,7 @@ from typing import Any, TypeGuard
 
 from optuna.trial import FrozenTrial
 
-from scalertune import _policy
+from scalertune import _limits
 from scalertune._amp._config import DTYPES
 from scalertune._errors import DamagedEvidence
 from scalertune._judge._target import Target
@@ -178,7 +178,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _integer(value: Any, where: str, key: str) -> int:
-    if not _is_integer(value) or not 0 <= value <= _policy.MAX_HORIZON:
+    if not _is_integer(value) or not 0 <= value <= _limits.MAX_HORIZON:
         raise _damaged(where, key, "is not a count of steps")
     return int(value)
 
@@ -209,7 +209,7 @@ def _curve(values: Any, where: str, key: str) -> tuple[float, ...]:
     """A loss per step, no longer than the longest horizon."""
     if (
         not isinstance(values, (list, tuple))
-        or len(values) > _policy.MAX_HORIZON
+        or len(values) > _limits.MAX_HORIZON
         or not all(_is_number(v) for v in values)
     ):
         raise _damaged(where, key, "is not a loss per step")
@@ -227,7 +227,7 @@ def _step_times(stored: Any, where: str) -> StepTimes | None:
         or not all(
             dtype in DTYPES
             and isinstance(seconds, list)
-            and 0 < len(seconds) <= _policy.MAX_HORIZON
+            and 0 < len(seconds) <= _limits.MAX_HORIZON
             and all(_is_number(s) and 0 < s < math.inf for s in seconds)
             for dtype, seconds in rounds.items()
         )
@@ -241,7 +241,7 @@ def _horizon(late: Mapping[str, Any], where: str) -> int | None:
     if not late:
         return None
     value = late.get("horizon")
-    if not _is_integer(value) or not 0 < value <= _policy.MAX_HORIZON:
+    if not _is_integer(value) or not 0 < value <= _limits.MAX_HORIZON:
         raise _damaged(where, HORIZON_ATTR, "names no horizon")
     return value
 
