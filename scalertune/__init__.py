@@ -10,11 +10,14 @@ The pipeline, one private subpackage per stage (each ``__init__`` lists its modu
 - ``_run``: run one config and watch it for non-finite values; the step timing, the
   checkpoints and the gradient trace;
 - ``_replay``: GradScaler's (and DeepSpeed's) update rule replayed over a trace;
-- ``_judge``: the float32 target, outcomes, ranking, stop rules, the phases of the horizon;
+- ``_judge``: the float32 reference (one typed record) and target, outcomes, ranking, stop
+  rules, the phases of the horizon; what a study shows and the rules that choose the answer
+  (:func:`~scalertune._judge._answer.judge`, which the search asks what to run next);
 - ``_storage``: the Optuna storage a study lives in, and recovery after a worker dies;
 - ``_search``: :func:`search`, the whole pipeline, with its space and sampler;
 - ``_diagnose``: :func:`diagnose`, where float16 overflows or underflows, module by module;
-- ``_review``: :class:`SearchResult`, the summary, the pictures, the dashboard's notes;
+- ``_review``: :class:`SearchResult`, the judge's findings shown: the summary, the pictures,
+  the YAML, the dashboard's notes;
 - ``_export``: :func:`export`, the config as the objects each training framework takes;
 - ``cli`` (with ``_cli``): the ``scalertune`` command.
 

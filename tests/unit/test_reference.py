@@ -2,6 +2,7 @@
 written before it had a version (``tests/data/study_v1.journal``), and a damaged one, which
 is named in one line and read as missing, never trusted."""
 
+import ast
 import math
 import os
 import shutil
@@ -12,6 +13,7 @@ import pytest
 from conftest import HERE
 from optuna.trial import TrialState
 
+import scalertune
 from scalertune._errors import DamagedEvidence
 from scalertune._judge._outcome import reference_of, reference_trial
 from scalertune._judge._reference import VERSION, Reference
@@ -141,3 +143,48 @@ def test_a_damaged_reference_is_named_in_one_line_and_read_as_missing(user, syst
     assert reference_of(study, 0) is None and reference_trial(study, 0) is None
     _stored(study, good)
     assert reference_of(study, 0).trial == 1
+
+
+#: The parts only a reference stores: no module but the record's reads them (the names are
+#: declared with every stored name, in ``_storage/_names.py``).
+REFERENCE_PARTS = ("HORIZON_ATTR", "REFERENCE_VERSION_ATTR", "TIMES_ATTR", "TRACE_ATTR")
+
+
+def _names_in(path):
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            yield node.id
+        elif isinstance(node, ast.alias):
+            yield node.asname or node.name
+
+
+def test_only_the_record_reads_the_parts_a_reference_stores():
+    package = os.path.dirname(scalertune.__file__)
+    readers = {
+        os.path.relpath(os.path.join(folder, name), package)
+        for folder, _, files in os.walk(package)
+        for name in files
+        if name.endswith(".py")
+        and set(REFERENCE_PARTS) & set(_names_in(os.path.join(folder, name)))
+    }
+    assert readers == {
+        os.path.join("_judge", "_reference.py"),
+        os.path.join("_storage", "_names.py"),
+    }
+
+
+def test_the_search_asks_the_judge_and_leaves_the_showing_to_the_review():
+    search = os.path.join(os.path.dirname(scalertune.__file__), "_search")
+    asks = {
+        name: set(_names_in(os.path.join(search, name)))
+        for name in os.listdir(search)
+        if name.endswith(".py")
+    }
+    assert {name for name, names in asks.items() if "judge" in names} >= {
+        "_jobs.py",
+        "_horizon_jobs.py",
+    }
+    # analyze() builds the SearchResult that search() returns; nothing decides with it
+    assert {name for name, names in asks.items() if "analyze" in names} == {"_api.py"}
