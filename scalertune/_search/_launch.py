@@ -13,7 +13,7 @@ is called (:mod:`scalertune._run._ranks`); rank 0 sends the result.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,10 @@ from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord, StopRule
 from scalertune._run._timing import StepTimes
 from scalertune._search._process_jobs import LocateJob, PreflightJob, RunJob, TimeJob, Timing
+
+if TYPE_CHECKING:
+    from scalertune._diagnose._report import IslandAdvice
+    from scalertune._run._preflight import Checked
 
 
 def run_isolated(
@@ -68,7 +72,7 @@ def locate_isolated(
     timeout_s: float | None,
     memory_gb: float | None,
     ranks: int = 1,
-) -> Any:
+) -> IslandAdvice | None:
     """``locate_forward_overflow`` of a pruned run, in a fresh process (one per rank);
     :class:`TrialCrashed` if one fails."""
     job = LocateJob(
@@ -132,7 +136,7 @@ def preflight_ranks(
     islands: set[str],
     timeout_s: float | None,
     ranks: int,
-) -> Any:
+) -> Checked:
     """``preflight`` (one float32 step) in every rank; :class:`UsageError` as a rank raised
     it, a failure of the factory as :class:`FactoryError`."""
     from scalertune._workload._loader import FactoryError
