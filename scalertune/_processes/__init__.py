@@ -10,5 +10,7 @@
 - ``_launcher``: :class:`Launch`, the parent's side of one job, and :func:`launch`, the one
   loop that receives a job's replies;
 - ``_main_guard``: the ``if __name__ == "__main__":`` guard a script needs around a call that
-  starts processes.
+  starts processes;
+- ``_policy``: the launcher's own policy number (how long a failed job's ranks have to
+  report), with its reason.
 """

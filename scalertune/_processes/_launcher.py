@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from scalertune import _interrupt, _policy
-from scalertune._processes import _start
+from scalertune import _interrupt
+from scalertune._processes import _policy, _start
 from scalertune._processes._blame import blame
 from scalertune._processes._child import child
 from scalertune._processes._main_guard import NAMES

@@ -25,5 +25,7 @@
   each in processes of its own: one with ``--isolate``, one per rank with
   ``--nproc-per-node``;
 - ``_process_jobs``: the jobs those processes do, and their replies, as typed records;
-- ``_progress``: the line per run on stderr, or the progress bar.
+- ``_progress``: the line per run on stderr, or the progress bar;
+- ``_policy``: the search's own policy numbers (the horizon's cost cap, the replay's and
+  the islands' counts, the curve's writes, failures before a stop), each with its reason.
 """
