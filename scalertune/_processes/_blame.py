@@ -9,19 +9,30 @@ gave up waiting for it (it hung), else the first collective error.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
+from typing import Literal
 
 from scalertune._processes._main_guard import REENTERED_STATUS, reentered
 from scalertune._processes._protocol import Failed
 
 
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """A fault of a process, not of the job: it ``died`` without a reply, or ``hung`` while a
+    peer's collective waited for it (the parent raises it as a ``TrialCrashed``)."""
+
+    kind: Literal["died", "hung"]
+    text: str
+
+
 def blame(
     failures: dict[int, Failed | None], exitcodes: list[int | None], silent: list[int]
-) -> tuple[str, str]:
-    """The failure to report, as ``(kind, text)``: ``died`` or ``hung`` for a fault of a
-    process, else the kind of a :class:`Failed` reply. ``failures`` holds each failed rank's
-    reply (``None``: it ended without one), ``exitcodes`` every rank's exit status, and
-    ``silent`` the ranks that neither failed nor finished."""
+) -> Failed | Fault:
+    """The failure to report: a :class:`Fault` of a process, else a rank's :class:`Failed`
+    reply, its text prefixed with the rank when there are ranks. ``failures`` holds each
+    failed rank's reply (``None``: it ended without one), ``exitcodes`` every rank's exit
+    status, and ``silent`` the ranks that neither failed nor finished."""
     n = len(exitcodes)
 
     def who(r: int) -> str:
@@ -31,18 +42,19 @@ def blame(
         if reply is None and exitcodes[r] == REENTERED_STATUS:
             raise reentered()
         if reply is None:
-            return "died", who(r) + death(exitcodes[r])
+            return Fault("died", who(r) + death(exitcodes[r]))
     for r, reply in sorted(failures.items()):
         if reply is not None and reply.kind != "peer":
-            return reply.kind, who(r) + reply.text
+            return Failed(reply.kind, who(r) + reply.text)
     first, reply = min(failures.items())  # (every reply is a peer's collective error)
     text = "" if reply is None else reply.text
     if silent:
-        return "hung", (
+        return Fault(
+            "hung",
             f"rank {silent[0]} of {n} hung: rank {first}'s collective gave "
-            f"up waiting for it ({text.splitlines()[0]})"
+            f"up waiting for it ({text.splitlines()[0]})",
         )
-    return "error", who(first) + text
+    return Failed("error", who(first) + text)
 
 
 def death(exitcode: int | None) -> str:

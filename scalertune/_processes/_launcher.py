@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from scalertune import _interrupt
 from scalertune._processes import _policy, _start
-from scalertune._processes._blame import blame
+from scalertune._processes._blame import Fault, blame
 from scalertune._processes._child import child
 from scalertune._processes._main_guard import NAMES
 from scalertune._processes._protocol import (
@@ -176,10 +176,10 @@ class Launch:
         # first: then the run did not fail, the search was stopped.
         _interrupt.checkpoint()
         silent = [r for r, c in enumerate(self._conns) if r not in failures and c in self._live]
-        kind, text = blame(failures, [p.exitcode for p in self._processes], silent)
-        if kind in ("died", "hung"):
-            raise self._crashed(text)
-        return Failed(kind, text)  # type: ignore[arg-type]  # blame names a reply's kind
+        blamed = blame(failures, [p.exitcode for p in self._processes], silent)
+        if isinstance(blamed, Fault):
+            raise self._crashed(blamed.text)
+        return blamed
 
     def _end(self) -> None:
         """Close the pipes; a process that sent its last reply is exiting, one still at work

@@ -29,7 +29,7 @@ NAMES = ("scalertune-trial", "scalertune-rank")
 
 
 def refuse_reentry() -> None:
-    """In a process this package started, a search or diagnosis called again as the user's
+    """In a process this package started, a search called again as the user's
     script is imported anew: end the process at once with ``REENTERED_STATUS``, which the
     parent turns into one line saying to guard the call, instead of a nested search (or each
     rank refusing itself as run by a launcher)."""

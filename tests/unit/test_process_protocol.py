@@ -10,7 +10,7 @@ from conftest import spec
 
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import DamagedCheckpoint, MissingEvidence, UsageError
-from scalertune._processes._blame import blame
+from scalertune._processes._blame import Fault, blame
 from scalertune._processes._child import failure
 from scalertune._processes._main_guard import REENTERED_STATUS
 from scalertune._processes._protocol import Failed, JobFailed, TrialCrashed
@@ -69,28 +69,27 @@ def test_a_jobs_failure_comes_back_as_the_error_it_raised(raised, kind, expected
 
 def test_a_rank_that_died_is_blamed_before_the_peers_whose_collectives_broke():
     failures = {0: Failed("peer", f"RuntimeError: {GLOO}"), 1: None}
-    kind, text = blame(failures, [1, -signal.SIGKILL], silent=[])
-    assert kind == "died"
-    assert text.startswith("rank 1 of 2: the trial's process was killed (SIGKILL)")
+    blamed = blame(failures, [1, -signal.SIGKILL], silent=[])
+    assert isinstance(blamed, Fault) and blamed.kind == "died"
+    assert blamed.text.startswith("rank 1 of 2: the trial's process was killed (SIGKILL)")
 
 
 def test_a_ranks_own_error_is_blamed_before_a_peers_broken_collective():
     failures = {0: Failed("peer", f"RuntimeError: {GLOO}"), 1: Failed("error", "ValueError: x")}
-    assert blame(failures, [1, 1], silent=[]) == ("error", "rank 1 of 2: ValueError: x")
+    assert blame(failures, [1, 1], silent=[]) == Failed("error", "rank 1 of 2: ValueError: x")
 
 
 def test_a_silent_rank_is_blamed_as_hung_when_its_peer_gave_up_waiting():
-    kind, text = blame({0: Failed("peer", f"RuntimeError: {GLOO}")}, [1, None], silent=[1])
-    assert kind == "hung"
-    assert text == (
-        f"rank 1 of 2 hung: rank 0's collective gave up waiting for it (RuntimeError: {GLOO})"
+    blamed = blame({0: Failed("peer", f"RuntimeError: {GLOO}")}, [1, None], silent=[1])
+    assert blamed == Fault(
+        "hung",
+        f"rank 1 of 2 hung: rank 0's collective gave up waiting for it (RuntimeError: {GLOO})",
     )
 
 
 def test_one_process_is_named_without_a_rank_and_a_reentered_script_is_a_usage_error():
-    assert blame({0: None}, [-signal.SIGABRT], silent=[]) == (
-        "died",
-        "the trial's process died with SIGABRT (a crash in native code)",
+    assert blame({0: None}, [-signal.SIGABRT], silent=[]) == Fault(
+        "died", "the trial's process died with SIGABRT (a crash in native code)"
     )
     with pytest.raises(UsageError, match='outside an if __name__ == "__main__": block'):
         blame({0: None}, [REENTERED_STATUS], silent=[])
