@@ -3,6 +3,7 @@
 - ``_config``: :class:`AmpConfig`, PyTorch's defaults and the baselines;
 - ``_runtime``: :class:`AmpRuntime`, the canonical AMP step every trial runs;
 - ``_scaler``: the GradScaler the runtime builds, and how it knows which steps were skipped;
+- ``_engine``: an engine that scales and steps itself (DeepSpeed's), bound to a runtime;
 - ``_guard``: :class:`Guard`, the production guard against a collapsing loss scale;
 - ``_watch``: the warning when a training run's scaler leaves the search's prediction;
 - ``_islands``, ``_modules``: float32 islands and how modules are named for them;

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from scalertune._amp._config import SCALER_KNOBS, AmpConfig
+from scalertune._amp._config import SCALER_KNOBS, AmpConfig, DeepSpeedFp16Config
 from scalertune._amp._device import resolve_device
+from scalertune._amp._engine import Engine, EngineSlot
 from scalertune._amp._guard import Guard, check_guard
 from scalertune._amp._islands import apply_islands
 from scalertune._amp._scaler import DeviceStep, RuntimeScaler, Skips, scaler_class
@@ -67,6 +68,8 @@ class AmpRuntime:
         self.guard = guard if config.uses_scaler else None
         self.watch = watch if config.uses_scaler else None
         self.device = resolve_device(device)
+        # DeepSpeed's fp16 scaler is its engine's (bound with :meth:`bind`), not a GradScaler
+        self._engine = EngineSlot(needed=isinstance(config, DeepSpeedFp16Config))
         self._forward = _Forward(config, self.device)
         #: The GradScaler (a :class:`~scalertune._amp._scaler.RuntimeScaler`: it reports each
         #: step to this runtime, whoever calls it; disabled for bfloat16 and float32).
@@ -80,7 +83,8 @@ class AmpRuntime:
             (), config.init_scale if config.uses_scaler else 1.0, device=self.device
         )
         self._clip = _Clip(config.clip_norm) if config.clip_norm is not None else None
-        self._uses_scaler = config.uses_scaler  # read on every step: a plain attribute
+        # read on every step: a plain attribute
+        self._uses_scaler = config.uses_scaler and not self._engine.needed
         #: Called after each :meth:`backward` and first in :meth:`step`, while the gradients
         #: are backward's own: the float32 reference's gradient trace reads them there
         #: (``_run._trace_collector``).
@@ -137,14 +141,29 @@ class AmpRuntime:
         return kind(
             self.device.type,
             listener=self,  # type: ignore[call-arg]
-            enabled=config.uses_scaler,
+            enabled=config.uses_scaler and not self._engine.needed,
             **{k: getattr(config, k) for k in SCALER_KNOBS},
         )
 
+    def bind(self, engine: Engine) -> None:
+        """Train through ``engine``, which scales, clips and steps itself (DeepSpeed's): from
+        here :meth:`backward` and :meth:`step` are the engine's, and the runtime counts and
+        checks the steps it decides (see :mod:`scalertune._amp._engine`). Binding the bound
+        engine again changes nothing."""
+        self._engine.bind(engine)
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine bound with :meth:`bind`, if any."""
+        return self._engine.engine
+
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backward through the scaled loss (plain backward when no scaler is active);
-        ``kwargs`` go to ``Tensor.backward`` (``retain_graph``)."""
-        self.scaler.scale(loss).backward(**kwargs)
+        """Backward through the scaled loss (plain backward when no scaler is active; the
+        bound engine's backward); ``kwargs`` go to ``Tensor.backward`` (``retain_graph``)."""
+        if self._engine.active:
+            self._engine.backward(loss, gradients=self._after_backward is not None, **kwargs)
+        else:
+            self.scaler.scale(loss).backward(**kwargs)
         if self._after_backward is not None:
             self._after_backward()
 
@@ -162,6 +181,8 @@ class AmpRuntime:
         """
         if self._before_step is not None:
             self._before_step()
+        if self._engine.engine is not None:
+            return self._engine_step(self._engine.engine)
         if self._clip is not None:
             self._clip(self.scaler, optimizer)
         if not self._uses_scaler:
@@ -171,6 +192,15 @@ class AmpRuntime:
         self.scaler.step(optimizer)
         self.scaler.update()
         return self._stepped
+
+    def _engine_step(self, engine: Engine) -> bool:
+        """The bound engine's step (its clipping, its optimizer, its scaler), counted."""
+        stepped = self._stepped = engine.step()
+        self._skips.host(self.steps, skipped=not stepped)
+        self.steps += 1
+        if self._checks is not None and self.steps % self._checks.every == 0:
+            self._checks.run(self)
+        return stepped
 
     @property
     def last_step(self) -> bool | DeviceStep:
@@ -213,6 +243,8 @@ class AmpRuntime:
     @property
     def scale(self) -> torch.Tensor:
         """The current loss scale as a device tensor (1.0 when no scaler is active); no sync."""
+        if self._engine.engine is not None:
+            return torch.full((), self._engine.engine.scale(), device=self.device)
         if not self._uses_scaler:  # a disabled GradScaler has no _scale at all
             return self._initial_scale
         scale = self.scaler._scale  # noqa: SLF001 - GradScaler's live scale, read in place
@@ -235,16 +267,25 @@ class AmpRuntime:
     def state_dict(self) -> dict[str, Any]:
         """Scaler state and counters, for checkpoints."""
         return {
-            "scaler": self.scaler.state_dict(),
+            "scaler": self._engine.state() if self._engine.active else self.scaler.state_dict(),
             "steps": self.steps,
             "skipped": self.skipped_steps,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved."""
-        self.scaler.load_state_dict(state["scaler"])
+        self.load_scaler_state(state["scaler"])
         self.steps = int(state["steps"])
         self._skips.restore(int(state["skipped"]), steps=self.steps)
+
+    def load_scaler_state(self, state: Mapping[str, Any]) -> None:
+        """Start the scaler from ``state`` (a checkpoint's, or where the replay puts a
+        config's scaler at a branch's first step): GradScaler's keys over its own, or the
+        bound engine's (kept for the engine until it is bound)."""
+        if self._engine.active:
+            self._engine.load(state)
+        else:
+            self.scaler.load_state_dict({**self.scaler.state_dict(), **state})
 
 
 class _Forward:

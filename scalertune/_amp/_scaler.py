@@ -203,6 +203,11 @@ class Skips:
             self._pending.append(index)
         return DeviceStep(skipped)
 
+    def host(self, index: int, *, skipped: bool) -> None:
+        """Step ``index`` decided on the host, by an engine that steps itself and says
+        whether it skipped (DeepSpeed's)."""
+        self._record(index, skipped, on_host=True)
+
     def read(self, scale: torch.Tensor) -> tuple[float, int]:
         """The scale and the count of skipped steps on the host, in one transfer with the
         flags the ring holds since the last read, which bring the streak and the start-up up

@@ -37,7 +37,6 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from scalertune import _policy
-from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
 from scalertune._run import _ranks
@@ -154,7 +153,8 @@ class TraceCollector:
         model = workload.model
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
         state = rng_state()
-        amp = NoStep(AmpConfig(dtype="float32"), device=self._hooks.device)
+        # the run's own config: an engine made for it (DeepSpeed's) is the one it trains in
+        amp = NoStep(self._amp.config, device=self._hooks.device)
         _hear(amp, self._hooks)
         rows = []
         try:

@@ -1,0 +1,328 @@
+"""DeepSpeed's engine under a runtime, and DeepSpeed's parts scalertune relies on beyond its
+documented API, in one place.
+
+DeepSpeed keeps mixed precision to its engine: its ``fp16`` mode casts the model to float16,
+scales the loss in ``engine.backward`` with its own dynamic loss scaler and unscales, clips
+and steps (or skips) in ``engine.step``; its ``bf16`` mode casts to bfloat16 without a
+scaler. A run of a DeepSpeed workload trains in such an engine, built from the user's config
+with the run's precision (:func:`engine_config`), and bound to the run's runtime through
+:class:`DeepSpeedRun`: the runtime's skipped steps, the guard and the watch read what the
+engine decided (``engine.was_step_applied()``) and its scale.
+
+The documented API does most of it (``deepspeed.initialize``, ``engine.backward``,
+``engine.step``, ``engine.was_step_applied``, ``engine.destroy`` and the
+``deepspeed.utils.safe_get_full_*``/``safe_set_full_*`` functions that read and write a
+parameter's whole gradient, master weight and optimizer state under ZeRO). What it does not
+document, each checked against the installed DeepSpeed by
+``tests/unit/test_deepspeed_private.py`` (``pyproject.toml`` bounds deepspeed to the releases
+it passed on):
+
+- the accelerator's ``is_fp16_supported``: DeepSpeed's CPU accelerator says no where oneDNN
+  has no native float16 matmul, and the engine refuses fp16 ("Type fp16 is not supported on
+  your device"); torch trains float16 there all the same (slowly, as every float16 trial on a
+  CPU does), so :func:`allow_float16` sets it on the accelerator object;
+- ZeRO's loss scaler, ``engine.optimizer.loss_scaler`` (``DynamicLossScaler``), and its
+  ``cur_scale``, ``cur_hysteresis``, ``last_overflow_iter`` and ``cur_iter``: the scale read
+  after every step, the state a checkpoint keeps, and where a branch's replay puts it;
+- ZeRO's base optimizer, ``engine.optimizer.optimizer``, whose per-partition ``state``
+  holds the optimizer's step count (``safe_get_full_optimizer_state`` reaches its tensors
+  only);
+- the first words of ``DynamicLossScaler``'s error at its minimum (:data:`AT_MINIMUM`),
+  which tell it from any other error of a step.
+
+DeepSpeed is imported where it is used: it is no dependency of scalertune.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from scalertune._amp._config import AmpConfig, DeepSpeedFp16Config
+from scalertune._amp._engine import EngineStopped
+from scalertune._errors import UsageError
+
+#: The start of the message ``DynamicLossScaler.update_scale`` raises with when an overflow
+#: comes with the scale at ``min_loss_scale`` (``raise_error_at_min_scale``, on under ZeRO).
+AT_MINIMUM = "Current loss scale already at minimum"
+
+#: The ZeRO stages a search trains in (stage 0, DeepSpeed's FP16_Optimizer, keeps its scale
+#: elsewhere and has no hysteresis).
+ZERO_STAGES = (1, 2, 3)
+
+
+def stage_of(config: Mapping[str, Any]) -> int:
+    """The ZeRO stage a DeepSpeed config asks for (0 without ``zero_optimization``)."""
+    zero = config.get("zero_optimization") or {}
+    stage = zero.get("stage", 0) if isinstance(zero, Mapping) else 0
+    return int(stage) if isinstance(stage, int) and not isinstance(stage, bool) else -1
+
+
+def check_config(config: Any, *, what: str = "the DeepSpeed config") -> None:
+    """Refuse, in one line, a DeepSpeed config a search cannot train in."""
+    if not isinstance(config, Mapping):
+        raise UsageError(
+            f"{what} is a {type(config).__name__}: give the config dict (or the path of "
+            "ds_config.json) that deepspeed.initialize takes"
+        )
+    if _enabled(config.get("fp16")) and _enabled(config.get("bf16") or config.get("bfloat16")):
+        raise UsageError(
+            f"{what} enables both fp16 and bf16, which DeepSpeed refuses: enable one (a "
+            "search tries float16 under fp16's loss scaler, bfloat16 and float32 itself)"
+        )
+    stage = stage_of(config)
+    if stage not in ZERO_STAGES:
+        raise UsageError(
+            f"{what} trains without ZeRO (zero_optimization stage {stage}): scalertune "
+            "searches DeepSpeed's ZeRO stages 1 to 3, whose loss scaler has hysteresis; "
+            'add "zero_optimization": {"stage": 1} (the same numerics, optimizer states '
+            "partitioned)"
+        )
+
+
+def _enabled(block: Any) -> bool:
+    return isinstance(block, Mapping) and block.get("enabled") is True
+
+
+def engine_config(base: Mapping[str, Any], config: AmpConfig) -> dict[str, Any]:
+    """The user's DeepSpeed config with ``config``'s precision in it: its ``fp16`` block for
+    a DeepSpeed fp16 config (a plain float16 config, as the step timing runs, gets the
+    nearest one), ``bf16`` enabled for bfloat16, neither for float32, and
+    ``gradient_clipping`` (0: none; DeepSpeed clips at 1.0 where the key is absent)."""
+    out = copy.deepcopy(dict(base))
+    fp16 = out.get("fp16")
+    kept = (
+        {"auto_cast": fp16["auto_cast"]}
+        if isinstance(fp16, Mapping) and "auto_cast" in fp16
+        else {}
+    )
+    if config.dtype == "float16":
+        out["fp16"] = {**kept, **as_deepspeed(config).fp16_block()}
+    else:
+        out["fp16"] = {"enabled": False}
+    out["bf16"] = {"enabled": config.dtype == "bfloat16"}
+    out.pop("bfloat16", None)
+    out["gradient_clipping"] = config.clip_norm if config.clip_norm is not None else 0.0
+    return out
+
+
+def as_deepspeed(config: AmpConfig) -> DeepSpeedFp16Config:
+    """``config`` as DeepSpeed's scaler: itself, or the nearest to a GradScaler config (each
+    overflow backs off, as GradScaler's does)."""
+    if isinstance(config, DeepSpeedFp16Config):
+        return config
+    power = max(round(torch.tensor(config.init_scale).log2().item()), 0)
+    return DeepSpeedFp16Config(
+        init_scale=float(2**power),
+        growth_interval=config.growth_interval,
+        hysteresis=1,
+        clip_norm=config.clip_norm,
+    )
+
+
+def dtype_of(config: AmpConfig) -> torch.dtype:
+    """The dtype DeepSpeed casts the model to under ``config``."""
+    return getattr(torch, config.dtype)
+
+
+def allow_float16() -> None:
+    """Have DeepSpeed's CPU accelerator train fp16 where it would refuse (see the module's
+    docstring); nothing elsewhere."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() == "cpu" and not accelerator.is_fp16_supported():
+        accelerator.is_fp16_supported = lambda: True
+
+
+def process_group() -> None:
+    """A process group for DeepSpeed's engine: the one a launcher (or the search's ranks)
+    started, else one of a single process, on a free port of this host, as a launcher would
+    describe it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``)."""
+    import deepspeed
+
+    if not torch.distributed.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for key, value in (
+            ("RANK", "0"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", str(port)),
+        ):
+            os.environ.setdefault(key, value)
+    # DeepSpeed asks a launcher's LOCAL_RANK of an engine made with arguments (Accelerate's)
+    os.environ.setdefault("LOCAL_RANK", str(int(os.environ.get("RANK", "0"))))
+    with quiet():
+        deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """DeepSpeed's info lines off (it greets every engine, and logs every overflow); its
+    warnings stay."""
+    from deepspeed.utils import logger
+
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def initialize(model: torch.nn.Module, optimizer: Any, config: Mapping[str, Any]) -> Any:
+    """A DeepSpeed engine for ``model`` (with ``optimizer``, or the one ``config`` names)."""
+    import deepspeed
+
+    allow_float16()
+    process_group()
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    with quiet():
+        engine, *_ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            model_parameters=parameters if optimizer is None else None,
+            config=dict(config),
+        )
+    return engine
+
+
+def loss_scaler(engine: Any) -> Any:
+    """ZeRO's loss scaler of ``engine`` (a ``DynamicLossScaler`` under fp16, a static one of
+    scale 1 otherwise)."""
+    return engine.optimizer.loss_scaler
+
+
+def base_optimizer(engine: Any) -> Any:
+    """The optimizer ZeRO wraps (``torch.optim.Adam``, or the one the config names), over
+    flat partitions of the parameters."""
+    return engine.optimizer.optimizer
+
+
+#: ``DynamicLossScaler``'s state: what a checkpoint keeps and a branch sets.
+SCALER_FIELDS = ("cur_scale", "cur_hysteresis", "last_overflow_iter", "cur_iter")
+
+
+class DeepSpeedRun:
+    """One DeepSpeed engine bound to a runtime (:class:`scalertune._amp._engine.Engine`)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._exposed: list[torch.nn.Parameter] = []
+        self._open = False  # a backward not followed by a step yet
+
+    def backward(self, loss: torch.Tensor, *, gradients: bool, **kwargs: Any) -> None:
+        if self._open:  # the last backward had no step (the start-up probe's): not summed
+            self._hide()
+            self.engine.optimizer.zero_grad(set_to_none=True)
+        self._open = True
+        with quiet():
+            self.engine.backward(loss, **kwargs)
+        if gradients:
+            self._expose()
+
+    def micro_step(self) -> None:
+        """``engine.step()`` after a micro-batch that ends no optimizer step."""
+        self._hide()
+        self._open = False
+        with quiet():
+            self.engine.step()
+
+    def step(self) -> bool:
+        self._hide()
+        self._open = False
+        try:
+            with quiet():
+                self.engine.step()
+        except Exception as exc:
+            if not str(exc).startswith(AT_MINIMUM):
+                raise
+            raise EngineStopped(
+                f"DeepSpeed raised at its minimum loss scale ({self.scale():g}): an overflow "
+                "came with the scale at min_loss_scale, which ends training under ZeRO"
+            ) from None
+        return bool(self.engine.was_step_applied())
+
+    def scale(self) -> float:
+        return float(loss_scaler(self.engine).cur_scale)
+
+    def scaler_state(self) -> dict[str, Any]:
+        scaler = loss_scaler(self.engine)
+        state = {k: getattr(scaler, k) for k in SCALER_FIELDS if hasattr(scaler, k)}
+        return {"scale": float(scaler.cur_scale), **state}
+
+    def load_scaler_state(self, state: Mapping[str, Any]) -> None:
+        scaler = loss_scaler(self.engine)
+        for key in SCALER_FIELDS:
+            if key in state and hasattr(scaler, key):
+                setattr(scaler, key, state[key])
+
+    def _expose(self) -> None:
+        """Each parameter's whole gradient in its ``.grad``, unscaled, where ZeRO keeps it
+        partitioned and away from the parameter (a gradient trace reads ``.grad``)."""
+        from deepspeed.utils import safe_get_full_grad
+
+        scale = self.scale()
+        for p in self.engine.module.parameters():
+            if p.requires_grad and p.grad is None:
+                full = safe_get_full_grad(p)
+                if full is not None:
+                    p.grad = (full / scale).to(p.dtype).view(p.shape)
+                    self._exposed.append(p)
+
+    def _hide(self) -> None:
+        """The exposed gradients gone again before the engine steps (ZeRO owns its own)."""
+        for p in self._exposed:
+            p.grad = None
+        self._exposed = []
+
+
+def full_state(engine: Any) -> dict[str, Any]:
+    """The engine's optimizer as a plain optimizer's whole state, per parameter in the
+    module's order: its float32 master weight and each state tensor, and the step count;
+    readable whatever the ZeRO stage and the number of ranks."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    params = [p for p in engine.module.parameters() if p.requires_grad]
+    base = base_optimizer(engine)
+    first: dict[str, Any] = next(iter(base.state.values()), {})
+    keys = [k for k, v in first.items() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    scalars = {k: v for k, v in first.items() if k not in keys}
+    return {
+        "master": [safe_get_full_fp32_param(p).detach().cpu() for p in params],
+        "state": {
+            k: [safe_get_full_optimizer_state(p, k).detach().cpu() for p in params] for k in keys
+        },
+        "scalars": scalars,
+        "lr": [group.get("lr") for group in engine.optimizer.param_groups],
+    }
+
+
+def load_full_state(engine: Any, saved: Mapping[str, Any]) -> None:
+    """Put ``engine``'s optimizer in the state :func:`full_state` read (from any precision:
+    a float32 reference's state starts a float16 branch with exact master weights)."""
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    params = [p for p in engine.module.parameters() if p.requires_grad]
+    for p, master in zip(params, saved["master"]):
+        safe_set_full_fp32_param(p, master.to(p.device))
+    for key, values in saved["state"].items():
+        for p, value in zip(params, values):
+            safe_set_full_optimizer_state(p, value.to(p.device), key)
+    for state in base_optimizer(engine).state.values():
+        for key, value in saved["scalars"].items():
+            state[key] = value.clone() if isinstance(value, torch.Tensor) else value
+    for group, lr in zip(engine.optimizer.param_groups, saved["lr"]):
+        if lr is not None:
+            group["lr"] = lr

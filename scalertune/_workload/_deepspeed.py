@@ -1,0 +1,256 @@
+"""A DeepSpeed workload: a factory that returns the DeepSpeed config it trains with.
+
+``{"model": module, "batches": ..., "loss_fn": ..., "deepspeed": config}``, where ``config``
+is the dict (or the path of the ``ds_config.json``) that ``deepspeed.initialize`` takes, and
+``optimizer`` is a torch optimizer over the model's parameters unless the config names one
+(``"optimizer": {"type": "Adam", ...}``); ``step``, ``schedulers`` and ``horizon`` as any
+workload has them. The model and the optimizer are returned as they are before
+``deepspeed.initialize``: each run makes its own engine.
+
+Each run trains in a DeepSpeed engine made from that config with the run's precision
+(:func:`~scalertune._frameworks._deepspeed.engine_config`): the run's ``fp16`` block (the
+scaler knobs the search tries) for float16, ``bf16`` for bfloat16, neither for the float32
+reference, the same ZeRO stage, optimizer and batches throughout, and the run's
+``gradient_clipping``. The engine is made at the run's first step, on the factory's own
+model and optimizer; where one run needs a second precision (the step timing interleaves
+them), that engine is made on a fresh call of the factory. Each step is DeepSpeed's:
+
+- the floating tensors of the inputs cast to the engine's dtype (as ``fp16.auto_cast`` and a
+  Hugging Face Trainer cast them), ``loss = loss_fn(engine(inputs), targets)``;
+- ``engine.backward(loss)``, then ``engine.step()``, through the run's runtime, to which the
+  engine is bound: the skipped steps and the scale are the engine's;
+- with ``gradient_accumulation_steps`` above 1, that many micro-batches make one step;
+- ``step(engine, batch, amp)`` instead, where given: call ``amp.backward(loss)`` and
+  ``amp.step(optimizer)`` in it.
+
+The workload's own clipping is the config's ``gradient_clipping`` (1.0 where it says none,
+as DeepSpeed clips then).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from scalertune._amp._config import AmpConfig
+from scalertune._errors import UsageError
+from scalertune._frameworks import _deepspeed
+from scalertune._workload._contract import Workload, from_result
+from scalertune._workload._groups import Groups
+
+#: DeepSpeed's gradient clipping where a config has no ``gradient_clipping``.
+DEFAULT_CLIPPING = 1.0
+
+
+def deepspeed_workload(
+    result: dict[str, Any], *, device: torch.device, again: Callable[[], Any]
+) -> Workload:
+    """The Workload of a factory's ``{"deepspeed": config, ...}`` (see the module's
+    docstring); ``again`` calls the factory afresh (seeded as this call was)."""
+    config = read_config(result.pop("deepspeed"))
+    _deepspeed.check_config(config)
+    _refuse_engines(result)
+    if "optimizer" in config and result.get("optimizer") is not None:
+        raise UsageError(
+            "the factory gives an optimizer and the DeepSpeed config names one too, which "
+            "DeepSpeed refuses: drop one of them"
+        )
+    if "optimizer" not in config and result.get("optimizer") is None:
+        raise UsageError(
+            "the factory's result has no optimizer and its DeepSpeed config names none: "
+            'return \'optimizer\', or name one in the config ("optimizer": {"type": ...})'
+        )
+    if "clip_norm" in result:
+        raise UsageError(
+            "with 'deepspeed' the clipping is the config's gradient_clipping: drop 'clip_norm'"
+        )
+    engines = Engines(result["model"], result.get("optimizer"), config, again=again)
+    optimizer = EngineOptimizer(engines)
+    workload = from_result({**result, "optimizer": optimizer})
+    clipping = config.get("gradient_clipping", DEFAULT_CLIPPING)
+    workload.clip_norm = float(clipping) if clipping else None
+    workload.step = _step(engines, workload)
+    accumulate = _accumulation(config)
+    if accumulate > 1 and result.get("step") is None:
+        workload.batches = Groups(workload.batches, accumulate)
+    return workload
+
+
+def read_config(config: Any) -> dict[str, Any]:
+    """The DeepSpeed config as a dict: given, or read from the JSON file it names."""
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        try:
+            with open(path, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read the DeepSpeed config {path}: {exc}") from None
+    if not isinstance(config, Mapping):
+        raise UsageError(
+            f"'deepspeed' is a {type(config).__name__}: give the config dict, or the path "
+            "of ds_config.json"
+        )
+    if "auto" in json.dumps(config):
+        raise UsageError(
+            "the DeepSpeed config has 'auto' values, which only a Hugging Face Trainer fills "
+            "in: give numbers (or return the Trainer made with deepspeed=config)"
+        )
+    return dict(config)
+
+
+def _refuse_engines(result: Mapping[str, Any]) -> None:
+    """An engine ``deepspeed.initialize`` already made has its precision fixed: refused."""
+    for key in ("model", "optimizer"):
+        value = result.get(key)
+        if type(value).__name__ in ("DeepSpeedEngine", "DeepSpeedZeroOptimizer") or (
+            isinstance(value, torch.nn.Module)
+            and any(hasattr(p, "ds_id") or hasattr(p, "_hp_mapping") for p in value.parameters())
+        ):
+            raise UsageError(
+                f"the factory's {key} was made by deepspeed.initialize already: return the "
+                "model and optimizer before it (each run makes its own engine, with the "
+                "run's precision)"
+            )
+
+
+def _accumulation(config: Mapping[str, Any]) -> int:
+    steps = config.get("gradient_accumulation_steps", 1)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise UsageError(
+            f"the DeepSpeed config's gradient_accumulation_steps must be an integer >= 1, "
+            f"got {steps!r}"
+        )
+    return steps
+
+
+class Engines:
+    """The DeepSpeed engines of one workload, one per precision config, each made at its
+    first step: on the factory's own model and optimizer first, on a fresh call of the
+    factory after (see the module's docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        config: dict[str, Any],
+        *,
+        again: Callable[[], Any],
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"'model' is a {type(model).__name__}: return a torch.nn.Module")
+        self.model, self.optimizer, self.config = model, optimizer, config
+        self._again = again
+        self._runs: dict[str, _deepspeed.DeepSpeedRun] = {}
+        self.current: _deepspeed.DeepSpeedRun | None = None
+        #: A checkpoint's optimizer state, for the engine still to be made.
+        self.pending: Mapping[str, Any] | None = None
+
+    def run_for(self, config: AmpConfig) -> _deepspeed.DeepSpeedRun:
+        """The engine ``config`` trains in, made now if it is new."""
+        wanted = _deepspeed.engine_config(self.config, config)
+        key = json.dumps(wanted, sort_keys=True, default=str)
+        run = self._runs.get(key)
+        if run is None:
+            model, optimizer = self._fresh() if self._runs else (self.model, self.optimizer)
+            run = _deepspeed.DeepSpeedRun(_deepspeed.initialize(model, optimizer, wanted))
+            if self.pending is not None:
+                _deepspeed.load_full_state(run.engine, self.pending)
+                self.pending = None
+            self._runs[key] = run
+        self.current = run
+        return run
+
+    def _fresh(self) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
+        result = self._again()
+        return result["model"].to(next(self.model.parameters()).device), result.get("optimizer")
+
+
+class EngineOptimizer(torch.optim.Optimizer):
+    """A DeepSpeed workload's optimizer as a run sees it: the factory's (or none, where the
+    config names it) until the engine is made, then the engine's. A checkpoint takes its
+    whole state, parameter by parameter, with the float32 master weights, whatever the
+    precision and the ZeRO stage (:func:`~scalertune._frameworks._deepspeed.full_state`)."""
+
+    def __init__(self, engines: Engines) -> None:  # no parameters of its own to hand on
+        self._engines = engines
+
+    # Optimizer's attributes, read through the engine here: properties
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        run = self._engines.current
+        if run is not None:
+            groups: list[dict[str, Any]] = run.engine.optimizer.param_groups
+            return groups
+        given = self._engines.optimizer
+        return given.param_groups if given is not None else []
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        run = self._engines.current
+        if run is not None:
+            return _deepspeed.base_optimizer(run.engine).state
+        return {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        run = self._engines.current
+        if run is not None:
+            run.engine.optimizer.zero_grad(set_to_none=set_to_none)
+        else:
+            self._engines.model.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> Any:
+        raise RuntimeError("a DeepSpeed workload's optimizer steps in its engine (amp.step)")
+
+    def state_dict(self) -> dict[str, Any]:
+        run = self._engines.current
+        if run is None:
+            raise RuntimeError("no DeepSpeed engine is made yet: nothing to save")
+        return {"deepspeed": _deepspeed.full_state(run.engine)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        run = self._engines.current
+        if run is not None:
+            _deepspeed.load_full_state(run.engine, state_dict["deepspeed"])
+        else:
+            self._engines.pending = state_dict["deepspeed"]
+
+
+def _step(engines: Engines, workload: Workload) -> Any:
+    """One step of the workload in the engine of the runtime's config."""
+    user_step, loss_fn, optimizer = workload.step, workload.loss_fn, workload.optimizer
+
+    def step(model: torch.nn.Module, batch: Any, amp: Any) -> torch.Tensor:
+        run = engines.run_for(amp.config)
+        amp.bind(run)
+        if user_step is not None:
+            return user_step(run.engine, batch, amp)
+        group = (
+            batch if isinstance(batch, list) and isinstance(workload.batches, Groups) else [batch]
+        )
+        dtype = _deepspeed.dtype_of(amp.config)
+        losses = []
+        for k, (inputs, targets) in enumerate(group):
+            loss = loss_fn(run.engine(_cast(inputs, dtype)), targets)  # type: ignore[misc]
+            amp.backward(loss)
+            if k < len(group) - 1:
+                run.micro_step()
+            losses.append(loss.detach().float())
+        amp.step(optimizer)
+        return losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+
+    return step
+
+
+def _cast(inputs: Any, dtype: torch.dtype) -> Any:
+    """The floating tensors of ``inputs`` (nested tuples, lists, mappings) in ``dtype``."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(dtype) if inputs.is_floating_point() else inputs
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(_cast(v, dtype) for v in inputs)
+    if isinstance(inputs, Mapping):
+        return {k: _cast(v, dtype) for k, v in inputs.items()}
+    return inputs
