@@ -390,5 +390,14 @@ DEEPSPEED_BASELINES = {
 
 def baselines(deepspeed: bool) -> dict[str, AmpConfig]:
     """The baselines of a study, by name: PyTorch's, or DeepSpeed's for a DeepSpeed workload;
-    the framework's defaults first."""
+    the framework's defaults first, the seed article's scale second."""
     return dict(DEEPSPEED_BASELINES if deepspeed else BASELINES)
+
+
+#: The baselines that are a framework's own defaults (PyTorch's GradScaler, DeepSpeed's fp16).
+DEFAULTS_BASELINES = ("pytorch-default", "deepspeed-default")
+
+
+def defaults_words(deepspeed: bool) -> str:
+    """How the summary names the framework's defaults."""
+    return "DeepSpeed's defaults" if deepspeed else "PyTorch's defaults"

@@ -90,7 +90,7 @@ def load_runtime(
 
 def _guard(data: dict[str, Any], path: str) -> Guard | None:
     block = data.get("guard")
-    if block is None:
+    if block is None or isinstance(block, str):  # a line: DeepSpeed's own guard
         return None
     try:
         return Guard(

@@ -100,8 +100,8 @@ def _check_storage_and_output(
 
 
 #: The longest name a picture written beside the YAML takes after its stem
-#: (``STEM.pytorch-default.trial-N.png``, N up to ten digits).
-_LONGEST_PICTURE_SUFFIX = ".pytorch-default.trial-0123456789.png"
+#: (``STEM.deepspeed-default.trial-N.png``, N up to ten digits).
+_LONGEST_PICTURE_SUFFIX = ".deepspeed-default.trial-0123456789.png"
 
 
 def _name_max(folder: str) -> int:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import os
 import socket
@@ -85,6 +86,22 @@ def check_config(config: Any, *, what: str = "the DeepSpeed config") -> None:
             'add "zero_optimization": {"stage": 1} (the same numerics, optimizer states '
             "partitioned)"
         )
+
+
+def engine_facts(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a study keeps of the engine a DeepSpeed config makes: its ZeRO stage, whether
+    DeepSpeed's accelerator runs bfloat16 on this device, and the config itself where it is
+    plain JSON (the export writes the answer into it)."""
+    from deepspeed.accelerator import get_accelerator
+
+    facts = {
+        "zero_stage": stage_of(config),
+        "bfloat16": bool(get_accelerator().is_bf16_supported()),
+    }
+    # a config holding objects is left out: the export writes the answer's blocks alone
+    with contextlib.suppress(TypeError, ValueError):
+        facts["config"] = json.loads(json.dumps(config))
+    return facts
 
 
 def _enabled(block: Any) -> bool:
@@ -169,8 +186,8 @@ def process_group() -> None:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """DeepSpeed's info lines off (it greets every engine, and logs every overflow); its
-    warnings stay."""
+    """DeepSpeed's info lines off while it makes a group or an engine (it greets each);
+    its warnings stay."""
     from deepspeed.utils import logger
 
     level = logger.level
@@ -179,6 +196,15 @@ def quiet() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def quiet_overflows() -> None:
+    """DeepSpeed's info lines off for good in this process: a search trains many engines,
+    and DeepSpeed logs every overflow of each (a step's own switch would cost more than the
+    step: a logger's level clears every logger's cache). Only a search's processes call it."""
+    from deepspeed.utils import logger
+
+    logger.setLevel(max(logger.level, logging.WARNING))
 
 
 def initialize(model: torch.nn.Module, optimizer: Any, config: Mapping[str, Any]) -> Any:
@@ -227,8 +253,7 @@ class DeepSpeedRun:
             self._hide()
             self.engine.optimizer.zero_grad(set_to_none=True)
         self._open = True
-        with quiet():
-            self.engine.backward(loss, **kwargs)
+        self.engine.backward(loss, **kwargs)
         if gradients:
             self._expose()
 
@@ -236,15 +261,13 @@ class DeepSpeedRun:
         """``engine.step()`` after a micro-batch that ends no optimizer step."""
         self._hide()
         self._open = False
-        with quiet():
-            self.engine.step()
+        self.engine.step()
 
     def step(self) -> bool:
         self._hide()
         self._open = False
         try:
-            with quiet():
-                self.engine.step()
+            self.engine.step()
         except Exception as exc:
             if not str(exc).startswith(AT_MINIMUM):
                 raise

@@ -37,7 +37,16 @@ if TYPE_CHECKING:
 VERSION = 2
 #: The settings whose change makes stored trials incomparable with new ones: a rerun of a
 #: search with another of these is refused.
-COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference", "nproc_per_node")
+COMPARABLE = (
+    "factory",
+    "steps",
+    "seed",
+    "space",
+    "device_type",
+    "reference",
+    "nproc_per_node",
+    "deepspeed",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +83,9 @@ class StudySettings:
     #: The processes every run trains on (``--nproc-per-node``): 1, or the ranks of a
     #: ``torch.distributed`` group (studies written before it: 1).
     nproc_per_node: int = 1
+    #: For a DeepSpeed workload, the engine every run trains in (``zero_stage``,
+    #: ``bfloat16``); ``None`` for any other (and studies written before it).
+    deepspeed: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _limits.check_horizon(self.steps, self.horizon)
@@ -109,6 +121,12 @@ class StudySettings:
         """What counts as a tie in steps to the target: float32's seed ``spread`` of them, as
         a share of the trial's steps or, over a long horizon, of the horizon."""
         return Noise(spread, self.horizon if self.long else 0)
+
+    @property
+    def zero(self) -> bool:
+        """Whether the runs train under ZeRO, whose scaler raises at its minimum (the
+        replay's rule for a DeepSpeed config)."""
+        return self.deepspeed is not None and int(self.deepspeed.get("zero_stage", 1)) > 0
 
     @property
     def clip_norm(self) -> float | None:
@@ -151,6 +169,7 @@ class StudySettings:
             "reference": self.reference.to_dict(),
             "instance": self.instance,
             "nproc_per_node": self.nproc_per_node,
+            "deepspeed": None if self.deepspeed is None else dict(self.deepspeed),
         }
 
     @classmethod
@@ -175,6 +194,7 @@ class StudySettings:
             instance=str(data.get("instance") or ""),
             version=version,
             nproc_per_node=int(data.get("nproc_per_node") or 1),
+            deepspeed=data.get("deepspeed"),
         )
 
     @classmethod

@@ -158,6 +158,11 @@ class DeepSpeedReplay:
     raised: str | None = None
     #: The scale in effect during each step, when asked for (NaN after a raise).
     scales: np.ndarray | None = None
+    #: Where the scaler ends: the hysteresis left, and the step of its last overflow (-1:
+    #: none), as ``DynamicLossScaler`` holds them (``cur_hysteresis``,
+    #: ``last_overflow_iter``).
+    hysteresis: int = 0
+    last_overflow: int = -1
 
 
 def replay_deepspeed(
@@ -192,7 +197,14 @@ def replay_deepspeed(
             break
         lowest = min(lowest, rule.scale)
     return DeepSpeedReplay(
-        np.array(skipped, dtype=np.int64), lowest, rule.scale, raised_at, raised, scales
+        np.array(skipped, dtype=np.int64),
+        lowest,
+        rule.scale,
+        raised_at,
+        raised,
+        scales,
+        hysteresis=rule.hysteresis,
+        last_overflow=rule.last_overflow,
     )
 
 

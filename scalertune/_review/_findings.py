@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 
 from scalertune import _policy
-from scalertune._amp._config import AmpConfig
+from scalertune._amp._config import DEFAULTS_BASELINES, AmpConfig
 from scalertune._judge._horizon import RuledOut, finalists, holds
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
@@ -81,6 +81,16 @@ class Findings:
     stop_reason: str | None = None
     interrupted: bool = False
     study: optuna.Study | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def deepspeed(self) -> bool:
+        """Whether the workload trains in DeepSpeed's engine, under its own loss scaler."""
+        return self.settings.deepspeed is not None
+
+    @property
+    def defaults(self) -> Outcome | None:
+        """The baseline run of the framework's own defaults (PyTorch's, DeepSpeed's)."""
+        return next((self.baselines[n] for n in DEFAULTS_BASELINES if n in self.baselines), None)
 
     @property
     def reference(self) -> dict[str, Any] | None:

@@ -12,13 +12,14 @@ it is a function of that data in a module of its own, which the methods here cal
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._guard import Guard
 from scalertune._amp._schema import write_result
 from scalertune._errors import ParameterError, UsageError
-from scalertune._replay._predict import Prediction, predict
+from scalertune._replay._predict import Prediction, predict, predict_deepspeed
 from scalertune._review import _describe, _document, _pictures, _plots, _summary, _verdict
 from scalertune._review._findings import Findings
 
@@ -78,16 +79,26 @@ class SearchResult(Findings):
         """What to do when every float16 trial overflowed in the forward pass."""
         return _describe.overflow_hint(self)
 
-    def predict(self, config: AmpConfig, *, horizon: int | None = None) -> Prediction:
-        """What ``config``'s GradScaler will do over the horizon (or ``horizon`` steps of it),
-        replayed from the float32 reference's gradient trace: its ``skipped_steps``, and
+    def predict(
+        self, config: AmpConfig | Mapping[str, Any], *, horizon: int | None = None
+    ) -> Prediction:
+        """What ``config``'s loss scaler will do over the horizon (or ``horizon`` steps of
+        it), replayed from the float32 reference's gradient trace: its ``skipped_steps``, and
         where; its ``min_scale`` and ``final_scale``; the share of gradient values that flush
         to zero, per tenth of it.
+
+        ``config`` is an :class:`AmpConfig` (GradScaler's knobs), or a DeepSpeed ``fp16``
+        block as ``ds_config.json`` holds it (a dict; a whole DeepSpeed config is read for
+        its ``fp16`` block): DeepSpeed's own scaler, with its hysteresis and its floor, as
+        ZeRO runs it (``stops_at`` says where it would raise and end the training).
 
         Example:
             >>> result = scalertune.analyze(study)  # doctest: +SKIP
             >>> result.predict(scalertune.AmpConfig()).skipped_steps  # doctest: +SKIP
             64
+            >>> block = {"enabled": True, "initial_scale_power": 12, "hysteresis": 2}
+            >>> result.predict(block).skipped_steps  # doctest: +SKIP
+            5
         """
         trace = self.trace
         if trace is None:
@@ -96,7 +107,13 @@ class SearchResult(Findings):
                 "before scalertune recorded one): rerun the search with a new "
                 "study name"
             )
-        return predict(trace, config, horizon=horizon or self.horizon)
+        horizon = horizon or self.horizon
+        if isinstance(config, Mapping):
+            block = config.get("fp16", config)
+            return predict_deepspeed(
+                trace, block, horizon=horizon, zero=self.settings.zero or not self.deepspeed
+            )
+        return predict(trace, config, horizon=horizon, zero=self.settings.zero)
 
     def for_trial(self, number: int) -> SearchResult:
         """The same evidence with trial ``number``'s config as the answer (``report --trial``):

@@ -13,6 +13,7 @@ from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._run._loop import loss_function, step_function
 from scalertune._workload._contract import to_device
+from scalertune._workload._deepspeed import engine_facts
 from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import one_line
 
@@ -40,6 +41,9 @@ class Checked:
     reference: AmpConfig
     #: The horizon the workload declares (the steps its training runs), if any.
     horizon: int | None
+    #: For a DeepSpeed workload, the engine it trains in: its ZeRO stage, and whether the
+    #: device runs bfloat16 (see :func:`~scalertune._workload._deepspeed.engine_facts`).
+    deepspeed: Mapping[str, Any] | None = None
 
 
 def preflight(
@@ -83,7 +87,9 @@ def preflight(
             "and amp.step(optimizer) so the scaler and clipping run"
         )
     return Checked(
-        reference=AmpConfig(dtype="float32", clip_norm=workload.clip_norm), horizon=workload.horizon
+        reference=AmpConfig(dtype="float32", clip_norm=workload.clip_norm),
+        horizon=workload.horizon,
+        deepspeed=engine_facts(workload),
     )
 
 

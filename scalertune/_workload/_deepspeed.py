@@ -80,6 +80,15 @@ def deepspeed_workload(
     return workload
 
 
+def engine_facts(workload: Workload) -> dict[str, Any] | None:
+    """What a study keeps of a DeepSpeed workload's engine: its ZeRO stage, and whether the
+    device runs bfloat16 (DeepSpeed's accelerator says); ``None`` for another workload."""
+    optimizer = workload.optimizer
+    if not isinstance(optimizer, EngineOptimizer):
+        return None
+    return _deepspeed.engine_facts(optimizer.engines.config)
+
+
 def read_config(config: Any) -> dict[str, Any]:
     """The DeepSpeed config as a dict: given, or read from the JSON file it names."""
     if isinstance(config, (str, os.PathLike)):
@@ -145,17 +154,24 @@ class Engines:
         self.model, self.optimizer, self.config = model, optimizer, config
         self._again = again
         self._runs: dict[str, _deepspeed.DeepSpeedRun] = {}
+        self._keys: dict[AmpConfig, str] = {}
+        self._configs: dict[str, dict[str, Any]] = {}
         self.current: _deepspeed.DeepSpeedRun | None = None
         #: A checkpoint's optimizer state, for the engine still to be made.
         self.pending: Mapping[str, Any] | None = None
 
     def run_for(self, config: AmpConfig) -> _deepspeed.DeepSpeedRun:
         """The engine ``config`` trains in, made now if it is new."""
-        wanted = _deepspeed.engine_config(self.config, config)
-        key = json.dumps(wanted, sort_keys=True, default=str)
+        key = self._keys.get(config)
+        if key is None:  # the config's engine config, made once (a step asks every time)
+            wanted = _deepspeed.engine_config(self.config, config)
+            key = self._keys[config] = json.dumps(wanted, sort_keys=True, default=repr)
+            self._configs[key] = wanted
         run = self._runs.get(key)
         if run is None:
+            wanted = self._configs[key]
             model, optimizer = self._fresh() if self._runs else (self.model, self.optimizer)
+            _deepspeed.quiet_overflows()
             run = _deepspeed.DeepSpeedRun(_deepspeed.initialize(model, optimizer, wanted))
             if self.pending is not None:
                 _deepspeed.load_full_state(run.engine, self.pending)
@@ -176,7 +192,7 @@ class EngineOptimizer(torch.optim.Optimizer):
     precision and the ZeRO stage (:func:`~scalertune._frameworks._deepspeed.full_state`)."""
 
     def __init__(self, engines: Engines) -> None:  # no parameters of its own to hand on
-        self._engines = engines
+        self.engines = self._engines = engines
 
     # Optimizer's attributes, read through the engine here: properties
     @property
