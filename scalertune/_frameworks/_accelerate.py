@@ -43,8 +43,9 @@ def check_accelerator(
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
     if kind == "DEEPSPEED":
         raise UsageError(
-            f"{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: "
-            "export the config with scalertune export --to deepspeed instead"
+            f"{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: return the "
+            "DeepSpeed config from the factory instead ({'deepspeed': config, 'model': ..., "
+            "'batches': ..., 'loss_fn': ...}), which scalertune searches in DeepSpeed's engine"
         )
     if kind not in _SUPPORTED:
         raise UsageError(

@@ -28,7 +28,14 @@ it passed on):
   holds the optimizer's step count (``safe_get_full_optimizer_state`` reaches its tensors
   only);
 - the first words of ``DynamicLossScaler``'s error at its minimum (:data:`AT_MINIMUM`),
-  which tell it from any other error of a step.
+  which tell it from any other error of a step;
+- a Hugging Face Trainer made with ``deepspeed=``: Accelerate's
+  ``accelerator.state.deepspeed_plugin`` and its ``deepspeed_config`` (the dict the engine is
+  made from, the Trainer's ``HfTrainerDeepSpeedConfig.config``: a run's precision goes in
+  there), that config's ``_dtype`` (what the Trainer casts floating inputs to),
+  ``transformers.integrations.deepspeed.deepspeed_init`` (which ``train()`` calls before
+  ``accelerator.prepare`` makes the engine), and ``accelerator.deepspeed_engine_wrapped``
+  (the engine ``train()`` made, which ``scalertune.attach`` binds its runtime to).
 
 DeepSpeed is imported where it is used: it is no dependency of scalertune.
 """
@@ -243,8 +250,12 @@ SCALER_FIELDS = ("cur_scale", "cur_hysteresis", "last_overflow_iter", "cur_iter"
 class DeepSpeedRun:
     """One DeepSpeed engine bound to a runtime (:class:`scalertune._amp._engine.Engine`)."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
+    def __init__(self, engine: Any, source: Any = None) -> None:
+        self.engine, self.source = engine, source
+        #: The runtime of the run's current step (a Trainer's backward reads it), and whether
+        #: its optimizer step was applied.
+        self.amp: Any = None
+        self.applied = False
         self._exposed: list[torch.nn.Parameter] = []
         self._open = False  # a backward not followed by a step yet
 
@@ -322,6 +333,7 @@ def full_state(engine: Any) -> dict[str, Any]:
     first: dict[str, Any] = next(iter(base.state.values()), {})
     keys = [k for k, v in first.items() if isinstance(v, torch.Tensor) and v.dim() > 0]
     scalars = {k: v for k, v in first.items() if k not in keys}
+    scheduler = getattr(engine, "lr_scheduler", None)
     return {
         "master": [safe_get_full_fp32_param(p).detach().cpu() for p in params],
         "state": {
@@ -329,6 +341,7 @@ def full_state(engine: Any) -> dict[str, Any]:
         },
         "scalars": scalars,
         "lr": [group.get("lr") for group in engine.optimizer.param_groups],
+        "scheduler": None if scheduler is None else scheduler.state_dict(),
     }
 
 
@@ -338,6 +351,8 @@ def load_full_state(engine: Any, saved: Mapping[str, Any]) -> None:
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     params = [p for p in engine.module.parameters() if p.requires_grad]
+    if saved["state"] and not base_optimizer(engine).state:
+        _prime(engine, params)
     for p, master in zip(params, saved["master"]):
         safe_set_full_fp32_param(p, master.to(p.device))
     for key, values in saved["state"].items():
@@ -349,3 +364,79 @@ def load_full_state(engine: Any, saved: Mapping[str, Any]) -> None:
     for group, lr in zip(engine.optimizer.param_groups, saved["lr"]):
         if lr is not None:
             group["lr"] = lr
+    scheduler = getattr(engine, "lr_scheduler", None)
+    if scheduler is not None and saved.get("scheduler") is not None:
+        scheduler.load_state_dict(saved["scheduler"])
+
+
+def _prime(engine: Any, params: list[torch.nn.Parameter]) -> None:
+    """One optimizer step of zero gradients at a learning rate of 0: the optimizer makes its
+    state (lazily, at its first step, as torch's optimizers do), for a checkpoint's to be
+    written into; the weights stay as they are."""
+    groups = engine.optimizer.param_groups
+    rates = [group["lr"] for group in groups]
+    for group in groups:
+        group["lr"] = 0.0
+    try:
+        for _ in range(engine.gradient_accumulation_steps()):  # the last is the boundary
+            # a float32 loss: the scale seeding a float16 one's backward may be inf there
+            engine.backward(sum((p.float() * 0).sum() for p in params))
+            engine.step()
+    finally:
+        for group, rate in zip(groups, rates):
+            group["lr"] = rate
+
+
+# -- a Hugging Face Trainer made with deepspeed= ------------------------------------------------
+
+
+def is_deepspeed_trainer(trainer: Any) -> bool:
+    """Whether a Hugging Face Trainer trains in DeepSpeed (``deepspeed=`` in its arguments)."""
+    return bool(getattr(trainer, "is_deepspeed_enabled", False))
+
+
+def trainer_config(trainer: Any) -> dict[str, Any]:
+    """The DeepSpeed config a Trainer makes its engine from (its ``auto`` values filled from
+    the ``TrainingArguments``, as far as they are known before ``train()``)."""
+    config: dict[str, Any] = trainer.accelerator.state.deepspeed_plugin.deepspeed_config
+    return config
+
+
+def trainer_engine(trainer: Any) -> Any:
+    """The engine a Trainer's ``train()`` made (``None`` before)."""
+    wrapped = getattr(trainer.accelerator, "deepspeed_engine_wrapped", None)
+    return None if wrapped is None else wrapped.engine
+
+
+def set_trainer_precision(trainer: Any, config: Mapping[str, Any]) -> None:
+    """Make ``trainer``'s engine from ``config`` (a run's precision in the Trainer's own
+    DeepSpeed config), casting floating inputs to its dtype as ``train()`` does."""
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    plugin.deepspeed_config.clear()
+    plugin.deepspeed_config.update(copy.deepcopy(dict(config)))
+    bf16 = bool((config.get("bf16") or {}).get("enabled"))
+    fp16 = bool((config.get("fp16") or {}).get("enabled"))
+    dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
+    plugin.hf_ds_config._dtype = dtype  # noqa: SLF001 - what _prepare_inputs casts to
+    trainer.args.fp16, trainer.args.bf16 = fp16, bf16
+
+
+def init_trainer_engine(trainer: Any, max_steps: int) -> Any:
+    """The engine ``trainer``'s ``train()`` would make, made now as ``train()`` makes it
+    (``deepspeed_init``, then ``accelerator.prepare``, then the Trainer's scheduler)."""
+    from transformers.integrations.deepspeed import deepspeed_init
+
+    allow_float16()
+    process_group()
+    quiet_overflows()
+    optimizer, scheduler = deepspeed_init(trainer, num_training_steps=max_steps)
+    accelerator = trainer.accelerator
+    if type(scheduler).__name__ == "DummyScheduler":
+        model, trainer.optimizer, trainer.lr_scheduler = accelerator.prepare(
+            trainer.model, optimizer, scheduler
+        )
+    else:
+        model, trainer.optimizer = accelerator.prepare(trainer.model, optimizer)
+    trainer.create_scheduler(num_training_steps=max_steps)
+    trainer.model_wrapped = trainer.deepspeed = model
+    return model

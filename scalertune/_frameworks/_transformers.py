@@ -35,11 +35,6 @@ def is_trainer(obj: Any) -> bool:
 def check_trainer(trainer: Any, *, before: str = "attach before trainer.train()") -> None:
     """Refuse, in one line, a Trainer the runtime cannot drive (``before``: when to hand it
     over)."""
-    if getattr(trainer, "is_deepspeed_enabled", False):
-        raise UsageError(
-            "this Trainer runs DeepSpeed, whose fp16 mode has its own loss scaler: "
-            "export the config with scalertune export --to deepspeed instead"
-        )
     if getattr(trainer, "is_fsdp_enabled", False):
         raise UsageError(
             "this Trainer runs FSDP: scalertune drives single-process and DDP Trainers only"

@@ -29,6 +29,8 @@ as DeepSpeed clips then).
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -39,8 +41,10 @@ import torch
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import UsageError
 from scalertune._frameworks import _deepspeed
+from scalertune._frameworks._transformers import micro_batch, trainer_device
 from scalertune._workload._contract import Workload, from_result
 from scalertune._workload._groups import Groups
+from scalertune._workload._transformers import Counters, set_epoch, the_trainers
 
 #: DeepSpeed's gradient clipping where a config has no ``gradient_clipping``.
 DEFAULT_CLIPPING = 1.0
@@ -68,7 +72,13 @@ def deepspeed_workload(
         raise UsageError(
             "with 'deepspeed' the clipping is the config's gradient_clipping: drop 'clip_norm'"
         )
-    engines = Engines(result["model"], result.get("optimizer"), config, again=again)
+    engines = Engines(
+        (result["model"], result.get("optimizer")),
+        config,
+        model=result["model"],
+        make=_factory_engine,
+        again=lambda: _model_and_optimizer(again(), result["model"]),
+    )
     optimizer = EngineOptimizer(engines)
     workload = from_result({**result, "optimizer": optimizer})
     clipping = config.get("gradient_clipping", DEFAULT_CLIPPING)
@@ -126,6 +136,18 @@ def _refuse_engines(result: Mapping[str, Any]) -> None:
             )
 
 
+def _factory_engine(
+    source: tuple[torch.nn.Module, Any], config: dict[str, Any], amp_config: AmpConfig
+) -> _deepspeed.DeepSpeedRun:
+    model, optimizer = source
+    return _deepspeed.DeepSpeedRun(_deepspeed.initialize(model, optimizer, config), source)
+
+
+def _model_and_optimizer(result: Any, first: torch.nn.Module) -> tuple[torch.nn.Module, Any]:
+    """A fresh factory result's model (on the first one's device) and optimizer."""
+    return result["model"].to(next(first.parameters()).device), result.get("optimizer")
+
+
 def _accumulation(config: Mapping[str, Any]) -> int:
     steps = config.get("gradient_accumulation_steps", 1)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -136,23 +158,29 @@ def _accumulation(config: Mapping[str, Any]) -> int:
     return steps
 
 
+#: Makes a run's engine: from its source (what the factory returned: a model and optimizer,
+#: or a Trainer), the DeepSpeed config with the run's precision, and the run's config.
+Make = Callable[[Any, dict[str, Any], AmpConfig], _deepspeed.DeepSpeedRun]
+
+
 class Engines:
     """The DeepSpeed engines of one workload, one per precision config, each made at its
-    first step: on the factory's own model and optimizer first, on a fresh call of the
-    factory after (see the module's docstring)."""
+    first step: from what the factory returned first, from a fresh call of the factory after
+    (see the module's docstring)."""
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | None,
+        source: Any,
         config: dict[str, Any],
         *,
+        model: torch.nn.Module,
+        make: Make,
         again: Callable[[], Any],
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"'model' is a {type(model).__name__}: return a torch.nn.Module")
-        self.model, self.optimizer, self.config = model, optimizer, config
-        self._again = again
+        self.source, self.config, self.model = source, config, model
+        self._make, self._again = make, again
         self._runs: dict[str, _deepspeed.DeepSpeedRun] = {}
         self._keys: dict[AmpConfig, str] = {}
         self._configs: dict[str, dict[str, Any]] = {}
@@ -169,20 +197,15 @@ class Engines:
             self._configs[key] = wanted
         run = self._runs.get(key)
         if run is None:
-            wanted = self._configs[key]
-            model, optimizer = self._fresh() if self._runs else (self.model, self.optimizer)
+            source = self._again() if self._runs else self.source
             _deepspeed.quiet_overflows()
-            run = _deepspeed.DeepSpeedRun(_deepspeed.initialize(model, optimizer, wanted))
+            run = self._make(source, self._configs[key], config)
             if self.pending is not None:
-                _deepspeed.load_full_state(run.engine, self.pending)
+                restore(run, self.pending)
                 self.pending = None
             self._runs[key] = run
         self.current = run
         return run
-
-    def _fresh(self) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
-        result = self._again()
-        return result["model"].to(next(self.model.parameters()).device), result.get("optimizer")
 
 
 class EngineOptimizer(torch.optim.Optimizer):
@@ -201,7 +224,7 @@ class EngineOptimizer(torch.optim.Optimizer):
         if run is not None:
             groups: list[dict[str, Any]] = run.engine.optimizer.param_groups
             return groups
-        given = self._engines.optimizer
+        given = self._engines.source[1] if isinstance(self._engines.source, tuple) else None
         return given.param_groups if given is not None else []
 
     @property
@@ -225,14 +248,26 @@ class EngineOptimizer(torch.optim.Optimizer):
         run = self._engines.current
         if run is None:
             raise RuntimeError("no DeepSpeed engine is made yet: nothing to save")
-        return {"deepspeed": _deepspeed.full_state(run.engine)}
+        scheduler = getattr(run.source, "lr_scheduler", None)  # a Trainer's own
+        return {
+            "deepspeed": _deepspeed.full_state(run.engine),
+            "scheduler": None if scheduler is None else scheduler.state_dict(),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         run = self._engines.current
         if run is not None:
-            _deepspeed.load_full_state(run.engine, state_dict["deepspeed"])
+            restore(run, state_dict)
         else:
-            self._engines.pending = state_dict["deepspeed"]
+            self._engines.pending = state_dict
+
+
+def restore(run: _deepspeed.DeepSpeedRun, state: Mapping[str, Any]) -> None:
+    """Put a run's engine (and a Trainer's LR scheduler) in a checkpoint's state."""
+    _deepspeed.load_full_state(run.engine, state["deepspeed"])
+    scheduler = getattr(run.source, "lr_scheduler", None)
+    if scheduler is not None and state.get("scheduler") is not None:
+        scheduler.load_state_dict(state["scheduler"])
 
 
 def _step(engines: Engines, workload: Workload) -> Any:
@@ -270,3 +305,108 @@ def _cast(inputs: Any, dtype: torch.dtype) -> Any:
     if isinstance(inputs, Mapping):
         return {k: _cast(v, dtype) for k, v in inputs.items()}
     return inputs
+
+
+def deepspeed_trainer_workload(
+    trainer: Any, *, device: torch.device, horizon: int | None, again: Callable[[], Any]
+) -> Workload:
+    """The Workload of a Hugging Face Trainer made with ``deepspeed=`` (TRL's trainers
+    included): what its ``train()`` trains, step for step, in the engine its own
+    ``deepspeed_init`` and ``accelerator.prepare`` make, with each run's precision in its
+    DeepSpeed config (its ``fp16`` block, ``bf16``, ``gradient_clipping``)."""
+    config = copy.deepcopy(_deepspeed.trainer_config(trainer))
+    _deepspeed.check_config(config, what="the Trainer's DeepSpeed config")
+    if _deepspeed.trainer_engine(trainer) is not None:
+        raise UsageError(
+            "the Trainer's DeepSpeed engine is made already (train() ran): return the Trainer "
+            "before train() (or a new one)"
+        )
+    if trainer_device(trainer).type != device.type:
+        raise UsageError(
+            f"the Trainer trains on {trainer_device(trainer).type} and the search runs on "
+            f"{device.type}: give --device {trainer_device(trainer).type}"
+        )
+    args = trainer.args
+    with the_trainers("dataloader"):
+        loader = trainer.get_train_dataloader()
+        max_steps = trainer.set_initial_training_values(args, loader)[-1]
+    trainer.state.max_steps = max_steps
+    engines = Engines(
+        trainer,
+        config,
+        model=trainer.model,
+        make=functools.partial(_trainer_run, max_steps=max_steps),
+        again=lambda: _trainer_of(again()),
+    )
+    clipping = config.get("gradient_clipping", DEFAULT_CLIPPING)
+    return Workload(
+        model=trainer.model,
+        optimizer=EngineOptimizer(engines),
+        step=_trainer_step(engines),
+        batches=Groups(
+            loader, args.gradient_accumulation_steps, on_epoch=functools.partial(set_epoch, loader)
+        ),
+        clip_norm=float(clipping) if clipping else None,
+        schedulers=[Counters(trainer)],
+        horizon=horizon or max_steps,
+    )
+
+
+def _trainer_of(result: Any) -> Any:
+    """The Trainer of a fresh factory result (alone, or under ``trainer``)."""
+    trainer = result["trainer"] if isinstance(result, Mapping) else result
+    trainer.state.max_steps = 0
+    return trainer
+
+
+def _trainer_run(
+    trainer: Any, config: dict[str, Any], amp_config: AmpConfig, *, max_steps: int
+) -> _deepspeed.DeepSpeedRun:
+    """A Trainer's engine with a run's precision, its Accelerator's backward through the
+    run's runtime (DeepSpeed's backward, and its step where Accelerate's takes it)."""
+    _deepspeed.set_trainer_precision(trainer, config)
+    engine = _deepspeed.init_trainer_engine(trainer, max_steps)
+    run = _deepspeed.DeepSpeedRun(engine, source=trainer)
+    trainer.accelerator.backward = functools.partial(_backward, trainer, run)
+    return run
+
+
+def _backward(
+    trainer: Any, run: _deepspeed.DeepSpeedRun, loss: torch.Tensor, **kwargs: Any
+) -> None:
+    """Accelerate's DeepSpeed backward (``engine.backward``, then ``engine.step`` where
+    gradients sync), through the run's runtime."""
+    kwargs.pop("learning_rate", None)  # LOMO's
+    last = trainer.accelerator.sync_gradients
+    run.engine.set_gradient_accumulation_boundary(is_boundary=last)
+    run.amp.backward(loss, **kwargs)
+    if last:
+        run.applied = bool(run.amp.step(trainer.optimizer))
+    else:
+        run.micro_step()
+
+
+def _trainer_step(engines: Engines) -> Any:
+    """One optimizer step of the Trainer, as its ``train()`` takes it: each micro-batch
+    through ``training_step`` (whose backward is the engine's), the Trainer's LR scheduler
+    stepped after a step the engine applied."""
+
+    def step(model: torch.nn.Module, group: list[Any], amp: Any) -> torch.Tensor:
+        run = engines.run_for(amp.config)
+        amp.bind(run)
+        run.amp, run.applied, trainer = amp, False, run.source
+        micro, items = trainer.get_batch_samples(iter(group), len(group), trainer.args.device)
+        trainer.current_gradient_accumulation_steps = len(micro)
+        losses = []
+        for i, inputs in enumerate(micro):
+            micro_batch(trainer, trainer.model, i == len(micro) - 1)
+            losses.append(trainer.training_step(run.engine, inputs, items))
+        trainer.optimizer.step()  # Accelerate's wrapper: the engine stepped in backward
+        scheduler = trainer.lr_scheduler
+        if run.applied and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            scheduler.step()
+        trainer.state.global_step += 1
+        loss: torch.Tensor = sum(losses)
+        return loss
+
+    return step

@@ -24,11 +24,12 @@ from typing import Any
 import torch
 
 from scalertune._errors import UsageError
+from scalertune._frameworks._deepspeed import is_deepspeed_trainer
 from scalertune._frameworks._lightning import lightning_package
 from scalertune._frameworks._transformers import is_trainer
 from scalertune._workload._accelerate import accelerate_workload
 from scalertune._workload._contract import Workload, check_workload, from_result
-from scalertune._workload._deepspeed import deepspeed_workload
+from scalertune._workload._deepspeed import deepspeed_trainer_workload, deepspeed_workload
 from scalertune._workload._lightning import lightning_trainer_workload
 from scalertune._workload._loader import FactoryError, one_line
 from scalertune._workload._rng import kept_rng, seed_everything
@@ -86,7 +87,7 @@ def read_result(
     """The workload a factory's result describes (see the module's docstring); ``again``
     calls the factory afresh, for a DeepSpeed workload's second engine."""
     if is_trainer(result):
-        return transformers_workload(result, device=device)
+        return _trainer_workload(result, device=device, horizon=None, again=again)
     if lightning_package(result, "Trainer") is not None:
         raise UsageError(
             "a Lightning Trainer comes with its LightningModule and data: return "
@@ -104,7 +105,7 @@ def read_result(
     trainer = result["trainer"]
     if is_trainer(trainer):
         _only(result, ("trainer", "horizon"), "a Hugging Face Trainer")
-        return transformers_workload(trainer, device=device, horizon=result.get("horizon"))
+        return _trainer_workload(trainer, device=device, horizon=result.get("horizon"), again=again)
     if lightning_package(trainer, "Trainer") is not None:
         _only(result, ("trainer", "model", "batches", "horizon"), "a Lightning Trainer")
         if "model" not in result or "batches" not in result:
@@ -124,6 +125,18 @@ def read_result(
         f"'trainer' is a {type(trainer).__name__}: give a transformers.Trainer or "
         "a Lightning Trainer (an Accelerator goes under 'accelerator')"
     )
+
+
+def _trainer_workload(
+    trainer: Any, *, device: torch.device, horizon: int | None, again: Callable[[], Any] | None
+) -> Workload:
+    """A Hugging Face Trainer as the workload: in DeepSpeed's engine where it was made with
+    ``deepspeed=``, else under the run's runtime through its Accelerator."""
+    if is_deepspeed_trainer(trainer):
+        return deepspeed_trainer_workload(
+            trainer, device=device, horizon=horizon, again=again or _no_second
+        )
+    return transformers_workload(trainer, device=device, horizon=horizon)
 
 
 def _no_second() -> Any:
