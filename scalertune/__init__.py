@@ -135,9 +135,18 @@ def load(
         >>> amp.backward(loss)  # doctest: +SKIP
         >>> amp.step(optimizer)  # doctest: +SKIP
     """
+    from scalertune._amp._config import DeepSpeedFp16Config
     from scalertune._amp._runtime import AmpRuntime
+    from scalertune._errors import UsageError
 
-    return AmpRuntime.from_yaml(path, device=device, guard=guard, watch=watch, best_amp=best_amp)
+    amp = AmpRuntime.from_yaml(path, device=device, guard=guard, watch=watch, best_amp=best_amp)
+    if isinstance(amp.config, DeepSpeedFp16Config):
+        raise UsageError(
+            f"{path}'s answer is DeepSpeed's fp16 block, which trains in DeepSpeed's engine: "
+            f"put it in your ds_config.json (scalertune export {path} --to deepspeed), or "
+            "attach it to your DeepSpeed Trainer (scalertune.attach)"
+        )
+    return amp
 
 
 __all__ = [

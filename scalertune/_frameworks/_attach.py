@@ -10,7 +10,7 @@ import torch
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
-from scalertune._frameworks import _accelerate, _lightning, _transformers
+from scalertune._frameworks import _accelerate, _deepspeed, _lightning, _transformers
 from scalertune._frameworks._route import Route
 
 
@@ -41,11 +41,19 @@ def attach(
     - its float32 islands, and the guard and the watch the YAML recommends
       (``guard=False``, ``watch=False`` to leave them out), on the steps the framework took.
 
+    A Trainer made with ``deepspeed=`` trains in DeepSpeed's engine under DeepSpeed's own
+    loss scaler: the YAML's ``fp16`` block (as a search of that Trainer found it), ``bf16``
+    and ``gradient_clipping`` go into its DeepSpeed config before ``train()`` makes the
+    engine, float16 is allowed on a CPU, and the runtime is bound to the engine, so that its
+    ``skipped_steps`` and ``scale`` are DeepSpeed's own and the watch follows them (the
+    guard is DeepSpeed's: it raises at ``min_loss_scale``).
+
     The runtime's ``skipped_steps``, ``steps`` and ``scaler.get_scale()`` read what the
     framework did. ``best_amp=True`` takes the YAML's best AMP config that held instead of its
     answer (for a GPU, when the search ran where float32 was faster). A trainer that the
-    runtime cannot drive (DeepSpeed, FSDP, a model loaded in half precision, a trainer already
-    trained or prepared) is refused with a :class:`UsageError` saying why.
+    runtime cannot drive (FSDP, a model loaded in half precision, a trainer already trained
+    or prepared, a DeepSpeed Trainer given an answer searched outside DeepSpeed) is refused
+    with a :class:`UsageError` saying why.
 
     Example::
 
@@ -56,7 +64,9 @@ def attach(
     """
     kind, device = _kind(trainer)
     amp = _runtime(config, device, guard=guard, watch=watch, best_amp=best_amp)
-    if kind == "transformers":
+    if kind == "transformers" and _deepspeed.is_deepspeed_trainer(trainer):
+        _deepspeed.attach_trainer(trainer, amp)  # DeepSpeed's engine, its own loss scaler
+    elif kind == "transformers":
         _transformers.check_trainer(trainer)
         _transformers.route_trainer(trainer, Route(amp), training=True)
     elif kind == "accelerate":

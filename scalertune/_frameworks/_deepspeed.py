@@ -44,8 +44,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import logging
+import math
 import os
 import socket
 from collections.abc import Iterator, Mapping
@@ -107,8 +109,20 @@ def engine_facts(config: Mapping[str, Any]) -> dict[str, Any]:
     }
     # a config holding objects is left out: the export writes the answer's blocks alone
     with contextlib.suppress(TypeError, ValueError):
-        facts["config"] = json.loads(json.dumps(config))
+        facts["config"] = _finite(json.loads(json.dumps(config)))
     return facts
+
+
+def _finite(value: Any) -> Any:
+    """``value`` without the keys whose numbers are not finite (a Trainer's config says
+    ``steps_per_print`` inf: not a number a YAML file holds)."""
+    if isinstance(value, dict):
+        return {
+            k: _finite(v)
+            for k, v in value.items()
+            if not (isinstance(v, float) and not math.isfinite(v))
+        }
+    return value
 
 
 def _enabled(block: Any) -> bool:
@@ -440,3 +454,52 @@ def init_trainer_engine(trainer: Any, max_steps: int) -> Any:
     trainer.create_scheduler(num_training_steps=max_steps)
     trainer.model_wrapped = trainer.deepspeed = model
     return model
+
+
+def trainer_backward(trainer: Any, run: DeepSpeedRun, loss: torch.Tensor, **kwargs: Any) -> None:
+    """Accelerate's DeepSpeed backward (``engine.backward``, then ``engine.step`` where the
+    gradients sync) through the run's runtime, which counts and checks the step."""
+    kwargs.pop("learning_rate", None)  # LOMO's
+    last = trainer.accelerator.sync_gradients
+    run.engine.set_gradient_accumulation_boundary(is_boundary=last)
+    run.amp.backward(loss, **kwargs)
+    if last:
+        run.applied = bool(run.amp.step(trainer.optimizer))
+    else:
+        run.micro_step()
+
+
+def attach_trainer(trainer: Any, amp: Any) -> None:
+    """Train ``trainer`` (made with ``deepspeed=``) under ``amp``'s config: its precision in
+    the Trainer's DeepSpeed config before ``train()`` makes the engine (the ``fp16`` block
+    the search tried, ``bf16``, ``gradient_clipping``), float16 allowed on a CPU, and the
+    engine ``train()`` makes bound to ``amp`` at its first backward, so that ``amp`` counts
+    and watches the steps DeepSpeed takes."""
+    if trainer_engine(trainer) is not None:
+        raise UsageError(
+            "this Trainer's DeepSpeed engine is made already (train() ran): attach to a new "
+            "Trainer, before trainer.train()"
+        )
+    config = amp.config
+    if config.dtype == "float16" and not isinstance(config, DeepSpeedFp16Config):
+        raise UsageError(
+            "this answer is GradScaler's, searched outside DeepSpeed, and the Trainer trains "
+            "in DeepSpeed's engine under its own scaler: search the DeepSpeed Trainer itself "
+            "(return it from the factory), or take DeepSpeed's nearest fp16 block from "
+            "scalertune export --to deepspeed"
+        )
+    current = trainer_config(trainer)
+    check_config(current, what="the Trainer's DeepSpeed config")
+    set_trainer_precision(trainer, engine_config(current, config))
+    trainer.args.max_grad_norm = config.clip_norm or 0.0  # DeepSpeed clips: the config says
+    allow_float16()
+    run = DeepSpeedRun(None, source=trainer)
+    run.amp = amp
+    trainer.accelerator.backward = functools.partial(_attached_backward, trainer, run)
+
+
+def _attached_backward(trainer: Any, run: DeepSpeedRun, loss: torch.Tensor, **kwargs: Any) -> None:
+    if run.engine is None:  # the engine train() made: bound at its first backward
+        run.engine = trainer_engine(trainer)
+        run.amp.bind(run)
+    trainer_backward(trainer, run, loss, **kwargs)

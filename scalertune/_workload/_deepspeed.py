@@ -367,23 +367,8 @@ def _trainer_run(
     _deepspeed.set_trainer_precision(trainer, config)
     engine = _deepspeed.init_trainer_engine(trainer, max_steps)
     run = _deepspeed.DeepSpeedRun(engine, source=trainer)
-    trainer.accelerator.backward = functools.partial(_backward, trainer, run)
+    trainer.accelerator.backward = functools.partial(_deepspeed.trainer_backward, trainer, run)
     return run
-
-
-def _backward(
-    trainer: Any, run: _deepspeed.DeepSpeedRun, loss: torch.Tensor, **kwargs: Any
-) -> None:
-    """Accelerate's DeepSpeed backward (``engine.backward``, then ``engine.step`` where
-    gradients sync), through the run's runtime."""
-    kwargs.pop("learning_rate", None)  # LOMO's
-    last = trainer.accelerator.sync_gradients
-    run.engine.set_gradient_accumulation_boundary(is_boundary=last)
-    run.amp.backward(loss, **kwargs)
-    if last:
-        run.applied = bool(run.amp.step(trainer.optimizer))
-    else:
-        run.micro_step()
 
 
 def _trainer_step(engines: Engines) -> Any:
