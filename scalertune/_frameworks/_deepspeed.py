@@ -21,6 +21,10 @@ it passed on):
   has no native float16 matmul, and the engine refuses fp16 ("Type fp16 is not supported on
   your device"); torch trains float16 there all the same (slowly, as every float16 trial on a
   CPU does), so :func:`allow_float16` sets it on the accelerator object;
+- ``deepspeed.ops.__compatible_ops__``, the ops DeepSpeed may build: its shared-memory
+  all-reduce (``deepspeed_shm_comm``) is marked unbuildable for a group of one process
+  (:func:`process_group`), where there is nothing to reduce, instead of being compiled on
+  the first search of a machine (a minute of a CPU);
 - ZeRO's loss scaler, ``engine.optimizer.loss_scaler`` (``DynamicLossScaler``), and its
   ``cur_scale``, ``cur_hysteresis``, ``last_overflow_iter`` and ``cur_iter``: the scale read
   after every step, the state a checkpoint keeps, and where a branch's replay puts it;
@@ -63,9 +67,10 @@ from scalertune._errors import UsageError
 #: comes with the scale at ``min_loss_scale`` (``raise_error_at_min_scale``, on under ZeRO).
 AT_MINIMUM = "Current loss scale already at minimum"
 
-#: The ZeRO stages a search trains in (stage 0, DeepSpeed's FP16_Optimizer, keeps its scale
-#: elsewhere and has no hysteresis).
-ZERO_STAGES = (1, 2, 3)
+#: The ZeRO stages a search trains in. Stage 0 (DeepSpeed's FP16_Optimizer) keeps its scale
+#: elsewhere and has no hysteresis; stage 3 partitions the parameters themselves, where a
+#: run's gradient trace and its checkpoints read each one whole.
+ZERO_STAGES = (1, 2)
 
 
 def stage_of(config: Mapping[str, Any]) -> int:
@@ -88,11 +93,17 @@ def check_config(config: Any, *, what: str = "the DeepSpeed config") -> None:
             "search tries float16 under fp16's loss scaler, bfloat16 and float32 itself)"
         )
     stage = stage_of(config)
+    if stage == 3:
+        raise UsageError(
+            f"{what} trains with ZeRO stage 3, which partitions the parameters themselves: "
+            "scalertune searches stages 1 and 2 (the same loss scaler and numerics); search "
+            'with "zero_optimization": {"stage": 2} and train at stage 3 with the answer'
+        )
     if stage not in ZERO_STAGES:
         raise UsageError(
             f"{what} trains without ZeRO (zero_optimization stage {stage}): scalertune "
-            "searches DeepSpeed's ZeRO stages 1 to 3, whose loss scaler has hysteresis; "
-            'add "zero_optimization": {"stage": 1} (the same numerics, optimizer states '
+            "searches ZeRO stages 1 and 2, whose loss scaler has hysteresis; add "
+            '"zero_optimization": {"stage": 1} (the same numerics, optimizer states '
             "partitioned)"
         )
 
@@ -186,7 +197,10 @@ def process_group() -> None:
     describe it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``)."""
     import deepspeed
+    import deepspeed.ops
 
+    if not torch.distributed.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        deepspeed.ops.__compatible_ops__[SHARED_MEMORY_OP] = False  # one process: no peers
     if not torch.distributed.is_initialized():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -257,6 +271,9 @@ def base_optimizer(engine: Any) -> Any:
     return engine.optimizer.optimizer
 
 
+#: DeepSpeed's shared-memory all-reduce for CPUs, built on first use unless marked unbuildable.
+SHARED_MEMORY_OP = "deepspeed_shm_comm"
+
 #: ``DynamicLossScaler``'s state: what a checkpoint keeps and a branch sets.
 SCALER_FIELDS = ("cur_scale", "cur_hysteresis", "last_overflow_iter", "cur_iter")
 
@@ -275,12 +292,18 @@ class DeepSpeedRun:
 
     def backward(self, loss: torch.Tensor, *, gradients: bool, **kwargs: Any) -> None:
         if self._open:  # the last backward had no step (the start-up probe's): not summed
-            self._hide()
-            self.engine.optimizer.zero_grad(set_to_none=True)
+            self.zero_grad()
         self._open = True
         self.engine.backward(loss, **kwargs)
         if gradients:
             self._expose()
+
+    def zero_grad(self) -> None:
+        """The gradients of a backward that no step took, gone (the exposed ones first:
+        ZeRO's own ``zero_grad`` takes every ``.grad`` for its own)."""
+        self._hide()
+        self._open = False
+        self.engine.optimizer.zero_grad(set_to_none=True)
 
     def micro_step(self) -> None:
         """``engine.step()`` after a micro-batch that ends no optimizer step."""

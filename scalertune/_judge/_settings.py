@@ -129,6 +129,12 @@ class StudySettings:
         return self.deepspeed is not None and int(self.deepspeed.get("zero_stage", 1)) > 0
 
     @property
+    def loss_floor(self) -> float:
+        """The least largest gradient of a float16 step: 1 where a DeepSpeed workload's loss
+        is float16 (its backward starts from the scale itself), else 0."""
+        return 1.0 if self.deepspeed is not None and self.deepspeed.get("half_loss") else 0.0
+
+    @property
     def clip_norm(self) -> float | None:
         """The workload's own clipping: every run without a clip of its own uses it."""
         return self.reference.clip_norm

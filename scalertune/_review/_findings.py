@@ -121,7 +121,9 @@ class Findings:
         """The float32 reference's gradient trace (``None`` for a study made before there
         was one)."""
         ref = self.reference
-        return Trace.decode(ref["trace"]) if ref and ref.get("trace") else None
+        if not (ref and ref.get("trace")):
+            return None
+        return Trace.decode(ref["trace"]).floored(self.settings.loss_floor)
 
     @property
     def run_equivalents(self) -> float:

@@ -43,6 +43,12 @@ def scaler_advice(result: Findings) -> str | None:
     defaults = defaults_prediction(result, trace)
     words = defaults_words(result.deepspeed)
     said = f"Scaler over the horizon: {words}: {defaults.describe()}"
+    if result.deepspeed:  # no replay's choice: the trials sample DeepSpeed's knobs themselves
+        run = result.recommended or result.best_amp
+        if run is None or not run.config.uses_scaler:
+            return said
+        ours = predict(trace, run.config, horizon=result.horizon, zero=result.settings.zero)
+        return f"{said}; the answer's fp16 block: {ours.describe()}"
     chosen = next((o for o in result.ranking if o.role == ROLE_REPLAY), None)
     if chosen is None:
         return (

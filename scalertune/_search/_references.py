@@ -116,7 +116,8 @@ class References:
     def trace(self, seed: int) -> Trace:
         """The reference's gradient trace."""
         if seed not in self._traces:
-            self._traces[seed] = Trace.decode(self.reference(seed)["trace"])
+            trace = Trace.decode(self.reference(seed)["trace"])
+            self._traces[seed] = trace.floored(self.setup.settings.loss_floor)
         return self._traces[seed]
 
     def spread(self) -> float:

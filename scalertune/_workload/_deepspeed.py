@@ -91,12 +91,17 @@ def deepspeed_workload(
 
 
 def engine_facts(workload: Workload) -> dict[str, Any] | None:
-    """What a study keeps of a DeepSpeed workload's engine: its ZeRO stage, and whether the
-    device runs bfloat16 (DeepSpeed's accelerator says); ``None`` for another workload."""
+    """What a study keeps of a DeepSpeed workload's engine: its ZeRO stage, whether the
+    device runs bfloat16 (DeepSpeed's accelerator says), its config, and whether its loss is
+    float16 under fp16 (``half_loss``, seen at a float32 step); ``None`` for another
+    workload."""
     optimizer = workload.optimizer
     if not isinstance(optimizer, EngineOptimizer):
         return None
-    return _deepspeed.engine_facts(optimizer.engines.config)
+    facts = _deepspeed.engine_facts(optimizer.engines.config)
+    if optimizer.engines.half_loss:
+        facts["half_loss"] = True
+    return facts
 
 
 def read_config(config: Any) -> dict[str, Any]:
@@ -187,6 +192,8 @@ class Engines:
         self.current: _deepspeed.DeepSpeedRun | None = None
         #: A checkpoint's optimizer state, for the engine still to be made.
         self.pending: Mapping[str, Any] | None = None
+        #: Whether the loss is float16 under fp16 (found at the first float32 step).
+        self.half_loss: bool | None = None
 
     def run_for(self, config: AmpConfig) -> _deepspeed.DeepSpeedRun:
         """The engine ``config`` trains in, made now if it is new."""
@@ -237,7 +244,7 @@ class EngineOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         run = self._engines.current
         if run is not None:
-            run.engine.optimizer.zero_grad(set_to_none=set_to_none)
+            run.zero_grad()
         else:
             self._engines.model.zero_grad(set_to_none=set_to_none)
 
@@ -285,7 +292,10 @@ def _step(engines: Engines, workload: Workload) -> Any:
         dtype = _deepspeed.dtype_of(amp.config)
         losses = []
         for k, (inputs, targets) in enumerate(group):
-            loss = loss_fn(run.engine(_cast(inputs, dtype)), targets)  # type: ignore[misc]
+            output = run.engine(_cast(inputs, dtype))
+            loss = loss_fn(output, targets)  # type: ignore[misc]
+            if engines.half_loss is None and amp.config.dtype == "float32":
+                engines.half_loss = _half_loss(loss_fn, output, targets)  # type: ignore[arg-type]
             amp.backward(loss)
             if k < len(group) - 1:
                 run.micro_step()
@@ -294,6 +304,15 @@ def _step(engines: Engines, workload: Workload) -> Any:
         return losses[0] if len(losses) == 1 else torch.stack(losses).mean()
 
     return step
+
+
+def _half_loss(loss_fn: Callable[[Any, Any], torch.Tensor], output: Any, targets: Any) -> bool:
+    """Whether ``loss_fn`` gives a float16 loss for the model's float16 output (a
+    cross-entropy of float16 logits does; a loss against float32 targets is float32): then
+    DeepSpeed's backward starts from the loss scale itself in float16, which overflows at
+    65520 and above whatever the gradients are."""
+    with torch.no_grad():
+        return bool(loss_fn(_cast(output, torch.float16), targets).dtype == torch.float16)
 
 
 def _cast(inputs: Any, dtype: torch.dtype) -> Any:
