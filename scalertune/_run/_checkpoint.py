@@ -30,6 +30,7 @@ import torch
 from scalertune._amp._schema import temporary_name
 from scalertune._run import _ranks
 from scalertune._workload._contract import Workload
+from scalertune._workload._deepspeed import EngineOptimizer
 from scalertune._workload._rng import rng_state, set_rng_state
 
 
@@ -199,12 +200,16 @@ def save_checkpoint(
 def _ranked_save(workload: Workload, mine: dict[str, Any]) -> tuple[Any, Any, Any] | None:
     """The whole model's and optimizer's state on rank 0, gathered through
     ``torch.distributed.checkpoint``'s state-dict API from DDP's replicas or FSDP's shards
-    (a collective: every rank calls it), and each rank's data position and RNGs; None on
-    the other ranks, which write nothing."""
+    (DeepSpeed's engine through its own, :class:`EngineOptimizer`: a collective either way,
+    every rank calls it), and each rank's data position and RNGs; None on the other ranks,
+    which write nothing."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model, optimizer = get_state_dict(workload.model, workload.optimizer, options=options)
+    if isinstance(workload.optimizer, EngineOptimizer):  # a collective of DeepSpeed's own
+        model, optimizer = workload.model.state_dict(), workload.optimizer.state_dict()
+    else:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model, optimizer = get_state_dict(workload.model, workload.optimizer, options=options)
     ranks: list[Any] = [None] * _ranks.world()
     torch.distributed.all_gather_object(ranks, mine)
     return (model, optimizer, ranks) if _ranks.rank() == 0 else None
@@ -218,7 +223,11 @@ def load_checkpoint(path: str, workload: Workload, cursor: BatchCursor) -> dict[
     state = torch.load(
         path, map_location=next(workload.model.parameters()).device, weights_only=False
     )
-    if state.get("ranks") is not None:
+    if state.get("ranks") is not None and isinstance(workload.optimizer, EngineOptimizer):
+        workload.model.load_state_dict(state["model"])  # ZeRO 1-2: each rank's whole model
+        workload.optimizer.load_state_dict(state["optimizer"])
+        state.update(state["ranks"][_ranks.rank()])
+    elif state.get("ranks") is not None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         set_state_dict(
