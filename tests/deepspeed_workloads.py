@@ -92,7 +92,7 @@ def deepspeed_training(factory, fp16, steps, *, seed=0, clipping=1.0):
     return losses, skipped, scale
 
 
-def trainer(max_steps=40, output_dir=None, **arguments):
+def trainer(max_steps=30, output_dir=None, **arguments):
     """A Hugging Face Trainer made with ``deepspeed=`` (ZeRO-2, fp16, ``"auto"`` fields):
     GPT-2 from its config class on arithmetic token sequences."""
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -124,7 +124,7 @@ def trainer(max_steps=40, output_dir=None, **arguments):
         output_dir=output_dir or os.path.join(tempfile.gettempdir(), "scalertune-ds-test"),
         max_steps=max_steps,
         per_device_train_batch_size=8,
-        learning_rate=3e-3,
+        learning_rate=1e-2,
         report_to=[],
         save_strategy="no",
         disable_tqdm=True,
@@ -137,5 +137,5 @@ def trainer(max_steps=40, output_dir=None, **arguments):
 
 
 def make_trainer():
-    """:func:`trainer` as a factory spec names it (40 steps: its horizon)."""
+    """:func:`trainer` as a factory spec names it (30 steps: its horizon)."""
     return trainer()

@@ -22,9 +22,10 @@ it passed on):
   your device"); torch trains float16 there all the same (slowly, as every float16 trial on a
   CPU does), so :func:`allow_float16` sets it on the accelerator object;
 - ``deepspeed.ops.__compatible_ops__``, the ops DeepSpeed may build: its shared-memory
-  all-reduce (``deepspeed_shm_comm``) is marked unbuildable for a group of one process
-  (:func:`process_group`), where there is nothing to reduce, instead of being compiled on
-  the first search of a machine (a minute of a CPU);
+  all-reduce for CPUs (``deepspeed_shm_comm``) is marked unbuildable in a search's processes
+  (:func:`process_group`): a group of one has nothing to reduce, and a search's ranks
+  all-reduce through gloo, instead of compiling it on the first search of a machine (a
+  minute of a CPU, for runs of a few seconds);
 - ZeRO's loss scaler, ``engine.optimizer.loss_scaler`` (``DynamicLossScaler``), and its
   ``cur_scale``, ``cur_hysteresis``, ``last_overflow_iter`` and ``cur_iter``: the scale read
   after every step, the state a checkpoint keeps, and where a branch's replay puts it;
@@ -49,11 +50,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import io
 import json
 import logging
 import math
 import os
 import socket
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -195,12 +198,12 @@ def process_group() -> None:
     """A process group for DeepSpeed's engine: the one a launcher (or the search's ranks)
     started, else one of a single process, on a free port of this host, as a launcher would
     describe it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
-    ``MASTER_PORT``)."""
+    ``MASTER_PORT``); DeepSpeed's shared-memory all-reduce left unbuilt (see the module's
+    docstring)."""
     import deepspeed
     import deepspeed.ops
 
-    if not torch.distributed.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        deepspeed.ops.__compatible_ops__[SHARED_MEMORY_OP] = False  # one process: no peers
+    deepspeed.ops.__compatible_ops__[SHARED_MEMORY_OP] = False  # gloo's all-reduce instead
     if not torch.distributed.is_initialized():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -215,7 +218,9 @@ def process_group() -> None:
             os.environ.setdefault(key, value)
     # DeepSpeed asks a launcher's LOCAL_RANK of an engine made with arguments (Accelerate's)
     os.environ.setdefault("LOCAL_RANK", str(int(os.environ.get("RANK", "0"))))
-    with quiet():
+    # its collectives call torch's deprecated names: a warning per rank and run, not the user's
+    warnings.filterwarnings("ignore", _DEPRECATED_COLLECTIVES, FutureWarning)
+    with quiet(), contextlib.redirect_stdout(io.StringIO()):  # "... built successfully"
         deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
 
 
@@ -270,6 +275,9 @@ def base_optimizer(engine: Any) -> Any:
     flat partitions of the parameters."""
     return engine.optimizer.optimizer
 
+
+#: torch's warning on the deprecated collectives DeepSpeed's ZeRO calls.
+_DEPRECATED_COLLECTIVES = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)`"
 
 #: DeepSpeed's shared-memory all-reduce for CPUs, built on first use unless marked unbuildable.
 SHARED_MEMORY_OP = "deepspeed_shm_comm"

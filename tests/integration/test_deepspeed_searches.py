@@ -64,6 +64,10 @@ import deepspeed_workloads as dsw
 from scalertune._amp._config import DeepSpeedFp16Config
 
 if __name__ == "__main__":
+    # this script's own choice, as a search's processes make it: gloo's all-reduce, not
+    # DeepSpeed's shared-memory one, which would be compiled first (a minute of a CPU)
+    import deepspeed.ops
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     out = {{}}
     for name, config in (("best", {path!r}), ("high", DeepSpeedFp16Config(
             init_scale=2.0**24, hysteresis=1, growth_interval=10, clip_norm=1.0))):
@@ -80,7 +84,7 @@ if __name__ == "__main__":
 def test_a_deepspeed_trainer_search_attaches_and_trains_under_torchrun_as_predicted(tmp_path):
     ran = run_cli(
         "search", spec("make_trainer", "deepspeed_workloads.py"), "--space", "float16",
-        "--steps", 40, "--n-trials", 2, "--storage", "tr.db", "-o", "tr.yaml", "--quiet",
+        "--steps", 30, "--n-trials", 1, "--storage", "tr.db", "-o", "tr.yaml", "--quiet",
         cwd=tmp_path,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
@@ -107,3 +111,28 @@ def test_a_deepspeed_trainer_search_attaches_and_trains_under_torchrun_as_predic
         predicted = result.predict(fp16).skipped_steps
         assert abs(predicted - run["engine"]) <= skip_tolerance(run["engine"]), (name, run)
     assert trained["high"]["engine"] > 0
+
+
+def test_a_deepspeed_run_on_two_ranks_trains_as_deepspeed_in_one_process():
+    """Every rank holds the same batches here: the gradients ZeRO averages over the two are
+    one process's, so the run is DeepSpeed's own training in one process, loss for loss and
+    skip for skip."""
+    import torch
+
+    from scalertune._amp._config import DeepSpeedFp16Config
+    from scalertune._search._launch import run_isolated
+
+    config = DeepSpeedFp16Config(init_scale=2.0**20, hysteresis=2, growth_interval=8, clip_norm=1.0)
+    record = run_isolated(
+        spec("regression", "deepspeed_workloads.py"),
+        config,
+        steps=30,
+        seed=0,
+        device=torch.device("cpu"),
+        timeout_s=300,
+        memory_gb=None,
+        ranks=2,
+    )
+    losses, skipped, scale = dsw.deepspeed_training(dsw.regression, config.fp16_block(), 30)
+    assert len(record.skipped) == skipped > 0 and record.scales[-1] == scale
+    assert record.losses == pytest.approx(losses, rel=1e-5)

@@ -22,7 +22,7 @@ TRAINER = "test_a_trainers_deepspeed_config_is_the_one_its_engine_is_made_from"
 #: or writes, with the test of each (the adapter's docstring lists them in words).
 PRIVATE = {
     "is_fp16_supported": "test_float16_trains_on_this_cpu_once_allowed",
-    "__compatible_ops__": "test_a_group_of_one_compiles_no_shared_memory_all_reduce",
+    "__compatible_ops__": "test_a_search_compiles_no_shared_memory_all_reduce",
     "loss_scaler": "test_zeros_loss_scaler_holds_the_state_the_replay_keeps",
     "cur_hysteresis": "test_zeros_loss_scaler_holds_the_state_the_replay_keeps",
     "last_overflow_iter": "test_zeros_loss_scaler_holds_the_state_the_replay_keeps",
@@ -66,7 +66,7 @@ def test_float16_trains_on_this_cpu_once_allowed():
     engine.destroy()
 
 
-def test_a_group_of_one_compiles_no_shared_memory_all_reduce():
+def test_a_search_compiles_no_shared_memory_all_reduce():
     import deepspeed.comm.comm as comm
     import deepspeed.ops
 
