@@ -90,7 +90,8 @@ def load_runtime(
 
 def _guard(data: dict[str, Any], path: str) -> Guard | None:
     block = data.get("guard")
-    if block is None or isinstance(block, str):  # a line: DeepSpeed's own guard
+    deepspeed = isinstance(data.get("config"), dict) and "fp16" in data["config"]
+    if block is None or (deepspeed and isinstance(block, str)):  # a line: DeepSpeed's own
         return None
     try:
         return Guard(

@@ -17,6 +17,7 @@ from scalertune._diagnose._report import ModuleReport, TensorStats, _Run
 from scalertune._errors import UsageError
 from scalertune._run._loop import loss_function
 from scalertune._workload._contract import Workload, to_device
+from scalertune._workload._deepspeed import engine_facts
 from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import one_line
 
@@ -50,6 +51,12 @@ class _Runner:
         (with the activation gradients when ``grads``); ``repair`` recomputes, in float32,
         the output of a culprit without submodules, so that one pass finds the next one."""
         workload = build_workload(self.factory, seed=self.seed, device=self.device)
+        if engine_facts(workload) is not None:
+            raise UsageError(
+                "diagnose watches the model module by module under autocast, and a DeepSpeed "
+                "workload trains in DeepSpeed's engine, which casts the whole model: search "
+                "it (scalertune search) for its fp16 block and what it does over the horizon"
+            )
         if config.clip_norm is None and workload.clip_norm is not None:
             config = dataclasses.replace(config, clip_norm=workload.clip_norm)
         model = workload.model

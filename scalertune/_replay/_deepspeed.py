@@ -58,7 +58,7 @@ class DeepSpeedScaler:
     ZeRO (False), which ignores ``delayed_shift`` and ``raise_error_at_min_scale``.
 
     Example:
-        >>> DeepSpeedScaler.from_fp16_block({"loss_scale": 0, "initial_scale_power": 12,
+        >>> DeepSpeedScaler.from_fp16_block({"enabled": True, "initial_scale_power": 12,
         ...                                  "hysteresis": 1}).init_scale
         4096.0
     """

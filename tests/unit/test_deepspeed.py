@@ -212,3 +212,15 @@ def test_a_deepspeed_answer_exports_as_the_config_deepspeed_parses(tmp_path):
     with pytest.raises(UsageError, match="--to deepspeed"):
         scalertune.load(path, device="cpu")
     assert os.path.exists(path)
+
+
+def test_a_deepspeed_trainer_refuses_what_its_engine_cannot_take_in_one_line():
+    from scalertune._frameworks._deepspeed import init_trainer_engine
+
+    trainer = dsw.trainer(max_steps=2)
+    with pytest.raises(UsageError, match="GradScaler's, searched outside DeepSpeed") as caught:
+        scalertune.attach(trainer, AmpConfig(init_scale=4096.0))
+    assert "\n" not in str(caught.value)
+    init_trainer_engine(trainer, 2)  # what train() does first
+    with pytest.raises(UsageError, match="engine is made already"):
+        scalertune.attach(trainer, HIGH)
