@@ -80,7 +80,8 @@ def plain_deepspeed(factory, block: dict, steps: int) -> int:
     """DeepSpeed's own training of the workload with ``block``: its skipped steps."""
     import deepspeed
 
-    from scalertune._frameworks._deepspeed import allow_float16, process_group, quiet
+    from scalertune._frameworks._deepspeed import process_group, quiet
+    from scalertune._frameworks._deepspeed_private import allow_float16
     from scalertune._workload._rng import seed_everything
 
     seed_everything(0)

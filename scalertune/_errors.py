@@ -41,3 +41,10 @@ class MissingEvidence(Exception):
     """Evidence a run needs could not be had: a checkpoint missing, damaged or unreadable, an
     artifact store or storage that failed. A fault outside the config: the run is retried or
     reported as missing, never judged."""
+
+
+class DamagedCheckpoint(MissingEvidence):
+    """A checkpoint file that is not what a scalertune checkpoint holds: another format, a
+    pickle that asks for anything but tensors and plain data, another model's keys or shapes,
+    a state that does not load. It is read as damaged evidence (an earlier checkpoint, or step
+    0), and nothing in it runs."""

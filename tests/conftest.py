@@ -158,17 +158,42 @@ def s3_bucket():
     ``s3://NAME``: boto3 in this process, and in the processes it starts, reaches it through
     the environment (endpoint and throwaway credentials), as a user's workers reach theirs.
     The server stops afterwards."""
+    with s3_endpoint() as endpoint:
+        yield endpoint.bucket
+
+
+class S3Endpoint:
+    """moto's server on a loopback port, holding ``bucket``; :meth:`stop` and :meth:`start`
+    make an outage of the endpoint (the buckets live in this process, and outlast it)."""
+
+    def __init__(self):
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        self.host, self.port = self._server.get_host_and_port()
+        self.bucket = ""
+
+    def stop(self):
+        self._server.stop()
+
+    def start(self):
+        """The server again, on the same port (the workers' endpoint)."""
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address=self.host, port=self.port, verbose=False)
+        self._server.start()
+
+
+@contextlib.contextmanager
+def s3_endpoint():
+    """:func:`s3_bucket`, as the :class:`S3Endpoint` that serves it."""
     import uuid
 
-    from moto.server import ThreadedMotoServer
-
-    name = f"scalertune-{uuid.uuid4().hex[:12]}"
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    endpoint = S3Endpoint()
+    endpoint.bucket = f"scalertune-{uuid.uuid4().hex[:12]}"
     env = {
-        "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}",
+        "AWS_ENDPOINT_URL_S3": f"http://{endpoint.host}:{endpoint.port}",
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
@@ -178,15 +203,16 @@ def s3_bucket():
     try:
         import boto3
 
-        boto3.client("s3").create_bucket(Bucket=name)
-        yield f"s3://{name}"
+        boto3.client("s3").create_bucket(Bucket=endpoint.bucket)
+        endpoint.bucket = f"s3://{endpoint.bucket}"
+        yield endpoint
     finally:
         for key, value in before.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        server.stop()
+        endpoint.stop()
 
 
 def reference_is_float32s_own(study, horizon, context=""):

@@ -62,7 +62,8 @@ def deepspeed_training(factory, fp16, steps, *, seed=0, clipping=1.0):
     float32), seeded as a search seeds its runs: (losses, engine.skipped_steps, scale)."""
     import deepspeed
 
-    from scalertune._frameworks._deepspeed import allow_float16, process_group, quiet
+    from scalertune._frameworks._deepspeed import process_group, quiet
+    from scalertune._frameworks._deepspeed_private import allow_float16, scale
     from scalertune._workload._rng import seed_everything
 
     seed_everything(seed)
@@ -86,10 +87,10 @@ def deepspeed_training(factory, fp16, steps, *, seed=0, clipping=1.0):
         engine.backward(loss)
         engine.step()
         losses.append(float(loss))
-    scale = float(engine.optimizer.loss_scaler.cur_scale)
+    last_scale = scale(engine)
     skipped = engine.skipped_steps
     engine.destroy()
-    return losses, skipped, scale
+    return losses, skipped, last_scale
 
 
 def trainer(max_steps=30, output_dir=None, **arguments):

@@ -9,6 +9,8 @@ reaches step ``FAULT_STEP`` creates the file and dies (or hangs) there; later ru
 """
 
 import os
+import signal
+import sys
 import time
 
 import torch
@@ -151,15 +153,6 @@ def ddp_rank_hangs():
     return workload
 
 
-def ddp_declared_rank_dies():
-    """``ddp_rank_dies``, declaring the processes it trains on: a DDP factory cannot be
-    called outside its group, so the search reads the attribute before any call."""
-    return ddp_rank_dies()
-
-
-ddp_declared_rank_dies.nproc_per_node = 2
-
-
 def hf_trainer():
     """``tests/trainers.py``'s GPT-2 ``Trainer`` subclass whose loss overflows float16 at a
     high scale, accumulating 2 micro-batches, on the ranks: its Accelerator wraps the model
@@ -259,3 +252,48 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 2 THIS CONFIG_JSON STEPS
                 f,
             )
     dist.destroy_process_group()
+
+
+def ddp_rank_killed():
+    """``ddp`` on the ranks it declares, one of whose ranks SIGKILLs itself once, at a point
+    ``SCALERTUNE_TEST_RANK_KILL`` names (``MARKER:RANK:RUN:STEP``): in the RUN-th run that
+    trains on rank RANK (counted across the processes of a search, one byte a run in
+    ``MARKER.runs``), as it starts step STEP; ``MARKER`` is created then, and no later run
+    is killed."""
+    workload = ddp()
+    planned = os.environ.get("SCALERTUNE_TEST_RANK_KILL")
+    if not planned:
+        return workload
+    marker, rank, run, step = planned.rsplit(":", 3)
+    if dist.get_rank() != int(rank) or os.path.exists(marker) or not _trains():
+        return workload
+    with open(f"{marker}.runs", "ab") as f:  # one byte per run of this rank
+        f.write(b".")
+        this_run = f.tell()
+    if this_run != int(run):
+        return workload
+    steps = [0]
+
+    def hook(_module, _inputs):
+        steps[0] += 1
+        if steps[0] == int(step):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    workload["model"].register_forward_pre_hook(hook)
+    return workload
+
+
+ddp_rank_killed.nproc_per_node = 2
+
+
+def _trains():
+    """Whether this factory call is for a run that trains: not the one-step check of the
+    factory (``preflight``), nor the step timing (``time_dtypes``), which are no trials."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code, local = frame.f_code.co_name, frame.f_locals
+        if code == "preflight" or (code == "_job" and local.get("kind") in ("time", "locate")):
+            return False
+        frame = frame.f_back
+    return True

@@ -14,6 +14,12 @@ thread writes on its own).
 once the N-th checkpoint is stored whole with its checksum, damages its file (HOW:
 ``truncated``, ``emptied``, ``garbled``, ``gone``, or ``intact``) as a disk, a copy or a person
 would, and SIGKILLs this process: a worker that dies the moment its evidence is damaged.
+HOW ``planted`` replaces it, as someone who can write the artifact store but not the workers
+would, with a ``torch.save`` file whose pickle runs a command on load (it creates the file
+named by ``SCALERTUNE_TEST_PLANTED``, or ``planted-ran`` in the current folder), and rewrites
+its manifest to the new file's checksum and size; ``foreign`` replaces it, the same way, with
+a real checkpoint of another model (the file a run saved, its keys and shapes not the
+workload's).
 
     python fault_launcher.py lose HOW ARGS...
 
@@ -69,6 +75,71 @@ def _arm(signum: int, n: int) -> None:
     JournalFileBackend.append_logs = append_logs
 
 
+class Planted:
+    """What a pickle that runs a command as it is loaded holds: ``__reduce__`` names
+    ``os.system`` and its argument, and an unrestricted unpickler calls it."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def planted_command() -> str:
+    import shlex
+
+    mark = os.environ.get("SCALERTUNE_TEST_PLANTED", os.path.abspath("planted-ran"))
+    return f"touch {shlex.quote(mark)}"
+
+
+def _foreign_body(step: int) -> bytes:
+    """A real scalertune checkpoint of another model (a wider MLP), at ``step``."""
+    import tempfile
+
+    import torch
+
+    from scalertune._amp._config import AmpConfig
+    from scalertune._run._loop import Plan, run_config
+
+    def other():
+        model = torch.nn.Sequential(torch.nn.Linear(3, 7), torch.nn.Linear(7, 2))
+        x, y = torch.randn(8, 3), torch.randn(8, 2)
+        return {
+            "model": model,
+            "optimizer": torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+            "loss_fn": torch.nn.MSELoss(),
+            "batches": [(x, y)],
+        }
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "other.pt")
+        config = AmpConfig(dtype="float32")
+        run_config(
+            other,
+            config,
+            steps=step,
+            seed=0,
+            device=torch.device("cpu"),
+            plan=Plan(save_at={step: path}),
+        )
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _replace_with_matching_manifest(stored, body: bytes) -> None:
+    """The file replaced by ``body``, and its manifest rewritten to match: whoever can write
+    one can write the other (a study key's signature, where there is one, stays as it was)."""
+    import hashlib
+    import io
+    import json
+
+    manifest = json.loads(stored.store.read(stored.name + ".json", lambda f: f.read()))
+    stored.store.inner.write(stored.name, io.BytesIO(body))
+    manifest.update(sha256=hashlib.sha256(body).hexdigest(), bytes=len(body))
+    stored.store.inner.write(stored.name + ".json", io.BytesIO(json.dumps(manifest).encode()))
+
+
 def damage(stored, how: str) -> None:
     """Damage a stored checkpoint's file (see the module docstring)."""
     import io
@@ -77,6 +148,20 @@ def damage(stored, how: str) -> None:
         return
     if how == "gone":
         stored.store.inner.remove(stored.name)
+        return
+    if how in ("planted", "foreign"):
+        import json
+
+        step = json.loads(stored.store.read(stored.name + ".json", lambda f: f.read()))["step"]
+        if how == "foreign":
+            body = _foreign_body(step)
+        else:
+            import torch
+
+            buffer = io.BytesIO()
+            torch.save({"step": step, "model": Planted(planted_command())}, buffer)
+            body = buffer.getvalue()
+        _replace_with_matching_manifest(stored, body)
         return
     body = stored.store.read(stored.name, lambda f: f.read())
     damaged = {

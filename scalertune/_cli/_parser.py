@@ -254,9 +254,7 @@ def _diagnose(sub: Any) -> None:
 
 
 def _export(sub: Any) -> None:
-    from scalertune._export._api import (
-        FRAMEWORKS,  # loads torch: after Ctrl-C is handled
-    )
+    from scalertune._export._api import FRAMEWORKS  # after Ctrl-C is handled
 
     e = sub.add_parser(
         "export",
@@ -305,7 +303,12 @@ def _dashboard(sub: Any) -> None:
         description=_help.DASHBOARD_DESCRIPTION,
     )
     _storage_arguments(d, study_help="refresh this study's notes only (default: every study's)")
-    d.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    d.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default: %(default)s); optuna-dashboard has no login: anyone "
+        "who reaches another address reads the study",
+    )
     d.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
     d.add_argument(
         "--artifact-dir",

@@ -15,6 +15,7 @@ from scalertune._amp._scaler import DeviceStep
 from scalertune._diagnose._hooks import _Hooks, _row, _sample
 from scalertune._diagnose._report import ModuleReport, TensorStats, _Run
 from scalertune._errors import UsageError
+from scalertune._frameworks._deepspeed import refuse_deepspeed
 from scalertune._run._loop import loss_function
 from scalertune._workload._contract import Workload, to_device
 from scalertune._workload._deepspeed import engine_facts
@@ -52,11 +53,7 @@ class _Runner:
         the output of a culprit without submodules, so that one pass finds the next one."""
         workload = build_workload(self.factory, seed=self.seed, device=self.device)
         if engine_facts(workload) is not None:
-            raise UsageError(
-                "diagnose watches the model module by module under autocast, and a DeepSpeed "
-                "workload trains in DeepSpeed's engine, which casts the whole model: search "
-                "it (scalertune search) for its fp16 block and what it does over the horizon"
-            )
+            refuse_deepspeed("a DeepSpeed workload", "diagnose")
         if config.clip_norm is None and workload.clip_norm is not None:
             config = dataclasses.replace(config, clip_norm=workload.clip_norm)
         model = workload.model

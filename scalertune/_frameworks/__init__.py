@@ -5,9 +5,18 @@ trainer workloads share.
 - ``_accelerate``: an Accelerate ``Accelerator``, routed;
 - ``_transformers``: a Hugging Face ``Trainer`` (TRL's trainers included), routed;
 - ``_lightning``: a Lightning ``Trainer``'s precision plugin, made from the runtime;
+- ``_attach``: :func:`attach`, the public call;
+- ``_detect``: which framework's trainer an object is, the one test of both;
+- ``_releases``: which framework a class comes from, and the releases scalertune was checked
+  on, refused in one line outside them;
 - ``_deepspeed``: DeepSpeed's engine made with a run's precision and bound to its runtime,
-  and DeepSpeed's undocumented parts scalertune relies on, in one place;
-- ``_attach``: :func:`attach`, the public call.
+  a Hugging Face Trainer made with ``deepspeed=`` under a runtime, and the one refusal of
+  what scalertune cannot train in DeepSpeed;
+- ``_accelerate_private``, ``_transformers_private``, ``_lightning_private``: each
+  framework's internals that scalertune relies on (private names, replaced and overridden
+  methods), in one module per framework, each entry checked by a test;
+- ``_deepspeed_private``: DeepSpeed's, and those of the Trainer's DeepSpeed side, the same
+  way.
 
 The frameworks are imported only from the objects a user passes in: none is a dependency.
 """

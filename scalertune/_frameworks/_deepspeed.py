@@ -1,5 +1,7 @@
-"""DeepSpeed's engine under a runtime, and DeepSpeed's parts scalertune relies on beyond its
-documented API, in one place.
+"""DeepSpeed's engine under a runtime: a run's precision in the user's DeepSpeed config, the
+engine made from it and bound to the run's runtime, a Hugging Face Trainer made with
+``deepspeed=`` trained the same way, and the one refusal of what scalertune does not train
+in DeepSpeed (:func:`refuse_deepspeed`).
 
 DeepSpeed keeps mixed precision to its engine: its ``fp16`` mode casts the model to float16,
 scales the loss in ``engine.backward`` with its own dynamic loss scaler and unscales, clips
@@ -9,40 +11,10 @@ with the run's precision (:func:`engine_config`), and bound to the run's runtime
 :class:`DeepSpeedRun`: the runtime's skipped steps, the guard and the watch read what the
 engine decided (``engine.was_step_applied()``) and its scale.
 
-The documented API does most of it (``deepspeed.initialize``, ``engine.backward``,
-``engine.step``, ``engine.was_step_applied``, ``engine.destroy`` and the
-``deepspeed.utils.safe_get_full_*``/``safe_set_full_*`` functions that read and write a
-parameter's whole gradient, master weight and optimizer state under ZeRO). What it does not
-document, each checked against the installed DeepSpeed by
-``tests/unit/test_deepspeed_private.py`` (``pyproject.toml`` bounds deepspeed to the releases
-it passed on):
-
-- the accelerator's ``is_fp16_supported``: DeepSpeed's CPU accelerator says no where oneDNN
-  has no native float16 matmul, and the engine refuses fp16 ("Type fp16 is not supported on
-  your device"); torch trains float16 there all the same (slowly, as every float16 trial on a
-  CPU does), so :func:`allow_float16` sets it on the accelerator object;
-- ``deepspeed.ops.__compatible_ops__``, the ops DeepSpeed may build: its shared-memory
-  all-reduce for CPUs (``deepspeed_shm_comm``) is marked unbuildable in a search's processes
-  (:func:`process_group`): a group of one has nothing to reduce, and a search's ranks
-  all-reduce through gloo, instead of compiling it on the first search of a machine (a
-  minute of a CPU, for runs of a few seconds);
-- ZeRO's loss scaler, ``engine.optimizer.loss_scaler`` (``DynamicLossScaler``), and its
-  ``cur_scale``, ``cur_hysteresis``, ``last_overflow_iter`` and ``cur_iter``: the scale read
-  after every step, the state a checkpoint keeps, and where a branch's replay puts it;
-- ZeRO's base optimizer, ``engine.optimizer.optimizer``, whose per-partition ``state``
-  holds the optimizer's step count (``safe_get_full_optimizer_state`` reaches its tensors
-  only);
-- the first words of ``DynamicLossScaler``'s error at its minimum (:data:`AT_MINIMUM`),
-  which tell it from any other error of a step;
-- a Hugging Face Trainer made with ``deepspeed=``: Accelerate's
-  ``accelerator.state.deepspeed_plugin`` and its ``deepspeed_config`` (the dict the engine is
-  made from, the Trainer's ``HfTrainerDeepSpeedConfig.config``: a run's precision goes in
-  there), that config's ``_dtype`` (what the Trainer casts floating inputs to),
-  ``transformers.integrations.deepspeed.deepspeed_init`` (which ``train()`` calls before
-  ``accelerator.prepare`` makes the engine), and ``accelerator.deepspeed_engine_wrapped``
-  (the engine ``train()`` made, which ``scalertune.attach`` binds its runtime to).
-
-DeepSpeed is imported where it is used: it is no dependency of scalertune.
+What of DeepSpeed (and of Hugging Face's DeepSpeed integration) is relied on beyond their
+documented API is in ``_deepspeed_private``, each entry checked by a test, and the release
+checked when a DeepSpeed workload or Trainer is handed over. DeepSpeed is imported where it
+is used: it is no dependency of scalertune.
 """
 
 from __future__ import annotations
@@ -58,17 +30,14 @@ import os
 import socket
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from scalertune._amp._config import AmpConfig, DeepSpeedFp16Config
 from scalertune._amp._engine import EngineStopped
 from scalertune._errors import UsageError
-
-#: The start of the message ``DynamicLossScaler.update_scale`` raises with when an overflow
-#: comes with the scale at ``min_loss_scale`` (``raise_error_at_min_scale``, on under ZeRO).
-AT_MINIMUM = "Current loss scale already at minimum"
+from scalertune._frameworks import _deepspeed_private as private
 
 #: The ZeRO stages a search trains in. Stage 0 (DeepSpeed's FP16_Optimizer) keeps its scale
 #: elsewhere and has no hysteresis; stage 3 partitions the parameters themselves, where a
@@ -83,32 +52,81 @@ def stage_of(config: Mapping[str, Any]) -> int:
     return int(stage) if isinstance(stage, int) and not isinstance(stage, bool) else -1
 
 
-def check_config(config: Any, *, what: str = "the DeepSpeed config") -> None:
-    """Refuse, in one line, a DeepSpeed config a search cannot train in."""
+def check_config(config: Any, *, what: str = "the DeepSpeed config", trainer: bool = False) -> None:
+    """Refuse, in one line, a DeepSpeed release scalertune was not checked on (with a
+    ``trainer``'s integration), or a DeepSpeed config it cannot train in."""
+    private.check(trainer=trainer)
     if not isinstance(config, Mapping):
         raise UsageError(
             f"{what} is a {type(config).__name__}: give the config dict (or the path of "
             "ds_config.json) that deepspeed.initialize takes"
         )
     if _enabled(config.get("fp16")) and _enabled(config.get("bf16") or config.get("bfloat16")):
-        raise UsageError(
-            f"{what} enables both fp16 and bf16, which DeepSpeed refuses: enable one (a "
-            "search tries float16 under fp16's loss scaler, bfloat16 and float32 itself)"
-        )
+        refuse_deepspeed(what, "fp16-and-bf16")
     stage = stage_of(config)
     if stage == 3:
-        raise UsageError(
-            f"{what} trains with ZeRO stage 3, which partitions the parameters themselves: "
-            "scalertune searches stages 1 and 2 (the same loss scaler and numerics); search "
-            'with "zero_optimization": {"stage": 2} and train at stage 3 with the answer'
-        )
+        refuse_deepspeed(what, "zero-3")
     if stage not in ZERO_STAGES:
-        raise UsageError(
-            f"{what} trains without ZeRO (zero_optimization stage {stage}): scalertune "
-            "searches ZeRO stages 1 and 2, whose loss scaler has hysteresis; add "
-            '"zero_optimization": {"stage": 1} (the same numerics, optimizer states '
-            "partitioned)"
-        )
+        refuse_deepspeed(what, "no-zero", stage=stage)
+
+
+#: The DeepSpeed forms scalertune does not train, each the one line that refuses it: what was
+#: given (``{what}``), why, and what to do instead.
+REFUSED = {
+    "accelerator": (
+        "{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: return the "
+        "DeepSpeed config from the factory instead ({{'deepspeed': config, 'model': ..., "
+        "'batches': ..., 'loss_fn': ...}}), which scalertune searches in DeepSpeed's engine"
+    ),
+    "fp16-and-bf16": (
+        "{what} enables both fp16 and bf16, which DeepSpeed refuses: enable one (a "
+        "search tries float16 under fp16's loss scaler, bfloat16 and float32 itself)"
+    ),
+    "zero-3": (
+        "{what} trains with ZeRO stage 3, which partitions the parameters themselves: "
+        "scalertune searches stages 1 and 2 (the same loss scaler and numerics); search "
+        'with "zero_optimization": {{"stage": 2}} and train at stage 3 with the answer'
+    ),
+    "no-zero": (
+        "{what} trains without ZeRO (zero_optimization stage {stage}): scalertune "
+        "searches ZeRO stages 1 and 2, whose loss scaler has hysteresis; add "
+        '"zero_optimization": {{"stage": 1}} (the same numerics, optimizer states '
+        "partitioned)"
+    ),
+    "initialized": (
+        "{what} was made by deepspeed.initialize already: return the model and optimizer "
+        "before it (each run makes its own engine, with the run's precision)"
+    ),
+    "trained": "{what}'s DeepSpeed engine is made already (train() ran): {todo}",
+    "gradscaler-answer": (
+        "{what} is GradScaler's, searched outside DeepSpeed, and the Trainer trains in "
+        "DeepSpeed's engine under its own scaler: search the DeepSpeed Trainer itself "
+        "(return it from the factory), or take DeepSpeed's nearest fp16 block from "
+        "scalertune export --to deepspeed"
+    ),
+    "in-run-check": (
+        "{what} has an in-run check, which a DeepSpeed Trainer leaves out: DeepSpeed's "
+        "engine casts the model itself to float16 and keeps float32 master weights in its "
+        "optimizer, so a float32 forward at the model's weights is no float32 check; build "
+        "the runtime without one (check=None)"
+    ),
+    "load": (
+        "{what} is DeepSpeed's fp16 block, which trains in DeepSpeed's engine: put it in "
+        "your ds_config.json (scalertune export {path} --to deepspeed), or attach it to your "
+        "DeepSpeed Trainer (scalertune.attach)"
+    ),
+    "diagnose": (
+        "diagnose watches the model module by module under autocast, and {what} trains in "
+        "DeepSpeed's engine, which casts the whole model: search it (scalertune search) for "
+        "its fp16 block and what it does over the horizon"
+    ),
+}
+
+
+def refuse_deepspeed(what: str, form: str, **facts: Any) -> NoReturn:
+    """The one refusal of a DeepSpeed form scalertune does not train (``form``, a key of
+    :data:`REFUSED`): a :class:`UsageError` of one line naming ``what`` was given."""
+    raise UsageError(REFUSED[form].format(what=what, **facts))
 
 
 def engine_facts(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,16 +202,6 @@ def dtype_of(config: AmpConfig) -> torch.dtype:
     return getattr(torch, config.dtype)
 
 
-def allow_float16() -> None:
-    """Have DeepSpeed's CPU accelerator train fp16 where it would refuse (see the module's
-    docstring); nothing elsewhere."""
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator()
-    if accelerator.device_name() == "cpu" and not accelerator.is_fp16_supported():
-        accelerator.is_fp16_supported = lambda: True
-
-
 def process_group() -> None:
     """A process group for DeepSpeed's engine: the one a launcher (or the search's ranks)
     started, else one of a single process, on a free port of this host, as a launcher would
@@ -201,9 +209,8 @@ def process_group() -> None:
     ``MASTER_PORT``); DeepSpeed's shared-memory all-reduce left unbuilt (see the module's
     docstring)."""
     import deepspeed
-    import deepspeed.ops
 
-    deepspeed.ops.__compatible_ops__[SHARED_MEMORY_OP] = False  # gloo's all-reduce instead
+    private.leave_shared_memory_unbuilt()
     if not torch.distributed.is_initialized():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -251,7 +258,7 @@ def initialize(model: torch.nn.Module, optimizer: Any, config: Mapping[str, Any]
     """A DeepSpeed engine for ``model`` (with ``optimizer``, or the one ``config`` names)."""
     import deepspeed
 
-    allow_float16()
+    private.allow_float16()
     process_group()
     parameters = [p for p in model.parameters() if p.requires_grad]
     with quiet():
@@ -264,26 +271,8 @@ def initialize(model: torch.nn.Module, optimizer: Any, config: Mapping[str, Any]
     return engine
 
 
-def loss_scaler(engine: Any) -> Any:
-    """ZeRO's loss scaler of ``engine`` (a ``DynamicLossScaler`` under fp16, a static one of
-    scale 1 otherwise)."""
-    return engine.optimizer.loss_scaler
-
-
-def base_optimizer(engine: Any) -> Any:
-    """The optimizer ZeRO wraps (``torch.optim.Adam``, or the one the config names), over
-    flat partitions of the parameters."""
-    return engine.optimizer.optimizer
-
-
 #: torch's warning on the deprecated collectives DeepSpeed's ZeRO calls.
 _DEPRECATED_COLLECTIVES = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)`"
-
-#: DeepSpeed's shared-memory all-reduce for CPUs, built on first use unless marked unbuildable.
-SHARED_MEMORY_OP = "deepspeed_shm_comm"
-
-#: ``DynamicLossScaler``'s state: what a checkpoint keeps and a branch sets.
-SCALER_FIELDS = ("cur_scale", "cur_hysteresis", "last_overflow_iter", "cur_iter")
 
 
 class DeepSpeedRun:
@@ -325,7 +314,7 @@ class DeepSpeedRun:
         try:
             self.engine.step()
         except Exception as exc:
-            if not str(exc).startswith(AT_MINIMUM):
+            if not private.at_minimum(exc):
                 raise
             raise EngineStopped(
                 f"DeepSpeed raised at its minimum loss scale ({self.scale():g}): an overflow "
@@ -334,18 +323,13 @@ class DeepSpeedRun:
         return bool(self.engine.was_step_applied())
 
     def scale(self) -> float:
-        return float(loss_scaler(self.engine).cur_scale)
+        return private.scale(self.engine)
 
     def scaler_state(self) -> dict[str, Any]:
-        scaler = loss_scaler(self.engine)
-        state = {k: getattr(scaler, k) for k in SCALER_FIELDS if hasattr(scaler, k)}
-        return {"scale": float(scaler.cur_scale), **state}
+        return private.scaler_state(self.engine)
 
     def load_scaler_state(self, state: Mapping[str, Any]) -> None:
-        scaler = loss_scaler(self.engine)
-        for key in SCALER_FIELDS:
-            if key in state and hasattr(scaler, key):
-                setattr(scaler, key, state[key])
+        private.load_scaler_state(self.engine, state)
 
     def _expose(self) -> None:
         """Each parameter's whole gradient in its ``.grad``, unscaled, where ZeRO keeps it
@@ -374,7 +358,7 @@ def full_state(engine: Any) -> dict[str, Any]:
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     params = [p for p in engine.module.parameters() if p.requires_grad]
-    base = base_optimizer(engine)
+    base = private.base_optimizer(engine)
     first: dict[str, Any] = next(iter(base.state.values()), {})
     keys = [k for k, v in first.items() if isinstance(v, torch.Tensor) and v.dim() > 0]
     scalars = {k: v for k, v in first.items() if k not in keys}
@@ -396,14 +380,14 @@ def load_full_state(engine: Any, saved: Mapping[str, Any]) -> None:
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     params = [p for p in engine.module.parameters() if p.requires_grad]
-    if saved["state"] and not base_optimizer(engine).state:
+    if saved["state"] and not private.base_optimizer(engine).state:
         _prime(engine, params)
     for p, master in zip(params, saved["master"]):
         safe_set_full_fp32_param(p, master.to(p.device))
     for key, values in saved["state"].items():
         for p, value in zip(params, values):
             safe_set_full_optimizer_state(p, value.to(p.device), key)
-    for state in base_optimizer(engine).state.values():
+    for state in private.base_optimizer(engine).state.values():
         for key, value in saved["scalars"].items():
             state[key] = value.clone() if isinstance(value, torch.Tensor) else value
     for group, lr in zip(engine.optimizer.param_groups, saved["lr"]):
@@ -443,47 +427,38 @@ def is_deepspeed_trainer(trainer: Any) -> bool:
 def trainer_config(trainer: Any) -> dict[str, Any]:
     """The DeepSpeed config a Trainer makes its engine from (its ``auto`` values filled from
     the ``TrainingArguments``, as far as they are known before ``train()``)."""
-    config: dict[str, Any] = trainer.accelerator.state.deepspeed_plugin.deepspeed_config
-    return config
-
-
-def trainer_engine(trainer: Any) -> Any:
-    """The engine a Trainer's ``train()`` made (``None`` before)."""
-    wrapped = getattr(trainer.accelerator, "deepspeed_engine_wrapped", None)
-    return None if wrapped is None else wrapped.engine
+    return private.trainer_config(trainer)
 
 
 def set_trainer_precision(trainer: Any, config: Mapping[str, Any]) -> None:
     """Make ``trainer``'s engine from ``config`` (a run's precision in the Trainer's own
     DeepSpeed config), casting floating inputs to its dtype as ``train()`` does."""
-    plugin = trainer.accelerator.state.deepspeed_plugin
-    plugin.deepspeed_config.clear()
-    plugin.deepspeed_config.update(copy.deepcopy(dict(config)))
+    kept = private.trainer_config(trainer)
+    kept.clear()
+    kept.update(copy.deepcopy(dict(config)))
     bf16 = bool((config.get("bf16") or {}).get("enabled"))
     fp16 = bool((config.get("fp16") or {}).get("enabled"))
     dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
-    plugin.hf_ds_config._dtype = dtype  # noqa: SLF001 - what _prepare_inputs casts to
+    private.set_input_dtype(trainer, dtype)
     trainer.args.fp16, trainer.args.bf16 = fp16, bf16
 
 
 def init_trainer_engine(trainer: Any, max_steps: int) -> Any:
     """The engine ``trainer``'s ``train()`` would make, made now as ``train()`` makes it
     (``deepspeed_init``, then ``accelerator.prepare``, then the Trainer's scheduler)."""
-    from transformers.integrations.deepspeed import deepspeed_init
-
-    allow_float16()
+    private.allow_float16()
     process_group()
     quiet_overflows()
-    optimizer, scheduler = deepspeed_init(trainer, num_training_steps=max_steps)
+    optimizer, scheduler = private.deepspeed_init(trainer, max_steps)
     accelerator = trainer.accelerator
-    if type(scheduler).__name__ == "DummyScheduler":
+    if private.is_config_scheduler(scheduler):
         model, trainer.optimizer, trainer.lr_scheduler = accelerator.prepare(
             trainer.model, optimizer, scheduler
         )
     else:
         model, trainer.optimizer = accelerator.prepare(trainer.model, optimizer)
     trainer.create_scheduler(num_training_steps=max_steps)
-    trainer.model_wrapped = trainer.deepspeed = model
+    private.set_trainer_engine(trainer, model)
     return model
 
 
@@ -506,31 +481,27 @@ def attach_trainer(trainer: Any, amp: Any) -> None:
     the search tried, ``bf16``, ``gradient_clipping``), float16 allowed on a CPU, and the
     engine ``train()`` makes bound to ``amp`` at its first backward, so that ``amp`` counts
     and watches the steps DeepSpeed takes."""
-    if trainer_engine(trainer) is not None:
-        raise UsageError(
-            "this Trainer's DeepSpeed engine is made already (train() ran): attach to a new "
-            "Trainer, before trainer.train()"
-        )
+    if private.trainer_engine(trainer) is not None:
+        refuse_deepspeed("this Trainer", "trained", todo="attach to a new Trainer, before train()")
     config = amp.config
     if config.dtype == "float16" and not isinstance(config, DeepSpeedFp16Config):
-        raise UsageError(
-            "this answer is GradScaler's, searched outside DeepSpeed, and the Trainer trains "
-            "in DeepSpeed's engine under its own scaler: search the DeepSpeed Trainer itself "
-            "(return it from the factory), or take DeepSpeed's nearest fp16 block from "
-            "scalertune export --to deepspeed"
-        )
+        refuse_deepspeed("this answer", "gradscaler-answer")
+    if amp.check is not None:
+        refuse_deepspeed("this runtime", "in-run-check")
     current = trainer_config(trainer)
-    check_config(current, what="the Trainer's DeepSpeed config")
+    check_config(current, what="the Trainer's DeepSpeed config", trainer=True)
     set_trainer_precision(trainer, engine_config(current, config))
     trainer.args.max_grad_norm = config.clip_norm or 0.0  # DeepSpeed clips: the config says
-    allow_float16()
+    private.allow_float16()
     run = DeepSpeedRun(None, source=trainer)
     run.amp = amp
-    trainer.accelerator.backward = functools.partial(_attached_backward, trainer, run)
+    private.replace_backward(
+        trainer.accelerator, functools.partial(_attached_backward, trainer, run)
+    )
 
 
 def _attached_backward(trainer: Any, run: DeepSpeedRun, loss: torch.Tensor, **kwargs: Any) -> None:
     if run.engine is None:  # the engine train() made: bound at its first backward
-        run.engine = trainer_engine(trainer)
+        run.engine = private.trainer_engine(trainer)
         run.amp.bind(run)
     trainer_backward(trainer, run, loss, **kwargs)

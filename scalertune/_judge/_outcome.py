@@ -12,7 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._run._timing import StepTimes
+from scalertune._run._step_times import StepTimes
 from scalertune._storage._names import (
     HORIZON_ATTR,
     JUDGED_ATTR,

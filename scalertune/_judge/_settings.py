@@ -36,10 +36,14 @@ if TYPE_CHECKING:
 #: covered the trial alone, and ``reference`` and ``instance`` in some).
 VERSION = 2
 #: The settings whose change makes stored trials incomparable with new ones: a rerun of a
-#: search with another of these is refused.
+#: search with another of these is refused. The horizon too: the study's evidence (the float32
+#: reference trained to it, its checkpoints and trace, the phase windows, the answer's claim)
+#: is for the horizon it was created with, and a rerun that took another would mix evidence
+#: over two horizons, or leave the one asked for unmet while saying otherwise.
 COMPARABLE = (
     "factory",
     "steps",
+    "horizon",
     "seed",
     "space",
     "device_type",
@@ -86,6 +90,9 @@ class StudySettings:
     #: For a DeepSpeed workload, the engine every run trains in (``zero_stage``,
     #: ``bfloat16``); ``None`` for any other (and studies written before it).
     deepspeed: Mapping[str, Any] | None = None
+    #: The fingerprint of the model searched (``_amp._fingerprint``: its parameters' names
+    #: and shapes), which the result file carries; ``None`` for studies written before it.
+    model: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _limits.check_horizon(self.steps, self.horizon)
@@ -176,6 +183,7 @@ class StudySettings:
             "instance": self.instance,
             "nproc_per_node": self.nproc_per_node,
             "deepspeed": None if self.deepspeed is None else dict(self.deepspeed),
+            **({"model": dict(self.model)} if self.model is not None else {}),
         }
 
     @classmethod
@@ -201,6 +209,7 @@ class StudySettings:
             version=version,
             nproc_per_node=int(data.get("nproc_per_node") or 1),
             deepspeed=data.get("deepspeed"),
+            model=dict(data["model"]) if isinstance(data.get("model"), Mapping) else None,
         )
 
     @classmethod

@@ -19,17 +19,17 @@ from scalertune._replay._trace import Trace
 def scaler_state_at(trace: Trace, config: AmpConfig, step: int) -> dict[str, float]:
     """GradScaler's ``scale`` and ``_growth_tracker`` after ``step`` steps under ``config``
     (a ``GradScaler.load_state_dict`` fragment); for a DeepSpeed fp16 config, its scale and
-    ``DynamicLossScaler``'s state."""
+    its scaler's hysteresis left, last overflow and iteration (what a bound engine's
+    ``load_scaler_state`` takes)."""
     if isinstance(config, DeepSpeedFp16Config):
         run = replay_deepspeed(
             trace.amax[:step], DeepSpeedScaler.from_config(config), startup=trace.startup
         )
         return {
             "scale": float(run.final_scale),
-            "cur_scale": float(run.final_scale),
-            "cur_hysteresis": int(run.hysteresis),
-            "last_overflow_iter": int(run.last_overflow),
-            "cur_iter": int(step),
+            "hysteresis": int(run.hysteresis),
+            "last_overflow": int(run.last_overflow),
+            "iteration": int(step),
         }
     played = replay(trace.amax[:step], config, startup=trace.startup)
     last_skip = int(played.skipped[-1]) if len(played.skipped) else -1

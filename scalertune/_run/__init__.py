@@ -5,8 +5,11 @@
 - ``_nonfinite``: whether a window went non-finite, and the prune reason;
 - ``_preflight``: one float32 step before any study row exists;
 - ``_timing``: the interleaved step time of each dtype;
+- ``_step_times``: :class:`StepTimes`, what the timing measured, read without torch;
 - ``_schedules``: the LR schedules put back after steps that are not training's;
 - ``_checkpoint``: a run's state saved and restored (the float32 reference's, a branch's);
+- ``_checkpoint_file``: what a checkpoint file may hold (tensors and plain data), read back
+  without running anything in it, and checked against the workload it is loaded into;
 - ``_trace_collector``: the gradient trace recorded along the float32 reference;
 - ``_probe``: a runtime whose step leaves the optimizer alone (the start-up probe, the
   late-phase check);

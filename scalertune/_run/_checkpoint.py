@@ -14,21 +14,29 @@ Checkpoints are files (``torch.save``), written whole or not at all, so a large 
 states never pile up in memory, and a reference that was interrupted resumes from its last;
 a file can be handed on once written (to the study's artifact store, with its checksum). A
 run saves at fixed steps and, over a long run, every few minutes of training
-(:class:`SaveSchedule`).
+(:class:`SaveSchedule`). A file holds tensors and plain data only, and is read back without
+running anything in it; one that is not a checkpoint of this workload is damaged
+(:mod:`scalertune._run._checkpoint_file`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
 
-from scalertune._amp._schema import temporary_name
+from scalertune._errors import DamagedCheckpoint, UsageError
 from scalertune._run import _ranks
+from scalertune._run._checkpoint_file import (
+    ForeignValue,
+    check_fits,
+    read_checkpoint,
+    restoring,
+    write_checkpoint,
+)
 from scalertune._workload._contract import Workload
 from scalertune._workload._deepspeed import EngineOptimizer
 from scalertune._workload._rng import rng_state, set_rng_state
@@ -190,9 +198,14 @@ def save_checkpoint(
         "extra": extra or {},
     }
     path = where if isinstance(where, str) else where.local_path()
-    tmp = temporary_name(path)
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        write_checkpoint(state, path)
+    except ForeignValue as exc:
+        raise UsageError(
+            f"cannot save the run's checkpoint: {exc}: a checkpoint holds tensors and plain "
+            "data only (dict, list, tuple, str, numbers), so that reading it back runs no "
+            "code: return those from the state_dict() of the workload's schedulers"
+        ) from None
     if not isinstance(where, str):
         where.publish(path, step)
 
@@ -220,13 +233,24 @@ def load_checkpoint(path: str, workload: Workload, cursor: BatchCursor) -> dict[
     returns the checkpoint (``step``, ``extra``). With ranks, every rank reads the file (the
     ranks share a host) and takes the whole state, its shard of it under FSDP, and its own
     data position and RNGs."""
-    state = torch.load(
-        path, map_location=next(workload.model.parameters()).device, weights_only=False
-    )
-    if state.get("ranks") is not None and isinstance(workload.optimizer, EngineOptimizer):
-        workload.model.load_state_dict(state["model"])  # ZeRO 1-2: each rank's whole model
+    device = next(workload.model.parameters()).device
+    state = read_checkpoint(path, map_location=device)
+    with restoring(path):
+        _restore(state, workload, cursor)
+    return state
+
+
+def _restore(state: dict[str, Any], workload: Workload, cursor: BatchCursor) -> None:
+    """``state`` into ``workload`` and ``cursor``; a single process's checked first against
+    the model and optimizer it is loaded into (:func:`check_fits`)."""
+    if isinstance(workload.optimizer, EngineOptimizer):
+        # DeepSpeed's engine: the whole model on each rank, in the run's dtype (a float32
+        # reference's weights go into a float16 branch's model), and the optimizer's whole
+        # state per parameter; what does not fit fails to load, a damaged checkpoint
+        workload.model.load_state_dict(state["model"])
         workload.optimizer.load_state_dict(state["optimizer"])
-        state.update(state["ranks"][_ranks.rank()])
+        if state.get("ranks") is not None:
+            state.update(state["ranks"][_ranks.rank()])
     elif state.get("ranks") is not None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
@@ -239,6 +263,7 @@ def load_checkpoint(path: str, workload: Workload, cursor: BatchCursor) -> dict[
         )
         state.update(state["ranks"][_ranks.rank()])
     else:
+        check_fits(state, workload.model, workload.optimizer)
         workload.model.load_state_dict(state["model"])
         # Read from the file at every call: load_state_dict keeps the given tensors where
         # dtype and device already match, so a state kept in memory and loaded twice would
@@ -246,6 +271,10 @@ def load_checkpoint(path: str, workload: Workload, cursor: BatchCursor) -> dict[
         workload.optimizer.load_state_dict(state["optimizer"])
     for scheduler, saved in zip(workload.schedulers, state["schedulers"]):
         scheduler.load_state_dict(saved)
+    if len(state["schedulers"]) != len(workload.schedulers):
+        raise DamagedCheckpoint(
+            f"it holds {len(state['schedulers'])} schedulers' states, the workload has "
+            f"{len(workload.schedulers)}"
+        )
     cursor.restore(state["cursor"])
     set_rng_state(state["rng"])
-    return state

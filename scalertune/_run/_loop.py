@@ -17,6 +17,7 @@ per-step work stays on the device, read back with the window).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._run import _ranks
 from scalertune._run._checkpoint import BatchCursor, load_checkpoint, save_checkpoint
+from scalertune._run._checkpoint_file import restoring
 from scalertune._run._memory import release_memory
 from scalertune._run._nonfinite import judge_window, mark_pruned
 from scalertune._run._record import RunRecord, StopRule, WindowCallback
@@ -40,8 +42,11 @@ from scalertune._workload._factory import build_workload
 
 class Watcher(Protocol):
     """What a run may record beside its loss: per step on the device, per window on the host;
-    its ``state()`` goes into the run's checkpoints, so that a resumed run continues it."""
+    its ``state()`` goes into the run's checkpoints, so that a resumed run continues it.
+    ``probe`` looks at a run's start before it trains, on an instance of the workload of its
+    own (the run's instance trains each of its batches once, from its first)."""
 
+    def probe(self, workload: Workload, step: Callable[..., Any]) -> None: ...
     def attach(
         self, workload: Workload, step: Callable[..., Any], start: int, amp: AmpRuntime
     ) -> None: ...
@@ -90,8 +95,10 @@ def run_config(
     ``prune=False`` records why the run would have been pruned but trains to the end (what a
     search without pruning would cost; ``benchmarks/pruning.py`` compares the two).
     """
+    if plan is not None and plan.watcher is not None and plan.checkpoint is None:
+        _probe(factory, plan.watcher, seed=seed, device=device)
     workload = build_workload(factory, seed=seed, device=device)
-    size = sum(p.numel() * p.element_size() for p in workload.model.parameters())
+    size = _size(workload)
     try:
         record = train(
             workload,
@@ -108,6 +115,27 @@ def run_config(
         del workload
         release_memory(size)
     return record
+
+
+def _size(workload: Workload) -> int:
+    return sum(p.numel() * p.element_size() for p in workload.model.parameters())
+
+
+def _probe(
+    factory: Callable[[], Any], watcher: Watcher, *, seed: int, device: torch.device
+) -> None:
+    """The watcher's look at the start (the trace's start-up probe: the first batches at the
+    initial weights, nothing applied) on a fresh instance of the workload, built, probed
+    and let go before the run's own is built. The user's step may keep state (a counter
+    for its learning rate, say): one instance, one run, each batch once, in order, so the
+    probe's steps are never the run's."""
+    workload = build_workload(factory, seed=seed, device=device)
+    size = _size(workload)
+    try:
+        watcher.probe(workload, step_function(workload))
+    finally:
+        del workload
+        release_memory(size)
 
 
 def train(
@@ -127,9 +155,7 @@ def train(
     amp = AmpRuntime(config, device=device)
     amp.prepare(workload.model)
     batches = BatchCursor(workload.batches, saves=bool(plan.save_at))
-    saved = load_checkpoint(plan.checkpoint, workload, batches) if plan.checkpoint else None
-    start = saved["step"] if saved else 0
-    record = _record(config, seed, steps, start, plan, amp, saved)
+    start, record = _start(workload, batches, config, seed, steps, plan, amp)
     step_fn, watcher = step_function(workload), plan.watcher
     if watcher is not None:
         watcher.attach(workload, step_fn, start, amp)
@@ -178,11 +204,30 @@ def _save(
 ) -> None:
     """The run's state after ``step`` steps, its record, scaler and watcher included."""
     extra = {
-        "record": record,
+        "record": record.to_dict(),
         "amp": amp.state_dict(),
         "watcher": None if watcher is None else watcher.state(),
     }
     save_checkpoint(plan.save_at[step], workload, batches, step=step, extra=extra)
+
+
+def _start(
+    workload: Workload,
+    batches: BatchCursor,
+    config: AmpConfig,
+    seed: int,
+    steps: int,
+    plan: Plan,
+    amp: AmpRuntime,
+) -> tuple[int, RunRecord]:
+    """The step a run starts at and the record it starts with; the workload and ``batches``
+    put where the plan's checkpoint left them, if it has one."""
+    checkpoint = plan.checkpoint
+    saved = load_checkpoint(checkpoint, workload, batches) if checkpoint else None
+    start = saved["step"] if saved else 0
+    # a resumed run's record, scaler and watcher come from the file too
+    with restoring(checkpoint) if checkpoint and plan.resume else contextlib.nullcontext():
+        return start, _record(config, seed, steps, start, plan, amp, saved)
 
 
 def _record(
@@ -201,7 +246,7 @@ def _record(
             plan.watcher.restore(saved["extra"]["watcher"])
         if saved["extra"].get("amp") is not None:  # the scaler where the run left it
             amp.load_state_dict(saved["extra"]["amp"])
-        return dataclasses.replace(saved["extra"]["record"], steps=steps)
+        return dataclasses.replace(RunRecord.from_dict(saved["extra"]["record"]), steps=steps)
     record = RunRecord(config=config, seed=seed, steps=steps, start=start)
     if plan.scaler is not None and config.uses_scaler:
         amp.load_scaler_state(plan.scaler)

@@ -72,6 +72,25 @@ class RunRecord:
     #: hysteresis skips a step without lowering the scale); ``None``: read off the scales.
     skipped_at: list[int] | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain data (its config's every field, its trace encoded): what a
+        checkpoint holds (:mod:`scalertune._run._checkpoint_file`)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        config = self.config
+        fields["config"] = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        fields["trace"] = None if self.trace is None else self.trace.encode()
+        return fields
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        """What :meth:`to_dict` made."""
+        from scalertune._replay._trace import Trace
+
+        fields = dict(data)
+        fields["config"] = AmpConfig(**fields["config"])
+        fields["trace"] = None if fields["trace"] is None else Trace.decode(fields["trace"])
+        return cls(**fields)
+
     @property
     def steps_run(self) -> int:
         return len(self.losses)

@@ -21,7 +21,9 @@ model trains, and left out it missed the largest by up to 3x on two small worklo
 
 Before the first step, the start-up probe runs the first batches forward and backward at the
 initial weights (no optimizer step, random state and buffers put back): what a scale too
-large from the start meets while it skips.
+large from the start meets while it skips. It runs on an instance of the workload of its own
+(``Watcher.probe``): the run's instance trains each batch once, from its first, so a step
+that keeps state of its own (a counter for its learning rate) stays in step with the run.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from scalertune import _policy
+from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
 from scalertune._run import _ranks
@@ -81,6 +84,20 @@ class TraceCollector:
 
     # -- the Watcher protocol -----------------------------------------------------------------
 
+    def probe(self, workload: Workload, step: Callable[..., Any]) -> None:
+        """The start-up probe (see the module's docstring), on ``workload``: an instance of
+        the run's workload of its own, which the run never trains."""
+        if len(self.trace.startup):
+            return
+        self._hooks.attach(workload)
+        try:
+            if not self.trace.modules:
+                self.trace = empty(self._hooks.names)
+            self.trace.startup = self._probe(workload, step)
+            self.trace.startup_whole = _one_pass(workload.batches) <= len(self.trace.startup)
+        finally:
+            self._hooks.detach()
+
     def attach(
         self, workload: Workload, step: Callable[..., Any], start: int, amp: AmpRuntime
     ) -> None:
@@ -89,9 +106,6 @@ class TraceCollector:
         _hear(amp, self._hooks)
         if not self.trace.modules:
             self.trace = empty(self._hooks.names)
-        if start == 0 and not len(self.trace.startup):
-            self.trace.startup = self._probe(workload, step)
-            self.trace.startup_whole = _one_pass(workload.batches) <= len(self.trace.startup)
         self._hooks.begin(start)
 
     def after_step(self, index: int) -> None:
@@ -153,8 +167,10 @@ class TraceCollector:
         model = workload.model
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
         state = rng_state()
-        # the run's own config: an engine made for it (DeepSpeed's) is the one it trains in
-        amp = NoStep(self._amp.config, device=self._hooks.device)
+        # the float32 reference's config, the workload's clipping in it: an engine made for
+        # it (DeepSpeed's) is the one the reference trains in
+        config = AmpConfig(dtype="float32", clip_norm=workload.clip_norm)
+        amp = NoStep(config, device=self._hooks.device)
         _hear(amp, self._hooks)
         rows = []
         try:

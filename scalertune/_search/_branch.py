@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scalertune._amp._config import AmpConfig
-from scalertune._errors import MissingEvidence
+from scalertune._errors import DamagedCheckpoint, MissingEvidence
 from scalertune._judge._phases import (
     PhaseResult,
     judge_from_start,
@@ -33,6 +33,7 @@ from scalertune._run._forward import forward_ratio
 from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord
 from scalertune._search._isolate import execute, run_here
+from scalertune._search._reference_checkpoints import Checkpoints
 from scalertune._search._references import References
 from scalertune._search._setup import Setup
 
@@ -50,15 +51,17 @@ def run_branch(
     """Train ``config`` from the reference's checkpoint at ``start`` to ``end``; the record
     and the phase's judged figures."""
     reference = references.reference(seed)
-    checkpoint = references.checkpoint(seed, start)
     scaler = scaler_state_at(references.trace(seed), config, start) if config.uses_scaler else None
-    record = execute(
-        setup,
-        config,
-        steps=end,
-        seed=seed,
-        on_window=on_window,
-        plan=Plan(checkpoint=checkpoint, scaler=scaler),
+    record = references.checkpoints.branching(
+        lambda: references.checkpoint(seed, start),
+        lambda checkpoint: execute(
+            setup,
+            config,
+            steps=end,
+            seed=seed,
+            on_window=on_window,
+            plan=Plan(checkpoint=checkpoint, scaler=scaler),
+        ),
     )
     result = judge_phase(
         record.losses, reference["windows"][str(start)], start=start, pruned=record.pruned
@@ -100,24 +103,23 @@ def run_from_start(
     study's artifact store), for a later run to continue from (``continues``: that state,
     saved at step ``resumed_at``, the run then going on to ``end`` as one run). A state to
     continue from that is missing or damaged is said in one line (``log``), and the run
-    trains from step 0 instead: the same run, only longer."""
-    resume = None
-    if continues:
-        try:
-            resume = references.checkpoints.stored(continues).fetch()
-        except MissingEvidence as exc:
-            log(f"{exc}: training it from step 0 instead")
-    if resume is None:
-        resumed_at = 0
+    trains from step 0 instead: the same run, only longer
+    (:func:`_continuing`)."""
     reference = references.reference(seed)
     spans = [w for w in setup.windows if judged_end(*w) <= end]
-    plan = Plan(
-        save_at={end: references.checkpoints.stored(save)} if save else {},
-        checkpoint=resume,
-        resume=bool(resume),
-    )
     stop = _BehindStop(reference["windows"], spans, end)
-    record = execute(setup, config, steps=end, seed=seed, on_window=on_window, stop=stop, plan=plan)
+
+    def train(checkpoint: str | None) -> RunRecord:
+        plan = Plan(
+            save_at={end: references.checkpoints.stored(save)} if save else {},
+            checkpoint=checkpoint,
+            resume=bool(checkpoint),
+        )
+        return execute(
+            setup, config, steps=end, seed=seed, on_window=on_window, stop=stop, plan=plan
+        )
+
+    record, continued = _continuing(references.checkpoints, continues, train, log)
     results = judge_from_start(
         record.losses,
         reference["windows"],
@@ -141,8 +143,32 @@ def run_from_start(
         "phase_forward_at": latest_start(reference),
         "initial_scale": record.initial_scale,
         # a continuation's record holds the run it continues: count its own steps
-        **({"steps_run": record.steps_run - resumed_at} if resume else {}),
+        **({"steps_run": record.steps_run - resumed_at} if continued else {}),
     }
+
+
+def _continuing(
+    checkpoints: Checkpoints,
+    name: str | None,
+    run: Callable[[str | None], RunRecord],
+    log: Callable[[str], None],
+) -> tuple[RunRecord, bool]:
+    """``run`` from the state saved as ``name`` (a finalist's own), or from step 0
+    (``run(None)``) where there is none, or it is missing or damaged (said in one line),
+    found so as the run loads it included; and whether it continued."""
+    path = None
+    if name:
+        try:
+            path = checkpoints.fetch(checkpoints.stored(name))
+        except MissingEvidence as exc:
+            log(f"{exc}: training it from step 0 instead")
+    if path is None:
+        return run(None), False
+    try:
+        return run(path), True
+    except DamagedCheckpoint as exc:  # nothing ran yet: the run stopped as it loaded
+        checkpoints.refuse(path, f"{exc}: training it from step 0 instead", log)
+        return run(None), False
 
 
 def latest_start(reference: dict[str, Any]) -> int:
@@ -157,9 +183,12 @@ def _forward(setup: Setup, references: References, config: AmpConfig, seed: int)
     plateau of its own), and a branch of its dtype from float32's weights shows nothing about
     getting there; beyond it, the precision itself is what fails, for every config that
     shares it."""
-    checkpoint = references.checkpoint(seed, latest_start(references.reference(seed)))
-    return run_here(
-        forward_ratio, setup.factory, config, checkpoint, seed=seed, device=setup.device
+    start = latest_start(references.reference(seed))
+    return references.checkpoints.branching(
+        lambda: references.checkpoint(seed, start),
+        lambda checkpoint: run_here(
+            forward_ratio, setup.factory, config, checkpoint, seed=seed, device=setup.device
+        ),
     )
 
 

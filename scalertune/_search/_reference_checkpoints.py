@@ -7,8 +7,12 @@ of training into two slots in turn. Each is stored with its checksum
 (:mod:`scalertune._storage._checkpoints`) in the study's artifact store, where every worker of
 the study reaches it, on this host or another.
 
-A reference that was interrupted resumes from the latest checkpoint that reads back whole;
-each damaged one is named in one line and passed over for the one before, or step 0. A
+A checkpoint reads back whole when its file matches its manifest (and the study key's
+signature, where one is set) and reads as a checkpoint of the step it names, with nothing in
+it run (:mod:`scalertune._run._checkpoint_file`); a file that a run then finds was saved from
+another model is refused until it is written again. A reference that was interrupted resumes
+from the latest checkpoint that reads back whole; each damaged one is named in one line and
+passed over for the one before, or step 0. A
 window's checkpoint that is missing or damaged when a branch needs it is rebuilt by one
 worker while the others wait: float32 trained again from its latest good checkpoint before
 that step (or from step 0), which replays the same steps (the checkpoint holds every random
@@ -18,23 +22,29 @@ run that needs it, never a verdict on its config.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Callable
+from typing import TypeVar
 
 import optuna
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._errors import MissingEvidence
+from scalertune._errors import DamagedCheckpoint, MissingEvidence
 from scalertune._run._checkpoint import SaveSchedule
+from scalertune._run._checkpoint_file import read_checkpoint
 from scalertune._run._loop import Plan, Watcher
+from scalertune._run._record import RunRecord
 from scalertune._search._isolate import describe_error, execute
 from scalertune._search._setup import Setup
 from scalertune._search._study import instance
-from scalertune._storage._checkpoints import StoredCheckpoint
+from scalertune._storage._checkpoints import StoredCheckpoint, digest_of_file
 from scalertune._storage._claims import Once
 from scalertune._storage._store import Store, location_of
+
+_T = TypeVar("_T")
 
 #: A reference to the horizon saves a checkpoint to resume from this often (as a share of it),
 #: besides every ``CHECKPOINT_EVERY_S`` of training.
@@ -54,6 +64,8 @@ class Checkpoints:
         log: Callable[[str], None],
     ) -> None:
         self.study, self.once, self.setup, self.config, self.log = (study, once, setup, config, log)
+        #: The digests of files a run found damaged: refused until written again.
+        self._refused: set[str] = set()
 
     @functools.cached_property
     def store(self) -> Store:
@@ -74,7 +86,58 @@ class Checkpoints:
         """The study's checkpoint ``name`` (a finalist's own, or float32's)."""
         return StoredCheckpoint(self.store, f"{self.prefix}.{name}")
 
-    def plan(self, watcher: Watcher) -> Plan:
+    def fetch(self, stored: StoredCheckpoint) -> str:
+        """``stored``'s file here, read back whole (see the module);
+        :class:`~scalertune._errors.DamagedCheckpoint` or :class:`MissingEvidence` naming it
+        otherwise."""
+        path, manifest = stored.fetch_checked()
+        if manifest["sha256"] in self._refused:
+            raise DamagedCheckpoint(
+                f"{stored.describe()} is damaged: a run found it does not fit the workload"
+            )
+        try:
+            read_checkpoint(path, step=manifest["step"], mmap=True)
+        except DamagedCheckpoint as exc:
+            raise DamagedCheckpoint(f"{stored.describe()} is damaged: {_why(exc)}") from None
+        return path
+
+    def refuse(self, path: str, said: str, log: Callable[[str], None] | None = None) -> None:
+        """The file at ``path`` (as :meth:`fetch` gave it) did not load into a run: said in
+        one line (``said``, to ``log`` or the study's), and refused until written again."""
+        (log or self.log)(said)
+        with contextlib.suppress(OSError):  # gone since: nothing left to refuse
+            self._refused.add(digest_of_file(path))
+
+    def branching(self, get: Callable[[], str], run: Callable[[str], _T]) -> _T:
+        """``run`` of the checkpoint file ``get`` gives (:meth:`get`); where the run finds it
+        damaged, the file is refused (:meth:`refuse`) and ``run`` goes once more, from the
+        file ``get`` gives then (rebuilt). A second damaged one is missing evidence."""
+        for last in (False, True):
+            path = get()
+            try:
+                return run(path)
+            except DamagedCheckpoint as exc:
+                if last:
+                    raise
+                self.refuse(path, f"{exc}: passed over")
+        raise AssertionError("unreachable")
+
+    def run_resuming(
+        self, watcher: Callable[[], Watcher | None], run: Callable[[Plan], RunRecord]
+    ) -> RunRecord:
+        """The reference's run to the horizon (``run`` of its plan: :meth:`plan`), again
+        from an earlier checkpoint, or step 0, each time the one it resumed from turns out
+        damaged as the run loads it. Each time refuses one file more, so it ends."""
+        while True:
+            plan = self.plan(watcher())
+            try:
+                return run(plan)
+            except DamagedCheckpoint as exc:
+                if plan.checkpoint is None:  # nothing was loaded: not a file's fault
+                    raise
+                self.refuse(plan.checkpoint, f"{exc}: falling back to an earlier checkpoint")
+
+    def plan(self, watcher: Watcher | None) -> Plan:
         """The reference's run to the horizon: where it saves, and the latest good checkpoint
         of an interrupted run to resume from."""
         fixed = {step: self._at(step) for step in self._fixed_steps()}
@@ -97,13 +160,13 @@ class Checkpoints:
         when it cannot be had."""
         stored = StoredCheckpoint(self.store, name)
         try:
-            return stored.fetch()
+            return self.fetch(stored)
         except MissingEvidence as exc:
             why = str(exc)
         self.once(
-            f"rebuild.{step}", lambda: self._rebuild(step, stored, why), lambda: _good(stored)
+            f"rebuild.{step}", lambda: self._rebuild(step, stored, why), lambda: self._good(stored)
         )
-        return stored.fetch()
+        return self.fetch(stored)
 
     def remove(self) -> None:
         """Remove float32's checkpoints (a study refused before its first trial)."""
@@ -142,32 +205,45 @@ class Checkpoints:
                 found.append((int(manifest["step"]), candidate))
         for step, candidate in sorted(found, key=lambda f: f[0], reverse=True):
             try:
-                return step, candidate.fetch()
+                return step, self.fetch(candidate)
             except MissingEvidence as exc:
                 self.log(f"{exc}: falling back to an earlier checkpoint")
         return None
 
     def _rebuild(self, step: int, stored: StoredCheckpoint, why: str) -> None:
-        """Train float32 again to ``step`` and save its checkpoint there as ``stored``."""
-        earlier = self._latest_good(
-            [*(self._at(s) for s in self._fixed_steps() if s < step), *self._slots()], before=step
-        )
-        origin = 0 if earlier is None else earlier[0]
-        self.log(f"{why}: training float32 again from step {origin} to {step} to rebuild it")
-        plan = Plan(checkpoint=None if earlier is None else earlier[1], save_at={step: stored})
+        """Train float32 again to ``step`` and save its checkpoint there as ``stored`` (from
+        an earlier checkpoint, or one earlier still where that one does not load)."""
+        while True:
+            earlier = self._latest_good(
+                [*(self._at(s) for s in self._fixed_steps() if s < step), *self._slots()],
+                before=step,
+            )
+            origin = 0 if earlier is None else earlier[0]
+            self.log(f"{why}: training float32 again from step {origin} to {step} to rebuild it")
+            plan = Plan(checkpoint=None if earlier is None else earlier[1], save_at={step: stored})
+            try:
+                execute(self.setup, self.config, steps=step, seed=self.setup.seed, plan=plan)
+                return
+            except DamagedCheckpoint as exc:
+                if earlier is None:
+                    raise
+                self.refuse(earlier[1], f"{exc}: falling back to an earlier checkpoint")
+            except MissingEvidence:
+                raise
+            except Exception as exc:  # float32 trained this far once: whatever stops it now
+                raise MissingEvidence(
+                    f"{why}, and training float32 again to rebuild it failed: {describe_error(exc)}"
+                ) from None
+
+    def _good(self, stored: StoredCheckpoint) -> bool:
         try:
-            execute(self.setup, self.config, steps=step, seed=self.setup.seed, plan=plan)
+            self.fetch(stored)
         except MissingEvidence:
-            raise
-        except Exception as exc:  # float32 trained this far once: whatever stops it now
-            raise MissingEvidence(
-                f"{why}, and training float32 again to rebuild it failed: {describe_error(exc)}"
-            ) from None
+            return False
+        return True
 
 
-def _good(stored: StoredCheckpoint) -> bool:
-    try:
-        stored.fetch()
-    except MissingEvidence:
-        return False
-    return True
+def _why(exc: DamagedCheckpoint) -> str:
+    """What :func:`~scalertune._run._checkpoint_file.read_checkpoint` found wrong, without
+    the file's name (which names a bucket's checkpoint by its digest)."""
+    return str(exc).partition(" is damaged: ")[2] or str(exc)

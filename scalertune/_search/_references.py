@@ -173,6 +173,9 @@ class References:
         except TrialCrashed as exc:  # its message's first line says how the process ended
             why = str(exc).partition("\n")[0]
             raise SearchError(f"the float32 reference failed: {why}") from None
+        except UsageError:  # a state its checkpoint cannot hold (a scheduler's own types)
+            self._remove_if_empty()
+            raise
         except MissingEvidence as exc:  # its checkpoint could not be stored: not the workload's
             raise MissingEvidence(f"the float32 reference stopped: {exc}") from None
         except Exception as exc:
@@ -189,14 +192,7 @@ class References:
         """The reference's run; one whose rank died or hung is run again (a long one from
         its latest checkpoint), ``MAX_RETRIES`` times at most, as a trial is."""
 
-        def run() -> RunRecord:
-            plan = (
-                self.checkpoints.plan(TraceCollector(steps))
-                if long
-                else Plan(watcher=TraceCollector(steps))
-                if main
-                else None
-            )
+        def train(plan: Plan | None) -> RunRecord:
             return execute(
                 self.setup,
                 self.config,
@@ -205,6 +201,11 @@ class References:
                 plan=plan,
                 on_window=_TimeLeft(self.log, steps) if long else None,
             )
+
+        def run() -> RunRecord:
+            if long:  # from its latest checkpoint that loads
+                return self.checkpoints.run_resuming(lambda: TraceCollector(steps), train)
+            return train(Plan(watcher=TraceCollector(steps)) if main else None)
 
         for _ in range(_policy.MAX_RETRIES):
             try:

@@ -137,6 +137,7 @@ def prepare(
         reference=checked.reference,
         nproc_per_node=isolation.nproc_per_node if isolation is not None else 1,
         deepspeed=checked.deepspeed,
+        model=checked.model,
     )
     return Setup(
         spec=factory,

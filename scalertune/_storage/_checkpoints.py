@@ -8,6 +8,14 @@ checkpoint that is missing or damaged raises :class:`~scalertune._errors.Missing
 one line naming it and what is wrong: what the search does then (an earlier checkpoint, step
 0, a retry) is its caller's to say, never a verdict on a config.
 
+A manifest is a checksum, not a signature: whoever can write a checkpoint's file can write
+its manifest beside it. Where the user gives a study key (``SCALERTUNE_STUDY_KEY``, the same
+on every worker), each manifest also carries an HMAC-SHA256, under that key, of the
+checkpoint's name, step and file digest; with the key set, a checkpoint whose HMAC is missing
+or wrong is damaged, so that a file planted by someone who can write the store but does not
+hold the key is told apart from the study's own. The key is read from the environment when a
+manifest is written or checked, and is never stored, printed or put into a message.
+
 Names are fixed by what a checkpoint holds (``STUDY-TOKEN.reference-seed0-step750.pt``), so
 that a worker finds the checkpoints another wrote, in this process or an isolated run's,
 without an index; the study's name and instance token keep two studies of one name apart in
@@ -19,8 +27,10 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
+import re
 import shutil
 import tempfile
 from typing import IO, Any
@@ -30,6 +40,8 @@ from scalertune._storage._store import Store
 
 #: Bytes hashed at a time.
 _CHUNK = 2**20
+#: The environment variable that holds the study key (see the module's docstring).
+STUDY_KEY_VARIABLE = "SCALERTUNE_STUDY_KEY"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +73,12 @@ class StoredCheckpoint:
             else:
                 self.store.write(self.name, path)
             manifest = os.path.join(_scratch(), f"{self.name}.json.{os.getpid()}")
+            record: dict[str, Any] = {"sha256": digest, "bytes": size, "step": step}
+            signature = _signature(self.name, step, digest)
+            if signature is not None:
+                record["hmac"] = signature
             with open(manifest, "w", encoding="utf-8") as f:
-                json.dump({"sha256": digest, "bytes": size, "step": step}, f)
+                json.dump(record, f)
             self.store.write(self.name + ".json", manifest)
             os.remove(manifest)
         except Exception as exc:  # a full disk, a read-only folder, a bucket refusing
@@ -87,20 +103,34 @@ class StoredCheckpoint:
             raise MissingEvidence(f"{self.describe()} cannot be read: {_why(exc)}") from None
         try:
             found = json.loads(raw)
-            if {"sha256", "bytes", "step"} <= set(found):
-                return dict(found)
         except ValueError:
-            pass
-        raise MissingEvidence(f"{self.describe()} is damaged: its checksum record is not readable")
+            found = None
+        if (
+            not isinstance(found, dict)
+            or not isinstance(found.get("sha256"), str)
+            # a digest, never a path: the file of a bucket's checkpoint is named by it here
+            or not re.fullmatch("[0-9a-f]{64}", found["sha256"])
+            or type(found.get("bytes")) is not int
+            or type(found.get("step")) is not int
+        ):
+            raise MissingEvidence(
+                f"{self.describe()} is damaged: its checksum record is not readable"
+            )
+        return dict(found)
 
     def fetch(self) -> str:
         """The checkpoint's file, checked against its manifest, as a path on this machine;
         :class:`MissingEvidence` naming it when it is missing or damaged."""
+        return self.fetch_checked()[0]
+
+    def fetch_checked(self) -> tuple[str, dict[str, Any]]:
+        """:meth:`fetch`, with the manifest the file was checked against."""
         from optuna.artifacts.exceptions import ArtifactNotFound
 
         manifest = self.manifest()
         if manifest is None:
             raise MissingEvidence(f"{self.describe()} is missing")
+        self._check_signature(manifest)
         path = self.store.path(self.name)
         try:
             if path is None:
@@ -119,10 +149,44 @@ class StoredCheckpoint:
                 f"{self.describe()} is damaged: its file is {size} bytes with another checksum "
                 f"than the {manifest['bytes']} bytes written at step {manifest['step']}"
             )
-        return path
+        return path, manifest
+
+    def _check_signature(self, manifest: dict[str, Any]) -> None:
+        """:class:`MissingEvidence` when a study key is set and the manifest's HMAC is not
+        the one that key gives (none at all included)."""
+        expected = _signature(self.name, manifest["step"], manifest["sha256"])
+        if expected is None:
+            return
+        found = manifest.get("hmac")
+        if not isinstance(found, str):
+            raise MissingEvidence(
+                f"{self.describe()} is damaged: it carries no signature, and "
+                f"{STUDY_KEY_VARIABLE} is set (a worker without the key wrote it, or "
+                "someone else did)"
+            )
+        if not hmac.compare_digest(found, expected):
+            raise MissingEvidence(
+                f"{self.describe()} is damaged: its signature is not the study key's "
+                "(written under another key, or by someone without it)"
+            )
 
     def describe(self) -> str:
         return f"checkpoint {self.name} in {self.store.location}"
+
+
+def _signature(name: str, step: int, digest: str) -> str | None:
+    """The HMAC-SHA256 of a checkpoint's name, step and file digest under the study key;
+    ``None`` when no key is set. The key stays in this function."""
+    key = os.environ.get(STUDY_KEY_VARIABLE)
+    if not key:
+        return None
+    message = json.dumps([name, step, digest]).encode("utf-8")
+    return hmac.new(key.encode("utf-8"), message, hashlib.sha256).hexdigest()
+
+
+def digest_of_file(path: str) -> str:
+    """The SHA-256 of the file at ``path``, as a manifest holds it."""
+    return _digest_of_file(path)[0]
 
 
 def _why(exc: BaseException) -> str:

@@ -40,7 +40,7 @@ import torch
 
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import UsageError
-from scalertune._frameworks import _deepspeed
+from scalertune._frameworks import _deepspeed, _deepspeed_private
 from scalertune._frameworks._transformers import micro_batch, trainer_device
 from scalertune._workload._contract import Workload, from_result
 from scalertune._workload._groups import Groups
@@ -130,15 +130,8 @@ def _refuse_engines(result: Mapping[str, Any]) -> None:
     """An engine ``deepspeed.initialize`` already made has its precision fixed: refused."""
     for key in ("model", "optimizer"):
         value = result.get(key)
-        if type(value).__name__ in ("DeepSpeedEngine", "DeepSpeedZeroOptimizer") or (
-            isinstance(value, torch.nn.Module)
-            and any(hasattr(p, "ds_id") or hasattr(p, "_hp_mapping") for p in value.parameters())
-        ):
-            raise UsageError(
-                f"the factory's {key} was made by deepspeed.initialize already: return the "
-                "model and optimizer before it (each run makes its own engine, with the "
-                "run's precision)"
-            )
+        if _deepspeed_private.made_by_initialize(value):
+            _deepspeed.refuse_deepspeed(f"the factory's {key}", "initialized")
 
 
 def _factory_engine(
@@ -238,7 +231,7 @@ class EngineOptimizer(torch.optim.Optimizer):
     def state(self) -> Any:  # type: ignore[override]
         run = self._engines.current
         if run is not None:
-            return _deepspeed.base_optimizer(run.engine).state
+            return _deepspeed_private.base_optimizer(run.engine).state
         return {}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -334,11 +327,10 @@ def deepspeed_trainer_workload(
     ``deepspeed_init`` and ``accelerator.prepare`` make, with each run's precision in its
     DeepSpeed config (its ``fp16`` block, ``bf16``, ``gradient_clipping``)."""
     config = copy.deepcopy(_deepspeed.trainer_config(trainer))
-    _deepspeed.check_config(config, what="the Trainer's DeepSpeed config")
-    if _deepspeed.trainer_engine(trainer) is not None:
-        raise UsageError(
-            "the Trainer's DeepSpeed engine is made already (train() ran): return the Trainer "
-            "before train() (or a new one)"
+    _deepspeed.check_config(config, what="the Trainer's DeepSpeed config", trainer=True)
+    if _deepspeed_private.trainer_engine(trainer) is not None:
+        _deepspeed.refuse_deepspeed(
+            "the Trainer", "trained", todo="return the Trainer before train() (or a new one)"
         )
     if trainer_device(trainer).type != device.type:
         raise UsageError(
@@ -386,7 +378,8 @@ def _trainer_run(
     _deepspeed.set_trainer_precision(trainer, config)
     engine = _deepspeed.init_trainer_engine(trainer, max_steps)
     run = _deepspeed.DeepSpeedRun(engine, source=trainer)
-    trainer.accelerator.backward = functools.partial(_deepspeed.trainer_backward, trainer, run)
+    backward = functools.partial(_deepspeed.trainer_backward, trainer, run)
+    _deepspeed_private.replace_backward(trainer.accelerator, backward)
     return run
 
 

@@ -25,8 +25,7 @@ import torch
 
 from scalertune._errors import UsageError
 from scalertune._frameworks._deepspeed import is_deepspeed_trainer
-from scalertune._frameworks._lightning import lightning_package
-from scalertune._frameworks._transformers import is_trainer
+from scalertune._frameworks._detect import LIGHTNING, TRANSFORMERS, trainer_framework
 from scalertune._workload._accelerate import accelerate_workload
 from scalertune._workload._contract import Workload, check_workload, from_result
 from scalertune._workload._deepspeed import deepspeed_trainer_workload, deepspeed_workload
@@ -86,9 +85,10 @@ def read_result(
 ) -> Workload:
     """The workload a factory's result describes (see the module's docstring); ``again``
     calls the factory afresh, for a DeepSpeed workload's second engine."""
-    if is_trainer(result):
+    kind = trainer_framework(result)
+    if kind == TRANSFORMERS:
         return _trainer_workload(result, device=device, horizon=None, again=again)
-    if lightning_package(result, "Trainer") is not None:
+    if kind == LIGHTNING:
         raise UsageError(
             "a Lightning Trainer comes with its LightningModule and data: return "
             "{'trainer': trainer, 'model': module, 'batches': train_dataloader "
@@ -103,10 +103,11 @@ def read_result(
     if "trainer" not in result:
         return from_result(result)
     trainer = result["trainer"]
-    if is_trainer(trainer):
+    kind = trainer_framework(trainer)
+    if kind == TRANSFORMERS:
         _only(result, ("trainer", "horizon"), "a Hugging Face Trainer")
         return _trainer_workload(trainer, device=device, horizon=result.get("horizon"), again=again)
-    if lightning_package(trainer, "Trainer") is not None:
+    if kind == LIGHTNING:
         _only(result, ("trainer", "model", "batches", "horizon"), "a Lightning Trainer")
         if "model" not in result or "batches" not in result:
             raise UsageError(

@@ -22,7 +22,8 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every RNG a workload draws from: Python's, NumPy's, torch's (and CUDA's, if in use)."""
+    """Every RNG a workload draws from: Python's, NumPy's, torch's (and CUDA's, if in use),
+    as tensors and plain data (NumPy's key as a list of ints), what a checkpoint holds."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -30,7 +31,9 @@ def rng_state() -> dict[str, Any]:
         import numpy
     except ImportError:
         return state
-    state["numpy"] = numpy.random.get_state()
+    name, key, position, has_gauss, gauss = numpy.random.get_state(legacy=True)
+    keys = numpy.asarray(key).tolist()
+    state["numpy"] = (str(name), keys, int(position), int(has_gauss), float(gauss))
     return state
 
 

@@ -66,17 +66,17 @@ from scalertune._amp._config import DeepSpeedFp16Config
 if __name__ == "__main__":
     # this script's own choice, as a search's processes make it: gloo's all-reduce, not
     # DeepSpeed's shared-memory one, which would be compiled first (a minute of a CPU)
-    import deepspeed.ops
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    from scalertune._frameworks import _deepspeed_private
+    _deepspeed_private.leave_shared_memory_unbuilt()
     out = {{}}
     for name, config in (("best", {path!r}), ("high", DeepSpeedFp16Config(
             init_scale=2.0**24, hysteresis=1, growth_interval=10, clip_norm=1.0))):
         trainer = dsw.trainer(output_dir={out!r})
         amp = scalertune.attach(trainer, config, best_amp=name == "best")
         trainer.train()
-        plugin = trainer.accelerator.state.deepspeed_plugin
+        config = _deepspeed_private.trainer_config(trainer)
         out[name] = {{"engine": trainer.model_wrapped.skipped_steps, "amp": amp.skipped_steps,
-                     "steps": amp.steps, "fp16": plugin.deepspeed_config["fp16"]}}
+                     "steps": amp.steps, "fp16": config["fp16"]}}
     print(json.dumps(out))
 """
 

@@ -1,7 +1,8 @@
 """Evidence that survives several hosts, a storage outage and a lost checkpoint: a search over a
 horizon, through the real command line, whose workers start in different folders (as on other
 hosts), share an S3 bucket, find float32's checkpoints gone after the reference, ride out a
-PostgreSQL outage, or cannot write their YAML, ends with the AMP answer of the same search
+PostgreSQL outage, find a checkpoint planted to run code or another model's in its place, or
+cannot write their YAML, ends with the AMP answer of the same search
 undisturbed, and never prints a password. (A checkpoint damaged as its worker dies, and
 rerun after rerun, is the fault loop's: ``test_faults.py``.)"""
 
@@ -196,15 +197,43 @@ def test_workers_share_the_evidence_through_an_s3_bucket(tmp_path, undisturbed):
     assert pictures and pictures <= keys
 
 
+@pytest.mark.parametrize("how", ["gone", "foreign"])
 def test_float32s_checkpoints_lost_after_the_reference_are_rebuilt_not_judged(
-    tmp_path, undisturbed
+    tmp_path, undisturbed, how
 ):
-    """Every checkpoint the reference saved is lost once it is stored: the runs that need one
-    rebuild it (float32 trained again from the last good one before it), and the answer is
-    the undisturbed one, never 'no AMP config held'."""
-    ((code, out, err),) = _finish(_search("study.log", tmp_path, launcher=("lose", "gone")))
+    """Every checkpoint the reference saved at a phase is lost once it is stored, or
+    replaced by another model's (with a matching manifest, found only as a run loads it):
+    the runs that need one rebuild it (float32 trained again from the last good one before
+    it), and the answer is the undisturbed one, never 'no AMP config held'."""
+    ((code, out, err),) = _finish(_search("study.log", tmp_path, launcher=("lose", how)))
     assert code == 0, err
     assert "to rebuild it" in err and "no AMP config" not in out
+    assert how != "foreign" or "was saved from another model" in err
+    assert _answer(tmp_path / "amp.yaml") == undisturbed["answer"]
+    study = _study(str(tmp_path / "study.log"))
+    _nothing_failed(study)
+    reference_is_float32s_own(study, HORIZON)
+
+
+def test_a_checkpoint_planted_to_run_code_never_runs_and_the_rerun_gives_the_answer(
+    tmp_path, undisturbed, monkeypatch
+):
+    """Someone who can write the artifact store but not the workers replaces the reference's
+    first checkpoint, while it trains, with a pickle that runs a command on load, and
+    rewrites its manifest to match; the worker is killed. The same command run again runs
+    nothing from the file, names it damaged in one line, trains float32 from step 0 and
+    gives the undisturbed answer."""
+    mark = tmp_path / "planted-ran"
+    monkeypatch.setenv("SCALERTUNE_TEST_PLANTED", str(mark))
+    planted = _search("study.log", tmp_path, launcher=("checkpoint", "planted", "1"))
+    ((code, _, err),) = _finish(planted)
+    assert code == -9, err
+    ((code, out, err),) = _finish(_search("study.log", tmp_path))
+    assert code == 0, err
+    assert not mark.exists()
+    damaged = [line for line in err.splitlines() if "is damaged" in line]
+    assert len(damaged) == 1 and "its pickle asks for more than tensors" in damaged[0]
+    assert damaged[0].endswith("falling back to an earlier checkpoint")
     assert _answer(tmp_path / "amp.yaml") == undisturbed["answer"]
     study = _study(str(tmp_path / "study.log"))
     _nothing_failed(study)

@@ -44,8 +44,14 @@ N_TRIALS, STEPS = 3, 20
 FAULTS = ("none", "int", "int-int", "term", "kill", "int@write", "term@write", "kill@write")
 #: ... on PostgreSQL, the database closed to every worker for a few seconds at that moment;
 OUTAGE = "outage"
-#: ... over a horizon, its N-th stored checkpoint damaged and the worker SIGKILLed at once.
-DAMAGED = tuple(f"{how}@checkpoint" for how in ("truncated", "emptied", "garbled", "gone"))
+#: ... with an S3 artifact store, its server (moto's) stopped for a few seconds and started;
+S3_OUTAGE = "s3-outage"
+#: ... over a horizon, its N-th stored checkpoint damaged (or replaced, with a manifest to
+#: match, by a pickle that runs a command on load, or by another model's checkpoint) and the
+#: worker SIGKILLed at once.
+DAMAGED = tuple(
+    f"{how}@checkpoint" for how in ("truncated", "emptied", "garbled", "gone", "planted", "foreign")
+)
 #: A search here makes a few hundred storage writes; N is drawn below this.
 WRITES = 400
 #: ... and, over ``HORIZON``, stores a few checkpoints (float32's, a finalist's own).
@@ -60,9 +66,12 @@ class Loop:
     faults: tuple = FAULTS
     horizon: bool = False
     own_folders: bool = False
+    #: The S3 endpoint (``conftest.S3Endpoint``) whose bucket is the artifact store, if any.
+    s3: object = None
 
     def args(self):
-        return ["--horizon", str(HORIZON)] if self.horizon else []
+        horizon = ["--horizon", str(HORIZON)] if self.horizon else []
+        return [*horizon, *(["--artifact-dir", self.s3.bucket] if self.s3 else [])]
 
 
 PLAIN = Loop()
@@ -85,7 +94,7 @@ def _command(storage, study, output, fault="none", rng=None, loop=PLAIN):
         str(STEPS),
         "--device",
         "cpu",
-        "-q",
+        *([] if loop.s3 else ["-q"]),  # an outage of the artifact store is said, not quiet
         "-o",
         output,
         *loop.args(),
@@ -162,9 +171,16 @@ def _faulted_workers(storage, study, workers, rng, cwd, loop):
             (i for i, f in enumerate(faults) if f not in ("none",) and "@" not in f),
             key=lambda _: rng.random(),
         ):
-            _wait_for_a_moment(storage, study, procs, rng)
+            if faults[i] == S3_OUTAGE:
+                _wait_for_a_checkpoint(loop.s3, procs)
+            else:
+                _wait_for_a_moment(storage, study, procs, rng)
             if faults[i] == OUTAGE:
                 _outage(storage, rng.uniform(1.0, 5.0))
+            elif faults[i] == S3_OUTAGE:
+                loop.s3.stop()
+                time.sleep(rng.uniform(1.0, 5.0))
+                loop.s3.start()
             else:
                 _hit(procs[i], faults[i], rng)
         out = []
@@ -200,6 +216,20 @@ def _wait_for_a_moment(storage, study, procs, rng):
             pass
         time.sleep(0.05)
     time.sleep(rng.uniform(0.0, 0.25))
+
+
+def _wait_for_a_checkpoint(s3, procs):
+    """Wait until the bucket holds a checkpoint whole (its manifest): the float32 reference
+    is saving its checkpoints, and the branches will read them."""
+    import boto3
+
+    client, bucket = boto3.client("s3"), s3.bucket[len("s3://") :]
+    deadline = time.monotonic() + STUCK_S
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        listed = client.list_objects_v2(Bucket=bucket).get("Contents", [])
+        if any(o["Key"].endswith(".pt.json") for o in listed):
+            return
+        time.sleep(0.05)
 
 
 def _handles_signals(proc):
@@ -262,7 +292,7 @@ def _check_exits(results, context):
         if fault.startswith("kill") or fault.endswith("@checkpoint"):
             # 0 when it finished, or another worker stored the checkpoints first
             assert code in (0, -signal.SIGKILL), f"{where}: exit {code}: {err}"
-        elif fault in ("none", OUTAGE):
+        elif fault in ("none", OUTAGE, S3_OUTAGE):
             assert code == 0, f"{where}: a worker nobody touched exited {code}: {err}"
         else:
             # 0 only when the search had finished before the signal arrived
@@ -379,6 +409,10 @@ def _rounds(storage, workers, cwd, loop=PLAIN):
         context = f"{storage} round {done} (SCALERTUNE_FAULT_SEED={SEED})"
         results = _faulted_workers(storage, study, workers, rng, cwd, loop)
         _check_exits(results, context)
+        if any(fault == S3_OUTAGE for fault, _, _ in results):  # and it was ridden out
+            said = "\n".join(err for _, _, err in results)
+            assert f"artifact store {loop.s3.bucket} is unreachable" in said, f"{context}: {said}"
+            assert f"artifact store {loop.s3.bucket} is back" in said, f"{context}: {said}"
         try:
             before = _finished(_study(storage, study).get_trials(deepcopy=False))
         except KeyError:  # every worker was stopped before it created the study
@@ -428,15 +462,35 @@ def test_faults_on_postgresql(tmp_path):
         _rounds(fresh(), 3, tmp_path, Loop(faults=(*FAULTS, OUTAGE)))
 
 
-def test_faults_over_a_horizon_with_each_worker_in_its_own_folder(tmp_path):
+def test_faults_over_a_horizon_with_each_worker_in_its_own_folder(tmp_path, monkeypatch):
     """Checkpoints in the study's artifact store, beside the journal file: a worker killed as
-    its checkpoint is damaged, and the others (started in other folders) go on."""
+    its checkpoint is damaged (or replaced by a pickle that runs a command on load, which no
+    worker ever runs), and the others (started in other folders) go on."""
+    mark = tmp_path / "planted-ran"
+    monkeypatch.setenv("SCALERTUNE_TEST_PLANTED", str(mark))
     _rounds(
         str(tmp_path / "study.log"),
         2,
         str(tmp_path),
         Loop(faults=("none", "kill", *DAMAGED), horizon=True, own_folders=True),
     )
+    assert not mark.exists()
+
+
+def test_an_s3_artifact_store_down_for_seconds_is_ridden_out_like_a_database(tmp_path):
+    """Over a horizon, every checkpoint in an S3 bucket, the workers in folders of their own
+    (as on their own hosts): the S3 endpoint is stopped for a few seconds at a random moment
+    and started again; the workers wait for it as for a database, within the same bound,
+    and the study holds what one uninterrupted search would."""
+    from conftest import s3_endpoint
+
+    with s3_endpoint() as s3:
+        _rounds(
+            str(tmp_path / "study.log"),
+            2,
+            str(tmp_path),
+            Loop(faults=("none", S3_OUTAGE), horizon=True, own_folders=True, s3=s3),
+        )
 
 
 # -- the same faults, replayed step by step where a random moment finds them only by chance --
@@ -764,3 +818,208 @@ def test_workers_opening_a_new_sqlite_file_at_once_all_open_it(tmp_path):
 def test_workers_opening_a_new_postgresql_database_at_once_all_open_it(tmp_path):
     with postgres_database("scalertune_cold") as fresh:
         _cold_starts(lambda i: fresh(), tmp_path)
+
+
+# -- a rank of a 2-process run killed at random points ------------------------------------------
+
+#: A rank is killed as it starts a step drawn up to this one: every run that trains gets there.
+RANK_KILL_STEPS = 10
+
+
+def _ranks_search(folder, kill=None):
+    """``scalertune search`` of a DDP factory that declares 2 ranks (gloo on the CPU), whose
+    rank ``kill[0]`` SIGKILLs itself as it starts step ``kill[2]`` of its ``kill[1]``-th run
+    that trains (``distributed_workloads.ddp_rank_killed``); exit status, output, study."""
+    import distributed_workloads
+
+    os.makedirs(folder, exist_ok=True)
+    marker = os.path.join(folder, "killed")
+    rank, run, step = kill or (0, 10**6, 1)
+    proc = _start(
+        [
+            sys.executable,
+            "-m",
+            "scalertune",
+            "search",
+            f"{distributed_workloads.HERE}:ddp_rank_killed",
+            "--steps",
+            str(STEPS),
+            "--n-trials",
+            "0",
+            "--space",
+            "float16",
+            "--device",
+            "cpu",
+            "--storage",
+            "study.log",
+            "--study-name",
+            "ranks",
+            "-o",
+            "amp.yaml",
+        ],
+        folder,
+        env={"SCALERTUNE_TEST_RANK_KILL": f"{marker}:{rank}:{run}:{step}"},
+    )
+    out, err = proc.communicate(timeout=STUCK_S * 2)
+    with open(os.path.join(folder, "amp.yaml"), encoding="utf-8") as f:
+        answer = yaml.safe_load(f)["evidence"]["best_amp"]["config"]
+    runs = os.path.getsize(f"{marker}.runs") if os.path.exists(f"{marker}.runs") else 0
+    return proc.returncode, out, err, answer, runs, os.path.exists(marker)
+
+
+def test_a_rank_killed_at_random_points_fails_its_run_naming_the_rank_and_the_answer_holds(
+    tmp_path,
+):
+    """Round after round, one rank of a run on 2 ranks is SIGKILLed at a random step of a
+    random run that trains (a float32 reference, a baseline, a sampled trial, a
+    confirmation): the search finishes by itself with exit status 0, the run fails naming
+    the rank and is run again, nothing is left RUNNING or WAITING, and the answer is the
+    one the same search gives undisturbed (the first round)."""
+    from scalertune._review._analyze import analyze
+
+    rng = random.Random(SEED)
+    deadline = time.monotonic() + BUDGET_S
+    code, out, err, undisturbed, runs, killed = _ranks_search(tmp_path / "undisturbed")
+    assert code == 0 and not killed and runs > 3, err
+    # the ranks every run trained on, in the summary and in the result file
+    assert ", 2 ranks per run" in out, out[:2000]
+    written = (tmp_path / "undisturbed" / "amp.yaml").read_text()
+    assert yaml.safe_load(written)["evidence"]["nproc_per_node"] == 2
+    done = 0
+    while done < ROUNDS and (done == 0 or time.monotonic() < deadline):
+        kill = (rng.randrange(2), rng.randrange(1, runs + 1), rng.randrange(2, RANK_KILL_STEPS))
+        context = f"rank round {done}: rank, run, step {kill} (SCALERTUNE_FAULT_SEED={SEED})"
+        folder = tmp_path / f"round{done}"
+        code, out, err, answer, _, killed = _ranks_search(folder, kill)
+        assert code == 0 and "Traceback" not in err, f"{context}: exit {code}: {err[-3000:]}"
+        assert killed, f"{context}: the rank was never killed"
+        assert answer == undisturbed, context
+        study = _study(str(folder / "study.log"), "ranks")
+        assert analyze(study).settings.nproc_per_node == 2, context
+        trials = study.get_trials(deepcopy=False)
+        assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+        (failed,) = [t for t in trials if t.state == TrialState.FAIL]
+        why = failed.user_attrs.get("error") or failed.user_attrs.get("missing")
+        assert why.startswith(f"rank {kill[0]} of 2: the trial's process was killed"), context
+        again = [
+            t
+            for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and t.number > failed.number
+            and all(
+                t.user_attrs.get(k) == failed.user_attrs.get(k)
+                for k in ("role", "seed", "config", "confirms", "baseline")
+            )
+        ]
+        assert again, f"{context}: the run the rank died in was not run again"
+        assert "Recommended:" in out, f"{context}: {out}"
+        done += 1
+
+
+# -- a team's load: 8 workers on one PostgreSQL, killed and cut off -----------------------------
+
+#: A search whose answer is the same however many workers share it (no sampled trial: which
+#: configs several workers sample depends on who asks first), over a horizon, so that there
+#: is work to share: references, baselines, branches, confirmations, checkpoints.
+LOAD_ARGS = ["--steps", "40", "--horizon", "200", "--n-trials", "0", "--space", "float16"]
+LOAD_WORKERS = 8
+
+
+def _load_command(storage, output):
+    return [
+        sys.executable,
+        "-m",
+        "scalertune",
+        "search",
+        spec("healthy"),
+        "--storage",
+        storage,
+        "--study-name",
+        "load",
+        "--device",
+        "cpu",
+        "-q",
+        "-o",
+        output,
+        *LOAD_ARGS,
+    ]
+
+
+def _load_answer(path):
+    with open(path, encoding="utf-8") as f:
+        evidence = yaml.safe_load(f)["evidence"]
+    assert "missing" not in evidence, path
+    return evidence["best_amp"]["config"]
+
+
+def _load_moment(procs, rng):
+    """A random moment once every worker handles signals: within the first seconds of the
+    search, while the workers claim the references, the baselines and the branches."""
+    deadline = time.monotonic() + STUCK_S
+    while time.monotonic() < deadline and not all(_handles_signals(p) for p in procs):
+        time.sleep(0.01)
+    time.sleep(rng.uniform(0.2, 3.0))
+
+
+@needs_postgres
+def test_eight_workers_on_one_postgresql_killed_and_cut_off_lose_nothing(tmp_path):
+    """A team's load: 8 workers start on one study at once; at random moments a few are
+    SIGKILLed and the database is closed to every worker for a few seconds (what a server
+    restart looks like to them, on this test's database alone). The workers left finish, the
+    same command run once more finishes the study, and then nothing is RUNNING or WAITING,
+    no run's evidence is missing, no run was trained twice but a declared retry, and the
+    answer is the one a single worker gives."""
+    rng = random.Random(SEED)
+    single = _start(_load_command(str(tmp_path / "single.log"), "single.yaml"), tmp_path)
+    assert single.wait(timeout=STUCK_S) == 0, single.stderr.read()
+    with postgres_database("scalertune_load") as fresh:
+        storage = fresh()
+        procs = [
+            _start(_load_command(storage, f"w{i}.yaml"), tmp_path) for i in range(LOAD_WORKERS)
+        ]
+        killed = set(rng.sample(range(LOAD_WORKERS), 3))
+        hits = [*(("kill", i) for i in killed), ("outage", None)]
+        rng.shuffle(hits)
+        deadline = time.monotonic() + STUCK_S
+        try:
+            for what, i in hits:
+                _load_moment(procs, rng)
+                if what == "outage":
+                    _outage(storage, rng.uniform(1.0, 5.0))
+                else:
+                    _hit(procs[i], "kill", rng)
+            codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        for i, (code, proc) in enumerate(zip(codes, procs)):
+            err = proc.stderr.read()
+            assert "Traceback" not in err, f"worker {i}: {err}"
+            assert code in ((0, -signal.SIGKILL) if i in killed else (0,)), f"worker {i}: {err}"
+        resume = _start(_load_command(storage, "load.yaml"), tmp_path)
+        assert resume.wait(timeout=STUCK_S) == 0, resume.stderr.read()
+        study = _study(storage, "load")
+        trials = study.get_trials(deepcopy=False)
+        assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+        from scalertune._storage._recovery import missing_of
+
+        assert not missing_of(trials)
+        done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        runs = collections.Counter(
+            json.dumps(
+                {k: t.user_attrs.get(k) for k in ("role", "seed", "config", "baseline", "confirms")}
+                | {"phase": t.user_attrs.get("phase_start")},
+                sort_keys=True,
+            )
+            for t in done
+            if "duplicate_of" not in t.user_attrs
+        )
+        assert all(n == 1 for n in runs.values()), [r for r, n in runs.items() if n > 1]
+        retries = collections.Counter(
+            t.system_attrs["failed_trial"] for t in done if "failed_trial" in t.system_attrs
+        )
+        assert all(n == 1 for n in retries.values()), retries
+        reference_is_float32s_own(study, 200)
+        assert _load_answer(tmp_path / "load.yaml") == _load_answer(tmp_path / "single.yaml")
+        _STORAGES.pop(storage, None)

@@ -364,3 +364,44 @@ def test_dashboard_on_a_storage_without_studies_is_a_usage_error(tmp_path):
     optuna.storages.RDBStorage(url).remove_session()
     proc = run_cli("dashboard", "--storage", url, cwd=tmp_path)
     assert proc.returncode == 2 and "holds no study" in proc.stderr, proc.stderr
+
+
+def _study_on_a_journal(tmp_path):
+    from scalertune._storage._open import open_storage
+
+    optuna.create_study(study_name="s", storage=open_storage(str(tmp_path / "study.log")))
+    return "study.log"
+
+
+def test_dashboard_on_an_address_other_than_loopback_says_who_can_read_it(tmp_path):
+    """192.0.2.1 is a documentation address no machine here has: the server cannot bind it
+    (one line, exit 2) and no packet is sent, but the line about who reads the study comes
+    first."""
+    storage = _study_on_a_journal(tmp_path)
+    proc = run_cli("dashboard", "--storage", storage, "--host", "192.0.2.1", cwd=tmp_path)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert lines[0].startswith("--host 192.0.2.1 is not a loopback address: optuna-dashboard")
+    assert "has no login, so anyone who reaches http://192.0.2.1:8080/dashboard reads" in lines[0]
+    assert [line for line in lines if "loopback" in line] == lines[:1]
+    assert lines[-1].endswith(
+        "error: cannot serve at 192.0.2.1:8080: Cannot assign requested address: pass "
+        "another --host or --port"
+    )
+    assert "Traceback" not in proc.stderr
+
+
+def test_dashboard_on_loopback_says_nothing_of_who_can_read_it(tmp_path):
+    import socket
+
+    storage = _study_on_a_journal(tmp_path)
+    with socket.socket() as taken:  # a port in use: the server stops in one line
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_cli("dashboard", "--storage", storage, "--port", port, cwd=tmp_path)
+    assert proc.returncode == 2 and "loopback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1].endswith(
+        f"error: cannot serve at 127.0.0.1:{port}: Address already in use: pass another "
+        "--host or --port"
+    )

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import scalertune
-from scalertune import AmpConfig, SearchSpace, UsageError
+from scalertune import AmpConfig, CheckPolicy, SearchSpace, UsageError
 from scalertune._amp._config import DEEPSPEED_BASELINES, DeepSpeedFp16Config
 from scalertune._amp._schema import write_result
 from scalertune._judge._rank import skip_tolerance
@@ -85,8 +85,8 @@ def test_a_float16_branch_starts_from_float32s_checkpoint_as_float32_goes_on(tmp
     )
     again = run_config(dsw.regression, float32, steps=40, seed=0, device=CPU, plan=Plan(path))
     assert again.losses == reference.losses[20:]  # the optimizer's state, exactly
-    scaler = {"scale": 512.0, "cur_scale": 512.0, "cur_hysteresis": 1, "cur_iter": 20}
-    scaler["last_overflow_iter"] = 15  # no growth due at once
+    scaler = {"scale": 512.0, "hysteresis": 1, "iteration": 20}
+    scaler["last_overflow"] = 15  # no growth due at once
     branch = run_config(
         dsw.regression,
         HIGH,
@@ -224,3 +224,31 @@ def test_a_deepspeed_trainer_refuses_what_its_engine_cannot_take_in_one_line():
     init_trainer_engine(trainer, 2)  # what train() does first
     with pytest.raises(UsageError, match="engine is made already"):
         scalertune.attach(trainer, HIGH)
+
+
+def test_a_run_deepspeed_ends_at_its_floor_is_pruned_saying_so():
+    floor = DeepSpeedFp16Config(init_scale=2.0**20, hysteresis=1, min_loss_scale=2**18)
+    record = run_config(dsw.regression, floor, steps=20, seed=0, device=CPU)
+    assert record.prune_kind == "scale-collapse" and record.steps_run == 2
+    assert "minimum loss scale (262144)" in record.prune_reason
+    with pytest.raises(Exception, match="Current loss scale already at minimum"):
+        dsw.deepspeed_training(dsw.regression, floor.fp16_block(), 20)  # DeepSpeed's own
+
+
+def test_an_attached_deepspeed_trainer_trains_without_the_in_run_checks_float32_forward():
+    """DeepSpeed's engine casts the model itself to float16 and keeps the float32 master
+    weights in its optimizer: a float32 forward at the model's weights is no float32 check,
+    so attach leaves the check out, whatever ``check=`` asks for."""
+    from scalertune._frameworks._deepspeed import process_group
+
+    process_group()  # the environment torchrun gives a Trainer's process
+    trainer = dsw.trainer(max_steps=3)
+    amp = scalertune.attach(trainer, HIGH, check=CheckPolicy(every=1))
+    forwards = []
+    trainer.model.register_forward_pre_hook(
+        lambda module, args: forwards.append(next(module.parameters()).dtype)
+    )
+    trainer.train()
+    assert amp.check is None and amp.steps == 3 and amp.skipped_steps > 0
+    assert forwards == [torch.float16] * 3  # one forward a step, the engine's own
+    assert amp.skipped_steps == trainer.model_wrapped.skipped_steps

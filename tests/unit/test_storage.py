@@ -2,6 +2,7 @@
 (real SQLite locks), checkpoints that carry their checksum in folders and buckets."""
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -307,3 +308,67 @@ def test_a_long_run_also_saves_every_few_minutes_into_two_slots_in_turn(tmp_path
     assert steps == [40, 50] and fixed.manifest()["step"] == 20
     never = SaveSchedule({20: fixed}, slots=slots, every_s=300.0)
     assert 10 not in never and 10 not in never and 20 in never
+
+
+# -- a study key: manifests signed, planted files told apart ------------------------------------
+
+KEY, OTHER_KEY = "a study key 7f3c9e", "another key 1b2d4a"
+
+
+def test_with_a_study_key_a_planted_checkpoint_with_a_matching_checksum_is_refused(
+    tmp_path, monkeypatch
+):
+    """Whoever can write the store can rewrite a manifest's checksum, not its signature."""
+    from fault_launcher import damage
+
+    from scalertune._errors import MissingEvidence
+
+    monkeypatch.setenv("SCALERTUNE_STUDY_KEY", KEY)
+    stored, after = _saved(str(tmp_path / "artifacts"))
+    manifest = stored.manifest()
+    assert len(manifest["hmac"]) == 64 and KEY not in json.dumps(manifest)
+    assert _branch(stored.fetch()) == after
+    monkeypatch.setenv("SCALERTUNE_TEST_PLANTED", str(tmp_path / "ran"))
+    damage(stored, "planted")  # the file and its checksum replaced, the signature kept
+    with pytest.raises(MissingEvidence) as refused:
+        stored.fetch()
+    said = str(refused.value)
+    assert "is damaged: its signature is not the study key's" in said and KEY not in said
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_checkpoint_signed_under_another_key_or_none_is_refused_where_a_key_is_set(
+    tmp_path, monkeypatch
+):
+    from scalertune._errors import MissingEvidence
+
+    monkeypatch.setenv("SCALERTUNE_STUDY_KEY", OTHER_KEY)
+    signed, after = _saved(str(tmp_path / "signed"))
+    monkeypatch.delenv("SCALERTUNE_STUDY_KEY")
+    unsigned, _ = _saved(str(tmp_path / "unsigned"))
+    assert "hmac" not in unsigned.manifest()
+    # without a key nothing is checked: a key adds a check, it takes nothing away
+    assert _branch(signed.fetch()) == after and _branch(unsigned.fetch()) == after
+    monkeypatch.setenv("SCALERTUNE_STUDY_KEY", KEY)
+    with pytest.raises(MissingEvidence, match="its signature is not the study key's") as other:
+        signed.fetch()
+    with pytest.raises(MissingEvidence, match="carries no signature") as none:
+        unsigned.fetch()
+    for said in (str(other.value), str(none.value)):
+        assert KEY not in said and OTHER_KEY not in said and "\n" not in said
+
+
+@pytest.mark.parametrize(
+    "digest", ["../../escaped", "A" * 64, 64], ids=["a-path", "not-hex", "not-text"]
+)
+def test_a_manifest_whose_digest_is_not_one_is_damaged(tmp_path, digest):
+    """A bucket's checkpoint is fetched into a file named by its digest: never a path."""
+    import io
+
+    from scalertune._errors import MissingEvidence
+
+    stored, _ = _saved(str(tmp_path / "artifacts"))
+    manifest = {**stored.manifest(), "sha256": digest}
+    stored.store.inner.write(stored.name + ".json", io.BytesIO(json.dumps(manifest).encode()))
+    with pytest.raises(MissingEvidence, match="its checksum record is not readable"):
+        stored.fetch()

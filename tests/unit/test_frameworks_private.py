@@ -1,0 +1,527 @@
+"""Each framework internal that scalertune relies on, checked against the installed framework:
+the modules that list them (``scalertune._frameworks._accelerate_private``,
+``_transformers_private``, ``_lightning_private``, ``_deepspeed_private``) do what their
+callers expect, each name
+and each replaced or overridden method is one the framework has and calls. A new release that
+moves one fails here, by name, before a search or a training meets it; ``pyproject.toml``
+bounds each framework to the releases this file passed on, and a release outside the bound
+(or one without a listed name) is refused in one line naming the releases to install."""
+
+import inspect
+import pathlib
+import re
+import types
+
+import deepspeed_workloads as dsw
+import pytest
+import tomllib
+import torch
+import trainers
+from torch import nn
+
+import scalertune
+from scalertune._amp._config import DeepSpeedFp16Config
+from scalertune._frameworks import (
+    _accelerate_private,
+    _deepspeed,
+    _deepspeed_private,
+    _lightning_private,
+    _releases,
+    _transformers_private,
+)
+
+#: How the package spells a framework's private name (DeepSpeed's, and those of the Trainer's
+#: DeepSpeed side, from the second line on).
+PRIVATE = re.compile(
+    r"\._models\b|\._optimizers\b|_is_overflow|_set_sync_gradients|_configure_optimizers"
+    r"|_configure_schedulers_automatic_opt|_lightning_optimizers"
+    r"|(?<!fp16)\.loss_scaler\b|__compatible_ops__|is_fp16_supported =|\bds_id\b|_hp_mapping"
+    r"|\.optimizer\.optimizer\b|deepspeed_plugin|hf_ds_config|deepspeed_engine_wrapped"
+    r"|integrations\.deepspeed import|DummyScheduler|\.model_wrapped ="
+)
+ROOT = pathlib.Path(scalertune.__file__).parents[1]
+
+
+def _accelerator():
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=True)
+
+
+def _prepared():
+    accelerator = _accelerator()
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return accelerator, *accelerator.prepare(model, optimizer)
+
+
+# --- Accelerate -----------------------------------------------------------------------------
+
+
+def test_prepared_anything_and_its_optimizers_are_what_prepare_made():
+    accelerator = _accelerator()
+    assert not _accelerate_private.prepared_anything(accelerator)
+    assert _accelerate_private.prepared_optimizers(accelerator) == []
+    model = nn.Linear(4, 1)
+    accelerator.prepare(model)
+    assert _accelerate_private.prepared_anything(accelerator)
+    optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert _accelerate_private.prepared_optimizers(accelerator) == [optimizer]
+
+
+def test_a_step_marked_skipped_is_what_step_was_skipped_and_the_accelerator_read():
+    accelerator, _, optimizer = _prepared()
+    for skipped in (True, False):
+        _accelerate_private.set_step_skipped(optimizer, skipped)
+        assert optimizer.step_was_skipped is skipped
+        assert accelerator.optimizer_step_was_skipped is skipped
+
+
+def test_the_sync_flag_is_the_one_the_accelerator_and_its_no_sync_read():
+    accelerator, model, _ = _prepared()
+    for sync in (False, True):
+        _accelerate_private.set_sync_gradients(accelerator, sync)
+        assert accelerator.sync_gradients is sync
+        assert accelerator.gradient_state.sync_gradients is sync
+
+
+def test_every_replaced_method_is_one_accelerate_itself_calls():
+    """Replaced on one Accelerator, each is called by Accelerate's own prepare(), backward
+    and clip_grad_norm_: what the runtime puts there is what runs."""
+    accelerator = _accelerator()
+    called = []
+    for name in ("backward", "prepare_model", "prepare_optimizer", "unscale_gradients"):
+        original = getattr(accelerator, name)
+
+        def record(*args, _name=name, _original=original, **kwargs):
+            called.append(_name)
+            return _original(*args, **kwargs)
+
+        setattr(accelerator, name, record)
+    model = nn.Linear(4, 1)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loss = model(torch.ones(2, 4)).sum()
+    accelerator.backward(loss)
+    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+    assert sorted(set(called)) == sorted(_accelerate_private.REPLACED[:4])
+
+
+def test_the_replaced_scaler_and_autocast_switch_are_the_ones_prepare_reads():
+    """With its autocast switch on, prepare_model puts Accelerate's autocast wrapper on the
+    forward; off, as the route sets it, the forward is the model's; prepare_optimizer hands
+    the Accelerator's scaler to the optimizer it makes."""
+    switched_on, switched_off = _accelerator(), _accelerator()
+    switched_on.native_amp, switched_off.native_amp = True, False
+    for accelerator, wrapped in ((switched_on, True), (switched_off, False)):
+        model = nn.Linear(4, 1)
+        forward = model.forward
+        assert (accelerator.prepare_model(model).forward != forward) is wrapped
+    scaler = torch.amp.GradScaler("cpu")
+    switched_off.scaler = scaler
+    optimizer = switched_off.prepare_optimizer(torch.optim.SGD(nn.Linear(4, 1).parameters()))
+    assert optimizer.scaler is scaler
+    assert {"native_amp", "scaler"} == set(_accelerate_private.REPLACED[4:])
+
+
+def test_a_prepared_optimizers_step_is_the_method_an_lr_scheduler_wraps():
+    accelerator, model, optimizer = _prepared()
+    assert _accelerate_private.OPTIMIZER_REPLACED == ("step",)
+    calls = []
+    accelerated = type(optimizer).step
+
+    def step(self, *args, **kwargs):
+        calls.append(1)
+        return accelerated(self, *args, **kwargs)
+
+    optimizer.step = types.MethodType(step, optimizer)  # a method, as the route sets it
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    before = model.weight.detach().clone()
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    assert calls == [1] and not torch.equal(before, model.weight)
+
+
+# --- transformers ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_trainer():
+    return trainers.hf_trainer()
+
+
+def test_trains_steps_are_methods_train_calls_with_the_arguments_the_search_passes(hf_trainer):
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer)
+    for name in _transformers_private.TRAIN_STEPS:
+        assert f"self.{name}(" in source, name
+    parameters = {
+        name: list(inspect.signature(getattr(Trainer, name)).parameters)[1:]
+        for name in _transformers_private.TRAIN_STEPS
+    }
+    assert parameters["set_initial_training_values"][:2] == ["args", "dataloader"]
+    assert parameters["create_scheduler"][:2] == ["num_training_steps", "optimizer"]
+    assert parameters["get_batch_samples"][:3] == ["epoch_iterator", "num_batches", "device"]
+    assert parameters["training_step"][:3] == ["model", "inputs", "num_items_in_batch"]
+    loader = hf_trainer.get_train_dataloader()
+    max_steps = hf_trainer.set_initial_training_values(hf_trainer.args, loader)[-1]
+    assert max_steps == trainers.HF_STEPS
+    micro, items = hf_trainer.get_batch_samples(iter(loader), 2, hf_trainer.args.device)
+    assert len(micro) == 2 and int(items) > 0
+
+
+def test_what_the_search_sets_on_a_trainer_is_what_its_steps_read(hf_trainer):
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer.training_step)
+    assert "self.current_gradient_accumulation_steps" in source
+    assert _transformers_private.SET[0] == "current_gradient_accumulation_steps"
+    for path in _transformers_private.SET[1:]:
+        owner, _, name = path.rpartition(".")
+        assert hasattr(getattr(hf_trainer, owner), name), path
+    for name in _transformers_private.READ:
+        assert hasattr(hf_trainer, name), name
+    assert hf_trainer.is_deepspeed_enabled is False and hf_trainer.is_fsdp_enabled is False
+
+
+def test_a_trl_trainer_is_checked_against_trls_bound_too(monkeypatch):
+    trainer = trainers.sft_trainer()
+    _transformers_private.check(trainer)
+    monkeypatch.setattr(
+        _releases, "_installed", lambda d: "99.0.0" if d == "trl" else _installed(d)
+    )
+    with pytest.raises(scalertune.UsageError, match=r"pip install 'trl>=0\.19,<1\.17'$"):
+        scalertune.attach(trainer, scalertune.AmpConfig())
+
+
+#: The installed releases, as read before a test pretends another.
+_installed = _releases._installed
+
+
+# --- DeepSpeed ------------------------------------------------------------------------------
+
+
+def _engine(fp16=None):
+    parts = dsw.regression()
+    config = {**dsw.CONFIG, "fp16": fp16 or {"enabled": False}}
+    return _deepspeed.initialize(parts["model"], parts["optimizer"], config), parts
+
+
+def test_float16_trains_on_this_cpu_once_allowed():
+    from deepspeed.accelerator import get_accelerator
+
+    _deepspeed_private.allow_float16()
+    assert get_accelerator().is_fp16_supported()
+    engine, _ = _engine({"enabled": True})
+    assert engine.fp16_enabled() and next(engine.module.parameters()).dtype == torch.float16
+    engine.destroy()
+
+
+def test_a_search_compiles_no_shared_memory_all_reduce():
+    import deepspeed.comm.comm as comm
+    import deepspeed.ops
+
+    _deepspeed.process_group()
+    assert deepspeed.ops.__compatible_ops__[_deepspeed_private.SHARED_MEMORY_OP] is False
+    assert torch.distributed.get_world_size() == 1
+    assert comm.cdb is not None and comm.cdb.shm_comm_op is None
+
+
+def test_zeros_loss_scaler_holds_the_state_the_replay_keeps():
+    from scalertune._replay._deepspeed import DeepSpeedScaler, update_deepspeed_scales
+
+    block = {"enabled": True, "initial_scale_power": 20, "hysteresis": 2, "loss_scale_window": 3}
+    engine, parts = _engine(block)
+    overflows = []
+    for i in range(8):
+        x, y = parts["batches"][i]
+        engine.backward(parts["loss_fn"](engine(x.half()), y))
+        engine.step()
+        overflows.append(not engine.was_step_applied())
+    scales, _ = update_deepspeed_scales(overflows, DeepSpeedScaler.from_fp16_block(block))
+    state = _deepspeed_private.scaler_state(engine)
+    assert state["scale"] == _deepspeed_private.scale(engine) == scales[-1]
+    assert state["iteration"] == 8 and set(state) == set(_deepspeed_private.SCALER_FIELDS)
+    assert state["last_overflow"] == max(i for i, o in enumerate(overflows) if o)
+    _deepspeed_private.load_scaler_state(engine, {"scale": 8.0, "hysteresis": 1})
+    scaler = _deepspeed_private.loss_scaler(engine)
+    assert type(scaler).__name__ == "DynamicLossScaler"
+    assert (scaler.cur_scale, scaler.cur_hysteresis) == (8.0, 1)
+    x, y = parts["batches"][0]  # the next backward is scaled by the scale set
+    engine.backward(parts["loss_fn"](engine(x.half()), y))
+    engine.step()
+    assert engine.was_step_applied() and _deepspeed_private.scale(engine) == 8.0
+    engine.destroy()
+
+
+def test_the_base_optimizer_holds_the_step_count():
+    engine, parts = _engine()
+    x, y = parts["batches"][0]
+    for _ in range(3):
+        engine.backward(parts["loss_fn"](engine(x), y))
+        engine.step()
+    base = _deepspeed_private.base_optimizer(engine)
+    assert isinstance(base, torch.optim.Adam)
+    assert [float(s["step"]) for s in base.state.values()] == [3.0]
+    saved = _deepspeed.full_state(engine)
+    assert float(saved["scalars"]["step"]) == 3.0
+    assert set(saved["state"]) == {"exp_avg", "exp_avg_sq"}
+    engine.destroy()
+
+
+def test_the_error_at_the_minimum_scale_starts_with_its_words():
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+
+    scaler = DynamicLossScaler(
+        init_scale=1.0, scale_window=10, min_scale=1.0, delayed_shift=1,
+        consecutive_hysteresis=False, raise_error_at_min_scale=True,
+    )  # fmt: skip
+    with pytest.raises(Exception) as caught:
+        scaler.update_scale(True)
+    assert _deepspeed_private.at_minimum(caught.value)
+    assert not _deepspeed_private.at_minimum(RuntimeError("CUDA out of memory"))
+
+
+def test_what_deepspeed_initialize_made_is_told_from_what_it_did_not():
+    parts = dsw.regression()
+    assert not _deepspeed_private.made_by_initialize(parts["model"])
+    assert not _deepspeed_private.made_by_initialize(parts["optimizer"])
+    engine = _deepspeed.initialize(
+        parts["model"], parts["optimizer"], {**dsw.CONFIG, "fp16": {"enabled": False}}
+    )
+    for made in (engine, engine.optimizer, parts["model"]):  # its parameters are marked
+        assert _deepspeed_private.made_by_initialize(made), type(made).__name__
+    engine.destroy()
+
+
+def test_a_trainers_deepspeed_config_is_the_one_its_engine_is_made_from():
+    trainer = dsw.trainer(max_steps=2)
+    _deepspeed_private.check(trainer=True)
+    config = _deepspeed_private.trainer_config(trainer)
+    assert config is trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config
+    wanted = _deepspeed.engine_config(config, DeepSpeedFp16Config(init_scale=2.0**12))
+    _deepspeed.set_trainer_precision(trainer, wanted)
+    assert trainer.accelerator.state.deepspeed_plugin.hf_ds_config.dtype() == torch.float16
+    assert _deepspeed_private.trainer_engine(trainer) is None
+    engine = _deepspeed.init_trainer_engine(trainer, 2)  # deepspeed_init, then prepare
+    assert _deepspeed_private.trainer_engine(trainer) is engine
+    assert all(getattr(trainer, n) is engine for n in _deepspeed_private.TRAINER_SET)
+    assert engine.fp16_enabled() and _deepspeed_private.scale(engine) == 2.0**12
+    batch = trainer._prepare_inputs({"x": torch.ones(2)})  # what set_input_dtype set
+    assert batch["x"].dtype == torch.float16
+    engine.destroy()
+
+
+def test_a_config_scheduler_is_the_one_deepspeed_init_hands_on():
+    trainer = dsw.trainer(max_steps=2)
+    _deepspeed_private.trainer_config(trainer)["scheduler"] = {
+        "type": "WarmupLR",
+        "params": {"warmup_num_steps": 1},
+    }
+    _, scheduler = _deepspeed_private.deepspeed_init(trainer, 2)
+    assert _deepspeed_private.is_config_scheduler(scheduler)
+    plain = dsw.trainer(max_steps=2)
+    _, scheduler = _deepspeed_private.deepspeed_init(plain, 2)
+    assert scheduler is None or not _deepspeed_private.is_config_scheduler(scheduler)
+
+
+def test_the_replaced_backward_is_the_one_a_deepspeed_trainers_training_step_calls():
+    trainer = dsw.trainer(max_steps=2)
+    assert _deepspeed_private.REPLACED == ("backward",)
+    engine = _deepspeed.init_trainer_engine(trainer, 2)
+    called = []
+    _deepspeed_private.replace_backward(trainer.accelerator, lambda loss, **_: called.append(loss))
+    inputs = next(iter(trainer.get_train_dataloader()))
+    trainer.current_gradient_accumulation_steps = 1  # as the search sets it (and train())
+    trainer.training_step(engine, inputs)
+    assert len(called) == 1 and called[0].requires_grad
+    engine.destroy()
+
+
+# --- Lightning ------------------------------------------------------------------------------
+
+
+def _module(configure):
+    import lightning.pytorch as pl
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(4, 1)
+
+        def configure_optimizers(self):
+            return configure(self)
+
+    return Module()
+
+
+def test_configured_optimizers_read_every_shape_as_lightning_does():
+    def adam(module):
+        return torch.optim.Adam(module.parameters())
+
+    optimizers, configs = _lightning_private.configured_optimizers(_module(adam))
+    assert len(optimizers) == 1 and configs == []
+
+    def with_schedule(module):
+        optimizer = adam(module)
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, 10)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "frequency": 2}}
+
+    _, (config,) = _lightning_private.configured_optimizers(_module(with_schedule))
+    assert (config.interval, config.frequency, config.reduce_on_plateau) == ("epoch", 2, False)
+
+    def plateau(module):
+        optimizer = adam(module)
+        schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return [optimizer], [{"scheduler": schedule, "monitor": "train_loss"}]
+
+    _, (config,) = _lightning_private.configured_optimizers(_module(plateau))
+    assert config.reduce_on_plateau and config.monitor == "train_loss"
+    with pytest.raises(Exception, match="configure_optimizers"):
+        _lightning_private.configured_optimizers(_module(lambda module: "nonsense"))
+
+
+def test_a_modules_optimizers_are_what_it_reads_of_its_trainers_strategy():
+    import lightning.pytorch as pl
+
+    source = inspect.getsource(pl.LightningModule.optimizers)
+    assert f"self.trainer.strategy.{_lightning_private.STRATEGY_OPTIMIZERS}" in source
+    module = trainers.lightning_module()
+    workload = scalertune.lightning_workload(module, trainers.lightning_loader())
+    assert module.optimizers() is workload.optimizer
+
+
+def test_the_overridden_plugin_methods_and_the_set_attributes_are_lightnings():
+    from lightning.pytorch.plugins import precision
+
+    parameters = {
+        (cls, name): list(inspect.signature(getattr(getattr(precision, cls), name)).parameters)
+        for cls, names in _lightning_private.OVERRIDDEN.items()
+        for name in names
+    }
+    assert parameters[("MixedPrecision", "optimizer_step")][:4] == [
+        "self",
+        "optimizer",
+        "model",
+        "closure",
+    ]
+    assert (
+        parameters[("Precision", "optimizer_step")][:4]
+        == parameters[("MixedPrecision", "optimizer_step")][:4]
+    )
+    assert parameters[("MixedPrecision", "convert_module")] == ["self", "module"]
+    assert parameters[("MixedPrecision", "forward_context")] == ["self"]
+    trainer = trainers.lightning_trainer()
+    for path in _lightning_private.SET:
+        owner = trainer
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        assert hasattr(owner, name), path
+    module = trainers.lightning_module()
+    for name in (*_lightning_private.MODULE_SET, *_lightning_private.MODULE_CALLED):
+        assert hasattr(type(module), name), name
+
+
+# --- the bounds -----------------------------------------------------------------------------
+
+
+def test_the_bounds_are_the_ones_pyproject_declares_and_the_installed_releases_are_inside():
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["test"]
+    for releases in (
+        _accelerate_private.RELEASES,
+        _transformers_private.RELEASES,
+        _transformers_private.TRL_RELEASES,
+        _lightning_private.RELEASES["lightning"],
+        _deepspeed_private.RELEASES,
+    ):
+        assert releases.requirement in declared, releases.requirement
+        assert releases.takes(releases.installed()), releases.installed()
+        assert releases.installed().startswith(releases.checked + "."), releases.installed()
+
+
+@pytest.mark.parametrize("distribution", ["accelerate", "transformers", "lightning"])
+def test_a_release_outside_the_bound_is_refused_in_one_line_naming_the_releases(
+    distribution, monkeypatch
+):
+    trainer = {
+        "accelerate": _accelerator,
+        "transformers": trainers.hf_trainer,
+        "lightning": trainers.lightning_trainer,
+    }[distribution]()
+    monkeypatch.setattr(
+        _releases, "_installed", lambda d: "99.1.0" if d == distribution else _installed(d)
+    )
+    with pytest.raises(scalertune.UsageError) as refused:
+        scalertune.attach(trainer, scalertune.AmpConfig())
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"this is {distribution} 99.1.0: pip install '{distribution}>=" in message
+
+
+def test_a_deepspeed_release_outside_the_bound_is_refused_in_one_line(monkeypatch):
+    from scalertune._workload._factory import build_workload
+
+    monkeypatch.setattr(
+        _releases, "_installed", lambda d: "0.99.0" if d == "deepspeed" else _installed(d)
+    )
+    with pytest.raises(scalertune.UsageError) as refused:
+        build_workload(dsw.regression, seed=0, device=torch.device("cpu"))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.endswith("this is deepspeed 0.99.0: pip install 'deepspeed>=0.19,<0.20'")
+
+
+def test_a_deepspeed_release_without_a_listed_name_is_refused_in_one_line(monkeypatch):
+    import deepspeed.runtime.zero.stage_1_and_2 as zero
+
+    trainer = dsw.trainer(max_steps=2)
+    monkeypatch.delattr(zero, "DeepSpeedZeroOptimizer")  # a release that moved it
+    with pytest.raises(scalertune.UsageError) as refused:
+        scalertune.attach(trainer, DeepSpeedFp16Config())
+    assert str(refused.value) == (
+        f"deepspeed {_deepspeed_private.RELEASES.installed()} has no "
+        "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer, which scalertune relies "
+        "on: pip install 'deepspeed==0.19.*', the release it was checked on"
+    )
+
+
+def test_a_release_without_a_listed_name_is_refused_in_one_line_naming_the_release(monkeypatch):
+    accelerator = _accelerator()
+    # a release whose gradient state has no sync flag to set
+    monkeypatch.delattr(type(accelerator.gradient_state), "_set_sync_gradients")
+    with pytest.raises(scalertune.UsageError) as refused:
+        scalertune.attach(accelerator, scalertune.AmpConfig())
+    assert str(refused.value).endswith(
+        f"pip install 'accelerate=={_accelerate_private.RELEASES.checked}.*', "
+        "the release it was checked on"
+    )
+
+
+# --- the house rule -------------------------------------------------------------------------
+
+
+def test_the_frameworks_private_names_stand_in_their_modules_only():
+    """Accelerate's, Lightning's and DeepSpeed's modules name them (DeepSpeed's holds those
+    of the Trainer's DeepSpeed side too; transformers' has none of its own: the sync flag its
+    train() sets is Accelerate's), and so does this file."""
+    here = pathlib.Path(__file__).resolve()
+    allowed = {
+        pathlib.Path(m.__file__).resolve()
+        for m in (
+            _accelerate_private,
+            _transformers_private,
+            _lightning_private,
+            _deepspeed_private,
+        )
+    }
+    naming = sorted(
+        str(path.relative_to(ROOT))
+        for folder in ("scalertune", "tests", "benchmarks", "examples")
+        for path in (ROOT / folder).rglob("*.py")
+        if path.resolve() not in {here, *allowed} and PRIVATE.search(path.read_text())
+    )
+    assert naming == []
