@@ -15,8 +15,8 @@ trainer workloads share.
 - ``_accelerate_private``, ``_transformers_private``, ``_lightning_private``: each
   framework's internals that scalertune relies on (private names, replaced and overridden
   methods), in one module per framework, each entry checked by a test;
-- ``_deepspeed_private``: DeepSpeed's, and those of the Trainer's DeepSpeed side, the same
-  way.
+- ``_deepspeed_private``: DeepSpeed's own, the same way (what a Trainer made with
+  ``deepspeed=`` relies on of Accelerate and transformers is in their modules).
 
 The frameworks are imported only from the objects a user passes in: none is a dependency.
 """

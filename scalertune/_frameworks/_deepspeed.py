@@ -11,9 +11,10 @@ with the run's precision (:func:`engine_config`), and bound to the run's runtime
 :class:`DeepSpeedRun`: the runtime's skipped steps, the guard and the watch read what the
 engine decided (``engine.was_step_applied()``) and its scale.
 
-What of DeepSpeed (and of Hugging Face's DeepSpeed integration) is relied on beyond their
-documented API is in ``_deepspeed_private``, each entry checked by a test, and the release
-checked when a DeepSpeed workload or Trainer is handed over. DeepSpeed is imported where it
+What of DeepSpeed is relied on beyond its documented API is in ``_deepspeed_private``, and
+what a Trainer made with ``deepspeed=`` relies on of Accelerate and transformers is in
+``_accelerate_private`` and ``_transformers_private``: each entry checked by a test, and the
+releases checked when a DeepSpeed workload or Trainer is handed over. DeepSpeed is imported where it
 is used: it is no dependency of scalertune.
 """
 
@@ -37,6 +38,7 @@ import torch
 from scalertune._amp._config import AmpConfig, DeepSpeedFp16Config
 from scalertune._amp._engine import EngineStopped
 from scalertune._errors import UsageError
+from scalertune._frameworks import _accelerate_private, _transformers_private
 from scalertune._frameworks import _deepspeed_private as private
 
 #: The ZeRO stages a search trains in. Stage 0 (DeepSpeed's FP16_Optimizer) keeps its scale
@@ -52,10 +54,14 @@ def stage_of(config: Mapping[str, Any]) -> int:
     return int(stage) if isinstance(stage, int) and not isinstance(stage, bool) else -1
 
 
-def check_config(config: Any, *, what: str = "the DeepSpeed config", trainer: bool = False) -> None:
-    """Refuse, in one line, a DeepSpeed release scalertune was not checked on (with a
-    ``trainer``'s integration), or a DeepSpeed config it cannot train in."""
-    private.check(trainer=trainer)
+def check_config(config: Any, *, what: str = "the DeepSpeed config", trainer: Any = None) -> None:
+    """Refuse, in one line, a DeepSpeed release scalertune was not checked on (and the
+    internals a ``trainer`` made with ``deepspeed=`` relies on, where one is given), or a
+    DeepSpeed config it cannot train in."""
+    private.check()
+    if trainer is not None:
+        _transformers_private.check(trainer)
+        _transformers_private.check_deepspeed(trainer)
     if not isinstance(config, Mapping):
         raise UsageError(
             f"{what} is a {type(config).__name__}: give the config dict (or the path of "
@@ -427,19 +433,30 @@ def is_deepspeed_trainer(trainer: Any) -> bool:
 def trainer_config(trainer: Any) -> dict[str, Any]:
     """The DeepSpeed config a Trainer makes its engine from (its ``auto`` values filled from
     the ``TrainingArguments``, as far as they are known before ``train()``)."""
-    return private.trainer_config(trainer)
+    return _accelerate_private.deepspeed_config(trainer.accelerator)
+
+
+def trainer_engine(trainer: Any) -> Any:
+    """The engine ``trainer``'s ``train()`` made (``None`` before)."""
+    return _accelerate_private.deepspeed_engine(trainer.accelerator)
+
+
+def replace_trainer_backward(trainer: Any, backward: Any) -> None:
+    """``backward`` in place of the Trainer's Accelerator's: the backward (and, where the
+    gradients sync, the step) that ``training_step`` takes."""
+    _accelerate_private.replace_backward(trainer.accelerator, backward)
 
 
 def set_trainer_precision(trainer: Any, config: Mapping[str, Any]) -> None:
     """Make ``trainer``'s engine from ``config`` (a run's precision in the Trainer's own
     DeepSpeed config), casting floating inputs to its dtype as ``train()`` does."""
-    kept = private.trainer_config(trainer)
+    kept = trainer_config(trainer)
     kept.clear()
     kept.update(copy.deepcopy(dict(config)))
     bf16 = bool((config.get("bf16") or {}).get("enabled"))
     fp16 = bool((config.get("fp16") or {}).get("enabled"))
     dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
-    private.set_input_dtype(trainer, dtype)
+    _transformers_private.set_input_dtype(trainer, dtype)
     trainer.args.fp16, trainer.args.bf16 = fp16, bf16
 
 
@@ -449,16 +466,16 @@ def init_trainer_engine(trainer: Any, max_steps: int) -> Any:
     private.allow_float16()
     process_group()
     quiet_overflows()
-    optimizer, scheduler = private.deepspeed_init(trainer, max_steps)
+    optimizer, scheduler = _transformers_private.deepspeed_init(trainer, max_steps)
     accelerator = trainer.accelerator
-    if private.is_config_scheduler(scheduler):
+    if _accelerate_private.is_config_scheduler(scheduler):
         model, trainer.optimizer, trainer.lr_scheduler = accelerator.prepare(
             trainer.model, optimizer, scheduler
         )
     else:
         model, trainer.optimizer = accelerator.prepare(trainer.model, optimizer)
     trainer.create_scheduler(num_training_steps=max_steps)
-    private.set_trainer_engine(trainer, model)
+    _transformers_private.set_engine(trainer, model)
     return model
 
 
@@ -481,7 +498,7 @@ def attach_trainer(trainer: Any, amp: Any) -> None:
     the search tried, ``bf16``, ``gradient_clipping``), float16 allowed on a CPU, and the
     engine ``train()`` makes bound to ``amp`` at its first backward, so that ``amp`` counts
     and watches the steps DeepSpeed takes."""
-    if private.trainer_engine(trainer) is not None:
+    if trainer_engine(trainer) is not None:
         refuse_deepspeed("this Trainer", "trained", todo="attach to a new Trainer, before train()")
     config = amp.config
     if config.dtype == "float16" and not isinstance(config, DeepSpeedFp16Config):
@@ -489,19 +506,17 @@ def attach_trainer(trainer: Any, amp: Any) -> None:
     if amp.check is not None:
         refuse_deepspeed("this runtime", "in-run-check")
     current = trainer_config(trainer)
-    check_config(current, what="the Trainer's DeepSpeed config", trainer=True)
+    check_config(current, what="the Trainer's DeepSpeed config", trainer=trainer)
     set_trainer_precision(trainer, engine_config(current, config))
     trainer.args.max_grad_norm = config.clip_norm or 0.0  # DeepSpeed clips: the config says
     private.allow_float16()
     run = DeepSpeedRun(None, source=trainer)
     run.amp = amp
-    private.replace_backward(
-        trainer.accelerator, functools.partial(_attached_backward, trainer, run)
-    )
+    replace_trainer_backward(trainer, functools.partial(_attached_backward, trainer, run))
 
 
 def _attached_backward(trainer: Any, run: DeepSpeedRun, loss: torch.Tensor, **kwargs: Any) -> None:
     if run.engine is None:  # the engine train() made: bound at its first backward
-        run.engine = private.trainer_engine(trainer)
+        run.engine = trainer_engine(trainer)
         run.amp.bind(run)
     trainer_backward(trainer, run, loss, **kwargs)

@@ -1,15 +1,16 @@
-"""DeepSpeed's internals, and those of Hugging Face's DeepSpeed integration, in one place:
-what scalertune relies on that neither documents, and the methods it replaces.
+"""DeepSpeed's internals, in one place: what scalertune relies on of DeepSpeed that DeepSpeed
+does not document, and what it replaces.
 
 The documented API does most of the work (``deepspeed.initialize``, ``engine.backward``,
 ``engine.step``, ``engine.was_step_applied``, ``engine.destroy``, and the
 ``deepspeed.utils.safe_get_full_*``/``safe_set_full_*`` functions that read and write a
 parameter's whole gradient, master weight and optimizer state under ZeRO). No other module
-of the package names a private part of DeepSpeed, or of the Trainer's DeepSpeed side; each
-entry below is checked against the installed releases by
-``tests/unit/test_frameworks_private.py``, and ``pyproject.toml`` bounds deepspeed to the
-releases those tests passed on (:data:`RELEASES`, checked again by :func:`check` when a
-DeepSpeed workload or a DeepSpeed Trainer is handed over). What is relied on:
+of the package names a private part of DeepSpeed; each entry below is checked against the
+installed release by ``tests/unit/test_frameworks_private.py``, and ``pyproject.toml``
+bounds deepspeed to the releases those tests passed on (:data:`RELEASES`, checked again by
+:func:`check` when a DeepSpeed workload or a DeepSpeed Trainer is handed over). A Hugging
+Face Trainer made with ``deepspeed=`` relies on internals of Accelerate and transformers too:
+those are listed in ``_accelerate_private`` and ``_transformers_private``. What is relied on:
 
 - the accelerator's ``is_fp16_supported``, replaced on DeepSpeed's CPU accelerator object
   (:func:`allow_float16`): it says no where oneDNN has no native float16 matmul, and the
@@ -32,20 +33,7 @@ DeepSpeed workload or a DeepSpeed Trainer is handed over). What is relied on:
   which tell it from any other error of a step (:func:`at_minimum`);
 - what ``deepspeed.initialize`` leaves on what it made (:func:`made_by_initialize`): its
   classes' names, and the ``ds_id`` (ZeRO-3) or ``_hp_mapping`` (ZeRO 1-2) it sets on each
-  parameter;
-- a Hugging Face Trainer made with ``deepspeed=``: Accelerate's
-  ``accelerator.state.deepspeed_plugin`` and its ``deepspeed_config`` (the dict the engine is
-  made from: a run's precision goes in there, :func:`trainer_config`), its
-  ``hf_ds_config._dtype`` (what the Trainer casts floating inputs to,
-  :func:`set_input_dtype`), ``transformers.integrations.deepspeed.deepspeed_init`` (which
-  ``train()`` calls before ``accelerator.prepare`` makes the engine, :func:`deepspeed_init`),
-  Accelerate's ``DummyScheduler`` (a scheduler the config names, prepared with the engine),
-  ``accelerator.deepspeed_engine_wrapped`` (the engine ``train()`` made,
-  :func:`trainer_engine`), and what ``train()`` sets once the engine is made
-  (:data:`TRAINER_SET`: ``model_wrapped`` and ``deepspeed``, :func:`set_trainer_engine`);
-- the method replaced on such a Trainer's Accelerator (:data:`REPLACED`): ``backward``, which
-  the Trainer's ``training_step`` calls, and which under DeepSpeed runs ``engine.backward``
-  and, where the gradients sync, ``engine.step`` (:func:`replace_backward`).
+  parameter.
 
 DeepSpeed is imported where it is used: it is no dependency of scalertune.
 """
@@ -53,7 +41,7 @@ DeepSpeed is imported where it is used: it is no dependency of scalertune.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -75,10 +63,6 @@ SCALER_FIELDS = {
 #: The start of the message ``DynamicLossScaler.update_scale`` raises with when an overflow
 #: comes with the scale at ``min_loss_scale`` (``raise_error_at_min_scale``, on under ZeRO).
 AT_MINIMUM = "Current loss scale already at minimum"
-#: What ``train()`` sets on a Trainer once its DeepSpeed engine is made.
-TRAINER_SET = ("model_wrapped", "deepspeed")
-#: What is replaced on a DeepSpeed Trainer's Accelerator.
-REPLACED = ("backward",)
 
 #: The names checked to be there when a DeepSpeed workload is handed over: (module,
 #: attribute path), each imported only then.
@@ -88,22 +72,13 @@ _MODULE_NAMES = (
     ("deepspeed.runtime.zero.stage_1_and_2", "DeepSpeedZeroOptimizer"),
     ("deepspeed.accelerator", "get_accelerator"),
 )
-#: Those of a Trainer made with ``deepspeed=``.
-_TRAINER_NAMES = (
-    ("transformers.integrations.deepspeed", "deepspeed_init"),
-    ("accelerate.utils", "DummyScheduler"),
-)
 
 
-def check(*, trainer: bool = False) -> None:
-    """Refuse, in one line, a DeepSpeed release outside the bound, or one (or a transformers
-    or Accelerate release, for a ``trainer``) without a name listed here."""
+def check() -> None:
+    """Refuse, in one line, a DeepSpeed release outside the bound, or one without a name
+    listed here."""
     RELEASES.check()
-    missing = [
-        f"{module}.{path}"
-        for module, path in (*_MODULE_NAMES, *(_TRAINER_NAMES if trainer else ()))
-        if not _has(module, path)
-    ]
+    missing = [f"{module}.{path}" for module, path in _MODULE_NAMES if not _has(module, path)]
     if missing:
         raise RELEASES.missing(missing)
 
@@ -186,53 +161,3 @@ def made_by_initialize(value: Any) -> bool:
     return isinstance(value, torch.nn.Module) and any(
         hasattr(p, "ds_id") or hasattr(p, "_hp_mapping") for p in value.parameters()
     )
-
-
-# -- a Hugging Face Trainer made with deepspeed= --------------------------------------------
-
-
-def trainer_config(trainer: Any) -> dict[str, Any]:
-    """The DeepSpeed config a Trainer makes its engine from: one dict, what is set in it is
-    what the engine is made from."""
-    config: dict[str, Any] = trainer.accelerator.state.deepspeed_plugin.deepspeed_config
-    return config
-
-
-def set_input_dtype(trainer: Any, dtype: torch.dtype) -> None:
-    """What the Trainer's ``_prepare_inputs`` casts floating inputs to."""
-    plugin = trainer.accelerator.state.deepspeed_plugin
-    plugin.hf_ds_config._dtype = dtype  # noqa: SLF001 - read by the Trainer's _prepare_inputs
-
-
-def deepspeed_init(trainer: Any, max_steps: int) -> tuple[Any, Any]:
-    """The optimizer and scheduler ``train()`` makes before ``accelerator.prepare`` makes the
-    engine; whether the scheduler is one the config names (Accelerate's ``DummyScheduler``,
-    made with the engine)."""
-    from transformers.integrations.deepspeed import deepspeed_init as hf_deepspeed_init
-
-    optimizer, scheduler = hf_deepspeed_init(trainer, num_training_steps=max_steps)
-    return optimizer, scheduler
-
-
-def is_config_scheduler(scheduler: Any) -> bool:
-    """Whether ``scheduler`` stands for one the DeepSpeed config names, which
-    ``accelerator.prepare`` makes with the engine."""
-    from accelerate.utils import DummyScheduler
-
-    return isinstance(scheduler, DummyScheduler)
-
-
-def trainer_engine(trainer: Any) -> Any:
-    """The engine a Trainer's ``train()`` made (``None`` before)."""
-    wrapped = getattr(trainer.accelerator, "deepspeed_engine_wrapped", None)
-    return None if wrapped is None else wrapped.engine
-
-
-def set_trainer_engine(trainer: Any, engine: Any) -> None:
-    """What ``train()`` sets once the engine is made (:data:`TRAINER_SET`)."""
-    trainer.model_wrapped = trainer.deepspeed = engine
-
-
-def replace_backward(accelerator: Any, backward: Callable[..., None]) -> None:
-    """``backward`` in place of the Accelerator's (see the module's docstring)."""
-    accelerator.backward = backward

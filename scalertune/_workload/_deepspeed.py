@@ -327,8 +327,8 @@ def deepspeed_trainer_workload(
     ``deepspeed_init`` and ``accelerator.prepare`` make, with each run's precision in its
     DeepSpeed config (its ``fp16`` block, ``bf16``, ``gradient_clipping``)."""
     config = copy.deepcopy(_deepspeed.trainer_config(trainer))
-    _deepspeed.check_config(config, what="the Trainer's DeepSpeed config", trainer=True)
-    if _deepspeed_private.trainer_engine(trainer) is not None:
+    _deepspeed.check_config(config, what="the Trainer's DeepSpeed config", trainer=trainer)
+    if _deepspeed.trainer_engine(trainer) is not None:
         _deepspeed.refuse_deepspeed(
             "the Trainer", "trained", todo="return the Trainer before train() (or a new one)"
         )
@@ -379,7 +379,7 @@ def _trainer_run(
     engine = _deepspeed.init_trainer_engine(trainer, max_steps)
     run = _deepspeed.DeepSpeedRun(engine, source=trainer)
     backward = functools.partial(_deepspeed.trainer_backward, trainer, run)
-    _deepspeed_private.replace_backward(trainer.accelerator, backward)
+    _deepspeed.replace_trainer_backward(trainer, backward)
     return run
 
 

@@ -66,7 +66,7 @@ from scalertune._amp._config import DeepSpeedFp16Config
 if __name__ == "__main__":
     # this script's own choice, as a search's processes make it: gloo's all-reduce, not
     # DeepSpeed's shared-memory one, which would be compiled first (a minute of a CPU)
-    from scalertune._frameworks import _deepspeed_private
+    from scalertune._frameworks import _deepspeed, _deepspeed_private
     _deepspeed_private.leave_shared_memory_unbuilt()
     out = {{}}
     for name, config in (("best", {path!r}), ("high", DeepSpeedFp16Config(
@@ -74,7 +74,7 @@ if __name__ == "__main__":
         trainer = dsw.trainer(output_dir={out!r})
         amp = scalertune.attach(trainer, config, best_amp=name == "best")
         trainer.train()
-        config = _deepspeed_private.trainer_config(trainer)
+        config = _deepspeed.trainer_config(trainer)
         out[name] = {{"engine": trainer.model_wrapped.skipped_steps, "amp": amp.skipped_steps,
                      "steps": amp.steps, "fp16": config["fp16"]}}
     print(json.dumps(out))

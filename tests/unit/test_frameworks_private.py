@@ -30,15 +30,20 @@ from scalertune._frameworks import (
     _transformers_private,
 )
 
-#: How the package spells a framework's private name (DeepSpeed's, and those of the Trainer's
-#: DeepSpeed side, from the second line on).
-PRIVATE = re.compile(
+#: How the package spells a private name of Accelerate, transformers or Lightning (those a
+#: Trainer made with ``deepspeed=`` relies on from the third line on).
+HF_PRIVATE = (
     r"\._models\b|\._optimizers\b|_is_overflow|_set_sync_gradients|_configure_optimizers"
     r"|_configure_schedulers_automatic_opt|_lightning_optimizers"
-    r"|(?<!fp16)\.loss_scaler\b|__compatible_ops__|is_fp16_supported =|\bds_id\b|_hp_mapping"
-    r"|\.optimizer\.optimizer\b|deepspeed_plugin|hf_ds_config|deepspeed_engine_wrapped"
-    r"|integrations\.deepspeed import|DummyScheduler|\.model_wrapped ="
+    r"|deepspeed_plugin|hf_ds_config|deepspeed_engine_wrapped"
+    r"|integrations\.deepspeed|DummyScheduler|\.model_wrapped =|\.deepspeed ="
 )
+#: How it spells one of DeepSpeed's.
+DEEPSPEED_PRIVATE = (
+    r"(?<!fp16)\.loss_scaler\b|__compatible_ops__|is_fp16_supported =|\bds_id\b|_hp_mapping"
+    r"|\.optimizer\.optimizer\b"
+)
+PRIVATE = re.compile(f"{HF_PRIVATE}|{DEEPSPEED_PRIVATE}")
 ROOT = pathlib.Path(scalertune.__file__).parents[1]
 
 
@@ -60,6 +65,7 @@ def _prepared():
 
 def test_prepared_anything_and_its_optimizers_are_what_prepare_made():
     accelerator = _accelerator()
+    _accelerate_private.check(accelerator)  # every listed name there
     assert not _accelerate_private.prepared_anything(accelerator)
     assert _accelerate_private.prepared_optimizers(accelerator) == []
     model = nn.Linear(4, 1)
@@ -211,6 +217,7 @@ def _engine(fp16=None):
 def test_float16_trains_on_this_cpu_once_allowed():
     from deepspeed.accelerator import get_accelerator
 
+    _deepspeed_private.check()  # every listed name there
     _deepspeed_private.allow_float16()
     assert get_accelerator().is_fp16_supported()
     engine, _ = _engine({"enabled": True})
@@ -222,8 +229,9 @@ def test_a_search_compiles_no_shared_memory_all_reduce():
     import deepspeed.comm.comm as comm
     import deepspeed.ops
 
-    _deepspeed.process_group()
+    _deepspeed_private.leave_shared_memory_unbuilt()
     assert deepspeed.ops.__compatible_ops__[_deepspeed_private.SHARED_MEMORY_OP] is False
+    _deepspeed.process_group()  # as a search's process makes its group
     assert torch.distributed.get_world_size() == 1
     assert comm.cdb is not None and comm.cdb.shm_comm_op is None
 
@@ -279,6 +287,7 @@ def test_the_error_at_the_minimum_scale_starts_with_its_words():
     )  # fmt: skip
     with pytest.raises(Exception) as caught:
         scaler.update_scale(True)
+    assert str(caught.value).startswith(_deepspeed_private.AT_MINIMUM)
     assert _deepspeed_private.at_minimum(caught.value)
     assert not _deepspeed_private.at_minimum(RuntimeError("CUDA out of memory"))
 
@@ -295,48 +304,115 @@ def test_what_deepspeed_initialize_made_is_told_from_what_it_did_not():
     engine.destroy()
 
 
-def test_a_trainers_deepspeed_config_is_the_one_its_engine_is_made_from():
+# --- a Trainer made with deepspeed=: Accelerate's and transformers' internals ----------------
+
+
+def test_a_deepspeed_accelerators_config_is_the_one_prepare_makes_the_engine_from():
     trainer = dsw.trainer(max_steps=2)
-    _deepspeed_private.check(trainer=True)
-    config = _deepspeed_private.trainer_config(trainer)
-    assert config is trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config
-    wanted = _deepspeed.engine_config(config, DeepSpeedFp16Config(init_scale=2.0**12))
-    _deepspeed.set_trainer_precision(trainer, wanted)
-    assert trainer.accelerator.state.deepspeed_plugin.hf_ds_config.dtype() == torch.float16
-    assert _deepspeed_private.trainer_engine(trainer) is None
-    engine = _deepspeed.init_trainer_engine(trainer, 2)  # deepspeed_init, then prepare
-    assert _deepspeed_private.trainer_engine(trainer) is engine
-    assert all(getattr(trainer, n) is engine for n in _deepspeed_private.TRAINER_SET)
+    accelerator = trainer.accelerator
+    _accelerate_private.check_deepspeed(accelerator)
+    for path in _accelerate_private.DEEPSPEED_READ:  # before prepare(), as attach reads them
+        owner, _, name = path.rpartition(".")
+        assert hasattr(getattr(accelerator, owner) if owner else accelerator, name), path
+    plugin = _accelerate_private.deepspeed_plugin(accelerator)
+    assert plugin is accelerator.state.deepspeed_plugin is not None
+    config = _accelerate_private.deepspeed_config(accelerator)
+    assert config is plugin.deepspeed_config is plugin.hf_ds_config.config  # one dict
+    config["fp16"] = {"enabled": True, "initial_scale_power": 12}
+    config["gradient_clipping"] = 0.5
+    assert _accelerate_private.deepspeed_engine(accelerator) is None
+    _deepspeed_private.allow_float16()
+    _deepspeed.process_group()
+    optimizer = torch.optim.Adam(trainer.model.parameters(), lr=1e-3)
+    engine, _ = accelerator.prepare(trainer.model, optimizer)
+    assert _accelerate_private.deepspeed_engine(accelerator) is engine
     assert engine.fp16_enabled() and _deepspeed_private.scale(engine) == 2.0**12
-    batch = trainer._prepare_inputs({"x": torch.ones(2)})  # what set_input_dtype set
-    assert batch["x"].dtype == torch.float16
+    assert engine.gradient_clipping() == 0.5
     engine.destroy()
 
 
 def test_a_config_scheduler_is_the_one_deepspeed_init_hands_on():
     trainer = dsw.trainer(max_steps=2)
-    _deepspeed_private.trainer_config(trainer)["scheduler"] = {
+    _accelerate_private.deepspeed_config(trainer.accelerator)["scheduler"] = {
         "type": "WarmupLR",
         "params": {"warmup_num_steps": 1},
     }
-    _, scheduler = _deepspeed_private.deepspeed_init(trainer, 2)
-    assert _deepspeed_private.is_config_scheduler(scheduler)
+    optimizer, scheduler = _transformers_private.deepspeed_init(trainer, 2)
+    assert _accelerate_private.is_config_scheduler(scheduler)
+    assert _accelerate_private.DUMMY_SCHEDULER == ("accelerate.utils", "DummyScheduler")
     plain = dsw.trainer(max_steps=2)
-    _, scheduler = _deepspeed_private.deepspeed_init(plain, 2)
-    assert scheduler is None or not _deepspeed_private.is_config_scheduler(scheduler)
+    optimizer, scheduler = _transformers_private.deepspeed_init(plain, 2)
+    assert isinstance(optimizer, torch.optim.Optimizer)  # the Trainer's own, made for it
+    assert scheduler is None or not _accelerate_private.is_config_scheduler(scheduler)
 
 
 def test_the_replaced_backward_is_the_one_a_deepspeed_trainers_training_step_calls():
     trainer = dsw.trainer(max_steps=2)
-    assert _deepspeed_private.REPLACED == ("backward",)
+    assert _accelerate_private.DEEPSPEED_REPLACED == ("backward",)
     engine = _deepspeed.init_trainer_engine(trainer, 2)
     called = []
-    _deepspeed_private.replace_backward(trainer.accelerator, lambda loss, **_: called.append(loss))
+    _accelerate_private.replace_backward(trainer.accelerator, lambda loss, **_: called.append(loss))
     inputs = next(iter(trainer.get_train_dataloader()))
     trainer.current_gradient_accumulation_steps = 1  # as the search sets it (and train())
     trainer.training_step(engine, inputs)
     assert len(called) == 1 and called[0].requires_grad
     engine.destroy()
+
+
+def test_a_deepspeed_trainers_input_dtype_is_what_its_prepare_inputs_casts_to():
+    trainer = dsw.trainer(max_steps=2)
+    _transformers_private.check_deepspeed(trainer)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        _transformers_private.set_input_dtype(trainer, dtype)
+        batch = trainer._prepare_inputs({"x": torch.ones(2), "ids": torch.ones(2, dtype=int)})
+        assert batch["x"].dtype == dtype and batch["ids"].dtype == torch.int64
+
+
+def test_what_train_sets_once_the_engine_is_made_is_what_set_engine_sets():
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer)
+    for name in _transformers_private.DEEPSPEED_SET:
+        assert re.search(rf"self\.{name}\b[^\n=]*=\s", source), name
+    module, name = _transformers_private.DEEPSPEED_INIT
+    assert f"{name}(" in source and module == "transformers.integrations.deepspeed"
+    trainer = dsw.trainer(max_steps=2)
+    engine = _deepspeed.init_trainer_engine(trainer, 2)  # deepspeed_init, then prepare
+    assert all(getattr(trainer, n) is engine for n in _transformers_private.DEEPSPEED_SET)
+    assert _deepspeed.trainer_engine(trainer) is engine
+    _transformers_private.set_engine(trainer, None)
+    assert all(getattr(trainer, n) is None for n in _transformers_private.DEEPSPEED_SET)
+    engine.destroy()
+
+
+def test_a_deepspeed_trainers_precision_is_set_where_its_engine_and_inputs_read_it():
+    trainer = dsw.trainer(max_steps=2)
+    config = _deepspeed.trainer_config(trainer)
+    wanted = _deepspeed.engine_config(config, DeepSpeedFp16Config(init_scale=2.0**12))
+    _deepspeed.set_trainer_precision(trainer, wanted)
+    plugin = _accelerate_private.deepspeed_plugin(trainer.accelerator)
+    assert plugin.hf_ds_config.dtype() == torch.float16
+    engine = _deepspeed.init_trainer_engine(trainer, 2)
+    assert engine.fp16_enabled() and _deepspeed_private.scale(engine) == 2.0**12
+    assert trainer._prepare_inputs({"x": torch.ones(2)})["x"].dtype == torch.float16
+    engine.destroy()
+
+
+def test_a_deepspeed_trainers_release_without_a_listed_name_is_refused_in_one_line(
+    monkeypatch,
+):
+    import transformers.integrations.deepspeed as integration
+
+    trainer = dsw.trainer(max_steps=2)
+    monkeypatch.delattr(integration, "deepspeed_init")  # a release that moved it
+    with pytest.raises(scalertune.UsageError) as refused:
+        scalertune.attach(trainer, DeepSpeedFp16Config())
+    assert str(refused.value) == (
+        f"transformers {_transformers_private.RELEASES.installed()} has no "
+        "transformers.integrations.deepspeed.deepspeed_init, which scalertune relies on: "
+        f"pip install 'transformers=={_transformers_private.RELEASES.checked}.*', the release "
+        "it was checked on"
+    )
 
 
 # --- Lightning ------------------------------------------------------------------------------
@@ -380,6 +456,19 @@ def test_configured_optimizers_read_every_shape_as_lightning_does():
     assert config.reduce_on_plateau and config.monitor == "train_loss"
     with pytest.raises(Exception, match="configure_optimizers"):
         _lightning_private.configured_optimizers(_module(lambda module: "nonsense"))
+
+
+def test_a_lightning_object_is_told_by_its_package_and_checked_by_name(monkeypatch):
+    import lightning.pytorch as pl
+
+    trainer, module = trainers.lightning_trainer(), trainers.lightning_module()
+    assert _lightning_private.package(trainer, "Trainer") == "lightning.pytorch"
+    assert _lightning_private.package(module, "LightningModule") == "lightning.pytorch"
+    assert _lightning_private.package(_accelerator(), "Trainer") is None
+    _lightning_private.check(trainer, "Trainer")  # every listed name there
+    monkeypatch.delattr(pl.core.optimizer, "_configure_schedulers_automatic_opt")
+    with pytest.raises(scalertune.UsageError, match="_configure_schedulers_automatic_opt"):
+        _lightning_private.check(module, "LightningModule")
 
 
 def test_a_modules_optimizers_are_what_it_reads_of_its_trainers_strategy():
@@ -505,19 +594,12 @@ def test_a_release_without_a_listed_name_is_refused_in_one_line_naming_the_relea
 
 
 def test_the_frameworks_private_names_stand_in_their_modules_only():
-    """Accelerate's, Lightning's and DeepSpeed's modules name them (DeepSpeed's holds those
-    of the Trainer's DeepSpeed side too; transformers' has none of its own: the sync flag its
-    train() sets is Accelerate's), and so does this file."""
+    """Accelerate's, transformers' and Lightning's private names stand in their three modules
+    (those a Trainer made with ``deepspeed=`` relies on included), DeepSpeed's in its own,
+    and nowhere else but this file."""
     here = pathlib.Path(__file__).resolve()
-    allowed = {
-        pathlib.Path(m.__file__).resolve()
-        for m in (
-            _accelerate_private,
-            _transformers_private,
-            _lightning_private,
-            _deepspeed_private,
-        )
-    }
+    modules = (_accelerate_private, _transformers_private, _lightning_private, _deepspeed_private)
+    allowed = {pathlib.Path(m.__file__).resolve() for m in modules}
     naming = sorted(
         str(path.relative_to(ROOT))
         for folder in ("scalertune", "tests", "benchmarks", "examples")
@@ -525,3 +607,52 @@ def test_the_frameworks_private_names_stand_in_their_modules_only():
         if path.resolve() not in {here, *allowed} and PRIVATE.search(path.read_text())
     )
     assert naming == []
+    hf_code = re.compile(HF_PRIVATE)
+    deepspeed_code = re.compile(DEEPSPEED_PRIVATE)
+    for module in modules:
+        code = _code(module)
+        if module is _deepspeed_private:
+            assert not hf_code.search(code), hf_code.search(code)
+        else:
+            assert not deepspeed_code.search(code), (module.__name__, deepspeed_code.search(code))
+
+
+def _code(module):
+    """``module``'s source without its docstrings and comments."""
+    import ast
+
+    tree = ast.parse(inspect.getsource(module))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            body[0] = ast.Pass()  # a docstring
+    return ast.unparse(tree)
+
+
+def test_every_entry_of_a_private_module_is_checked_by_a_test_here():
+    """Each function and listed name of the four modules is used by a test of this file."""
+    import ast
+
+    tests = ast.parse(pathlib.Path(__file__).read_text())
+    used = {
+        (node.value.id, node.attr)
+        for function in tests.body
+        if isinstance(function, ast.FunctionDef) and function.name.startswith("test_")
+        for node in ast.walk(function)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+    }
+    for module in (_accelerate_private, _transformers_private, _lightning_private,
+                   _deepspeed_private):  # fmt: skip
+        name = module.__name__.rpartition(".")[2]
+        entries = [
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_")
+            and getattr(v, "__module__", module.__name__) == module.__name__
+            and (callable(v) or n.isupper())
+            and not isinstance(v, type)
+        ]
+        assert entries, name
+        untested = [n for n in entries if (name, n) not in used]
+        assert untested == [], (name, untested)
