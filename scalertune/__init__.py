@@ -213,7 +213,8 @@ def attach(
     ``skipped_steps`` and ``scale`` are DeepSpeed's own and the watch follows them (the
     guard is DeepSpeed's: it raises at ``min_loss_scale``). The in-run check is left out
     there: the engine casts the model itself to float16 and keeps float32 master weights in
-    its optimizer, so a float32 forward at the model's weights is no float32 check.
+    its optimizer, so a float32 forward at the model's weights is no float32 check (silently
+    by default; where ``check=`` asks for one, one :class:`AmpCheckWarning` line says so).
 
     The runtime's ``skipped_steps``, ``steps`` and ``scaler.get_scale()`` read what the
     framework did. ``best_amp=True`` takes the YAML's best AMP config that held instead of its

@@ -29,9 +29,10 @@ def attach(
     """:func:`scalertune.attach` without the study's record of the run (see there)."""
     kind, device = _kind(trainer)
     deepspeed = kind == "transformers" and _deepspeed.is_deepspeed_trainer(trainer)
-    # DeepSpeed's engine casts the model itself and keeps float32 master weights in its
-    # optimizer: a float32 forward at the model's weights is not the float32 check
-    check = False if deepspeed else check
+    if deepspeed:  # the in-run check left out (see _deepspeed.CHECK_LEFT_OUT), said if asked
+        if check is not None and check is not False:
+            _deepspeed.say_check_left_out()
+        check = False
     amp = _runtime(config, device, guard=guard, watch=watch, best_amp=best_amp, check=check)
     if deepspeed:
         _deepspeed.attach_trainer(trainer, amp)  # DeepSpeed's engine, its own loss scaler

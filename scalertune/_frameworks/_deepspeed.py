@@ -35,11 +35,14 @@ from typing import Any, NoReturn
 
 import torch
 
+from scalertune._amp._check import AmpCheckWarning
 from scalertune._amp._config import AmpConfig, DeepSpeedFp16Config
 from scalertune._amp._engine import EngineStopped
+from scalertune._amp._watch import caller_stacklevel
 from scalertune._errors import UsageError
 from scalertune._frameworks import _accelerate_private, _transformers_private
 from scalertune._frameworks import _deepspeed_private as private
+from scalertune._inrun._lines import LOGGER
 
 #: The ZeRO stages a search trains in. Stage 0 (DeepSpeed's FP16_Optimizer) keeps its scale
 #: elsewhere and has no hysteresis; stage 3 partitions the parameters themselves, where a
@@ -127,6 +130,22 @@ REFUSED = {
         "its fp16 block and what it does over the horizon"
     ),
 }
+
+
+#: The one line a DeepSpeed Trainer's ``attach`` says where an in-run check was asked for.
+CHECK_LEFT_OUT = (
+    "scalertune: the in-run check is left out of a DeepSpeed Trainer: DeepSpeed's engine "
+    "casts the model itself to float16 and keeps float32 master weights in its optimizer, "
+    "so a float32 forward at the model's weights is no float32 check (the watch still "
+    "follows DeepSpeed's scaler, and DeepSpeed raises at min_loss_scale)"
+)
+
+
+def say_check_left_out() -> None:
+    """:data:`CHECK_LEFT_OUT`, as an ``AmpCheckWarning`` pointed at the user's line, and in
+    the ``scalertune`` log."""
+    LOGGER.warning(CHECK_LEFT_OUT)
+    warnings.warn(AmpCheckWarning(CHECK_LEFT_OUT), stacklevel=caller_stacklevel())
 
 
 def refuse_deepspeed(what: str, form: str, **facts: Any) -> NoReturn:

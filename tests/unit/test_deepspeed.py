@@ -238,12 +238,24 @@ def test_a_run_deepspeed_ends_at_its_floor_is_pruned_saying_so():
 def test_an_attached_deepspeed_trainer_trains_without_the_in_run_checks_float32_forward():
     """DeepSpeed's engine casts the model itself to float16 and keeps the float32 master
     weights in its optimizer: a float32 forward at the model's weights is no float32 check,
-    so attach leaves the check out, whatever ``check=`` asks for."""
+    so attach leaves the check out, whatever ``check=`` asks for, and says so in one line
+    where it was asked for (by default, silently)."""
+    import warnings
+
     from scalertune._frameworks._deepspeed import process_group
 
     process_group()  # the environment torchrun gives a Trainer's process
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        quiet = scalertune.attach(dsw.trainer(max_steps=3), HIGH)
+    assert quiet.check is None
+    assert not [w for w in said if issubclass(w.category, scalertune.AmpCheckWarning)]
     trainer = dsw.trainer(max_steps=3)
-    amp = scalertune.attach(trainer, HIGH, check=CheckPolicy(every=1))
+    with pytest.warns(scalertune.AmpCheckWarning) as said:
+        amp = scalertune.attach(trainer, HIGH, check=CheckPolicy(every=1))
+    (line,) = [str(w.message) for w in said if issubclass(w.category, scalertune.AmpCheckWarning)]
+    assert "in-run check is left out of a DeepSpeed Trainer" in line and "\n" not in line
+    assert said[0].filename == __file__  # pointed at the attach line
     forwards = []
     trainer.model.register_forward_pre_hook(
         lambda module, args: forwards.append(next(module.parameters()).dtype)
