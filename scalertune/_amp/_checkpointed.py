@@ -27,8 +27,21 @@ class Checkpointed:
     reconfigure: Callable[[AmpConfig], None]
 
     def state_dict(self) -> dict[str, Any]:
-        """Scaler state and counters, for checkpoints; with an in-run check, the config it
-        trains with now (islands added, knobs changed, float32) and the check's record."""
+        """The runtime's state for a training checkpoint.
+
+        Returns:
+            The scaler's state (``{}`` for a disabled scaler; the loss scaler's of a bound
+            DeepSpeed engine), the step and skipped-step counts and, with an in-run check, the
+            config it trains with now (islands added, knobs changed, float32) and the check's
+            record. Save it beside the model's and the optimizer's.
+
+        Example:
+            >>> import scalertune
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=1024.0), device="cpu")
+            >>> state = amp.state_dict()
+            >>> state["steps"], state["skipped"], state["scaler"]["scale"]
+            (0, 0, 1024.0)
+        """
         scaler = self._engine.state() if self._engine.active else self.scaler.state_dict()
         state: dict[str, Any] = {
             "scaler": scaler,
@@ -41,8 +54,19 @@ class Checkpointed:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved: a resumed run keeps the in-run check's
-        actions."""
+        """Restore what :meth:`state_dict` saved; a resumed run keeps the in-run check's actions.
+
+        Args:
+            state: What :meth:`state_dict` returned.
+
+        Example:
+            >>> import scalertune
+            >>> saved = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=1024.0), device="cpu")
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(), device="cpu")
+            >>> amp.load_state_dict(saved.state_dict())
+            >>> amp.scaler.get_scale()
+            1024.0
+        """
         if "config" in state and self.check is not None:
             saved = AmpConfig.from_dict(state["config"])
             if saved != self.config:
@@ -55,9 +79,23 @@ class Checkpointed:
             self.check.load_state_dict(state["check"])
 
     def load_scaler_state(self, state: Mapping[str, Any]) -> None:
-        """Start the scaler from ``state`` (a checkpoint's, or where the replay puts a
-        config's scaler at a branch's first step): GradScaler's keys over its own, or the
-        bound engine's (kept for the engine until it is bound)."""
+        """Start the scaler from ``state``, a checkpoint's or a replay's.
+
+        A search's branch starts where the replay puts a config's scaler at its first step.
+        GradScaler's keys go over its own state; with a bound engine (:meth:`bind`), the
+        engine's scaler takes them (kept for the engine until it is bound).
+
+        Args:
+            state: The scaler's state, or part of it, as its ``state_dict()`` keys it
+                (GradScaler's ``scale``, ``_growth_tracker``, ...).
+
+        Example:
+            >>> import scalertune
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=1024.0), device="cpu")
+            >>> amp.load_scaler_state({"scale": 64.0})
+            >>> amp.scaler.get_scale()
+            64.0
+        """
         if self._engine.active:
             self._engine.load(state)
         else:

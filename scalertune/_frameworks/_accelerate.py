@@ -45,7 +45,7 @@ def check_accelerator(
     """Refuse, in one line, what the runtime cannot drive (``before``: when to hand it over)."""
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
     if kind == "DEEPSPEED":
-        refuse_deepspeed(what, "accelerator")
+        refuse_deepspeed(what, "trainer")
     if kind not in _SUPPORTED:
         raise UsageError(
             f"{what} runs {kind}: scalertune drives single-process and DDP "

@@ -80,12 +80,15 @@ def check_config(config: Any, *, what: str = "the DeepSpeed config", trainer: An
 
 
 #: The DeepSpeed forms scalertune does not train, each the one line that refuses it: what was
-#: given (``{what}``), why, and what to do instead.
+#: given (``{what}``), why, and what to do instead. ``trainer`` is an Accelerator or a
+#: Lightning Trainer running DeepSpeed (a Hugging Face Trainer made with ``deepspeed=`` is
+#: searched and attached as it is).
 REFUSED = {
-    "accelerator": (
+    "trainer": (
         "{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: return the "
         "DeepSpeed config from the factory instead ({{'deepspeed': config, 'model': ..., "
-        "'batches': ..., 'loss_fn': ...}}), which scalertune searches in DeepSpeed's engine"
+        "'batches': ..., 'loss_fn': ...}}), which scalertune searches in DeepSpeed's engine, "
+        "or take an fp16 block from scalertune export --to deepspeed"
     ),
     "fp16-and-bf16": (
         "{what} enables both fp16 and bf16, which DeepSpeed refuses: enable one (a "

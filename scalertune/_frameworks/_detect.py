@@ -1,5 +1,7 @@
 """Which framework's trainer an object is: the one test that ``attach`` and the search's
-trainer workloads make, with the check of the framework's release it comes with.
+trainer workloads make, with the check of the framework's release it comes with (the one
+refusal of what scalertune does not train in DeepSpeed, a trainer running it included, is
+``_deepspeed.refuse_deepspeed``).
 
 The answer comes from the object's classes alone (a subclass's included: TRL's trainers are
 Hugging Face Trainers), so no framework is imported to ask. A framework recognised is checked

@@ -14,9 +14,10 @@ from scalertune import _limits
 from scalertune._amp._device import resolve_device
 from scalertune._errors import ParameterError, UsageError
 from scalertune._judge._settings import StudySettings
+from scalertune._processes._main_guard import refuse_reentry, refuse_unguarded
 from scalertune._run._preflight import preflight
 from scalertune._search._deepspeed import SPACE_KEYS
-from scalertune._search._launch import preflight_ranks, refuse_reentry, refuse_unguarded
+from scalertune._search._launch import preflight_ranks
 from scalertune._search._space import SearchSpace
 from scalertune._storage._store import normalized
 from scalertune._text import plural
@@ -25,9 +26,31 @@ from scalertune._workload._loader import FactoryError, factory_name, load_factor
 
 @dataclasses.dataclass(frozen=True)
 class Isolation:
-    """Run each trial in its own process: ``timeout_s`` and ``memory_gb`` bound it.
-    ``nproc_per_node`` > 1: in that many, the ranks of one ``torch.distributed`` group (what
-    :func:`scalertune.search`'s ``nproc_per_node`` sets)."""
+    """Run each trial in its own process, bounded in time and memory.
+
+    A trial that crashes the process, hangs or runs out of memory is then one failed trial,
+    not a failed search (``--isolate`` on the command line).
+
+    Args:
+        timeout_s: Seconds a trial's process may run before it is killed; ``None`` for no
+            bound.
+        memory_gb: The address space a trial's process may take, in GiB; ``None`` for no
+            bound.
+        nproc_per_node: More than 1: each run in that many processes, the ranks of one
+            ``torch.distributed`` group (what :func:`scalertune.search`'s ``nproc_per_node``
+            sets).
+
+    Raises:
+        ParameterError: A bound out of range (a ``UsageError``: the command line exits with
+            status 2).
+
+    Example:
+        >>> import scalertune
+        >>> scalertune.Isolation(timeout_s=600, memory_gb=8)
+        Isolation(timeout_s=600, memory_gb=8, nproc_per_node=1)
+        >>> isolation = scalertune.Isolation(timeout_s=600)
+        >>> result = scalertune.search("model.py:make_model", isolation=isolation)  # doctest: +SKIP
+    """
 
     timeout_s: float | None = None
     memory_gb: float | None = None

@@ -11,6 +11,7 @@ from torch import nn
 
 import scalertune
 from scalertune import AmpConfig, _policy
+from scalertune._diagnose import _policy as _diagnose_policy
 from scalertune._run._loop import run_config
 from scalertune.cli import main
 
@@ -169,7 +170,7 @@ def test_underflow_at_scale_one_is_measured_and_the_larger_scale_is_checked():
     assert d.kind == "underflow" and d.islands == []
     assert d.skipped == 0 == gradscaler(workloads.underflow, AmpConfig(init_scale=1.0))[0]
     assert d.underflow_share > 0.9
-    assert 1.0 < d.suggested_init_scale <= _policy.DIAGNOSE_MAX_SCALE
+    assert 1.0 < d.suggested_init_scale <= _diagnose_policy.DIAGNOSE_MAX_SCALE
     check = next(c for c in d.checks if c.config.init_scale == d.suggested_init_scale)
     assert check.skipped == 0 and check.flushed <= _policy.UNDERFLOW_SHARE
     assert gradscaler(workloads.underflow, AmpConfig(init_scale=d.suggested_init_scale))[0] == 0
@@ -300,6 +301,21 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_runs(capsys, monkeypat
     err = capsys.readouterr()
     assert message in err.err and err.err.count("\n") == 1 and err.out == ""
     assert not ran
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for a device this machine lacks")
+def test_a_device_given_as_a_torch_device_is_checked_as_one_given_by_name():
+    """The one device check, whichever way the device is given: no model is built on it."""
+    built = []
+
+    def factory():
+        built.append(True)
+        return workloads.healthy()
+
+    for device in ("cuda", torch.device("cuda"), torch.device("cuda:3")):
+        with pytest.raises(scalertune.UsageError, match="this machine has no CUDA device"):
+            scalertune.diagnose(factory, device=device)
+    assert not built
 
 
 def test_an_unknown_island_in_a_search_is_a_usage_error_and_nothing_is_written(

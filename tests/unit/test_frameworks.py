@@ -10,6 +10,7 @@ from torch import nn
 
 import scalertune
 from scalertune import AmpConfig
+from scalertune._frameworks._deepspeed import REFUSED
 from scalertune._judge._rank import skip_tolerance
 from scalertune._run._loop import run_config
 from scalertune._workload._factory import build_workload
@@ -158,6 +159,19 @@ def test_attach_refuses_what_it_cannot_drive_in_one_line():
             scalertune.attach(target, AmpConfig(init_scale=8.0))
     with pytest.raises(scalertune.UsageError, match="best_amp=True reads evidence.best_amp"):
         scalertune.attach(trainers.hf_trainer(), AmpConfig(), best_amp=True)
+
+
+@pytest.mark.slow  # imports DeepSpeed (about 20 s here)
+def test_a_lightning_trainer_on_deepspeed_gets_the_one_deepspeed_refusal():
+    """The line an Accelerator and a Hugging Face Trainer on DeepSpeed get, which says what
+    to do instead; not the line for a strategy scalertune does not drive."""
+    trainer = trainers.lightning_trainer(strategy="deepspeed")
+    with pytest.raises(scalertune.UsageError) as refused:
+        scalertune.attach(trainer, AmpConfig())
+    assert str(refused.value) == REFUSED["trainer"].format(what="this Trainer")
+    assert str(refused.value).startswith(
+        "this Trainer runs DeepSpeed, whose fp16 mode has its own loss scaler: "
+    )
 
 
 def test_a_hf_trainer_that_cannot_train_is_refused_in_one_line():
