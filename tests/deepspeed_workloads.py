@@ -137,6 +137,10 @@ def trainer(max_steps=30, output_dir=None, **arguments):
     return Trainer(model=model, args=args, train_dataset=data)
 
 
+#: The steps of the Trainer a search is given: its horizon, and what attach trains after.
+SEARCHED_STEPS = 20
+
+
 def make_trainer():
-    """:func:`trainer` as a factory spec names it (30 steps: its horizon)."""
-    return trainer()
+    """:func:`trainer` as a factory spec names it (:data:`SEARCHED_STEPS`: its horizon)."""
+    return trainer(max_steps=SEARCHED_STEPS)

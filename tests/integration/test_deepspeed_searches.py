@@ -71,7 +71,7 @@ if __name__ == "__main__":
     out = {{}}
     for name, config in (("best", {path!r}), ("high", DeepSpeedFp16Config(
             init_scale=2.0**24, hysteresis=1, growth_interval=10, clip_norm=1.0))):
-        trainer = dsw.trainer(output_dir={out!r})
+        trainer = dsw.trainer(max_steps=dsw.SEARCHED_STEPS, output_dir={out!r})
         amp = scalertune.attach(trainer, config, best_amp=name == "best")
         trainer.train()
         config = _deepspeed.trainer_config(trainer)
@@ -84,8 +84,8 @@ if __name__ == "__main__":
 def test_a_deepspeed_trainer_search_attaches_and_trains_under_torchrun_as_predicted(tmp_path):
     ran = run_cli(
         "search", spec("make_trainer", "deepspeed_workloads.py"), "--space", "float16",
-        "--steps", 30, "--n-trials", 1, "--storage", "tr.db", "-o", "tr.yaml", "--quiet",
-        cwd=tmp_path,
+        "--steps", dsw.SEARCHED_STEPS, "--n-trials", 1, "--storage", "tr.db", "-o", "tr.yaml",
+        "--quiet", cwd=tmp_path,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     path = str(tmp_path / "tr.yaml")
@@ -107,7 +107,7 @@ def test_a_deepspeed_trainer_search_attaches_and_trains_under_torchrun_as_predic
     assert trained["high"]["fp16"] == high
     for name, fp16 in (("best", block), ("high", high)):
         run = trained[name]
-        assert run["engine"] == run["amp"] and run["steps"] == dsw.trainer().args.max_steps
+        assert run["engine"] == run["amp"] and run["steps"] == dsw.SEARCHED_STEPS
         predicted = result.predict(fp16).skipped_steps
         assert abs(predicted - run["engine"]) <= skip_tolerance(run["engine"]), (name, run)
     assert trained["high"]["engine"] > 0
