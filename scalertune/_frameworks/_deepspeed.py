@@ -255,6 +255,9 @@ def process_group() -> None:
     os.environ.setdefault("LOCAL_RANK", str(int(os.environ.get("RANK", "0"))))
     # its collectives call torch's deprecated names: a warning per rank and run, not the user's
     warnings.filterwarnings("ignore", _DEPRECATED_COLLECTIVES, FutureWarning)
+    # the launcher's environment set here makes Accelerate see a distributed CPU run, and warn
+    # at each Trainer a search makes that it set the threads (the search sets them itself)
+    warnings.filterwarnings("ignore", _ACCELERATE_THREADS, UserWarning)
     with quiet(), contextlib.redirect_stdout(io.StringIO()):  # "... built successfully"
         deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
 
@@ -301,6 +304,8 @@ def initialize(model: torch.nn.Module, optimizer: Any, config: Mapping[str, Any]
 
 #: torch's warning on the deprecated collectives DeepSpeed's ZeRO calls.
 _DEPRECATED_COLLECTIVES = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)`"
+#: Accelerate's warning at a Trainer made in a distributed CPU run without OMP_NUM_THREADS.
+_ACCELERATE_THREADS = r"OMP_NUM_THREADS/MKL_NUM_THREADS unset"
 
 
 class DeepSpeedRun:
