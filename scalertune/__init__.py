@@ -173,8 +173,10 @@ def load(
 
     Raises:
         UsageError: ``path`` is missing or is not a result file, a block of it is malformed,
-            ``best_amp=True`` on a file without ``evidence.best_amp``, or ``device`` names a
-            device this machine does not have (the command line exits with status 2).
+            ``best_amp=True`` on a file without ``evidence.best_amp``, ``device`` names a
+            device this machine does not have (the command line exits with status 2), or the
+            answer is a DeepSpeed ``fp16`` block (export it into ``ds_config.json``, or
+            :func:`attach` it to a DeepSpeed Trainer).
 
     Example:
         >>> import pathlib, tempfile, torch, scalertune
@@ -196,6 +198,12 @@ def load(
     amp = runtime_from_yaml(
         path, device=device, guard=guard, watch=watch, best_amp=best_amp, check=check
     )
+    from scalertune._amp._config import DeepSpeedFp16Config
+
+    if isinstance(amp.config, DeepSpeedFp16Config):
+        from scalertune._frameworks._deepspeed import refuse_deepspeed
+
+        refuse_deepspeed(f"{os.fspath(path)}'s answer", "load", path=os.fspath(path))
     _record_in_study(amp, path, storage)
     return amp
 
@@ -230,22 +238,35 @@ def attach(
       runtime your loss as ``amp.loss(lambda: loss_fn(model(x), y))``. The run's record
       (checks, actions, the scaler's story) goes to the YAML's study, as with :func:`load`.
 
+    A Trainer made with ``deepspeed=`` trains in DeepSpeed's engine under DeepSpeed's own
+    loss scaler: the YAML's ``fp16`` block (as a search of that Trainer found it), ``bf16``
+    and ``gradient_clipping`` go into its DeepSpeed config before ``train()`` makes the
+    engine, float16 is allowed on a CPU, and the runtime is bound to the engine, so that its
+    ``skipped_steps`` and ``scale`` are DeepSpeed's own and the watch follows them (the
+    guard is DeepSpeed's: it raises at ``min_loss_scale``). The in-run check is left out
+    there: the engine casts the model itself to float16 and keeps float32 master weights in
+    its optimizer, so a float32 forward at the model's weights is no float32 check (silently
+    by default; where ``check=`` asks for one, one :class:`AmpCheckWarning` line says so).
+
     The runtime's ``skipped_steps``, ``steps`` and ``scaler.get_scale()`` read what the
     framework did.
 
     Args:
         trainer: A Hugging Face ``transformers.Trainer`` (any subclass: TRL's, one with its
-            own ``compute_loss``) before ``train()``, a Lightning ``Trainer`` before
-            ``fit()``, or an Accelerate ``Accelerator`` before ``prepare()``.
+            own ``compute_loss``; one made with ``deepspeed=`` too) before ``train()``, a
+            Lightning ``Trainer`` before ``fit()``, or an Accelerate ``Accelerator`` before
+            ``prepare()``.
         config: The result YAML a search wrote, an :class:`AmpConfig`, or an
-            :class:`AmpRuntime` built already.
+            :class:`AmpRuntime` built already (for a DeepSpeed Trainer, a DeepSpeed answer:
+            the YAML of a search of that Trainer, or a ``DeepSpeedFp16Config``).
         guard: ``False`` leaves out the guard the YAML recommends (a YAML only).
         watch: ``False`` leaves out the watch on the scaler's predicted course (a YAML
             only).
         best_amp: ``True`` takes the YAML's best AMP config that held instead of its answer
             (for a GPU, when the search ran where float32 was faster).
         check: ``False`` leaves the in-run check out; ``"act"``, ``"warn"`` or ``"stop"``
-            (or a :class:`CheckPolicy`) overrides the YAML's action; ``None`` keeps it.
+            (or a :class:`CheckPolicy`) overrides the YAML's action; ``None`` keeps it (a
+            DeepSpeed Trainer is not checked, see above).
         storage: Where the run's record goes, as for :func:`load` (only when ``config`` is a
             YAML path).
 
@@ -253,12 +274,13 @@ def attach(
         The :class:`AmpRuntime` the framework now calls.
 
     Raises:
-        UsageError: A trainer the runtime cannot drive (DeepSpeed, FSDP, a model loaded in
-            half precision, a trainer already trained or prepared, an object of no supported
-            framework), a framework release outside the bounds scalertune was checked
-            with, a YAML that is missing or malformed, ``best_amp=True`` with a config that
-            is not a YAML, or a runtime built for another device than the trainer's; the
-            message says why.
+        UsageError: A trainer the runtime cannot drive (an Accelerator or a Lightning Trainer
+            running DeepSpeed, FSDP, a model loaded in half precision, a trainer already
+            trained or prepared, an object of no supported framework, a DeepSpeed Trainer
+            given an answer searched outside DeepSpeed or a runtime with an in-run check), a
+            framework release outside the bounds scalertune was checked with, a YAML that is
+            missing or malformed, ``best_amp=True`` with a config that is not a YAML, or a
+            runtime built for another device than the trainer's; the message says why.
 
     Example:
         >>> import scalertune, transformers  # doctest: +SKIP

@@ -31,6 +31,33 @@ def _share_the_cores():
 _share_the_cores()
 
 
+#: What a DeepSpeed engine (and a Trainer made with ``deepspeed=``) sets in the environment:
+#: the process group as a launcher describes it, and Accelerate's DeepSpeed switch.
+_DEEPSPEED_ENVIRONMENT = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ACCELERATE_USE_DEEPSPEED",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _accelerate_as_before_a_deepspeed_test():
+    """A test that makes a DeepSpeed engine leaves the environment of a process group of one
+    (a launcher's), and with a Trainer made with ``deepspeed=`` Accelerate's shared state
+    running DeepSpeed: every Accelerator made after it in the process, a plain Trainer's too,
+    would wrap its model in DDP or run DeepSpeed. Both undone after such a test (the group
+    itself stays: DeepSpeed keeps its own handles on it, and the next engine takes it)."""
+    before = {k: os.environ.get(k) for k in _DEEPSPEED_ENVIRONMENT}
+    yield
+    if {k: os.environ.get(k) for k in _DEEPSPEED_ENVIRONMENT} == before:
+        return
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if "accelerate.state" in sys.modules:
+        sys.modules["accelerate.state"].AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def pytest_collection_modifyitems(items):
     """Everything under tests/integration/ is slow (whole searches, other processes, a
     browser, package builds): the mark follows the folder, so it cannot drift."""

@@ -6,6 +6,7 @@
   unscale-then-clip;
 - ``_scaler``: the GradScaler the runtime builds, how it knows which steps were skipped, and
   its knobs changed in place;
+- ``_engine``: an engine that scales and steps itself (DeepSpeed's), bound to a runtime;
 - ``_checkpointed``: what a runtime keeps in a training checkpoint, and its restore;
 - ``_decisions``: the runtime's side of its scaler's steps: skips counted, the scale read;
 - ``_readback``: what runs at the read-back cadence: the guard, the watch, the in-run check;

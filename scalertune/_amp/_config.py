@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -173,12 +174,15 @@ class AmpConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> AmpConfig:
         """Build from a mapping (a YAML's ``config`` block), rejecting unknown keys by name.
 
+        A mapping with an ``fp16`` block (DeepSpeed's, as a DeepSpeed search writes it) is a
+        :class:`DeepSpeedFp16Config`.
+
         Args:
             data: The knobs by name, as :meth:`to_dict` writes them; missing ones take their
                 defaults.
 
         Returns:
-            The config.
+            The config (a :class:`DeepSpeedFp16Config` for an ``fp16`` block).
 
         Raises:
             UsageError: ``data`` is not a mapping, holds an unknown key, or a value out of range.
@@ -194,14 +198,16 @@ class AmpConfig:
         """
         if not isinstance(data, Mapping):
             raise UsageError(f"an AMP config must be a mapping, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        if "fp16" in data:
+            return DeepSpeedFp16Config.from_dict(data)
+        known = {f.name for f in dataclasses.fields(AmpConfig)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise UsageError(
                 f"unknown config key(s) {', '.join(unknown)}: use {', '.join(sorted(known))}"
             )
         try:
-            return cls(**data)
+            return AmpConfig(**data)
         except TypeError as exc:
             raise UsageError(f"invalid AMP config: {exc}") from None
 
@@ -263,3 +269,215 @@ SEED_ARTICLE_FIX = AmpConfig(init_scale=4096.0)
 BASELINES = {"pytorch-default": PYTORCH_DEFAULT, "init-scale-4096": SEED_ARTICLE_FIX}
 
 FLOAT32 = AmpConfig(dtype="float32")
+
+#: DeepSpeed's own values for the keys of a config's ``fp16`` block that drive its dynamic
+#: loss scaler (``deepspeed/runtime/precision_config.py``): what a block without them gets.
+FP16_DEFAULTS = {
+    "initial_scale_power": 16,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "consecutive_hysteresis": False,
+    "min_loss_scale": 1,
+}
+
+#: Keys an ``fp16`` block may hold that leave the loss scaler alone (``auto_cast`` casts the
+#: inputs, the other keeps master weights in half for DeepSpeed's CPU Adam).
+_FP16_OTHER_KEYS = ("auto_cast", "fp16_master_weights_and_grads")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepSpeedFp16Config(AmpConfig):
+    """float16 in DeepSpeed's engine, under DeepSpeed's own dynamic loss scaler: the settings
+    of a DeepSpeed config's ``fp16`` block, and its ``gradient_clipping``.
+
+    DeepSpeed casts the whole model to float16 (no autocast) and keeps float32 master
+    weights in its optimizer. Its scaler (``DynamicLossScaler``) starts at
+    ``init_scale = 2**initial_scale_power``. An overflow skips the step; it halves the scale
+    only once ``hysteresis`` overflows have come without a growth between (with
+    ``consecutive_hysteresis``, without a clean step between), and never below
+    ``min_loss_scale``: under ZeRO an overflow *at* ``min_loss_scale`` raises and ends the
+    training. It doubles the scale after ``loss_scale_window`` (``growth_interval`` here)
+    clean steps counted from the last overflow. It grows by 2 and backs off by 0.5 always.
+
+    Example:
+        >>> from scalertune._amp._config import DeepSpeedFp16Config
+        >>> config = DeepSpeedFp16Config.from_fp16_block(
+        ...     {"enabled": True, "initial_scale_power": 12, "hysteresis": 1})
+        >>> config.fp16_block()["initial_scale_power"], config.growth_interval
+        (12, 1000)
+        >>> AmpConfig.from_dict(config.to_dict()) == config
+        True
+    """
+
+    # DeepSpeed's defaults (FP16_DEFAULTS): its window is 1000, GradScaler's interval 2000
+    growth_interval: int = 1000
+    hysteresis: int = 2
+    min_loss_scale: int = 1
+    consecutive_hysteresis: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dtype != "float16":
+            raise UsageError(
+                f"a DeepSpeed fp16 config trains float16, got dtype {self.dtype!r}: bfloat16 "
+                "and float32 in DeepSpeed are plain configs of that dtype"
+            )
+        if self.fp32_modules:
+            raise UsageError(
+                "DeepSpeed's fp16 mode casts the whole model to float16: it has no float32 "
+                "islands (keep those modules' computation in float32 in the model's code)"
+            )
+        power = math.log2(self.init_scale)
+        if power != round(power) or power < 0:
+            raise UsageError(
+                f"DeepSpeed's initial scale is 2**initial_scale_power, a whole power of two "
+                f">= 1: got init_scale {shown(self.init_scale)}"
+            )
+        if self.growth_factor != 2.0 or self.backoff_factor != 0.5:
+            raise UsageError(
+                "DeepSpeed's scaler grows by 2 and backs off by 0.5: growth_factor and "
+                "backoff_factor cannot change"
+            )
+        for name, value in (
+            ("hysteresis", self.hysteresis),
+            ("min_loss_scale", self.min_loss_scale),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**126:
+                raise UsageError(f"{name} must be an integer >= 1, got {shown(value)}")
+        if not isinstance(self.consecutive_hysteresis, bool):
+            raise UsageError(
+                "consecutive_hysteresis must be true or false, got "
+                f"{shown(self.consecutive_hysteresis)}"
+            )
+
+    @property
+    def initial_scale_power(self) -> int:
+        return round(math.log2(self.init_scale))
+
+    def fp16_block(self) -> dict[str, Any]:
+        """The ``fp16`` block of a DeepSpeed config that sets this scaler up (dynamic scaling:
+        ``loss_scale`` 0)."""
+        return {
+            "enabled": True,
+            "loss_scale": 0,
+            "initial_scale_power": self.initial_scale_power,
+            "loss_scale_window": self.growth_interval,
+            "hysteresis": self.hysteresis,
+            "consecutive_hysteresis": self.consecutive_hysteresis,
+            "min_loss_scale": self.min_loss_scale,
+        }
+
+    @classmethod
+    def from_fp16_block(
+        cls, block: Mapping[str, Any], *, clip_norm: float | None = None, name: str = "fp16"
+    ) -> DeepSpeedFp16Config:
+        """The config a DeepSpeed ``fp16`` block sets up (DeepSpeed's own values where it says
+        none); ``name`` is how an error names the block. Only an enabled block with dynamic
+        scaling (``loss_scale`` 0) has a scaler to search or predict."""
+        if not isinstance(block, Mapping):
+            raise UsageError(
+                f"{name} must be a mapping (DeepSpeed's fp16 block), got {shown(block)}"
+            )
+        unknown = sorted(set(block) - {"enabled", "loss_scale", *FP16_DEFAULTS, *_FP16_OTHER_KEYS})
+        if unknown:
+            raise UsageError(
+                f"{name} has unknown key(s) {', '.join(map(str, unknown))}: DeepSpeed's "
+                f"fp16 block takes enabled, loss_scale, {', '.join(FP16_DEFAULTS)}"
+            )
+        if block.get("enabled") is not True:
+            raise UsageError(
+                f'{name} must enable fp16 ("enabled": true; DeepSpeed\'s default is false), got '
+                f"{shown(block.get('enabled'))}: without it DeepSpeed trains with no loss scaler"
+            )
+        if block.get("loss_scale", 0) != 0:
+            raise UsageError(
+                f"{name} has loss_scale {shown(block['loss_scale'])}, a static scale: set "
+                "loss_scale 0 for DeepSpeed's dynamic scaler"
+            )
+        values = {**FP16_DEFAULTS, **{k: block[k] for k in FP16_DEFAULTS if k in block}}
+        if "auto" in values.values():
+            raise UsageError(
+                f"{name} has 'auto' values, which only Hugging Face's Trainer fills in: give "
+                "the numbers"
+            )
+        power = values["initial_scale_power"]
+        if isinstance(power, bool) or not isinstance(power, int) or not 0 <= power <= 127:
+            raise UsageError(
+                f"{name}['initial_scale_power'] must be an integer from 0 to 127, got "
+                f"{shown(power)}"
+            )
+        return cls(
+            init_scale=float(2**power),
+            growth_interval=values["loss_scale_window"],
+            hysteresis=values["hysteresis"],
+            min_loss_scale=values["min_loss_scale"],
+            consecutive_hysteresis=values["consecutive_hysteresis"],
+            clip_norm=clip_norm,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """``dtype``, the ``fp16`` block and ``clip_norm`` (DeepSpeed's
+        ``gradient_clipping``): what the YAML file and Optuna store."""
+        return {
+            "dtype": self.dtype,
+            "fp16": self.fp16_block(),
+            "clip_norm": None if self.clip_norm is None else float(self.clip_norm),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DeepSpeedFp16Config:
+        unknown = sorted(set(data) - {"dtype", "fp16", "clip_norm"})
+        if unknown:
+            raise UsageError(
+                f"unknown config key(s) {', '.join(map(str, unknown))} beside a DeepSpeed fp16 "
+                "block: use dtype, fp16, clip_norm"
+            )
+        if data.get("dtype", "float16") != "float16":
+            raise UsageError(f"a config with an fp16 block is float16, got dtype {data['dtype']!r}")
+        clip = data.get("clip_norm")
+        return cls.from_fp16_block(data["fp16"], clip_norm=clip, name="the config's fp16")
+
+    def knobs_changed(self, clip_norm: float | None = None) -> int:
+        """How many knobs differ from DeepSpeed's defaults (and from the workload's own
+        ``clip_norm``)."""
+        block = self.fp16_block()
+        return int(self.clip_norm != clip_norm) + sum(
+            int(block[key] != value) for key, value in FP16_DEFAULTS.items()
+        )
+
+    def describe(self) -> str:
+        """One short line, e.g. ``float16 DeepSpeed scale=2**16 window 1000 hysteresis 2
+        min 1, no clip``."""
+        clip = "no clip" if self.clip_norm is None else f"clip {self.clip_norm:.3g}"
+        consecutive = " consecutive" if self.consecutive_hysteresis else ""
+        return (
+            f"float16 DeepSpeed scale=2**{self.initial_scale_power} window "
+            f"{self.growth_interval} hysteresis {self.hysteresis}{consecutive} min "
+            f"{self.min_loss_scale}, {clip}"
+        )
+
+
+#: DeepSpeed's own fp16 defaults: what a user gets from ``"fp16": {"enabled": true}``.
+DEEPSPEED_DEFAULT = DeepSpeedFp16Config()
+
+#: The baselines a study of a DeepSpeed workload runs once, by name: DeepSpeed's defaults, and
+#: the seed article's ``init_scale`` in DeepSpeed's terms (``initial_scale_power`` 12).
+DEEPSPEED_BASELINES = {
+    "deepspeed-default": DEEPSPEED_DEFAULT,
+    "deepspeed-scale-4096": DeepSpeedFp16Config(init_scale=4096.0),
+}
+
+
+def baselines(deepspeed: bool) -> dict[str, AmpConfig]:
+    """The baselines of a study, by name: PyTorch's, or DeepSpeed's for a DeepSpeed workload;
+    the framework's defaults first, the seed article's scale second."""
+    return dict(DEEPSPEED_BASELINES if deepspeed else BASELINES)
+
+
+#: The baselines that are a framework's own defaults (PyTorch's GradScaler, DeepSpeed's fp16).
+DEFAULTS_BASELINES = ("pytorch-default", "deepspeed-default")
+
+
+def defaults_words(deepspeed: bool) -> str:
+    """How the summary names the framework's defaults."""
+    return "DeepSpeed's defaults" if deepspeed else "PyTorch's defaults"

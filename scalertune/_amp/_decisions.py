@@ -1,12 +1,13 @@
 """The runtime's side of its GradScaler's steps: what a :class:`RuntimeScaler` tells it (a
-loss scaled, a step begun, a step decided), the skipped steps counted from that, and the
-scale read in place."""
+loss scaled, a step begun, a step decided), or what a bound engine decided (DeepSpeed's), the
+skipped steps counted from that, and the scale read in place."""
 
 from __future__ import annotations
 
 import torch
 
 from scalertune._amp._check import RunCheck
+from scalertune._amp._engine import Engine, EngineSlot
 from scalertune._amp._readback import Readback
 from scalertune._amp._scaler import DeviceStep, Skips
 
@@ -25,6 +26,7 @@ class ScalerDecisions:
     _stepped: bool | DeviceStep
     _uses_scaler: bool
     _initial_scale: torch.Tensor
+    _engine: EngineSlot
 
     @property
     def last_step(self) -> bool | DeviceStep:
@@ -70,9 +72,22 @@ class ScalerDecisions:
         if self._checks is not None and self.steps % self._checks.every == 0:
             self._checks.run(self)
 
+    def _engine_step(self, engine: Engine) -> bool:
+        """The step of a bound engine (its clipping, its optimizer, its scaler: DeepSpeed's),
+        decided on the host by the engine itself: counted, and read back when due."""
+        stepped = self._stepped = engine.step()
+        self._skips.host(self.steps, skipped=not stepped)
+        self.steps += 1
+        if self._checks is not None and self.steps % self._checks.every == 0:
+            self._checks.run(self)
+        return stepped
+
     @property
     def scale(self) -> torch.Tensor:
-        """The current loss scale as a device tensor (1.0 when no scaler is active); no sync."""
+        """The current loss scale as a device tensor (1.0 when no scaler is active; a bound
+        engine's own scale); no sync."""
+        if self._engine.engine is not None:
+            return torch.full((), self._engine.engine.scale(), device=self.device)
         if not self._uses_scaler:  # a disabled GradScaler has no _scale at all
             return self._initial_scale
         scale = self.scaler._scale  # noqa: SLF001 - GradScaler's live scale, read in place

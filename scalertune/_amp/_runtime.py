@@ -11,9 +11,10 @@ import torch
 from scalertune._amp._autocast import Clip, Forward
 from scalertune._amp._check import RunCheck
 from scalertune._amp._checkpointed import Checkpointed
-from scalertune._amp._config import SCALER_KNOBS, AmpConfig
+from scalertune._amp._config import SCALER_KNOBS, AmpConfig, DeepSpeedFp16Config
 from scalertune._amp._decisions import ScalerDecisions
 from scalertune._amp._device import resolve_device
+from scalertune._amp._engine import Engine, EngineSlot
 from scalertune._amp._guard import Guard
 from scalertune._amp._readback import Readback
 from scalertune._amp._scaler import DeviceStep, RuntimeScaler, Skips, scaler_class, set_knobs
@@ -96,6 +97,8 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         #: to check against.
         self.check = check if config.dtype != "float32" else None
         self.device = resolve_device(device)
+        # DeepSpeed's fp16 scaler is its engine's (bound with :meth:`bind`), not a GradScaler
+        self._engine = EngineSlot(needed=isinstance(config, DeepSpeedFp16Config))
         self._forward = Forward(config, self.device, model_check)
         #: The GradScaler (a :class:`~scalertune._amp._scaler.RuntimeScaler`: it reports each
         #: step to this runtime, whoever calls it; disabled for bfloat16 and float32).
@@ -110,7 +113,8 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             (), config.init_scale if config.uses_scaler else 1.0, device=self.device
         )
         self._clip = Clip(config.clip_norm) if config.clip_norm is not None else None
-        self._uses_scaler = config.uses_scaler  # read on every step: a plain attribute
+        # read on every step: a plain attribute
+        self._uses_scaler = config.uses_scaler and not self._engine.needed
         self._checked_step = -1  # the step the in-run check last ran at (once per step)
         #: Called after each :meth:`backward` and first in :meth:`step`, while the gradients
         #: are backward's own: the float32 reference's gradient trace reads them there
@@ -224,12 +228,52 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         return kind(
             self.device.type,
             listener=self,  # type: ignore[call-arg]
-            enabled=config.uses_scaler,
+            enabled=config.uses_scaler and not self._engine.needed,
             **{k: getattr(config, k) for k in SCALER_KNOBS},
         )
 
+    def bind(self, engine: Engine) -> None:
+        """Train through ``engine``, which scales, clips and steps itself (DeepSpeed's).
+
+        From here :meth:`backward` and :meth:`step` are the engine's, and the runtime counts
+        and checks the steps it decides (see :mod:`scalertune._amp._engine`): its
+        ``skipped_steps`` and its scale are the engine's own. Binding the bound engine again
+        changes nothing. ``scalertune.attach`` binds a DeepSpeed Trainer's engine itself.
+
+        Args:
+            engine: What scales and steps: its ``backward(loss, gradients=...)``, ``step()``
+                (whether the step was applied), ``scale()``, ``scaler_state()`` and
+                ``load_scaler_state(state)``.
+
+        Example:
+            >>> import torch, scalertune
+            >>> class Engine:  # scales nothing, applies every step
+            ...     def backward(self, loss, *, gradients, **kwargs):
+            ...         loss.backward()
+            ...     def step(self):
+            ...         return True
+            ...     def scale(self):
+            ...         return 1.0
+            ...     def scaler_state(self):
+            ...         return {"scale": 1.0}
+            ...     def load_scaler_state(self, state):
+            ...         pass
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(dtype="float32"), device="cpu")
+            >>> amp.bind(Engine())
+            >>> amp.engine is not None
+            True
+        """
+        self._engine.bind(engine)
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine bound with :meth:`bind`, if any."""
+        return self._engine.engine
+
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward through the scaled loss (a plain backward when no scaler is active).
+
+        Where an engine is bound (:meth:`bind`, a DeepSpeed run's), the engine's backward.
 
         Args:
             loss: The loss :meth:`loss` (or the forward under :meth:`autocast`) returned.
@@ -243,7 +287,10 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             >>> w.grad  # scaled by init_scale until step() unscales it
             tensor([8., 8.])
         """
-        self.scaler.scale(loss).backward(**kwargs)
+        if self._engine.active:
+            self._engine.backward(loss, gradients=self._after_backward is not None, **kwargs)
+        else:
+            self.scaler.scale(loss).backward(**kwargs)
         if self._after_backward is not None:
             self._after_backward()
 
@@ -276,6 +323,8 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         """
         if self._before_step is not None:
             self._before_step()
+        if self._engine.engine is not None:
+            return self._engine_step(self._engine.engine)
         if self._clip is not None:
             self._clip(self.scaler, optimizer)
         if not self._uses_scaler:

@@ -261,6 +261,11 @@ class Skips:
             self._pending.append(index)
         return DeviceStep(skipped)
 
+    def host(self, index: int, *, skipped: bool) -> None:
+        """Step ``index`` decided on the host, by an engine that steps itself and says
+        whether it skipped (DeepSpeed's)."""
+        self._record(index, skipped, on_host=True)
+
     def note_loss(self, loss: torch.Tensor) -> None:
         """A loss about to be scaled, kept until its step is decided (:meth:`decide`): whether
         any since the last read was inf or NaN is read with the scale (``bad_loss``). A float16

@@ -128,7 +128,8 @@ def load_check(path: str) -> tuple[CheckPolicy, ScalerPrediction | None]:
 
 def _guard(data: dict[str, Any], path: str) -> Guard | None:
     block = data.get("guard")
-    if block is None:
+    deepspeed = isinstance(data.get("config"), dict) and "fp16" in data["config"]
+    if block is None or (deepspeed and isinstance(block, str)):  # a line: DeepSpeed's own
         return None
     try:
         return Guard(

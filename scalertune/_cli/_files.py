@@ -124,8 +124,8 @@ def _check_not_narrower(output: str, horizon: int) -> None:
 
 
 #: The longest name a picture written beside the YAML takes after its stem
-#: (``STEM.pytorch-default.trial-N.png``, N up to ten digits).
-_LONGEST_PICTURE_SUFFIX = ".pytorch-default.trial-0123456789.png"
+#: (``STEM.deepspeed-default.trial-N.png``, N up to ten digits).
+_LONGEST_PICTURE_SUFFIX = ".deepspeed-default.trial-0123456789.png"
 
 
 def _name_max(folder: str) -> int:

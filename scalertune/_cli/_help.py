@@ -33,8 +33,10 @@ SEARCH_DESCRIPTION = """\
 Search AMP configs for the workload that FACTORY returns, and recommend one.
 
 FACTORY is path/to/model.py:make_model or package.module:make_model: a function returning a
-scalertune.Workload or a dict with model, optimizer, batches and loss_fn (or step). It is
-called afresh under fixed seeds for every run.
+scalertune.Workload or a dict with model, optimizer, batches and loss_fn (or step), or the
+trainer you have. It is called afresh under fixed seeds for every run. A dict with
+"deepspeed": config (or a Hugging Face Trainer made with deepspeed=) is searched in
+DeepSpeed's own engine, in the knobs of DeepSpeed's loss scaler, against DeepSpeed's defaults.
 
 Every study runs, once: a float32 reference (its final loss, within a small tolerance, is the
 target), PyTorch's defaults (float16, init_scale 65536, growth 2.0, backoff 0.5, interval
@@ -92,7 +94,8 @@ EXPORT_DESCRIPTION = (
     "YAML written by scalertune search): the GradScaler and autocast for torch, the Trainer "
     "arguments with their precision plugin for Lightning, the Accelerator arguments with "
     "GradScalerKwargs for Accelerate, TrainingArguments fields for Transformers, and for "
-    "DeepSpeed a JSON config to save as ds_config.json (its notes go to stderr). For "
+    "DeepSpeed a JSON config to save as ds_config.json (its notes go to stderr; a DeepSpeed "
+    "workload's answer is its searched fp16 block, in the searched config). For "
     "Transformers, Lightning and Accelerate it also shows the scalertune.attach call that "
     "puts the whole config into the trainer, with the guard and the watch (TrainingArguments "
     "has no loss-scaler settings: attach is how its knobs get in). --best-amp exports the "

@@ -15,8 +15,10 @@ from scalertune._amp._scaler import DeviceStep
 from scalertune._diagnose._hooks import _Hooks, _row, _sample
 from scalertune._diagnose._report import ModuleReport, TensorStats, _Run
 from scalertune._errors import UsageError
+from scalertune._frameworks._deepspeed import refuse_deepspeed
 from scalertune._run._loop import loss_function
 from scalertune._workload._contract import Workload, to_device
+from scalertune._workload._deepspeed import engine_facts
 from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import one_line
 
@@ -50,6 +52,8 @@ class _Runner:
         (with the activation gradients when ``grads``); ``repair`` recomputes, in float32,
         the output of a culprit without submodules, so that one pass finds the next one."""
         workload = build_workload(self.factory, seed=self.seed, device=self.device)
+        if engine_facts(workload) is not None:
+            refuse_deepspeed("a DeepSpeed workload", "diagnose")
         if config.clip_norm is None and workload.clip_norm is not None:
             config = dataclasses.replace(config, clip_norm=workload.clip_norm)
         model = workload.model

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from scalertune import _limits
-from scalertune._amp._config import AmpConfig
+from scalertune._amp._config import AmpConfig, DeepSpeedFp16Config
 from scalertune._amp._device import device_type, resolve_device
 from scalertune._errors import UsageError
 from scalertune._replay._deepspeed_block import DEEPSPEED_MIN_LOSS_SCALE, deepspeed_fp16_block
@@ -275,6 +275,11 @@ def export(
         raise UsageError("micro_batch_size is for DeepSpeed's config (framework 'deepspeed')")
     _limits.check(_limits.EXPORT, micro_batch_size=micro_batch_size)
     config, evidence = _read_source(source, best_amp)
+    if isinstance(config, DeepSpeedFp16Config) and framework != "deepspeed":
+        raise UsageError(
+            f"this config is DeepSpeed's fp16 block, searched in DeepSpeed's engine under its "
+            f"own loss scaler, which {framework} does not have: export it --to deepspeed"
+        )
     where = _device(device)
     if framework == "deepspeed":  # the one format that needs the evidence and a batch size
         parts = _deepspeed(config, _lowest_scale(evidence), micro_batch_size)
@@ -283,7 +288,13 @@ def export(
     if framework in _ATTACHABLE:
         parts.usage += _attach_usage(framework, config, _attach_argument(source, config, best_amp))
     if framework == "deepspeed" and config.uses_scaler:
-        parts.differ.extend(_deepspeed_horizon(evidence))
+        horizon = _deepspeed_horizon(evidence, config)
+        searched = isinstance(config, DeepSpeedFp16Config)  # a prediction, not a difference
+        (parts.usage if searched else parts.differ).extend(
+            f"# {line}" if searched else line for line in horizon
+        )
+    if framework == "deepspeed":
+        _users_config(parts, evidence)
     result = Export(
         framework=framework,
         config=config,
@@ -328,8 +339,12 @@ def _read_source(source: Any, best_amp: bool) -> tuple[AmpConfig, Any]:
     block = best_amp_block(
         data, os.fspath(source) if isinstance(source, (str, os.PathLike)) else "this search"
     )
-    said = evidence.get("deepspeed_prediction") if isinstance(evidence, Mapping) else None
-    return AmpConfig.from_dict(block["config"]), {**block, "deepspeed_prediction": said}
+    said = {
+        key: evidence.get(key)
+        for key in ("deepspeed_prediction", "prediction", "deepspeed")
+        if isinstance(evidence, Mapping)
+    }
+    return AmpConfig.from_dict(block["config"]), {**block, **said}
 
 
 #: The frameworks whose trainer ``scalertune.attach`` takes, and what it is called there.
@@ -373,16 +388,36 @@ def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]
     return [f"# or, instead: scalertune.attach puts {what} into the {name}", line]
 
 
-def _deepspeed_horizon(evidence: Any) -> list[str]:
+def _deepspeed_horizon(evidence: Any, config: AmpConfig) -> list[str]:
     """What DeepSpeed's scaler would do over the search's horizon, replayed from the float32
-    reference's gradient trace (the search writes it for a float16 config)."""
-    said = evidence.get("deepspeed_prediction") if isinstance(evidence, Mapping) else None
+    reference's gradient trace (the search writes it for a float16 config: for a block it
+    searched in DeepSpeed, its own prediction)."""
+    key = "prediction" if isinstance(config, DeepSpeedFp16Config) else "deepspeed_prediction"
+    said = evidence.get(key) if isinstance(evidence, Mapping) else None
     if not isinstance(said, Mapping) or "says" not in said:
         return []
     return [
         f"over the horizon ({said.get('horizon')} steps), replayed from the search's "
         f"float32 gradient trace, DeepSpeed's scaler {said['says']}"
     ]
+
+
+def _users_config(parts: _Parts, evidence: Any) -> None:
+    """The DeepSpeed config the searched factory (or Trainer) trained with, under the
+    answer's ``fp16``, ``bf16`` and ``gradient_clipping``: the whole ``ds_config.json``."""
+    facts = evidence.get("deepspeed") if isinstance(evidence, Mapping) else None
+    base = facts.get("config") if isinstance(facts, Mapping) else None
+    if not isinstance(base, Mapping):
+        return
+    kept = {k: v for k, v in base.items() if k not in ("fp16", "bf16", "bfloat16")}
+    parts.spec = {**kept, **parts.spec}
+    parts.usage = [
+        line for line in parts.usage if "refuses a config without a batch size" not in line
+    ]
+    parts.usage.insert(
+        0,
+        "# the searched DeepSpeed config, with the answer's fp16, bf16 and gradient_clipping",
+    )
 
 
 def _lowest_scale(evidence: Any) -> float | None:
@@ -550,7 +585,10 @@ def _deepspeed(c: AmpConfig, lowest: float | None, batch: int | None) -> _Parts:
     if batch is not None:
         spec["train_micro_batch_size_per_gpu"] = batch
     parts = _Parts(spec, uses_device=False)
-    spec["fp16"] = _deepspeed_fp16(c, lowest, parts) if c.uses_scaler else {"enabled": False}
+    if isinstance(c, DeepSpeedFp16Config):  # searched in DeepSpeed: its block as it trained
+        spec["fp16"] = c.fp16_block()
+    else:
+        spec["fp16"] = _deepspeed_fp16(c, lowest, parts) if c.uses_scaler else {"enabled": False}
     spec["bf16"] = {"enabled": c.dtype == "bfloat16"}
     # Always written: DeepSpeed clips at 1.0 when the key is absent; 0 turns clipping off.
     spec["gradient_clipping"] = c.clip_norm if c.clip_norm is not None else 0.0
@@ -560,7 +598,7 @@ def _deepspeed(c: AmpConfig, lowest: float | None, batch: int | None) -> _Parts:
             "cast the whole model to half precision; keep those modules' "
             "computation in float32 in your model code"
         )
-    if c.dtype != "float32":
+    if c.dtype != "float32" and not isinstance(c, DeepSpeedFp16Config):
         parts.differ.append(
             f"DeepSpeed casts the model's weights and activations to {c.dtype} "
             "instead of autocasting: ops autocast runs in float32 (softmax, "

@@ -10,9 +10,14 @@ trainer workloads share.
   refusal of a trainer that runs DeepSpeed;
 - ``_releases``: which framework a class comes from, and the releases scalertune was checked
   on, refused in one line outside them;
+- ``_deepspeed``: DeepSpeed's engine made with a run's precision and bound to its runtime,
+  a Hugging Face Trainer made with ``deepspeed=`` under a runtime, and the one refusal of
+  what scalertune cannot train in DeepSpeed;
 - ``_accelerate_private``, ``_transformers_private``, ``_lightning_private``: each
   framework's internals that scalertune relies on (private names, replaced and overridden
-  methods), in one module per framework, each entry checked by a test.
+  methods), in one module per framework, each entry checked by a test;
+- ``_deepspeed_private``: DeepSpeed's own, the same way (what a Trainer made with
+  ``deepspeed=`` relies on of Accelerate and transformers is in their modules).
 
 The frameworks are imported only from the objects a user passes in: none is a dependency.
 """

@@ -28,7 +28,7 @@ from typing import Any
 
 from scalertune._errors import UsageError
 from scalertune._frameworks import _accelerate_private
-from scalertune._frameworks._detect import refuse_deepspeed
+from scalertune._frameworks._deepspeed import refuse_deepspeed
 from scalertune._frameworks._route import ROUTE_ATTR, Route
 
 #: Accelerate's distributed types that run the model under autocast with a GradScaler, one
@@ -45,7 +45,7 @@ def check_accelerator(
     """Refuse, in one line, what the runtime cannot drive (``before``: when to hand it over)."""
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
     if kind == "DEEPSPEED":
-        refuse_deepspeed(what)
+        refuse_deepspeed(what, "trainer")
     if kind not in _SUPPORTED:
         raise UsageError(
             f"{what} runs {kind}: scalertune drives single-process and DDP "

@@ -17,11 +17,22 @@ checked again by :func:`check` when an Accelerator is handed over). What is reli
   as a Hugging Face Trainer's ``train()`` sets it (:func:`set_sync_gradients`);
 - the instance attributes that ``_accelerate.route_accelerator`` replaces on one Accelerator
   (:data:`REPLACED`: four methods and two attributes), and the method it replaces on each
-  optimizer ``prepare_optimizer`` returns (:data:`OPTIMIZER_REPLACED`).
+  optimizer ``prepare_optimizer`` returns (:data:`OPTIMIZER_REPLACED`);
+- an Accelerator running DeepSpeed (a Hugging Face Trainer's, made with ``deepspeed=``):
+  its ``state.deepspeed_plugin`` (:func:`deepspeed_plugin`) and that plugin's
+  ``deepspeed_config``, the one dict ``prepare`` makes the engine from (a run's precision
+  goes in there, :func:`deepspeed_config`); ``deepspeed_engine_wrapped``, the engine
+  ``prepare`` made (:func:`deepspeed_engine`); ``accelerate.utils.DummyScheduler``, what
+  stands for a scheduler the DeepSpeed config names, made with the engine
+  (:func:`is_config_scheduler`); and its ``backward`` replaced (:data:`DEEPSPEED_REPLACED`,
+  :func:`replace_backward`): the Trainer's ``training_step`` calls it, and under DeepSpeed it
+  runs ``engine.backward`` and, where the gradients sync, ``engine.step``.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 from scalertune._frameworks._releases import Releases
@@ -42,6 +53,14 @@ REPLACED = (
 #: What is set on each prepared optimizer: its ``step`` (so that an LR scheduler wraps it).
 OPTIMIZER_REPLACED = ("step",)
 
+#: What is replaced on an Accelerator running DeepSpeed (a DeepSpeed Trainer's).
+DEEPSPEED_REPLACED = ("backward",)
+#: What is read of an Accelerator running DeepSpeed: where its plugin is, the engine
+#: ``prepare`` made, and the plugin's config.
+DEEPSPEED_READ = ("state.deepspeed_plugin", "deepspeed_engine_wrapped")
+#: What ``prepare`` makes a DeepSpeed engine's scheduler from: (module, name).
+DUMMY_SCHEDULER = ("accelerate.utils", "DummyScheduler")
+
 #: The private names of an Accelerator read or called.
 _PRIVATE = ("_models", "_optimizers")
 
@@ -55,6 +74,34 @@ def check(accelerator: Any) -> None:
         missing.append("GradientState._set_sync_gradients")
     if missing:
         raise RELEASES.missing(missing)
+
+
+def check_deepspeed(accelerator: Any) -> None:
+    """Refuse, in one line, an Accelerate release outside the bound, or one whose
+    Accelerator running DeepSpeed lacks a name listed here (:data:`DEEPSPEED_READ`, the
+    plugin's config, :data:`DUMMY_SCHEDULER`)."""
+    RELEASES.check()
+    missing = [n for n in DEEPSPEED_READ if not _has(accelerator, n)]
+    plugin = deepspeed_plugin(accelerator) if not missing else None
+    if plugin is not None and not hasattr(plugin, "deepspeed_config"):
+        missing.append("DeepSpeedPlugin.deepspeed_config")
+    module: Any
+    try:
+        module = importlib.import_module(DUMMY_SCHEDULER[0])
+    except ImportError:
+        module = None
+    if not hasattr(module, DUMMY_SCHEDULER[1]):
+        missing.append(".".join(DUMMY_SCHEDULER))
+    if missing:
+        raise RELEASES.missing(missing)
+
+
+def _has(obj: Any, path: str) -> bool:
+    for name in path.split("."):
+        if not hasattr(obj, name):
+            return False
+        obj = getattr(obj, name)
+    return True
 
 
 def prepared_anything(accelerator: Any) -> bool:
@@ -75,3 +122,37 @@ def set_step_skipped(optimizer: Any, skipped: bool) -> None:
 def set_sync_gradients(accelerator: Any, sync: bool) -> None:
     """Tell ``accelerator`` whether the gradients sync after this micro-batch."""
     accelerator.gradient_state._set_sync_gradients(sync)  # noqa: SLF001
+
+
+# -- an Accelerator running DeepSpeed -------------------------------------------------------
+
+
+def deepspeed_plugin(accelerator: Any) -> Any:
+    """The DeepSpeed plugin of ``accelerator`` (``None`` where it runs no DeepSpeed)."""
+    return accelerator.state.deepspeed_plugin
+
+
+def deepspeed_config(accelerator: Any) -> dict[str, Any]:
+    """The DeepSpeed config ``accelerator.prepare`` makes the engine from: one dict, what is
+    set in it is what the engine is made from."""
+    config: dict[str, Any] = deepspeed_plugin(accelerator).deepspeed_config
+    return config
+
+
+def deepspeed_engine(accelerator: Any) -> Any:
+    """The DeepSpeed engine ``accelerator.prepare`` made (``None`` before)."""
+    wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
+    return None if wrapped is None else wrapped.engine
+
+
+def is_config_scheduler(scheduler: Any) -> bool:
+    """Whether ``scheduler`` stands for one the DeepSpeed config names, which
+    ``accelerator.prepare`` makes with the engine."""
+    from accelerate.utils import DummyScheduler
+
+    return isinstance(scheduler, DummyScheduler)
+
+
+def replace_backward(accelerator: Any, backward: Callable[..., None]) -> None:
+    """``backward`` in place of the Accelerator's (:data:`DEEPSPEED_REPLACED`)."""
+    accelerator.backward = backward

@@ -11,7 +11,7 @@ from scalertune._amp._check import CheckPolicy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
-from scalertune._frameworks import _accelerate, _lightning, _transformers
+from scalertune._frameworks import _accelerate, _deepspeed, _lightning, _transformers
 from scalertune._frameworks._detect import trainer_framework
 from scalertune._frameworks._route import Route
 from scalertune._inrun._build import in_run_check, runtime_from_yaml
@@ -28,8 +28,15 @@ def attach(
 ) -> AmpRuntime:
     """:func:`scalertune.attach` without the study's record of the run (see there)."""
     kind, device = _kind(trainer)
+    deepspeed = kind == "transformers" and _deepspeed.is_deepspeed_trainer(trainer)
+    if deepspeed:  # the in-run check left out (see _deepspeed.CHECK_LEFT_OUT), said if asked
+        if check is not None and check is not False:
+            _deepspeed.say_check_left_out()
+        check = False
     amp = _runtime(config, device, guard=guard, watch=watch, best_amp=best_amp, check=check)
-    if kind == "transformers":
+    if deepspeed:
+        _deepspeed.attach_trainer(trainer, amp)  # DeepSpeed's engine, its own loss scaler
+    elif kind == "transformers":
         _transformers.check_trainer(trainer)
         _transformers.route_trainer(trainer, Route(amp), training=True)
     elif kind == "accelerate":

@@ -23,15 +23,12 @@ from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._frameworks._accelerate import check_accelerator, route_accelerator
 from scalertune._frameworks._accelerate_private import set_sync_gradients
-from scalertune._frameworks._detect import refuse_deepspeed
 from scalertune._frameworks._route import Route
 
 
 def check_trainer(trainer: Any, *, before: str = "attach before trainer.train()") -> None:
     """Refuse, in one line, a Trainer the runtime cannot drive (``before``: when to hand it
     over)."""
-    if getattr(trainer, "is_deepspeed_enabled", False):
-        refuse_deepspeed("this Trainer")
     if getattr(trainer, "is_fsdp_enabled", False):
         raise UsageError(
             "this Trainer runs FSDP: scalertune drives single-process and DDP Trainers only"

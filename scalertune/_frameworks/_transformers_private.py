@@ -21,11 +21,21 @@ handed over). The Trainer's Accelerator is Accelerate's, whose internals (the sy
   loss by), ``state.global_step`` and ``state.max_steps``, and ``args.max_grad_norm`` (set by
   ``attach`` to the config's clipping);
 - :data:`READ`: ``accelerator``, ``is_deepspeed_enabled``, ``is_fsdp_enabled``, ``model``;
-- the model's ``forward``, replaced on the model itself (``_route.Route.wrap_forward``).
+- the model's ``forward``, replaced on the model itself (``_route.Route.wrap_forward``);
+- a Trainer made with ``deepspeed=``: ``transformers.integrations.deepspeed.deepspeed_init``
+  (:data:`DEEPSPEED_INIT`), which ``train()`` calls for the optimizer and scheduler before
+  ``accelerator.prepare`` makes the engine (:func:`deepspeed_init`); the ``_dtype`` of the
+  ``HfTrainerDeepSpeedConfig`` the Trainer puts on its Accelerator's DeepSpeed plugin
+  (``hf_ds_config``), which the Trainer's ``_prepare_inputs`` casts floating inputs to
+  (:func:`set_input_dtype`); and what ``train()`` sets once the engine is made
+  (:data:`DEEPSPEED_SET`: ``model_wrapped`` and ``deepspeed``, :func:`set_engine`). The
+  plugin itself, its config and the engine ``prepare`` made are Accelerate's
+  (``_accelerate_private``).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from scalertune._frameworks import _accelerate_private
@@ -53,6 +63,10 @@ SET = (
 )
 #: What is read of the Trainer.
 READ = ("accelerator", "is_deepspeed_enabled", "is_fsdp_enabled", "model")
+#: What ``train()`` sets on a Trainer made with ``deepspeed=`` once the engine is made.
+DEEPSPEED_SET = ("model_wrapped", "deepspeed")
+#: What ``train()`` makes a DeepSpeed engine's optimizer and scheduler with: (module, name).
+DEEPSPEED_INIT = ("transformers.integrations.deepspeed", "deepspeed_init")
 
 
 def check(trainer: Any) -> None:
@@ -66,6 +80,46 @@ def check(trainer: Any) -> None:
     if missing:
         raise RELEASES.missing([f"Trainer.{n}" for n in missing])
     _accelerate_private.check(trainer.accelerator)
+
+
+def check_deepspeed(trainer: Any) -> None:
+    """Refuse, in one line, a Trainer made with ``deepspeed=`` whose transformers (or
+    Accelerate) release lacks a name listed here for it; the releases themselves are checked
+    by :func:`check`."""
+    missing = [n for n in DEEPSPEED_SET if not hasattr(trainer, n)]
+    module: Any
+    try:
+        module = importlib.import_module(DEEPSPEED_INIT[0])
+    except ImportError:
+        module = None
+    if not hasattr(module, DEEPSPEED_INIT[1]):
+        missing.append(".".join(DEEPSPEED_INIT))
+    plugin = _accelerate_private.deepspeed_plugin(trainer.accelerator)
+    if not hasattr(getattr(plugin, "hf_ds_config", None), "_dtype"):
+        missing.append("HfTrainerDeepSpeedConfig._dtype")
+    if missing:
+        raise RELEASES.missing(missing)
+    _accelerate_private.check_deepspeed(trainer.accelerator)
+
+
+def deepspeed_init(trainer: Any, max_steps: int) -> tuple[Any, Any]:
+    """The optimizer and scheduler ``train()`` makes before ``accelerator.prepare`` makes the
+    engine (the scheduler may be one the config names: Accelerate's ``DummyScheduler``)."""
+    from transformers.integrations.deepspeed import deepspeed_init as hf_deepspeed_init
+
+    optimizer, scheduler = hf_deepspeed_init(trainer, num_training_steps=max_steps)
+    return optimizer, scheduler
+
+
+def set_input_dtype(trainer: Any, dtype: Any) -> None:
+    """What a DeepSpeed Trainer's ``_prepare_inputs`` casts floating inputs to."""
+    plugin = _accelerate_private.deepspeed_plugin(trainer.accelerator)
+    plugin.hf_ds_config._dtype = dtype  # noqa: SLF001 - read by the Trainer's _prepare_inputs
+
+
+def set_engine(trainer: Any, engine: Any) -> None:
+    """What ``train()`` sets once the DeepSpeed engine is made (:data:`DEEPSPEED_SET`)."""
+    trainer.model_wrapped = trainer.deepspeed = engine
 
 
 def _has(obj: Any, path: str) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 
 from scalertune import _policy
-from scalertune._amp._config import AmpConfig
+from scalertune._amp._config import DEFAULTS_BASELINES, AmpConfig
 from scalertune._judge._horizon import RuledOut, finalists, holds
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
@@ -90,6 +90,16 @@ class Findings:
     study: optuna.Study | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
+    def deepspeed(self) -> bool:
+        """Whether the workload trains in DeepSpeed's engine, under its own loss scaler."""
+        return self.settings.deepspeed is not None
+
+    @property
+    def defaults(self) -> Outcome | None:
+        """The baseline run of the framework's own defaults (PyTorch's, DeepSpeed's)."""
+        return next((self.baselines[n] for n in DEFAULTS_BASELINES if n in self.baselines), None)
+
+    @property
     def reference(self) -> Reference | None:
         """The float32 reference of the search's own seed; ``None`` before it ran.
 
@@ -127,7 +137,10 @@ class Findings:
     def trace(self) -> Trace | None:
         """The float32 reference's gradient trace (``None`` for a study made before there
         was one)."""
-        return self.reference.trace if self.reference else None
+        ref = self.reference
+        if ref is None or ref.trace is None:
+            return None
+        return ref.trace.floored(self.settings.loss_floor)
 
     @property
     def run_equivalents(self) -> float:

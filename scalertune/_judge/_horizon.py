@@ -18,6 +18,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
+from scalertune._amp._config import DEFAULTS_BASELINES
 from scalertune._judge import _policy as _judge_policy
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
@@ -206,7 +207,7 @@ def finalists(
         (
             o
             for o in ranking
-            if o.role == ROLE_BASELINE and o.baseline == "pytorch-default" and o.reached
+            if o.role == ROLE_BASELINE and o.baseline in DEFAULTS_BASELINES and o.reached
         ),
         None,
     )

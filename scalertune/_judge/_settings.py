@@ -49,6 +49,7 @@ COMPARABLE = (
     "device_type",
     "reference",
     "nproc_per_node",
+    "deepspeed",
 )
 
 
@@ -92,6 +93,9 @@ class StudySettings:
     #: The processes every run trains on (``--nproc-per-node``): 1, or the ranks of a
     #: ``torch.distributed`` group (studies written before it: 1).
     nproc_per_node: int = 1
+    #: For a DeepSpeed workload, the engine every run trains in (``zero_stage``,
+    #: ``bfloat16``); ``None`` for any other (and studies written before it).
+    deepspeed: Mapping[str, Any] | None = None
     #: The fingerprint of the model searched (``_amp._fingerprint``: its parameters' names
     #: and shapes), which the result file carries; ``None`` for studies written before it.
     model: Mapping[str, Any] | None = None
@@ -145,6 +149,18 @@ class StudySettings:
             100.0
         """
         return Noise(spread, self.horizon if self.long else 0)
+
+    @property
+    def zero(self) -> bool:
+        """Whether the runs train under ZeRO, whose scaler raises at its minimum (the
+        replay's rule for a DeepSpeed config)."""
+        return self.deepspeed is not None and int(self.deepspeed.get("zero_stage", 1)) > 0
+
+    @property
+    def loss_floor(self) -> float:
+        """The least largest gradient of a float16 step: 1 where a DeepSpeed workload's loss
+        is float16 (its backward starts from the scale itself), else 0."""
+        return 1.0 if self.deepspeed is not None and self.deepspeed.get("half_loss") else 0.0
 
     @property
     def clip_norm(self) -> float | None:
@@ -216,6 +232,7 @@ class StudySettings:
             "reference": self.reference.to_dict(),
             "instance": self.instance,
             "nproc_per_node": self.nproc_per_node,
+            "deepspeed": None if self.deepspeed is None else dict(self.deepspeed),
             **({"model": dict(self.model)} if self.model is not None else {}),
         }
 
@@ -257,6 +274,7 @@ class StudySettings:
             instance=str(data.get("instance") or ""),
             version=version,
             nproc_per_node=int(data.get("nproc_per_node") or 1),
+            deepspeed=data.get("deepspeed"),
             model=dict(data["model"]) if isinstance(data.get("model"), Mapping) else None,
         )
 

@@ -38,18 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from scalertune._errors import ParameterError
+from scalertune._amp._config import DeepSpeedFp16Config
+from scalertune._errors import ParameterError, UsageError
 from scalertune._replay._gradscaler import limits, seen_limit
-
-#: DeepSpeed 0.19's defaults for the keys of a config's ``fp16`` block that drive its scaler
-#: (``deepspeed/runtime/precision_config.py``): what a block without them gets.
-FP16_DEFAULTS = {
-    "initial_scale_power": 16,
-    "loss_scale_window": 1000,
-    "hysteresis": 2,
-    "consecutive_hysteresis": False,
-    "min_loss_scale": 1,
-}
 
 #: Why a replay ends early, as :attr:`DeepSpeedReplay.raised` says it.
 AT_MINIMUM = "an overflow at min_loss_scale (DeepSpeed raises: cannot decrease scale anymore)"
@@ -67,7 +58,7 @@ class DeepSpeedScaler:
     ZeRO (False), which ignores ``delayed_shift`` and ``raise_error_at_min_scale``.
 
     Example:
-        >>> DeepSpeedScaler.from_fp16_block({"loss_scale": 0, "initial_scale_power": 12,
+        >>> DeepSpeedScaler.from_fp16_block({"enabled": True, "initial_scale_power": 12,
         ...                                  "hysteresis": 1}).init_scale
         4096.0
     """
@@ -83,47 +74,24 @@ class DeepSpeedScaler:
     @classmethod
     def from_fp16_block(cls, block: Mapping[str, Any], *, zero: bool = True) -> DeepSpeedScaler:
         """The scaler a DeepSpeed config's ``fp16`` block sets up (its keys as DeepSpeed reads
-        them, :data:`FP16_DEFAULTS` where absent). Only dynamic scaling (``loss_scale`` 0)
-        has a scaler to replay."""
-        if not isinstance(block, Mapping):
-            raise ParameterError("fp16_block", f"must be a mapping, got {type(block).__name__}")
-        if block.get("loss_scale", 0) != 0:
-            raise ParameterError(
-                "fp16_block",
-                f"has loss_scale={block['loss_scale']!r}, a static "
-                "scale: set loss_scale 0 for DeepSpeed's dynamic scaler",
-            )
-        values = {**FP16_DEFAULTS, **{k: block[k] for k in FP16_DEFAULTS if k in block}}
-        # DeepSpeed's own parser takes any integer hysteresis (below 1 it never backs off:
-        # replayed as it is), a window and a minimum of at least 1, and any integer power
-        # (here: one whose scale a float holds).
-        for key, low, high in (
-            ("initial_scale_power", -1074, 1023),
-            ("hysteresis", -math.inf, math.inf),
-            ("loss_scale_window", 1, math.inf),
-            ("min_loss_scale", 1, math.inf),
-        ):
-            value = values[key]
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                wanted = (
-                    "an integer"
-                    if low == -math.inf
-                    else f"an integer >= {low}"
-                    if high == math.inf
-                    else f"an integer from {low} to {high}"
-                )
-                raise ParameterError(f"fp16_block[{key!r}]", f"must be {wanted}, got {value!r}")
-        if not isinstance(values["consecutive_hysteresis"], bool):
-            raise ParameterError(
-                "fp16_block['consecutive_hysteresis']",
-                f"must be true or false, got {values['consecutive_hysteresis']!r}",
-            )
+        them, DeepSpeed's own values where absent). Only an enabled block with dynamic
+        scaling (``loss_scale`` 0) has a scaler to replay."""
+        try:
+            config = DeepSpeedFp16Config.from_fp16_block(block, name="fp16_block")
+        except UsageError as exc:
+            problem = str(exc).removeprefix("fp16_block").lstrip()
+            raise ParameterError("fp16_block", problem) from None
+        return cls.from_config(config, zero=zero)
+
+    @classmethod
+    def from_config(cls, config: DeepSpeedFp16Config, *, zero: bool = True) -> DeepSpeedScaler:
+        """The scaler of a DeepSpeed fp16 config (what a search of a DeepSpeed workload tries)."""
         return cls(
-            init_scale=float(2 ** values["initial_scale_power"]),
-            scale_window=values["loss_scale_window"],
-            min_scale=float(values["min_loss_scale"]),
-            delayed_shift=values["hysteresis"],
-            consecutive_hysteresis=values["consecutive_hysteresis"],
+            init_scale=float(config.init_scale),
+            scale_window=config.growth_interval,
+            min_scale=float(config.min_loss_scale),
+            delayed_shift=config.hysteresis,
+            consecutive_hysteresis=config.consecutive_hysteresis,
             zero=zero,
         )
 
@@ -190,6 +158,11 @@ class DeepSpeedReplay:
     raised: str | None = None
     #: The scale in effect during each step, when asked for (NaN after a raise).
     scales: np.ndarray | None = None
+    #: Where the scaler ends: the hysteresis left, and the step of its last overflow (-1:
+    #: none), as ``DynamicLossScaler`` holds them (``cur_hysteresis``,
+    #: ``last_overflow_iter``).
+    hysteresis: int = 0
+    last_overflow: int = -1
 
 
 def replay_deepspeed(
@@ -224,7 +197,14 @@ def replay_deepspeed(
             break
         lowest = min(lowest, rule.scale)
     return DeepSpeedReplay(
-        np.array(skipped, dtype=np.int64), lowest, rule.scale, raised_at, raised, scales
+        np.array(skipped, dtype=np.int64),
+        lowest,
+        rule.scale,
+        raised_at,
+        raised,
+        scales,
+        hysteresis=rule.hysteresis,
+        last_overflow=rule.last_overflow,
     )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from scalertune import _policy
-from scalertune._amp._config import AmpConfig
+from scalertune._amp._config import AmpConfig, DeepSpeedFp16Config
 from scalertune._errors import ParameterError
 from scalertune._replay._deepspeed import DeepSpeedScaler, replay_deepspeed
 from scalertune._replay._gradscaler import replay
@@ -121,9 +121,12 @@ class Prediction:
         )
 
 
-def predict(trace: Trace, config: AmpConfig, *, horizon: int | None = None) -> Prediction:
+def predict(
+    trace: Trace, config: AmpConfig, *, horizon: int | None = None, zero: bool = True
+) -> Prediction:
     """What GradScaler under ``config`` does over the first ``horizon`` steps (default: all
-    the trace covers) of the training the trace was recorded on.
+    the trace covers) of the training the trace was recorded on; for a DeepSpeed fp16
+    config, DeepSpeed's scaler (under ZeRO with ``zero``: :func:`predict_deepspeed`).
 
     A bfloat16 or float32 config has no loss scaler: its prediction skips nothing, at scale
     1, and flushes nothing at float16's limit (bfloat16 keeps float32's exponent range), so
@@ -131,6 +134,8 @@ def predict(trace: Trace, config: AmpConfig, *, horizon: int | None = None) -> P
     """
     if not isinstance(config, AmpConfig):
         raise ParameterError("config", f"must be an AmpConfig, got {type(config).__name__}")
+    if isinstance(config, DeepSpeedFp16Config):
+        return predict_deepspeed(trace, config.fp16_block(), horizon=horizon, zero=zero)
     horizon = _horizon(trace, horizon)
     if not config.uses_scaler:
         return Prediction(config, horizon, 0, (), (0,) * PHASES, 1.0, 1.0, (0.0,) * PHASES)
@@ -148,13 +153,6 @@ def predict_deepspeed(
     """What DeepSpeed's dynamic loss scaler, as a config's ``fp16`` block sets it up, does over
     the first ``horizon`` steps: under ZeRO (``zero=True``, stages 1 to 3) or without it
     (``FP16_Optimizer``; see :mod:`~scalertune._replay._deepspeed` for the difference)."""
-    if not isinstance(fp16_block, Mapping) or fp16_block.get("enabled") is not True:
-        raise ParameterError(
-            "fp16_block",
-            'must enable fp16 ("enabled": true; DeepSpeed\'s '
-            f"default is false), got {shown(fp16_block)}: without it DeepSpeed "
-            "trains with no loss scaler to predict",
-        )
     scaler = DeepSpeedScaler.from_fp16_block(fp16_block, zero=zero)
     horizon = _horizon(trace, horizon)
     run = replay_deepspeed(

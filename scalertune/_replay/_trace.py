@@ -89,6 +89,14 @@ class Trace:
             startup_whole=whole,
         )
 
+    def floored(self, least: float) -> Trace:
+        """This trace with every step's largest gradient at least ``least``: a float16 loss
+        (DeepSpeed's fp16 mode computes one from float16 outputs) seeds its backward with
+        the loss scale times its own gradient, 1, which overflows from 65520 on."""
+        return dataclasses.replace(
+            self, amax=np.maximum(self.amax, least), startup=np.maximum(self.startup, least)
+        )
+
     def share_below(
         self, scale: float, limit: float, start: int = 0, end: int | None = None
     ) -> float:

@@ -24,6 +24,7 @@ import optuna
 import yaml
 
 from scalertune import _policy
+from scalertune._amp._config import defaults_words
 from scalertune._amp._schema import result_document
 from scalertune._errors import UsageError
 from scalertune._judge._findings import Findings
@@ -294,9 +295,9 @@ def _pictures_section(result: Findings, pictures: Pictures) -> list[str]:
             else "the best AMP config that holds"
         )
         shown.append((best.number, what))
-    default = result.baselines.get("pytorch-default")
+    default = result.defaults
     if default is not None and all(n != default.number for n, _ in shown):
-        shown.append((default.number, "PyTorch's defaults"))
+        shown.append((default.number, defaults_words(result.deepspeed)))
     lines = []
     for number, what in shown:
         if number in pictures.trials:

@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from scalertune import _policy
+from scalertune._amp._config import DeepSpeedFp16Config
 from scalertune._amp._guard import Guard
 from scalertune._judge._findings import Findings, speedup
 from scalertune._judge._outcome import Outcome
@@ -34,6 +35,9 @@ def document(result: Findings) -> dict[str, Any]:
     found = guard(result, result.recommended)
     if found is not None:
         data["guard"] = _guard_block(found)
+    said = deepspeed_guard(result, result.recommended)
+    if said is not None:
+        data["guard"] = said
     data["evidence"] = evidence(result)
     return data
 
@@ -51,6 +55,7 @@ def evidence(result: Findings) -> dict[str, Any]:
         "horizon": result.horizon,
         "covers": f"steps 0-{result.horizon} of the horizon",
         "search_space": settings.space_name,
+        **({"deepspeed": dict(settings.deepspeed)} if settings.deepspeed is not None else {}),
         # the model searched (its parameters' names and shapes), which load and attach check
         **({"model": dict(settings.model)} if settings.model is not None else {}),
         "verdict": verdict(result),
@@ -67,6 +72,9 @@ def evidence(result: Findings) -> dict[str, Any]:
         found = guard(result, result.best_amp)
         if found is not None:  # for scalertune.load(..., best_amp=True)
             out["best_amp"]["guard"] = _guard_block(found)
+        said = deepspeed_guard(result, result.best_amp)
+        if said is not None:
+            out["best_amp"]["guard"] = said
     if result.float32_clip is not None:
         out["float32_same_clip"] = {
             "config": result.float32_clip.config.to_dict(),
@@ -99,21 +107,24 @@ def evidence(result: Findings) -> dict[str, Any]:
 
 
 def _predictions(result: Findings) -> dict[str, Any]:
-    """For a float16 answer (or best AMP config): what its GradScaler will do over the
-    horizon, and PyTorch's defaults', replayed from the float32 reference's trace; and what
-    DeepSpeed's dynamic loss scaler would do with the config's export."""
+    """For a float16 answer (or best AMP config): what its scaler will do over the horizon,
+    and the framework's defaults', replayed from the float32 reference's trace; for a
+    GradScaler config, also what DeepSpeed's dynamic loss scaler would do with the config's
+    export. (A DeepSpeed answer's own prediction is DeepSpeed's: its fp16 block, under ZeRO.)"""
     run = result.recommended or result.best_amp
     trace = result.trace
     if run is None or not run.config.uses_scaler or trace is None:
         return {}
-    ours = predict(trace, run.config, horizon=result.horizon)
+    ours = predict(trace, run.config, horizon=result.horizon, zero=result.settings.zero)
+    defaults = "deepspeed_default" if result.deepspeed else "pytorch_default"
     out = {
         "prediction": prediction_block(ours),
-        "pytorch_default_prediction": prediction_block(defaults_prediction(result, trace)),
+        f"{defaults}_prediction": prediction_block(defaults_prediction(result, trace)),
     }
-    out["deepspeed_prediction"] = prediction_block(
-        predict_deepspeed(trace, deepspeed_fp16_block(run.config), horizon=result.horizon)
-    )
+    if not isinstance(run.config, DeepSpeedFp16Config):
+        out["deepspeed_prediction"] = prediction_block(
+            predict_deepspeed(trace, deepspeed_fp16_block(run.config), horizon=result.horizon)
+        )
     return out
 
 
@@ -191,7 +202,7 @@ def guard(result: Findings, rec: Outcome | None) -> Guard | None:
     ``GUARD_SCALE_MARGIN_POWERS`` powers of two below the smallest scale any run of that
     config reached, and twice its longest run of skipped steps (at least the search's own
     limit)."""
-    if rec is None or not rec.config.uses_scaler:
+    if rec is None or not rec.config.uses_scaler or isinstance(rec.config, DeepSpeedFp16Config):
         return None
     runs = [rec, *result.confirmations.get(rec.number, {}).values()]
     lowest = min(min(o.scales) if o.scales else o.config.init_scale for o in runs)
@@ -200,6 +211,27 @@ def guard(result: Findings, rec: Outcome | None) -> Guard | None:
     return Guard(
         min_scale=float(f"{floor:.6g}"),
         max_consecutive_skips=max(_policy.MAX_CONSECUTIVE_SKIPS, 2 * streak),
+    )
+
+
+def deepspeed_guard(result: Findings, rec: Outcome | None) -> str | None:
+    """For a DeepSpeed fp16 answer, its guard in one line: DeepSpeed's own (an overflow at
+    ``min_loss_scale`` raises and ends the training), how near the search's runs came to it,
+    and what to do when it raises."""
+    if rec is None or not isinstance(rec.config, DeepSpeedFp16Config):
+        return None
+    config = rec.config
+    runs = [rec, *result.confirmations.get(rec.number, {}).values()]
+    lowest = min(min(o.scales) if o.scales else config.init_scale for o in runs)
+    above = math.log2(lowest / config.min_loss_scale) if lowest > 0 else 0.0
+    lower = " or a lower min_loss_scale" if config.min_loss_scale > 1 else ""
+    return (
+        f"DeepSpeed guards this itself: an overflow with the loss scale at min_loss_scale "
+        f"{config.min_loss_scale} raises 'Current loss scale already at minimum' and ends "
+        f"the training (the search's runs of it went no lower than {lowest:g}, "
+        f"{above:.3g} halvings above it); if it raises, resume from your last checkpoint "
+        f"with a larger hysteresis{lower}, and if it raises again the forward pass overflows "
+        "float16 at any scale: train in bf16"
     )
 
 

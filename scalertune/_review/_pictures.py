@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from scalertune._amp._config import DEFAULTS_BASELINES
 from scalertune._judge._findings import Findings
 from scalertune._review._horizon_plot import write_horizon_picture
 from scalertune._review._plots import have_matplotlib, named_run, picture_path, plot_run
@@ -25,7 +26,7 @@ def write_pictures(result: Findings, next_to: str) -> dict[int, str]:
         return {}
     stem = os.path.splitext(next_to)[0]
     written = {}
-    for name in ("recommended", "pytorch-default"):
+    for name in ("recommended", *DEFAULTS_BASELINES):
         try:
             outcome = named_run(result, name)
         except KeyError:

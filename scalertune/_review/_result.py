@@ -12,6 +12,7 @@ it is a function of that data in a module of its own, which the methods here cal
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from scalertune._amp._config import AmpConfig
@@ -19,7 +20,7 @@ from scalertune._amp._guard import Guard
 from scalertune._amp._schema import write_result
 from scalertune._errors import ParameterError, UsageError
 from scalertune._judge._findings import Findings
-from scalertune._replay._predict import Prediction, predict
+from scalertune._replay._predict import Prediction, predict, predict_deepspeed
 from scalertune._review import _describe, _document, _pictures, _plots, _summary, _verdict
 
 
@@ -174,29 +175,41 @@ class SearchResult(Findings):
         """
         return _describe.overflow_hint(self)
 
-    def predict(self, config: AmpConfig, *, horizon: int | None = None) -> Prediction:
-        """What ``config``'s GradScaler will do over the horizon, replayed from the gradient trace.
+    def predict(
+        self, config: AmpConfig | Mapping[str, Any], *, horizon: int | None = None
+    ) -> Prediction:
+        """What ``config``'s loss scaler will do over the horizon, replayed from the trace.
 
         The float32 reference's gradients were recorded at every step; the scaler's update rule
-        is replayed over them, exactly as GradScaler applies it, without training.
+        is replayed over them, exactly as GradScaler (or DeepSpeed's scaler, for an ``fp16``
+        block) applies it, without training.
 
         Args:
-            config: The config to replay.
+            config: The config to replay: an :class:`AmpConfig` (GradScaler's knobs), or a
+                DeepSpeed ``fp16`` block as ``ds_config.json`` holds it (a dict; a whole
+                DeepSpeed config is read for its ``fp16`` block), replayed under DeepSpeed's
+                own scaler, with its hysteresis and its floor, as ZeRO runs it.
             horizon: How many steps of the horizon to replay; ``None`` for all of it.
 
         Returns:
             A prediction: its ``skipped_steps``, and where; its ``min_scale`` and
             ``final_scale``; the share of gradient values that flush to zero, per tenth of the
-            horizon.
+            horizon; for an ``fp16`` block, ``stops_at``, where DeepSpeed would raise at its
+            floor and end the training.
 
         Raises:
             UsageError: The study's float32 reference has no gradient trace (it ran before
                 scalertune recorded one): rerun the search with a new study name.
+            ParameterError: an ``fp16`` block that does not enable fp16, or one DeepSpeed
+                would not scale with.
 
         Example:
             >>> result = scalertune.analyze(study)  # doctest: +SKIP
             >>> result.predict(scalertune.AmpConfig()).skipped_steps  # doctest: +SKIP
             64
+            >>> block = {"enabled": True, "initial_scale_power": 12, "hysteresis": 2}
+            >>> result.predict(block).skipped_steps  # doctest: +SKIP
+            5
         """
         trace = self.trace
         if trace is None:
@@ -205,7 +218,13 @@ class SearchResult(Findings):
                 "before scalertune recorded one): rerun the search with a new "
                 "study name"
             )
-        return predict(trace, config, horizon=horizon or self.horizon)
+        horizon = horizon or self.horizon
+        if isinstance(config, Mapping):
+            block = config.get("fp16", config)
+            return predict_deepspeed(
+                trace, block, horizon=horizon, zero=self.settings.zero or not self.deepspeed
+            )
+        return predict(trace, config, horizon=horizon, zero=self.settings.zero)
 
     def for_trial(self, number: int) -> SearchResult:
         """The same evidence with trial ``number``'s config as the answer (``report --trial``).

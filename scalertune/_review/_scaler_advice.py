@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from scalertune._amp._config import BASELINES
+from scalertune._amp._config import baselines, defaults_words
 from scalertune._judge._findings import Findings
 from scalertune._judge._rank import skip_tolerance
 from scalertune._replay._predict import Prediction, predict
@@ -20,18 +20,17 @@ from scalertune._replay._trace import Trace
 from scalertune._storage._names import ROLE_REPLAY
 
 
-def defaults_prediction(
-    result: Findings, trace: Trace, name: str = "pytorch-default"
-) -> Prediction:
-    """PyTorch's defaults (or another baseline by ``name``), with the clip and islands of
-    the best float16 run, over the horizon."""
+def defaults_prediction(result: Findings, trace: Trace, name: str | None = None) -> Prediction:
+    """The framework's defaults (PyTorch's, DeepSpeed's; or another baseline by ``name``),
+    with the clip and islands of the best float16 run, over the horizon."""
     run = next((o for o in result.pool if o.config.dtype == "float16"), None)
-    base = BASELINES[name]
+    named = baselines(result.deepspeed)
+    base = named[name] if name is not None else next(iter(named.values()))
     if run is not None:
         base = dataclasses.replace(
             base, clip_norm=run.config.clip_norm, fp32_modules=run.config.fp32_modules
         )
-    return predict(trace, base, horizon=result.horizon)
+    return predict(trace, base, horizon=result.horizon, zero=result.settings.zero)
 
 
 def scaler_advice(result: Findings) -> str | None:
@@ -42,14 +41,21 @@ def scaler_advice(result: Findings) -> str | None:
     if trace is None:
         return None
     defaults = defaults_prediction(result, trace)
-    said = f"Scaler over the horizon: PyTorch's defaults: {defaults.describe()}"
+    words = defaults_words(result.deepspeed)
+    said = f"Scaler over the horizon: {words}: {defaults.describe()}"
+    if result.deepspeed:  # no replay's choice: the trials sample DeepSpeed's knobs themselves
+        run = result.recommended or result.best_amp
+        if run is None or not run.config.uses_scaler:
+            return said
+        ours = predict(trace, run.config, horizon=result.horizon, zero=result.settings.zero)
+        return f"{said}; the answer's fp16 block: {ours.describe()}"
     chosen = next((o for o in result.ranking if o.role == ROLE_REPLAY), None)
     if chosen is None:
         return (
-            said + "; no setting of the space skips fewer beyond the noise: PyTorch's "
-            "defaults are as good here, keep them"
+            said + f"; no setting of the space skips fewer beyond the noise: {words} are as "
+            "good here, keep them"
         )
-    ours = predict(trace, chosen.config, horizon=result.horizon)
+    ours = predict(trace, chosen.config, horizon=result.horizon, zero=result.settings.zero)
     return (
         f"{said}; {chosen.label} [{chosen.config.describe()}] {ours.describe()}: changing "
         "the defaults is worth it"
@@ -62,17 +68,18 @@ def article_fix_line(result: Findings) -> str | None:
     beyond the noise. (Over a long horizon it is never trained, and the scaler's advice
     speaks for every setting.)"""
     trace = result.trace
+    name = list(baselines(result.deepspeed))[1]
     if (
         result.long
         or "float16" not in result.settings.space_dtypes
         or trace is None
-        or "init-scale-4096" in result.baselines
+        or name in result.baselines
     ):
         return None
-    fix = defaults_prediction(result, trace, "init-scale-4096")
+    fix = defaults_prediction(result, trace, name)
     return (
-        "init-scale-4096, the article's fix, replayed (not trained: it skips as PyTorch's "
-        f"defaults do, within the noise): {fix.describe()}"
+        f"{name}, the article's fix, replayed (not trained: it skips as "
+        f"{defaults_words(result.deepspeed)} do, within the noise): {fix.describe()}"
     )
 
 
@@ -86,7 +93,9 @@ def replay_agreement(result: Findings) -> str | None:
     agree = 0
     for run in runs:
         real = int(run.figures.skipped_steps or 0)
-        predicted = predict(trace, run.config, horizon=min(run.steps_run, trace.steps))
+        predicted = predict(
+            trace, run.config, horizon=min(run.steps_run, trace.steps), zero=result.settings.zero
+        )
         agree += abs(predicted.skipped_steps - real) <= skip_tolerance(real)
     return (
         f"Replay check: the predicted skipped steps of {agree} of {len(runs)} float16 "

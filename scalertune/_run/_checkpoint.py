@@ -38,6 +38,7 @@ from scalertune._run._checkpoint_file import (
     write_checkpoint,
 )
 from scalertune._workload._contract import Workload
+from scalertune._workload._deepspeed import EngineOptimizer
 from scalertune._workload._rng import rng_state, set_rng_state
 
 
@@ -212,12 +213,16 @@ def save_checkpoint(
 def _ranked_save(workload: Workload, mine: dict[str, Any]) -> tuple[Any, Any, Any] | None:
     """The whole model's and optimizer's state on rank 0, gathered through
     ``torch.distributed.checkpoint``'s state-dict API from DDP's replicas or FSDP's shards
-    (a collective: every rank calls it), and each rank's data position and RNGs; None on
-    the other ranks, which write nothing."""
+    (DeepSpeed's engine through its own, :class:`EngineOptimizer`: a collective either way,
+    every rank calls it), and each rank's data position and RNGs; None on the other ranks,
+    which write nothing."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model, optimizer = get_state_dict(workload.model, workload.optimizer, options=options)
+    if isinstance(workload.optimizer, EngineOptimizer):  # a collective of DeepSpeed's own
+        model, optimizer = workload.model.state_dict(), workload.optimizer.state_dict()
+    else:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model, optimizer = get_state_dict(workload.model, workload.optimizer, options=options)
     ranks: list[Any] = [None] * _ranks.world()
     torch.distributed.all_gather_object(ranks, mine)
     return (model, optimizer, ranks) if _ranks.rank() == 0 else None
@@ -238,7 +243,15 @@ def load_checkpoint(path: str, workload: Workload, cursor: BatchCursor) -> dict[
 def _restore(state: dict[str, Any], workload: Workload, cursor: BatchCursor) -> None:
     """``state`` into ``workload`` and ``cursor``; a single process's checked first against
     the model and optimizer it is loaded into (:func:`check_fits`)."""
-    if state.get("ranks") is not None:
+    if isinstance(workload.optimizer, EngineOptimizer):
+        # DeepSpeed's engine: the whole model on each rank, in the run's dtype (a float32
+        # reference's weights go into a float16 branch's model), and the optimizer's whole
+        # state per parameter; what does not fit fails to load, a damaged checkpoint
+        workload.model.load_state_dict(state["model"])
+        workload.optimizer.load_state_dict(state["optimizer"])
+        if state.get("ranks") is not None:
+            state.update(state["ranks"][_ranks.rank()])
+    elif state.get("ranks") is not None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         set_state_dict(

@@ -27,13 +27,14 @@ import torch
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
+from scalertune._amp._engine import EngineStopped
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._run import _ranks
 from scalertune._run._checkpoint import BatchCursor, load_checkpoint, save_checkpoint
 from scalertune._run._checkpoint_file import restoring
 from scalertune._run._memory import release_memory
-from scalertune._run._nonfinite import judge_window
+from scalertune._run._nonfinite import judge_window, mark_pruned
 from scalertune._run._record import RunRecord, StopRule, WindowCallback
 from scalertune._workload._contract import Workload, to_device
 from scalertune._workload._factory import build_workload
@@ -160,14 +161,13 @@ def train(
         watcher.attach(workload, step_fn, start, amp)
     workload.model.train()
     readings = Readings(device, steps - start, scaled=config.uses_scaler)
-    every = _policy.READBACK_INTERVAL
     try:
         window_start, started = 0, time.perf_counter()
         for i in range(steps - start):
             readings.add(i, step_fn(workload, to_device(next(batches), device), amp), amp)
             if watcher is not None:
                 watcher.after_step(start + i)
-            if (i + 1) % every and i + 1 < steps - start:
+            if (i + 1) % _policy.READBACK_INTERVAL and i + 1 < steps - start:
                 continue
             _read_back(record, readings, window_start, i + 1, started, amp)
             if watcher is not None:
@@ -180,24 +180,35 @@ def train(
             if stopping or (record.pruned and prune):
                 break
             if start + i + 1 in plan.save_at:
-                save_checkpoint(
-                    plan.save_at[start + i + 1],
-                    workload,
-                    batches,
-                    step=start + i + 1,
-                    extra={
-                        "record": record.to_dict(),
-                        "amp": amp.state_dict(),
-                        "watcher": None if watcher is None else watcher.state(),
-                    },
-                )
+                _save(plan, start + i + 1, workload, batches, record, amp, watcher)
             window_start, started = i + 1, time.perf_counter()
+    except EngineStopped as exc:  # the engine ended the training: pruned, with its reason
+        _read_back(record, readings, window_start, i, started, amp)
+        mark_pruned(record, "scale-collapse", f"{exc}, at step {start + i}")
     finally:
         if watcher is not None:
             watcher.detach()
     if watcher is not None:
         record.trace = watcher.result()
     return record
+
+
+def _save(
+    plan: Plan,
+    step: int,
+    workload: Workload,
+    batches: BatchCursor,
+    record: RunRecord,
+    amp: AmpRuntime,
+    watcher: Watcher | None,
+) -> None:
+    """The run's state after ``step`` steps, its record, scaler and watcher included."""
+    extra = {
+        "record": record.to_dict(),
+        "amp": amp.state_dict(),
+        "watcher": None if watcher is None else watcher.state(),
+    }
+    save_checkpoint(plan.save_at[step], workload, batches, step=step, extra=extra)
 
 
 def _start(
@@ -238,7 +249,7 @@ def _record(
         return dataclasses.replace(RunRecord.from_dict(saved["extra"]["record"]), steps=steps)
     record = RunRecord(config=config, seed=seed, steps=steps, start=start)
     if plan.scaler is not None and config.uses_scaler:
-        amp.scaler.load_state_dict({**amp.scaler.state_dict(), **plan.scaler})
+        amp.load_scaler_state(plan.scaler)
         record.initial_scale = float(plan.scaler["scale"])
     return record
 
@@ -263,6 +274,7 @@ class Readings:
         self._host, self._scaled = device.type in HOST_READS, scaled
         self._losses: list[float] = []
         self._scales: list[float] = []
+        self.skips: list[bool] = []  # per step, where an engine decided it on the host
         if not self._host:
             self._buffers = torch.empty(
                 (2 if scaled else 1, steps), dtype=torch.float32, device=device
@@ -271,6 +283,8 @@ class Readings:
             self._scale_slots = self._buffers[1:].flatten().unbind()
 
     def add(self, index: int, loss: torch.Tensor, amp: AmpRuntime) -> None:
+        if amp.engine is not None:  # DeepSpeed's: a skip need not lower its scale
+            self.skips.append(not amp.last_step)
         if self._host:
             self._losses.append(loss.item())
             if self._scaled:
@@ -297,7 +311,12 @@ def _read_back(
     """Bring one window's losses and scales to the host (see :class:`Readings`); with ranks,
     the losses of the global batch, once the ranks agree on the scaler (:mod:`._ranks`)."""
     losses, scales = readings.window(first, end)
-    record.window_step_times.append((time.perf_counter() - started) / (end - first))
+    if readings.skips:
+        record.skipped_at = [*(record.skipped_at or [])] + [
+            len(record.losses) + j for j, skipped in enumerate(readings.skips) if skipped
+        ]
+        readings.skips = []
+    record.window_step_times.append((time.perf_counter() - started) / max(end - first, 1))
     if _ranks.world() > 1:
         losses = _ranks.agree(losses, scales, amp.skipped_steps, len(record.losses))
     record.losses.extend(losses)

@@ -32,7 +32,7 @@ def _judge_loss(record: RunRecord, workload: Workload, first: int) -> None:
     config = record.config
     if first == 0 and record.start == 0 and config.dtype == "float32":
         # no optimizer step has run yet, and float32 has no range to overflow
-        _prune(
+        mark_pruned(
             record,
             "forward",
             f"the loss is {record.losses[0]} at step 0, before any optimizer step, with "
@@ -42,7 +42,7 @@ def _judge_loss(record: RunRecord, workload: Workload, first: int) -> None:
         )
         return
     if not _parameters_finite(workload.model):
-        _prune(
+        mark_pruned(
             record,
             "parameters",
             f"weights became non-finite by step {first}: an optimizer step applied "
@@ -53,7 +53,7 @@ def _judge_loss(record: RunRecord, workload: Workload, first: int) -> None:
     if len(finite) > _policy.SMOOTHING_STEPS and max(finite[-_policy.SMOOTHING_STEPS :]) > (
         10 * finite[0]
     ):
-        _prune(
+        mark_pruned(
             record,
             "diverged",
             f"the loss grew from {finite[0]:.4g} to {finite[-1]:.4g} and was "
@@ -61,7 +61,7 @@ def _judge_loss(record: RunRecord, workload: Workload, first: int) -> None:
         )
         return
     where = "float16" if config.dtype == "float16" else config.dtype
-    _prune(
+    mark_pruned(
         record,
         "forward",
         f"forward overflow: the loss is {record.losses[first]} at step {first} with "
@@ -76,7 +76,7 @@ def _judge_scaler(record: RunRecord, scales: list[float], start: int) -> None:
     low = min(scales)
     if low < _policy.SCALE_FLOOR:
         step = start + scales.index(low)
-        _prune(
+        mark_pruned(
             record,
             "scale-collapse",
             f"scale collapse: the loss scale fell to {low:.3g} by step {step}, below "
@@ -87,7 +87,7 @@ def _judge_scaler(record: RunRecord, scales: list[float], start: int) -> None:
     streak = _trailing_skip_streak(record)
     if streak >= _policy.MAX_CONSECUTIVE_SKIPS:
         last = record.steps_run - 1
-        _prune(
+        mark_pruned(
             record,
             "gradients",
             f"gradients non-finite on every step from step {last - streak + 1} to {last} "
@@ -99,6 +99,13 @@ def _judge_scaler(record: RunRecord, scales: list[float], start: int) -> None:
 def _trailing_skip_streak(record: RunRecord) -> int:
     """The skipped steps in a row that end the run so far, read backwards from its last
     scale: the window's work, not the whole run's (``record.skipped`` rescans every step)."""
+    if record.skipped_at is not None:  # an engine's: read off its own flags
+        streak, last = 0, record.steps_run - 1
+        for index in reversed(record.skipped_at):
+            if index != last - streak:
+                break
+            streak += 1
+        return streak
     scales, config = record.scales, record.config
     first = as_float32(config.init_scale if record.initial_scale is None else record.initial_scale)
     streak = 0
@@ -113,6 +120,7 @@ def _parameters_finite(model: torch.nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
-def _prune(record: RunRecord, kind: str, reason: str) -> None:
+def mark_pruned(record: RunRecord, kind: str, reason: str) -> None:
+    """Mark ``record`` pruned: its kind (:data:`~scalertune._run._record.PRUNE_KINDS`) and why."""
     record.prune_kind = kind
     record.prune_reason = reason

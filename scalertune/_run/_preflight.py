@@ -15,6 +15,7 @@ from scalertune._errors import UsageError
 from scalertune._run import _ranks
 from scalertune._run._loop import loss_function, step_function
 from scalertune._workload._contract import to_device
+from scalertune._workload._deepspeed import engine_facts
 from scalertune._workload._factory import build_workload
 from scalertune._workload._loader import one_line
 
@@ -56,6 +57,9 @@ class Checked:
     reference: AmpConfig
     #: The horizon the workload declares (the steps its training runs), if any.
     horizon: int | None
+    #: For a DeepSpeed workload, the engine it trains in: its ZeRO stage, and whether the
+    #: device runs bfloat16 (see :func:`~scalertune._workload._deepspeed.engine_facts`).
+    deepspeed: Mapping[str, Any] | None = None
     #: The model's fingerprint (``_amp._fingerprint``), which the result file carries.
     model: dict[str, Any] | None = None
 
@@ -112,6 +116,7 @@ def preflight(
     return Checked(
         reference=AmpConfig(dtype="float32", clip_norm=workload.clip_norm),
         horizon=workload.horizon,
+        deepspeed=engine_facts(workload),
         model=fingerprint(workload.model),
     )
 

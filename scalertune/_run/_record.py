@@ -68,6 +68,9 @@ class RunRecord:
     initial_scale: float | None = None
     #: The gradient trace the run recorded (the float32 reference to the horizon), if any.
     trace: Any = None
+    #: The steps an engine that decides its own skips said it skipped (DeepSpeed's, whose
+    #: hysteresis skips a step without lowering the scale); ``None``: read off the scales.
+    skipped_at: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data (its config's every field, its trace encoded): what a
@@ -97,6 +100,8 @@ class RunRecord:
         """Indices of the steps GradScaler skipped (the scale shrank on them)."""
         if not self.config.uses_scaler:
             return []
+        if self.skipped_at is not None:
+            return list(self.skipped_at)
         start = self.config.init_scale if self.initial_scale is None else self.initial_scale
         return skipped_steps(self.scales, start)
 

@@ -168,7 +168,10 @@ class TraceCollector:
         model = workload.model
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
         state = rng_state()
-        amp = NoStep(AmpConfig(dtype="float32"), device=self._hooks.device)
+        # the float32 reference's config, the workload's clipping in it: an engine made for
+        # it (DeepSpeed's) is the one the reference trains in
+        config = AmpConfig(dtype="float32", clip_norm=workload.clip_norm)
+        amp = NoStep(config, device=self._hooks.device)
         _hear(amp, self._hooks)
         rows = []
         try:

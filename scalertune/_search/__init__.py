@@ -5,6 +5,7 @@
 - ``_setup``: what a worker checks before it writes anything, and works with after;
 - ``_space``, ``_sampler``: search spaces (the config a trial's parameters name, and back),
   and the sampler that keeps to their dtypes;
+- ``_deepspeed``: a DeepSpeed workload's space, in the knobs of DeepSpeed's loss scaler;
 - ``_study``: the study, its settings, and the records a search writes to it;
 - ``_pipeline``: one worker's part, phase by phase;
 - ``_references``: the float32 reference of each seed, and the step timing;

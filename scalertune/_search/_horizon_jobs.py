@@ -127,6 +127,7 @@ class HorizonJobs:
         if (
             len(result.islands) >= _search_policy.ISLANDS_PER_SEARCH
             or run.config.clip_norm != self.jobs.setup.clip_norm
+            or self.jobs.setup.space.deepspeed  # DeepSpeed casts the whole model: no island
         ):
             return []
         config = island_for(result, run, self.jobs.setup, self.jobs.references)

@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 
 from scalertune import _policy
-from scalertune._amp._config import BASELINES, AmpConfig
+from scalertune._amp._config import AmpConfig, baselines
 from scalertune._judge._answer import judge
 from scalertune._search._horizon_jobs import PHASE_KEY, HorizonJobs
 from scalertune._search._progress import Progress
@@ -208,10 +208,10 @@ class Jobs:
         islands = self.setup.space.fixed_islands
         configs = {
             name: dataclasses.replace(config, fp32_modules=islands).with_clip(self.setup.clip_norm)
-            for name, config in BASELINES.items()
+            for name, config in baselines(self.setup.space.deepspeed).items()
         }
         if self.setup.long or not self._replay_tells_apart(*configs.values()):
-            del configs["init-scale-4096"]
+            del configs[list(configs)[1]]  # the article's scale
         return configs
 
     def _replay_tells_apart(self, defaults: AmpConfig, other: AmpConfig) -> bool:

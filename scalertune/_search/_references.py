@@ -72,6 +72,7 @@ class References:
         self._targets: dict[int, Target] = {}
         self._times: StepTimes | None = None
         self._stored: dict[int, Reference] = {}
+        self._traces: dict[int, Trace] = {}
         self.checkpoints = Checkpoints(study, once, setup, config, log=log)
 
     def target(self, seed: int) -> Target:
@@ -111,10 +112,14 @@ class References:
 
     def trace(self, seed: int) -> Trace:
         """The reference's gradient trace."""
-        trace = self.reference(seed).trace
-        if trace is None:  # the search's own seed records one, always
-            raise MissingEvidence(f"the float32 reference of seed {seed} holds no gradient trace")
-        return trace
+        if seed not in self._traces:
+            trace = self.reference(seed).trace
+            if trace is None:  # the search's own seed records one, always
+                raise MissingEvidence(
+                    f"the float32 reference of seed {seed} holds no gradient trace"
+                )
+            self._traces[seed] = trace.floored(self.setup.settings.loss_floor)
+        return self._traces[seed]
 
     def spread(self) -> float:
         """float32's seed-to-seed spread of steps to its own target, over the search's seed

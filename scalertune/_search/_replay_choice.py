@@ -10,7 +10,9 @@ float16 with PyTorch's defaults: no scaler setting changes that). The fewest ski
 but it is trained (one real run checks it) only when it skips fewer than PyTorch's defaults
 beyond the noise: the replay's own tolerance and float32's seed-to-seed spread of steps, over
 the horizon. Otherwise the defaults are as good: keep them. (The replay stops each drawn
-setting once it skips more than the defaults: it can no longer win.)
+setting once it skips more than the defaults: it can no longer win.) A DeepSpeed workload's
+search has no such choice: its trials sample DeepSpeed's scaler knobs themselves, and the
+replay predicts the answer's ``fp16`` block over the horizon.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from scalertune._search._setup import Setup
 def replay_choice(result: Findings, setup: Setup) -> AmpConfig | None:
     """The float16 setting worth a real run (see the module's docstring), or ``None``."""
     trace = result.trace
-    if "float16" not in setup.space.dtypes or trace is None:
+    if "float16" not in setup.space.dtypes or trace is None or setup.space.deepspeed:
         return None
     base = _base(result, setup)
     default = result.baselines.get("pytorch-default")

@@ -16,6 +16,7 @@ from scalertune._errors import ParameterError, UsageError
 from scalertune._judge._settings import StudySettings
 from scalertune._processes._main_guard import refuse_reentry, refuse_unguarded
 from scalertune._run._preflight import preflight
+from scalertune._search._deepspeed import SPACE_KEYS
 from scalertune._search._launch import preflight_ranks
 from scalertune._search._space import SearchSpace
 from scalertune._storage._store import normalized
@@ -144,6 +145,7 @@ def prepare(
     user_factory = load_factory(factory, isolated=isolation is not None)
     isolation = _processes(factory, user_factory, nproc_per_node, isolation)
     checked = _preflight(factory, user_factory, dev, seed, space, isolation)
+    space = _space_for(space, checked.deepspeed)
     declared = checked.horizon
     if horizon is None and declared is not None:
         declared = _declared_horizon(declared, factory_name(factory), steps)
@@ -157,6 +159,7 @@ def prepare(
         device=describe_device(dev),
         reference=checked.reference,
         nproc_per_node=isolation.nproc_per_node if isolation is not None else 1,
+        deepspeed=checked.deepspeed,
         model=checked.model,
     )
     return Setup(
@@ -196,6 +199,21 @@ def _preflight(
         raise UsageError(
             f"the factory {factory_name(factory)} raised {exc}: fix it and rerun"
         ) from None
+
+
+def _space_for(space: SearchSpace, deepspeed: Any) -> SearchSpace:
+    """The space in the knobs of the scaler the workload trains under: DeepSpeed's for a
+    DeepSpeed workload (bfloat16 where the device runs it), GradScaler's for any other."""
+    if deepspeed is not None:
+        return space.for_deepspeed(bfloat16=bool(deepspeed.get("bfloat16")))
+    named = sorted(k for k in space.params if k in SPACE_KEYS)
+    if named:
+        raise UsageError(
+            f"search space {space.name!r} names {', '.join(named)}, DeepSpeed's loss scaler's "
+            "knobs, and the workload does not train in DeepSpeed: drop them, or return the "
+            "DeepSpeed config from the factory ('deepspeed': config)"
+        )
+    return space
 
 
 def _processes(

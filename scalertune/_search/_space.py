@@ -34,6 +34,7 @@ from scalertune._amp._config import DTYPES, SCALER_KNOBS, AmpConfig, parse_islan
 from scalertune._amp._yaml import parse_yaml, read_yaml
 from scalertune._errors import UsageError
 from scalertune._judge._settings import space_dtypes
+from scalertune._search import _deepspeed
 from scalertune._search._sampler import DtypeSampler
 from scalertune._storage._optuna import fixed_params
 
@@ -132,7 +133,7 @@ class SearchSpace:
             scalertune._errors.UsageError: search space 'x': init_scale ...
         """
         params = dict(params)
-        known = ("dtype", *NUMERIC_KNOBS, "fp32_modules")
+        known = ("dtype", *NUMERIC_KNOBS, "fp32_modules", *_deepspeed.SPACE_KEYS)
         unknown = sorted(set(params) - set(known))
         if unknown:
             raise UsageError(
@@ -145,7 +146,43 @@ class SearchSpace:
                 _check_numeric(name, key, params[key])
         if "fp32_modules" in params:
             _check_islands(name, params["fp32_modules"])
+        _deepspeed.check(name, params)
         return cls(name=name, params=params, description=description)
+
+    @property
+    def deepspeed(self) -> bool:
+        """Whether the space is a DeepSpeed workload's, in its scaler's knobs."""
+        return _deepspeed.is_deepspeed(self.params)
+
+    def for_deepspeed(self, *, bfloat16: bool) -> SearchSpace:
+        """The same space for a DeepSpeed workload, in the knobs of DeepSpeed's loss scaler.
+
+        ``init_scale`` becomes ``initial_scale_power``, ``growth_interval``
+        ``loss_scale_window``; ``hysteresis``, ``min_loss_scale`` and
+        ``consecutive_hysteresis`` are kept where the space has them; growth and backoff
+        factors and float32 islands are left out (see :mod:`scalertune._search._deepspeed`).
+        A search does this itself for a DeepSpeed workload.
+
+        Args:
+            bfloat16: Whether the device runs bfloat16 (DeepSpeed's accelerator says): the
+                space's bfloat16 is dropped where it does not.
+
+        Returns:
+            The DeepSpeed space (itself, where it is one already).
+
+        Example:
+            >>> from scalertune import SearchSpace
+            >>> space = SearchSpace.load("float16").for_deepspeed(bfloat16=False)
+            >>> space.dtypes, "initial_scale_power" in space.params
+            (('float16',), True)
+        """
+        if self.deepspeed:
+            return self
+        return SearchSpace(
+            name=self.name,
+            params=_deepspeed.deepspeed_params(self.name, self.params, bfloat16=bfloat16),
+            description=self.description,
+        )
 
     @property
     def timed_dtypes(self) -> list[str]:
@@ -264,6 +301,8 @@ class SearchSpace:
                 values[key] = trial.suggest_float(
                     key, float(spec["low"]), float(spec["high"]), **kwargs
                 )
+        if self.deepspeed:
+            return _deepspeed.suggest(self.params, trial, values)
         return AmpConfig(**values)
 
     def params_for(self, config: AmpConfig) -> dict[str, Any] | None:
@@ -321,6 +360,13 @@ class SearchSpace:
 def _params_for(space: SearchSpace, config: AmpConfig) -> dict[str, Any] | None:
     params: dict[str, Any] = {"dtype": config.dtype}
     float16 = config.dtype == "float16"
+    keys: tuple[str, ...] = NUMERIC_KNOBS
+    if space.deepspeed:  # its scaler's knobs, and clip_norm below
+        knobs = _deepspeed.params_for(space.params, config)
+        if knobs is None:
+            return None
+        params.update(knobs)
+        keys = ("clip_norm",)
     islands = space.params.get("fp32_modules")
     if islands is not None and float16:
         joined = ",".join(config.fp32_modules)
@@ -333,7 +379,7 @@ def _params_for(space: SearchSpace, config: AmpConfig) -> dict[str, Any] | None:
             return None
     elif config.fp32_modules:
         return None
-    for key in NUMERIC_KNOBS:
+    for key in keys:
         value = getattr(config, key)
         spec = space.params.get(key)
         if spec is None or (key in FLOAT16_ONLY and not float16):
@@ -360,6 +406,11 @@ def _distinct_configs(space: SearchSpace) -> int | None:
     total = 0
     for dtype in space.dtypes:
         count = 1
+        if space.deepspeed and dtype == "float16":
+            knobs = _deepspeed.distinct(space.params)
+            if knobs is None:
+                return None
+            count = knobs
         for key in NUMERIC_KNOBS:
             spec = space.params.get(key)
             if not isinstance(spec, Mapping) or (key in FLOAT16_ONLY and dtype != "float16"):

@@ -8,5 +8,6 @@
 - ``_lightning``: :func:`lightning_workload`, a LightningModule's own ``training_step``, and
   a Lightning ``Trainer`` with its module and data;
 - ``_transformers``: a Hugging Face ``Trainer`` (TRL's included), as its ``train()`` trains;
-- ``_accelerate``: an Accelerate ``Accelerator`` with what it prepares.
+- ``_accelerate``: an Accelerate ``Accelerator`` with what it prepares;
+- ``_deepspeed``: a DeepSpeed config with the model, data and loss it trains.
 """

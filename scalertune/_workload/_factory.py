@@ -9,7 +9,9 @@ trainer the user already has:
   ``{"trainer": trainer, "model": lightning_module, "batches": dataloader_or_datamodule}``;
 - an Accelerate ``Accelerator`` with what it prepares: ``{"accelerator": accelerator,
   "model": ..., "optimizer": ..., "batches": ..., "loss_fn": ...}`` and the other Workload
-  keys (``step``, ``schedulers``, ``clip_norm``, ``horizon``).
+  keys (``step``, ``schedulers``, ``clip_norm``, ``horizon``);
+- a DeepSpeed config with what it trains: ``{"deepspeed": config, "model": ...,
+  "batches": ..., "loss_fn": ...}``, the optimizer given or named in the config.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from typing import Any
 import torch
 
 from scalertune._errors import UsageError
+from scalertune._frameworks._deepspeed import is_deepspeed_trainer
 from scalertune._frameworks._detect import LIGHTNING, TRANSFORMERS, trainer_framework
 from scalertune._workload._accelerate import accelerate_workload
 from scalertune._workload._contract import Workload, check_workload, from_result
+from scalertune._workload._deepspeed import deepspeed_trainer_workload, deepspeed_workload
 from scalertune._workload._lightning import lightning_trainer_workload
 from scalertune._workload._loader import FactoryError, one_line
-from scalertune._workload._rng import seed_everything
+from scalertune._workload._rng import kept_rng, seed_everything
 from scalertune._workload._transformers import transformers_workload
 
 
@@ -39,17 +43,27 @@ def build_workload(factory: Callable[[], Any], *, seed: int, device: torch.devic
     when the factory itself raises.
     """
     seed_everything(seed)
+    result = _call(factory)
+
+    def again() -> Any:  # the factory afresh, as seeded, the run's RNGs left as they are
+        with kept_rng():
+            seed_everything(seed)
+            return _call(factory)
+
+    workload = read_result(result, device=device, again=again)
+    check_workload(workload)
+    workload.model.to(device)
+    return workload
+
+
+def _call(factory: Callable[[], Any]) -> Any:
     try:
         with _quiet_frameworks():
-            result = factory()
+            return factory()
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # SystemExit, and the odd class derived from BaseException
         raise FactoryError(one_line(exc)) from exc
-    workload = read_result(result, device=device)
-    check_workload(workload)
-    workload.model.to(device)
-    return workload
 
 
 @contextlib.contextmanager
@@ -66,11 +80,14 @@ def _quiet_frameworks() -> Iterator[None]:
         logging.disable(before)
 
 
-def read_result(result: Any, *, device: torch.device) -> Workload:
-    """The workload a factory's result describes (see the module's docstring)."""
+def read_result(
+    result: Any, *, device: torch.device, again: Callable[[], Any] | None = None
+) -> Workload:
+    """The workload a factory's result describes (see the module's docstring); ``again``
+    calls the factory afresh, for a DeepSpeed workload's second engine."""
     kind = trainer_framework(result)
     if kind == TRANSFORMERS:
-        return transformers_workload(result, device=device)
+        return _trainer_workload(result, device=device, horizon=None, again=again)
     if kind == LIGHTNING:
         raise UsageError(
             "a Lightning Trainer comes with its LightningModule and data: return "
@@ -81,13 +98,15 @@ def read_result(result: Any, *, device: torch.device) -> Workload:
         return from_result(result)
     if "accelerator" in result:
         return accelerate_workload(dict(result), device=device)
+    if "deepspeed" in result:
+        return deepspeed_workload(dict(result), device=device, again=again or _no_second)
     if "trainer" not in result:
         return from_result(result)
     trainer = result["trainer"]
     kind = trainer_framework(trainer)
     if kind == TRANSFORMERS:
         _only(result, ("trainer", "horizon"), "a Hugging Face Trainer")
-        return transformers_workload(trainer, device=device, horizon=result.get("horizon"))
+        return _trainer_workload(trainer, device=device, horizon=result.get("horizon"), again=again)
     if kind == LIGHTNING:
         _only(result, ("trainer", "model", "batches", "horizon"), "a Lightning Trainer")
         if "model" not in result or "batches" not in result:
@@ -107,6 +126,22 @@ def read_result(result: Any, *, device: torch.device) -> Workload:
         f"'trainer' is a {type(trainer).__name__}: give a transformers.Trainer or "
         "a Lightning Trainer (an Accelerator goes under 'accelerator')"
     )
+
+
+def _trainer_workload(
+    trainer: Any, *, device: torch.device, horizon: int | None, again: Callable[[], Any] | None
+) -> Workload:
+    """A Hugging Face Trainer as the workload: in DeepSpeed's engine where it was made with
+    ``deepspeed=``, else under the run's runtime through its Accelerator."""
+    if is_deepspeed_trainer(trainer):
+        return deepspeed_trainer_workload(
+            trainer, device=device, horizon=horizon, again=again or _no_second
+        )
+    return transformers_workload(trainer, device=device, horizon=horizon)
+
+
+def _no_second() -> Any:
+    raise RuntimeError("this DeepSpeed workload was read without its factory: one engine only")
 
 
 def _only(result: Mapping[str, Any], keys: tuple[str, ...], what: str) -> None:

@@ -57,14 +57,14 @@ def transformers_workload(
     route = Route()
     route_trainer(trainer, route, training=False)
     args = trainer.args
-    with _the_trainers("dataloader"):
+    with the_trainers("dataloader"):
         loader = trainer.get_train_dataloader()
         max_steps = trainer.set_initial_training_values(args, loader)[-1]
-    with _the_trainers("optimizer and scheduler"):
+    with the_trainers("optimizer and scheduler"):
         optimizer = trainer.create_optimizer()
         scheduler = trainer.create_scheduler(num_training_steps=max_steps, optimizer=optimizer)
     trainer.state.max_steps = max_steps
-    counters = _Counters(trainer)
+    counters = Counters(trainer)
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
     def step(model: torch.nn.Module, group: list[Any], amp: Any) -> torch.Tensor:
@@ -86,7 +86,7 @@ def transformers_workload(
         optimizer=optimizer,
         step=step,
         batches=Groups(
-            loader, args.gradient_accumulation_steps, on_epoch=functools.partial(_set_epoch, loader)
+            loader, args.gradient_accumulation_steps, on_epoch=functools.partial(set_epoch, loader)
         ),
         clip_norm=args.max_grad_norm if args.max_grad_norm > 0 else None,
         schedulers=[scheduler, counters],
@@ -104,7 +104,7 @@ def _micro_step(trainer: Any, model: torch.nn.Module, inputs: Any, items: Any, l
 
 
 @contextlib.contextmanager
-def _the_trainers(what: str) -> Iterator[None]:
+def the_trainers(what: str) -> Iterator[None]:
     """The Trainer's own refusal (no train_dataset, no max_steps for a dataset without a
     length) as one line, as train() would raise it."""
     try:
@@ -113,7 +113,7 @@ def _the_trainers(what: str) -> Iterator[None]:
         raise UsageError(f"the Trainer's {what}: {one_line(exc)}") from None
 
 
-def _set_epoch(loader: Any, epoch: int) -> None:
+def set_epoch(loader: Any, epoch: int) -> None:
     """What ``Trainer.train()`` tells the dataloader before each epoch."""
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(epoch)
@@ -123,7 +123,7 @@ def _set_epoch(loader: Any, epoch: int) -> None:
         inner.set_epoch(epoch)
 
 
-class _Counters:
+class Counters:
     """The Trainer's step counter, saved and restored with a checkpoint (a ``training_step``
     may read ``self.state.global_step``)."""
 

@@ -1,6 +1,7 @@
 """Each framework internal that scalertune relies on, checked against the installed framework:
 the modules that list them (``scalertune._frameworks._accelerate_private``,
-``_transformers_private``, ``_lightning_private``) do what their callers expect, each name
+``_transformers_private``, ``_lightning_private``, ``_deepspeed_private``) do what their
+callers expect, each name
 and each replaced or overridden method is one the framework has and calls. A new release that
 moves one fails here, by name, before a search or a training meets it; ``pyproject.toml``
 bounds each framework to the releases this file passed on, and a release outside the bound
@@ -11,6 +12,7 @@ import pathlib
 import re
 import types
 
+import deepspeed_workloads as dsw
 import pytest
 import tomllib
 import torch
@@ -18,18 +20,30 @@ import trainers
 from torch import nn
 
 import scalertune
+from scalertune._amp._config import DeepSpeedFp16Config
 from scalertune._frameworks import (
     _accelerate_private,
+    _deepspeed,
+    _deepspeed_private,
     _lightning_private,
     _releases,
     _transformers_private,
 )
 
-#: How the package spells a framework's private name.
-PRIVATE = re.compile(
+#: How the package spells a private name of Accelerate, transformers or Lightning (those a
+#: Trainer made with ``deepspeed=`` relies on from the third line on).
+HF_PRIVATE = (
     r"\._models\b|\._optimizers\b|_is_overflow|_set_sync_gradients|_configure_optimizers"
     r"|_configure_schedulers_automatic_opt|_lightning_optimizers"
+    r"|deepspeed_plugin|hf_ds_config|deepspeed_engine_wrapped"
+    r"|integrations\.deepspeed|DummyScheduler|\.model_wrapped =|\.deepspeed ="
 )
+#: How it spells one of DeepSpeed's.
+DEEPSPEED_PRIVATE = (
+    r"(?<!fp16)\.loss_scaler\b|__compatible_ops__|is_fp16_supported =|\bds_id\b|_hp_mapping"
+    r"|\.optimizer\.optimizer\b"
+)
+PRIVATE = re.compile(f"{HF_PRIVATE}|{DEEPSPEED_PRIVATE}")
 ROOT = pathlib.Path(scalertune.__file__).parents[1]
 
 
@@ -51,6 +65,7 @@ def _prepared():
 
 def test_prepared_anything_and_its_optimizers_are_what_prepare_made():
     accelerator = _accelerator()
+    _accelerate_private.check(accelerator)  # every listed name there
     assert not _accelerate_private.prepared_anything(accelerator)
     assert _accelerate_private.prepared_optimizers(accelerator) == []
     model = nn.Linear(4, 1)
@@ -190,6 +205,216 @@ def test_a_trl_trainer_is_checked_against_trls_bound_too(monkeypatch):
 _installed = _releases._installed
 
 
+# --- DeepSpeed ------------------------------------------------------------------------------
+
+
+def _engine(fp16=None):
+    parts = dsw.regression()
+    config = {**dsw.CONFIG, "fp16": fp16 or {"enabled": False}}
+    return _deepspeed.initialize(parts["model"], parts["optimizer"], config), parts
+
+
+def test_float16_trains_on_this_cpu_once_allowed():
+    from deepspeed.accelerator import get_accelerator
+
+    _deepspeed_private.check()  # every listed name there
+    _deepspeed_private.allow_float16()
+    assert get_accelerator().is_fp16_supported()
+    engine, _ = _engine({"enabled": True})
+    assert engine.fp16_enabled() and next(engine.module.parameters()).dtype == torch.float16
+    engine.destroy()
+
+
+def test_a_search_compiles_no_shared_memory_all_reduce():
+    import deepspeed.comm.comm as comm
+    import deepspeed.ops
+
+    _deepspeed_private.leave_shared_memory_unbuilt()
+    assert deepspeed.ops.__compatible_ops__[_deepspeed_private.SHARED_MEMORY_OP] is False
+    _deepspeed.process_group()  # as a search's process makes its group
+    assert torch.distributed.get_world_size() == 1
+    assert comm.cdb is not None and comm.cdb.shm_comm_op is None
+
+
+def test_zeros_loss_scaler_holds_the_state_the_replay_keeps():
+    from scalertune._replay._deepspeed import DeepSpeedScaler, update_deepspeed_scales
+
+    block = {"enabled": True, "initial_scale_power": 20, "hysteresis": 2, "loss_scale_window": 3}
+    engine, parts = _engine(block)
+    overflows = []
+    for i in range(8):
+        x, y = parts["batches"][i]
+        engine.backward(parts["loss_fn"](engine(x.half()), y))
+        engine.step()
+        overflows.append(not engine.was_step_applied())
+    scales, _ = update_deepspeed_scales(overflows, DeepSpeedScaler.from_fp16_block(block))
+    state = _deepspeed_private.scaler_state(engine)
+    assert state["scale"] == _deepspeed_private.scale(engine) == scales[-1]
+    assert state["iteration"] == 8 and set(state) == set(_deepspeed_private.SCALER_FIELDS)
+    assert state["last_overflow"] == max(i for i, o in enumerate(overflows) if o)
+    _deepspeed_private.load_scaler_state(engine, {"scale": 8.0, "hysteresis": 1})
+    scaler = _deepspeed_private.loss_scaler(engine)
+    assert type(scaler).__name__ == "DynamicLossScaler"
+    assert (scaler.cur_scale, scaler.cur_hysteresis) == (8.0, 1)
+    x, y = parts["batches"][0]  # the next backward is scaled by the scale set
+    engine.backward(parts["loss_fn"](engine(x.half()), y))
+    engine.step()
+    assert engine.was_step_applied() and _deepspeed_private.scale(engine) == 8.0
+    engine.destroy()
+
+
+def test_the_base_optimizer_holds_the_step_count():
+    engine, parts = _engine()
+    x, y = parts["batches"][0]
+    for _ in range(3):
+        engine.backward(parts["loss_fn"](engine(x), y))
+        engine.step()
+    base = _deepspeed_private.base_optimizer(engine)
+    assert isinstance(base, torch.optim.Adam)
+    assert [float(s["step"]) for s in base.state.values()] == [3.0]
+    saved = _deepspeed.full_state(engine)
+    assert float(saved["scalars"]["step"]) == 3.0
+    assert set(saved["state"]) == {"exp_avg", "exp_avg_sq"}
+    engine.destroy()
+
+
+def test_the_error_at_the_minimum_scale_starts_with_its_words():
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+
+    scaler = DynamicLossScaler(
+        init_scale=1.0, scale_window=10, min_scale=1.0, delayed_shift=1,
+        consecutive_hysteresis=False, raise_error_at_min_scale=True,
+    )  # fmt: skip
+    with pytest.raises(Exception) as caught:
+        scaler.update_scale(True)
+    assert str(caught.value).startswith(_deepspeed_private.AT_MINIMUM)
+    assert _deepspeed_private.at_minimum(caught.value)
+    assert not _deepspeed_private.at_minimum(RuntimeError("CUDA out of memory"))
+
+
+def test_what_deepspeed_initialize_made_is_told_from_what_it_did_not():
+    parts = dsw.regression()
+    assert not _deepspeed_private.made_by_initialize(parts["model"])
+    assert not _deepspeed_private.made_by_initialize(parts["optimizer"])
+    engine = _deepspeed.initialize(
+        parts["model"], parts["optimizer"], {**dsw.CONFIG, "fp16": {"enabled": False}}
+    )
+    for made in (engine, engine.optimizer, parts["model"]):  # its parameters are marked
+        assert _deepspeed_private.made_by_initialize(made), type(made).__name__
+    engine.destroy()
+
+
+# --- a Trainer made with deepspeed=: Accelerate's and transformers' internals ----------------
+
+
+def test_a_deepspeed_accelerators_config_is_the_one_prepare_makes_the_engine_from():
+    trainer = dsw.trainer(max_steps=2)
+    accelerator = trainer.accelerator
+    _accelerate_private.check_deepspeed(accelerator)
+    for path in _accelerate_private.DEEPSPEED_READ:  # before prepare(), as attach reads them
+        owner, _, name = path.rpartition(".")
+        assert hasattr(getattr(accelerator, owner) if owner else accelerator, name), path
+    plugin = _accelerate_private.deepspeed_plugin(accelerator)
+    assert plugin is accelerator.state.deepspeed_plugin is not None
+    config = _accelerate_private.deepspeed_config(accelerator)
+    assert config is plugin.deepspeed_config is plugin.hf_ds_config.config  # one dict
+    config["fp16"] = {"enabled": True, "initial_scale_power": 12}
+    config["gradient_clipping"] = 0.5
+    assert _accelerate_private.deepspeed_engine(accelerator) is None
+    _deepspeed_private.allow_float16()
+    _deepspeed.process_group()
+    optimizer = torch.optim.Adam(trainer.model.parameters(), lr=1e-3)
+    engine, _ = accelerator.prepare(trainer.model, optimizer)
+    assert _accelerate_private.deepspeed_engine(accelerator) is engine
+    assert engine.fp16_enabled() and _deepspeed_private.scale(engine) == 2.0**12
+    assert engine.gradient_clipping() == 0.5
+    engine.destroy()
+
+
+def test_a_config_scheduler_is_the_one_deepspeed_init_hands_on():
+    trainer = dsw.trainer(max_steps=2)
+    _accelerate_private.deepspeed_config(trainer.accelerator)["scheduler"] = {
+        "type": "WarmupLR",
+        "params": {"warmup_num_steps": 1},
+    }
+    optimizer, scheduler = _transformers_private.deepspeed_init(trainer, 2)
+    assert _accelerate_private.is_config_scheduler(scheduler)
+    assert _accelerate_private.DUMMY_SCHEDULER == ("accelerate.utils", "DummyScheduler")
+    plain = dsw.trainer(max_steps=2)
+    optimizer, scheduler = _transformers_private.deepspeed_init(plain, 2)
+    assert isinstance(optimizer, torch.optim.Optimizer)  # the Trainer's own, made for it
+    assert scheduler is None or not _accelerate_private.is_config_scheduler(scheduler)
+
+
+def test_the_replaced_backward_is_the_one_a_deepspeed_trainers_training_step_calls():
+    trainer = dsw.trainer(max_steps=2)
+    assert _accelerate_private.DEEPSPEED_REPLACED == ("backward",)
+    engine = _deepspeed.init_trainer_engine(trainer, 2)
+    called = []
+    _accelerate_private.replace_backward(trainer.accelerator, lambda loss, **_: called.append(loss))
+    inputs = next(iter(trainer.get_train_dataloader()))
+    trainer.current_gradient_accumulation_steps = 1  # as the search sets it (and train())
+    trainer.training_step(engine, inputs)
+    assert len(called) == 1 and called[0].requires_grad
+    engine.destroy()
+
+
+def test_a_deepspeed_trainers_input_dtype_is_what_its_prepare_inputs_casts_to():
+    trainer = dsw.trainer(max_steps=2)
+    _transformers_private.check_deepspeed(trainer)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        _transformers_private.set_input_dtype(trainer, dtype)
+        batch = trainer._prepare_inputs({"x": torch.ones(2), "ids": torch.ones(2, dtype=int)})
+        assert batch["x"].dtype == dtype and batch["ids"].dtype == torch.int64
+
+
+def test_what_train_sets_once_the_engine_is_made_is_what_set_engine_sets():
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer)
+    for name in _transformers_private.DEEPSPEED_SET:
+        assert re.search(rf"self\.{name}\b[^\n=]*=\s", source), name
+    module, name = _transformers_private.DEEPSPEED_INIT
+    assert f"{name}(" in source and module == "transformers.integrations.deepspeed"
+    trainer = dsw.trainer(max_steps=2)
+    engine = _deepspeed.init_trainer_engine(trainer, 2)  # deepspeed_init, then prepare
+    assert all(getattr(trainer, n) is engine for n in _transformers_private.DEEPSPEED_SET)
+    assert _deepspeed.trainer_engine(trainer) is engine
+    _transformers_private.set_engine(trainer, None)
+    assert all(getattr(trainer, n) is None for n in _transformers_private.DEEPSPEED_SET)
+    engine.destroy()
+
+
+def test_a_deepspeed_trainers_precision_is_set_where_its_engine_and_inputs_read_it():
+    trainer = dsw.trainer(max_steps=2)
+    config = _deepspeed.trainer_config(trainer)
+    wanted = _deepspeed.engine_config(config, DeepSpeedFp16Config(init_scale=2.0**12))
+    _deepspeed.set_trainer_precision(trainer, wanted)
+    plugin = _accelerate_private.deepspeed_plugin(trainer.accelerator)
+    assert plugin.hf_ds_config.dtype() == torch.float16
+    engine = _deepspeed.init_trainer_engine(trainer, 2)
+    assert engine.fp16_enabled() and _deepspeed_private.scale(engine) == 2.0**12
+    assert trainer._prepare_inputs({"x": torch.ones(2)})["x"].dtype == torch.float16
+    engine.destroy()
+
+
+def test_a_deepspeed_trainers_release_without_a_listed_name_is_refused_in_one_line(
+    monkeypatch,
+):
+    import transformers.integrations.deepspeed as integration
+
+    trainer = dsw.trainer(max_steps=2)
+    monkeypatch.delattr(integration, "deepspeed_init")  # a release that moved it
+    with pytest.raises(scalertune.UsageError) as refused:
+        scalertune.attach(trainer, DeepSpeedFp16Config())
+    assert str(refused.value) == (
+        f"transformers {_transformers_private.RELEASES.installed()} has no "
+        "transformers.integrations.deepspeed.deepspeed_init, which scalertune relies on: "
+        f"pip install 'transformers=={_transformers_private.RELEASES.checked}.*', the release "
+        "it was checked on"
+    )
+
+
 # --- Lightning ------------------------------------------------------------------------------
 
 
@@ -231,6 +456,19 @@ def test_configured_optimizers_read_every_shape_as_lightning_does():
     assert config.reduce_on_plateau and config.monitor == "train_loss"
     with pytest.raises(Exception, match="configure_optimizers"):
         _lightning_private.configured_optimizers(_module(lambda module: "nonsense"))
+
+
+def test_a_lightning_object_is_told_by_its_package_and_checked_by_name(monkeypatch):
+    import lightning.pytorch as pl
+
+    trainer, module = trainers.lightning_trainer(), trainers.lightning_module()
+    assert _lightning_private.package(trainer, "Trainer") == "lightning.pytorch"
+    assert _lightning_private.package(module, "LightningModule") == "lightning.pytorch"
+    assert _lightning_private.package(_accelerator(), "Trainer") is None
+    _lightning_private.check(trainer, "Trainer")  # every listed name there
+    monkeypatch.delattr(pl.core.optimizer, "_configure_schedulers_automatic_opt")
+    with pytest.raises(scalertune.UsageError, match="_configure_schedulers_automatic_opt"):
+        _lightning_private.check(module, "LightningModule")
 
 
 def test_a_modules_optimizers_are_what_it_reads_of_its_trainers_strategy():
@@ -287,6 +525,7 @@ def test_the_bounds_are_the_ones_pyproject_declares_and_the_installed_releases_a
         _transformers_private.RELEASES,
         _transformers_private.TRL_RELEASES,
         _lightning_private.RELEASES["lightning"],
+        _deepspeed_private.RELEASES,
     ):
         assert releases.requirement in declared, releases.requirement
         assert releases.takes(releases.installed()), releases.installed()
@@ -312,6 +551,33 @@ def test_a_release_outside_the_bound_is_refused_in_one_line_naming_the_releases(
     assert f"this is {distribution} 99.1.0: pip install '{distribution}>=" in message
 
 
+def test_a_deepspeed_release_outside_the_bound_is_refused_in_one_line(monkeypatch):
+    from scalertune._workload._factory import build_workload
+
+    monkeypatch.setattr(
+        _releases, "_installed", lambda d: "0.99.0" if d == "deepspeed" else _installed(d)
+    )
+    with pytest.raises(scalertune.UsageError) as refused:
+        build_workload(dsw.regression, seed=0, device=torch.device("cpu"))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.endswith("this is deepspeed 0.99.0: pip install 'deepspeed>=0.19,<0.20'")
+
+
+def test_a_deepspeed_release_without_a_listed_name_is_refused_in_one_line(monkeypatch):
+    import deepspeed.runtime.zero.stage_1_and_2 as zero
+
+    trainer = dsw.trainer(max_steps=2)
+    monkeypatch.delattr(zero, "DeepSpeedZeroOptimizer")  # a release that moved it
+    with pytest.raises(scalertune.UsageError) as refused:
+        scalertune.attach(trainer, DeepSpeedFp16Config())
+    assert str(refused.value) == (
+        f"deepspeed {_deepspeed_private.RELEASES.installed()} has no "
+        "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer, which scalertune relies "
+        "on: pip install 'deepspeed==0.19.*', the release it was checked on"
+    )
+
+
 def test_a_release_without_a_listed_name_is_refused_in_one_line_naming_the_release(monkeypatch):
     accelerator = _accelerator()
     # a release whose gradient state has no sync flag to set
@@ -328,13 +594,12 @@ def test_a_release_without_a_listed_name_is_refused_in_one_line_naming_the_relea
 
 
 def test_the_frameworks_private_names_stand_in_their_modules_only():
-    """Accelerate's and Lightning's modules name them (transformers' has none of its own:
-    the sync flag its train() sets is Accelerate's), and so does this file."""
+    """Accelerate's, transformers' and Lightning's private names stand in their three modules
+    (those a Trainer made with ``deepspeed=`` relies on included), DeepSpeed's in its own,
+    and nowhere else but this file."""
     here = pathlib.Path(__file__).resolve()
-    allowed = {
-        pathlib.Path(m.__file__).resolve()
-        for m in (_accelerate_private, _transformers_private, _lightning_private)
-    }
+    modules = (_accelerate_private, _transformers_private, _lightning_private, _deepspeed_private)
+    allowed = {pathlib.Path(m.__file__).resolve() for m in modules}
     naming = sorted(
         str(path.relative_to(ROOT))
         for folder in ("scalertune", "tests", "benchmarks", "examples")
@@ -342,3 +607,52 @@ def test_the_frameworks_private_names_stand_in_their_modules_only():
         if path.resolve() not in {here, *allowed} and PRIVATE.search(path.read_text())
     )
     assert naming == []
+    hf_code = re.compile(HF_PRIVATE)
+    deepspeed_code = re.compile(DEEPSPEED_PRIVATE)
+    for module in modules:
+        code = _code(module)
+        if module is _deepspeed_private:
+            assert not hf_code.search(code), hf_code.search(code)
+        else:
+            assert not deepspeed_code.search(code), (module.__name__, deepspeed_code.search(code))
+
+
+def _code(module):
+    """``module``'s source without its docstrings and comments."""
+    import ast
+
+    tree = ast.parse(inspect.getsource(module))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            body[0] = ast.Pass()  # a docstring
+    return ast.unparse(tree)
+
+
+def test_every_entry_of_a_private_module_is_checked_by_a_test_here():
+    """Each function and listed name of the four modules is used by a test of this file."""
+    import ast
+
+    tests = ast.parse(pathlib.Path(__file__).read_text())
+    used = {
+        (node.value.id, node.attr)
+        for function in tests.body
+        if isinstance(function, ast.FunctionDef) and function.name.startswith("test_")
+        for node in ast.walk(function)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+    }
+    for module in (_accelerate_private, _transformers_private, _lightning_private,
+                   _deepspeed_private):  # fmt: skip
+        name = module.__name__.rpartition(".")[2]
+        entries = [
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_")
+            and getattr(v, "__module__", module.__name__) == module.__name__
+            and (callable(v) or n.isupper())
+            and not isinstance(v, type)
+        ]
+        assert entries, name
+        untested = [n for n in entries if (name, n) not in used]
+        assert untested == [], (name, untested)
