@@ -144,12 +144,15 @@ def time_isolated(
     timeout_s: float | None,
     memory_gb: float | None,
     ranks: int = 1,
+    log: Callable[[str], None] = lambda _line: None,
 ) -> StepTimes | None:
     """The step timing (:func:`scalertune._timing.time_dtypes`) in a fresh process, on a
-    fresh workload. A dtype whose kernels kill the process (an abort, a hang past
-    ``timeout_s``, out of memory) is left out and the others are timed again in another;
-    ``None`` when even float32 cannot be timed."""
-    left = list(dtypes)
+    fresh workload. A rank that dies or hangs is a fault of one process: the timing runs
+    again, ``MAX_RETRIES`` times at most. A dtype whose kernels kill the process (an abort,
+    a hang past ``timeout_s``, out of memory) is left out and the others are timed again in
+    another; ``None`` when even float32 cannot be timed. What is left out, and why, is said
+    through ``log``, one line each."""
+    left, again = list(dtypes), 0
     while True:
         running = None
         try:
@@ -158,15 +161,23 @@ def time_isolated(
                 timeout_s,
                 ranks,
             ):
-                if kind == "error":
+                if kind in _FAILURES:
+                    log(f"the step timing failed: {payload.splitlines()[0]}: speed not measured")
                     return None
                 if kind == "dtype":
                     running = payload
                 elif kind == "times":
                     return payload
-        except TrialCrashed:
+        except TrialCrashed as exc:
+            why = str(exc).splitlines()[0]
+            if isinstance(exc, RankFailed) and again < _policy.MAX_RETRIES:
+                again += 1
+                log(f"the step timing: {why}; run again")
+                continue
             if running in (None, "float32"):
+                log(f"the step timing failed: {why}: speed not measured")
                 return None
+            log(f"the step timing of {running}: {why}: {running} left out")
             left = [d for d in left if d != running]
 
 
