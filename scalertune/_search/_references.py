@@ -28,7 +28,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import MissingEvidence, SearchError, UsageError
 from scalertune._judge._horizon import seed_spread
-from scalertune._judge._outcome import reference_of
+from scalertune._judge._outcome import damaged_references, reference_of
 from scalertune._judge._target import Target
 from scalertune._replay._trace import Trace
 from scalertune._run._loop import Plan
@@ -81,6 +81,9 @@ class References:
     def target(self, seed: int) -> Target:
         """The float32 target of ``seed``; runs and stores the reference if nobody has."""
         if seed not in self._targets:
+            if reference_of(self.study, seed) is None:  # a damaged one is run again
+                for why in damaged_references(self.study, seed).values():
+                    self.log(f"{why}: the float32 reference of seed {seed} runs again")
             self.once(
                 f"reference.{seed}",
                 lambda: self._run(seed),
@@ -114,9 +117,9 @@ class References:
         return reference
 
     def trace(self, seed: int) -> Trace:
-        """The reference's gradient trace."""
+        """The reference's gradient trace (decoded, and checked, as the study was read)."""
         if seed not in self._traces:
-            self._traces[seed] = Trace.decode(self.reference(seed)["trace"])
+            self._traces[seed] = self.reference(seed)["trace"]
         return self._traces[seed]
 
     def spread(self) -> float:
