@@ -16,6 +16,8 @@ import pytest
 import yaml
 from conftest import (
     HERE,
+    HORIZON_SEARCH,
+    horizon_answer,
     needs_postgres,
     postgres_database,
     reference_is_float32s_own,
@@ -32,22 +34,8 @@ from scalertune._storage._optuna import storage_of, study_id
 pytestmark = pytest.mark.xdist_group("evidence")
 
 WORKLOAD = "healthy"
-#: A search whose answer is the same however its workers share it: no sampled trial (which
-#: configs several workers sample depends on who asks first), PyTorch's float16 defaults and
-#: the replay's choice, ranked by their steps to the target (one dtype, one step time).
 HORIZON = 200
-ARGS = [
-    "--steps",
-    "40",
-    "--horizon",
-    str(HORIZON),
-    "--n-trials",
-    "0",
-    "--space",
-    "float16",
-    "--device",
-    "cpu",
-]
+ARGS = list(HORIZON_SEARCH)
 LAUNCHER = os.path.join(HERE, "fault_launcher.py")
 #: A search here takes about 20 s; longer is stuck.
 STUCK_S = 300
@@ -93,14 +81,7 @@ def _finish(*procs):
     return out
 
 
-def _answer(path):
-    """The AMP answer of a search, from its YAML: the best AMP config that held and was
-    confirmed. (Whether it or float32 is recommended on this CPU is a timing verdict, within
-    the noise here, which the load of two workers at once can tip either way.)"""
-    with open(path, encoding="utf-8") as f:
-        evidence = yaml.safe_load(f)["evidence"]
-    assert "missing" not in evidence
-    return evidence["best_amp"]["config"]
+_answer = horizon_answer
 
 
 def _study(storage, name="shared"):
@@ -120,15 +101,6 @@ def _nothing_failed(study):
         and t.user_attrs.get("role") != "surplus"
     ]
     assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-
-
-@pytest.fixture(scope="session")  # once per worker: its group may interleave with other modules
-def undisturbed(tmp_path_factory):
-    """The same search, one worker, nothing in its way: the answer the others must give."""
-    folder = tmp_path_factory.mktemp("undisturbed")
-    ((code, out, err),) = _finish(_search(str(folder / "study.log"), folder))
-    assert code == 0, err
-    return {"answer": _answer(folder / "amp.yaml"), "folder": folder, "summary": out}
 
 
 def test_workers_started_in_two_folders_share_the_evidence_beside_the_journal(
