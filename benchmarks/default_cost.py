@@ -36,7 +36,7 @@ import optuna
 
 import scalertune
 from scalertune import _policy
-from scalertune._run._timing import StepTimes
+from scalertune._run._step_times import StepTimes
 from scalertune._search import _references
 
 HERE = os.path.dirname(os.path.abspath(__file__))

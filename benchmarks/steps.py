@@ -18,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import models  # noqa: E402
 
-from scalertune._run._timing import spread, time_dtypes  # noqa: E402
+from scalertune._run._step_times import spread  # noqa: E402
+from scalertune._run._timing import time_dtypes  # noqa: E402
 from scalertune._workload._factory import build_workload  # noqa: E402
 
 

@@ -24,10 +24,13 @@ Every policy number is in ``_policy``, every range check in ``_limits``.
 from __future__ import annotations
 
 import importlib
+import os
+import weakref
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from scalertune._amp._check import AmpCheckError, AmpCheckWarning, CheckPolicy
     from scalertune._amp._config import AmpConfig
     from scalertune._amp._guard import AmpGuardError, Guard
     from scalertune._amp._runtime import AmpRuntime
@@ -42,14 +45,13 @@ if TYPE_CHECKING:
     )
     from scalertune._errors import SearchError, StorageUnavailable, UsageError
     from scalertune._export._api import FRAMEWORKS, Export, export
-    from scalertune._frameworks._attach import attach
     from scalertune._judge._outcome import Outcome
     from scalertune._judge._settings import StudySettings
     from scalertune._judge._speedup import Speedup
     from scalertune._judge._target import Target
     from scalertune._review._analyze import analyze
     from scalertune._review._result import SearchResult
-    from scalertune._run._timing import StepTimes
+    from scalertune._run._step_times import StepTimes
     from scalertune._search._api import search
     from scalertune._search._setup import Isolation
     from scalertune._search._space import SearchSpace
@@ -60,6 +62,9 @@ if TYPE_CHECKING:
 #: --help, a bad option or Ctrl-C before torch has loaded (a second or more).
 _EXPORTS = {
     "AmpConfig": "_amp._config",
+    "AmpCheckError": "_amp._check",
+    "AmpCheckWarning": "_amp._check",
+    "CheckPolicy": "_amp._check",
     "Guard": "_amp._guard",
     "Diagnosis": "_diagnose._report",
     "ModuleReport": "_diagnose._report",
@@ -71,7 +76,6 @@ _EXPORTS = {
     "Export": "_export._api",
     "export": "_export._api",
     "lightning_workload": "_workload._lightning",
-    "attach": "_frameworks._attach",
     "Speedup": "_judge._speedup",
     "Target": "_judge._target",
     "Outcome": "_judge._outcome",
@@ -87,7 +91,7 @@ _EXPORTS = {
     "search": "_search._api",
     "SearchSpace": "_search._space",
     "StorageUnavailable": "_errors",
-    "StepTimes": "_run._timing",
+    "StepTimes": "_run._step_times",
     "Workload": "_workload._contract",
 }
 
@@ -111,17 +115,33 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path that was nev
 
 
 def load(
-    path: str,
+    path: str | os.PathLike[str],
     *,
     device: str = "auto",
     guard: bool = True,
     watch: bool = True,
     best_amp: bool = False,
+    check: bool | str | CheckPolicy | None = None,
+    storage: str | bool | None = None,
 ) -> AmpRuntime:
     """The runtime for the config in a result YAML: GradScaler, autocast and clipping,
-    float32 islands, the guard the YAML recommends (``guard=False`` turns it off), and a
-    watch that warns once (:class:`AmpDriftWarning`) when the scaler leaves the search's
-    prediction (``watch=False`` turns it off).
+    float32 islands, the guard the YAML recommends (``guard=False`` turns it off), a watch
+    that warns once (:class:`AmpDriftWarning`) when the scaler leaves the search's prediction
+    (``watch=False`` turns it off), and the in-run check.
+
+    The in-run check: every ``every`` steps of the YAML's ``check`` block (100 by default)
+    the step's loss is computed again in float32 at the run's current weights, forward only,
+    and compared with the AMP loss by the horizon's rule; when the precision fails, the
+    forward overflows, or the scaler leaves the search's prediction, the runtime acts by the
+    block's ``action`` (``act``: a float32 island, float32, the scaler's knobs from a replay
+    of the run's own gradients; ``warn``; ``stop``), one :class:`AmpCheckWarning` line each.
+    ``check=False`` turns it off; ``"act"``, ``"warn"`` or ``"stop"`` overrides the YAML's
+    action. It runs where the runtime sees the loss: :meth:`AmpRuntime.train_step`, or
+    :meth:`AmpRuntime.loss` in a loop of your own; :meth:`AmpRuntime.report` prints what it
+    did. The run's record goes to the study the YAML came from (its ``evidence.storage``, or
+    ``storage=`` where that URL's password is hidden; ``storage=False`` for none), in the
+    background, when that storage can be reached, so ``scalertune report`` and the dashboard
+    show it beside the search.
 
     ``best_amp=True`` loads the best AMP config that held (``evidence.best_amp``) instead of
     the answer: a search on a CPU answers float32, where AMP steps are slower; on a GPU, use
@@ -130,22 +150,105 @@ def load(
     Example:
         >>> import scalertune
         >>> amp = scalertune.load("codepoints.yaml", device="cuda")  # doctest: +SKIP
-        >>> with amp.autocast():  # doctest: +SKIP
-        ...     loss = loss_fn(model(x), y)
+        >>> model = amp.prepare(model)  # doctest: +SKIP
+        >>> loss = amp.loss(lambda: loss_fn(model(x), y))  # doctest: +SKIP
         >>> amp.backward(loss)  # doctest: +SKIP
         >>> amp.step(optimizer)  # doctest: +SKIP
     """
-    from scalertune._amp._runtime import AmpRuntime
+    from scalertune._inrun._build import runtime_from_yaml
 
-    return AmpRuntime.from_yaml(path, device=device, guard=guard, watch=watch, best_amp=best_amp)
+    amp = runtime_from_yaml(
+        path, device=device, guard=guard, watch=watch, best_amp=best_amp, check=check
+    )
+    _record_in_study(amp, path, storage)
+    return amp
+
+
+def attach(
+    trainer: Any,
+    config: str | os.PathLike[str] | AmpConfig | AmpRuntime,
+    *,
+    guard: bool = True,
+    watch: bool = True,
+    best_amp: bool = False,
+    check: bool | str | CheckPolicy | None = None,
+    storage: str | bool | None = None,
+) -> AmpRuntime:
+    """Train ``trainer`` with the config a search chose; returns the runtime that does it.
+
+    ``trainer`` is a Hugging Face ``transformers.Trainer`` (any subclass: TRL's, one with its
+    own ``compute_loss``) before ``train()``, a Lightning ``Trainer`` before ``fit()``, or an
+    Accelerate ``Accelerator`` before ``prepare()``. ``config`` is the result YAML a search
+    wrote (or an :class:`AmpConfig`, or an :class:`AmpRuntime` built already). The training
+    that follows runs:
+
+    - the config's dtype under autocast, on a CPU as on a GPU, whatever ``fp16``, ``bf16``
+      or ``precision`` the trainer was given (a float16 config trains in float16 on a CPU);
+    - a GradScaler with exactly the config's ``init_scale``, ``growth_factor``,
+      ``backoff_factor`` and ``growth_interval``, which the framework itself calls;
+    - the config's clipping, as the framework's own, in place of the trainer's
+      (``max_grad_norm``, ``gradient_clip_val`` by norm; a config without one turns it off;
+      with an Accelerator, ``accelerator.clip_grad_norm_`` in your loop unscales with the
+      runtime's scaler first);
+    - its float32 islands, and the guard and the watch the YAML recommends
+      (``guard=False``, ``watch=False`` to leave them out), on the steps the framework took;
+    - the in-run check (``check=False`` to leave it out, ``"warn"`` or ``"stop"`` for
+      another action than the YAML's): every 100 steps the loss of the step's batch again in
+      float32 at the run's weights, through the Trainer's ``compute_loss`` or the
+      LightningModule's ``training_step`` (its logging held back for that pass); with an
+      Accelerator, hand the runtime your loss as ``amp.loss(lambda: loss_fn(model(x), y))``.
+      The run's record (checks, actions, the scaler's story) goes to the YAML's study, as
+      with :func:`load`.
+
+    The runtime's ``skipped_steps``, ``steps`` and ``scaler.get_scale()`` read what the
+    framework did. ``best_amp=True`` takes the YAML's best AMP config that held instead of its
+    answer (for a GPU, when the search ran where float32 was faster). A trainer that the
+    runtime cannot drive (DeepSpeed, FSDP, a model loaded in half precision, a trainer already
+    trained or prepared) is refused with a :class:`UsageError` saying why.
+
+    Example::
+
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset)
+        amp = scalertune.attach(trainer, "amp.yaml")
+        trainer.train()
+        print(amp.skipped_steps, amp.scaler.get_scale())
+    """
+    from scalertune._frameworks._attach import attach as attach_runtime
+
+    amp = attach_runtime(trainer, config, guard=guard, watch=watch, best_amp=best_amp, check=check)
+    if isinstance(config, (str, os.PathLike)):
+        _record_in_study(amp, config, storage)
+    return amp
+
+
+def _record_in_study(
+    amp: AmpRuntime, path: str | os.PathLike[str], storage: str | bool | None
+) -> None:
+    """The run's record to the study ``path`` came from (see :func:`load`)."""
+    if amp.check is None or storage is False:
+        return
+    from scalertune._amp._schema import read_result
+    from scalertune._storage._run_log import RunLog, study_of
+
+    path = os.fspath(path)
+    where = study_of(read_result(path), path, storage if isinstance(storage, str) else None)
+    if where is not None:
+        identity = {"yaml": os.path.abspath(path), "device": str(amp.device)}
+        log = RunLog(*where, identity=identity)
+        run, check = weakref.ref(amp), amp.check
+        log.final = lambda: check.summary(a) if (a := run()) is not None else None
+        check.sink = log
 
 
 __all__ = [
     "FRAMEWORKS",
+    "AmpCheckError",
+    "AmpCheckWarning",
     "AmpConfig",
     "AmpDriftWarning",
     "AmpGuardError",
     "AmpRuntime",
+    "CheckPolicy",
     "Diagnosis",
     "Export",
     "Guard",

@@ -56,7 +56,7 @@ def program() -> NoReturn:
 def _main(argv: Sequence[str] | None, *, exiting: bool) -> int:
     with _interrupt.handled():
         try:
-            with _interrupt.imports():  # the parser imports torch
+            with _interrupt.imports():  # the parser imports the export's module
                 args = parse(argv)
             code = args if isinstance(args, int) else _run(args.command, args)
         except KeyboardInterrupt:  # before a search opened its study, or outside a search

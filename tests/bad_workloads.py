@@ -79,3 +79,31 @@ def model_output_without_labels():
         "loss_fn": lambda output, target: output.loss,
         "batches": [(torch.randn(8, 4), torch.randint(0, 3, (8,)))],
     }
+
+
+def _with_step(returns):
+    """``_parts()`` with a step of its own that returns ``returns(output, loss)``."""
+    parts = _parts()
+    optimizer, loss_fn = parts["optimizer"], parts.pop("loss_fn")
+
+    def step(model, batch, amp):
+        x, y = batch
+        optimizer.zero_grad(set_to_none=True)
+        with amp.autocast():
+            output = model(x)
+            loss = loss_fn(output, y)
+        amp.backward(loss)
+        amp.step(optimizer)
+        return returns(output, loss)
+
+    return {**parts, "step": step}
+
+
+def step_returns_tuple():
+    """A step that returns what a nanoGPT model returns, ``(logits, loss)``."""
+    return _with_step(lambda output, loss: (output, loss))
+
+
+def step_returns_non_scalar():
+    """A step that returns the per-sample losses."""
+    return _with_step(lambda output, loss: (output - output.detach() + loss).squeeze(1))

@@ -202,3 +202,45 @@ def readings_near_1e5():
 
 HORIZON["readings_near_1e5"] = 2000
 ISLAND["readings_near_1e5"] = "2"
+
+
+def tanh_regression():
+    """(f) A loss scale that collapses mid-run and never recovers: a late burst of large
+    gradients (:func:`with_burst`).
+
+    An MLP (8-64-1, tanh, ~640 parameters) regresses tanh(x . w) + noise 0.05 with mean MSE,
+    Adam lr 3e-3 and the workload's own clipping at 1.0, as nanoGPT clips. Its gradients are
+    small (1e-3 to 1e-1) and float16 trains like float32. :func:`with_burst` turns batches
+    1000-1039 into a corrupted stretch of data (targets times 1e9): float32 clips those steps
+    and trains on; float16 skips them, backing its scale off 2**30 to ~3e-5, where the
+    gradients that follow flush to zero, and at PyTorch's growth interval of 2000 the scale
+    needs ~60,000 steps to come back. Seed 0, 3000 steps: float16 defaults end 1.56x
+    float32's loss (last 100 steps, burst steps left out).
+    """
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(8, 1, generator=g)
+    batches = []
+    for _ in range(8):
+        x = torch.randn(64, 8)
+        batches.append((x, torch.tanh(x @ w) + 0.05 * torch.randn(64, 1)))
+    model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 1))
+    return {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=3e-3),
+        "loss_fn": nn.MSELoss(),
+        "batches": batches,
+        "clip_norm": 1.0,
+    }
+
+
+HORIZON["tanh_regression"] = 3000
+
+#: Where :func:`with_burst` puts its burst, how long it lasts, and how large its targets are.
+BURST = (1000, 40, 1e9)
+
+
+def with_burst(batches, step, burst=BURST):
+    """The batch of ``step`` in a stream over ``batches`` with a burst of corrupted targets."""
+    start, length, factor = burst
+    x, y = batches[step % len(batches)]
+    return (x, y * factor) if start <= step < start + length else (x, y)

@@ -2,9 +2,17 @@
 
 - ``_config``: :class:`AmpConfig`, PyTorch's defaults and the baselines;
 - ``_runtime``: :class:`AmpRuntime`, the canonical AMP step every trial runs;
-- ``_scaler``: the GradScaler the runtime builds, and how it knows which steps were skipped;
+- ``_autocast``: its forward side (autocast, islands, the check's float32 passes) and the
+  unscale-then-clip;
+- ``_scaler``: the GradScaler the runtime builds, how it knows which steps were skipped, and
+  its knobs changed in place;
+- ``_checkpointed``: what a runtime keeps in a training checkpoint, and its restore;
+- ``_decisions``: the runtime's side of its scaler's steps: skips counted, the scale read;
+- ``_readback``: what runs at the read-back cadence: the guard, the watch, the in-run check;
+- ``_check``: the in-run check's policy, as the result file carries it, and what it says;
 - ``_guard``: :class:`Guard`, the production guard against a collapsing loss scale;
 - ``_watch``: the warning when a training run's scaler leaves the search's prediction;
+- ``_fingerprint``: the model a result file was searched on, and the warning for another;
 - ``_islands``, ``_modules``: float32 islands and how modules are named for them;
 - ``_device``: which device a run trains on;
 - ``_schema``, ``_yaml``: the result YAML, read with size and alias bounds.

@@ -19,15 +19,23 @@ from scalertune._amp._modules import match_modules
 def apply_islands(model: torch.nn.Module, entries: Iterable[str], device_type: str) -> None:
     """Make every module of ``model`` that ``entries`` name or match a float32 island
     (once: a module that is one already is left as it is)."""
-    modules = dict(_unwrapped(model).named_modules())
+    modules = dict(unwrapped(model).named_modules())
     for name in match_modules(entries, modules):
         if not is_island(modules[name]):
-            island = _Float32Island(device_type)
-            modules[name].register_forward_pre_hook(island.enter, with_kwargs=True)
-            modules[name].register_forward_hook(island.leave, always_call=True)
+            make_island(modules[name], device_type)
 
 
-def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+def make_island(module: torch.nn.Module, device_type: str) -> list[Any]:
+    """Make ``module`` a float32 island; returns the two hooks' handles (``remove()`` ends
+    it: the in-run check tries an island for one pass)."""
+    island = _Float32Island(device_type)
+    return [
+        module.register_forward_pre_hook(island.enter, with_kwargs=True),
+        module.register_forward_hook(island.leave, always_call=True),
+    ]
+
+
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     """The user's model inside torch.compile's and (Distributed)DataParallel's wrappers, whose
     names (``_orig_mod.``, ``module.``) are not the ones ``fp32_modules`` names."""
     while True:

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import contextlib
-import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from scalertune._amp._autocast import Clip, Forward
+from scalertune._amp._check import RunCheck
+from scalertune._amp._checkpointed import Checkpointed
 from scalertune._amp._config import SCALER_KNOBS, AmpConfig
+from scalertune._amp._decisions import ScalerDecisions
 from scalertune._amp._device import resolve_device
-from scalertune._amp._guard import Guard, check_guard
-from scalertune._amp._islands import apply_islands
-from scalertune._amp._scaler import DeviceStep, RuntimeScaler, Skips, scaler_class
-from scalertune._amp._watch import AmpDriftWarning, Watch, caller_stacklevel
-from scalertune._errors import UsageError
+from scalertune._amp._guard import Guard
+from scalertune._amp._readback import Readback
+from scalertune._amp._scaler import DeviceStep, RuntimeScaler, Skips, scaler_class, set_knobs
+from scalertune._amp._watch import Watch
 
 
-class AmpRuntime:
+class AmpRuntime(ScalerDecisions, Checkpointed):
     """Owns the autocast context, the GradScaler and the unscale-then-clip step.
 
     One object per training run. The canonical AMP step it implements is::
@@ -42,7 +43,11 @@ class AmpRuntime:
 
     The runtime adds no host sync to GradScaler's one per step (it must know whether to call
     ``optimizer.step``), and counts skipped steps from that decision (:class:`_Skips`). A
-    ``guard`` and a ``watch`` read the device once every ``check_every`` steps.
+    ``guard`` and a ``watch`` read the device once every ``check_every`` steps. An in-run
+    ``check`` (``scalertune.load`` and ``scalertune.attach`` build one from the result file)
+    computes a step's loss again in float32 every ``check.policy.every`` steps, through
+    :meth:`loss` (one more forward and one host read then), and acts when the precision fails
+    (see :mod:`scalertune._amp._check`).
 
     Example:
         >>> import torch, scalertune
@@ -62,25 +67,32 @@ class AmpRuntime:
         device: str | torch.device | None = "auto",
         guard: Guard | None = None,
         watch: Watch | None = None,
+        check: RunCheck | None = None,
+        model_check: Callable[[torch.nn.Module], None] | None = None,
     ) -> None:
         self.config = config
         self.guard = guard if config.uses_scaler else None
         self.watch = watch if config.uses_scaler else None
+        #: The in-run check (``None``: the run does not check itself); float32 has nothing
+        #: to check against.
+        self.check = check if config.dtype != "float32" else None
         self.device = resolve_device(device)
-        self._forward = _Forward(config, self.device)
+        self._forward = Forward(config, self.device, model_check)
         #: The GradScaler (a :class:`~scalertune._amp._scaler.RuntimeScaler`: it reports each
         #: step to this runtime, whoever calls it; disabled for bfloat16 and float32).
         self.scaler: torch.amp.GradScaler = self._scaler(RuntimeScaler)
         self.steps = 0
-        self._checks = _Checks(self.guard, self.watch) if self.guard or self.watch else None
+        reads = config.uses_scaler and (self.guard or self.watch or self.check)
+        self._checks = Readback(self.guard, self.watch, self.check) if reads else None
         self._skips = Skips(ring=self._checks.every if self._checks else 0)
         self._stepped: bool | DeviceStep = True
         # `scale` before GradScaler's first backward, and without one: made once, not per step
         self._initial_scale = torch.full(
             (), config.init_scale if config.uses_scaler else 1.0, device=self.device
         )
-        self._clip = _Clip(config.clip_norm) if config.clip_norm is not None else None
+        self._clip = Clip(config.clip_norm) if config.clip_norm is not None else None
         self._uses_scaler = config.uses_scaler  # read on every step: a plain attribute
+        self._checked_step = -1  # the step the in-run check last ran at (once per step)
         #: Called after each :meth:`backward` and first in :meth:`step`, while the gradients
         #: are backward's own: the float32 reference's gradient trace reads them there
         #: (``_run._trace_collector``).
@@ -172,23 +184,62 @@ class AmpRuntime:
         self.scaler.update()
         return self._stepped
 
-    @property
-    def last_step(self) -> bool | DeviceStep:
-        """Whether the optimizer really stepped on the last step GradScaler decided (what
-        :meth:`step` returned; for a framework that calls the scaler itself, the same)."""
-        return self._stepped
+    def loss(
+        self,
+        closure: Callable[[], Any],
+        *,
+        autocast: bool = True,
+        recompute: Callable[[], Any] | None = None,
+    ) -> Any:
+        """Run ``closure`` (the forward and the loss, no backward) under :meth:`autocast`
+        and return what it returns: the way a loop hands the runtime its loss, so that the
+        run can check itself.
 
-    def scaler_stepping(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called by :attr:`scaler` as ``scaler.step(optimizer)`` starts."""
-        self._skips.begin(self.scaler, optimizer)
+        Every ``check.policy.every`` steps (and sooner after a streak of skipped steps) the
+        in-run check runs ``closure`` once more, in float32, without gradients, at the same
+        weights, on the same batch and with the same random numbers (dropout), and compares
+        the two losses; when the precision fails it acts by the result file's policy (see
+        :mod:`scalertune._amp._check`). ``closure`` may return the loss, or a tuple or mapping
+        holding it first or under ``"loss"`` (``(loss, logits)``, a model's output); it is
+        called once per micro-batch, as the loss is.
 
-    def scaler_updated(self) -> None:
-        """Called by :attr:`scaler` once ``scaler.update()`` has decided the step: count it,
-        and run the guard and the watch when they are due."""
-        self._stepped = self._skips.decide(self.scaler, self.steps)
-        self.steps += 1
-        if self._checks is not None and self.steps % self._checks.every == 0:
-            self._checks.run(self)
+        ``autocast=False`` is for a framework whose model's forward runs under
+        :meth:`autocast` itself (the trainers :func:`scalertune.attach` drives);
+        ``recompute`` is what the check's extra passes call instead of ``closure`` (a
+        LightningModule's ``training_step`` with its logging held back).
+
+        Example:
+            >>> import torch, scalertune
+            >>> model = torch.nn.Linear(4, 1)
+            >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(dtype="bfloat16"), device="cpu")
+            >>> model = amp.prepare(model)
+            >>> x, y = torch.randn(8, 4), torch.randn(8, 1)
+            >>> loss = amp.loss(lambda: torch.nn.functional.mse_loss(model(x), y))
+            >>> amp.backward(loss)
+            >>> amp.step(optimizer)
+            True
+        """
+        if self.check is not None and self._check_due():
+            self._checked_step = self.steps
+            assert self.check is not None
+            return self.check.run(self, closure, recompute or closure, autocast)
+        if not autocast:
+            return closure()
+        with self._forward.reused:
+            return closure()
+
+    def _check_due(self) -> bool:
+        """Whether this step's loss is the in-run check's: once a step, when its policy says,
+        while training (not evaluating) in a dtype below float32."""
+        check = self.check
+        return (
+            check is not None
+            and check.due(self.steps)
+            and self._checked_step != self.steps
+            and self.config.dtype != "float32"  # after a fall back: nothing to check against
+            and torch.is_grad_enabled()
+        )
 
     def train_step(
         self,
@@ -199,141 +250,41 @@ class AmpRuntime:
     ) -> torch.Tensor:
         """The whole canonical step on one ``(inputs, targets)`` batch; returns the loss.
 
-        Applies the float32 islands (:meth:`prepare`) to ``model`` on first use.
+        Applies the float32 islands (:meth:`prepare`) to ``model`` on first use; the loss
+        goes through :meth:`loss`, so the run checks itself.
         """
         self._forward.prepare(model)
         inputs, targets = batch
         optimizer.zero_grad(set_to_none=True)
-        with self._forward.reused:
-            loss = loss_fn(model(inputs), targets)
+        loss: torch.Tensor = self.loss(lambda: loss_fn(model(inputs), targets))
         self.backward(loss)
         self.step(optimizer)
         return loss.detach()
 
     @property
-    def scale(self) -> torch.Tensor:
-        """The current loss scale as a device tensor (1.0 when no scaler is active); no sync."""
-        if not self._uses_scaler:  # a disabled GradScaler has no _scale at all
-            return self._initial_scale
-        scale = self.scaler._scale  # noqa: SLF001 - GradScaler's live scale, read in place
-        if scale is None:
-            return self._initial_scale
-        # GradScaler keeps a 0-d tensor; reshaping one anyway is a device op on every step.
-        return scale if scale.dim() == 0 else scale.reshape(())
+    def models(self) -> list[torch.nn.Module]:
+        """The models :meth:`prepare` has seen (the in-run check's islands go on them)."""
+        return self._forward.models
 
-    @property
-    def skipped_steps(self) -> int:
-        """Steps GradScaler skipped because gradients were inf/NaN (no device read, except
-        for an optimizer that skips inside its own kernel: see :class:`_Skips`)."""
-        return self._skips.total
+    def float32(self) -> contextlib.AbstractContextManager[None]:
+        """A context with no autocast at all, whoever asks for one inside it (the in-run
+        check's float32 forward)."""
+        return self._forward.float32()
 
-    @property
-    def _skipped(self) -> torch.Tensor:
-        """``skipped_steps`` as a device tensor, for ``_run._timing``'s window arithmetic."""
-        return torch.full((), self._skips.total, dtype=torch.int64, device=self.device)
+    def reconfigure(self, config: AmpConfig, *, scale: float | None = None) -> None:
+        """Train under ``config`` from the next step on (the in-run check's action): its
+        float32 islands added to the prepared models, its scaler knobs set in place (and the
+        scale set to ``scale``, where given), or float32: the scaler disabled, every later
+        step taken. Only the islands, the dtype (to float32) and the knobs may change."""
+        if config.uses_scaler and self._uses_scaler:
+            set_knobs(self.scaler, config, scale=scale)
+        elif self._uses_scaler:
+            set_knobs(self.scaler, None)  # float32 from now on: no scaler
+            self._uses_scaler, self._stepped = False, True
+        self.config = config
+        self._forward.configure(config)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Scaler state and counters, for checkpoints."""
-        return {
-            "scaler": self.scaler.state_dict(),
-            "steps": self.steps,
-            "skipped": self.skipped_steps,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        self.scaler.load_state_dict(state["scaler"])
-        self.steps = int(state["steps"])
-        self._skips.restore(int(state["skipped"]), steps=self.steps)
-
-
-class _Forward:
-    """The forward side of the step: autocast to the config's dtype, and the float32 islands
-    that must be on the model before it may run."""
-
-    def __init__(self, config: AmpConfig, device: torch.device) -> None:
-        self.config, self.device = config, device
-        self.islands = config.fp32_modules
-        self._dtype = getattr(torch, config.dtype)
-        self._float32 = config.dtype == "float32"
-        self._prepared: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
-        #: The context :meth:`AmpRuntime.train_step` enters on every step, made once: it is
-        #: entered and left in turn, never nested, and making one costs more than entering it.
-        self.reused: contextlib.AbstractContextManager[Any] = (
-            contextlib.nullcontext()
-            if self._float32
-            else torch.autocast(device.type, dtype=self._dtype)
-        )
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self._float32:
-            return contextlib.nullcontext()
-        if self.islands and not self._prepared:
-            raise UsageError(
-                f"this config keeps {', '.join(self.islands)} in float32 "
-                "(fp32_modules): call model = amp.prepare(model) once before "
-                "training"
-            )
-        return torch.autocast(self.device.type, dtype=self._dtype)
-
-    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self.islands and model not in self._prepared:
-            apply_islands(model, self.islands, self.device.type)
-            self._prepared.add(model)
-        return model
-
-
-class _Clip:
-    """Unscale, then clip the gradients of all the parameters an optimizer holds to
-    ``max_norm`` (the list made once per optimizer, not on every step)."""
-
-    def __init__(self, max_norm: float) -> None:
-        self.max_norm = max_norm
-        self._params: dict[int, list[torch.Tensor]] = {}
-
-    def __call__(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
-        scaler.unscale_(optimizer)
-        params = self._params.get(id(optimizer))
-        if params is None:
-            params = self._params[id(optimizer)] = [
-                p for group in optimizer.param_groups for p in group["params"]
-            ]
-        torch.nn.utils.clip_grad_norm_(params, self.max_norm)
-
-
-class _Checks:
-    """The guard and the watch, every ``every`` steps (the guard's cadence when there is one):
-    one host read of the scale, then the guard may raise and the watch may warn, once."""
-
-    def __init__(self, guard: Guard | None, watch: Watch | None) -> None:
-        self.guard, self.watch = guard, watch
-        cadence = guard if guard is not None else watch
-        if cadence is None:
-            raise ValueError("checks need a guard or a watch")
-        self.every = cadence.check_every
-        self._warned = False
-
-    def run(self, amp: AmpRuntime) -> None:
-        skips = amp._skips  # noqa: SLF001 - the runtime's own bookkeeping
-        scale, skipped = skips.read(amp.scale)
-        if self.guard is not None:
-            check_guard(
-                self.guard,
-                scale=scale,
-                streak=skips.streak,
-                step=amp.steps,
-                islands=amp.config.fp32_modules,
-            )
-        if self.watch is None or self._warned:
-            return
-        found = self.watch.drift(
-            amp.config,
-            steps=amp.steps,
-            skipped=skipped,
-            startup=skips.startup,
-            startup_last=skips.startup_last,
-            scale=scale,
-        )
-        if found is not None:
-            self._warned = True
-            warnings.warn(AmpDriftWarning(found), stacklevel=caller_stacklevel())
+    def report(self) -> None:
+        """Print what the in-run check saw and did: its checks, its actions (each with its
+        step and evidence) and the scaler's story beside the search's prediction."""
+        print(self.check.report(self) if self.check is not None else "no in-run check")

@@ -28,13 +28,15 @@ from typing import Any, Protocol
 
 import torch
 
+from scalertune._amp._config import AmpConfig
 from scalertune._amp._watch import STARTUP_GAP
 
 
 class StepListener(Protocol):
-    """What a :class:`RuntimeScaler` tells: a step begins (``scaler.step``), a step is
-    decided (``scaler.update``)."""
+    """What a :class:`RuntimeScaler` tells: a loss is scaled (``scaler.scale``), a step
+    begins (``scaler.step``), a step is decided (``scaler.update``)."""
 
+    def scaler_scaling(self, loss: torch.Tensor) -> None: ...
     def scaler_stepping(self, optimizer: torch.optim.Optimizer) -> None: ...
     def scaler_updated(self) -> None: ...
 
@@ -48,6 +50,15 @@ class _Reporting:
     def __init__(self, device: str, *, listener: StepListener, **kwargs: Any) -> None:
         super().__init__(device, **kwargs)  # type: ignore[call-arg]
         self._listener = listener
+        # Made enabled, it reports every update, also after :func:`set_knobs` disabled it (the
+        # in-run check's float32: the steps it passes through are the run's steps); an update
+        # that only sets the scale in place (``quiet``) is no step.
+        self._reports, self._quiet = self._enabled, False
+
+    def scale(self, outputs: Any) -> Any:
+        if self._enabled and isinstance(outputs, torch.Tensor):
+            self._listener.scaler_scaling(outputs)
+        return super().scale(outputs)  # type: ignore[misc]
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         if self._enabled:
@@ -56,7 +67,7 @@ class _Reporting:
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         super().update(new_scale)  # type: ignore[misc]
-        if self._enabled:
+        if self._reports and not self._quiet:
             self._listener.scaler_updated()
 
 
@@ -97,6 +108,45 @@ def scaler_class(model: torch.nn.Module) -> type[torch.amp.GradScaler]:
     if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
         return sharded_scaler()
     return RuntimeScaler
+
+
+def set_knobs(
+    scaler: torch.amp.GradScaler, config: AmpConfig | None, *, scale: float | None = None
+) -> None:
+    """Change a runtime's scaler in place, between steps: ``config``'s growth factor, backoff
+    factor and growth interval (GradScaler's own setters) and, where given, the scale (its
+    ``update(new_scale)``, which is no step); ``config=None`` disables it for good (float32:
+    ``scale`` returns the loss as it is, ``step`` steps the optimizer, and the runtime counts
+    each update it passes through as a step taken)."""
+    if config is None:
+        scaler._enabled = False  # noqa: SLF001 - GradScaler has no public switch after it is made
+        return
+    scaler.set_growth_factor(config.growth_factor)
+    scaler.set_backoff_factor(config.backoff_factor)
+    scaler.set_growth_interval(config.growth_interval)
+    if scale is None:
+        return
+    if scaler._scale is None:  # noqa: SLF001 - no step yet: the scale is made from init_scale
+        scaler._init_scale = float(scale)  # noqa: SLF001
+        return
+    if not isinstance(scaler, _Reporting):
+        scaler.update(new_scale=float(scale))
+        return
+    scaler._quiet = True  # noqa: SLF001 - our own flag
+    try:
+        scaler.update(new_scale=float(scale))
+    finally:
+        scaler._quiet = False  # noqa: SLF001
+
+
+def grads_unscaled(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``scaler.unscale_(optimizer)`` ran this step already (clipping does it before
+    ``scaler.step``): the gradients then hold their true values, not ``scale`` times them."""
+    from torch.amp.grad_scaler import OptState
+
+    states = scaler._per_optimizer_states  # noqa: SLF001 - GradScaler keeps no public record
+    state = states.get(id(optimizer)) if isinstance(states, dict) else None
+    return state is not None and state.get("stage") is OptState.UNSCALED
 
 
 class Taken:
@@ -148,6 +198,11 @@ class Skips:
         self._flags: torch.Tensor | None = None
         self._on_device: torch.Tensor | None = None  # the count of skips decided there
         self._pending: list[int] = []  # steps whose flags wait in the ring
+        self._loss_bad: torch.Tensor | None = None  # with an in-run check: see note_loss
+        self._losses: list[torch.Tensor] = []
+        self._bad_seen = False
+        #: Whether a loss :meth:`note_loss` saw since the previous read was not finite.
+        self.bad_loss = False
         self.restore(0, steps=0)
 
     def restore(self, skipped: int, *, steps: int) -> None:
@@ -184,6 +239,7 @@ class Skips:
         if all(mode == "host" for _, mode in stepping):
             silent = self._taken.count - self._taken_before < len(stepping)
             self._record(index, silent, on_host=True)
+            self._look_at_losses(silent)
             return not silent
         scale, before = scaler._scale, self._before  # noqa: SLF001 - update() changed it
         if scale is None or before is None or not self._copied:  # no step began
@@ -192,7 +248,9 @@ class Skips:
         if len(stepping) == 1 and stepping[0][1] == "verify":
             backed_off = bool(skipped)
             self._verify(stepping[0][0], index, backed_off, self._taken.count == self._taken_before)
+            self._look_at_losses(backed_off)
             return not backed_off
+        self._look_at_losses(None)
         if self._on_device is None:
             self._on_device = torch.zeros((), dtype=torch.int64, device=scale.device)
         self._on_device.add_(skipped)
@@ -203,16 +261,52 @@ class Skips:
             self._pending.append(index)
         return DeviceStep(skipped)
 
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """A loss about to be scaled, kept until its step is decided (:meth:`decide`): whether
+        any since the last read was inf or NaN is read with the scale (``bad_loss``). A float16
+        loss that is not finite is a forward that overflowed, which no loss scale fixes. Its
+        step is always skipped, so only a skipped step's losses are looked at: on the host,
+        where GradScaler decided it there (one read, on skipped steps only), else on the
+        device (two small ops a loss, read with the scale)."""
+        self._losses.append(loss)
+
+    def _look_at_losses(self, skipped: bool | None) -> None:
+        """The step's losses, now that ``skipped`` is known on the host (``None``: only on
+        the device)."""
+        losses, self._losses = self._losses, []
+        if not losses or skipped is False:
+            return
+        if skipped:
+            self._bad_seen = self._bad_seen or not all(
+                bool(torch.isfinite(x).all()) for x in losses
+            )
+            return
+        if self._loss_bad is None:
+            self._loss_bad = torch.zeros((), dtype=torch.bool, device=losses[0].device)
+        for loss in losses:
+            self._loss_bad.logical_or_(torch.isfinite(loss.detach()).logical_not().any())
+
     def read(self, scale: torch.Tensor) -> tuple[float, int]:
         """The scale and the count of skipped steps on the host, in one transfer with the
         flags the ring holds since the last read, which bring the streak and the start-up up
-        to date."""
-        if self._on_device is None:
+        to date, and whether a loss was not finite since the last read (``bad_loss``)."""
+        seen, self._bad_seen = self._bad_seen, False
+        self.bad_loss = seen
+        if self._on_device is None and self._loss_bad is None:
             return float(scale), self._host
-        parts = [scale.reshape(1).double(), self._on_device.reshape(1).double()]
-        if self._flags is not None:
-            parts.append(self._flags.double())
+        parts = [scale.reshape(1).double()]
+        if self._loss_bad is not None:
+            parts.append(self._loss_bad.reshape(1).double())
+        if self._on_device is not None:
+            parts.append(self._on_device.reshape(1).double())
+            if self._flags is not None:
+                parts.append(self._flags.double())
         values = torch.cat(parts).tolist()
+        if self._loss_bad is not None:
+            self.bad_loss = seen or bool(values.pop(1))
+            self._loss_bad.zero_()
+        if self._on_device is None:
+            return values[0], self._host
         for index in self._pending:
             self._record(index, bool(values[2 + index % self._ring]), on_host=False)
         self._pending = []

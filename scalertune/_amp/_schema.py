@@ -1,8 +1,10 @@
 """The result file: the YAML a search writes and training code reads back.
 
-Three blocks matter to the runtime: ``config`` (the :class:`AmpConfig` to train with),
-``guard`` (the production guard's limits) and, in ``evidence``, ``prediction`` (what the
-search predicted the scaler does, which the watch compares the run with). The rest of
+Five blocks matter to the runtime: ``config`` (the :class:`AmpConfig` to train with),
+``guard`` (the production guard's limits), ``check`` (the in-run check's policy) and, in
+``evidence``, ``prediction`` (what the search predicted the scaler does, which the watch
+compares the run with) and ``model`` (the fingerprint of the model it was searched on, which
+a prepared model is checked against). The rest of
 ``evidence`` is for people: why this config, from which trials, how fast against float32.
 This module reads and writes the file and knows nothing else of the search, so the runtime
 can load a config without importing the analysis or the replay.
@@ -17,7 +19,9 @@ from typing import Any
 
 import yaml
 
+from scalertune._amp._check import CheckPolicy
 from scalertune._amp._config import AmpConfig
+from scalertune._amp._fingerprint import ModelCheck, searched_model
 from scalertune._amp._guard import Guard
 from scalertune._amp._watch import ScalerPrediction, Watch
 from scalertune._errors import UsageError
@@ -81,11 +85,26 @@ def load_runtime(
     data = read_result(path)
     chosen = _chosen(data, path, best_amp)
     predicted = _prediction(data, path) if watch else None
+    searched = searched_model(data)
     return {
         "config": AmpConfig.from_dict(chosen["config"]),
         "guard": _guard(chosen, path) if guard else None,
         "watch": Watch(predicted) if predicted is not None else None,
+        # the model the file was searched on, checked when a model is prepared
+        "model_check": None if searched is None else ModelCheck(searched, path),
     }
+
+
+def load_check(path: str) -> tuple[CheckPolicy, ScalerPrediction | None]:
+    """The result file's ``check`` block (the default policy where it has none: a file
+    written before runs checked themselves) and its scaler prediction."""
+    data = read_result(path)
+    block = data.get("check")
+    try:
+        policy = CheckPolicy() if block is None else CheckPolicy.from_dict(block)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    return policy, _prediction(data, path)
 
 
 def _guard(data: dict[str, Any], path: str) -> Guard | None:
@@ -142,16 +161,24 @@ def _as(kind: type, value: float) -> float:
 def result_document(data: dict[str, Any]) -> dict[str, Any]:
     """What the result file holds for ``data`` (config, guard, evidence): the format version
     first. ``scalertune report --json`` prints it and the study note shows it, so both are the
-    file's content exactly."""
+    file's content exactly. The in-run check's policy (``check``: the defaults, for the user
+    to change) goes before the evidence where ``data`` has none."""
+    if "check" not in data:
+        before = {k: v for k, v in data.items() if k != "evidence"}
+        after = {k: v for k, v in data.items() if k == "evidence"}
+        data = {**before, "check": CheckPolicy().to_dict(), **after}
     return {"scalertune": FORMAT_VERSION, **data}
 
 
 def write_result(data: dict[str, Any], path: str) -> None:
-    """Write ``data`` (config, guard, evidence) atomically, with a header saying how to load it."""
+    """Write ``data`` (config, guard, evidence) atomically as ``result_document`` has it,
+    with a header saying how to load it."""
     header = (
         "# Written by scalertune. Load it in training code with\n"
         '#   amp = scalertune.load("' + os.path.basename(path) + '", device="cuda")\n'
-        "# 'config' is what the runtime uses; 'evidence' says why it was chosen.\n"
+        "# 'config' is what the runtime uses; 'evidence' says why it was chosen; 'check' is\n"
+        "# what the run does when, every 'every' steps, its loss at its own weights falls\n"
+        "# behind float32's: act (a float32 island, float32, the scaler's knobs), warn or stop.\n"
     )
     # A temporary name of this process's own: workers that finish together write the same
     # YAML, and one shared ".tmp" name was moved away under another's feet.

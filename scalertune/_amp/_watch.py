@@ -169,6 +169,33 @@ class Watch:
         """What differs from the prediction after ``steps`` steps, in words (``None``: the run
         is the predicted one). ``startup`` counts the start-up burst's skips so far, its last
         at step ``startup_last``; ``scale`` is the loss scale now."""
+        found = self.differences(
+            config,
+            steps=steps,
+            skipped=skipped,
+            startup=startup,
+            startup_last=startup_last,
+            scale=scale,
+        )
+        if not found:
+            return None
+        return (
+            f"AMP watch at step {steps:,}: " + "; ".join(found) + ". The run is no longer "
+            "the one the search saw (other data, learning rate or model?): rerun "
+            "scalertune search on it (scalertune.load(..., watch=False) silences this)"
+        )
+
+    def differences(
+        self,
+        config: AmpConfig,
+        *,
+        steps: int,
+        skipped: int,
+        startup: int,
+        startup_last: int,
+        scale: float,
+    ) -> list[str]:
+        """Each way the run differs from the prediction, a clause each (see :meth:`drift`)."""
         p, found = self.prediction, []
         if (
             startup > p.skipped_first + DRIFT_MARGIN * SKIP_ERROR_STEPS
@@ -200,20 +227,15 @@ class Watch:
                 f"the highest the search predicted ({highest:.3g}): the gradients "
                 "are much smaller than the search's"
             )
-        if not found:
-            return None
-        return (
-            f"AMP watch at step {steps:,}: " + "; ".join(found) + ". The run is no longer "
-            "the one the search saw (other data, learning rate or model?): rerun "
-            "scalertune search on it (scalertune.load(..., watch=False) silences this)"
-        )
+        return found
 
 
 def caller_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first frame outside this package:
-    the user's ``amp.step`` or ``amp.train_step`` line, whichever of them it came through."""
-    here, level = os.path.dirname(__file__), 1
+    """The ``stacklevel`` that points a warning at the first frame outside scalertune: the
+    user's ``amp.step`` or ``amp.train_step`` line, whichever of them it came through (or the
+    framework's line that called into the runtime)."""
+    package, level = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, 1
     frame: FrameType | None = sys._getframe(1)  # noqa: SLF001 - the standard way to walk the stack
-    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     return level

@@ -17,6 +17,7 @@ import contextlib
 
 from scalertune import _interrupt
 from scalertune._cli._files import (
+    _check_not_narrower,
     _check_storage_and_output,
     _check_study_name,
     _default_output,
@@ -42,25 +43,28 @@ def _search(args: argparse.Namespace) -> int:
         else None
     )
     new_files = [f for f in owned_files(args.storage) if not os.path.exists(f)]
+    # stdout is the summary's: what the user's code prints while it runs (a model's greeting,
+    # in every run's process too) goes to stderr, with the search's own lines
     try:
-        result = search(
-            args.factory,
-            storage=args.storage,
-            study_name=args.study_name,
-            space=args.space,
-            fp32_modules=args.fp32_modules,
-            n_trials=args.n_trials,
-            steps=args.steps,
-            horizon=args.horizon,
-            seed=args.seed,
-            device=args.device,
-            timeout=args.timeout,
-            isolation=isolation,
-            artifact_dir=args.artifact_dir,
-            nproc_per_node=args.nproc_per_node,
-            log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
-            progress=not quiet and sys.stderr.isatty(),
-        )
+        with contextlib.redirect_stdout(sys.stderr):
+            result = search(
+                args.factory,
+                storage=args.storage,
+                study_name=args.study_name,
+                space=args.space,
+                fp32_modules=args.fp32_modules,
+                n_trials=args.n_trials,
+                steps=args.steps,
+                horizon=args.horizon,
+                seed=args.seed,
+                device=args.device,
+                timeout=args.timeout,
+                isolation=isolation,
+                artifact_dir=args.artifact_dir,
+                nproc_per_node=args.nproc_per_node,
+                log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+                progress=not quiet and sys.stderr.isatty(),
+            )
     except UsageError:  # refused once the storage was open (a reference that did not learn)
         _remove_if_unused(args.storage, new_files)
         raise
@@ -118,6 +122,7 @@ def _write(
     from scalertune._review._dashboard import publish
     from scalertune._storage._open import first_line
 
+    _check_not_narrower(output, result.horizon)
     try:
         result.to_yaml(output)
         pictures = result.write_pictures(output)
@@ -154,7 +159,7 @@ def _report(args: argparse.Namespace) -> int:
     _check_storage_and_output(args.storage, args.output, None, {})
     study = load_existing_study(args.storage, args.study_name)
     from scalertune._amp._schema import result_document
-    from scalertune._review._analyze import analyze  # after the checks: it loads torch
+    from scalertune._review._analyze import analyze
 
     result = analyze(study, storage=redact(args.storage))
     if args.json:
@@ -315,11 +320,11 @@ def _checked(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     """``command``, after the numbers it was given are checked (before torch loads)."""
 
     def run(args: argparse.Namespace) -> int:
+        check_numbers(args)
         import optuna
 
         # scalertune prints its own line per run; Optuna's would repeat them less clearly.
         optuna.logging.set_verbosity(optuna.logging.ERROR)
-        check_numbers(args)
         return command(args)
 
     return run

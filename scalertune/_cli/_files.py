@@ -99,6 +99,30 @@ def _check_storage_and_output(
         )
 
 
+def _check_not_narrower(output: str, horizon: int) -> None:
+    """A result file is never rewritten with evidence over a shorter horizon than the one it
+    holds (another study's answer, checked further): refused in one line, the file as it
+    was. A file that is no result file is written over as before."""
+    if not os.path.isfile(output):
+        return
+    from scalertune._amp._yaml import read_yaml
+
+    try:
+        data = read_yaml(output, what="a scalertune result file")
+    except UsageError:
+        return
+    evidence = data.get("evidence") if isinstance(data, dict) else None
+    if not isinstance(evidence, dict):
+        return
+    had = evidence.get("horizon")
+    if isinstance(had, int) and not isinstance(had, bool) and had > horizon:
+        raise UsageError(
+            f"{output} holds evidence over steps 0-{had} (study "
+            f"{evidence.get('study')!r}), and this answer's covers steps 0-{horizon}: it is "
+            "not overwritten; pass another --output, or remove the file first"
+        )
+
+
 #: The longest name a picture written beside the YAML takes after its stem
 #: (``STEM.pytorch-default.trial-N.png``, N up to ten digits).
 _LONGEST_PICTURE_SUFFIX = ".pytorch-default.trial-0123456789.png"

@@ -254,9 +254,7 @@ def _diagnose(sub: Any) -> None:
 
 
 def _export(sub: Any) -> None:
-    from scalertune._export._api import (
-        FRAMEWORKS,  # loads torch: after Ctrl-C is handled
-    )
+    from scalertune._export._api import FRAMEWORKS  # after Ctrl-C is handled
 
     e = sub.add_parser(
         "export",

@@ -34,14 +34,15 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from scalertune import _limits
 from scalertune._amp._config import AmpConfig
+from scalertune._amp._device import device_type, resolve_device
 from scalertune._errors import UsageError
 from scalertune._replay._deepspeed_block import DEEPSPEED_MIN_LOSS_SCALE, deepspeed_fp16_block
 
 if TYPE_CHECKING:
+    import torch
+
     from scalertune._review._result import SearchResult
 
 FRAMEWORKS = ("torch", "lightning", "accelerate", "transformers", "deepspeed")
@@ -58,10 +59,18 @@ class _Call:
 
 @dataclasses.dataclass(frozen=True)
 class _Expr:
-    """A value that the code writes as an expression (``torch.float16``, ``device``)."""
+    """A value that the code writes as an expression (``device == "cpu"``, ``device``)."""
 
     code: str
     value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Name:
+    """A name in a module (``torch:float16``), looked up when the objects are built: the
+    code text needs no framework, and torch among them, imported."""
+
+    target: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +199,10 @@ def export(
     _limits.check(_limits.EXPORT, micro_batch_size=micro_batch_size)
     config, evidence = _read_source(source, best_amp)
     where = _device(device)
-    parts = _WRITERS[framework](config, where, _lowest_scale(evidence), micro_batch_size)
+    if framework == "deepspeed":  # the one format that needs the evidence and a batch size
+        parts = _deepspeed(config, _lowest_scale(evidence), micro_batch_size)
+    else:
+        parts = _WRITERS[framework](config, where)
     if framework in _ATTACHABLE:
         parts.usage += _attach_usage(framework, config, _attach_argument(source, config, best_amp))
     if framework == "deepspeed" and config.uses_scaler:
@@ -277,11 +289,11 @@ def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]
     if framework == "transformers":
         return [
             f"# TrainingArguments has no loss-scaler settings: scalertune.attach puts {what}",
-            "# into the Trainer (on a CPU too, whatever its fp16/bf16):",
+            "# into the Trainer, whatever its fp16/bf16:",
             line,
             "#     trainer.train(); print(amp.skipped_steps, amp.scaler.get_scale())",
         ]
-    return [f"# or, instead: scalertune.attach puts {what} into the {name} (on a CPU too)", line]
+    return [f"# or, instead: scalertune.attach puts {what} into the {name}", line]
 
 
 def _deepspeed_horizon(evidence: Any) -> list[str]:
@@ -323,12 +335,11 @@ class _Device(_Expr):
 
 
 def _device(device: str) -> _Device:
+    """The device the training runs on: named, it need not be this machine's (torch is not
+    imported); "auto" asks torch whether this machine has CUDA."""
     if device == "auto":
-        return _Device("device", "cuda" if torch.cuda.is_available() else "cpu", auto=True)
-    try:
-        return _Device("device", torch.device(device).type)
-    except (RuntimeError, TypeError):
-        raise UsageError(f"unknown device {device!r}: use auto, cuda, cpu (or cuda:N)") from None
+        return _Device("device", resolve_device("auto").type, auto=True)
+    return _Device("device", device_type(device))
 
 
 @dataclasses.dataclass
@@ -356,12 +367,12 @@ def _grad_scaler(c: AmpConfig, device: _Device) -> _Call:
     return _Call("torch.amp:GradScaler", (device,), _knobs(c))
 
 
-def _torch(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None) -> _Parts:
+def _torch(c: AmpConfig, device: _Device) -> _Parts:
     autocast: dict[str, Any] = {"device_type": device}
     if c.dtype == "float32":
         autocast["enabled"] = False
     else:
-        autocast["dtype"] = _Expr(f"torch.{c.dtype}", getattr(torch, c.dtype))
+        autocast["dtype"] = _Name(f"torch:{c.dtype}")
     usage = [
         "",
         "# for inputs, targets in loader:",
@@ -386,7 +397,7 @@ def _torch(c: AmpConfig, device: _Device, lowest: float | None, batch: int | Non
     )
 
 
-def _lightning(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None) -> _Parts:
+def _lightning(c: AmpConfig, device: _Device) -> _Parts:
     plugin = "lightning.pytorch.plugins.precision:MixedPrecision"
     spec: dict[str, Any]
     if c.dtype == "float16":
@@ -408,7 +419,7 @@ def _lightning(c: AmpConfig, device: _Device, lowest: float | None, batch: int |
     return _Parts(spec, name="trainer_kwargs", usage=usage, uses_device=c.dtype != "float32")
 
 
-def _accelerate(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None) -> _Parts:
+def _accelerate(c: AmpConfig, device: _Device) -> _Parts:
     spec: dict[str, Any] = {
         "mixed_precision": {"float16": "fp16", "bfloat16": "bf16", "float32": "no"}[c.dtype]
     }
@@ -423,16 +434,22 @@ def _accelerate(c: AmpConfig, device: _Device, lowest: float | None, batch: int 
             "# in the loop, between accelerator.backward(loss) and optimizer.step():",
             f"#     accelerator.clip_grad_norm_(model.parameters(), {c.clip_norm!r})",
         ]
-    if c.uses_scaler and device.value == "cpu":
-        parts.differ.append(
-            "Accelerate makes a GradScaler and autocasts to float16 only on "
-            "GPUs: on a CPU, mixed_precision='fp16' trains in float32 (with "
-            "scalertune.attach it trains in float16 there too)"
-        )
+    parts.differ += _float32_on_a_cpu(c, device, "mixed_precision='fp16'")
     return parts
 
 
-def _transformers(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None) -> _Parts:
+def _float32_on_a_cpu(c: AmpConfig, device: _Device, setting: str) -> list[str]:
+    """The one note that Accelerate's float16 (an Accelerator's, a Hugging Face Trainer's)
+    trains in float32 on a CPU, where ``attach`` trains float16; none elsewhere."""
+    if not (c.uses_scaler and device.value == "cpu"):
+        return []
+    return [
+        f"Accelerate makes a GradScaler and autocasts to float16 only on GPUs: on a CPU, "
+        f"{setting} trains in float32 (scalertune.attach trains float16 there too)"
+    ]
+
+
+def _transformers(c: AmpConfig, device: _Device) -> _Parts:
     parts = _Parts(
         {
             "fp16": c.dtype == "float16",
@@ -443,12 +460,7 @@ def _transformers(c: AmpConfig, device: _Device, lowest: float | None, batch: in
         },
         name="training_arguments",
     )
-    if c.uses_scaler and device.value == "cpu":
-        parts.differ.append(
-            "the Trainer's Accelerator makes a GradScaler and autocasts to "
-            "float16 only on GPUs: on a CPU, fp16=True trains in float32 (with "
-            "scalertune.attach it trains in float16 there too)"
-        )
+    parts.differ += _float32_on_a_cpu(c, device, "the Trainer's fp16=True")
     parts.usage = [
         "# args = transformers.TrainingArguments(output_dir=..., **training_arguments)",
         "# trainer = transformers.Trainer(model=model, args=args, ...)",
@@ -456,7 +468,7 @@ def _transformers(c: AmpConfig, device: _Device, lowest: float | None, batch: in
     return parts
 
 
-def _deepspeed(c: AmpConfig, device: _Device, lowest: float | None, batch: int | None) -> _Parts:
+def _deepspeed(c: AmpConfig, lowest: float | None, batch: int | None) -> _Parts:
     spec: dict[str, Any] = {}
     if batch is not None:
         spec["train_micro_batch_size_per_gpu"] = batch
@@ -544,12 +556,13 @@ def _deepspeed_fp16(c: AmpConfig, lowest: float | None, parts: _Parts) -> dict[s
     return deepspeed_fp16_block(c)
 
 
+#: The writers of the frameworks that run under autocast on a device (DeepSpeed's JSON is
+#: written by :func:`_deepspeed`, from the search's evidence and the batch size).
 _WRITERS = {
     "torch": _torch,
     "lightning": _lightning,
     "accelerate": _accelerate,
     "transformers": _transformers,
-    "deepspeed": _deepspeed,
 }
 
 
@@ -564,6 +577,9 @@ def _build(value: Any) -> Any:
                 "objects (the code text needs none)"
             ) from None
         return factory(*map(_build, value.args), **{k: _build(v) for k, v in value.kwargs.items()})
+    if isinstance(value, _Name):
+        module, _, name = value.target.partition(":")
+        return getattr(importlib.import_module(module), name)
     if isinstance(value, _Expr):
         return value.value
     if isinstance(value, list):
@@ -585,9 +601,11 @@ def _render(value: Any, imports: set[str]) -> str:
         args = [_render(a, imports) for a in value.args]
         args += [f"{k}={_render(v, imports)}" for k, v in value.kwargs.items()]
         return f"{callee}({', '.join(args)})"
+    if isinstance(value, _Name):
+        module, _, name = value.target.partition(":")
+        imports.add(f"import {module}")
+        return f"{module}.{name}"
     if isinstance(value, _Expr):
-        if value.code.startswith("torch."):
-            imports.add("import torch")
         return value.code
     if isinstance(value, list):
         return "[" + ", ".join(_render(v, imports) for v in value) + "]"

@@ -16,16 +16,18 @@ aside and puts the runtime in its place, on the objects Accelerate itself calls:
   Accelerate's own verdict is whether the optimizer's ``step`` was called, which a fused
   optimizer's always is: it applies GradScaler's flag inside its kernel.
 
-Each is an attribute of this ``Accelerator`` only; nothing of Accelerate's own changes.
+Each is an attribute of this ``Accelerator`` only; nothing of Accelerate's own changes. What
+is replaced, and the private names read, are listed in ``_accelerate_private``.
 """
 
 from __future__ import annotations
 
 import functools
 import types
-from typing import Any
+from typing import Any, NoReturn
 
 from scalertune._errors import UsageError
+from scalertune._frameworks import _accelerate_private
 from scalertune._frameworks._route import ROUTE_ATTR, Route
 
 #: Accelerate's distributed types that run the model under autocast with a GradScaler, one
@@ -42,21 +44,27 @@ def check_accelerator(
     """Refuse, in one line, what the runtime cannot drive (``before``: when to hand it over)."""
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
     if kind == "DEEPSPEED":
-        raise UsageError(
-            f"{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: "
-            "export the config with scalertune export --to deepspeed instead"
-        )
+        refuse_deepspeed(what)
     if kind not in _SUPPORTED:
         raise UsageError(
             f"{what} runs {kind}: scalertune drives single-process and DDP "
             "training (one model copy per process) only"
         )
-    if accelerator._models or accelerator._optimizers:  # noqa: SLF001 - what prepare() made
+    if _accelerate_private.prepared_anything(accelerator):
         raise UsageError(f"{what} has prepared a model or optimizer already: {before}")
     if getattr(accelerator, ROUTE_ATTR, None) is not None:
         raise UsageError(
             f"{what} is attached to a runtime already: make a new one to attach another config"
         )
+
+
+def refuse_deepspeed(what: str) -> NoReturn:
+    """The one refusal of a trainer (``what``) that runs DeepSpeed: its fp16 mode has a loss
+    scaler of its own, which the runtime's cannot take the place of."""
+    raise UsageError(
+        f"{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: "
+        "export the config with scalertune export --to deepspeed instead"
+    )
 
 
 def route_accelerator(accelerator: Any, route: Route, *, training: bool) -> None:
@@ -105,7 +113,7 @@ def _prepare_optimizer(
         if self.scaler is not None:
             # what step_was_skipped reads: the runtime's verdict (a fused optimizer's is read
             # from the device here, as a Trainer reads the gradient norm every step anyway)
-            self._is_overflow = not route.runtime().last_step  # noqa: SLF001
+            _accelerate_private.set_step_skipped(self, not route.runtime().last_step)
         else:  # no scaler to count it
             route.runtime().steps += 1
         return result
@@ -121,7 +129,7 @@ def _unscale(accelerator: Any, route: Route, optimizer: Any = None) -> None:
     if not amp.config.uses_scaler:
         return
     if optimizer is None:
-        optimizers = list(accelerator._optimizers)  # noqa: SLF001 - those prepare() made
+        optimizers = _accelerate_private.prepared_optimizers(accelerator)
     else:
         optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     for opt in optimizers:

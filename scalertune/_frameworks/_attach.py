@@ -7,11 +7,14 @@ from typing import Any
 
 import torch
 
+from scalertune._amp._check import CheckPolicy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._frameworks import _accelerate, _lightning, _transformers
+from scalertune._frameworks._detect import trainer_framework
 from scalertune._frameworks._route import Route
+from scalertune._inrun._build import in_run_check, runtime_from_yaml
 
 
 def attach(
@@ -21,41 +24,11 @@ def attach(
     guard: bool = True,
     watch: bool = True,
     best_amp: bool = False,
+    check: bool | str | CheckPolicy | None = None,
 ) -> AmpRuntime:
-    """Train ``trainer`` with the config a search chose; returns the runtime that does it.
-
-    ``trainer`` is a Hugging Face ``transformers.Trainer`` (any subclass: TRL's, one with its
-    own ``compute_loss``) before ``train()``, a Lightning ``Trainer`` before ``fit()``, or an
-    Accelerate ``Accelerator`` before ``prepare()``. ``config`` is the result YAML a search
-    wrote (or an :class:`AmpConfig`, or an :class:`AmpRuntime` built already). The training
-    that follows runs:
-
-    - the config's dtype under autocast, on a CPU as on a GPU, whatever ``fp16``, ``bf16``
-      or ``precision`` the trainer was given (a float16 config trains in float16 on a CPU);
-    - a GradScaler with exactly the config's ``init_scale``, ``growth_factor``,
-      ``backoff_factor`` and ``growth_interval``, which the framework itself calls;
-    - the config's clipping, as the framework's own, in place of the trainer's
-      (``max_grad_norm``, ``gradient_clip_val`` by norm; a config without one turns it off;
-      with an Accelerator, ``accelerator.clip_grad_norm_`` in your loop unscales with the
-      runtime's scaler first);
-    - its float32 islands, and the guard and the watch the YAML recommends
-      (``guard=False``, ``watch=False`` to leave them out), on the steps the framework took.
-
-    The runtime's ``skipped_steps``, ``steps`` and ``scaler.get_scale()`` read what the
-    framework did. ``best_amp=True`` takes the YAML's best AMP config that held instead of its
-    answer (for a GPU, when the search ran where float32 was faster). A trainer that the
-    runtime cannot drive (DeepSpeed, FSDP, a model loaded in half precision, a trainer already
-    trained or prepared) is refused with a :class:`UsageError` saying why.
-
-    Example::
-
-        trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset)
-        amp = scalertune.attach(trainer, "amp.yaml")
-        trainer.train()
-        print(amp.skipped_steps, amp.scaler.get_scale())
-    """
+    """:func:`scalertune.attach` without the study's record of the run (see there)."""
     kind, device = _kind(trainer)
-    amp = _runtime(config, device, guard=guard, watch=watch, best_amp=best_amp)
+    amp = _runtime(config, device, guard=guard, watch=watch, best_amp=best_amp, check=check)
     if kind == "transformers":
         _transformers.check_trainer(trainer)
         _transformers.route_trainer(trainer, Route(amp), training=True)
@@ -70,15 +43,13 @@ def attach(
 
 def _kind(trainer: Any) -> tuple[str, torch.device]:
     """Which framework ``trainer`` comes from, and the device it trains on."""
-    if _transformers.is_trainer(trainer):
-        return "transformers", _transformers.trainer_device(trainer)
-    if _lightning.lightning_package(trainer, "Trainer") is not None:
-        return "lightning", _lightning.lightning_device(trainer)
-    if any(
-        cls.__name__ == "Accelerator" and cls.__module__.startswith("accelerate")
-        for cls in type(trainer).__mro__
-    ):
-        return "accelerate", torch.device(trainer.device)
+    kind = trainer_framework(trainer)
+    if kind == "transformers":
+        return kind, _transformers.trainer_device(trainer)
+    if kind == "lightning":
+        return kind, _lightning.lightning_device(trainer)
+    if kind == "accelerate":
+        return kind, torch.device(trainer.device)
     raise UsageError(
         f"cannot attach to a {type(trainer).__name__}: give a transformers.Trainer "
         "(before train()), a Lightning Trainer (before fit()) or an "
@@ -88,7 +59,13 @@ def _kind(trainer: Any) -> tuple[str, torch.device]:
 
 
 def _runtime(
-    config: Any, device: torch.device, *, guard: bool, watch: bool, best_amp: bool
+    config: Any,
+    device: torch.device,
+    *,
+    guard: bool,
+    watch: bool,
+    best_amp: bool,
+    check: bool | str | CheckPolicy | None,
 ) -> AmpRuntime:
     if best_amp and not isinstance(config, (str, os.PathLike)):
         raise UsageError(
@@ -103,10 +80,10 @@ def _runtime(
             )
         return config
     if isinstance(config, AmpConfig):
-        return AmpRuntime(config, device=device)
+        return AmpRuntime(config, device=device, check=in_run_check(None, check))
     if isinstance(config, (str, os.PathLike)):
-        return AmpRuntime.from_yaml(
-            os.fspath(config), device=device, guard=guard, watch=watch, best_amp=best_amp
+        return runtime_from_yaml(
+            config, device=device, guard=guard, watch=watch, best_amp=best_amp, check=check
         )
     raise UsageError(
         f"cannot attach a {type(config).__name__}: give the result YAML's path, "

@@ -10,12 +10,14 @@ the config's) run unchanged. A float32 config gets Lightning's plain ``Precision
 
 Made with ``precision="16-mixed"`` on a CPU, a Trainer warns and trains ``bf16-mixed``
 instead; the plugin set here is Lightning's own class with a device of "cpu", which trains in
-float16 there.
+float16 there. The plugin's methods overridden here, and what is set on the Trainer, are
+listed in ``_lightning_private``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 from collections.abc import Iterator
 from typing import Any
@@ -24,24 +26,12 @@ import torch
 
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
+from scalertune._frameworks import _lightning_private
 
 #: Lightning's precision flags a Trainer may have been given that mean autocast (or none):
 #: the runtime's plugin replaces them. Any other ("16-true", "bf16-true", "64-true",
 #: "transformer-engine", a DeepSpeed or FSDP plugin) changes the model itself.
 _REPLACEABLE = ("32-true", "32", "16-mixed", "bf16-mixed")
-
-
-def lightning_package(obj: Any, base: str) -> str | None:
-    """``lightning.pytorch`` or ``pytorch_lightning``: where ``obj``'s class ``base`` comes from
-    (``None`` when ``obj`` is not one)."""
-    for cls in type(obj).__mro__:
-        if cls.__name__ == base:
-            package = cls.__module__.split(".")[0]
-            if package == "lightning":
-                return "lightning.pytorch"
-            if package == "pytorch_lightning":
-                return package
-    return None
 
 
 def check_lightning(trainer: Any) -> None:
@@ -75,7 +65,7 @@ def check_lightning(trainer: Any) -> None:
 
 def route_lightning(trainer: Any, amp: AmpRuntime) -> None:
     """Set the runtime's precision plugin on ``trainer``'s strategy, and its clipping."""
-    package = lightning_package(trainer, "Trainer")
+    package = _lightning_private.package(trainer, "Trainer")
     plugins = importlib.import_module(f"{package}.plugins.precision")
     trainer.strategy.precision_plugin = _plugin(plugins, amp)
     trainer.gradient_clip_val = amp.config.clip_norm
@@ -108,7 +98,10 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
             return result
 
         def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-            return amp.prepare(super().convert_module(module))
+            module = amp.prepare(super().convert_module(module))
+            if amp.check is not None:
+                _check_training_step(module, amp)
+            return module
 
         @contextlib.contextmanager
         def forward_context(self) -> Iterator[None]:
@@ -118,6 +111,49 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
     return _RuntimePrecision(
         precision, amp.device.type, scaler=amp.scaler if config.uses_scaler else None
     )
+
+
+def _check_training_step(module: Any, amp: AmpRuntime) -> None:
+    """The LightningModule's ``training_step`` through the runtime's
+    :meth:`~scalertune.AmpRuntime.loss`, so that the run checks itself: Lightning runs it
+    under the plugin's autocast already; the check's extra passes run it again with
+    ``self.log`` and ``self.log_dict`` held back, so nothing is logged twice. A module that
+    optimizes manually (``automatic_optimization = False``) steps inside ``training_step``,
+    which cannot run twice: it is left unchecked."""
+    if getattr(module, _CHECKED, False) or not getattr(module, "automatic_optimization", True):
+        return  # manual optimization steps inside training_step: it cannot run twice
+    original = module.training_step
+
+    def quiet(*args: Any, **kwargs: Any) -> Any:
+        held = {name: module.__dict__.get(name) for name in ("log", "log_dict")}
+        module.log = module.log_dict = _no_log
+        try:
+            return original(*args, **kwargs)
+        finally:
+            for name, value in held.items():
+                if value is None:
+                    del module.__dict__[name]
+                else:
+                    module.__dict__[name] = value
+
+    @functools.wraps(original)
+    def training_step(*args: Any, **kwargs: Any) -> Any:
+        return amp.loss(
+            lambda: original(*args, **kwargs),
+            autocast=False,
+            recompute=lambda: quiet(*args, **kwargs),
+        )
+
+    module.training_step = training_step
+    setattr(module, _CHECKED, True)
+
+
+#: Marks a LightningModule whose ``training_step`` goes through the in-run check.
+_CHECKED = "_scalertune_checked"
+
+
+def _no_log(*_args: Any, **_kwargs: Any) -> None:
+    """``self.log`` during the in-run check's extra passes: nothing."""
 
 
 def lightning_device(trainer: Any) -> torch.device:

@@ -14,32 +14,27 @@ runtime: its dtype, its GradScaler, its float32 islands, and its clipping as the
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import torch
 
+from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
-from scalertune._frameworks._accelerate import check_accelerator, route_accelerator
+from scalertune._frameworks._accelerate import (
+    check_accelerator,
+    refuse_deepspeed,
+    route_accelerator,
+)
+from scalertune._frameworks._accelerate_private import set_sync_gradients
 from scalertune._frameworks._route import Route
-
-
-def is_trainer(obj: Any) -> bool:
-    """Whether ``obj`` is a ``transformers.Trainer`` (or a subclass), without importing
-    transformers."""
-    return any(
-        cls.__name__ == "Trainer" and cls.__module__ == "transformers.trainer"
-        for cls in type(obj).__mro__
-    )
 
 
 def check_trainer(trainer: Any, *, before: str = "attach before trainer.train()") -> None:
     """Refuse, in one line, a Trainer the runtime cannot drive (``before``: when to hand it
     over)."""
     if getattr(trainer, "is_deepspeed_enabled", False):
-        raise UsageError(
-            "this Trainer runs DeepSpeed, whose fp16 mode has its own loss scaler: "
-            "export the config with scalertune export --to deepspeed instead"
-        )
+        refuse_deepspeed("this Trainer")
     if getattr(trainer, "is_fsdp_enabled", False):
         raise UsageError(
             "this Trainer runs FSDP: scalertune drives single-process and DDP Trainers only"
@@ -68,6 +63,21 @@ def route_trainer(trainer: Any, route: Route, *, training: bool) -> None:
         amp.prepare(trainer.model)
         # 0 is the Trainer's own "no clipping"
         trainer.args.max_grad_norm = amp.config.clip_norm or 0.0
+        if amp.check is not None:
+            _check_compute_loss(trainer, amp)
+
+
+def _check_compute_loss(trainer: Any, amp: AmpRuntime) -> None:
+    """The Trainer's ``compute_loss`` (its own, or a subclass's) through the runtime's
+    :meth:`~scalertune.AmpRuntime.loss`, so that the run checks itself: the model's forward
+    is routed under autocast already, and the check's float32 pass runs the same call."""
+    original = trainer.compute_loss
+
+    @functools.wraps(original)
+    def compute_loss(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        return amp.loss(lambda: original(model, inputs, *args, **kwargs), autocast=False)
+
+    trainer.compute_loss = compute_loss
 
 
 def trainer_device(trainer: Any) -> torch.device:
@@ -89,7 +99,7 @@ def micro_batch(trainer: Any, model: torch.nn.Module, last: bool) -> Any:
     Accelerator told whether gradients sync after it, and a wrapped model's all-reduce held
     back (``no_sync``) on all but the last."""
     accelerator = trainer.accelerator
-    accelerator.gradient_state._set_sync_gradients(last)  # noqa: SLF001 - what train() sets
+    set_sync_gradients(accelerator, last)  # what train() sets
     if last or model is trainer.model:
         return contextlib.nullcontext()
     return accelerator.no_sync(model)

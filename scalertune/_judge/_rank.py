@@ -19,7 +19,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._settings import Noise
-from scalertune._run._timing import StepTimes
+from scalertune._run._step_times import StepTimes
 from scalertune._storage._names import ROLE_CONFIRM
 
 

@@ -37,8 +37,20 @@ if TYPE_CHECKING:
 #: covered the trial alone, and ``reference`` and ``instance`` in some).
 VERSION = 2
 #: The settings whose change makes stored trials incomparable with new ones: a rerun of a
-#: search with another of these is refused.
-COMPARABLE = ("factory", "steps", "seed", "space", "device_type", "reference", "nproc_per_node")
+#: search with another of these is refused. The horizon too: the study's evidence (the float32
+#: reference trained to it, its checkpoints and trace, the phase windows, the answer's claim)
+#: is for the horizon it was created with, and a rerun that took another would mix evidence
+#: over two horizons, or leave the one asked for unmet while saying otherwise.
+COMPARABLE = (
+    "factory",
+    "steps",
+    "horizon",
+    "seed",
+    "space",
+    "device_type",
+    "reference",
+    "nproc_per_node",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +87,9 @@ class StudySettings:
     #: The processes every run trains on (``--nproc-per-node``): 1, or the ranks of a
     #: ``torch.distributed`` group (studies written before it: 1).
     nproc_per_node: int = 1
+    #: The fingerprint of the model searched (``_amp._fingerprint``: its parameters' names
+    #: and shapes), which the result file carries; ``None`` for studies written before it.
+    model: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _limits.check_horizon(self.steps, self.horizon)
@@ -152,6 +167,7 @@ class StudySettings:
             "reference": self.reference.to_dict(),
             "instance": self.instance,
             "nproc_per_node": self.nproc_per_node,
+            **({"model": dict(self.model)} if self.model is not None else {}),
         }
 
     @classmethod
@@ -197,6 +213,7 @@ class StudySettings:
             instance=str(data.get("instance") or ""),
             version=version,
             nproc_per_node=int(data.get("nproc_per_node") or 1),
+            model=dict(data["model"]) if isinstance(data.get("model"), Mapping) else None,
         )
 
     @classmethod

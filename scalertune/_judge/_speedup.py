@@ -12,7 +12,7 @@ class Speedup:
     """float32's time to target over a config's: a point estimate and the spread around it.
 
     ``low``/``high`` combine the spread of the interleaved step-time ratios over the timing
-    rounds (:func:`scalertune._run._timing.spread`) with the range of the steps-to-target ratios
+    rounds (:func:`scalertune._run._step_times.spread`) with the range of the steps-to-target ratios
     over the seeds the config ran on.
     """
 
@@ -25,7 +25,7 @@ class Speedup:
     def of(cls, step_ratios: Sequence[float], time_ratios: Sequence[float]) -> Speedup:
         """``step_ratios``: float32's steps to target over the config's, per seed;
         ``time_ratios``: the config's step time over float32's, per timing round."""
-        from scalertune._run._timing import spread
+        from scalertune._run._step_times import spread
 
         steps = statistics.median(step_ratios)
         times = statistics.median(time_ratios)

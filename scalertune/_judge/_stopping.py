@@ -33,7 +33,7 @@ from scalertune._judge._rank import surely_faster
 from scalertune._judge._settings import Noise
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
-from scalertune._run._timing import StepTimes
+from scalertune._run._step_times import StepTimes
 
 
 @dataclasses.dataclass(frozen=True)

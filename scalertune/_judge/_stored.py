@@ -25,7 +25,7 @@ from scalertune import _policy
 from scalertune._amp._config import DTYPES, AmpConfig
 from scalertune._errors import DamagedEvidence, UsageError
 from scalertune._replay._trace import Trace
-from scalertune._run._timing import StepTimes
+from scalertune._run._step_times import StepTimes
 from scalertune._storage._names import (
     HORIZON_ATTR,
     JUDGED_ATTR,

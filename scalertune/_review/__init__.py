@@ -10,6 +10,8 @@
 - ``_scaler_advice``: what GradScaler will do over the horizon, as the replay tells it;
 - ``_document``: the result YAML's content (``config``, ``guard``, ``evidence``);
 - ``_summary``: the terminal table;
+- ``_runs``: the real runs that loaded the answer and checked themselves, as the study keeps
+  them;
 - ``_plots``, ``_horizon_plot``, ``_pictures``: a run's loss and scale, the horizon's
   picture, and the pictures written beside the YAML;
 - ``_artifacts``: the pictures as study artifacts, uploaded once, found again;

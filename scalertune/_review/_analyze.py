@@ -28,6 +28,7 @@ from scalertune._judge._settings import StudySettings
 from scalertune._judge._stored import sound
 from scalertune._review._findings import amp_wins
 from scalertune._review._result import SearchResult
+from scalertune._review._runs import real_runs
 from scalertune._storage._names import (
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
@@ -90,6 +91,7 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
         steps_trained=_steps_trained(trials),
         reused=sum(o.reused for o in outcomes),
         stop_reason=study.user_attrs.get(STOPPED_ATTR),
+        runs=real_runs(study.user_attrs),
         study=study,
     )
     return _answer(result, trials)

@@ -33,6 +33,7 @@ from scalertune._review._describe import (
     evidence_of,
     forecast_line,
     overflow_hint,
+    unjudged,
     why_not,
 )
 from scalertune._review._document import document
@@ -46,6 +47,7 @@ from scalertune._review._notes import (
     is_recommended,
     trial_note,
 )
+from scalertune._review._runs import runs_lines
 from scalertune._review._scaler_advice import (
     article_fix_line,
     replay_agreement,
@@ -145,6 +147,8 @@ def study_note(result: Findings, pictures: Pictures | None = None) -> str:
     hint = overflow_hint(result)
     if hint:
         lines += ["", hint]
+    if result.runs:
+        lines += ["", "### Real runs", "", "```", *runs_lines(result.runs), "```"]
     pruned = result.pruned_by_kind
     if pruned:
         lines += [
@@ -267,7 +271,7 @@ def _phases_section(result: Findings) -> list[str]:
         verdict = {
             True: "yes",
             False: "no",
-            None: "not run (an earlier one held)" if (result.best_amp is not None) else "pending",
+            None: unjudged(result) + (" (an earlier one held)" if result.best_amp else ""),
         }[result.holds(run)]
         lines.append(
             f"| {run.label} (trial {run.number}) | `{run.config.describe()}` | "

@@ -14,6 +14,13 @@ from scalertune._replay._forecast import forecast
 from scalertune._review._findings import Findings
 
 
+def unjudged(result: Findings) -> str:
+    """The word for a finalist without its evidence over the horizon, in the summary, the
+    pictures and the notes alike: "not run" once one before it held and was confirmed (the
+    answer takes them in order, and needs no more), else "pending" (still to come)."""
+    return "not run" if result.best_amp is not None else "pending"
+
+
 def describe_outcome(outcome: Outcome) -> str:
     """One phrase: what happened to this run."""
     if outcome.state == "fail":

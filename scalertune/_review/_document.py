@@ -1,6 +1,7 @@
 """The result file's content: ``config`` for the runtime, ``guard``, and the ``evidence``.
 
-``evidence`` says what the answer rests on, in full precision: the study and the device,
+``evidence`` says what the answer rests on, in full precision: the study and the device
+(and ``nproc_per_node``, the ranks every run trained on, where more than one),
 the horizon it covers (``horizon``: steps 0 to it), the verdict and speedup against
 float32, the recommended run and its confirmations, the best AMP config that held
 (``best_amp``, also when float32 is the answer on this device), each finalist's phases,
@@ -42,10 +43,14 @@ def evidence(result: Findings) -> dict[str, Any]:
         "storage": result.storage,
         "factory": settings.factory,
         "device": settings.device,
+        # the processes every run trained on (--nproc-per-node), where more than one
+        **({"nproc_per_node": settings.nproc_per_node} if settings.nproc_per_node > 1 else {}),
         "steps": settings.steps,
         "horizon": result.horizon,
         "covers": f"steps 0-{result.horizon} of the horizon",
         "search_space": settings.space_name,
+        # the model searched (its parameters' names and shapes), which load and attach check
+        **({"model": dict(settings.model)} if settings.model is not None else {}),
         "verdict": verdict(result),
         "speedup_vs_float32": _speedup(result, result.best_amp),
     }

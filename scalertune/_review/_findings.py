@@ -25,7 +25,7 @@ from scalertune._judge._settings import StudySettings
 from scalertune._judge._speedup import Speedup
 from scalertune._judge._target import Target
 from scalertune._replay._trace import Trace
-from scalertune._run._timing import StepTimes
+from scalertune._run._step_times import StepTimes
 from scalertune._storage._names import ROLE_BASELINE
 
 
@@ -83,6 +83,9 @@ class Findings:
     reused: int = 0
     stop_reason: str | None = None
     interrupted: bool = False
+    #: The real runs that loaded the answer and checked themselves, each its record (its
+    #: checks, actions and scaler), by run name, oldest first.
+    runs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     study: optuna.Study | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property

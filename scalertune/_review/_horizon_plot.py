@@ -30,6 +30,7 @@ from scalertune._judge._horizon import is_from_start
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult, judged_end
 from scalertune._judge._target import smoothed
+from scalertune._review._describe import unjudged
 from scalertune._review._findings import Findings
 from scalertune._review._plots import DPI, FIGURE_INCHES, have_matplotlib, save_figure, wrap
 from scalertune._storage._names import LOSSES_ATTR, ROLE_PHASE
@@ -208,7 +209,7 @@ def _shade_windows(ax: Any, windows: Sequence[tuple[int, int]]) -> None:
 
 
 def _draw_run(ax: Any, result: Findings, run: Outcome, parts: list[Stretch], color: str) -> None:
-    verdict = {True: "holds", False: "does not hold", None: "pending"}[result.holds(run)]
+    verdict = {True: "holds", False: "does not hold", None: unjudged(result)}[result.holds(run)]
     # the judged figures go in the legend: written beside the windows they overlap the curves
     judged = ", ".join(p.phase.describe() for p in parts if p.phase is not None)
     label = f"{run.label} [{run.config.describe()}]: {judged + ': ' if judged else ''}{verdict}"

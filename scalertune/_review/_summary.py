@@ -8,6 +8,7 @@ import statistics
 import textwrap
 from typing import Any
 
+from scalertune._amp._check import CHECK_EVERY
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
 from scalertune._judge._rank import all_tied
@@ -16,9 +17,11 @@ from scalertune._review._describe import (
     evidence_of,
     forecast_line,
     overflow_hint,
+    unjudged,
     why_not,
 )
 from scalertune._review._findings import Findings
+from scalertune._review._runs import runs_lines
 from scalertune._review._scaler_advice import (
     article_fix_line,
     replay_agreement,
@@ -26,7 +29,7 @@ from scalertune._review._scaler_advice import (
 )
 from scalertune._review._verdict import verdict
 from scalertune._run._record import PRUNE_KINDS
-from scalertune._run._timing import spread
+from scalertune._run._step_times import spread
 from scalertune._storage._names import ROLE_SEARCH
 from scalertune._text import format_table, plural
 
@@ -59,6 +62,8 @@ def summary(result: Findings, *, top: int = 5) -> str:
         lines += [*_phases(result), ""]
     lines += _notes(result)
     lines += ["", *_answer(result)]
+    if result.runs:
+        lines += ["", *runs_lines(result.runs)]
     return "\n".join(lines)
 
 
@@ -71,9 +76,10 @@ def _head(result: Findings) -> list[str]:
     ]
     if not s.stored:
         return [*lines, "  no settings stored: not a study of scalertune search"]
+    ranks = f", {s.nproc_per_node} ranks per run" if s.nproc_per_node > 1 else ""
     lines.append(
         f"  workload {s.factory}, {s.steps} steps per trial{horizon}, seed {s.seed}, "
-        f"space {s.space_name!r}, on {s.device}"
+        f"space {s.space_name!r}, on {s.device}{ranks}"
     )
     target = result.target
     if target is None:
@@ -158,7 +164,7 @@ def _phases(result: Findings) -> list[str]:
                 run.label,
                 run.config.describe(),
                 *cells,
-                {True: "yes", False: "no", None: _unjudged(result)}[verdict],
+                {True: "yes", False: "no", None: unjudged(result)}[verdict],
             )
         )
     notes = [
@@ -167,12 +173,6 @@ def _phases(result: Findings) -> list[str]:
         if result.holds(run) is False
     ]
     return [*format_table(rows), *notes]
-
-
-def _unjudged(result: Findings) -> str:
-    """A finalist without its evidence: not needed once one before it held and was
-    confirmed (the answer takes them in order), else still to come."""
-    return "not run" if result.best_amp is not None else "pending"
 
 
 def _phase_cell(phase: PhaseResult | None) -> str:
@@ -291,9 +291,22 @@ def _answer(result: Findings) -> list[str]:
         )
     lines += textwrap.wrap(f"Verdict: {verdict(result)}", _WIDTH, subsequent_indent="  ")
     lines.append(f"Cost: {_cost(result)}")
+    if not result.long:
+        lines += textwrap.wrap(_past_the_trials(result), _WIDTH, subsequent_indent="  ")
     if result.interrupted:
         lines.append(_INTERRUPTED)
     return lines
+
+
+def _past_the_trials(result: Findings) -> str:
+    """The path from a short search: the run checks itself past the evidence's end."""
+    steps = result.horizon
+    return (
+        f"Past step {steps}: a run that loads this answer (scalertune.load, scalertune.attach) "
+        f"checks itself against float32 every {CHECK_EVERY} steps and acts when the precision "
+        f"or the scaler fails late; --horizon N (your training's steps) gives evidence over N "
+        "steps before training, for about 3 trainings of N"
+    )
 
 
 def _pending(result: Findings) -> str:

@@ -5,6 +5,7 @@
 - ``_nonfinite``: whether a window went non-finite, and the prune reason;
 - ``_preflight``: one float32 step before any study row exists;
 - ``_timing``: the interleaved step time of each dtype;
+- ``_step_times``: :class:`StepTimes`, what the timing measured, read without torch;
 - ``_schedules``: the LR schedules put back after steps that are not training's;
 - ``_checkpoint``: a run's state saved and restored (the float32 reference's, a branch's);
 - ``_checkpoint_file``: what a checkpoint file may hold (tensors and plain data), read back

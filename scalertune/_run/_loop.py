@@ -41,8 +41,11 @@ from scalertune._workload._factory import build_workload
 
 class Watcher(Protocol):
     """What a run may record beside its loss: per step on the device, per window on the host;
-    its ``state()`` goes into the run's checkpoints, so that a resumed run continues it."""
+    its ``state()`` goes into the run's checkpoints, so that a resumed run continues it.
+    ``probe`` looks at a run's start before it trains, on an instance of the workload of its
+    own (the run's instance trains each of its batches once, from its first)."""
 
+    def probe(self, workload: Workload, step: Callable[..., Any]) -> None: ...
     def attach(
         self, workload: Workload, step: Callable[..., Any], start: int, amp: AmpRuntime
     ) -> None: ...
@@ -91,8 +94,10 @@ def run_config(
     ``prune=False`` records why the run would have been pruned but trains to the end (what a
     search without pruning would cost; ``benchmarks/pruning.py`` compares the two).
     """
+    if plan is not None and plan.watcher is not None and plan.checkpoint is None:
+        _probe(factory, plan.watcher, seed=seed, device=device)
     workload = build_workload(factory, seed=seed, device=device)
-    size = sum(p.numel() * p.element_size() for p in workload.model.parameters())
+    size = _size(workload)
     try:
         record = train(
             workload,
@@ -109,6 +114,27 @@ def run_config(
         del workload
         release_memory(size)
     return record
+
+
+def _size(workload: Workload) -> int:
+    return sum(p.numel() * p.element_size() for p in workload.model.parameters())
+
+
+def _probe(
+    factory: Callable[[], Any], watcher: Watcher, *, seed: int, device: torch.device
+) -> None:
+    """The watcher's look at the start (the trace's start-up probe: the first batches at the
+    initial weights, nothing applied) on a fresh instance of the workload, built, probed
+    and let go before the run's own is built. The user's step may keep state (a counter
+    for its learning rate, say): one instance, one run, each batch once, in order, so the
+    probe's steps are never the run's."""
+    workload = build_workload(factory, seed=seed, device=device)
+    size = _size(workload)
+    try:
+        watcher.probe(workload, step_function(workload))
+    finally:
+        del workload
+        release_memory(size)
 
 
 def train(

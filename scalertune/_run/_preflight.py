@@ -9,8 +9,10 @@ from typing import Any
 import torch
 
 from scalertune._amp._config import AmpConfig
+from scalertune._amp._fingerprint import fingerprint
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
+from scalertune._run import _ranks
 from scalertune._run._loop import loss_function, step_function
 from scalertune._workload._contract import to_device
 from scalertune._workload._factory import build_workload
@@ -20,6 +22,12 @@ from scalertune._workload._loader import one_line
 def check_loss(loss: Any, output: Any = None) -> None:
     """A step's result must be a scalar tensor; say so in one line otherwise (``output``, the
     model's output that ``loss_fn`` was given, tells a Hugging Face model's apart)."""
+    if isinstance(loss, (tuple, list)):
+        raise UsageError(
+            f"the step returned a {type(loss).__name__} of {len(loss)}, not the loss: return "
+            "the scalar loss tensor alone (e.g. `_, loss = model(x, y)` ... `return loss`, "
+            "not `return logits, loss`)"
+        )
     if not isinstance(loss, torch.Tensor):
         raise UsageError(
             f"the loss is a {type(loss).__name__}, not a tensor: loss_fn (or step) must "
@@ -32,6 +40,14 @@ def check_loss(loss: Any, output: Any = None) -> None:
         )
 
 
+#: A factory on ranks whose model trains as a copy per rank (see ``_ranks.Replicas``).
+_NOT_ONE_MODEL = (
+    "after one step the {n} ranks' gradients and weights differ: each rank trains a copy of "
+    "its own, as the model is neither DistributedDataParallel nor FSDP; wrap it in the "
+    "factory as your training script does (model = DistributedDataParallel(model))"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Checked:
     """What the first float32 step found out about the workload."""
@@ -40,6 +56,8 @@ class Checked:
     reference: AmpConfig
     #: The horizon the workload declares (the steps its training runs), if any.
     horizon: int | None
+    #: The model's fingerprint (``_amp._fingerprint``), which the result file carries.
+    model: dict[str, Any] | None = None
 
 
 def preflight(
@@ -58,13 +76,20 @@ def preflight(
         workload.model
     )
     amp = AmpRuntime(AmpConfig(dtype="float32"), device=device)
+    replicas = _ranks.Replicas(workload.model)
+    amp._before_step = replicas.grads_ready  # noqa: SLF001 - the runtime's hook for watchers
     batch = to_device(next(iter(workload.batches)), device)
     try:
         if workload.step is None:
             inputs, targets = batch
             output = workload.model(inputs)
             check_loss(loss_function(workload)(output, targets), output)
-        loss = step_function(workload)(workload, batch, amp)
+        # the user's step called as it is, so that what it returns is checked before use
+        loss = (
+            workload.step(workload.model, batch, amp)
+            if workload.step is not None
+            else step_function(workload)(workload, batch, amp)
+        )
     except UsageError:
         raise
     except Exception as exc:  # the user's model, loss or step: theirs to fix
@@ -82,8 +107,12 @@ def preflight(
             "the step function never called amp.step(optimizer): call amp.backward(loss) "
             "and amp.step(optimizer) so the scaler and clipping run"
         )
+    if replicas.differ():
+        raise UsageError(_NOT_ONE_MODEL.format(n=_ranks.world()))
     return Checked(
-        reference=AmpConfig(dtype="float32", clip_norm=workload.clip_norm), horizon=workload.horizon
+        reference=AmpConfig(dtype="float32", clip_norm=workload.clip_norm),
+        horizon=workload.horizon,
+        model=fingerprint(workload.model),
     )
 
 

@@ -21,7 +21,9 @@ model trains, and left out it missed the largest by up to 3x on two small worklo
 
 Before the first step, the start-up probe runs the first batches forward and backward at the
 initial weights (no optimizer step, random state and buffers put back): what a scale too
-large from the start meets while it skips.
+large from the start meets while it skips. It runs on an instance of the workload of its own
+(``Watcher.probe``): the run's instance trains each batch once, from its first, so a step
+that keeps state of its own (a counter for its learning rate) stays in step with the run.
 """
 
 from __future__ import annotations
@@ -82,6 +84,20 @@ class TraceCollector:
 
     # -- the Watcher protocol -----------------------------------------------------------------
 
+    def probe(self, workload: Workload, step: Callable[..., Any]) -> None:
+        """The start-up probe (see the module's docstring), on ``workload``: an instance of
+        the run's workload of its own, which the run never trains."""
+        if len(self.trace.startup):
+            return
+        self._hooks.attach(workload)
+        try:
+            if not self.trace.modules:
+                self.trace = empty(self._hooks.names)
+            self.trace.startup = self._probe(workload, step)
+            self.trace.startup_whole = _one_pass(workload.batches) <= len(self.trace.startup)
+        finally:
+            self._hooks.detach()
+
     def attach(
         self, workload: Workload, step: Callable[..., Any], start: int, amp: AmpRuntime
     ) -> None:
@@ -90,9 +106,6 @@ class TraceCollector:
         _hear(amp, self._hooks)
         if not self.trace.modules:
             self.trace = empty(self._hooks.names)
-        if start == 0 and not len(self.trace.startup):
-            self.trace.startup = self._probe(workload, step)
-            self.trace.startup_whole = _one_pass(workload.batches) <= len(self.trace.startup)
         self._hooks.begin(start)
 
     def after_step(self, index: int) -> None:

@@ -49,8 +49,9 @@ def execute(
     on_window: Any = None,
 ) -> RunRecord:
     """Train ``config`` where the search's runs execute: in this process, or in a fresh one
-    with ``--isolate`` (whose record comes back whole, after the run; a stop rule and the
-    per-window callback then see only that)."""
+    with ``--isolate`` (or its ranks). There the stop rule goes with the run and is asked
+    after each window, as here, so a run stops at the same step wherever it trains; its
+    record comes back whole, after the run, and the per-window callback sees only that."""
     if setup.isolation is not None:
         record = run_isolated(
             setup.spec,
@@ -61,6 +62,7 @@ def execute(
             timeout_s=setup.isolation.timeout_s,
             memory_gb=setup.isolation.memory_gb,
             plan=plan,
+            stop=stop,
             ranks=setup.isolation.nproc_per_node,
         )
         if on_window is not None:

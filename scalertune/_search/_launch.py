@@ -19,6 +19,9 @@ in a fraction of a second instead of importing torch again (seconds, twice a run
 ranks). It gets the search's environment as it is when the run starts, as a spawned process
 does. Elsewhere they are spawned.
 
+What the user's code prints in a child goes where the search's own ``sys.stdout`` goes when
+the run starts: the command line sends it to stderr, so that stdout holds the summary alone.
+
 A child never outlives its parent, even one killed by SIGKILL: it watches a pipe that only
 the parent holds open, and on Linux the kernel also kills a spawned child with its parent
 (``PR_SET_PDEATHSIG``). A parent that stops waiting
@@ -48,7 +51,7 @@ from scalertune import _interrupt, _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import DamagedCheckpoint, MissingEvidence, UsageError
 from scalertune._run._loop import Plan
-from scalertune._run._record import RunRecord
+from scalertune._run._record import RunRecord, StopRule
 from scalertune._run._timing import StepTimes
 from scalertune._storage._outage import Outage
 
@@ -91,12 +94,16 @@ def run_isolated(
     timeout_s: float | None,
     memory_gb: float | None,
     plan: Plan | None = None,
+    stop: StopRule | None = None,
     ranks: int = 1,
 ) -> RunRecord:
     """``run_config`` in a fresh process (``ranks`` of them, one per rank);
-    :class:`TrialCrashed` if one fails. ``plan`` crosses to it as it is (its watcher is
-    attached there, and what it recorded comes back in the record)."""
-    job = ("run", spec, config.to_dict(), steps, seed, str(device), memory_gb, plan)
+    :class:`TrialCrashed` if one fails. ``plan`` and ``stop`` cross to it as they are (its
+    watcher is attached there, and what it recorded comes back in the record; the stop rule
+    is asked after each window there, so the run stops where it would in this process: on
+    ranks every rank asks it of the same losses, those of the global batch, and all stop
+    at the same window)."""
+    job = ("run", spec, config.to_dict(), steps, seed, str(device), memory_gb, (plan, stop))
     for kind, payload in _Child(job, timeout_s, ranks):
         if kind == "error":
             raise TrialCrashed(payload)
@@ -212,7 +219,7 @@ class _Child:
                 environ = {**os.environ, **(env or {})}
                 process = ctx.Process(
                     target=_child,
-                    args=(child, job, lifeline, env, environ),
+                    args=(child, job, lifeline, env, environ, sys.stdout is sys.stderr),
                     name=name,
                     daemon=True,
                 )
@@ -520,10 +527,14 @@ def _child(
     lifeline: Any,
     env: dict[str, str] | None,
     environ: dict[str, str],
+    stdout_to_stderr: bool = False,
 ) -> None:
     _die_with_parent(lifeline)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _adopt(environ)
+    if stdout_to_stderr:  # the search's stdout is its summary's: the user's prints go aside
+        sys.stdout.flush()
+        os.dup2(2, 1)
     kind, spec, config, steps, seed, device, memory_gb, extra = job
     if memory_gb is not None:
         import resource
@@ -626,6 +637,7 @@ def _job(
 
         conn.send(("checked", preflight(factory, device=dev, seed=seed, islands=extra)))
     else:
+        plan, stop = extra
         conn.send(
             (
                 "record",
@@ -633,7 +645,8 @@ def _job(
                     factory,
                     AmpConfig.from_dict(config),
                     steps=steps,
-                    plan=extra,
+                    plan=plan,
+                    stop=stop,
                     seed=seed,
                     device=dev,
                 ),

@@ -134,6 +134,7 @@ def prepare(
         device=describe_device(dev),
         reference=checked.reference,
         nproc_per_node=isolation.nproc_per_node if isolation is not None else 1,
+        model=checked.model,
     )
     return Setup(
         spec=factory,

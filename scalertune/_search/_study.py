@@ -41,7 +41,7 @@ from scalertune._judge._outcome import encode_scales
 from scalertune._judge._settings import StudySettings
 from scalertune._judge._target import Target, smoothed
 from scalertune._run._record import RunRecord
-from scalertune._run._timing import StepTimes
+from scalertune._run._step_times import StepTimes
 from scalertune._search._space import SearchSpace
 from scalertune._storage._names import (
     CONSTRAINT_ATTR,

@@ -9,6 +9,8 @@ passwords, recovering dead workers' trials.
 - ``_claims``: once-per-study work among several workers;
 - ``_store``: the study's artifact store (a folder or an S3 bucket), recorded in the study;
 - ``_checkpoints``: checkpoints in that store, each carrying its checksum;
+- ``_run_log``: a real run's record (its in-run checks and actions), written to its study
+  in the background;
 - ``_optuna``: Optuna's private API, in one place (ids, a running trial's system
   attributes, a trial's curve points many in one write), each part checked by a test.
 """

@@ -32,6 +32,10 @@ RUN_ROLES = (ROLE_SEARCH, ROLE_BASELINE, ROLE_CONFIRM, ROLE_ISLAND, ROLE_REPLAY)
 SETTINGS_ATTR = "scalertune.settings"
 STOPPED_ATTR = "scalertune.stopped_early"
 ARTIFACT_DIR_ATTR = "scalertune.artifact_dir"
+#: Study user attributes holding the real runs that load the study's answer and check
+#: themselves (``scalertune.load``, ``scalertune.attach``): one per run, by ``RUN_PREFIX`` and
+#: the run's name (its host, process and start), each the run's record as plain data.
+RUN_PREFIX = "scalertune.run."
 #: Study system attributes holding claims on once-per-study work, by key.
 CLAIM_PREFIX = "scalertune.claim."
 

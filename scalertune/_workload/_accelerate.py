@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 
+from scalertune._amp._device import check_same_device
 from scalertune._errors import UsageError
 from scalertune._frameworks._accelerate import check_accelerator, route_accelerator
+from scalertune._frameworks._detect import ACCELERATE, trainer_framework
 from scalertune._frameworks._route import Route
 from scalertune._workload._contract import Workload, from_result
 from scalertune._workload._groups import Groups
@@ -32,19 +34,19 @@ from scalertune._workload._groups import Groups
 def accelerate_workload(result: dict[str, Any], *, device: torch.device) -> Workload:
     """The Workload of a factory's ``{"accelerator": ..., ...}`` (see the module's docstring)."""
     accelerator = result.pop("accelerator")
-    if not any(c.__name__ == "Accelerator" for c in type(accelerator).__mro__):
+    if trainer_framework(accelerator) != ACCELERATE:
         raise UsageError(
             f"'accelerator' is a {type(accelerator).__name__}: give an accelerate.Accelerator"
         )
     check_accelerator(
         accelerator, before="return the Accelerator with what it will prepare, unprepared"
     )
-    if torch.device(accelerator.device).type != device.type:
-        raise UsageError(
-            f"the Accelerator trains on {torch.device(accelerator.device).type} and "
-            f"the search runs on {device.type}: give --device "
-            f"{torch.device(accelerator.device).type}"
-        )
+    check_same_device(
+        "the Accelerator",
+        torch.device(accelerator.device),
+        device,
+        "or Accelerator(cpu=...) to match",
+    )
     workload = from_result(result)
     route = Route()
     route_accelerator(accelerator, route, training=False)

@@ -22,8 +22,7 @@ from typing import Any
 import torch
 
 from scalertune._errors import UsageError
-from scalertune._frameworks._lightning import lightning_package
-from scalertune._frameworks._transformers import is_trainer
+from scalertune._frameworks._detect import LIGHTNING, TRANSFORMERS, trainer_framework
 from scalertune._workload._accelerate import accelerate_workload
 from scalertune._workload._contract import Workload, check_workload, from_result
 from scalertune._workload._lightning import lightning_trainer_workload
@@ -69,9 +68,10 @@ def _quiet_frameworks() -> Iterator[None]:
 
 def read_result(result: Any, *, device: torch.device) -> Workload:
     """The workload a factory's result describes (see the module's docstring)."""
-    if is_trainer(result):
+    kind = trainer_framework(result)
+    if kind == TRANSFORMERS:
         return transformers_workload(result, device=device)
-    if lightning_package(result, "Trainer") is not None:
+    if kind == LIGHTNING:
         raise UsageError(
             "a Lightning Trainer comes with its LightningModule and data: return "
             "{'trainer': trainer, 'model': module, 'batches': train_dataloader "
@@ -84,10 +84,11 @@ def read_result(result: Any, *, device: torch.device) -> Workload:
     if "trainer" not in result:
         return from_result(result)
     trainer = result["trainer"]
-    if is_trainer(trainer):
+    kind = trainer_framework(trainer)
+    if kind == TRANSFORMERS:
         _only(result, ("trainer", "horizon"), "a Hugging Face Trainer")
         return transformers_workload(trainer, device=device, horizon=result.get("horizon"))
-    if lightning_package(trainer, "Trainer") is not None:
+    if kind == LIGHTNING:
         _only(result, ("trainer", "model", "batches", "horizon"), "a Lightning Trainer")
         if "model" not in result or "batches" not in result:
             raise UsageError(

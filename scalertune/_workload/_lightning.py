@@ -12,12 +12,20 @@ loop does not ask the scaler), and so does this. ``self.trainer`` is a stand-in 
 training code commonly reads from a Trainer (the step and epoch counters, ``max_steps``,
 ``estimated_stepping_batches``, the optimizers, the logged metrics); anything else raises an
 ``AttributeError`` that names the attribute.
+
+Why a stand-in and not ``Trainer.fit()`` under the precision plugin ``attach`` sets (the same
+adapter as training): a search owns its runs' steps (each batch once, in order; a run that
+starts at step k from the float32 reference's checkpoint; a run that stops at the end of any
+window), and ``fit()`` owns its loop, whose state at step k is Lightning's private loop state.
+Measured (``benchmarks/lightning_fit.py``, the tests' module, 30 float16 steps): ``fit()``
+took 1.7x (1.3-2.6x) the time per step of this loop. The loop is held to ``fit()`` instead:
+``tests/unit/test_frameworks.py`` checks its float32 losses against ``fit()``'s step for step,
+and its float16 skips against ``fit()`` with Lightning's own ``MixedPrecision``.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 import warnings
 from collections.abc import Iterable, Mapping
@@ -25,7 +33,9 @@ from typing import Any
 
 import torch
 
+from scalertune._amp._device import check_same_device
 from scalertune._errors import UsageError
+from scalertune._frameworks import _lightning_private
 from scalertune._frameworks._lightning import check_lightning, lightning_device
 from scalertune._workload._contract import Workload
 from scalertune._workload._groups import Groups
@@ -66,7 +76,6 @@ def lightning_workload(
             return scalertune.lightning_workload(module, my_datamodule.train_dataloader(),
                                                  max_epochs=10)
     """
-    core = _lightning_core(module)
     _check_module(module, accumulate_grad_batches)
     trainer = _TrainerView(
         module,
@@ -76,7 +85,7 @@ def lightning_workload(
         accumulate=accumulate_grad_batches,
     )
     module.trainer = trainer
-    optimizer = _configured_optimizer(core, module, trainer)
+    optimizer = _configured_optimizer(module, trainer)
     return Workload(
         model=module,
         optimizer=optimizer,
@@ -93,6 +102,12 @@ def lightning_workload(
 
 def _check_module(module: Any, accumulate_grad_batches: Any) -> None:
     """:class:`UsageError` for what :func:`lightning_workload` cannot train."""
+    if _lightning_private.package(module, "LightningModule") is None:
+        raise UsageError(
+            f"lightning_workload needs a LightningModule, got a {type(module).__name__}: "
+            "for a plain nn.Module return a Workload (model, optimizer, batches, loss_fn)"
+        )
+    _lightning_private.check(module, "LightningModule")
     if not module.automatic_optimization:
         raise UsageError(
             f"{type(module).__name__} sets automatic_optimization = False: lightning_workload "
@@ -109,17 +124,12 @@ def _check_module(module: Any, accumulate_grad_batches: Any) -> None:
         )
 
 
-def _configured_optimizer(core: Any, module: Any, trainer: _TrainerView) -> Any:
+def _configured_optimizer(module: Any, trainer: _TrainerView) -> Any:
     """The one optimizer of ``configure_optimizers()``, its schedulers given to ``trainer``.
     Lightning's own parsing: every return shape it accepts, with its defaults for interval
     ("epoch") and frequency (1), and its errors for bad ones."""
     try:
-        optimizers, schedulers, monitor = core._configure_optimizers(  # noqa: SLF001
-            module.configure_optimizers()
-        )
-        trainer.lr_scheduler_configs = core._configure_schedulers_automatic_opt(  # noqa: SLF001
-            schedulers, monitor
-        )
+        optimizers, trainer.lr_scheduler_configs = _lightning_private.configured_optimizers(module)
     except Exception as exc:  # MisconfigurationException, from the module's return value
         raise UsageError(f"configure_optimizers(): {str(exc).strip().splitlines()[0]}") from None
     if len(optimizers) != 1:
@@ -159,13 +169,9 @@ def lightning_trainer_workload(
     """What ``trainer.fit(module, data)`` trains, as a Workload (``data``: a dataloader, or a
     LightningDataModule, whose ``train_dataloader()`` is taken as ``fit`` takes it)."""
     check_lightning(trainer)
-    where = lightning_device(trainer)
-    if where.type != device.type:
-        raise UsageError(
-            f"the Trainer trains on {where.type} and the search runs on "
-            f"{device.type}: give --device {where.type} (or the Trainer's "
-            "accelerator to match)"
-        )
+    check_same_device(
+        "the Trainer", lightning_device(trainer), device, "or the Trainer's accelerator to match"
+    )
     clip = trainer.gradient_clip_val
     if clip and str(trainer.gradient_clip_algorithm or "norm").lower() != "norm":
         raise UsageError(
@@ -195,19 +201,6 @@ def _set_sampler_epoch(loader: Any, epoch: int) -> None:
         found = getattr(loader, sampler, None)
         if found is not None and hasattr(found, "set_epoch"):
             found.set_epoch(epoch)
-
-
-def _lightning_core(module: torch.nn.Module) -> Any:
-    """``core.optimizer`` of the Lightning package the module's class comes from."""
-    for cls in type(module).__mro__:
-        if cls.__name__ == "LightningModule":
-            package = cls.__module__.rpartition(".core")[0]
-            if package in ("lightning.pytorch", "pytorch_lightning"):
-                return importlib.import_module(f"{package}.core.optimizer")
-    raise UsageError(
-        f"lightning_workload needs a LightningModule, got a {type(module).__name__}: "
-        "for a plain nn.Module return a Workload (model, optimizer, batches, loss_fn)"
-    )
 
 
 class _TrainerView:
@@ -339,20 +332,19 @@ class _TrainerView:
 
 
 class _StrategyView:
-    """``self.trainer.strategy`` as far as ``LightningModule.optimizers()`` reads it."""
+    """``self.trainer.strategy`` as far as ``LightningModule.optimizers()`` reads it
+    (``_lightning_private.STRATEGY_OPTIMIZERS``)."""
 
     def __init__(self, trainer: _TrainerView) -> None:
         self._trainer = trainer
-
-    @property
-    def _lightning_optimizers(self) -> list[torch.optim.Optimizer]:
-        return self._trainer.optimizers
 
     @property
     def root_device(self) -> torch.device:
         return next(self._trainer.lightning_module.parameters()).device
 
     def __getattr__(self, name: str) -> Any:
+        if name == _lightning_private.STRATEGY_OPTIMIZERS:
+            return self._trainer.optimizers
         raise AttributeError(
             f"self.trainer.strategy.{name}: lightning_workload trains without a Trainer's "
             "strategy (it offers root_device, and self.optimizers()); read it outside "

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from scalertune._amp._device import check_same_device
 from scalertune._errors import UsageError
 from scalertune._frameworks._route import Route
 from scalertune._frameworks._transformers import (
@@ -50,12 +51,9 @@ def transformers_workload(
 ) -> Workload:
     """The Workload that trains what ``trainer.train()`` would (see the module's docstring)."""
     check_trainer(trainer, before="return the Trainer before train() (or a new one)")
-    if trainer_device(trainer).type != device.type:
-        raise UsageError(
-            f"the Trainer trains on {trainer_device(trainer).type} and the search "
-            f"runs on {device.type}: give --device {trainer_device(trainer).type} "
-            "(or TrainingArguments(use_cpu=...) to match)"
-        )
+    check_same_device(
+        "the Trainer", trainer_device(trainer), device, "or TrainingArguments(use_cpu=...) to match"
+    )
     route = Route()
     route_trainer(trainer, route, training=False)
     args = trainer.args

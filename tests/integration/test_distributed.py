@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from conftest import run_cli, spec
 
 from scalertune._amp._config import AmpConfig
 from scalertune._search._launch import RankFailed, TrialCrashed, run_isolated, time_isolated
@@ -60,6 +61,7 @@ def _ranks_run(factory, config, steps, timeout_s=120):
     )
 
 
+@pytest.mark.xdist_group("plain-torchrun")  # one launch of the yardstick for the three
 @pytest.mark.parametrize("factory", FACTORIES)
 def test_a_run_on_two_ranks_trains_as_the_plain_torchrun_loop(factory, plain):
     """The global batch's loss and the scale after every step are those of the user's own
@@ -69,6 +71,58 @@ def test_a_run_on_two_ranks_trains_as_the_plain_torchrun_loop(factory, plain):
     assert record.scales == plain[factory]["scales"]
     assert min(plain[factory]["scales"]) < CONFIG["init_scale"]  # the scaler did skip steps
     assert record.losses == pytest.approx(plain[factory]["losses"], rel=1e-5)
+
+
+def test_a_run_in_its_own_process_or_on_ranks_stops_where_it_stops_in_one():
+    """The same float16 run stopped by the same rule (at the float32 target): trained in this
+    process, in a process of its own (--isolate) and on 2 DDP ranks with the same global
+    batch, it stops after the same window, long before its last step."""
+    from scalertune._judge._stopping import StopRule
+    from scalertune._judge._target import Target
+    from scalertune._run._loop import run_config
+
+    single = f"{distributed_workloads.HERE}:single"
+    cpu, steps = torch.device("cpu"), 200
+    reference = run_config(
+        distributed_workloads.single, AmpConfig(dtype="float32"), steps=60, seed=0, device=cpu
+    )
+    target = Target.from_reference(reference.losses)
+    here = run_config(
+        distributed_workloads.single,
+        AmpConfig(**CONFIG),
+        steps=steps,
+        seed=0,
+        device=cpu,
+        stop=StopRule(target),
+    )
+    alone = run_isolated(
+        single,
+        AmpConfig(**CONFIG),
+        steps=steps,
+        seed=0,
+        device=cpu,
+        timeout_s=120,
+        memory_gb=None,
+        stop=StopRule(target),
+    )
+    ranks = run_isolated(
+        f"{distributed_workloads.HERE}:ddp",
+        AmpConfig(**CONFIG),
+        steps=steps,
+        seed=0,
+        device=cpu,
+        timeout_s=120,
+        memory_gb=None,
+        stop=StopRule(target),
+        ranks=2,
+    )
+    assert here.stopped == "reached" and here.steps_run < steps // 2
+    assert (alone.stopped, alone.steps_run, alone.reached_at) == (
+        "reached",
+        here.steps_run,
+        here.reached_at,
+    )
+    assert (ranks.stopped, ranks.steps_run) == ("reached", here.steps_run)
 
 
 def test_ranks_whose_scalers_disagree_stop_the_run_naming_the_step(tmp_path):
@@ -128,6 +182,42 @@ def test_a_rank_that_dies_during_the_step_timing_is_said_and_the_timing_runs_aga
         "the step timing: rank 1 of 2: the trial's process exited with status 13 without a "
         "result; run again"
     ]
+
+
+@pytest.mark.slow
+def test_a_ranks_factory_whose_model_is_neither_ddp_nor_fsdp_is_refused_in_one_line(tmp_path):
+    """nanoGPT's factory with its DistributedDataParallel left out: on 2 ranks each trains a
+    copy of its own on its half of the batch. The search's first float32 step sees the
+    ranks' gradients and weights differ and refuses it (exit 2, no study); the same factory
+    with DDP passes that step."""
+    from scalertune._search._launch import preflight_ranks
+
+    ran = run_cli(
+        "search",
+        spec("make_model_without_ddp", "nanogpt.py"),
+        "--nproc-per-node",
+        "2",
+        "--device",
+        "cpu",
+        cwd=tmp_path,
+    )
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr
+    assert ran.stderr.strip().splitlines()[-1] == (
+        "scalertune search: error: rank 0 of 2: after one step the 2 ranks' gradients and "
+        "weights differ: each rank trains a copy of its own, as the model is neither "
+        "DistributedDataParallel nor FSDP; wrap it in the factory as your training script "
+        "does (model = DistributedDataParallel(model))"
+    )
+    assert not (tmp_path / "scalertune.db").exists()
+    checked = preflight_ranks(
+        spec("make_model", "nanogpt.py"),
+        device=torch.device("cpu"),
+        seed=0,
+        islands=set(),
+        timeout_s=120,
+        ranks=2,
+    )
+    assert checked.reference.clip_norm == 1.0
 
 
 @pytest.mark.slow

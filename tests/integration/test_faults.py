@@ -898,10 +898,14 @@ def test_a_rank_killed_at_random_points_fails_its_run_naming_the_rank_and_the_an
     kill = (rng.randrange(2), 1, rng.randrange(2, RANK_KILL_STEPS))
     running, started = _start_ranks_search(tmp_path / "round0", kill), time.monotonic()
     try:
-        code, _, err, answer, runs, killed = _ranks_search_ended(
+        code, out, err, answer, runs, killed = _ranks_search_ended(
             undisturbed, tmp_path / "undisturbed"
         )
         assert code == 0 and not killed and runs > 3, err
+        # the ranks every run trained on, in the summary and in the result file
+        assert ", 2 ranks per run" in out, out[:2000]
+        written = (tmp_path / "undisturbed" / "amp.yaml").read_text()
+        assert yaml.safe_load(written)["evidence"]["nproc_per_node"] == 2
         done = 0
         while True:
             _check_rank_round(running, tmp_path / f"round{done}", kill, answer, done)

@@ -280,7 +280,7 @@ def test_sampled_runs_float32_rules_out_at_their_clip_stop_at_the_first_read_bac
     its first read-back. PyTorch's defaults and the replay's choice run on, as evidence.
     The step timing is pinned to this CPU's quiet ratios (float16 1.40-1.61x float32's,
     bfloat16 1.15-1.39x), so that the judgement, not the machine's load, is tested."""
-    from scalertune._run._timing import StepTimes
+    from scalertune._run._step_times import StepTimes
     from scalertune._search import _references
 
     ratios = {

@@ -1,6 +1,9 @@
 """The command line: help that reads like a man page, and one-line errors for bad input."""
 
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -27,6 +30,57 @@ def test_help_explains_the_commands_and_exit_statuses(tmp_path):
         assert needle in sub.stdout
 
 
+#: Runs one command line through the executable's own entry point and prints which of the
+#: heavy modules it imported.
+_IMPORTS = (
+    "import sys\n"
+    "from scalertune.cli import main\n"
+    "try:\n"
+    "    main(sys.argv[1:])\n"
+    "except SystemExit:\n"
+    "    pass\n"
+    "print(sorted(m for m in ('torch', 'numpy', 'optuna') if m in sys.modules), file=sys.stderr)"
+)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["search", "--help"],
+        ["diagnose", "--help"],
+        ["export", "--help"],
+        ["report", "--help"],
+        ["dashboard", "--help"],
+        ["search", "--steps", "0", "model.py:make_model"],
+    ],
+    ids=" ".join,
+)
+def test_help_and_usage_errors_answer_without_importing_torch(argv, tmp_path):
+    """torch takes a second or more to import: help and bad input answer before it loads."""
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTS, *argv], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.stderr.splitlines()[-1] == "[]", done.stderr
+
+
+def test_a_report_and_an_export_import_no_torch(tmp_path):
+    """Neither trains nor replays: a study's report (with its YAML and pictures) and an
+    export for a named device read plain data."""
+    shutil.copy(os.path.join(HERE, "data", "study_v1.journal"), tmp_path / "v1.journal")
+    script = _IMPORTS.replace(
+        "    main(sys.argv[1:])\n",
+        "    main(['report', '--storage', 'v1.journal', '--study-name', 'short', '-o', 'r.yaml'])\n"
+        "    main(['export', 'r.yaml', '--to', 'lightning', '--device', 'cuda'])\n",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert "torch" not in done.stderr.splitlines()[-1], done.stderr
+    assert "MixedPrecision('16-mixed', device" in done.stdout
+    assert (tmp_path / "r.yaml").exists()
+
+
 def _bad(name):
     return spec(name, "bad_workloads.py")
 
@@ -43,6 +97,16 @@ BAD_INPUTS = [
     ("one-shot batches", [_bad("one_shot_batches")], "one-shot iterator"),
     ("non-scalar loss", [_bad("non_scalar_loss")], r"shape \(8, 1\), not a scalar"),
     ("non-tensor loss", [_bad("non_tensor_loss")], "the loss is a float, not a tensor"),
+    (
+        "a step returning (logits, loss)",
+        [_bad("step_returns_tuple")],
+        r"the step returned a tuple of 2, not the loss: return the scalar loss tensor alone",
+    ),
+    (
+        "a step returning per-sample losses",
+        [_bad("step_returns_non_scalar")],
+        r"the loss has shape \(8,\), not a scalar",
+    ),
     ("no trainable parameters", [_bad("no_trainable_parameters")], "no trainable parameters"),
     ("foreign optimizer", [_bad("foreign_optimizer")], "not the model's"),
     (

@@ -13,7 +13,7 @@ from scalertune._judge._settings import Noise
 from scalertune._judge._stopping import Best, Floor, StopRule, study_stop_reason
 from scalertune._judge._target import Target
 from scalertune._run._loop import run_config
-from scalertune._run._timing import StepTimes
+from scalertune._run._step_times import StepTimes
 
 CPU = torch.device("cpu")
 

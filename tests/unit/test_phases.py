@@ -12,7 +12,7 @@ import scalertune
 from scalertune import _policy
 from scalertune._judge._phases import judge_phase
 from scalertune._judge._settings import StudySettings
-from scalertune._replay._forecast import forecast
+from scalertune._replay._forecast import forecast, trends
 from scalertune._replay._trace import empty
 
 
@@ -109,14 +109,15 @@ def _trace(peaks):
     return trace
 
 
-def test_a_forward_peak_that_trends_up_is_forecast_to_reach_float16s_range():
+def test_a_forward_peak_that_grows_as_a_power_of_the_step_is_forecast_where_it_reaches_65504():
     blocks = np.arange(200)
-    up = 2000.0 * 2 ** (blocks / 100)  # doubles every 1000 steps
+    steps = blocks * 10 + 5.0  # each block's peak at its middle step
+    up = 500.0 * (steps / 1000) ** 2  # 2000 at step 2000, 65504 at step ~11,446
     down = np.full(200, 3.0)
     found = forecast(_trace(np.stack([up, down], axis=1)), horizon=2000)
     assert [f.module for f in found] == ["up"]
-    # log2(65504 / 2000) = 5.03 doublings of 1000 steps from step 0
-    assert found[0].step == pytest.approx(5034, rel=0.01)
+    assert found[0].exponent == pytest.approx(2.0, rel=0.01)
+    assert found[0].step == pytest.approx(1000 * (65504 / 500) ** 0.5, rel=0.01)
     assert found[0].earliest <= found[0].step <= found[0].latest
 
 
@@ -132,6 +133,27 @@ def test_a_forward_peak_that_levels_off_is_not_forecast():
     levelling = 500.0 * (1 - 0.9 * np.exp(-blocks / 60))
     found = forecast(_trace(np.stack([levelling, np.full(200, 3.0)], axis=1)), horizon=2000)
     assert found == []
+
+
+def test_growth_that_speeds_up_past_a_power_of_the_step_is_not_forecast():
+    """Flat, then growing as the 6th power from step 1500: not one power over the fitted
+    half, so the model does not fit, and nothing is said."""
+    steps = np.arange(200) * 10 + 5.0
+    speeding = 400.0 * np.maximum(1.0, steps / 1500) ** 6
+    found = forecast(_trace(np.stack([speeding, np.full(200, 3.0)], axis=1)), horizon=2000)
+    assert found == []
+
+
+def test_a_forecast_past_the_reach_it_was_measured_over_is_not_said():
+    """Steady growth as the step to the power 0.5 from 2000 at step 2000 reaches 65504 near
+    step 2.1 million, a thousand horizons out: too far to say."""
+    steps = np.arange(200) * 10 + 5.0
+    slow = 2000.0 * (steps / 2000) ** 0.5
+    trace = _trace(np.stack([slow, np.full(200, 3.0)], axis=1))
+    assert forecast(trace, horizon=2000) == []
+    (trend,) = trends(trace, horizon=2000)
+    assert trend.module == "up" and trend.exponent == pytest.approx(0.5, rel=0.01)
+    assert trend.reaches(65504) == pytest.approx(2000 * (65504 / 2000) ** 2, rel=0.02)
 
 
 def _windows(reference, spans):

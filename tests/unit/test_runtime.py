@@ -327,3 +327,37 @@ def test_the_accelerator_readings_record_what_the_cpu_readings_do(dtype, monkeyp
         assert any(later > earlier for earlier, later in zip(scales, scales[1:]))  # it grew
     else:
         assert set(on_cpu.scales) == {1.0}
+
+
+def test_a_result_file_warns_once_when_its_runtime_trains_another_model(tmp_path):
+    """evidence.model is the searched model's fingerprint (names and shapes, whatever wraps
+    it): the runtime loaded from the file warns once, in one line, on the first step of a
+    model with another layer, and says nothing for the model it was searched on."""
+    import yaml
+
+    from scalertune._amp._fingerprint import fingerprint
+
+    searched, batch = _model_and_batch()
+    assert fingerprint(nn.DataParallel(searched)) == fingerprint(searched)  # `module.` left out
+    path = tmp_path / "amp.yaml"
+    document = {"config": {"dtype": "bfloat16"}, "evidence": {"model": fingerprint(searched)}}
+    path.write_text(yaml.safe_dump(document))
+    loss = nn.functional.mse_loss
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same = scalertune.load(str(path), device="cpu")
+        same.train_step(searched, torch.optim.SGD(searched.parameters(), lr=0.01), loss, batch)
+    other = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    amp = scalertune.load(str(path), device="cpu")
+    optimizer = torch.optim.SGD(other.parameters(), lr=0.01)
+    with pytest.warns(UserWarning) as caught:
+        for _ in range(3):
+            amp.train_step(other, optimizer, loss, batch)
+    (warning,) = caught
+    assert str(warning.message) == (
+        f"{path} was searched on another model (4 parameter tensors, 161 values; this one has "
+        "4 parameter tensors, 321 values, named or shaped otherwise): its config and "
+        "predictions are that model's; search this one (scalertune search) before relying "
+        "on them"
+    )
+    assert warning.filename == __file__

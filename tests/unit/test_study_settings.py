@@ -94,7 +94,8 @@ def test_settings_from_a_newer_scalertune_are_refused_in_words():
 
 def test_a_rerun_compares_the_settings_that_make_trials_comparable():
     settings = _settings()
-    assert settings.differs_from(_settings(horizon=4000, device="cpu (1 thread)")) is None
+    assert settings.differs_from(_settings(device="cpu (1 thread)")) is None
+    assert settings.differs_from(_settings(horizon=4000)) == "horizon"
     assert settings.differs_from(_settings(steps=100, horizon=2000)) == "steps"
     assert settings.differs_from(_settings(reference=AmpConfig(dtype="float32"))) == "reference"
 
@@ -129,6 +130,25 @@ def test_a_study_written_before_the_record_reports_as_it_did(v1, name):
     settings = StudySettings.of(study)
     assert settings.version == 1 and settings.stored
     assert settings.long == (name == "long") and settings.instance
+
+
+def test_the_horizon_picture_says_of_a_finalist_without_evidence_what_the_summary_says(v1):
+    """The long study's answer held with its first finalist: the others were not needed.
+    The summary's phases table says "not run" of them, and so does the picture's legend."""
+    from scalertune._review._analyze import analyze
+    from scalertune._review._horizon_plot import horizon_figure
+
+    study = optuna.load_study(study_name="long", storage=open_storage(str(v1 / V1_JOURNAL)))
+    result = analyze(study)
+    with open(os.path.join(DATA, "study_v1.long.summary.txt"), encoding="utf-8") as f:
+        table = [line.rstrip() for line in f if line.startswith(("pytorch-default ", "trial #"))]
+    unjudged = [run for run in result.finalists if result.holds(run) is None]
+    assert sum(line.endswith(" not run") for line in table) == len(unjudged) == 2
+    figure = horizon_figure(result)
+    labels = [label for ax in figure.axes for label in ax.get_legend_handles_labels()[1]]
+    for run in unjudged:
+        (label,) = [label for label in labels if label.startswith(f"{run.label} [")]
+        assert label.endswith(": not run"), label
 
 
 def test_a_search_resumes_a_study_written_before_the_record(v1):

@@ -19,7 +19,8 @@ from scalertune._judge._speedup import Speedup
 from scalertune._judge._target import Target
 from scalertune._run._loop import run_config
 from scalertune._run._record import skipped_steps
-from scalertune._run._timing import StepTimes, spread, time_dtypes
+from scalertune._run._step_times import StepTimes, spread
+from scalertune._run._timing import time_dtypes
 from scalertune._workload._factory import build_workload
 
 CPU = torch.device("cpu")

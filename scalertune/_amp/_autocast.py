@@ -1,0 +1,107 @@
+"""The forward side of the AMP step: autocast to the config's dtype, the float32 islands that
+must be on the model before it runs, the float32 passes of the in-run check; and the
+unscale-then-clip of the step side."""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from scalertune._amp._config import AmpConfig
+from scalertune._amp._islands import apply_islands
+from scalertune._errors import UsageError
+
+
+class Forward:
+    """Autocast to the config's dtype, with the config's float32 islands on every model
+    :meth:`prepare` has seen; inside :meth:`float32` no autocast at all (the in-run check's
+    float32 forward of the same step)."""
+
+    def __init__(
+        self,
+        config: AmpConfig,
+        device: torch.device,
+        model_check: Callable[[torch.nn.Module], None] | None = None,
+    ) -> None:
+        self.device = device
+        #: From a result file: called with the first model prepared, whether it is the one
+        #: the file was searched on (``_fingerprint``), then dropped.
+        self._model_check = model_check
+        self._prepared: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._float32_now = False
+        self.configure(config)
+
+    def configure(self, config: AmpConfig) -> None:
+        """Train under ``config`` from now on: its dtype, and its islands on every model
+        prepared so far (a model keeps the islands it has; they are only ever added)."""
+        self.config = config
+        self.islands = config.fp32_modules
+        self._dtype = getattr(torch, config.dtype)
+        self._float32 = config.dtype == "float32"
+        for model in list(self._prepared):
+            apply_islands(model, self.islands, self.device.type)
+        #: The context :meth:`AmpRuntime.train_step` enters on every step, made once: it is
+        #: entered and left in turn, never nested, and making one costs more than entering it.
+        self.reused: contextlib.AbstractContextManager[Any] = (
+            contextlib.nullcontext()
+            if self._float32
+            else torch.autocast(self.device.type, dtype=self._dtype)
+        )
+
+    @property
+    def models(self) -> list[torch.nn.Module]:
+        """The models :meth:`prepare` has seen (and that are still alive)."""
+        return list(self._prepared)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self._float32 or self._float32_now:
+            return contextlib.nullcontext()
+        if self.islands and not self._prepared:
+            raise UsageError(
+                f"this config keeps {', '.join(self.islands)} in float32 "
+                "(fp32_modules): call model = amp.prepare(model) once before "
+                "training"
+            )
+        return torch.autocast(self.device.type, dtype=self._dtype)
+
+    @contextlib.contextmanager
+    def float32(self) -> Iterator[None]:
+        """No autocast inside, whoever asks for it (a framework's forward included)."""
+        before, self._float32_now = self._float32_now, True
+        try:
+            with torch.autocast(self.device.type, enabled=False):
+                yield
+        finally:
+            self._float32_now = before
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self._model_check is not None:
+            check, self._model_check = self._model_check, None
+            check(model)
+        if model not in self._prepared:
+            if self.islands:
+                apply_islands(model, self.islands, self.device.type)
+            self._prepared.add(model)
+        return model
+
+
+class Clip:
+    """Unscale, then clip the gradients of all the parameters an optimizer holds to
+    ``max_norm`` (the list made once per optimizer, not on every step)."""
+
+    def __init__(self, max_norm: float) -> None:
+        self.max_norm = max_norm
+        self._params: dict[int, list[torch.Tensor]] = {}
+
+    def __call__(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+        scaler.unscale_(optimizer)
+        params = self._params.get(id(optimizer))
+        if params is None:
+            params = self._params[id(optimizer)] = [
+                p for group in optimizer.param_groups for p in group["params"]
+            ]
+        torch.nn.utils.clip_grad_norm_(params, self.max_norm)

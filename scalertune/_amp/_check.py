@@ -1,0 +1,123 @@
+"""The in-run check's policy, as a result file carries it, and what it says.
+
+A search's evidence ends where its runs end: at its trials' ``steps``, or at its horizon.
+The failures that come later (bfloat16's significant bits stopping the fit once float32
+learns fine detail, an activation that grows past float16's range after thousands of steps,
+a burst of large gradients that leaves the loss scale far too low) are caught by the run
+itself: every ``every`` steps the runtime computes the loss of that step's batch again in
+float32 at the run's current weights, forward only, and compares it with the step's own
+mixed-precision loss (``scalertune._inrun`` does the work). What it does when the precision
+fails is :attr:`CheckPolicy.action`:
+
+- ``act`` (the default): keep the module that fails in float32 (a float32 island), or train
+  in float32 when no island is enough; keep the loss scale from collapsing after a forward
+  overflow; choose the scaler's knobs again from the run's own recent gradients when the
+  scaler leaves the search's prediction. One :class:`AmpCheckWarning` line each.
+- ``warn``: say the same line, and change nothing.
+- ``stop``: raise :class:`AmpCheckError` with that line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from scalertune._errors import UsageError
+from scalertune._text import shown
+
+#: What a failed check does (see the module's docstring).
+ACTIONS = ("act", "warn", "stop")
+
+#: The check's cadence: one float32 forward every this many steps. A forward is about a third
+#: of a training step, so at 100 the check costs about 0.3% of training; the failures it is
+#: for open over hundreds of steps (measured on a regression near 1000: bfloat16 1.02x
+#: float32 at its weights at step 600, 1.16x at 900, 1.33x at 1200), so a check every 100
+#: steps sees one within a few checks of the gap opening.
+CHECK_EVERY = 100
+
+#: How many recent checks the judgement reads: the gap must exceed the tolerance in their
+#: mean and exceed their own noise (their standard error). 5 checks (500 steps at the default
+#: cadence) give a standard error from 5 values; fewer make a single noisy batch an alarm.
+CHECK_WINDOW = 5
+
+
+class AmpCheckWarning(UserWarning):
+    """What the in-run check found, and what it did (one line, with the step and the
+    evidence); also logged through the ``scalertune`` logger."""
+
+
+class AmpCheckError(RuntimeError):
+    """The in-run check found the precision failing and its policy is ``stop``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckPolicy:
+    """How often a run checks itself against float32, and what it does when that fails.
+
+    ``every``: steps between checks; ``action``: ``act``, ``warn`` or ``stop`` (see the
+    module's docstring); ``window``: the recent checks a judgement reads.
+
+    Example:
+        >>> from scalertune._amp._check import CheckPolicy
+        >>> CheckPolicy.from_dict({"every": 50, "action": "warn"})
+        CheckPolicy(every=50, action='warn', window=5)
+    """
+
+    every: int = CHECK_EVERY
+    action: str = "act"
+    window: int = CHECK_WINDOW
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.action, str) or self.action not in ACTIONS:
+            raise UsageError(
+                f"the check's action must be one of {', '.join(ACTIONS)}, got {shown(self.action)}"
+            )
+        for name, low in (("every", 1), ("window", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise UsageError(
+                    f"the check's {name} must be an integer >= {low}, got {shown(value)}"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the result file's ``check`` block holds."""
+        return {"every": self.every, "action": self.action, "window": self.window}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CheckPolicy:
+        """A ``check`` block, its unknown keys refused by name."""
+        if not isinstance(data, Mapping):
+            raise UsageError(f"the check block must be a mapping, got {type(data).__name__}")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise UsageError(
+                f"unknown check key(s) {', '.join(map(str, unknown))}: use every, action, window"
+            )
+        return cls(**data)
+
+
+class RunCheck(Protocol):
+    """What :class:`~scalertune.AmpRuntime` calls of its in-run check
+    (``scalertune._inrun.InRunCheck``)."""
+
+    policy: CheckPolicy
+    #: Called with the run's record after each check (its study's copy), or ``None``.
+    sink: Callable[[dict[str, Any]], None] | None
+
+    @property
+    def recording(self) -> bool:
+        """Whether it records the run's gradients now (read on every step)."""
+        ...
+
+    def due(self, steps: int) -> bool: ...
+    def run(
+        self, amp: Any, closure: Callable[[], Any], recompute: Callable[[], Any], autocast: bool
+    ) -> Any: ...
+    def on_read(self, amp: Any, *, scale: float, bad_loss: bool) -> bool: ...
+    def on_drift(self, amp: Any, found: str) -> None: ...
+    def record(self, amp: Any, optimizer: Any) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+    def report(self, amp: Any) -> str: ...
+    def summary(self, amp: Any) -> dict[str, Any]: ...

@@ -1,0 +1,52 @@
+"""What a runtime keeps in a training checkpoint, and how it is restored: the scaler's state
+and the counters and, with an in-run check, the config the check trains with now and its
+record, so that a resumed run keeps what the check did."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from scalertune._amp._check import RunCheck
+from scalertune._amp._config import AmpConfig
+from scalertune._amp._scaler import Skips
+
+
+class Checkpointed:
+    """:meth:`state_dict` and :meth:`load_state_dict` of :class:`~scalertune.AmpRuntime`."""
+
+    config: AmpConfig
+    scaler: torch.amp.GradScaler
+    check: RunCheck | None
+    steps: int
+    _skips: Skips
+    reconfigure: Callable[[AmpConfig], None]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Scaler state and counters, for checkpoints; with an in-run check, the config it
+        trains with now (islands added, knobs changed, float32) and the check's record."""
+        state: dict[str, Any] = {
+            "scaler": self.scaler.state_dict(),
+            "steps": self.steps,
+            "skipped": self._skips.total,
+        }
+        if self.check is not None:
+            state["config"] = self.config.to_dict()
+            state["check"] = self.check.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved: a resumed run keeps the in-run check's
+        actions."""
+        if "config" in state and self.check is not None:
+            saved = AmpConfig.from_dict(state["config"])
+            if saved != self.config:
+                self.reconfigure(saved)
+        if state["scaler"]:  # a disabled scaler (float32) saves none
+            self.scaler.load_state_dict(state["scaler"])
+        self.steps = int(state["steps"])
+        self._skips.restore(int(state["skipped"]), steps=self.steps)
+        if "check" in state and self.check is not None:
+            self.check.load_state_dict(state["check"])

@@ -1,0 +1,80 @@
+"""The runtime's side of its GradScaler's steps: what a :class:`RuntimeScaler` tells it (a
+loss scaled, a step begun, a step decided), the skipped steps counted from that, and the
+scale read in place."""
+
+from __future__ import annotations
+
+import torch
+
+from scalertune._amp._check import RunCheck
+from scalertune._amp._readback import Readback
+from scalertune._amp._scaler import DeviceStep, Skips
+
+
+class ScalerDecisions:
+    """What :class:`~scalertune.AmpRuntime` hears from its scaler (whoever calls the scaler:
+    the runtime's own :meth:`~scalertune.AmpRuntime.step`, Accelerate's prepared optimizer,
+    Lightning's precision plugin), and what it reads of it."""
+
+    scaler: torch.amp.GradScaler
+    check: RunCheck | None
+    device: torch.device
+    steps: int
+    _checks: Readback | None
+    _skips: Skips
+    _stepped: bool | DeviceStep
+    _uses_scaler: bool
+    _initial_scale: torch.Tensor
+
+    @property
+    def last_step(self) -> bool | DeviceStep:
+        """Whether the optimizer really stepped on the last step GradScaler decided (what
+        :meth:`step` returned; for a framework that calls the scaler itself, the same)."""
+        return self._stepped
+
+    def scaler_scaling(self, loss: torch.Tensor) -> None:
+        """Called by :attr:`scaler` as ``scaler.scale(loss)`` runs: with an in-run check, a
+        loss that is not finite is noted for the next read-back (see ``Skips.note_loss``)."""
+        if self._checks is not None and self.check is not None:
+            self._skips.note_loss(loss)
+
+    def scaler_stepping(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called by :attr:`scaler` as ``scaler.step(optimizer)`` starts."""
+        if self.check is not None and self.check.recording:
+            self.check.record(self, optimizer)
+        self._skips.begin(self.scaler, optimizer)
+
+    def scaler_updated(self) -> None:
+        """Called by :attr:`scaler` once ``scaler.update()`` has decided the step: count it,
+        and run the guard and the watch when they are due. After the in-run check fell back
+        to float32 the scaler is disabled and every step it passes through is taken."""
+        if not self._uses_scaler:
+            self._stepped = True
+            self.steps += 1
+            return
+        self._stepped = self._skips.decide(self.scaler, self.steps)
+        self.steps += 1
+        if self._checks is not None and self.steps % self._checks.every == 0:
+            self._checks.run(self)
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """The current loss scale as a device tensor (1.0 when no scaler is active); no sync."""
+        if not self._uses_scaler:  # a disabled GradScaler has no _scale at all
+            return self._initial_scale
+        scale = self.scaler._scale  # noqa: SLF001 - GradScaler's live scale, read in place
+        if scale is None:
+            return self._initial_scale
+        # GradScaler keeps a 0-d tensor; reshaping one anyway is a device op on every step.
+        return scale if scale.dim() == 0 else scale.reshape(())
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps GradScaler skipped because gradients were inf/NaN (no device read, except
+        for an optimizer that skips inside its own kernel: see :class:`_Skips`)."""
+        return self._skips.total
+
+    @property
+    def _skipped(self) -> torch.Tensor:
+        """``skipped_steps`` as a device tensor, for ``_run._timing``'s window arithmetic."""
+        return torch.full((), self._skips.total, dtype=torch.int64, device=self.device)

@@ -1,0 +1,90 @@
+"""Which model a result file was searched on: its parameters' names and shapes, as a
+fingerprint the YAML's evidence carries (``evidence.model``), and the check, when training
+code prepares a model with that file's runtime, that it is the same model.
+
+A config is chosen for one model: its loss scale for that model's gradients, its islands for
+its modules, its prediction (which the watch holds the run to) for its training. Loaded into
+another model (another study's YAML, a layer added since), it runs in silence, and nothing
+it claims holds. The check warns once, in one line, the first time the runtime prepares a
+model (``amp.prepare``, the first ``amp.train_step``, ``scalertune.attach``).
+
+The names are read as the user's model has them, whatever wraps it: DistributedDataParallel's
+``module.``, ``torch.compile``'s ``_orig_mod.`` and FSDP1's and activation checkpointing's
+wrapper names are left out, and a DTensor (FSDP2) or a DeepSpeed partition counts at its
+whole shape. A model whose parameters are flattened (FSDP1 without ``use_orig_params``)
+cannot be told apart, and is not checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from scalertune._amp._watch import caller_stacklevel
+
+if TYPE_CHECKING:  # a report reads result files without loading torch
+    import torch
+
+#: Parts of a parameter's name that a wrapper adds, left out of the fingerprint.
+_WRAPPERS = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def fingerprint(model: torch.nn.Module) -> dict[str, Any] | None:
+    """``{"tensors", "values", "sha256"}`` of ``model``'s parameters (their count, how many
+    values they hold, and a hash of their names and shapes); ``None`` for a model whose
+    parameters are flattened (no names to tell)."""
+    rows = []
+    values = 0
+    for name, p in model.named_parameters():
+        if "_flat_param" in name:
+            return None
+        shape = tuple(getattr(p, "ds_shape", None) or p.shape)
+        for part in _WRAPPERS:
+            name = name.replace(part, "")
+        rows.append(f"{name}:{'x'.join(map(str, shape))}")
+        values += math.prod(int(n) for n in shape)
+    digest = hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()[:16]
+    return {"tensors": len(rows), "values": values, "sha256": digest}
+
+
+def other_model(model: torch.nn.Module, searched: Mapping[str, Any], path: str) -> str | None:
+    """One line when ``model`` is not the model ``path`` was searched on (``searched``, its
+    ``evidence.model``); ``None`` when it is, or cannot be told."""
+    mine = fingerprint(model)
+    if mine is None or mine["sha256"] == searched.get("sha256"):
+        return None
+    return (
+        f"{path} was searched on another model ({_size(searched)}; this one has "
+        f"{_size(mine)}, named or shaped otherwise): its config and predictions are that "
+        "model's; search this one (scalertune search) before relying on them"
+    )
+
+
+def _size(found: Mapping[str, Any]) -> str:
+    tensors, values = found.get("tensors"), found.get("values")
+    if not isinstance(tensors, int) or not isinstance(values, int):
+        return "parameters of other names or shapes"
+    return f"{tensors} parameter tensors, {values:,} values"
+
+
+class ModelCheck:
+    """Warns once, the first time it is called, when the model is not the one a result file
+    was searched on (see the module's docstring)."""
+
+    def __init__(self, searched: Mapping[str, Any], path: str) -> None:
+        self.searched, self.path = searched, path
+
+    def __call__(self, model: torch.nn.Module) -> None:
+        found = other_model(model, self.searched, self.path)
+        if found is not None:
+            warnings.warn(found, UserWarning, stacklevel=caller_stacklevel())
+
+
+def searched_model(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``evidence.model`` of a result file's data, when it has a fingerprint there."""
+    evidence = data.get("evidence")
+    block = evidence.get("model") if isinstance(evidence, Mapping) else None
+    return dict(block) if isinstance(block, Mapping) and "sha256" in block else None

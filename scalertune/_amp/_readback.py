@@ -1,0 +1,67 @@
+"""What the runtime does at its read-back cadence: one host read of the loss scale (and of a
+fused optimizer's skip flags), then the guard, the watch and the in-run check look at it."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from scalertune import _policy
+from scalertune._amp._check import RunCheck
+from scalertune._amp._guard import Guard, check_guard
+from scalertune._amp._watch import AmpDriftWarning, Watch, caller_stacklevel
+
+
+class Readback:
+    """The guard, the watch and the in-run check, every ``every`` steps (the guard's cadence
+    when there is one, else the watch's): one host read of the scale, then the check sees
+    it (a loss that was not finite asks it to look at the forward), the guard may raise, and
+    the watch may warn once (or, under an in-run check that acts, hand the drift to it)."""
+
+    def __init__(self, guard: Guard | None, watch: Watch | None, check: RunCheck | None) -> None:
+        self.guard, self.watch, self.check = guard, watch, check
+        cadence = guard if guard is not None else watch
+        self.every = cadence.check_every if cadence is not None else _policy.READBACK_INTERVAL
+        self._warned = False
+        #: Where the watch's prediction starts counting: (steps, skipped steps) at the last
+        #: time the in-run check changed the scaler's knobs (and gave the watch a new one).
+        self._since = (0, 0)
+
+    def rebase(self, watch: Watch | None, *, steps: int, skipped: int) -> None:
+        """Watch from here on against ``watch``'s prediction, counting from ``steps``."""
+        self.watch, self._since, self._warned = watch, (steps, skipped), False
+
+    def run(self, amp: Any) -> None:
+        """Read, then look (``amp``: the :class:`~scalertune.AmpRuntime` that owns this)."""
+        skips = amp._skips  # noqa: SLF001 - the runtime's own bookkeeping
+        scale, skipped = skips.read(amp.scale)
+        if self.check is not None and self.check.on_read(amp, scale=scale, bad_loss=skips.bad_loss):
+            return  # it changed the scaler: what was read is from before
+        if self.guard is not None:
+            check_guard(
+                self.guard,
+                scale=scale,
+                streak=skips.streak,
+                step=amp.steps,
+                islands=amp.config.fp32_modules,
+            )
+        if self.watch is None or self._warned:
+            return
+        steps0, skipped0 = self._since
+        rebased = steps0 > 0
+        counts = dict(
+            steps=amp.steps - steps0,
+            skipped=skipped - skipped0,
+            startup=0 if rebased else skips.startup,
+            startup_last=-1 if rebased else skips.startup_last,
+        )
+        if self.check is not None and self.check.policy.action != "warn":
+            found = self.watch.differences(amp.config, scale=scale, **counts)
+            if found:
+                self._warned = True
+                self.check.on_drift(amp, "; ".join(found))
+            return
+        message = self.watch.drift(amp.config, scale=scale, **counts)
+        if message is not None:
+            self._warned = True
+            warnings.warn(AmpDriftWarning(message), stacklevel=caller_stacklevel())

@@ -1,0 +1,76 @@
+"""A Hugging Face Trainer's internals, in one place: the steps of ``Trainer.train()`` that a
+search takes one by one, and what it sets on a Trainer.
+
+``Trainer.train()`` is one long method; a search runs its steps itself, through the methods
+``train()`` calls, so that a subclass's overrides (TRL's trainers, a ``compute_loss`` of your
+own) are what runs. Those methods are public but undocumented, and their signatures move
+between releases. Each entry below is checked against the installed transformers by
+``tests/unit/test_frameworks_private.py``, and ``pyproject.toml`` bounds transformers (and
+TRL, whose trainers override some of them) to the releases those tests passed on
+(:data:`RELEASES`, :data:`TRL_RELEASES`, checked again by :func:`check` when a Trainer is
+handed over). The Trainer's Accelerator is Accelerate's, whose internals (the sync flag that
+``train()`` sets on it among them) are listed in ``_accelerate_private``. What is relied on:
+
+- :data:`TRAIN_STEPS`, called in ``train()``'s order with ``train()``'s arguments:
+  ``get_train_dataloader()``, ``set_initial_training_values(args, dataloader)`` (its last
+  value is ``max_steps``), ``create_optimizer()``, ``create_scheduler(num_training_steps=,
+  optimizer=)``, ``get_batch_samples(iterator, n, device)`` (the micro-batches of a step and
+  the number of items in them) and ``training_step(model, inputs, num_items_in_batch)``;
+- :data:`SET`, what ``train()`` sets as it goes and a step reads: the micro-batches of the
+  current step (``current_gradient_accumulation_steps``, which ``training_step`` divides the
+  loss by), ``state.global_step`` and ``state.max_steps``, and ``args.max_grad_norm`` (set by
+  ``attach`` to the config's clipping);
+- :data:`READ`: ``accelerator``, ``is_deepspeed_enabled``, ``is_fsdp_enabled``, ``model``;
+- the model's ``forward``, replaced on the model itself (``_route.Route.wrap_forward``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scalertune._frameworks import _accelerate_private
+from scalertune._frameworks._releases import Releases
+
+RELEASES = Releases("transformers", (4, 40), (5, 26), checked="5.25")
+#: TRL's trainers subclass the Trainer and override some of its steps.
+TRL_RELEASES = Releases("trl", (0, 19), (1, 17), checked="1.16")
+
+#: The methods of ``train()`` a search calls, in ``train()``'s order.
+TRAIN_STEPS = (
+    "get_train_dataloader",
+    "set_initial_training_values",
+    "create_optimizer",
+    "create_scheduler",
+    "get_batch_samples",
+    "training_step",
+)
+#: What a search sets on the Trainer, as ``train()`` does.
+SET = (
+    "current_gradient_accumulation_steps",
+    "state.global_step",
+    "state.max_steps",
+    "args.max_grad_norm",
+)
+#: What is read of the Trainer.
+READ = ("accelerator", "is_deepspeed_enabled", "is_fsdp_enabled", "model")
+
+
+def check(trainer: Any) -> None:
+    """Refuse, in one line, a transformers (or TRL) release outside the bound, or one whose
+    Trainer lacks a name listed here; then its Accelerator's (``_accelerate_private``)."""
+    RELEASES.check()
+    if any(cls.__module__.split(".")[0] == "trl" for cls in type(trainer).__mro__):
+        TRL_RELEASES.check()
+    missing = [n for n in (*TRAIN_STEPS, *READ) if not hasattr(trainer, n)]
+    missing += [n for n in SET if "." in n and not _has(trainer, n.rpartition(".")[0])]
+    if missing:
+        raise RELEASES.missing([f"Trainer.{n}" for n in missing])
+    _accelerate_private.check(trainer.accelerator)
+
+
+def _has(obj: Any, path: str) -> bool:
+    for name in path.split("."):
+        if not hasattr(obj, name):
+            return False
+        obj = getattr(obj, name)
+    return True

@@ -1,0 +1,170 @@
+"""What the in-run check does when the precision or the scaler fails, by the policy: each
+action changes the runtime in place (:meth:`~scalertune.AmpRuntime.reconfigure`), says one
+line, and restarts the watch's count from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from scalertune import _policy
+from scalertune._amp._check import CheckPolicy
+from scalertune._amp._config import AmpConfig
+from scalertune._amp._runtime import AmpRuntime
+from scalertune._amp._watch import ScalerPrediction, Watch
+from scalertune._inrun._culprits import ISLAND_CLOSES, island_for, overflow_islands
+from scalertune._inrun._gap import Check, Gap
+from scalertune._inrun._knobs import Knobs
+from scalertune._inrun._lines import LOGGER, Action, heading, say, scale_text, stop
+from scalertune._inrun._passes import Passes
+
+
+class Actions:
+    """The actions of one run, by its policy: what was done, at which step, and why."""
+
+    def __init__(self, policy: CheckPolicy) -> None:
+        self.policy = policy
+        self.done: list[Action] = []
+
+    def acting(self, amp: AmpRuntime, found: str) -> bool:
+        """Whether the policy acts; under ``warn`` say ``found`` once, under ``stop`` raise."""
+        if self.policy.action == "stop":
+            raise stop(found)
+        if self.policy.action == "warn":
+            self.acted(amp, "none", f"{found} (policy 'warn': nothing changed)")
+            return False
+        return True
+
+    def acted(
+        self, amp: AmpRuntime, kind: str, line: str, *, prediction: ScalerPrediction | None = None
+    ) -> None:
+        """Keep and say the action; the watch counts from here (against ``prediction``, the
+        new knobs', where given)."""
+        action = Action(step=amp.steps, kind=kind, line=line)
+        self.done.append(action)
+        say(action)
+        readback = amp._checks  # noqa: SLF001 - the runtime's read-back, watching from here on
+        if readback is not None and kind != "none":
+            watch = readback.watch
+            if prediction is not None:
+                watch = Watch(prediction, check_every=readback.every)
+            readback.rebase(watch, steps=amp.steps, skipped=amp.skipped_steps)
+
+    def islanded(self) -> bool:
+        """Whether the check kept a module in float32 for the precision (``island``; one kept
+        for a forward overflow is ``overflow``)."""
+        return any(a.kind == "island" for a in self.done)
+
+    def tolerance(self) -> float:
+        """The gap the checks allow: the horizon's, or after an island for the precision, the
+        share of float32's loss that island claimed to bring the batch within."""
+        return ISLAND_CLOSES if self.islanded() else _policy.PHASE_TOLERANCE
+
+    def float32(self, amp: AmpRuntime, line: str) -> None:
+        amp.reconfigure(AmpConfig(dtype="float32", clip_norm=amp.config.clip_norm))
+        self.acted(amp, "float32", line)
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [a.to_dict() for a in self.done]
+
+
+def precision_fails(
+    actions: Actions, amp: AmpRuntime, passes: Passes, check: Check, gap: Gap
+) -> None:
+    """The precision fails over recent checks: an island that closes the gap, else float32
+    (also when the run's own island was not enough)."""
+    found = (
+        f"{heading(check.step)}: {amp.config.dtype}'s loss is {gap.describe()} at the same "
+        f"weights, beyond the rule of {1 + actions.tolerance():.3g}x and {_policy.PHASE_Z:g}"
+    )
+    if not actions.acting(amp, found):
+        return
+    ours = actions.islanded()
+    best = None if ours else island_for(amp, passes, check)
+    if best is None or best[1] > 1 + ISLAND_CLOSES:
+        why = (
+            f"its float32 island was not enough (it held the step's batch within "
+            f"{ISLAND_CLOSES:.0%} of float32's loss)"
+            if ours
+            else "no module kept in float32 brings this batch's loss back"
+            + (f" (the best, {best[0]!r}, leaves it at {best[1]:.3g}x)" if best else "")
+        )
+        actions.float32(amp, f"{found}: {why}; training in float32 from now on")
+        return
+    name, with_it = best
+    amp.reconfigure(dataclasses.replace(amp.config, fp32_modules=(*amp.config.fp32_modules, name)))
+    actions.acted(
+        amp,
+        "island",
+        f"{found}: keeping {name!r} in float32 from now on (this batch's loss "
+        f"{with_it:.3g}x float32's with it, {check.ratio:.3g}x without)",
+    )
+
+
+def forward_overflows(
+    actions: Actions, amp: AmpRuntime, passes: Passes, check: Check, healthy: float | None
+) -> None:
+    """A forward overflow, this step's or (``check`` finite) one since the last read: the
+    modules at fault kept in float32, and the scale put back to ``healthy`` (the scale
+    before the overflow), else float32."""
+    dtype = amp.config.dtype
+    found = (
+        f"{heading(check.step)}: {dtype}'s loss was not finite since the last read-back"
+        if math.isfinite(check.ours)
+        else f"{heading(check.step)}: {dtype}'s forward overflows (its loss is "
+        f"{check.ours:.4g} where float32's at the same weights is {check.float32:.4g})"
+    )
+    islands, how = overflow_islands(amp, passes, finite=math.isfinite(check.ours))
+    if islands is None:
+        LOGGER.info("%s, but nothing points at the forward: %s", found, how)
+        return
+    if not actions.acting(amp, found):
+        return
+    if not islands:
+        actions.float32(amp, f"{found}: {how}; training in float32 from now on")
+        return
+    now = float(amp.scale)
+    restore = healthy if healthy is not None and healthy > now else None
+    config = dataclasses.replace(amp.config, fp32_modules=(*amp.config.fp32_modules, *islands))
+    amp.reconfigure(config, scale=restore)
+    kept = (
+        f" and the loss scale at {scale_text(restore)} (before the overflow), not {scale_text(now)}"
+        if restore is not None
+        else ""
+    )
+    them = "it" if len(islands) == 1 else "them"
+    actions.acted(amp, "overflow", f"{found}: {how}; keeping {them} in float32 from now on{kept}")
+
+
+def scaler_drifted(actions: Actions, amp: AmpRuntime, knobs: Knobs, drift: str) -> None:
+    """The scaler left its prediction (``drift``): the knobs the replay of the run's own
+    gradients chose, set in place."""
+    old = amp.config
+    changed = [
+        f"{label} {getattr(knobs.config, k):g} (was {getattr(old, k):g})"
+        for k, label in (
+            ("growth_interval", "growth every"),
+            ("growth_factor", "growth factor"),
+            ("backoff_factor", "backoff"),
+        )
+        if getattr(knobs.config, k) != getattr(old, k)
+    ]
+    amp.reconfigure(knobs.config, scale=knobs.scale)
+    actions.acted(
+        amp,
+        "knobs",
+        f"{heading(amp.steps)}: the loss scaler left the search's prediction ({drift}); "
+        f"replayed over the run's own last {knobs.steps} steps of gradients, restarting at "
+        f"scale {scale_text(knobs.scale)}"
+        + (f" with {', '.join(changed)}" if changed else "")
+        + f" skips {knobs.skipped} of them, {knobs.headroom:.1f} powers of two under the "
+        f"overflow limit, where its knobs from the scale now skip {knobs.own_skipped}, "
+        f"{knobs.own_headroom:.1f} under: set in place",
+        prediction=ScalerPrediction(
+            horizon=knobs.steps,
+            skipped_steps=knobs.skipped,
+            min_scale=max(knobs.min_scale, 2.0**-126),
+            final_scale=max(knobs.final_scale, 2.0**-126),
+        ),
+    )

@@ -1,0 +1,211 @@
+"""InRunCheck: the real run checks itself against float32 at its own weights, and acts.
+
+Three failures show late, after a search's evidence ends, and each is met where it shows:
+
+- **The precision fails** (bfloat16's 8 significant bits, or float16's 11, stop the fit once
+  float32 learns finer detail): the check's losses judge it (:mod:`._gap`). The check then
+  tries the modules whose float32 outputs are largest, one at a time, kept in float32 for a
+  pass over the step's batch (as the search's late-phase check does at float32's checkpoint),
+  and keeps the first that brings the loss back within the tolerance: a float32 island from
+  then on. It checks again; a run whose precision fails once more, or that no island helps,
+  trains in float32.
+- **The forward overflows late** (an activation past float16's 65504 that the search never
+  saw): the step's loss is not finite where float32's is, or a loss that was not finite since
+  the last read-back made the check look at the next step's forward. The modules whose own
+  computation turned finite inputs into non-finite outputs are kept in float32 (more rounds
+  while the forward stays non-finite; on a batch that does not overflow, the module whose
+  outputs come nearest float16's range), and the loss scale is put back where it was before
+  the overflow instead of collapsing.
+- **The scaler leaves its prediction** (the watch): the run's own gradients are recorded for
+  a while and the scaler's knobs chosen again by replaying them (:mod:`._knobs`), set in
+  place.
+
+The policy (act, warn or stop) is the result file's ``check`` block. Every check is kept (at
+most ``KEPT_CHECKS``, thinned evenly beyond), every action too, and both go into
+``amp.state_dict()``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from scalertune._amp._check import CheckPolicy
+from scalertune._amp._runtime import AmpRuntime
+from scalertune._amp._watch import ScalerPrediction
+from scalertune._inrun._account import describe
+from scalertune._inrun._actions import Actions, forward_overflows, precision_fails, scaler_drifted
+from scalertune._inrun._gap import Check, judge
+from scalertune._inrun._knobs import GradientTrace, choose_knobs
+from scalertune._inrun._lines import LOGGER, Action, heading, stop
+from scalertune._inrun._passes import Passes, loss_value, over_ranks
+
+#: Checks kept in the record: past it the older ones are thinned evenly.
+KEPT_CHECKS = 512
+
+
+class InRunCheck:
+    """The in-run check of one run (see the module's docstring); the runtime calls it."""
+
+    def __init__(
+        self,
+        policy: CheckPolicy | None = None,
+        *,
+        prediction: ScalerPrediction | None = None,
+        sink: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.policy = policy or CheckPolicy()
+        self._every = self.policy.every  # read on every step: a plain attribute
+        self.prediction = prediction
+        #: Called with :meth:`summary` after each check and action (the study's copy).
+        self.sink = sink
+        self.checks: list[Check] = []
+        self.actions = Actions(self.policy)
+        self._window: list[Check] = []  # the checks since the last action
+        self._requested = self._asked = False
+        self._healthy: float | None = None  # the scale at the last read of finite losses
+        self._trace: GradientTrace | None = None
+        self._drift = ""
+
+    @property
+    def recording(self) -> bool:
+        """Whether it records the run's gradients now (to choose the scaler's knobs)."""
+        return self._trace is not None
+
+    def due(self, steps: int) -> bool:
+        return steps % self._every == 0 or self._requested
+
+    def run(
+        self,
+        amp: AmpRuntime,
+        closure: Callable[[], Any],
+        recompute: Callable[[], Any],
+        autocast: bool,
+    ) -> Any:
+        """The step's forward, then the check's: see the module's docstring."""
+        suspect, self._requested = self._requested, False
+        passes = Passes(amp, recompute, autocast=autocast)
+        if autocast:
+            with amp.autocast():
+                output = closure()
+        else:
+            output = closure()
+        if output is None:  # a training_step that skips its batch: nothing to check
+            return output
+        ours = loss_value(output).detach().float()
+        ours_now, float32 = over_ranks(torch.stack([ours, passes.float32()]), amp.device)
+        check = Check(amp.steps, ours_now, float32)
+        self._keep(check)
+        acted = len(self.actions.done)
+        overflowed = not math.isfinite(ours_now) and math.isfinite(float32)
+        if overflowed or suspect:
+            forward_overflows(self.actions, amp, passes, check, self._healthy)
+        elif len(self._window) >= self.policy.window:
+            gap = judge(self._window[-self.policy.window :])
+            if gap is not None and gap.beyond(self.actions.tolerance()):
+                precision_fails(self.actions, amp, passes, check, gap)
+        if len(self.actions.done) > acted:
+            self._window.clear()  # the evidence of the config that was
+        self._publish(amp)
+        return output
+
+    def on_read(self, amp: AmpRuntime, *, scale: float, bad_loss: bool) -> bool:
+        """At a read-back: note the scale while the losses are finite; after a loss that was
+        not, look at the next step's forward; set the knobs once their gradients are in
+        (then True: the scaler changed)."""
+        if not bad_loss:
+            self._healthy, self._asked = scale, False
+        elif not self._asked:
+            self._requested = self._asked = True
+        if self._trace is None or not self._trace.settled():
+            return False
+        knobs = choose_knobs(self._trace.read(), amp.config, scale)
+        self._trace = None
+        scaler_drifted(self.actions, amp, knobs, self._drift)
+        self._window.clear()
+        return True
+
+    def on_drift(self, amp: AmpRuntime, found: str) -> None:
+        """The watch found the scaler off its prediction: record the gradients (act), or
+        stop."""
+        if self.policy.action == "stop":
+            raise stop(
+                f"{heading(amp.steps)}: the loss scaler left the search's prediction: {found}"
+            )
+        if self._trace is None:
+            self._trace, self._drift = GradientTrace(), f"at step {amp.steps:,}, {found}"
+            LOGGER.info(
+                "%s: the loss scaler left the search's prediction (%s): recording %d steps of "
+                "gradients to choose its knobs again",
+                heading(amp.steps),
+                found,
+                self._trace.steps,
+            )
+
+    def record(self, amp: AmpRuntime, optimizer: torch.optim.Optimizer) -> None:
+        if self._trace is not None:
+            self._trace.record(amp, optimizer)
+
+    def _keep(self, check: Check) -> None:
+        self.checks.append(check)
+        self._window.append(check)
+        del self._window[: -self.policy.window]
+        if len(self.checks) > KEPT_CHECKS:
+            recent = KEPT_CHECKS // 4
+            self.checks = self.checks[:-recent][::2] + self.checks[-recent:]
+        LOGGER.debug(
+            "%s: loss %.6g, float32 %.6g at the same weights (%.4gx)",
+            heading(check.step),
+            check.ours,
+            check.float32,
+            check.ratio,
+        )
+
+    def _publish(self, amp: AmpRuntime) -> None:
+        if self.sink is not None:
+            self.sink(self.summary(amp))
+
+    def summary(self, amp: AmpRuntime) -> dict[str, Any]:
+        """The run's record, plain data: the policy, the config now, every check kept, every
+        action, and the scaler's story beside the search's prediction (what the study shows
+        and :meth:`report` prints)."""
+        record: dict[str, Any] = {
+            "policy": self.policy.to_dict(),
+            "config": amp.config.to_dict(),
+            "steps": amp.steps,
+            "skipped_steps": amp.skipped_steps,
+            "checks": [c.to_list() for c in self.checks],
+            "actions": self.actions.to_list(),
+        }
+        if amp.config.uses_scaler:
+            record["scale"] = float(amp.scale)
+        if self.prediction is not None:
+            p = self.prediction
+            record["prediction"] = {
+                "horizon": p.horizon,
+                "skipped_steps": p.skipped_steps,
+                "min_scale": p.min_scale,
+                "final_scale": p.final_scale,
+            }
+        return record
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "checks": [c.to_list() for c in self.checks],
+            "window": [c.to_list() for c in self._window],
+            "actions": self.actions.to_list(),
+            "healthy": self._healthy,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.checks = [Check(int(s), float(o), float(f)) for s, o, f in state.get("checks", [])]
+        self._window = [Check(int(s), float(o), float(f)) for s, o, f in state.get("window", [])]
+        self.actions.done = [Action.from_dict(a) for a in state.get("actions", [])]
+        self._healthy = state.get("healthy")
+
+    def report(self, amp: AmpRuntime) -> str:
+        """What ``amp.report()`` prints (see :meth:`summary`)."""
+        return describe(self.summary(amp))

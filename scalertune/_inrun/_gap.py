@@ -1,0 +1,85 @@
+"""The in-run check's judgement: is the run's precision failing now?
+
+Each check pairs the step's mixed-precision loss with the same batch's float32 loss at the
+same weights. The judgement is the horizon's rule (``_judge._phases``), over the last
+``window`` checks instead of a window's steps: the mixed-precision losses' mean exceeds
+float32's by more than ``PHASE_TOLERANCE`` of it, **and** by more than ``PHASE_Z`` standard
+errors of the paired differences, so that one hard batch is no alarm. Both losses are
+taken at the same weights, so the difference is the precision's own: a run whose forward is
+as good as float32's passes however its loss moves. After the check kept a module in
+float32 because its island brought the step's batch within ``ISLAND_CLOSES`` of float32's
+loss, the checks that follow hold it to that claim: beyond it (and the noise), the island
+was not enough.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from scalertune import _policy
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One check: the step, the mixed-precision loss and float32's at the same weights."""
+
+    step: int
+    ours: float
+    float32: float
+
+    @property
+    def ratio(self) -> float:
+        if not math.isfinite(self.ours):
+            return math.inf
+        if self.float32 == 0:
+            return 1.0 if self.ours == 0 else math.inf
+        return self.ours / self.float32
+
+    def to_list(self) -> list[float]:
+        return [self.step, self.ours, self.float32]
+
+
+@dataclasses.dataclass(frozen=True)
+class Gap:
+    """The judgement over recent checks: their mean ratio and how many standard errors of
+    the paired differences its excess is."""
+
+    ratio: float
+    z: float
+    checks: int
+
+    @property
+    def failing(self) -> bool:
+        return self.beyond(_policy.PHASE_TOLERANCE)
+
+    def beyond(self, tolerance: float) -> bool:
+        """The ratio exceeds ``1 + tolerance`` and its excess exceeds the noise."""
+        return self.ratio - 1 > tolerance and self.z > _policy.PHASE_Z
+
+    def describe(self) -> str:
+        z = "inf" if math.isinf(self.z) else f"{self.z:.1f}"
+        return (
+            f"{self.ratio:.3g}x float32's over the last {self.checks} checks ({z} standard errors)"
+        )
+
+
+def judge(checks: Sequence[Check]) -> Gap | None:
+    """The gap over ``checks`` (finite ones; ``None`` with fewer than two, or where float32's
+    mean loss is 0: no ratio)."""
+    pairs = [c for c in checks if math.isfinite(c.ours) and math.isfinite(c.float32)]
+    if len(pairs) < 2:
+        return None
+    n = len(pairs)
+    reference = math.fsum(c.float32 for c in pairs) / n
+    if reference == 0:
+        return None
+    diffs = [c.ours - c.float32 for c in pairs]
+    excess = math.fsum(diffs) / n
+    # the sample standard deviation, in floats (statistics.stdev's exact fractions cost a
+    # millisecond a check, a percent of a small model's training)
+    error = math.sqrt(math.fsum((d - excess) ** 2 for d in diffs) / (n - 1) / n)
+    z = excess / error if error > 0 else (math.inf if excess > 0 else 0.0)
+    # the excess over float32's loss, as a share of its size (a loss may be negative)
+    return Gap(ratio=1 + excess / abs(reference), z=z, checks=len(pairs))

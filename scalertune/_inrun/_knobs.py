@@ -1,0 +1,211 @@
+"""The scaler's knobs chosen again, from the run's own recent gradients.
+
+When the loss scaler leaves what the search predicted for it (the watch: far more skipped
+steps, or a scale far below the predicted range, as after a burst of large gradients that
+backed the scale off further than the gradients that follow need), the in-run check records
+the run's own gradients for ``TRACE_STEPS`` steps: each step's largest unscaled gradient,
+on the device, one host read at the end (:class:`GradientTrace`). GradScaler's rule is then
+replayed over that trace (``_replay._gradscaler.replay``, exact given which steps overflow)
+for every config of a small grid around the run's own: the scale to restart from (just below
+the largest gradient's overflow limit, and a few halvings under it), the growth interval,
+the growth and backoff factors (:func:`choose_knobs`). The chosen one skips fewest (within
+the replay's calibrated error), then keeps the scale closest under the limit (a scale far
+below it flushes small gradients to zero: a run that stops learning), then changes fewest
+knobs from the run's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+from scalertune import _policy
+from scalertune._amp._config import AmpConfig
+from scalertune._amp._runtime import AmpRuntime
+from scalertune._amp._scaler import grads_unscaled
+from scalertune._replay._gradscaler import THRESHOLD, limits, replay
+
+#: Steps of gradients recorded before the knobs are chosen: one check interval's worth, so
+#: the scale is back within about a hundred steps of the drift being seen; the replay then
+#: takes well under a second.
+TRACE_STEPS = 100
+
+#: A window whose first half's largest gradient is more than this many times its second
+#: half's still holds a burst that is over: 16 (four powers of two) is the watch's own
+#: margin on the scale, and far past the drift of a training's gradients over 50 steps.
+BURST = 2.0**4
+
+#: A trace that has not settled (its steps still skip) after this many times its length is
+#: taken as it is: the gradients stay as large as that.
+SETTLE_LIMIT = 5
+
+#: The growth intervals tried, besides the run's own.
+GROWTH_INTERVALS = (50, 100, 200, 500, 1000, 2000)
+
+#: Scales to restart from: the highest power of two under the trace's smallest overflow
+#: limit, and this many halvings below it (a margin for gradients a little larger than the
+#: trace's).
+RESTART_MARGINS = 4
+
+
+class GradientTrace:
+    """Each step's largest unscaled gradient over the last ``steps`` steps, kept on the
+    device. A step whose scaled gradients overflowed (so they are inf after unscaling)
+    records the least magnitude that overflows at its scale: its true gradient was at least
+    that large, and the run skipped it.
+
+    The trace is the evidence once it has :meth:`settled`: full, the run's own scaler
+    skipped at most ``SKIP_TOLERANCE_STEPS`` of its steps, and the largest gradient of its
+    first half at most ``BURST`` times that of its second half (a burst of large gradients
+    has left the window, so the knobs are chosen for the gradients that follow it; a burst
+    that lasts is the gradients now, and settles in the window as well); or it has been
+    recorded for ``SETTLE_LIMIT`` times its length already.
+    """
+
+    def __init__(self, steps: int = TRACE_STEPS) -> None:
+        self.steps = steps
+        self.recorded = 0
+        self._amax: list[torch.Tensor] = []
+        self._skipped: list[torch.Tensor] = []
+
+    @property
+    def full(self) -> bool:
+        return len(self._amax) >= self.steps
+
+    def settled(self) -> bool:
+        """Whether the trace is the evidence now (one host read, once it is full)."""
+        if not self.full:
+            return False
+        if self.recorded >= SETTLE_LIMIT * self.steps:
+            return True
+        amax = self.read()
+        half = len(amax) // 2
+        skipped = int(torch.stack(self._skipped).sum())
+        return (
+            skipped <= _policy.SKIP_TOLERANCE_STEPS
+            and amax[:half].max() <= BURST * amax[half:].max()
+        )
+
+    def record(self, amp: AmpRuntime, optimizer: torch.optim.Optimizer) -> None:
+        """Record this step's gradients, as ``scaler.step(optimizer)`` begins."""
+        grads = [
+            p.grad.detach()
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        ]
+        if not grads:
+            return
+        peak = torch.stack([g.abs().amax().float() for g in grads]).amax()
+        scale = amp.scale.float()
+        if not grads_unscaled(amp.scaler, optimizer):
+            peak = peak / scale
+        finite = torch.isfinite(peak)
+        self._amax.append(torch.where(finite, peak, THRESHOLD / scale))
+        self._skipped.append(finite.logical_not())
+        self.recorded += 1
+        if len(self._amax) > self.steps:
+            del self._amax[0], self._skipped[0]
+
+    def read(self) -> np.ndarray:
+        """The trace on the host (one transfer), every rank's largest where there are ranks."""
+        amax = torch.stack(self._amax).double()
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX)  # FSDP's shards: the largest of all
+        return amax.cpu().numpy()
+
+
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+    """The knobs chosen, the scale to restart from, and what each does over the trace."""
+
+    config: AmpConfig
+    scale: float
+    skipped: int
+    #: The run's own knobs, from its scale now, over the same trace.
+    own_skipped: int
+    #: Mean log2 of the overflow limit over the scale: how far under the limit it stays.
+    headroom: float
+    own_headroom: float
+    min_scale: float
+    final_scale: float
+    steps: int
+
+
+def choose_knobs(amax: np.ndarray, config: AmpConfig, scale_now: float) -> Knobs:
+    """The grid's best config over the trace ``amax`` (see the module's docstring)."""
+    limit = limits(amax)
+    finite = limit[np.isfinite(limit) & (limit > 0)]
+    top = 2.0 ** math.floor(math.log2(float(finite.min()))) if len(finite) else scale_now
+    restarts = [top / 2.0**k for k in range(RESTART_MARGINS + 1)]
+    own = _score(amax, limit, dataclasses.replace(config, init_scale=scale_now))
+    scored = [(c, _score(amax, limit, c)) for c in _grid(config, restarts)]
+    chosen, (skipped, headroom, low, final) = min(
+        scored,
+        key=lambda item: (
+            max(item[1][0], _policy.SKIP_TOLERANCE_STEPS),  # within the replay's error: a tie
+            round(item[1][1]),  # whole powers of two under the limit
+            _changed(item[0], config),
+        ),
+    )
+    return Knobs(
+        config=dataclasses.replace(
+            config,
+            growth_interval=chosen.growth_interval,
+            growth_factor=chosen.growth_factor,
+            backoff_factor=chosen.backoff_factor,
+        ),
+        scale=chosen.init_scale,
+        skipped=skipped,
+        own_skipped=own[0],
+        headroom=headroom,
+        own_headroom=own[1],
+        min_scale=low,
+        final_scale=final,
+        steps=len(amax),
+    )
+
+
+def _grid(config: AmpConfig, restarts: list[float]) -> list[AmpConfig]:
+    intervals = sorted({config.growth_interval, *GROWTH_INTERVALS})
+    factors = sorted({config.growth_factor, 2.0})
+    backoffs = sorted({config.backoff_factor, 0.5})
+    return [
+        dataclasses.replace(
+            config, init_scale=s, growth_interval=i, growth_factor=g, backoff_factor=b
+        )
+        for s in restarts
+        for i in intervals
+        for g in factors
+        for b in backoffs
+    ]
+
+
+def _score(
+    amax: np.ndarray, limit: np.ndarray, config: AmpConfig
+) -> tuple[int, float, float, float]:
+    """Skipped steps, mean headroom (log2 of limit over scale, on the steps taken), the lowest
+    and the last scale of ``config`` over the trace."""
+    run = replay(amax, config, per_step=True, lag=False)
+    scales = run.scales if run.scales is not None else np.full(len(limit), config.init_scale)
+    usable = np.isfinite(limit)
+    usable[run.skipped] = False
+    headroom = (
+        float(np.mean(np.log2(limit[usable] / scales[usable].astype(np.float64))))
+        if usable.any()
+        else 0.0
+    )
+    return len(run.skipped), headroom, run.min_scale, run.final_scale
+
+
+#: The knobs the grid changes (the scale is set where it restarts).
+_KNOBS = ("growth_interval", "growth_factor", "backoff_factor")
+
+
+def _changed(candidate: AmpConfig, config: AmpConfig) -> int:
+    """How many of ``config``'s knobs ``candidate`` changes: a tie goes to changing fewest."""
+    return sum(getattr(candidate, k) != getattr(config, k) for k in _KNOBS)

@@ -1,0 +1,68 @@
+"""Step times per dtype, as the timing measured them: plain numbers, read without torch.
+
+:mod:`scalertune._run._timing` measures them; the judging turns steps to target into time to
+target with them, and a report reads them back from the study.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+    """Seconds per step of each dtype, one figure per timing round.
+
+    Example:
+        >>> times = StepTimes({"float32": [1e-3, 1.2e-3], "bfloat16": [2e-3, 2.6e-3]}, steps=40)
+        >>> times.ratios("bfloat16")
+        [2.0, 2.166666666666667]
+    """
+
+    rounds: dict[str, list[float]]
+    #: Training steps the timing ran (warm-up included): part of the search's cost.
+    steps: int = 0
+
+    def ratios(self, dtype: str) -> list[float]:
+        """``dtype``'s step time over float32's, round by round."""
+        return [a / b for a, b in zip(self.rounds[dtype], self.rounds["float32"])]
+
+    def ratio(self, dtype: str) -> float:
+        """``dtype``'s step time over float32's: the median of the per-round ratios."""
+        return statistics.median(self.ratios(dtype))
+
+    def median(self, dtype: str) -> float:
+        """``dtype``'s seconds per step: float32's median times :meth:`ratio`."""
+        return statistics.median(self.rounds["float32"]) * self.ratio(dtype)
+
+    def bounds(self, dtype: str) -> tuple[float, float]:
+        """The spread of ``dtype``'s step time: its median, scaled by the :func:`spread` of
+        its per-round ratios to float32 over their median."""
+        low, high = spread(self.ratios(dtype))
+        middle, point = self.ratio(dtype), self.median(dtype)
+        return point * low / middle, point * high / middle
+
+    def __contains__(self, dtype: object) -> bool:
+        return dtype in self.rounds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "steps": self.steps}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepTimes:
+        return cls(
+            rounds={k: [float(v) for v in vs] for k, vs in data["rounds"].items()},
+            steps=int(data.get("steps", 0)),
+        )
+
+
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """The range of ``values`` without its lowest and highest when there are 5 or more: a
+    single window hit by a burst of load does not widen it, a machine noisy throughout does."""
+    ordered = sorted(values)
+    if len(ordered) >= 5:
+        ordered = ordered[1:-1]
+    return ordered[0], ordered[-1]

@@ -1,0 +1,135 @@
+"""The real run's record, written to the study its result file came from.
+
+A run that loads a search's answer (``scalertune.load``, ``scalertune.attach``) checks itself
+as it trains (``scalertune._inrun``); its record (the checks, the actions, the scaler's story)
+goes to the study as one study attribute per run, so that ``scalertune report`` and
+optuna-dashboard show the real run beside the search. Training never waits for it: the
+record is handed to a background thread, which writes the latest one it has, and a storage
+that cannot be reached is said once, in the log, and tried again at the next record. At the
+end of the program the last record is written, for a few seconds at most.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from scalertune._inrun._lines import LOGGER
+from scalertune._storage._names import RUN_PREFIX
+from scalertune._storage._redact import HIDDEN, redact
+
+#: How long the end of the program waits for the last record to be written.
+CLOSE_TIMEOUT_S = 5.0
+
+
+class RunLog:
+    """Writes a run's records to ``study_name`` in ``url``, in the background (see the
+    module's docstring); call it with each record."""
+
+    def __init__(self, url: str, study_name: str, identity: Mapping[str, Any]) -> None:
+        self.url, self.study_name = url, study_name
+        started = datetime.datetime.now().astimezone()
+        self.key = f"{RUN_PREFIX}{socket.gethostname()}-{os.getpid()}-{started:%Y%m%dT%H%M%S}"
+        self.identity = {"host": socket.gethostname(), "started": started.isoformat(), **identity}
+        self._pending: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._study: Any = None
+        self._said = False
+        #: What the run's record is at its end (``None``: the run is gone).
+        self.final: Callable[[], Mapping[str, Any] | None] | None = None
+        self._thread = threading.Thread(target=self._work, name="scalertune-run-log", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def __call__(self, record: Mapping[str, Any]) -> None:
+        if _rank() != 0:  # on N ranks the record is one run's: rank 0 writes it
+            return
+        with self._lock:
+            self._pending = {**self.identity, **record}
+        self._wake.set()
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Write the last record (:attr:`final`'s, where set: the run as it ends), waiting
+        ``timeout`` seconds at most, then stop."""
+        if self.final is not None and not self._closing:
+            last = self.final()
+            if last is not None:
+                self(last)
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _work(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while True:  # the latest record, and any that came while it was written
+                with self._lock:
+                    record, self._pending = self._pending, None
+                if record is None:
+                    break
+                self._write(record)
+            if self._closing:
+                return
+
+    def _write(self, record: dict[str, Any]) -> None:
+        try:
+            if self._study is None:
+                self._study = _open(self.url, self.study_name)
+            self._study.set_user_attr(self.key, record)
+        except Exception as exc:  # any storage failure: training goes on without it
+            self._study = None
+            if not self._said:
+                self._said = True
+                LOGGER.warning(
+                    "scalertune: the run's record cannot be written to study %r in %s (%s): "
+                    "it stays in amp.report(), and is tried again at the next check",
+                    self.study_name,
+                    redact(self.url),
+                    redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, self.url),
+                )
+
+
+def _rank() -> int:
+    import torch
+
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _open(url: str, study_name: str) -> Any:
+    from scalertune._storage._open import load_existing_study
+
+    return load_existing_study(url, study_name)
+
+
+def study_of(result: Mapping[str, Any], path: str, storage: str | None) -> tuple[str, str] | None:
+    """Where a result file's study lives: ``storage`` if given, else the file's own
+    ``evidence.storage`` (a relative SQLite path or journal file found beside the file, or
+    where the program runs); ``None`` when the file names none, or only with its password
+    hidden (give ``storage=`` with it)."""
+    evidence = result.get("evidence")
+    if not isinstance(evidence, Mapping) or not isinstance(evidence.get("study"), str):
+        return None
+    url = storage if storage is not None else evidence.get("storage")
+    if not isinstance(url, str) or (storage is None and HIDDEN in url):
+        return None
+    return _beside(url, os.path.dirname(os.path.abspath(path))), evidence["study"]
+
+
+def _beside(url: str, folder: str) -> str:
+    """A relative SQLite or journal path as the search saw it, found beside the result file
+    when it is there (the search writes the file where it runs)."""
+    prefix = "sqlite:///" if url.startswith("sqlite:///") else ""
+    path = url[len(prefix) :]
+    if "://" in url and not prefix or os.path.isabs(path) or not path:
+        return url
+    there = os.path.join(folder, path)
+    return prefix + there if os.path.exists(there) else url

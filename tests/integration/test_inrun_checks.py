@@ -1,0 +1,152 @@
+"""The real run checks itself and acts: for each way AMP fails late (a precision floor, an
+activation that grows past float16's range, a burst of large gradients that collapses the
+loss scale), the config a short search would hand out ends far behind float32 when trained
+as it is, and the same config trained through scalertune's runtime ends within 1.10x of
+float32, saying what it did. Each claim is checked at the end of a full-length run against a
+plain float32 loop of the same workload, seed and batches."""
+
+import math
+import warnings
+
+import late_workloads
+import torch
+from conftest import run_cli, spec
+
+import scalertune
+from scalertune import AmpCheckWarning, AmpConfig, AmpRuntime, CheckPolicy
+from scalertune._amp._watch import ScalerPrediction, Watch
+from scalertune._inrun import InRunCheck
+from scalertune._replay._predict import predict
+from scalertune._run._loop import Plan, run_config
+from scalertune._run._trace_collector import TraceCollector
+
+CPU = torch.device("cpu")
+STEPS = 3000
+#: The bar: the checked run's loss over float32's at the end (mean of the last 100 steps).
+WITHIN = 1.10
+
+
+def _train(factory, amp, steps=STEPS, batch=None):
+    """A plain loop of ``factory``'s workload, seed 0: through ``amp.train_step`` (with its
+    clipping) or, without ``amp``, float32 with the workload's own clipping; the mean loss of
+    the last 100 steps that are not the burst's."""
+    torch.manual_seed(0)
+    w = factory()
+    model, optimizer, loss_fn, batches = w["model"], w["optimizer"], w["loss_fn"], w["batches"]
+    clip = w.get("clip_norm")
+    losses = []
+    for step in range(steps):
+        x, y = batch(batches, step) if batch else batches[step % len(batches)]
+        if amp is None:
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+        else:
+            loss = amp.train_step(model, optimizer, loss_fn, (x, y))
+        if batch is None or batch(batches, step)[1] is batches[step % len(batches)][1]:
+            losses.append(float(loss.detach()))
+    tail = losses[-100:]
+    return sum(tail) / len(tail) if all(map(math.isfinite, tail)) else math.inf
+
+
+def _checked(factory, config, *, watch=None, batch=None):
+    """The fixed config's end, the checked run's, and the checked run's warnings."""
+    fixed = _train(factory, AmpRuntime(config, device=CPU, watch=watch), batch=batch)
+    amp = AmpRuntime(config, device=CPU, watch=watch, check=InRunCheck(CheckPolicy()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checked = _train(factory, amp, batch=batch)
+    lines = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
+    return fixed, checked, lines, amp
+
+
+def test_a_precision_floor_is_met_by_training_on_in_float32():
+    float32 = _train(late_workloads.readings_near_1000, None)
+    fixed, checked, lines, amp = _checked(
+        late_workloads.readings_near_1000, AmpConfig(dtype="bfloat16")
+    )
+    assert fixed > 2 * float32
+    assert checked <= WITHIN * float32, (checked / float32, lines)
+    assert len(lines) == 1 and "bfloat16's loss is" in lines[0]
+    assert amp.config.dtype == "float32"
+
+
+def test_a_late_activation_overflow_gets_an_island_and_keeps_its_scale():
+    float32 = _train(late_workloads.growing_activations, None)
+    fixed, checked, lines, amp = _checked(late_workloads.growing_activations, AmpConfig())
+    assert not fixed <= 2 * float32  # non-finite, or far behind
+    assert checked <= WITHIN * float32, (checked / float32, lines)
+    assert len(lines) == 1 and "keeping it in float32" in lines[0] and "'up'" in lines[0]
+    assert amp.config.fp32_modules == ("up",) and amp.config.dtype == "float16"
+    assert "the loss scale at 2**" in lines[0]
+    assert amp.skipped_steps < 30  # the scale did not collapse
+
+
+def _predicted(factory, config, horizon=200):
+    """What a search writes for ``config``: the replay over float32's trace of its trial."""
+    reference = run_config(
+        factory,
+        AmpConfig(dtype="float32", clip_norm=config.clip_norm),
+        steps=horizon,
+        seed=0,
+        device=CPU,
+        plan=Plan(watcher=TraceCollector(horizon)),
+    )
+    p = predict(reference.trace, config, horizon=horizon)
+    return ScalerPrediction(
+        horizon=horizon,
+        skipped_steps=p.skipped_steps,
+        skipped_first=p.startup_skips,
+        min_scale=p.min_scale,
+        final_scale=p.final_scale,
+    )
+
+
+def test_a_scale_collapsed_by_a_late_burst_gets_knobs_from_the_runs_own_gradients():
+    factory, burst = late_workloads.tanh_regression, late_workloads.with_burst
+    config = AmpConfig(clip_norm=1.0)
+    float32 = _train(factory, None, batch=burst)
+    watch = Watch(_predicted(factory, config))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", scalertune.AmpDriftWarning)  # the fixed run's watch
+        fixed, checked, lines, amp = _checked(factory, config, watch=watch, batch=burst)
+    assert fixed > 1.3 * float32
+    assert checked <= WITHIN * float32, (checked / float32, lines)
+    assert len(lines) == 1 and "the loss scaler left the search's prediction" in lines[0]
+    assert "replayed over the run's own last 100 steps of gradients" in lines[0]
+    start, length, _ = late_workloads.BURST
+    assert lines[0].startswith("scalertune check at step")
+    assert amp.check.actions.done[0].step > start + length  # chosen after the burst
+    assert float(amp.scale) > 2.0**10
+
+
+def test_a_short_search_then_a_run_that_checks_itself(tmp_path):
+    """The everyday path: a short search (bfloat16, no clipping searched), then the answer's
+    best AMP config loaded for a 3000-step run; the run acts, says so, and its record is in
+    the study that ``scalertune report`` reads."""
+    space = tmp_path / "bfloat16-only.yaml"
+    space.write_text(
+        "description: bfloat16, the workload's own clipping\ndtype:\n  choices: [bfloat16]\n"
+    )
+    workload = spec("readings_near_1000", "late_workloads.py")
+    ran = run_cli("search", workload, "--space", space, "-q", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    path = str(next(tmp_path.glob("*readings_near_1000.yaml")))
+    float32 = _train(late_workloads.readings_near_1000, None)
+    fixed = _train(
+        late_workloads.readings_near_1000, scalertune.load(path, best_amp=True, check=False)
+    )
+    amp = scalertune.load(path, best_amp=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checked = _train(late_workloads.readings_near_1000, amp)
+    assert fixed > 2 * float32 and checked <= WITHIN * float32
+    (line,) = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
+    amp.check.sink.close()
+    report = run_cli("report", "--study-name", "late_workloads:readings_near_1000", cwd=tmp_path)
+    assert "Real runs that checked themselves against float32 (1):" in report.stdout
+    assert line in report.stdout
+    assert "3,000 steps trained, now float32" in report.stdout

@@ -1,0 +1,215 @@
+"""The in-run check wherever the answer goes: a Lightning Trainer fitting the late precision
+floor ends within 1.10x of Lightning's own float32 fit; a Hugging Face Trainer and an
+Accelerate loop check themselves through the loss they already compute (and a check that
+finds nothing leaves the Trainer's training as it was, loss for loss); 2 DDP ranks under
+torchrun take the same action at the same step and end within 1.10x of float32 on ranks."""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import late_workloads
+import pytest
+import torch
+import trainers
+from torch import nn
+
+import scalertune
+from scalertune import AmpCheckWarning, AmpConfig
+from scalertune._amp._schema import write_result
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 3000
+
+
+def _yaml(tmp_path, config, check=None):
+    path = str(tmp_path / "amp.yaml")
+    data = {"config": config.to_dict(), "evidence": {}}
+    if check:
+        data["check"] = check
+    write_result(data, path)
+    return path
+
+
+def _lightning_fit(attach_to=None, steps=STEPS, check=None):
+    """readings_near_1000 as a LightningModule, fit ``steps`` steps by Lightning's own loop;
+    the mean of the last 100 logged losses, and how many times ``self.log`` was called."""
+    import lightning.pytorch as pl
+
+    torch.manual_seed(0)
+    w = late_workloads.readings_near_1000()
+    logged, losses = [], []
+
+    class Readings(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = w["model"]
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = w["loss_fn"](self.net(x), y)
+            self.log("loss", loss)
+            return loss
+
+        def log(self, *args, **kwargs):
+            logged.append(args[0])
+            return super().log(*args, **kwargs)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            losses.append(float(outputs["loss"]))
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.05)
+
+    trainer = pl.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    amp = scalertune.attach(trainer, attach_to, check=check) if attach_to else None
+    loader = torch.utils.data.DataLoader(w["batches"], batch_size=None, shuffle=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Readings(), loader)
+    lines = [str(m.message) for m in caught if issubclass(m.category, AmpCheckWarning)]
+    return sum(losses[-100:]) / 100, len(logged), lines, amp
+
+
+def test_a_lightning_fit_checks_itself_and_ends_within_1_10x_of_float32(tmp_path):
+    float32, _, _, _ = _lightning_fit()
+    # the same config trained as it is ends at 5x float32's loss: the loop's test shows it
+    checked, calls, lines, amp = _lightning_fit(_yaml(tmp_path, AmpConfig(dtype="bfloat16")))
+    assert checked <= 1.10 * float32, (checked / float32, lines)
+    assert lines and "training in float32 from now on" in lines[-1]
+    assert calls == STEPS  # the check's passes log nothing: one self.log per step
+    assert amp.steps == STEPS and amp.config.dtype == "float32"
+
+
+def _floor_trainer(amp_yaml, **overrides):
+    """A Hugging Face Trainer of a model whose bfloat16 output near 1000 rounds by 4 (its
+    float32 island on the output layer closes the gap), learning nothing (lr 0)."""
+    from transformers import Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+
+    class Readings(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+            with torch.no_grad():
+                self.net[2].bias.fill_(1000.0)
+
+        def forward(self, x, labels=None):
+            out = self.net(x)
+            return {"loss": nn.functional.mse_loss(out, labels), "logits": out}
+
+    model = Readings()
+    x = torch.randn(64, 4)
+    with torch.no_grad():
+        y = model.net(x) + 0.01 * torch.randn(64, 1)
+    data = [{"x": x[i], "labels": y[i]} for i in range(64)]
+    args = TrainingArguments(
+        output_dir=str(overrides.pop("out")),
+        max_steps=6,
+        per_device_train_batch_size=64,
+        learning_rate=0.0,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        use_cpu=True,
+        **overrides,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    return trainer, scalertune.attach(trainer, amp_yaml)
+
+
+def test_a_hugging_face_trainer_checks_itself_through_its_compute_loss(tmp_path):
+    path = _yaml(tmp_path, AmpConfig(dtype="bfloat16"), {"every": 1, "window": 3})
+    trainer, amp = _floor_trainer(path, out=tmp_path / "hf")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    (line,) = [str(m.message) for m in caught if issubclass(m.category, AmpCheckWarning)]
+    assert "scalertune check at step 2: bfloat16's loss is" in line
+    assert "keeping 'net.2' in float32" in line
+    assert amp.config.fp32_modules == ("net.2",) and len(amp.check.checks) == 6
+
+
+def test_a_check_that_finds_nothing_leaves_a_trainers_training_as_it_was(tmp_path):
+    """GPT-2 with dropout, gradient accumulation and clipping: checked every 4 steps, the
+    Trainer's losses are the unchecked Trainer's, step for step."""
+    runs = []
+    for check in ({"every": 10**9}, {"every": 4}):
+        torch.manual_seed(0)
+        trainer = trainers.hf_trainer(output_dir=str(tmp_path / "gpt2"))
+        amp = scalertune.attach(trainer, _yaml(tmp_path, AmpConfig(dtype="bfloat16"), check))
+        runs.append((trainers.hf_losses_and_skips(trainer)[0], amp))
+    (plain, _), (checked, amp) = runs
+    assert checked == plain
+    assert [c.step for c in amp.check.checks] == list(range(0, trainers.HF_STEPS, 4))
+    assert not amp.check.actions.done
+
+
+def test_an_accelerate_loop_hands_its_loss_to_the_runtime(tmp_path):
+    from accelerate import Accelerator
+
+    path = _yaml(tmp_path, AmpConfig(dtype="bfloat16"), {"every": 1, "window": 3})
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    with torch.no_grad():
+        model[2].bias.fill_(1000.0)
+    x = torch.randn(64, 4)
+    with torch.no_grad():
+        y = model(x) + 0.01 * torch.randn(64, 1)
+    accelerator = Accelerator(cpu=True)
+    amp = scalertune.attach(accelerator, path)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            optimizer.zero_grad()
+            loss = amp.loss(lambda: nn.functional.mse_loss(model(x), y))
+            accelerator.backward(loss)
+            optimizer.step()
+    (line,) = [str(m.message) for m in caught if issubclass(m.category, AmpCheckWarning)]
+    assert "keeping '2' in float32" in line and amp.config.fp32_modules == ("2",)
+    assert amp.steps == 4
+
+
+@pytest.fixture(scope="module")
+def on_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ranks")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + [os.path.join(HERE, "inrun_ranks.py"), str(out), str(STEPS)],
+        timeout=600,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stderr[-4000:]}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_ranks_take_the_same_action_at_the_same_step(on_ranks):
+    zero, one = on_ranks
+    actions = zero["bfloat16"]["actions"]
+    assert actions and actions == one["bfloat16"]["actions"]
+    assert actions[-1]["kind"] == "float32"
+    lines = [a["line"] for a in actions]
+    assert zero["bfloat16"]["lines"] == one["bfloat16"]["lines"] == lines
+    assert zero["bfloat16"]["loss"] <= 1.10 * zero["float32"]["loss"]
+
+
+def test_fully_sharded_ranks_keep_the_same_module_in_float32(on_ranks):
+    zero, one = on_ranks
+    assert zero["fsdp2"] == one["fsdp2"]
+    assert zero["fsdp2"]["islands"] == ["2"]
+    assert [a["kind"] for a in zero["fsdp2"]["actions"]] == ["island"]

@@ -1,0 +1,267 @@
+"""The in-run check, piece by piece: its float32 pass is the float32 loss at the step's own
+weights and leaves no trace on the training, its judgement is the horizon's rule, its
+policy comes from the result file, what it did survives a checkpoint, and its record reaches
+the study without holding training up."""
+
+import logging
+import math
+import warnings
+
+import numpy as np
+import optuna
+import pytest
+import torch
+import yaml
+from torch import nn
+
+import scalertune
+from scalertune import AmpCheckError, AmpCheckWarning, AmpConfig, AmpRuntime, CheckPolicy
+from scalertune._amp._schema import write_result
+from scalertune._errors import UsageError
+from scalertune._inrun import InRunCheck
+from scalertune._inrun._gap import Check, judge
+from scalertune._inrun._knobs import choose_knobs
+from scalertune._inrun._passes import loss_value
+from scalertune._replay._gradscaler import THRESHOLD
+from scalertune._storage._names import RUN_PREFIX
+
+CPU = torch.device("cpu")
+
+
+class _Noisy(nn.Module):
+    """Dropout and BatchNorm: a forward draws random numbers and updates buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(6, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1)
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _batches(n=8):
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(16, 6, generator=g), torch.randn(16, 1, generator=g)) for _ in range(n)]
+
+
+def _train(amp, steps, *, model=None, seed=0):
+    torch.manual_seed(seed)
+    model = model or _Noisy()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model = amp.prepare(model)
+    batches = _batches()
+    losses = [
+        float(amp.train_step(model, optimizer, nn.functional.mse_loss, batches[s % 8]))
+        for s in range(steps)
+    ]
+    return losses, model
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_check_leaves_no_trace_on_the_training(dtype):
+    """Dropout masks and BatchNorm statistics: a run that checks itself every 5 steps trains
+    exactly as one that does not, loss for loss and buffer for buffer."""
+    config = AmpConfig(dtype=dtype, init_scale=2.0**10)
+    plain, plain_model = _train(AmpRuntime(config, device=CPU), 60)
+    amp = AmpRuntime(config, device=CPU, check=InRunCheck(CheckPolicy(every=5)))
+    checked, checked_model = _train(amp, 60)
+    assert checked == plain
+    for ours, theirs in zip(checked_model.buffers(), plain_model.buffers()):
+        assert torch.equal(ours, theirs)
+    assert [c.step for c in amp.check.checks] == list(range(0, 60, 5))
+    assert not amp.check.actions.done
+
+
+def test_a_check_is_the_float32_loss_of_the_steps_batch_at_its_weights():
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    amp = AmpRuntime(AmpConfig(dtype="bfloat16"), device=CPU, check=InRunCheck())
+    model = amp.prepare(model)
+    x, y = _batches()[0]
+    with torch.no_grad():
+        expected = float(nn.functional.mse_loss(model(x), y))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ours = float(nn.functional.mse_loss(model(x), y))
+    amp.train_step(model, optimizer, nn.functional.mse_loss, (x, y))
+    (check,) = amp.check.checks
+    assert check.float32 == pytest.approx(expected, rel=1e-6)
+    assert check.ours == pytest.approx(ours, rel=1e-6)
+    assert check.ours != check.float32  # bfloat16's forward does round
+
+
+def test_the_judgement_is_the_horizons_rule_over_recent_checks():
+    steady = [Check(i, 1.30, 1.0) for i in range(5)]
+    assert judge(steady).failing  # 1.3x, no noise
+    assert not judge([Check(i, 1.20, 1.0) for i in range(5)]).failing  # within 1.25x
+    noisy = [Check(i, ours, 1.0) for i, ours in enumerate([0.8, 2.2, 0.7, 2.3, 0.8])]
+    assert judge(noisy).ratio > 1.25 and not judge(noisy).failing  # within its own noise
+    negative = [Check(i, -0.6, -1.0) for i in range(5)]  # a loss below zero, 40% behind
+    assert judge(negative).failing
+    assert judge([Check(0, math.inf, 1.0), Check(1, 1.0, 1.0)]) is None
+
+
+def _precision_floor():
+    """A model whose bfloat16 output at ~1000 rounds by 4: the check fails at once."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    with torch.no_grad():
+        model[2].bias.fill_(1000.0)
+    x = torch.randn(64, 4)
+    with torch.no_grad():
+        y = model(x) + 0.01 * torch.randn(64, 1)
+    return model, [(x, y)]
+
+
+@pytest.mark.parametrize("action", ["warn", "stop", "act"])
+def test_the_policy_says_what_a_failed_check_does(action):
+    model, batches = _precision_floor()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    amp = AmpRuntime(
+        AmpConfig(dtype="bfloat16"),
+        device=CPU,
+        check=InRunCheck(CheckPolicy(every=1, action=action, window=3)),
+    )
+    model = amp.prepare(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if action == "stop":
+            with pytest.raises(AmpCheckError, match="bfloat16's loss is .* at the same weights"):
+                for _ in range(3):
+                    amp.train_step(model, optimizer, nn.functional.mse_loss, batches[0])
+            return
+        for _ in range(3):
+            amp.train_step(model, optimizer, nn.functional.mse_loss, batches[0])
+    lines = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
+    assert len(lines) == 1 and "scalertune check at step 2" in lines[0]
+    if action == "warn":
+        assert "policy 'warn': nothing changed" in lines[0]
+        assert amp.config.dtype == "bfloat16"
+    else:  # the output layer's island brings this batch back
+        assert "keeping '2' in float32" in lines[0]
+        assert amp.config.fp32_modules == ("2",)
+        assert [a.kind for a in amp.check.actions.done] == ["island"]
+
+
+def test_a_resumed_run_keeps_what_the_check_did(tmp_path):
+    model, batches = _precision_floor()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    policy = CheckPolicy(every=1, window=3)
+    amp = AmpRuntime(AmpConfig(dtype="bfloat16"), device=CPU, check=InRunCheck(policy))
+    model = amp.prepare(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmpCheckWarning)
+        for _ in range(3):
+            amp.train_step(model, optimizer, nn.functional.mse_loss, batches[0])
+    torch.save(amp.state_dict(), tmp_path / "amp.pt")
+
+    fresh, _ = _precision_floor()
+    resumed = AmpRuntime(AmpConfig(dtype="bfloat16"), device=CPU, check=InRunCheck(policy))
+    fresh = resumed.prepare(fresh)
+    resumed.load_state_dict(torch.load(tmp_path / "amp.pt", weights_only=True))
+    assert resumed.config.fp32_modules == ("2",)
+    assert [a.line for a in resumed.check.actions.done] == [a.line for a in amp.check.actions.done]
+    assert resumed.steps == 3
+    from scalertune._amp._islands import is_island
+
+    assert is_island(fresh[2]) and not is_island(fresh[0])
+
+
+def test_float32_after_a_fall_back_disables_the_scaler_and_counts_every_step():
+    amp = AmpRuntime(AmpConfig(init_scale=2.0**8), device=CPU, check=InRunCheck())
+    _train(amp, 5)
+    amp.reconfigure(AmpConfig(dtype="float32"))
+    losses, _ = _train(amp, 5)
+    assert amp.steps == 10 and all(map(math.isfinite, losses))
+    assert not amp.scaler.is_enabled()
+    assert amp.state_dict()["config"] == {"dtype": "float32", "clip_norm": None}
+
+
+def test_knobs_chosen_from_a_trace_restart_under_its_overflow_limit():
+    """Gradients of 1e-2 after a collapse to 2**-14: the replay restarts the scale just
+    under 65504 / 1e-2, and keeps the run's own interval where that skips nothing more."""
+    amax = np.full(100, 1e-2)
+    config = AmpConfig(init_scale=2.0**16, growth_interval=2000)
+    knobs = choose_knobs(amax, config, scale_now=2.0**-14)
+    assert knobs.scale == 2.0 ** math.floor(math.log2(THRESHOLD / 1e-2))
+    assert knobs.skipped == 0 and knobs.own_skipped == 0
+    assert knobs.headroom < 1 < knobs.own_headroom
+    assert knobs.config.dtype == "float16"
+
+
+def test_the_result_file_carries_the_checks_policy(tmp_path):
+    path = str(tmp_path / "amp.yaml")
+    write_result({"config": AmpConfig(dtype="bfloat16").to_dict(), "evidence": {}}, path)
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    assert data["check"] == {"every": 100, "action": "act", "window": 5}
+    assert list(data) == ["scalertune", "config", "check", "evidence"]
+    assert scalertune.load(path, device="cpu").check.policy == CheckPolicy()
+    data["check"]["action"] = "warn"
+    with open(path, "w") as f:
+        yaml.safe_dump(data, f)
+    assert scalertune.load(path, device="cpu").check.policy.action == "warn"
+    assert scalertune.load(path, device="cpu", check="stop").check.policy.action == "stop"
+    assert scalertune.load(path, device="cpu", check=False).check is None
+    data["check"] = {"every": 0}
+    with open(path, "w") as f:
+        yaml.safe_dump(data, f)
+    with pytest.raises(UsageError, match="every must be an integer >= 1, got 0"):
+        scalertune.load(path, device="cpu")
+
+
+def test_a_loss_that_is_not_a_scalar_is_one_line():
+    assert float(loss_value((torch.tensor(2.0), "logits"))) == 2.0
+    assert float(loss_value({"loss": torch.tensor(3.0)})) == 3.0
+    with pytest.raises(UsageError, match=r"returned a Tensor of shape \(4,\): return the scalar"):
+        loss_value(torch.ones(4))
+
+
+def _study(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="s", storage=url)
+    return url
+
+
+def test_the_runs_record_reaches_its_study(tmp_path):
+    url = _study(tmp_path)
+    path = str(tmp_path / "amp.yaml")
+    write_result(
+        {
+            "config": AmpConfig(dtype="bfloat16").to_dict(),
+            "evidence": {"study": "s", "storage": url},
+        },
+        path,
+    )
+    amp = scalertune.load(path, device="cpu")
+    _train(amp, 12)
+    amp.check.sink.close()
+    attrs = optuna.load_study(study_name="s", storage=url).user_attrs
+    (key,) = [k for k in attrs if k.startswith(RUN_PREFIX)]
+    record = attrs[key]
+    assert record["steps"] == 12 and record["yaml"] == path
+    assert [c[0] for c in record["checks"]] == [0]
+    assert record["config"] == {"dtype": "bfloat16", "clip_norm": None}
+
+
+def test_an_unreachable_study_never_stops_training(tmp_path, caplog, monkeypatch):
+    # a logging.config.dictConfig elsewhere in the session (import-linter's) disables the
+    # loggers that exist by then, as it would in a program that calls it
+    monkeypatch.setattr(logging.getLogger("scalertune"), "disabled", False)
+    path = str(tmp_path / "amp.yaml")
+    gone = f"sqlite:///{tmp_path / 'nowhere' / 'study.db'}"
+    write_result(
+        {
+            "config": AmpConfig(dtype="bfloat16").to_dict(),
+            "evidence": {"study": "s", "storage": gone},
+        },
+        path,
+    )
+    amp = scalertune.load(path, device="cpu")
+    with caplog.at_level(logging.WARNING, logger="scalertune"):
+        losses, _ = _train(amp, 12)
+        amp.check.sink.close()
+    assert len(losses) == 12 and all(map(math.isfinite, losses))
+    said = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert len(said) == 1 and "amp.report()" in said[0]
