@@ -1,10 +1,10 @@
 """Soak the fault loops: python benchmarks/soak.py [--rounds 50] [--budget-s S] [--only journal ...]
 
 Runs each fault loop of ``tests/integration/test_faults.py`` for ``--rounds`` rounds (50 by
-default, where CI runs one or two in a few seconds' budget), one loop at a time; the load
-test with 8 workers (4 in CI). A round holds when the study, after its faults and one rerun,
-holds what one uninterrupted search would: nothing RUNNING or lost, no evidence missing,
-nothing trained twice, ``report --json`` equal to the search's YAML, the undisturbed answer.
+default, where CI runs one), one loop at a time; the load test with 8 workers (4 in CI). A
+round holds when the study, after its faults and one rerun, holds what one uninterrupted
+search would: nothing RUNNING or lost, no evidence missing, nothing trained twice,
+``report --json`` equal to the search's YAML, the undisturbed answer.
 A round that fails is printed with its seed (``SCALERTUNE_FAULT_SEED`` replays it) and the
 loop goes on with another seed, until its rounds are done, ``--failures`` rounds have failed,
 or ``--budget-s`` seconds have passed (no round starts after that).
