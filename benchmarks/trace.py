@@ -42,6 +42,7 @@ from replay_calibration import WORKLOADS  # noqa: E402
 
 from scalertune import _policy  # noqa: E402
 from scalertune._amp._config import AmpConfig  # noqa: E402
+from scalertune._run import _policy as _run_policy  # noqa: E402
 from scalertune._run._loop import Plan, run_config  # noqa: E402
 from scalertune._run._trace_collector import TraceCollector, full_every  # noqa: E402
 
@@ -95,11 +96,11 @@ def one_run(factory: Any, steps: int, traced: bool, horizon: int = 0) -> dict[st
     def on_window(_record: Any, first: int) -> None:
         now = time.process_time()
         end = first + _policy.READBACK_INTERVAL
-        if end == _policy.TRACE_FULL_STEPS:
+        if end == _run_policy.TRACE_FULL_STEPS:
             early["s"] = now - started
         c0 = time.process_time()
         next(stick)
-        if end > _policy.TRACE_FULL_STEPS:
+        if end > _run_policy.TRACE_FULL_STEPS:
             ours[0] += now - last["cpu"]
             theirs[0] += time.process_time() - c0
         last["cpu"] = time.process_time()
@@ -120,7 +121,7 @@ def one_run(factory: Any, steps: int, traced: bool, horizon: int = 0) -> dict[st
 
 def measure(name: str, steps: int, pairs: int, horizon: int = 0) -> dict[str, Any]:
     factory = WORKLOADS[name]
-    one_run(factory, 2 * _policy.TRACE_FULL_STEPS, True)  # warm-up: imports, allocator
+    one_run(factory, 2 * _run_policy.TRACE_FULL_STEPS, True)  # warm-up: imports, allocator
     ratios, early, plain_ms = [], [], []
     for _ in range(pairs):
         plain = one_run(factory, steps, False)
@@ -155,7 +156,7 @@ def main() -> None:
         f"Trace overhead on {platform.machine()}, {os.cpu_count()} cores (load "
         f"{os.getloadavg()[0]:.1f}), torch {torch.__version__}, one thread: the float32 "
         f"reference with the trace over without it, CPU time per step after step "
-        f"{_policy.TRACE_FULL_STEPS}, median of {args.pairs} pairs of {args.steps}-step runs"
+        f"{_run_policy.TRACE_FULL_STEPS}, median of {args.pairs} pairs of {args.steps}-step runs"
         + (
             f", the collector told a horizon of {args.horizon:,} (one full step in "
             f"{full_every(args.horizon)})"
@@ -165,7 +166,7 @@ def main() -> None:
     )
     print(
         f"   {'workload':<12} {'ms/step':>8} {'ratio':>7} {'(range)':<15} "
-        f"probe and first {_policy.TRACE_FULL_STEPS} steps, as a share of one run"
+        f"probe and first {_run_policy.TRACE_FULL_STEPS} steps, as a share of one run"
     )
     for name in args.workloads:
         r = measure(name, args.steps, args.pairs, args.horizon)

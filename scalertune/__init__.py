@@ -18,7 +18,8 @@ The pipeline, one private subpackage per stage (each ``__init__`` lists its modu
 - ``_export``: :func:`export`, the config as the objects each training framework takes;
 - ``cli`` (with ``_cli``): the ``scalertune`` command.
 
-Every policy number is in ``_policy``, every range check in ``_limits``.
+A policy number lives in the ``_policy`` of the stage that reads it, or in ``_policy`` when
+several stages do; the range check of a number a user passes is in ``_limits``.
 """
 
 from __future__ import annotations
@@ -124,36 +125,68 @@ def load(
     check: bool | str | CheckPolicy | None = None,
     storage: str | bool | None = None,
 ) -> AmpRuntime:
-    """The runtime for the config in a result YAML: GradScaler, autocast and clipping,
-    float32 islands, the guard the YAML recommends (``guard=False`` turns it off), a watch
-    that warns once (:class:`AmpDriftWarning`) when the scaler leaves the search's prediction
-    (``watch=False`` turns it off), and the in-run check.
+    """Build the runtime that trains with the config a search wrote to ``path``.
 
-    The in-run check: every ``every`` steps of the YAML's ``check`` block (100 by default)
-    the step's loss is computed again in float32 at the run's current weights, forward only,
-    and compared with the AMP loss by the horizon's rule; when the precision fails, the
-    forward overflows, or the scaler leaves the search's prediction, the runtime acts by the
-    block's ``action`` (``act``: a float32 island, float32, the scaler's knobs from a replay
-    of the run's own gradients; ``warn``; ``stop``), one :class:`AmpCheckWarning` line each.
-    ``check=False`` turns it off; ``"act"``, ``"warn"`` or ``"stop"`` overrides the YAML's
-    action. It runs where the runtime sees the loss: :meth:`AmpRuntime.train_step`, or
-    :meth:`AmpRuntime.loss` in a loop of your own; :meth:`AmpRuntime.report` prints what it
-    did. The run's record goes to the study the YAML came from (its ``evidence.storage``, or
-    ``storage=`` where that URL's password is hidden; ``storage=False`` for none), in the
-    background, when that storage can be reached, so ``scalertune report`` and the dashboard
-    show it beside the search.
+    The runtime holds the GradScaler, the autocast context and the clipping of the YAML's
+    ``config`` block, applies its float32 islands to the model you :meth:`AmpRuntime.prepare`,
+    and adds what keeps a long run honest:
 
-    ``best_amp=True`` loads the best AMP config that held (``evidence.best_amp``) instead of
-    the answer: a search on a CPU answers float32, where AMP steps are slower; on a GPU, use
-    this (or run the search there).
+    - the guard the YAML recommends: :class:`AmpGuardError` when the loss scale collapses;
+    - a watch that warns once (:class:`AmpDriftWarning`) when the scaler leaves the search's
+      prediction;
+    - the in-run check: every ``every`` steps of the YAML's ``check`` block (100 by default)
+      the step's loss is computed again in float32 at the run's current weights, forward only,
+      and compared with the AMP loss by the horizon's rule. When the precision fails, the
+      forward overflows, or the scaler leaves the search's prediction, the runtime acts by the
+      block's ``action`` (``act``: a float32 island, float32, the scaler's knobs from a replay
+      of the run's own gradients; ``warn``; ``stop``), one :class:`AmpCheckWarning` line each.
+      It runs where the runtime sees the loss: :meth:`AmpRuntime.train_step`, or
+      :meth:`AmpRuntime.loss` in a loop of your own; :meth:`AmpRuntime.report` prints what it
+      did.
+
+    The run's record goes, in the background, to the study the YAML came from (when that
+    storage can be reached), so ``scalertune report`` and the dashboard show it beside the
+    search.
+
+    Args:
+        path: A result YAML that ``scalertune search`` (or :meth:`SearchResult.to_yaml`)
+            wrote.
+        device: Where training runs: ``"auto"`` (CUDA when this machine has it, else the
+            CPU), ``"cuda"``, ``"cuda:1"`` or ``"cpu"``.
+        guard: ``False`` leaves out the guard the YAML recommends.
+        watch: ``False`` leaves out the watch on the scaler's predicted course.
+        best_amp: ``True`` loads the best AMP config that held (``evidence.best_amp``)
+            instead of the answer: a search on a CPU answers float32, where AMP steps are
+            slower; on a GPU, use this (or run the search there).
+        check: ``False`` turns the in-run check off; ``"act"``, ``"warn"`` or ``"stop"`` (or
+            a :class:`CheckPolicy`) overrides the YAML's ``check`` block; ``None`` (the
+            default) keeps it. A float32 config has nothing to check against and runs none.
+        storage: Where the run's record goes: ``None`` (the default) is the YAML's
+            ``evidence.storage``; a storage URL replaces it (for one whose password the YAML
+            hides); ``False`` records nothing.
+
+    Returns:
+        The :class:`AmpRuntime` to train with.
+
+    Raises:
+        UsageError: ``path`` is missing or is not a result file, a block of it is malformed,
+            ``best_amp=True`` on a file without ``evidence.best_amp``, or ``device`` names a
+            device this machine does not have (the command line exits with status 2).
 
     Example:
-        >>> import scalertune
-        >>> amp = scalertune.load("codepoints.yaml", device="cuda")  # doctest: +SKIP
-        >>> model = amp.prepare(model)  # doctest: +SKIP
-        >>> loss = amp.loss(lambda: loss_fn(model(x), y))  # doctest: +SKIP
-        >>> amp.backward(loss)  # doctest: +SKIP
-        >>> amp.step(optimizer)  # doctest: +SKIP
+        >>> import pathlib, tempfile, torch, scalertune
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "amp.yaml"
+        >>> _ = path.write_text("config: {dtype: bfloat16, clip_norm: 1.0}\\n")
+        >>> amp = scalertune.load(path, device="cpu", check=False)
+        >>> amp.config.describe()
+        'bfloat16, clip 1'
+        >>> model = amp.prepare(torch.nn.Linear(4, 1))
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> x, y = torch.randn(8, 4), torch.randn(8, 1)
+        >>> loss = amp.loss(lambda: torch.nn.functional.mse_loss(model(x), y))
+        >>> amp.backward(loss)
+        >>> amp.step(optimizer)
+        True
     """
     from scalertune._inrun._build import runtime_from_yaml
 
@@ -174,13 +207,9 @@ def attach(
     check: bool | str | CheckPolicy | None = None,
     storage: str | bool | None = None,
 ) -> AmpRuntime:
-    """Train ``trainer`` with the config a search chose; returns the runtime that does it.
+    """Train ``trainer`` under the config a search chose; returns the runtime that does it.
 
-    ``trainer`` is a Hugging Face ``transformers.Trainer`` (any subclass: TRL's, one with its
-    own ``compute_loss``) before ``train()``, a Lightning ``Trainer`` before ``fit()``, or an
-    Accelerate ``Accelerator`` before ``prepare()``. ``config`` is the result YAML a search
-    wrote (or an :class:`AmpConfig`, or an :class:`AmpRuntime` built already). The training
-    that follows runs:
+    The training that follows runs:
 
     - the config's dtype under autocast, on a CPU as on a GPU, whatever ``fp16``, ``bf16``
       or ``precision`` the trainer was given (a float16 config trains in float16 on a CPU);
@@ -190,28 +219,52 @@ def attach(
       (``max_grad_norm``, ``gradient_clip_val`` by norm; a config without one turns it off;
       with an Accelerator, ``accelerator.clip_grad_norm_`` in your loop unscales with the
       runtime's scaler first);
-    - its float32 islands, and the guard and the watch the YAML recommends
-      (``guard=False``, ``watch=False`` to leave them out), on the steps the framework took;
-    - the in-run check (``check=False`` to leave it out, ``"warn"`` or ``"stop"`` for
-      another action than the YAML's): every 100 steps the loss of the step's batch again in
-      float32 at the run's weights, through the Trainer's ``compute_loss`` or the
-      LightningModule's ``training_step`` (its logging held back for that pass); with an
-      Accelerator, hand the runtime your loss as ``amp.loss(lambda: loss_fn(model(x), y))``.
-      The run's record (checks, actions, the scaler's story) goes to the YAML's study, as
-      with :func:`load`.
+    - its float32 islands, and the guard and the watch the YAML recommends, on the steps the
+      framework took;
+    - the in-run check: every 100 steps the loss of the step's batch again in float32 at the
+      run's weights, through the Trainer's ``compute_loss`` or the LightningModule's
+      ``training_step`` (its logging held back for that pass); with an Accelerator, hand the
+      runtime your loss as ``amp.loss(lambda: loss_fn(model(x), y))``. The run's record
+      (checks, actions, the scaler's story) goes to the YAML's study, as with :func:`load`.
 
     The runtime's ``skipped_steps``, ``steps`` and ``scaler.get_scale()`` read what the
-    framework did. ``best_amp=True`` takes the YAML's best AMP config that held instead of its
-    answer (for a GPU, when the search ran where float32 was faster). A trainer that the
-    runtime cannot drive (DeepSpeed, FSDP, a model loaded in half precision, a trainer already
-    trained or prepared) is refused with a :class:`UsageError` saying why.
+    framework did.
 
-    Example::
+    Args:
+        trainer: A Hugging Face ``transformers.Trainer`` (any subclass: TRL's, one with its
+            own ``compute_loss``) before ``train()``, a Lightning ``Trainer`` before
+            ``fit()``, or an Accelerate ``Accelerator`` before ``prepare()``.
+        config: The result YAML a search wrote, an :class:`AmpConfig`, or an
+            :class:`AmpRuntime` built already.
+        guard: ``False`` leaves out the guard the YAML recommends (a YAML only).
+        watch: ``False`` leaves out the watch on the scaler's predicted course (a YAML
+            only).
+        best_amp: ``True`` takes the YAML's best AMP config that held instead of its answer
+            (for a GPU, when the search ran where float32 was faster).
+        check: ``False`` leaves the in-run check out; ``"act"``, ``"warn"`` or ``"stop"``
+            (or a :class:`CheckPolicy`) overrides the YAML's action; ``None`` keeps it.
+        storage: Where the run's record goes, as for :func:`load` (only when ``config`` is a
+            YAML path).
 
-        trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset)
-        amp = scalertune.attach(trainer, "amp.yaml")
-        trainer.train()
-        print(amp.skipped_steps, amp.scaler.get_scale())
+    Returns:
+        The :class:`AmpRuntime` the framework now calls.
+
+    Raises:
+        UsageError: A trainer the runtime cannot drive (DeepSpeed, FSDP, a model loaded in
+            half precision, a trainer already trained or prepared, an object of no supported
+            framework), a framework release outside the bounds scalertune was checked
+            with, a YAML that is missing or malformed, ``best_amp=True`` with a config that
+            is not a YAML, or a runtime built for another device than the trainer's; the
+            message says why.
+
+    Example:
+        >>> import scalertune, transformers  # doctest: +SKIP
+        >>> trainer = transformers.Trainer(model=model, args=args,
+        ...                                train_dataset=dataset)  # doctest: +SKIP
+        >>> amp = scalertune.attach(trainer, "amp.yaml")  # doctest: +SKIP
+        >>> trainer.train()  # doctest: +SKIP
+        >>> amp.skipped_steps, amp.scaler.get_scale()  # doctest: +SKIP
+        (0, 4096.0)
     """
     from scalertune._frameworks._attach import attach as attach_runtime
 

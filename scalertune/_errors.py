@@ -32,9 +32,9 @@ class SearchError(Exception):
 
 class StorageUnavailable(Exception):
     """The study's storage or artifact store stayed unreachable past the outage bound
-    (``STORAGE_OUTAGE_S``): the search stopped where it was, nothing lost. Rerun the same
-    command once the storage is back: the study resumes. The command line exits with
-    status 3."""
+    (``_storage._policy.STORAGE_OUTAGE_S``): the search stopped where it was, nothing lost.
+    Rerun the same command once the storage is back: the study resumes. The command line
+    exits with status 3."""
 
 
 class MissingEvidence(Exception):

@@ -1,6 +1,6 @@
-"""The valid range of every number scalertune takes, checked in one place.
+"""The valid range of the numbers a user passes to the Python API and the command line.
 
-The Python API and the command line check their numbers with the same table, before any
+The Python API and the command line check those numbers with the same table, before any
 work starts (the command line before torch has even loaded). A number out of range is a
 :class:`~scalertune.UsageError` of class :class:`ParameterError` (a ``ValueError``) that names
 the Python parameter; the command line says the same with the flag it reads the value from.
@@ -16,6 +16,25 @@ from typing import Any
 from scalertune import _policy
 from scalertune._errors import ParameterError
 from scalertune._text import shown
+
+#: The most ranks ``--nproc-per-node`` starts on one host: the most devices one node holds
+#: (8 GPUs is the common node; 64 leaves room for CPU ranks), past which a number is a typo.
+MAX_NPROC_PER_NODE = 64
+
+#: ``--seed`` is used as is by ``random``, NumPy and torch; NumPy's legacy seeding accepts
+#: 0 to 2**32 - 1, the narrowest of the three.
+MAX_SEED = 2**32 - 1
+
+#: The most training steps a run may take. A run keeps its per-step loss and loss scale in
+#: device buffers and in the study, so an absurd --steps fails late, in the reference run;
+#: a million steps is far past where a scaler's settings show (its growth interval defaults
+#: to 2000 steps), yet a few MB per run.
+MAX_STEPS = 1_000_000
+
+#: The longest horizon a search may cover. The float32 reference trains that far once and
+#: keeps its per-step loss and a compact gradient trace (a few bytes a step); ten million
+#: steps is past any training run a search would be asked about, yet a bounded record.
+MAX_HORIZON = 10_000_000
 
 #: The loss scale lives in a float32 tensor: a larger number would be inf there.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -59,24 +78,24 @@ def _got(value: Any) -> str:
 
 
 _COUNT = Limit(True, 0)
-_SEED = Limit(True, 0, _policy.MAX_SEED)
+_SEED = Limit(True, 0, MAX_SEED)
 _SECONDS = Limit(False, 0, low_excluded=True)
 
 #: Python parameter -> its limit, per function (the command line reads the same names).
 SEARCH: Mapping[str, Limit] = {
     "n_trials": _COUNT,
     # two read-back windows: a run's first window is its warm-up, whose time is not counted
-    "steps": Limit(True, 2 * _policy.READBACK_INTERVAL, _policy.MAX_STEPS),
-    "horizon": Limit(True, 2 * _policy.READBACK_INTERVAL, _policy.MAX_HORIZON),
+    "steps": Limit(True, 2 * _policy.READBACK_INTERVAL, MAX_STEPS),
+    "horizon": Limit(True, 2 * _policy.READBACK_INTERVAL, MAX_HORIZON),
     "seed": _SEED,
     "timeout": _SECONDS,
     "timeout_s": _SECONDS,
     "memory_gb": _SECONDS,
-    "nproc_per_node": Limit(True, 1, _policy.MAX_NPROC_PER_NODE),
+    "nproc_per_node": Limit(True, 1, MAX_NPROC_PER_NODE),
 }
 DIAGNOSE: Mapping[str, Limit] = {
     "init_scale": Limit(False, 0, FLOAT32_MAX, low_excluded=True),
-    "steps": Limit(True, 1, _policy.MAX_STEPS),
+    "steps": Limit(True, 1, MAX_STEPS),
     "seed": _SEED,
 }
 EXPORT: Mapping[str, Limit] = {"micro_batch_size": Limit(True, 1)}

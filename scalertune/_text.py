@@ -6,7 +6,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from scalertune import _policy
+#: Significant digits of the figures shown for reading (notes, trial attributes in the
+#: dashboard). Step times vary by more than 0.1% from run to run, so a fifth digit is noise;
+#: full precision stays in what the search stores and in ``scalertune report --json``.
+READABLE_DIGITS = 4
 
 
 def shown(value: Any) -> str:
@@ -24,7 +27,7 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {many or word + 's'}"
 
 
-def readable(value: Any, digits: int = _policy.READABLE_DIGITS) -> Any:
+def readable(value: Any, digits: int = READABLE_DIGITS) -> Any:
     """``value`` with every float rounded to ``digits`` significant digits, for reading.
 
     Containers are rounded element-wise; ints, bools, strings and ``None`` pass unchanged, and

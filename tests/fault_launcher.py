@@ -223,9 +223,9 @@ if __name__ == "__main__":
         _lose_after_reference(sys.argv[2])
         rest = sys.argv[3:]
     elif mode == "outage":
-        from scalertune import _policy
+        from scalertune._storage import _policy as _storage_policy
 
-        _policy.STORAGE_OUTAGE_S = float(sys.argv[2])
+        _storage_policy.STORAGE_OUTAGE_S = float(sys.argv[2])
         rest = sys.argv[3:]
     elif mode == "fsize":
         _limit_file_size(int(sys.argv[2]))

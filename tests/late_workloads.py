@@ -6,7 +6,7 @@ data is drawn from torch's global RNG, the teachers from fixed generators). ``HO
 the horizon each was measured at, and ``ISLAND`` the module a float32 island belongs on.
 The figures in the docstrings are loss over float32's at the same step (10-step means, seed
 0 unless a range is given over seeds 0-2), from full-length plain loops: autocast +
-torch.amp.GradScaler("cpu") with PyTorch's defaults unless stated; see REPORT.md.
+torch.amp.GradScaler("cpu") with PyTorch's defaults unless stated.
 """
 
 import torch

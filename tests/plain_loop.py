@@ -4,6 +4,7 @@ scalertune code in the loop (a config's float32 islands are the runtime's hooks,
 the model first, as training code applies them with amp.prepare)."""
 
 import itertools
+import math
 import random
 
 import numpy as np
@@ -71,3 +72,30 @@ def ratio_at_the_end(factory, config, steps, seed=0, window=50):
     if not all(np.isfinite(ours)):
         return float("inf")
     return float(np.mean(ours) / np.mean(theirs))
+
+
+def tail_loss(factory, amp, steps=3000, batch=None, seed=0):
+    """The end of a plain loop of ``factory``'s workload: through ``amp.train_step`` (with its
+    clipping) or, with ``amp`` None, float32 with the workload's own clipping; the mean loss
+    of the last 100 steps that are not a burst's (``batch(batches, step)`` picks each step's
+    batch; a replaced target is a burst's), inf where one is not finite."""
+    torch.manual_seed(seed)
+    w = factory()
+    model, optimizer, loss_fn, batches = w["model"], w["optimizer"], w["loss_fn"], w["batches"]
+    clip = w.get("clip_norm")
+    seen = []
+    for step in range(steps):
+        x, y = batch(batches, step) if batch else batches[step % len(batches)]
+        if amp is None:
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+        else:
+            loss = amp.train_step(model, optimizer, loss_fn, (x, y))
+        if batch is None or batch(batches, step)[1] is batches[step % len(batches)][1]:
+            seen.append(float(loss.detach()))
+    tail = seen[-100:]
+    return sum(tail) / len(tail) if all(map(math.isfinite, tail)) else math.inf

@@ -15,7 +15,9 @@
 - ``_fingerprint``: the model a result file was searched on, and the warning for another;
 - ``_islands``, ``_modules``: float32 islands and how modules are named for them;
 - ``_device``: which device a run trains on;
-- ``_schema``, ``_yaml``: the result YAML, read with size and alias bounds.
+- ``_schema``, ``_yaml``: the result YAML, read with size and alias bounds;
+- ``_policy``: the runtime's own policy numbers (a YAML file's size and value bounds), each
+  with its reason.
 
 Nothing here imports Optuna (an import-linter contract): training code loads a config
 without the search's machinery.

@@ -55,12 +55,24 @@ class AmpCheckError(RuntimeError):
 class CheckPolicy:
     """How often a run checks itself against float32, and what it does when that fails.
 
-    ``every``: steps between checks; ``action``: ``act``, ``warn`` or ``stop`` (see the
-    module's docstring); ``window``: the recent checks a judgement reads.
+    A result file's ``check`` block; :func:`scalertune.load` and :func:`scalertune.attach`
+    take one as ``check=`` to override it.
+
+    Args:
+        every: Steps between checks (100: one float32 forward, about a third of a step, every
+            100 steps costs about 0.3% of training).
+        action: What a failed check does: ``"act"`` (the default: a float32 island, float32,
+            or the scaler's knobs chosen again), ``"warn"`` (say so, change nothing) or
+            ``"stop"`` (raise :class:`AmpCheckError`).
+        window: The recent checks a judgement reads (5; at least 2): the gap must exceed the
+            tolerance in their mean and exceed their own noise.
+
+    Raises:
+        UsageError: An unknown ``action``, ``every`` below 1 or ``window`` below 2.
 
     Example:
-        >>> from scalertune._amp._check import CheckPolicy
-        >>> CheckPolicy.from_dict({"every": 50, "action": "warn"})
+        >>> from scalertune import CheckPolicy
+        >>> CheckPolicy(every=50, action="warn")
         CheckPolicy(every=50, action='warn', window=5)
     """
 
@@ -81,12 +93,36 @@ class CheckPolicy:
                 )
 
     def to_dict(self) -> dict[str, Any]:
-        """What the result file's ``check`` block holds."""
+        """What the result file's ``check`` block holds.
+
+        Returns:
+            ``every``, ``action`` and ``window``.
+
+        Example:
+            >>> from scalertune import CheckPolicy
+            >>> CheckPolicy().to_dict()
+            {'every': 100, 'action': 'act', 'window': 5}
+        """
         return {"every": self.every, "action": self.action, "window": self.window}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CheckPolicy:
-        """A ``check`` block, its unknown keys refused by name."""
+        """Read a ``check`` block, its unknown keys refused by name.
+
+        Args:
+            data: The block; missing keys take their defaults.
+
+        Returns:
+            The policy.
+
+        Raises:
+            UsageError: ``data`` is not a mapping, holds an unknown key or a bad value.
+
+        Example:
+            >>> from scalertune import CheckPolicy
+            >>> CheckPolicy.from_dict({"every": 50, "action": "stop"}).action
+            'stop'
+        """
         if not isinstance(data, Mapping):
             raise UsageError(f"the check block must be a mapping, got {type(data).__name__}")
         unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})

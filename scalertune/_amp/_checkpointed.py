@@ -25,8 +25,21 @@ class Checkpointed:
     reconfigure: Callable[[AmpConfig], None]
 
     def state_dict(self) -> dict[str, Any]:
-        """Scaler state and counters, for checkpoints; with an in-run check, the config it
-        trains with now (islands added, knobs changed, float32) and the check's record."""
+        """The runtime's state for a training checkpoint.
+
+        Returns:
+            The scaler's state (``{}`` for a disabled scaler), the step and skipped-step counts
+            and, with an in-run check, the config it trains with now (islands added, knobs
+            changed, float32) and the check's record. Save it beside the model's and the
+            optimizer's.
+
+        Example:
+            >>> import scalertune
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=1024.0), device="cpu")
+            >>> state = amp.state_dict()
+            >>> state["steps"], state["skipped"], state["scaler"]["scale"]
+            (0, 0, 1024.0)
+        """
         state: dict[str, Any] = {
             "scaler": self.scaler.state_dict(),
             "steps": self.steps,
@@ -38,8 +51,19 @@ class Checkpointed:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved: a resumed run keeps the in-run check's
-        actions."""
+        """Restore what :meth:`state_dict` saved; a resumed run keeps the in-run check's actions.
+
+        Args:
+            state: What :meth:`state_dict` returned.
+
+        Example:
+            >>> import scalertune
+            >>> saved = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=1024.0), device="cpu")
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(), device="cpu")
+            >>> amp.load_state_dict(saved.state_dict())
+            >>> amp.scaler.get_scale()
+            1024.0
+        """
         if "config" in state and self.check is not None:
             saved = AmpConfig.from_dict(state["config"])
             if saved != self.config:

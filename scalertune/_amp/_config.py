@@ -22,28 +22,42 @@ MAX_GROWTH_INTERVAL = 2**31 - 1
 class AmpConfig:
     """The knobs of one AMP configuration, with PyTorch's defaults.
 
-    ``dtype`` is the autocast dtype. Only float16 needs a loss scaler: its largest finite
-    value is 65504 and its smallest subnormal is about 6e-8, so gradients are multiplied by
-    ``scale`` before backward (keeping small ones from flushing to zero) and divided again
-    before the optimizer sees them. bfloat16 has float32's exponent range and runs unscaled;
-    float32 runs without autocast at all.
+    Only float16 needs a loss scaler: its largest finite value is 65504 and its smallest
+    subnormal is about 6e-8, so gradients are multiplied by the scale before backward
+    (keeping small ones from flushing to zero) and divided again before the optimizer sees
+    them. bfloat16 has float32's exponent range and runs unscaled; float32 runs without
+    autocast at all. Without a scaler the four scaler knobs mean nothing and are reset to
+    PyTorch's defaults, so two configs that train alike compare equal.
 
-    The scaler starts at ``init_scale``. Each step whose gradients contain inf or NaN is
-    skipped and multiplies the scale by ``backoff_factor``; after ``growth_interval``
-    consecutive finite steps the scale is multiplied by ``growth_factor``. ``clip_norm``
-    (``None`` for no clipping) bounds the global gradient norm *after* unscaling.
+    Args:
+        dtype: The autocast dtype: ``"float16"`` (the default), ``"bfloat16"`` or
+            ``"float32"`` (no autocast, no scaler: the reference).
+        init_scale: The scale the scaler starts at (PyTorch's ``2**16`` by default).
+        growth_factor: What the scale is multiplied by after ``growth_interval`` consecutive
+            finite steps (2.0); must be above 1.
+        backoff_factor: What the scale is multiplied by on each step whose gradients hold inf
+            or NaN, a step that is skipped (0.5); in (0, 1).
+        growth_interval: The finite steps in a row before the scale grows (2000).
+        clip_norm: The global gradient norm to clip to, *after* unscaling; ``None`` (the
+            default) for no clipping.
+        fp32_modules: Modules (as ``model.named_modules()`` names them) that run with autocast
+            off and their inputs cast to float32: *float32 islands*, for activations that
+            exceed float16's range in the forward pass, where no loss scale can help. An entry
+            may be a glob pattern over those names (``*.DenseReluDense.wo``: every T5
+            feed-forward output layer); a comma-separated string is split. Empty by default.
 
-    ``fp32_modules`` names modules (as ``model.named_modules()`` does) that run with autocast
-    off and their inputs cast to float32: *float32 islands*, for activations that exceed
-    float16's range in the forward pass, where no loss scale can help. An entry may be a glob
-    pattern over those names (``*.DenseReluDense.wo``: every T5 feed-forward output layer).
+    Raises:
+        UsageError: An unknown ``dtype``, or a knob out of its range (the message names it
+            and the range).
 
     Example:
         >>> from scalertune import AmpConfig
         >>> AmpConfig(dtype="float16", init_scale=4096.0).uses_scaler
         True
-        >>> AmpConfig(dtype="bfloat16").uses_scaler
-        False
+        >>> AmpConfig(dtype="bfloat16", init_scale=4096.0) == AmpConfig(dtype="bfloat16")
+        True
+        >>> AmpConfig(fp32_modules="encoder.*.wo, lm_head").fp32_modules
+        ('encoder.*.wo', 'lm_head')
     """
 
     dtype: str = "float16"
@@ -86,7 +100,14 @@ class AmpConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, in a stable key order: what the YAML file and Optuna store.
 
-        Only the knobs the config uses: the scaler's four for float16 alone.
+        Returns:
+            ``dtype``, the scaler's four knobs (float16 alone), ``clip_norm`` and, when there are
+            islands, ``fp32_modules``.
+
+        Example:
+            >>> from scalertune import AmpConfig
+            >>> AmpConfig(dtype="bfloat16", clip_norm=1.0).to_dict()
+            {'dtype': 'bfloat16', 'clip_norm': 1.0}
         """
         scaler = (
             {
@@ -107,22 +128,70 @@ class AmpConfig:
         }
 
     def with_clip(self, clip_norm: float | None) -> AmpConfig:
-        """This config, clipping at ``clip_norm`` where it does not clip itself: the
-        workload's own clipping applies to every run that does not choose another."""
+        """This config, clipping at ``clip_norm`` where it does not clip itself.
+
+        The workload's own clipping applies to every run that does not choose another.
+
+        Args:
+            clip_norm: The workload's clipping norm; ``None`` leaves the config as it is.
+
+        Returns:
+            This config, or a copy clipping at ``clip_norm``.
+
+        Example:
+            >>> from scalertune import AmpConfig
+            >>> AmpConfig().with_clip(1.0).clip_norm
+            1.0
+            >>> AmpConfig(clip_norm=5.0).with_clip(1.0).clip_norm
+            5.0
+        """
         if self.clip_norm is not None or clip_norm is None:
             return self
         return dataclasses.replace(self, clip_norm=float(clip_norm))
 
     def knobs_changed(self, clip_norm: float | None = None) -> int:
-        """How many knobs differ from PyTorch's defaults (and from the workload's own
-        ``clip_norm``): among configs equally fast and stable, fewer is simpler."""
+        """How many knobs differ from PyTorch's defaults (and from the workload's clipping).
+
+        Among configs equally fast and stable, fewer is simpler: a tie goes to the simpler config.
+
+        Args:
+            clip_norm: The workload's own clipping norm, which counts as unchanged.
+
+        Returns:
+            The count; the islands count as one knob.
+
+        Example:
+            >>> from scalertune import AmpConfig
+            >>> AmpConfig(init_scale=4096.0, clip_norm=1.0).knobs_changed(clip_norm=1.0)
+            1
+        """
         changed = int(self.dtype != _DEFAULTS.dtype) + int(self.clip_norm != clip_norm)
         changed += sum(int(getattr(self, k) != getattr(_DEFAULTS, k)) for k in SCALER_KNOBS)
         return changed + int(bool(self.fp32_modules))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AmpConfig:
-        """Build from a mapping, rejecting unknown keys by name."""
+        """Build from a mapping (a YAML's ``config`` block), rejecting unknown keys by name.
+
+        Args:
+            data: The knobs by name, as :meth:`to_dict` writes them; missing ones take their
+                defaults.
+
+        Returns:
+            The config.
+
+        Raises:
+            UsageError: ``data`` is not a mapping, holds an unknown key, or a value out of range.
+
+        Example:
+            >>> from scalertune import AmpConfig
+            >>> AmpConfig.from_dict({"dtype": "float16", "init_scale": 1024}).init_scale
+            1024
+            >>> AmpConfig.from_dict({"scale": 1024})
+            Traceback (most recent call last):
+            ...
+            scalertune._errors.UsageError: unknown config key(s) scale: use backoff_factor, ...
+        """
         if not isinstance(data, Mapping):
             raise UsageError(f"an AMP config must be a mapping, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -137,7 +206,16 @@ class AmpConfig:
             raise UsageError(f"invalid AMP config: {exc}") from None
 
     def describe(self) -> str:
-        """One short line, e.g. ``float16 scale=4096 growth=2 backoff=0.5 every 2000, no clip``."""
+        """One short line that says the config.
+
+        Returns:
+            E.g. ``float16 scale=4096 growth=2 backoff=0.5 every 2000, no clip``.
+
+        Example:
+            >>> from scalertune import AmpConfig
+            >>> AmpConfig(init_scale=4096.0).describe()
+            'float16 scale=4096 growth=2 backoff=0.5 every 2000, no clip'
+        """
         clip = "no clip" if self.clip_norm is None else f"clip {self.clip_norm:.3g}"
         if self.fp32_modules:
             clip += f", float32: {','.join(self.fp32_modules)}"

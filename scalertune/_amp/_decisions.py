@@ -33,21 +33,34 @@ class ScalerDecisions:
         return self._stepped
 
     def scaler_scaling(self, loss: torch.Tensor) -> None:
-        """Called by :attr:`scaler` as ``scaler.scale(loss)`` runs: with an in-run check, a
-        loss that is not finite is noted for the next read-back (see ``Skips.note_loss``)."""
+        """Hook the runtime's GradScaler calls as ``scaler.scale(loss)`` runs; not for users.
+
+        With an in-run check, a loss that is not finite is noted for the next read-back (see
+        ``Skips.note_loss``).
+
+        Args:
+            loss: The loss being scaled.
+        """
         if self._checks is not None and self.check is not None:
             self._skips.note_loss(loss)
 
     def scaler_stepping(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called by :attr:`scaler` as ``scaler.step(optimizer)`` starts."""
+        """Hook the runtime's GradScaler calls as ``scaler.step(optimizer)`` starts; not for users.
+
+        Args:
+            optimizer: The optimizer being stepped.
+        """
         if self.check is not None and self.check.recording:
             self.check.record(self, optimizer)
         self._skips.begin(self.scaler, optimizer)
 
     def scaler_updated(self) -> None:
-        """Called by :attr:`scaler` once ``scaler.update()`` has decided the step: count it,
-        and run the guard and the watch when they are due. After the in-run check fell back
-        to float32 the scaler is disabled and every step it passes through is taken."""
+        """Hook the runtime's GradScaler calls once ``scaler.update()`` has decided the step.
+
+        Counts the step, and runs the guard and the watch when they are due. After the in-run
+        check fell back to float32 the scaler is disabled and every step it passes through is
+        taken. Not for users.
+        """
         if not self._uses_scaler:
             self._stepped = True
             self.steps += 1

@@ -25,7 +25,30 @@ class Guard:
     knows which steps were skipped on the host already (GradScaler decided there), except for
     a fused optimizer, whose per-step flags come back in the same read. A
     :class:`~scalertune._amp._watch.Watch` is checked at the same cadence, from the same read.
-    The YAML a search writes carries defaults taken from the search's evidence.
+    The YAML a search writes carries limits taken from the search's evidence.
+
+    Args:
+        min_scale: The lowest loss scale a healthy run reaches; below it the gradients are
+            inf/NaN at every scale.
+        max_consecutive_skips: Skipped steps in a row that stop the run.
+        check_every: Steps between the guard's reads of the scale.
+
+    Raises:
+        UsageError: ``min_scale`` is not a finite number above 0, or a count is below 1.
+
+    Example:
+        >>> import torch, scalertune
+        >>> guard = scalertune.Guard(min_scale=1.0, max_consecutive_skips=3, check_every=1)
+        >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=4.0), device="cpu",
+        ...                             guard=guard)
+        >>> model = torch.nn.Linear(2, 1)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> for _ in range(3):
+        ...     amp.backward(model(torch.full((1, 2), float("inf"))).sum())
+        ...     _ = amp.step(optimizer)
+        Traceback (most recent call last):
+        ...
+        scalertune._amp._guard.AmpGuardError: AMP guard at step 3: the loss scale is 0.5 ...
     """
 
     min_scale: float = _policy.SCALE_FLOOR

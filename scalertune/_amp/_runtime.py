@@ -49,6 +49,25 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
     :meth:`loss` (one more forward and one host read then), and acts when the precision fails
     (see :mod:`scalertune._amp._check`).
 
+    Args:
+        config: The :class:`~scalertune.AmpConfig` to train with.
+        device: Where training runs: ``"auto"`` (the default: CUDA when this machine has it,
+            else the CPU; ``None`` too), ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a
+            ``torch.device``.
+        guard: A :class:`~scalertune.Guard` that raises :class:`~scalertune.AmpGuardError`
+            when the loss scale collapses; ``None`` (the default) for none. Only a config with
+            a scaler (float16) is guarded.
+        watch: A watch on the scaler's predicted course (:func:`scalertune.load` builds it
+            from the YAML's prediction); ``None`` for none. float16 only.
+        check: The in-run check (:func:`scalertune.load` builds it from the YAML's ``check``
+            block); ``None`` for none. A float32 config runs none.
+        model_check: Called with each model :meth:`prepare` sees (the check, against the
+            YAML's fingerprint, that it is the model the search ran on); ``None`` for none.
+
+    Raises:
+        UsageError: ``device`` is unknown or names a CUDA device this machine does not
+            have.
+
     Example:
         >>> import torch, scalertune
         >>> model = torch.nn.Linear(4, 1)
@@ -109,11 +128,34 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         watch: bool = True,
         best_amp: bool = False,
     ) -> AmpRuntime:
-        """Build the runtime from a YAML file that ``scalertune search`` wrote, with the
-        guard it recommends (``guard=False`` for none) and a watch on the scaler it predicts
-        (``watch=False`` for none; a file without a prediction has none). ``best_amp=True``
-        loads the best AMP config that held (``evidence.best_amp``) instead of the answer:
-        for a GPU, when the search ran where float32 is faster."""
+        """Build the runtime from a YAML file that ``scalertune search`` wrote (no in-run check).
+
+        :func:`scalertune.load` does the same and adds the in-run check and the run's record.
+
+        Args:
+            path: The result YAML.
+            device: Where training runs, as for the constructor (``"auto"`` by default).
+            guard: ``False`` leaves out the guard the YAML recommends.
+            watch: ``False`` leaves out the watch on the scaler the YAML predicts (a file without
+                a prediction has none).
+            best_amp: ``True`` loads the best AMP config that held (``evidence.best_amp``)
+                instead of the answer: for a GPU, when the search ran where float32 is faster.
+
+        Returns:
+            The runtime, with the YAML's config, guard and watch.
+
+        Raises:
+            UsageError: ``path`` is missing, is not a result file or has a malformed block, or
+                ``best_amp=True`` and it has no ``evidence.best_amp``.
+
+        Example:
+            >>> import pathlib, tempfile, scalertune
+            >>> path = pathlib.Path(tempfile.mkdtemp()) / "amp.yaml"
+            >>> _ = path.write_text("config: {dtype: float16, init_scale: 4096.0}")
+            >>> amp = scalertune.AmpRuntime.from_yaml(str(path), device="cpu")
+            >>> amp.scaler.get_scale()
+            4096.0
+        """
         from scalertune._amp._schema import load_runtime
 
         return cls(**load_runtime(path, guard=guard, watch=watch, best_amp=best_amp), device=device)
@@ -121,24 +163,57 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward context: autocast to the config's dtype (a no-op for float32).
 
-        A config with float32 islands refuses to autocast before :meth:`prepare` has applied
-        them to a model: without them the modules they name overflow float16 again.
+        Returns:
+            A context manager; run the forward and the loss inside it.
+
+        Raises:
+            UsageError: The config has float32 islands and :meth:`prepare` has not applied them
+                to a model yet: without them the modules they name overflow float16 again.
+
+        Example:
+            >>> import torch, scalertune
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(dtype="bfloat16"), device="cpu")
+            >>> model = amp.prepare(torch.nn.Linear(4, 1))
+            >>> with amp.autocast():
+            ...     out = model(torch.randn(2, 4))
+            >>> out.dtype
+            torch.bfloat16
         """
         return self._forward.autocast()
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Apply the config's float32 islands to ``model`` (in place; returns it).
+        """Apply the config's float32 islands to ``model``, in place.
 
         Each module that ``fp32_modules`` names or matches (glob patterns over
         ``model.named_modules()`` names) runs with autocast disabled and its floating inputs
         cast to float32, so activations beyond float16's 65504 stay finite there; its output
         stays float32, and the next module under autocast casts it back down. An island is a
         pair of forward hooks (see :mod:`._islands`), so deepcopy (EMA, SWA), pickling and
-        ``torch.compile`` carry it with its module. Calling it twice is harmless; a name or
-        pattern that selects no module is a :class:`UsageError` naming the closest names.
+        ``torch.compile`` carry it with its module. Calling it twice is harmless.
 
         An FSDP1-wrapped ``model`` gets ``ShardedGradScaler`` (see
         :class:`~scalertune._amp._scaler.RuntimeScaler`), before the first step.
+
+        Args:
+            model: The model to train; call before building the optimizer's first step.
+
+        Returns:
+            ``model`` itself.
+
+        Raises:
+            UsageError: A name or pattern of ``fp32_modules`` selects no module (the message
+                names the closest names). A ``model`` that is not the one the result YAML
+                was searched on gets a ``UserWarning``, once.
+
+        Example:
+            >>> import torch, scalertune
+            >>> config = scalertune.AmpConfig(fp32_modules=("0",))
+            >>> amp = scalertune.AmpRuntime(config, device="cpu")
+            >>> model = amp.prepare(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+            >>> with amp.autocast():
+            ...     out = model(torch.randn(2, 4))
+            >>> out.dtype  # the island's output stays float32
+            torch.float32
         """
         if self.steps == 0 and type(self.scaler) is not scaler_class(model):
             self.scaler = self._scaler(scaler_class(model))  # FSDP1: ShardedGradScaler
@@ -154,23 +229,50 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         )
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backward through the scaled loss (plain backward when no scaler is active);
-        ``kwargs`` go to ``Tensor.backward`` (``retain_graph``)."""
+        """Backward through the scaled loss (a plain backward when no scaler is active).
+
+        Args:
+            loss: The loss :meth:`loss` (or the forward under :meth:`autocast`) returned.
+            **kwargs: Passed to ``Tensor.backward`` (``retain_graph``).
+
+        Example:
+            >>> import torch, scalertune
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=8.0), device="cpu")
+            >>> w = torch.ones(2, requires_grad=True)
+            >>> amp.backward(w.sum())
+            >>> w.grad  # scaled by init_scale until step() unscales it
+            tensor([8., 8.])
+        """
         self.scaler.scale(loss).backward(**kwargs)
         if self._after_backward is not None:
             self._after_backward()
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool | DeviceStep:
-        """Unscale, clip (if configured), step the optimizer unless skipped, update the scale;
-        returns whether the optimizer really stepped.
+        """Unscale, clip (if configured), step the optimizer unless skipped, update the scale.
 
         Call after :meth:`backward`. Gradients are clipped on their true (unscaled) values,
-        over all parameters the optimizer holds. The result is False for a step GradScaler
-        skipped (its gradients were inf/NaN): step an LR scheduler only when it is true, as
-        Accelerate does, or the schedule runs ahead of the optimizer. For an optimizer that
-        applies GradScaler's flag inside its own kernel (fused Adam, AdamW, SGD) only the
-        device knows: the result is then a :class:`~scalertune._amp._scaler.DeviceStep`
-        whose ``bool()`` reads it (one transfer, taken only if asked).
+        over all parameters the optimizer holds. A step GradScaler skipped (its gradients were
+        inf/NaN) leaves the weights as they were and multiplies the scale by ``backoff_factor``.
+
+        Args:
+            optimizer: The optimizer over the model's parameters.
+
+        Returns:
+            Whether the optimizer really stepped: False for a skipped step. Step an LR
+            scheduler only when it is true, as Accelerate does, or the schedule runs ahead of
+            the optimizer. For an optimizer that applies GradScaler's flag inside its own kernel
+            (fused Adam, AdamW, SGD) only the device knows: the result is then a
+            :class:`~scalertune._amp._scaler.DeviceStep` whose ``bool()`` reads it (one
+            transfer, taken only if asked).
+
+        Example:
+            >>> import torch, scalertune
+            >>> model = torch.nn.Linear(2, 1)
+            >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=4.0), device="cpu")
+            >>> amp.backward(model(torch.full((1, 2), float("inf"))).sum())
+            >>> amp.step(optimizer), amp.skipped_steps, amp.scaler.get_scale()
+            (False, 1, 2.0)
         """
         if self._before_step is not None:
             self._before_step()
@@ -191,22 +293,31 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         autocast: bool = True,
         recompute: Callable[[], Any] | None = None,
     ) -> Any:
-        """Run ``closure`` (the forward and the loss, no backward) under :meth:`autocast`
-        and return what it returns: the way a loop hands the runtime its loss, so that the
-        run can check itself.
+        """Run ``closure`` (the forward and the loss, no backward) under :meth:`autocast`.
 
-        Every ``check.policy.every`` steps (and sooner after a streak of skipped steps) the
-        in-run check runs ``closure`` once more, in float32, without gradients, at the same
-        weights, on the same batch and with the same random numbers (dropout), and compares
-        the two losses; when the precision fails it acts by the result file's policy (see
-        :mod:`scalertune._amp._check`). ``closure`` may return the loss, or a tuple or mapping
-        holding it first or under ``"loss"`` (``(loss, logits)``, a model's output); it is
-        called once per micro-batch, as the loss is.
+        This is how a loop hands the runtime its loss, so that the run can check itself. Every
+        ``check.policy.every`` steps (and sooner after a streak of skipped steps) the in-run
+        check runs ``closure`` once more, in float32, without gradients, at the same weights, on
+        the same batch and with the same random numbers (dropout), and compares the two losses;
+        when the precision fails it acts by the result file's policy (see
+        :mod:`scalertune._amp._check`). ``closure`` is called once per micro-batch, as the loss
+        is.
 
-        ``autocast=False`` is for a framework whose model's forward runs under
-        :meth:`autocast` itself (the trainers :func:`scalertune.attach` drives);
-        ``recompute`` is what the check's extra passes call instead of ``closure`` (a
-        LightningModule's ``training_step`` with its logging held back).
+        Args:
+            closure: Takes nothing and returns the loss, or a tuple or mapping holding it first
+                or under ``"loss"`` (``(loss, logits)``, a model's output).
+            autocast: ``False`` is for a framework whose model's forward runs under
+                :meth:`autocast` itself (the trainers :func:`scalertune.attach` drives).
+            recompute: What the check's extra passes call instead of ``closure`` (a
+                LightningModule's ``training_step`` with its logging held back); ``None``:
+                ``closure``.
+
+        Returns:
+            What ``closure`` returned.
+
+        Raises:
+            AmpCheckError: The in-run check found the precision failing and its policy is
+                ``stop``.
 
         Example:
             >>> import torch, scalertune
@@ -248,10 +359,34 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         loss_fn: Callable[[Any, Any], torch.Tensor],
         batch: tuple[Any, Any],
     ) -> torch.Tensor:
-        """The whole canonical step on one ``(inputs, targets)`` batch; returns the loss.
+        """The whole canonical step on one ``(inputs, targets)`` batch.
 
-        Applies the float32 islands (:meth:`prepare`) to ``model`` on first use; the loss
-        goes through :meth:`loss`, so the run checks itself.
+        Zeroes the gradients, runs the forward and the loss through :meth:`loss` (so the run
+        checks itself), then :meth:`backward` and :meth:`step`. Applies the float32 islands
+        (:meth:`prepare`) to ``model`` on first use.
+
+        Args:
+            model: The model.
+            optimizer: Its optimizer.
+            loss_fn: ``loss_fn(model(inputs), targets)`` is the loss.
+            batch: An ``(inputs, targets)`` pair.
+
+        Returns:
+            The loss, detached.
+
+        Raises:
+            AmpGuardError: The guard found the loss scale collapsed.
+            AmpCheckError: The in-run check found the precision failing under policy ``stop``.
+
+        Example:
+            >>> import torch, scalertune
+            >>> model = torch.nn.Linear(4, 1)
+            >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(dtype="bfloat16"), device="cpu")
+            >>> batch = torch.randn(8, 4), torch.randn(8, 1)
+            >>> loss = amp.train_step(model, optimizer, torch.nn.functional.mse_loss, batch)
+            >>> loss.requires_grad, amp.steps
+            (False, 1)
         """
         self._forward.prepare(model)
         inputs, targets = batch
@@ -267,15 +402,42 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         return self._forward.models
 
     def float32(self) -> contextlib.AbstractContextManager[None]:
-        """A context with no autocast at all, whoever asks for one inside it (the in-run
-        check's float32 forward)."""
+        """A context with no autocast at all, whoever asks for one inside it.
+
+        The in-run check runs its float32 forward in it.
+
+        Returns:
+            A context manager.
+
+        Example:
+            >>> import torch, scalertune
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(dtype="bfloat16"), device="cpu")
+            >>> model = amp.prepare(torch.nn.Linear(4, 1))
+            >>> with amp.float32(), amp.autocast():
+            ...     model(torch.randn(2, 4)).dtype
+            torch.float32
+        """
         return self._forward.float32()
 
     def reconfigure(self, config: AmpConfig, *, scale: float | None = None) -> None:
-        """Train under ``config`` from the next step on (the in-run check's action): its
-        float32 islands added to the prepared models, its scaler knobs set in place (and the
-        scale set to ``scale``, where given), or float32: the scaler disabled, every later
-        step taken. Only the islands, the dtype (to float32) and the knobs may change."""
+        """Train under ``config`` from the next step on (the in-run check's action).
+
+        Its float32 islands are added to the prepared models and its scaler knobs set in place;
+        a float32 ``config`` disables the scaler, and every later step is taken. Only the
+        islands, the dtype (to float32) and the knobs may change.
+
+        Args:
+            config: The config to train with from now on.
+            scale: The loss scale to set with the knobs; ``None`` keeps the current one.
+
+        Example:
+            >>> import scalertune
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=4096.0), device="cpu")
+            >>> amp.reconfigure(scalertune.AmpConfig(init_scale=4096.0, growth_interval=100),
+            ...                 scale=256.0)
+            >>> amp.scaler.get_scale(), amp.scaler.get_growth_interval()
+            (256.0, 100)
+        """
         if config.uses_scaler and self._uses_scaler:
             set_knobs(self.scaler, config, scale=scale)
         elif self._uses_scaler:
@@ -285,6 +447,14 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         self._forward.configure(config)
 
     def report(self) -> None:
-        """Print what the in-run check saw and did: its checks, its actions (each with its
-        step and evidence) and the scaler's story beside the search's prediction."""
+        """Print what the in-run check saw and did.
+
+        Its checks, its actions (each with its step and evidence) and the scaler's story beside
+        the search's prediction; ``no in-run check`` for a runtime without one.
+
+        Example:
+            >>> import scalertune
+            >>> scalertune.AmpRuntime(scalertune.AmpConfig(), device="cpu").report()
+            no in-run check
+        """
         print(self.check.report(self) if self.check is not None else "no in-run check")

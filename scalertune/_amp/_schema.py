@@ -43,9 +43,28 @@ def read_result(path: str) -> dict[str, Any]:
 
 
 def load_config(path: str, *, best_amp: bool = False) -> AmpConfig:
-    """Read the ``config`` block of a YAML file written by ``scalertune search``, or with
-    ``best_amp=True`` the best AMP config that held (``evidence.best_amp``): the one to use on
-    a GPU when a search on a CPU answers float32 because AMP steps are slower there."""
+    """Read the config a search chose from the YAML file it wrote, without building a runtime.
+
+    Args:
+        path: A result YAML that ``scalertune search`` wrote.
+        best_amp: ``True`` reads the best AMP config that held (``evidence.best_amp``) instead
+            of the answer: the one to use on a GPU when a search on a CPU answers float32
+            because AMP steps are slower there.
+
+    Returns:
+        The :class:`AmpConfig` of the file's ``config`` block (or of ``evidence.best_amp``).
+
+    Raises:
+        UsageError: ``path`` is missing or is not a result file, its config is malformed, or
+            ``best_amp=True`` and it has no ``evidence.best_amp``.
+
+    Example:
+        >>> import pathlib, tempfile, scalertune
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "amp.yaml"
+        >>> _ = path.write_text("config: {dtype: float16, init_scale: 4096.0}")
+        >>> scalertune.load_config(str(path)).describe()
+        'float16 scale=4096 growth=2 backoff=0.5 every 2000, no clip'
+    """
     return AmpConfig.from_dict(_chosen(read_result(path), path, best_amp)["config"])
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from scalertune import _policy
+from scalertune._amp import _policy as _amp_policy
 from scalertune._errors import UsageError
 
 _FLOAT_TAG = "tag:yaml.org,2002:float"
@@ -26,16 +26,16 @@ def read_yaml(path: str, *, what: str, missing: str = "") -> Any:
     when it cannot be read (``missing`` is appended to the message for a missing file)."""
     try:
         with open(path, "rb") as f:
-            raw = f.read(_policy.MAX_YAML_BYTES + 1)
+            raw = f.read(_amp_policy.MAX_YAML_BYTES + 1)
     except FileNotFoundError:
         raise UsageError(f"no such file: {path}{missing}") from None
     except IsADirectoryError:
         raise UsageError(f"{path} is a folder, not {what}") from None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > _policy.MAX_YAML_BYTES:
+    if len(raw) > _amp_policy.MAX_YAML_BYTES:
         raise UsageError(
-            f"{path} is larger than {_policy.MAX_YAML_BYTES // 1024} KiB: is it {what}?"
+            f"{path} is larger than {_amp_policy.MAX_YAML_BYTES // 1024} KiB: is it {what}?"
         )
     try:
         text = raw.decode("utf-8-sig")
@@ -90,10 +90,10 @@ def _measure(root: yaml.Node, where: str, loader: yaml.SafeLoader) -> None:
             )
             total = 1 + sum(count(child) for child in children)
             open_nodes.discard(key)
-        if total > _policy.MAX_YAML_VALUES:
+        if total > _amp_policy.MAX_YAML_VALUES:
             raise UsageError(
                 f"{where}: its aliases expand to more than "
-                f"{_policy.MAX_YAML_VALUES} values: write the values out"
+                f"{_amp_policy.MAX_YAML_VALUES} values: write the values out"
             )
         counted[key] = total
         return total

@@ -77,11 +77,40 @@ def diagnose(
     device: str | torch.device = "auto",
     fp32_modules: str | Sequence[str] = (),
 ) -> Diagnosis:
-    """Watch ``steps`` training steps in float16 (at ``init_scale``, with ``fp32_modules``
-    already in float32), bfloat16 and float32, check the fixes by running them, and judge.
+    """Find where float16 overflows or underflows, module by module, and check the fixes.
 
-    Raises :class:`UsageError` for an ``init_scale`` that is not a positive finite number,
-    ``steps < 1``, or ``fp32_modules`` naming no module of the model, before anything runs.
+    Trains ``steps`` steps in float16 (at ``init_scale``, with ``fp32_modules`` already in
+    float32), bfloat16 and float32, with every module's forward output and gradient
+    watched; then runs the fixes it suggests (float32 islands, another ``init_scale``) with
+    the real GradScaler to check them, and judges.
+
+    Args:
+        factory_or_spec: ``path/to/model.py:make_model``, ``package.module:make_model`` or the
+            factory itself, as for :func:`search`.
+        init_scale: The loss scale float16 is diagnosed at (PyTorch's ``2**16`` by default).
+        steps: How many training steps each run watches.
+        seed: The seed of every run.
+        device: ``"auto"`` (CUDA when this machine has it), ``"cuda"``, ``"cpu"`` or a
+            ``torch.device``.
+        fp32_modules: Modules already kept in float32 (names or glob patterns; a
+            comma-separated string is split): the diagnosis looks for what overflows besides.
+
+    Returns:
+        The :class:`Diagnosis`: the table, the culprits, the islands that fix a forward
+        overflow, a checked ``init_scale`` and the verdict.
+
+    Raises:
+        UsageError: ``init_scale`` is not a positive finite number, ``steps`` is below 1,
+            ``fp32_modules`` names no module of the model, or the factory breaks its
+            contract; before anything trains (the command line exits with status 2).
+
+    Example:
+        >>> import scalertune
+        >>> d = scalertune.diagnose("examples/attention.py:make_model")  # doctest: +SKIP
+        >>> d.kind, d.islands  # doctest: +SKIP
+        ('forward', ['attn.score'])
+        >>> print(d.next_command("examples/attention.py:make_model"))  # doctest: +SKIP
+        scalertune search examples/attention.py:make_model --fp32-modules attn.score
     """
     _check(init_scale, steps)
     factory = load_factory(factory_or_spec) if isinstance(factory_or_spec, str) else factory_or_spec

@@ -12,6 +12,7 @@ import torch
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
+from scalertune._diagnose import _policy as _diagnose_policy
 from scalertune._diagnose._patterns import group_patterns
 from scalertune._diagnose._report import ModuleReport, ScalerCheck, _list, _share
 from scalertune._diagnose._runner import _Run, _Runner
@@ -189,7 +190,7 @@ class _Judge:
             self.checks,
             lambda r: r.flushed is not None and r.flushed <= _policy.UNDERFLOW_SHARE,
             bad=_exponent(self.scale),
-            toward=_exponent(_policy.DIAGNOSE_MAX_SCALE),
+            toward=_exponent(_diagnose_policy.DIAGNOSE_MAX_SCALE),
             guess=guess,
         )
         if found is None:
@@ -264,7 +265,7 @@ def bisect_scale(
     step = 1 if toward > bad else -1
     good: tuple[int, _Run] | None = None
     e = min(max(guess, bad + step), toward) if step > 0 else max(min(guess, bad + step), toward)
-    for _ in range(_policy.DIAGNOSE_MAX_PROBES):
+    for _ in range(_diagnose_policy.DIAGNOSE_MAX_PROBES):
         probe = run(dataclasses.replace(config, init_scale=2.0**e), hooks=False)
         checks.append(probe.check())
         if ok(probe):

@@ -12,6 +12,7 @@ import torch
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._modules import match_modules
+from scalertune._diagnose import _policy as _diagnose_policy
 from scalertune._diagnose._patterns import group_patterns
 from scalertune._diagnose._report import IslandAdvice
 from scalertune._diagnose._runner import _Run, _Runner
@@ -30,7 +31,7 @@ def locate_forward_overflow(
     keeping them in float32 makes that forward finite. ``None`` when the overflow came too
     late to replay (``LOCATE_MAX_STEPS``) or no module is to blame."""
     first_bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
-    if first_bad is None or first_bad >= _policy.LOCATE_MAX_STEPS:
+    if first_bad is None or first_bad >= _diagnose_policy.LOCATE_MAX_STEPS:
         return None
     run = _Runner(factory, steps=first_bad + 1, seed=seed, device=device, watch_from=first_bad)
     first = run(config)

@@ -16,7 +16,20 @@ from scalertune._diagnose._patterns import group_patterns
 
 @dataclasses.dataclass
 class TensorStats:
-    """What one module produced (or received as a gradient), over calls and steps."""
+    """What one module produced (or received as a gradient), over calls and steps.
+
+    ``absmax`` is the largest finite magnitude, ``nonfinite`` the inf/NaN values, ``over``
+    the finite values above float16's largest (65504: possible only outside float16), of
+    ``total`` values.
+
+    Example:
+        >>> import torch
+        >>> from scalertune import TensorStats
+        >>> stats = TensorStats()
+        >>> stats.add(torch.tensor([1.0, float("inf"), 7e4]))
+        >>> stats
+        TensorStats(absmax=70000.0, total=3, nonfinite=1, over=1)
+    """
 
     absmax: float = 0.0
     total: int = 0
@@ -24,6 +37,19 @@ class TensorStats:
     over: int = 0  # finite but above float16's max (only possible outside float16)
 
     def add(self, t: torch.Tensor) -> None:
+        """Count one tensor's values in.
+
+        Args:
+            t: A module's output or gradient, of any dtype.
+
+        Example:
+            >>> import torch
+            >>> from scalertune import TensorStats
+            >>> stats = TensorStats()
+            >>> stats.add(torch.ones(4))
+            >>> stats.total, stats.absmax
+            (4, 1.0)
+        """
         a = t.detach().float().abs()
         finite = torch.isfinite(a)
         self.total += a.numel()
@@ -34,6 +60,19 @@ class TensorStats:
             self.over += int((fa > _policy.FLOAT16_MAX).sum())
 
     def share(self, count: int) -> float:
+        """``count`` as a share of the values seen.
+
+        Args:
+            count: One of the counts (``nonfinite``, ``over``).
+
+        Returns:
+            The share, 0.0 when nothing was seen.
+
+        Example:
+            >>> from scalertune import TensorStats
+            >>> TensorStats(total=4, nonfinite=1).share(1)
+            0.25
+        """
         return count / self.total if self.total else 0.0
 
 
@@ -45,6 +84,12 @@ class ModuleReport:
     its own parameters' gradients (float16: scaled, as the backward left them, before
     ``unscale_``). Each is keyed by dtype. ``flushed`` is the share of its parameters' nonzero
     float32 gradient values that are zero in float16 at the scale judged.
+
+    Example:
+        >>> d = scalertune.diagnose("examples/attention.py:make_model")  # doctest: +SKIP
+        >>> row = next(m for m in d.modules if m.name == "attn.score")  # doctest: +SKIP
+        >>> row.forward["float16"].nonfinite > 0  # doctest: +SKIP
+        True
     """
 
     name: str
@@ -57,7 +102,15 @@ class ModuleReport:
 
 @dataclasses.dataclass(frozen=True)
 class ScalerCheck:
-    """One run of real GradScaler steps that a claim of the diagnosis rests on."""
+    """One run of real GradScaler steps that a claim of the diagnosis rests on.
+
+    Example:
+        >>> from scalertune import AmpConfig, ScalerCheck
+        >>> check = ScalerCheck(AmpConfig(init_scale=4096.0), steps=3, skipped=0,
+        ...                     bad_loss_steps=0, outputs_finite=True, flushed=0.0)
+        >>> check.forward_finite
+        True
+    """
 
     config: AmpConfig
     steps: int
@@ -73,9 +126,22 @@ class ScalerCheck:
 
     @property
     def forward_finite(self) -> bool:
+        """Whether the forward stayed finite: every module's output, and the loss."""
         return self.outputs_finite is not False and not self.bad_loss_steps
 
     def describe(self) -> str:
+        """The check in one line, as the diagnosis prints it.
+
+        Returns:
+            The config, the steps skipped, whether the forward and the loss stayed finite, and
+            the share of gradient values flushed to zero.
+
+        Example:
+            >>> from scalertune import AmpConfig, ScalerCheck
+            >>> ScalerCheck(AmpConfig(init_scale=4096.0), steps=3, skipped=0, bad_loss_steps=0,
+            ...             outputs_finite=True, flushed=0.0).describe()  # doctest: +ELLIPSIS
+            "float16 at init_scale 4096: skipped 0 of 3 steps, every module's output finite, ..."
+        """
         islands = f" with {','.join(self.islands)} in float32" if self.islands else ""
         parts = [f"skipped {self.skipped} of {self.steps} steps"]
         if self.outputs_finite is not None:
@@ -130,7 +196,14 @@ class Diagnosis:
     grad_absmax: float
 
     def table(self) -> str:
-        """Module by module, in execution order."""
+        """Module by module, in execution order: the forward and gradient figures of each run.
+
+        Returns:
+            The table, one line per module.
+
+        Example:
+            >>> print(d.table())  # doctest: +SKIP
+        """
         s = f"@{self.init_scale:g}"
         rows = [
             (
@@ -169,7 +242,14 @@ class Diagnosis:
         return "\n".join(format_table(rows))
 
     def summary(self) -> str:
-        """The table, where things first went non-finite, the checks, and the verdict."""
+        """The table, where things first went non-finite, the checks, and the verdict.
+
+        Returns:
+            What ``scalertune diagnose`` prints.
+
+        Example:
+            >>> print(d.summary())  # doctest: +SKIP
+        """
         lines = [self.table(), ""]
         if self.first_forward_nonfinite is not None:
             lines.append(
@@ -188,7 +268,19 @@ class Diagnosis:
         return "\n".join(lines)
 
     def next_command(self, factory: str) -> str | None:
-        """The search to run next: with the islands, or at all when something is wrong."""
+        """The search to run next: with the islands, or at all when something is wrong.
+
+        Args:
+            factory: The factory spec to put in the command.
+
+        Returns:
+            A ``scalertune search`` command line, or ``None`` when the diagnosis is ``clean`` or
+            float32 itself fails.
+
+        Example:
+            >>> d.next_command("model.py:make_model")  # doctest: +SKIP
+            'scalertune search model.py:make_model --fp32-modules attn.score'
+        """
         if self.islands:
             return (
                 f"scalertune search {factory} --fp32-modules {shlex.quote(','.join(self.islands))}"

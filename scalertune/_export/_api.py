@@ -75,8 +75,11 @@ class _Name:
 
 @dataclasses.dataclass(frozen=True)
 class Export:
-    """A config for one framework: the objects it takes, the code that builds them, and what
-    it could not express.
+    """A config for one framework: the objects it takes, the code that builds them, and the gaps.
+
+    :func:`export` returns one. ``not_expressible`` lists what the framework cannot say of
+    the config (the nearest setting is used instead), ``differences`` what it does otherwise
+    than GradScaler; the code carries both as comments.
 
     Example:
         >>> import scalertune
@@ -105,12 +108,25 @@ class Export:
     def build(self) -> dict[str, Any]:
         """The framework's own objects, keyed as its constructor or config takes them.
 
-        torch: ``scaler`` (a GradScaler), ``autocast`` (``torch.autocast`` keyword arguments)
-        and ``max_norm``; lightning: ``Trainer`` keyword arguments (the precision plugin with
-        its GradScaler, the clipping); accelerate: ``Accelerator`` keyword arguments (the
-        ``GradScalerKwargs`` handler); transformers: ``TrainingArguments`` fields; deepspeed:
-        the config dict (``json.dump`` it as ``ds_config.json``). Importing the framework is
-        left to this call, so the code text needs none of them installed.
+        Importing the framework is left to this call, so the code text needs none of them
+        installed.
+
+        Returns:
+            For torch, ``scaler`` (a GradScaler), ``autocast`` (``torch.autocast`` keyword
+            arguments) and ``max_norm``; lightning: ``Trainer`` keyword arguments (the precision
+            plugin with its GradScaler, the clipping); accelerate: ``Accelerator`` keyword
+            arguments (the ``GradScalerKwargs`` handler); transformers: ``TrainingArguments``
+            fields; deepspeed: the config dict (``json.dump`` it as ``ds_config.json``).
+
+        Raises:
+            UsageError: The framework is not installed.
+
+        Example:
+            >>> import scalertune
+            >>> config = scalertune.AmpConfig(init_scale=4096.0, clip_norm=1.0)
+            >>> parts = scalertune.export(config, "torch", device="cpu").build()
+            >>> parts["scaler"].get_scale(), parts["max_norm"]
+            (4096.0, 1.0)
         """
         return {key: _build(value) for key, value in self._spec.items()}
 
@@ -120,7 +136,26 @@ class Export:
         return self.config.clip_norm
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Apply the config's float32 islands to ``model`` (in place; a no-op without any)."""
+        """Apply the config's float32 islands to ``model``, in place (a no-op without any).
+
+        Args:
+            model: The model to train.
+
+        Returns:
+            ``model`` itself.
+
+        Raises:
+            UsageError: An island's name or pattern selects no module of ``model``.
+
+        Example:
+            >>> import torch, scalertune
+            >>> config = scalertune.AmpConfig(fp32_modules=("0",))
+            >>> model = scalertune.export(config, "torch", device="cpu").prepare(
+            ...     torch.nn.Sequential(torch.nn.Linear(2, 2)))
+            >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+            ...     model(torch.randn(1, 2)).dtype
+            torch.float32
+        """
         from scalertune._amp._runtime import AmpRuntime
 
         return AmpRuntime(
@@ -129,8 +164,10 @@ class Export:
 
     @property
     def code(self) -> str:
-        """Code that builds :meth:`build`'s objects (JSON for DeepSpeed), with comments
-        marking what is not expressible or behaves differently."""
+        """Code that builds :meth:`build`'s objects (JSON for DeepSpeed).
+
+        Comments mark what is not expressible or behaves differently, and where the objects go.
+        """
         if self.framework == "deepspeed":
             return json.dumps(self.build(), indent=2) + "\n"
         imports: set[str] = set()
@@ -157,8 +194,19 @@ class Export:
         return "\n".join([*self._head(), *imports_first, "", *body, *self._usage]) + "\n"
 
     def comments(self) -> list[str]:
-        """What :attr:`code` says besides the code: the title, what is not expressible, what
-        differs, and where the objects go. For JSON, which has no comments, print these apart."""
+        """What :attr:`code` says besides the code, for JSON, which has no comments.
+
+        The title, what is not expressible, what differs, and where the objects go: print
+        these apart from DeepSpeed's JSON.
+
+        Returns:
+            The comment lines, each starting with ``#``.
+
+        Example:
+            >>> import scalertune
+            >>> scalertune.export(scalertune.AmpConfig(), "torch", device="cpu").comments()[0]
+            '# scalertune export for torch: float16 scale=6.554e+04 growth=2 backoff=0.5 ...'
+        """
         return [*self._head(), *(line for line in self._usage if line)]
 
     def _head(self) -> list[str]:
@@ -181,16 +229,45 @@ def export(
     micro_batch_size: int | None = None,
     best_amp: bool = False,
 ) -> Export:
-    """The config in ``source`` for ``framework`` (one of :data:`FRAMEWORKS`).
+    """The config in ``source`` as the objects (and the code) ``framework`` takes.
 
-    ``source`` is an :class:`AmpConfig`, a :class:`SearchResult`, or the path of a YAML file
-    that ``scalertune search`` wrote; the last two also carry the smallest loss scale the
-    search's runs reached, which DeepSpeed's minimum scale is checked against. ``device`` is
-    what the training runs on: ``auto`` (CUDA when this machine has it), ``cuda``, ``cpu``.
-    ``micro_batch_size`` completes DeepSpeed's config, which refuses one without a batch size.
-    With ``strict=True`` a value the framework cannot express raises :class:`UsageError`.
-    ``best_amp=True`` exports the best AMP config that held (``evidence.best_amp``) instead of
-    the answer: where a search on a CPU answered float32, the config for a GPU.
+    Args:
+        source: An :class:`AmpConfig`, a :class:`SearchResult`, or the path of a YAML file
+            that ``scalertune search`` wrote; the last two also carry the smallest loss scale
+            the search's runs reached, which DeepSpeed's minimum scale is checked against.
+        framework: One of :data:`FRAMEWORKS`: ``"torch"``, ``"lightning"``,
+            ``"accelerate"``, ``"transformers"``, ``"deepspeed"``.
+        device: What the training runs on: ``"auto"`` (CUDA when this machine has it),
+            ``"cuda"``, ``"cpu"``.
+        strict: ``True`` raises where the framework cannot express a value; ``False`` (the
+            default) uses the nearest setting and says so in ``not_expressible``.
+        micro_batch_size: Completes DeepSpeed's config, which refuses one without a batch
+            size (``"deepspeed"`` only).
+        best_amp: ``True`` exports the best AMP config that held (``evidence.best_amp``)
+            instead of the answer: where a search on a CPU answered float32, the config for a
+            GPU. A YAML or a :class:`SearchResult` only.
+
+    Returns:
+        The :class:`Export`: :meth:`Export.build` makes the objects, :attr:`Export.code`
+        writes the code.
+
+    Raises:
+        UsageError: An unknown ``framework``, ``micro_batch_size`` for another framework
+            than DeepSpeed, ``best_amp`` with a bare config, a ``source`` of another type or a
+            YAML that is missing or malformed, or with ``strict=True`` a value the framework
+            cannot express (the command line exits with status 2).
+        ParameterError: ``micro_batch_size`` out of range (a ``UsageError`` too).
+
+    Example:
+        >>> import scalertune
+        >>> ds = scalertune.export(scalertune.AmpConfig(init_scale=4096.0), "deepspeed",
+        ...                        micro_batch_size=8)
+        >>> ds.build()["train_micro_batch_size_per_gpu"]
+        8
+        >>> print(scalertune.export(scalertune.AmpConfig(dtype="bfloat16"), "torch",
+        ...                         device="cpu").code)  # doctest: +ELLIPSIS
+        # scalertune export for torch: bfloat16, no clip
+        ...
     """
     if framework not in FRAMEWORKS:
         raise UsageError(f"unknown framework {framework!r}: use one of {', '.join(FRAMEWORKS)}")

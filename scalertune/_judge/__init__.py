@@ -9,5 +9,7 @@
 - ``_phases``: a branch or a run from step 0 judged against float32 in a phase window;
 - ``_horizon``: which configs hold for the horizon, the finalists, the seed spread;
 - ``_stopping``: when a run stops (target reached, slower than the best), when sampling stops;
-- ``_speedup``: the verdict against float32, with its spread.
+- ``_speedup``: the verdict against float32, with its spread;
+- ``_policy``: the judge's own policy numbers (the reference's drop and noise, the study's
+  patience, the tie's floor), each with its reason.
 """

@@ -18,6 +18,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
+from scalertune._judge import _policy as _judge_policy
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
 from scalertune._judge._stored import sound
@@ -186,8 +187,8 @@ def seed_spread(steps_by_seed: Sequence[int | None]) -> float:
     ``SEED_SPREAD_FLOOR``."""
     steps = [s for s in steps_by_seed if s]
     if len(steps) < 2:
-        return _policy.SEED_SPREAD_FLOOR
-    return max(_policy.SEED_SPREAD_FLOOR, (max(steps) - min(steps)) / min(steps))
+        return _judge_policy.SEED_SPREAD_FLOOR
+    return max(_judge_policy.SEED_SPREAD_FLOOR, (max(steps) - min(steps)) / min(steps))
 
 
 def fewer_steps(a: int, b: int, spread: float) -> bool:

@@ -46,7 +46,17 @@ def decode_scales(runs: Sequence[Sequence[float]]) -> tuple[float, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """One finished run as the study stores it: a trial plus its judged attributes."""
+    """One finished run as the study stores it: a trial plus its judged attributes.
+
+    A :class:`SearchResult` holds them (its ``ranking``, ``baselines``, ``recommended``,
+    ``best_amp``); they are read from the study, not built by hand.
+
+    Example:
+        >>> result = scalertune.analyze(study)  # doctest: +SKIP
+        >>> best = result.ranking[0]  # doctest: +SKIP
+        >>> best.label, best.config.describe(), best.steps_to_target  # doctest: +SKIP
+        ('#7', 'float16 scale=4096 growth=2 backoff=0.5 every 2000, no clip', 186)
+    """
 
     number: int
     role: str
@@ -59,9 +69,23 @@ class Outcome:
 
     @classmethod
     def from_trial(cls, trial: FrozenTrial) -> Outcome:
-        """The run ``trial`` stores; :class:`~scalertune._errors.DamagedEvidence` when its
-        attributes are not what a run stores (:func:`~scalertune._judge._stored.
-        check_trial`)."""
+        """Read one finished run from its Optuna trial.
+
+        Args:
+            trial: A trial a search wrote (its ``config`` user attribute, the judged figures,
+                the losses and the scales).
+
+        Returns:
+            The outcome.
+
+        Raises:
+            DamagedEvidence: The trial's attributes are not what a run stores (a study's
+                storage is written by others too; see
+                :func:`~scalertune._judge._stored.check_trial`): named in one line.
+
+        Example:
+            >>> outcomes = [Outcome.from_trial(t) for t in study.trials]  # doctest: +SKIP
+        """
         check_trial(trial)
         # the judged figures in full precision over the rounded copies the dashboard shows
         attrs = {

@@ -55,8 +55,14 @@ COMPARABLE = (
 
 @dataclasses.dataclass(frozen=True)
 class StudySettings:
-    """What a study was created with: the workload, the trial, the horizon, the space and the
-    device, and the float32 reference's config (the workload's own clipping).
+    """What a study was created with: workload, trial, horizon, space, device, reference.
+
+    The float32 reference's config is float32 with the workload's own clipping. The search
+    writes this record when it creates the study; every worker that joins it and everything
+    that reviews it reads it back (``SearchResult.settings``).
+
+    Raises:
+        ParameterError: ``horizon`` is shorter than a trial's ``steps``.
 
     Example:
         >>> from scalertune import StudySettings
@@ -122,8 +128,23 @@ class StudySettings:
         return [(middle, middle + width), end_window]
 
     def noise(self, spread: float) -> Noise:
-        """What counts as a tie in steps to the target: float32's seed ``spread`` of them, as
-        a share of the trial's steps or, over a long horizon, of the horizon."""
+        """What counts as a tie in steps to the target.
+
+        Args:
+            spread: float32's seed-to-seed spread of its steps to the target, as a share.
+
+        Returns:
+            The tie margin: the spread as a share of the trial's steps or, over a long horizon,
+            of the horizon (a head start of a few steps is nothing over the training the answer
+            is for).
+
+        Example:
+            >>> from scalertune import StudySettings
+            >>> s = StudySettings(factory="m.py:f", steps=200, horizon=2000, seed=0, space={},
+            ...                   device_type="cpu", device="cpu")
+            >>> s.noise(0.05).margin(150)
+            100.0
+        """
         return Noise(spread, self.horizon if self.long else 0)
 
     @property
@@ -133,6 +154,7 @@ class StudySettings:
 
     @property
     def space_name(self) -> str:
+        """The search space's name."""
         return str(self.space.get("name", ""))
 
     @property
@@ -147,11 +169,39 @@ class StudySettings:
         return self.version > 0
 
     def differs_from(self, other: StudySettings) -> str | None:
-        """The first of the ``COMPARABLE`` settings that differs from ``other``'s."""
+        """The first of the settings a rerun must share that differs from ``other``'s.
+
+        Args:
+            other: The settings a rerun or another worker brings.
+
+        Returns:
+            The name of the first differing setting (factory, steps, horizon, seed, space,
+            device_type, reference, nproc_per_node), or ``None`` when they agree.
+
+        Example:
+            >>> import dataclasses
+            >>> from scalertune import StudySettings
+            >>> s = StudySettings(factory="m.py:f", steps=200, horizon=200, seed=0, space={},
+            ...                   device_type="cpu", device="cpu")
+            >>> s.differs_from(dataclasses.replace(s, seed=1))
+            'seed'
+        """
         mine, theirs = self.to_dict(), other.to_dict()
         return next((key for key in COMPARABLE if mine[key] != theirs[key]), None)
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as the study stores it (the ``scalertune.settings`` user attribute).
+
+        Returns:
+            Plain types, with the record's ``version``.
+
+        Example:
+            >>> from scalertune import StudySettings
+            >>> s = StudySettings(factory="m.py:f", steps=200, horizon=200, seed=0, space={},
+            ...                   device_type="cpu", device="cpu")
+            >>> s.to_dict()["version"], s.to_dict()["reference"]
+            (2, {'dtype': 'float32', 'clip_norm': None})
+        """
         return {
             "version": self.version,
             "factory": self.factory,
@@ -172,13 +222,29 @@ class StudySettings:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StudySettings:
-        """The record as stored, in any version a study may hold; a record that is not one
-        (a study's storage is written by others too) is
-        :class:`~scalertune._errors.DamagedEvidence`, named in one line."""
+        """Read the record as stored, in any version a study may hold.
+
+        Args:
+            data: What :meth:`to_dict` wrote, in this version or an earlier one.
+
+        Returns:
+            The settings.
+
+        Raises:
+            UsageError: The record is of a newer version than this scalertune reads: upgrade
+                scalertune to review the study.
+            DamagedEvidence: The record is not one this scalertune wrote (a study's storage
+                is written by others too): named in one line.
+
+        Example:
+            >>> from scalertune import StudySettings
+            >>> StudySettings.from_dict({"factory": "m.py:f", "steps": 200, "seed": 0}).horizon
+            200
+        """
         try:
             version = int(data.get("version") or 1)
         except (AttributeError, TypeError, ValueError):
-            raise _damaged("it is not a record of settings") from None
+            raise DamagedEvidence(_damaged("it is not a record of settings")) from None
         if version > VERSION:
             raise UsageError(
                 f"the study's settings are of version {version}, newer than this "
@@ -187,15 +253,17 @@ class StudySettings:
         try:
             settings = cls._read(data, version)
         except UsageError:
-            raise _damaged("its reference is not an AMP config") from None
+            raise DamagedEvidence(_damaged("its reference is not an AMP config")) from None
         except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise _damaged(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+            raise DamagedEvidence(_damaged(f"{type(exc).__name__}: {str(exc)[:200]}")) from None
         if not (
-            0 < settings.steps <= settings.horizon <= _policy.MAX_HORIZON
+            0 < settings.steps <= settings.horizon <= _limits.MAX_HORIZON
             and 0 < settings.nproc_per_node <= 2**16
             and re.fullmatch("[0-9a-f]{0,64}", settings.instance)
         ):
-            raise _damaged("its steps, horizon, ranks or instance are out of bounds")
+            raise DamagedEvidence(
+                _damaged("its steps, horizon, ranks or instance are out of bounds")
+            )
         return settings
 
     @classmethod
@@ -218,8 +286,24 @@ class StudySettings:
 
     @classmethod
     def of(cls, study: optuna.Study) -> StudySettings:
-        """The settings ``study`` was created with; for a study that holds none (not made by
-        a search), a record of ``version`` 0 that says so (:attr:`stored`)."""
+        """The settings ``study`` was created with.
+
+        Args:
+            study: An Optuna study.
+
+        Returns:
+            The settings; for a study that holds none (not made by a search), a record of
+            ``version`` 0 that says so (:attr:`stored`).
+
+        Raises:
+            UsageError: The study's settings are of a newer version than this scalertune reads.
+
+        Example:
+            >>> import optuna
+            >>> from scalertune import StudySettings
+            >>> StudySettings.of(optuna.create_study()).stored
+            False
+        """
         stored = study.user_attrs.get(SETTINGS_ATTR)
         if stored is None:
             return cls(
@@ -256,8 +340,8 @@ def space_dtypes(params: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(dtype["choices"]) if isinstance(dtype, Mapping) else (dtype,)
 
 
-def _damaged(why: str) -> DamagedEvidence:
-    return DamagedEvidence(
+def _damaged(why: str) -> str:
+    return (
         f"the study's settings ({SETTINGS_ATTR}) are damaged: {why}; a study cannot be judged "
         "without them: search into a new --study-name"
     )

@@ -12,8 +12,14 @@ class Speedup:
     """float32's time to target over a config's: a point estimate and the spread around it.
 
     ``low``/``high`` combine the spread of the interleaved step-time ratios over the timing
-    rounds (:func:`scalertune._run._step_times.spread`) with the range of the steps-to-target ratios
-    over the seeds the config ran on.
+    rounds (:func:`scalertune._run._step_times.spread`) with the range of the
+    steps-to-target ratios over the seeds the config ran on. A speedup whose spread holds 1
+    is a tie with float32.
+
+    Example:
+        >>> from scalertune import Speedup
+        >>> Speedup.of([1.0, 1.2], [0.5, 0.6])
+        Speedup(point=2.0, low=1.6666666666666667, high=2.4, step_time_ratio=0.55)
     """
 
     point: float
@@ -23,8 +29,20 @@ class Speedup:
 
     @classmethod
     def of(cls, step_ratios: Sequence[float], time_ratios: Sequence[float]) -> Speedup:
-        """``step_ratios``: float32's steps to target over the config's, per seed;
-        ``time_ratios``: the config's step time over float32's, per timing round."""
+        """The speedup from its two measurements.
+
+        Args:
+            step_ratios: float32's steps to target over the config's, per seed.
+            time_ratios: The config's step time over float32's, per timing round.
+
+        Returns:
+            The speedup: the median step ratio over the median time ratio, with the spread.
+
+        Example:
+            >>> from scalertune import Speedup
+            >>> Speedup.of([1.0], [0.5]).point
+            2.0
+        """
         from scalertune._run._step_times import spread
 
         steps = statistics.median(step_ratios)
@@ -38,8 +56,20 @@ class Speedup:
         )
 
     def verdict(self, device: str, *, note: bool = True) -> str:
-        """The sentence that states this speed against float32 on ``device`` (with
-        ``note``, why AMP is slower on a CPU)."""
+        """The sentence that states this speed against float32 on ``device``.
+
+        Args:
+            device: The device in words (``"cuda:0 (NVIDIA H100)"``, ``"cpu (x86_64, 2 threads)"``).
+            note: Add :meth:`cpu_note` (why AMP is slower on a CPU).
+
+        Returns:
+            The sentence: faster, slower, or as fast within measurement noise.
+
+        Example:
+            >>> from scalertune import Speedup
+            >>> print(Speedup.of([1.0, 1.2], [0.5, 0.6]).verdict("cuda"))
+            2.00x faster than float32 to the target on cuda (1.67-2.40x; each step 0.55x ...)
+        """
         spread = f"{self.low:.2f}-{self.high:.2f}x"
         per_step = f"each step {self.step_time_ratio:.2f}x float32's time"
         if self.low <= 1 <= self.high:
@@ -60,7 +90,19 @@ class Speedup:
         return text + (self.cpu_note(device) if note else "")
 
     def cpu_note(self, device: str) -> str:
-        """Why AMP is slower here, when it is on a CPU."""
+        """Why AMP is slower here, when it is, on a CPU.
+
+        Args:
+            device: The device in words.
+
+        Returns:
+            The note (starting ``". "``), or ``""`` off a CPU or where AMP is not slower.
+
+        Example:
+            >>> from scalertune import Speedup
+            >>> Speedup.of([1.0], [0.5]).cpu_note("cpu")
+            ''
+        """
         if device.startswith("cpu") and self.step_time_ratio > 1:
             return (
                 ". CPUs without native half-precision matmul run AMP steps slower than "

@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from scalertune import _policy
+from scalertune._judge import _policy as _judge_policy
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._rank import surely_faster
 from scalertune._judge._settings import Noise
@@ -152,7 +153,7 @@ def study_stop_reason(
         if not outcome.reused:
             break
         duplicates += 1
-    if duplicates >= _policy.MAX_CONSECUTIVE_DUPLICATES:
+    if duplicates >= _judge_policy.MAX_CONSECUTIVE_DUPLICATES:
         return (
             f"the sampler proposed {duplicates} configs in a row that had already run: "
             "the space has nothing new to try"
@@ -175,7 +176,7 @@ def study_stop_reason(
             f"the last {streak} sampled trials all reached the target, none faster than "
             f"the best beyond the noise (stopped early after {len(fresh)})"
         )
-    if len(fresh) >= min_trials and since >= _policy.STUDY_PATIENCE:
+    if len(fresh) >= min_trials and since >= _judge_policy.STUDY_PATIENCE:
         return (
             f"the last {since} sampled trials found no faster time to target beyond the "
             f"noise (stopped early after {len(fresh)})"

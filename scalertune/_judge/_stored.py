@@ -21,7 +21,7 @@ from typing import Any, TypeGuard
 
 from optuna.trial import FrozenTrial, TrialState
 
-from scalertune import _policy
+from scalertune import _limits
 from scalertune._amp._config import DTYPES, AmpConfig
 from scalertune._errors import DamagedEvidence, UsageError
 from scalertune._replay._trace import Trace
@@ -107,7 +107,7 @@ def _check_run(trial: FrozenTrial) -> None:
     scales = system.get(SCALES_ATTR, [])
     if not isinstance(scales, list) or not all(_is_scale_run(run) for run in scales):
         raise _damaged(where, SCALES_ATTR, "is not runs of [scale, steps]")
-    if sum(run[1] for run in scales) > _policy.MAX_HORIZON:
+    if sum(run[1] for run in scales) > _limits.MAX_HORIZON:
         raise _damaged(where, SCALES_ATTR, "runs past the longest horizon")
     _check_phase_results(attrs.get("phase_results"), where)
 
@@ -163,7 +163,7 @@ def curve(values: Any, what: str) -> list[float]:
     :class:`DamagedEvidence` naming ``what`` otherwise."""
     if (
         not isinstance(values, list)
-        or len(values) > _policy.MAX_HORIZON
+        or len(values) > _limits.MAX_HORIZON
         or not all(_is_number(v) for v in values)
     ):
         raise DamagedEvidence(f"{what} is damaged: it is not a loss per step")
@@ -206,7 +206,7 @@ def _check_phase_results(results: Any, where: str) -> None:
     """A run from step 0's windows (``phase_results``): a list of mappings of its figures."""
     if results is None:
         return
-    if not isinstance(results, list) or len(results) > _policy.MAX_HORIZON:
+    if not isinstance(results, list) or len(results) > _limits.MAX_HORIZON:
         raise _damaged(where, "phase_results", "is not a list of windows")
     for window in results:
         if (
@@ -228,7 +228,7 @@ def _step_times(stored: Any, where: str) -> StepTimes:
         or not all(
             dtype in DTYPES
             and isinstance(seconds, list)
-            and 0 < len(seconds) <= _policy.MAX_HORIZON
+            and 0 < len(seconds) <= _limits.MAX_HORIZON
             and all(_is_number(s) and 0 < s < math.inf for s in seconds)
             for dtype, seconds in rounds.items()
         )
@@ -242,7 +242,7 @@ def _horizon(late: Mapping[str, Any], where: str) -> int | None:
     if not late:
         return None
     value = late.get("horizon")
-    if not _is_integer(value) or not 0 < value <= _policy.MAX_HORIZON:
+    if not _is_integer(value) or not 0 < value <= _limits.MAX_HORIZON:
         raise _damaged(where, HORIZON_ATTR, "names no horizon")
     return value
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from scalertune import _policy
 from scalertune._errors import UsageError
+from scalertune._judge import _policy as _judge_policy
 
 
 def smoothed(losses: Sequence[float]) -> list[float]:
@@ -30,7 +31,20 @@ def smoothed(losses: Sequence[float]) -> list[float]:
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """The loss a run must reach to count as training as well as float32."""
+    """The loss a run must reach to count as training as well as float32.
+
+    float32's smoothed loss at its last step, plus ``TARGET_TOLERANCE`` (10%) of it. A
+    search builds it from the float32 reference (:meth:`from_reference`); every run is judged
+    against it.
+
+    Example:
+        >>> from scalertune import Target
+        >>> target = Target.from_reference([4.0] * 10 + [1.0] * 10)
+        >>> target.loss, target.reference_learned
+        (1.1, True)
+        >>> target.steps_to_target([4.0] * 5 + [0.5] * 20)
+        14
+    """
 
     loss: float
     reference_final: float
@@ -43,6 +57,23 @@ class Target:
 
     @classmethod
     def from_reference(cls, losses: Sequence[float]) -> Target:
+        """The target of a float32 reference's per-step losses.
+
+        Args:
+            losses: float32's loss at each step.
+
+        Returns:
+            The target, with float32's smoothed curve (a trailing mean over ``SMOOTHING_STEPS``,
+            10) and the standard error of its final smoothed loss.
+
+        Raises:
+            IndexError: ``losses`` is empty.
+
+        Example:
+            >>> from scalertune import Target
+            >>> Target.from_reference([4.0] * 10 + [1.0] * 10).reference_final
+            1.0
+        """
         curve = smoothed(losses)
         start = curve[min(len(curve), _policy.SMOOTHING_STEPS) - 1]
         final = curve[-1]
@@ -66,13 +97,28 @@ class Target:
         skipped every step included) and the search says nothing."""
         drop = self.reference_start - self.reference_final
         return (
-            drop > _policy.REFERENCE_MIN_DROP * abs(self.reference_start)
-            and drop > _policy.REFERENCE_NOISE_MULTIPLE * self.reference_noise
+            drop > _judge_policy.REFERENCE_MIN_DROP * abs(self.reference_start)
+            and drop > _judge_policy.REFERENCE_NOISE_MULTIPLE * self.reference_noise
             and self.loss < self.reference_start
         )
 
     def check_learned(self, steps: int) -> None:
-        """:class:`UsageError` naming what to do when the reference did not learn."""
+        """Refuse a reference that did not learn: no run could be judged against it.
+
+        Args:
+            steps: The steps the reference trained (named in the message).
+
+        Raises:
+            UsageError: float32 did not lower its loss by a meaningful margin; the message says
+                to raise ``--steps`` or the learning rate, or to check the loss and data.
+
+        Example:
+            >>> from scalertune import Target
+            >>> Target.from_reference([1.0] * 20).check_learned(20)
+            Traceback (most recent call last):
+            ...
+            scalertune._errors.UsageError: the float32 reference did not learn in 20 steps ...
+        """
         if self.reference_learned:
             return
         raise UsageError(
@@ -84,17 +130,42 @@ class Target:
         )
 
     def steps_to_target(self, losses: Sequence[float]) -> int | None:
-        """Steps a run needed to reach the target (1-based count), or ``None`` if never."""
+        """Steps a run needed to reach the target: the first whose smoothed loss is at or below it.
+
+        Args:
+            losses: The run's loss at each step.
+
+        Returns:
+            The 1-based step count, or ``None`` if it never reached the target.
+
+        Example:
+            >>> from scalertune import Target
+            >>> Target.from_reference([4.0] * 10 + [1.0] * 10).steps_to_target([4.0] * 20) is None
+            True
+        """
         for i, value in enumerate(smoothed(losses)):
             if value <= self.loss:
                 return i + 1
         return None
 
     def relative(self, smoothed_loss: float) -> float:
-        """A smoothed loss as orders of magnitude from the target: log10(loss / target), so
+        """A smoothed loss as orders of magnitude from the target: log10(loss / target).
+
         0 is the target, 1 ten times above it, -1 a tenth of it. Runs whose losses start
-        thousands of times above the target and end just below it read on one linear axis,
-        the dashboard's. Raw when the target is <= 0; NaN where the log is undefined."""
+        thousands of times above the target and end just below it read on one linear axis, the
+        dashboard's.
+
+        Args:
+            smoothed_loss: A run's smoothed loss.
+
+        Returns:
+            The log ratio; the raw loss when the target is <= 0; NaN where the log is undefined.
+
+        Example:
+            >>> from scalertune import Target
+            >>> Target.from_reference([4.0] * 10 + [1.0] * 10).relative(11.0)
+            1.0
+        """
         if self.loss <= 0:
             return smoothed_loss
         if not smoothed_loss > 0:
@@ -102,8 +173,21 @@ class Target:
         return math.log10(smoothed_loss / self.loss)
 
     def ratio_at(self, losses: Sequence[float]) -> tuple[float, int]:
-        """The run's smoothed loss over float32's at the run's last step, and that step
-        (1-based). Runs stop at different steps; the ratio is taken where both exist."""
+        """The run's smoothed loss over float32's at the run's last step, and that step.
+
+        Runs stop at different steps; the ratio is taken where both exist.
+
+        Args:
+            losses: The run's loss at each step.
+
+        Returns:
+            ``(ratio, step)``, the step 1-based; ``inf`` for a loss that is not finite.
+
+        Example:
+            >>> from scalertune import Target
+            >>> Target.from_reference([4.0] * 10 + [1.0] * 10).ratio_at([1.0] * 20)
+            (1.0, 20)
+        """
         curve = smoothed(losses)
         if not curve:
             return math.inf, 0
@@ -117,8 +201,21 @@ class Target:
         return mine / theirs, step
 
     def gap(self, losses: Sequence[float]) -> float:
-        """How far the best smoothed loss stayed above the target, relative to the target
-        (<= 0 means it reached the target). Stored as Optuna's constraint."""
+        """How far the best smoothed loss stayed above the target, relative to the target.
+
+        Stored as Optuna's constraint: <= 0 means the run reached the target.
+
+        Args:
+            losses: The run's loss at each step.
+
+        Returns:
+            The relative gap; ``inf`` where no smoothed loss is finite.
+
+        Example:
+            >>> from scalertune import Target
+            >>> round(Target.from_reference([4.0] * 10 + [1.0] * 10).gap([0.55] * 20), 3)
+            -0.5
+        """
         curve = [v for v in smoothed(losses) if math.isfinite(v)]
         if not curve:
             return math.inf

@@ -9,5 +9,7 @@
   the ``fp16`` block closest to a GradScaler config;
 - ``_state``: where a config's GradScaler would be at a step of the reference's training;
 - ``_predict``: :class:`Prediction`, what a config's scaler will do over the horizon;
-- ``_forecast``: when a module's forward peaks, at their trend, would reach float16's range.
+- ``_forecast``: when a module's forward peaks, at their trend, would reach float16's range;
+- ``_policy``: the replay's own policy numbers (the forecast's fit and reach), each with its
+  reason.
 """

@@ -39,6 +39,7 @@ import math
 import numpy as np
 
 from scalertune import _policy
+from scalertune._replay import _policy as _replay_policy
 from scalertune._replay._trace import Trace
 
 
@@ -99,7 +100,7 @@ def trends(trace: Trace, horizon: int) -> list[Trend]:
     ``horizon``, each as a power of the step, in trace order; ``steady`` says whether it
     keeps to one power (see the module's docstring)."""
     rows = (trace.block_starts >= horizon / 2) & (trace.block_starts > 0)
-    if rows.sum() < _policy.FORECAST_MIN_BLOCKS or not trace.modules:
+    if rows.sum() < _replay_policy.FORECAST_MIN_BLOCKS or not trace.modules:
         return []
     # a block's peak is of its steps: placed at its middle
     steps = trace.block_starts[rows].astype(np.float64)
@@ -108,7 +109,7 @@ def trends(trace: Trace, horizon: int) -> list[Trend]:
     for i, module in enumerate(trace.modules):
         peaks = trace.forward[rows, i].astype(np.float64)
         keep = peaks > 0
-        if keep.sum() < _policy.FORECAST_MIN_BLOCKS or peaks.max() >= _policy.FLOAT16_MAX:
+        if keep.sum() < _replay_policy.FORECAST_MIN_BLOCKS or peaks.max() >= _policy.FLOAT16_MAX:
             continue
         x, y = np.log2(steps[keep] + width / 2), np.log2(peaks[keep])
         found = _fit(x, y, module, float(peaks.max()))
@@ -121,7 +122,7 @@ def forecast(trace: Trace, horizon: int) -> list[Forecast]:
     """The modules whose forward peaks trend toward float16's range between ``horizon`` and
     ``FORECAST_REACH`` times it, soonest first; empty where no trend fits."""
     out = []
-    limit, reach = _policy.FLOAT16_MAX, _policy.FORECAST_REACH * horizon
+    limit, reach = _policy.FLOAT16_MAX, _replay_policy.FORECAST_REACH * horizon
     for trend in trends(trace, horizon):
         step = trend.reaches(limit)
         if not trend.steady:
@@ -148,7 +149,7 @@ def _steady(x: np.ndarray, y: np.ndarray) -> bool:
     half = len(x) // 2
     early = np.polyfit(x[:half], y[:half], 1)[0]
     late = np.polyfit(x[half:], y[half:], 1)[0]
-    steady = _policy.FORECAST_STEADY
+    steady = _replay_policy.FORECAST_STEADY
     return bool(early > 0 and late > 0 and early / steady <= late <= early * steady)
 
 
@@ -158,7 +159,7 @@ def _fit(x: np.ndarray, y: np.ndarray, module: str, peak: float) -> Trend | None
     residual = y - (slope * x + intercept)
     spread = float(np.sum((x - x.mean()) ** 2))
     error = math.sqrt(float(np.sum(residual**2)) / (n - 2) / spread) if spread else math.inf
-    if slope <= 0 or slope < _policy.FORECAST_T * error:
+    if slope <= 0 or slope < _replay_policy.FORECAST_T * error:
         return None
     centre = float(x.mean())
     return Trend(

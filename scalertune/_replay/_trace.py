@@ -31,7 +31,7 @@ from typing import IO
 
 import numpy as np
 
-from scalertune import _policy
+from scalertune import _limits
 from scalertune._errors import DamagedEvidence
 
 #: The exponents a histogram holds: float32's normal range, and zeros and non-finite values
@@ -41,7 +41,7 @@ HIST_BINS = 2 + HIST_HIGH - HIST_LOW + 1
 #: The most a stored trace holds, decompressed: two float32 a step over the longest horizon,
 #: and room for the blocks' histograms and every module's forward peaks. A blob that would
 #: decompress past it is not a trace scalertune wrote (and is not decompressed further).
-MAX_TRACE_BYTES = 8 * _policy.MAX_HORIZON + 2**26
+MAX_TRACE_BYTES = 8 * _limits.MAX_HORIZON + 2**26
 #: The arrays a stored trace holds: the kind of each one's values and its dimensions (the
 #: start-up probe's two are missing from a trace stored before there was one).
 _ARRAYS = {
@@ -122,7 +122,7 @@ class Trace:
 
     def _what_is_wrong(self) -> str | None:
         steps, blocks = len(self.amax), len(self.block_starts)
-        if steps > _policy.MAX_HORIZON:
+        if steps > _limits.MAX_HORIZON:
             return f"it holds {steps} steps, more than the longest horizon"
         if self.param_amax.shape != (steps,):
             return "its two per-step figures differ in length"

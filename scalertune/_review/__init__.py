@@ -17,5 +17,6 @@
 - ``_artifacts``: the pictures as study artifacts, uploaded once, found again;
 - ``_notes``, ``_dashboard``: each trial's note and the study's, and ``scalertune
   dashboard``;
-- ``_server``: the dashboard's Best Trial as the study's recommended trial.
+- ``_server``: the dashboard's Best Trial as the study's recommended trial;
+- ``_policy``: the review's own policy number (the guard's margin), with its reason.
 """

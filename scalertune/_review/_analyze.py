@@ -42,7 +42,31 @@ from scalertune._storage._recovery import missing_of
 
 
 def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
-    """Rebuild the result of a search from the study alone (no training runs)."""
+    """Rebuild the result of a search from its study alone, without training anything.
+
+    What ``scalertune report`` and the dashboard's notes show; any worker, or a later
+    session, can ask a study for its answer this way.
+
+    Args:
+        study: The Optuna study a search wrote (``optuna.load_study(study_name=...,
+            storage=...)``).
+        storage: The storage URL to record in the result (its password hidden); ``""`` for
+            none.
+
+    Returns:
+        The :class:`SearchResult`, as :func:`search` returned it (or as far as the study got).
+
+    Raises:
+        UsageError: The study's settings were written by a newer scalertune than this one.
+
+    Example:
+        >>> import optuna, scalertune
+        >>> study = optuna.load_study(study_name="classifier:make_model",
+        ...                           storage="sqlite:///scalertune.db")  # doctest: +SKIP
+        >>> result = scalertune.analyze(study)  # doctest: +SKIP
+        >>> result.config.describe()  # doctest: +SKIP
+        'float16 scale=4096 growth=2 backoff=0.5 every 2000, no clip'
+    """
     settings = StudySettings.of(study)
     seed = settings.seed
     # a run whose stored evidence is damaged is left out of everything below, and said

@@ -19,6 +19,7 @@ from scalertune._amp._guard import Guard
 from scalertune._judge._outcome import Outcome
 from scalertune._replay._deepspeed_block import deepspeed_fp16_block
 from scalertune._replay._predict import Prediction, predict, predict_deepspeed
+from scalertune._review import _policy as _review_policy
 from scalertune._review._describe import describe_outcome
 from scalertune._review._findings import Findings, speedup
 from scalertune._review._scaler_advice import defaults_prediction
@@ -196,7 +197,7 @@ def guard(result: Findings, rec: Outcome | None) -> Guard | None:
     runs = [rec, *result.confirmations.get(rec.number, {}).values()]
     lowest = min(min(o.scales) if o.scales else o.config.init_scale for o in runs)
     streak = max(_longest_skip_streak(o) for o in runs)
-    floor = max(lowest / 2.0**_policy.GUARD_SCALE_MARGIN_POWERS, _policy.SCALE_FLOOR)
+    floor = max(lowest / 2.0**_review_policy.GUARD_SCALE_MARGIN_POWERS, _policy.SCALE_FLOOR)
     return Guard(
         min_scale=float(f"{floor:.6g}"),
         max_consecutive_skips=max(_policy.MAX_CONSECUTIVE_SKIPS, 2 * streak),

@@ -158,7 +158,21 @@ class Findings:
         return finalists(self.pool, self.ranking, self.settings.clip_norm)
 
     def holds(self, outcome: Outcome) -> bool | None:
-        """Whether ``outcome``'s config holds for the horizon (``None``: not known yet)."""
+        """Whether ``outcome``'s config holds for the horizon.
+
+        Args:
+            outcome: A run of this search.
+
+        Returns:
+            True when it reached the target and held at every phase window (at once when the
+            horizon is the trial); False when it did not reach the target, fell behind float32
+            in a window, or is of a dtype another run ruled out (unless trained from step 0
+            itself); ``None`` while a window's branch has not run.
+
+        Example:
+            >>> result.holds(result.ranking[0])  # doctest: +SKIP
+            True
+        """
         return holds(outcome, self.phases, self.windows, self.ruled)
 
     @property
@@ -166,8 +180,19 @@ class Findings:
         return {o.attrs["baseline"]: o for o in self.ranking if o.role == ROLE_BASELINE}
 
     def confirmation_state(self, candidate: Outcome) -> str:
-        """``confirmed``, ``failed`` (a seed that went non-finite or never reached its
-        target), or ``pending`` (a seed not yet run)."""
+        """Where a candidate's confirmation on other seeds stands.
+
+        Args:
+            candidate: One of :attr:`candidates`.
+
+        Returns:
+            ``"confirmed"``, ``"failed"`` (a seed that went non-finite or never reached its
+            target), or ``"pending"`` (a seed not yet run).
+
+        Example:
+            >>> result.confirmation_state(result.candidates[0])  # doctest: +SKIP
+            'confirmed'
+        """
         runs = self.confirmations.get(candidate.number, {})
         if any(not o.reached for o in runs.values()):
             return "failed"

@@ -16,5 +16,7 @@
 - ``_forward``: a config's forward loss at float32's own weights;
 - ``_memory``: giving a finished run's memory back;
 - ``_ranks``: a run as N ranks of a process group: joining it, and what the ranks share
-  once per window (the losses averaged, the scaler checked to agree).
+  once per window (the losses averaged, the scaler checked to agree);
+- ``_policy``: the run's own policy numbers (the trace's resolution and cost, the ranks'
+  timeout, when memory is collected), each with its reason.
 """

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from scalertune import _policy
 from scalertune._amp._config import AmpConfig
+from scalertune._run import _policy as _run_policy
 from scalertune._run._checkpoint import BatchCursor, load_checkpoint
 from scalertune._run._loop import step_function
 from scalertune._run._memory import release_memory
@@ -60,7 +60,7 @@ def _mean_loss(
         step = step_function(workload)
         losses = [
             float(step(workload, to_device(batch, device), amp).detach())
-            for batch in itertools.islice(cursor, _policy.ISLAND_PROBE_BATCHES)
+            for batch in itertools.islice(cursor, _run_policy.ISLAND_PROBE_BATCHES)
         ]
     finally:
         del workload

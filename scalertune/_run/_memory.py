@@ -6,7 +6,7 @@ import ctypes
 import gc
 from typing import Any
 
-from scalertune import _policy
+from scalertune._run import _policy as _run_policy
 
 
 def release_memory(model_bytes: int = 0) -> None:
@@ -19,7 +19,7 @@ def release_memory(model_bytes: int = 0) -> None:
     of a second in a process that has imported torch and optuna: it runs only when the model
     is large enough for that to matter (``RELEASE_COLLECT_BYTES``).
     """
-    if model_bytes >= _policy.RELEASE_COLLECT_BYTES:
+    if model_bytes >= _run_policy.RELEASE_COLLECT_BYTES:
         gc.collect()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)

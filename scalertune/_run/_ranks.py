@@ -34,7 +34,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 
-from scalertune import _policy
+from scalertune._run import _policy as _run_policy
 
 
 class RanksDisagree(RuntimeError):
@@ -60,7 +60,7 @@ def join(device: str) -> torch.device:
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(dev)
-    timeout = datetime.timedelta(seconds=_policy.COLLECTIVE_TIMEOUT_S)
+    timeout = datetime.timedelta(seconds=_run_policy.COLLECTIVE_TIMEOUT_S)
     torch.distributed.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timeout)
     return dev
 

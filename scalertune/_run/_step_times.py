@@ -27,20 +27,81 @@ class StepTimes:
     steps: int = 0
 
     def ratios(self, dtype: str) -> list[float]:
-        """``dtype``'s step time over float32's, round by round."""
+        """``dtype``'s step time over float32's, round by round.
+
+        Args:
+            dtype: ``"float16"``, ``"bfloat16"`` or ``"float32"``, as timed.
+
+        Returns:
+            One ratio per timing round (below 1: faster than float32).
+
+        Raises:
+            KeyError: ``dtype`` was not timed.
+
+        Example:
+            >>> StepTimes({"float32": [1.0, 2.0], "float16": [0.5, 0.8]}).ratios("float16")
+            [0.5, 0.4]
+        """
         return [a / b for a, b in zip(self.rounds[dtype], self.rounds["float32"])]
 
     def ratio(self, dtype: str) -> float:
-        """``dtype``'s step time over float32's: the median of the per-round ratios."""
+        """``dtype``'s step time over float32's: the median of the per-round ratios.
+
+        Interleaved rounds see the same load, so their ratio holds where the seconds do not.
+
+        Args:
+            dtype: A timed dtype.
+
+        Returns:
+            The median ratio.
+
+        Raises:
+            KeyError: ``dtype`` was not timed.
+
+        Example:
+            >>> StepTimes({"float32": [1.0, 2.0], "float16": [0.5, 0.8]}).ratio("float16")
+            0.45
+        """
         return statistics.median(self.ratios(dtype))
 
     def median(self, dtype: str) -> float:
-        """``dtype``'s seconds per step: float32's median times :meth:`ratio`."""
+        """``dtype``'s seconds per step: float32's median times :meth:`ratio`.
+
+        Args:
+            dtype: A timed dtype.
+
+        Returns:
+            Seconds per step.
+
+        Raises:
+            KeyError: ``dtype`` was not timed.
+
+        Example:
+            >>> StepTimes({"float32": [1.0, 2.0], "float16": [0.5, 0.8]}).median("float16")
+            0.675
+        """
         return statistics.median(self.rounds["float32"]) * self.ratio(dtype)
 
     def bounds(self, dtype: str) -> tuple[float, float]:
-        """The spread of ``dtype``'s step time: its median, scaled by the :func:`spread` of
-        its per-round ratios to float32 over their median."""
+        """The spread of ``dtype``'s step time, in seconds per step.
+
+        Its median, scaled by the :func:`spread` of its per-round ratios to float32 over their
+        median: a single round hit by a burst of load does not widen it (with 5 rounds or more),
+        a machine noisy throughout does.
+
+        Args:
+            dtype: A timed dtype.
+
+        Returns:
+            ``(low, high)`` seconds per step.
+
+        Raises:
+            KeyError: ``dtype`` was not timed.
+
+        Example:
+            >>> StepTimes({"float32": [1.0, 2.0], "float16": [0.5, 0.8]}).bounds("float16")
+            (0.6, 0.75)
+        """
         low, high = spread(self.ratios(dtype))
         middle, point = self.ratio(dtype), self.median(dtype)
         return point * low / middle, point * high / middle
@@ -49,10 +110,31 @@ class StepTimes:
         return dtype in self.rounds
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data, as the study stores it.
+
+        Returns:
+            ``rounds`` and ``steps``.
+
+        Example:
+            >>> StepTimes({"float32": [1.0]}, steps=40).to_dict()
+            {'rounds': {'float32': [1.0]}, 'steps': 40}
+        """
         return {"rounds": self.rounds, "steps": self.steps}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepTimes:
+        """Read what :meth:`to_dict` wrote.
+
+        Args:
+            data: ``rounds`` (and ``steps``; 0 where a study has none).
+
+        Returns:
+            The step times.
+
+        Example:
+            >>> StepTimes.from_dict({"rounds": {"float32": [1]}}) == StepTimes({"float32": [1.0]})
+            True
+        """
         return cls(
             rounds={k: [float(v) for v in vs] for k, vs in data["rounds"].items()},
             steps=int(data.get("steps", 0)),

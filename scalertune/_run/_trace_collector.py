@@ -42,6 +42,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
+from scalertune._run import _policy as _run_policy
 from scalertune._run import _ranks
 from scalertune._run._probe import NoStep
 from scalertune._run._schedules import kept_schedules
@@ -60,13 +61,13 @@ def _one_pass(batches: Any) -> float:
 def full_every(horizon: int) -> int:
     """One full step in this many after the first ``TRACE_FULL_STEPS``: ``TRACE_FULL_EVERY``,
     or fewer over a long horizon, so that a trace holds about ``TRACE_FULL_SAMPLES``."""
-    return max(_policy.TRACE_FULL_EVERY, horizon // _policy.TRACE_FULL_SAMPLES)
+    return max(_run_policy.TRACE_FULL_EVERY, horizon // _run_policy.TRACE_FULL_SAMPLES)
 
 
 def is_full(step: int, every: int | None = None) -> bool:
     """Whether the trace watches every tensor on ``step`` (see the module's docstring)."""
-    every = _policy.TRACE_FULL_EVERY if every is None else every
-    return step < _policy.TRACE_FULL_STEPS or step % every == 0
+    every = _run_policy.TRACE_FULL_EVERY if every is None else every
+    return step < _run_policy.TRACE_FULL_STEPS or step % every == 0
 
 
 class TraceCollector:
@@ -74,7 +75,7 @@ class TraceCollector:
 
     def __init__(self, horizon: int = 0) -> None:
         unit = _policy.READBACK_INTERVAL
-        self.block = max(unit, round(horizon / _policy.TRACE_BLOCKS / unit) * unit)
+        self.block = max(unit, round(horizon / _run_policy.TRACE_BLOCKS / unit) * unit)
         self.trace = empty()
         self._hooks = _Hooks(full_every(horizon))
         # read since the trace last took them in (see :meth:`_settled`): each window's rows,
@@ -173,7 +174,7 @@ class TraceCollector:
         try:
             with kept_schedules(workload):
                 for batch in itertools.islice(
-                    iter(workload.batches), _policy.STARTUP_PROBE_BATCHES
+                    iter(workload.batches), _run_policy.STARTUP_PROBE_BATCHES
                 ):
                     self._hooks.begin(0)
                     step(workload, to_device(batch, self._hooks.device), amp)
@@ -210,12 +211,12 @@ class _Subset:
 
     def grow(self, largest: float, modules: np.ndarray, params: np.ndarray) -> None:
         """One full step's largest gradient over all, and per module output and parameter."""
-        close = largest / _policy.TRACE_SUBSET_MARGIN
+        close = largest / _run_policy.TRACE_SUBSET_MARGIN
         self.modules.update(int(i) for i in np.flatnonzero(modules >= close))
         had = len(self.params)
         self.params.update(int(i) for i in np.flatnonzero(params >= close))
         self.version += len(self.params) != had
-        if len(modules) <= _policy.TRACE_DOMINANCE_MODULES:
+        if len(modules) <= _run_policy.TRACE_DOMINANCE_MODULES:
             at_least = modules[:, None] >= modules[None, :]
             self.dominance = at_least if self.dominance is None else self.dominance & at_least
 

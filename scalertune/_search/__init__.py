@@ -23,5 +23,7 @@
 - ``_isolate``: where runs execute (in this process, or fresh ones);
 - ``_launch``: a run's processes: one with ``--isolate``, one per rank with
   ``--nproc-per-node``, and what they send back;
-- ``_progress``: the line per run on stderr, or the progress bar.
+- ``_progress``: the line per run on stderr, or the progress bar;
+- ``_policy``: the search's own policy numbers (the horizon's cost cap, the replay's and
+  the islands' counts, the curve's writes, failures before a stop), each with its reason.
 """

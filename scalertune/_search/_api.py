@@ -67,25 +67,60 @@ def search(
 ) -> SearchResult:
     """Search AMP configs for the workload ``factory`` returns; return the evidence.
 
-    ``factory``: ``path/to/model.py:make_model``, ``package.module:make_model`` or the function
-    itself. Each trial trains ``steps`` steps; ``horizon`` is how many your training runs
-    (default: the factory's, else ``steps``): the float32 reference trains that far once and
-    the finalists are branched at its late phases. ``n_trials`` bounds the study's sampled
-    trials across reruns and workers (rerunning resumes); ``timeout`` stops sampling.
-    ``storage``: an Optuna URL, a SQLite file or a journal file; ``fp32_modules``: modules kept
-    in float32 on every float16 trial; ``artifact_dir``: the study's artifact store, its
-    float32 checkpoints and pictures, a folder or ``s3://BUCKET`` (default
-    ``scalertune-artifacts`` beside a SQLite or journal file, else here; recorded in the
-    study, where every worker finds it). ``nproc_per_node`` > 1 runs every run as that many
-    ranks of one ``torch.distributed`` group, each in its own process (as torchrun runs a
-    script): the factory, called in every rank, wraps its model (DDP, FSDP) itself
-    (default: the factory's own ``nproc_per_node`` attribute, e.g. ``make_model.nproc_per_node
-    = 2``, else 1).
+    The pipeline: one float32 step to check the workload, the study opened (or resumed), the
+    float32 reference and the step timing, ``n_trials`` sampled configs, PyTorch's defaults
+    as baselines, the ranking, the best configs confirmed on other seeds, then the answer.
+    Any number of workers may run the same search on one storage; rerunning resumes it.
 
-    Raises :class:`UsageError` for bad input before any study row is written (a number out of
-    range is a ``ValueError`` naming the parameter), :class:`SearchError` when the
-    workload itself fails, and :class:`StorageUnavailable` when the storage or the artifact
-    store stayed unreachable past the outage bound (rerun: the study resumes).
+    Args:
+        factory: ``path/to/model.py:make_model``, ``package.module:make_model`` or the
+            function itself; it returns a :class:`Workload`, a mapping of its fields, or a
+            trainer (Hugging Face, Lightning, Accelerate).
+        storage: An Optuna storage URL, a SQLite file or a journal file; ``None`` for
+            ``sqlite:///scalertune.db`` here.
+        study_name: The study's name; ``None`` for the factory's module and name
+            (``examples/classifier.py:make_model`` is ``classifier:make_model``).
+        space: A search space: ``"default"``, ``"float16"``, ``"bfloat16"``, the path of a
+            space YAML, or a :class:`SearchSpace`.
+        fp32_modules: Modules kept in float32 on every float16 trial (comma-separated names or
+            glob patterns); ``None`` for none.
+        n_trials: How many sampled trials the study runs at most, across reruns and workers.
+        steps: How many steps each trial trains.
+        horizon: How many steps your training runs; ``None`` for the factory's, else
+            ``steps``. The float32 reference trains that far once and the finalists are
+            branched at its late phases.
+        seed: The seed of every run (the confirmations use others).
+        device: ``"auto"`` (CUDA when this machine has it), ``"cuda"``, ``"cuda:1"`` or
+            ``"cpu"``.
+        timeout: Seconds after which no more trials are sampled; ``None`` for no limit.
+        isolation: Run each trial in its own process, bounded (:class:`Isolation`); ``None``
+            runs them in this one.
+        artifact_dir: The study's artifact store, its float32 checkpoints and pictures: a
+            folder or ``s3://BUCKET``; ``None`` for ``scalertune-artifacts`` beside a SQLite
+            or journal file, else here. Recorded in the study, where every worker finds it.
+        nproc_per_node: More than 1 runs every run as that many ranks of one
+            ``torch.distributed`` group, each in its own process (as torchrun runs a script):
+            the factory, called in every rank, wraps its model (DDP, FSDP) itself. ``None``
+            for the factory's own ``nproc_per_node`` attribute, else 1.
+        log: Called with each progress line; ``None`` for none.
+        progress: A progress bar on stderr, with the lines above it (in place of ``log``)
+            and the search's most cost said up front.
+
+    Returns:
+        The :class:`SearchResult`: the config to train with and its evidence.
+
+    Raises:
+        UsageError: Bad input (a missing factory, a factory that returns the wrong thing, an
+            invalid space), before any study row is written; a number out of range is its
+            subclass ``ParameterError``, a ``ValueError`` that names the parameter. Also a
+            float32 reference that does not learn in ``steps`` (raise them or the learning
+            rate). The command line prints the line and exits with status 2.
+        SearchError: The workload itself fails, not one config: the float32 reference
+            fails or goes non-finite, the step timing fails, or the first runs all fail
+            with the same error.
+        StorageUnavailable: The storage or the artifact store stayed unreachable past the
+            outage bound; nothing is lost: rerun, and the study resumes (the command line
+            exits with status 3).
 
     Example:
         >>> import scalertune

@@ -17,6 +17,7 @@ from typing import Any
 from scalertune import _policy
 from scalertune._judge._phases import judged_end
 from scalertune._review._analyze import analyze
+from scalertune._search import _policy as _search_policy
 from scalertune._search._island_choice import island_for
 from scalertune._search._setup import Setup
 from scalertune._storage._names import ROLE_ISLAND, ROLE_PHASE
@@ -124,7 +125,7 @@ class HorizonJobs:
         has fewer than ``ISLANDS_PER_SEARCH``; the check runs in the worker that holds the
         claim."""
         if (
-            len(result.islands) >= _policy.ISLANDS_PER_SEARCH
+            len(result.islands) >= _search_policy.ISLANDS_PER_SEARCH
             or run.config.clip_norm != self.jobs.setup.clip_norm
         ):
             return []
@@ -172,7 +173,7 @@ def _affordable_end(setup: Setup, result: Any, run: Any) -> int | None:
 
     ends = sorted({judged_end(*w) for w in windows}, reverse=True)
     confirm = len(_policy.CONFIRM_SEEDS) * setup.steps  # its own, still to come
-    room = _policy.HORIZON_COST_CAP * setup.horizon - result.steps_trained - confirm
+    room = _search_policy.HORIZON_COST_CAP * setup.horizon - result.steps_trained - confirm
     others = [
         f
         for f in result.finalists
@@ -191,5 +192,5 @@ def _can_continue(setup: Setup, result: Any, end: int) -> bool:
     confirm = len(_policy.CONFIRM_SEEDS) * setup.steps
     return (
         result.steps_trained + setup.horizon - end + confirm
-        <= _policy.HORIZON_COST_CAP * setup.horizon
+        <= _search_policy.HORIZON_COST_CAP * setup.horizon
     )

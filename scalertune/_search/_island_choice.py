@@ -24,6 +24,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
 from scalertune._review._result import SearchResult
 from scalertune._run._forward import forward_ratio
+from scalertune._search import _policy as _search_policy
 from scalertune._search._branch import latest_start
 from scalertune._search._isolate import run_here
 from scalertune._search._references import References
@@ -63,5 +64,5 @@ def _largest_outputs(references: References, seed: int, start: int) -> list[str]
     if not rows.any() or not trace.modules:
         return []
     peaks = trace.forward[rows].max(axis=0)
-    order = np.argsort(-peaks)[: _policy.ISLAND_CANDIDATES]
+    order = np.argsort(-peaks)[: _search_policy.ISLAND_CANDIDATES]
     return [trace.modules[i] for i in order if peaks[i] > 0 and trace.modules[i] != "(model)"]

@@ -53,6 +53,7 @@ from scalertune._errors import DamagedCheckpoint, MissingEvidence, UsageError
 from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord, StopRule
 from scalertune._run._timing import StepTimes
+from scalertune._search import _policy as _search_policy
 from scalertune._storage._outage import Outage
 
 
@@ -283,7 +284,7 @@ class _Child:
             message: tuple[str, Any] = conn.recv()
         except EOFError:  # the process died: its status is known once it is reaped
             message = None  # type: ignore[assignment]
-            self._processes[self._conns.index(conn)].join(timeout=_policy.RANK_SETTLE_S)
+            self._processes[self._conns.index(conn)].join(timeout=_search_policy.RANK_SETTLE_S)
         if message is None or message[0] == "done" or message[0] in _FAILURES:
             self._live.remove(conn)
         return message
@@ -291,7 +292,7 @@ class _Child:
     def _failed(self, failures: dict[int, tuple[str, Any] | None]) -> tuple[str, Any]:
         """Wait ``RANK_SETTLE_S`` for the other ranks' reports (a rank that dies makes its
         peers' collectives fail at once), kill them all, and name the rank to blame."""
-        until = time.monotonic() + (_policy.RANK_SETTLE_S if len(self._conns) > 1 else 0)
+        until = time.monotonic() + (_search_policy.RANK_SETTLE_S if len(self._conns) > 1 else 0)
         while self._live and time.monotonic() < until:
             with _interrupt.interruptible():
                 ready = multiprocessing.connection.wait(

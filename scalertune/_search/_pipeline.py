@@ -22,6 +22,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._stopping import study_stop_reason
 from scalertune._judge._stored import sound
+from scalertune._search import _policy as _search_policy
 from scalertune._search._jobs import Jobs
 from scalertune._search._progress import Progress
 from scalertune._search._references import References
@@ -116,7 +117,9 @@ class Pipeline:
                 f"the space has {plural(distinct, 'distinct config')}, and "
                 f"{'it has' if distinct == 1 else 'every one has'} run"
             )
-        least = _policy.STUDY_MIN_TRIALS_LONG if self.setup.long else _policy.STUDY_MIN_TRIALS
+        least = (
+            _search_policy.STUDY_MIN_TRIALS_LONG if self.setup.long else _policy.STUDY_MIN_TRIALS
+        )
         reason = study_stop_reason(
             [Outcome.from_trial(t) for t in sampled],
             self.references.step_times,

@@ -30,13 +30,13 @@ from typing import TypeVar
 
 import optuna
 
-from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import DamagedCheckpoint, MissingEvidence
 from scalertune._run._checkpoint import SaveSchedule
 from scalertune._run._checkpoint_file import read_checkpoint
 from scalertune._run._loop import Plan, Watcher
 from scalertune._run._record import RunRecord
+from scalertune._search import _policy as _search_policy
 from scalertune._search._isolate import describe_error, execute
 from scalertune._search._setup import Setup
 from scalertune._search._study import instance
@@ -142,7 +142,7 @@ class Checkpoints:
         of an interrupted run to resume from."""
         fixed = {step: self._at(step) for step in self._fixed_steps()}
         slots = self._slots()
-        schedule = SaveSchedule(fixed, slots=slots, every_s=_policy.CHECKPOINT_EVERY_S)
+        schedule = SaveSchedule(fixed, slots=slots, every_s=_search_policy.CHECKPOINT_EVERY_S)
         found = self._latest_good([*fixed.values(), *slots], before=self.setup.horizon)
         if found is None:
             return Plan(save_at=schedule, watcher=watcher)

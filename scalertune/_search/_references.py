@@ -36,6 +36,7 @@ from scalertune._run._memory import release_memory
 from scalertune._run._record import RunRecord
 from scalertune._run._timing import StepTimes, time_dtypes
 from scalertune._run._trace_collector import TraceCollector
+from scalertune._search import _policy as _search_policy
 from scalertune._search._isolate import execute, run_here
 from scalertune._search._launch import (
     RankFailed,
@@ -284,6 +285,6 @@ class _TimeLeft:
         self.log(
             f"float32 reference: {each * 1e3:.3g} ms a step, about "
             f"{duration(left * each)} to step {self.steps} (a checkpoint every "
-            f"{duration(_policy.CHECKPOINT_EVERY_S)} of training; interrupted, it "
+            f"{duration(_search_policy.CHECKPOINT_EVERY_S)} of training; interrupted, it "
             "resumes from the last)"
         )

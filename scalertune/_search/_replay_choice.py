@@ -29,6 +29,7 @@ from scalertune._replay._gradscaler import ReplayMany, replay, replay_many
 from scalertune._replay._predict import predict
 from scalertune._replay._trace import Trace
 from scalertune._review._result import SearchResult
+from scalertune._search import _policy as _search_policy
 from scalertune._search._setup import Setup
 
 
@@ -149,7 +150,7 @@ def _drawn(setup: Setup, base: AmpConfig) -> list[AmpConfig]:
     rng = np.random.default_rng(setup.seed)
     params: Mapping[str, Any] = setup.space.params
     out = []
-    for _ in range(_policy.REPLAY_CONFIGS):
+    for _ in range(_search_policy.REPLAY_CONFIGS):
         # The scaler's knobs by name: AmpConfig checks each value.
         knobs: dict[str, Any] = {
             k: _draw(rng, params.get(k), getattr(base, k)) for k in SCALER_KNOBS

@@ -12,6 +12,7 @@ import optuna
 from scalertune import _policy
 from scalertune._judge._target import Target, smoothed
 from scalertune._run._record import RunRecord
+from scalertune._search import _policy as _search_policy
 from scalertune._storage._optuna import write_points
 
 
@@ -58,7 +59,7 @@ class Reports:
                 item = ()  # the flush is due
             if item:
                 if not pending:
-                    due = time.monotonic() + _policy.CURVE_FLUSH_S
+                    due = time.monotonic() + _search_policy.CURVE_FLUSH_S
                 pending.append(item)
                 continue
             if self._error is None:

@@ -24,9 +24,31 @@ from scalertune._workload._loader import FactoryError, factory_name, load_factor
 
 @dataclasses.dataclass(frozen=True)
 class Isolation:
-    """Run each trial in its own process: ``timeout_s`` and ``memory_gb`` bound it.
-    ``nproc_per_node`` > 1: in that many, the ranks of one ``torch.distributed`` group (what
-    :func:`scalertune.search`'s ``nproc_per_node`` sets)."""
+    """Run each trial in its own process, bounded in time and memory.
+
+    A trial that crashes the process, hangs or runs out of memory is then one failed trial,
+    not a failed search (``--isolate`` on the command line).
+
+    Args:
+        timeout_s: Seconds a trial's process may run before it is killed; ``None`` for no
+            bound.
+        memory_gb: The address space a trial's process may take, in GiB; ``None`` for no
+            bound.
+        nproc_per_node: More than 1: each run in that many processes, the ranks of one
+            ``torch.distributed`` group (what :func:`scalertune.search`'s ``nproc_per_node``
+            sets).
+
+    Raises:
+        ParameterError: A bound out of range (a ``UsageError``: the command line exits with
+            status 2).
+
+    Example:
+        >>> import scalertune
+        >>> scalertune.Isolation(timeout_s=600, memory_gb=8)
+        Isolation(timeout_s=600, memory_gb=8, nproc_per_node=1)
+        >>> isolation = scalertune.Isolation(timeout_s=600)
+        >>> result = scalertune.search("model.py:make_model", isolation=isolation)  # doctest: +SKIP
+    """
 
     timeout_s: float | None = None
     memory_gb: float | None = None

@@ -60,11 +60,30 @@ class SearchSpace:
 
     @property
     def dtypes(self) -> tuple[str, ...]:
+        """The autocast dtypes the space tries."""
         return space_dtypes(self.params)
 
     @classmethod
     def load(cls, name_or_path: str) -> SearchSpace:
-        """A shipped space by name (``default``, ``float16``, ``bfloat16``) or a YAML path."""
+        """A shipped space by name, or a space YAML.
+
+        Args:
+            name_or_path: ``"default"`` (float16 and bfloat16, every knob), ``"float16"``,
+                ``"bfloat16"``, or the path of a YAML file in the module's format.
+
+        Returns:
+            The validated space, named after the shipped space or the file.
+
+        Raises:
+            UsageError: No such file or shipped space, or a file that is not a valid space (the
+                message names the key and what it may be).
+
+        Example:
+            >>> from scalertune import SearchSpace
+            >>> space = SearchSpace.load("bfloat16")
+            >>> space.dtypes, space.distinct_configs()
+            (('bfloat16',), None)
+        """
         if os.path.isfile(name_or_path):
             data = read_yaml(name_or_path, what="a search space")
             name = os.path.splitext(os.path.basename(name_or_path))[0]
@@ -89,7 +108,29 @@ class SearchSpace:
     def from_dict(
         cls, params: Mapping[str, Any], *, name: str, description: str = ""
     ) -> SearchSpace:
-        """Validate ``params`` (the file's content without ``description``)."""
+        """Validate ``params``, a space file's content without its ``description``.
+
+        Args:
+            params: Each parameter's range (``{low, high, log, step, optional}``), choices
+                (``{choices: [...]}``) or fixed value, by name.
+            name: The space's name (in messages, and in the study).
+            description: A line saying what the space is for.
+
+        Returns:
+            The space.
+
+        Raises:
+            UsageError: An unknown key, or a range, choice or value a config cannot take.
+
+        Example:
+            >>> from scalertune import SearchSpace
+            >>> SearchSpace.from_dict({"dtype": "bfloat16"}, name="bf16").dtypes
+            ('bfloat16',)
+            >>> SearchSpace.from_dict({"init_scale": {"choices": [1024.0, 4096.0]}}, name="x")
+            Traceback (most recent call last):
+            ...
+            scalertune._errors.UsageError: search space 'x': init_scale ...
+        """
         params = dict(params)
         known = ("dtype", *NUMERIC_KNOBS, "fp32_modules")
         unknown = sorted(set(params) - set(known))
@@ -131,7 +172,22 @@ class SearchSpace:
         return parse_islands(spec or "")
 
     def with_islands(self, names: str) -> SearchSpace:
-        """The same space with ``fp32_modules`` fixed to ``names`` (``--fp32-modules``)."""
+        """The same space with ``fp32_modules`` fixed to ``names`` (``--fp32-modules``).
+
+        Args:
+            names: Module names or glob patterns, comma-separated.
+
+        Returns:
+            A new space, named ``NAME+fp32:NAMES``.
+
+        Raises:
+            UsageError: ``names`` are not module names or patterns.
+
+        Example:
+            >>> from scalertune import SearchSpace
+            >>> SearchSpace.load("default").with_islands("lm_head").fixed_islands
+            ('lm_head',)
+        """
         return SearchSpace.from_dict(
             {**self.params, "fp32_modules": names},
             name=f"{self.name}+fp32:{names}",
@@ -139,15 +195,43 @@ class SearchSpace:
         )
 
     def sampler(self, *, seed: int | None = None) -> optuna.samplers.BaseSampler:
-        """The sampler a study of this space uses: Optuna's TPE, with ``dtype`` kept to the
-        space's choices (see :class:`DtypeSampler`)."""
+        """The sampler a study of this space uses: Optuna's TPE, ``dtype`` kept to the space's.
+
+        Args:
+            seed: The sampler's seed; ``None`` for a random one.
+
+        Returns:
+            The sampler (see :class:`DtypeSampler`).
+
+        Example:
+            >>> import optuna
+            >>> from scalertune import SearchSpace
+            >>> space = SearchSpace.load("bfloat16")
+            >>> study = optuna.create_study(sampler=space.sampler(seed=0))  # doctest: +SKIP
+        """
         return DtypeSampler(list(self.dtypes), seed=seed)
 
     def suggest(self, trial: optuna.Trial) -> AmpConfig:
         """Ask the trial for each searched parameter and build the config it names.
 
-        The study's sampler must be :meth:`sampler` (or another that keeps ``dtype`` to the
-        space's choices)."""
+        Args:
+            trial: An Optuna trial of a study whose sampler is :meth:`sampler` (or another that
+                keeps ``dtype`` to the space's choices).
+
+        Returns:
+            The config.
+
+        Raises:
+            UsageError: The sampler proposed a dtype outside the space.
+
+        Example:
+            >>> import optuna
+            >>> from scalertune import SearchSpace
+            >>> space = SearchSpace.load("bfloat16")
+            >>> study = optuna.create_study(sampler=space.sampler(seed=0))  # doctest: +SKIP
+            >>> space.suggest(study.ask()).dtype  # doctest: +SKIP
+            'bfloat16'
+        """
         # Every run of a study, the float32 references included, is a point of one dtype
         # parameter over all three dtypes; the space's sampler keeps to the space's choices.
         values: dict[str, Any] = {"dtype": trial.suggest_categorical("dtype", list(DTYPES))}
@@ -183,21 +267,54 @@ class SearchSpace:
         return AmpConfig(**values)
 
     def params_for(self, config: AmpConfig) -> dict[str, Any] | None:
-        """The parameters :meth:`suggest` would record to produce ``config``, or ``None``
-        when the space cannot produce it (a value outside a range, or fixed otherwise).
+        """The parameters :meth:`suggest` would record to produce ``config``.
 
         A baseline queued with these is a point of the same space as the sampled trials.
-        ``config`` is taken before the workload's own clipping is applied: a ``clip_norm`` of
-        ``None`` is "no clipping of its own", which the space spells ``use_clip_norm: false``.
+
+        Args:
+            config: The config, taken before the workload's own clipping is applied: a
+                ``clip_norm`` of ``None`` is "no clipping of its own", which the space spells
+                ``use_clip_norm: false``.
+
+        Returns:
+            The parameters, or ``None`` when the space cannot produce ``config`` (a value outside
+            a range, or fixed otherwise).
+
+        Example:
+            >>> from scalertune import AmpConfig, SearchSpace
+            >>> SearchSpace.load("default").params_for(AmpConfig())["use_clip_norm"]
+            False
+            >>> SearchSpace.load("bfloat16").params_for(AmpConfig("bfloat16", clip_norm=1000.0))
         """
         return _params_for(self, config)
 
     def distinct_configs(self) -> int | None:
-        """How many different configs the space can produce; ``None`` when a range makes it
-        endless. (A purely categorical space runs out: the search stops once all have run.)"""
+        """How many different configs the space can produce.
+
+        A purely categorical space runs out: the search stops once all have run.
+
+        Returns:
+            The count, or ``None`` when a range makes it endless.
+
+        Example:
+            >>> from scalertune import SearchSpace
+            >>> SearchSpace.from_dict({"dtype": {"choices": ["float16", "bfloat16"]}},
+            ...                       name="dtypes").distinct_configs()
+            2
+        """
         return _distinct_configs(self)
 
     def to_dict(self) -> dict[str, Any]:
+        """The space as the study stores it.
+
+        Returns:
+            ``name`` and ``params``.
+
+        Example:
+            >>> from scalertune import SearchSpace
+            >>> SearchSpace.from_dict({"dtype": {"choices": ["bfloat16"]}}, name="bf16").to_dict()
+            {'name': 'bf16', 'params': {'dtype': {'choices': ['bfloat16']}}}
+        """
         return {"name": self.name, "params": dict(self.params)}
 
 

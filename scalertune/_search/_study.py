@@ -42,6 +42,7 @@ from scalertune._judge._settings import StudySettings
 from scalertune._judge._target import Target, smoothed
 from scalertune._run._record import RunRecord
 from scalertune._run._step_times import StepTimes
+from scalertune._search import _policy as _search_policy
 from scalertune._search._space import SearchSpace
 from scalertune._storage._names import (
     CONSTRAINT_ATTR,
@@ -243,7 +244,7 @@ def relative_curve(losses: list[float], target: Target, start: int = 0) -> dict[
     about ``CURVE_POINTS`` points."""
     curve = smoothed(losses)
     every = _policy.READBACK_INTERVAL * max(
-        1, len(curve) // (_policy.CURVE_POINTS * _policy.READBACK_INTERVAL)
+        1, len(curve) // (_search_policy.CURVE_POINTS * _policy.READBACK_INTERVAL)
     )
     points = {}
     for end in range(every, len(curve) + every, every):

@@ -19,7 +19,6 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from scalertune import _policy
 from scalertune._amp._config import DTYPES, AmpConfig
 from scalertune._errors import MissingEvidence, SearchError
 from scalertune._judge._horizon import is_from_start
@@ -27,6 +26,7 @@ from scalertune._judge._stopping import StopRule
 from scalertune._judge._stored import sound
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
+from scalertune._search import _policy as _search_policy
 from scalertune._search._branch import run_branch, run_from_start
 from scalertune._search._isolate import execute
 from scalertune._search._launch import RankFailed, TrialCrashed, describe_error
@@ -219,10 +219,10 @@ class TrialRunner:
         set_system_attr(trial, TRACEBACK_ATTR, trace[-4000:])
         self.progress.line(f"#{trial.number} failed: {message}")
         self._failures.append(message)
-        recent = self._failures[-_policy.SAME_FAILURES_BEFORE_STOP :]
+        recent = self._failures[-_search_policy.SAME_FAILURES_BEFORE_STOP :]
         if (
             not self._any_success
-            and len(recent) == _policy.SAME_FAILURES_BEFORE_STOP
+            and len(recent) == _search_policy.SAME_FAILURES_BEFORE_STOP
             and len(set(recent)) == 1
         ):
             raise SearchError(

@@ -12,5 +12,7 @@ passwords, recovering dead workers' trials.
 - ``_run_log``: a real run's record (its in-run checks and actions), written to its study
   in the background;
 - ``_optuna``: Optuna's private API, in one place (ids, a running trial's system
-  attributes, a trial's curve points many in one write), each part checked by a test.
+  attributes, a trial's curve points many in one write), each part checked by a test;
+- ``_policy``: storage's own policy numbers (heartbeats, an outage's bound and retries,
+  claims, a cold start), each with its reason.
 """

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 import optuna
 
 from scalertune import _interrupt, _policy
+from scalertune._storage import _policy as _storage_policy
 from scalertune._storage._names import CLAIM_PREFIX
 from scalertune._storage._optuna import storage_of, study_id
 from scalertune._storage._outage import Outage
@@ -56,7 +57,7 @@ def claim(study: optuna.Study, key: str) -> Iterator[bool]:
         return
     token = f"{WORKER}:{uuid.uuid4().hex[:8]}"
     _write(study, key, {"by": token, "at": time.time()})
-    time.sleep(_policy.CLAIM_SETTLE_S)
+    time.sleep(_storage_policy.CLAIM_SETTLE_S)
     current = _read(study, key)
     if current is None or current["by"] != token:
         yield False
@@ -64,7 +65,7 @@ def claim(study: optuna.Study, key: str) -> Iterator[bool]:
     stop = threading.Event()
 
     def refresh() -> None:
-        while not stop.wait(_policy.CLAIM_REFRESH_S):
+        while not stop.wait(_storage_policy.CLAIM_REFRESH_S):
             try:
                 _write(study, key, {"by": token, "at": time.time()})
             except KeyError:
@@ -99,7 +100,7 @@ def _held(current: dict | None) -> bool:
     """Whether a claim is held: refreshed lately, by a worker not known to be gone."""
     return (
         current is not None
-        and time.time() - current["at"] < _policy.CLAIM_STALE_S
+        and time.time() - current["at"] < _storage_policy.CLAIM_STALE_S
         and not worker_gone(current["by"])
     )
 

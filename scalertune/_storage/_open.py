@@ -25,10 +25,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from scalertune._errors import UsageError
+
 # optuna is imported where it is used: the command line imports this module before it
 # handles Ctrl-C, and refuses bad input without waiting for it.
-from scalertune import _policy
-from scalertune._errors import UsageError
+from scalertune._storage import _policy as _storage_policy
 from scalertune._storage._outage import RERUN, retrying, ride_out, unreachable_at_open
 from scalertune._storage._redact import HIDDEN, redact
 
@@ -106,15 +107,15 @@ def _rdb(url: str, on_stale_trial: Callable[[Any, Any], Any] | None) -> Any:
     from optuna.storages import RDBStorage
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-    deadline = time.monotonic() + _policy.COLD_START_S
+    deadline = time.monotonic() + _storage_policy.COLD_START_S
 
     def attempt() -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return RDBStorage(
                 url,
-                heartbeat_interval=_policy.HEARTBEAT_INTERVAL_S,
-                grace_period=_policy.HEARTBEAT_GRACE_S,
+                heartbeat_interval=_storage_policy.HEARTBEAT_INTERVAL_S,
+                grace_period=_storage_policy.HEARTBEAT_GRACE_S,
                 heartbeat_stale_trial_callback=on_stale_trial,
             )
 

@@ -29,7 +29,8 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from scalertune import _interrupt, _policy
+from scalertune import _interrupt
+from scalertune._storage import _policy as _storage_policy
 from scalertune._storage._redact import redact
 
 _T = TypeVar("_T")
@@ -143,7 +144,7 @@ def retrying(
     errors quoted are redacted against ``url``."""
     if store in _down.messages:
         raise Outage(_down.messages[store])
-    deadline, wait, said = None, _policy.STORAGE_RETRY_FIRST_S, False
+    deadline, wait, said = None, _storage_policy.STORAGE_RETRY_FIRST_S, False
     while True:
         try:
             result = call()
@@ -151,11 +152,11 @@ def retrying(
             if not passing(exc):
                 raise
             now = time.monotonic()
-            deadline = deadline or now + _policy.STORAGE_OUTAGE_S
+            deadline = deadline or now + _storage_policy.STORAGE_OUTAGE_S
             reason = redact(_reason(exc), url)
             if now >= deadline:
                 message = (
-                    f"{store} has been unreachable for {_policy.STORAGE_OUTAGE_S:g} s "
+                    f"{store} has been unreachable for {_storage_policy.STORAGE_OUTAGE_S:g} s "
                     f"({reason}): {what_to_do}"
                 )
                 with _down.lock:
@@ -164,10 +165,10 @@ def retrying(
             if not said:
                 said = _say(
                     f"{store} is unreachable ({reason}): retrying for up to "
-                    f"{_policy.STORAGE_OUTAGE_S:g} s"
+                    f"{_storage_policy.STORAGE_OUTAGE_S:g} s"
                 )
             _pause(min(wait, max(0.0, deadline - now)))
-            wait = min(wait * 2, _policy.STORAGE_RETRY_MAX_S)
+            wait = min(wait * 2, _storage_policy.STORAGE_RETRY_MAX_S)
             continue
         if said:
             _say(f"{store} is back")

@@ -30,6 +30,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
+from scalertune._storage import _policy as _storage_policy
 from scalertune._storage._names import JOB_ATTRS, ROLE_SURPLUS
 from scalertune._storage._open import heartbeat_enabled
 from scalertune._storage._optuna import storage_of, study_id, trial_id
@@ -101,7 +102,7 @@ def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
         worker = trial.user_attrs.get("worker")
         if worker is None:
             first = _unowned.setdefault((study_id(study), trial_id(trial)), now)
-            if now - first < _policy.HEARTBEAT_GRACE_S:
+            if now - first < _storage_policy.HEARTBEAT_GRACE_S:
                 continue
             why = f"trial #{trial.number} was taken by a worker that died before naming itself"
         elif worker_gone(worker):

@@ -40,6 +40,29 @@ StepFn = Callable[[torch.nn.Module, Any, Any], torch.Tensor]
 class Workload:
     """What a factory returns: the model, its optimizer, the loss and the data.
 
+    scalertune seeds Python's, NumPy's and torch's RNGs and calls the factory afresh for
+    every run, so every trial starts from the same weights and sees the same data order. A
+    mapping with the same keys is taken as well.
+
+    Args:
+        model: An ``nn.Module`` with trainable parameters.
+        optimizer: A ``torch.optim.Optimizer`` built on that model's parameters.
+        batches: A re-iterable of ``(inputs, targets)`` (a list, a DataLoader), not empty
+            and not a one-shot iterator.
+        loss_fn: ``loss_fn(output, target)`` returns a scalar tensor; optional when ``step``
+            is given.
+        step: ``step(model, batch, amp)`` returns the loss: your own AMP step body, written
+            against the same :class:`AmpRuntime` that training code uses afterwards (it calls
+            ``amp.backward`` and ``amp.step``); ``None`` for the canonical step.
+        clip_norm: The gradient-clipping norm your float32 training already uses: the float32
+            reference clips with it (a model that explodes without clipping has no unclipped
+            float32 run to compare with); ``None`` for none.
+        schedulers: The LR schedulers (anything with ``state_dict()`` and
+            ``load_state_dict()``) a ``step`` function steps, so that a checkpoint of the
+            float32 reference restarts the schedule where it was.
+        horizon: How many steps your training runs: what the search's evidence must cover
+            when no ``horizon`` is given to it; ``None`` for the trial's ``steps``.
+
     Example:
         >>> import torch, scalertune
         >>> def make_model():

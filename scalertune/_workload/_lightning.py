@@ -57,24 +57,45 @@ def lightning_workload(
 ) -> Workload:
     """A Workload that trains ``module`` (a LightningModule) through its ``training_step``.
 
-    ``max_steps``, ``max_epochs``, ``accumulate_grad_batches`` and ``clip_norm`` (your
-    ``gradient_clip_val``) are what your Trainer is given: a schedule built from
-    ``self.trainer.estimated_stepping_batches`` (``OneCycleLR``, warm-up then decay) then
-    has the length it has in real training, and the search sees its first ``--steps``
-    optimizer steps. Each step takes ``accumulate_grad_batches`` batches (the last of a pass
-    over ``batches`` what is left), each loss divided by it before backward, as Lightning
-    does. Schedulers are stepped as Lightning steps them: ``interval`` "step" after every
-    ``frequency``-th batch of an epoch, "epoch" after every ``frequency``-th epoch (an epoch
-    is one pass over ``batches``), and ``ReduceLROnPlateau`` with the last value
-    ``training_step`` logged under its ``monitor``. Only automatic optimization is run: a
-    module that steps its own optimizers needs a ``step`` function instead (see Workload).
+    The factory of a search returns it: each trial runs the module's own ``training_step``,
+    optimizer and LR schedulers (from ``configure_optimizers()``) under the trial's autocast
+    and scaler, stepped as Lightning's training loop steps them. Each step takes
+    ``accumulate_grad_batches`` batches (the last of a pass over ``batches`` what is left),
+    each loss divided by it before backward, as Lightning does. Schedulers are stepped as
+    Lightning steps them: ``interval`` "step" after every ``frequency``-th batch of an epoch,
+    "epoch" after every ``frequency``-th epoch (an epoch is one pass over ``batches``), and
+    ``ReduceLROnPlateau`` with the last value ``training_step`` logged under its
+    ``monitor``. ``self.trainer`` is a stand-in holding what training code commonly reads of
+    a Trainer; anything else raises an ``AttributeError`` naming the attribute.
 
-    Example (the factory of ``scalertune search model.py:make_model``)::
+    Args:
+        module: A LightningModule with automatic optimization and one optimizer.
+        batches: What its ``training_step`` takes, batch by batch (a DataLoader, a list).
+        max_steps: Your Trainer's ``max_steps`` (-1, Lightning's default: none): with
+            ``max_epochs``, a schedule built from ``self.trainer.estimated_stepping_batches``
+            (``OneCycleLR``, warm-up then decay) has the length it has in real training.
+        max_epochs: Your Trainer's ``max_epochs`` (``None``: Lightning's 1000 where
+            ``max_steps`` is -1 too).
+        accumulate_grad_batches: Your Trainer's ``accumulate_grad_batches``.
+        clip_norm: Your Trainer's ``gradient_clip_val`` (by norm); ``None`` for none.
 
-        def make_model():
-            module = MyLightningModule()
-            return scalertune.lightning_workload(module, my_datamodule.train_dataloader(),
-                                                 max_epochs=10)
+    Returns:
+        The :class:`Workload`; the search sees its first ``steps`` optimizer steps.
+
+    Raises:
+        UsageError: ``module`` is not a LightningModule, turns automatic optimization off
+            (give a :class:`Workload` with a ``step`` function instead), returns other than
+            one optimizer from ``configure_optimizers()``, ``accumulate_grad_batches`` is not
+            a positive integer, or the Lightning release is outside the bounds scalertune was
+            checked with.
+
+    Example:
+        >>> import scalertune
+        >>> def make_model():
+        ...     module = MyLightningModule()
+        ...     return scalertune.lightning_workload(
+        ...         module, my_datamodule.train_dataloader(), max_epochs=10)
+        >>> workload = make_model()  # doctest: +SKIP
     """
     _check_module(module, accumulate_grad_batches)
     trainer = _TrainerView(

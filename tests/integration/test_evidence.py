@@ -28,7 +28,7 @@ from conftest import (
 from optuna.trial import TrialState
 
 import scalertune
-from scalertune import _policy
+from scalertune._storage import _policy as _storage_policy
 from scalertune._storage._optuna import storage_of, study_id
 
 pytestmark = pytest.mark.xdist_group("evidence")
@@ -279,7 +279,7 @@ def test_workers_on_postgresql_ride_out_an_outage_and_never_print_the_password(t
             # (a heartbeat, or its result) falls inside the outage however late the other
             # worker starts under load
             _outage_during_the_reference(
-                admin, name, storage, seconds=_policy.HEARTBEAT_INTERVAL_S + 1
+                admin, name, storage, seconds=_storage_policy.HEARTBEAT_INTERVAL_S + 1
             )
             results = _finish(*workers)
             report = subprocess.run(

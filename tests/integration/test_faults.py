@@ -577,11 +577,11 @@ def test_a_trial_taken_by_a_worker_that_died_before_naming_itself_is_recovered(
 ):
     """A trial RUNNING with no worker and no heartbeat (the worker died right after taking
     it) is failed and queued again once it has stayed so for the grace period."""
-    from scalertune import _policy
+    from scalertune._storage import _policy as _storage_policy
     from scalertune._storage._optuna import take_waiting_trial
     from scalertune._storage._recovery import recover
 
-    monkeypatch.setattr(_policy, "HEARTBEAT_GRACE_S", 0.5)
+    monkeypatch.setattr(_storage_policy, "HEARTBEAT_GRACE_S", 0.5)
     study = _journal_study(tmp_path)
     study.enqueue_trial(
         {},

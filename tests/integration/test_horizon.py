@@ -12,6 +12,7 @@ from plain_loop import ratio_at_the_end, skipped_steps
 import scalertune
 from scalertune import _policy
 from scalertune._judge._rank import skip_tolerance
+from scalertune._search import _policy as _search_policy
 
 torch.set_num_threads(1)
 TOLERANCE = 1 + _policy.PHASE_TOLERANCE
@@ -69,7 +70,7 @@ def test_a_precision_floor_that_opens_late_is_caught_and_float16_holds(tmp_path)
     result.to_yaml(str(tmp_path / "amp.yaml"))
     evidence = yaml.safe_load((tmp_path / "amp.yaml").read_text())["evidence"]
     assert evidence["horizon"] == 2000 and evidence["best_amp"]["config"]
-    assert evidence["cost"]["run_equivalents"] <= _policy.HORIZON_COST_CAP
+    assert evidence["cost"]["run_equivalents"] <= _search_policy.HORIZON_COST_CAP
     assert "falls behind float32" in result.summary() and "steps 0-2000" in result.verdict
 
 
@@ -84,7 +85,7 @@ def test_an_island_is_tried_when_no_config_of_another_dtype_is_left_and_holds(tm
     assert result.best_amp is not None and result.best_amp.config.fp32_modules == island
     _agrees_with_full_runs(result, factory)
     assert ratio_at_the_end(factory, result.best_amp.config, 2000) <= TOLERANCE
-    assert result.run_equivalents <= _policy.HORIZON_COST_CAP
+    assert result.run_equivalents <= _search_policy.HORIZON_COST_CAP
 
 
 def test_activations_that_grow_past_float16s_range_late_are_not_recommended(tmp_path):
@@ -110,7 +111,7 @@ def test_a_config_that_follows_float32_but_stalls_on_its_own_way_is_caught_from_
         assert (
             ratio_at_the_end(late_workloads.plateau_mlp, result.best_amp.config, 2000) <= TOLERANCE
         )
-    assert result.run_equivalents <= _policy.HORIZON_COST_CAP + 0.05
+    assert result.run_equivalents <= _search_policy.HORIZON_COST_CAP + 0.05
 
 
 def test_a_clip_that_helps_early_and_hurts_late_is_not_the_answer(tmp_path):

@@ -5,12 +5,12 @@ as it is, and the same config trained through scalertune's runtime ends within 1
 float32, saying what it did. Each claim is checked at the end of a full-length run against a
 plain float32 loop of the same workload, seed and batches."""
 
-import math
 import warnings
 
 import late_workloads
 import torch
 from conftest import run_cli, spec
+from plain_loop import tail_loss
 
 import scalertune
 from scalertune import AmpCheckWarning, AmpConfig, AmpRuntime, CheckPolicy
@@ -21,50 +21,23 @@ from scalertune._run._loop import Plan, run_config
 from scalertune._run._trace_collector import TraceCollector
 
 CPU = torch.device("cpu")
-STEPS = 3000
 #: The bar: the checked run's loss over float32's at the end (mean of the last 100 steps).
 WITHIN = 1.10
 
 
-def _train(factory, amp, steps=STEPS, batch=None):
-    """A plain loop of ``factory``'s workload, seed 0: through ``amp.train_step`` (with its
-    clipping) or, without ``amp``, float32 with the workload's own clipping; the mean loss of
-    the last 100 steps that are not the burst's."""
-    torch.manual_seed(0)
-    w = factory()
-    model, optimizer, loss_fn, batches = w["model"], w["optimizer"], w["loss_fn"], w["batches"]
-    clip = w.get("clip_norm")
-    losses = []
-    for step in range(steps):
-        x, y = batch(batches, step) if batch else batches[step % len(batches)]
-        if amp is None:
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            if clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            optimizer.step()
-        else:
-            loss = amp.train_step(model, optimizer, loss_fn, (x, y))
-        if batch is None or batch(batches, step)[1] is batches[step % len(batches)][1]:
-            losses.append(float(loss.detach()))
-    tail = losses[-100:]
-    return sum(tail) / len(tail) if all(map(math.isfinite, tail)) else math.inf
-
-
 def _checked(factory, config, *, watch=None, batch=None):
     """The fixed config's end, the checked run's, and the checked run's warnings."""
-    fixed = _train(factory, AmpRuntime(config, device=CPU, watch=watch), batch=batch)
+    fixed = tail_loss(factory, AmpRuntime(config, device=CPU, watch=watch), batch=batch)
     amp = AmpRuntime(config, device=CPU, watch=watch, check=InRunCheck(CheckPolicy()))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        checked = _train(factory, amp, batch=batch)
+        checked = tail_loss(factory, amp, batch=batch)
     lines = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
     return fixed, checked, lines, amp
 
 
 def test_a_precision_floor_is_met_by_training_on_in_float32():
-    float32 = _train(late_workloads.readings_near_1000, None)
+    float32 = tail_loss(late_workloads.readings_near_1000, None)
     fixed, checked, lines, amp = _checked(
         late_workloads.readings_near_1000, AmpConfig(dtype="bfloat16")
     )
@@ -75,7 +48,7 @@ def test_a_precision_floor_is_met_by_training_on_in_float32():
 
 
 def test_a_late_activation_overflow_gets_an_island_and_keeps_its_scale():
-    float32 = _train(late_workloads.growing_activations, None)
+    float32 = tail_loss(late_workloads.growing_activations, None)
     fixed, checked, lines, amp = _checked(late_workloads.growing_activations, AmpConfig())
     assert not fixed <= 2 * float32  # non-finite, or far behind
     assert checked <= WITHIN * float32, (checked / float32, lines)
@@ -108,7 +81,7 @@ def _predicted(factory, config, horizon=200):
 def test_a_scale_collapsed_by_a_late_burst_gets_knobs_from_the_runs_own_gradients():
     factory, burst = late_workloads.tanh_regression, late_workloads.with_burst
     config = AmpConfig(clip_norm=1.0)
-    float32 = _train(factory, None, batch=burst)
+    float32 = tail_loss(factory, None, batch=burst)
     watch = Watch(_predicted(factory, config))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", scalertune.AmpDriftWarning)  # the fixed run's watch
@@ -135,14 +108,14 @@ def test_a_short_search_then_a_run_that_checks_itself(tmp_path):
     ran = run_cli("search", workload, "--space", space, "-q", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     path = str(next(tmp_path.glob("*readings_near_1000.yaml")))
-    float32 = _train(late_workloads.readings_near_1000, None)
-    fixed = _train(
+    float32 = tail_loss(late_workloads.readings_near_1000, None)
+    fixed = tail_loss(
         late_workloads.readings_near_1000, scalertune.load(path, best_amp=True, check=False)
     )
     amp = scalertune.load(path, best_amp=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        checked = _train(late_workloads.readings_near_1000, amp)
+        checked = tail_loss(late_workloads.readings_near_1000, amp)
     assert fixed > 2 * float32 and checked <= WITHIN * float32
     (line,) = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
     amp.check.sink.close()

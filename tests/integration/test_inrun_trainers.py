@@ -198,6 +198,7 @@ def on_ranks(tmp_path_factory):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
+@pytest.mark.xdist_group("inrun-ranks")  # one torchrun launch for both
 def test_ranks_take_the_same_action_at_the_same_step(on_ranks):
     zero, one = on_ranks
     actions = zero["bfloat16"]["actions"]
@@ -208,6 +209,7 @@ def test_ranks_take_the_same_action_at_the_same_step(on_ranks):
     assert zero["bfloat16"]["loss"] <= 1.10 * zero["float32"]["loss"]
 
 
+@pytest.mark.xdist_group("inrun-ranks")  # one torchrun launch for both
 def test_fully_sharded_ranks_keep_the_same_module_in_float32(on_ranks):
     zero, one = on_ranks
     assert zero["fsdp2"] == one["fsdp2"]

@@ -15,6 +15,8 @@ import scalertune
 from scalertune._amp._fingerprint import fingerprint
 
 HORIZON = 400
+# one xdist worker for the whole file: its module fixture is one search
+pytestmark = pytest.mark.xdist_group("nanogpt")
 FACTORY = spec("make_recording", "nanogpt.py")
 
 

@@ -8,6 +8,7 @@ import workloads
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
+from scalertune._judge import _policy as _judge_policy
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._settings import Noise
 from scalertune._judge._stopping import Best, Floor, StopRule, study_stop_reason
@@ -139,12 +140,14 @@ def test_the_study_stops_after_a_patience_of_trials_without_progress():
     # each run 20% fewer steps than the last, beyond the 10% seed spread: progress every time
     progress = [_sampled(3 + i, int(200 * 0.8**i)) for i in range(_policy.STUDY_MIN_TRIALS)]
     assert study_stop_reason(progress, TIMES, NOISE) is None
-    never = [_sampled(20 + i, None, state="pruned") for i in range(_policy.STUDY_PATIENCE)]
+    never = [_sampled(20 + i, None, state="pruned") for i in range(_judge_policy.STUDY_PATIENCE)]
     assert "found no faster time" in study_stop_reason(progress + never, TIMES, NOISE)
     # reused duplicates count neither way, but many in a row mean the space is spent
     reused = [_sampled(30 + i, 100, reused=True) for i in range(3)]
     assert study_stop_reason(progress + reused, TIMES, NOISE) is None
-    spent = [_sampled(40 + i, 100, reused=True) for i in range(_policy.MAX_CONSECUTIVE_DUPLICATES)]
+    spent = [
+        _sampled(40 + i, 100, reused=True) for i in range(_judge_policy.MAX_CONSECUTIVE_DUPLICATES)
+    ]
     assert "nothing new" in study_stop_reason(progress + spent, TIMES, NOISE)
 
 

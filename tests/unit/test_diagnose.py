@@ -11,6 +11,7 @@ from torch import nn
 
 import scalertune
 from scalertune import AmpConfig, _policy
+from scalertune._diagnose import _policy as _diagnose_policy
 from scalertune._run._loop import run_config
 from scalertune.cli import main
 
@@ -169,7 +170,7 @@ def test_underflow_at_scale_one_is_measured_and_the_larger_scale_is_checked():
     assert d.kind == "underflow" and d.islands == []
     assert d.skipped == 0 == gradscaler(workloads.underflow, AmpConfig(init_scale=1.0))[0]
     assert d.underflow_share > 0.9
-    assert 1.0 < d.suggested_init_scale <= _policy.DIAGNOSE_MAX_SCALE
+    assert 1.0 < d.suggested_init_scale <= _diagnose_policy.DIAGNOSE_MAX_SCALE
     check = next(c for c in d.checks if c.config.init_scale == d.suggested_init_scale)
     assert check.skipped == 0 and check.flushed <= _policy.UNDERFLOW_SHARE
     assert gradscaler(workloads.underflow, AmpConfig(init_scale=d.suggested_init_scale))[0] == 0

@@ -13,10 +13,10 @@ from conftest import ROOT
 import scalertune
 
 PACKAGE = os.path.dirname(scalertune.__file__)
-#: The names stages share for one concept each: a stage's entry point (``_api``), and a
-#: training framework's name for that stage's part for it (a trainer loaded as the workload,
-#: the runtime attached to the trainer).
-SHARED_NAMES = {"_api", "_accelerate", "_lightning", "_transformers"}
+#: The names stages share for one concept each: a stage's entry point (``_api``), a stage's own
+#: policy numbers (``_policy``), and a training framework's name for that stage's part for it
+#: (a trainer loaded as the workload, the runtime attached to the trainer).
+SHARED_NAMES = {"_api", "_policy", "_accelerate", "_lightning", "_transformers"}
 
 
 def _layout_block() -> list[str]:

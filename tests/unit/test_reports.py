@@ -8,10 +8,10 @@ import optuna
 import pytest
 from sqlalchemy import event
 
-from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
+from scalertune._search import _policy as _search_policy
 from scalertune._search._reports import Reports
 from scalertune._storage._optuna import write_points
 
@@ -57,7 +57,7 @@ def test_other_storages_get_the_points_through_trial_report():
 
 
 def test_the_writer_flushes_while_the_trial_runs_and_everything_at_close(storage, monkeypatch):
-    monkeypatch.setattr(_policy, "CURVE_FLUSH_S", 0.05)
+    monkeypatch.setattr(_search_policy, "CURVE_FLUSH_S", 0.05)
     study = optuna.create_study(storage=storage, study_name="live")
     trial = study.ask()
     record = RunRecord(config=AmpConfig(dtype="float32"), seed=0, steps=40)

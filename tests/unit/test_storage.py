@@ -132,10 +132,10 @@ def test_a_storage_that_is_busy_for_a_while_is_waited_for_and_said_so(tmp_path):
 
 
 def test_a_storage_down_past_the_bound_ends_the_worker_with_one_line(tmp_path, monkeypatch):
-    from scalertune import _policy
     from scalertune._storage import _outage
+    from scalertune._storage import _policy as _storage_policy
 
-    monkeypatch.setattr(_policy, "STORAGE_OUTAGE_S", 0.6)
+    monkeypatch.setattr(_storage_policy, "STORAGE_OUTAGE_S", 0.6)
     study, url = _sqlite_study(tmp_path)
     try:
         with _locked(tmp_path / "s.db", 3):

@@ -13,10 +13,10 @@ import workloads
 from conftest import example
 from torch import nn
 
-from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import DamagedEvidence
 from scalertune._replay._trace import MAX_TRACE_BYTES, Trace
+from scalertune._run import _policy as _run_policy
 from scalertune._run._loop import Plan, run_config
 from scalertune._run._trace_collector import TraceCollector
 
@@ -44,7 +44,7 @@ def test_the_trace_leaves_the_run_unchanged_and_its_subset_keeps_the_largest(fac
     plain = run_config(factory, FLOAT32, steps=240, seed=0, device=CPU)
     traced = _traced(factory, 240)
     assert traced.losses == plain.losses
-    monkeypatch.setattr(_policy, "TRACE_FULL_EVERY", 1)  # every tensor on every step
+    monkeypatch.setattr(_run_policy, "TRACE_FULL_EVERY", 1)  # every tensor on every step
     full = _traced(factory, 240)
     ratio = traced.trace.amax / full.trace.amax
     assert np.mean(ratio == 1) >= 0.95 and ratio.min() > 0.9
@@ -86,7 +86,7 @@ def test_the_subset_leaves_out_module_outputs_another_always_matched(monkeypatch
     )
     assert np.array_equal(resumed.trace.amax, traced.trace.amax)
     assert np.array_equal(again._hooks.subset.dominance, hooks.subset.dominance)
-    monkeypatch.setattr(_policy, "TRACE_FULL_EVERY", 1)
+    monkeypatch.setattr(_run_policy, "TRACE_FULL_EVERY", 1)
     full = _traced(_repeated_gradient, 240)
     assert np.array_equal(traced.trace.amax, full.trace.amax)
 
@@ -229,7 +229,7 @@ def _mixed_dtypes():
 
 def test_gradients_of_another_dtype_are_traced_as_float32_would_hold_them(monkeypatch):
     traced = _traced(_mixed_dtypes, 120)
-    monkeypatch.setattr(_policy, "TRACE_FULL_EVERY", 1)
+    monkeypatch.setattr(_run_policy, "TRACE_FULL_EVERY", 1)
     full = _traced(_mixed_dtypes, 120)
     assert np.array_equal(traced.trace.amax, full.trace.amax)
     assert np.all(traced.trace.param_amax > 0) and traced.trace.hist.sum() > 0
