@@ -40,8 +40,8 @@ from conftest import (
 )
 from optuna.trial import TrialState
 
-#: Rounds per loop: one in CI (12-25 s a round on a quiet 2-core machine, so that the fault
-#: loops together cost about 150 s of the suite), a different random one every run; the soak
+#: Rounds per loop: one in CI (the seven loops' rounds took 321 s together on a 2-core machine
+#: at load average 5-8, other work running beside), a different random one every run; the soak
 #: runs many.
 ROUNDS = int(os.environ.get("SCALERTUNE_FAULT_ROUNDS", "1"))
 #: No round starts after this many seconds of a loop (the first always runs).
