@@ -22,14 +22,16 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 
-def _run(launch, method, spec, ranks, steps):
+def _run(method, spec, ranks, steps):
     import torch
 
     from scalertune._amp._config import AmpConfig
+    from scalertune._processes import _start
+    from scalertune._search._launch import run_isolated
 
-    launch.START_METHOD = method
+    _start.START_METHOD = method
     started = time.perf_counter()
-    launch.run_isolated(
+    run_isolated(
         spec,
         AmpConfig(dtype="float32"),
         steps=steps,
@@ -48,8 +50,6 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
 
-    from scalertune._search import _launch as launch
-
     if "forkserver" not in __import__("multiprocessing").get_all_start_methods():
         sys.exit("this platform has no forkserver: every run is spawned")
     cases = {
@@ -57,14 +57,14 @@ def main():
         "2 ranks": (os.path.join(ROOT, "tests", "distributed_workloads.py") + ":ddp", 2),
     }
     for spec, ranks in cases.values():  # the server starts, once, as in a search
-        _run(launch, "forkserver", spec, ranks, args.steps)
+        _run("forkserver", spec, ranks, args.steps)
     print(f"{args.rounds} rounds, {args.steps} steps a run, float32, on {os.cpu_count()} cores")
     for name, (spec, ranks) in cases.items():
         times = {"spawn": [], "forkserver": []}
         for r in range(args.rounds):
             order = ("spawn", "forkserver") if r % 2 == 0 else ("forkserver", "spawn")
             for method in order:
-                times[method].append(_run(launch, method, spec, ranks, args.steps))
+                times[method].append(_run(method, spec, ranks, args.steps))
         ratios = [s / f for s, f in zip(times["spawn"], times["forkserver"])]
         print(
             f"{name}: spawned {statistics.median(times['spawn']):.2f} s a run, forked "

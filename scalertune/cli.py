@@ -72,7 +72,7 @@ def _run(command: str, args: argparse.Namespace) -> int:
         return COMMANDS[command](args)
     except ParameterError as exc:
         print(
-            f"scalertune {command}: error: {flag(command, exc.parameter)} {exc.problem}",
+            f"scalertune {command}: error: {flag(exc.parameter)} {exc.problem}",
             file=sys.stderr,
         )
         return EXIT_USAGE

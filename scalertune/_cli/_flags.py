@@ -16,7 +16,7 @@ _RENAMED = {
 }
 
 
-def flag(command: str, parameter: str) -> str:
+def flag(parameter: str) -> str:
     """How the command line spells ``parameter`` (``n_trials`` -> ``--n-trials``)."""
     return _RENAMED.get(parameter, "--" + parameter.replace("_", "-"))
 

@@ -114,7 +114,7 @@ def diagnose(
     """
     _check(init_scale, steps)
     factory = load_factory(factory_or_spec) if isinstance(factory_or_spec, str) else factory_or_spec
-    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    dev = resolve_device(device)
     config = AmpConfig(init_scale=float(init_scale), fp32_modules=parse_islands(fp32_modules))
     if config.fp32_modules:  # a typo is refused before any step runs
         model = build_workload(factory, seed=seed, device=dev).model

@@ -6,7 +6,8 @@ trainer workloads share.
 - ``_transformers``: a Hugging Face ``Trainer`` (TRL's trainers included), routed;
 - ``_lightning``: a Lightning ``Trainer``'s precision plugin, made from the runtime;
 - ``_attach``: :func:`attach`, the public call;
-- ``_detect``: which framework's trainer an object is, the one test of both;
+- ``_detect``: which framework's trainer an object is, the one test of both, and the one
+  refusal of a trainer that runs DeepSpeed;
 - ``_releases``: which framework a class comes from, and the releases scalertune was checked
   on, refused in one line outside them;
 - ``_accelerate_private``, ``_transformers_private``, ``_lightning_private``: each

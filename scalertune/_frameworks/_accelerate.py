@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any, NoReturn
+from typing import Any
 
 from scalertune._errors import UsageError
 from scalertune._frameworks import _accelerate_private
+from scalertune._frameworks._detect import refuse_deepspeed
 from scalertune._frameworks._route import ROUTE_ATTR, Route
 
 #: Accelerate's distributed types that run the model under autocast with a GradScaler, one
@@ -56,15 +57,6 @@ def check_accelerator(
         raise UsageError(
             f"{what} is attached to a runtime already: make a new one to attach another config"
         )
-
-
-def refuse_deepspeed(what: str) -> NoReturn:
-    """The one refusal of a trainer (``what``) that runs DeepSpeed: its fp16 mode has a loss
-    scaler of its own, which the runtime's cannot take the place of."""
-    raise UsageError(
-        f"{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: "
-        "export the config with scalertune export --to deepspeed instead"
-    )
 
 
 def route_accelerator(accelerator: Any, route: Route, *, training: bool) -> None:

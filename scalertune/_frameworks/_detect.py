@@ -1,5 +1,6 @@
 """Which framework's trainer an object is: the one test that ``attach`` and the search's
-trainer workloads make, with the check of the framework's release it comes with.
+trainer workloads make, with the check of the framework's release it comes with; and the one
+refusal of a trainer that runs DeepSpeed, whichever framework runs it.
 
 The answer comes from the object's classes alone (a subclass's included: TRL's trainers are
 Hugging Face Trainers), so no framework is imported to ask. A framework recognised is checked
@@ -10,8 +11,9 @@ refused in one line before anything trains.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
+from scalertune._errors import UsageError
 from scalertune._frameworks import _accelerate_private, _lightning_private, _transformers_private
 from scalertune._frameworks._releases import defining_package
 
@@ -33,3 +35,13 @@ def trainer_framework(obj: Any) -> str | None:
         _accelerate_private.check(obj)
         return ACCELERATE
     return None
+
+
+def refuse_deepspeed(what: str) -> NoReturn:
+    """The one refusal of a trainer (``what``) that runs DeepSpeed (an Accelerator, a Hugging
+    Face Trainer, a Lightning Trainer): its fp16 mode has a loss scaler of its own, which the
+    runtime's cannot take the place of."""
+    raise UsageError(
+        f"{what} runs DeepSpeed, whose fp16 mode has its own loss scaler: "
+        "export the config with scalertune export --to deepspeed instead"
+    )

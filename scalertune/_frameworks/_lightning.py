@@ -27,6 +27,7 @@ import torch
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._frameworks import _lightning_private
+from scalertune._frameworks._detect import refuse_deepspeed
 
 #: Lightning's precision flags a Trainer may have been given that mean autocast (or none):
 #: the runtime's plugin replaces them. Any other ("16-true", "bf16-true", "64-true",
@@ -38,6 +39,8 @@ def check_lightning(trainer: Any) -> None:
     """Refuse, in one line, a Trainer whose precision the runtime cannot take over."""
     strategy = trainer.strategy
     kind = type(strategy).__name__
+    if kind == "DeepSpeedStrategy":
+        refuse_deepspeed("this Trainer")
     if kind not in ("SingleDeviceStrategy", "DDPStrategy"):
         raise UsageError(
             f"this Trainer runs {kind}: scalertune drives single-device and DDP Trainers only"

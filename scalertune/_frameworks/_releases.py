@@ -3,7 +3,8 @@ the one line that refuses another.
 
 :func:`defining_package` answers, from the classes' names and modules alone (no framework is
 imported, none is a dependency), which framework package defines the class of an object
-(a subclass's included: TRL's trainers are Hugging Face Trainers).
+(a subclass's included: TRL's trainers are Hugging Face Trainers); :func:`comes_from`, whether
+one of its classes comes from a package (a TRL trainer's own class, from ``trl``).
 
 A framework's internals that scalertune relies on (a private name, a method it replaces) are
 listed in that framework's module (``_accelerate_private``, ``_transformers_private``,
@@ -40,11 +41,27 @@ def defining_package(obj: Any, name: str) -> str | None:
         True
     """
     for cls in type(obj).__mro__:
-        if cls.__name__ == name:
-            package = cls.__module__.split(".")[0]
-            if package in FRAMEWORK_PACKAGES:
-                return package
+        if cls.__name__ == name and _package_of(cls) in FRAMEWORK_PACKAGES:
+            return _package_of(cls)
     return None
+
+
+def comes_from(obj: Any, package: str) -> bool:
+    """Whether one of the classes of ``obj`` (its own or a base) is defined in ``package``:
+    a TRL trainer is a Hugging Face ``Trainer`` (:func:`defining_package` says
+    ``transformers``) whose own class comes from ``trl``.
+
+    Example:
+        >>> import collections
+        >>> comes_from(collections.OrderedDict(), "collections"), comes_from(1, "trl")
+        (True, False)
+    """
+    return any(_package_of(cls) == package for cls in type(obj).__mro__)
+
+
+def _package_of(cls: type) -> str:
+    """The top-level package that defines ``cls``."""
+    return cls.__module__.split(".")[0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,12 +21,9 @@ import torch
 
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
-from scalertune._frameworks._accelerate import (
-    check_accelerator,
-    refuse_deepspeed,
-    route_accelerator,
-)
+from scalertune._frameworks._accelerate import check_accelerator, route_accelerator
 from scalertune._frameworks._accelerate_private import set_sync_gradients
+from scalertune._frameworks._detect import refuse_deepspeed
 from scalertune._frameworks._route import Route
 
 

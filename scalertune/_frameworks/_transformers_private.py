@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from scalertune._frameworks import _accelerate_private
-from scalertune._frameworks._releases import Releases
+from scalertune._frameworks._releases import Releases, comes_from
 
 RELEASES = Releases("transformers", (4, 40), (5, 26), checked="5.25")
 #: TRL's trainers subclass the Trainer and override some of its steps.
@@ -59,7 +59,7 @@ def check(trainer: Any) -> None:
     """Refuse, in one line, a transformers (or TRL) release outside the bound, or one whose
     Trainer lacks a name listed here; then its Accelerator's (``_accelerate_private``)."""
     RELEASES.check()
-    if any(cls.__module__.split(".")[0] == "trl" for cls in type(trainer).__mro__):
+    if comes_from(trainer, "trl"):
         TRL_RELEASES.check()
     missing = [n for n in (*TRAIN_STEPS, *READ) if not hasattr(trainer, n)]
     missing += [n for n in SET if "." in n and not _has(trainer, n.rpartition(".")[0])]

@@ -6,6 +6,10 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
+#: Why AMP loses to float32 on a CPU: the one wording of it, in :meth:`Speedup.cpu_note` and
+#: in the verdict that answers float32 there.
+CPU_SLOWER = "CPUs without native half-precision matmul run AMP steps slower than float32"
+
 
 @dataclasses.dataclass(frozen=True)
 class Speedup:
@@ -104,8 +108,5 @@ class Speedup:
             ''
         """
         if device.startswith("cpu") and self.step_time_ratio > 1:
-            return (
-                ". CPUs without native half-precision matmul run AMP steps slower than "
-                "float32; to choose for GPU training, run the search on that GPU"
-            )
+            return f". {CPU_SLOWER}; to choose for GPU training, run the search on that GPU"
         return ""

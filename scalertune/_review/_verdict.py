@@ -12,6 +12,7 @@ the best AMP config that held is still carried (``evidence.best_amp``), to use o
 
 from __future__ import annotations
 
+from scalertune._judge._speedup import CPU_SLOWER
 from scalertune._review._describe import why_not
 from scalertune._review._findings import Findings, speedup
 from scalertune._text import plural
@@ -30,11 +31,7 @@ def verdict(result: Findings) -> str:
     said = found.verdict(device)
     clause = _clipping_clause(result)
     if result.recommended is None:
-        why = (
-            "CPUs without native half-precision matmul run AMP steps slower than float32"
-            if found.cpu_note(device)
-            else "a tie goes to the simpler config"
-        )
+        why = CPU_SLOWER if found.cpu_note(device) else "a tie goes to the simpler config"
         return (
             f"train in {result.config.describe()}: the best AMP config that holds, "
             f"{best.label} [{best.config.describe()}], is "

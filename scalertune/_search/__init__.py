@@ -21,8 +21,10 @@
 - ``_replay_choice``: the float16 scaler setting the replay finds best over the horizon;
 - ``_recommended``: the recommended trial, where the dashboard looks for the answer;
 - ``_isolate``: where runs execute (in this process, or fresh ones);
-- ``_launch``: a run's processes: one with ``--isolate``, one per rank with
-  ``--nproc-per-node``, and what they send back;
+- ``_launch``: a run, the step timing, a forward overflow's replay and the ranks' preflight,
+  each in processes of its own: one with ``--isolate``, one per rank with
+  ``--nproc-per-node``;
+- ``_process_jobs``: the jobs those processes do, and their replies, as typed records;
 - ``_progress``: the line per run on stderr, or the progress bar;
 - ``_policy``: the search's own policy numbers (the horizon's cost cap, the replay's and
   the islands' counts, the curve's writes, failures before a stop), each with its reason.

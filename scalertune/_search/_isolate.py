@@ -16,9 +16,10 @@ from typing import Any, TypeVar
 
 from scalertune import _interrupt
 from scalertune._amp._config import AmpConfig
+from scalertune._processes._protocol import TrialCrashed, describe_error, exited
 from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord
-from scalertune._search._launch import TrialCrashed, describe_error, exited, run_isolated
+from scalertune._search._launch import run_isolated
 from scalertune._search._setup import Setup
 
 _T = TypeVar("_T")

@@ -22,12 +22,6 @@ SAME_FAILURES_BEFORE_STOP = 5
 #: 1B-parameter model's 12 GB at the 6 GB/s of a local NVMe disk: under 1% of five minutes).
 CHECKPOINT_EVERY_S = 300.0
 
-#: After the first rank of a run fails, the launcher waits this long (seconds) for the others
-#: to report or die before it kills them all: a rank that dies makes its peers fail in their
-#: next collective within milliseconds, and the record must name the rank that died, not the
-#: peer whose collective broke first.
-RANK_SETTLE_S = 2.0
-
 #: What a search over a horizon longer than a trial may cost, in run-equivalents of the
 #: horizon (the float32 reference is 1). A branch shows whether a config can follow float32
 #: from float32's own state, not whether it gets there (bfloat16 can hold in every branch and

@@ -30,6 +30,7 @@ from scalertune._errors import MissingEvidence, SearchError, UsageError
 from scalertune._judge._horizon import seed_spread
 from scalertune._judge._outcome import damaged_references, reference_of
 from scalertune._judge._target import Target
+from scalertune._processes._protocol import RankFailed, TrialCrashed, describe_error
 from scalertune._replay._trace import Trace
 from scalertune._run._loop import Plan
 from scalertune._run._memory import release_memory
@@ -38,12 +39,7 @@ from scalertune._run._timing import StepTimes, time_dtypes
 from scalertune._run._trace_collector import TraceCollector
 from scalertune._search import _policy as _search_policy
 from scalertune._search._isolate import execute, run_here
-from scalertune._search._launch import (
-    RankFailed,
-    TrialCrashed,
-    describe_error,
-    time_isolated,
-)
+from scalertune._search._launch import time_isolated
 from scalertune._search._reference_checkpoints import Checkpoints
 from scalertune._search._setup import Setup
 from scalertune._search._study import add_failed_reference, add_reference

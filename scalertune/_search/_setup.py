@@ -14,8 +14,9 @@ from scalertune import _limits
 from scalertune._amp._device import resolve_device
 from scalertune._errors import ParameterError, UsageError
 from scalertune._judge._settings import StudySettings
+from scalertune._processes._main_guard import refuse_reentry, refuse_unguarded
 from scalertune._run._preflight import preflight
-from scalertune._search._launch import preflight_ranks, refuse_reentry, refuse_unguarded
+from scalertune._search._launch import preflight_ranks
 from scalertune._search._space import SearchSpace
 from scalertune._storage._store import normalized
 from scalertune._text import plural

@@ -25,11 +25,11 @@ from scalertune._judge._horizon import is_from_start
 from scalertune._judge._stopping import StopRule
 from scalertune._judge._stored import sound
 from scalertune._judge._target import Target
+from scalertune._processes._protocol import RankFailed, TrialCrashed, describe_error
 from scalertune._run._record import RunRecord
 from scalertune._search import _policy as _search_policy
 from scalertune._search._branch import run_branch, run_from_start
 from scalertune._search._isolate import execute
-from scalertune._search._launch import RankFailed, TrialCrashed, describe_error
 from scalertune._search._references import References
 from scalertune._search._reports import Reports
 from scalertune._search._reuse import locate_overflow, reuse

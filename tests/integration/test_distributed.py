@@ -12,7 +12,8 @@ import torch
 from conftest import run_cli, spec
 
 from scalertune._amp._config import AmpConfig
-from scalertune._search._launch import RankFailed, TrialCrashed, run_isolated, time_isolated
+from scalertune._processes._protocol import RankFailed, TrialCrashed
+from scalertune._search._launch import run_isolated, time_isolated
 from tests import distributed_workloads
 
 STEPS = 30

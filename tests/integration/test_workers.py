@@ -326,10 +326,11 @@ def test_a_run_in_its_own_process_sees_the_environment_as_it_is_when_the_run_sta
     import torch
 
     from scalertune._amp._config import AmpConfig
-    from scalertune._search import _launch
-    from scalertune._search._launch import TrialCrashed, run_isolated
+    from scalertune._processes import _start
+    from scalertune._processes._protocol import TrialCrashed
+    from scalertune._search._launch import run_isolated
 
-    monkeypatch.setattr(_launch, "START_METHOD", method)
+    monkeypatch.setattr(_start, "START_METHOD", method)
     seen = []
     for mark, threads in (("first", "1"), ("second", "2")):
         monkeypatch.setenv("SCALERTUNE_TEST_MARK", mark)

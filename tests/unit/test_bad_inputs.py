@@ -716,7 +716,7 @@ def test_a_script_that_starts_processes_outside_a_main_guard_is_refused_before_t
         else call
     )
     (tmp_path / "script.py").write_text(
-        "from scalertune._search._launch import refuse_unguarded\n\n" + body
+        "from scalertune._processes._main_guard import refuse_unguarded\n\n" + body
     )
     import subprocess
     import sys

@@ -303,6 +303,21 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_runs(capsys, monkeypat
     assert not ran
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for a device this machine lacks")
+def test_a_device_given_as_a_torch_device_is_checked_as_one_given_by_name():
+    """The one device check, whichever way the device is given: no model is built on it."""
+    built = []
+
+    def factory():
+        built.append(True)
+        return workloads.healthy()
+
+    for device in ("cuda", torch.device("cuda"), torch.device("cuda:3")):
+        with pytest.raises(scalertune.UsageError, match="this machine has no CUDA device"):
+            scalertune.diagnose(factory, device=device)
+    assert not built
+
+
 def test_an_unknown_island_in_a_search_is_a_usage_error_and_nothing_is_written(
     tmp_path, capsys, monkeypatch
 ):

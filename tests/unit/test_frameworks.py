@@ -160,6 +160,19 @@ def test_attach_refuses_what_it_cannot_drive_in_one_line():
         scalertune.attach(trainers.hf_trainer(), AmpConfig(), best_amp=True)
 
 
+@pytest.mark.slow  # imports DeepSpeed (about 20 s here)
+def test_a_lightning_trainer_on_deepspeed_gets_the_one_deepspeed_refusal():
+    """The line an Accelerator and a Hugging Face Trainer on DeepSpeed get, which says what
+    to do instead; not the line for a strategy scalertune does not drive."""
+    trainer = trainers.lightning_trainer(strategy="deepspeed")
+    with pytest.raises(scalertune.UsageError) as refused:
+        scalertune.attach(trainer, AmpConfig())
+    assert str(refused.value) == (
+        "this Trainer runs DeepSpeed, whose fp16 mode has its own loss scaler: "
+        "export the config with scalertune export --to deepspeed instead"
+    )
+
+
 def test_a_hf_trainer_that_cannot_train_is_refused_in_one_line():
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):

@@ -64,6 +64,17 @@ def test_the_verdict_states_a_direction_only_outside_the_noise(steps, times, wor
         assert speedup.low <= 1 <= speedup.high
 
 
+def test_amp_slower_on_a_cpu_says_why_and_off_a_cpu_says_nothing_more():
+    slower = Speedup.of([1.0, 1.0], [1.5, 1.6, 1.7, 1.5, 1.6, 1.7])
+    assert slower.verdict("cpu (x86_64, 2 threads)").endswith(
+        "float32's time). CPUs without native half-precision matmul run AMP steps slower "
+        "than float32; to choose for GPU training, run the search on that GPU"
+    )
+    assert slower.verdict("cuda:0 (NVIDIA A100)").endswith("float32's time)")
+    assert slower.verdict("cpu (x86_64, 2 threads)", note=False).endswith("float32's time)")
+    assert Speedup.of([1.0], [0.5]).cpu_note("cpu (x86_64, 2 threads)") == ""
+
+
 def _outcome(number, dtype, steps, skipped=0, min_scale=None, clip=None):
     config = AmpConfig(dtype=dtype, clip_norm=clip, init_scale=2.0**number)
     attrs = {
