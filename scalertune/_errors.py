@@ -43,7 +43,15 @@ class MissingEvidence(Exception):
     reported as missing, never judged."""
 
 
-class DamagedCheckpoint(MissingEvidence):
+class DamagedEvidence(MissingEvidence):
+    """A value read back from a study or its artifact store that is not what scalertune
+    wrote there: another type or shape, a blob that does not decode, more than such a value
+    can hold. Nothing in it is trusted: it is named in one line and handled as missing
+    evidence (computed again, run again, or left out and said), never a crash and never a
+    verdict."""
+
+
+class DamagedCheckpoint(DamagedEvidence):
     """A checkpoint file that is not what a scalertune checkpoint holds: another format, a
     pickle that asks for anything but tensors and plain data, another model's keys or shapes,
     a state that does not load. It is read as damaged evidence (an earlier checkpoint, or step

@@ -3,6 +3,7 @@
 - ``_settings``: :class:`StudySettings`, the study's settings as one record, with the rules of
   the horizon, its phase windows and the tie margin;
 - ``_target``: the float32 target and the smoothed loss;
+- ``_stored``: what a study holds, checked before it is trusted (damaged evidence);
 - ``_outcome``: a stored run as an :class:`Outcome`, and the stored references;
 - ``_rank``: ranking, ties within the timing noise, the order of confirmation;
 - ``_phases``: a branch or a run from step 0 judged against float32 in a phase window;

@@ -12,9 +12,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._run._step_times import StepTimes
+from scalertune._errors import DamagedEvidence
+from scalertune._judge._stored import check_trial, reference_data, sound
 from scalertune._storage._names import (
-    HORIZON_ATTR,
     JUDGED_ATTR,
     LOSSES_ATTR,
     ROLE_BASELINE,
@@ -26,8 +26,6 @@ from scalertune._storage._names import (
     ROLE_SEARCH,
     RUN_ROLES,
     SCALES_ATTR,
-    TIMES_ATTR,
-    TRACE_ATTR,
     TRACEBACK_ATTR,
 )
 
@@ -71,7 +69,6 @@ class Outcome:
 
     @classmethod
     def from_trial(cls, trial: FrozenTrial) -> Outcome:
-        # the judged figures in full precision over the rounded copies the dashboard shows
         """Read one finished run from its Optuna trial.
 
         Args:
@@ -81,9 +78,16 @@ class Outcome:
         Returns:
             The outcome.
 
+        Raises:
+            DamagedEvidence: The trial's attributes are not what a run stores (a study's
+                storage is written by others too; see
+                :func:`~scalertune._judge._stored.check_trial`): named in one line.
+
         Example:
             >>> outcomes = [Outcome.from_trial(t) for t in study.trials]  # doctest: +SKIP
         """
+        check_trial(trial)
+        # the judged figures in full precision over the rounded copies the dashboard shows
         attrs = {
             **trial.user_attrs,
             **trial.system_attrs.get(JUDGED_ATTR, {}),
@@ -156,48 +160,60 @@ class Outcome:
 
 def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:
     """Finished AMP runs (complete or pruned), in trial-number order; the float32 reference
-    trials are the yardstick, not candidates, and are left out."""
+    trials are the yardstick, not candidates, and are left out, and so are runs whose
+    evidence is damaged (:func:`~scalertune._judge._stored.sound`)."""
     done = (TrialState.COMPLETE, TrialState.PRUNED)
     return [
         Outcome.from_trial(t)
-        for t in trials
+        for t in sound(trials)[0]
         if t.state in done and t.user_attrs.get("role") in RUN_ROLES
     ]
 
 
 def reference_trial(study: optuna.Study, seed: int) -> optuna.trial.FrozenTrial | None:
-    """The finished float32 reference trial of ``seed``, if it has run."""
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        attrs = trial.user_attrs
-        if attrs.get("role") == ROLE_REFERENCE and attrs.get("seed") == seed:
-            return trial
+    """The finished float32 reference trial of ``seed``, if it has run (the first whose
+    evidence is sound: one damaged is run again, :func:`damaged_references`)."""
+    for trial in _reference_trials(study, seed):
+        try:
+            reference_data(trial, seed)
+        except DamagedEvidence:
+            continue
+        return trial
     return None
 
 
 def reference_of(study: optuna.Study, seed: int) -> dict[str, Any] | None:
-    """The float32 reference of ``seed`` as plain data, or ``None`` if it has not run yet.
+    """The float32 reference of ``seed`` as plain data, or ``None`` if it has not run yet
+    (or every reference of that seed the study holds is damaged).
 
     A reference to a horizon longer than a trial has its ``horizon`` (the steps it trained),
     its losses over each phase window by first step (``windows``: float32's own continuation
     there) and the checkpoint each window starts from (``checkpoints``); another has
-    ``horizon`` ``None`` and neither."""
-    trial = reference_trial(study, seed)
-    if trial is None:
-        return None
-    attrs = trial.user_attrs
-    times = trial.system_attrs.get(TIMES_ATTR)
-    late = trial.system_attrs.get(HORIZON_ATTR) or {}
-    return {
-        "trial": trial.number,
-        "seed": seed,
-        "losses": list(trial.system_attrs.get(LOSSES_ATTR, ())),
-        "target_loss": attrs["target_loss"],
-        "steps_to_target": attrs["steps_to_target"],
-        "step_time_s": attrs.get("step_time_s"),
-        "steps_run": attrs.get("steps_run"),
-        "step_times": StepTimes.from_dict(times) if times else None,
-        "horizon": int(late["horizon"]) if late else None,
-        "windows": dict(late.get("windows") or {}),
-        "checkpoints": dict(late.get("checkpoints") or {}),
-        "trace": trial.system_attrs.get(TRACE_ATTR),
-    }
+    ``horizon`` ``None`` and neither. Its ``trace`` is the gradient trace, decoded
+    (``None`` where it recorded none)."""
+    for trial in _reference_trials(study, seed):
+        try:
+            return reference_data(trial, seed)
+        except DamagedEvidence:
+            continue
+    return None
+
+
+def damaged_references(study: optuna.Study, seed: int) -> dict[int, str]:
+    """The finished float32 references of ``seed`` whose evidence is damaged: trial number
+    -> why."""
+    damaged = {}
+    for trial in _reference_trials(study, seed):
+        try:
+            reference_data(trial, seed)
+        except DamagedEvidence as exc:
+            damaged[trial.number] = str(exc)
+    return damaged
+
+
+def _reference_trials(study: optuna.Study, seed: int) -> list[optuna.trial.FrozenTrial]:
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.user_attrs.get("role") == ROLE_REFERENCE and t.user_attrs.get("seed") == seed
+    ]

@@ -25,6 +25,7 @@ from scalertune._judge._horizon import (
 from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
 from scalertune._judge._rank import candidates, confirmations_of, ranked
 from scalertune._judge._settings import StudySettings
+from scalertune._judge._stored import sound
 from scalertune._review._findings import amp_wins
 from scalertune._review._result import SearchResult
 from scalertune._review._runs import real_runs
@@ -68,7 +69,8 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
     """
     settings = StudySettings.of(study)
     seed = settings.seed
-    trials = study.get_trials(deepcopy=False)
+    # a run whose stored evidence is damaged is left out of everything below, and said
+    trials, damaged = sound(study.get_trials(deepcopy=False))
     outcomes = outcomes_of(trials)
     ranking = ranked(outcomes)
     references = {
@@ -109,6 +111,7 @@ def analyze(study: optuna.Study, *, storage: str = "") -> SearchResult:
             for t in trials
         ),
         missing=missing_of(trials),
+        damaged=damaged,
         steps_trained=_steps_trained(trials),
         reused=sum(o.reused for o in outcomes),
         stop_reason=study.user_attrs.get(STOPPED_ATTR),
