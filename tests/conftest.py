@@ -1,5 +1,6 @@
 import contextlib
 import dataclasses
+import functools
 import io
 import os
 import subprocess
@@ -134,6 +135,61 @@ def space_file(tmp_path):
     return write
 
 
+#: A search whose answer is the same however many workers share it: no sampled trial (which
+#: configs several workers sample depends on who asks first), PyTorch's float16 defaults and
+#: the replay's choice, ranked by their steps to the target (one dtype, one step time), over
+#: a horizon, so that there is work to share (references, baselines, branches, confirmations,
+#: checkpoints).
+HORIZON_SEARCH = (
+    "--steps",
+    "40",
+    "--horizon",
+    "200",
+    "--n-trials",
+    "0",
+    "--space",
+    "float16",
+    "--device",
+    "cpu",
+)
+
+
+@pytest.fixture(scope="session")  # once per worker: its group may interleave with other modules
+def undisturbed(tmp_path_factory):
+    """``HORIZON_SEARCH`` of ``workloads.healthy``, one worker, nothing in its way (study
+    ``shared`` in ``study.log``): the answer the faulted searches must give (its ``folder``
+    holds the study, ``summary`` what it printed). Tests that take it share an xdist group,
+    so that it runs once."""
+    folder = tmp_path_factory.mktemp("undisturbed")
+    ran = run_cli(
+        "search",
+        spec("healthy"),
+        "--storage",
+        "study.log",
+        "--study-name",
+        "shared",
+        "-o",
+        "amp.yaml",
+        *HORIZON_SEARCH,
+        cwd=folder,
+        process=True,
+    )
+    assert ran.returncode == 0, ran.stderr
+    return {"answer": horizon_answer(folder / "amp.yaml"), "folder": folder, "summary": ran.stdout}
+
+
+def horizon_answer(path):
+    """The AMP answer of a search, from its YAML: the best AMP config that held and was
+    confirmed. (Whether it or float32 is recommended on this CPU is a timing verdict, within
+    the noise here, which the load of several workers at once can tip either way.)"""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        evidence = yaml.safe_load(f)["evidence"]
+    assert "missing" not in evidence
+    return evidence["best_amp"]["config"]
+
+
 def example(name: str):
     """Import one of the shipped examples as a module."""
     sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -242,17 +298,15 @@ def s3_endpoint():
         endpoint.stop()
 
 
-def reference_is_float32s_own(study, horizon, context=""):
-    """The study's float32 reference (seed 0, ``workloads.healthy``) has, over every window of
-    the horizon, the losses of one undisturbed float32 run: resumed from a checkpoint (a good
-    one, or one before a damaged one) or rebuilt, it replayed the same steps bit for bit."""
+@functools.lru_cache  # the same run for every round of a fault loop
+def _float32s_own(horizon):
     import torch
     import workloads
 
     from scalertune._amp._config import AmpConfig
     from scalertune._run._loop import run_config
 
-    own = run_config(
+    return run_config(
         workloads.healthy,
         AmpConfig(dtype="float32"),
         steps=horizon,
@@ -260,6 +314,13 @@ def reference_is_float32s_own(study, horizon, context=""):
         device=torch.device("cpu"),
         prune=False,
     ).losses
+
+
+def reference_is_float32s_own(study, horizon, context=""):
+    """The study's float32 reference (seed 0, ``workloads.healthy``) has, over every window of
+    the horizon, the losses of one undisturbed float32 run: resumed from a checkpoint (a good
+    one, or one before a damaged one) or rebuilt, it replayed the same steps bit for bit."""
+    own = _float32s_own(horizon)
     ref = next(
         t
         for t in study.trials

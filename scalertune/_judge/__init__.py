@@ -3,6 +3,7 @@
 - ``_settings``: :class:`StudySettings`, the study's settings as one record, with the rules of
   the horizon, its phase windows and the tie margin;
 - ``_target``: the float32 target and the smoothed loss;
+- ``_stored``: what a study holds, checked before it is trusted (damaged evidence);
 - ``_reference``: the float32 reference as one typed, versioned record, read and written there
   alone;
 - ``_outcome``: a stored run as an :class:`Outcome`, and the float32 reference of a seed found;

@@ -37,6 +37,7 @@ from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
 from scalertune._judge._rank import candidates, confirmations_of, ranked
 from scalertune._judge._reference import Reference
 from scalertune._judge._settings import StudySettings
+from scalertune._judge._stored import sound
 from scalertune._storage._names import (
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
@@ -55,7 +56,8 @@ def judge(study: optuna.Study, *, storage: str = "") -> Findings:
     config, float32 at its clip, and the answer on this device."""
     settings = StudySettings.of(study)
     seed = settings.seed
-    trials = study.get_trials(deepcopy=False)
+    # a run whose stored evidence is damaged is left out of everything below, and said
+    trials, damaged = sound(study.get_trials(deepcopy=False))
     outcomes = outcomes_of(trials)
     ranking = ranked(outcomes)
     references = {
@@ -96,6 +98,7 @@ def judge(study: optuna.Study, *, storage: str = "") -> Findings:
             for t in trials
         ),
         missing=missing_of(trials),
+        damaged=damaged,
         steps_trained=_steps_trained(trials),
         reused=sum(o.reused for o in outcomes),
         stop_reason=study.user_attrs.get(STOPPED_ATTR),

@@ -78,6 +78,9 @@ class Findings:
     #: Runs whose evidence is missing after their retries (a checkpoint missing or damaged, a
     #: storage error): the first trial of each -> why. Never judged: a rerun completes them.
     missing: dict[int, str] = dataclasses.field(default_factory=dict)
+    #: Runs whose stored evidence is damaged (:mod:`scalertune._judge._stored`): trial
+    #: number -> why. Left out of every judgement; the search runs them again where it can.
+    damaged: dict[int, str] = dataclasses.field(default_factory=dict)
     #: Training steps every run and the step timing executed (reused duplicates cost none).
     steps_trained: int = 0
     #: Sampled configs that had run already: their result was reused, nothing trained.

@@ -13,6 +13,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import DamagedEvidence
 from scalertune._judge._reference import Reference
+from scalertune._judge._stored import check_trial, sound
 from scalertune._storage._names import (
     JUDGED_ATTR,
     LOSSES_ATTR,
@@ -124,9 +125,15 @@ class Outcome:
         Returns:
             The outcome.
 
+        Raises:
+            DamagedEvidence: The trial's attributes are not what a run stores (a study's
+                storage is written by others too; see
+                :func:`~scalertune._judge._stored.check_trial`): named in one line.
+
         Example:
             >>> outcomes = [Outcome.from_trial(t) for t in study.trials]  # doctest: +SKIP
         """
+        check_trial(trial)
         # the judged figures in full precision over the rounded copies the dashboard shows
         attrs = {**trial.user_attrs, **trial.system_attrs.get(JUDGED_ATTR, {})}
         return cls(
@@ -197,18 +204,19 @@ class Outcome:
 
 def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:
     """Finished AMP runs (complete or pruned), in trial-number order; the float32 reference
-    trials are the yardstick, not candidates, and are left out."""
+    trials are the yardstick, not candidates, and are left out, and so are runs whose
+    evidence is damaged (:func:`~scalertune._judge._stored.sound`)."""
     done = (TrialState.COMPLETE, TrialState.PRUNED)
     return [
         Outcome.from_trial(t)
-        for t in trials
+        for t in sound(trials)[0]
         if t.state in done and t.user_attrs.get("role") in RUN_ROLES
     ]
 
 
 def reference_trial(study: optuna.Study, seed: int) -> FrozenTrial | None:
     """The finished float32 reference trial of ``seed``, if it has run (the first whose
-    record is sound: one damaged is run again)."""
+    record is sound: one damaged is run again, :func:`damaged_references`)."""
     for trial in _reference_trials(study, seed):
         try:
             Reference.from_trial(trial)
@@ -228,6 +236,18 @@ def reference_of(study: optuna.Study, seed: int) -> Reference | None:
         except DamagedEvidence:
             continue
     return None
+
+
+def damaged_references(study: optuna.Study, seed: int) -> dict[int, str]:
+    """The finished float32 references of ``seed`` whose record is damaged: trial number
+    -> why."""
+    damaged = {}
+    for trial in _reference_trials(study, seed):
+        try:
+            Reference.from_trial(trial)
+        except DamagedEvidence as exc:
+            damaged[trial.number] = str(exc)
+    return damaged
 
 
 def _reference_trials(study: optuna.Study, seed: int) -> list[FrozenTrial]:

@@ -139,7 +139,7 @@ class Reference:
         reference's (see the module) is :class:`~scalertune._errors.DamagedEvidence`,
         named in one line."""
         user, system = trial.user_attrs, trial.system_attrs
-        where = f"the float32 reference (trial #{trial.number})"
+        where = f"trial #{trial.number}"
         version = system.get(REFERENCE_VERSION_ATTR, 1)
         if not _is_integer(version) or not 0 < version <= VERSION:
             raise _damaged(where, "version", f"is not one this scalertune reads ({VERSION})")
@@ -271,13 +271,10 @@ def _decoded(text: str) -> Trace:
 
 
 def _trace(text: Any, where: str) -> Trace | None:
-    if not text:
+    if text is None or text == "":
         return None
-    if not isinstance(text, str):
-        raise _damaged(where, "gradient trace", "is not text")
     try:
-        return _decoded(text)
-    except DamagedEvidence:
-        raise
-    except Exception as exc:  # a blob that does not decode: whatever numpy or zlib says
-        raise _damaged(where, "gradient trace", f"does not decode ({type(exc).__name__})") from None
+        return _decoded(text) if isinstance(text, str) else Trace.decode(text)
+    except DamagedEvidence as exc:
+        why = str(exc).partition(" is damaged: it ")[2] or str(exc)
+        raise _damaged(where, "gradient trace", why) from None

@@ -20,12 +20,13 @@ with its ``version``); :meth:`StudySettings.from_dict` reads every version a stu
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from scalertune import _limits, _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._errors import UsageError
+from scalertune._errors import DamagedEvidence, UsageError
 from scalertune._storage._names import SETTINGS_ATTR
 
 if TYPE_CHECKING:
@@ -249,18 +250,41 @@ class StudySettings:
         Raises:
             UsageError: The record is of a newer version than this scalertune reads: upgrade
                 scalertune to review the study.
+            DamagedEvidence: The record is not one this scalertune wrote (a study's storage
+                is written by others too): named in one line.
 
         Example:
             >>> from scalertune import StudySettings
             >>> StudySettings.from_dict({"factory": "m.py:f", "steps": 200, "seed": 0}).horizon
             200
         """
-        version = int(data.get("version") or 1)
+        try:
+            version = int(data.get("version") or 1)
+        except (AttributeError, TypeError, ValueError):
+            raise DamagedEvidence(_damaged("it is not a record of settings")) from None
         if version > VERSION:
             raise UsageError(
                 f"the study's settings are of version {version}, newer than this "
                 f"scalertune reads ({VERSION}): upgrade scalertune to review it"
             )
+        try:
+            settings = cls._read(data, version)
+        except UsageError:
+            raise DamagedEvidence(_damaged("its reference is not an AMP config")) from None
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise DamagedEvidence(_damaged(f"{type(exc).__name__}: {str(exc)[:200]}")) from None
+        if not (
+            0 < settings.steps <= settings.horizon <= _limits.MAX_HORIZON
+            and 0 < settings.nproc_per_node <= 2**16
+            and re.fullmatch("[0-9a-f]{0,64}", settings.instance)
+        ):
+            raise DamagedEvidence(
+                _damaged("its steps, horizon, ranks or instance are out of bounds")
+            )
+        return settings
+
+    @classmethod
+    def _read(cls, data: Mapping[str, Any], version: int) -> StudySettings:
         steps = int(data["steps"])
         return cls(
             factory=str(data["factory"]),
@@ -332,3 +356,10 @@ def space_dtypes(params: Mapping[str, Any]) -> tuple[str, ...]:
     float16 where the space does not name a dtype."""
     dtype = params.get("dtype", {"choices": ["float16"]})
     return tuple(dtype["choices"]) if isinstance(dtype, Mapping) else (dtype,)
+
+
+def _damaged(why: str) -> str:
+    return (
+        f"the study's settings ({SETTINGS_ATTR}) are damaged: {why}; a study cannot be judged "
+        "without them: search into a new --study-name"
+    )

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import re
 from typing import IO, Any
 
 import optuna
@@ -18,8 +20,13 @@ import optuna
 from scalertune._review._horizon_plot import is_horizon_picture
 from scalertune._review._plots import picture_trial
 from scalertune._storage._names import ARTIFACT_DIR_ATTR
-from scalertune._storage._optuna import study_id
+from scalertune._storage._optuna import artifact_records, study_id
 from scalertune._storage._store import Store
+
+#: An artifact's id as Optuna gives it (a UUID): never a path.
+_ARTIFACT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+#: The largest picture of ours is a few hundred KB; a stored file larger is not one.
+_PICTURE_BYTES = 2**26
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +44,7 @@ class Pictures:
 def upload(study: optuna.Study, paths: list[str], location: str) -> None:
     """Attach the PNGs at ``paths`` to ``study`` in the artifact store at ``location``,
     skipping any whose content is there."""
-    from optuna.artifacts import get_all_artifact_meta, upload_artifact
+    from optuna.artifacts import upload_artifact
 
     store = Store(location)
     if study.user_attrs.get(ARTIFACT_DIR_ATTR) != location:
@@ -45,7 +52,7 @@ def upload(study: optuna.Study, paths: list[str], location: str) -> None:
     # The same pictures come back under other names (`report -o other.yaml`, a resumed
     # search): compare contents, not names.
     stored = set()
-    for meta in get_all_artifact_meta(study):
+    for meta in artifact_metas(study):
         digest = _stored_digest(store, meta.artifact_id)
         if digest is not None:
             stored.add(digest)
@@ -63,21 +70,62 @@ def upload(study: optuna.Study, paths: list[str], location: str) -> None:
 
 
 def _stored_digest(store: Store, artifact_id: str) -> str | None:
+    """The SHA-256 of a stored picture, read a chunk at a time; ``None`` when there is
+    none, or it is larger than a picture of ours (not one to compare with)."""
     from optuna.artifacts.exceptions import ArtifactNotFound
 
+    def digest(f: IO[bytes]) -> str | None:
+        sha, size = hashlib.sha256(), 0
+        while chunk := f.read(2**20):
+            sha.update(chunk)
+            size += len(chunk)
+            if size > _PICTURE_BYTES:
+                return None
+        return sha.hexdigest()
+
     try:
-        return store.read(artifact_id, lambda f: hashlib.sha256(f.read()).hexdigest())
+        return store.read(artifact_id, digest)
     except ArtifactNotFound:
         return None
+
+
+def artifact_metas(study: optuna.Study) -> list[Any]:
+    """Optuna's records of the study's artifacts (``ArtifactMeta``), those that are one: a
+    record is read back from the study, which others may write to, so each is checked (JSON
+    of a bounded size, a UUID for its id, text for its name and type). A record that is not
+    one is passed over (its picture, where it was one of ours, is uploaded again)."""
+    from optuna.artifacts import ArtifactMeta
+
+    metas = []
+    for text in artifact_records(study).values():
+        try:
+            found = json.loads(text) if isinstance(text, str) and len(text) < 4096 else None
+        except ValueError:
+            found = None
+        if (
+            isinstance(found, dict)
+            and isinstance(found.get("artifact_id"), str)
+            and _ARTIFACT_ID.fullmatch(found["artifact_id"]) is not None
+            and isinstance(found.get("filename"), str)
+            and isinstance(found.get("mimetype"), str)
+            and (found.get("encoding") is None or isinstance(found["encoding"], str))
+        ):
+            metas.append(
+                ArtifactMeta(
+                    artifact_id=found["artifact_id"],
+                    filename=found["filename"],
+                    mimetype=found["mimetype"],
+                    encoding=found.get("encoding"),
+                )
+            )
+    return metas
 
 
 def pictures_of(study: optuna.Study) -> Pictures:
     """The dashboard's URLs of the study's pictures (the last one uploaded, where one was
     drawn more than once: artifacts come back in the order they were stored)."""
-    from optuna.artifacts import get_all_artifact_meta
-
     trials, horizon = {}, None
-    for meta in get_all_artifact_meta(study):
+    for meta in artifact_metas(study):
         url = f"/artifacts/{study_id(study)}/{meta.artifact_id}"
         number = picture_trial(meta.filename)
         if number is not None:

@@ -103,6 +103,8 @@ def evidence(result: Findings) -> dict[str, Any]:
         out["stopped_early"] = result.stop_reason
     if result.missing:  # a fault outside the configs: a rerun completes it
         out["missing"] = {f"trial {n}": why for n, why in sorted(result.missing.items())}
+    if result.damaged:  # stored evidence that is not what a run stores: left out
+        out["damaged"] = {f"trial {n}": why for n, why in sorted(result.damaged.items())}
     return out
 
 

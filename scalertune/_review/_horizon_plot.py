@@ -96,7 +96,11 @@ def branch_losses(result: Findings) -> dict[tuple[int, int], list[float]]:
         else study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     ):
         attrs = trial.user_attrs
-        if attrs.get("role") != ROLE_PHASE or LOSSES_ATTR not in trial.system_attrs:
+        if (
+            attrs.get("role") != ROLE_PHASE
+            or LOSSES_ATTR not in trial.system_attrs
+            or trial.number in result.damaged
+        ):
             continue
         losses = list(trial.system_attrs[LOSSES_ATTR])
         if is_from_start(attrs):  # a run from step 0: its stretch over each window it reached

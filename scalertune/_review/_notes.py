@@ -89,6 +89,9 @@ def trial_note(
     """What a trial is and what happened to it, in words; ``None`` while it runs."""
     if trial.state in (TrialState.RUNNING, TrialState.WAITING):
         return None
+    if trial.number in result.damaged:
+        why = result.damaged[trial.number]
+        return f"### Trial {trial.number}: damaged evidence\n\n{why}: left out.\n"
     attrs = trial.user_attrs
     role = attrs.get("role")
     lines = [f"### Trial {trial.number}: {_mark(trial, result)}{_title(trial, result)}", ""]

@@ -55,6 +55,7 @@ def summary(result: Findings, *, top: int = 5) -> str:
     lines = _head(result)
     if result.reference is None or result.target is None:
         lines.append("  no float32 reference yet: nothing to compare with.")
+        lines += _damaged(result)
         return "\n".join(lines)
     lines += ["", *format_table(_rows(result, top)), ""]
     if result.long:
@@ -201,6 +202,7 @@ def _notes(result: Findings) -> list[str]:
             f"Missing evidence: trial #{number} ({_job(result, number)}): {why}; "
             "rerun the same command to complete it"
         )
+    lines += _damaged(result)
     if result.stop_reason:
         lines.append(f"Sampling stopped early: {result.stop_reason}")
     lines += [
@@ -216,6 +218,12 @@ def _notes(result: Findings) -> list[str]:
         if text
     ]
     return lines
+
+
+def _damaged(result: Findings) -> list[str]:
+    """One line for each run whose stored evidence is damaged: left out of the judgement (a
+    search runs it again where it can: a float32 reference, a once-per-study run)."""
+    return [f"Damaged evidence, left out: {why}" for _, why in sorted(result.damaged.items())]
 
 
 def _job(result: Findings, number: int) -> str:

@@ -28,6 +28,7 @@ import optuna
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig, baselines
 from scalertune._judge._answer import judge
+from scalertune._judge._stored import sound
 from scalertune._search._horizon_jobs import PHASE_KEY, HorizonJobs
 from scalertune._search._progress import Progress
 from scalertune._search._recommended import add_recommended, recommended_stored
@@ -221,9 +222,10 @@ class Jobs:
 
     def _exists(self, attrs: dict[str, Any], key: tuple[str, ...]) -> bool:
         """Whether the study has the run ``attrs`` describes: queued, running, done, or
-        failed on its own error (a crash or Ctrl-C leaves no error, and is run again)."""
+        failed on its own error (a crash or Ctrl-C leaves no error, and is run again; so is
+        a run whose stored evidence is damaged)."""
         return any(
             all(t.user_attrs.get(k) == attrs[k] for k in key)
             and (t.state in LIVE or "error" in t.user_attrs)
-            for t in self.study.get_trials(deepcopy=False)
+            for t in sound(self.study.get_trials(deepcopy=False))[0]
         )

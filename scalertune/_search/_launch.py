@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._processes._launcher import launch
-from scalertune._processes._protocol import JobFailed, Reply, TrialCrashed
+from scalertune._processes._protocol import JobFailed, RankFailed, Reply, TrialCrashed
 from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord, StopRule
 from scalertune._run._timing import StepTimes
@@ -96,12 +97,15 @@ def time_isolated(
     timeout_s: float | None,
     memory_gb: float | None,
     ranks: int = 1,
+    log: Callable[[str], None] = lambda _line: None,
 ) -> StepTimes | None:
     """The step timing (:func:`scalertune._timing.time_dtypes`) in a fresh process, on a
-    fresh workload. A dtype whose kernels kill the process (an abort, a hang past
-    ``timeout_s``, out of memory) is left out and the others are timed again in another;
-    ``None`` when even float32 cannot be timed."""
-    left = list(dtypes)
+    fresh workload. A rank that dies or hangs is a fault of one process: the timing runs
+    again, ``MAX_RETRIES`` times at most. A dtype whose kernels kill the process (an abort,
+    a hang past ``timeout_s``, out of memory) is left out and the others are timed again in
+    another; ``None`` when even float32 cannot be timed. What is left out, and why, is said
+    through ``log``, one line each."""
+    left, again = list(dtypes), 0
     while True:
         started: list[str] = []
 
@@ -119,12 +123,20 @@ def time_isolated(
         )
         try:
             return launch(job, timeout_s=timeout_s, ranks=ranks, progress=note).times
-        except JobFailed:
+        except JobFailed as exc:
+            log(f"the step timing failed: {str(exc).splitlines()[0]}: speed not measured")
             return None
-        except TrialCrashed:
+        except TrialCrashed as exc:
+            why = str(exc).splitlines()[0]
+            if isinstance(exc, RankFailed) and again < _policy.MAX_RETRIES:
+                again += 1
+                log(f"the step timing: {why}; run again")
+                continue
             running = started[-1] if started else "float32"
             if running == "float32":
+                log(f"the step timing failed: {why}: speed not measured")
                 return None
+            log(f"the step timing of {running}: {why}: {running} left out")
             left = [d for d in left if d != running]
 
 

@@ -21,6 +21,7 @@ from scalertune import _interrupt, _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._stopping import study_stop_reason
+from scalertune._judge._stored import sound
 from scalertune._search import _policy as _search_policy
 from scalertune._search._jobs import Jobs
 from scalertune._search._progress import Progress
@@ -106,7 +107,7 @@ class Pipeline:
     def _stop_reason(self, trials: list[FrozenTrial]) -> str | None:
         sampled = [
             t
-            for t in trials
+            for t in sound(trials)[0]
             if t.user_attrs.get("role") == ROLE_SEARCH
             and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
         ]

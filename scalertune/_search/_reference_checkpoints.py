@@ -42,7 +42,7 @@ from scalertune._search._setup import Setup
 from scalertune._search._study import instance
 from scalertune._storage._checkpoints import StoredCheckpoint, digest_of_file
 from scalertune._storage._claims import Once
-from scalertune._storage._store import Store, location_of
+from scalertune._storage._store import Store, location_of, plain
 
 _T = TypeVar("_T")
 
@@ -157,8 +157,10 @@ class Checkpoints:
     def get(self, name: str, step: int) -> str:
         """float32's checkpoint ``name``, of step ``step``, checked, as a file here; rebuilt
         first where it is missing or damaged (see the module). :class:`MissingEvidence`
-        when it cannot be had."""
-        stored = StoredCheckpoint(self.store, name)
+        when it cannot be had. A name that is not a plain file name (a path, from a study
+        written before the artifact store, or by someone else) is never opened: the
+        checkpoint is the one this study saves at ``step``."""
+        stored = StoredCheckpoint(self.store, name) if plain(name) else self._at(step)
         try:
             return self.fetch(stored)
         except MissingEvidence as exc:

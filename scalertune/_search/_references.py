@@ -27,7 +27,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import MissingEvidence, SearchError, UsageError
 from scalertune._judge._horizon import seed_spread
-from scalertune._judge._outcome import reference_of
+from scalertune._judge._outcome import damaged_references, reference_of
 from scalertune._judge._reference import Reference
 from scalertune._judge._target import Target
 from scalertune._processes._protocol import RankFailed, TrialCrashed, describe_error
@@ -78,6 +78,9 @@ class References:
     def target(self, seed: int) -> Target:
         """The float32 target of ``seed``; runs and stores the reference if nobody has."""
         if seed not in self._targets:
+            if reference_of(self.study, seed) is None:  # a damaged one is run again
+                for why in damaged_references(self.study, seed).values():
+                    self.log(f"{why}: the float32 reference of seed {seed} runs again")
             self.once(
                 f"reference.{seed}",
                 lambda: self._run(seed),
@@ -111,7 +114,7 @@ class References:
         return reference
 
     def trace(self, seed: int) -> Trace:
-        """The reference's gradient trace."""
+        """The reference's gradient trace (decoded, and checked, as the study was read)."""
         if seed not in self._traces:
             trace = self.reference(seed).trace
             if trace is None:  # the search's own seed records one, always
@@ -147,7 +150,7 @@ class References:
         except UsageError:
             self._remove_if_empty()
             raise
-        times = _time(self.setup, self.dtypes, self.config.clip_norm) if main else None
+        times = _time(self.setup, self.dtypes, self.config.clip_norm, self.log) if main else None
         add_reference(
             self.study,
             record,
@@ -190,8 +193,10 @@ class References:
         return record
 
     def _execute(self, seed: int, main: bool, long: bool, steps: int) -> RunRecord:
-        """The reference's run; one whose rank died or hung is run again (a long one from
-        its latest checkpoint), ``MAX_RETRIES`` times at most, as a trial is."""
+        """The reference's run; one whose rank died or hung is missing evidence, recorded as
+        such and run again (a long one from its latest checkpoint), ``MAX_RETRIES`` times at
+        most, as a trial is; then :class:`MissingEvidence` (the search stops, nothing
+        lost)."""
 
         def train(plan: Plan | None) -> RunRecord:
             return execute(
@@ -208,14 +213,19 @@ class References:
                 return self.checkpoints.run_resuming(lambda: TraceCollector(steps), train)
             return train(Plan(watcher=TraceCollector(steps)) if main else None)
 
-        for _ in range(_policy.MAX_RETRIES):
+        runs = 0
+        while True:
             try:
                 return run()
-            except RankFailed as exc:
-                why = str(exc).splitlines()[0]
+            except RankFailed as exc:  # a fault of one process: missing evidence, no verdict
+                why, runs = str(exc).splitlines()[0], runs + 1
                 add_failed_reference(self.study, seed, self.config.to_dict(), why)
+                if runs > _policy.MAX_RETRIES:
+                    raise MissingEvidence(
+                        f"{why}; {runs} runs in a row lost a rank: rerun the same command "
+                        "once the cause is fixed"
+                    ) from None
                 self.log(f"float32 reference, seed {seed}: {why}; run again")
-        return run()
 
     def _remove_if_empty(self) -> None:
         """Delete a study that holds nothing yet, and the checkpoints its reference wrote: a
@@ -226,9 +236,11 @@ class References:
             optuna.delete_study(study_name=study.study_name, storage=storage_of(study))
 
 
-def _time(setup: Setup, dtypes: list[str], clip_norm: float | None) -> StepTimes | None:
+def _time(
+    setup: Setup, dtypes: list[str], clip_norm: float | None, log: Callable[[str], None]
+) -> StepTimes | None:
     """The interleaved step timing of the study's ``dtypes``, on a fresh workload (in its own
-    process with ``--isolate``, in its ranks on ranks)."""
+    process with ``--isolate``, in its ranks on ranks; what it leaves out is said)."""
     if setup.isolation is not None:
         return time_isolated(
             setup.spec,
@@ -239,6 +251,7 @@ def _time(setup: Setup, dtypes: list[str], clip_norm: float | None) -> StepTimes
             timeout_s=setup.isolation.timeout_s,
             memory_gb=setup.isolation.memory_gb,
             ranks=setup.isolation.nproc_per_node,
+            log=log,
         )
     workload = run_here(build_workload, setup.factory, seed=setup.seed, device=setup.device)
     try:

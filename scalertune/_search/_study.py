@@ -178,6 +178,9 @@ def add_reference(
         trace=record.trace,
     )
     user_attrs, system_attrs = reference.to_attrs()
+    first = _failed_attempts(study, record.seed)
+    if first is not None:  # the run again of an attempt that failed (add_failed_reference)
+        system_attrs["failed_trial"] = first
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.COMPLETE,
@@ -198,8 +201,12 @@ def add_reference(
 
 def add_failed_reference(study: optuna.Study, seed: int, config: dict[str, Any], why: str) -> None:
     """Record a float32 reference run that failed for a fault of one process (a rank that
-    died or hung) as a failed trial of its seed, saying why: it is run again at once (its
-    evidence is not missing), and the study keeps that it happened."""
+    died or hung) as a failed trial of its seed, saying why as missing evidence (never as an
+    error of the workload): it is run again, and the study keeps that it happened. Each
+    attempt names the first (``failed_trial``, as a queued retry does), and so does the
+    reference that finally ran (:func:`add_reference`): the evidence is missing only while
+    no attempt of the chain has finished."""
+    first = _failed_attempts(study, seed)
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.FAIL,
@@ -209,10 +216,22 @@ def add_failed_reference(study: optuna.Study, seed: int, config: dict[str, Any],
                 "role": ROLE_REFERENCE,
                 "seed": seed,
                 "config": config,
-                "error": why[:2000],
+                "missing": why[:2000],
             },
+            system_attrs={} if first is None else {"failed_trial": first},
         )
     )
+
+
+def _failed_attempts(study: optuna.Study, seed: int) -> int | None:
+    """The first failed attempt at the float32 reference of ``seed`` (its claim's holder
+    alone adds them), if any."""
+    numbers = [
+        int(t.system_attrs.get("failed_trial", t.number))
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+        if t.user_attrs.get("role") == ROLE_REFERENCE and t.user_attrs.get("seed") == seed
+    ]
+    return min(numbers, default=None)
 
 
 def relative_curve(losses: list[float], target: Target, start: int = 0) -> dict[int, float]:

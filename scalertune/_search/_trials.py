@@ -23,6 +23,7 @@ from scalertune._amp._config import DTYPES, AmpConfig
 from scalertune._errors import MissingEvidence, SearchError
 from scalertune._judge._horizon import is_from_start
 from scalertune._judge._stopping import StopRule
+from scalertune._judge._stored import sound
 from scalertune._judge._target import Target
 from scalertune._processes._protocol import RankFailed, TrialCrashed, describe_error
 from scalertune._run._record import RunRecord
@@ -310,8 +311,9 @@ def _record_params(trial: optuna.Trial, space: SearchSpace) -> None:
 def _finished_twin(
     trials: list[FrozenTrial], config: AmpConfig, seed: int, number: int
 ) -> FrozenTrial | None:
-    """A finished run of the same config on the same seed, trained (not itself reused)."""
-    for t in trials:
+    """A finished run of the same config on the same seed, trained (not itself reused), whose
+    evidence is sound."""
+    for t in sound(trials)[0]:
         attrs = t.user_attrs
         if (
             t.number != number

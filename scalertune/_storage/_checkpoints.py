@@ -35,11 +35,13 @@ import shutil
 import tempfile
 from typing import IO, Any
 
-from scalertune._errors import MissingEvidence
+from scalertune._errors import DamagedEvidence, MissingEvidence
 from scalertune._storage._store import Store
 
 #: Bytes hashed at a time.
 _CHUNK = 2**20
+#: A manifest is a few fields of JSON; one longer than this is not one (and is not read on).
+_MANIFEST_BYTES = 4096
 #: The environment variable that holds the study key (see the module's docstring).
 STUDY_KEY_VARIABLE = "SCALERTUNE_STUDY_KEY"
 
@@ -96,13 +98,15 @@ class StoredCheckpoint:
         from optuna.artifacts.exceptions import ArtifactNotFound
 
         try:
-            raw = self.store.read(self.name + ".json", lambda f: f.read())
+            raw = self.store.read(self.name + ".json", lambda f: f.read(_MANIFEST_BYTES + 1))
         except ArtifactNotFound:
             return None
+        except DamagedEvidence:  # a name that is not a file's
+            raise
         except Exception as exc:  # unreadable: permissions, a bucket refusing
             raise MissingEvidence(f"{self.describe()} cannot be read: {_why(exc)}") from None
         try:
-            found = json.loads(raw)
+            found = json.loads(raw) if len(raw) <= _MANIFEST_BYTES else None
         except ValueError:
             found = None
         if (
@@ -136,7 +140,8 @@ class StoredCheckpoint:
             if path is None:
                 path = os.path.join(_scratch(), f"{manifest['sha256']}.pt")
                 if not os.path.exists(path):
-                    self.store.read(self.name, lambda f: _copy_to(f, path))
+                    # no further than the manifest's size: a longer file is not the one
+                    self.store.read(self.name, lambda f: _copy_to(f, path, manifest["bytes"]))
             digest, size = _digest_of_file(path)
         except (ArtifactNotFound, FileNotFoundError):
             raise MissingEvidence(f"{self.describe()} is missing its file") from None
@@ -205,10 +210,15 @@ def _digest_of_file(path: str) -> tuple[str, int]:
     return sha.hexdigest(), size
 
 
-def _copy_to(stream: IO[bytes], path: str) -> None:
+def _copy_to(stream: IO[bytes], path: str, most: int) -> None:
+    """``stream`` into the file ``path``, no more than ``most`` bytes and one more (enough
+    to tell a longer file from the one its manifest describes)."""
     tmp = f"{path}.{os.getpid()}.part"
+    left = most + 1
     with open(tmp, "wb") as f:
-        shutil.copyfileobj(stream, f, _CHUNK)
+        while left > 0 and (chunk := stream.read(min(_CHUNK, left))):
+            f.write(chunk)
+            left -= len(chunk)
     os.replace(tmp, path)
 
 

@@ -27,8 +27,18 @@ from scalertune._storage._recovery import WORKER, worker_gone
 
 
 def _read(study: optuna.Study, key: str) -> dict | None:
+    """The claim on ``key``; a value that is not one (a study's storage is written by others
+    too) is no claim, and the next worker takes it over."""
     attrs = storage_of(study).get_study_system_attrs(study_id(study))
-    return attrs.get(CLAIM_PREFIX + key)
+    current = attrs.get(CLAIM_PREFIX + key)
+    if (
+        isinstance(current, dict)
+        and isinstance(current.get("by"), str)
+        and isinstance(current.get("at"), (int, float))
+        and not isinstance(current["at"], bool)
+    ):
+        return current
+    return None
 
 
 def _write(study: optuna.Study, key: str, value: dict | None) -> None:

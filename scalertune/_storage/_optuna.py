@@ -17,7 +17,11 @@ checked against the installed Optuna by ``tests/unit/test_optuna_private.py``, a
   ``_rdb.models``, the cache's ``_backend`` and the trial's ``_cached_frozen_trial``);
   elsewhere, or where any of those is missing, through ``Trial.report``, one value a call;
 - the next waiting trial's id (``Study._pop_waiting_trial_id``), with which the tests take
-  a queued trial the way a worker that dies at once would.
+  a queued trial the way a worker that dies at once would;
+- where ``optuna.artifacts.upload_artifact`` records a study's artifacts: study system
+  attributes named with ``optuna.artifacts._upload.ARTIFACTS_ATTR_PREFIX``, each the JSON
+  text of an ``ArtifactMeta`` (read here as stored, and checked by the caller, where
+  ``get_all_artifact_meta`` would fail on the first record that is not one).
 
 Optuna is imported where it is used: the command line imports this module before it needs
 Optuna.
@@ -167,3 +171,13 @@ def rdb_backend(trial: Any) -> Any:
     ):
         return backend
     return None
+
+
+def artifact_records(study: optuna.Study) -> dict[str, Any]:
+    """The study's artifact records as stored: attribute name -> the JSON text that
+    ``optuna.artifacts.upload_artifact`` wrote (unchecked: a study is written by others
+    too)."""
+    from optuna.artifacts._upload import ARTIFACTS_ATTR_PREFIX
+
+    attrs = storage_of(study).get_study_system_attrs(study_id(study))
+    return {key: value for key, value in attrs.items() if key.startswith(ARTIFACTS_ATTR_PREFIX)}

@@ -24,12 +24,13 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
-from scalertune._errors import UsageError
+from scalertune._errors import DamagedEvidence, UsageError
 from scalertune._storage._names import ARTIFACT_DIR_ATTR
 from scalertune._storage._open import is_rdb, sqlite_path
 from scalertune._storage._open import storage_url as url_of
@@ -43,6 +44,9 @@ S3 = "s3://"
 #: Errors of a folder that pass (a network file system's hiccup); a full disk or a
 #: read-only folder does not.
 _PASSING_ERRNOS = (errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.EAGAIN)
+#: The name of a file in a store: a plain name, never a path (names may come from a study,
+#: which others can write to).
+_PLAIN_NAME = re.compile(r"(?!\.)[A-Za-z0-9._-]{1,255}")
 
 
 def is_bucket(location: str) -> bool:
@@ -74,8 +78,15 @@ def default_location(storage_url: str) -> str:
 
 def location_of(study: Any, override: str | None = None) -> str:
     """Where ``study``'s artifacts live: ``override``, the recorded location, or (a study
-    made before locations were recorded) ``scalertune-artifacts`` here."""
-    return normalized(override or study.user_attrs.get(ARTIFACT_DIR_ATTR) or DEFAULT_ARTIFACT_DIR)
+    made before locations were recorded) ``scalertune-artifacts`` here. A recorded location
+    that is not text is :class:`~scalertune._errors.DamagedEvidence`."""
+    recorded = study.user_attrs.get(ARTIFACT_DIR_ATTR)
+    if recorded is not None and not isinstance(recorded, str):
+        raise DamagedEvidence(
+            f"the study's artifact location ({ARTIFACT_DIR_ATTR}) is damaged: it is not a "
+            "folder or s3://BUCKET but a " + type(recorded).__name__
+        )
+    return normalized(override or recorded or DEFAULT_ARTIFACT_DIR)
 
 
 def settle_location(study: Any, *, given: str | None, default: str) -> str:
@@ -114,14 +125,14 @@ class Store:
         return self._inner
 
     def path(self, name: str) -> str | None:
-        return None if is_bucket(self.location) else os.path.join(self.location, name)
+        return None if is_bucket(self.location) else os.path.join(self.location, _plain(name))
 
     def read(self, name: str, into: Callable[[IO[bytes]], _T]) -> _T:
         """``into(stream)`` over the artifact ``name``; Optuna's ``ArtifactNotFound`` when
         there is none."""
 
         def call() -> _T:
-            with self.inner.open_reader(name) as stream:
+            with self.inner.open_reader(_plain(name)) as stream:
                 return into(stream)
 
         return self._retrying(call)
@@ -131,7 +142,7 @@ class Store:
 
         def call() -> None:
             with open(path, "rb") as f:
-                self.inner.write(name, f)
+                self.inner.write(_plain(name), f)
 
         self._retrying(call)
 
@@ -273,3 +284,16 @@ def _passing(exc: BaseException) -> bool:
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
         return int(status) >= 500 or error.get("Code") in ("SlowDown", "RequestTimeout")
     return False
+
+
+def plain(name: str) -> bool:
+    """Whether ``name`` is a plain file name, which the store opens (:func:`_plain`)."""
+    return isinstance(name, str) and _PLAIN_NAME.fullmatch(name) is not None
+
+
+def _plain(name: str) -> str:
+    """``name``, a plain file name; :class:`~scalertune._errors.DamagedEvidence` for anything
+    else (a path, ``..``), which no name scalertune gives a file is."""
+    if not plain(name):
+        raise DamagedEvidence(f"{name!r} is not the name of a file in an artifact store")
+    return name

@@ -13,7 +13,7 @@ from conftest import run_cli, spec
 
 from scalertune._amp._config import AmpConfig
 from scalertune._processes._protocol import RankFailed, TrialCrashed
-from scalertune._search._launch import run_isolated
+from scalertune._search._launch import run_isolated, time_isolated
 from tests import distributed_workloads
 
 STEPS = 30
@@ -157,6 +157,32 @@ def test_a_rank_that_dies_or_hangs_ends_its_run_naming_the_rank(fault, tmp_path,
     assert (tmp_path / "fault").exists()
     assert not multiprocessing.active_children()
     assert isinstance(failed.value, TrialCrashed)
+
+
+def test_a_rank_that_dies_during_the_step_timing_is_said_and_the_timing_runs_again(
+    tmp_path, monkeypatch
+):
+    """Rank 1 exits hard once, in the step timing: a fault of one process, not of a dtype's
+    kernels. The timing runs again and times every dtype; the line says which rank died."""
+    monkeypatch.setenv("SCALERTUNE_TEST_FAULT", str(tmp_path / "fault"))
+    said = []
+    times = time_isolated(
+        f"{distributed_workloads.HERE}:ddp_rank_dies",
+        ["float32", "float16"],
+        clip_norm=None,
+        seed=0,
+        device=torch.device("cpu"),
+        timeout_s=120,
+        memory_gb=None,
+        ranks=2,
+        log=said.append,
+    )
+    assert (tmp_path / "fault").exists(), "the rank never died"
+    assert times is not None and set(times.rounds) == {"float32", "float16"}, said
+    assert said == [
+        "the step timing: rank 1 of 2: the trial's process exited with status 13 without a "
+        "result; run again"
+    ]
 
 
 @pytest.mark.slow

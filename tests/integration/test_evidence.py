@@ -16,9 +16,12 @@ import pytest
 import yaml
 from conftest import (
     HERE,
+    HORIZON_SEARCH,
+    horizon_answer,
     needs_postgres,
     postgres_database,
     reference_is_float32s_own,
+    run_cli,
     s3_bucket,
     spec,
 )
@@ -31,22 +34,8 @@ from scalertune._storage._optuna import storage_of, study_id
 pytestmark = pytest.mark.xdist_group("evidence")
 
 WORKLOAD = "healthy"
-#: A search whose answer is the same however its workers share it: no sampled trial (which
-#: configs several workers sample depends on who asks first), PyTorch's float16 defaults and
-#: the replay's choice, ranked by their steps to the target (one dtype, one step time).
 HORIZON = 200
-ARGS = [
-    "--steps",
-    "40",
-    "--horizon",
-    str(HORIZON),
-    "--n-trials",
-    "0",
-    "--space",
-    "float16",
-    "--device",
-    "cpu",
-]
+ARGS = list(HORIZON_SEARCH)
 LAUNCHER = os.path.join(HERE, "fault_launcher.py")
 #: A search here takes about 20 s; longer is stuck.
 STUCK_S = 300
@@ -92,14 +81,7 @@ def _finish(*procs):
     return out
 
 
-def _answer(path):
-    """The AMP answer of a search, from its YAML: the best AMP config that held and was
-    confirmed. (Whether it or float32 is recommended on this CPU is a timing verdict, within
-    the noise here, which the load of two workers at once can tip either way.)"""
-    with open(path, encoding="utf-8") as f:
-        evidence = yaml.safe_load(f)["evidence"]
-    assert "missing" not in evidence
-    return evidence["best_amp"]["config"]
+_answer = horizon_answer
 
 
 def _study(storage, name="shared"):
@@ -119,15 +101,6 @@ def _nothing_failed(study):
         and t.user_attrs.get("role") != "surplus"
     ]
     assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-
-
-@pytest.fixture(scope="session")  # once per worker: its group may interleave with other modules
-def undisturbed(tmp_path_factory):
-    """The same search, one worker, nothing in its way: the answer the others must give."""
-    folder = tmp_path_factory.mktemp("undisturbed")
-    ((code, out, err),) = _finish(_search(str(folder / "study.log"), folder))
-    assert code == 0, err
-    return {"answer": _answer(folder / "amp.yaml"), "folder": folder, "summary": out}
 
 
 def test_workers_started_in_two_folders_share_the_evidence_beside_the_journal(
@@ -418,3 +391,171 @@ def test_a_storage_down_past_the_bound_ends_the_worker_in_one_line_and_a_rerun_r
     assert code == 0, err
     assert _answer(tmp_path / "amp.yaml") == undisturbed["answer"]
     _nothing_failed(_study(storage))
+
+
+# -- a study whose stored values someone else changed ----------------------------------------
+
+
+def _damaged_copy(undisturbed, folder, damage):
+    """The undisturbed study copied into ``folder`` (its journal file, and the artifact store
+    beside it), with stored values replaced as someone who can write the storage would:
+    ``damage`` maps (attribute, trial role or ``None`` for the study's own) to the value
+    written in its place. The copy records its own artifact store."""
+    import shutil
+
+    source = undisturbed["folder"]
+    shutil.copytree(source / "scalertune-artifacts", folder / "scalertune-artifacts")
+    roles = {t.number: t.user_attrs.get("role") for t in _study(str(source / "study.log")).trials}
+    damage = {**damage, ("scalertune.artifact_dir", None): str(folder / "scalertune-artifacts")}
+    created, lines = 0, []
+    for line in (source / "study.log").read_text().splitlines():
+        op = json.loads(line)
+        if "trial_id" in op:
+            role = roles[op["trial_id"]]
+        elif "datetime_start" in op:  # a trial created: the journal numbers them in order
+            role, created = roles[created], created + 1
+        else:
+            role = None
+        for field in ("user_attr", "system_attr", "user_attrs", "system_attrs"):
+            for key in op.get(field) or {}:
+                if (key, role) in damage:
+                    op[field][key] = damage[key, role]
+        lines.append(json.dumps(op))
+    (folder / "study.log").write_text("\n".join(lines) + "\n")
+    return str(folder / "study.log")
+
+
+@pytest.mark.parametrize(
+    "key, role, value, said",
+    [
+        (
+            "scalertune.trace",
+            "reference",
+            "not base64!",
+            "gradient trace is damaged: it is not base64",
+        ),
+        ("scalertune.trace", "reference", 12, "gradient trace is damaged: it is not text but int"),
+        (
+            "scalertune.judged",
+            "baseline",
+            "junk",
+            "scalertune.judged is damaged: it is not a mapping",
+        ),
+        (
+            "scalertune.losses",
+            "confirm",
+            [1.0, "x"],
+            "losses is damaged: it is not a loss per step",
+        ),
+        ("scalertune.scales", "baseline", [[1.0, 10**12]], "runs past the longest horizon"),
+        ("config", "confirm", {"dtype": "int8"}, "config is damaged: it is not an AMP config"),
+        ("seed", "phase", "0", "seed is damaged: it is not a whole number"),
+        ("scalertune.step_times", "reference", {"rounds": {"float32": ["x"]}}, "not a step timing"),
+        (
+            "scalertune.horizon",
+            "reference",
+            {"horizon": 200, "windows": {"100": "x"}, "checkpoints": {}},
+            "window at step 100 is damaged: it is not a loss per step",
+        ),
+    ],
+)
+def test_a_damaged_value_in_the_study_is_named_in_one_line_and_left_out(
+    tmp_path, undisturbed, key, role, value, said
+):
+    """A value in the study that is not what a run stores (a trace that does not decode,
+    judged figures that are not a mapping, a curve or a scale run past any horizon, a config
+    of no dtype, a step timing of no seconds): ``report`` says which trial and which value,
+    in one line each, and leaves that run out; never a traceback."""
+    storage = _damaged_copy(undisturbed, tmp_path, {(key, role): value})
+    ran = run_cli("report", "--storage", storage, "--study-name", "shared", "--json", cwd=tmp_path)
+    assert ran.returncode == 0 and ran.stderr == "", ran.stderr
+    damaged = json.loads(ran.stdout)["evidence"]["damaged"]
+    assert damaged and all(said in why for why in damaged.values()), damaged
+    numbers = {int(name.split()[1]) for name in damaged}
+    study = _study(storage)
+    assert {t.number for t in study.trials if t.user_attrs.get("role") == role} >= numbers
+
+
+def test_damaged_settings_end_the_report_in_one_line(tmp_path, undisturbed):
+    storage = _damaged_copy(undisturbed, tmp_path, {("scalertune.settings", None): "junk"})
+    ran = run_cli("report", "--storage", storage, "--study-name", "shared", cwd=tmp_path)
+    assert ran.returncode == 3 and ran.stdout == "", ran.stdout
+    assert (
+        ran.stderr.count("\n") == 1 and "settings (scalertune.settings) are damaged" in ran.stderr
+    )
+
+
+def test_a_damaged_trace_in_a_sqlite_study_is_named_and_left_out(tmp_path, undisturbed):
+    """The same in SQLite: the trace's row changed in the database."""
+    import sqlite3
+
+    from scalertune._storage._open import open_storage
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.copy_study(
+        from_study_name="shared",
+        from_storage=open_storage(str(undisturbed["folder"] / "study.log")),
+        to_storage=storage,
+    )
+    with sqlite3.connect(tmp_path / "study.db") as db:
+        changed = db.execute(
+            "UPDATE trial_system_attributes SET value_json = ? WHERE key = 'scalertune.trace'",
+            (json.dumps("eJzLSM3JyQcABiwCFQ=="),),  # "hello", compressed: no npz archive
+        ).rowcount
+    assert changed == 1
+    ran = run_cli("report", "--storage", storage, "--study-name", "shared", "--json", cwd=tmp_path)
+    assert ran.returncode == 0 and ran.stderr == "", ran.stderr
+    assert json.loads(ran.stdout)["evidence"]["damaged"] == {
+        "trial 0": "trial #0's gradient trace is damaged: it is not the archive a trace is "
+        "(BadZipFile)"
+    }
+
+
+def test_a_search_on_a_damaged_study_runs_the_damaged_evidence_again(tmp_path, undisturbed):
+    """The same command run on a study whose float32 trace does not decode, whose baseline's
+    judged figures are not a mapping, one of whose claims is junk and one of whose picture
+    records is not JSON: it names the trace in one line and runs the reference again (from
+    its latest checkpoint: the same losses and the same trace, bit for bit), runs the
+    baseline again, takes the claim over, uploads the picture again, and gives the
+    undisturbed answer; the summary names what it left out."""
+    import numpy as np
+
+    from scalertune._judge._outcome import reference_of
+
+    original = _study(str(undisturbed["folder"] / "study.log"))
+    record = next(k for k in _system_attrs(original) if k.startswith("artifacts:"))
+    storage = _damaged_copy(
+        undisturbed,
+        tmp_path,
+        {
+            ("scalertune.trace", "reference"): "not base64!",
+            ("scalertune.judged", "baseline"): "junk",
+            ("scalertune.claim.baselines", None): "junk",
+            (record, None): "{not json",
+        },
+    )
+    ((code, out, err),) = _finish(_search(storage, tmp_path))
+    assert code == 0 and "Traceback" not in err, err
+    said = [line for line in (out + err).splitlines() if "is damaged" in line]
+    assert any(
+        line.endswith(
+            "gradient trace is damaged: it is not base64 text: the float32 "
+            "reference of seed 0 runs again"
+        )
+        for line in said
+    ), said
+    assert _answer(tmp_path / "amp.yaml") == undisturbed["answer"]
+    study = _study(storage)
+    _nothing_failed(study)
+    again, before = reference_of(study, 0), reference_of(original, 0)
+    assert again is not None and before is not None
+    assert again.trial > 8 and again.windows == before.windows
+    assert again.trace is not None and before.trace is not None
+    assert np.array_equal(again.trace.amax, before.trace.amax)
+    assert any(
+        t.user_attrs.get("baseline") == "pytorch-default" and t.state == TrialState.COMPLETE
+        for t in study.trials[9:]
+    )
+    with open(tmp_path / "amp.yaml", encoding="utf-8") as f:
+        damaged = yaml.safe_load(f)["evidence"]["damaged"]
+    assert set(damaged) >= {"trial 0"} and "Damaged evidence, left out: trial #0's" in out

@@ -4,6 +4,8 @@ on real storages (SQLite, a journal file, memory): the adapter that holds them a
 moves one of them fails here, by name, before a search meets it; ``pyproject.toml`` bounds
 optuna to the releases this file passed on."""
 
+import dataclasses
+import json
 import math
 import pathlib
 import re
@@ -123,6 +125,20 @@ def test_other_storages_have_no_rdb_backend(tmp_path):
     for storage in (optuna.storages.InMemoryStorage(), open_storage(str(tmp_path / "j.log"))):
         trial = optuna.create_study(storage=storage).ask()
         assert _optuna.rdb_backend(trial) is None
+
+
+def test_the_artifact_records_are_the_ones_optuna_lists(tmp_path):
+    """What ``upload_artifact`` writes is what the adapter reads as the study's records."""
+    from optuna.artifacts import FileSystemArtifactStore, get_all_artifact_meta, upload_artifact
+
+    study = optuna.create_study(storage=open_storage(str(tmp_path / "a.log")))
+    picture = tmp_path / "p.png"
+    picture.write_bytes(b"png")
+    store = FileSystemArtifactStore(str(tmp_path))
+    upload_artifact(artifact_store=store, file_path=str(picture), study_or_trial=study)
+    records = _optuna.artifact_records(study)
+    (meta,) = get_all_artifact_meta(study)
+    assert [json.loads(text) for text in records.values()] == [dataclasses.asdict(meta)]
 
 
 def test_no_other_file_names_a_private_part_of_optuna():

@@ -138,7 +138,7 @@ def test_a_damaged_reference_is_named_in_one_line_and_read_as_missing(user, syst
     with pytest.raises(DamagedEvidence, match=named) as caught:
         Reference.from_trial(study.trials[0])
     message = str(caught.value)
-    assert "\n" not in message and message.startswith("the float32 reference (trial #0)'s ")
+    assert "\n" not in message and message.startswith("trial #0's ")
     # the search reads it as not run (it runs it again), and a sound one after it is used
     assert reference_of(study, 0) is None and reference_trial(study, 0) is None
     _stored(study, good)

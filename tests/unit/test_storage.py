@@ -255,6 +255,7 @@ def test_a_checkpoint_without_its_manifest_was_never_finished(tmp_path):
 
 
 def test_checkpoints_in_an_s3_bucket_carry_their_checksum_too(tmp_path):
+    """... and are copied here no further than their manifest says."""
     from conftest import s3_bucket
 
     from scalertune._errors import MissingEvidence
@@ -278,6 +279,14 @@ def test_checkpoints_in_an_s3_bucket_carry_their_checksum_too(tmp_path):
         for name in os.listdir(_checkpoints._scratch()):
             os.remove(os.path.join(_checkpoints._scratch(), name))
         with pytest.raises(MissingEvidence, match=f"{stored.name} in {bucket} is damaged"):
+            stored.fetch()
+        # a planted file longer than its manifest says is copied here no further than the
+        # bytes it should have and one more: it fills no disk
+        import io
+
+        size = stored.manifest()["bytes"]
+        stored.store.inner.write(stored.name, io.BytesIO(b"\0" * (size + 8 * 2**20)))
+        with pytest.raises(MissingEvidence, match=f"its file is {size + 1} bytes"):
             stored.fetch()
 
 
@@ -372,3 +381,55 @@ def test_a_manifest_whose_digest_is_not_one_is_damaged(tmp_path, digest):
     stored.store.inner.write(stored.name + ".json", io.BytesIO(json.dumps(manifest).encode()))
     with pytest.raises(MissingEvidence, match="its checksum record is not readable"):
         stored.fetch()
+
+
+# -- names and records read back from a study or a store ----------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../escaped.pt", "/etc/passwd", "a/b.pt", ".hidden", "..", ""])
+def test_a_name_that_is_not_a_plain_file_name_never_reaches_the_store(tmp_path, name):
+    """A checkpoint's name can come from a study, which others may write: a path, or a name
+    that climbs out of the store, is damaged evidence before any file is opened."""
+    from scalertune._errors import DamagedEvidence
+    from scalertune._storage._checkpoints import StoredCheckpoint
+    from scalertune._storage._store import Store
+
+    (tmp_path / "escaped.pt").write_bytes(b"outside the store")
+    store = Store(str(tmp_path / "artifacts"))
+    with pytest.raises(DamagedEvidence, match="is not the name of a file in an artifact store"):
+        store.read(name, lambda f: f.read())
+    with pytest.raises(DamagedEvidence):
+        store.write(name, str(tmp_path / "escaped.pt"))
+    with pytest.raises(DamagedEvidence):
+        StoredCheckpoint(store, name).fetch()
+    assert (tmp_path / "escaped.pt").read_bytes() == b"outside the store"
+
+
+def test_a_manifest_longer_than_one_is_damaged_without_being_read_whole(tmp_path):
+    import io
+
+    from scalertune._errors import MissingEvidence
+
+    stored, _ = _saved(str(tmp_path / "artifacts"))
+    padded = json.dumps({**stored.manifest(), "pad": "x" * 2**16}).encode()
+    stored.store.inner.write(stored.name + ".json", io.BytesIO(padded))
+    with pytest.raises(MissingEvidence, match="its checksum record is not readable"):
+        stored.fetch()
+
+
+def test_a_claim_that_is_not_one_is_no_claim(tmp_path):
+    """A claim's value in the study is junk (written by someone else, or torn): nobody holds
+    it, and the next worker takes it over and does the work."""
+    import optuna
+
+    from scalertune._storage._claims import Once, held
+    from scalertune._storage._open import open_storage
+    from scalertune._storage._optuna import storage_of, study_id
+
+    study = optuna.create_study(storage=open_storage(str(tmp_path / "j.log")))
+    done = []
+    for junk in ("junk", {"by": 5, "at": "now"}, {"by": "host:1"}, ["by", "at"]):
+        storage_of(study).set_study_system_attr(study_id(study), "scalertune.claim.k", junk)
+        assert not held(study, "k")
+        Once(study)("k", lambda: done.append(1), lambda: len(done) == 4)
+    assert done == [1, 1, 1, 1]

@@ -1,6 +1,11 @@
 """The gradient trace the float32 reference records: what float16 would hold, step by step,
 without changing the run, from a subset that loses nothing, and resumable."""
 
+import base64
+import io
+import zipfile
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +14,8 @@ from conftest import example
 from torch import nn
 
 from scalertune._amp._config import AmpConfig
-from scalertune._replay._trace import Trace
+from scalertune._errors import DamagedEvidence
+from scalertune._replay._trace import MAX_TRACE_BYTES, Trace
 from scalertune._run import _policy as _run_policy
 from scalertune._run._loop import Plan, run_config
 from scalertune._run._trace_collector import TraceCollector
@@ -117,6 +123,74 @@ def test_the_trace_is_compact_and_survives_the_study():
     assert np.array_equal(again.amax, record.trace.amax)
     assert np.array_equal(again.hist, record.trace.hist) and again.modules == record.trace.modules
     assert len(text) < 40 * 200  # bytes per step, histograms and forward peaks included
+
+
+def _blob(**arrays):
+    """A trace's stored text made of ``arrays`` (an npz archive, compressed, base64)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return base64.b64encode(zlib.compress(buffer.getvalue())).decode("ascii")
+
+
+def _parts(trace):
+    return {
+        "amax": trace.amax,
+        "param_amax": trace.param_amax,
+        "block_starts": trace.block_starts,
+        "hist": trace.hist,
+        "forward": trace.forward,
+        "modules": np.array(trace.modules, dtype=str),
+    }
+
+
+def _damaged_traces(tmp_path):
+    """A trace's text damaged every way a study's writer could: (text, what is said)."""
+    good = _traced(workloads.gradient_overflow, 60).trace
+    text = good.encode()
+    planted = tmp_path / "ran"
+    pickled = np.array([_Runs(str(planted))], dtype=object)  # unpickling it runs a command
+    bomb = base64.b64encode(zlib.compress(b"\0" * (MAX_TRACE_BYTES + 2**20), 9)).decode()
+    header = io.BytesIO()  # an array whose header claims far more than the file holds
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (2**40,)}
+    )
+    huge = io.BytesIO()
+    with zipfile.ZipFile(huge, "w") as archive:
+        archive.writestr("amax.npy", header.getvalue() + b"\0" * 16)
+    return planted, [
+        ("not base64!", "not base64 text"),
+        (12, "not text but int"),
+        (text[: len(text) // 2], "not base64 text"),
+        (base64.b64encode(zlib.compress(b"junk")).decode(), "not the archive a trace is"),
+        (bomb, f"decompresses to more than {MAX_TRACE_BYTES} bytes"),
+        (_blob(**{**_parts(good), "amax": pickled}), "its amax is 1-D object"),
+        (base64.b64encode(zlib.compress(huge.getvalue())).decode(), "larger than the bytes"),
+        (_blob(**{**_parts(good), "hist": good.hist[:-1]}), "its histograms are not one row"),
+        (_blob(**{k: v for k, v in _parts(good).items() if k != "forward"}), "it has no forward"),
+    ]
+
+
+class _Runs:
+    """An object whose unpickling would create the file ``path``."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_damaged_trace_is_named_never_decoded_past_its_bounds_and_runs_nothing(tmp_path):
+    """A stored trace is data from a study others may write: one that does not decode, that
+    would decompress past the largest a trace can be, whose array header claims more than
+    its bytes, that holds a pickle, or whose arrays do not fit together, is
+    ``DamagedEvidence`` saying so, and nothing in it runs."""
+    planted, cases = _damaged_traces(tmp_path)
+    for text, said in cases:
+        with pytest.raises(DamagedEvidence, match="^the gradient trace is damaged: ") as caught:
+            Trace.decode(text)
+        assert said in str(caught.value)
+    assert not planted.exists()
 
 
 def test_the_histogram_counts_each_value_in_its_binary_exponents_bin():
