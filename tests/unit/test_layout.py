@@ -190,3 +190,16 @@ def test_no_class_or_function_is_too_long():
         if lines > (MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES)
     ]
     assert not too_long, "\n".join(too_long)
+
+
+def test_every_package_of_the_source_tree_is_in_the_built_distribution():
+    """A package missing from pyproject's list is missing from the wheel, and a wheel's
+    ``scalertune search`` fails on import while an editable install hides it."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    packages = {"scalertune"} | {
+        m.name for m in pkgutil.walk_packages(scalertune.__path__, "scalertune.") if m.ispkg
+    }
+    assert packages - listed == set()
