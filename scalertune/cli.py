@@ -9,6 +9,7 @@ line's words (a parameter becomes its flag) and exit statuses.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -49,8 +50,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def program() -> NoReturn:
     """The ``scalertune`` executable: exit with the status of the command line. A Ctrl-C or
-    SIGTERM that arrives once the command is done cannot change that status."""
-    sys.exit(_main(None, exiting=True))
+    SIGTERM that arrives once the command is done cannot change that status. Output piped
+    into a reader that stops early (``| head``) ends the command quietly, as a shell tool
+    does (status 1 where output was lost): what a search had finished is in its storage."""
+    try:
+        code = _main(None, exiting=True)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python's own advice: point stdout at nothing, so the flush at exit fails no more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
+    sys.exit(code)
 
 
 def _main(argv: Sequence[str] | None, *, exiting: bool) -> int:

@@ -213,3 +213,17 @@ def test_counts_are_singular_where_there_is_one():
         assert describe_device(torch.device("cpu")).endswith(", 1 thread)")
     finally:
         torch.set_num_threads(before)
+
+
+def test_output_piped_into_a_reader_that_stops_ends_quietly(tmp_path):
+    """``scalertune ... | head -1``: the reader gone, the command ends with no traceback."""
+    script = (
+        "import sys; from scalertune.cli import program; "
+        "sys.argv = ['scalertune', '--help']; program()"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path
+    )
+    child.stdout.close()  # the reader stops before the first line
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=60) in (0, 1) and err == "", err
