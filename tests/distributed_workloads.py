@@ -236,7 +236,15 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 2 THIS CONFIG_JSON STEPS
     if sys.argv[1] == "hf":  # THIS hf OUT [SCALER_JSON]: the Trainer's own train()
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         hf_own_training(*sys.argv[2:])
-        sys.exit(0)
+        # the group Accelerate made, ended by both ranks together; then out without the C++
+        # destructors at exit, where a thread the Trainer's stack left running aborts a rank
+        # now and then ("terminate called without an active exception": torch and
+        # transformers, with no scalertune in this process) and torchrun fails the run
+        dist.barrier()
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     dist.init_process_group("gloo")
     config_json, steps, out, *names = sys.argv[1:]
     runs = {
