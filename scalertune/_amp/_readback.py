@@ -26,10 +26,19 @@ class Readback:
         #: Where the watch's prediction starts counting: (steps, skipped steps) at the last
         #: time the in-run check changed the scaler's knobs (and gave the watch a new one).
         self._since = (0, 0)
+        #: Whether the in-run check was asked to look before the guard, since the guard
+        #: last found the run healthy (asked once a collapse: then the guard stops it).
+        self._rescued = False
 
     def rebase(self, watch: Watch | None, *, steps: int, skipped: int) -> None:
         """Watch from here on against ``watch``'s prediction, counting from ``steps``."""
         self.watch, self._since, self._warned = watch, (steps, skipped), False
+
+    def _tripped(self, scale: float, streak: int) -> bool:
+        guard = self.guard
+        return guard is not None and (
+            scale < guard.min_scale or streak >= guard.max_consecutive_skips
+        )
 
     def run(self, amp: Any) -> None:
         """Read, then look (``amp``: the :class:`~scalertune.AmpRuntime` that owns this)."""
@@ -38,6 +47,11 @@ class Readback:
         if self.check is not None and self.check.on_read(amp, scale=scale, bad_loss=skips.bad_loss):
             return  # it changed the scaler: what was read is from before
         if self.guard is not None:
+            if not self._tripped(scale, skips.streak):
+                self._rescued = False
+            elif not self._rescued and self.check is not None and self.check.rescue(amp):
+                self._rescued = True  # it looks at the next forward before the guard stops
+                return
             check_guard(
                 self.guard,
                 scale=scale,

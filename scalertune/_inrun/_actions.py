@@ -116,6 +116,9 @@ def forward_overflows(
         f"{check.ours:.4g} where float32's at the same weights is {check.float32:.4g})"
     )
     islands, how = overflow_islands(amp, passes, finite=math.isfinite(check.ours))
+    if islands:  # a module kept in float32 already is no new island
+        islands = [m for m in islands if m not in amp.config.fp32_modules] or None
+        how = how if islands else f"{how}, kept in float32 already"
     if islands is None:
         LOGGER.info("%s, but nothing points at the forward: %s", found, how)
         return

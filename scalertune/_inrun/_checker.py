@@ -67,6 +67,8 @@ class InRunCheck:
         self._window: list[Check] = []  # the checks since the last action
         self._requested = self._asked = False
         self._healthy: float | None = None  # the scale at the last read of finite losses
+        #: The step the guard would have stopped the run at, while the check looks first.
+        self._rescue_at: int | None = None
         self._trace: GradientTrace | None = None
         self._drift = ""
 
@@ -102,7 +104,11 @@ class InRunCheck:
         acted = len(self.actions.done)
         overflowed = not math.isfinite(ours_now) and math.isfinite(float32)
         if overflowed or suspect:
-            forward_overflows(self.actions, amp, passes, check, self._healthy)
+            healthy = self._healthy
+            if self._rescue_at is not None:  # the scale collapsed: back to where it began
+                healthy = max(healthy or 0.0, amp.config.init_scale)
+            forward_overflows(self.actions, amp, passes, check, healthy)
+            self._rescue_at = None
         elif len(self._window) >= self.policy.window:
             gap = judge(self._window[-self.policy.window :])
             if gap is not None and gap.beyond(self.actions.tolerance()):
@@ -126,6 +132,22 @@ class InRunCheck:
         self._trace = None
         scaler_drifted(self.actions, amp, knobs, self._drift)
         self._window.clear()
+        return True
+
+    def rescue(self, amp: AmpRuntime) -> bool:
+        """The guard is about to stop the run (the scale under its floor, or too many skipped
+        steps in a row): acting, look at the next step's forward first, once a collapse; an
+        overflow found there gets its island and the scale back (the config's initial one at
+        least), and the guard stands down. Where nothing is found, the guard's next read-back
+        stops the run as it would have (the read-back asks once a collapse)."""
+        if self.policy.action != "act":
+            return False
+        self._requested, self._rescue_at = True, amp.steps
+        LOGGER.info(
+            "%s: the loss scale collapsed: looking at the next forward before the guard stops "
+            "the run",
+            heading(amp.steps),
+        )
         return True
 
     def on_drift(self, amp: AmpRuntime, found: str) -> None:

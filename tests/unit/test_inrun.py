@@ -265,3 +265,46 @@ def test_an_unreachable_study_never_stops_training(tmp_path, caplog, monkeypatch
     assert len(losses) == 12 and all(map(math.isfinite, losses))
     said = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
     assert len(said) == 1 and "amp.report()" in said[0]
+
+
+class _Gain(nn.Module):
+    def __init__(self, gain):
+        super().__init__()
+        self.gain = gain
+
+    def forward(self, x):
+        return x * self.gain
+
+
+def test_a_collapse_the_guard_would_stop_is_looked_at_first_and_an_overflow_kept_in_float32():
+    """A forward that overflows float16 from the start collapses the scale under the guard's
+    floor by its first read: acting, the check looks at the next forward before the guard
+    stops the run, keeps the module in float32, puts the scale back to the config's, and the
+    run trains on; without the check the guard stops it at that read."""
+    config = AmpConfig(init_scale=2.0**10)
+    guard = scalertune.Guard(min_scale=2.0**9, check_every=5)
+
+    def model():
+        return nn.Sequential(nn.Linear(6, 32), _Gain(1e5), _Gain(1e-5), nn.ReLU(), nn.Linear(32, 1))
+
+    with pytest.raises(scalertune.AmpGuardError, match="at step 5"):
+        _train(AmpRuntime(config, device=CPU, guard=guard), 20, model=model())
+    amp = AmpRuntime(config, device=CPU, guard=guard, check=InRunCheck(CheckPolicy()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses, _ = _train(amp, 40, model=model())
+    lines = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
+    assert len(lines) == 1 and "keeping it in float32" in lines[0] and "'1'" in lines[0], lines
+    assert amp.config.fp32_modules == ("1",) and amp.scale >= 2.0**9
+    assert all(math.isfinite(x) for x in losses[10:])
+
+
+def test_a_collapse_with_nothing_in_the_forward_is_stopped_by_the_guard_one_read_later():
+    """The look finds nothing to keep in float32 (the run is healthy; the floor is what is
+    wrong): the guard stops the run at its next read, as it would have at the first."""
+    config = AmpConfig(init_scale=2.0**10)
+    guard = scalertune.Guard(min_scale=2.0**20, check_every=5)
+    amp = AmpRuntime(config, device=CPU, guard=guard, check=InRunCheck(CheckPolicy()))
+    with pytest.raises(scalertune.AmpGuardError, match="at step 10"):
+        _train(amp, 20)
+    assert not amp.check.actions.done
