@@ -27,39 +27,14 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import late_workloads  # noqa: E402
-from plain_loop import tail_loss  # noqa: E402
+from plain_loop import predicted, tail_loss  # noqa: E402
 
 import scalertune  # noqa: E402
 from scalertune import AmpCheckWarning, AmpConfig, AmpRuntime, CheckPolicy  # noqa: E402
-from scalertune._amp._watch import ScalerPrediction, Watch  # noqa: E402
+from scalertune._amp._watch import Watch  # noqa: E402
 from scalertune._inrun import InRunCheck  # noqa: E402
-from scalertune._replay._predict import predict  # noqa: E402
-from scalertune._run._loop import Plan, run_config  # noqa: E402
-from scalertune._run._trace_collector import TraceCollector  # noqa: E402
 
 CPU = torch.device("cpu")
-
-
-def _watch(factory: Any, config: AmpConfig, horizon: int = 200) -> Watch:
-    """The watch a loaded answer carries: the replay's prediction over float32's 200 steps."""
-    reference = run_config(
-        factory,
-        AmpConfig(dtype="float32", clip_norm=config.clip_norm),
-        steps=horizon,
-        seed=0,
-        device=CPU,
-        plan=Plan(watcher=TraceCollector(horizon)),
-    )
-    p = predict(reference.trace, config, horizon=horizon)
-    return Watch(
-        ScalerPrediction(
-            horizon=horizon,
-            skipped_steps=p.skipped_steps,
-            skipped_first=p.startup_skips,
-            min_scale=p.min_scale,
-            final_scale=p.final_scale,
-        )
-    )
 
 
 CASES = {
@@ -84,14 +59,19 @@ CASES = {
 def _one(case: tuple[Any, AmpConfig, Any], seed: int, steps: int) -> tuple[float, float, str]:
     factory, config, batch = case
     float32 = tail_loss(factory, None, steps, batch, seed)
+    # the watch a loaded answer carries (the scaler case): the replay's prediction over
+    # float32's 200 steps, made once for both runs
+    prediction = predicted(factory, config) if batch else None
+
+    def watch() -> Watch | None:
+        return Watch(prediction) if prediction is not None else None
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", scalertune.AmpDriftWarning)
-        watch = _watch(factory, config) if batch else None
-        fixed = tail_loss(factory, AmpRuntime(config, device=CPU, watch=watch), steps, batch, seed)
-    check = InRunCheck(CheckPolicy())
-    amp = AmpRuntime(
-        config, device=CPU, watch=_watch(factory, config) if batch else None, check=check
-    )
+        fixed = tail_loss(
+            factory, AmpRuntime(config, device=CPU, watch=watch()), steps, batch, seed
+        )
+    amp = AmpRuntime(config, device=CPU, watch=watch(), check=InRunCheck(CheckPolicy()))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         checked = tail_loss(factory, amp, steps, batch, seed)

@@ -99,3 +99,30 @@ def tail_loss(factory, amp, steps=3000, batch=None, seed=0):
             seen.append(float(loss.detach()))
     tail = seen[-100:]
     return sum(tail) / len(tail) if all(map(math.isfinite, tail)) else math.inf
+
+
+def predicted(factory, config, horizon=200):
+    """What a search writes for ``config`` (a ``ScalerPrediction``): the replay over the
+    gradient trace of float32's ``horizon``-step run of ``factory``'s workload."""
+    from scalertune._amp._config import AmpConfig
+    from scalertune._amp._watch import ScalerPrediction
+    from scalertune._replay._predict import predict
+    from scalertune._run._loop import Plan, run_config
+    from scalertune._run._trace_collector import TraceCollector
+
+    reference = run_config(
+        factory,
+        AmpConfig(dtype="float32", clip_norm=config.clip_norm),
+        steps=horizon,
+        seed=0,
+        device=torch.device("cpu"),
+        plan=Plan(watcher=TraceCollector(horizon)),
+    )
+    p = predict(reference.trace, config, horizon=horizon)
+    return ScalerPrediction(
+        horizon=horizon,
+        skipped_steps=p.skipped_steps,
+        skipped_first=p.startup_skips,
+        min_scale=p.min_scale,
+        final_scale=p.final_scale,
+    )

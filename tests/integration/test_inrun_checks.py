@@ -10,15 +10,12 @@ import warnings
 import late_workloads
 import torch
 from conftest import run_cli, spec
-from plain_loop import tail_loss
+from plain_loop import predicted, tail_loss
 
 import scalertune
 from scalertune import AmpCheckWarning, AmpConfig, AmpRuntime, CheckPolicy
-from scalertune._amp._watch import ScalerPrediction, Watch
+from scalertune._amp._watch import Watch
 from scalertune._inrun import InRunCheck
-from scalertune._replay._predict import predict
-from scalertune._run._loop import Plan, run_config
-from scalertune._run._trace_collector import TraceCollector
 
 CPU = torch.device("cpu")
 #: The bar: the checked run's loss over float32's at the end (mean of the last 100 steps).
@@ -58,31 +55,11 @@ def test_a_late_activation_overflow_gets_an_island_and_keeps_its_scale():
     assert amp.skipped_steps < 30  # the scale did not collapse
 
 
-def _predicted(factory, config, horizon=200):
-    """What a search writes for ``config``: the replay over float32's trace of its trial."""
-    reference = run_config(
-        factory,
-        AmpConfig(dtype="float32", clip_norm=config.clip_norm),
-        steps=horizon,
-        seed=0,
-        device=CPU,
-        plan=Plan(watcher=TraceCollector(horizon)),
-    )
-    p = predict(reference.trace, config, horizon=horizon)
-    return ScalerPrediction(
-        horizon=horizon,
-        skipped_steps=p.skipped_steps,
-        skipped_first=p.startup_skips,
-        min_scale=p.min_scale,
-        final_scale=p.final_scale,
-    )
-
-
 def test_a_scale_collapsed_by_a_late_burst_gets_knobs_from_the_runs_own_gradients():
     factory, burst = late_workloads.tanh_regression, late_workloads.with_burst
     config = AmpConfig(clip_norm=1.0)
     float32 = tail_loss(factory, None, batch=burst)
-    watch = Watch(_predicted(factory, config))
+    watch = Watch(predicted(factory, config))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", scalertune.AmpDriftWarning)  # the fixed run's watch
         fixed, checked, lines, amp = _checked(factory, config, watch=watch, batch=burst)
