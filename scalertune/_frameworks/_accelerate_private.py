@@ -31,11 +31,10 @@ checked again by :func:`check` when an Accelerator is handed over). What is reli
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-from scalertune._frameworks._releases import Releases
+from scalertune._frameworks._releases import Releases, has_path, importable
 
 RELEASES = Releases("accelerate", (0, 30), (1, 17), checked="1.16")
 
@@ -81,27 +80,14 @@ def check_deepspeed(accelerator: Any) -> None:
     Accelerator running DeepSpeed lacks a name listed here (:data:`DEEPSPEED_READ`, the
     plugin's config, :data:`DUMMY_SCHEDULER`)."""
     RELEASES.check()
-    missing = [n for n in DEEPSPEED_READ if not _has(accelerator, n)]
+    missing = [n for n in DEEPSPEED_READ if not has_path(accelerator, n)]
     plugin = deepspeed_plugin(accelerator) if not missing else None
     if plugin is not None and not hasattr(plugin, "deepspeed_config"):
         missing.append("DeepSpeedPlugin.deepspeed_config")
-    module: Any
-    try:
-        module = importlib.import_module(DUMMY_SCHEDULER[0])
-    except ImportError:
-        module = None
-    if not hasattr(module, DUMMY_SCHEDULER[1]):
+    if not importable(*DUMMY_SCHEDULER):
         missing.append(".".join(DUMMY_SCHEDULER))
     if missing:
         raise RELEASES.missing(missing)
-
-
-def _has(obj: Any, path: str) -> bool:
-    for name in path.split("."):
-        if not hasattr(obj, name):
-            return False
-        obj = getattr(obj, name)
-    return True
 
 
 def prepared_anything(accelerator: Any) -> bool:

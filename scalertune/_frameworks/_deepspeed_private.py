@@ -40,13 +40,12 @@ DeepSpeed is imported where it is used: it is no dependency of scalertune.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from scalertune._frameworks._releases import Releases
+from scalertune._frameworks._releases import Releases, importable
 
 RELEASES = Releases("deepspeed", (0, 19), (0, 20), checked="0.19")
 
@@ -78,21 +77,9 @@ def check() -> None:
     """Refuse, in one line, a DeepSpeed release outside the bound, or one without a name
     listed here."""
     RELEASES.check()
-    missing = [f"{module}.{path}" for module, path in _MODULE_NAMES if not _has(module, path)]
+    missing = [f"{module}.{path}" for module, path in _MODULE_NAMES if not importable(module, path)]
     if missing:
         raise RELEASES.missing(missing)
-
-
-def _has(module: str, path: str) -> bool:
-    try:
-        obj: Any = importlib.import_module(module)
-    except ImportError:
-        return False
-    for name in path.split("."):
-        if not hasattr(obj, name):
-            return False
-        obj = getattr(obj, name)
-    return True
 
 
 # -- DeepSpeed's engine ---------------------------------------------------------------------

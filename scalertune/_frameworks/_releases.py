@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import re
 from importlib import metadata
 from typing import Any
@@ -28,6 +29,24 @@ from scalertune._errors import UsageError
 
 #: The top-level packages of the frameworks scalertune takes objects from.
 FRAMEWORK_PACKAGES = ("transformers", "accelerate", "lightning", "pytorch_lightning")
+
+
+def has_path(obj: Any, path: str) -> bool:
+    """Whether ``obj`` has the dotted attribute ``path`` (``"a.b"``: ``obj.a.b``)."""
+    for name in path.split("."):
+        if not hasattr(obj, name):
+            return False
+        obj = getattr(obj, name)
+    return True
+
+
+def importable(module: str, path: str) -> bool:
+    """Whether ``module`` imports and has the dotted attribute ``path``."""
+    try:
+        found = importlib.import_module(module)
+    except ImportError:
+        return False
+    return has_path(found, path)
 
 
 def defining_package(obj: Any, name: str) -> str | None:

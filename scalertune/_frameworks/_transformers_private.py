@@ -35,11 +35,10 @@ handed over). The Trainer's Accelerator is Accelerate's, whose internals (the sy
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from scalertune._frameworks import _accelerate_private
-from scalertune._frameworks._releases import Releases, comes_from
+from scalertune._frameworks._releases import Releases, comes_from, has_path, importable
 
 RELEASES = Releases("transformers", (4, 40), (5, 26), checked="5.25")
 #: TRL's trainers subclass the Trainer and override some of its steps.
@@ -76,7 +75,7 @@ def check(trainer: Any) -> None:
     if comes_from(trainer, "trl"):
         TRL_RELEASES.check()
     missing = [n for n in (*TRAIN_STEPS, *READ) if not hasattr(trainer, n)]
-    missing += [n for n in SET if "." in n and not _has(trainer, n.rpartition(".")[0])]
+    missing += [n for n in SET if "." in n and not has_path(trainer, n.rpartition(".")[0])]
     if missing:
         raise RELEASES.missing([f"Trainer.{n}" for n in missing])
     _accelerate_private.check(trainer.accelerator)
@@ -87,12 +86,7 @@ def check_deepspeed(trainer: Any) -> None:
     Accelerate) release lacks a name listed here for it; the releases themselves are checked
     by :func:`check`."""
     missing = [n for n in DEEPSPEED_SET if not hasattr(trainer, n)]
-    module: Any
-    try:
-        module = importlib.import_module(DEEPSPEED_INIT[0])
-    except ImportError:
-        module = None
-    if not hasattr(module, DEEPSPEED_INIT[1]):
+    if not importable(*DEEPSPEED_INIT):
         missing.append(".".join(DEEPSPEED_INIT))
     plugin = _accelerate_private.deepspeed_plugin(trainer.accelerator)
     if not hasattr(getattr(plugin, "hf_ds_config", None), "_dtype"):
@@ -120,11 +114,3 @@ def set_input_dtype(trainer: Any, dtype: Any) -> None:
 def set_engine(trainer: Any, engine: Any) -> None:
     """What ``train()`` sets once the DeepSpeed engine is made (:data:`DEEPSPEED_SET`)."""
     trainer.model_wrapped = trainer.deepspeed = engine
-
-
-def _has(obj: Any, path: str) -> bool:
-    for name in path.split("."):
-        if not hasattr(obj, name):
-            return False
-        obj = getattr(obj, name)
-    return True
