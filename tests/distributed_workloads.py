@@ -297,11 +297,17 @@ ddp_rank_killed.nproc_per_node = 2
 
 def _trains():
     """Whether this factory call is for a run that trains: not the one-step check of the
-    factory (``preflight``), nor the step timing (``time_dtypes``), which are no trials."""
+    factory (``preflight``), the step timing (``time_dtypes``) or the locating of a failure,
+    which are no trials, nor the reference's start-up probe (``_probe``: a few batches at
+    the initial weights, on an instance of its own, fewer steps than a kill may be drawn
+    at). Where the search runs its jobs in processes of their own, a job that is no run is
+    anything but a ``RunJob``."""
     frame = sys._getframe(1)
     while frame is not None:
         code, local = frame.f_code.co_name, frame.f_locals
-        if code == "preflight" or (code == "_job" and local.get("kind") in ("time", "locate")):
+        if code in ("preflight", "_probe") or (
+            code == "perform" and type(local.get("self")).__name__ != "RunJob"
+        ):
             return False
         frame = frame.f_back
     return True
