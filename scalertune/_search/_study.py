@@ -36,6 +36,7 @@ from optuna.trial import TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import DTYPES
+from scalertune._amp._fingerprint import model_size
 from scalertune._errors import UsageError
 from scalertune._judge._outcome import encode_scales
 from scalertune._judge._reference import Reference
@@ -120,6 +121,13 @@ def open_study(
         return study, True
     existing = StudySettings.from_dict(stored)
     key = existing.differs_from(settings)
+    if key == "model":
+        raise UsageError(
+            f"study {study_name!r} was searched on another model "
+            f"({model_size(existing.model or {})}; this one has "
+            f"{model_size(settings.model or {})}, named or shaped otherwise): pass a new "
+            "--study-name to search this one"
+        )
     if key is not None:
         raise UsageError(
             f"study {study_name!r} was created with {key}={_short(existing.to_dict()[key])}, "
