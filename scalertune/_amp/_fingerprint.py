@@ -57,13 +57,14 @@ def other_model(model: torch.nn.Module, searched: Mapping[str, Any], path: str) 
     if mine is None or mine["sha256"] == searched.get("sha256"):
         return None
     return (
-        f"{path} was searched on another model ({_size(searched)}; this one has "
-        f"{_size(mine)}, named or shaped otherwise): its config and predictions are that "
+        f"{path} was searched on another model ({model_size(searched)}; this one has "
+        f"{model_size(mine)}, named or shaped otherwise): its config and predictions are that "
         "model's; search this one (scalertune search) before relying on them"
     )
 
 
-def _size(found: Mapping[str, Any]) -> str:
+def model_size(found: Mapping[str, Any]) -> str:
+    """A fingerprint in words: its parameter tensors and values."""
     tensors, values = found.get("tensors"), found.get("values")
     if not isinstance(tensors, int) or not isinstance(values, int):
         return "parameters of other names or shapes"

@@ -498,7 +498,8 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
     def report(self) -> None:
         """Print what the in-run check saw and did.
 
-        Its checks, its actions (each with its step and evidence) and the scaler's story beside
+        Its checks, its actions (each with its step and evidence), under the policy ``warn``
+        its warnings (what it found, nothing changed), and the scaler's story beside
         the search's prediction; ``no in-run check`` for a runtime without one.
 
         Example:

@@ -27,9 +27,11 @@ from scalertune._cli._flags import check_numbers
 from scalertune._errors import UsageError
 from scalertune._storage._open import storage_url
 from scalertune._text import plural
+from scalertune._workload._loader import check_spec
 
 
 def _search(args: argparse.Namespace) -> int:
+    check_spec(args.factory)  # before the storage's and the space's modules load
     args.storage = storage_url(args.storage)
     output = _check_search(args)
     from scalertune._search._api import search  # after the checks: it loads torch
@@ -98,7 +100,7 @@ def _check_search(args: argparse.Namespace) -> str:
     ):
         raise UsageError("--trial-timeout and --trial-memory need --isolate (or --nproc-per-node)")
     SearchSpace.load(args.space)  # read again by the search; here it is refused before torch
-    from scalertune._search._study import default_study_name
+    from scalertune._workload._loader import default_study_name
 
     study_name = args.study_name or default_study_name(args.factory)
     _check_study_name(study_name)

@@ -27,9 +27,15 @@ def describe(record: Mapping[str, Any]) -> str:
         )
     else:
         lines.append("  no check yet (the loss goes through amp.loss or amp.train_step)")
-    actions = record.get("actions", [])
+    done = record.get("actions", [])
+    # under the policy 'warn' a finding is said and nothing changed: a warning, no action
+    actions = [a for a in done if a.get("kind") != "none"]
+    warnings = [a for a in done if a.get("kind") == "none"]
     lines.append(f"  actions: {len(actions) or 'none'}")
     lines += [f"    {a['line']}" for a in actions]
+    if warnings:
+        lines.append(f"  warnings: {len(warnings)}")
+        lines += [f"    {a['line']}" for a in warnings]
     lines.append("  " + _scaler(record))
     return "\n".join(lines)
 

@@ -192,7 +192,9 @@ class StudySettings:
 
         Returns:
             The name of the first differing setting (factory, steps, horizon, seed, space,
-            device_type, reference, nproc_per_node), or ``None`` when they agree.
+            device_type, reference, nproc_per_node, deepspeed, then ``model``: the
+            parameters' names and shapes, where both fingerprinted theirs), or ``None`` when
+            they agree.
 
         Example:
             >>> import dataclasses
@@ -203,7 +205,10 @@ class StudySettings:
             'seed'
         """
         mine, theirs = self.to_dict(), other.to_dict()
-        return next((key for key in COMPARABLE if mine[key] != theirs[key]), None)
+        key = next((key for key in COMPARABLE if mine[key] != theirs[key]), None)
+        if key is not None or self.model is None or other.model is None:
+            return key
+        return "model" if self.model.get("sha256") != other.model.get("sha256") else None
 
     def to_dict(self) -> dict[str, Any]:
         """The record as the study stores it (the ``scalertune.settings`` user attribute).

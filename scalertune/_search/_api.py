@@ -29,7 +29,7 @@ from scalertune._search._pipeline import Pipeline
 from scalertune._search._progress import Progress
 from scalertune._search._setup import Isolation, Setup, prepare
 from scalertune._search._space import SearchSpace
-from scalertune._search._study import default_study_name, open_study
+from scalertune._search._study import open_study
 from scalertune._storage._claims import held
 from scalertune._storage._names import SETTINGS_ATTR
 from scalertune._storage._open import DEFAULT_STORAGE, open_storage, storage_url
@@ -38,6 +38,7 @@ from scalertune._storage._recovery import missing_of, retry
 from scalertune._storage._redact import redact
 from scalertune._storage._store import Store, default_location, settle_location
 from scalertune._text import plural
+from scalertune._workload._loader import default_study_name
 
 __all__ = ["cost_estimate", "search"]
 

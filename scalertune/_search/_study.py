@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import secrets
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -36,6 +34,7 @@ from optuna.trial import TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import DTYPES
+from scalertune._amp._fingerprint import model_size
 from scalertune._errors import UsageError
 from scalertune._judge._outcome import encode_scales
 from scalertune._judge._reference import Reference
@@ -58,19 +57,10 @@ from scalertune._storage._open import first_line
 from scalertune._storage._optuna import set_system_attr, study_id
 from scalertune._storage._redact import redact
 from scalertune._text import readable
-from scalertune._workload._loader import factory_name
 
 #: Every run's dtype is a value of this one distribution (see the module docstring).
 DTYPE_DISTRIBUTION = CategoricalDistribution(list(DTYPES))
 _SETTINGS_WAIT_S = 30
-
-
-def default_study_name(factory: str | Callable[[], Any]) -> str:
-    """``examples/codepoints.py:make_model`` -> ``codepoints:make_model``; a function
-    ``make_model`` of module ``pkg.models`` -> ``pkg.models:make_model``."""
-    module, _, name = factory_name(factory).rpartition(":")
-    stem = os.path.splitext(os.path.basename(module))[0] if module.endswith(".py") else module
-    return f"{stem}:{name}"
 
 
 def open_study(
@@ -120,6 +110,13 @@ def open_study(
         return study, True
     existing = StudySettings.from_dict(stored)
     key = existing.differs_from(settings)
+    if key == "model":
+        raise UsageError(
+            f"study {study_name!r} was searched on another model "
+            f"({model_size(existing.model or {})}; this one has "
+            f"{model_size(settings.model or {})}, named or shaped otherwise): pass a new "
+            "--study-name to search this one"
+        )
     if key is not None:
         raise UsageError(
             f"study {study_name!r} was created with {key}={_short(existing.to_dict()[key])}, "

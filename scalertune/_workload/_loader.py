@@ -29,16 +29,8 @@ def load_factory(spec: str | Callable[[], Any], *, isolated: bool = False) -> Ca
             f"the factory is a {type(spec).__name__}: give a function, or "
             "'path/to/model.py:make_model'"
         )
-    module_part, sep, name = spec.rpartition(":")
-    if not sep or not module_part or not name:
-        raise UsageError(
-            f"cannot read factory {spec!r}: write it as path/to/model.py:make_model "
-            "or package.module:make_model"
-        )
-    if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
-        module = _import_file(module_part)
-    else:
-        module = _import_module(module_part)
+    module_part, name = check_spec(spec)
+    module = _import_file(module_part) if _is_path(module_part) else _import_module(module_part)
     factory = getattr(module, name, None)
     if factory is None:
         raise UsageError(
@@ -66,6 +58,14 @@ def factory_name(spec: str | Callable[[], Any]) -> str:
     return f"{module}:{qualname}"
 
 
+def default_study_name(factory: str | Callable[[], Any]) -> str:
+    """``examples/codepoints.py:make_model`` -> ``codepoints:make_model``; a function
+    ``make_model`` of module ``pkg.models`` -> ``pkg.models:make_model``."""
+    module, _, name = factory_name(factory).rpartition(":")
+    stem = os.path.splitext(os.path.basename(module))[0] if module.endswith(".py") else module
+    return f"{stem}:{name}"
+
+
 def _check_importable(factory: Callable[[], Any]) -> None:
     """A process started afresh finds the function again by its module and name, or not."""
     module = sys.modules.get(getattr(factory, "__module__", "") or "")
@@ -85,7 +85,25 @@ def _check_importable(factory: Callable[[], Any]) -> None:
         )
 
 
-def _import_file(path: str) -> Any:
+def check_spec(spec: str) -> tuple[str, str]:
+    """What can be told of ``FILE.py:NAME`` or ``package.module:NAME`` before anything is
+    imported (torch included): its form, and that its file is there; its two parts."""
+    module_part, sep, name = spec.rpartition(":")
+    if not sep or not module_part or not name:
+        raise UsageError(
+            f"cannot read factory {spec!r}: write it as path/to/model.py:make_model "
+            "or package.module:make_model"
+        )
+    if _is_path(module_part):
+        _check_file(module_part)
+    return module_part, name
+
+
+def _is_path(module_part: str) -> bool:
+    return module_part.endswith(".py") or os.sep in module_part or "/" in module_part
+
+
+def _check_file(path: str) -> None:
     if not os.path.isfile(path):
         folder = os.path.dirname(path) or "."
         files = (
@@ -97,6 +115,10 @@ def _import_file(path: str) -> Any:
         raise UsageError(
             f"no such file: {path} ({hint or 'give the path to the file holding the factory'})"
         )
+
+
+def _import_file(path: str) -> Any:
+    _check_file(path)
     path = os.path.abspath(path)
     module_name = "_scalertune_user_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(module_name, path)

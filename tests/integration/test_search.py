@@ -131,6 +131,67 @@ def test_changed_settings_on_an_existing_study_are_refused_and_nothing_is_writte
     assert len(_load(storage).trials) == before
 
 
+_MODEL_FILE = """
+import torch
+from torch import nn
+
+
+def make_model():
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = x.sum(1, keepdim=True)
+    model = nn.Sequential(nn.Linear(8, {width}), nn.Tanh(), nn.Linear({width}, 1))
+    return {{
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.05),
+        "loss_fn": nn.MSELoss(),
+        "batches": [(x[i : i + 8], y[i : i + 8]) for i in range(0, 64, 8)],
+    }}
+"""
+
+
+def test_a_rerun_after_the_model_changed_is_refused_and_the_answer_kept(tmp_path):
+    """The same command after the user edited the model (another width, same factory name):
+    the study holds the other model's evidence, so the rerun is refused in one line, exit 2,
+    where it used to report the finished study's answer as this model's."""
+    from conftest import run_cli
+
+    def search():
+        return run_cli(
+            "search",
+            "model.py:make_model",
+            "--steps",
+            "20",
+            "--n-trials",
+            "0",
+            "--space",
+            "bfloat16",
+            "--device",
+            "cpu",
+            "--storage",
+            "sqlite:///study.db",
+            "-o",
+            "amp.yaml",
+            cwd=tmp_path,
+            process=True,
+        )
+
+    (tmp_path / "model.py").write_text(_MODEL_FILE.format(width=16))
+    first = search()
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = (tmp_path / "amp.yaml").read_bytes()
+    trials = len(_load(f"sqlite:///{tmp_path / 'study.db'}", "model:make_model").trials)
+    assert search().returncode == 0  # the same model: the finished study's answer again
+    (tmp_path / "model.py").write_text(_MODEL_FILE.format(width=24))
+    again = search()
+    assert again.returncode == 2 and again.stdout == "", again.stderr[-2000:]
+    (line,) = again.stderr.strip().splitlines()
+    assert "was searched on another model (4 parameter tensors, 161 values; this one" in line
+    assert "has 4 parameter tensors, 241 values" in line and "--study-name" in line
+    assert (tmp_path / "amp.yaml").read_bytes() == before
+    assert len(_load(f"sqlite:///{tmp_path / 'study.db'}", "model:make_model").trials) == trials
+
+
 def test_baselines_are_pytorch_defaults_and_the_seed_article_fix_where_the_replay_differs(storage):
     """The article's fix is trained only where the replay tells it from PyTorch's defaults
     beyond the noise; here it skips 2 steps fewer at the start (within max(2, 20%)), and

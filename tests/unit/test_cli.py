@@ -64,6 +64,26 @@ def test_help_and_usage_errors_answer_without_importing_torch(argv, tmp_path):
     assert done.stderr.splitlines()[-1] == "[]", done.stderr
 
 
+@pytest.mark.parametrize(
+    ("factory", "said"),
+    [
+        ("no_such_model.py:make_model", "no such file: no_such_model.py"),
+        ("make_model", "cannot read factory 'make_model'"),
+    ],
+)
+def test_a_factory_that_cannot_be_found_is_refused_before_torch_loads(factory, said, tmp_path):
+    """A mistyped factory is the commonest bad input: one line, exit 2, in a fraction of a
+    second (it took 3-6 s with torch imported first)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTS, "search", factory],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    said_line, imported = done.stderr.splitlines()[-2:]
+    assert said in said_line and "torch" not in imported, done.stderr
+
+
 def test_a_report_and_an_export_import_no_torch(tmp_path):
     """Neither trains nor replays: a study's report (with its YAML and pictures) and an
     export for a named device read plain data."""

@@ -596,7 +596,7 @@ def test_search_takes_a_function_and_isolation_wants_one_it_can_import(storage):
         )
     import workloads
 
-    from scalertune._search._study import default_study_name
+    from scalertune._workload._loader import default_study_name
 
     assert default_study_name(workloads.healthy) == "workloads:healthy"
     assert default_study_name(spec("healthy")) == "workloads:healthy"

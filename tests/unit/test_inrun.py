@@ -135,13 +135,17 @@ def test_the_policy_says_what_a_failed_check_does(action):
             amp.train_step(model, optimizer, nn.functional.mse_loss, batches[0])
     lines = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
     assert len(lines) == 1 and "scalertune check at step 2" in lines[0]
+    report = amp.check.report(amp)
     if action == "warn":
         assert "policy 'warn': nothing changed" in lines[0]
         assert amp.config.dtype == "bfloat16"
+        # said, nothing done: a warning in the report, no action
+        assert "  actions: none\n  warnings: 1\n" in report
     else:  # the output layer's island brings this batch back
         assert "keeping '2' in float32" in lines[0]
         assert amp.config.fp32_modules == ("2",)
         assert [a.kind for a in amp.check.actions.done] == ["island"]
+        assert "  actions: 1\n" in report and "warnings" not in report
 
 
 def test_a_resumed_run_keeps_what_the_check_did(tmp_path):

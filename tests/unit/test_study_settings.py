@@ -100,6 +100,18 @@ def test_a_rerun_compares_the_settings_that_make_trials_comparable():
     assert settings.differs_from(_settings(reference=AmpConfig(dtype="float32"))) == "reference"
 
 
+def test_a_rerun_on_another_model_differs_in_its_fingerprint_only_where_both_have_one():
+    one = {"tensors": 4, "values": 337, "sha256": "0123456789abcdef"}
+    other = {"tensors": 4, "values": 401, "sha256": "fedcba9876543210"}
+    assert _settings(model=one).differs_from(_settings(model=dict(one))) is None
+    assert _settings(model=one).differs_from(_settings(model=other)) == "model"
+    # a study written before fingerprints, or a model with flattened parameters: no telling
+    assert _settings().differs_from(_settings(model=other)) is None
+    assert _settings(model=one).differs_from(_settings()) is None
+    # the settings that make trials comparable come first
+    assert _settings(model=one).differs_from(_settings(horizon=4000, model=other)) == "horizon"
+
+
 def test_a_study_without_settings_says_so():
     study = optuna.create_study()
     settings = StudySettings.of(study)
