@@ -45,7 +45,7 @@ LOOPS = {
         {},
     ),
     "load": (
-        "test_many_workers_on_one_postgresql_killed_and_cut_off_lose_nothing",
+        "test_many_workers_on_one_postgresql_killed_and_its_server_restarted_lose_nothing",
         {"SCALERTUNE_LOAD_WORKERS": "8"},
     ),
 }

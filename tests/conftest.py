@@ -208,13 +208,17 @@ needs_postgres = pytest.mark.skipif(
 
 
 @contextlib.contextmanager
-def postgres_database(prefix):
-    """A function that (re)creates an empty database on the test server and returns its URL;
-    the database is dropped afterwards."""
-    assert POSTGRES, ".ci/run must start PostgreSQL and set SCALERTUNE_TEST_POSTGRES"
+def postgres_database(prefix, server=None):
+    """A function that (re)creates an empty database on the test server (or on ``server``'s
+    URL) and returns its URL; the database is dropped afterwards."""
+    server = server or POSTGRES
+    assert server, ".ci/run must start PostgreSQL and set SCALERTUNE_TEST_POSTGRES"
     import sqlalchemy
 
-    engine = sqlalchemy.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
+    # a connection a call, none kept: a server the test restarts cuts any kept one
+    engine = sqlalchemy.create_engine(
+        server, isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool
+    )
     name = f"{prefix}_{os.getpid()}"
 
     def drop():
@@ -225,13 +229,103 @@ def postgres_database(prefix):
         drop()
         with engine.connect() as conn:
             conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-        return POSTGRES.rsplit("/", 1)[0] + "/" + name
+        return server.rsplit("/", 1)[0] + "/" + name
 
     try:
         yield fresh
     finally:
         drop()
         engine.dispose()
+
+
+def _postgres_bin():
+    """Where PostgreSQL's server programs are: ``SCALERTUNE_TEST_PG_BIN`` (``.ci/run`` sets it),
+    else Debian's newest ``/usr/lib/postgresql/*/bin``, else ``pg_ctl`` on the PATH."""
+    import glob
+    import shutil
+
+    given = os.environ.get("SCALERTUNE_TEST_PG_BIN")
+    if given:
+        return given
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2] or 0))
+    if found:
+        return found[-1]
+    pg_ctl = shutil.which("pg_ctl")
+    return os.path.dirname(pg_ctl) if pg_ctl else None
+
+
+#: A private PostgreSQL server runs where its programs are, and must run in CI.
+needs_postgres_server = pytest.mark.skipif(
+    not _postgres_bin() and os.environ.get("CI") != "true",
+    reason="PostgreSQL's server programs (initdb, pg_ctl) are not installed",
+)
+
+
+class PostgresServer:
+    """A PostgreSQL server of a test's own, in a fresh data folder on a free loopback port,
+    that the test may restart: :meth:`restart` stops it at once (``-m immediate``: what a
+    crash or a failover does to every connection and every open transaction) and starts it
+    again some seconds later, with crash recovery. Run as the ``postgres`` user where the
+    tests run as root (initdb refuses root), as ``.ci/run`` runs its own server."""
+
+    def __init__(self, bin_dir):
+        import socket
+        import tempfile
+
+        self.bin = bin_dir
+        self.data = tempfile.mkdtemp(prefix="scalertune-test-pg-")
+        self._as_postgres = os.geteuid() == 0
+        if self._as_postgres:
+            import pwd
+
+            entry = pwd.getpwnam("postgres")
+            os.chown(self.data, entry.pw_uid, entry.pw_gid)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self._run("initdb", "-D", self.data, "-A", "trust", "-U", "postgres")
+
+    def _run(self, program, *args):
+        command = [os.path.join(self.bin, program), *args]
+        if self._as_postgres:
+            import shlex
+
+            command = ["su", "postgres", "-c", shlex.join(command)]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+
+    def start(self):
+        options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1"
+        log = os.path.join(self.data, "server.log")
+        self._run("pg_ctl", "-D", self.data, "-l", log, "-w", "-o", options, "start")
+
+    def stop(self):
+        self._run("pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
+
+    def restart(self, seconds):
+        """Down for ``seconds``, then up again."""
+        import time
+
+        self.stop()
+        time.sleep(seconds)
+        self.start()
+
+
+@contextlib.contextmanager
+def postgres_server():
+    """A :class:`PostgresServer`, started; stopped and its folder removed afterwards."""
+    import shutil
+
+    bin_dir = _postgres_bin()
+    assert bin_dir, ".ci/run must install PostgreSQL (initdb and pg_ctl)"
+    server = PostgresServer(bin_dir)
+    try:
+        server.start()
+        yield server
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            server.stop()
+        shutil.rmtree(server.data, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,9 @@ from conftest import (
     HORIZON_SEARCH,
     horizon_answer,
     needs_postgres,
+    needs_postgres_server,
     postgres_database,
+    postgres_server,
     reference_is_float32s_own,
     run_cli,
     spec,
@@ -58,6 +60,8 @@ FAULTS = ("none", "int", "int-int", "term", "kill", "int@write", "term@write", "
 OUTAGE = "outage"
 #: ... with an S3 artifact store, its server (moto's) stopped for a few seconds and started;
 S3_OUTAGE = "s3-outage"
+#: ... under a team's load, the PostgreSQL server itself stopped at once and started again.
+PG_RESTART = "pg-restart"
 #: ... over a horizon, its N-th stored checkpoint damaged (or replaced, with a manifest to
 #: match, by a pickle that runs a command on load, or by another model's checkpoint) and the
 #: worker SIGKILLed at once.
@@ -957,7 +961,7 @@ def _check_rank_round(proc, folder, kill, undisturbed, done):
     assert "Recommended:" in out, f"{context}: {out}"
 
 
-# -- a team's load: many workers on one PostgreSQL, killed and cut off -------------------------
+# -- a team's load: many workers on one PostgreSQL, killed, its server restarted ------------
 
 #: Workers on one study: 4 in CI (2 cores), 8 in the soak (``benchmarks/soak.py``); of them,
 #: three in eight are SIGKILLed (at least one).
@@ -992,46 +996,50 @@ def _load_moment(procs, rng):
     time.sleep(rng.uniform(0.2, 3.0))
 
 
-@needs_postgres
+@needs_postgres_server
 @pytest.mark.xdist_group("evidence")  # beside the tests of the undisturbed search it compares with
-def test_many_workers_on_one_postgresql_killed_and_cut_off_lose_nothing(tmp_path, undisturbed):
-    """A team's load: ``LOAD_WORKERS`` workers start on one study at once; at random moments
-    ``LOAD_KILLS`` of them are SIGKILLed and the database is closed to every worker for a
-    few seconds (what a server restart looks like to them, on this test's database alone).
-    The workers left finish, the same command run once more finishes the study, and then
-    nothing is RUNNING or WAITING, no run's evidence is missing, no run was trained twice but
-    a declared retry, and the answer is the one a single worker gives (``undisturbed``).
-    Round after round, while the budget lasts (one round in CI)."""
+def test_many_workers_on_one_postgresql_killed_and_its_server_restarted_lose_nothing(
+    tmp_path, undisturbed
+):
+    """A team's load: ``LOAD_WORKERS`` workers start on one study, on a PostgreSQL server of
+    this test's own, at once; at random moments ``LOAD_KILLS`` of them are SIGKILLed and the
+    server is stopped at once (as a crash does: every connection and open transaction cut)
+    and started again a few seconds later. The workers left finish, the same command run
+    once more finishes the study, and then nothing is RUNNING or WAITING, no run's evidence
+    is missing, no run was trained twice but a declared retry, and the answer is the one a
+    single worker gives (``undisturbed``). Round after round, while the budget lasts (one
+    round in CI)."""
     rng = random.Random(SEED)
     deadline = time.monotonic() + BUDGET_S
     done = 0
-    with postgres_database("scalertune_load") as fresh:
+    with postgres_server() as server, postgres_database("scalertune_load", server.url) as fresh:
         while done == 0 or (done < ROUNDS and time.monotonic() < deadline):
             context = f"load round {done} (SCALERTUNE_FAULT_SEED={SEED})"
             storage, started = fresh(), time.monotonic()
             folder = tmp_path / f"round{done}"
             folder.mkdir()
-            _load_round(storage, folder, rng, context)
+            _load_round(storage, server, folder, rng, context)
             study = _study(storage, "shared")
             _check_load(study, context)
             assert horizon_answer(folder / "load.yaml") == undisturbed["answer"], context
             _STORAGES.pop(storage, None)
-            _held([*["kill"] * LOAD_KILLS, "outage"], started)
+            _held([*["kill"] * LOAD_KILLS, PG_RESTART], started)
             done += 1
 
 
-def _load_round(storage, folder, rng, context):
+def _load_round(storage, server, folder, rng, context):
     """The workers started, hit and finished, and the same command once more."""
     procs = [_start(_load_command(storage, f"w{i}.yaml"), folder) for i in range(LOAD_WORKERS)]
     killed = set(rng.sample(range(LOAD_WORKERS), LOAD_KILLS))
-    hits = [*(("kill", i) for i in killed), ("outage", None)]
+    hits = [*(("kill", i) for i in killed), (PG_RESTART, None)]
     rng.shuffle(hits)
     deadline = time.monotonic() + STUCK_S
     try:
         for what, i in hits:
             _load_moment(procs, rng)
-            if what == "outage":
-                _outage(storage, rng.uniform(1.0, 5.0))
+            if what == PG_RESTART:
+                server.restart(rng.uniform(1.0, 5.0))
+                _STORAGES.pop(storage, None)  # this process's connections were cut too
             else:
                 _hit(procs[i], "kill", rng)
         codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
