@@ -92,6 +92,7 @@ SEARCH: Mapping[str, Limit] = {
     "timeout_s": _SECONDS,
     "memory_gb": _SECONDS,
     "nproc_per_node": Limit(True, 1, MAX_NPROC_PER_NODE),
+    "wait_for_storage": Limit(False, 0),
 }
 DIAGNOSE: Mapping[str, Limit] = {
     "init_scale": Limit(False, 0, FLOAT32_MAX, low_excluded=True),

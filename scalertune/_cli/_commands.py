@@ -64,6 +64,7 @@ def _search(args: argparse.Namespace) -> int:
                 isolation=isolation,
                 artifact_dir=args.artifact_dir,
                 nproc_per_node=args.nproc_per_node,
+                wait_for_storage=args.wait_for_storage,
                 log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
                 progress=not quiet and sys.stderr.isatty(),
             )

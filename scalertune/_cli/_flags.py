@@ -36,6 +36,7 @@ def check_numbers(args: argparse.Namespace) -> None:
             timeout_s=args.trial_timeout,
             memory_gb=args.trial_memory,
             nproc_per_node=args.nproc_per_node,
+            wait_for_storage=args.wait_for_storage,
         )
         _limits.horizon(args.steps, args.horizon)
         _limits.check(_limits.REPORT, top=args.top)

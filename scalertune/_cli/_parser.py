@@ -206,6 +206,16 @@ def _run_arguments(s: Any) -> None:
         "(each rank's) address space",
     )
     s.add_argument(
+        "--wait-for-storage",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for a storage server that is not up as the search "
+        "starts (connection refused, host unknown): workers a scheduler starts "
+        "while the database restarts, or beside its container; past it, exit "
+        "status 3 (default: 0, said at once: a wrong host or port is likelier)",
+    )
+    s.add_argument(
         "--artifact-dir",
         metavar="DIR|s3://BUCKET",
         help="the study's artifact store: its float32 checkpoints and the PNGs "

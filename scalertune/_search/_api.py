@@ -63,6 +63,7 @@ def search(
     isolation: Isolation | None = None,
     artifact_dir: str | None = None,
     nproc_per_node: int | None = None,
+    wait_for_storage: float = 0.0,
     log: Callable[[str], None] | None = None,
     progress: bool = False,
 ) -> SearchResult:
@@ -103,6 +104,10 @@ def search(
             ``torch.distributed`` group, each in its own process (as torchrun runs a script):
             the factory, called in every rank, wraps its model (DDP, FSDP) itself. ``None``
             for the factory's own ``nproc_per_node`` attribute, else 1.
+        wait_for_storage: Seconds to wait for a storage server that is not up as the
+            search starts (the connection refused, the host unknown): a database restarting,
+            or one started beside the workers. ``0`` says so at once (a wrong host or port is
+            likelier); a storage that goes down once open is always ridden out.
         log: Called with each progress line; ``None`` for none.
         progress: A progress bar on stderr, with the lines above it (in place of ``log``)
             and the search's most cost said up front.
@@ -120,8 +125,8 @@ def search(
             fails or goes non-finite, the step timing fails, or the first runs all fail
             with the same error.
         StorageUnavailable: The storage or the artifact store stayed unreachable past the
-            outage bound; nothing is lost: rerun, and the study resumes (the command line
-            exits with status 3).
+            outage bound, or the storage was not up after ``wait_for_storage``; nothing is
+            lost: rerun, and the study resumes (the command line exits with status 3).
 
     Example:
         >>> import scalertune
@@ -144,6 +149,7 @@ def search(
         isolation=isolation,
         artifact_dir=artifact_dir,
         nproc_per_node=nproc_per_node,
+        wait_for_storage=wait_for_storage,
     )
     url = storage_url(storage or DEFAULT_STORAGE)
     forget()
@@ -158,6 +164,7 @@ def search(
             n_trials=n_trials,
             timeout=timeout,
             seed=seed,
+            wait_for_storage=wait_for_storage,
         )
     except Outage as exc:
         raise StorageUnavailable(str(exc)) from None
@@ -176,13 +183,16 @@ def _search(
     n_trials: int,
     timeout: float | None,
     seed: int,
+    wait_for_storage: float,
 ) -> SearchResult:
     if setup.artifact_dir is not None:
         Store(setup.artifact_dir).check()
     # From the first storage write on, Ctrl-C and SIGTERM stop the search at a safe point.
     with _interrupt.handled(), _interrupt.deferred():
+        lines = Progress(log, bar=progress)
+        set_log(lines.line)  # a wait for the storage is said as it starts
         study, created = open_study(
-            open_storage(url, on_stale_trial=retry),
+            open_storage(url, on_stale_trial=retry, wait_s=wait_for_storage),
             study_name or default_study_name(factory),
             setup.settings,
             seed=seed,
@@ -190,8 +200,6 @@ def _search(
             space=setup.space,
         )
         settle_location(study, given=setup.artifact_dir, default=default_location(url))
-        lines = Progress(log, bar=progress)
-        set_log(lines.line)
         if not created:
             lines.line(resuming(study))
         if progress:

@@ -121,6 +121,7 @@ def prepare(
     isolation: Isolation | None,
     artifact_dir: str | None,
     nproc_per_node: int | None = None,
+    wait_for_storage: float = 0.0,
 ) -> Setup:
     """Everything a search checks before it writes anything: its numbers, its space, the
     device, the factory and one float32 step of it (in every rank with ``nproc_per_node``
@@ -134,6 +135,7 @@ def prepare(
         seed=seed,
         timeout=timeout,
         nproc_per_node=nproc_per_node,
+        wait_for_storage=wait_for_storage,
     )
     refuse_reentry()
     refuse_launcher()

@@ -30,7 +30,17 @@ from scalertune._errors import UsageError
 # optuna is imported where it is used: the command line imports this module before it
 # handles Ctrl-C, and refuses bad input without waiting for it.
 from scalertune._storage import _policy as _storage_policy
-from scalertune._storage._outage import RERUN, retrying, ride_out, unreachable_at_open
+from scalertune._storage._outage import (
+    RERUN,
+    Outage,
+    not_up_at_open,
+    pause,
+    reason,
+    retrying,
+    ride_out,
+    say,
+    unreachable_at_open,
+)
 from scalertune._storage._redact import HIDDEN, redact
 
 DEFAULT_STORAGE = "sqlite:///scalertune.db"
@@ -74,18 +84,24 @@ def _starts_with(path: str, start: bytes) -> bool:
 
 
 def open_storage(
-    url: str, *, must_exist: bool = False, on_stale_trial: Callable[[Any, Any], Any] | None = None
+    url: str,
+    *,
+    must_exist: bool = False,
+    on_stale_trial: Callable[[Any, Any], Any] | None = None,
+    wait_s: float = 0.0,
 ) -> Any:
     """The Optuna storage object for ``url``; :class:`UsageError` when it cannot be used.
 
     On RDB storage, ``on_stale_trial(study, trial)`` is Optuna's heartbeat callback: what to
-    do with a trial whose worker stopped beating (the search queues its run again)."""
+    do with a trial whose worker stopped beating (the search queues its run again). A server
+    that is not up (nothing answers) is waited for up to ``wait_s`` seconds, then
+    :class:`~._outage.Outage`; with no wait it is a :class:`UsageError` at once."""
     url = storage_url(url)
     if not is_rdb(url):
         return _journal(url, must_exist=must_exist)
     check_local(url, must_exist=must_exist)
     try:
-        return _rdb(url, on_stale_trial)
+        return _rdb(url, on_stale_trial, wait_s)
     except (ImportError, ModuleNotFoundError):
         raise UsageError(
             f"storage {redact(url)} needs a database driver that is not installed: "
@@ -99,15 +115,19 @@ def open_storage(
         ) from None
 
 
-def _rdb(url: str, on_stale_trial: Callable[[Any, Any], Any] | None) -> Any:
+def _rdb(url: str, on_stale_trial: Callable[[Any, Any], Any] | None, wait_s: float) -> Any:
     """``RDBStorage`` with heartbeats. Workers that start at once on a new database all try
     to create its tables; the losers of that race get a unique-key error (SQLite's
-    ``alembic_version``, PostgreSQL's ``pg_type``) and simply open it again, tables made."""
+    ``alembic_version``, PostgreSQL's ``pg_type``) and simply open it again, tables made.
+    A server that is not up is tried again, with the outage's doubling pause, for up to
+    ``wait_s`` (said once, and once more when it is up)."""
     import optuna
     from optuna.storages import RDBStorage
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     deadline = time.monotonic() + _storage_policy.COLD_START_S
+    up_by = time.monotonic() + wait_s
+    wait, waiting = _storage_policy.STORAGE_RETRY_FIRST_S, False
 
     def attempt() -> Any:
         with warnings.catch_warnings():
@@ -127,9 +147,28 @@ def _rdb(url: str, on_stale_trial: Callable[[Any, Any], Any] | None) -> Any:
                 passing=unreachable_at_open,
                 url=url,
                 what_to_do=RERUN,
+                quiet=waiting,  # a server starting up, after it was not up: one wait
             )
+            if waiting:
+                say(f"storage {redact(url)} is up")
             return ride_out(storage, url)
         except (IntegrityError, OperationalError, ProgrammingError) as exc:
+            if wait_s > 0 and not_up_at_open(exc):
+                now, why = time.monotonic(), redact(reason(exc), url)
+                if now >= up_by:
+                    raise Outage(
+                        f"storage {redact(url)} was not up after {wait_s:g} s of "
+                        f"--wait-for-storage ({why}): check the URL, or start the server and rerun "
+                        "the same command"
+                    ) from None
+                if not waiting:
+                    waiting = say(
+                        f"storage {redact(url)} is not up ({why}): waiting for it for up "
+                        f"to {wait_s:g} s (--wait-for-storage)"
+                    )
+                pause(min(wait, up_by - now))
+                wait = min(wait * 2, _storage_policy.STORAGE_RETRY_MAX_S)
+                continue
             racing = isinstance(exc, IntegrityError) or "already exists" in str(exc)
             if not racing or time.monotonic() > deadline:
                 raise

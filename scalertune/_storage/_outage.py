@@ -17,8 +17,10 @@ command line into one line and exit status 3.
 
 When a server cannot be reached at all while the storage is first opened (connection
 refused, an unknown host), nothing has been written yet and a wrong URL is likelier than an
-outage: that is said at once (:mod:`._open`); a server that answers that it is starting or
-shutting down is waited for.
+outage: that is said at once (:mod:`._open`), unless the user asked to wait for it
+(``--wait-for-storage``: workers a scheduler starts while the database restarts, or before
+its container is up; :func:`not_up_at_open`). A server that answers that it is starting or
+shutting down is always waited for.
 """
 
 from __future__ import annotations
@@ -81,13 +83,14 @@ _RESTARTING = (
     "due to administrator command",
     "closed the connection unexpectedly",
 )
+_UNKNOWN_HOST = "could not translate host name"
 #: ... and when it will refuse again whatever the wait: a wrong name, password or host.
 _REFUSED_FOR_GOOD = (
     "does not exist",
     "authentication failed",
     "no pg_hba.conf entry",
     "permission denied",
-    "could not translate host name",
+    _UNKNOWN_HOST,
 )
 #: SQLSTATEs of a server that is going away or coming back (PostgreSQL's admin_shutdown,
 #: crash_shutdown, cannot_connect_now; a database closed to connections for maintenance),
@@ -138,10 +141,12 @@ def retrying(
     passing: Callable[[BaseException], bool],
     what_to_do: str,
     url: str | None = None,
+    quiet: bool = False,
 ) -> _T:
     """``call()``, made again while it fails in a way ``passing`` says passes, for up to
     ``STORAGE_OUTAGE_S``; then :class:`Outage`, naming ``store`` and ``what_to_do``. The
-    errors quoted are redacted against ``url``."""
+    errors quoted are redacted against ``url``. The outage is said as it starts and ends,
+    unless ``quiet`` (the caller already said it waits)."""
     if store in _down.messages:
         raise Outage(_down.messages[store])
     deadline, wait, said = None, _storage_policy.STORAGE_RETRY_FIRST_S, False
@@ -153,25 +158,25 @@ def retrying(
                 raise
             now = time.monotonic()
             deadline = deadline or now + _storage_policy.STORAGE_OUTAGE_S
-            reason = redact(_reason(exc), url)
+            why = redact(reason(exc), url)
             if now >= deadline:
                 message = (
                     f"{store} has been unreachable for {_storage_policy.STORAGE_OUTAGE_S:g} s "
-                    f"({reason}): {what_to_do}"
+                    f"({why}): {what_to_do}"
                 )
                 with _down.lock:
                     _down.messages.setdefault(store, message)
                 raise Outage(_down.messages[store]) from None
-            if not said:
-                said = _say(
-                    f"{store} is unreachable ({reason}): retrying for up to "
+            if not said and not quiet:
+                said = say(
+                    f"{store} is unreachable ({why}): retrying for up to "
                     f"{_storage_policy.STORAGE_OUTAGE_S:g} s"
                 )
-            _pause(min(wait, max(0.0, deadline - now)))
+            pause(min(wait, max(0.0, deadline - now)))
             wait = min(wait * 2, _storage_policy.STORAGE_RETRY_MAX_S)
             continue
         if said:
-            _say(f"{store} is back")
+            say(f"{store} is back")
         return result
 
 
@@ -259,6 +264,24 @@ def unreachable_at_open(exc: BaseException) -> bool:
     return False
 
 
+def not_up_at_open(exc: BaseException) -> bool:
+    """Whether opening the storage failed because nothing answered: the connection refused
+    or timed out, the host unknown (a database container not yet up). Worth waiting for
+    where the user asked to; a wrong password or database name is not."""
+    from sqlalchemy import exc as sa
+
+    for e in _chain(exc):
+        if isinstance(e, (sa.OperationalError, sa.InterfaceError)):
+            orig = e.orig
+            if orig is None or type(orig).__module__.startswith("sqlite3"):
+                return False
+            text = str(orig).lower()
+            return _sqlstate(orig) is None and not any(
+                words in text for words in _REFUSED_FOR_GOOD if words != _UNKNOWN_HOST
+            )
+    return False
+
+
 def _passing_driver_error(orig: BaseException | None) -> bool:
     if orig is None:
         return False
@@ -300,7 +323,7 @@ def outage_behind(exc: BaseException) -> BaseException | None:
     return next((e for e in _chain(exc) if isinstance(e, (Outage, KeyboardInterrupt))), None)
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     """The first line of the deepest error: the driver's, not its wrappers'."""
     deepest = exc
     for e in _chain(exc):
@@ -313,13 +336,13 @@ def _reason(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(deepest).__name__
 
 
-def _say(line: str) -> bool:
+def say(line: str) -> bool:
     if _down.log is not None and threading.current_thread() is threading.main_thread():
         _down.log(line)
     return True
 
 
-def _pause(seconds: float) -> None:
+def pause(seconds: float) -> None:
     """Wait between tries: Ctrl-C ends the wait at once on the main thread (nothing is half
     written: the failed call wrote nothing)."""
     if threading.current_thread() is threading.main_thread():

@@ -10,7 +10,15 @@ import time
 
 import optuna
 import pytest
-from conftest import amp_answer, needs_postgres, postgres_database, spec
+from conftest import (
+    amp_answer,
+    needs_postgres,
+    needs_postgres_server,
+    postgres_database,
+    postgres_server,
+    run_cli,
+    spec,
+)
 from optuna.trial import TrialState
 
 import scalertune
@@ -418,3 +426,69 @@ def test_a_study_created_with_another_space_is_refused(tmp_path):
         scalertune.search(
             spec("healthy"), storage=url, n_trials=1, steps=30, device="cpu", space="bfloat16"
         )
+
+
+@needs_postgres_server
+def test_a_storage_not_up_as_a_worker_starts_is_waited_for_where_asked():
+    """A worker that opens its storage while the server is down (a restart, a database
+    container that starts beside the workers) waits for it with ``--wait-for-storage``,
+    saying so once, and opens it once the server is up: here a real server, stopped, and
+    started two seconds into the wait."""
+    import threading
+
+    from scalertune._storage import _outage
+    from scalertune._storage._open import open_storage
+
+    said = []
+    with postgres_server() as server:
+        server.stop()
+        starter = threading.Timer(2.0, server.start)
+        _outage.set_log(said.append)
+        started = time.monotonic()
+        try:
+            starter.start()
+            storage = open_storage(server.url, wait_s=60)
+        finally:
+            starter.join()
+            _outage.set_log(None)
+        waited = time.monotonic() - started
+        study = optuna.create_study(storage=storage, study_name="up")
+        assert [s.study_name for s in storage.get_all_studies()] == [study.study_name]
+    assert waited >= 2.0, waited
+    assert len(said) == 2, said
+    assert (
+        said[0].startswith(f"storage {server.url} is not up (") and "Connection refused" in said[0]
+    )
+    assert said[0].endswith("waiting for it for up to 60 s (--wait-for-storage)")
+    assert said[1] == f"storage {server.url} is up"
+
+
+def test_a_storage_never_up_within_the_wait_ends_the_search_with_status_3(tmp_path):
+    """Past ``--wait-for-storage`` the search ends in one line after the one that said it
+    waits, exit status 3 (a scheduler's retry), no password, nothing written; without the
+    flag, the same URL is refused at once, exit 2 (a wrong port is likelier)."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql://bob:hunter2@127.0.0.1:{port}/optuna"
+    started = time.monotonic()
+    ran = run_cli(
+        "search",
+        spec("healthy"),
+        "--storage",
+        url,
+        "--wait-for-storage",
+        "1.5",
+        cwd=tmp_path,
+        process=True,
+    )
+    assert time.monotonic() - started >= 1.5
+    assert ran.returncode == 3, ran.stderr
+    lines = ran.stderr.strip().splitlines()
+    shown = f"postgresql://bob:***@127.0.0.1:{port}/optuna"
+    assert len(lines) == 2 and lines[0].startswith(f"storage {shown} is not up ("), lines
+    assert lines[1].startswith(
+        f"scalertune search: storage {shown} was not up after 1.5 s of --wait-for-storage ("
+    ), lines
+    assert lines[1].endswith("check the URL, or start the server and rerun the same command")
+    assert "hunter2" not in ran.stderr + ran.stdout and not list(tmp_path.iterdir())
