@@ -983,6 +983,10 @@ def _load_command(storage, output):
         "-q",
         "-o",
         output,
+        # as a team's workers are started (docs/guides/workers.md): one that opens the study
+        # while the server restarts waits for it, where a typo'd port is said at once
+        "--wait-for-storage",
+        "60",
         *HORIZON_SEARCH,
     ]
 
