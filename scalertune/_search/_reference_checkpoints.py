@@ -12,7 +12,7 @@ signature, where one is set) and reads as a checkpoint of the step it names, wit
 it run (:mod:`scalertune._run._checkpoint_file`); a file that a run then finds was saved from
 another model is refused until it is written again. A reference that was interrupted resumes
 from the latest checkpoint that reads back whole; each damaged one is named in one line and
-passed over for the one before, or step 0. A
+passed over for the one before, or step 0, and where the run starts is said. A
 window's checkpoint that is missing or damaged when a branch needs it is rebuilt by one
 worker while the others wait: float32 trained again from its latest good checkpoint before
 that step (or from step 0), which replays the same steps (the checkpoint holds every random
@@ -135,7 +135,7 @@ class Checkpoints:
             except DamagedCheckpoint as exc:
                 if plan.checkpoint is None:  # nothing was loaded: not a file's fault
                     raise
-                self.refuse(plan.checkpoint, f"{exc}: falling back to an earlier checkpoint")
+                self.refuse(plan.checkpoint, f"{exc}: passed over")
 
     def plan(self, watcher: Watcher | None) -> Plan:
         """The reference's run to the horizon: where it saves, and the latest good checkpoint
@@ -143,8 +143,12 @@ class Checkpoints:
         fixed = {step: self._at(step) for step in self._fixed_steps()}
         slots = self._slots()
         schedule = SaveSchedule(fixed, slots=slots, every_s=_search_policy.CHECKPOINT_EVERY_S)
-        found = self._latest_good([*fixed.values(), *slots], before=self.setup.horizon)
+        found, passed = self._latest_good([*fixed.values(), *slots], before=self.setup.horizon)
         if found is None:
+            if passed:
+                self.log(
+                    "float32 reference: no checkpoint of it reads back whole: training from step 0"
+                )
             return Plan(save_at=schedule, watcher=watcher)
         step, path = found
         self.log(f"float32 reference: resuming from its checkpoint at step {step}")
@@ -193,30 +197,37 @@ class Checkpoints:
 
     def _latest_good(
         self, candidates: list[StoredCheckpoint], *, before: int
-    ) -> tuple[int, str] | None:
+    ) -> tuple[tuple[int, str] | None, bool]:
         """The latest of ``candidates`` at a step before ``before`` that reads back whole, as
-        (step, file); each damaged one is said in one line and passed over."""
-        found = []
+        (step, file), or None; and whether any was passed over. Each damaged one is said in
+        one line and passed over; one a run refused (:meth:`refuse`) was said then."""
+        found, passed = [], False
         for candidate in candidates:
             try:
                 manifest = candidate.manifest()
             except MissingEvidence as exc:
                 self.log(f"{exc}: passed over")
+                passed = True
                 continue
-            if manifest is not None and 0 < manifest["step"] < before:
+            if manifest is None:
+                continue
+            if manifest["sha256"] in self._refused:
+                passed = True
+            elif 0 < manifest["step"] < before:
                 found.append((int(manifest["step"]), candidate))
         for step, candidate in sorted(found, key=lambda f: f[0], reverse=True):
             try:
-                return step, self.fetch(candidate)
+                return (step, self.fetch(candidate)), passed
             except MissingEvidence as exc:
-                self.log(f"{exc}: falling back to an earlier checkpoint")
-        return None
+                self.log(f"{exc}: passed over")
+                passed = True
+        return None, passed
 
     def _rebuild(self, step: int, stored: StoredCheckpoint, why: str) -> None:
         """Train float32 again to ``step`` and save its checkpoint there as ``stored`` (from
         an earlier checkpoint, or one earlier still where that one does not load)."""
         while True:
-            earlier = self._latest_good(
+            earlier, _ = self._latest_good(
                 [*(self._at(s) for s in self._fixed_steps() if s < step), *self._slots()],
                 before=step,
             )
@@ -229,7 +240,7 @@ class Checkpoints:
             except DamagedCheckpoint as exc:
                 if earlier is None:
                     raise
-                self.refuse(earlier[1], f"{exc}: falling back to an earlier checkpoint")
+                self.refuse(earlier[1], f"{exc}: passed over")
             except MissingEvidence:
                 raise
             except Exception as exc:  # float32 trained this far once: whatever stops it now
