@@ -204,11 +204,11 @@ def test_a_checkpoint_planted_to_run_code_never_runs_and_the_rerun_gives_the_ans
     ((code, out, err),) = _finish(_search("study.log", tmp_path))
     assert code == 0, err
     assert not mark.exists()
-    damaged = [line for line in err.splitlines() if "is damaged" in line]
+    lines = err.splitlines()
+    damaged = [line for line in lines if "is damaged" in line]
     assert len(damaged) == 1 and "its pickle asks for more than tensors" in damaged[0]
     assert damaged[0].endswith(": passed over")
-    start = err.splitlines().index(damaged[0]) + 1
-    assert err.splitlines()[start].endswith("training from step 0"), err
+    assert lines[lines.index(damaged[0]) + 1].endswith("training from step 0"), err
     assert _answer(tmp_path / "amp.yaml") == undisturbed["answer"]
     study = _study(str(tmp_path / "study.log"))
     _nothing_failed(study)
