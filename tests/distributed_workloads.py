@@ -229,6 +229,20 @@ def plain_loop(factory, config, steps, seed=0):
     return losses, scales
 
 
+def _end_rank():
+    """The group ended by both ranks together; then out without the C++ destructors at exit,
+    where a gloo thread left behind aborts a rank now and then ("terminate called without an
+    active exception": torch alone, with no scalertune in this process; seen once in CI in
+    the plain loop, more often under the Trainer's stack) and torchrun fails the run."""
+    import sys
+
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":  # torchrun --nproc-per-node 2 THIS CONFIG_JSON STEPS OUT FACTORY...
     import json
     import sys
@@ -236,15 +250,7 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 2 THIS CONFIG_JSON STEPS
     if sys.argv[1] == "hf":  # THIS hf OUT [SCALER_JSON]: the Trainer's own train()
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         hf_own_training(*sys.argv[2:])
-        # the group Accelerate made, ended by both ranks together; then out without the C++
-        # destructors at exit, where a thread the Trainer's stack left running aborts a rank
-        # now and then ("terminate called without an active exception": torch and
-        # transformers, with no scalertune in this process) and torchrun fails the run
-        dist.barrier()
-        dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _end_rank()  # the group Accelerate made
     dist.init_process_group("gloo")
     config_json, steps, out, *names = sys.argv[1:]
     runs = {
@@ -259,7 +265,7 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 2 THIS CONFIG_JSON STEPS
                 },
                 f,
             )
-    dist.destroy_process_group()
+    _end_rank()
 
 
 def ddp_rank_killed():
