@@ -229,13 +229,12 @@ def plain_loop(factory, config, steps, seed=0):
     return losses, scales
 
 
-def _end_rank():
+def end_rank():
     """The group ended by both ranks together; then out without the C++ destructors at exit,
     where a gloo thread left behind aborts a rank now and then ("terminate called without an
     active exception": torch alone, with no scalertune in this process; seen once in CI in
-    the plain loop, more often under the Trainer's stack) and torchrun fails the run."""
-    import sys
-
+    the plain loop, more often under the Trainer's stack) and torchrun fails the run. How
+    every script of these tests that torchrun launches ends."""
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
@@ -250,7 +249,7 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 2 THIS CONFIG_JSON STEPS
     if sys.argv[1] == "hf":  # THIS hf OUT [SCALER_JSON]: the Trainer's own train()
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         hf_own_training(*sys.argv[2:])
-        _end_rank()  # the group Accelerate made
+        end_rank()  # the group Accelerate made
     dist.init_process_group("gloo")
     config_json, steps, out, *names = sys.argv[1:]
     runs = {
@@ -265,7 +264,7 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 2 THIS CONFIG_JSON STEPS
                 },
                 f,
             )
-    _end_rank()
+    end_rank()
 
 
 def ddp_rank_killed():

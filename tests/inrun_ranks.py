@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import distributed_workloads  # noqa: E402
 import late_workloads  # noqa: E402
 
 from scalertune import AmpCheckWarning, AmpConfig, AmpRuntime  # noqa: E402
@@ -83,11 +84,4 @@ if __name__ == "__main__":
     found["fsdp2"] = fsdp2()
     with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(found, f)
-    # both ranks end the group together, then leave without C++ destructors at exit, where
-    # a thread torch's CPU collectives left running aborts a rank now and then ("terminate
-    # called without an active exception") and torchrun fails the run
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    distributed_workloads.end_rank()

@@ -209,11 +209,11 @@ class Checkpoints:
                 self.log(f"{exc}: passed over")
                 passed = True
                 continue
-            if manifest is None:
+            if manifest is None or not 0 < manifest["step"] < before:
                 continue
             if manifest["sha256"] in self._refused:
                 passed = True
-            elif 0 < manifest["step"] < before:
+            else:
                 found.append((int(manifest["step"]), candidate))
         for step, candidate in sorted(found, key=lambda f: f[0], reverse=True):
             try:

@@ -72,20 +72,32 @@ def _trials(url):
         return []
 
 
+#: The trials a worker is killed in the middle of.
+KILLED_ROLES = ("search", "baseline")
+
+
 def _worker_pid(trial):
     pid = str(trial.user_attrs.get("worker", "")).rpartition(":")[2]
     return int(pid) if pid.isdigit() else None
+
+
+def _cut_off(trial, pid):
+    """Whether ``trial`` is one the killed worker ``pid`` did not finish: still RUNNING, or
+    failed with no error of its own (by another worker that saw the process gone)."""
+    unfinished = trial.state == TrialState.RUNNING or (
+        trial.state == TrialState.FAIL and not {"error", "missing"} & set(trial.user_attrs)
+    )
+    return unfinished and _worker_pid(trial) == pid and trial.user_attrs.get("role") in KILLED_ROLES
 
 
 def _kill_one_mid_trial(url, workers):
     """SIGKILL a worker while it runs a baseline or sampled trial; return that trial and the
     pids killed.
 
-    The trial cut off is read back after the kill: one seen RUNNING may have finished in the
-    moment between the read and the signal (a loaded CI machine took that long once). The one
-    cut off is the dead worker's that did not finish: still RUNNING, or already failed, with no
-    error of its own, by another worker that saw its process gone. A worker that was between
-    such trials is dead too; then another one is killed."""
+    The trial cut off is read back after the kill (:func:`_cut_off`): one seen RUNNING may
+    have finished in the moment between the read and the signal (a loaded CI machine took
+    that long once). A worker that was between such trials is dead too; then another one is
+    killed."""
     pids = {w.pid: w for w in workers}
     killed = []
     deadline = time.time() + 180
@@ -95,25 +107,13 @@ def _kill_one_mid_trial(url, workers):
             if (
                 trial.state == TrialState.RUNNING
                 and pid in pids
-                and trial.user_attrs.get("role") in ("search", "baseline")
+                and trial.user_attrs.get("role") in KILLED_ROLES
             ):
                 victim = pids.pop(pid)
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
                 killed.append(pid)
-                cut = [
-                    t.number
-                    for t in _trials(url)
-                    if _worker_pid(t) == pid
-                    and (
-                        t.state == TrialState.RUNNING
-                        or (
-                            t.state == TrialState.FAIL
-                            and not {"error", "missing"} & set(t.user_attrs)
-                        )
-                    )
-                    and t.user_attrs.get("role") in ("search", "baseline")
-                ]
+                cut = [t.number for t in _trials(url) if _cut_off(t, pid)]
                 if cut:
                     return max(cut), killed
                 break
