@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from scalertune._amp import _float8
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._islands import apply_islands
 from scalertune._errors import UsageError
@@ -36,20 +37,47 @@ class Forward:
         self.configure(config)
 
     def configure(self, config: AmpConfig) -> None:
-        """Train under ``config`` from now on: its dtype, and its islands on every model
-        prepared so far (a model keeps the islands it has; they are only ever added)."""
+        """Train under ``config`` from now on: its dtype (float8's recipe, or out of float8),
+        and its islands on every model prepared so far (a model keeps the islands it has;
+        they are only ever added)."""
         self.config = config
         self.islands = config.fp32_modules
-        self._dtype = getattr(torch, config.dtype)
-        self._float32 = config.dtype == "float32"
+        self._dtype = getattr(torch, config.autocast_dtype)
+        self._float32 = config.autocast_dtype == "float32"
+        self._float8 = (
+            _float8.linear_settings(config, device=self.device) if config.float8 else None
+        )
         for model in list(self._prepared):
             apply_islands(model, self.islands, self.device.type)
-        #: The context :meth:`AmpRuntime.train_step` enters on every step, made once: it is
-        #: entered and left in turn, never nested, and making one costs more than entering it.
+        #: The context :meth:`AmpRuntime.loss` enters on every step, made once: it is entered
+        #: and left in turn, never nested, and making one costs more than entering it. Until a
+        #: model is prepared, a config that needs :meth:`prepare` refuses to run instead.
         self.reused: contextlib.AbstractContextManager[Any] = (
+            _Unprepared(self) if self._needs_prepare() else self._context()
+        )
+
+    def _context(self) -> contextlib.AbstractContextManager[Any]:
+        around: contextlib.AbstractContextManager[Any] = (
             contextlib.nullcontext()
             if self._float32
             else torch.autocast(self.device.type, dtype=self._dtype)
+        )
+        if self._float8 is not None:
+            return _float8.Float8Context(self._float8, around)
+        return around
+
+    def _needs_prepare(self) -> bool:
+        return bool(self.islands or self.config.float8) and not self._prepared
+
+    def unprepared(self) -> UsageError:
+        """The one line for a config whose model must be prepared first."""
+        what = (
+            "trains its Linear layers in float8"
+            if self.config.float8
+            else f"keeps {', '.join(self.islands)} in float32 (fp32_modules)"
+        )
+        return UsageError(
+            f"this config {what}: call model = amp.prepare(model) once before training"
         )
 
     @property
@@ -58,22 +86,18 @@ class Forward:
         return list(self._prepared)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self._float32 or self._float32_now:
+        if self._float32_now or self.config.dtype == "float32":
             return contextlib.nullcontext()
-        if self.islands and not self._prepared:
-            raise UsageError(
-                f"this config keeps {', '.join(self.islands)} in float32 "
-                "(fp32_modules): call model = amp.prepare(model) once before "
-                "training"
-            )
-        return torch.autocast(self.device.type, dtype=self._dtype)
+        if self._needs_prepare():
+            raise self.unprepared()
+        return self._context()
 
     @contextlib.contextmanager
     def float32(self) -> Iterator[None]:
         """No autocast inside, whoever asks for it (a framework's forward included)."""
         before, self._float32_now = self._float32_now, True
         try:
-            with torch.autocast(self.device.type, enabled=False):
+            with torch.autocast(self.device.type, enabled=False), _float8.high_precision():
                 yield
         finally:
             self._float32_now = before
@@ -83,10 +107,28 @@ class Forward:
             check, self._model_check = self._model_check, None
             check(model)
         if model not in self._prepared:
+            if self.config.float8:
+                _float8.convert(model, self.config, device=self.device)
             if self.islands:
                 apply_islands(model, self.islands, self.device.type)
             self._prepared.add(model)
+            self.reused = self._context()
         return model
+
+
+class _Unprepared(contextlib.AbstractContextManager[Any]):
+    """The step's context before :meth:`Forward.prepare` has run for a config that needs it
+    (:meth:`Forward.prepare` replaces it): one line, not a run trained without its float8 or
+    islands."""
+
+    def __init__(self, forward: Forward) -> None:
+        self.forward = forward
+
+    def __enter__(self) -> Any:
+        raise self.forward.unprepared()
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 class Clip:

@@ -12,8 +12,28 @@ from scalertune._errors import UsageError
 from scalertune._limits import FLOAT32_MAX
 from scalertune._text import shown
 
-#: What ``dtype`` may name. float32 means "no autocast, no scaler": the reference.
+#: What ``dtype`` may name. float32 means "no autocast, no scaler": the reference. float8 is
+#: torchao's float8 training of the Linear layers (see :mod:`scalertune._amp._float8`); it is
+#: not among :data:`DTYPES`, the choices a study without float8 records, so that the studies
+#: made before it still resume with the same ``dtype`` distribution.
 DTYPES = ("float16", "bfloat16", "float32")
+ALL_DTYPES = (*DTYPES, "float8")
+
+#: torchao's float8 recipes, fastest first: one scale per tensor; one per row (an outlier
+#: spoils its own row only); one per row with the weight gradient computed in high precision.
+FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+
+#: The precision around the float8 matmuls: bfloat16 autocast, or none (float32).
+FLOAT8_AROUND = ("float32", "bfloat16")
+
+#: The float8 knobs, by their flat names here (the YAML nests them in a ``float8`` block),
+#: with torchao's defaults: what every config that is not float8 holds.
+FLOAT8_DEFAULTS: dict[str, Any] = {
+    "float8_recipe": "tensorwise",
+    "float8_around": "float32",
+    "float8_round_scales": None,
+}
+FLOAT8_KNOBS = tuple(FLOAT8_DEFAULTS)
 
 #: GradScaler counts finite steps towards ``growth_interval`` in an int32 tensor.
 MAX_GROWTH_INTERVAL = 2**31 - 1
@@ -46,6 +66,17 @@ class AmpConfig:
             exceed float16's range in the forward pass, where no loss scale can help. An entry
             may be a glob pattern over those names (``*.DenseReluDense.wo``: every T5
             feed-forward output layer); a comma-separated string is split. Empty by default.
+            Under float8 an island is also kept out of float8: the Linear layers that float8
+            would spoil run in float32.
+        float8_recipe: float8 only: torchao's recipe, ``"tensorwise"`` (torchao's default, the
+            fastest: one scale per tensor, so one massive value flushes the rest of its tensor
+            towards zero), ``"rowwise"`` (one scale per row) or ``"rowwise_with_gw_hp"`` (per
+            row, the weight gradient in high precision; with ``float8_around`` float32 only).
+        float8_around: float8 only: the precision of everything outside the float8 matmuls,
+            ``"float32"`` (the default: no autocast) or ``"bfloat16"`` (bfloat16 autocast).
+        float8_round_scales: float8 only: round each float8 scale down to a power of two
+            (exact to apply, a little less range used); ``None`` (the default) keeps the
+            recipe's own choice (off for tensorwise, on for the rowwise recipes).
 
     Raises:
         UsageError: An unknown ``dtype``, or a knob out of its range (the message names it
@@ -59,6 +90,8 @@ class AmpConfig:
         True
         >>> AmpConfig(fp32_modules="encoder.*.wo, lm_head").fp32_modules
         ('encoder.*.wo', 'lm_head')
+        >>> AmpConfig(dtype="float8", float8_recipe="rowwise").to_dict()["float8"]
+        {'recipe': 'rowwise', 'around': 'float32', 'round_scales_to_power_of_2': None}
     """
 
     dtype: str = "float16"
@@ -68,11 +101,15 @@ class AmpConfig:
     growth_interval: int = 2000
     clip_norm: float | None = None
     fp32_modules: tuple[str, ...] = ()
+    float8_recipe: str = "tensorwise"
+    float8_around: str = "float32"
+    float8_round_scales: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fp32_modules", parse_islands(self.fp32_modules))
-        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
-            raise UsageError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if not isinstance(self.dtype, str) or self.dtype not in ALL_DTYPES:
+            raise UsageError(f"unknown dtype {self.dtype!r}: use one of {', '.join(ALL_DTYPES)}")
+        _check_float8(self)
         if not all(isinstance(name, str) and name for name in self.fp32_modules):
             raise UsageError(f"fp32_modules must be module names, got {self.fp32_modules!r}")
         _check("init_scale", self.init_scale, "> 0 and finite", lambda v: v > 0)
@@ -92,11 +129,43 @@ class AmpConfig:
             # alike compare equal (a study never trains the same config twice).
             for knob in SCALER_KNOBS:
                 object.__setattr__(self, knob, getattr(_DEFAULTS, knob))
+        if not self.float8:
+            for knob, default in FLOAT8_DEFAULTS.items():
+                object.__setattr__(self, knob, default)
 
     @property
     def uses_scaler(self) -> bool:
-        """Whether a GradScaler is active (float16 only)."""
+        """Whether a GradScaler is active (float16 only: torchao's float8 scales each tensor
+        itself, from its own largest value, at every matmul)."""
         return self.dtype == "float16"
+
+    @property
+    def float8(self) -> bool:
+        """Whether the Linear layers train in float8 (torchao's float8 training)."""
+        return self.dtype == "float8"
+
+    @property
+    def autocast_dtype(self) -> str:
+        """The dtype autocast runs in around the matmuls: float8's ``float8_around``, or the
+        config's own dtype (``"float32"``: no autocast)."""
+        return self.float8_around if self.float8 else self.dtype
+
+    def float8_block(self) -> dict[str, Any]:
+        """The YAML's ``float8`` block.
+
+        Returns:
+            ``recipe``, ``around`` and ``round_scales_to_power_of_2`` (``None``: the recipe's).
+
+        Example:
+            >>> from scalertune import AmpConfig
+            >>> AmpConfig(dtype="float8", float8_around="bfloat16").float8_block()["around"]
+            'bfloat16'
+        """
+        return {
+            "recipe": self.float8_recipe,
+            "around": self.float8_around,
+            "round_scales_to_power_of_2": self.float8_round_scales,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, in a stable key order: what the YAML file and Optuna store.
@@ -121,9 +190,11 @@ class AmpConfig:
             else {}
         )
         islands = {"fp32_modules": list(self.fp32_modules)} if self.fp32_modules else {}
+        float8 = {"float8": self.float8_block()} if self.float8 else {}
         return {
             "dtype": self.dtype,
             **scaler,
+            **float8,
             "clip_norm": None if self.clip_norm is None else float(self.clip_norm),
             **islands,
         }
@@ -168,6 +239,7 @@ class AmpConfig:
         """
         changed = int(self.dtype != _DEFAULTS.dtype) + int(self.clip_norm != clip_norm)
         changed += sum(int(getattr(self, k) != getattr(_DEFAULTS, k)) for k in SCALER_KNOBS)
+        changed += sum(int(getattr(self, k) != getattr(_DEFAULTS, k)) for k in FLOAT8_KNOBS)
         return changed + int(bool(self.fp32_modules))
 
     @classmethod
@@ -200,7 +272,11 @@ class AmpConfig:
             raise UsageError(f"an AMP config must be a mapping, got {type(data).__name__}")
         if "fp16" in data:
             return DeepSpeedFp16Config.from_dict(data)
-        known = {f.name for f in dataclasses.fields(AmpConfig)}
+        if "float8" in data:
+            data = {**{k: v for k, v in data.items() if k != "float8"}, **_float8_knobs(data)}
+        known = {f.name for f in dataclasses.fields(AmpConfig)} - set(FLOAT8_KNOBS) | {"float8"}
+        if any(k in data for k in FLOAT8_KNOBS):
+            known |= set(FLOAT8_KNOBS)
         unknown = sorted(set(data) - known)
         if unknown:
             raise UsageError(
@@ -225,6 +301,12 @@ class AmpConfig:
         clip = "no clip" if self.clip_norm is None else f"clip {self.clip_norm:.3g}"
         if self.fp32_modules:
             clip += f", float32: {','.join(self.fp32_modules)}"
+        if self.float8:
+            rounding = {True: ", scales 2**n", False: ", scales exact", None: ""}
+            return (
+                f"float8 {self.float8_recipe}{rounding[self.float8_round_scales]} in "
+                f"{self.float8_around}, {clip}"
+            )
         if not self.uses_scaler:
             return f"{self.dtype}, {clip}"
         return (
@@ -234,6 +316,51 @@ class AmpConfig:
 
 
 SCALER_KNOBS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+_FLOAT8_BLOCK = {
+    "recipe": "float8_recipe",
+    "around": "float8_around",
+    "round_scales_to_power_of_2": "float8_round_scales",
+}
+
+
+def _float8_knobs(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's ``float8`` block as the flat knobs :class:`AmpConfig` holds."""
+    block = data["float8"]
+    if data.get("dtype", "float16") != "float8":
+        raise UsageError(f"a float8 block belongs to dtype float8, got dtype {data['dtype']!r}")
+    if not isinstance(block, Mapping):
+        raise UsageError(f"the config's float8 block must be a mapping, got {shown(block)}")
+    unknown = sorted(map(str, set(block) - set(_FLOAT8_BLOCK)))
+    if unknown:
+        raise UsageError(
+            f"the float8 block has unknown key(s) {', '.join(unknown)}: use "
+            f"{', '.join(_FLOAT8_BLOCK)}"
+        )
+    return {_FLOAT8_BLOCK[k]: v for k, v in block.items()}
+
+
+def _check_float8(config: AmpConfig) -> None:
+    if not isinstance(config.float8_recipe, str) or config.float8_recipe not in FLOAT8_RECIPES:
+        raise UsageError(
+            f"float8 recipe must be one of {', '.join(FLOAT8_RECIPES)}, got "
+            f"{shown(config.float8_recipe)}"
+        )
+    if not isinstance(config.float8_around, str) or config.float8_around not in FLOAT8_AROUND:
+        raise UsageError(
+            f"float8 'around' must be one of {', '.join(FLOAT8_AROUND)}, got "
+            f"{shown(config.float8_around)}"
+        )
+    if config.float8_round_scales not in (None, True, False):
+        raise UsageError(
+            "float8 round_scales_to_power_of_2 must be true, false or null (the recipe's), got "
+            f"{shown(config.float8_round_scales)}"
+        )
+    if config.float8_recipe == "rowwise_with_gw_hp" and config.float8_around != "float32":
+        raise UsageError(
+            "float8 recipe rowwise_with_gw_hp computes the weight gradient in float32, which "
+            "torchao cannot mix with bfloat16 autocast: use around float32 with it"
+        )
 
 
 def parse_islands(islands: object) -> tuple[str, ...]:
@@ -269,6 +396,10 @@ SEED_ARTICLE_FIX = AmpConfig(init_scale=4096.0)
 BASELINES = {"pytorch-default": PYTORCH_DEFAULT, "init-scale-4096": SEED_ARTICLE_FIX}
 
 FLOAT32 = AmpConfig(dtype="float32")
+
+#: torchao's own float8 defaults: ``convert_to_float8_training(model)`` on a float32 model,
+#: every Linear layer in float8 with one scale per tensor.
+TORCHAO_DEFAULT = AmpConfig(dtype="float8")
 
 #: DeepSpeed's own values for the keys of a config's ``fp16`` block that drive its dynamic
 #: loss scaler (``deepspeed/runtime/precision_config.py``): what a block without them gets.

@@ -61,6 +61,12 @@ def is_island(module: torch.nn.Module) -> bool:
 _ACTIVE = threading.local()
 
 
+def in_island() -> bool:
+    """Whether a float32 island is running now, in this thread (a float8 layer inside one runs
+    without float8)."""
+    return bool(getattr(_ACTIVE, "contexts", None))
+
+
 class _Float32Island:
     """The forward pre-hook and hook that run one module with autocast off.
 

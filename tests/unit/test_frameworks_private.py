@@ -20,13 +20,13 @@ import trainers
 from torch import nn
 
 import scalertune
+from scalertune import _releases
 from scalertune._amp._config import DeepSpeedFp16Config
 from scalertune._frameworks import (
     _accelerate_private,
     _deepspeed,
     _deepspeed_private,
     _lightning_private,
-    _releases,
     _transformers_private,
 )
 

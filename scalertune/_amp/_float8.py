@@ -1,0 +1,187 @@
+"""float8 training of a model's Linear layers, through torchao, with a way back out.
+
+float8's e4m3 keeps 3 significant bits and a range of about 448 down to ``2**-9``, so every
+matmul input is scaled first, from its own largest magnitude (*amax*): ``x * 448 / amax``
+fills the range. The recipe decides over what the amax is taken: the whole tensor
+(``tensorwise``, torchao's default and the fastest), each row (``rowwise``), or each row with
+the weight gradient computed in high precision (``rowwise_with_gw_hp``). One massive value in
+a tensor (an attention-sink token, an outlier channel grown late in training) sets a
+tensorwise scale so small that every ordinary value of the tensor falls below ``2**-9`` and
+flushes to zero: the layer then sees almost nothing of its input. Per row, only that row
+suffers. Gradients go to e5m2 (2 bits, a wider range), scaled the same way.
+
+A converted layer is torchao's ``Float8Linear`` (its class here is a subclass of it, made
+when float8 is first used), with the same parameters, so the optimizer built on the model
+still holds them. It computes in float8 only inside a float8 runtime's forward
+(:class:`Float8Context`, which carries the recipe), and otherwise as a plain Linear layer:
+
+- in the in-run check's float32 forward (:func:`high_precision`);
+- in a float32 island (the island's own hooks: an island is out of float8 too);
+- once the runtime left float8 (the in-run check moved the run to bfloat16 or float32), and
+  under another runtime on the same model (the step timing interleaves dtypes on one model).
+
+Layers whose sizes are not multiples of 16 are left out (float8 matmul kernels need them),
+and said once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from scalertune._amp import _torchao_private as torchao
+from scalertune._amp._islands import in_island, unwrapped
+
+#: float8 matmuls (``torch._scaled_mm``) need both sizes of a weight to be multiples of this.
+FLOAT8_MULTIPLE = 16
+
+#: CUDA devices from this compute capability have float8 tensor cores (Ada, Hopper, Blackwell).
+FLOAT8_CAPABILITY = (8, 9)
+
+LOGGER = logging.getLogger("scalertune")
+
+_STATE = threading.local()
+
+
+def native(device: torch.device) -> bool:
+    """Whether ``device`` runs float8 matmuls natively; elsewhere torchao emulates them (the
+    numerics are float8's, the speed is not)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= FLOAT8_CAPABILITY
+
+
+@contextlib.contextmanager
+def high_precision() -> Iterator[None]:
+    """No float8 inside: every converted layer runs a plain ``F.linear`` (the in-run check's
+    float32 forward)."""
+    before = getattr(_STATE, "depth", 0)
+    _STATE.depth = before + 1
+    try:
+        yield
+    finally:
+        _STATE.depth = before
+
+
+def _active() -> Any:
+    """The torchao config of the float8 forward running now in this thread; ``None`` when
+    the layers must compute without float8."""
+    if getattr(_STATE, "depth", 0) > 0 or in_island():
+        return None
+    return getattr(_STATE, "active", None)
+
+
+class Float8Context(contextlib.AbstractContextManager[None]):
+    """A float8 runtime's forward: the float8 layers compute in float8 with ``config``'s recipe
+    inside, within ``around`` (bfloat16 autocast, or none). Made once and entered on every
+    step, never nested."""
+
+    def __init__(self, settings: Any, around: contextlib.AbstractContextManager[Any]) -> None:
+        self.settings = settings
+        self.around = around
+        self._before: list[Any] = []
+
+    def __enter__(self) -> None:
+        self._before.append(getattr(_STATE, "active", None))
+        _STATE.active = self.settings
+        self.around.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.around.__exit__(*exc)
+        finally:
+            _STATE.active = self._before.pop()
+
+
+def convert(model: torch.nn.Module, config: Any, *, device: torch.device) -> list[str]:
+    """Make every Linear layer of ``model`` whose sizes float8 takes a float8 layer of
+    ``config`` (an :class:`~scalertune.AmpConfig` with ``dtype="float8"``), in place.
+
+    Returns:
+        The names of the Linear layers left out for their sizes (said once, in one line).
+    """
+    cls = float8_class()
+    settings = linear_settings(config, device=device)
+    inner = unwrapped(model)
+    left_out = []
+    for name, module in list(inner.named_modules()):
+        if type(module) is not torch.nn.Linear:
+            continue
+        if module.in_features % FLOAT8_MULTIPLE or module.out_features % FLOAT8_MULTIPLE:
+            left_out.append(name)
+            continue
+        _replace(inner, name, cls.from_float(module, config=settings))
+    if left_out:
+        _say_once(
+            f"float8: {', '.join(left_out)} left out of float8 (their sizes are not multiples "
+            f"of {FLOAT8_MULTIPLE}, which float8 matmuls need); "
+            f"{'they run' if len(left_out) > 1 else 'it runs'} in the precision around float8"
+        )
+    return left_out
+
+
+def linear_settings(config: Any, *, device: torch.device) -> Any:
+    """torchao's ``Float8LinearConfig`` for ``config``'s recipe and scale rounding, emulated
+    where ``device`` has no float8 matmuls."""
+    return torchao.linear_config(
+        config.float8_recipe, round_scales=config.float8_round_scales, emulate=not native(device)
+    )
+
+
+def float8_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The float8 layers of ``model`` that :func:`convert` made."""
+    if "_Float8" not in _CLASSES:
+        return []
+    cls = _CLASSES["_Float8"]
+    return [m for m in unwrapped(model).modules() if isinstance(m, cls)]
+
+
+def _replace(root: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, child, module)
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    if line not in _SAID:
+        _SAID.add(line)
+        LOGGER.warning(line)
+
+
+_CLASSES: dict[str, type[Any]] = {}
+
+
+def float8_class() -> type[Any]:
+    """The float8 layer class (torchao's ``Float8Linear`` with a way out), made once: torchao
+    is imported only when float8 is used."""
+    if "_Float8" not in _CLASSES:
+        base = torchao.float8_linear_class()
+
+        class _Float8(base):  # type: ignore[misc, valid-type]
+            """torchao's ``Float8Linear`` inside a :class:`Float8Context`, a plain Linear
+            layer elsewhere."""
+
+            def forward(self, input: torch.Tensor) -> torch.Tensor:
+                settings = _active()
+                if settings is None:
+                    return torch.nn.functional.linear(input, self.weight, self.bias)
+                if self.config is not settings:  # another recipe from this step on
+                    torchao.set_module_config(self, settings)
+                return super().forward(input)  # type: ignore[no-any-return]
+
+        _Float8.__module__ = __name__
+        _Float8.__qualname__ = _Float8.__name__ = "_Float8"
+        _CLASSES["_Float8"] = _Float8
+    return _CLASSES["_Float8"]
+
+
+def __getattr__(name: str) -> Any:
+    """``_Float8`` by name, so that a pickled or deep-copied float8 model finds its class."""
+    if name == "_Float8":
+        return float8_class()
+    raise AttributeError(name)
