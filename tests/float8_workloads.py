@@ -15,6 +15,7 @@ weight: 0 for the massive row).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -38,14 +39,17 @@ def _weighted_mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def _model() -> nn.Module:
     return nn.Sequential(
-        nn.Linear(FEATURES, HIDDEN), nn.ReLU(),
-        nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-        nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+        nn.Linear(FEATURES, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
         nn.Linear(HIDDEN, 1),
     )
 
 
-def _batches(steps: int, massive: "callable") -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(steps: int, massive: Callable[[int], float]) -> list[tuple[torch.Tensor, ...]]:
     generator = torch.Generator().manual_seed(1234)
     teacher = torch.randn(FEATURES - 1, 1, generator=generator) / (FEATURES - 1) ** 0.5
     batches = []
@@ -62,7 +66,8 @@ def _batches(steps: int, massive: "callable") -> list[tuple[torch.Tensor, torch.
     return batches
 
 
-def _workload(steps: int, massive: "callable") -> dict:
+def workload(steps: int, massive: Callable[[int], float]) -> dict:
+    """``steps`` batches whose massive value at each step is ``massive(step)``."""
     model = _model()
     return {
         "model": model,
@@ -74,9 +79,9 @@ def _workload(steps: int, massive: "callable") -> dict:
 
 def make_model() -> dict:
     """The massive value from the first step."""
-    return _workload(GROWING_STEPS, lambda step: MASSIVE)
+    return workload(GROWING_STEPS, lambda step: MASSIVE)
 
 
 def make_growing() -> dict:
     """The massive value growing from 1 to ``MASSIVE`` over ``GROWING_STEPS`` steps."""
-    return _workload(GROWING_STEPS, lambda step: MASSIVE ** (step / (GROWING_STEPS - 1)))
+    return workload(GROWING_STEPS, lambda step: MASSIVE ** (step / (GROWING_STEPS - 1)))

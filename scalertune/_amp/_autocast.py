@@ -93,6 +93,23 @@ class Forward:
         return self._context()
 
     @contextlib.contextmanager
+    def trying(self, config: AmpConfig) -> Iterator[None]:
+        """The forward of ``config`` inside (another float8 recipe, bfloat16), this one's
+        again after: the in-run check's pass of a config it may move to. Its islands are not
+        applied (they are hooks on the modules, only ever added)."""
+        saved = self.config, self._dtype, self._float32, self._float8, self.reused
+        self.config = config
+        self._dtype = getattr(torch, config.autocast_dtype)
+        self._float32 = config.autocast_dtype == "float32"
+        self._float8 = (
+            _float8.linear_settings(config, device=self.device) if config.float8 else None
+        )
+        try:
+            yield
+        finally:
+            self.config, self._dtype, self._float32, self._float8, self.reused = saved
+
+    @contextlib.contextmanager
     def float32(self) -> Iterator[None]:
         """No autocast inside, whoever asks for it (a framework's forward included)."""
         before, self._float32_now = self._float32_now, True

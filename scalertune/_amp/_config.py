@@ -600,15 +600,22 @@ DEEPSPEED_BASELINES = {
 
 
 def baselines(deepspeed: bool) -> dict[str, AmpConfig]:
-    """The baselines of a study, by name: PyTorch's, or DeepSpeed's for a DeepSpeed workload;
-    the framework's defaults first, the seed article's scale second."""
+    """The float16 baselines of a study, by name: PyTorch's, or DeepSpeed's for a DeepSpeed
+    workload; the framework's defaults first, the seed article's scale second."""
     return dict(DEEPSPEED_BASELINES if deepspeed else BASELINES)
 
 
-#: The baselines that are a framework's own defaults (PyTorch's GradScaler, DeepSpeed's fp16).
-DEFAULTS_BASELINES = ("pytorch-default", "deepspeed-default")
+#: The baseline of a space that searches float8: torchao's own defaults.
+FLOAT8_BASELINES = {"torchao-default": TORCHAO_DEFAULT}
+
+#: The baselines that are a framework's own defaults (PyTorch's GradScaler, DeepSpeed's fp16,
+#: torchao's float8 training), in the order the summary prefers them.
+DEFAULTS_BASELINES = ("pytorch-default", "deepspeed-default", "torchao-default")
 
 
-def defaults_words(deepspeed: bool) -> str:
-    """How the summary names the framework's defaults."""
+def defaults_words(deepspeed: bool, *, name: str | None = None) -> str:
+    """How the summary names the framework's defaults (those of baseline ``name``, where
+    given)."""
+    if name == "torchao-default":
+        return "torchao's float8 defaults"
     return "DeepSpeed's defaults" if deepspeed else "PyTorch's defaults"

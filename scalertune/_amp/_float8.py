@@ -27,8 +27,8 @@ and said once.
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,7 +43,6 @@ FLOAT8_MULTIPLE = 16
 #: CUDA devices from this compute capability have float8 tensor cores (Ada, Hopper, Blackwell).
 FLOAT8_CAPABILITY = (8, 9)
 
-LOGGER = logging.getLogger("scalertune")
 
 _STATE = threading.local()
 
@@ -106,21 +105,32 @@ def convert(model: torch.nn.Module, config: Any, *, device: torch.device) -> lis
     cls = float8_class()
     settings = linear_settings(config, device=device)
     inner = unwrapped(model)
-    left_out = []
+    out = left_out(inner)
     for name, module in list(inner.named_modules()):
-        if type(module) is not torch.nn.Linear:
-            continue
-        if module.in_features % FLOAT8_MULTIPLE or module.out_features % FLOAT8_MULTIPLE:
-            left_out.append(name)
-            continue
-        _replace(inner, name, cls.from_float(module, config=settings))
-    if left_out:
-        _say_once(
-            f"float8: {', '.join(left_out)} left out of float8 (their sizes are not multiples "
-            f"of {FLOAT8_MULTIPLE}, which float8 matmuls need); "
-            f"{'they run' if len(left_out) > 1 else 'it runs'} in the precision around float8"
-        )
-    return left_out
+        if type(module) is torch.nn.Linear and name not in out:
+            _replace(inner, name, cls.from_float(module, config=settings))
+    if out:
+        _say_once(left_out_line(out))
+    return out
+
+
+def left_out(model: torch.nn.Module) -> list[str]:
+    """The Linear layers of ``model`` whose sizes float8 matmuls cannot take."""
+    return [
+        name
+        for name, module in unwrapped(model).named_modules()
+        if type(module) is torch.nn.Linear
+        and (module.in_features % FLOAT8_MULTIPLE or module.out_features % FLOAT8_MULTIPLE)
+    ]
+
+
+def left_out_line(names: list[str] | tuple[str, ...]) -> str:
+    """The one line that says which Linear layers stay out of float8, and why."""
+    return (
+        f"float8: {', '.join(names)} left out of float8 (sizes not multiples of "
+        f"{FLOAT8_MULTIPLE}, which float8 matmuls need); "
+        f"{'they run' if len(names) > 1 else 'it runs'} in the precision around float8"
+    )
 
 
 def linear_settings(config: Any, *, device: torch.device) -> Any:
@@ -150,7 +160,7 @@ _SAID: set[str] = set()
 def _say_once(line: str) -> None:
     if line not in _SAID:
         _SAID.add(line)
-        LOGGER.warning(line)
+        warnings.warn(line, UserWarning, stacklevel=4)
 
 
 _CLASSES: dict[str, type[Any]] = {}

@@ -468,6 +468,27 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         """
         return self._forward.float32()
 
+    def trying(self, config: AmpConfig) -> contextlib.AbstractContextManager[None]:
+        """A context whose :meth:`autocast` is ``config``'s (its dtype, its float8 recipe).
+
+        The in-run check's pass of a config it may move the run to; this config's again after.
+
+        Args:
+            config: The config whose forward to run inside.
+
+        Returns:
+            The context manager.
+
+        Example:
+            >>> import torch, scalertune
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(), device="cpu")
+            >>> with amp.trying(scalertune.AmpConfig(dtype="bfloat16")), amp.autocast():
+            ...     torch.ones(2, 2) @ torch.ones(2, 2)
+            tensor([[2., 2.],
+                    [2., 2.]], dtype=torch.bfloat16)
+        """
+        return self._forward.trying(config)
+
     def reconfigure(self, config: AmpConfig, *, scale: float | None = None) -> None:
         """Train under ``config`` from the next step on (the in-run check's action).
 

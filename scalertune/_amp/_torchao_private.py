@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import importlib
 import io
+import logging
 from types import ModuleType
 from typing import Any
 
@@ -51,8 +52,9 @@ MODULE_CONFIG = {
 def torchao_float8() -> tuple[ModuleType, ModuleType]:
     """``torchao.float8`` and ``torchao.float8.float8_linear``, imported once.
 
-    torchao prints a line for each CUDA kernel library it cannot load (all of them on a CPU):
-    kept off the user's terminal.
+    torchao prints a line for each CUDA kernel library it cannot load (all of them on a CPU),
+    and torch logs a deprecation of how torchao registers an enum: both kept off the user's
+    terminal.
 
     Raises:
         UsageError: torchao is missing, outside :data:`RELEASES`, or lacks a name of
@@ -64,8 +66,13 @@ def torchao_float8() -> tuple[ModuleType, ModuleType]:
             f"'scalertune[float8]' (or '{RELEASES.requirement}')"
         )
     RELEASES.check()
-    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-        modules = tuple(importlib.import_module(name) for name in NAMES)
+    pytree = logging.getLogger("torch.utils._pytree")
+    disabled, pytree.disabled = pytree.disabled, True
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            modules = tuple(importlib.import_module(name) for name in NAMES)
+    finally:
+        pytree.disabled = disabled
     missing = [
         f"{module.__name__}.{name}"
         for module, names in zip(modules, NAMES.values())

@@ -10,14 +10,14 @@ from typing import Any
 
 from scalertune import _policy
 from scalertune._amp._check import CheckPolicy
-from scalertune._amp._config import AmpConfig
+from scalertune._amp._config import FLOAT8_RECIPES, AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._amp._watch import ScalerPrediction, Watch
 from scalertune._inrun._culprits import ISLAND_CLOSES, island_for, overflow_islands
 from scalertune._inrun._gap import Check, Gap
 from scalertune._inrun._knobs import Knobs
 from scalertune._inrun._lines import LOGGER, Action, heading, say, scale_text, stop
-from scalertune._inrun._passes import Passes
+from scalertune._inrun._passes import Passes, over_ranks, ratio
 
 
 class Actions:
@@ -80,9 +80,15 @@ def precision_fails(
     )
     if not actions.acting(amp, found):
         return
+    float8 = amp.config.float8
+    if float8 and float8_moved(actions, amp, passes, check, found, recipes(amp.config)):
+        return
     ours = actions.islanded()
     best = None if ours else island_for(amp, passes, check)
-    if best is None or best[1] > 1 + ISLAND_CLOSES:
+    enough = best is not None and best[1] <= 1 + ISLAND_CLOSES
+    if not enough and float8 and float8_moved(actions, amp, passes, check, found, [BFLOAT16]):
+        return
+    if best is None or not enough:
         why = (
             f"its float32 island was not enough (it held the step's batch within "
             f"{ISLAND_CLOSES:.0%} of float32's loss)"
@@ -100,6 +106,62 @@ def precision_fails(
         f"{found}: keeping {name!r} in float32 from now on (this batch's loss "
         f"{with_it:.3g}x float32's with it, {check.ratio:.3g}x without)",
     )
+
+
+#: The last move of a failing float8 run before float32: bfloat16 autocast, out of float8.
+BFLOAT16 = "bfloat16"
+
+
+def float8_moved(
+    actions: Actions,
+    amp: AmpRuntime,
+    passes: Passes,
+    check: Check,
+    found: str,
+    moves: list[str],
+) -> bool:
+    """float8 fails: the first of ``moves`` (a more accurate recipe, or :data:`BFLOAT16`) that
+    brings this batch's loss within ``ISLAND_CLOSES`` of float32's, set in place; ``False``
+    when none does.
+
+    A recipe comes before a layer kept out of float8: an outlier row that spoils a tensorwise
+    scale passes on to the next layers' inputs as it grows (measured: the first layer kept
+    out brought the batch to 0.98x float32's at step 2,700 of a growing outlier, and the run
+    still ended 1.18x behind), where a scale per row keeps it to its own row in every layer.
+    """
+    tried = []
+    for move in moves:
+        config = _moved(amp.config, move)
+        (ours,) = over_ranks([float(passes.under(config))], amp.device)
+        with_it = ratio(ours, check.float32)
+        words = f"float8's {move} recipe" if move != BFLOAT16 else "bfloat16, out of float8"
+        tried.append(f"{words} {with_it:.3g}x")
+        if with_it <= 1 + ISLAND_CLOSES:
+            amp.reconfigure(config)
+            actions.acted(
+                amp,
+                "recipe" if move != BFLOAT16 else BFLOAT16,
+                f"{found}: training with {words} from now on (this batch's loss "
+                f"{with_it:.3g}x float32's with it, {check.ratio:.3g}x without)",
+            )
+            return True
+    LOGGER.info("%s: not enough: %s", found, ", ".join(tried))
+    return False
+
+
+def recipes(config: AmpConfig) -> list[str]:
+    """The float8 recipes more accurate than ``config``'s, in order (per row; per row with the
+    weight gradient in high precision, which runs around float32 only)."""
+    later = FLOAT8_RECIPES[FLOAT8_RECIPES.index(config.float8_recipe) + 1 :]
+    return [r for r in later if r != "rowwise_with_gw_hp" or config.float8_around == "float32"]
+
+
+def _moved(config: AmpConfig, move: str) -> AmpConfig:
+    if move == BFLOAT16:
+        return AmpConfig(
+            dtype="bfloat16", clip_norm=config.clip_norm, fp32_modules=config.fp32_modules
+        )
+    return dataclasses.replace(config, float8_recipe=move, float8_round_scales=None)
 
 
 def forward_overflows(

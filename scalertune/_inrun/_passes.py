@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from scalertune._amp._config import AmpConfig
 from scalertune._amp._islands import make_island, unwrapped
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
@@ -80,6 +81,11 @@ class Passes:
     def islanded(self, modules: Sequence[str]) -> torch.Tensor:
         """The loss under the run's autocast with ``modules`` kept in float32 for this pass."""
         with self._quiet(), self._islands(modules), self._autocast():
+            return loss_value(self.recompute()).detach().float()
+
+    def under(self, config: AmpConfig) -> torch.Tensor:
+        """The loss with the forward of ``config`` (another float8 recipe, bfloat16)."""
+        with self._quiet(), self.amp.trying(config), self._autocast():
             return loss_value(self.recompute()).detach().float()
 
     def outputs(self) -> dict[str, float]:

@@ -28,7 +28,7 @@ from typing import Any, TypeGuard
 from optuna.trial import FrozenTrial
 
 from scalertune import _limits
-from scalertune._amp._config import DTYPES
+from scalertune._amp._config import ALL_DTYPES
 from scalertune._errors import DamagedEvidence
 from scalertune._judge._target import Target
 from scalertune._replay._trace import Trace
@@ -225,7 +225,7 @@ def _step_times(stored: Any, where: str) -> StepTimes | None:
         not isinstance(rounds, Mapping)
         or "float32" not in rounds
         or not all(
-            dtype in DTYPES
+            dtype in ALL_DTYPES
             and isinstance(seconds, list)
             and 0 < len(seconds) <= _limits.MAX_HORIZON
             and all(_is_number(s) and 0 < s < math.inf for s in seconds)

@@ -24,8 +24,10 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from optuna.distributions import CategoricalDistribution
+
 from scalertune import _limits, _policy
-from scalertune._amp._config import AmpConfig
+from scalertune._amp._config import DTYPES, AmpConfig
 from scalertune._errors import DamagedEvidence, UsageError
 from scalertune._storage._names import SETTINGS_ATTR
 
@@ -177,6 +179,11 @@ class StudySettings:
     def space_dtypes(self) -> tuple[str, ...]:
         """The dtypes the space searches (float16 where the space does not say)."""
         return space_dtypes(self.space.get("params") or {})
+
+    @property
+    def dtype_distribution(self) -> CategoricalDistribution:
+        """The distribution of the ``dtype`` parameter of every run of the study."""
+        return CategoricalDistribution(dtype_choices(self.space.get("params") or {}))
 
     @property
     def stored(self) -> bool:
@@ -354,6 +361,13 @@ class Noise:
 
     def margin(self, steps: float) -> float:
         return self.spread * max(steps, self.horizon)
+
+
+def dtype_choices(params: Mapping[str, Any]) -> list[str]:
+    """The choices of the one ``dtype`` parameter every run of a study records (Optuna keeps
+    one distribution per parameter and study): float16, bfloat16, float32, and float8 in a
+    study whose space searches it (a study made before float8 keeps its three)."""
+    return [*DTYPES, "float8"] if "float8" in space_dtypes(params) else list(DTYPES)
 
 
 def space_dtypes(params: Mapping[str, Any]) -> tuple[str, ...]:

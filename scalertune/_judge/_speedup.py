@@ -10,6 +10,15 @@ from collections.abc import Sequence
 #: in the verdict that answers float32 there.
 CPU_SLOWER = "CPUs without native half-precision matmul run AMP steps slower than float32"
 
+#: What a search says of float8's speed where torchao emulates it.
+EMULATED = "emulated: float8's numerics without float8 matmuls, no speed claimed"
+
+
+def emulated(device: str) -> bool:
+    """Whether a search on ``device`` (in words, as a study records it) timed float8
+    emulated: anywhere but CUDA (a search refuses float8 on a GPU without float8 matmuls)."""
+    return not device.startswith("cuda")
+
 
 @dataclasses.dataclass(frozen=True)
 class Speedup:

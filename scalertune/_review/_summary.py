@@ -13,6 +13,7 @@ from scalertune._judge._findings import Findings
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
 from scalertune._judge._rank import all_tied
+from scalertune._judge._speedup import EMULATED, emulated
 from scalertune._review._describe import (
     describe_outcome,
     evidence_of,
@@ -29,7 +30,7 @@ from scalertune._review._scaler_advice import (
 )
 from scalertune._review._verdict import verdict
 from scalertune._run._record import PRUNE_KINDS
-from scalertune._run._step_times import spread
+from scalertune._run._step_times import StepTimes, spread
 from scalertune._storage._names import ROLE_SEARCH
 from scalertune._text import format_table, plural
 
@@ -110,12 +111,19 @@ def _head(result: Findings) -> list[str]:
         lines.append(
             "  step time, interleaved: "
             + ", ".join(
-                f"{d} {times.median(d) * 1e3:.3g} ms"
-                + ("" if d == "float32" else f" ({_spread(times.ratios(d))} float32's)")
+                f"{d} {times.median(d) * 1e3:.3g} ms" + _speed_words(result, d, times)
                 for d in times.rounds
             )
         )
     return lines
+
+
+def _speed_words(result: Findings, dtype: str, times: StepTimes) -> str:
+    if dtype == "float32":
+        return ""
+    if dtype == "float8" and emulated(result.settings.device):
+        return f" ({EMULATED})"
+    return f" ({_spread(times.ratios(dtype))} float32's)"
 
 
 def _rows(result: Findings, top: int) -> list[tuple[str, ...]]:

@@ -13,7 +13,7 @@ the best AMP config that held is still carried (``evidence.best_amp``), to use o
 from __future__ import annotations
 
 from scalertune._judge._findings import Findings, speedup
-from scalertune._judge._speedup import CPU_SLOWER
+from scalertune._judge._speedup import CPU_SLOWER, EMULATED, emulated
 from scalertune._review._describe import why_not
 from scalertune._text import plural
 
@@ -30,6 +30,13 @@ def verdict(result: Findings) -> str:
         return f"speed against float32 unknown on {device} (no step timing){covers}"
     said = found.verdict(device)
     clause = _clipping_clause(result)
+    if best.config.float8 and emulated(device):
+        return (
+            f"train in {result.config.describe()}: the best AMP config that holds, "
+            f"{best.label} [{best.config.describe()}], is float8 {EMULATED} on {device}: on "
+            "a GPU with float8 matmuls (CUDA capability 8.9+), use it (evidence.best_amp) or "
+            f"run the search there{covers}"
+        )
     if result.recommended is None:
         why = CPU_SLOWER if found.cpu_note(device) else "a tie goes to the simpler config"
         return (

@@ -10,6 +10,7 @@ import torch
 
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._fingerprint import fingerprint
+from scalertune._amp._float8 import left_out
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._run import _ranks
@@ -62,6 +63,9 @@ class Checked:
     deepspeed: Mapping[str, Any] | None = None
     #: The model's fingerprint (``_amp._fingerprint``), which the result file carries.
     model: dict[str, Any] | None = None
+    #: The Linear layers float8 leaves out for their sizes (``_amp._float8.left_out``), where
+    #: the space searches float8.
+    float8_left_out: tuple[str, ...] = ()
 
 
 def preflight(
@@ -70,10 +74,12 @@ def preflight(
     device: torch.device,
     seed: int,
     islands: Collection[str] = frozenset(),
+    float8: bool = False,
 ) -> Checked:
     """One float32 step on a fresh workload: catches a bad loss before any study row exists.
 
-    Also checks that every module named in ``islands`` exists.
+    Also checks that every module named in ``islands`` exists, and, with ``float8``, finds
+    the Linear layers float8 leaves out.
     """
     workload = build_workload(factory, seed=seed, device=device)
     AmpRuntime(AmpConfig(fp32_modules=tuple(sorted(islands))), device=device).prepare(
@@ -118,6 +124,7 @@ def preflight(
         horizon=workload.horizon,
         deepspeed=engine_facts(workload),
         model=fingerprint(workload.model),
+        float8_left_out=tuple(left_out(workload.model)) if float8 else (),
     )
 
 

@@ -202,6 +202,8 @@ def _search(
         settle_location(study, given=setup.artifact_dir, default=default_location(url))
         if not created:
             lines.line(resuming(study))
+        for note in setup.notes:
+            lines.line(note)
         if progress:
             lines.line(cost_estimate(setup, n_trials=n_trials))
         try:
@@ -219,7 +221,7 @@ def _search(
 def cost_estimate(setup: Setup, *, n_trials: int) -> str:
     """What a search will cost at most, in run-equivalents of its horizon, said up front."""
     steps, horizon = setup.steps, setup.horizon
-    dtypes = len({"float32", *setup.space.dtypes, "float16"})
+    dtypes = len(setup.space.timed_dtypes)
     timing = dtypes * (
         _policy.TIMING_WARMUP_STEPS + _policy.TIMING_ROUNDS * _policy.READBACK_INTERVAL
     )

@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 
 from scalertune import _policy
-from scalertune._amp._config import AmpConfig, baselines
+from scalertune._amp._config import FLOAT8_BASELINES, AmpConfig, baselines
 from scalertune._judge._answer import judge
 from scalertune._judge._stored import sound
 from scalertune._search._horizon_jobs import PHASE_KEY, HorizonJobs
@@ -197,8 +197,9 @@ class Jobs:
         return self.setup.space.params_for(bare) or {"dtype": config.dtype}
 
     def _baseline_configs(self) -> dict[str, AmpConfig]:
-        """PyTorch's defaults and the article's fix, with the float32 islands every float16
-        run of the space has (the model needs them whatever the scaler does), clipped as the
+        """PyTorch's defaults and the article's fix (and, where the space searches float8,
+        torchao's defaults; in a float8 space those alone), with the float32 islands every run
+        of the space has (the model needs them whatever the scaler does), clipped as the
         workload clips. The article's fix is trained only over a trial's horizon, and only
         where the replay of float32's gradients tells it from PyTorch's defaults beyond the
         noise: it starts 4 halvings lower, which saves at most those first back-offs, and a
@@ -206,14 +207,19 @@ class Jobs:
         only PyTorch's defaults are trained (and branched as a finalist). Where the article's
         fix is not trained, the summary says what the replay predicts for it, at no
         training step."""
-        islands = self.setup.space.fixed_islands
-        configs = {
-            name: dataclasses.replace(config, fp32_modules=islands).with_clip(self.setup.clip_norm)
-            for name, config in baselines(self.setup.space.deepspeed).items()
-        }
+        space = self.setup.space
+        float8 = FLOAT8_BASELINES if "float8" in space.dtypes else {}
+        if space.float8_only:  # torchao's defaults alone
+            return {n: self._baseline(c) for n, c in float8.items()}
+        configs = {n: self._baseline(c) for n, c in baselines(space.deepspeed).items()}
         if self.setup.long or not self._replay_tells_apart(*configs.values()):
             del configs[list(configs)[1]]  # the article's scale
-        return configs
+        return {**configs, **{n: self._baseline(c) for n, c in float8.items()}}
+
+    def _baseline(self, config: AmpConfig) -> AmpConfig:
+        """A baseline with the space's fixed islands, clipped as the workload clips."""
+        islands = self.setup.space.fixed_islands
+        return dataclasses.replace(config, fp32_modules=islands).with_clip(self.setup.clip_norm)
 
     def _replay_tells_apart(self, defaults: AmpConfig, other: AmpConfig) -> bool:
         """Whether the replay tells ``other`` from ``defaults`` (or cannot say: no trace)."""

@@ -17,7 +17,6 @@ from scalertune._errors import MissingEvidence
 from scalertune._judge._answer import judge
 from scalertune._review._verdict import verdict
 from scalertune._search._setup import Setup
-from scalertune._search._study import DTYPE_DISTRIBUTION
 from scalertune._storage._names import (
     CONSTRAINT_ATTR,
     CONSTRAINTS_ATTR,
@@ -52,7 +51,11 @@ def add_recommended(study: optuna.Study, setup: Setup) -> None:
         state=TrialState.COMPLETE,
         value=float(readable(value)),
         params=repeats.params if run is not None else {"dtype": "float32"},
-        distributions=(repeats.distributions if run is not None else {"dtype": DTYPE_DISTRIBUTION}),
+        distributions=(
+            repeats.distributions
+            if run is not None
+            else {"dtype": setup.settings.dtype_distribution}
+        ),
         intermediate_values=dict(repeats.intermediate_values),
         user_attrs={
             **shown,

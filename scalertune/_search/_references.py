@@ -219,7 +219,9 @@ class References:
                 return run()
             except RankFailed as exc:  # a fault of one process: missing evidence, no verdict
                 why, runs = str(exc).splitlines()[0], runs + 1
-                add_failed_reference(self.study, seed, self.config.to_dict(), why)
+                add_failed_reference(
+                    self.study, seed, self.config.to_dict(), why, settings=self.setup.settings
+                )
                 if runs > _policy.MAX_RETRIES:
                     raise MissingEvidence(
                         f"{why}; {runs} runs in a row lost a rank: rerun the same command "

@@ -11,7 +11,9 @@ from typing import Any
 import torch
 
 from scalertune import _limits
+from scalertune._amp import _float8, _torchao_private
 from scalertune._amp._device import resolve_device
+from scalertune._amp._float8 import left_out_line
 from scalertune._errors import ParameterError, UsageError
 from scalertune._judge._settings import StudySettings
 from scalertune._processes._main_guard import refuse_reentry, refuse_unguarded
@@ -80,6 +82,8 @@ class Setup:
     #: Where the study's artifacts go, as given (a folder or ``s3://BUCKET``); ``None``: the
     #: study's recorded place, else beside its storage (:mod:`scalertune._storage._store`).
     artifact_dir: str | None = None
+    #: What the search says before it starts (the Linear layers float8 leaves out).
+    notes: tuple[str, ...] = ()
 
     @property
     def steps(self) -> int:
@@ -144,14 +148,41 @@ def prepare(
     if fp32_modules:
         space = space.with_islands(fp32_modules)
     dev = resolve_device(device)
+    searched = _float8_space(space, dev)
     user_factory = load_factory(factory, isolated=isolation is not None)
     isolation = _processes(factory, user_factory, nproc_per_node, isolation)
-    checked = _preflight(factory, user_factory, dev, seed, space, isolation)
-    space = _space_for(space, checked.deepspeed)
+    checked = _preflight(factory, user_factory, dev, seed, searched, isolation)
+    # a DeepSpeed workload keeps the space it named: its engine trains no float8
+    space = _space_for(space if checked.deepspeed else searched, checked.deepspeed)
+    settings = _settings(factory, steps, horizon, seed, space, dev, checked, isolation)
+    return Setup(
+        spec=factory,
+        factory=user_factory,
+        space=space,
+        device=dev,
+        n_trials=n_trials,
+        settings=settings,
+        isolation=isolation,
+        artifact_dir=location,
+        notes=(left_out_line(checked.float8_left_out),) if checked.float8_left_out else (),
+    )
+
+
+def _settings(
+    factory: str | Callable[[], Any],
+    steps: int,
+    horizon: int | None,
+    seed: int,
+    space: SearchSpace,
+    dev: torch.device,
+    checked: Any,
+    isolation: Isolation | None,
+) -> StudySettings:
+    """The study's settings: what every worker and every rerun must share."""
     declared = checked.horizon
     if horizon is None and declared is not None:
         declared = _declared_horizon(declared, factory_name(factory), steps)
-    settings = StudySettings(
+    return StudySettings(
         factory=factory_name(factory),
         steps=steps,
         horizon=_limits.horizon(steps, horizon, declared),
@@ -163,16 +194,6 @@ def prepare(
         nproc_per_node=isolation.nproc_per_node if isolation is not None else 1,
         deepspeed=checked.deepspeed,
         model=checked.model,
-    )
-    return Setup(
-        spec=factory,
-        factory=user_factory,
-        space=space,
-        device=dev,
-        n_trials=n_trials,
-        settings=settings,
-        isolation=isolation,
-        artifact_dir=location,
     )
 
 
@@ -196,7 +217,13 @@ def _preflight(
                 timeout_s=isolation.timeout_s,
                 ranks=isolation.nproc_per_node,
             )
-        return preflight(user_factory, device=dev, seed=seed, islands=space.island_names)
+        return preflight(
+            user_factory,
+            device=dev,
+            seed=seed,
+            islands=space.island_names,
+            float8="float8" in space.dtypes,
+        )
     except FactoryError as exc:
         raise UsageError(
             f"the factory {factory_name(factory)} raised {exc}: fix it and rerun"
@@ -207,6 +234,12 @@ def _space_for(space: SearchSpace, deepspeed: Any) -> SearchSpace:
     """The space in the knobs of the scaler the workload trains under: DeepSpeed's for a
     DeepSpeed workload (bfloat16 where the device runs it), GradScaler's for any other."""
     if deepspeed is not None:
+        if "float8" in space.dtypes:
+            raise UsageError(
+                f"search space {space.name!r} tries float8, which DeepSpeed's engine does not "
+                "train (its fp16 and bf16 modes): search float8 on the model without the "
+                "DeepSpeed config"
+            )
         return space.for_deepspeed(bfloat16=bool(deepspeed.get("bfloat16")))
     named = sorted(k for k in space.params if k in SPACE_KEYS)
     if named:
@@ -214,6 +247,30 @@ def _space_for(space: SearchSpace, deepspeed: Any) -> SearchSpace:
             f"search space {space.name!r} names {', '.join(named)}, DeepSpeed's loss scaler's "
             "knobs, and the workload does not train in DeepSpeed: drop them, or return the "
             "DeepSpeed config from the factory ('deepspeed': config)"
+        )
+    return space
+
+
+def _float8_space(space: SearchSpace, dev: torch.device) -> SearchSpace:
+    """The space with float8 where it belongs: the default space gains it on a device with
+    float8 matmuls (CUDA capability 8.9+) where torchao is installed (a DeepSpeed workload
+    keeps the space it had: :func:`prepare`); a space that names it is refused in one line
+    where it cannot run (no torchao, a GPU that would only emulate it and time the
+    emulation), before the factory is loaded."""
+    if "float8" not in space.dtypes:
+        if space.name != "default" or not _float8.native(dev):
+            return space
+        if not _torchao_private.RELEASES.takes(_torchao_private.RELEASES.installed() or ""):
+            return space
+        return space.with_float8()
+    _torchao_private.torchao_float8()  # one line naming what to install, where it is missing
+    if dev.type == "cuda" and not _float8.native(dev):
+        major, minor = torch.cuda.get_device_capability(dev)
+        raise UsageError(
+            f"{describe_device(dev)} has no float8 matmuls (CUDA capability {major}.{minor}; "
+            f"float8 needs {'.'.join(map(str, _float8.FLOAT8_CAPABILITY))} or higher): torchao "
+            "would emulate them and the search would time the emulation; search float8's "
+            "numerics on a CPU, or on a GPU with float8"
         )
     return space
 

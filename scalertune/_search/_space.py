@@ -30,10 +30,18 @@ from typing import Any
 
 import optuna
 
-from scalertune._amp._config import DTYPES, SCALER_KNOBS, AmpConfig, parse_islands
+from scalertune._amp._config import (
+    ALL_DTYPES,
+    FLOAT8_AROUND,
+    FLOAT8_KNOBS,
+    FLOAT8_RECIPES,
+    SCALER_KNOBS,
+    AmpConfig,
+    parse_islands,
+)
 from scalertune._amp._yaml import parse_yaml, read_yaml
 from scalertune._errors import UsageError
-from scalertune._judge._settings import space_dtypes
+from scalertune._judge._settings import dtype_choices, space_dtypes
 from scalertune._search import _deepspeed
 from scalertune._search._sampler import DtypeSampler
 from scalertune._storage._optuna import fixed_params
@@ -42,6 +50,14 @@ _RANGE_KEYS = {"low", "high", "log", "step", "optional"}
 #: Searched, like the scaler's knobs, only on float16 trials: the range problem islands fix.
 FLOAT16_ONLY = (*SCALER_KNOBS, "fp32_modules")
 NUMERIC_KNOBS = (*SCALER_KNOBS, "clip_norm")
+#: The dtypes whose trials search the float32 islands: float16's range, float8's precision.
+ISLAND_DTYPES = ("float16", "float8")
+#: The values each float8 knob may take (a space file names them as ``choices`` or one value).
+FLOAT8_CHOICES: dict[str, tuple[Any, ...]] = {
+    "float8_recipe": FLOAT8_RECIPES,
+    "float8_around": FLOAT8_AROUND,
+    "float8_round_scales": (None, True, False),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +79,11 @@ class SearchSpace:
     def dtypes(self) -> tuple[str, ...]:
         """The autocast dtypes the space tries."""
         return space_dtypes(self.params)
+
+    @property
+    def dtype_choices(self) -> list[str]:
+        """The choices of the ``dtype`` parameter every run of its study records."""
+        return dtype_choices(self.params)
 
     @classmethod
     def load(cls, name_or_path: str) -> SearchSpace:
@@ -133,7 +154,7 @@ class SearchSpace:
             scalertune._errors.UsageError: search space 'x': init_scale ...
         """
         params = dict(params)
-        known = ("dtype", *NUMERIC_KNOBS, "fp32_modules", *_deepspeed.SPACE_KEYS)
+        known = ("dtype", *NUMERIC_KNOBS, "fp32_modules", *FLOAT8_KNOBS, *_deepspeed.SPACE_KEYS)
         unknown = sorted(set(params) - set(known))
         if unknown:
             raise UsageError(
@@ -146,6 +167,9 @@ class SearchSpace:
                 _check_numeric(name, key, params[key])
         if "fp32_modules" in params:
             _check_islands(name, params["fp32_modules"])
+        for key in FLOAT8_KNOBS:
+            if key in params:
+                _check_float8(name, key, params[key])
         _deepspeed.check(name, params)
         return cls(name=name, params=params, description=description)
 
@@ -187,8 +211,16 @@ class SearchSpace:
     @property
     def timed_dtypes(self) -> list[str]:
         """The dtypes whose step time a study measures: the space's, float32 (the reference)
-        and float16 (the baselines), in a fixed order."""
-        return [d for d in DTYPES if d in {*self.dtypes, "float16", "float32"}]
+        and float16 (the baselines; not in a float8 space, whose baseline is torchao's), in a
+        fixed order."""
+        baselines = set() if self.float8_only else {"float16"}
+        return [d for d in ALL_DTYPES if d in {*self.dtypes, *baselines, "float32"}]
+
+    @property
+    def float8_only(self) -> bool:
+        """Whether float8 is the one low precision the space tries (its baseline is torchao's
+        defaults, not PyTorch's float16 ones)."""
+        return "float8" in self.dtypes and "float16" not in self.dtypes
 
     @property
     def island_names(self) -> set[str]:
@@ -228,6 +260,28 @@ class SearchSpace:
         return SearchSpace.from_dict(
             {**self.params, "fp32_modules": names},
             name=f"{self.name}+fp32:{names}",
+            description=self.description,
+        )
+
+    def with_float8(self) -> SearchSpace:
+        """The same space trying float8 too, with the shipped float8 space's knobs.
+
+        A search does this to the default space on a GPU with float8 matmuls.
+
+        Returns:
+            A new space, named ``NAME+float8``.
+
+        Example:
+            >>> from scalertune import SearchSpace
+            >>> SearchSpace.load("default").with_float8().dtypes
+            ('float16', 'bfloat16', 'float8')
+        """
+        float8 = SearchSpace.load("float8").params
+        dtypes = [*self.dtypes, *(d for d in float8["dtype"]["choices"] if d not in self.dtypes)]
+        knobs = {k: float8[k] for k in FLOAT8_KNOBS if k in float8 and k not in self.params}
+        return SearchSpace.from_dict(
+            {**self.params, "dtype": {"choices": dtypes}, **knobs},
+            name=f"{self.name}+float8",
             description=self.description,
         )
 
@@ -271,7 +325,7 @@ class SearchSpace:
         """
         # Every run of a study, the float32 references included, is a point of one dtype
         # parameter over all three dtypes; the space's sampler keeps to the space's choices.
-        values: dict[str, Any] = {"dtype": trial.suggest_categorical("dtype", list(DTYPES))}
+        values: dict[str, Any] = {"dtype": trial.suggest_categorical("dtype", self.dtype_choices)}
         if values["dtype"] not in self.dtypes and "dtype" not in fixed_params(trial):
             raise UsageError(
                 f"the study's sampler proposed dtype {values['dtype']!r}, outside "
@@ -279,12 +333,14 @@ class SearchSpace:
                 "sampler=space.sampler()"
             )
         islands = self.params.get("fp32_modules")
-        if islands is not None and values["dtype"] == "float16":
+        if islands is not None and values["dtype"] in ISLAND_DTYPES:
             values["fp32_modules"] = (
                 trial.suggest_categorical("fp32_modules", list(islands["choices"]))
                 if isinstance(islands, Mapping)
                 else islands
             )
+        if values["dtype"] == "float8":
+            values.update(_suggest_float8(self.params, trial))
         for key in NUMERIC_KNOBS:
             if key not in self.params or (key in FLOAT16_ONLY and values["dtype"] != "float16"):
                 continue
@@ -357,9 +413,52 @@ class SearchSpace:
         return {"name": self.name, "params": dict(self.params)}
 
 
+def _suggest_float8(params: Mapping[str, Any], trial: optuna.Trial) -> dict[str, Any]:
+    """The float8 knobs of a float8 trial; rowwise_with_gw_hp runs around float32 only."""
+    values: dict[str, Any] = {}
+    for key in FLOAT8_KNOBS:
+        spec = params.get(key)
+        if spec is None or (key == "float8_around" and _gw_hp(values)):
+            continue
+        values[key] = (
+            trial.suggest_categorical(key, list(spec["choices"]))
+            if isinstance(spec, Mapping)
+            else spec
+        )
+    return values
+
+
+def _gw_hp(values: Mapping[str, Any]) -> bool:
+    return values.get("float8_recipe") == "rowwise_with_gw_hp"
+
+
+def _float8_params_for(space: SearchSpace, config: AmpConfig) -> dict[str, Any] | None:
+    params: dict[str, Any] = {}
+    for key in FLOAT8_KNOBS:
+        value, spec = getattr(config, key), space.params.get(key)
+        if key == "float8_around" and _gw_hp({"float8_recipe": config.float8_recipe}):
+            spec = None if value == "float32" else spec
+        if spec is None:
+            if value != getattr(AmpConfig(), key):
+                return None
+        elif not isinstance(spec, Mapping):
+            if value != spec:
+                return None
+        elif value in spec["choices"]:
+            params[key] = value
+        else:
+            return None
+    return params
+
+
 def _params_for(space: SearchSpace, config: AmpConfig) -> dict[str, Any] | None:
     params: dict[str, Any] = {"dtype": config.dtype}
     float16 = config.dtype == "float16"
+    if config.float8:
+        knobs = _float8_params_for(space, config)
+        if knobs is None:
+            return None
+        params.update(knobs)
     keys: tuple[str, ...] = NUMERIC_KNOBS
     if space.deepspeed:  # its scaler's knobs, and clip_norm below
         knobs = _deepspeed.params_for(space.params, config)
@@ -368,7 +467,7 @@ def _params_for(space: SearchSpace, config: AmpConfig) -> dict[str, Any] | None:
         params.update(knobs)
         keys = ("clip_norm",)
     islands = space.params.get("fp32_modules")
-    if islands is not None and float16:
+    if islands is not None and config.dtype in ISLAND_DTYPES:
         joined = ",".join(config.fp32_modules)
         if not isinstance(islands, Mapping):
             if parse_islands(islands or "") != config.fp32_modules:
@@ -419,10 +518,25 @@ def _distinct_configs(space: SearchSpace) -> int | None:
                 return None
             count *= 2 if spec.get("optional") else 1
         islands = space.params.get("fp32_modules")
-        if isinstance(islands, Mapping) and dtype == "float16":
+        if isinstance(islands, Mapping) and dtype in ISLAND_DTYPES:
             count *= len(set(islands["choices"]))
+        if dtype == "float8":
+            count *= _float8_distinct(space.params)
         total += count
     return total
+
+
+def _float8_distinct(params: Mapping[str, Any]) -> int:
+    """How many float8 settings a space's knobs make (rowwise_with_gw_hp around float32 only)."""
+    choices = {
+        k: list(params[k]["choices"]) if isinstance(params.get(k), Mapping) else [params.get(k)]
+        for k in FLOAT8_KNOBS
+    }
+    around = len(set(choices["float8_around"]))
+    per_recipe = sum(
+        1 if r == "rowwise_with_gw_hp" else around for r in set(choices["float8_recipe"])
+    )
+    return per_recipe * len(set(choices["float8_round_scales"]))
 
 
 def shipped_spaces() -> dict[str, str]:
@@ -450,11 +564,23 @@ def _check_dtype(space: str, spec: Any) -> None:
     if not isinstance(choices, list) or not choices:
         raise UsageError(f"search space {space!r}: dtype needs a non-empty list of choices")
     for choice in choices:
-        if choice not in ("float16", "bfloat16"):
+        if choice not in ("float16", "bfloat16", "float8"):
             raise UsageError(
-                f"search space {space!r}: unknown dtype {choice!r}; use float16 or bfloat16 "
-                "(float32 always runs as the reference)"
+                f"search space {space!r}: unknown dtype {choice!r}; use float16, bfloat16 or "
+                "float8 (float32 always runs as the reference)"
             )
+
+
+def _check_float8(space: str, key: str, spec: Any) -> None:
+    where = f"search space {space!r}: {key}"
+    choices = spec.get("choices") if isinstance(spec, Mapping) else [spec]
+    if isinstance(spec, Mapping) and set(spec) - {"choices"}:
+        raise UsageError(f"{where} takes only 'choices'")
+    allowed = FLOAT8_CHOICES[key]
+    if not isinstance(choices, list) or not choices or any(c not in allowed for c in choices):
+        raise UsageError(
+            f"{where} must be one of, or choices of, {', '.join(map(str, allowed))}; got {spec!r}"
+        )
 
 
 def _check_islands(space: str, spec: Any) -> None:

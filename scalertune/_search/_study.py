@@ -29,11 +29,9 @@ import warnings
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from scalertune import _policy
-from scalertune._amp._config import DTYPES
 from scalertune._amp._fingerprint import model_size
 from scalertune._errors import UsageError
 from scalertune._judge._outcome import encode_scales
@@ -58,8 +56,6 @@ from scalertune._storage._optuna import set_system_attr, study_id
 from scalertune._storage._redact import redact
 from scalertune._text import readable
 
-#: Every run's dtype is a value of this one distribution (see the module docstring).
-DTYPE_DISTRIBUTION = CategoricalDistribution(list(DTYPES))
 _SETTINGS_WAIT_S = 30
 
 
@@ -183,7 +179,7 @@ def add_reference(
             state=TrialState.COMPLETE,
             value=math.inf,
             params={"dtype": "float32"},
-            distributions={"dtype": DTYPE_DISTRIBUTION},
+            distributions={"dtype": settings.dtype_distribution},
             intermediate_values=relative_curve(record.losses, target),
             user_attrs={
                 "role": ROLE_REFERENCE,
@@ -196,7 +192,9 @@ def add_reference(
     )
 
 
-def add_failed_reference(study: optuna.Study, seed: int, config: dict[str, Any], why: str) -> None:
+def add_failed_reference(
+    study: optuna.Study, seed: int, config: dict[str, Any], why: str, *, settings: StudySettings
+) -> None:
     """Record a float32 reference run that failed for a fault of one process (a rank that
     died or hung) as a failed trial of its seed, saying why as missing evidence (never as an
     error of the workload): it is run again, and the study keeps that it happened. Each
@@ -208,7 +206,7 @@ def add_failed_reference(study: optuna.Study, seed: int, config: dict[str, Any],
         optuna.trial.create_trial(
             state=TrialState.FAIL,
             params={"dtype": "float32"},
-            distributions={"dtype": DTYPE_DISTRIBUTION},
+            distributions={"dtype": settings.dtype_distribution},
             user_attrs={
                 "role": ROLE_REFERENCE,
                 "seed": seed,

@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from scalertune._amp._config import DTYPES, AmpConfig
+from scalertune._amp._config import AmpConfig
 from scalertune._errors import MissingEvidence, SearchError
 from scalertune._judge._horizon import is_from_start
 from scalertune._judge._stopping import StopRule
@@ -305,7 +305,7 @@ def _record_params(trial: optuna.Trial, space: SearchSpace) -> None:
     if len(fixed) > 1:
         space.suggest(trial)
     elif "dtype" in fixed:
-        trial.suggest_categorical("dtype", list(DTYPES))
+        trial.suggest_categorical("dtype", space.dtype_choices)
 
 
 def _finished_twin(

@@ -1,0 +1,183 @@
+"""float8 through torchao: the config and its YAML block, the runtime's conversion against
+torchao's own, the precision around it, and the in-run check that moves a failing recipe.
+
+Every run here is a tiny model under torchao's emulation on the CPU (float8's numerics)."""
+
+import dataclasses
+import warnings
+
+import float8_workloads as fw
+import pytest
+import torch
+from torch import nn
+
+import scalertune
+from scalertune import AmpConfig, AmpRuntime, CheckPolicy
+from scalertune._amp import _float8
+
+pytest.importorskip("torchao")
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 3)
+    )
+
+
+def _train(config, workload, steps, *, check=None):
+    amp = AmpRuntime(config, device="cpu", check=check)
+    model = amp.prepare(workload["model"])
+    losses = []
+    for inputs, targets in workload["batches"][:steps]:
+        losses.append(
+            float(
+                amp.train_step(model, workload["optimizer"], workload["loss_fn"], (inputs, targets))
+            )
+        )
+    return losses, amp
+
+
+def _tail(losses, n=50):
+    return sum(losses[-n:]) / n
+
+
+def test_a_float8_config_round_trips_through_its_yaml_block_and_refuses_what_torchao_cannot_run():
+    config = AmpConfig(dtype="float8", float8_recipe="rowwise", float8_around="bfloat16")
+    data = config.to_dict()
+    assert data["float8"] == {
+        "recipe": "rowwise",
+        "around": "bfloat16",
+        "round_scales_to_power_of_2": None,
+    }
+    assert AmpConfig.from_dict(data) == config
+    assert AmpConfig(dtype="bfloat16", float8_recipe="rowwise") == AmpConfig(dtype="bfloat16")
+    refused = {
+        "recipe 'x'": {"dtype": "float8", "float8": {"recipe": "x"}},
+        "belongs to dtype float8": {"dtype": "float16", "float8": {"recipe": "rowwise"}},
+        "unknown key": {"dtype": "float8", "float8": {"scale": 1}},
+        "cannot mix": {
+            "dtype": "float8",
+            "float8": {"recipe": "rowwise_with_gw_hp", "around": "bfloat16"},
+        },
+    }
+    for words, data in refused.items():
+        with pytest.raises(scalertune.UsageError) as raised:
+            AmpConfig.from_dict(data)
+        assert words.split("'")[0] in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_runtime_converts_the_linear_layers_as_torchao_does_and_trains_bit_for_bit_like_it():
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    ours, theirs = _mlp(), _mlp()
+    params = list(ours.parameters())
+    amp = AmpRuntime(AmpConfig(dtype="float8", float8_recipe="rowwise"), device="cpu")
+    amp.prepare(ours)
+    assert list(ours.parameters()) == params  # the optimizer built before still holds them
+    assert type(ours[4]) is nn.Linear  # 16 -> 3: sizes float8 matmuls cannot take
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name("rowwise"), emulate=True)
+    convert_to_float8_training(theirs, config=config, module_filter_fn=lambda m, fqn: fqn != "4")
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (ours, theirs)]
+    x, y = torch.randn(32, 32), torch.randn(32, 3)
+    for _ in range(5):
+        amp.train_step(ours, optimizers[0], nn.functional.mse_loss, (x, y))
+        optimizers[1].zero_grad()
+        nn.functional.mse_loss(theirs(x), y).backward()
+        optimizers[1].step()
+    for a, b in zip(ours.parameters(), theirs.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_a_linear_layer_float8_cannot_take_is_left_out_in_one_line():
+    _float8._SAID.clear()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        AmpRuntime(AmpConfig(dtype="float8"), device="cpu").prepare(_mlp())
+        AmpRuntime(AmpConfig(dtype="float8"), device="cpu").prepare(_mlp())  # said once
+    lines = [str(w.message) for w in said if "float8" in str(w.message)]
+    assert lines == [
+        "float8: 4 left out of float8 (sizes not multiples of 16, which float8 matmuls need); "
+        "it runs in the precision around float8"
+    ]
+
+
+def test_float8_runs_only_in_its_runtimes_forward_the_check_and_islands_see_plain_linear_layers():
+    model = _mlp()
+    reference = _mlp()
+    amp = AmpRuntime(AmpConfig(dtype="float8"), device="cpu")
+    amp.prepare(model)
+    x = torch.randn(8, 32) * 3
+    with amp.autocast():
+        low = model(x)
+    with amp.float32(), amp.autocast():
+        high = model(x)
+    assert torch.equal(high, reference(x))  # the check's float32 forward: bit for bit
+    assert not torch.equal(low, high)
+    assert torch.equal(model(x), reference(x))  # outside the runtime's forward: no float8
+    with pytest.raises(
+        scalertune.UsageError, match="trains its Linear layers in float8: call model = amp.prepare"
+    ):
+        AmpRuntime(AmpConfig(dtype="float8"), device="cpu").loss(lambda: model(x).sum())
+
+
+def test_bfloat16_around_float8_autocasts_what_float8_leaves():
+    amp = AmpRuntime(AmpConfig(dtype="float8", float8_around="bfloat16"), device="cpu")
+    model = amp.prepare(_mlp())
+    with amp.autocast():
+        out = model(torch.randn(4, 32))
+    assert out.dtype == torch.bfloat16  # the left-out 16 -> 3 layer runs under autocast
+
+
+def test_tensorwise_flushes_a_row_in_16_of_massive_values_where_rowwise_trains_like_float32():
+    steps = 300
+    float32, _ = _train(AmpConfig(dtype="float32"), _seeded(fw.make_model), steps)
+    tensorwise, _ = _train(AmpConfig(dtype="float8"), _seeded(fw.make_model), steps)
+    rowwise, _ = _train(
+        AmpConfig(dtype="float8", float8_recipe="rowwise"), _seeded(fw.make_model), steps
+    )
+    assert _tail(tensorwise) > 3 * _tail(float32)
+    assert _tail(rowwise) < 1.10 * _tail(float32)
+
+
+def _seeded(factory):
+    torch.manual_seed(0)
+    return factory()
+
+
+def test_the_in_run_check_moves_a_failing_tensorwise_run_to_rowwise_and_says_so(monkeypatch):
+    def late():  # the massive value comes at step 300
+        return _seeded(lambda: fw.workload(600, lambda s: 1.0 if s < 300 else fw.MASSIVE))
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        losses, amp = _train(AmpConfig(dtype="float8"), late(), 600, check=_check())
+    lines = [str(w.message) for w in said if w.category is scalertune.AmpCheckWarning]
+    assert amp.config.float8_recipe == "rowwise", lines
+    assert len(lines) == 1 and "training with float8's rowwise recipe from now on" in lines[0]
+    assert amp.state_dict()["check"]["actions"][0]["kind"] == "recipe"
+    float32, _ = _train(
+        AmpConfig(dtype="float32"),
+        late(),
+        600,
+    )
+    assert _tail(losses) < 1.10 * _tail(float32)
+
+
+def _check():
+    from scalertune._inrun._build import in_run_check
+
+    return in_run_check(None, CheckPolicy(every=25, window=4))
+
+
+def test_a_missing_torchao_is_one_line_naming_the_extra(monkeypatch):
+    from scalertune import _releases
+    from scalertune._amp import _torchao_private
+
+    monkeypatch.setattr(_releases, "_installed", lambda d: None)
+    _torchao_private.torchao_float8.cache_clear()
+    try:
+        with pytest.raises(scalertune.UsageError, match=r"pip install 'scalertune\[float8\]'"):
+            AmpRuntime(AmpConfig(dtype="float8"), device="cpu")
+    finally:
+        _torchao_private.torchao_float8.cache_clear()
