@@ -17,6 +17,12 @@ numbers, :attr:`Export.differences` says how and by how much.
 - deepspeed: its ``fp16`` block grows by 2 and backs off by 0.5, takes the initial scale as a
   power of two, never goes below a minimum scale of 1, and grows one step later than GradScaler.
 
+A float8 config (torchao's float8 training, :mod:`._torchao`) has no loss scaler: torch,
+torchao, Lightning and Transformers get torchao's ``Float8LinearConfig``, a filter of the
+layers it converts and the precision around float8; Accelerate its own ``fp8`` with
+``AORecipeKwargs``; torchtitan its float8 converter's config (:mod:`._torchtitan`). DeepSpeed
+has no float8, torchao and torchtitan take nothing else.
+
 Float32 islands are applied by :meth:`Export.prepare` (or the line of code that does the same)
 in every framework that runs the model under autocast: all but DeepSpeed, whose fp16 and bf16
 modes cast the model itself to half precision. For a Hugging Face Trainer, a Lightning Trainer
@@ -27,17 +33,17 @@ config, the guard and the watch into the trainer in one call (and trains float16
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from scalertune import _limits
 from scalertune._amp._config import AmpConfig, DeepSpeedFp16Config
-from scalertune._amp._device import device_type, resolve_device
 from scalertune._errors import UsageError
+from scalertune._export import _code, _torchao, _torchtitan
+from scalertune._export._code import Call, Device, Expr, Name, Parts, build, program
 from scalertune._replay._deepspeed_block import DEEPSPEED_MIN_LOSS_SCALE, deepspeed_fp16_block
 
 if TYPE_CHECKING:
@@ -45,32 +51,15 @@ if TYPE_CHECKING:
 
     from scalertune._review._result import SearchResult
 
-FRAMEWORKS = ("torch", "lightning", "accelerate", "transformers", "deepspeed")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Call:
-    """``target(*args, **kwargs)``, with ``target`` as ``"module:Name"``."""
-
-    target: str
-    args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Expr:
-    """A value that the code writes as an expression (``device == "cpu"``, ``device``)."""
-
-    code: str
-    value: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class _Name:
-    """A name in a module (``torch:float16``), looked up when the objects are built: the
-    code text needs no framework, and torch among them, imported."""
-
-    target: str
+FRAMEWORKS = (
+    "torch",
+    "lightning",
+    "accelerate",
+    "transformers",
+    "deepspeed",
+    "torchao",
+    "torchtitan",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +93,10 @@ class Export:
     _name: str | None = dataclasses.field(repr=False)
     _device_line: str | None = dataclasses.field(repr=False)
     _usage: tuple[str, ...] = dataclasses.field(repr=False)
+    #: Calls that change the model (a float8 conversion), run by :meth:`prepare`.
+    _model_calls: tuple[Call, ...] = dataclasses.field(default=(), repr=False)
+    #: Whether the float32 islands need :class:`AmpRuntime`'s hooks: under autocast.
+    _islands: bool = dataclasses.field(default=False, repr=False)
 
     def build(self) -> dict[str, Any]:
         """The framework's own objects, keyed as its constructor or config takes them.
@@ -116,7 +109,10 @@ class Export:
             arguments) and ``max_norm``; lightning: ``Trainer`` keyword arguments (the precision
             plugin with its GradScaler, the clipping); accelerate: ``Accelerator`` keyword
             arguments (the ``GradScalerKwargs`` handler); transformers: ``TrainingArguments``
-            fields; deepspeed: the config dict (``json.dump`` it as ``ds_config.json``).
+            fields; deepspeed: the config dict (``json.dump`` it as ``ds_config.json``);
+            torchao: ``config`` (its ``Float8LinearConfig``), ``module_filter_fn`` and, for
+            bfloat16 around float8, ``autocast``; torchtitan: ``float8_converter`` (its
+            converter's config) and ``training`` fields.
 
         Raises:
             UsageError: The framework is not installed.
@@ -128,7 +124,8 @@ class Export:
             >>> parts["scaler"].get_scale(), parts["max_norm"]
             (4096.0, 1.0)
         """
-        return {key: _build(value) for key, value in self._spec.items()}
+        self._import_torchao()
+        return {key: build(value) for key, value in self._spec.items()}
 
     @property
     def clip_norm(self) -> float | None:
@@ -136,7 +133,12 @@ class Export:
         return self.config.clip_norm
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Apply the config's float32 islands to ``model``, in place (a no-op without any).
+        """Make ``model`` train as the config says, in place: its float8 layers and islands.
+
+        A float8 config's Linear layers are converted first (torchao's
+        ``convert_to_float8_training``, the framework's own way where it has one: Accelerate
+        converts in ``accelerator.prepare``); then the float32 islands get their hooks where
+        the model runs under autocast. A no-op for a config with neither.
 
         Args:
             model: The model to train.
@@ -145,7 +147,8 @@ class Export:
             ``model`` itself.
 
         Raises:
-            UsageError: An island's name or pattern selects no module of ``model``.
+            UsageError: An island's name or pattern selects no module of ``model``, or a
+                float8 config without torchao installed.
 
         Example:
             >>> import torch, scalertune
@@ -158,6 +161,11 @@ class Export:
         """
         from scalertune._amp._runtime import AmpRuntime
 
+        self._import_torchao()
+        for call in self._model_calls:
+            build(call, model)
+        if not self._islands:
+            return model
         return AmpRuntime(
             AmpConfig(fp32_modules=self.config.fp32_modules), device=self.device
         ).prepare(model)
@@ -170,28 +178,22 @@ class Export:
         """
         if self.framework == "deepspeed":
             return json.dumps(self.build(), indent=2) + "\n"
-        imports: set[str] = set()
-        body = []
-        if self._name is None:
-            body += [f"{key} = {_render(value, imports)}" for key, value in self._spec.items()]
-        else:
-            body.append(f"{self._name} = {{")
-            body += [
-                f"    {key!r}: {_render(value, imports)}," for key, value in self._spec.items()
-            ]
-            body.append("}")
-        if self.config.fp32_modules:
-            imports.add("import scalertune")
-            body.append(
+        after = []
+        if self._islands:
+            after.append(
                 f"scalertune.AmpRuntime(scalertune.AmpConfig(fp32_modules="
                 f"{list(self.config.fp32_modules)!r}), device=device).prepare(model)"
                 "  # float32 islands"
             )
-        if self._device_line is not None:
-            imports.add("import torch")
-            body.insert(0, self._device_line)
-        imports_first = sorted(imports, key=lambda line: (line.startswith("from "), line))
-        return "\n".join([*self._head(), *imports_first, "", *body, *self._usage]) + "\n"
+        return program(
+            self._head(),
+            self._spec,
+            name=self._name,
+            device_line=self._device_line,
+            model_calls=self._model_calls,
+            after=after,
+            usage=self._usage,
+        )
 
     def comments(self) -> list[str]:
         """What :attr:`code` says besides the code, for JSON, which has no comments.
@@ -219,6 +221,14 @@ class Export:
     def __str__(self) -> str:
         return self.code
 
+    def _import_torchao(self) -> None:
+        """torchao, imported once through its fence (quietly, its release checked), before
+        any of a float8 config's objects is built."""
+        if self.config.float8:
+            from scalertune._amp._torchao_private import torchao_float8
+
+            torchao_float8()
+
 
 def export(
     source: AmpConfig | str | os.PathLike[str] | SearchResult,
@@ -236,7 +246,8 @@ def export(
             that ``scalertune search`` wrote; the last two also carry the smallest loss scale
             the search's runs reached, which DeepSpeed's minimum scale is checked against.
         framework: One of :data:`FRAMEWORKS`: ``"torch"``, ``"lightning"``,
-            ``"accelerate"``, ``"transformers"``, ``"deepspeed"``.
+            ``"accelerate"``, ``"transformers"``, ``"deepspeed"``, and for a float8 config
+            ``"torchao"`` and ``"torchtitan"``.
         device: What the training runs on: ``"auto"`` (CUDA when this machine has it),
             ``"cuda"``, ``"cpu"``.
         strict: ``True`` raises where the framework cannot express a value; ``False`` (the
@@ -252,10 +263,11 @@ def export(
         writes the code.
 
     Raises:
-        UsageError: An unknown ``framework``, ``micro_batch_size`` for another framework
-            than DeepSpeed, ``best_amp`` with a bare config, a ``source`` of another type or a
-            YAML that is missing or malformed, or with ``strict=True`` a value the framework
-            cannot express (the command line exits with status 2).
+        UsageError: An unknown ``framework``, one that cannot train the config (float8 in
+            DeepSpeed, another dtype in torchao or torchtitan), ``micro_batch_size`` for
+            another framework than DeepSpeed, ``best_amp`` with a bare config, a ``source`` of
+            another type or a YAML that is missing or malformed, or with ``strict=True`` a
+            value the framework cannot express (the command line exits with status 2).
         ParameterError: ``micro_batch_size`` out of range (a ``UsageError`` too).
 
     Example:
@@ -275,16 +287,13 @@ def export(
         raise UsageError("micro_batch_size is for DeepSpeed's config (framework 'deepspeed')")
     _limits.check(_limits.EXPORT, micro_batch_size=micro_batch_size)
     config, evidence = _read_source(source, best_amp)
-    if isinstance(config, DeepSpeedFp16Config) and framework != "deepspeed":
-        raise UsageError(
-            f"this config is DeepSpeed's fp16 block, searched in DeepSpeed's engine under its "
-            f"own loss scaler, which {framework} does not have: export it --to deepspeed"
-        )
-    where = _device(device)
+    _check_fits(config, framework)
+    where = _code.device(device)
     if framework == "deepspeed":  # the one format that needs the evidence and a batch size
         parts = _deepspeed(config, _lowest_scale(evidence), micro_batch_size)
     else:
-        parts = _WRITERS[framework](config, where)
+        parts = _writer(framework, config)(config, where)
+    islands = _islands_hooked(framework, config)
     if framework in _ATTACHABLE:
         parts.usage += _attach_usage(framework, config, _attach_argument(source, config, best_amp))
     if framework == "deepspeed" and config.uses_scaler:
@@ -303,8 +312,10 @@ def export(
         differences=tuple(parts.differ),
         _spec=parts.spec,
         _name=parts.name,
-        _device_line=where.line if parts.uses_device else None,
+        _device_line=where.line if parts.uses_device or islands else None,
         _usage=tuple(parts.usage),
+        _model_calls=tuple(parts.model_calls),
+        _islands=islands,
     )
     if strict and result.not_expressible:
         raise UsageError(
@@ -312,6 +323,40 @@ def export(
             "(drop --strict to get the nearest setting)"
         )
     return result
+
+
+def _check_fits(config: AmpConfig, framework: str) -> None:
+    """Refuse a config ``framework`` has no way to train: DeepSpeed's searched fp16 block
+    elsewhere, float8 in DeepSpeed, another dtype than float8 in torchao or torchtitan."""
+    if isinstance(config, DeepSpeedFp16Config) and framework != "deepspeed":
+        raise UsageError(
+            f"this config is DeepSpeed's fp16 block, searched in DeepSpeed's engine under its "
+            f"own loss scaler, which {framework} does not have: export it --to deepspeed"
+        )
+    if config.float8 and framework == "deepspeed":
+        raise UsageError(
+            "DeepSpeed's fp16 and bf16 engines have no float8: export a float8 config --to "
+            "torchao, torch, accelerate, lightning, transformers or torchtitan"
+        )
+    if framework in _FLOAT8_ONLY and not config.float8:
+        raise UsageError(
+            f"{framework} is exported for a float8 config, and this one is {config.dtype}: "
+            "export it --to torch, lightning, accelerate, transformers or deepspeed"
+        )
+
+
+def _writer(framework: str, config: AmpConfig) -> Callable[[AmpConfig, Device], Parts]:
+    """The writer of ``framework`` for ``config``: its float8 one for a float8 config."""
+    return (_FLOAT8_WRITERS if config.float8 else _WRITERS)[framework]
+
+
+def _islands_hooked(framework: str, config: AmpConfig) -> bool:
+    """Whether the islands need :class:`AmpRuntime`'s hooks in ``framework``: where the model
+    runs under autocast. Under float8 in float32 the filter alone keeps them out of float8;
+    DeepSpeed and torchtitan cast the model itself."""
+    if not config.fp32_modules or framework in ("deepspeed", "torchtitan"):
+        return False
+    return config.autocast_dtype != "float32" or not config.float8
 
 
 def _read_source(source: Any, best_amp: bool) -> tuple[AmpConfig, Any]:
@@ -370,6 +415,8 @@ def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]
     ]
     if config.dtype == "float32":
         parts = ["float32"]
+    if config.float8:
+        parts = [f"float8 (torchao) in {config.float8_around}"]
     if framework != "accelerate":  # an Accelerate loop clips with its own call
         parts.append("the clipping")
     if config.fp32_modules:
@@ -383,7 +430,8 @@ def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]
             f"# TrainingArguments has no loss-scaler settings: scalertune.attach puts {what}",
             "# into the Trainer, whatever its fp16/bf16:",
             line,
-            "#     trainer.train(); print(amp.skipped_steps, amp.scaler.get_scale())",
+            "#     trainer.train()"
+            + ("" if config.float8 else "; print(amp.skipped_steps, amp.scaler.get_scale())"),
         ]
     return [f"# or, instead: scalertune.attach puts {what} into the {name}", line]
 
@@ -402,7 +450,7 @@ def _deepspeed_horizon(evidence: Any, config: AmpConfig) -> list[str]:
     ]
 
 
-def _users_config(parts: _Parts, evidence: Any) -> None:
+def _users_config(parts: Parts, evidence: Any) -> None:
     """The DeepSpeed config the searched factory (or Trainer) trained with, under the
     answer's ``fp16``, ``bf16`` and ``gradient_clipping``: the whole ``ds_config.json``."""
     facts = evidence.get("deepspeed") if isinstance(evidence, Mapping) else None
@@ -433,37 +481,6 @@ def _lowest_scale(evidence: Any) -> float | None:
     return min(scales) if scales else None
 
 
-@dataclasses.dataclass(frozen=True)
-class _Device(_Expr):
-    """The device type the objects are built for; the code refers to it as ``device``."""
-
-    auto: bool = False
-
-    @property
-    def line(self) -> str:
-        if self.auto:
-            return 'device = "cuda" if torch.cuda.is_available() else "cpu"'
-        return f"device = {self.value!r}"
-
-
-def _device(device: str) -> _Device:
-    """The device the training runs on: named, it need not be this machine's (torch is not
-    imported); "auto" asks torch whether this machine has CUDA."""
-    if device == "auto":
-        return _Device("device", resolve_device("auto").type, auto=True)
-    return _Device("device", device_type(device))
-
-
-@dataclasses.dataclass
-class _Parts:
-    spec: dict[str, Any]
-    name: str | None = None
-    uses_device: bool = True
-    usage: list[str] = dataclasses.field(default_factory=list)
-    lost: list[str] = dataclasses.field(default_factory=list)
-    differ: list[str] = dataclasses.field(default_factory=list)
-
-
 def _knobs(c: AmpConfig) -> dict[str, Any]:
     return {
         "init_scale": c.init_scale,
@@ -473,18 +490,18 @@ def _knobs(c: AmpConfig) -> dict[str, Any]:
     }
 
 
-def _grad_scaler(c: AmpConfig, device: _Device) -> _Call:
+def _grad_scaler(c: AmpConfig, device: Device) -> Call:
     if not c.uses_scaler:
-        return _Call("torch.amp:GradScaler", (device,), {"enabled": False})
-    return _Call("torch.amp:GradScaler", (device,), _knobs(c))
+        return Call("torch.amp:GradScaler", (device,), {"enabled": False})
+    return Call("torch.amp:GradScaler", (device,), _knobs(c))
 
 
-def _torch(c: AmpConfig, device: _Device) -> _Parts:
+def _torch(c: AmpConfig, device: Device) -> Parts:
     autocast: dict[str, Any] = {"device_type": device}
     if c.dtype == "float32":
         autocast["enabled"] = False
     else:
-        autocast["dtype"] = _Name(f"torch:{c.dtype}")
+        autocast["dtype"] = Name(f"torch:{c.dtype}")
     usage = [
         "",
         "# for inputs, targets in loader:",
@@ -503,21 +520,21 @@ def _torch(c: AmpConfig, device: _Device) -> _Parts:
         "#     scaler.update()",
         "# scalertune.load(YAML) does the same step and adds the guard the search recommends",
     ]
-    return _Parts(
+    return Parts(
         {"scaler": _grad_scaler(c, device), "autocast": autocast, "max_norm": c.clip_norm},
         usage=usage,
     )
 
 
-def _lightning(c: AmpConfig, device: _Device) -> _Parts:
+def _lightning(c: AmpConfig, device: Device) -> Parts:
     plugin = "lightning.pytorch.plugins.precision:MixedPrecision"
     spec: dict[str, Any]
     if c.dtype == "float16":
         spec = {
-            "plugins": [_Call(plugin, ("16-mixed", device), {"scaler": _grad_scaler(c, device)})]
+            "plugins": [Call(plugin, ("16-mixed", device), {"scaler": _grad_scaler(c, device)})]
         }
     elif c.dtype == "bfloat16":
-        spec = {"plugins": [_Call(plugin, ("bf16-mixed", device))]}
+        spec = {"plugins": [Call(plugin, ("bf16-mixed", device))]}
     else:
         spec = {"precision": "32-true"}
     # None is Lightning's own "no clipping"; written out so that it is not left to a default.
@@ -528,18 +545,18 @@ def _lightning(c: AmpConfig, device: _Device) -> _Parts:
         usage.append(
             "# (the plugin's device is the Trainer's accelerator: one kind of device for both)"
         )
-    return _Parts(spec, name="trainer_kwargs", usage=usage, uses_device=c.dtype != "float32")
+    return Parts(spec, name="trainer_kwargs", usage=usage, uses_device=c.dtype != "float32")
 
 
-def _accelerate(c: AmpConfig, device: _Device) -> _Parts:
+def _accelerate(c: AmpConfig, device: Device) -> Parts:
     spec: dict[str, Any] = {
         "mixed_precision": {"float16": "fp16", "bfloat16": "bf16", "float32": "no"}[c.dtype]
     }
     if c.uses_scaler:
-        spec["kwargs_handlers"] = [_Call("accelerate.utils:GradScalerKwargs", (), _knobs(c))]
+        spec["kwargs_handlers"] = [Call("accelerate.utils:GradScalerKwargs", (), _knobs(c))]
     if device.value == "cpu" and not device.auto:
         spec["cpu"] = True  # Accelerate would take the GPU if there is one
-    parts = _Parts(spec, name="accelerator_kwargs", uses_device=bool(c.fp32_modules))
+    parts = Parts(spec, name="accelerator_kwargs", uses_device=bool(c.fp32_modules))
     parts.usage = ["# accelerator = accelerate.Accelerator(**accelerator_kwargs)"]
     if c.clip_norm is not None:
         parts.usage += [
@@ -550,7 +567,7 @@ def _accelerate(c: AmpConfig, device: _Device) -> _Parts:
     return parts
 
 
-def _float32_on_a_cpu(c: AmpConfig, device: _Device, setting: str) -> list[str]:
+def _float32_on_a_cpu(c: AmpConfig, device: Device, setting: str) -> list[str]:
     """The one note that Accelerate's float16 (an Accelerator's, a Hugging Face Trainer's)
     trains in float32 on a CPU, where ``attach`` trains float16; none elsewhere."""
     if not (c.uses_scaler and device.value == "cpu"):
@@ -561,14 +578,14 @@ def _float32_on_a_cpu(c: AmpConfig, device: _Device, setting: str) -> list[str]:
     ]
 
 
-def _transformers(c: AmpConfig, device: _Device) -> _Parts:
-    parts = _Parts(
+def _transformers(c: AmpConfig, device: Device) -> Parts:
+    parts = Parts(
         {
             "fp16": c.dtype == "float16",
             "bf16": c.dtype == "bfloat16",
             # 0 turns off the Trainer's own clipping at 1.0
             "max_grad_norm": c.clip_norm if c.clip_norm is not None else 0.0,
-            "use_cpu": _Expr('device == "cpu"', device.value == "cpu"),
+            "use_cpu": Expr('device == "cpu"', device.value == "cpu"),
         },
         name="training_arguments",
     )
@@ -580,11 +597,11 @@ def _transformers(c: AmpConfig, device: _Device) -> _Parts:
     return parts
 
 
-def _deepspeed(c: AmpConfig, lowest: float | None, batch: int | None) -> _Parts:
+def _deepspeed(c: AmpConfig, lowest: float | None, batch: int | None) -> Parts:
     spec: dict[str, Any] = {}
     if batch is not None:
         spec["train_micro_batch_size_per_gpu"] = batch
-    parts = _Parts(spec, uses_device=False)
+    parts = Parts(spec, uses_device=False)
     if isinstance(c, DeepSpeedFp16Config):  # searched in DeepSpeed: its block as it trained
         spec["fp16"] = c.fp16_block()
     else:
@@ -616,7 +633,7 @@ def _deepspeed(c: AmpConfig, lowest: float | None, batch: int | None) -> _Parts:
     return parts
 
 
-def _deepspeed_fp16(c: AmpConfig, lowest: float | None, parts: _Parts) -> dict[str, Any]:
+def _deepspeed_fp16(c: AmpConfig, lowest: float | None, parts: Parts) -> dict[str, Any]:
     """DeepSpeed's dynamic loss scaler, as close to GradScaler with ``c``'s knobs as it gets.
 
     DeepSpeed (``deepspeed/runtime/fp16/loss_scaler.py`` and ``fused_optimizer.py``) starts at
@@ -673,7 +690,7 @@ def _deepspeed_fp16(c: AmpConfig, lowest: float | None, parts: _Parts) -> dict[s
 
 #: The writers of the frameworks that run under autocast on a device (DeepSpeed's JSON is
 #: written by :func:`_deepspeed`, from the search's evidence and the batch size).
-_WRITERS = {
+_WRITERS: dict[str, Callable[[AmpConfig, Device], Parts]] = {
     "torch": _torch,
     "lightning": _lightning,
     "accelerate": _accelerate,
@@ -681,49 +698,32 @@ _WRITERS = {
 }
 
 
-def _build(value: Any) -> Any:
-    if isinstance(value, _Call):
-        module, _, name = value.target.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), name)
-        except ImportError:
-            raise UsageError(
-                f"{module} is not installed: install the framework to build its "
-                "objects (the code text needs none)"
-            ) from None
-        return factory(*map(_build, value.args), **{k: _build(v) for k, v in value.kwargs.items()})
-    if isinstance(value, _Name):
-        module, _, name = value.target.partition(":")
-        return getattr(importlib.import_module(module), name)
-    if isinstance(value, _Expr):
-        return value.value
-    if isinstance(value, list):
-        return [_build(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _build(v) for k, v in value.items()}
-    return value
+def _torch_float8(c: AmpConfig, device: Device) -> Parts:
+    return _torchao.torchao(c, device, clip=True)
 
 
-def _render(value: Any, imports: set[str]) -> str:
-    if isinstance(value, _Call):
-        module, _, name = value.target.partition(":")
-        if module.split(".")[0] == "torch":
-            imports.add("import torch")
-            callee = f"{module}.{name}"
-        else:
-            imports.add(f"from {module} import {name}")
-            callee = name
-        args = [_render(a, imports) for a in value.args]
-        args += [f"{k}={_render(v, imports)}" for k, v in value.kwargs.items()]
-        return f"{callee}({', '.join(args)})"
-    if isinstance(value, _Name):
-        module, _, name = value.target.partition(":")
-        imports.add(f"import {module}")
-        return f"{module}.{name}"
-    if isinstance(value, _Expr):
-        return value.code
-    if isinstance(value, list):
-        return "[" + ", ".join(_render(v, imports) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k!r}: {_render(v, imports)}" for k, v in value.items()) + "}"
-    return repr(value)
+def _lightning_float8(c: AmpConfig, device: Device) -> Parts:
+    parts = _lightning(_torchao.around(c), device)
+    _torchao.converted_before(parts, c, device, "before trainer.fit(...)")
+    return parts
+
+
+def _transformers_float8(c: AmpConfig, device: Device) -> Parts:
+    parts = _transformers(_torchao.around(c), device)
+    _torchao.converted_before(parts, c, device, "before transformers.Trainer(model=model, ...)")
+    return parts
+
+
+#: The writers of a float8 config: torchao's conversion, and the framework's settings of the
+#: precision around it.
+_FLOAT8_WRITERS: dict[str, Callable[[AmpConfig, Device], Parts]] = {
+    "torch": _torch_float8,
+    "torchao": _torchao.torchao,
+    "lightning": _lightning_float8,
+    "accelerate": _torchao.accelerate,
+    "transformers": _transformers_float8,
+    "torchtitan": _torchtitan.torchtitan,
+}
+
+#: The frameworks exported for a float8 config only.
+_FLOAT8_ONLY = ("torchao", "torchtitan")
