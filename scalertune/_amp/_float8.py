@@ -154,13 +154,18 @@ def _replace(root: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, child, module)
 
 
+class Float8LeftOut(UserWarning):
+    """The Linear layers float8 leaves out for their sizes (said once per process; a search
+    says it itself, before its runs)."""
+
+
 _SAID: set[str] = set()
 
 
 def _say_once(line: str) -> None:
     if line not in _SAID:
         _SAID.add(line)
-        warnings.warn(line, UserWarning, stacklevel=4)
+        warnings.warn(line, Float8LeftOut, stacklevel=4)
 
 
 _CLASSES: dict[str, type[Any]] = {}

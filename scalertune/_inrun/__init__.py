@@ -6,6 +6,8 @@ acts when the precision or the scaler fails late (see ``_checker``).
 - ``_gap``: the judgement over recent checks, by the horizon's rule;
 - ``_culprits``: which module is at fault: its island closes the gap, it overflowed, or its
   outputs are nearest float16's range;
+- ``_float8_layers``: what float8 costs each Linear layer at the same weights (flushed
+  inputs, error against float32): the evidence islands are chosen from, and its lines;
 - ``_actions``: what a failed check does by the policy, one line each;
 - ``_knobs``: the run's own gradients recorded, and the scaler's knobs chosen by replaying them;
 - ``_lines``: the one line each action says, as a warning and in the log;

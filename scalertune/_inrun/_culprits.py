@@ -35,10 +35,11 @@ AT_RISK = 2.0**4
 
 
 def island_for(amp: AmpRuntime, passes: Passes, check: Check) -> tuple[str, float] | None:
-    """The first of the largest-output modules whose island brings this batch's loss
-    within ``ISLAND_CLOSES`` of float32's, else the one that came closest; with its
-    ratio (``None``: no module to try)."""
-    peaks = _peaks(amp, passes)
+    """The first of the largest-output modules (under float8: the layers float8 costs most)
+    whose island brings this batch's loss within ``ISLAND_CLOSES`` of float32's, else the
+    one that came closest; with its ratio (``None``: no module to try)."""
+    # float8: the layers float8 costs most; else the largest outputs, nearest the range
+    peaks = _float8_errors(amp, passes) if amp.config.float8 else _peaks(amp, passes)
     islands = set(amp.config.fp32_modules)
     tried = [n for n in peaks if n not in islands and not passes.whole(n)]
     order = sorted(tried, key=lambda n: (-peaks[n], -n.count(".")))  # a tie: the inner one
@@ -89,6 +90,14 @@ def _at_risk(amp: AmpRuntime, passes: Passes) -> tuple[list[str] | None, str]:
         f"the outputs of {name!r} reach {peak:.4g} on this batch, within {AT_RISK:g}x of "
         "float16's 65504"
     )
+
+
+def _float8_errors(amp: AmpRuntime, passes: Passes) -> dict[str, float]:
+    """Each float8 layer's error against float32 on this batch, the mean over the ranks."""
+    errors = passes.float8_errors()
+    names = list(errors)
+    agreed = over_ranks([errors[n] for n in names], amp.device) if names else []
+    return dict(zip(names, agreed))
 
 
 def _peaks(amp: AmpRuntime, passes: Passes) -> dict[str, float]:

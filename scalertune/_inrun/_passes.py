@@ -30,6 +30,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._amp._islands import make_island, unwrapped
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
+from scalertune._inrun._float8_layers import layer_casts, record_inputs
 
 
 def loss_value(output: Any) -> torch.Tensor:
@@ -87,6 +88,17 @@ class Passes:
         """The loss with the forward of ``config`` (another float8 recipe, bfloat16)."""
         with self._quiet(), self.amp.trying(config), self._autocast():
             return loss_value(self.recompute()).detach().float()
+
+    def float8_errors(self) -> dict[str, float]:
+        """Layer name -> how far its float8 output under the run's recipe is from its
+        float32 output, on the step's batch at the step's weights (``_float8_layers``)."""
+        models = self.amp.models
+        if not models:
+            return {}
+        with self._quiet(), record_inputs(models[0]) as inputs, self.amp.float32():
+            self.recompute()
+        casts = layer_casts(inputs, self.amp.config, device=self.amp.device)
+        return {c.name: c.error for c in casts}
 
     def outputs(self) -> dict[str, float]:
         """Module name -> the largest magnitude of its floating outputs in float32, in the

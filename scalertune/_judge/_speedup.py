@@ -11,7 +11,7 @@ from collections.abc import Sequence
 CPU_SLOWER = "CPUs without native half-precision matmul run AMP steps slower than float32"
 
 #: What a search says of float8's speed where torchao emulates it.
-EMULATED = "emulated: float8's numerics without float8 matmuls, no speed claimed"
+EMULATED = "emulated: float8's numerics without float8 matmuls; no speed claimed"
 
 
 def emulated(device: str) -> bool:

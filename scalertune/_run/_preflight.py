@@ -13,6 +13,7 @@ from scalertune._amp._fingerprint import fingerprint
 from scalertune._amp._float8 import left_out
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
+from scalertune._inrun._float8_layers import LayerCast, layer_casts, record_inputs
 from scalertune._run import _ranks
 from scalertune._run._loop import loss_function, step_function
 from scalertune._workload._contract import to_device
@@ -66,6 +67,8 @@ class Checked:
     #: The Linear layers float8 leaves out for their sizes (``_amp._float8.left_out``), where
     #: the space searches float8.
     float8_left_out: tuple[str, ...] = ()
+    #: What each of the space's float8 recipes costs each Linear layer on the first batch.
+    float8_casts: tuple[LayerCast, ...] = ()
 
 
 def preflight(
@@ -74,12 +77,13 @@ def preflight(
     device: torch.device,
     seed: int,
     islands: Collection[str] = frozenset(),
-    float8: bool = False,
+    float8_recipes: Collection[str] = (),
 ) -> Checked:
     """One float32 step on a fresh workload: catches a bad loss before any study row exists.
 
-    Also checks that every module named in ``islands`` exists, and, with ``float8``, finds
-    the Linear layers float8 leaves out.
+    Also checks that every module named in ``islands`` exists, and, with ``float8_recipes``
+    (a space's), finds the Linear layers float8 leaves out and what each recipe costs the
+    others on that step's inputs (:mod:`~scalertune._inrun._float8_layers`).
     """
     workload = build_workload(factory, seed=seed, device=device)
     AmpRuntime(AmpConfig(fp32_modules=tuple(sorted(islands))), device=device).prepare(
@@ -89,21 +93,8 @@ def preflight(
     replicas = _ranks.Replicas(workload.model)
     amp._before_step = replicas.grads_ready  # noqa: SLF001 - the runtime's hook for watchers
     batch = to_device(next(iter(workload.batches)), device)
-    try:
-        if workload.step is None:
-            inputs, targets = batch
-            output = workload.model(inputs)
-            check_loss(loss_function(workload)(output, targets), output)
-        # the user's step called as it is, so that what it returns is checked before use
-        loss = (
-            workload.step(workload.model, batch, amp)
-            if workload.step is not None
-            else step_function(workload)(workload, batch, amp)
-        )
-    except UsageError:
-        raise
-    except Exception as exc:  # the user's model, loss or step: theirs to fix
-        raise UsageError(f"the first float32 training step failed: {one_line(exc)}") from None
+    with record_inputs(workload.model, enabled=bool(float8_recipes)) as recorded:
+        loss = _first_step(workload, batch, amp)
     check_loss(loss)
     if not bool(torch.isfinite(loss)):
         raise UsageError(
@@ -124,8 +115,34 @@ def preflight(
         horizon=workload.horizon,
         deepspeed=engine_facts(workload),
         model=fingerprint(workload.model),
-        float8_left_out=tuple(left_out(workload.model)) if float8 else (),
+        float8_left_out=tuple(left_out(workload.model)) if float8_recipes else (),
+        float8_casts=tuple(
+            c
+            for recipe in float8_recipes
+            for c in layer_casts(
+                recorded, AmpConfig(dtype="float8", float8_recipe=recipe), device=device
+            )
+        ),
     )
+
+
+def _first_step(workload: Any, batch: Any, amp: AmpRuntime) -> Any:
+    """The workload's first float32 step; the user's error in one line."""
+    try:
+        if workload.step is None:
+            inputs, targets = batch
+            output = workload.model(inputs)
+            check_loss(loss_function(workload)(output, targets), output)
+        # the user's step called as it is, so that what it returns is checked before use
+        return (
+            workload.step(workload.model, batch, amp)
+            if workload.step is not None
+            else step_function(workload)(workload, batch, amp)
+        )
+    except UsageError:
+        raise
+    except Exception as exc:  # the user's model, loss or step: theirs to fix
+        raise UsageError(f"the first float32 training step failed: {one_line(exc)}") from None
 
 
 def _model_output_hint(output: Any) -> str:

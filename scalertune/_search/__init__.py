@@ -6,6 +6,8 @@
 - ``_space``, ``_sampler``: search spaces (the config a trial's parameters name, and back),
   and the sampler that keeps to their dtypes;
 - ``_deepspeed``: a DeepSpeed workload's space, in the knobs of DeepSpeed's loss scaler;
+- ``_float8_space``: float8's knobs in a space, the layers a float8 trial may keep out of
+  float8 (from the evidence), and the default space gaining float8 where it runs natively;
 - ``_study``: the study, its settings, and the records a search writes to it;
 - ``_pipeline``: one worker's part, phase by phase;
 - ``_references``: the float32 reference of each seed, and the step timing;

@@ -14,6 +14,7 @@ Everything the command line does goes through here.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from optuna.trial import TrialState
 
 from scalertune import _interrupt, _policy
 from scalertune._amp._config import BASELINES
+from scalertune._amp._float8 import Float8LeftOut
 from scalertune._errors import StorageUnavailable
 from scalertune._review._analyze import analyze
 from scalertune._review._result import SearchResult
@@ -207,7 +209,9 @@ def _search(
         if progress:
             lines.line(cost_estimate(setup, n_trials=n_trials))
         try:
-            Pipeline(study, setup, lines, timeout=timeout).run()
+            with warnings.catch_warnings():  # said above, once, not by every run
+                warnings.simplefilter("ignore", Float8LeftOut)
+                Pipeline(study, setup, lines, timeout=timeout).run()
             _interrupt.checkpoint()
         except KeyboardInterrupt:
             pass

@@ -36,6 +36,11 @@ HORIZON_COST_CAP = 3.0
 #: and its branches (0.3 horizons at --horizon 10x --steps).
 ISLANDS_PER_SEARCH = 1
 
+#: The layers a float8 search may keep out of float8 (``float8_islands``), from the evidence
+#: of what float8 costs each layer on the first batch, worst first: one choice more per
+#: layer in the sampler's space; the in-run check looks further where a run needs it.
+FLOAT8_ISLAND_CANDIDATES = 2
+
 #: A run's curve in the dashboard has one point per read-back window, up to about this many:
 #: a reference to a long horizon is thinned to it (the dashboard draws every point it gets,
 #: and a 100,000-step run would otherwise send 10,000).

@@ -5,21 +5,24 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from scalertune import _limits
 from scalertune._amp import _float8, _torchao_private
+from scalertune._amp._config import FLOAT8_KNOBS, AmpConfig
 from scalertune._amp._device import resolve_device
 from scalertune._amp._float8 import left_out_line
 from scalertune._errors import ParameterError, UsageError
+from scalertune._inrun._float8_layers import island_candidates, iter_lines
 from scalertune._judge._settings import StudySettings
 from scalertune._processes._main_guard import refuse_reentry, refuse_unguarded
 from scalertune._run._preflight import preflight
 from scalertune._search._deepspeed import SPACE_KEYS
 from scalertune._search._launch import preflight_ranks
+from scalertune._search._policy import FLOAT8_ISLAND_CANDIDATES
 from scalertune._search._space import SearchSpace
 from scalertune._storage._store import normalized
 from scalertune._text import plural
@@ -154,6 +157,9 @@ def prepare(
     checked = _preflight(factory, user_factory, dev, seed, searched, isolation)
     # a DeepSpeed workload keeps the space it named: its engine trains no float8
     space = _space_for(space if checked.deepspeed else searched, checked.deepspeed)
+    islands = island_candidates(list(checked.float8_casts), at_most=FLOAT8_ISLAND_CANDIDATES)
+    if islands and "float8_islands" not in space.params:
+        space = with_float8_islands(space, islands)
     settings = _settings(factory, steps, horizon, seed, space, dev, checked, isolation)
     return Setup(
         spec=factory,
@@ -164,8 +170,14 @@ def prepare(
         settings=settings,
         isolation=isolation,
         artifact_dir=location,
-        notes=(left_out_line(checked.float8_left_out),) if checked.float8_left_out else (),
+        notes=_float8_notes(checked),
     )
+
+
+def _float8_notes(checked: Any) -> tuple[str, ...]:
+    """The lines a float8 search says first: the layers left out, and what float8 spoils."""
+    left_out = (left_out_line(checked.float8_left_out),) if checked.float8_left_out else ()
+    return (*left_out, *iter_lines(list(checked.float8_casts)))
 
 
 def _settings(
@@ -222,7 +234,7 @@ def _preflight(
             device=dev,
             seed=seed,
             islands=space.island_names,
-            float8="float8" in space.dtypes,
+            float8_recipes=float8_recipes(space),
         )
     except FactoryError as exc:
         raise UsageError(
@@ -262,7 +274,7 @@ def _float8_space(space: SearchSpace, dev: torch.device) -> SearchSpace:
             return space
         if not _torchao_private.RELEASES.takes(_torchao_private.RELEASES.installed() or ""):
             return space
-        return space.with_float8()
+        return with_float8(space)
     _torchao_private.torchao_float8()  # one line naming what to install, where it is missing
     if dev.type == "cuda" and not _float8.native(dev):
         major, minor = torch.cuda.get_device_capability(dev)
@@ -273,6 +285,64 @@ def _float8_space(space: SearchSpace, dev: torch.device) -> SearchSpace:
             "numerics on a CPU, or on a GPU with float8"
         )
     return space
+
+
+def float8_recipes(space: SearchSpace) -> tuple[str, ...]:
+    """The float8 recipes the space tries (none where it does not try float8)."""
+    if "float8" not in space.dtypes:
+        return ()
+    spec = space.params.get("float8_recipe", AmpConfig().float8_recipe)
+    return tuple(spec["choices"]) if isinstance(spec, Mapping) else (spec,)
+
+
+def with_float8_islands(space: SearchSpace, names: list[str]) -> SearchSpace:
+    """The same space where float8 trials may also keep one of ``names`` out of float8
+    (in float32): the layers the evidence says float8 spoils.
+
+    Args:
+        space: The space.
+        names: Module names, worst first.
+
+    Returns:
+        A new space with ``float8_islands`` choices: none, or each name alone.
+
+    Example:
+        >>> from scalertune import SearchSpace
+        >>> space = with_float8_islands(SearchSpace.load("float8"), ["0"])
+        >>> space.params["float8_islands"]
+        {'choices': ['', '0']}
+    """
+    return SearchSpace.from_dict(
+        {**space.params, "float8_islands": {"choices": ["", *names]}},
+        name=space.name,
+        description=space.description,
+    )
+
+
+def with_float8(space: SearchSpace) -> SearchSpace:
+    """The same space trying float8 too, with the shipped float8 space's knobs.
+
+    A search does this to the default space on a GPU with float8 matmuls.
+
+    Args:
+        space: The space.
+
+    Returns:
+        A new space, named ``NAME+float8``.
+
+    Example:
+        >>> from scalertune import SearchSpace
+        >>> with_float8(SearchSpace.load("default")).dtypes
+        ('float16', 'bfloat16', 'float8')
+    """
+    float8 = SearchSpace.load("float8").params
+    dtypes = [*space.dtypes, *(d for d in float8["dtype"]["choices"] if d not in space.dtypes)]
+    knobs = {k: float8[k] for k in FLOAT8_KNOBS if k in float8 and k not in space.params}
+    return SearchSpace.from_dict(
+        {**space.params, "dtype": {"choices": dtypes}, **knobs},
+        name=f"{space.name}+float8",
+        description=space.description,
+    )
 
 
 def _processes(

@@ -32,9 +32,7 @@ import optuna
 
 from scalertune._amp._config import (
     ALL_DTYPES,
-    FLOAT8_AROUND,
     FLOAT8_KNOBS,
-    FLOAT8_RECIPES,
     SCALER_KNOBS,
     AmpConfig,
     parse_islands,
@@ -43,6 +41,12 @@ from scalertune._amp._yaml import parse_yaml, read_yaml
 from scalertune._errors import UsageError
 from scalertune._judge._settings import dtype_choices, space_dtypes
 from scalertune._search import _deepspeed
+from scalertune._search._float8_space import (
+    check_float8,
+    float8_distinct,
+    float8_params_for,
+    suggest_float8,
+)
 from scalertune._search._sampler import DtypeSampler
 from scalertune._storage._optuna import fixed_params
 
@@ -52,12 +56,6 @@ FLOAT16_ONLY = (*SCALER_KNOBS, "fp32_modules")
 NUMERIC_KNOBS = (*SCALER_KNOBS, "clip_norm")
 #: The dtypes whose trials search the float32 islands: float16's range, float8's precision.
 ISLAND_DTYPES = ("float16", "float8")
-#: The values each float8 knob may take (a space file names them as ``choices`` or one value).
-FLOAT8_CHOICES: dict[str, tuple[Any, ...]] = {
-    "float8_recipe": FLOAT8_RECIPES,
-    "float8_around": FLOAT8_AROUND,
-    "float8_round_scales": (None, True, False),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +152,14 @@ class SearchSpace:
             scalertune._errors.UsageError: search space 'x': init_scale ...
         """
         params = dict(params)
-        known = ("dtype", *NUMERIC_KNOBS, "fp32_modules", *FLOAT8_KNOBS, *_deepspeed.SPACE_KEYS)
+        known = (
+            "dtype",
+            *NUMERIC_KNOBS,
+            "fp32_modules",
+            *FLOAT8_KNOBS,
+            "float8_islands",
+            *_deepspeed.SPACE_KEYS,
+        )
         unknown = sorted(set(params) - set(known))
         if unknown:
             raise UsageError(
@@ -165,11 +170,12 @@ class SearchSpace:
         for key in NUMERIC_KNOBS:
             if key in params:
                 _check_numeric(name, key, params[key])
-        if "fp32_modules" in params:
-            _check_islands(name, params["fp32_modules"])
+        for key in ("fp32_modules", "float8_islands"):
+            if key in params:
+                _check_islands(name, params[key], key)
         for key in FLOAT8_KNOBS:
             if key in params:
-                _check_float8(name, key, params[key])
+                check_float8(name, key, params[key])
         _deepspeed.check(name, params)
         return cls(name=name, params=params, description=description)
 
@@ -263,28 +269,6 @@ class SearchSpace:
             description=self.description,
         )
 
-    def with_float8(self) -> SearchSpace:
-        """The same space trying float8 too, with the shipped float8 space's knobs.
-
-        A search does this to the default space on a GPU with float8 matmuls.
-
-        Returns:
-            A new space, named ``NAME+float8``.
-
-        Example:
-            >>> from scalertune import SearchSpace
-            >>> SearchSpace.load("default").with_float8().dtypes
-            ('float16', 'bfloat16', 'float8')
-        """
-        float8 = SearchSpace.load("float8").params
-        dtypes = [*self.dtypes, *(d for d in float8["dtype"]["choices"] if d not in self.dtypes)]
-        knobs = {k: float8[k] for k in FLOAT8_KNOBS if k in float8 and k not in self.params}
-        return SearchSpace.from_dict(
-            {**self.params, "dtype": {"choices": dtypes}, **knobs},
-            name=f"{self.name}+float8",
-            description=self.description,
-        )
-
     def sampler(self, *, seed: int | None = None) -> optuna.samplers.BaseSampler:
         """The sampler a study of this space uses: Optuna's TPE, ``dtype`` kept to the space's.
 
@@ -340,7 +324,14 @@ class SearchSpace:
                 else islands
             )
         if values["dtype"] == "float8":
-            values.update(_suggest_float8(self.params, trial))
+            values.update(suggest_float8(self.params, trial))
+            more = self.params.get("float8_islands")
+            if more is not None:
+                chosen = trial.suggest_categorical("float8_islands", list(more["choices"]))
+                values["fp32_modules"] = (
+                    *parse_islands(values.get("fp32_modules") or ""),
+                    *parse_islands(chosen or ""),
+                )
         for key in NUMERIC_KNOBS:
             if key not in self.params or (key in FLOAT16_ONLY and values["dtype"] != "float16"):
                 continue
@@ -413,49 +404,11 @@ class SearchSpace:
         return {"name": self.name, "params": dict(self.params)}
 
 
-def _suggest_float8(params: Mapping[str, Any], trial: optuna.Trial) -> dict[str, Any]:
-    """The float8 knobs of a float8 trial; rowwise_with_gw_hp runs around float32 only."""
-    values: dict[str, Any] = {}
-    for key in FLOAT8_KNOBS:
-        spec = params.get(key)
-        if spec is None or (key == "float8_around" and _gw_hp(values)):
-            continue
-        values[key] = (
-            trial.suggest_categorical(key, list(spec["choices"]))
-            if isinstance(spec, Mapping)
-            else spec
-        )
-    return values
-
-
-def _gw_hp(values: Mapping[str, Any]) -> bool:
-    return values.get("float8_recipe") == "rowwise_with_gw_hp"
-
-
-def _float8_params_for(space: SearchSpace, config: AmpConfig) -> dict[str, Any] | None:
-    params: dict[str, Any] = {}
-    for key in FLOAT8_KNOBS:
-        value, spec = getattr(config, key), space.params.get(key)
-        if key == "float8_around" and _gw_hp({"float8_recipe": config.float8_recipe}):
-            spec = None if value == "float32" else spec
-        if spec is None:
-            if value != getattr(AmpConfig(), key):
-                return None
-        elif not isinstance(spec, Mapping):
-            if value != spec:
-                return None
-        elif value in spec["choices"]:
-            params[key] = value
-        else:
-            return None
-    return params
-
-
 def _params_for(space: SearchSpace, config: AmpConfig) -> dict[str, Any] | None:
     params: dict[str, Any] = {"dtype": config.dtype}
     float16 = config.dtype == "float16"
     if config.float8:
-        knobs = _float8_params_for(space, config)
+        knobs = float8_params_for(space.params, config)
         if knobs is None:
             return None
         params.update(knobs)
@@ -466,6 +419,15 @@ def _params_for(space: SearchSpace, config: AmpConfig) -> dict[str, Any] | None:
             return None
         params.update(knobs)
         keys = ("clip_norm",)
+    config_islands = config.fp32_modules
+    more = space.params.get("float8_islands")
+    if config.float8 and isinstance(more, Mapping):
+        fixed = space.fixed_islands
+        extra = ",".join(m for m in config_islands if m not in fixed)
+        if extra not in more["choices"]:
+            return None
+        params["float8_islands"] = extra
+        config = dataclasses.replace(config, fp32_modules=fixed)
     islands = space.params.get("fp32_modules")
     if islands is not None and config.dtype in ISLAND_DTYPES:
         joined = ",".join(config.fp32_modules)
@@ -521,22 +483,11 @@ def _distinct_configs(space: SearchSpace) -> int | None:
         if isinstance(islands, Mapping) and dtype in ISLAND_DTYPES:
             count *= len(set(islands["choices"]))
         if dtype == "float8":
-            count *= _float8_distinct(space.params)
+            count *= float8_distinct(space.params)
+            more = space.params.get("float8_islands")
+            count *= len(set(more["choices"])) if isinstance(more, Mapping) else 1
         total += count
     return total
-
-
-def _float8_distinct(params: Mapping[str, Any]) -> int:
-    """How many float8 settings a space's knobs make (rowwise_with_gw_hp around float32 only)."""
-    choices = {
-        k: list(params[k]["choices"]) if isinstance(params.get(k), Mapping) else [params.get(k)]
-        for k in FLOAT8_KNOBS
-    }
-    around = len(set(choices["float8_around"]))
-    per_recipe = sum(
-        1 if r == "rowwise_with_gw_hp" else around for r in set(choices["float8_recipe"])
-    )
-    return per_recipe * len(set(choices["float8_round_scales"]))
 
 
 def shipped_spaces() -> dict[str, str]:
@@ -571,20 +522,8 @@ def _check_dtype(space: str, spec: Any) -> None:
             )
 
 
-def _check_float8(space: str, key: str, spec: Any) -> None:
+def _check_islands(space: str, spec: Any, key: str) -> None:
     where = f"search space {space!r}: {key}"
-    choices = spec.get("choices") if isinstance(spec, Mapping) else [spec]
-    if isinstance(spec, Mapping) and set(spec) - {"choices"}:
-        raise UsageError(f"{where} takes only 'choices'")
-    allowed = FLOAT8_CHOICES[key]
-    if not isinstance(choices, list) or not choices or any(c not in allowed for c in choices):
-        raise UsageError(
-            f"{where} must be one of, or choices of, {', '.join(map(str, allowed))}; got {spec!r}"
-        )
-
-
-def _check_islands(space: str, spec: Any) -> None:
-    where = f"search space {space!r}: fp32_modules"
     choices = spec.get("choices") if isinstance(spec, Mapping) else [spec]
     if isinstance(spec, Mapping) and set(spec) - {"choices"}:
         raise UsageError(f"{where} takes only 'choices'")
