@@ -7,6 +7,7 @@ of torchao; each entry below is checked against the installed release by
 ``tests/unit/test_torchao_private.py``, and ``pyproject.toml`` bounds torchao to the releases
 those tests passed on (:data:`RELEASES`). What is relied on:
 
+- ``torchao.float8.convert_to_float8_training`` (what an export's code calls);
 - ``torchao.float8.Float8LinearConfig`` and its ``from_recipe_name`` (the three recipes), a
   dataclass whose fields :data:`CONFIG_FIELDS` are set (``emulate`` on a device without float8
   matmuls, ``round_scales_to_power_of_2``);
@@ -33,7 +34,12 @@ RELEASES = Releases("torchao", (0, 13), (0, 19), checked="0.18")
 
 #: The names scalertune uses, by module.
 NAMES = {
-    "torchao.float8": ("Float8LinearConfig", "Float8LinearConfig.from_recipe_name"),
+    # the export's code and ``Export.prepare`` convert with torchao's own function
+    "torchao.float8": (
+        "Float8LinearConfig",
+        "Float8LinearConfig.from_recipe_name",
+        "convert_to_float8_training",
+    ),
     "torchao.float8.float8_linear": ("Float8Linear", "Float8Linear.from_float"),
 }
 #: The fields of ``Float8LinearConfig`` scalertune sets.
