@@ -42,6 +42,10 @@ def describe(record: Mapping[str, Any]) -> str:
 
 def _scaler(record: Mapping[str, Any]) -> str:
     steps, skipped = int(record["steps"]), int(record.get("skipped_steps", 0))
+    dtype = record["config"].get("dtype")
+    if dtype in ("bfloat16", "float8", "float32") and "scale" not in record and not skipped:
+        why = "torchao scales each float8 tensor itself" if dtype == "float8" else "none needed"
+        return f"scaler: none ({dtype}: {why}); {steps:,} steps taken"
     text = f"scaler: skipped {skipped:,} of {steps:,} steps"
     if "scale" in record:
         text += f", scale now {record['scale']:.4g}"

@@ -20,6 +20,7 @@ from scalertune._amp._config import DeepSpeedFp16Config
 from scalertune._amp._guard import Guard
 from scalertune._judge._findings import Findings, speedup
 from scalertune._judge._outcome import Outcome
+from scalertune._judge._speedup import emulated
 from scalertune._replay._deepspeed_block import deepspeed_fp16_block
 from scalertune._replay._predict import Prediction, predict, predict_deepspeed
 from scalertune._review import _policy as _review_policy
@@ -182,6 +183,9 @@ def _float32(result: Findings) -> dict[str, Any]:
 
 
 def _speedup(result: Findings, outcome: Outcome | None) -> dict[str, Any] | None:
+    """The speed against float32; none for float8 timed emulated (not float8's speed)."""
+    if outcome is not None and outcome.config.float8 and emulated(result.settings.device):
+        return None
     found = speedup(result, outcome)
     return (
         None
