@@ -159,13 +159,14 @@ def _space_arguments(s: Any) -> None:
         "--space",
         default="default",
         metavar="NAME|FILE",
-        help="search space: default (float16 and bfloat16), float16, bfloat16, or a "
-        "YAML file (default: %(default)s)",
+        help="search space: default (float16 and bfloat16; float8 too on a GPU of CUDA "
+        "capability 8.9+ with torchao), float16, bfloat16, float8 (torchao's recipes: pip "
+        "install 'scalertune[float8]'), or a YAML file (default: %(default)s)",
     )
     s.add_argument(
         "--fp32-modules",
         metavar="NAMES",
-        help="keep these modules in float32 on every float16 trial: float32 "
+        help="keep these modules in float32 on every float16 and float8 trial: float32 "
         "islands for a forward overflow (see scalertune diagnose). "
         "Comma-separated names as model.named_modules() gives them, or glob "
         "patterns over those names ('*.DenseReluDense.wo'); each must match a "

@@ -46,7 +46,8 @@ ROLES = {
     "over a long horizon it trains to the horizon once, keeping checkpoints "
     "for the branches; the yardstick, not a candidate",
     ROLE_BASELINE: "`pytorch-default` (PyTorch's defaults) and `init-scale-4096` (the usual "
-    "manual fix), run once per study",
+    "manual fix), and where the space tries float8 `torchao-default` (torchao's default "
+    "recipe, tensorwise), run once per study",
     ROLE_SEARCH: "a config the sampler chose",
     ROLE_CONFIRM: "one of the best configs rerun on another seed, judged against that "
     "seed's own float32 reference",

@@ -181,3 +181,39 @@ def test_a_missing_torchao_is_one_line_naming_the_extra(monkeypatch):
             AmpRuntime(AmpConfig(dtype="float8"), device="cpu")
     finally:
         _torchao_private.torchao_float8.cache_clear()
+
+
+def test_what_float8_costs_each_layer_names_the_flushed_layers_and_spares_the_ordinary_ones():
+    from scalertune._inrun._float8_layers import LAYER_ERROR, layer_casts, record_inputs
+
+    def casts(massive, recipe):
+        workload = _seeded(lambda: fw.workload(1, massive))
+        model, (x, _) = workload["model"], workload["batches"][0]
+        with record_inputs(model) as inputs:
+            model(x)
+        config = AmpConfig(dtype="float8", float8_recipe=recipe)
+        return {c.name: c for c in layer_casts(inputs, config, device=torch.device("cpu"))}
+
+    tensorwise = casts(lambda step: fw.MASSIVE, "tensorwise")
+    assert tensorwise["0"].flushed > 0.9 and tensorwise["0"].error > 0.5
+    assert "96.4% of its nonzero inputs flush to zero" in tensorwise["0"].line()
+    assert not any(c.spoiled for c in casts(lambda step: fw.MASSIVE, "rowwise").values())
+    ordinary = casts(lambda step: 1.0, "tensorwise")
+    assert all(c.error < LAYER_ERROR and c.flushed == 0 for c in ordinary.values())
+
+
+def test_a_float8_trial_may_keep_the_evidences_layers_out_and_the_space_names_it_back():
+    import optuna
+
+    from scalertune import SearchSpace
+    from scalertune._search._setup import with_float8_islands
+
+    space = with_float8_islands(SearchSpace.load("float8"), ["0"])
+    config = AmpConfig(dtype="float8", float8_recipe="rowwise", fp32_modules=("0",))
+    params = space.params_for(config)
+    assert params["float8_islands"] == "0"
+    study = optuna.create_study(sampler=space.sampler(seed=0))
+    study.enqueue_trial(params)
+    assert space.suggest(study.ask()) == config
+    assert space.distinct_configs() is None  # clip_norm is a range
+    assert space.params_for(AmpConfig(dtype="float8", fp32_modules=("2",))) is None
