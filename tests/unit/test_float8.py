@@ -156,6 +156,10 @@ def test_the_in_run_check_moves_a_failing_tensorwise_run_to_rowwise_and_says_so(
     assert amp.config.float8_recipe == "rowwise", lines
     assert len(lines) == 1 and "training with float8's rowwise recipe from now on" in lines[0]
     assert amp.state_dict()["check"]["actions"][0]["kind"] == "recipe"
+    resumed = AmpRuntime(AmpConfig(dtype="float8"), device="cpu", check=_check())
+    resumed.prepare(_seeded(late)["model"])
+    resumed.load_state_dict(amp.state_dict())
+    assert resumed.config == amp.config  # a run resumed from its checkpoint keeps rowwise
     float32, _ = _train(
         AmpConfig(dtype="float32"),
         late(),
