@@ -67,6 +67,8 @@ def time_dtypes(
 
     order = ["float32", *[d for d in dict.fromkeys(dtypes) if d != "float32"]]
     runtimes = {d: AmpRuntime(timing_config(d, clip_norm), device=device) for d in order}
+    for amp in runtimes.values():  # a step of the workload's own may not prepare the model
+        amp.prepare(workload.model)  # (float8's conversion is the float8 runtime's forward)
     step = step_function(workload)
     batches = BatchCursor(workload.batches, saves=False)
     n = _policy.READBACK_INTERVAL

@@ -148,12 +148,19 @@ def preflight_ranks(
     islands: set[str],
     timeout_s: float | None,
     ranks: int,
+    float8_recipes: tuple[str, ...] = (),
 ) -> Checked:
     """``preflight`` (one float32 step) in every rank; :class:`UsageError` as a rank raised
     it, a failure of the factory as :class:`FactoryError`."""
     from scalertune._workload._loader import FactoryError
 
-    job = PreflightJob(spec=spec, islands=frozenset(islands), seed=seed, device=str(device))
+    job = PreflightJob(
+        spec=spec,
+        islands=frozenset(islands),
+        seed=seed,
+        device=str(device),
+        float8_recipes=float8_recipes,
+    )
     try:
         return launch(job, timeout_s=timeout_s, ranks=ranks).checked
     except JobFailed as exc:

@@ -163,6 +163,8 @@ class PreflightJob(_Job):
     modules."""
 
     islands: frozenset[str]
+    #: The space's float8 recipes: what each costs each Linear layer is measured too.
+    float8_recipes: tuple[str, ...] = ()
 
     def perform(self, send: Callable[[Reply], None], device: str) -> Preflighted:
         from scalertune._run._preflight import preflight
@@ -170,6 +172,10 @@ class PreflightJob(_Job):
 
         factory = load_factory(self.spec)
         checked = preflight(
-            factory, device=torch.device(device), seed=self.seed, islands=set(self.islands)
+            factory,
+            device=torch.device(device),
+            seed=self.seed,
+            islands=set(self.islands),
+            float8_recipes=self.float8_recipes,
         )
         return Preflighted(checked)

@@ -228,6 +228,7 @@ def _preflight(
                 islands=space.island_names,
                 timeout_s=isolation.timeout_s,
                 ranks=isolation.nproc_per_node,
+                float8_recipes=float8_recipes(space),
             )
         return preflight(
             user_factory,

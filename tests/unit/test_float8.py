@@ -221,3 +221,28 @@ def test_a_float8_trial_may_keep_the_evidences_layers_out_and_the_space_names_it
     assert space.suggest(study.ask()) == config
     assert space.distinct_configs() is None  # clip_norm is a range
     assert space.params_for(AmpConfig(dtype="float8", fp32_modules=("2",))) is None
+
+
+def test_the_step_timing_times_float8_under_a_step_of_the_workloads_own():
+    """A step of the user's own enters amp.autocast() itself and never prepares the model:
+    the timing prepares every dtype's runtime, or float8's steps are refused."""
+    from scalertune._run._timing import time_dtypes
+    from scalertune._workload._factory import build_workload
+
+    def make():
+        parts = fw.workload(40, lambda step: 1.0)
+
+        def step(model, batch, amp):
+            inputs, targets = batch
+            with amp.autocast():
+                loss = parts["loss_fn"](model(inputs), targets)
+            amp.backward(loss)
+            amp.step(parts["optimizer"])
+            parts["optimizer"].zero_grad(set_to_none=True)
+            return loss
+
+        return {**parts, "step": step}
+
+    workload = build_workload(make, seed=0, device=torch.device("cpu"))
+    times = time_dtypes(workload, ["float32", "float8"], device=torch.device("cpu"), clip_norm=None)
+    assert set(times.rounds) == {"float32", "float8"}
