@@ -15,7 +15,7 @@ def describe(record: Mapping[str, Any]) -> str:
     checks: Sequence[Sequence[float]] = record.get("checks", [])
     lines = [
         f"In-run check: every {policy['every']} steps, policy '{policy['action']}'; "
-        f"{record['steps']:,} steps trained, now {_config(record['config'])}"
+        f"{record['steps']:,} steps trained, now {_config(record['config'], record.get('scale'))}"
     ]
     if checks:
         first, last = checks[0], checks[-1]
@@ -61,10 +61,21 @@ def _scaler(record: Mapping[str, Any]) -> str:
     return text
 
 
-def _config(config: Mapping[str, Any]) -> str:
-    from scalertune._amp._config import AmpConfig
+def _config(config: Mapping[str, Any], scale: float | None = None) -> str:
+    """The config the run trains with now, at the scale it has now (its ``init_scale`` is
+    where the scale started, which the scaler has since moved)."""
+    import contextlib
+    import dataclasses
 
-    return AmpConfig.from_dict(config).describe()
+    from scalertune._amp._config import AmpConfig
+    from scalertune._errors import UsageError
+
+    now = AmpConfig.from_dict(config)
+    if scale is not None and now.uses_scaler and math.isfinite(scale) and scale > 0:
+        # a scale no config starts at is left as it was (DeepSpeed's are powers of two)
+        with contextlib.suppress(UsageError):
+            now = dataclasses.replace(now, init_scale=float(scale))
+    return now.describe()
 
 
 def _ratio(ours: float, float32: float) -> float:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Any
 
 import torch
 
-from scalertune._amp._check import ACTIONS, CheckPolicy
+from scalertune._amp._check import ACTIONS, AmpCheckWarning, CheckPolicy
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._amp._schema import load_check, load_runtime
 from scalertune._errors import UsageError
@@ -35,7 +36,20 @@ def runtime_from_yaml(
     path = os.fspath(path)
     parts: dict[str, Any] = load_runtime(path, guard=guard, watch=watch, best_amp=best_amp)
     parts["check"] = in_run_check(path, check)
+    if parts["check"] is not None and parts["config"].dtype == "float32":
+        warnings.warn(nothing_to_check(path), AmpCheckWarning, stacklevel=3)
     return AmpRuntime(**parts, device=device)
+
+
+def nothing_to_check(path: str) -> str:
+    """The one line for an answer in float32: the in-run check compares with float32, so
+    such a run has nothing to check; the best AMP config the search found is one argument
+    away."""
+    return (
+        f"{path}: the answer trains in float32, so the in-run check, which compares with "
+        "float32, has nothing to check; where the search found an AMP config that held "
+        f"(evidence.best_amp), scalertune.load({path!r}, best_amp=True) trains it, checked"
+    )
 
 
 def in_run_check(path: str | None, check: CheckArg) -> InRunCheck | None:
