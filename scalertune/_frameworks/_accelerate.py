@@ -9,6 +9,10 @@ aside and puts the runtime in its place, on the objects Accelerate itself calls:
   as Accelerate's own), with the config's float32 islands; Accelerate's autocast is off;
 - ``backward``: the runtime's backward (the scaled loss), after Accelerate's division by its
   gradient accumulation steps;
+- Accelerate's own float8 (``mixed_precision="fp8"``): its handlers are set aside, so
+  ``prepare`` converts no Linear layer itself; a float8 config converts them in the runtime's
+  way (its recipe, the float32 pass of the in-run check, its islands), and any other config
+  trains none in float8;
 - in training, ``scaler`` is the runtime's GradScaler, so the optimizers ``prepare`` wraps
   step and update through it, and ``unscale_gradients`` (``clip_grad_norm_``) unscales with
   it. Each prepared optimizer's ``step_was_skipped`` is the runtime's verdict, so the
@@ -23,6 +27,7 @@ is replaced, and the private names read, are listed in ``_accelerate_private``.
 from __future__ import annotations
 
 import functools
+import os
 import types
 from typing import Any
 
@@ -51,6 +56,12 @@ def check_accelerator(
             f"{what} runs {kind}: scalertune drives single-process and DDP "
             "training (one model copy per process) only"
         )
+    variable = _accelerate_private.FP8_BACKEND_VARIABLE
+    if _accelerate_private.fp8_backend(None) != "NO":
+        raise UsageError(
+            f"{variable}={os.environ[variable]} makes {what}'s prepare() convert the model "
+            f"to float8 itself: unset it (a float8 config trains in float8 through scalertune)"
+        )
     if _accelerate_private.prepared_anything(accelerator):
         raise UsageError(f"{what} has prepared a model or optimizer already: {before}")
     if getattr(accelerator, ROUTE_ATTR, None) is not None:
@@ -63,6 +74,7 @@ def route_accelerator(accelerator: Any, route: Route, *, training: bool) -> None
     """Point ``accelerator``'s autocast and backward at ``route`` (see the module's
     docstring); with ``training``, its scaler and unscaling too."""
     setattr(accelerator, ROUTE_ATTR, route)
+    _accelerate_private.leave_out_fp8(accelerator)  # the runtime's float8, or none
     accelerator.native_amp = False  # Accelerate's autocast wrapper: the route's runs instead
     accelerator.backward = functools.partial(_backward, accelerator, route)
     accelerator.prepare_model = functools.partial(

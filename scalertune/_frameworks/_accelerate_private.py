@@ -15,6 +15,12 @@ checked again by :func:`check` when an Accelerator is handed over). What is reli
   verdict (:func:`set_step_skipped`);
 - whether the gradients sync after a micro-batch, ``GradientState._set_sync_gradients``, set
   as a Hugging Face Trainer's ``train()`` sets it (:func:`set_sync_gradients`);
+- Accelerate's own float8 (``mixed_precision="fp8"``, from the Accelerator's arguments or
+  ``accelerate launch``): ``prepare`` reads ``fp8_backend`` (the handlers the Accelerator
+  made, else ``ACCELERATE_FP8_BACKEND``) and converts the model's Linear layers itself
+  (torchao) or wraps its forward (Transformer Engine). The handlers are set aside
+  (:data:`FP8_SET`, :func:`leave_out_fp8`), so that the runtime's config is the precision
+  (:func:`fp8_backend` says what is left);
 - the instance attributes that ``_accelerate.route_accelerator`` replaces on one Accelerator
   (:data:`REPLACED`: four methods and two attributes), and the method it replaces on each
   optimizer ``prepare_optimizer`` returns (:data:`OPTIMIZER_REPLACED`);
@@ -31,6 +37,7 @@ checked again by :func:`check` when an Accelerator is handed over). What is reli
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +59,12 @@ REPLACED = (
 #: What is set on each prepared optimizer: its ``step`` (so that an LR scheduler wraps it).
 OPTIMIZER_REPLACED = ("step",)
 
+#: What ``route_accelerator`` sets on an Accelerator so that its ``prepare`` leaves float8 to
+#: the runtime (:func:`leave_out_fp8`).
+FP8_SET = ("has_fp8_handler", "ao_recipe_handler", "te_recipe_handler", "fp8_enabled")
+#: What ``fp8_backend`` falls back to without handlers.
+FP8_BACKEND_VARIABLE = "ACCELERATE_FP8_BACKEND"
+
 #: What is replaced on an Accelerator running DeepSpeed (a DeepSpeed Trainer's).
 DEEPSPEED_REPLACED = ("backward",)
 #: What is read of an Accelerator running DeepSpeed: where its plugin is, the engine
@@ -71,6 +84,8 @@ def check(accelerator: Any) -> None:
     missing = [n for n in (*REPLACED, *_PRIVATE) if not hasattr(accelerator, n)]
     if not hasattr(getattr(accelerator, "gradient_state", None), "_set_sync_gradients"):
         missing.append("GradientState._set_sync_gradients")
+    if fp8_backend(accelerator) != "NO":  # its own float8, set aside by leave_out_fp8
+        missing += [n for n in FP8_SET if not hasattr(accelerator, n)]
     if missing:
         raise RELEASES.missing(missing)
 
@@ -108,6 +123,25 @@ def set_step_skipped(optimizer: Any, skipped: bool) -> None:
 def set_sync_gradients(accelerator: Any, sync: bool) -> None:
     """Tell ``accelerator`` whether the gradients sync after this micro-batch."""
     accelerator.gradient_state._set_sync_gradients(sync)  # noqa: SLF001
+
+
+def fp8_backend(accelerator: Any | None) -> str:
+    """The float8 backend ``accelerator.prepare`` converts the model with: ``"AO"``
+    (torchao), ``"TE"`` (Transformer Engine), or ``"NO"``; with ``None``, the one it falls back
+    to without float8 handlers (``ACCELERATE_FP8_BACKEND``)."""
+    if accelerator is None:
+        return os.environ.get(FP8_BACKEND_VARIABLE, "NO").upper()
+    backend = getattr(accelerator, "fp8_backend", "NO")
+    return str(getattr(backend, "value", backend))
+
+
+def leave_out_fp8(accelerator: Any) -> None:
+    """Set aside the float8 handlers ``accelerator`` was made with (:data:`FP8_SET`): its
+    ``prepare`` then converts no layer and wraps no forward, unless ``ACCELERATE_FP8_BACKEND``
+    still names a backend (:func:`fp8_backend` reads it)."""
+    accelerator.has_fp8_handler = False
+    accelerator.ao_recipe_handler = accelerator.te_recipe_handler = None
+    accelerator.fp8_enabled = False
 
 
 # -- an Accelerator running DeepSpeed -------------------------------------------------------

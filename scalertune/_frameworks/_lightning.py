@@ -6,7 +6,9 @@ Lightning keeps everything mixed precision does in the strategy's precision plug
 in ``optimizer_step``. :func:`route_lightning` puts a subclass of it on the Trainer's strategy
 whose autocast is the runtime's (so its float32 islands hold) and whose scaler is the
 runtime's GradScaler: Lightning's own loop, hooks and clipping (``gradient_clip_val``, set to
-the config's) run unchanged. A float32 config gets Lightning's plain ``Precision``.
+the config's) run unchanged. A float32 config gets Lightning's plain ``Precision``, and so
+does float8 in float32 (with the runtime's forward: the Linear layers compute in float8 there),
+so that the Trainer's ``precision`` says "32-true" and not an autocast that does not run.
 
 Made with ``precision="16-mixed"`` on a CPU, a Trainer warns and trains ``bf16-mixed``
 instead; the plugin set here is Lightning's own class with a device of "cpu", which trains in
@@ -88,15 +90,19 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
 
     if config.dtype == "float32":
         return _Float32()
-    precision = "16-mixed" if config.dtype == "float16" else "bf16-mixed"
+    # float8 in float32 has no autocast for Lightning to name: its plain precision ("32-true"),
+    # with the runtime's forward (float8 inside) all the same
+    mixed = config.autocast_dtype != "float32"
+    base: Any = plugins.MixedPrecision if mixed else plugins.Precision
 
-    class _RuntimePrecision(plugins.MixedPrecision):
-        """Lightning's MixedPrecision with the runtime's autocast, islands and scaler (which
-        counts its steps; without one, as for bfloat16, they are counted here)."""
+    class _RuntimePrecision(base):
+        """Lightning's MixedPrecision (or plain Precision, for float8 in float32) with the
+        runtime's autocast, float8, islands and scaler (which counts its steps; without one,
+        as for bfloat16 and float8, they are counted here)."""
 
         def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
             result = super().optimizer_step(*args, **kwargs)
-            if self.scaler is None:
+            if getattr(self, "scaler", None) is None:
                 amp.steps += 1
             return result
 
@@ -111,6 +117,9 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
             with amp.autocast():
                 yield
 
+    if not mixed:
+        return _RuntimePrecision()
+    precision = "16-mixed" if config.dtype == "float16" else "bf16-mixed"
     return _RuntimePrecision(
         precision, amp.device.type, scaler=amp.scaler if config.uses_scaler else None
     )

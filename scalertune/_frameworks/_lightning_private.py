@@ -35,7 +35,7 @@ RELEASES = {
 STRATEGY_OPTIMIZERS = "_lightning_optimizers"
 #: Precision plugin class -> its methods the runtime's plugin overrides.
 OVERRIDDEN = {
-    "Precision": ("optimizer_step",),
+    "Precision": ("optimizer_step", "convert_module", "forward_context"),
     "MixedPrecision": ("optimizer_step", "convert_module", "forward_context"),
 }
 #: What ``attach`` sets on a Trainer: the runtime's plugin, and the config's clipping.

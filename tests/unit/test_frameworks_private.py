@@ -148,6 +148,40 @@ def test_a_prepared_optimizers_step_is_the_method_an_lr_scheduler_wraps():
     assert calls == [1] and not torch.equal(before, model.weight)
 
 
+def test_accelerates_own_float8_is_what_prepare_reads_and_set_aside_it_converts_nothing(
+    monkeypatch,
+):
+    """An Accelerator made with mixed_precision="fp8" has float8 handlers (``FP8_SET``) that
+    its prepare() reads through ``fp8_backend`` to convert the Linear layers (torchao's own
+    skips the first and the last); set aside, prepare() converts none, unless the variable
+    it falls back to names a backend."""
+    pytest.importorskip("torchao")
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from torchao.float8.float8_linear import Float8Linear
+
+    def converted(accelerator):
+        model = accelerator.prepare(nn.Sequential(*(nn.Linear(32, 32) for _ in range(4))))
+        return [isinstance(m, Float8Linear) for m in model]
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # one Accelerator per process
+    try:
+        own, set_aside = (Accelerator(cpu=True, mixed_precision="fp8") for _ in range(2))
+        assert all(hasattr(own, n) for n in _accelerate_private.FP8_SET)
+        _accelerate_private.check(own)
+        assert _accelerate_private.fp8_backend(own) == "AO"
+        assert converted(own) == [False, True, True, False]
+        _accelerate_private.leave_out_fp8(set_aside)
+        assert _accelerate_private.fp8_backend(set_aside) == "NO"
+        assert converted(set_aside) == [False] * 4
+        assert _accelerate_private.fp8_backend(None) == "NO"
+        monkeypatch.setenv(_accelerate_private.FP8_BACKEND_VARIABLE, "AO")
+        assert _accelerate_private.fp8_backend(None) == "AO"
+        assert _accelerate_private.fp8_backend(set_aside) == "AO"  # what prepare() reads then
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
 # --- transformers ---------------------------------------------------------------------------
 
 
