@@ -74,9 +74,10 @@ def _active() -> Any:
 
 
 class Float8Context(contextlib.AbstractContextManager[None]):
-    """A float8 runtime's forward: the float8 layers compute in float8 with ``config``'s recipe
-    inside, within ``around`` (bfloat16 autocast, or none). Made once and entered on every
-    step, never nested."""
+    """A float8 runtime's forward: the float8 layers compute in float8 with ``settings`` (a
+    recipe's torchao config; ``None``: no float8) inside, within ``around`` (bfloat16
+    autocast, or none). A runtime makes one and enters it on every step; the innermost one
+    entered holds (the in-run check's pass of another recipe, inside a trainer's step)."""
 
     def __init__(self, settings: Any, around: contextlib.AbstractContextManager[Any]) -> None:
         self.settings = settings

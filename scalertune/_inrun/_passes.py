@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from scalertune._amp import _float8
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._islands import make_island, unwrapped
 from scalertune._amp._runtime import AmpRuntime
@@ -85,8 +86,20 @@ class Passes:
             return loss_value(self.recompute()).detach().float()
 
     def under(self, config: AmpConfig) -> torch.Tensor:
-        """The loss with the forward of ``config`` (another float8 recipe, bfloat16)."""
-        with self._quiet(), self.amp.trying(config), self._autocast():
+        """The loss with the forward of ``config`` (another float8 recipe, bfloat16).
+
+        Its forward is entered here whoever runs the step: a trainer's step (Lightning's,
+        a Hugging Face Trainer's) runs inside the run's own forward already, whose float8
+        recipe would otherwise hold for the pass; the innermost float8 setting holds."""
+        settings = (
+            _float8.linear_settings(config, device=self.amp.device) if config.float8 else None
+        )
+        with (
+            self._quiet(),
+            self.amp.trying(config),
+            self.amp.autocast(),
+            _float8.Float8Context(settings, contextlib.nullcontext()),
+        ):
             return loss_value(self.recompute()).detach().float()
 
     def float8_errors(self) -> dict[str, float]:

@@ -278,7 +278,10 @@ def test_the_in_run_check_acts_inside_a_lightning_fit_on_a_failing_tensorwise_ru
     lines = [str(w.message) for w in said if w.category is scalertune.AmpCheckWarning]
     actions = amp.state_dict()["check"]["actions"]
     assert actions and [a["line"] for a in actions] == lines
-    assert amp.config != AmpConfig(dtype="float8")  # moved: a recipe, an island or a dtype
+    # inside Lightning's own forward the check's pass of rowwise is rowwise's (it was
+    # tensorwise's, and the run went to an island, then float32)
+    assert [a["kind"] for a in actions] == ["recipe"], lines
+    assert amp.config == AmpConfig(dtype="float8", float8_recipe="rowwise")
     assert all(math.isfinite(x) for x in losses) and amp.steps == 70
 
 
