@@ -77,11 +77,41 @@ def fsdp2():
     }
 
 
+def copies(all_reduce):
+    """A model no rank wraps in DDP, each rank training on its own batches: its copies drift
+    apart and the check says so, once; with the gradients all-reduced in the step by hand,
+    they are one model and it says nothing."""
+    from scalertune import CheckPolicy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    amp = AmpRuntime(
+        AmpConfig(dtype="bfloat16"), device="cpu", check=InRunCheck(CheckPolicy(every=5))
+    )
+    model = amp.prepare(model)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(16):
+            x = torch.randn(8, 6, generator=generator)
+            optimizer.zero_grad()
+            amp.backward(amp.loss(lambda x=x: torch.nn.functional.mse_loss(model(x), x[:, :1])))
+            if all_reduce:
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)
+                    p.grad /= dist.get_world_size()
+            amp.step(optimizer)
+    return [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
+
+
 if __name__ == "__main__":
     dist.init_process_group("gloo")
     out, steps = sys.argv[1], int(sys.argv[2])
     found = {dtype: train(dtype, steps) for dtype in ("float32", "bfloat16")}
     found["fsdp2"] = fsdp2()
+    found["copies"] = copies(all_reduce=False)
+    found["all_reduced"] = copies(all_reduce=True)
     with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(found, f)
     distributed_workloads.end_rank()

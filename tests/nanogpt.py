@@ -220,7 +220,7 @@ def _shard(data, rank, world):
     ]
 
 
-def _workload(data, *, record=None, ddp=True):
+def _workload(data, *, record=None, ddp=True, all_reduce=False):
     """nanoGPT's training: on ranks (a process group up) each rank takes its share of the
     batches and, with ``ddp``, wraps the model in DistributedDataParallel, syncing the
     gradients on the last micro-batch only, as train.py does."""
@@ -247,6 +247,10 @@ def _workload(data, *, record=None, ddp=True):
                 loss = loss / len(xs)
             amp.backward(loss)
             total = total + loss.detach()
+        if all_reduce and world > 1:  # the gradients averaged by hand, as DDP would
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= world
         amp.step(optimizer)  # unscale, clip at clip_norm, step, update the scale
         optimizer.zero_grad(set_to_none=True)
         iter_num.value += 1
@@ -272,6 +276,11 @@ def make_model_without_ddp():
     """:func:`make_model` whose ranks forget DistributedDataParallel: each trains a copy of
     its own on its share of the data, and the copies drift apart from the first step."""
     return _workload(batches(64), ddp=False)
+
+
+def make_model_all_reduced():
+    """:func:`make_model_without_ddp` whose step all-reduces the gradients itself: one model."""
+    return _workload(batches(64), ddp=False, all_reduce=True)
 
 
 #: Where :func:`make_recording` writes what each factory instance's step saw.

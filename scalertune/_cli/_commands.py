@@ -40,8 +40,8 @@ def _search(args: argparse.Namespace) -> int:
 
     quiet = args.quiet
     isolation = (
-        Isolation(args.trial_timeout, args.trial_memory)
-        if args.isolate or (args.nproc_per_node or 1) > 1
+        Isolation(args.trial_timeout, args.trial_memory, independent_ranks=args.independent_ranks)
+        if args.isolate or (args.nproc_per_node or 1) > 1 or args.independent_ranks
         else None
     )
     new_files = [f for f in owned_files(args.storage) if not os.path.exists(f)]

@@ -193,6 +193,13 @@ def _run_arguments(s: Any) -> None:
         "factory's nproc_per_node attribute, else 1)",
     )
     s.add_argument(
+        "--independent-ranks",
+        action="store_true",
+        help="with --nproc-per-node: the ranks train copies of their own on purpose (an "
+        "ensemble); without it a factory whose ranks' weights differ after the first step "
+        "(no DistributedDataParallel, FSDP or gradient all-reduce) is refused",
+    )
+    s.add_argument(
         "--trial-timeout",
         type=float,
         metavar="SECONDS",

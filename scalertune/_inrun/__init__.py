@@ -6,6 +6,8 @@ acts when the precision or the scaler fails late (see ``_checker``).
 - ``_gap``: the judgement over recent checks, by the horizon's rule;
 - ``_culprits``: which module is at fault: its island closes the gap, it overflowed, or its
   outputs are nearest float16's range;
+- ``_replicas``: whether N ranks train one model or a copy each (the search refuses copies,
+  the check says so once);
 - ``_float8_layers``: what float8 costs each Linear layer at the same weights (flushed
   inputs, error against float32): the evidence islands are chosen from, and its lines;
 - ``_actions``: what a failed check does by the policy, one line each;

@@ -40,8 +40,9 @@ from scalertune._inrun._account import describe
 from scalertune._inrun._actions import Actions, forward_overflows, precision_fails, scaler_drifted
 from scalertune._inrun._gap import Check, judge
 from scalertune._inrun._knobs import GradientTrace, choose_knobs
-from scalertune._inrun._lines import LOGGER, Action, heading, stop
+from scalertune._inrun._lines import LOGGER, Action, heading, stop, warn
 from scalertune._inrun._passes import Passes, loss_value, over_ranks
+from scalertune._inrun._replicas import Copies
 
 #: Checks kept in the record: past it the older ones are thinned evenly.
 KEPT_CHECKS = 512
@@ -71,6 +72,7 @@ class InRunCheck:
         self._rescue_at: int | None = None
         self._trace: GradientTrace | None = None
         self._drift = ""
+        self._copies = Copies()  # on ranks: one model, or a copy each
 
     @property
     def recording(self) -> bool:
@@ -101,6 +103,8 @@ class InRunCheck:
         ours_now, float32 = over_ranks(torch.stack([ours, passes.float32()]), amp.device)
         check = Check(amp.steps, ours_now, float32)
         self._keep(check)
+        if (line := self._copies.look(amp.models, amp.steps)) is not None:
+            warn(line)
         acted = len(self.actions.done)
         overflowed = not math.isfinite(ours_now) and math.isfinite(float32)
         if overflowed or suspect:

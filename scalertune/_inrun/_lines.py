@@ -40,8 +40,13 @@ class Action:
 
 def say(action: Action) -> None:
     """The action's line, as a warning pointed at the user's line, and in the log."""
-    LOGGER.warning(action.line)
-    warnings.warn(AmpCheckWarning(action.line), stacklevel=caller_stacklevel())
+    warn(action.line)
+
+
+def warn(line: str) -> None:
+    """``line`` as an :class:`AmpCheckWarning` pointed at the user's line, and in the log."""
+    LOGGER.warning(line)
+    warnings.warn(AmpCheckWarning(line), stacklevel=caller_stacklevel())
 
 
 def stop(line: str) -> AmpCheckError:

@@ -14,7 +14,7 @@ from scalertune._amp._float8 import left_out
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._inrun._float8_layers import LayerCast, layer_casts, record_inputs
-from scalertune._run import _ranks
+from scalertune._inrun._replicas import Replicas, copies_line
 from scalertune._run._loop import loss_function, step_function
 from scalertune._workload._contract import to_device
 from scalertune._workload._deepspeed import engine_facts
@@ -41,14 +41,6 @@ def check_loss(loss: Any, output: Any = None) -> None:
             f"the loss has shape {tuple(loss.shape)}, not a scalar: reduce it "
             "(e.g. reduction='mean') before returning it"
         )
-
-
-#: A factory on ranks whose model trains as a copy per rank (see ``_ranks.Replicas``).
-_NOT_ONE_MODEL = (
-    "after one step the {n} ranks' gradients and weights differ: each rank trains a copy of "
-    "its own, as the model is neither DistributedDataParallel nor FSDP; wrap it in the "
-    "factory as your training script does (model = DistributedDataParallel(model))"
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,19 +70,21 @@ def preflight(
     seed: int,
     islands: Collection[str] = frozenset(),
     float8_recipes: Collection[str] = (),
+    independent_ranks: bool = False,
 ) -> Checked:
     """One float32 step on a fresh workload: catches a bad loss before any study row exists.
 
     Also checks that every module named in ``islands`` exists, and, with ``float8_recipes``
     (a space's), finds the Linear layers float8 leaves out and what each recipe costs the
-    others on that step's inputs (:mod:`~scalertune._inrun._float8_layers`).
+    others on that step's inputs (:mod:`~scalertune._inrun._float8_layers`). On ranks, their
+    copies of the model must be one model after the step, unless ``independent_ranks``.
     """
     workload = build_workload(factory, seed=seed, device=device)
     AmpRuntime(AmpConfig(fp32_modules=tuple(sorted(islands))), device=device).prepare(
         workload.model
     )
     amp = AmpRuntime(AmpConfig(dtype="float32"), device=device)
-    replicas = _ranks.Replicas(workload.model)
+    replicas = Replicas([workload.model])
     amp._before_step = replicas.grads_ready  # noqa: SLF001 - the runtime's hook for watchers
     batch = to_device(next(iter(workload.batches)), device)
     with record_inputs(workload.model, enabled=bool(float8_recipes)) as recorded:
@@ -108,8 +102,12 @@ def preflight(
             "the step function never called amp.step(optimizer): call amp.backward(loss) "
             "and amp.step(optimizer) so the scaler and clipping run"
         )
-    if replicas.differ():
-        raise UsageError(_NOT_ONE_MODEL.format(n=_ranks.world()))
+    differing = [] if independent_ranks else replicas.differing()
+    if differing:  # a copy per rank: every figure would be about a run nobody trains
+        raise UsageError(
+            copies_line(differing, when="after one step", what="gradients and weights")
+            + "; --independent-ranks if the copies are meant (an ensemble)"
+        )
     return Checked(
         reference=AmpConfig(dtype="float32", clip_norm=workload.clip_norm),
         horizon=workload.horizon,

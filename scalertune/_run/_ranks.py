@@ -20,8 +20,9 @@ exchange what they read back (:func:`agree`):
 The gradient trace reduces its per-window rows the same way (:func:`reduce`).
 
 Before any run, the search's one float32 step checks that the ranks train one model
-(:class:`Replicas`): a factory that forgets DistributedDataParallel trains a copy per rank,
-each on its own shard of the data, and no collective of a step would say so.
+(:class:`~scalertune._inrun._replicas.Replicas`): a factory that forgets
+DistributedDataParallel trains a copy per rank, each on its own shard of the data, and no
+collective of a step would say so.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ import os
 from collections.abc import Sequence
 
 import torch
-from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-from torch.distributed.tensor import DTensor
 
 from scalertune._run import _policy as _run_policy
 
@@ -109,56 +108,3 @@ def agree(
             "gives an FSDP1-wrapped model; a scaler of the step's own is not shared)"
         )
     return table[:, :k].mean(dim=0).tolist()
-
-
-class Replicas:
-    """Whether the ranks' copies of a model are one model: after a step, their gradients (as
-    ``amp.step`` receives them, all-reduced under DDP) and weights must agree. A model the
-    ranks shard (FSDP, FSDP2's DTensors, DeepSpeed's partitions) is not compared: each rank
-    holds its own part by design."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        sharded = any(
-            isinstance(m, (FSDPModule, FullyShardedDataParallel)) for m in model.modules()
-        )
-        self._params = (
-            []
-            if world() == 1 or sharded
-            else [p for p in model.parameters() if not isinstance(p, DTensor) and p.numel()]
-        )
-        self._grads = torch.zeros(0, dtype=torch.float64)
-
-    def grads_ready(self) -> None:
-        """Read the gradients as the optimizer step is about to use them (a parameter
-        without one reads as zeros)."""
-        self._grads = _moments(
-            [
-                p.grad if p.grad is not None else torch.zeros((), device=p.device)
-                for p in self._params
-            ]
-        )
-
-    def differ(self) -> bool:
-        """Whether the ranks' gradients or weights differ (one ``all_gather``; every rank
-        calls it)."""
-        if not self._params:
-            return False
-        grads = self._grads if len(self._grads) else torch.zeros(2 * len(self._params))
-        mine = torch.cat([grads.double(), _moments(self._params)]).to(self._params[0].device)
-        rows = [torch.empty_like(mine) for _ in range(world())]
-        torch.distributed.all_gather(rows, mine)
-        table = torch.stack(rows)
-        return bool(((table - table[0]).abs() > _APART * (table.abs() + table[0].abs())).any())
-
-
-#: How far apart (relative) two ranks' sums may be and still be one model's: DDP's replicas
-#: are equal to the bit; copies trained apart for one step differ by the update itself, which
-#: is a learning rate's share of the weights, far above this.
-_APART = 1e-6
-
-
-def _moments(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Each tensor's sum and sum of squares, in float64 on the host."""
-    with torch.no_grad():
-        pairs = [torch.stack([t.double().sum(), t.double().square().sum()]).cpu() for t in tensors]
-    return torch.cat(pairs) if pairs else torch.zeros(0, dtype=torch.float64)

@@ -149,6 +149,7 @@ def preflight_ranks(
     timeout_s: float | None,
     ranks: int,
     float8_recipes: tuple[str, ...] = (),
+    independent_ranks: bool = False,
 ) -> Checked:
     """``preflight`` (one float32 step) in every rank; :class:`UsageError` as a rank raised
     it, a failure of the factory as :class:`FactoryError`."""
@@ -160,6 +161,7 @@ def preflight_ranks(
         seed=seed,
         device=str(device),
         float8_recipes=float8_recipes,
+        independent_ranks=independent_ranks,
     )
     try:
         return launch(job, timeout_s=timeout_s, ranks=ranks).checked

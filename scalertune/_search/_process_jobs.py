@@ -165,6 +165,8 @@ class PreflightJob(_Job):
     islands: frozenset[str]
     #: The space's float8 recipes: what each costs each Linear layer is measured too.
     float8_recipes: tuple[str, ...] = ()
+    #: Whether the ranks' copies are meant (``--independent-ranks``): not refused.
+    independent_ranks: bool = False
 
     def perform(self, send: Callable[[Reply], None], device: str) -> Preflighted:
         from scalertune._run._preflight import preflight
@@ -177,5 +179,6 @@ class PreflightJob(_Job):
             seed=self.seed,
             islands=set(self.islands),
             float8_recipes=self.float8_recipes,
+            independent_ranks=self.independent_ranks,
         )
         return Preflighted(checked)

@@ -44,6 +44,9 @@ class Isolation:
         nproc_per_node: More than 1: each run in that many processes, the ranks of one
             ``torch.distributed`` group (what :func:`scalertune.search`'s ``nproc_per_node``
             sets).
+        independent_ranks: The ranks train copies of their own on purpose (an ensemble):
+            the search's first step does not refuse ranks whose weights differ after it
+            (``--independent-ranks``).
 
     Raises:
         ParameterError: A bound out of range (a ``UsageError``: the command line exits with
@@ -52,7 +55,7 @@ class Isolation:
     Example:
         >>> import scalertune
         >>> scalertune.Isolation(timeout_s=600, memory_gb=8)
-        Isolation(timeout_s=600, memory_gb=8, nproc_per_node=1)
+        Isolation(timeout_s=600, memory_gb=8, nproc_per_node=1, independent_ranks=False)
         >>> isolation = scalertune.Isolation(timeout_s=600)
         >>> result = scalertune.search("model.py:make_model", isolation=isolation)  # doctest: +SKIP
     """
@@ -60,6 +63,7 @@ class Isolation:
     timeout_s: float | None = None
     memory_gb: float | None = None
     nproc_per_node: int = 1
+    independent_ranks: bool = False
 
     def __post_init__(self) -> None:
         _limits.check(
@@ -229,6 +233,7 @@ def _preflight(
                 timeout_s=isolation.timeout_s,
                 ranks=isolation.nproc_per_node,
                 float8_recipes=float8_recipes(space),
+                independent_ranks=isolation.independent_ranks,
             )
         return preflight(
             user_factory,

@@ -204,21 +204,28 @@ def test_a_ranks_factory_whose_model_is_neither_ddp_nor_fsdp_is_refused_in_one_l
     )
     assert ran.returncode == 2 and "Traceback" not in ran.stderr
     assert ran.stderr.strip().splitlines()[-1] == (
-        "scalertune search: error: rank 0 of 2: after one step the 2 ranks' gradients and "
-        "weights differ: each rank trains a copy of its own, as the model is neither "
-        "DistributedDataParallel nor FSDP; wrap it in the factory as your training script "
-        "does (model = DistributedDataParallel(model))"
+        "scalertune search: error: rank 0 of 2: after one step, rank 1's gradients and "
+        "weights differ from rank 0's: each rank trains a copy of its own, as the model is "
+        "neither DistributedDataParallel nor FSDP and no step all-reduces its gradients; wrap "
+        "it as your training script does (model = DistributedDataParallel(model)), or "
+        "all-reduce the gradients in the step; --independent-ranks if the copies are meant "
+        "(an ensemble)"
     )
     assert not (tmp_path / "scalertune.db").exists()
-    checked = preflight_ranks(
-        spec("make_model", "nanogpt.py"),
-        device=torch.device("cpu"),
-        seed=0,
-        islands=set(),
-        timeout_s=120,
-        ranks=2,
-    )
-    assert checked.reference.clip_norm == 1.0
+    for factory, independent in (
+        ("make_model_all_reduced", False),
+        ("make_model_without_ddp", True),
+    ):
+        checked = preflight_ranks(
+            spec(factory, "nanogpt.py"),
+            device=torch.device("cpu"),
+            seed=0,
+            islands=set(),
+            timeout_s=120,
+            ranks=2,
+            independent_ranks=independent,
+        )
+        assert checked.reference.clip_norm == 1.0
 
 
 @pytest.mark.slow

@@ -210,6 +210,16 @@ def test_ranks_take_the_same_action_at_the_same_step(on_ranks):
 
 
 @pytest.mark.xdist_group("inrun-ranks")  # one torchrun launch for both
+def test_ranks_that_train_copies_are_named_once_and_all_reduced_ones_are_not(on_ranks):
+    for rank in on_ranks:
+        (line,) = rank["copies"]
+        assert line.startswith("scalertune check at step 5, rank 1's weights differ from rank 0's")
+        assert "or all-reduce the gradients in the step" in line
+        assert rank["all_reduced"] == []
+        assert not any("copy of its own" in line for line in rank["bfloat16"]["lines"])  # DDP
+
+
+@pytest.mark.xdist_group("inrun-ranks")  # one torchrun launch for both
 def test_fully_sharded_ranks_keep_the_same_module_in_float32(on_ranks):
     zero, one = on_ranks
     assert zero["fsdp2"] == one["fsdp2"]
