@@ -11,6 +11,7 @@ from typing import Any
 from scalertune import _policy
 from scalertune._amp._check import CheckPolicy
 from scalertune._amp._config import FLOAT8_RECIPES, AmpConfig
+from scalertune._amp._guard import AmpGuardError
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._amp._watch import ScalerPrediction, Watch
 from scalertune._inrun._culprits import ISLAND_CLOSES, island_for, overflow_islands
@@ -165,11 +166,19 @@ def _moved(config: AmpConfig, move: str) -> AmpConfig:
 
 
 def forward_overflows(
-    actions: Actions, amp: AmpRuntime, passes: Passes, check: Check, healthy: float | None
+    actions: Actions,
+    amp: AmpRuntime,
+    passes: Passes,
+    check: Check,
+    healthy: float | None,
+    *,
+    collapsed: bool = False,
 ) -> None:
     """A forward overflow, this step's or (``check`` finite) one since the last read: the
     modules at fault kept in float32, and the scale put back to ``healthy`` (the scale
-    before the overflow), else float32."""
+    before the overflow), else float32. Where the scale ``collapsed`` (the guard is about to
+    stop the run) and the forward is finite with nothing at fault, the gradients were too
+    large for float16, not an activation: the scale is set back (:func:`scale_set_back`)."""
     dtype = amp.config.dtype
     found = (
         f"{heading(check.step)}: {dtype}'s loss was not finite since the last read-back"
@@ -182,6 +191,9 @@ def forward_overflows(
         islands = [m for m in islands if m not in amp.config.fp32_modules] or None
         how = how if islands else f"{how}, kept in float32 already"
     if islands is None:
+        if collapsed and math.isfinite(check.ours):
+            scale_set_back(actions, amp, check, healthy, how)
+            return
         LOGGER.info("%s, but nothing points at the forward: %s", found, how)
         return
     if not actions.acting(amp, found):
@@ -200,6 +212,48 @@ def forward_overflows(
     )
     them = "it" if len(islands) == 1 else "them"
     actions.acted(amp, "overflow", f"{found}: {how}; keeping {them} in float32 from now on{kept}")
+
+
+#: How many times a run's collapsed scale is set back before the guard stops it: a burst of
+#: large gradients passes (a few bad batches, a spike of the learning rate), and each setback
+#: costs the ~40 skipped steps of another collapse from 2**16; one that returns three times is
+#: not a burst, and no setting of the scale fixes it.
+SCALE_SET_BACKS = 3
+
+
+def scale_set_back(
+    actions: Actions, amp: AmpRuntime, check: Check, healthy: float | None, how: str
+) -> None:
+    """The loss scale collapsed under the guard's floor while the forward stays finite with
+    no module at fault: gradients too large for float16 at every scale for a while (a burst
+    of large losses), not an activation overflow. Once the burst is over (this forward is
+    finite), the scale goes back to ``healthy`` (where it was before, the config's initial
+    scale at least), said in one line; the ``SCALE_SET_BACKS``-th collapse stops the run with
+    what was seen."""
+    now = float(amp.scale)
+    floor = amp.guard.min_scale if amp.guard is not None else 0.0
+    if healthy is None or healthy <= max(now, floor):  # no higher scale to go back to
+        LOGGER.info(
+            "%s: the scale is not under where it was: the guard decides", heading(amp.steps)
+        )
+        return
+    seen = (
+        f"{heading(check.step)}: the loss scale fell to {scale_text(now)} over "
+        f"{amp.skipped_steps:,} skipped steps while the forward stays finite at the same weights "
+        f"({check.ratio:.3g}x float32's loss; {how}): the gradients, not an activation, were "
+        "too large for float16"
+    )
+    setbacks = sum(a.kind == "scale" for a in actions.done)
+    if amp.engine is not None or setbacks >= SCALE_SET_BACKS:
+        again = f"; set back {setbacks} times, it collapsed again" if setbacks else ""
+        raise AmpGuardError(
+            f"{seen}{again}: lower the learning rate or clip the gradients (clip_norm), or "
+            "train in bfloat16"
+        )
+    amp.reconfigure(amp.config, scale=healthy)
+    actions.acted(
+        amp, "scale", f"{seen}; the scale set back to {scale_text(healthy)}, where it was before"
+    )
 
 
 def scaler_drifted(actions: Actions, amp: AmpRuntime, knobs: Knobs, drift: str) -> None:

@@ -109,10 +109,11 @@ class InRunCheck:
         overflowed = not math.isfinite(ours_now) and math.isfinite(float32)
         if overflowed or suspect:
             healthy = self._healthy
-            if self._rescue_at is not None:  # the scale collapsed: back to where it began
+            collapsed = self._rescue_at is not None
+            if collapsed:  # the scale collapsed: back to where it began
                 healthy = max(healthy or 0.0, amp.config.init_scale)
-            forward_overflows(self.actions, amp, passes, check, healthy)
             self._rescue_at = None
+            forward_overflows(self.actions, amp, passes, check, healthy, collapsed=collapsed)
         elif len(self._window) >= self.policy.window:
             gap = judge(self._window[-self.policy.window :])
             if gap is not None and gap.beyond(self.actions.tolerance()):

@@ -23,7 +23,8 @@ LOGGER.addHandler(logging.NullHandler())
 class Action:
     """What the check did at a step, and why: ``kind`` is ``island`` (a module kept in
     float32 for the precision), ``overflow`` (modules kept in float32 after a forward
-    overflow, and the scale kept from collapsing), ``recipe`` (a more accurate float8 recipe),
+    overflow, and the scale kept from collapsing), ``scale`` (a scale collapsed by gradients
+    too large for float16, set back once they passed), ``recipe`` (a more accurate float8 recipe),
     ``bfloat16`` (out of float8), ``float32``, ``knobs`` or ``none`` (the policy warned)."""
 
     step: int

@@ -312,3 +312,38 @@ def test_a_collapse_with_nothing_in_the_forward_is_stopped_by_the_guard_one_read
     with pytest.raises(scalertune.AmpGuardError, match="at step 10"):
         _train(amp, 20)
     assert not amp.check.actions.done
+
+
+def test_a_scale_collapsed_by_a_burst_of_large_gradients_is_set_back_and_the_run_trains_on():
+    """A burst of huge losses (40 steps at 1e30 times the loss) overflows float16's gradients
+    at every scale and drives the scale under the guard's floor, with the forward finite
+    throughout: without the check the guard stops the run (blaming an activation); checked,
+    the scale is set back, one line says what was seen, and the run ends with float32's loss."""
+
+    def run(amp):
+        torch.manual_seed(0)
+        model = amp.prepare(nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1)))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        generator, losses = torch.Generator().manual_seed(0), []
+        for step in range(300):
+            x = torch.randn(32, 16, generator=generator)
+            y = 2 * x[:, :1] + 0.1 * torch.randn(32, 1, generator=generator)
+            burst = 1e30 if 100 <= step < 140 else 1.0
+            optimizer.zero_grad(set_to_none=True)
+            loss = amp.loss(lambda x=x, y=y, b=burst: nn.functional.mse_loss(model(x), y) * b)
+            amp.backward(loss)
+            amp.step(optimizer)
+            losses.append(float(loss) / burst)
+        return sum(losses[-50:]) / 50
+
+    guard = scalertune.Guard()
+    with pytest.raises(scalertune.AmpGuardError, match="at step 140"):
+        run(AmpRuntime(AmpConfig(), device=CPU, guard=guard))
+    amp = AmpRuntime(AmpConfig(), device=CPU, guard=guard, check=InRunCheck(CheckPolicy()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checked = run(amp)
+    lines = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
+    assert len(lines) == 1 and "the gradients, not an activation, were too large" in lines[0]
+    assert "set back to 2**16" in lines[0] and amp.steps == 300
+    assert checked <= 1.10 * run(AmpRuntime(AmpConfig(dtype="float32"), device=CPU))
