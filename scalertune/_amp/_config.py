@@ -413,7 +413,7 @@ FP16_DEFAULTS = {
 
 #: Keys an ``fp16`` block may hold that leave the loss scaler alone (``auto_cast`` casts the
 #: inputs, the other keeps master weights in half for DeepSpeed's CPU Adam).
-_FP16_OTHER_KEYS = ("auto_cast", "fp16_master_weights_and_grads")
+FP16_OTHER_KEYS = ("auto_cast", "fp16_master_weights_and_grads")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -509,7 +509,7 @@ class DeepSpeedFp16Config(AmpConfig):
             raise UsageError(
                 f"{name} must be a mapping (DeepSpeed's fp16 block), got {shown(block)}"
             )
-        unknown = sorted(set(block) - {"enabled", "loss_scale", *FP16_DEFAULTS, *_FP16_OTHER_KEYS})
+        unknown = sorted(set(block) - {"enabled", "loss_scale", *FP16_DEFAULTS, *FP16_OTHER_KEYS})
         if unknown:
             raise UsageError(
                 f"{name} has unknown key(s) {', '.join(map(str, unknown))}: DeepSpeed's "
@@ -525,7 +525,10 @@ class DeepSpeedFp16Config(AmpConfig):
                 f"{name} has loss_scale {shown(block['loss_scale'])}, a static scale: set "
                 "loss_scale 0 for DeepSpeed's dynamic scaler"
             )
-        values = {**FP16_DEFAULTS, **{k: block[k] for k in FP16_DEFAULTS if k in block}}
+        values = {
+            **FP16_DEFAULTS,
+            **{k: _as_deepspeed_reads(k, block[k]) for k in FP16_DEFAULTS if k in block},
+        }
         if "auto" in values.values():
             raise UsageError(
                 f"{name} has 'auto' values, which only Hugging Face's Trainer fills in: give "
@@ -586,6 +589,17 @@ class DeepSpeedFp16Config(AmpConfig):
             f"{self.growth_interval} hysteresis {self.hysteresis}{consecutive} min "
             f"{self.min_loss_scale}, {clip}"
         )
+
+
+def _as_deepspeed_reads(key: str, value: Any) -> Any:
+    """A value of an ``fp16`` block as DeepSpeed's config (pydantic, in its lax mode) reads
+    it: a whole-number float is its integer (DeepSpeed's own tests write ``min_loss_scale:
+    2.0``), and ``consecutive_hysteresis`` takes 0 and 1 for false and true."""
+    if key == "consecutive_hysteresis":
+        return bool(value) if value in (0, 1) and not isinstance(value, float) else value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 #: DeepSpeed's own fp16 defaults: what a user gets from ``"fp16": {"enabled": true}``.

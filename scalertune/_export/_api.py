@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from scalertune import _limits
-from scalertune._amp._config import AmpConfig, DeepSpeedFp16Config
+from scalertune._amp._config import FP16_OTHER_KEYS, AmpConfig, DeepSpeedFp16Config
 from scalertune._errors import UsageError
 from scalertune._export import _code, _torchao, _torchtitan
 from scalertune._export._code import Call, Device, Expr, Name, Parts, build, program
@@ -459,6 +459,11 @@ def _users_config(parts: Parts, evidence: Any) -> None:
         return
     kept = {k: v for k, v in base.items() if k not in ("fp16", "bf16", "bfloat16")}
     parts.spec = {**kept, **parts.spec}
+    searched, answer = base.get("fp16"), parts.spec.get("fp16")
+    if isinstance(searched, Mapping) and isinstance(answer, dict) and answer.get("enabled"):
+        # what the block held beside its scaler (auto_cast casts the inputs) trains as searched
+        others = {k: searched[k] for k in FP16_OTHER_KEYS if k in searched}
+        parts.spec["fp16"] = {**answer, **others}
     parts.usage = [
         line for line in parts.usage if "refuses a config without a batch size" not in line
     ]

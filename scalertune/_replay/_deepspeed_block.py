@@ -23,7 +23,8 @@ def deepspeed_fp16_block(config: AmpConfig) -> dict[str, Any]:
     return {
         "enabled": True,
         "loss_scale": 0,
-        "initial_scale_power": max(round(math.log2(config.init_scale)), 0),
+        # 127 at most: 2**128 is past float32 (an init_scale at float32's largest rounds up)
+        "initial_scale_power": min(max(round(math.log2(config.init_scale)), 0), 127),
         "loss_scale_window": config.growth_interval,
         "hysteresis": 1,
         "consecutive_hysteresis": False,

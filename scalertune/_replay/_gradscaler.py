@@ -31,9 +31,12 @@ that streak. After it the one-config :func:`replay` follows the run's lag (a run
 skipped ``k`` steps has made ``t - k`` updates; see :func:`replay`); :func:`replay_many`
 reads the trace at ``t`` (open loop), which ranks many configs fast.
 
-Not modelled: below a scale of about ``3e-39`` GradScaler's ``1/scale`` is inf in float32, so
-``unscale_`` makes every gradient non-finite and every step is skipped whatever the trace
-says. A search prunes a run long before (``_policy.SCALE_FLOOR`` is ``2**-24``).
+Not modelled: below a scale of about ``3e-39`` GradScaler's ``1/scale`` is inf in float32.
+The scaled float16 gradients are zeros by then, and on a CPU ``unscale_`` turns them into NaN
+(``inf * 0``) without flagging the step: it is taken, and the weights become NaN (measured on
+torch 2.13: at ``1e-39`` no step skipped, the weights NaN; at ``3e-39`` the gradients zero and
+the weights finite). A search prunes a run long before (``_policy.SCALE_FLOOR`` is
+``2**-24``), and the guard a training run loads stops it at the same floor.
 """
 
 from __future__ import annotations

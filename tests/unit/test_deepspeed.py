@@ -43,6 +43,36 @@ def test_an_fp16_block_is_a_config_deepspeed_parses_back_to_the_same_scaler():
     )
 
 
+def test_deepspeeds_own_test_values_are_read_as_deepspeed_reads_them():
+    """DeepSpeed's tests write ``min_loss_scale: 2.0``, ``hysteresis: 1.0`` and
+    ``consecutive_hysteresis: 1``, which its config (pydantic) takes as 2, 1 and true."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    block = {"enabled": True, "initial_scale_power": 8.0, "min_loss_scale": 2.0}
+    block |= {"hysteresis": 1.0, "consecutive_hysteresis": 1, "loss_scale_window": 100.0}
+    ours = DeepSpeedFp16Config.from_fp16_block(block)
+    theirs = DeepSpeedConfig({**dsw.CONFIG, "fp16": block}).float16_config
+    assert (
+        (ours.initial_scale_power, ours.min_loss_scale, ours.hysteresis)
+        == (
+            theirs.initial_scale_power,
+            theirs.min_loss_scale,
+            theirs.hysteresis,
+        )
+        == (8, 2, 1)
+    )
+    assert ours.consecutive_hysteresis is theirs.consecutive_hysteresis is True
+    assert ours.growth_interval == theirs.loss_scale_window == 100
+
+
+def test_an_export_of_the_largest_scale_is_a_block_predict_reads():
+    from scalertune._replay._deepspeed_block import deepspeed_fp16_block
+
+    block = deepspeed_fp16_block(AmpConfig(init_scale=3.4028234663852886e38))
+    assert block["initial_scale_power"] == 127
+    assert DeepSpeedFp16Config.from_fp16_block(block).initial_scale_power == 127
+
+
 @pytest.mark.parametrize(
     ("block", "said"),
     [
@@ -212,6 +242,19 @@ def test_a_deepspeed_answer_exports_as_the_config_deepspeed_parses(tmp_path):
     with pytest.raises(UsageError, match="--to deepspeed"):
         scalertune.load(path, device="cpu")
     assert os.path.exists(path)
+
+
+def test_an_export_keeps_what_the_searched_fp16_block_held_beside_its_scaler(tmp_path):
+    """``auto_cast`` (the inputs cast to float16) trained in every run of the search: the
+    exported config keeps it under the answer's scaler."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    path = str(tmp_path / "amp.yaml")
+    searched = {**dsw.CONFIG, "fp16": {"enabled": True, "auto_cast": True}}
+    write_result({"config": LAZY.to_dict(), "evidence": {"deepspeed": {"config": searched}}}, path)
+    data = scalertune.export(path, "deepspeed").build()
+    assert data["fp16"] == {**LAZY.fp16_block(), "auto_cast": True}
+    assert DeepSpeedConfig(data).float16_config.auto_cast is True
 
 
 def test_a_deepspeed_trainer_refuses_what_its_engine_cannot_take_in_one_line():
