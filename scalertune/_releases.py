@@ -46,8 +46,8 @@ class Releases:
     """
 
     distribution: str
-    lowest: tuple[int, int]
-    below: tuple[int, int]
+    lowest: tuple[int, ...]
+    below: tuple[int, ...]
     checked: str
 
     @property
@@ -57,9 +57,13 @@ class Releases:
         return f"{self.distribution}>={low},<{high}"
 
     def takes(self, version: str) -> bool:
-        """Whether ``version`` is inside the bound (a pre-release counts as its release)."""
-        found = re.match(r"(\d+)\.(\d+)", version)
-        return found is not None and self.lowest <= (int(found[1]), int(found[2])) < self.below
+        """Whether ``version`` is inside the bound (a pre-release counts as its release); a
+        bound of three numbers compares the patch release too."""
+        found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+        if found is None:
+            return False
+        parts = tuple(int(p or 0) for p in found.groups())
+        return self.lowest <= parts[: len(self.lowest)] and parts[: len(self.below)] < self.below
 
     def installed(self) -> str | None:
         """The installed release (``None`` when it is not installed as a distribution)."""
