@@ -36,6 +36,7 @@ import torch
 
 from scalertune._amp import _torchao_private as torchao
 from scalertune._amp._islands import in_island, unwrapped
+from scalertune._amp._watch import caller_stacklevel
 
 #: float8 matmuls (``torch._scaled_mm``) need both sizes of a weight to be multiples of this.
 FLOAT8_MULTIPLE = 16
@@ -166,7 +167,7 @@ _SAID: set[str] = set()
 def _say_once(line: str) -> None:
     if line not in _SAID:
         _SAID.add(line)
-        warnings.warn(line, Float8LeftOut, stacklevel=4)
+        warnings.warn(line, Float8LeftOut, stacklevel=caller_stacklevel())
 
 
 _CLASSES: dict[str, type[Any]] = {}

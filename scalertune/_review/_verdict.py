@@ -33,10 +33,10 @@ def verdict(result: Findings) -> str:
     if best.config.float8 and emulated(device):
         return (
             f"train in {result.config.describe()}: the best AMP config that holds, "
-            f"{best.label} [{best.config.describe()}], ran float8 emulated on {device} "
-            "(float8's numerics without float8 matmuls), so no speed is claimed for it: on a "
-            "GPU with float8 matmuls (CUDA capability 8.9+), use it (evidence.best_amp) or run "
-            f"the search there{covers}"
+            f"{best.label} [{best.config.describe()}], ran float8 emulated on {device}: "
+            "torchao computes float8's numerics there without float8 matmuls, so no speed is "
+            "claimed for it; on a GPU with float8 matmuls (CUDA capability 8.9+), use it "
+            f"(evidence.best_amp) or run the search there{covers}"
         )
     if result.recommended is None:
         why = CPU_SLOWER if found.cpu_note(device) else "a tie goes to the simpler config"
