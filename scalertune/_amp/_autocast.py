@@ -155,6 +155,9 @@ class Clip:
     def __init__(self, max_norm: float) -> None:
         self.max_norm = max_norm
         self._params: dict[int, list[torch.Tensor]] = {}
+        #: The total norm of the last step's unscaled gradients, before clipping (a tensor on
+        #: the device: read it only when it is wanted, as nanoGPT prints it).
+        self.last_norm: torch.Tensor | None = None
 
     def __call__(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
         scaler.unscale_(optimizer)
@@ -163,4 +166,4 @@ class Clip:
             params = self._params[id(optimizer)] = [
                 p for group in optimizer.param_groups for p in group["params"]
             ]
-        torch.nn.utils.clip_grad_norm_(params, self.max_norm)
+        self.last_norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm)

@@ -446,6 +446,13 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         return loss.detach()
 
     @property
+    def grad_norm(self) -> torch.Tensor | None:
+        """The total norm of the last step's gradients, unscaled, before clipping (what
+        ``clip_grad_norm_`` returns, and nanoGPT prints); ``None`` for a config that does not
+        clip. A tensor on the device: reading it is a host sync."""
+        return self._clip.last_norm if self._clip is not None else None
+
+    @property
     def models(self) -> list[torch.nn.Module]:
         """The models :meth:`prepare` has seen (the in-run check's islands go on them)."""
         return self._forward.models

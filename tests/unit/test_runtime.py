@@ -51,6 +51,28 @@ def test_clipping_acts_on_unscaled_gradients():
     assert float((after - before).norm()) == pytest.approx(0.5, rel=1e-2)
 
 
+def test_the_gradient_norm_of_the_last_step_is_the_unscaled_one_clipping_saw():
+    """What nanoGPT prints each step: ``clip_grad_norm_``'s return, of the unscaled
+    gradients, as a plain float32 loop computes it on the same step."""
+    model, batch = _model_and_batch(target_scale=10.0)
+    theirs = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    amp = AmpRuntime(AmpConfig(dtype="float32", clip_norm=0.5), device="cpu")
+    assert amp.grad_norm is None
+    amp.train_step(model, opt, nn.functional.mse_loss, batch)
+    plain = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    for p, q in zip(plain.parameters(), theirs):
+        p.data.copy_(q)
+    nn.functional.mse_loss(plain(batch[0]), batch[1]).backward()
+    assert float(amp.grad_norm) == float(nn.utils.clip_grad_norm_(plain.parameters(), 0.5))
+    scaled = AmpRuntime(AmpConfig(init_scale=1024.0, clip_norm=0.5), device="cpu")
+    scaled.train_step(
+        plain, torch.optim.SGD(plain.parameters(), lr=0.0), nn.functional.mse_loss, batch
+    )
+    assert float(scaled.grad_norm) == pytest.approx(float(amp.grad_norm), rel=1e-2)
+    assert AmpRuntime(AmpConfig(), device="cpu").grad_norm is None  # no clipping
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_bfloat16_and_float32_run_without_a_scaler(dtype):
     model, batch = _model_and_batch()
