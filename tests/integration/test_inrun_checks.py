@@ -40,8 +40,17 @@ def test_a_precision_floor_is_met_by_training_on_in_float32():
     )
     assert fixed > 2 * float32
     assert checked <= WITHIN * float32, (checked / float32, lines)
-    assert len(lines) == 1 and "bfloat16's loss is" in lines[0]
+    _met_in_float32(lines)
     assert amp.config.dtype == "float32"
+
+
+def _met_in_float32(lines):
+    """The check's lines where bfloat16's precision floor ends in float32: at once, or after
+    the output layer kept in float32 (it brings the batch within 5% on a CPU with native
+    bfloat16 matmuls, AMX's, and not on one without) was not enough."""
+    assert 1 <= len(lines) <= 2 and all("bfloat16's loss is" in line for line in lines), lines
+    assert lines[-1].endswith("training in float32 from now on"), lines
+    assert len(lines) == 1 or "keeping '2' in float32" in lines[0], lines
 
 
 def test_a_late_activation_overflow_gets_an_island_and_keeps_its_scale():
@@ -94,9 +103,10 @@ def test_a_short_search_then_a_run_that_checks_itself(tmp_path):
         warnings.simplefilter("always")
         checked = tail_loss(late_workloads.readings_near_1000, amp)
     assert fixed > 2 * float32 and checked <= WITHIN * float32
-    (line,) = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
+    lines = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
+    _met_in_float32(lines)
     amp.check.sink.close()
     report = run_cli("report", "--study-name", "late_workloads:readings_near_1000", cwd=tmp_path)
     assert "Real runs that checked themselves against float32 (1):" in report.stdout
-    assert line in report.stdout
+    assert all(line in report.stdout for line in lines)
     assert "3,000 steps trained, now float32" in report.stdout

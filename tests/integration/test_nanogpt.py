@@ -118,7 +118,8 @@ def test_the_yaml_names_its_model_and_another_models_training_is_warned(searched
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         scalertune.load(path, device="cpu").prepare(own)
-    assert not caught
+    # a float32 answer says, at load, that its check has nothing to compare: not about models
+    assert not [w for w in caught if not issubclass(w.category, scalertune.AmpCheckWarning)]
     wider = nanogpt.GPT(nanogpt.GPTConfig(n_embd=48))
     amp = scalertune.load(path, device="cpu")
     with pytest.warns(UserWarning, match=r"amp.yaml was searched on another model") as caught:
