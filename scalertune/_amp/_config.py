@@ -277,7 +277,7 @@ class AmpConfig:
         known = {f.name for f in dataclasses.fields(AmpConfig)} - set(FLOAT8_KNOBS) | {"float8"}
         if any(k in data for k in FLOAT8_KNOBS):
             known |= set(FLOAT8_KNOBS)
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(str, set(data) - known))  # a key YAML read as a number too
         if unknown:
             raise UsageError(
                 f"unknown config key(s) {', '.join(unknown)}: use {', '.join(sorted(known))}"

@@ -46,8 +46,10 @@ def read_yaml(path: str, *, what: str, missing: str = "") -> Any:
 
 def parse_yaml(text: str, *, where: str) -> Any:
     """The data in YAML ``text``, bounded as the module says; ``where`` names it in errors."""
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        # a NUL or control byte is refused as the loader reads the text: inside the ``try``
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -59,8 +61,11 @@ def parse_yaml(text: str, *, where: str) -> Any:
         raise UsageError(f"{where} is not valid YAML{at}: fix the file") from None
     except RecursionError:
         raise UsageError(f"{where} nests its values too deeply to be a scalertune file") from None
+    except ValueError:  # an integer past Python's 4300 digits for int(str)
+        raise UsageError(f"{where} holds a number too long to be a scalertune value") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _measure(root: yaml.Node, where: str, loader: yaml.SafeLoader) -> None:

@@ -623,6 +623,15 @@ LOAD = [
     ("alias in itself", RESULT + "evidence: &e {x: *e}\n", r"refers to a value that contains"),
     ("config a list", "config: [1, 2]\n", r"has no 'config' mapping"),
     ("not YAML", "config: {dtype: float16\n", r"is not valid YAML"),
+    ("a NUL byte", RESULT + "evidence: {x: 1}\x00\n", r"is not valid YAML"),
+    ("a control byte", RESULT + "evidence: {x: \x07}\n", r"is not valid YAML"),
+    ("5000 digits", _result(init_scale="9" * 5000), r"holds a number too long"),
+    ("a key that is a number", "config: {1: 2, dtype: float16}\n", r"unknown config key\(s\) 1"),
+    (
+        "a float8 block of a float16 config",
+        "config: {dtype: float16, float8: {recipe: rowwise}}\n",
+        r"a float8 block belongs to dtype float8",
+    ),
 ]
 
 
