@@ -206,11 +206,13 @@ def _target_loss(value: Any, where: str) -> float:
 
 
 def _curve(values: Any, where: str, key: str) -> tuple[float, ...]:
-    """A loss per step, no longer than the longest horizon."""
+    """A loss per step, no longer than the longest horizon, finite (float32's reference that
+    went non-finite is refused as it runs: a NaN or an infinity here was written by another
+    hand, and the target's statistics would not survive it)."""
     if (
         not isinstance(values, (list, tuple))
         or len(values) > _limits.MAX_HORIZON
-        or not all(_is_number(v) for v in values)
+        or not all(_is_number(v) and math.isfinite(v) for v in values)
     ):
         raise _damaged(where, key, "is not a loss per step")
     return tuple(float(v) for v in values)

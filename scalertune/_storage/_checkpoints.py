@@ -128,28 +128,32 @@ class StoredCheckpoint:
         return self.fetch_checked()[0]
 
     def fetch_checked(self) -> tuple[str, dict[str, Any]]:
-        """:meth:`fetch`, with the manifest the file was checked against."""
+        """:meth:`fetch`, with the manifest the file was checked against.
+
+        What is checked is what is loaded: the file is read once, through the store (a
+        regular file, no link followed), into this process's own scratch folder, which
+        nobody else can write; the digest is of that copy, and the copy is what
+        ``torch.load`` opens. A file swapped in the store after the check is never read."""
         from optuna.artifacts.exceptions import ArtifactNotFound
 
         manifest = self.manifest()
         if manifest is None:
             raise MissingEvidence(f"{self.describe()} is missing")
         self._check_signature(manifest)
-        path = self.store.path(self.name)
+        path = os.path.join(_scratch(), f"{manifest['sha256']}.pt")
         try:
-            if path is None:
-                path = os.path.join(_scratch(), f"{manifest['sha256']}.pt")
-                if not os.path.exists(path):
-                    # no further than the manifest's size: a longer file is not the one
-                    self.store.read(self.name, lambda f: _copy_to(f, path, manifest["bytes"]))
+            # a folder's file is read again each time (what it holds now is what is judged); a
+            # bucket's copy, checked once, is kept for the process's later branches
+            if self.store.path(self.name) is not None or not os.path.exists(path):
+                # no further than the manifest's size: a longer file is not the one
+                self.store.read(self.name, lambda f: _copy_to(f, path, manifest["bytes"]))
             digest, size = _digest_of_file(path)
         except (ArtifactNotFound, FileNotFoundError):
             raise MissingEvidence(f"{self.describe()} is missing its file") from None
         except Exception as exc:  # unreadable: permissions, a bucket refusing
             raise MissingEvidence(f"{self.describe()} cannot be read: {_why(exc)}") from None
         if (digest, size) != (manifest["sha256"], manifest["bytes"]):
-            if self.store.path(self.name) is None:
-                os.remove(path)
+            os.remove(path)
             raise MissingEvidence(
                 f"{self.describe()} is damaged: its file is {size} bytes with another checksum "
                 f"than the {manifest['bytes']} bytes written at step {manifest['step']}"
@@ -226,7 +230,8 @@ _SCRATCH: list[str] = []
 
 
 def _scratch() -> str:
-    """This process's folder for files on their way to or from a bucket; removed at exit."""
+    """This process's own folder (``mkdtemp``: only its user may write it) for files on their
+    way to or from a bucket, and the checked copies of checkpoints; removed at exit."""
     if not _SCRATCH:
         _SCRATCH.append(tempfile.mkdtemp(prefix="scalertune-"))
         atexit.register(shutil.rmtree, _SCRATCH[0], True)

@@ -39,6 +39,7 @@ from scalertune._storage._outage import (
     retrying,
     ride_out,
     say,
+    say_or_print,
     unreachable_at_open,
 )
 from scalertune._storage._redact import HIDDEN, redact
@@ -238,9 +239,60 @@ def _journal(path: str, *, must_exist: bool) -> Any:
 
     check_local(path, must_exist=must_exist)
     try:
+        mend_cut_record(path)
         return JournalStorage(JournalFileBackend(path))
+    except UsageError:
+        raise
     except Exception as exc:
         raise UsageError(f"cannot open journal file {path}: {first_line(exc)}") from None
+
+
+#: How much of a journal's end is read to find where its last whole record ends.
+_TAIL_BYTES = 1 << 20
+
+
+def mend_cut_record(path: str) -> str | None:
+    """Set aside a journal's last record where it was cut mid-line (a worker killed, or a disk
+    full, as it wrote): Optuna still reads the whole records before it, but the next append
+    would continue the cut line into one no reader parses, and every later record with it.
+    Under Optuna's own lock on the file (a record another worker is writing is finished
+    first), the cut bytes go to a side file beside it and the journal ends at its last whole
+    record; said in one line. Returns the side file (``None``: the journal was whole)."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    if not os.path.isfile(path) or os.path.getsize(path) == 0 or _ends_whole(path):
+        return None
+    lock = JournalFileSymlinkLock(path)
+    lock.acquire()
+    try:
+        if _ends_whole(path):  # another worker mended it while this one waited
+            return None
+        with open(path, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - _TAIL_BYTES))
+            tail = f.read()
+            keep = size - len(tail) + tail.rfind(b"\n") + 1
+            f.seek(keep)
+            cut = f.read()
+            side = f"{path}.cut-{int(time.time())}"
+            with open(side, "wb") as out:
+                out.write(cut)
+            f.truncate(keep)
+    finally:
+        lock.release()
+    line = (
+        f"{path}: its last record was cut mid-line (a worker killed or a disk full as it "
+        f"wrote): its {len(cut)} bytes set aside in {side}; the study goes on from every whole "
+        "record"
+    )
+    say_or_print(line)
+    return side
+
+
+def _ends_whole(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def _check_url(url: str) -> None:

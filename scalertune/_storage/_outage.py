@@ -25,6 +25,7 @@ shutting down is always waited for.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import types
@@ -340,6 +341,15 @@ def say(line: str) -> bool:
     if _down.log is not None and threading.current_thread() is threading.main_thread():
         _down.log(line)
     return True
+
+
+def say_or_print(line: str) -> None:
+    """``line`` through the command's log where one is set (a search's), else on stderr (a
+    report opening a journal it had to mend)."""
+    if _down.log is not None:
+        say(line)
+    else:
+        print(line, file=sys.stderr)
 
 
 def pause(seconds: float) -> None:

@@ -26,6 +26,7 @@ import functools
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
@@ -226,12 +227,28 @@ class _Folder:
         self.base = base
 
     def open_reader(self, artifact_id: str) -> IO[bytes]:
+        """The artifact's file, opened without following a link, and only where it is a
+        regular file: a symbolic link (to ``/etc/shadow``), a FIFO or a device put in its
+        place is no artifact (the dashboard serves what this returns)."""
         from optuna.artifacts.exceptions import ArtifactNotFound
 
+        path = self._file(artifact_id)
         try:
-            return open(self._file(artifact_id), "rb")
+            # O_NONBLOCK: a FIFO opens at once (and is refused below) instead of hanging
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             raise ArtifactNotFound(f"no artifact {artifact_id} in {self.base}") from None
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise ArtifactNotFound(
+                f"artifact {artifact_id} in {self.base} is a symbolic link: not read"
+            ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ArtifactNotFound(f"artifact {artifact_id} in {self.base} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
 
     def write(self, artifact_id: str, content_body: IO[bytes]) -> None:
         final = self._file(artifact_id)

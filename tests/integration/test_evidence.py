@@ -449,6 +449,18 @@ def _damaged_copy(undisturbed, folder, damage):
             [1.0, "x"],
             "losses is damaged: it is not a loss per step",
         ),
+        (
+            "scalertune.losses",
+            "reference",
+            [1.0, float("nan")],
+            "losses is damaged: it is not a loss per step",
+        ),
+        (
+            "scalertune.losses",
+            "reference",
+            [float("inf"), 1.0],
+            "losses is damaged: it is not a loss per step",
+        ),
         ("scalertune.scales", "baseline", [[1.0, 10**12]], "runs past the longest horizon"),
         ("config", "confirm", {"dtype": "int8"}, "config is damaged: it is not an AMP config"),
         ("seed", "phase", "0", "seed is damaged: it is not a whole number"),
@@ -561,3 +573,31 @@ def test_a_search_on_a_damaged_study_runs_the_damaged_evidence_again(tmp_path, u
     with open(tmp_path / "amp.yaml", encoding="utf-8") as f:
         damaged = yaml.safe_load(f)["evidence"]["damaged"]
     assert set(damaged) >= {"trial 0"} and "Damaged evidence, left out: trial #0's" in out
+
+
+def test_a_journal_cut_mid_record_is_mended_and_the_rerun_completes(tmp_path, undisturbed):
+    """A worker killed (or a disk full) as it wrote leaves the journal's last record cut
+    mid-line: the rerun of the same command sets the cut bytes aside in one line, appends
+    after the last whole record, and finishes; ``report`` reads the study after it, with
+    every finished run."""
+    storage = _damaged_copy(undisturbed, tmp_path, {})
+    whole = (tmp_path / "study.log").read_bytes()
+    (tmp_path / "study.log").write_bytes(whole[:-40])  # the last record loses its end
+    # Optuna reads the whole records before the cut one (read here with Optuna's own
+    # storage: scalertune's would mend the file first): those runs must all survive
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    cut = optuna.load_study(
+        study_name="shared", storage=JournalStorage(JournalFileBackend(storage))
+    )
+    finished = {t.number for t in cut.trials if t.state == TrialState.COMPLETE}
+    ((code, _, stderr),) = _finish(_search(storage, tmp_path))
+    assert code == 0, stderr
+    said = [line for line in stderr.splitlines() if "cut mid-line" in line]
+    assert len(said) == 1 and "bytes set aside in" in said[0], stderr
+    (side,) = tmp_path.glob("study.log.cut-*")
+    assert whole[:-40].endswith(side.read_bytes())
+    ran = run_cli("report", "--storage", storage, "--study-name", "shared", cwd=tmp_path)
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+    after = {t.number for t in _study(storage).trials if t.state == TrialState.COMPLETE}
+    assert finished <= after

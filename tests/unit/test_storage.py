@@ -319,6 +319,42 @@ def test_a_long_run_also_saves_every_few_minutes_into_two_slots_in_turn(tmp_path
     assert 10 not in never and 10 not in never and 20 in never
 
 
+def test_what_is_checked_is_what_is_loaded_a_file_swapped_after_the_check_is_never_read(
+    tmp_path,
+):
+    """The checked copy is this process's own: the store's file swapped for another right
+    after the check (the window between a check and a load) changes nothing that loads."""
+    stored, after = _saved(str(tmp_path / "artifacts"))
+    path = stored.fetch()
+    own = stored.store.path(stored.name)
+    assert os.path.realpath(path) != os.path.realpath(own)
+    with open(path, "rb") as f:
+        checked = f.read()
+    with open(own, "wb") as f:  # the planted file, after the check
+        f.write(b"planted" * 1000)
+    with open(path, "rb") as f:
+        assert f.read() == checked
+    assert _branch(path) == after
+
+
+@pytest.mark.parametrize("planted", ["symlink", "fifo"])
+def test_a_link_or_a_fifo_in_place_of_a_checkpoint_is_missing_evidence_and_never_followed(
+    tmp_path, planted
+):
+    from scalertune._errors import MissingEvidence
+
+    stored, _ = _saved(str(tmp_path / "artifacts"))
+    own = stored.store.path(stored.name)
+    os.remove(own)
+    if planted == "symlink":
+        (tmp_path / "elsewhere").write_bytes(b"x" * 10)
+        os.symlink(tmp_path / "elsewhere", own)
+    else:
+        os.mkfifo(own)  # a reader of a FIFO would wait forever
+    with pytest.raises(MissingEvidence, match="is missing its file"):
+        stored.fetch()
+
+
 # -- a study key: manifests signed, planted files told apart ------------------------------------
 
 KEY, OTHER_KEY = "a study key 7f3c9e", "another key 1b2d4a"
