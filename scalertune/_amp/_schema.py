@@ -39,6 +39,12 @@ def read_result(path: str) -> dict[str, Any]:
     )
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise UsageError(f"{path} has no 'config' mapping: is it a scalertune result file?")
+    version = data.get("scalertune", FORMAT_VERSION)
+    if type(version) is not int or not 1 <= version <= FORMAT_VERSION:
+        raise UsageError(
+            f"{path} is in result format {version!r}, and this scalertune reads format "
+            f"{FORMAT_VERSION}: upgrade scalertune (pip install -U scalertune), or search again"
+        )
     return data
 
 

@@ -88,6 +88,8 @@ def _measure(root: yaml.Node, where: str, loader: yaml.SafeLoader) -> None:
             total = 1
         else:
             open_nodes.add(key)
+            if isinstance(node, yaml.MappingNode):
+                _refuse_twice(node, where)
             children = (
                 node.value
                 if isinstance(node, yaml.SequenceNode)
@@ -104,6 +106,20 @@ def _measure(root: yaml.Node, where: str, loader: yaml.SafeLoader) -> None:
         return total
 
     count(root)
+
+
+def _refuse_twice(node: yaml.MappingNode, where: str) -> None:
+    """A key written twice in one mapping: YAML's loader keeps the last without a word, and
+    the first (a whole ``config:`` block) is silently not what is read."""
+    seen: set[tuple[str, str]] = set()
+    for key, _ in node.value:
+        if isinstance(key, yaml.ScalarNode):
+            if (key.tag, key.value) in seen:
+                raise UsageError(
+                    f"{where}: line {key.start_mark.line + 1}: the key {key.value!r} is "
+                    "written twice in one mapping: keep one"
+                )
+            seen.add((key.tag, key.value))
 
 
 def _check_finite(node: yaml.ScalarNode, where: str, loader: yaml.SafeLoader) -> None:

@@ -275,8 +275,8 @@ def _dashboard(args: argparse.Namespace) -> int:
     if not _loopback(args.host):
         print(
             f"--host {args.host} is not a loopback address: optuna-dashboard has no login, so "
-            f"anyone who reaches {base} reads the study (bind 127.0.0.1 and reach it through "
-            "an SSH tunnel to keep it to yourself)",
+            f"anyone who reaches {base} reads the study, and can rewrite its notes and delete "
+            "it (bind 127.0.0.1 and reach it through an SSH tunnel to keep it to yourself)",
             file=sys.stderr,
             flush=True,
         )

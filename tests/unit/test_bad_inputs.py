@@ -628,6 +628,13 @@ LOAD = [
     ("5000 digits", _result(init_scale="9" * 5000), r"holds a number too long"),
     ("a key that is a number", "config: {1: 2, dtype: float16}\n", r"unknown config key\(s\) 1"),
     (
+        "a key written twice",
+        RESULT + "config: {dtype: bfloat16}\n",
+        r"the key 'config' is written twice",
+    ),
+    ("a future format", RESULT.replace("scalertune: 1", "scalertune: 2"), r"result format 2"),
+    ("a format that is text", RESULT.replace("scalertune: 1", "scalertune: one"), r"format 'one'"),
+    (
         "a float8 block of a float16 config",
         "config: {dtype: float16, float8: {recipe: rowwise}}\n",
         r"a float8 block belongs to dtype float8",
