@@ -15,6 +15,7 @@
 - ``_watch``: the warning when a training run's scaler leaves the search's prediction;
 - ``_fingerprint``: the model a result file was searched on, and the warning for another;
 - ``_islands``, ``_modules``: float32 islands and how modules are named for them;
+- ``_torch_private``: every private name of torch used, and the releases checked;
 - ``_float8``, ``_torchao_private``: the Linear layers trained in float8 through torchao,
   only inside a float8 runtime's forward; every name of torchao used, and its releases;
 - ``_device``: which device a run trains on;

@@ -14,6 +14,7 @@ import torch
 from scalertune._amp import _float8
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._islands import apply_islands
+from scalertune._amp._torch_private import check_release
 from scalertune._errors import UsageError
 
 
@@ -28,6 +29,7 @@ class Forward:
         device: torch.device,
         model_check: Callable[[torch.nn.Module], None] | None = None,
     ) -> None:
+        check_release()  # once a process: a torch outside the releases checked is said
         self.device = device
         #: From a result file: called with the first model prepared, whether it is the one
         #: the file was searched on (``_fingerprint``), then dropped.

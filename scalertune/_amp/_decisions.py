@@ -10,6 +10,7 @@ from scalertune._amp._check import RunCheck
 from scalertune._amp._engine import Engine, EngineSlot
 from scalertune._amp._readback import Readback
 from scalertune._amp._scaler import DeviceStep, Skips
+from scalertune._amp._torch_private import live_scale
 
 
 class ScalerDecisions:
@@ -90,7 +91,7 @@ class ScalerDecisions:
             return torch.full((), self._engine.engine.scale(), device=self.device)
         if not self._uses_scaler:  # a disabled GradScaler has no _scale at all
             return self._initial_scale
-        scale = self.scaler._scale  # noqa: SLF001 - GradScaler's live scale, read in place
+        scale = live_scale(self.scaler)
         if scale is None:
             return self._initial_scale
         # GradScaler keeps a 0-d tensor; reshaping one anyway is a device op on every step.

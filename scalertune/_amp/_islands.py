@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from scalertune._amp._modules import match_modules
+from scalertune._amp._torch_private import forward_pre_hooks
 
 
 def apply_islands(model: torch.nn.Module, entries: Iterable[str], device_type: str) -> None:
@@ -50,7 +51,7 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 
 def is_island(module: torch.nn.Module) -> bool:
     """Whether :meth:`AmpRuntime.prepare` made ``module`` a float32 island."""
-    hooks = module._forward_pre_hooks  # noqa: SLF001 - torch keeps no public list of them
+    hooks = forward_pre_hooks(module)
     return any(
         isinstance(getattr(hook, "__self__", None), _Float32Island) for hook in hooks.values()
     )

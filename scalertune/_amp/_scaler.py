@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from scalertune._amp._config import AmpConfig
+from scalertune._amp._torch_private import live_scale, optimizer_states, start_at, switch_off
 from scalertune._amp._watch import STARTUP_GAP
 
 
@@ -119,15 +120,15 @@ def set_knobs(
     ``scale`` returns the loss as it is, ``step`` steps the optimizer, and the runtime counts
     each update it passes through as a step taken)."""
     if config is None:
-        scaler._enabled = False  # noqa: SLF001 - GradScaler has no public switch after it is made
+        switch_off(scaler)
         return
     scaler.set_growth_factor(config.growth_factor)
     scaler.set_backoff_factor(config.backoff_factor)
     scaler.set_growth_interval(config.growth_interval)
     if scale is None:
         return
-    if scaler._scale is None:  # noqa: SLF001 - no step yet: the scale is made from init_scale
-        scaler._init_scale = float(scale)  # noqa: SLF001
+    if live_scale(scaler) is None:  # no step yet: the scale is made from init_scale
+        start_at(scaler, scale)
         return
     if not isinstance(scaler, _Reporting):
         scaler.update(new_scale=float(scale))
@@ -144,7 +145,7 @@ def grads_unscaled(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimize
     ``scaler.step``): the gradients then hold their true values, not ``scale`` times them."""
     from torch.amp.grad_scaler import OptState
 
-    states = scaler._per_optimizer_states  # noqa: SLF001 - GradScaler keeps no public record
+    states = optimizer_states(scaler)
     state = states.get(id(optimizer)) if isinstance(states, dict) else None
     return state is not None and state.get("stage") is OptState.UNSCALED
 
@@ -224,7 +225,7 @@ class Skips:
             self._taken_before, self._copied = self._taken.count, False
         mode = self._mode(optimizer)
         self._stepping.append((optimizer, mode))
-        scale = scaler._scale  # noqa: SLF001 - read on the device, no sync
+        scale = live_scale(scaler)  # on the device, no sync
         if mode != "host" and not self._copied and scale is not None:
             # step() leaves the scale alone; update() changes it in place
             if self._before is None:
@@ -241,7 +242,7 @@ class Skips:
             self._record(index, silent, on_host=True)
             self._look_at_losses(silent)
             return not silent
-        scale, before = scaler._scale, self._before  # noqa: SLF001 - update() changed it
+        scale, before = live_scale(scaler), self._before  # update() changed it
         if scale is None or before is None or not self._copied:  # no step began
             return True
         skipped = torch.lt(scale, before)

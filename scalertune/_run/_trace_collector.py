@@ -41,6 +41,7 @@ from torch.distributed.tensor import DTensor
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
+from scalertune._amp._torch_private import foreach_max_norm
 from scalertune._replay._trace import HIST_BINS, HIST_LOW, Trace, empty
 from scalertune._run import _policy as _run_policy
 from scalertune._run import _ranks
@@ -459,7 +460,7 @@ class _Slots:
         magnitude (one fused kernel), on a CPU each one's minimum and maximum."""
         if cuda and grads:
             self.row(step, _Slots.PARAM, len(grads))
-            norms = torch._foreach_norm(grads, float("inf"))  # noqa: SLF001 - one kernel for all
+            norms = foreach_max_norm(grads)  # one kernel for all
             span = self.buffer[step, _Slots.PARAM, : len(grads)]
             if float32:
                 torch.stack(norms, out=span)

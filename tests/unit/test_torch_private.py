@@ -1,0 +1,83 @@
+"""Every private name of torch that scalertune uses (``scalertune/_amp/_torch_private.py``),
+one test each, against what torch itself does with it."""
+
+import warnings
+
+import pytest
+import torch
+
+from scalertune._amp import _torch_private as fence
+
+
+def _stepped(scaler):
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler.scale(model(torch.ones(2, 3)).sum()).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return model, optimizer
+
+
+def test_the_live_scale_is_none_before_a_step_and_the_scale_after():
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    assert fence.live_scale(scaler) is None
+    _stepped(scaler)
+    assert float(fence.live_scale(scaler)) == scaler.get_scale() == 8.0
+
+
+def test_a_scaler_with_no_step_yet_starts_where_it_is_told():
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    fence.start_at(scaler, 2.0)
+    _stepped(scaler)
+    assert scaler.get_scale() == 2.0
+
+
+def test_a_scaler_switched_off_returns_the_loss_as_it_is():
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    fence.switch_off(scaler)
+    loss = torch.tensor(3.0)
+    assert scaler.scale(loss) is loss and not scaler.is_enabled()
+
+
+def test_the_optimizer_states_record_that_unscale_ran():
+    from torch.amp.grad_scaler import OptState
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler.scale(model(torch.ones(2, 3)).sum()).backward()
+    scaler.unscale_(optimizer)
+    assert fence.optimizer_states(scaler)[id(optimizer)]["stage"] is OptState.UNSCALED
+
+
+def test_forward_pre_hooks_hold_a_registered_hook():
+    module = torch.nn.Linear(3, 1)
+
+    def hook(mod, args):
+        return None
+
+    handle = module.register_forward_pre_hook(hook)
+    assert hook in fence.forward_pre_hooks(module).values()
+    handle.remove()
+    assert hook not in fence.forward_pre_hooks(module).values()
+
+
+def test_foreach_max_norm_is_each_tensors_largest_magnitude():
+    tensors = [torch.tensor([1.0, -5.0]), torch.tensor([[2.0, 0.5]])]
+    assert [float(n) for n in fence.foreach_max_norm(tensors)] == [5.0, 2.0]
+
+
+def test_the_installed_torch_is_one_checked_and_another_is_warned_about_once(monkeypatch):
+    assert fence.RELEASES.takes(torch.__version__.split("+")[0])
+    monkeypatch.setattr(torch, "__version__", "9.1.0+cu999")
+    fence.check_release.cache_clear()
+    try:
+        with pytest.warns(
+            UserWarning, match=r"checked on torch>=2\.3,<2\.15; this is torch 9\.1\.0"
+        ):
+            fence.check_release()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fence.check_release()  # once a process
+    finally:
+        fence.check_release.cache_clear()
