@@ -20,9 +20,11 @@ fails is :attr:`CheckPolicy.action`:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from scalertune import _policy
 from scalertune._errors import UsageError
 from scalertune._text import shown
 
@@ -40,6 +42,11 @@ CHECK_EVERY = 100
 #: mean and exceed their own noise (their standard error). 5 checks (500 steps at the default
 #: cadence) give a standard error from 5 values; fewer make a single noisy batch an alarm.
 CHECK_WINDOW = 5
+
+
+#: The largest tolerance (100x float32's loss) and z a check takes: past them nothing is
+#: ever judged failing, which is ``check=False`` said plainly.
+_MOST = {"tolerance": 100.0, "z": 100.0}
 
 
 class AmpCheckWarning(UserWarning):
@@ -66,19 +73,29 @@ class CheckPolicy:
             ``"stop"`` (raise :class:`AmpCheckError`).
         window: The recent checks a judgement reads (5; at least 2): the gap must exceed the
             tolerance in their mean and exceed their own noise.
+        tolerance: How far the run's loss may lie above float32's at the same weights, as a
+            share of it (0.25: 1.25x, the horizon's own rule, ``_policy.PHASE_TOLERANCE``),
+            before the precision counts as failing.
+        z: ... and by more than this many standard errors of the paired differences over
+            the window (2.0, ``_policy.PHASE_Z``): one hard batch is no alarm.
 
     Raises:
-        UsageError: An unknown ``action``, ``every`` below 1 or ``window`` below 2.
+        UsageError: An unknown ``action``, ``every`` below 1, ``window`` below 2, or a
+            ``tolerance`` or ``z`` that is not a finite number above 0.
 
     Example:
         >>> from scalertune import CheckPolicy
         >>> CheckPolicy(every=50, action="warn")
-        CheckPolicy(every=50, action='warn', window=5)
+        CheckPolicy(every=50, action='warn', window=5, tolerance=0.25, z=2.0)
+        >>> CheckPolicy(tolerance=0.1).to_dict()["tolerance"]
+        0.1
     """
 
     every: int = CHECK_EVERY
     action: str = "act"
     window: int = CHECK_WINDOW
+    tolerance: float = _policy.PHASE_TOLERANCE
+    z: float = _policy.PHASE_Z
 
     def __post_init__(self) -> None:
         if not isinstance(self.action, str) or self.action not in ACTIONS:
@@ -91,19 +108,34 @@ class CheckPolicy:
                 raise UsageError(
                     f"the check's {name} must be an integer >= {low}, got {shown(value)}"
                 )
+        for name in ("tolerance", "z"):
+            value = getattr(self, name)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and 0 < value <= _MOST[name]):
+                raise UsageError(
+                    f"the check's {name} must be a number above 0 and at most {_MOST[name]:g}, "
+                    f"got {shown(value)}"
+                )
+            object.__setattr__(self, name, float(value))
 
     def to_dict(self) -> dict[str, Any]:
         """What the result file's ``check`` block holds.
 
         Returns:
-            ``every``, ``action`` and ``window``.
+            ``every``, ``action`` and ``window``; ``tolerance`` and ``z`` where they are not
+            the defaults (a file written before they were knobs reads the same).
 
         Example:
             >>> from scalertune import CheckPolicy
             >>> CheckPolicy().to_dict()
             {'every': 100, 'action': 'act', 'window': 5}
         """
-        return {"every": self.every, "action": self.action, "window": self.window}
+        rule = {
+            name: getattr(self, name)
+            for name in ("tolerance", "z")
+            if getattr(self, name) != getattr(_DEFAULT_POLICY_RULE, name)
+        }
+        return {"every": self.every, "action": self.action, "window": self.window, **rule}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CheckPolicy:
@@ -128,9 +160,14 @@ class CheckPolicy:
         unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise UsageError(
-                f"unknown check key(s) {', '.join(map(str, unknown))}: use every, action, window"
+                f"unknown check key(s) {', '.join(map(str, unknown))}: use every, action, "
+                "window, tolerance, z"
             )
         return cls(**data)
+
+
+#: The rule's defaults, which a check block leaves out.
+_DEFAULT_POLICY_RULE = CheckPolicy()
 
 
 class RunCheck(Protocol):

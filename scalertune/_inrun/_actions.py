@@ -8,7 +8,6 @@ import dataclasses
 import math
 from typing import Any
 
-from scalertune import _policy
 from scalertune._amp._check import CheckPolicy
 from scalertune._amp._config import FLOAT8_RECIPES, AmpConfig
 from scalertune._amp._guard import AmpGuardError
@@ -60,7 +59,7 @@ class Actions:
     def tolerance(self) -> float:
         """The gap the checks allow: the horizon's, or after an island for the precision, the
         share of float32's loss that island claimed to bring the batch within."""
-        return ISLAND_CLOSES if self.islanded() else _policy.PHASE_TOLERANCE
+        return ISLAND_CLOSES if self.islanded() else self.policy.tolerance
 
     def float32(self, amp: AmpRuntime, line: str) -> None:
         amp.reconfigure(AmpConfig(dtype="float32", clip_norm=amp.config.clip_norm))
@@ -77,7 +76,7 @@ def precision_fails(
     (also when the run's own island was not enough)."""
     found = (
         f"{heading(check.step)}: {amp.config.dtype}'s loss is {gap.describe()} at the same "
-        f"weights, beyond the rule of {1 + actions.tolerance():.3g}x and {_policy.PHASE_Z:g}"
+        f"weights, beyond the rule of {1 + actions.tolerance():.3g}x and {actions.policy.z:g}"
     )
     if not actions.acting(amp, found):
         return

@@ -116,7 +116,7 @@ class InRunCheck:
             forward_overflows(self.actions, amp, passes, check, healthy, collapsed=collapsed)
         elif len(self._window) >= self.policy.window:
             gap = judge(self._window[-self.policy.window :])
-            if gap is not None and gap.beyond(self.actions.tolerance()):
+            if gap is not None and gap.beyond(self.actions.tolerance(), self.policy.z):
                 precision_fails(self.actions, amp, passes, check, gap)
         if len(self.actions.done) > acted:
             self._window.clear()  # the evidence of the config that was

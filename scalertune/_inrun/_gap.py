@@ -54,9 +54,9 @@ class Gap:
     def failing(self) -> bool:
         return self.beyond(_policy.PHASE_TOLERANCE)
 
-    def beyond(self, tolerance: float) -> bool:
-        """The ratio exceeds ``1 + tolerance`` and its excess exceeds the noise."""
-        return self.ratio - 1 > tolerance and self.z > _policy.PHASE_Z
+    def beyond(self, tolerance: float, z: float = _policy.PHASE_Z) -> bool:
+        """The ratio exceeds ``1 + tolerance`` and its excess exceeds ``z`` standard errors."""
+        return self.ratio - 1 > tolerance and self.z > z
 
     def describe(self) -> str:
         z = "inf" if math.isinf(self.z) else f"{self.z:.1f}"

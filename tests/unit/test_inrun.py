@@ -215,6 +215,19 @@ def test_the_result_file_carries_the_checks_policy(tmp_path):
         scalertune.load(path, device="cpu")
 
 
+def test_the_checks_tolerance_and_z_are_the_users_to_set():
+    """1.15x float32's loss over five checks, with little noise: within the default rule
+    (1.25x), failing at a tolerance of 0.10; and the rule's z is the policy's too."""
+    checks = [Check(i, 1.15 + 0.001 * (i % 2), 1.0) for i in range(5)]
+    gap = judge(checks)
+    default, tight = CheckPolicy(), CheckPolicy(tolerance=0.10)
+    assert not gap.beyond(default.tolerance, default.z) and gap.beyond(tight.tolerance, tight.z)
+    assert not gap.beyond(tight.tolerance, gap.z + 1)
+    assert CheckPolicy.from_dict(tight.to_dict()) == tight
+    with pytest.raises(UsageError, match="tolerance must be a number above 0"):
+        CheckPolicy(tolerance=-0.1)
+
+
 def test_a_loss_that_is_not_a_scalar_is_one_line():
     assert float(loss_value((torch.tensor(2.0), "logits"))) == 2.0
     assert float(loss_value({"loss": torch.tensor(3.0)})) == 3.0
