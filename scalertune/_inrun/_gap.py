@@ -77,9 +77,22 @@ def judge(checks: Sequence[Check]) -> Gap | None:
         return None
     diffs = [c.ours - c.float32 for c in pairs]
     excess = math.fsum(diffs) / n
-    # the sample standard deviation, in floats (statistics.stdev's exact fractions cost a
-    # millisecond a check, a percent of a small model's training)
-    error = math.sqrt(math.fsum((d - excess) ** 2 for d in diffs) / (n - 1) / n)
-    z = excess / error if error > 0 else (math.inf if excess > 0 else 0.0)
     # the excess over float32's loss, as a share of its size (a loss may be negative)
-    return Gap(ratio=1 + excess / abs(reference), z=z, checks=len(pairs))
+    return Gap(ratio=1 + excess / abs(reference), z=z_score(diffs, excess), checks=len(pairs))
+
+
+def z_score(samples: Sequence[float], mean: float) -> float:
+    """How many standard errors of ``samples`` (their sample standard deviation over the
+    square root of their count) ``mean`` is: the rule's noise, one function for the in-run
+    check (its checks' paired differences) and the horizon's phases (the means of blocks of
+    a window's paired differences, ``_judge._phases``). ``inf`` for a positive mean without
+    noise, 0 with fewer than two samples. In floats: ``statistics.stdev``'s exact fractions
+    cost a millisecond a check, and fail on a NaN where this gives NaN."""
+    n = len(samples)
+    if n < 2:
+        return 0.0
+    centre = math.fsum(samples) / n
+    error = math.sqrt(math.fsum((s - centre) ** 2 for s in samples) / (n - 1) / n)
+    if error > 0:
+        return mean / error
+    return math.inf if mean > 0 else 0.0

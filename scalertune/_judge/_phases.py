@@ -31,6 +31,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from scalertune import _policy
+from scalertune._inrun._gap import z_score
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,12 +112,7 @@ def _z(diffs: list[float], mean: float) -> float:
         for i in range(0, len(diffs), block)
         if len(diffs[i : i + block]) == block
     ]
-    if len(means) < 2:
-        return 0.0
-    error = statistics.stdev(means) / math.sqrt(len(means))
-    if error == 0:
-        return math.inf if mean > 0 else 0.0
-    return mean / error
+    return z_score(means, mean)
 
 
 def judged_end(start: int, end: int) -> int:
