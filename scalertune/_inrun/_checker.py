@@ -220,11 +220,16 @@ class InRunCheck:
         return record
 
     def state_dict(self) -> dict[str, Any]:
+        recording = (
+            None if self._trace is None else {"trace": self._trace.state(), "drift": self._drift}
+        )
         return {
             "checks": [c.to_list() for c in self.checks],
             "window": [c.to_list() for c in self._window],
             "actions": self.actions.to_list(),
             "healthy": self._healthy,
+            # a run resumed in the middle of recording its gradients goes on, and chooses
+            "recording": recording,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -232,6 +237,9 @@ class InRunCheck:
         self._window = [Check(int(s), float(o), float(f)) for s, o, f in state.get("window", [])]
         self.actions.done = [Action.from_dict(a) for a in state.get("actions", [])]
         self._healthy = state.get("healthy")
+        recording = state.get("recording")
+        self._trace = None if recording is None else GradientTrace.from_state(recording["trace"])
+        self._drift = "" if recording is None else str(recording["drift"])
 
     def report(self, amp: AmpRuntime) -> str:
         """What ``amp.report()`` prints (see :meth:`summary`)."""

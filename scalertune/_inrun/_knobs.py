@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -104,11 +106,33 @@ class GradientTrace:
         if not grads_unscaled(amp.scaler, optimizer):
             peak = peak / scale
         finite = torch.isfinite(peak)
+        if self._amax and self._amax[-1].device != peak.device:  # restored from a checkpoint
+            self._amax = [a.to(peak.device) for a in self._amax]
+            self._skipped = [s.to(peak.device) for s in self._skipped]
         self._amax.append(torch.where(finite, peak, THRESHOLD / scale))
         self._skipped.append(finite.logical_not())
         self.recorded += 1
         if len(self._amax) > self.steps:
             del self._amax[0], self._skipped[0]
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of a recording under way (one transfer): a run resumed
+        from it goes on recording where it was, and chooses its knobs."""
+        return {
+            "steps": self.steps,
+            "recorded": self.recorded,
+            "amax": [float(a) for a in self._amax],
+            "skipped": [bool(s) for s in self._skipped],
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> GradientTrace:
+        """The recording :meth:`state` kept (on the host until the next step is recorded)."""
+        trace = cls(int(state["steps"]))
+        trace.recorded = int(state["recorded"])
+        trace._amax = [torch.tensor(float(a)) for a in state["amax"]]
+        trace._skipped = [torch.tensor(bool(s)) for s in state["skipped"]]
+        return trace
 
     def read(self) -> np.ndarray:
         """The trace on the host (one transfer), every rank's largest where there are ranks."""

@@ -172,6 +172,42 @@ def test_a_resumed_run_keeps_what_the_check_did(tmp_path):
     assert is_island(fresh[2]) and not is_island(fresh[0])
 
 
+def test_a_run_resumed_while_it_records_its_gradients_goes_on_and_chooses_its_knobs(tmp_path):
+    """The scaler left the search's prediction, so the check records 100 steps of gradients
+    to choose its knobs; a checkpoint in the middle keeps the recording, and the resumed run
+    completes it and chooses, where it used to forget it and never choose."""
+
+    def runtime():
+        return AmpRuntime(
+            AmpConfig(init_scale=2.0**12),
+            device=CPU,
+            check=InRunCheck(CheckPolicy()),
+            guard=scalertune.Guard(check_every=10),
+        )
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 6), torch.randn(32, 1)
+    amp = runtime()
+    model = amp.prepare(model)
+    amp.check.on_drift(amp, "a test's drift")
+    for _ in range(40):
+        amp.train_step(model, optimizer, nn.functional.mse_loss, (x, y))
+    torch.save(amp.state_dict(), tmp_path / "amp.pt")
+    resumed = runtime()
+    resumed.prepare(model)
+    resumed.load_state_dict(torch.load(tmp_path / "amp.pt", weights_only=True))
+    assert resumed.check.recording and resumed.check._trace.recorded == 40
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(70):
+            resumed.train_step(model, optimizer, nn.functional.mse_loss, (x, y))
+    assert [a.kind for a in resumed.check.actions.done] == ["knobs"]
+    assert not resumed.check.recording
+    assert any("a test's drift" in str(w.message) for w in caught)
+
+
 def test_float32_after_a_fall_back_disables_the_scaler_and_counts_every_step():
     amp = AmpRuntime(AmpConfig(init_scale=2.0**8), device=CPU, check=InRunCheck())
     _train(amp, 5)
