@@ -122,48 +122,6 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         self._after_backward: Callable[[], None] | None = None
         self._before_step: Callable[[], None] | None = None
 
-    @classmethod
-    def from_yaml(
-        cls,
-        path: str,
-        *,
-        device: str | torch.device | None = "auto",
-        guard: bool = True,
-        watch: bool = True,
-        best_amp: bool = False,
-    ) -> AmpRuntime:
-        """Build the runtime from a YAML file that ``scalertune search`` wrote (no in-run check).
-
-        :func:`scalertune.load` does the same and adds the in-run check and the run's record.
-
-        Args:
-            path: The result YAML.
-            device: Where training runs, as for the constructor (``"auto"`` by default).
-            guard: ``False`` leaves out the guard the YAML recommends.
-            watch: ``False`` leaves out the watch on the scaler the YAML predicts (a file without
-                a prediction has none).
-            best_amp: ``True`` loads the best AMP config that held (``evidence.best_amp``)
-                instead of the answer: for a GPU, when the search ran where float32 is faster.
-
-        Returns:
-            The runtime, with the YAML's config, guard and watch.
-
-        Raises:
-            UsageError: ``path`` is missing, is not a result file or has a malformed block, or
-                ``best_amp=True`` and it has no ``evidence.best_amp``.
-
-        Example:
-            >>> import pathlib, tempfile, scalertune
-            >>> path = pathlib.Path(tempfile.mkdtemp()) / "amp.yaml"
-            >>> _ = path.write_text("config: {dtype: float16, init_scale: 4096.0}")
-            >>> amp = scalertune.AmpRuntime.from_yaml(str(path), device="cpu")
-            >>> amp.scaler.get_scale()
-            4096.0
-        """
-        from scalertune._amp._schema import load_runtime
-
-        return cls(**load_runtime(path, guard=guard, watch=watch, best_amp=best_amp), device=device)
-
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward context: autocast to the config's dtype (a no-op for float32).
 

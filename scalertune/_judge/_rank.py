@@ -57,12 +57,6 @@ def surely_faster(a: Outcome, b: Outcome, times: StepTimes | None, noise: Noise 
     return time_bounds(a, times, noise)[1] < time_bounds(b, times)[0]
 
 
-def tied(a: Outcome, b: Outcome, times: StepTimes | None, noise: Noise = Noise()) -> bool:
-    """Whether two runs that reached the target are equally fast within the noise: neither
-    is surely faster."""
-    return not surely_faster(a, b, times, noise) and not surely_faster(b, a, times, noise)
-
-
 def all_tied(pool: Sequence[Outcome], times: StepTimes | None, noise: Noise = Noise()) -> bool:
     """Whether two or more runs reached the target and none is surely faster than another:
     the comparison cannot tell them apart, and the order is stability, then simplicity."""

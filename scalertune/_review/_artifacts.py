@@ -36,10 +36,6 @@ class Pictures:
     trials: dict[int, str] = dataclasses.field(default_factory=dict)
     horizon: str | None = None
 
-    @property
-    def urls(self) -> set[str]:
-        return {*self.trials.values(), *([self.horizon] if self.horizon else [])}
-
 
 def upload(study: optuna.Study, paths: list[str], location: str) -> None:
     """Attach the PNGs at ``paths`` to ``study`` in the artifact store at ``location``,

@@ -136,7 +136,7 @@ def test_the_prediction_block_gives_the_loaded_runtime_its_watch(tmp_path, predi
     }
     path = _result_file(tmp_path, {"horizon": HORIZON, "prediction": block})
     assert scalertune.load(path, device="cpu").watch == Watch(predicted)
-    assert AmpRuntime.from_yaml(path, device="cpu", watch=False).watch is None
+    assert scalertune.load(path, device="cpu", watch=False).watch is None
 
 
 @pytest.mark.parametrize(
