@@ -44,11 +44,6 @@ from scalertune._workload._loader import default_study_name
 
 __all__ = ["cost_estimate", "search"]
 
-_BASELINE_KEY = ("role", "baseline")
-_CONFIRM_KEY = ("role", "confirms", "seed")
-_CLIP_KEY = ("role", "clip_of", "seed")
-
-
 def search(
     factory: str | Callable[[], Any],
     *,
