@@ -44,6 +44,7 @@ from scalertune._workload._loader import default_study_name
 
 __all__ = ["cost_estimate", "search"]
 
+
 def search(
     factory: str | Callable[[], Any],
     *,

@@ -152,7 +152,8 @@ def preflight_ranks(
     independent_ranks: bool = False,
 ) -> Checked:
     """``preflight`` (one float32 step) in every rank; :class:`UsageError` as a rank raised
-    it, a failure of the factory as :class:`FactoryError`."""
+    it, a failure of the factory (an error, a hang past ``timeout_s``, a process that ended
+    without a result) as :class:`FactoryError`."""
     from scalertune._workload._loader import FactoryError
 
     job = PreflightJob(
@@ -165,5 +166,10 @@ def preflight_ranks(
     )
     try:
         return launch(job, timeout_s=timeout_s, ranks=ranks).checked
-    except JobFailed as exc:
+    except JobFailed as exc:  # the factory (or its first step) raised
         raise FactoryError(str(exc).splitlines()[0]) from None
+    except TrialCrashed as exc:  # timed out, or its process ended without a result
+        raise FactoryError(
+            f"did not finish its first call and float32 step: {str(exc).splitlines()[0]}",
+            raised=False,
+        ) from None

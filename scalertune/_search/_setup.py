@@ -221,10 +221,12 @@ def _preflight(
     space: SearchSpace,
     isolation: Isolation | None,
 ) -> Any:
-    """One float32 step of the factory (in every rank, on ranks), before anything is written;
-    the factory's own error as one line."""
+    """One float32 step of the factory (in every rank, on ranks; in a process of its own,
+    isolated), before anything is written; the factory's own error as one line."""
     try:
-        if isolation is not None and isolation.nproc_per_node > 1:
+        # isolated, the factory's first call runs in a process of its own too, under the
+        # trial's time limit: a factory that hangs, or ends its process, is one line
+        if isolation is not None:
             return preflight_ranks(
                 factory,
                 device=dev,
@@ -243,8 +245,9 @@ def _preflight(
             float8_recipes=float8_recipes(space),
         )
     except FactoryError as exc:
+        raised = "raised " if exc.raised else ""
         raise UsageError(
-            f"the factory {factory_name(factory)} raised {exc}: fix it and rerun"
+            f"the factory {factory_name(factory)} {raised}{exc}: fix it and rerun"
         ) from None
 
 

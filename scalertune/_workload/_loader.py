@@ -168,7 +168,13 @@ def one_line(exc: BaseException) -> str:
 
 
 class FactoryError(Exception):
-    """The user's factory raised; ``__cause__`` holds its exception."""
+    """The user's factory raised (``__cause__`` holds its exception), or, called in a process
+    of its own, never returned (``raised`` false: it hung past the time limit, or ended its
+    process)."""
+
+    def __init__(self, text: str, *, raised: bool = True) -> None:
+        super().__init__(text)
+        self.raised = raised
 
 
 def _functions(module: Any) -> list[str]:

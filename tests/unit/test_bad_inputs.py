@@ -750,3 +750,26 @@ def test_a_script_that_starts_processes_outside_a_main_guard_is_refused_before_t
             "--nproc-per-node) imports the script again and would run it again: put the call "
             "under that block"
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "body, said",
+    [
+        ("import time\n    time.sleep(600)", "timed out: the trial ran past its 3 s limit"),
+        ("import os\n    os._exit(0)", "exited with status 0 without a result"),
+    ],
+    ids=["hangs", "exits 0"],
+)
+def test_an_isolated_factorys_first_call_is_held_to_the_trials_limits(tmp_path, body, said):
+    """With --isolate, the factory's first call runs in a process of its own under the
+    trial's time limit: one that hangs, or ends its process with status 0, is one line and
+    exit 2, nothing written (it hung the search forever, or ended it with exit 0)."""
+    (tmp_path / "factory.py").write_text(f"def make_model():\n    {body}\n")
+    ran = run_cli(
+        "search", "factory.py:make_model", "--isolate", "--trial-timeout", "3", cwd=tmp_path
+    )
+    assert ran.returncode == 2, ran.stderr
+    (line,) = ran.stderr.strip().splitlines()
+    assert "did not finish its first call and float32 step" in line and said in line
+    assert not (tmp_path / "scalertune.db").exists()
