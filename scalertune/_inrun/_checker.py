@@ -39,7 +39,7 @@ from scalertune._amp._watch import ScalerPrediction
 from scalertune._inrun._account import describe
 from scalertune._inrun._actions import Actions, forward_overflows, precision_fails, scaler_drifted
 from scalertune._inrun._gap import Check, judge
-from scalertune._inrun._knobs import GradientTrace, choose_knobs
+from scalertune._inrun._knobs import KnobRecording
 from scalertune._inrun._lines import LOGGER, Action, heading, stop, warn
 from scalertune._inrun._passes import Passes, loss_value, over_ranks
 from scalertune._inrun._replicas import Copies
@@ -70,14 +70,13 @@ class InRunCheck:
         self._healthy: float | None = None  # the scale at the last read of finite losses
         #: The step the guard would have stopped the run at, while the check looks first.
         self._rescue_at: int | None = None
-        self._trace: GradientTrace | None = None
-        self._drift = ""
+        self._knobs = KnobRecording()
         self._copies = Copies()  # on ranks: one model, or a copy each
 
     @property
     def recording(self) -> bool:
         """Whether it records the run's gradients now (to choose the scaler's knobs)."""
-        return self._trace is not None
+        return self._knobs.trace is not None
 
     def due(self, steps: int) -> bool:
         return steps % self._every == 0 or self._requested
@@ -131,11 +130,10 @@ class InRunCheck:
             self._healthy, self._asked = scale, False
         elif not self._asked:
             self._requested = self._asked = True
-        if self._trace is None or not self._trace.settled():
+        chosen = self._knobs.chosen(amp.config, scale)
+        if chosen is None:
             return False
-        knobs = choose_knobs(self._trace.read(), amp.config, scale)
-        self._trace = None
-        scaler_drifted(self.actions, amp, knobs, self._drift)
+        scaler_drifted(self.actions, amp, *chosen)
         self._window.clear()
         return True
 
@@ -162,19 +160,16 @@ class InRunCheck:
             raise stop(
                 f"{heading(amp.steps)}: the loss scaler left the search's prediction: {found}"
             )
-        if self._trace is None:
-            self._trace, self._drift = GradientTrace(), f"at step {amp.steps:,}, {found}"
+        if self._knobs.start(amp.steps, found):
             LOGGER.info(
-                "%s: the loss scaler left the search's prediction (%s): recording %d steps of "
+                "%s: the loss scaler left the search's prediction (%s): recording its "
                 "gradients to choose its knobs again",
                 heading(amp.steps),
                 found,
-                self._trace.steps,
             )
 
     def record(self, amp: AmpRuntime, optimizer: torch.optim.Optimizer) -> None:
-        if self._trace is not None:
-            self._trace.record(amp, optimizer)
+        self._knobs.record(amp, optimizer)
 
     def _keep(self, check: Check) -> None:
         self.checks.append(check)
@@ -220,16 +215,13 @@ class InRunCheck:
         return record
 
     def state_dict(self) -> dict[str, Any]:
-        recording = (
-            None if self._trace is None else {"trace": self._trace.state(), "drift": self._drift}
-        )
         return {
             "checks": [c.to_list() for c in self.checks],
             "window": [c.to_list() for c in self._window],
             "actions": self.actions.to_list(),
             "healthy": self._healthy,
             # a run resumed in the middle of recording its gradients goes on, and chooses
-            "recording": recording,
+            "recording": self._knobs.state(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -237,9 +229,7 @@ class InRunCheck:
         self._window = [Check(int(s), float(o), float(f)) for s, o, f in state.get("window", [])]
         self.actions.done = [Action.from_dict(a) for a in state.get("actions", [])]
         self._healthy = state.get("healthy")
-        recording = state.get("recording")
-        self._trace = None if recording is None else GradientTrace.from_state(recording["trace"])
-        self._drift = "" if recording is None else str(recording["drift"])
+        self._knobs.restore(state.get("recording"))
 
     def report(self, amp: AmpRuntime) -> str:
         """What ``amp.report()`` prints (see :meth:`summary`)."""

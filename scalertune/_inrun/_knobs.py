@@ -143,6 +143,44 @@ class GradientTrace:
         return amax.cpu().numpy()
 
 
+class KnobRecording:
+    """The run's gradients recorded once the scaler left the search's prediction, until they
+    settle; then the knobs chosen from them (:func:`choose_knobs`). A checkpoint keeps a
+    recording under way (:meth:`state`), so that a resumed run goes on and chooses."""
+
+    def __init__(self) -> None:
+        self.trace: GradientTrace | None = None
+        #: What the watch found, and at which step: said with the knobs chosen.
+        self.drift = ""
+
+    def start(self, step: int, found: str) -> bool:
+        """Start recording (``False``: one is under way already)."""
+        if self.trace is not None:
+            return False
+        self.trace, self.drift = GradientTrace(), f"at step {step:,}, {found}"
+        return True
+
+    def record(self, amp: AmpRuntime, optimizer: torch.optim.Optimizer) -> None:
+        if self.trace is not None:
+            self.trace.record(amp, optimizer)
+
+    def chosen(self, config: AmpConfig, scale: float) -> tuple[Knobs, str] | None:
+        """The knobs and the drift they answer, once the trace settled (the recording ends
+        there); ``None`` before."""
+        if self.trace is None or not self.trace.settled():
+            return None
+        knobs = choose_knobs(self.trace.read(), config, scale)
+        self.trace = None
+        return knobs, self.drift
+
+    def state(self) -> dict[str, Any] | None:
+        return None if self.trace is None else {"trace": self.trace.state(), "drift": self.drift}
+
+    def restore(self, state: Mapping[str, Any] | None) -> None:
+        self.trace = None if state is None else GradientTrace.from_state(state["trace"])
+        self.drift = "" if state is None else str(state["drift"])
+
+
 @dataclasses.dataclass(frozen=True)
 class Knobs:
     """The knobs chosen, the scale to restart from, and what each does over the trace."""

@@ -198,7 +198,7 @@ def test_a_run_resumed_while_it_records_its_gradients_goes_on_and_chooses_its_kn
     resumed = runtime()
     resumed.prepare(model)
     resumed.load_state_dict(torch.load(tmp_path / "amp.pt", weights_only=True))
-    assert resumed.check.recording and resumed.check._trace.recorded == 40
+    assert resumed.check.recording and resumed.check._knobs.trace.recorded == 40
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(70):
