@@ -37,7 +37,13 @@ from scalertune._amp._check import CheckPolicy
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._amp._watch import ScalerPrediction
 from scalertune._inrun._account import describe
-from scalertune._inrun._actions import Actions, forward_overflows, precision_fails, scaler_drifted
+from scalertune._inrun._actions import (
+    Actions,
+    float8_spoils,
+    forward_overflows,
+    precision_fails,
+    scaler_drifted,
+)
 from scalertune._inrun._gap import Check, judge
 from scalertune._inrun._knobs import KnobRecording
 from scalertune._inrun._lines import LOGGER, Action, heading, stop, warn
@@ -113,6 +119,8 @@ class InRunCheck:
                 healthy = max(healthy or 0.0, amp.config.init_scale)
             self._rescue_at = None
             forward_overflows(self.actions, amp, passes, check, healthy, collapsed=collapsed)
+        elif amp.config.float8 and float8_spoils(self.actions, amp, passes, check):
+            pass  # a layer float8 spoils now: acted on at once, the window waits for none
         elif len(self._window) >= self.policy.window:
             gap = judge(self._window[-self.policy.window :])
             if gap is not None and gap.beyond(self.actions.tolerance(), self.policy.z):

@@ -31,7 +31,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._amp._islands import make_island, unwrapped
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
-from scalertune._inrun._float8_layers import layer_casts, record_inputs
+from scalertune._inrun._float8_layers import LayerCast, layer_casts, record_inputs
 
 
 def loss_value(output: Any) -> torch.Tensor:
@@ -71,14 +71,22 @@ class Passes:
 
     def __init__(self, amp: AmpRuntime, recompute: Callable[[], Any], *, autocast: bool) -> None:
         self.amp, self.recompute, self.autocast = amp, recompute, autocast
+        self._inputs: dict[str, tuple[torch.nn.Linear, torch.Tensor]] | None = None
         self._devices = [amp.device] if amp.device.type == "cuda" else []
         self._cpu = torch.get_rng_state()
         self._device = torch.cuda.get_rng_state(amp.device) if self._devices else None
 
     def float32(self) -> torch.Tensor:
-        """The loss in float32 at the step's weights."""
-        with self._quiet(), self.amp.float32():
-            return loss_value(self.recompute()).detach().float()
+        """The loss in float32 at the step's weights (under float8, the Linear layers' inputs
+        recorded on the way, for :meth:`float8_casts`: no forward of their own)."""
+        models = self.amp.models if self.amp.config.float8 else []
+        recording: contextlib.AbstractContextManager[dict[str, Any]] = (
+            record_inputs(models[0]) if models else contextlib.nullcontext({})
+        )
+        with self._quiet(), recording as inputs, self.amp.float32():
+            loss = loss_value(self.recompute()).detach().float()
+        self._inputs = inputs if models else None
+        return loss
 
     def islanded(self, modules: Sequence[str]) -> torch.Tensor:
         """The loss under the run's autocast with ``modules`` kept in float32 for this pass."""
@@ -105,13 +113,20 @@ class Passes:
     def float8_errors(self) -> dict[str, float]:
         """Layer name -> how far its float8 output under the run's recipe is from its
         float32 output, on the step's batch at the step's weights (``_float8_layers``)."""
-        models = self.amp.models
-        if not models:
-            return {}
-        with self._quiet(), record_inputs(models[0]) as inputs, self.amp.float32():
-            self.recompute()
-        casts = layer_casts(inputs, self.amp.config, device=self.amp.device)
+        (casts,) = self.float8_casts([self.amp.config])
         return {c.name: c.error for c in casts}
+
+    def float8_casts(self, configs: Sequence[AmpConfig]) -> list[list[LayerCast]]:
+        """What float8 under each of ``configs``' recipes costs each Linear layer, on the
+        step's batch at the step's weights: one float32 pass records the layers' inputs."""
+        inputs = self._inputs
+        if inputs is None:  # no float32 pass of float8 yet (the run left float8 before it)
+            models = self.amp.models
+            if not models:
+                return [[] for _ in configs]
+            with self._quiet(), record_inputs(models[0]) as inputs, self.amp.float32():
+                self.recompute()
+        return [layer_casts(inputs, config, device=self.amp.device) for config in configs]
 
     def outputs(self) -> dict[str, float]:
         """Module name -> the largest magnitude of its floating outputs in float32, in the

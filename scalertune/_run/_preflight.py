@@ -61,6 +61,8 @@ class Checked:
     float8_left_out: tuple[str, ...] = ()
     #: What each of the space's float8 recipes costs each Linear layer on the first batch.
     float8_casts: tuple[LayerCast, ...] = ()
+    #: How many Linear layers float8 takes ran in the first step (where the space tries it).
+    float8_layers: int = 0
 
 
 def preflight(
@@ -114,6 +116,7 @@ def preflight(
         deepspeed=engine_facts(workload),
         model=fingerprint(workload.model),
         float8_left_out=tuple(left_out(workload.model)) if float8_recipes else (),
+        float8_layers=len(recorded),
         float8_casts=tuple(
             c
             for recipe in float8_recipes

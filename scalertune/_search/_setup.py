@@ -161,6 +161,7 @@ def prepare(
     checked = _preflight(factory, user_factory, dev, seed, searched, isolation)
     # a DeepSpeed workload keeps the space it named: its engine trains no float8
     space = _space_for(space if checked.deepspeed else searched, checked.deepspeed)
+    _float8_takes(space, checked)
     islands = island_candidates(list(checked.float8_casts), at_most=FLOAT8_ISLAND_CANDIDATES)
     if islands and "float8_islands" not in space.params:
         space = with_float8_islands(space, islands)
@@ -178,10 +179,29 @@ def prepare(
     )
 
 
+def _float8_takes(space: SearchSpace, checked: Any) -> None:
+    """Refuse a float8 space for a model float8 takes no layer of: nothing would run in it."""
+    if "float8" in space.dtypes and not checked.float8_layers:
+        raise UsageError(
+            "no Linear layer of the model takes float8 (none whose sizes are both multiples "
+            f"of {_float8.FLOAT8_MULTIPLE} ran in its first step), so float8 would train "
+            "nothing in float8: search float16 or bfloat16 (--space default)"
+        )
+
+
 def _float8_notes(checked: Any) -> tuple[str, ...]:
     """The lines a float8 search says first: the layers left out, and what float8 spoils."""
     left_out = (left_out_line(checked.float8_left_out),) if checked.float8_left_out else ()
-    return (*left_out, *iter_lines(list(checked.float8_casts)))
+    casts = list(checked.float8_casts)
+    spoiled = list(iter_lines(casts))
+    if casts and not spoiled:  # said too: the layers were looked at, and none is spoiled
+        recipes = ", ".join(dict.fromkeys(c.recipe for c in casts))
+        worst = max(c.error for c in casts)
+        spoiled = [
+            f"float8: {checked.float8_layers} Linear layers take float8; on the first batch "
+            f"{recipes} spoil none (every output within {worst:.0%} of float32's)"
+        ]
+    return (*left_out, *spoiled)
 
 
 def _settings(

@@ -156,6 +156,10 @@ def test_the_in_run_check_moves_a_failing_tensorwise_run_to_rowwise_and_says_so(
     assert amp.config.float8_recipe == "rowwise", lines
     assert len(lines) == 1 and "training with float8's rowwise recipe from now on" in lines[0]
     assert amp.state_dict()["check"]["actions"][0]["kind"] == "recipe"
+    # at the first check after the outlier came, on what float8 does to the layer: a run
+    # learns around a layer float8 silences, and the loss at the same weights then hides it
+    assert amp.state_dict()["check"]["actions"][0]["step"] == 300
+    assert "float8 tensorwise, layer '0': input amax 1e+06" in lines[0]
     resumed = AmpRuntime(AmpConfig(dtype="float8"), device="cpu", check=_check())
     resumed.prepare(_seeded(late)["model"])
     resumed.load_state_dict(amp.state_dict())
@@ -246,3 +250,24 @@ def test_the_step_timing_times_float8_under_a_step_of_the_workloads_own():
     workload = build_workload(make, seed=0, device=torch.device("cpu"))
     times = time_dtypes(workload, ["float32", "float8"], device=torch.device("cpu"), clip_norm=None)
     assert set(times.rounds) == {"float32", "float8"}
+
+
+def _no_float8_layer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 30), nn.ReLU(), nn.Linear(30, 1))
+    x = torch.randn(16, 10)
+    return {
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "loss_fn": nn.functional.mse_loss,
+        "batches": [(x, x[:, :1])] * 4,
+    }
+
+
+def test_a_float8_search_of_a_model_float8_takes_no_layer_of_is_refused_in_one_line(tmp_path):
+    """Sizes that are not multiples of 16 leave every Linear layer out: a float8 search would
+    train nothing in float8 and claim it did."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    with pytest.raises(scalertune.UsageError, match="no Linear layer of the model takes float8"):
+        scalertune.search(_no_float8_layer, space="float8", storage=storage, device="cpu")
+    assert not (tmp_path / "study.db").exists()
