@@ -202,9 +202,11 @@ def write_result(data: dict[str, Any], path: str) -> None:
     header = (
         "# Written by scalertune. Load it in training code with\n"
         '#   amp = scalertune.load("' + os.path.basename(path) + '", device="cuda")\n'
+        "# (best_amp=True loads evidence.best_amp, the best AMP config that held, instead).\n"
         "# 'config' is what the runtime uses; 'evidence' says why it was chosen; 'check' is\n"
         "# what the run does when, every 'every' steps, its loss at its own weights falls\n"
-        "# behind float32's: act (a float32 island, float32, the scaler's knobs), warn or stop.\n"
+        "# behind float32's: act (a float32 island, float32, the scaler's knobs, a more\n"
+        "# accurate float8 recipe), warn or stop.\n"
     )
     # A temporary name of this process's own: workers that finish together write the same
     # YAML, and one shared ".tmp" name was moved away under another's feet.
