@@ -11,6 +11,8 @@ and every number in it must be finite: nothing scalertune reads means NaN or inf
 from __future__ import annotations
 
 import math
+import os
+import stat
 from typing import Any
 
 import yaml
@@ -25,7 +27,13 @@ def read_yaml(path: str, *, what: str, missing: str = "") -> Any:
     """The data in the YAML file ``path``; :class:`UsageError` naming ``what`` it should be
     when it cannot be read (``missing`` is appended to the message for a missing file)."""
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO given as the file opens at once, and is refused below, where a
+        # plain open() waited for a writer forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UsageError(f"{path} is not a regular file: is it {what}?")
+            os.set_blocking(fd, True)
             raw = f.read(_amp_policy.MAX_YAML_BYTES + 1)
     except FileNotFoundError:
         raise UsageError(f"no such file: {path}{missing}") from None

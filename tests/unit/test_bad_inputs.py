@@ -773,3 +773,10 @@ def test_an_isolated_factorys_first_call_is_held_to_the_trials_limits(tmp_path, 
     (line,) = ran.stderr.strip().splitlines()
     assert "did not finish its first call and float32 step" in line and said in line
     assert not (tmp_path / "scalertune.db").exists()
+
+
+def test_a_fifo_given_as_the_result_file_is_one_line_not_a_wait_forever(tmp_path):
+    os.mkfifo(tmp_path / "amp.yaml")
+    with pytest.raises(scalertune.UsageError, match="is not a regular file") as info:
+        scalertune.load(str(tmp_path / "amp.yaml"), device="cpu")
+    assert len(str(info.value).splitlines()) == 1
