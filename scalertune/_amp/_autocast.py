@@ -42,13 +42,8 @@ class Forward:
         """Train under ``config`` from now on: its dtype (float8's recipe, or out of float8),
         and its islands on every model prepared so far (a model keeps the islands it has;
         they are only ever added)."""
-        self.config = config
+        self._take(config)
         self.islands = config.fp32_modules
-        self._dtype = getattr(torch, config.autocast_dtype)
-        self._float32 = config.autocast_dtype == "float32"
-        self._float8 = (
-            _float8.linear_settings(config, device=self.device) if config.float8 else None
-        )
         for model in list(self._prepared):
             apply_islands(model, self.islands, self.device.type)
         #: The context :meth:`AmpRuntime.loss` enters on every step, made once: it is entered
@@ -56,6 +51,15 @@ class Forward:
         #: model is prepared, a config that needs :meth:`prepare` refuses to run instead.
         self.reused: contextlib.AbstractContextManager[Any] = (
             _Unprepared(self) if self._needs_prepare() else self._context()
+        )
+
+    def _take(self, config: AmpConfig) -> None:
+        """``config``'s forward: its autocast dtype, and its float8 recipe's torchao config."""
+        self.config = config
+        self._dtype = getattr(torch, config.autocast_dtype)
+        self._float32 = config.autocast_dtype == "float32"
+        self._float8 = (
+            _float8.linear_settings(config, device=self.device) if config.float8 else None
         )
 
     def _context(self) -> contextlib.AbstractContextManager[Any]:
@@ -99,17 +103,12 @@ class Forward:
         """The forward of ``config`` inside (another float8 recipe, bfloat16), this one's
         again after: the in-run check's pass of a config it may move to. Its islands are not
         applied (they are hooks on the modules, only ever added)."""
-        saved = self.config, self._dtype, self._float32, self._float8, self.reused
-        self.config = config
-        self._dtype = getattr(torch, config.autocast_dtype)
-        self._float32 = config.autocast_dtype == "float32"
-        self._float8 = (
-            _float8.linear_settings(config, device=self.device) if config.float8 else None
-        )
+        saved = self.config, self._dtype, self._float32, self._float8
+        self._take(config)
         try:
             yield
-        finally:
-            self.config, self._dtype, self._float32, self._float8, self.reused = saved
+        finally:  # the same objects back: the float8 layers keep the recipe they hold
+            self.config, self._dtype, self._float32, self._float8 = saved
 
     @contextlib.contextmanager
     def float32(self) -> Iterator[None]:
