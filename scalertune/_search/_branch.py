@@ -29,10 +29,9 @@ from scalertune._judge._phases import (
     judged_end,
 )
 from scalertune._replay._state import scaler_state_at
-from scalertune._run._forward import forward_ratio
 from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord
-from scalertune._search._isolate import execute, run_here
+from scalertune._search._isolate import execute, forward
 from scalertune._search._reference_checkpoints import Checkpoints
 from scalertune._search._references import References
 from scalertune._search._setup import Setup
@@ -179,9 +178,7 @@ def _forward(setup: Setup, references: References, config: AmpConfig, seed: int)
     start = references.reference(seed).latest_start
     return references.checkpoints.branching(
         lambda: references.checkpoint(seed, start),
-        lambda checkpoint: run_here(
-            forward_ratio, setup.factory, config, checkpoint, seed=seed, device=setup.device
-        ),
+        lambda checkpoint: forward(setup, config, checkpoint, seed=seed),
     )
 
 

@@ -19,7 +19,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._processes._protocol import TrialCrashed, describe_error, exited
 from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord
-from scalertune._search._launch import run_isolated
+from scalertune._search._launch import forward_isolated, run_isolated
 from scalertune._search._setup import Setup
 
 _T = TypeVar("_T")
@@ -81,4 +81,25 @@ def execute(
         stop=stop,
         on_window=on_window,
         plan=plan,
+    )
+
+
+def forward(setup: Setup, config: AmpConfig, checkpoint: str, *, seed: int) -> float:
+    """``config``'s forward loss over float32's at ``checkpoint``'s weights, where the
+    search's runs execute (a factory that wraps its model for ranks builds it only there)."""
+    if setup.isolation is not None:
+        return forward_isolated(
+            setup.spec,
+            config,
+            checkpoint,
+            seed=seed,
+            device=setup.device,
+            timeout_s=setup.isolation.timeout_s,
+            memory_gb=setup.isolation.memory_gb,
+            ranks=setup.isolation.nproc_per_node,
+        )
+    from scalertune._run._forward import forward_ratio
+
+    return run_here(
+        forward_ratio, setup.factory, config, checkpoint, seed=seed, device=setup.device
     )

@@ -24,7 +24,14 @@ from scalertune._processes._protocol import JobFailed, RankFailed, Reply, TrialC
 from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord, StopRule
 from scalertune._run._timing import StepTimes
-from scalertune._search._process_jobs import LocateJob, PreflightJob, RunJob, TimeJob, Timing
+from scalertune._search._process_jobs import (
+    ForwardJob,
+    LocateJob,
+    PreflightJob,
+    RunJob,
+    TimeJob,
+    Timing,
+)
 
 if TYPE_CHECKING:
     from scalertune._diagnose._report import IslandAdvice
@@ -61,6 +68,30 @@ def run_isolated(
         stop=stop,
     )
     return launch(job, timeout_s=timeout_s, ranks=ranks).record
+
+
+def forward_isolated(
+    spec: str | Callable[[], Any],
+    config: AmpConfig,
+    checkpoint: str,
+    *,
+    seed: int,
+    device: torch.device,
+    timeout_s: float | None,
+    memory_gb: float | None,
+    ranks: int = 1,
+) -> float:
+    """``forward_ratio`` at ``checkpoint``'s weights in a fresh process (one per rank);
+    :class:`TrialCrashed` if one fails."""
+    job = ForwardJob(
+        spec=spec,
+        config=config,
+        checkpoint=checkpoint,
+        seed=seed,
+        device=str(device),
+        memory_gb=memory_gb,
+    )
+    return launch(job, timeout_s=timeout_s, ranks=ranks).ratio
 
 
 def locate_isolated(

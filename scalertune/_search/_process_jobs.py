@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 _PRELOAD = (
     "scalertune._search._process_jobs",
     "scalertune._run._loop",
+    "scalertune._run._forward",
     "scalertune._run._timing",
     "scalertune._workload._factory",
     "scalertune._workload._loader",
@@ -82,6 +83,32 @@ class RunJob(_Job):
             device=torch.device(device),
         )
         return Trained(run)
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardRatio(Final):
+    """``config``'s forward loss over float32's at a checkpoint's weights."""
+
+    ratio: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ForwardJob(_Job):
+    """``forward_ratio``: ``config``'s forward against float32's at ``checkpoint``'s weights
+    (on ranks, a DDP or FSDP factory is called only inside its group)."""
+
+    config: AmpConfig
+    checkpoint: str
+
+    def perform(self, send: Callable[[Reply], None], device: str) -> ForwardRatio:
+        from scalertune._run._forward import forward_ratio
+        from scalertune._workload._loader import load_factory
+
+        factory = load_factory(self.spec)
+        ratio = forward_ratio(
+            factory, self.config, self.checkpoint, seed=self.seed, device=torch.device(device)
+        )
+        return ForwardRatio(ratio)
 
 
 @dataclasses.dataclass(frozen=True)
