@@ -93,6 +93,8 @@ SEARCH: Mapping[str, Limit] = {
     "memory_gb": _SECONDS,
     "nproc_per_node": Limit(True, 1, MAX_NPROC_PER_NODE),
     "wait_for_storage": Limit(False, 0),
+    "rendezvous_timeout": _SECONDS,
+    "host_timeout": _SECONDS,
 }
 DIAGNOSE: Mapping[str, Limit] = {
     "init_scale": Limit(False, 0, FLOAT32_MAX, low_excluded=True),

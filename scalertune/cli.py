@@ -78,6 +78,18 @@ def _main(argv: Sequence[str] | None, *, exiting: bool) -> int:
 
 
 def _run(command: str, args: argparse.Namespace) -> int:
+    from scalertune._cli._commands import CLOSING
+
+    code = EXIT_FAILED
+    try:
+        code = _outcome(command, args)
+        return code
+    finally:
+        while CLOSING:  # under the user's launcher: the other ranks end with this status
+            CLOSING.pop()(code)
+
+
+def _outcome(command: str, args: argparse.Namespace) -> int:
     try:
         return COMMANDS[command](args)
     except ParameterError as exc:

@@ -73,15 +73,57 @@ def model_size(found: Mapping[str, Any]) -> str:
 
 class ModelCheck:
     """Warns once, the first time it is called, when the model is not the one a result file
-    was searched on (see the module's docstring)."""
+    was searched on (see the module's docstring), and when the training runs on another
+    number of ranks than the search's runs did (``ranks``; where it has a fingerprint of no
+    model, ``searched`` is ``None``)."""
 
-    def __init__(self, searched: Mapping[str, Any], path: str) -> None:
-        self.searched, self.path = searched, path
+    def __init__(self, searched: Mapping[str, Any] | None, path: str, ranks: str = "") -> None:
+        self.searched, self.path, self.ranks = searched, path, ranks
 
     def __call__(self, model: torch.nn.Module) -> None:
-        found = other_model(model, self.searched, self.path)
+        found = None if self.searched is None else other_model(model, self.searched, self.path)
         if found is not None:
             warnings.warn(found, UserWarning, stacklevel=caller_stacklevel())
+        found = other_world(self.ranks, self.path)
+        if found is not None:
+            warnings.warn(found, UserWarning, stacklevel=caller_stacklevel())
+
+
+def searched_world(data: Mapping[str, Any]) -> str:
+    """The ranks a result file's runs trained on, in words (``2 ranks (2 hosts x 1)``), from
+    ``evidence.nproc_per_node`` and ``evidence.nnodes`` (1 where it names neither)."""
+    evidence = data.get("evidence")
+    evidence = evidence if isinstance(evidence, Mapping) else {}
+    per, nodes = evidence.get("nproc_per_node", 1), evidence.get("nnodes", 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (per, nodes)):
+        return ""
+    hosts = f" ({nodes} hosts x {per})" if nodes > 1 else ""
+    return f"{per * nodes} rank{'s' if per * nodes > 1 else ''}{hosts}"
+
+
+def other_world(searched: str, path: str) -> str | None:
+    """The line to warn when this training's ranks (its process group, else the launcher's
+    ``WORLD_SIZE``) are not the ``searched`` ones, where the search ran on more than one:
+    its scaler sees another global batch's gradients than the search's runs did."""
+    import os
+
+    import torch
+
+    if not searched or int(searched.split()[0]) == 1:  # one process's answer, used on N: said
+        return None  # by the docs (distributed guide), not at every multi-GPU training
+    dist = torch.distributed
+    ranks = (
+        dist.get_world_size()
+        if dist.is_available() and dist.is_initialized()
+        else int(os.environ.get("WORLD_SIZE") or 1)
+    )
+    if ranks == int(searched.split()[0]):
+        return None
+    return (
+        f"{path} was searched on {searched}, and this training runs on {ranks}: its loss "
+        "scale and predictions are for another global batch's gradients; search under this "
+        "training's launcher (scalertune search under torchrun or srun) before relying on them"
+    )
 
 
 def searched_model(data: Mapping[str, Any]) -> dict[str, Any] | None:

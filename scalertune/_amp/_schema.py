@@ -21,7 +21,7 @@ import yaml
 
 from scalertune._amp._check import CheckPolicy
 from scalertune._amp._config import AmpConfig
-from scalertune._amp._fingerprint import ModelCheck, searched_model
+from scalertune._amp._fingerprint import ModelCheck, searched_model, searched_world
 from scalertune._amp._guard import Guard
 from scalertune._amp._watch import ScalerPrediction, Watch
 from scalertune._errors import UsageError
@@ -116,7 +116,7 @@ def load_runtime(
         "guard": _guard(chosen, path) if guard else None,
         "watch": Watch(predicted) if predicted is not None else None,
         # the model the file was searched on, checked when a model is prepared
-        "model_check": None if searched is None else ModelCheck(searched, path),
+        "model_check": ModelCheck(searched, path, searched_world(data)),
     }
 
 

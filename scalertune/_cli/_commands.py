@@ -29,9 +29,59 @@ from scalertune._storage._open import storage_url
 from scalertune._text import plural
 from scalertune._workload._loader import check_spec
 
+#: What ends with the command, whatever its status: under the user's launcher, rank 0 tells
+#: the other ranks the search is over (``cli._run`` calls each with the exit status).
+CLOSING: list[Callable[[int], None]] = []
+
 
 def _search(args: argparse.Namespace) -> int:
     check_spec(args.factory)  # before the storage's and the space's modules load
+    from scalertune._processes._world import launched
+
+    try:
+        world = launched()
+    except ValueError as exc:
+        raise UsageError(
+            f"this search runs under a launcher whose environment is incomplete ({exc}): "
+            "start it with torchrun or srun, which set it"
+        ) from None
+    if world is not None:
+        return _search_on_hosts(args, world)
+    return _search_here(args)
+
+
+def _search_on_hosts(args: argparse.Namespace, world: Any) -> int:
+    """The same command on every rank of the user's launcher: rank 0 searches, leading the
+    others' runs; each other rank runs its part of every run and ends with rank 0's status
+    (:mod:`scalertune._processes._hosts`)."""
+    if args.nproc_per_node is not None:
+        raise UsageError(
+            f"--nproc-per-node is {world.launcher}'s under {world.launcher}: drop it (each "
+            f"host runs the {world.local_size} ranks its launcher started)"
+        )
+    from scalertune._processes import _launcher
+    from scalertune._processes._hosts import Crew
+
+    crew = Crew.join(
+        world, rendezvous_timeout=args.rendezvous_timeout, host_timeout=args.host_timeout
+    )
+    if world.rank != 0:
+        code = crew.follow()
+        if code:
+            print(
+                f"scalertune search: {crew.where(0)} ended the search with status {code}: "
+                "its output says why",
+                file=sys.stderr,
+            )
+        return code
+    _launcher.lead(crew)
+    CLOSING.append(crew.close)
+    args.nproc_per_node = world.local_size
+    args.hosts = tuple(crew.hosts)
+    return _search_here(args)
+
+
+def _search_here(args: argparse.Namespace) -> int:
     args.storage = storage_url(args.storage)
     output = _check_search(args)
     from scalertune._search._api import search  # after the checks: it loads torch
@@ -39,9 +89,16 @@ def _search(args: argparse.Namespace) -> int:
     from scalertune._storage._open import owned_files
 
     quiet = args.quiet
+    hosts = getattr(args, "hosts", ())  # under the user's launcher: the hosts a run spans
     isolation = (
-        Isolation(args.trial_timeout, args.trial_memory, independent_ranks=args.independent_ranks)
-        if args.isolate or (args.nproc_per_node or 1) > 1 or args.independent_ranks
+        Isolation(
+            args.trial_timeout,
+            args.trial_memory,
+            independent_ranks=args.independent_ranks,
+            nnodes=max(1, len(hosts)),
+            hosts=hosts,
+        )
+        if args.isolate or (args.nproc_per_node or 1) > 1 or args.independent_ranks or hosts
         else None
     )
     new_files = [f for f in owned_files(args.storage) if not os.path.exists(f)]
@@ -98,6 +155,7 @@ def _check_search(args: argparse.Namespace) -> str:
         (args.trial_timeout is not None or args.trial_memory is not None)
         and not args.isolate
         and (args.nproc_per_node or 1) == 1
+        and not getattr(args, "hosts", ())
     ):
         raise UsageError("--trial-timeout and --trial-memory need --isolate (or --nproc-per-node)")
     SearchSpace.load(args.space)  # read again by the search; here it is refused before torch

@@ -37,6 +37,8 @@ def check_numbers(args: argparse.Namespace) -> None:
             memory_gb=args.trial_memory,
             nproc_per_node=args.nproc_per_node,
             wait_for_storage=args.wait_for_storage,
+            rendezvous_timeout=args.rendezvous_timeout,
+            host_timeout=args.host_timeout,
         )
         _limits.horizon(args.steps, args.horizon)
         _limits.check(_limits.REPORT, top=args.top)

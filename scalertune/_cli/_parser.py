@@ -150,6 +150,7 @@ def _search(sub: Any) -> None:
     )
     _top_argument(s)
     _run_arguments(s)
+    _host_arguments(s)
     _quiet_argument(s)
 
 
@@ -171,6 +172,28 @@ def _space_arguments(s: Any) -> None:
         "Comma-separated names as model.named_modules() gives them, or glob "
         "patterns over those names ('*.DenseReluDense.wo'); each must match a "
         "module",
+    )
+
+
+def _host_arguments(s: Any) -> None:
+    """The bounds of a search whose runs span hosts under the user's launcher."""
+    s.add_argument(
+        "--rendezvous-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="under torchrun --nnodes or srun (the same command on every host): how long "
+        "the ranks wait for each other to come; the ranks that did not are named "
+        "(default: 300)",
+    )
+    s.add_argument(
+        "--host-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="under torchrun --nnodes or srun: how long a rank waits for rank 0's word, or "
+        "rank 0 for a rank's report, before it ends the search on every host with status "
+        "3; the same command reruns it (default: 300)",
     )
 
 

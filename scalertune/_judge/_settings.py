@@ -52,6 +52,7 @@ COMPARABLE = (
     "device_type",
     "reference",
     "nproc_per_node",
+    "nnodes",
     "deepspeed",
 )
 
@@ -96,6 +97,11 @@ class StudySettings:
     #: The processes every run trains on (``--nproc-per-node``): 1, or the ranks of a
     #: ``torch.distributed`` group (studies written before it: 1).
     nproc_per_node: int = 1
+    #: The hosts every run spans under the user's launcher (``torchrun --nnodes``, ``srun``),
+    #: ``nproc_per_node`` ranks on each (studies written before it, and one host: 1).
+    nnodes: int = 1
+    #: Their names, in node order (recorded, not compared: a scheduler gives other hosts).
+    hosts: tuple[str, ...] = ()
     #: For a DeepSpeed workload, the engine every run trains in (``zero_stage``,
     #: ``bfloat16``); ``None`` for any other (and studies written before it).
     deepspeed: Mapping[str, Any] | None = None
@@ -199,7 +205,7 @@ class StudySettings:
 
         Returns:
             The name of the first differing setting (factory, steps, horizon, seed, space,
-            device_type, reference, nproc_per_node, deepspeed, then ``model``: the
+            device_type, reference, nproc_per_node, nnodes, deepspeed, then ``model``: the
             parameters' names and shapes, where both fingerprinted theirs), or ``None`` when
             they agree.
 
@@ -212,7 +218,7 @@ class StudySettings:
             'seed'
         """
         mine, theirs = self.to_dict(), other.to_dict()
-        key = next((key for key in COMPARABLE if mine[key] != theirs[key]), None)
+        key = next((key for key in COMPARABLE if mine.get(key) != theirs.get(key)), None)
         if key is not None or self.model is None or other.model is None:
             return key
         return "model" if self.model.get("sha256") != other.model.get("sha256") else None
@@ -245,6 +251,7 @@ class StudySettings:
             "reference": self.reference.to_dict(),
             "instance": self.instance,
             "nproc_per_node": self.nproc_per_node,
+            **({"nnodes": self.nnodes, "hosts": list(self.hosts)} if self.nnodes > 1 else {}),
             "deepspeed": None if self.deepspeed is None else dict(self.deepspeed),
             **({"model": dict(self.model)} if self.model is not None else {}),
         }
@@ -280,7 +287,7 @@ class StudySettings:
                 f"scalertune reads ({VERSION}): upgrade scalertune to review it"
             )
         try:
-            settings = cls._read(data, version)
+            settings = _read(cls, data, version)
         except UsageError:
             raise DamagedEvidence(_damaged("its reference is not an AMP config")) from None
         except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -288,31 +295,13 @@ class StudySettings:
         if not (
             0 < settings.steps <= settings.horizon <= _limits.MAX_HORIZON
             and 0 < settings.nproc_per_node <= 2**16
+            and 0 < settings.nnodes <= 2**16
             and re.fullmatch("[0-9a-f]{0,64}", settings.instance)
         ):
             raise DamagedEvidence(
                 _damaged("its steps, horizon, ranks or instance are out of bounds")
             )
         return settings
-
-    @classmethod
-    def _read(cls, data: Mapping[str, Any], version: int) -> StudySettings:
-        steps = int(data["steps"])
-        return cls(
-            factory=str(data["factory"]),
-            steps=steps,
-            horizon=int(data.get("horizon") or steps),
-            seed=int(data["seed"]),
-            space=dict(data.get("space") or {}),
-            device_type=str(data.get("device_type") or ""),
-            device=str(data.get("device") or "this device"),
-            reference=AmpConfig.from_dict(data.get("reference") or {"dtype": "float32"}),
-            instance=str(data.get("instance") or ""),
-            version=version,
-            nproc_per_node=int(data.get("nproc_per_node") or 1),
-            deepspeed=data.get("deepspeed"),
-            model=dict(data["model"]) if isinstance(data.get("model"), Mapping) else None,
-        )
 
     @classmethod
     def of(cls, study: optuna.Study) -> StudySettings:
@@ -381,4 +370,27 @@ def _damaged(why: str) -> str:
     return (
         f"the study's settings ({SETTINGS_ATTR}) are damaged: {why}; a study cannot be judged "
         "without them: search into a new --study-name"
+    )
+
+
+def _read(cls: type[StudySettings], data: Mapping[str, Any], version: int) -> StudySettings:
+    """The settings in ``data``, stored in ``version``'s form (fields a version lacks take
+    their defaults)."""
+    steps = int(data["steps"])
+    return cls(
+        factory=str(data["factory"]),
+        steps=steps,
+        horizon=int(data.get("horizon") or steps),
+        seed=int(data["seed"]),
+        space=dict(data.get("space") or {}),
+        device_type=str(data.get("device_type") or ""),
+        device=str(data.get("device") or "this device"),
+        reference=AmpConfig.from_dict(data.get("reference") or {"dtype": "float32"}),
+        instance=str(data.get("instance") or ""),
+        version=version,
+        nproc_per_node=int(data.get("nproc_per_node") or 1),
+        nnodes=int(data.get("nnodes") or 1),
+        hosts=tuple(str(h) for h in data.get("hosts") or ()),
+        deepspeed=data.get("deepspeed"),
+        model=dict(data["model"]) if isinstance(data.get("model"), Mapping) else None,
     )

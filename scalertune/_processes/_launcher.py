@@ -22,6 +22,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -43,6 +44,21 @@ from scalertune._processes._protocol import (
 
 F = TypeVar("F", bound=Final)
 
+#: Where the search runs under the user's launcher, its crew (``_hosts.Crew`` on rank 0):
+#: every job is then run by every rank of it, each in a process of its own host.
+_crew: Any = None
+
+
+def leading() -> bool:
+    """Whether this process leads the ranks of the user's launcher (see :func:`lead`)."""
+    return _crew is not None
+
+
+def lead(crew: Any) -> None:
+    """Send every later job to ``crew``'s ranks (``None``: this host's own processes)."""
+    global _crew
+    _crew = crew
+
 
 def launch(
     job: Job[F],
@@ -55,6 +71,8 @@ def launch(
     0's progress handed to ``progress`` on the way. A failed job raises what its
     :class:`Failed` reply names; a process that died, hung or ran past ``timeout_s`` raises
     :class:`TrialCrashed` (:class:`RankFailed` on ranks)."""
+    if _crew is not None:  # the ranks of the user's launcher, across hosts
+        return _crew.launch(job, timeout_s, progress)
     for reply in Launch(job, timeout_s, ranks):
         if isinstance(reply, Failed):
             raise reply.exception()
@@ -75,14 +93,30 @@ class Launch:
     are killed (which tears the group down) and the failure names the rank to blame
     (:mod:`scalertune._processes._blame`)."""
 
-    def __init__(self, job: Job[Any], timeout_s: float | None, ranks: int = 1) -> None:
+    def __init__(
+        self,
+        job: Job[Any],
+        timeout_s: float | None,
+        ranks: int = 1,
+        envs: list[dict[str, str]] | None = None,
+    ) -> None:
+        """``envs``: each process's rank environment, where another launcher's ranks hold the
+        rest of the group (:mod:`scalertune._processes._hosts`); else ``ranks`` of this
+        host's own."""
         ctx = _start.context(job.preload)
         self._conns: list[Any] = []
         self._lifelines: list[Any] = []
         self._processes: list[Any] = []
         self._finished = False
+        #: Set once the job is over (its processes ended, or being ended).
+        self.over = threading.Event()
+        #: Whether :meth:`kill` ended the job.
+        self.killed = False
         try:
-            for r, env in enumerate(_start.rank_envs(ranks)):
+            rank_envs: list[dict[str, str] | None] = (
+                list(envs) if envs is not None else _start.rank_envs(ranks)
+            )
+            for r, env in enumerate(rank_envs):
                 conn, end = ctx.Pipe(duplex=False)
                 # the child's end reads as closed when this process ends (its lifeline)
                 lifeline, held = ctx.Pipe(duplex=False)
@@ -90,7 +124,7 @@ class Launch:
                     target=child,
                     args=(end, job, lifeline, env is not None, {**os.environ, **(env or {})}),
                     kwargs={"stdout_to_stderr": sys.stdout is sys.stderr},
-                    name=NAMES[0] if ranks == 1 else f"{NAMES[1]}{r}",
+                    name=NAMES[0] if env is None else f"{NAMES[1]}{(env or {}).get('RANK', r)}",
                     daemon=True,
                 )
                 self._conns.append(conn)
@@ -118,7 +152,7 @@ class Launch:
                 except GeneratorExit:  # the caller has what it needs
                     self._finished = True
                     raise
-                if isinstance(reply, (Failed, Final)):
+                if isinstance(reply, (Failed, Final, Done)):
                     self._finished = True
                     break
         finally:
@@ -144,6 +178,8 @@ class Launch:
                 if reply is None or isinstance(reply, Failed):
                     return self._failed({r: reply})
                 if r == 0 and not isinstance(reply, Done):
+                    return reply
+                if not self._live:  # every process here finished its part: rank 0 is elsewhere
                     return reply
                 # a rank past rank 0 that finished its part: it exits now
 
@@ -180,6 +216,14 @@ class Launch:
         if isinstance(blamed, Fault):
             raise self._crashed(blamed.text)
         return blamed
+
+    def kill(self) -> None:
+        """End the job's processes now, from any thread (a peer on another host failed):
+        the thread that iterates gets their deaths as a failure."""
+        self.killed = True
+        for process in self._processes:
+            if process.pid is not None and process.is_alive():
+                process.kill()
 
     def _end(self) -> None:
         """Close the pipes; a process that sent its last reply is exiting, one still at work

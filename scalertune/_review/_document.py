@@ -1,7 +1,8 @@
 """The result file's content: ``config`` for the runtime, ``guard``, and the ``evidence``.
 
 ``evidence`` says what the answer rests on, in full precision: the study and the device
-(and ``nproc_per_node``, the ranks every run trained on, where more than one),
+(and ``nproc_per_node``, the ranks every run trained on per host, where more than one; with
+``nnodes`` and ``hosts`` where the runs spanned hosts),
 the horizon it covers (``horizon``: steps 0 to it), the verdict and speedup against
 float32, the recommended run and its confirmations, the best AMP config that held
 (``best_amp``, also when float32 is the answer on this device), each finalist's phases,
@@ -50,8 +51,7 @@ def evidence(result: Findings) -> dict[str, Any]:
         "storage": result.storage,
         "factory": settings.factory,
         "device": settings.device,
-        # the processes every run trained on (--nproc-per-node), where more than one
-        **({"nproc_per_node": settings.nproc_per_node} if settings.nproc_per_node > 1 else {}),
+        **_world(settings),
         "steps": settings.steps,
         "horizon": result.horizon,
         "covers": f"steps 0-{result.horizon} of the horizon",
@@ -106,6 +106,17 @@ def evidence(result: Findings) -> dict[str, Any]:
         out["missing"] = {f"trial {n}": why for n, why in sorted(result.missing.items())}
     if result.damaged:  # stored evidence that is not what a run stores: left out
         out["damaged"] = {f"trial {n}": why for n, why in sorted(result.damaged.items())}
+    return out
+
+
+def _world(settings: Any) -> dict[str, Any]:
+    """The processes every run trained on per host (``--nproc-per-node``, or the user's
+    launcher), where more than one, and the hosts the runs spanned, where more than one."""
+    out: dict[str, Any] = {}
+    if settings.nproc_per_node > 1:
+        out["nproc_per_node"] = settings.nproc_per_node
+    if settings.nnodes > 1:
+        out.update(nnodes=settings.nnodes, hosts=list(settings.hosts))
     return out
 
 

@@ -78,6 +78,11 @@ def _head(result: Findings) -> list[str]:
     if not s.stored:
         return [*lines, "  no settings stored: not a study of scalertune search"]
     ranks = f", {s.nproc_per_node} ranks per run" if s.nproc_per_node > 1 else ""
+    if s.nnodes > 1:
+        ranks = (
+            f", {s.nnodes * s.nproc_per_node} ranks per run "
+            f"({s.nnodes} hosts x {s.nproc_per_node}: {', '.join(s.hosts)})"
+        )
     lines.append(
         f"  workload {s.factory}, {s.steps} steps per trial{horizon}, seed {s.seed}, "
         f"space {s.space_name!r}, on {s.device}{ranks}"

@@ -231,10 +231,14 @@ def _ranked_save(workload: Workload, mine: dict[str, Any]) -> tuple[Any, Any, An
 def load_checkpoint(path: str, workload: Workload, cursor: BatchCursor) -> dict[str, Any]:
     """Put a freshly built ``workload`` and ``cursor`` in the state saved at ``path``;
     returns the checkpoint (``step``, ``extra``). With ranks, every rank reads the file (the
-    ranks share a host) and takes the whole state, its shard of it under FSDP, and its own
-    data position and RNGs."""
+    ranks share a host; across hosts rank 0 reads it and sends its bytes to the others) and
+    takes the whole state, its shard of it under FSDP, and its own data position and
+    RNGs."""
     device = next(workload.model.parameters()).device
-    state = read_checkpoint(path, map_location=device)
+    if _ranks.spans_hosts():
+        state = read_checkpoint(path, map_location=device, data=_ranks.file_from_rank0(path))
+    else:
+        state = read_checkpoint(path, map_location=device)
     with restoring(path):
         _restore(state, workload, cursor)
     return state

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import os
 import pickle
 from collections.abc import Iterator, Mapping
@@ -101,15 +102,21 @@ def write_checkpoint(state: dict[str, Any], path: str) -> None:
 
 
 def read_checkpoint(
-    path: str, *, map_location: Any = "cpu", step: int | None = None, mmap: bool = False
+    path: str,
+    *,
+    map_location: Any = "cpu",
+    step: int | None = None,
+    mmap: bool = False,
+    data: bytes | None = None,
 ) -> dict[str, Any]:
     """The checkpoint at ``path``, read without running anything in it, and checked to be
     one (its parts, and ``step`` when given); :class:`DamagedCheckpoint` naming what is
     wrong otherwise. ``mmap``: the tensors stay in the file until used (a check that reads
-    the structure alone)."""
+    the structure alone). ``data``: the file's bytes, as another rank read them."""
     name = os.path.basename(path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        source: Any = path if data is None else io.BytesIO(data)
+        state = torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:  # not torch's format, or a pickle asking for anything else
         raise DamagedCheckpoint(f"checkpoint {name} is damaged: {_unreadable(exc)}") from None
     why = _what_is_wrong(state, step)

@@ -64,6 +64,47 @@ def join(device: str) -> torch.device:
     return dev
 
 
+def spans_hosts() -> bool:
+    """Whether this run's ranks are on more than one host (the user's launcher started
+    fewer on this one than the group holds)."""
+    n = world()
+    return n > 1 and int(os.environ.get("LOCAL_WORLD_SIZE") or n) < n
+
+
+def file_from_rank0(path: str) -> bytes:
+    """The bytes of the file at ``path`` on rank 0's host, on every rank (two broadcasts:
+    its length, then its bytes); :class:`~scalertune._errors.MissingEvidence` on every rank
+    when rank 0 cannot read it."""
+    from scalertune._errors import MissingEvidence
+
+    data = b""
+    if rank() == 0:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            size = len(data)
+        except OSError:
+            size = -1
+    device = _collective_device()
+    length = torch.tensor([size if rank() == 0 else 0], dtype=torch.int64, device=device)
+    torch.distributed.broadcast(length, 0)
+    if int(length) < 0:
+        raise MissingEvidence(f"checkpoint {os.path.basename(path)} cannot be read on rank 0")
+    if rank() == 0:
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buffer = torch.empty(int(length), dtype=torch.uint8, device=device)
+    torch.distributed.broadcast(buffer, 0)
+    return data if rank() == 0 else buffer.cpu().numpy().tobytes()
+
+
+def _collective_device() -> torch.device:
+    """Where the group's tensors must be: this rank's GPU under NCCL, else the CPU."""
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def leave() -> None:
     """Tear the process group down (a rank that failed is killed by the launcher instead)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -47,6 +47,10 @@ class Isolation:
         independent_ranks: The ranks train copies of their own on purpose (an ensemble):
             the search's first step does not refuse ranks whose weights differ after it
             (``--independent-ranks``).
+        nnodes: The hosts a run spans, ``nproc_per_node`` ranks each: more than 1 only
+            where the command line runs under the user's launcher (``torchrun --nnodes``,
+            ``srun``), which started the ranks.
+        hosts: Their names, in node order.
 
     Raises:
         ParameterError: A bound out of range (a ``UsageError``: the command line exits with
@@ -64,6 +68,10 @@ class Isolation:
     memory_gb: float | None = None
     nproc_per_node: int = 1
     independent_ranks: bool = False
+    #: Under the user's launcher (``torchrun --nnodes``, ``srun``): the hosts a run spans,
+    #: ``nproc_per_node`` ranks each, and their names in node order.
+    nnodes: int = dataclasses.field(default=1, repr=False)
+    hosts: tuple[str, ...] = dataclasses.field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         _limits.check(
@@ -228,6 +236,8 @@ def _settings(
         device=describe_device(dev),
         reference=checked.reference,
         nproc_per_node=isolation.nproc_per_node if isolation is not None else 1,
+        nnodes=isolation.nnodes if isolation is not None else 1,
+        hosts=isolation.hosts if isolation is not None else (),
         deepspeed=checked.deepspeed,
         model=checked.model,
     )
@@ -432,10 +442,13 @@ def _declared_horizon(horizon: int, factory: str, steps: int) -> int:
 
 
 def refuse_launcher() -> None:
-    """A search started by torchrun (or another launcher) would run once per rank, each its
-    own search of one process: refused, in one line."""
+    """A search started by torchrun (or another launcher) from Python would run once per
+    rank, each its own search of one process: refused, in one line (the command line leads
+    the launcher's ranks instead: :mod:`scalertune._processes._hosts`)."""
+    from scalertune._processes import _launcher
+
     world = int(os.environ.get("WORLD_SIZE") or 1)
-    if world > 1 and "RANK" in os.environ:
+    if world > 1 and "RANK" in os.environ and not _launcher.leading():
         per_node = os.environ.get("LOCAL_WORLD_SIZE") or world
         raise UsageError(
             f"this search runs as rank {os.environ['RANK']} of {world} under a "

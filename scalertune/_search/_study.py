@@ -113,6 +113,12 @@ def open_study(
             f"{model_size(settings.model or {})}, named or shaped otherwise): pass a new "
             "--study-name to search this one"
         )
+    if key in ("nproc_per_node", "nnodes"):
+        raise UsageError(
+            f"study {study_name!r} was searched on {_world(existing)}, and this search runs "
+            f"on {_world(settings)}: its evidence is that world's runs; run it on as many hosts "
+            "and ranks per host, or pass a new --study-name"
+        )
     if key is not None:
         raise UsageError(
             f"study {study_name!r} was created with {key}={_short(existing.to_dict()[key])}, "
@@ -130,6 +136,14 @@ def instance(study: optuna.Study) -> str:
     inside the float32 reference's claim (:mod:`scalertune._storage._claims`), which settles
     after those writes, so every worker reads the same."""
     return StudySettings.of(study).instance or str(study_id(study))
+
+
+def _world(settings: StudySettings) -> str:
+    """The ranks every run trains on, in words: ``2 ranks per run (2 hosts x 1)``,
+    ``2 ranks per run (1 hosts x 2)``."""
+    ranks = settings.nproc_per_node * settings.nnodes
+    hosts = f" ({settings.nnodes} hosts x {settings.nproc_per_node})" if ranks > 1 else ""
+    return f"{ranks} rank{'s' if ranks > 1 else ''} per run{hosts}"
 
 
 def _short(value: Any) -> str:

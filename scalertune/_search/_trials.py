@@ -25,6 +25,7 @@ from scalertune._judge._horizon import is_from_start
 from scalertune._judge._stopping import StopRule
 from scalertune._judge._stored import sound
 from scalertune._judge._target import Target
+from scalertune._processes._hosts import HostLost
 from scalertune._processes._protocol import RankFailed, TrialCrashed, describe_error
 from scalertune._run._record import RunRecord
 from scalertune._search import _policy as _search_policy
@@ -117,6 +118,8 @@ class TrialRunner:
             record, judged = self._train(trial, role, config, seed, target, trials)
         except MissingEvidence as exc:  # never the config's failure: run again
             self._missing(trial, str(exc))
+            if isinstance(exc, HostLost):  # a rank on another host is gone: the search ends
+                raise
             raise TrialFailed() from None
         except RankFailed as exc:  # one rank died or hung: a fault, not the config's
             self._missing(trial, str(exc).splitlines()[0])

@@ -677,26 +677,6 @@ def test_the_search_api_refuses_bad_numbers_before_anything_runs(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_a_search_started_by_torchrun_is_refused_naming_nproc_per_node(tmp_path, monkeypatch):
-    """Under torchrun (its environment: RANK, WORLD_SIZE, LOCAL_WORLD_SIZE), each rank would
-    run a search of its own: refused in one line, before any study exists."""
-    for name, value in {
-        "RANK": "1",
-        "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "2",
-        "LOCAL_RANK": "1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    proc = run_cli("search", HEALTHY, "--device", "cpu", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == (
-        "scalertune search: error: this search runs as rank 1 of 2 under a launcher "
-        "(torchrun): run it once, without the launcher, with --nproc-per-node 2 (it starts "
-        "the ranks of every run itself)"
-    )
-    assert not (tmp_path / "scalertune.db").exists()
-
-
 @pytest.mark.parametrize("declared", ["0", "65", "'two'", "2.5"])
 def test_a_factory_declaring_processes_out_of_range_is_refused_in_one_line(tmp_path, declared):
     """``make_model.nproc_per_node`` is read before any call (a DDP factory cannot be called

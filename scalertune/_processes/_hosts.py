@@ -1,0 +1,420 @@
+"""A search whose runs span hosts, under the user's own launcher (``torchrun --nnodes N``,
+``srun``): every rank runs the same ``scalertune search`` command; global rank 0 leads.
+
+The launcher's processes are the **crew**: they stay up for the whole search and never train
+themselves. For each run, each of them starts one process of its own, as
+:class:`~scalertune._processes._launcher.Launch` does on one host (it dies with its parent,
+under the same time and memory limits), and these processes form the run's
+``torch.distributed`` group, with rank 0's on a fresh port, before the factory is called.
+The crew speaks through one ``TCPStore``: torchrun's agent's on node 0, or rank 0's own
+under ``srun``.
+
+- Rank 0 alone opens the study, asks Optuna, records and writes the answer. It posts each
+  run (``job/N``: the job, pickled from scalertune's own records only, and the run's port),
+  runs its own part, then collects every rank's report (``done/N/R``).
+- A rank past 0 (:meth:`Crew.follow`) waits for the next run, runs its part and reports, up
+  to the ``stop`` rank 0 posts with the exit status; it never touches the storage.
+
+Faults are bounded in time. A rank whose run fails makes its peers' collectives fail at
+once; rank 0 gives the others ``SETTLE_S`` to report, then asks those still at work to end
+theirs (``abort/N``), and names the rank to blame, with its node and host. A rank that does
+not report even then, and a rank 0 that stops answering (its store gone, or its heartbeat
+still for ``host_timeout``), is a lost host: the run is missing evidence (retried by the
+rerun, never a verdict), and the search ends on every host with status 3.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import os
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from scalertune._errors import MissingEvidence
+from scalertune._processes._launcher import Launch
+from scalertune._processes._protocol import (
+    Done,
+    Failed,
+    Final,
+    Job,
+    RankFailed,
+    Reply,
+    TrialCrashed,
+)
+from scalertune._processes._world import World
+
+#: After a rank's run fails, how long (seconds) rank 0 waits for the others' reports before
+#: it asks those still at work to end theirs: across hosts a peer's collective fails within
+#: a second of a death, and its report takes a round trip to the store.
+SETTLE_S = 10.0
+#: How often (seconds) rank 0 beats while it thinks between runs, and the others look for
+#: the next run.
+BEAT_S = 2.0
+_POLL_S = 0.2
+
+
+class HostLost(MissingEvidence):
+    """A rank (its host, or its process) stopped answering: the run's evidence is missing,
+    and the search cannot go on without the rank; the same command on every host resumes
+    it."""
+
+
+class Crew:
+    """The launcher's ranks, joined through the store (see the module's docstring)."""
+
+    def __init__(self, world: World, store: Any, roster: list[dict[str, Any]], host_timeout: float):
+        self.world, self._store, self._roster = world, store, roster
+        self._host_timeout = host_timeout
+        self._n = 0
+        self._lost: str | None = None
+        self._beating = threading.Event()
+
+    # -- joining ----------------------------------------------------------------------------
+
+    @classmethod
+    def join(cls, world: World, *, rendezvous_timeout: float, host_timeout: float) -> Crew:
+        """Every rank's place said in the store, rank 0 waiting for all of them and posting
+        the roster; :class:`HostLost` naming the ranks that did not come in
+        ``rendezvous_timeout`` seconds."""
+        store = _connect(world, rendezvous_timeout)
+        me = {"rank": world.rank, "node": world.node, "host": world.host, "pid": os.getpid()}
+        store.set(f"rank/{world.rank}", json.dumps(me))
+        if world.rank == 0:
+            keys = [f"rank/{r}" for r in range(world.size)]
+            came = _poll(store, keys, rendezvous_timeout)
+            if len(came) < world.size:
+                missing = [r for r in range(world.size) if f"rank/{r}" not in came]
+                raise HostLost(
+                    f"{_ranks(missing)} of {world.size} did not come within "
+                    f"{rendezvous_timeout:g} s (--rendezvous-timeout): start the same "
+                    "command on every host"
+                )
+            roster = [json.loads(store.get(k)) for k in keys]
+            store.set("roster", json.dumps(roster))
+        elif not _poll(store, ["roster"], rendezvous_timeout):
+            raise HostLost(
+                f"rank 0 ({world.master_addr}) did not open the search within "
+                f"{rendezvous_timeout:g} s (--rendezvous-timeout)"
+            )
+        else:
+            roster = json.loads(store.get("roster"))
+        store.set_timeout(datetime.timedelta(seconds=host_timeout))
+        crew = cls(world, store, roster, host_timeout)
+        if world.rank == 0:
+            threading.Thread(target=crew._beat, name="scalertune-beat", daemon=True).start()
+        return crew
+
+    def where(self, rank: int) -> str:
+        """``rank 1 of 2 (node 1, host-b)``."""
+        entry = self._roster[rank]
+        return f"rank {rank} of {self.world.size} (node {entry['node']}, {entry['host']})"
+
+    @property
+    def nodes(self) -> int:
+        return len({entry["node"] for entry in self._roster})
+
+    @property
+    def hosts(self) -> list[str]:
+        """Each node's host name, in node order."""
+        names = {entry["node"]: entry["host"] for entry in self._roster}
+        return [names[node] for node in sorted(names)]
+
+    def _beat(self) -> None:
+        """Rank 0's heartbeat, on a connection of its own, while the search lasts."""
+        store, beat = _connect(self.world, self._host_timeout, client=True), 0
+        while not self._beating.wait(BEAT_S):
+            beat += 1
+            try:
+                store.set("beat", str(beat))
+            except Exception:  # the store is gone: the search is ending
+                return
+
+    # -- rank 0 -----------------------------------------------------------------------------
+
+    def launch(
+        self, job: Job[Any], timeout_s: float | None, progress: Callable[[Reply], None]
+    ) -> Final:
+        """``job`` run by every rank: rank 0's result, its progress handed to ``progress``;
+        the run's failure raised as on one host, the rank blamed named with its host."""
+        if self._lost is not None:
+            raise HostLost(self._lost)
+        self._n += 1
+        n, port = self._n, _free_port()
+        self._store.set(f"job/{n}", b"J" + pickle.dumps((job, port, timeout_s)))
+        own = _perform(
+            job,
+            timeout_s,
+            self.world.run_env(port),
+            progress,
+            _watch_peers(self.world, self._host_timeout, n),
+        )
+        reports = self._collect(n, own["kind"] == "ok")
+        if own["kind"] == "ok" and all(r["kind"] == "ok" for r in reports.values()):
+            return own["final"]
+        raise self._blame({0: own, **reports})
+
+    def _collect(self, n: int, ok: bool) -> dict[int, dict[str, Any]]:
+        """Every other rank's report of run ``n``; after a failure, those still at work after
+        ``SETTLE_S`` are asked to end it; :class:`HostLost` for a rank that never reports."""
+        keys = {f"done/{n}/{r}": r for r in range(1, self.world.size)}
+        came = _poll(self._store, list(keys), self._host_timeout if ok else SETTLE_S)
+        if len(came) < len(keys):
+            self._store.set(f"abort/{n}", "1")
+            came = _poll(self._store, list(keys), SETTLE_S)
+        missing = [r for k, r in keys.items() if k not in came]
+        if missing:
+            self._lost = (
+                f"{self.where(missing[0])} did not report its run within "
+                f"{SETTLE_S * 2 if not ok else self._host_timeout:g} s: its host or its "
+                "process is gone. The search ends on every host: run the same command on "
+                "every host again to resume it"
+            )
+            raise HostLost(self._lost)
+        return {r: json.loads(self._store.get(k)) for k, r in keys.items()}
+
+    def _blame(self, reports: dict[int, dict[str, Any]]) -> BaseException:
+        """The failure to raise, in the order of :mod:`._blame`: a rank whose process died or
+        timed out, a rank whose own code failed, a rank ended while the others had failed
+        (it hung), else the first collective error."""
+        for kind, make in (
+            ("crashed", lambda r, rep: RankFailed(f"{self.where(r)}: {rep['text']}")),
+            ("failed", lambda r, rep: Failed(rep["failure"], f"{self.where(r)}: {rep['text']}")),
+            ("aborted", lambda r, rep: RankFailed(f"{self.where(r)} hung: its peers had failed")),
+        ):
+            for r, rep in sorted(reports.items()):
+                if rep["kind"] == kind and (kind != "failed" or rep["failure"] != "peer"):
+                    made = make(r, rep)
+                    return made.exception() if isinstance(made, Failed) else made
+        r, rep = min((r, rep) for r, rep in reports.items() if rep["kind"] == "failed")
+        return Failed("error", f"{self.where(r)}: {rep['text']}").exception()
+
+    def close(self, code: int) -> None:
+        """The search is over on rank 0 with ``code``: the others stop with it (each says
+        goodbye, so that the store they read outlives their last read)."""
+        self._beating.set()
+        try:
+            self._store.set(f"job/{self._n + 1}", b"S" + json.dumps({"code": code}).encode())
+            _poll(self._store, [f"bye/{r}" for r in range(1, self.world.size)], SETTLE_S)
+        except Exception:  # a rank already gone: nothing to stop there
+            pass
+
+    # -- the other ranks --------------------------------------------------------------------
+
+    def follow(self) -> int:
+        """Rank 1 and up: every run rank 0 posts, run and reported, up to its ``stop``;
+        returns rank 0's exit status. :class:`HostLost` when rank 0 stops answering."""
+        try:
+            while True:
+                self._n += 1
+                message = self._next(self._n)
+                if message[:1] == b"S":
+                    self._store.set(f"bye/{self.world.rank}", "1")
+                    return int(json.loads(message[1:])["code"])
+                try:
+                    job, port, timeout_s = _SafeUnpickler(io.BytesIO(message[1:])).load()
+                except (pickle.UnpicklingError, ValueError, TypeError, EOFError) as exc:
+                    report = {"kind": "failed", "failure": "error", "text": f"{exc}"}
+                else:
+                    env, watch = (
+                        self.world.run_env(port),
+                        _watch_abort(self.world, self._host_timeout, self._n),
+                    )
+                    report = _perform(job, timeout_s, env, None, watch)
+                self._store.set(f"done/{self._n}/{self.world.rank}", json.dumps(report))
+        except (RuntimeError, OSError) as exc:  # torch's DistError is a RuntimeError
+            raise HostLost(
+                f"{self.where(0)} stopped answering ({str(exc).splitlines()[0][:200]}): "
+                "the search ends on this host; run the same command on every host again "
+                "to resume it"
+            ) from None
+
+    def _next(self, n: int) -> bytes:
+        """Run ``n``'s message, once posted; rank 0 lost when its heartbeat stops."""
+        key, last, since = f"job/{n}", None, time.monotonic()
+        while not self._store.check([key]):
+            beat = self._store.get("beat") if self._store.check(["beat"]) else None
+            if beat != last:
+                last, since = beat, time.monotonic()
+            elif time.monotonic() - since > self._host_timeout:
+                raise RuntimeError(f"no heartbeat for {self._host_timeout:g} s (--host-timeout)")
+            time.sleep(_POLL_S)
+        return bytes(self._store.get(key))
+
+
+def _watch_peers(world: World, host_timeout: float, n: int) -> Callable[[Launch], None]:
+    """A watch, on a connection of its own, that ends rank 0's part of run ``n`` when
+    another rank reports a failure and rank 0's part does not end by itself within
+    ``SETTLE_S``, or when another rank's pulse (``alive/R``) stays still for
+    ``host_timeout``: rank 0's part may wait on a group that rank will never join."""
+    done = [f"done/{n}/{r}" for r in range(1, world.size)]
+    pulses = [f"alive/{r}" for r in range(1, world.size)]
+
+    def watch(launch: Launch) -> None:
+        store = _connect(world, host_timeout, client=True)
+        seen: dict[str, tuple[bytes | None, float]] = {}
+        while not launch.over.wait(_POLL_S * 2.5):
+            try:
+                failed = any(
+                    store.check([k]) and json.loads(store.get(k))["kind"] != "ok" for k in done
+                )
+                now = time.monotonic()
+                for k in pulses:
+                    pulse = store.get(k) if store.check([k]) else None
+                    if k not in seen or seen[k][0] != pulse:
+                        seen[k] = (pulse, now)
+            except Exception:  # the store is going: the run ends by itself
+                return
+            still = any(now - since > host_timeout for _, since in seen.values())
+            if still or failed:
+                if still or not launch.over.wait(SETTLE_S):
+                    launch.kill()
+                return
+
+    return watch
+
+
+def _watch_abort(world: World, host_timeout: float, n: int) -> Callable[[Launch], None]:
+    """A watch, on a connection of its own, that beats this rank's pulse while its part of
+    run ``n`` lasts, and ends it when rank 0 asks."""
+
+    def watch(launch: Launch) -> None:
+        store, pulse = _connect(world, host_timeout, client=True), 0
+        while not launch.over.wait(_POLL_S * 2.5):
+            pulse += 1
+            try:
+                store.set(f"alive/{world.rank}", str(pulse))
+                if store.check([f"abort/{n}"]):
+                    launch.kill()
+                    return
+            except Exception:  # rank 0 gone: its peers' collectives end this run
+                return
+
+    return watch
+
+
+def _perform(
+    job: Job[Any],
+    timeout_s: float | None,
+    env: dict[str, str],
+    progress: Callable[[Reply], None] | None,
+    watch: Callable[[Launch], None] | None = None,
+) -> dict[str, Any]:
+    """This rank's part of a run, in a process of its own; its report: ``ok`` (with rank 0's
+    ``final``), ``failed`` (the job raised: its failure kind), ``crashed`` (the process died
+    or ran past its time) or ``aborted`` (ended at rank 0's word)."""
+    launch = Launch(job, timeout_s, envs=[env])
+    if watch is not None:
+        threading.Thread(target=watch, args=(launch,), daemon=True).start()
+    try:
+        for reply in launch:
+            if isinstance(reply, Failed):
+                return {"kind": "failed", "failure": reply.kind, "text": reply.text}
+            if isinstance(reply, (Final, Done)):
+                return {"kind": "ok", "final": reply} if progress else {"kind": "ok"}
+            if progress is not None:
+                progress(reply)
+    except TrialCrashed as exc:
+        return {"kind": "aborted" if launch.killed else "crashed", "text": str(exc)}
+    finally:
+        launch.over.set()
+    return {"kind": "crashed", "text": "the run's process ended without a result"}
+
+
+def _connect(world: World, timeout_s: float, *, client: bool = False) -> Any:
+    """The crew's store: torchrun's agent's, or rank 0's (a client of it unless ``client``
+    is false on rank 0 without an agent)."""
+    master = world.rank == 0 and not world.agent_store and not client
+    try:
+        store = torch.distributed.TCPStore(
+            world.master_addr,
+            world.master_port,
+            is_master=master,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+    except (RuntimeError, OSError) as exc:
+        raise HostLost(
+            f"rank {world.rank} could not reach the rendezvous at {world.master_addr}:"
+            f"{world.master_port} within {timeout_s:g} s (--rendezvous-timeout): start the "
+            f"same command on every host, with the same MASTER_ADDR and MASTER_PORT "
+            f"({str(exc).splitlines()[0][:160]})"
+        ) from None
+    return torch.distributed.PrefixStore("scalertune/", store)
+
+
+def _poll(store: Any, keys: list[str], timeout_s: float) -> set[str]:
+    """The ``keys`` set in ``store`` within ``timeout_s`` seconds (all of them, or those
+    there when the time ran out)."""
+    deadline, came = time.monotonic() + timeout_s, set()
+    while True:
+        came |= {k for k in keys if k not in came and store.check([k])}
+        if len(came) == len(keys) or time.monotonic() >= deadline:
+            return came
+        time.sleep(_POLL_S)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+#: What a run's message may hold besides scalertune's own classes: plain values.
+_PLAIN = {
+    "builtins": {
+        "frozenset",
+        "set",
+        "tuple",
+        "list",
+        "dict",
+        "complex",
+        "slice",
+        "range",
+        "object",
+    },
+    "copyreg": {"_reconstructor"},
+    "collections": {"OrderedDict"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath", "Path"},
+}
+
+
+#: numpy's own pickling of an array and its dtype (an array of objects goes through
+#: ``find_class`` again).
+_NUMPY = {"_reconstruct", "ndarray", "dtype", "scalar"}
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """A run's message as rank 0 pickled it: scalertune's own classes and plain values, and
+    nothing else (no function, no other module's class), whoever else wrote to the store."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = super().find_class(module, name) if _allowed(module, name) else None
+        if module.partition(".")[0] == "scalertune" and not isinstance(found, type):
+            found = None
+        if found is None:
+            raise pickle.UnpicklingError(f"a run's message may not hold {module}.{name}")
+        return found
+
+
+def _allowed(module: str, name: str) -> bool:
+    if module.partition(".")[0] == "scalertune":
+        return True
+    if module == "torch" and name in ("device", "Size"):
+        return True
+    if module.partition(".")[0] == "numpy" and name in _NUMPY:
+        return True
+    if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+        return True
+    return name in _PLAIN.get(module, ())

@@ -1,0 +1,174 @@
+"""The search under the user's own launcher, in its parts: the world read from torchrun's and
+srun's environments, the run's message read back from scalertune's records only, the
+settings that refuse a rerun in another world, and the one-line refusals and time bounds
+of a rank left alone."""
+
+import dataclasses
+import io
+import os
+import pickle
+import socket
+import time
+
+import pytest
+from conftest import run_cli, spec
+
+from scalertune._amp._config import AmpConfig
+from scalertune._judge._settings import StudySettings
+from scalertune._judge._stopping import StopRule
+from scalertune._judge._target import Target
+from scalertune._processes._hosts import _SafeUnpickler
+from scalertune._processes._world import World, first_host, launched
+from scalertune._search._process_jobs import RunJob
+
+HEALTHY = spec("healthy")
+
+
+def test_torchruns_environment_is_read_as_its_ranks_nodes_and_rendezvous():
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "node0",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+    assert launched(env) == World("torchrun", 3, 4, 1, 2, 1, "node0", 29500, agent_store=True)
+    assert launched({}) is None
+    assert launched({"RANK": "0", "WORLD_SIZE": "1"}) is None  # one process: no crew
+
+
+def test_an_srun_step_is_read_with_its_first_host_as_the_rendezvous():
+    env = {
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_PROCID": "2",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_NODELIST": "gpu[07-08]",
+        "SLURM_JOB_ID": "123456",
+    }
+    world = launched(env)
+    assert world == World("srun", 2, 4, 0, 2, 1, "gpu07", 15456)
+    # a batch script's own step (no srun) is no crew, whatever the allocation holds
+    assert launched({"SLURM_PROCID": "0", "SLURM_NTASKS": "8"}) is None
+    assert first_host("cpu1,gpu[03-05,09]") == "cpu1"
+    assert first_host("gpu[03-05,09],cpu1") == "gpu03"
+
+
+def test_each_rank_runs_its_part_of_a_run_in_a_group_of_the_runs_own():
+    world = World("torchrun", 1, 2, 0, 1, 1, "10.0.0.1", 29500, agent_store=True)
+    env = world.run_env(40123)
+    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("1", "2", "40123")
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # the run's rank 0 holds its store
+
+
+def test_a_runs_message_holds_scalertunes_records_and_nothing_else():
+    """A run crosses to the other hosts pickled; it is read back with scalertune's classes
+    and plain values only: a function, or another module's class, is refused."""
+    job = RunJob(
+        spec="model.py:make_model",
+        config=AmpConfig(dtype="float16", fp32_modules=("head",)),
+        steps=200,
+        seed=0,
+        device="cpu",
+        stop=StopRule(Target.from_reference([10.0 - i * 0.04 for i in range(200)])),
+    )
+    data = pickle.dumps((job, 1234, 60.0))
+    back, port, timeout_s = _SafeUnpickler(io.BytesIO(data)).load()
+    assert (back.config, back.steps, port, timeout_s) == (job.config, 200, 1234, 60.0)
+    assert back.stop.target.loss == job.stop.target.loss
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("touch /tmp/scalertune-pwned",))
+
+    for evil in (Payload(), dataclasses.replace):
+        with pytest.raises(pickle.UnpicklingError, match="may not hold"):
+            _SafeUnpickler(io.BytesIO(pickle.dumps(evil))).load()
+
+
+def test_a_rerun_in_another_world_is_refused_by_the_settings():
+    one = StudySettings(
+        factory="m.py:f",
+        steps=200,
+        horizon=200,
+        seed=0,
+        space={"name": "default", "params": {}},
+        device_type="cpu",
+        device="c",
+    )
+    two_hosts = dataclasses.replace(one, nnodes=2, hosts=("a", "b"))
+    assert one.differs_from(two_hosts) == "nnodes"
+    assert two_hosts.differs_from(dataclasses.replace(two_hosts, hosts=("c", "d"))) is None
+    assert StudySettings.from_dict(two_hosts.to_dict()) == two_hosts
+    assert "nnodes" not in one.to_dict()  # a one-host study's record as before
+
+
+def _launcher_env(monkeypatch, rank, port, **more):
+    for name, value in {
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        **more,
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_incomplete_launcher_environment_is_one_line(tmp_path, monkeypatch):
+    _launcher_env(monkeypatch, 1, 29500)
+    monkeypatch.delenv("MASTER_ADDR")
+    proc = run_cli("search", HEALTHY, "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "scalertune search: error: this search runs under a launcher whose environment is "
+        "incomplete (MASTER_ADDR is not set): start it with torchrun or srun, which set it"
+    )
+
+
+def test_nproc_per_node_under_the_launcher_is_refused_in_one_line(tmp_path, monkeypatch):
+    _launcher_env(monkeypatch, 0, _free_port())
+    proc = run_cli("search", HEALTHY, "--nproc-per-node", "2", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "scalertune search: error: --nproc-per-node is torchrun's under torchrun: drop it "
+        "(each host runs the 1 ranks its launcher started)"
+    )
+
+
+def test_rank_0_alone_names_the_rank_that_did_not_come_and_writes_nothing(tmp_path, monkeypatch):
+    _launcher_env(monkeypatch, 0, _free_port())
+    started = time.monotonic()
+    proc = run_cli("search", HEALTHY, "--rendezvous-timeout", "2", cwd=tmp_path)
+    assert time.monotonic() - started < 30
+    assert proc.returncode == 3
+    assert proc.stderr.strip() == (
+        "scalertune search: rank 1 of 2 did not come within 2 s (--rendezvous-timeout): "
+        "start the same command on every host"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rank_whose_rank_0_never_comes_ends_in_one_line(tmp_path, monkeypatch):
+    _launcher_env(monkeypatch, 1, _free_port())
+    started = time.monotonic()
+    proc = run_cli("search", HEALTHY, "--rendezvous-timeout", "2", cwd=tmp_path)
+    assert time.monotonic() - started < 30
+    assert proc.returncode == 3
+    assert proc.stderr.startswith(
+        "scalertune search: rank 1 could not reach the rendezvous at 127.0.0.1:"
+    )
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
