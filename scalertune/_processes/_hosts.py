@@ -92,8 +92,9 @@ class Crew:
             came = _poll(store, keys, rendezvous_timeout)
             if len(came) < world.size:
                 missing = [r for r in range(world.size) if f"rank/{r}" not in came]
+                nodes = sorted({r // world.local_size for r in missing})
                 raise HostLost(
-                    f"{_ranks(missing)} of {world.size} did not come within "
+                    f"{_ranks(missing)} of {world.size} ({_nodes(nodes)}) did not come within "
                     f"{rendezvous_timeout:g} s (--rendezvous-timeout): start the same "
                     "command on every host"
                 )
@@ -369,6 +370,10 @@ def _free_port() -> int:
 
 def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _nodes(nodes: list[int]) -> str:
+    return ("node " if len(nodes) == 1 else "nodes ") + ", ".join(map(str, nodes))
 
 
 #: What a run's message may hold besides scalertune's own classes: plain values.

@@ -452,8 +452,9 @@ def refuse_launcher() -> None:
         per_node = os.environ.get("LOCAL_WORLD_SIZE") or world
         raise UsageError(
             f"this search runs as rank {os.environ['RANK']} of {world} under a "
-            f"launcher (torchrun): run it once, without the launcher, with --nproc-per-node "
-            f"{per_node} (it starts the ranks of every run itself)"
+            f"launcher (torchrun): run it once, without the launcher, with nproc_per_node="
+            f"{per_node} (it starts the ranks of every run itself), or run the command "
+            "'python -m scalertune search' under the launcher, which leads its ranks"
         )
 
 
