@@ -64,8 +64,8 @@ def covers(result: Findings) -> str:
     Returns:
         ``steps 0-N of the horizon`` where every run trained to it (over a horizon longer
         than a trial, the finalists' phases cover it), else the fewest steps any of them
-        trained, where each stopped once at the target, and how much further float32's own
-        loss fell after that.
+        trained, where each stopped after reaching the target, and how much further float32's
+        own loss fell after that on that run's seed.
 
     Example:
         >>> covers(result)  # doctest: +SKIP
@@ -87,12 +87,14 @@ def covers(result: Findings) -> str:
         f"{plural(len(runs), 'run')} stopped at "
         f"{'step' if len(runs) == 1 else 'steps'} {', '.join(map(str, steps))} on "
         f"{'seed' if len(runs) == 1 else 'seeds'} {', '.join(str(o.seed) for o in runs)}, "
-        "once at the target"
+        "after reaching the target"
     )
-    curve = result.target.reference_curve if result.target else ()
+    # the shortest run's own seed: its float32 reference is the one it was judged against
+    ref = result.references.get(runs[steps.index(shortest)].seed)
+    curve = ref.target.reference_curve if ref is not None else ()
     if len(curve) >= shortest and curve[-1]:
         fell = (curve[shortest - 1] - curve[-1]) / abs(curve[-1])
-        said += f"; float32's loss fell {fell:.1%} further by step {len(curve)}"
+        said += f"; float32's loss on that seed fell {fell:.1%} further by step {len(curve)}"
     return said
 
 
