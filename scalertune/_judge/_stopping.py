@@ -7,7 +7,8 @@ trains past the point where its outcome is known:
   range are known then, and its step time is the study's interleaved figure for its dtype;
   but where the trial is the whole horizon and float32's own loss still falls clearly after
   that step, the run trains on until float32's has settled (unless it reached the target too
-  late to tie with the best), and must still be at the target there, else it fell **behind**:
+  late to tie with the best), and there its smoothed loss must still be within the target's
+  tolerance of float32's at the same step, else it fell **behind**:
   a target reached at step 60 of 200 on a still-falling loss settles nothing;
 - a run is pruned as **slower than the best** once it can no longer reach the target before
   the best run so far, even with its dtype's step time at the fast end of its measured spread
@@ -36,7 +37,7 @@ from scalertune._judge import _policy as _judge_policy
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._rank import surely_faster
 from scalertune._judge._settings import Noise
-from scalertune._judge._target import Target, smoothed
+from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
 from scalertune._run._step_times import StepTimes
 
@@ -80,8 +81,10 @@ class StopRule:
     clearly (before :attr:`~scalertune._judge._target.Target.settled_step`) trains on to that
     step, at most to its last, as Lightning's ``EarlyStopping`` waits out a loss that still
     improves by more than ``min_delta``: its steps to target stay where it reached it, and
-    the steps after are evidence that it follows float32 down. If its smoothed loss is above
-    the target again when it stops, it is pruned as ``behind``. The cost stays bounded: no
+    the steps after are evidence that it follows float32 down. If its smoothed loss is more
+    than ``TARGET_TOLERANCE`` above float32's at the step it stops (paired, on the same
+    batches: float32's own noisy curve may sit above the target there), it is pruned as
+    ``behind``. The cost stays bounded: no
     run trains past the trial's steps, none past the step where float32 settled, and one
     that reached the target too late to tie with the best stops there.
 
@@ -126,7 +129,8 @@ class StopRule:
 
     def _at_target(self, record: RunRecord, reached: int) -> bool:
         """Stop a run that reached the target, once float32 has settled (with ``run_on``);
-        prune it as ``behind`` if it trained on and is above the target again there. A run
+        prune it as ``behind`` if it trained on and is more than the target's tolerance above
+        float32 at the same step there. A run
         that reached it later than the best can tie is not the answer while the best holds:
         it stops at the target, and the steps it trained say so if it ever becomes one."""
         settled = self.target.settled_step if self.run_on else None
@@ -135,13 +139,13 @@ class StopRule:
             until = 0
         if record.steps_run < until:
             return False  # float32 still learns past here: the evidence is not settled yet
-        last = smoothed(record.losses)[-1]
-        if until > reached and not last <= self.target.loss:
+        ratio, at = self.target.ratio_at(record.losses)
+        if until > reached and not ratio <= 1 + _policy.TARGET_TOLERANCE:
             record.prune_kind = record.stopped = "behind"
             record.prune_reason = (
-                f"fell behind after reaching the target at step {reached}: its smoothed loss "
-                f"at step {record.steps_run} is {last:.4g}, above the target "
-                f"({self.target.loss:.4g}) again, where float32's had settled"
+                f"fell behind after reaching the target at step {reached}: at step {at}, "
+                f"where float32's loss had settled, its smoothed loss is {ratio:.3g}x "
+                f"float32's, more than the target's {_policy.TARGET_TOLERANCE:.0%} above it"
             )
             return True
         record.stopped = "reached"
