@@ -8,8 +8,8 @@ trains past the point where its outcome is known:
   but where the trial is the whole horizon and float32's own loss still falls clearly after
   that step, the run trains on until float32's has settled (unless it reached the target too
   late to tie with the best), and there its smoothed loss must still be within the target's
-  tolerance of float32's at the same step, else it fell **behind**:
-  a target reached at step 60 of 200 on a still-falling loss settles nothing;
+  tolerance of float32's at the same step, else it fell **behind**: a target reached at
+  step 60 of 200 on a still-falling loss settles nothing;
 - a run is pruned as **slower than the best** once it can no longer reach the target before
   the best run so far, even with its dtype's step time at the fast end of its measured spread
   and the best's at the slow end (within the noise it could still tie, and ties are decided by
@@ -84,9 +84,9 @@ class StopRule:
     the steps after are evidence that it follows float32 down. If its smoothed loss is more
     than ``TARGET_TOLERANCE`` above float32's at the step it stops (paired, on the same
     batches: float32's own noisy curve may sit above the target there), it is pruned as
-    ``behind``. The cost stays bounded: no
-    run trains past the trial's steps, none past the step where float32 settled, and one
-    that reached the target too late to tie with the best stops there.
+    ``behind``. The cost stays bounded: no run trains past the trial's steps, none past the
+    step where float32 settled, and one that reached the target too late to tie with the
+    best stops there.
 
     Example:
         >>> target = Target.from_reference([10.0 - i * 0.04 for i in range(200)])
@@ -130,9 +130,9 @@ class StopRule:
     def _at_target(self, record: RunRecord, reached: int) -> bool:
         """Stop a run that reached the target, once float32 has settled (with ``run_on``);
         prune it as ``behind`` if it trained on and is more than the target's tolerance above
-        float32 at the same step there. A run
-        that reached it later than the best can tie is not the answer while the best holds:
-        it stops at the target, and the steps it trained say so if it ever becomes one."""
+        float32 at the same step there. A run that reached it later than the best can tie is
+        not the answer while the best holds: it stops at the target, and the steps it trained
+        say so if it ever becomes one."""
         settled = self.target.settled_step if self.run_on else None
         until = min(settled, record.steps) if settled is not None else 0
         if until and self._slower(record, soonest=reached) is not None:

@@ -4,10 +4,10 @@
 (and ``nproc_per_node``, the ranks every run trained on, where more than one),
 the horizon (``horizon``) and the steps of it that the runs the verdict rests on trained
 (``covers``: steps 0 to the horizon, or where they stopped after reaching the target), the
-verdict and speedup against float32, the recommended run and its confirmations, the best AMP config
-that held (``best_amp``, also when float32 is the answer on this device), each finalist's phases,
-float32's figures, the baselines, the replay's prediction of the scaler over the horizon, and
-what the search cost in run-equivalents of the horizon.
+verdict and speedup against float32, the recommended run and its confirmations, the best AMP
+config that held (``best_amp``, also when float32 is the answer on this device), each
+finalist's phases, float32's figures, the baselines, the replay's prediction of the scaler
+over the horizon, and what the search cost in run-equivalents of the horizon.
 """
 
 from __future__ import annotations
