@@ -12,7 +12,10 @@ Numbers that more than one stage reads are in ``scalertune._policy``.
 #: below where every run begins. Below that the target says nothing (every run "reaches" it
 #: at once, one that skipped every step included) and the search stops before any trial
 #: runs. 1% is far below what any training that learns does in a search's budget of steps;
-#: twice the noise keeps a flat, noisy loss from passing as learning.
+#: twice the noise keeps a flat, noisy loss from passing as learning. The same two numbers say
+#: where float32 has *settled*: past the step from which it falls no further than this (of its
+#: final loss), a run that reached the target has seen everything float32's last steps show;
+#: before it, the run trains on (:attr:`~scalertune._judge._target.Target.settled_step`).
 REFERENCE_MIN_DROP = 0.01
 REFERENCE_NOISE_MULTIPLE = 2.0
 

@@ -5,6 +5,11 @@ trains past the point where its outcome is known:
 
 - a run stops once it has **reached the target**: its steps to target, skipped steps and scale
   range are known then, and its step time is the study's interleaved figure for its dtype;
+  but where the trial is the whole horizon and float32's own loss still falls clearly after
+  that step, the run trains on until float32's has settled (unless it reached the target too
+  late to tie with the best), and there its smoothed loss must still be within the target's
+  tolerance of float32's at the same step, else it fell **behind**: a target reached at
+  step 60 of 200 on a still-falling loss settles nothing;
 - a run is pruned as **slower than the best** once it can no longer reach the target before
   the best run so far, even with its dtype's step time at the fast end of its measured spread
   and the best's at the slow end (within the noise it could still tie, and ties are decided by
@@ -72,6 +77,17 @@ class StopRule:
     its steps, and is timed from there. ``at_target=False`` notes when the target is reached
     but trains on (to compare an early stop with the full run).
 
+    With ``run_on``, a run that reaches the target while float32's own loss still falls
+    clearly (before :attr:`~scalertune._judge._target.Target.settled_step`) trains on to that
+    step, at most to its last, as Lightning's ``EarlyStopping`` waits out a loss that still
+    improves by more than ``min_delta``: its steps to target stay where it reached it, and
+    the steps after are evidence that it follows float32 down. If its smoothed loss is more
+    than ``TARGET_TOLERANCE`` above float32's at the step it stops (paired, on the same
+    batches: float32's own noisy curve may sit above the target there), it is pruned as
+    ``behind``. The cost stays bounded: no run trains past the trial's steps, none past the
+    step where float32 settled, and one that reached the target too late to tie with the
+    best stops there.
+
     Example:
         >>> target = Target.from_reference([10.0 - i * 0.04 for i in range(200)])
         >>> rule = StopRule(target)
@@ -88,17 +104,18 @@ class StopRule:
         best: Best | None = None,
         floor: Floor | None = None,
         at_target: bool = True,
+        run_on: bool = False,
     ) -> None:
         self.target, self.step_time, self.best, self.at_target = target, step_time, best, at_target
-        self.floor = floor
+        self.floor, self.run_on = floor, run_on
 
     def __call__(self, record: RunRecord) -> bool:
         if record.reached_at is None:
             record.reached_at = self.target.steps_to_target(record.losses)
         if record.reached_at is not None:
-            if self.at_target:
-                record.stopped = "reached"
-            return self.at_target
+            if not self.at_target:
+                return False
+            return self._at_target(record, record.reached_at)
         if record.steps_run >= record.steps:
             return False  # the run is over: it never reached the target, nothing to prune
         reason = self._slower(record) if self.best is not None else None
@@ -110,18 +127,45 @@ class StopRule:
         )
         return True
 
-    def _slower(self, record: RunRecord) -> str | None:
+    def _at_target(self, record: RunRecord, reached: int) -> bool:
+        """Stop a run that reached the target, once float32 has settled (with ``run_on``);
+        prune it as ``behind`` if it trained on and is more than the target's tolerance above
+        float32 at the same step there. A run that reached it later than the best can tie is
+        not the answer while the best holds: it stops at the target, and the steps it trained
+        say so if it ever becomes one."""
+        settled = self.target.settled_step if self.run_on else None
+        until = min(settled, record.steps) if settled is not None else 0
+        if until and self._slower(record, soonest=reached) is not None:
+            until = 0
+        if record.steps_run < until:
+            return False  # float32 still learns past here: the evidence is not settled yet
+        ratio, at = self.target.ratio_at(record.losses)
+        if until > reached and not ratio <= 1 + _policy.TARGET_TOLERANCE:
+            record.prune_kind = record.stopped = "behind"
+            record.prune_reason = (
+                f"fell behind after reaching the target at step {reached}: at step {at}, "
+                f"where float32's loss had settled, its smoothed loss is {ratio:.3g}x "
+                f"float32's, more than the target's {_policy.TARGET_TOLERANCE:.0%} above it"
+            )
+            return True
+        record.stopped = "reached"
+        return True
+
+    def _slower(self, record: RunRecord, *, soonest: int | None = None) -> str | None:
+        """Why the run cannot beat the best, at the target at step ``soonest`` (by default,
+        not yet there: the step after its last, or the floor's), or ``None``."""
         best = self.best
         if best is None:
             return None
-        # the soonest step at which this run could still reach the target
-        soonest, floor = record.steps_run + 1, ""
-        if self.floor is not None and self.floor.steps > soonest:
-            soonest = self.floor.steps
-            floor = (
-                f"and not before step {soonest} (float32 at its clip reached it at step "
-                f"{self.floor.reached}, less the noise), "
-            )
+        floor = ""
+        if soonest is None:
+            soonest = record.steps_run + 1
+            if self.floor is not None and self.floor.steps > soonest:
+                soonest = self.floor.steps
+                floor = (
+                    f"and not before step {soonest} (float32 at its clip reached it at step "
+                    f"{self.floor.reached}, less the noise), "
+                )
         dtype = record.config.dtype
         if dtype in best.steps and soonest > best.steps[dtype][0] + best.margin:
             steps, label = best.steps[dtype]

@@ -102,6 +102,32 @@ class Target:
             and self.loss < self.reference_start
         )
 
+    @property
+    def settled_step(self) -> int | None:
+        """The step (1-based) from which float32's smoothed loss stays within what a reference
+        that did not learn would fall (``REFERENCE_MIN_DROP`` of its final loss, or
+        ``REFERENCE_NOISE_MULTIPLE`` standard errors of it, the larger) above its final: past
+        it, float32's last steps show nothing more. The target lies ``TARGET_TOLERANCE`` above
+        float32's end, so on a loss that falls slowly for long (a language model's) it is
+        reached long before this step; a run that stops there has not shown that it follows
+        float32 down the rest of the way. ``None`` without float32's curve.
+
+        Example:
+            >>> from scalertune import Target
+            >>> Target.from_reference([4.0 - 0.01 * i for i in range(200)]).settled_step
+            198
+        """
+        curve = self.reference_curve
+        if not curve:
+            return None
+        final = self.reference_final
+        within = max(
+            _judge_policy.REFERENCE_MIN_DROP * abs(final),
+            _judge_policy.REFERENCE_NOISE_MULTIPLE * self.reference_noise,
+        )
+        above = [i for i, value in enumerate(curve) if not value - final <= within]
+        return above[-1] + 2 if above else 1
+
     def check_learned(self, steps: int) -> None:
         """Refuse a reference that did not learn: no run could be judged against it.
 

@@ -54,7 +54,7 @@ from scalertune._review._scaler_advice import (
     replay_agreement,
     scaler_advice,
 )
-from scalertune._review._verdict import verdict
+from scalertune._review._verdict import covers, verdict
 from scalertune._storage._names import ROLE_RECOMMENDED
 from scalertune._storage._optuna import trial_handle
 from scalertune._storage._redact import redact
@@ -180,9 +180,9 @@ def _literal(text: str) -> str:
 
 def _horizon_line(result: Findings) -> str:
     steps = result.settings.steps
-    covers = f"evidence covers steps 0-{result.horizon} of the horizon"
+    covered = f"evidence covers {covers(result)}"
     if not result.long:
-        return f"**Horizon:** the trial's {steps} steps (no `--horizon`): {covers}."
+        return f"**Horizon:** the trial's {steps} steps (no `--horizon`): {covered}."
     windows = " and ".join(f"{a}-{b}" for a, b in result.windows)
     ref = result.reference
     where = f" (trial {ref.trial})" if ref else ""
@@ -190,7 +190,7 @@ def _horizon_line(result: Findings) -> str:
         f"**Horizon:** {result.horizon} steps. The trials cover steps 0-{steps}; the "
         f"float32 reference{where} trained to the horizon, and each finalist was branched "
         f"from its checkpoints for steps {windows} and compared there with float32's own "
-        f"continuation: {covers}."
+        f"continuation: {covered}."
     )
 
 

@@ -3,11 +3,12 @@
 ``evidence`` says what the answer rests on, in full precision: the study and the device
 (and ``nproc_per_node``, the ranks every run trained on per host, where more than one; with
 ``nnodes`` and ``hosts`` where the runs spanned hosts),
-the horizon it covers (``horizon``: steps 0 to it), the verdict and speedup against
-float32, the recommended run and its confirmations, the best AMP config that held
-(``best_amp``, also when float32 is the answer on this device), each finalist's phases,
-float32's figures, the baselines, the replay's prediction of the scaler over the horizon, and
-what the search cost in run-equivalents of the horizon.
+the horizon (``horizon``) and the steps of it that the runs the verdict rests on trained
+(``covers``: steps 0 to the horizon, or where they stopped after reaching the target), the
+verdict and speedup against float32, the recommended run and its confirmations, the best AMP
+config that held (``best_amp``, also when float32 is the answer on this device), each
+finalist's phases, float32's figures, the baselines, the replay's prediction of the scaler
+over the horizon, and what the search cost in run-equivalents of the horizon.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from scalertune._replay._predict import Prediction, predict, predict_deepspeed
 from scalertune._review import _policy as _review_policy
 from scalertune._review._describe import describe_outcome
 from scalertune._review._scaler_advice import defaults_prediction
-from scalertune._review._verdict import verdict
+from scalertune._review._verdict import covers, verdict
 from scalertune._run._record import skipped_steps
 
 
@@ -54,7 +55,7 @@ def evidence(result: Findings) -> dict[str, Any]:
         **_world(settings),
         "steps": settings.steps,
         "horizon": result.horizon,
-        "covers": f"steps 0-{result.horizon} of the horizon",
+        "covers": covers(result),
         "search_space": settings.space_name,
         **({"deepspeed": dict(settings.deepspeed)} if settings.deepspeed is not None else {}),
         # the model searched (its parameters' names and shapes), which load and attach check

@@ -355,9 +355,9 @@ def _row(label: str, o: Outcome) -> tuple[str, ...]:
     a = o.figures
     if o.state == "pruned":
         kind = o.prune_kind or "pruned"
-        step = a.first_nonfinite_step if kind != "slower" else a.steps_run
+        step = a.steps_run if kind in ("slower", "behind") else a.first_nonfinite_step
         where = step if step is not None else "?"
-        reached = f"{'slower' if kind == 'slower' else 'pruned'}@{where}"
+        reached = f"{kind if kind in ('slower', 'behind') else 'pruned'}@{where}"
     else:
         reached = _int(a.steps_to_target)
     ratio = a.loss_vs_float32

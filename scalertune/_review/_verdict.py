@@ -50,7 +50,52 @@ def verdict(result: Findings) -> str:
 
 
 def _covers(result: Findings) -> str:
-    return f". Evidence covers steps 0-{result.horizon} of the horizon"
+    return f". Evidence covers {covers(result)}"
+
+
+def covers(result: Findings) -> str:
+    """The steps that the runs the verdict rests on trained from step 0: those of the best AMP
+    config that held (what float32 is compared with), else of the answer; each run on every
+    seed it ran (its confirmations). The float32 reference always trains to the horizon.
+
+    Args:
+        result: The search's findings.
+
+    Returns:
+        ``steps 0-N of the horizon`` where every run trained to it (over a horizon longer
+        than a trial, the finalists' phases cover it), else the fewest steps any of them
+        trained, where each stopped after reaching the target, and how much further float32's
+        own loss fell after that on that run's seed.
+
+    Example:
+        >>> covers(result)  # doctest: +SKIP
+        "steps 0-60 of the 200-step horizon: trial #4's 3 runs stopped at steps 60, 60, 70 ..."
+    """
+    outcome = result.best_amp or result.recommended or result.float32_choice
+    horizon = result.horizon
+    full = f"steps 0-{horizon} of the horizon"
+    if outcome is None or result.long:
+        return full
+    confirmed = result.confirmations.get(outcome.number, {})
+    runs = [outcome, *(confirmed[seed] for seed in sorted(confirmed))]
+    steps = [int(o.figures.steps_run or 0) for o in runs]
+    shortest = min(steps)
+    if shortest >= horizon:
+        return full
+    said = (
+        f"steps 0-{shortest} of the {horizon}-step horizon: {outcome.label}'s "
+        f"{plural(len(runs), 'run')} stopped at "
+        f"{'step' if len(runs) == 1 else 'steps'} {', '.join(map(str, steps))} on "
+        f"{'seed' if len(runs) == 1 else 'seeds'} {', '.join(str(o.seed) for o in runs)}, "
+        "after reaching the target"
+    )
+    # the shortest run's own seed: its float32 reference is the one it was judged against
+    ref = result.references.get(runs[steps.index(shortest)].seed)
+    curve = ref.target.reference_curve if ref is not None else ()
+    if len(curve) >= shortest and curve[-1]:
+        fell = (curve[shortest - 1] - curve[-1]) / abs(curve[-1])
+        said += f"; float32's loss on that seed fell {fell:.1%} further by step {len(curve)}"
+    return said
 
 
 def _no_amp(result: Findings) -> str:

@@ -20,6 +20,7 @@ PRUNE_KINDS = {
     "gradients": "gradients non-finite every step",
     "scale-collapse": "scale collapse",
     "slower": "slower than the best",
+    "behind": "fell behind after the target",
 }
 
 

@@ -38,9 +38,13 @@ class Rules:
     ) -> StopRule:
         """Search runs, baselines, islands and the replay's choice may be pruned as slower
         than the best; confirmations and float32 with the recommendation's clipping only
-        stop at their target (they must show where it is reached, not race)."""
+        stop at their target (they must show where it is reached, not race). When the trial
+        is the horizon, a run that reaches the target while float32 still learns trains on
+        until float32 has settled (``run_on``): the trial is all the evidence there is. Over
+        a longer horizon the finalists' phases are that evidence."""
+        run_on = not self.setup.long
         if role in (ROLE_CONFIRM, ROLE_FLOAT32_CLIP):
-            return StopRule(target)
+            return StopRule(target, run_on=run_on)
         if self.setup.long and role != ROLE_SEARCH:
             # the baselines and the proposed configs are finalists-to-be: a config faster to
             # the early target may fall behind later, so they must reach the target themselves
@@ -52,7 +56,8 @@ class Rules:
             # over a long horizon a run is beaten only by its own dtype: another dtype's
             # faster start says nothing of the late phases, where it may fall behind
             best = dataclasses.replace(best, time_high=math.inf)
-        return StopRule(target, step_time=step_time, best=best, floor=self._floor(role, config))
+        floor = self._floor(role, config)
+        return StopRule(target, step_time=step_time, best=best, floor=floor, run_on=run_on)
 
     def _floor(self, role: str, config: AmpConfig) -> Floor | None:
         """A sampled run clipped as the workload clips can reach the target no sooner than

@@ -34,3 +34,34 @@ def test_a_time_budget_stops_sampling_and_says_why(storage):
     assert result.stop_reason == "the time budget (timeout) is spent"
     assert sum(o.role == "search" for o in result.ranking) <= 2
     assert result.best_amp is not None or result.candidates == []
+
+
+def test_the_evidence_says_the_steps_the_answers_own_runs_trained(storage):
+    """On a GPT whose loss still falls, the best AMP config's runs reach the target near
+    step 30 of 100: they train on to where float32 settled, and ``covers`` states the
+    steps they trained (every one of them), not the horizon's, in the verdict too."""
+    result = scalertune.search(
+        spec("make_noisy", "nanogpt.py"),
+        storage=storage,
+        n_trials=1,
+        steps=100,
+        space="bfloat16",
+        device="cpu",
+    )
+    best = result.best_amp
+    confirmed = result.confirmations[best.number]
+    runs = [best, *(confirmed[seed] for seed in sorted(confirmed))]
+    # each run against its own seed's float32, where that settled
+    settled = [result.references[o.seed].target.settled_step for o in runs]
+    assert len(runs) == 3
+    assert all(o.steps_to_target < s - 20 for o, s in zip(runs, settled))
+    trained = [o.figures.steps_run for o in runs]
+    assert all(s <= n <= 100 for n, s in zip(trained, settled))
+    evidence = result.to_dict()["evidence"]
+    said = evidence["covers"]
+    if min(trained) < 100:
+        assert said.startswith(f"steps 0-{min(trained)} of the 100-step horizon: {best.label}'s ")
+        assert f"stopped at steps {', '.join(map(str, trained))} on seeds 0, 1, 2" in said
+    else:
+        assert said == "steps 0-100 of the horizon"
+    assert evidence["verdict"].endswith(f"Evidence covers {said}")

@@ -369,4 +369,6 @@ def test_sampled_runs_float32_rules_out_at_their_clip_stop_at_the_first_read_bac
     assert evidence and all(o.steps_run > 100 for o in evidence)
     assert result.config == AmpConfig(dtype="float32", clip_norm=result.config.clip_norm)
     assert result.config.clip_norm is not None
-    assert result.run_equivalents <= 10
+    # the clipped runs reach the target at step ~105 while float32's loss still falls, and
+    # train on to where float32 settles (issue 49): 11.0 measured, where stopping cost 8.5
+    assert result.run_equivalents <= 12

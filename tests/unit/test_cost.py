@@ -1,8 +1,10 @@
 """What a search costs: runs stop once their outcome is known, the study once more trials will
 not change the answer, and nothing trains twice."""
 
+import functools
 import math
 
+import nanogpt
 import torch
 import workloads
 
@@ -12,8 +14,9 @@ from scalertune._judge import _policy as _judge_policy
 from scalertune._judge._outcome import Figures, Outcome
 from scalertune._judge._settings import Noise
 from scalertune._judge._stopping import Best, Floor, StopRule, study_stop_reason
-from scalertune._judge._target import Target
+from scalertune._judge._target import Target, smoothed
 from scalertune._run._loop import run_config
+from scalertune._run._record import RunRecord
 from scalertune._run._step_times import StepTimes
 
 CPU = torch.device("cpu")
@@ -45,6 +48,71 @@ def test_a_run_stopped_at_the_target_has_the_steps_to_target_of_the_full_run():
     assert early.reached_at == full.reached_at == target.steps_to_target(full.losses)
     assert early.steps_run < full.steps_run == 80
     assert early.losses == full.losses[: early.steps_run]
+
+
+@functools.cache
+def _noisy_gpt_float32():
+    """float32's per-step losses over 200 steps of the GPT whose loss still falls
+    (``nanogpt.make_noisy``), and its target."""
+    reference = run_config(
+        nanogpt.make_noisy, AmpConfig(dtype="float32"), steps=200, seed=0, device=CPU
+    )
+    return reference.losses, Target.from_reference(reference.losses)
+
+
+def test_a_target_reached_while_float32_still_falls_trains_on_until_float32_settles():
+    """On a GPT whose loss still falls (nanoGPT on a noisy corpus), bfloat16 reaches the
+    target near step 50 of 200, float32's loss still 5% and more above its end there: with
+    ``run_on`` the run trains on to where float32 settled, keeps its steps to the target, and
+    is still at the target when it stops."""
+    _, target = _noisy_gpt_float32()
+    record = run_config(
+        nanogpt.make_noisy,
+        AmpConfig(dtype="bfloat16"),
+        steps=200,
+        seed=0,
+        device=CPU,
+        stop=StopRule(target, run_on=True),
+    )
+    reached, settled = record.reached_at, target.settled_step
+    assert reached is not None and reached < 100 and settled is not None
+    assert target.reference_curve[reached - 1] > 1.05 * target.reference_final
+    assert record.stopped == "reached" and not record.pruned
+    assert settled <= record.steps_run < settled + _policy.READBACK_INTERVAL
+    assert reached == target.steps_to_target(record.losses)
+    assert smoothed(record.losses)[-1] <= target.loss
+
+
+def test_a_run_that_trained_on_and_is_past_the_tolerance_of_float32_is_pruned_as_behind():
+    """A run that follows float32 to the target and then stalls (as bfloat16 does once float32
+    learns finer than its 8 bits) is more than 10% above float32's loss once float32
+    settles: pruned as behind, with both steps named. Stopped at the target, it would have
+    passed. Following float32 to the end, it holds."""
+    losses, target = _noisy_gpt_float32()
+    reached = target.steps_to_target(losses)
+    level = smoothed(losses)[reached - 1] * 1.1
+    stalled = list(losses[:reached]) + [level] * (200 - reached)
+    for rule in (StopRule(target, run_on=True), StopRule(target)):
+        record = RunRecord(config=AmpConfig(dtype="bfloat16"), seed=0, steps=200)
+        for end in range(10, 201, 10):
+            record.losses = stalled[:end]
+            if rule(record):
+                break
+        if rule.run_on:
+            assert record.prune_kind == record.stopped == "behind"
+            assert record.steps_run == math.ceil(target.settled_step / 10) * 10
+            assert f"reaching the target at step {reached}" in record.prune_reason
+            assert target.ratio_at(record.losses)[0] > 1.1
+        else:
+            assert record.stopped == "reached" and record.steps_run < reached + 10
+    followed = RunRecord(config=AmpConfig(dtype="bfloat16"), seed=0, steps=200)
+    rule = StopRule(target, run_on=True)
+    for end in range(10, 201, 10):
+        followed.losses = list(losses[:end])
+        if rule(followed):
+            break
+    assert followed.stopped == "reached"
+    assert followed.steps_run == math.ceil(target.settled_step / 10) * 10
 
 
 def test_a_run_that_cannot_beat_the_best_is_pruned_as_slower():
