@@ -34,17 +34,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from scalertune import _limits
-from scalertune._amp._config import FP16_OTHER_KEYS, AmpConfig, DeepSpeedFp16Config
+from scalertune._amp._config import AmpConfig, DeepSpeedFp16Config
 from scalertune._errors import UsageError
-from scalertune._export import _code, _torchao, _torchtitan
-from scalertune._export._code import Call, Device, Expr, Name, Parts, build, program
-from scalertune._replay._deepspeed_block import DEEPSPEED_MIN_LOSS_SCALE, deepspeed_fp16_block
+from scalertune._export import (
+    _accelerate,
+    _code,
+    _deepspeed,
+    _lightning,
+    _torch,
+    _torchao,
+    _torchtitan,
+    _transformers,
+)
+from scalertune._export._code import Call, Device, Parts, build, program
 
 if TYPE_CHECKING:
     import torch
@@ -290,20 +297,20 @@ def export(
     _check_fits(config, framework)
     where = _code.device(device)
     if framework == "deepspeed":  # the one format that needs the evidence and a batch size
-        parts = _deepspeed(config, _lowest_scale(evidence), micro_batch_size)
+        parts = _deepspeed.deepspeed(config, _deepspeed.lowest_scale(evidence), micro_batch_size)
     else:
         parts = _writer(framework, config)(config, where)
     islands = _islands_hooked(framework, config)
     if framework in _ATTACHABLE:
         parts.usage += _attach_usage(framework, config, _attach_argument(source, config, best_amp))
     if framework == "deepspeed" and config.uses_scaler:
-        horizon = _deepspeed_horizon(evidence, config)
+        horizon = _deepspeed.horizon(evidence, config)
         searched = isinstance(config, DeepSpeedFp16Config)  # a prediction, not a difference
         (parts.usage if searched else parts.differ).extend(
             f"# {line}" if searched else line for line in horizon
         )
     if framework == "deepspeed":
-        _users_config(parts, evidence)
+        _deepspeed.users_config(parts, evidence)
     result = Export(
         framework=framework,
         config=config,
@@ -436,297 +443,24 @@ def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]
     return [f"# or, instead: scalertune.attach puts {what} into the {name}", line]
 
 
-def _deepspeed_horizon(evidence: Any, config: AmpConfig) -> list[str]:
-    """What DeepSpeed's scaler would do over the search's horizon, replayed from the float32
-    reference's gradient trace (the search writes it for a float16 config: for a block it
-    searched in DeepSpeed, its own prediction)."""
-    key = "prediction" if isinstance(config, DeepSpeedFp16Config) else "deepspeed_prediction"
-    said = evidence.get(key) if isinstance(evidence, Mapping) else None
-    if not isinstance(said, Mapping) or "says" not in said:
-        return []
-    return [
-        f"over the horizon ({said.get('horizon')} steps), replayed from the search's "
-        f"float32 gradient trace, DeepSpeed's scaler {said['says']}"
-    ]
-
-
-def _users_config(parts: Parts, evidence: Any) -> None:
-    """The DeepSpeed config the searched factory (or Trainer) trained with, under the
-    answer's ``fp16``, ``bf16`` and ``gradient_clipping``: the whole ``ds_config.json``."""
-    facts = evidence.get("deepspeed") if isinstance(evidence, Mapping) else None
-    base = facts.get("config") if isinstance(facts, Mapping) else None
-    if not isinstance(base, Mapping):
-        return
-    kept = {k: v for k, v in base.items() if k not in ("fp16", "bf16", "bfloat16")}
-    parts.spec = {**kept, **parts.spec}
-    searched, answer = base.get("fp16"), parts.spec.get("fp16")
-    if isinstance(searched, Mapping) and isinstance(answer, dict) and answer.get("enabled"):
-        # what the block held beside its scaler (auto_cast casts the inputs) trains as searched
-        others = {k: searched[k] for k in FP16_OTHER_KEYS if k in searched}
-        parts.spec["fp16"] = {**answer, **others}
-    parts.usage = [
-        line for line in parts.usage if "refuses a config without a batch size" not in line
-    ]
-    parts.usage.insert(
-        0,
-        "# the searched DeepSpeed config, with the answer's fp16, bf16 and gradient_clipping",
-    )
-
-
-def _lowest_scale(evidence: Any) -> float | None:
-    """The smallest loss scale the recommended config reached on any seed of the search."""
-    if not isinstance(evidence, Mapping):
-        return None
-    runs = [evidence, *(evidence.get("confirmation") or {}).values()]
-    scales = [
-        r["min_scale"]
-        for r in runs
-        if isinstance(r, Mapping) and isinstance(r.get("min_scale"), (int, float))
-    ]
-    return min(scales) if scales else None
-
-
-def _knobs(c: AmpConfig) -> dict[str, Any]:
-    return {
-        "init_scale": c.init_scale,
-        "growth_factor": c.growth_factor,
-        "backoff_factor": c.backoff_factor,
-        "growth_interval": c.growth_interval,
-    }
-
-
-def _grad_scaler(c: AmpConfig, device: Device) -> Call:
-    if not c.uses_scaler:
-        return Call("torch.amp:GradScaler", (device,), {"enabled": False})
-    return Call("torch.amp:GradScaler", (device,), _knobs(c))
-
-
-def _torch(c: AmpConfig, device: Device) -> Parts:
-    autocast: dict[str, Any] = {"device_type": device}
-    if c.dtype == "float32":
-        autocast["enabled"] = False
-    else:
-        autocast["dtype"] = Name(f"torch:{c.dtype}")
-    usage = [
-        "",
-        "# for inputs, targets in loader:",
-        "#     optimizer.zero_grad(set_to_none=True)",
-        "#     with torch.autocast(**autocast):",
-        "#         loss = loss_fn(model(inputs), targets)",
-        "#     scaler.scale(loss).backward()",
-    ]
-    if c.clip_norm is not None:
-        usage += [
-            "#     scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones",
-            "#     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
-        ]
-    usage += [
-        "#     scaler.step(optimizer)  # skipped when the gradients are inf/NaN",
-        "#     scaler.update()",
-        "# scalertune.load(YAML) does the same step and adds the guard the search recommends",
-    ]
-    return Parts(
-        {"scaler": _grad_scaler(c, device), "autocast": autocast, "max_norm": c.clip_norm},
-        usage=usage,
-    )
-
-
-def _lightning(c: AmpConfig, device: Device) -> Parts:
-    plugin = "lightning.pytorch.plugins.precision:MixedPrecision"
-    spec: dict[str, Any]
-    if c.dtype == "float16":
-        spec = {
-            "plugins": [Call(plugin, ("16-mixed", device), {"scaler": _grad_scaler(c, device)})]
-        }
-    elif c.dtype == "bfloat16":
-        spec = {"plugins": [Call(plugin, ("bf16-mixed", device))]}
-    else:
-        spec = {"precision": "32-true"}
-    # None is Lightning's own "no clipping"; written out so that it is not left to a default.
-    spec["gradient_clip_val"] = c.clip_norm
-    spec["gradient_clip_algorithm"] = "norm"
-    usage = ["# trainer = lightning.pytorch.Trainer(**trainer_kwargs, ...your own arguments)"]
-    if c.dtype != "float32":
-        usage.append(
-            "# (the plugin's device is the Trainer's accelerator: one kind of device for both)"
-        )
-    return Parts(spec, name="trainer_kwargs", usage=usage, uses_device=c.dtype != "float32")
-
-
-def _accelerate(c: AmpConfig, device: Device) -> Parts:
-    spec: dict[str, Any] = {
-        "mixed_precision": {"float16": "fp16", "bfloat16": "bf16", "float32": "no"}[c.dtype]
-    }
-    if c.uses_scaler:
-        spec["kwargs_handlers"] = [Call("accelerate.utils:GradScalerKwargs", (), _knobs(c))]
-    if device.value == "cpu" and not device.auto:
-        spec["cpu"] = True  # Accelerate would take the GPU if there is one
-    parts = Parts(spec, name="accelerator_kwargs", uses_device=bool(c.fp32_modules))
-    parts.usage = ["# accelerator = accelerate.Accelerator(**accelerator_kwargs)"]
-    if c.clip_norm is not None:
-        parts.usage += [
-            "# in the loop, between accelerator.backward(loss) and optimizer.step():",
-            f"#     accelerator.clip_grad_norm_(model.parameters(), {c.clip_norm!r})",
-        ]
-    parts.differ += _float32_on_a_cpu(c, device, "mixed_precision='fp16'")
-    return parts
-
-
-def _float32_on_a_cpu(c: AmpConfig, device: Device, setting: str) -> list[str]:
-    """The one note that Accelerate's float16 (an Accelerator's, a Hugging Face Trainer's)
-    trains in float32 on a CPU, where ``attach`` trains float16; none elsewhere."""
-    if not (c.uses_scaler and device.value == "cpu"):
-        return []
-    return [
-        f"Accelerate makes a GradScaler and autocasts to float16 only on GPUs: on a CPU, "
-        f"{setting} trains in float32 (scalertune.attach trains float16 there too)"
-    ]
-
-
-def _transformers(c: AmpConfig, device: Device) -> Parts:
-    parts = Parts(
-        {
-            "fp16": c.dtype == "float16",
-            "bf16": c.dtype == "bfloat16",
-            # 0 turns off the Trainer's own clipping at 1.0
-            "max_grad_norm": c.clip_norm if c.clip_norm is not None else 0.0,
-            "use_cpu": Expr('device == "cpu"', device.value == "cpu"),
-        },
-        name="training_arguments",
-    )
-    parts.differ += _float32_on_a_cpu(c, device, "the Trainer's fp16=True")
-    parts.usage = [
-        "# args = transformers.TrainingArguments(output_dir=..., **training_arguments)",
-        "# trainer = transformers.Trainer(model=model, args=args, ...)",
-    ]
-    return parts
-
-
-def _deepspeed(c: AmpConfig, lowest: float | None, batch: int | None) -> Parts:
-    spec: dict[str, Any] = {}
-    if batch is not None:
-        spec["train_micro_batch_size_per_gpu"] = batch
-    parts = Parts(spec, uses_device=False)
-    if isinstance(c, DeepSpeedFp16Config):  # searched in DeepSpeed: its block as it trained
-        spec["fp16"] = c.fp16_block()
-    else:
-        spec["fp16"] = _deepspeed_fp16(c, lowest, parts) if c.uses_scaler else {"enabled": False}
-    spec["bf16"] = {"enabled": c.dtype == "bfloat16"}
-    # Always written: DeepSpeed clips at 1.0 when the key is absent; 0 turns clipping off.
-    spec["gradient_clipping"] = c.clip_norm if c.clip_norm is not None else 0.0
-    if c.fp32_modules:
-        parts.lost.append(
-            f"fp32_modules {list(c.fp32_modules)}: DeepSpeed's fp16 and bf16 modes "
-            "cast the whole model to half precision; keep those modules' "
-            "computation in float32 in your model code"
-        )
-    if c.dtype != "float32" and not isinstance(c, DeepSpeedFp16Config):
-        parts.differ.append(
-            f"DeepSpeed casts the model's weights and activations to {c.dtype} "
-            "instead of autocasting: ops autocast runs in float32 (softmax, "
-            "layer_norm, losses) run in half precision unless the model upcasts"
-        )
-    parts.usage = [
-        "# save it as ds_config.json: deepspeed.initialize(model=model, "
-        'model_parameters=model.parameters(), config="ds_config.json")'
-    ]
-    if batch is None:
-        parts.usage.append(
-            "# DeepSpeed refuses a config without a batch size: add your "
-            "train_micro_batch_size_per_gpu (or export with --micro-batch-size)"
-        )
-    return parts
-
-
-def _deepspeed_fp16(c: AmpConfig, lowest: float | None, parts: Parts) -> dict[str, Any]:
-    """DeepSpeed's dynamic loss scaler, as close to GradScaler with ``c``'s knobs as it gets.
-
-    DeepSpeed (``deepspeed/runtime/fp16/loss_scaler.py`` and ``fused_optimizer.py``) starts at
-    ``2**initial_scale_power``, halves the scale on an overflow (after ``hysteresis``
-    overflows; 1 backs off on every one, as GradScaler does) but never below
-    ``min_loss_scale``, and doubles it when ``(step - last_overflow_step - 1)`` is a positive
-    multiple of ``loss_scale_window``: after ``window + 1`` clean steps, then every ``window``.
-    Under ZeRO an overflow *at* ``min_loss_scale`` raises and ends training.
-    """
-    power = math.log2(c.init_scale)
-    nearest = max(round(power), 0)
-    if c.init_scale < DEEPSPEED_MIN_LOSS_SCALE:
-        parts.lost.append(
-            f"init_scale={c.init_scale!r}: DeepSpeed's scale never goes below "
-            f"min_loss_scale={DEEPSPEED_MIN_LOSS_SCALE} (the smallest its config "
-            "takes); nearest: initial_scale_power 0 = 1.0"
-        )
-    elif power != round(power):
-        parts.lost.append(
-            f"init_scale={c.init_scale!r} is not a power of two; nearest: "
-            f"initial_scale_power {nearest} = {2.0**nearest!r}"
-        )
-    if c.growth_factor != 2.0:
-        parts.lost.append(f"growth_factor={c.growth_factor!r}: DeepSpeed always grows by 2")
-    if c.backoff_factor != 0.5:
-        parts.lost.append(f"backoff_factor={c.backoff_factor!r}: DeepSpeed always backs off by 0.5")
-    if lowest is not None and lowest < DEEPSPEED_MIN_LOSS_SCALE <= c.init_scale:
-        parts.lost.append(
-            f"the search's runs of this config backed the scale off to {lowest:.3g}; "
-            f"DeepSpeed stops at {DEEPSPEED_MIN_LOSS_SCALE}, and under ZeRO an "
-            "overflow there ends training"
-        )
-    window = c.growth_interval
-    parts.differ.append(
-        f"growth: DeepSpeed doubles the scale after loss_scale_window+1 = {window + 1} clean "
-        f"steps (after an overflow or the start), then every {window}: each growth comes 1 step "
-        f"later than GradScaler's ({window}, {2 * window}, ...)"
-    )
-    floor = (
-        f"; in the search this config's scale stayed at or above {lowest:.3g}"
-        if lowest is not None and lowest >= DEEPSPEED_MIN_LOSS_SCALE
-        else ""
-    )
-    parts.differ.append(
-        f"minimum: DeepSpeed never lowers the scale below min_loss_scale="
-        f"{DEEPSPEED_MIN_LOSS_SCALE}, and under ZeRO (stages 1-3) an overflow at that minimum "
-        f"raises and ends training: from 2**{nearest} that is {nearest + 1} overflow"
-        f"{'s' if nearest else ''} in a row without a growth between (without ZeRO it skips the "
-        "step and stays at 1). GradScaler "
-        f"keeps multiplying the scale by backoff_factor{floor}"
-    )
-    return deepspeed_fp16_block(c)
-
-
 #: The writers of the frameworks that run under autocast on a device (DeepSpeed's JSON is
-#: written by :func:`_deepspeed`, from the search's evidence and the batch size).
+#: written by :func:`._deepspeed.deepspeed`, from the search's evidence and the batch size).
 _WRITERS: dict[str, Callable[[AmpConfig, Device], Parts]] = {
-    "torch": _torch,
-    "lightning": _lightning,
-    "accelerate": _accelerate,
-    "transformers": _transformers,
+    "torch": _torch.loop,
+    "lightning": _lightning.lightning,
+    "accelerate": _accelerate.accelerate,
+    "transformers": _transformers.transformers,
 }
-
-
-def _torch_float8(c: AmpConfig, device: Device) -> Parts:
-    return _torchao.torchao(c, device, clip=True)
-
-
-def _lightning_float8(c: AmpConfig, device: Device) -> Parts:
-    parts = _lightning(_torchao.around(c), device)
-    _torchao.converted_before(parts, c, device, "before trainer.fit(...)")
-    return parts
-
-
-def _transformers_float8(c: AmpConfig, device: Device) -> Parts:
-    parts = _transformers(_torchao.around(c), device)
-    _torchao.converted_before(parts, c, device, "before transformers.Trainer(model=model, ...)")
-    return parts
 
 
 #: The writers of a float8 config: torchao's conversion, and the framework's settings of the
 #: precision around it.
 _FLOAT8_WRITERS: dict[str, Callable[[AmpConfig, Device], Parts]] = {
-    "torch": _torch_float8,
+    "torch": _torch.torch_float8,
     "torchao": _torchao.torchao,
-    "lightning": _lightning_float8,
+    "lightning": _lightning.lightning_float8,
     "accelerate": _torchao.accelerate,
-    "transformers": _transformers_float8,
+    "transformers": _transformers.transformers_float8,
     "torchtitan": _torchtitan.torchtitan,
 }
 
