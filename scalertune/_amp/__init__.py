@@ -8,6 +8,7 @@
   its knobs changed in place;
 - ``_engine``: an engine that scales and steps itself (DeepSpeed's), bound to a runtime;
 - ``_checkpointed``: what a runtime keeps in a training checkpoint, and its restore;
+- ``_step_hooks``: what watches a runtime's steps from outside it, each with a removable handle;
 - ``_decisions``: the runtime's side of its scaler's steps: skips counted, the scale read;
 - ``_readback``: what runs at the read-back cadence: the guard, the watch, the in-run check;
 - ``_check``: the in-run check's policy, as the result file carries it, and what it says;

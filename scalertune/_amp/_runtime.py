@@ -18,6 +18,7 @@ from scalertune._amp._engine import Engine, EngineSlot
 from scalertune._amp._guard import Guard
 from scalertune._amp._readback import Readback
 from scalertune._amp._scaler import DeviceStep, RuntimeScaler, Skips, scaler_class, set_knobs
+from scalertune._amp._step_hooks import StepHooks
 from scalertune._amp._watch import Watch
 
 
@@ -117,10 +118,8 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         self._uses_scaler = config.uses_scaler and not self._engine.needed
         self._checked_step = -1  # the step the in-run check last ran at (once per step)
         #: Called after each :meth:`backward` and first in :meth:`step`, while the gradients
-        #: are backward's own: the float32 reference's gradient trace reads them there
-        #: (``_run._trace_collector``).
-        self._after_backward: Callable[[], None] | None = None
-        self._before_step: Callable[[], None] | None = None
+        #: are backward's own: the float32 reference's gradient trace reads them there.
+        self.hooks = StepHooks()
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward context: autocast to the config's dtype (a no-op for float32).
@@ -246,11 +245,10 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             tensor([8., 8.])
         """
         if self._engine.active:
-            self._engine.backward(loss, gradients=self._after_backward is not None, **kwargs)
+            self._engine.backward(loss, gradients=self.hooks.wants_gradients, **kwargs)
         else:
             self.scaler.scale(loss).backward(**kwargs)
-        if self._after_backward is not None:
-            self._after_backward()
+        self.hooks.backward_done()
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool | DeviceStep:
         """Unscale, clip (if configured), step the optimizer unless skipped, update the scale.
@@ -279,8 +277,7 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             >>> amp.step(optimizer), amp.skipped_steps, amp.scaler.get_scale()
             (False, 1, 2.0)
         """
-        if self._before_step is not None:
-            self._before_step()
+        self.hooks.grads_ready()
         if self._engine.engine is not None:
             return self._engine_step(self._engine.engine)
         if self._clip is not None:

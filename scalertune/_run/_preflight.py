@@ -87,7 +87,7 @@ def preflight(
     )
     amp = AmpRuntime(AmpConfig(dtype="float32"), device=device)
     replicas = Replicas([workload.model])
-    amp._before_step = replicas.grads_ready  # noqa: SLF001 - the runtime's hook for watchers
+    amp.hooks.before_step(replicas.grads_ready)
     batch = to_device(next(iter(workload.batches)), device)
     with record_inputs(workload.model, enabled=bool(float8_recipes)) as recorded:
         loss = _first_step(workload, batch, amp)

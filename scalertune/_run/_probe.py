@@ -14,7 +14,6 @@ class NoStep(AmpRuntime):
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Nothing is applied: False, so a step function steps no scheduler either."""
-        if self._before_step is not None:
-            self._before_step()
+        self.hooks.grads_ready()
         self.steps += 1
         return False

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.distributed.tensor import DTensor
+from torch.utils.hooks import RemovableHandle
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
@@ -79,6 +80,8 @@ class TraceCollector:
         self.block = max(unit, round(horizon / _run_policy.TRACE_BLOCKS / unit) * unit)
         self.trace = empty()
         self._hooks = _Hooks(full_every(horizon))
+        # the run's runtime telling the hooks (removed when the trace detaches)
+        self._heard: list[RemovableHandle] = []
         # read since the trace last took them in (see :meth:`_settled`): each window's rows,
         # each closed block's first step, histogram and forward peaks
         self._windows: list[np.ndarray] = []
@@ -104,8 +107,7 @@ class TraceCollector:
         self, workload: Workload, step: Callable[..., Any], start: int, amp: AmpRuntime
     ) -> None:
         self._hooks.attach(workload)
-        self._amp = amp
-        _hear(amp, self._hooks)
+        self._heard = _hear(amp, self._hooks)
         if not self.trace.modules:
             self.trace = empty(self._hooks.names)
         self._hooks.begin(start)
@@ -120,7 +122,8 @@ class TraceCollector:
 
     def detach(self) -> None:
         self._hooks.detach()
-        _hear(self._amp, None)
+        for handle in self._heard:
+            handle.remove()
 
     def state(self) -> dict[str, Any]:
         return {
@@ -194,10 +197,9 @@ class TraceCollector:
         return np.array(rows, np.float32)
 
 
-def _hear(amp: AmpRuntime, hooks: _Hooks | None) -> None:
-    """Have ``amp.backward`` and ``amp.step`` tell ``hooks`` (None: nothing)."""
-    amp._after_backward = None if hooks is None else hooks.backward_done  # noqa: SLF001
-    amp._before_step = None if hooks is None else hooks.grads_ready  # noqa: SLF001
+def _hear(amp: AmpRuntime, hooks: _Hooks) -> list[RemovableHandle]:
+    """Have ``amp.backward`` and ``amp.step`` tell ``hooks``; the handles that stop it."""
+    return [amp.hooks.after_backward(hooks.backward_done), amp.hooks.before_step(hooks.grads_ready)]
 
 
 class _Subset:
