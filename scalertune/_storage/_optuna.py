@@ -142,6 +142,7 @@ def write_points(trial: Any, points: Sequence[tuple[float, int]]) -> None:
         passing=passing_rdb,
         url=rdb.url,
         what_to_do=RERUN,
+        refusing=True,
     )
     cached = getattr(trial, "_cached_frozen_trial", None)
     if cached is not None:  # what trial.report keeps, so the trial object reads the same
