@@ -170,12 +170,12 @@ def settle_location(study: Any, *, given: str | None, default: str) -> str:
 
 def _recorded(study: Any) -> str | None:
     recorded = study.user_attrs.get(ARTIFACT_DIR_ATTR)
-    if recorded is not None and (not isinstance(recorded, str) or not recorded):
+    if recorded is not None and not isinstance(recorded, str):
         raise DamagedEvidence(
             f"the study's artifact location ({ARTIFACT_DIR_ATTR}) is damaged: it is not a "
             "folder or s3://BUCKET but a " + type(recorded).__name__
         )
-    return recorded
+    return recorded or None  # an empty one: none
 
 
 def _home(study: Any) -> str | None:

@@ -86,6 +86,23 @@ def test_the_dashboard_refuses_a_store_outside_the_storage_folder_before_it_serv
     assert f"--artifact-dir {outside}" in said and "Traceback" not in refused.stderr
 
 
+def test_a_search_resuming_a_study_whose_store_lies_outside_its_folder_refuses(tmp_path):
+    """The stored old study, resumed by the search it was made with (its factory copied
+    beside it), after its record was pointed outside: one line, exit 2, nothing there."""
+    (tmp_path / "study" / "tests").mkdir(parents=True)
+    shutil.copy(os.path.join(HERE, "workloads.py"), tmp_path / "study" / "tests")
+    outside = tmp_path / "etc"
+    outside.mkdir()
+    _v1_study(tmp_path / "study", str(outside))
+    args = ["search", "tests/workloads.py:healthy", "--storage", "v1.journal"]
+    args += ["--study-name", "short", "--steps", "40", "--n-trials", "3", "--device", "cpu"]
+    refused = _scalertune(*args, cwd=tmp_path / "study")
+    assert refused.returncode == 2, refused.stderr
+    (said,) = refused.stderr.strip().splitlines()
+    assert f"pass --artifact-dir {outside} to use it" in said
+    assert os.listdir(outside) == []
+
+
 def test_a_search_refuses_the_recorded_store_outside_the_folder_unless_named(tmp_path):
     outside = str(tmp_path / "etc")
     (tmp_path / "study").mkdir()
