@@ -145,3 +145,33 @@ def test_a_read_only_database_is_said_as_such_in_one_line(tmp_path, storage):
             stack.callback(os.chmod, disk, 0o755)
         done = _search(path, tmp_path)
     _refused_in_one_line(done, "read-only")
+
+
+def test_a_real_runs_record_on_a_storage_that_cannot_be_written_is_one_warning(tmp_path):
+    """Training goes on: the record a loaded run writes to its study in the background meets
+    the file-size limit, and the log says so once, where the thread died with a traceback."""
+    import shutil
+
+    from conftest import HERE
+
+    journal = tmp_path / "v1.journal"
+    shutil.copy(os.path.join(HERE, "data", "study_v1.journal"), journal)
+    script = (
+        "import logging, signal, resource, os\n"
+        "logging.basicConfig()\n"
+        "from scalertune._storage._run_log import RunLog\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "size = os.path.getsize('v1.journal')\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))\n"
+        "log = RunLog('v1.journal', 'short', {})\n"
+        "log({'steps': 1})\n"
+        "log.close()\n"
+        "print('trained on')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout == "trained on\n", done.stderr
+    assert "Traceback" not in done.stderr and "Exception in thread" not in done.stderr
+    (said,) = done.stderr.strip().splitlines()
+    assert "the run's record cannot be written" in said and "file-size limit" in said
