@@ -231,6 +231,10 @@ def ride_out(storage: Any, url: str) -> Any:
         try:
             beat(trial_id)
         except Exception as exc:  # noqa: BLE001 - any failure: the next beat tries again
+            why = refused_write(exc)
+            if why is not None:  # refused for good: the worker's own next call says so
+                refused(f"storage {redact(url)}", why)
+                return
             if not passing_rdb(exc):
                 raise
 

@@ -175,3 +175,30 @@ def test_a_real_runs_record_on_a_storage_that_cannot_be_written_is_one_warning(t
     assert "Traceback" not in done.stderr and "Exception in thread" not in done.stderr
     (said,) = done.stderr.strip().splitlines()
     assert "the run's record cannot be written" in said and "file-size limit" in said
+
+
+def test_a_heartbeat_that_cannot_be_written_leaves_the_one_line_to_the_worker(tmp_path):
+    """Optuna's heartbeat thread writes every few seconds: where the disk refuses its write,
+    it ends quietly (a traceback from a thread, before the worker's own line, is not one
+    line), and the worker's next write says why."""
+    script = (
+        "import os, resource, signal, optuna\n"
+        "from scalertune._storage._open import open_storage\n"
+        "from scalertune._storage._optuna import trial_id\n"
+        "from scalertune._storage._outage import Outage\n"
+        "storage = open_storage('sqlite:///s.db')\n"
+        "trial = optuna.create_study(storage=storage).ask()\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))  # no page, no journal\n"
+        "storage.record_heartbeat(trial_id(trial))\n"
+        "try:\n"
+        "    trial.set_user_attr('x', 'y' * 100_000)\n"
+        "except Outage as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    (said,) = done.stdout.strip().splitlines()
+    assert said.startswith("storage sqlite:///s.db cannot be written: ")
