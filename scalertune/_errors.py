@@ -56,3 +56,11 @@ class DamagedCheckpoint(DamagedEvidence):
     pickle that asks for anything but tensors and plain data, another model's keys or shapes,
     a state that does not load. It is read as damaged evidence (an earlier checkpoint, or step
     0), and nothing in it runs."""
+
+
+class ExitCalled(SystemExit):
+    """``os._exit(code)``, called by the user's code in the search's own process, raised in
+    its place (:func:`scalertune._workload._factory.exits_raised`): there it would end the
+    search at once, with the status it was given (0: a finished search) and nothing written,
+    since no handler runs after it. Handled as ``sys.exit()``: a failed run, or, in the
+    factory's first call, one line."""

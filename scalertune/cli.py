@@ -25,6 +25,7 @@ from scalertune._cli import (
     parse,
 )
 from scalertune._errors import (
+    ExitCalled,
     MissingEvidence,
     ParameterError,
     SearchError,
@@ -108,8 +109,9 @@ def _outcome(command: str, args: argparse.Namespace) -> int:
         print(f"scalertune {command}: {exc}", file=sys.stderr)
         return EXIT_STORAGE
     except SystemExit as exc:  # the user's module or step called sys.exit() outside a run
+        how = "os._exit" if isinstance(exc, ExitCalled) else "sys.exit"
         print(
-            f"scalertune {command}: error: the workload called sys.exit({exc.code!r}): "
+            f"scalertune {command}: error: the workload called {how}({exc.code!r}): "
             "return from the factory instead, and keep script code under "
             "if __name__ == '__main__':",
             file=sys.stderr,

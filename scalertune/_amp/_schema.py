@@ -28,15 +28,34 @@ from scalertune._errors import UsageError
 
 #: The file format's version, written as the top-level ``scalertune`` key.
 FORMAT_VERSION = 1
+#: The result file's last line, and the header line that promises it: a file cut short (a
+#: full disk, a copy stopped midway) can still be valid YAML that has lost whole blocks
+#: (``evidence.model``, which the other-model warning reads), and only its end says so. A
+#: comment: the data, and what older releases read, are the same.
+END_LINE = "# end of the scalertune result"
+PROMISE_LINE = f"# A whole file ends with the line '{END_LINE}'."
+#: The blocks a cut file is said to have lost, where it has lost them.
+_WHOLE_BLOCKS = ("config", "check", "evidence", "evidence.model")
 
 
 def read_result(path: str) -> dict[str, Any]:
-    """The parsed result file; :class:`UsageError` when it is missing or not a result."""
-    from scalertune._amp._yaml import read_yaml
+    """The parsed result file; :class:`UsageError` when it is missing, not a result, or cut
+    short (its header promises its last line, and it has none)."""
+    from scalertune._amp._yaml import parse_yaml, read_text
 
-    data = read_yaml(
+    text = read_text(
         path, what="a scalertune result file", missing=" (run scalertune search first)"
     )
+    lines = text.splitlines()
+    cut = PROMISE_LINE in lines and END_LINE not in lines
+    try:
+        data = parse_yaml(text, where=path)
+    except UsageError:
+        if cut:  # cut mid-value: what it lost is past naming
+            raise UsageError(_cut_short(path, [])) from None
+        raise
+    if cut:
+        raise UsageError(_cut_short(path, _lost(data)))
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise UsageError(f"{path} has no 'config' mapping: is it a scalertune result file?")
     version = data.get("scalertune", FORMAT_VERSION)
@@ -46,6 +65,26 @@ def read_result(path: str) -> dict[str, Any]:
             f"{FORMAT_VERSION}: upgrade scalertune (pip install -U scalertune), or search again"
         )
     return data
+
+
+def _lost(data: Any) -> list[str]:
+    """Which of ``_WHOLE_BLOCKS`` ``data`` lacks."""
+    lost = []
+    for name in _WHOLE_BLOCKS:
+        block = data
+        for key in name.split("."):
+            block = block.get(key) if isinstance(block, dict) else None
+        if block is None:
+            lost.append(name)
+    return lost
+
+
+def _cut_short(path: str, lost: list[str]) -> str:
+    what = f": it has no {', '.join(lost)}" if lost else ""
+    return (
+        f"{path} was cut short (its last line, {END_LINE!r}, is missing){what}: write it "
+        f"again (scalertune report --storage STORAGE --study-name NAME -o {path}) or restore it"
+    )
 
 
 def load_config(path: str, *, best_amp: bool = False) -> AmpConfig:
@@ -207,6 +246,7 @@ def write_result(data: dict[str, Any], path: str) -> None:
         "# what the run does when, every 'every' steps, its loss at its own weights falls\n"
         "# behind float32's: act (a float32 island, float32, the scaler's knobs, a more\n"
         "# accurate float8 recipe), warn or stop.\n"
+        f"{PROMISE_LINE}\n"
     )
     # A temporary name of this process's own: workers that finish together write the same
     # YAML, and one shared ".tmp" name was moved away under another's feet.
@@ -215,6 +255,7 @@ def write_result(data: dict[str, Any], path: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(header)
             yaml.safe_dump(result_document(data), f, sort_keys=False, width=100)
+            f.write(f"{END_LINE}\n")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

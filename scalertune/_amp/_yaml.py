@@ -26,6 +26,12 @@ _FLOAT_TAG = "tag:yaml.org,2002:float"
 def read_yaml(path: str, *, what: str, missing: str = "") -> Any:
     """The data in the YAML file ``path``; :class:`UsageError` naming ``what`` it should be
     when it cannot be read (``missing`` is appended to the message for a missing file)."""
+    return parse_yaml(read_text(path, what=what, missing=missing), where=path)
+
+
+def read_text(path: str, *, what: str, missing: str = "") -> str:
+    """The text of the file ``path``, read as :func:`read_yaml` reads it (a regular file, up
+    to ``MAX_YAML_BYTES``, UTF-8), not yet parsed."""
     try:
         # O_NONBLOCK: a FIFO given as the file opens at once, and is refused below, where a
         # plain open() waited for a writer forever
@@ -46,10 +52,9 @@ def read_yaml(path: str, *, what: str, missing: str = "") -> Any:
             f"{path} is larger than {_amp_policy.MAX_YAML_BYTES // 1024} KiB: is it {what}?"
         )
     try:
-        text = raw.decode("utf-8-sig")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise UsageError(f"{path} is not UTF-8 text: is it {what}?") from None
-    return parse_yaml(text, where=path)
 
 
 def parse_yaml(text: str, *, where: str) -> Any:

@@ -132,7 +132,7 @@ def _search_here(args: argparse.Namespace) -> int:
     if result.interrupted:
         return EXIT_INTERRUPTED
     with _interrupt.deferred():  # the YAML and the study's notes are written whole or not
-        _write(result, output, None, sys.stdout)
+        _write(result, output, args.artifact_dir, sys.stdout)
     if _interrupt.received():
         return EXIT_INTERRUPTED
     if result.missing:
@@ -217,8 +217,12 @@ def _report(args: argparse.Namespace) -> int:
     if args.trial is not None and not args.output:
         raise UsageError("--trial N writes trial N's YAML: give --output FILE too")
     _check_study_name(args.study_name)
-    _check_storage_and_output(args.storage, args.output, None, {})
+    _check_storage_and_output(args.storage, args.output, args.artifact_dir, {})
     study = load_existing_study(args.storage, args.study_name)
+    if args.output and args.trial is None:  # its pictures go to the study's store
+        from scalertune._storage._store import location_of
+
+        location_of(study, args.artifact_dir)  # refused here, before a word is written
     from scalertune._amp._schema import result_document
     from scalertune._review._analyze import analyze
 
@@ -234,7 +238,7 @@ def _report(args: argparse.Namespace) -> int:
             _write(
                 written,
                 args.output,
-                None,
+                args.artifact_dir,
                 note if args.json else sys.stdout,
                 publish_notes=args.trial is None,
             )

@@ -253,8 +253,9 @@ def _run_arguments(s: Any) -> None:
         "optuna-dashboard shows. A folder, or s3://BUCKET (boto3's endpoint "
         "and credentials: AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, ...) for "
         "workers on several hosts. Recorded in the study: other workers, "
-        "report and dashboard find it (default: scalertune-artifacts beside a "
-        "SQLite or journal file, else here)",
+        "report and dashboard find it where it lies beside the SQLite or journal "
+        "file, or is a bucket; elsewhere each names it again (default: "
+        "scalertune-artifacts beside a SQLite or journal file, else here)",
     )
 
 
@@ -354,7 +355,8 @@ def _dashboard(sub: Any) -> None:
     d.add_argument(
         "--artifact-dir",
         metavar="DIR|s3://BUCKET",
-        help="the artifact store to show (default: the one each study records)",
+        help="the artifact store to show (default: the one each study records, where it "
+        "lies beside its SQLite or journal file)",
     )
     _quiet_argument(d)
 
@@ -378,6 +380,12 @@ def _report(sub: Any) -> None:
         "recommendation's, with that trial's evidence",
     )
     r.add_argument("--json", action="store_true", help="print the result as JSON instead")
+    r.add_argument(
+        "--artifact-dir",
+        metavar="DIR|s3://BUCKET",
+        help="with --output: the artifact store the pictures go to (default: the one the "
+        "study records, where it lies beside its SQLite or journal file)",
+    )
     _top_argument(r)
     _quiet_argument(r)
 

@@ -16,7 +16,7 @@ from typing import ClassVar, Literal, Protocol, TypeVar
 
 import torch
 
-from scalertune._errors import DamagedCheckpoint, MissingEvidence, UsageError
+from scalertune._errors import DamagedCheckpoint, ExitCalled, MissingEvidence, UsageError
 from scalertune._storage._outage import Outage
 
 
@@ -35,7 +35,8 @@ class JobFailed(TrialCrashed):
 
 
 def exited(exc: SystemExit) -> str:
-    return f"the workload called sys.exit({exc.code!r}) during the run"
+    how = "os._exit" if isinstance(exc, ExitCalled) else "sys.exit"
+    return f"the workload called {how}({exc.code!r}) during the run"
 
 
 def describe_error(exc: BaseException) -> str:

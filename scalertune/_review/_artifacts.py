@@ -19,9 +19,8 @@ import optuna
 
 from scalertune._review._horizon_plot import is_horizon_picture
 from scalertune._review._plots import picture_trial
-from scalertune._storage._names import ARTIFACT_DIR_ATTR
 from scalertune._storage._optuna import artifact_records, study_id
-from scalertune._storage._store import Store
+from scalertune._storage._store import Store, record_location
 
 #: An artifact's id as Optuna gives it (a UUID): never a path.
 _ARTIFACT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -43,8 +42,7 @@ def upload(study: optuna.Study, paths: list[str], location: str) -> None:
     from optuna.artifacts import upload_artifact
 
     store = Store(location)
-    if study.user_attrs.get(ARTIFACT_DIR_ATTR) != location:
-        study.set_user_attr(ARTIFACT_DIR_ATTR, location)
+    record_location(study, location)
     # The same pictures come back under other names (`report -o other.yaml`, a resumed
     # search): compare contents, not names.
     stored = set()

@@ -396,12 +396,8 @@ def serve(
     from scalertune._review._analyze import analyze
     from scalertune._review._server import run
 
+    locations = sorted({location_of(s, artifact_dir) for s in studies})  # refused first
     for study in studies:
         if StudySettings.of(study).stored:
             write_notes(analyze(study, storage=redact(storage_url)))
-    run(
-        studies,
-        host=host,
-        port=port,
-        locations=sorted({location_of(s, artifact_dir) for s in studies}),
-    )
+    run(studies, host=host, port=port, locations=locations)

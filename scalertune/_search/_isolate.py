@@ -5,8 +5,9 @@ With ``--isolate`` (or ``--nproc-per-node``) every run of the search goes throug
 the replay that locates a forward overflow.
 
 Runs in the search's own process go through :func:`run_here`: Ctrl-C stops them anywhere
-(``_interrupt``), and a ``sys.exit()`` in the user's code fails the run instead of ending the
-search with a trial left running.
+(``_interrupt``), and a ``sys.exit()`` or ``os._exit()`` in the user's code fails the run
+instead of ending the search with a trial left running (``os._exit(0)``: with exit 0 and
+nothing written).
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from scalertune._run._loop import Plan
 from scalertune._run._record import RunRecord
 from scalertune._search._launch import forward_isolated, run_isolated
 from scalertune._search._setup import Setup
+from scalertune._workload._factory import exits_raised
 
 _T = TypeVar("_T")
 
 
 def run_here(run: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """``run(*args, **kwargs)``, a run of the user's code in this process: Ctrl-C stops it at
-    once, and ``sys.exit()`` in it raises :class:`TrialCrashed`."""
+    once, and ``sys.exit()`` or ``os._exit()`` in it raises :class:`TrialCrashed`."""
     try:
-        with _interrupt.interruptible():
+        with _interrupt.interruptible(), exits_raised():
             return run(*args, **kwargs)
     except SystemExit as exc:
         raise TrialCrashed(exited(exc)) from None

@@ -71,8 +71,9 @@ class Checkpoints:
     def store(self) -> Store:
         """The study's artifact store, read where the study records it: first inside the
         float32 reference's claim, which settles after racing creators' writes, so every
-        worker reads the same (as :func:`~scalertune._search._study.instance`)."""
-        return Store(location_of(self.study))
+        worker reads the same (as :func:`~scalertune._search._study.instance`); the place
+        this worker was given (``--artifact-dir``), where it was, is that place."""
+        return Store(location_of(self.study, self.setup.artifact_dir))
 
     @functools.cached_property
     def prefix(self) -> str:

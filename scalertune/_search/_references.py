@@ -173,7 +173,8 @@ class References:
         try:
             record = self._execute(seed, main, long, steps)
         except FactoryError as exc:
-            raise SearchError(f"the float32 reference failed: the factory raised {exc}") from None
+            raised = "raised " if exc.raised else ""
+            raise SearchError(f"the float32 reference failed: the factory {raised}{exc}") from None
         except TrialCrashed as exc:  # its message's first line says how the process ended
             why = str(exc).partition("\n")[0]
             raise SearchError(f"the float32 reference failed: {why}") from None

@@ -26,6 +26,7 @@ from scalertune._search._policy import FLOAT8_ISLAND_CANDIDATES
 from scalertune._search._space import SearchSpace
 from scalertune._storage._store import normalized
 from scalertune._text import plural
+from scalertune._workload._factory import exits_raised
 from scalertune._workload._loader import FactoryError, factory_name, load_factory
 
 
@@ -267,13 +268,14 @@ def _preflight(
                 float8_recipes=float8_recipes(space),
                 independent_ranks=isolation.independent_ranks,
             )
-        return preflight(
-            user_factory,
-            device=dev,
-            seed=seed,
-            islands=space.island_names,
-            float8_recipes=float8_recipes(space),
-        )
+        with exits_raised():  # os._exit in its first step: one line, not a silent exit
+            return preflight(
+                user_factory,
+                device=dev,
+                seed=seed,
+                islands=space.island_names,
+                float8_recipes=float8_recipes(space),
+            )
     except FactoryError as exc:
         raised = "raised " if exc.raised else ""
         raise UsageError(

@@ -18,6 +18,8 @@ same as ``sqlite:///PATH``.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 import time
@@ -36,6 +38,8 @@ from scalertune._storage._outage import (
     not_up_at_open,
     pause,
     reason,
+    refused,
+    refused_write,
     retrying,
     ride_out,
     say,
@@ -149,6 +153,7 @@ def _rdb(url: str, on_stale_trial: Callable[[Any, Any], Any] | None, wait_s: flo
                 url=url,
                 what_to_do=RERUN,
                 quiet=waiting,  # a server starting up, after it was not up: one wait
+                refusing=True,  # tables made on a full disk: not a bad URL
             )
             if waiting:
                 say(f"storage {redact(url)} is up")
@@ -235,16 +240,66 @@ def check_local(url: str, *, must_exist: bool = False) -> None:
 
 
 def _journal(path: str, *, must_exist: bool) -> Any:
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
+    from optuna.storages.journal import JournalStorage
 
     check_local(path, must_exist=must_exist)
     try:
         mend_cut_record(path)
-        return JournalStorage(JournalFileBackend(path))
+        return JournalStorage(_journal_file(path))
     except UsageError:
         raise
     except Exception as exc:
+        why = refused_write(exc)
+        if why is not None:
+            raise refused(f"journal file {path}", why) from None
         raise UsageError(f"cannot open journal file {path}: {first_line(exc)}") from None
+
+
+def _journal_file(path: str) -> Any:
+    """Optuna's journal file backend, whose appends a full disk cannot leave cut
+    (:class:`_WholeAppends`)."""
+    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+    class _WholeAppends(JournalFileBackend):
+        """Each append is whole or not at all: a write the file system refuses (a full
+        disk, the file-size limit, a read-only file system) is cut back to the last whole
+        record under the journal's lock, and every later append of this process is refused
+        with it (:func:`~._outage.refused`: one line, the study as it was), where Optuna
+        left a cut line and then failed on ``AssertionError: Should not reach.``. The
+        records are written as Optuna's own ``append_logs`` writes them."""
+
+        def __init__(self, path: str) -> None:
+            self.guard = JournalFileSymlinkLock(path)
+            self.path = path
+            super().__init__(path, lock_obj=self.guard)
+
+        def append_logs(self, logs: list[dict[str, Any]]) -> None:
+            text = "\n".join([json.dumps(log, separators=(",", ":")) for log in logs]) + "\n"
+            retrying(
+                functools.partial(self._append, text.encode("utf-8")),
+                store=f"journal file {self.path}",
+                passing=lambda exc: False,
+                what_to_do=RERUN,
+                refusing=True,
+            )
+
+        def _append(self, data: bytes) -> None:
+            self.guard.acquire()
+            try:
+                with open(self.path, "ab", buffering=0) as f:
+                    end = f.seek(0, os.SEEK_END)
+                    try:
+                        view = memoryview(data)
+                        while view:  # a short write, then the error, as the disk fills
+                            view = view[f.write(view) :]
+                        os.fsync(f.fileno())
+                    except OSError:
+                        f.truncate(end)
+                        raise
+            finally:
+                self.guard.release()
+
+    return _WholeAppends(path)
 
 
 #: How much of a journal's end is read to find where its last whole record ends.

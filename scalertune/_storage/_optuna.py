@@ -21,7 +21,10 @@ checked against the installed Optuna by ``tests/unit/test_optuna_private.py``, a
 - where ``optuna.artifacts.upload_artifact`` records a study's artifacts: study system
   attributes named with ``optuna.artifacts._upload.ARTIFACTS_ATTR_PREFIX``, each the JSON
   text of an ``ArtifactMeta`` (read here as stored, and checked by the caller, where
-  ``get_all_artifact_meta`` would fail on the first record that is not one).
+  ``get_all_artifact_meta`` would fail on the first record that is not one);
+- the file a study's storage keeps on this machine (:func:`storage_file`): an RDB storage's
+  ``url`` (behind the cache's ``_backend``), a journal storage's ``_backend`` and its file
+  backend's ``_file_path``.
 
 Optuna is imported where it is used: the command line imports this module before it needs
 Optuna.
@@ -29,6 +32,7 @@ Optuna.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +55,24 @@ def study_id(study: optuna.Study) -> int:
 def storage_of(study: optuna.Study) -> BaseStorage:
     """The storage ``study`` was opened on (behind Optuna's cache, where it has one)."""
     return study._storage  # noqa: SLF001
+
+
+def storage_file(study: optuna.Study) -> str | None:
+    """The SQLite database or journal file ``study`` is kept in, as an absolute path;
+    ``None`` for a database server, memory, or a storage of another kind."""
+    import optuna
+
+    storage = storage_of(study)
+    if isinstance(storage, optuna.storages.JournalStorage):
+        path = getattr(storage._backend, "_file_path", None)  # noqa: SLF001
+    else:
+        storage = getattr(storage, "_backend", storage)  # Optuna's cache over an RDB storage
+        path = None
+        if isinstance(storage, optuna.storages.RDBStorage):
+            from scalertune._storage._open import sqlite_path
+
+            path = sqlite_path(str(storage.url))
+    return os.path.abspath(path) if isinstance(path, str) else None
 
 
 def set_system_attr(trial: optuna.Trial, key: str, value: Any) -> None:
@@ -120,6 +142,7 @@ def write_points(trial: Any, points: Sequence[tuple[float, int]]) -> None:
         passing=passing_rdb,
         url=rdb.url,
         what_to_do=RERUN,
+        refusing=True,
     )
     cached = getattr(trial, "_cached_frozen_trial", None)
     if cached is not None:  # what trial.report keeps, so the trial object reads the same

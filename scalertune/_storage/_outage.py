@@ -15,6 +15,13 @@ on its way (Optuna's objective wrapper, a run's error handling) may take it for 
 failure. The search turns it into :class:`~scalertune._errors.StorageUnavailable`, and the
 command line into one line and exit status 3.
 
+A write the file system refuses for good (a full disk or quota, the file-size limit, a
+read-only database or file system: :func:`refused_write`) is no outage to wait for: the
+first one is :class:`Outage` at once, in one line that says which (Optuna's own message for
+it speaks of "exceeding max length"), and every later call to that store in this process
+raises it too, so nothing is written after a write that failed. The study is as it was
+before that write; the same command, rerun with room, resumes it.
+
 When a server cannot be reached at all while the storage is first opened (connection
 refused, an unknown host), nothing has been written yet and a wrong URL is likelier than an
 outage: that is said at once (:mod:`._open`), unless the user asked to wait for it
@@ -25,6 +32,7 @@ shutting down is always waited for.
 
 from __future__ import annotations
 
+import errno
 import sys
 import threading
 import time
@@ -108,7 +116,28 @@ RERUN = (
 
 
 class Outage(BaseException):
-    """The storage (or the artifact store) stayed unreachable past ``STORAGE_OUTAGE_S``."""
+    """The storage (or the artifact store) stayed unreachable past ``STORAGE_OUTAGE_S``, or
+    refused a write for good (:func:`refused_write`)."""
+
+
+#: What a write the file system refuses says, by errno: no wait helps, and no retry.
+_REFUSING_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file reached the file-size limit (ulimit -f)",
+    errno.EROFS: "the file system is read-only",
+}
+#: ... by SQLite's result code (Python's ``sqlite_errorname``), and PostgreSQL's SQLSTATE.
+_SQLITE_REFUSING = {
+    "SQLITE_FULL": "the disk is full, or the database reached the file-size limit (ulimit -f)",
+    "SQLITE_READONLY": "the database is read-only (its file, its folder or its file system)",
+    "SQLITE_IOERR": "a write failed (disk I/O error: a full disk, the file-size limit "
+    "(ulimit -f), or a failing disk)",
+}
+_SQLSTATE_REFUSING = {
+    "53100": "the server's disk is full",
+    "25006": "the server is read-only (a standby)",
+}
 
 
 class _Down:
@@ -143,11 +172,13 @@ def retrying(
     what_to_do: str,
     url: str | None = None,
     quiet: bool = False,
+    refusing: bool = False,
 ) -> _T:
     """``call()``, made again while it fails in a way ``passing`` says passes, for up to
     ``STORAGE_OUTAGE_S``; then :class:`Outage`, naming ``store`` and ``what_to_do``. The
     errors quoted are redacted against ``url``. The outage is said as it starts and ends,
-    unless ``quiet`` (the caller already said it waits)."""
+    unless ``quiet`` (the caller already said it waits). With ``refusing``, a write the
+    file system refuses (:func:`refused_write`) is :class:`Outage` at once (:func:`refused`)."""
     if store in _down.messages:
         raise Outage(_down.messages[store])
     deadline, wait, said = None, _storage_policy.STORAGE_RETRY_FIRST_S, False
@@ -155,6 +186,9 @@ def retrying(
         try:
             result = call()
         except Exception as exc:
+            why = refused_write(exc) if refusing else None
+            if why is not None:
+                raise refused(store, why) from None
             if not passing(exc):
                 raise
             now = time.monotonic()
@@ -197,11 +231,48 @@ def ride_out(storage: Any, url: str) -> Any:
         try:
             beat(trial_id)
         except Exception as exc:  # noqa: BLE001 - any failure: the next beat tries again
+            why = refused_write(exc)
+            if why is not None:  # refused for good: the worker's own next call says so
+                refused(f"storage {redact(url)}", why)
+                return
             if not passing_rdb(exc):
                 raise
 
     storage.record_heartbeat = types.MethodType(record_heartbeat, storage)
     return storage
+
+
+def refused_write(exc: BaseException) -> str | None:
+    """What refused a write for good, in words, where ``exc`` is (or was raised by) such a
+    refusal: a full disk, a quota, the file-size limit, a read-only file or file system
+    (an ``OSError``, SQLite's result code or PostgreSQL's SQLSTATE); ``None`` for any other
+    error. Optuna wraps SQLite's in a message about "exceeding max length", which is not
+    what happened."""
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in _REFUSING_ERRNOS:
+            return _REFUSING_ERRNOS[e.errno]
+        code = getattr(e, "sqlite_errorname", None)
+        if isinstance(code, str) and not code.endswith("READ"):  # SQLITE_IOERR_(SHORT_)READ
+            found = next((w for c, w in _SQLITE_REFUSING.items() if code.startswith(c)), None)
+            if found is not None:
+                return found
+        state = _sqlstate(e) if not isinstance(e, OSError) else None
+        if state in _SQLSTATE_REFUSING:
+            return _SQLSTATE_REFUSING[state]
+    return None
+
+
+def refused(store: str, why: str) -> Outage:
+    """The :class:`Outage` of a store that refused a write for good (``why``, from
+    :func:`refused_write`): every later call to it in this process raises it at once, so
+    nothing is written after a write that may have been cut."""
+    message = (
+        f"{store} cannot be written: {why}: free space (or make it writable) and rerun the "
+        "same command: nothing finished is lost, and the study resumes where it stopped"
+    )
+    with _down.lock:
+        _down.messages.setdefault(store, message)
+    return Outage(_down.messages[store])
 
 
 def _retried(method: Callable[..., Any], name: str, url: str, what: str) -> Callable[..., Any]:
@@ -224,7 +295,12 @@ def _retried(method: Callable[..., Any], name: str, url: str, what: str) -> Call
                 raise
 
         return retrying(
-            once, store=f"storage {redact(url)}", passing=passing_rdb, what_to_do=what, url=url
+            once,
+            store=f"storage {redact(url)}",
+            passing=passing_rdb,
+            what_to_do=what,
+            url=url,
+            refusing=True,
         )
 
     return call

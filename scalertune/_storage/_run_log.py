@@ -21,6 +21,7 @@ from typing import Any
 
 from scalertune._inrun._lines import LOGGER
 from scalertune._storage._names import RUN_PREFIX
+from scalertune._storage._outage import Outage
 from scalertune._storage._redact import HIDDEN, redact
 
 #: How long the end of the program waits for the last record to be written.
@@ -84,7 +85,7 @@ class RunLog:
             if self._study is None:
                 self._study = _open(self.url, self.study_name)
             self._study.set_user_attr(self.key, record)
-        except Exception as exc:  # any storage failure: training goes on without it
+        except (Exception, Outage) as exc:  # any storage failure: training goes on without it
             self._study = None
             if not self._said:
                 self._said = True

@@ -12,9 +12,13 @@ to an Optuna artifact store (:mod:`optuna.artifacts`), named by a *location*:
   workers on several hosts. Its endpoint and credentials come from boto3's configuration
   (``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, ``~/.aws``), never from the study.
 
-The location is recorded in the study (``ARTIFACT_DIR_ATTR``, a folder as an absolute path)
-by the worker that creates it, so every other worker, ``report``, ``analyze`` and
-``scalertune dashboard`` find it whatever folder they start in. Calls to the store ride out
+The location is recorded in the study (``ARTIFACT_DIR_ATTR``) by the worker that creates it,
+so every other worker, ``report``, ``analyze`` and ``scalertune dashboard`` find it whatever
+folder they start in: a folder inside the storage file's own folder as a path relative to it
+(a copied study folder reads and writes its own store, not the original's), any other as an
+absolute path. What the study records is used only where it can be trusted (whoever can write
+the database chooses it): a bucket, a folder inside the storage file's folder, or one the user
+names with ``--artifact-dir``. Calls to the store ride out
 an outage as the storage's do (:func:`~scalertune._storage._outage.retrying`).
 """
 
@@ -35,7 +39,7 @@ from scalertune._errors import DamagedEvidence, UsageError
 from scalertune._storage._names import ARTIFACT_DIR_ATTR
 from scalertune._storage._open import is_rdb, sqlite_path
 from scalertune._storage._open import storage_url as url_of
-from scalertune._storage._outage import RERUN, retrying
+from scalertune._storage._outage import RERUN, retrying, say_or_print
 
 _T = TypeVar("_T")
 
@@ -48,6 +52,8 @@ _PASSING_ERRNOS = (errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.EAGAIN)
 #: The name of a file in a store: a plain name, never a path (names may come from a study,
 #: which others can write to).
 _PLAIN_NAME = re.compile(r"(?!\.)[A-Za-z0-9._-]{1,255}")
+#: (study, recorded location) of the moved studies said (:func:`location_of`): once each.
+_SAID: set[tuple[str, str]] = set()
 
 
 def is_bucket(location: str) -> bool:
@@ -78,33 +84,121 @@ def default_location(storage_url: str) -> str:
 
 
 def location_of(study: Any, override: str | None = None) -> str:
-    """Where ``study``'s artifacts live: ``override``, the recorded location, or (a study
-    made before locations were recorded) ``scalertune-artifacts`` here. A recorded location
-    that is not text is :class:`~scalertune._errors.DamagedEvidence`."""
+    """Where ``study``'s artifacts live: ``override`` (a place the user named), else the
+    recorded location where it can be trusted (:func:`trusted`), else (a study made before
+    locations were recorded) ``scalertune-artifacts`` here.
+
+    Whoever can write the study's database chooses what it records: a folder outside the
+    storage file's own (``/etc``) would have ``report`` run as root write its pictures there.
+    Such a location is a :class:`UsageError` that names the flag which sets it, except a
+    ``scalertune-artifacts`` folder recorded absolute by an older study that was moved or
+    copied since: the one beside its storage file now is used, and said once. A recorded
+    location that is not text is :class:`~scalertune._errors.DamagedEvidence`."""
+    if override:
+        return normalized(override)
+    recorded = _recorded(study)
+    if recorded is None:
+        return normalized(DEFAULT_ARTIFACT_DIR)
+    home = _home(study)
+    location = _resolved(recorded, home)
+    if trusted(location, home):
+        return location
+    if home is not None and os.path.basename(location) == DEFAULT_ARTIFACT_DIR:
+        # An older study, copied or moved with its storage file: it recorded the store beside
+        # where that file was, as an absolute path. Its store is the one beside it now.
+        mine = os.path.join(home, DEFAULT_ARTIFACT_DIR)
+        if (study.study_name, location) not in _SAID:
+            _SAID.add((study.study_name, location))
+            say_or_print(
+                f"study {study.study_name!r} records its artifact store at {location}, "
+                f"outside the folder of its storage file (moved or copied): {mine} is used"
+            )
+        return mine
+    where = (
+        f"outside the folder of its storage file ({home})"
+        if home is not None
+        else "on a database server, which names no folder of this machine"
+    )
+    raise UsageError(
+        f"study {study.study_name!r} records its artifact store at {location}, {where}: "
+        "not used, since whoever can write the study chooses it: pass --artifact-dir "
+        f"{location} to use it (or another folder)"
+    )
+
+
+def trusted(location: str, home: str | None) -> bool:
+    """Whether a location read from a study may be used unnamed by the user: a bucket (no
+    file of this machine), a folder inside ``home`` (the folder of the study's SQLite or
+    journal file), or the folder the study would be given here by default."""
+    return (
+        is_bucket(location)
+        or (home is not None and _inside(location, home))
+        or location == os.path.join(home or os.getcwd(), DEFAULT_ARTIFACT_DIR)
+    )
+
+
+def record_location(study: Any, location: str) -> None:
+    """Record ``location`` in ``study``: a folder inside its storage file's folder as a
+    path relative to it (a copied study folder keeps its own store), else as it is."""
+    home = _home(study)
+    if not is_bucket(location) and home is not None and _inside(location, home):
+        location = os.path.relpath(location, home)
+    if study.user_attrs.get(ARTIFACT_DIR_ATTR) != location:
+        study.set_user_attr(ARTIFACT_DIR_ATTR, location)
+
+
+def settle_location(study: Any, *, given: str | None, default: str) -> str:
+    """Record where ``study`` keeps its artifacts unless it has a place already, and return
+    it; :class:`UsageError` when ``given`` names another place than the recorded one (the
+    study's checkpoints are there), or when nothing is given and the recorded place is not
+    to be trusted (:func:`location_of`)."""
+    recorded = _recorded(study)
+    mine = normalized(given or default)
+    if recorded is None:
+        record_location(study, mine)
+        return mine
+    if given is None:
+        return location_of(study)
+    there = _resolved(recorded, _home(study))
+    if there != mine:
+        raise UsageError(
+            f"study {study.study_name!r} keeps its artifacts in {there}: rerun "
+            f"without --artifact-dir, or with --artifact-dir {there}"
+        )
+    return mine
+
+
+def _recorded(study: Any) -> str | None:
     recorded = study.user_attrs.get(ARTIFACT_DIR_ATTR)
     if recorded is not None and not isinstance(recorded, str):
         raise DamagedEvidence(
             f"the study's artifact location ({ARTIFACT_DIR_ATTR}) is damaged: it is not a "
             "folder or s3://BUCKET but a " + type(recorded).__name__
         )
-    return normalized(override or recorded or DEFAULT_ARTIFACT_DIR)
+    return recorded or None  # an empty one: none
 
 
-def settle_location(study: Any, *, given: str | None, default: str) -> str:
-    """Record where ``study`` keeps its artifacts unless it has a place already, and return
-    it; :class:`UsageError` when ``given`` names another place than the recorded one (the
-    study's checkpoints are there)."""
-    recorded = study.user_attrs.get(ARTIFACT_DIR_ATTR)
-    mine = normalized(given or default)
-    if recorded is None:
-        study.set_user_attr(ARTIFACT_DIR_ATTR, mine)
-        return mine
-    if given is not None and normalized(recorded) != mine:
-        raise UsageError(
-            f"study {study.study_name!r} keeps its artifacts in {recorded}: rerun "
-            f"without --artifact-dir, or with --artifact-dir {recorded}"
-        )
-    return normalized(recorded)
+def _home(study: Any) -> str | None:
+    """The folder of the study's SQLite database or journal file (``None``: a server)."""
+    from scalertune._storage._optuna import storage_file
+
+    path = storage_file(study)
+    return None if path is None else os.path.dirname(path)
+
+
+def _resolved(recorded: str, home: str | None) -> str:
+    """A recorded location as a place: a bucket, or a folder's absolute path (one recorded
+    relative to the storage file's folder found there; older studies recorded every folder
+    absolute)."""
+    if is_bucket(recorded) or os.path.isabs(recorded):
+        return normalized(recorded)
+    return os.path.normpath(os.path.join(home or os.getcwd(), recorded))
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it, by name: ``..`` cannot leave it."""
+    path, folder = os.path.normpath(os.path.abspath(path)), os.path.normpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 class Store:

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
-from scalertune._errors import UsageError
+from scalertune._errors import ExitCalled, UsageError
 from scalertune._frameworks._deepspeed import is_deepspeed_trainer
 from scalertune._frameworks._detect import LIGHTNING, TRANSFORMERS, trainer_framework
 from scalertune._workload._accelerate import accelerate_workload
@@ -62,8 +63,41 @@ def _call(factory: Callable[[], Any]) -> Any:
             return factory()
     except KeyboardInterrupt:
         raise
+    except ExitCalled as exc:
+        raise FactoryError(
+            f"called os._exit({exc.code!r}), which ends the whole search: return instead",
+            raised=False,
+        ) from exc
     except BaseException as exc:  # SystemExit, and the odd class derived from BaseException
         raise FactoryError(one_line(exc)) from exc
+
+
+@contextlib.contextmanager
+def exits_raised() -> Iterator[None]:
+    """While the user's code runs in the search's own process, ``os._exit(code)`` in it raises
+    :class:`~scalertune._errors.ExitCalled` (a ``SystemExit``), where it ended the search at
+    once with that status, nothing written and nothing said (a factory's ``os._exit(0)``: a
+    search that "finished" with exit 0). In a process forked from this one (a DataLoader's
+    worker, which ends with ``os._exit`` as it should), and once the user's code is done, it
+    is Python's own; a run in a process of its own (``--isolate``) needs none: its parent
+    sees the process end without a result. Nested, the outer one stands."""
+    real = os._exit
+    if getattr(real, "raised_by_scalertune", False):
+        yield
+        return
+    owner = os.getpid()
+
+    def raised(code: int) -> NoReturn:
+        if os.getpid() != owner:
+            real(code)
+        raise ExitCalled(code)
+
+    raised.raised_by_scalertune = True  # type: ignore[attr-defined]
+    os._exit = raised  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 @contextlib.contextmanager

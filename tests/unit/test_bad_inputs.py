@@ -760,3 +760,64 @@ def test_a_fifo_given_as_the_result_file_is_one_line_not_a_wait_forever(tmp_path
     with pytest.raises(scalertune.UsageError, match="is not a regular file") as info:
         scalertune.load(str(tmp_path / "amp.yaml"), device="cpu")
     assert len(str(info.value).splitlines()) == 1
+
+
+_EXITS_FROM_CALL = """import os
+import sys
+
+sys.path.insert(0, {tests!r})
+import workloads
+
+CALLS = []
+
+
+def make_model():
+    CALLS.append(1)
+    if len(CALLS) > {after}:
+        os._exit(0)
+    return workloads.healthy()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "after, code, said",
+    [
+        (0, 2, "the factory factory.py:make_model called os._exit(0), which ends the whole search"),
+        (1, 1, "the float32 reference failed: the factory called os._exit(0)"),
+    ],
+    ids=["first call", "a run's call"],
+)
+def test_a_factory_that_calls_os_exit_0_in_the_search_process_is_a_failure_not_exit_0(
+    tmp_path, after, code, said
+):
+    """Without --isolate the factory runs in the search's own process, where os._exit(0)
+    ended the search with exit 0, nothing written and nothing said: its first call is one
+    line and exit 2; a run's call fails the run (here the float32 reference's: exit 1)."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "factory.py").write_text(_EXITS_FROM_CALL.format(tests=tests, after=after))
+    ran = run_cli(
+        "search", "factory.py:make_model", "--steps", "20", "--device", "cpu",
+        cwd=tmp_path, process=True,
+    )  # fmt: skip
+    assert ran.returncode == code, ran.stderr
+    assert said in ran.stderr.strip().splitlines()[-1] and "Traceback" not in ran.stderr
+    assert not list(tmp_path.glob("*.yaml"))
+
+
+def test_os_exit_is_raised_in_this_process_only_and_only_while_user_code_runs():
+    """In a process forked from the search's (a DataLoader's worker) os._exit is Python's
+    own, and after the user's code it is too."""
+    from scalertune._errors import ExitCalled
+    from scalertune._workload._factory import exits_raised
+
+    real = os._exit
+    with exits_raised():
+        with pytest.raises(ExitCalled) as caught, exits_raised():
+            os._exit(0)
+        assert caught.value.code == 0
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
+    assert os._exit is real

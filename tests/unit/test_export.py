@@ -600,3 +600,26 @@ def test_search_takes_a_function_and_isolation_wants_one_it_can_import(storage):
 
     assert default_study_name(workloads.healthy) == "workloads:healthy"
     assert default_study_name(spec("healthy")) == "workloads:healthy"
+
+
+def test_export_of_a_result_file_cut_short_is_one_line_exit_2(tmp_path):
+    """A file ``report -o`` wrote (a real study's), cut before its evidence: export names
+    what it lost in one line, exit 2, where it exported the config without a word; a cut
+    mid-value, which is no longer YAML, is said to be cut too."""
+    import os
+    import shutil
+
+    from conftest import HERE
+
+    shutil.copy(os.path.join(HERE, "data", "study_v1.journal"), tmp_path / "v1.journal")
+    args = ["report", "--storage", "v1.journal", "--study-name", "short", "-o", "r.yaml"]
+    assert run_cli(*args, cwd=tmp_path).returncode == 0
+    text = (tmp_path / "r.yaml").read_text()
+    (tmp_path / "cut.yaml").write_text(text[: text.index("evidence:\n")])
+    (tmp_path / "mid.yaml").write_text(text[: text.index("  verdict: ") + len("  verdict: '")])
+    for name, lost in (("cut.yaml", ": it has no evidence, evidence.model: "), ("mid.yaml", "")):
+        done = run_cli("export", name, "--to", "torch", cwd=tmp_path, process=True)
+        assert done.returncode == 2, done.stderr
+        said = done.stderr.strip()
+        assert "\n" not in said and done.stdout == ""
+        assert f"{name} was cut short" in said and (lost in said or not lost)

@@ -179,3 +179,11 @@ def test_every_storage_call_the_outage_retries_is_one_the_rdb_storage_has():
         "record_heartbeat",
     }
     assert called - no_database <= set(RDB_CALLS)
+
+
+def test_the_storage_file_is_the_database_or_journal_the_study_is_kept_in(study, tmp_path, request):
+    """What the artifact store is recorded relative to (``_store.record_location``): the
+    SQLite file (behind Optuna's cache) or the journal file, absolute; none in memory."""
+    kind = request.node.callspec.params["study"]
+    kept = {"sqlite": str(tmp_path / "s.db"), "journal": str(tmp_path / "s.log"), "memory": None}
+    assert _optuna.storage_file(study) == kept[kind]

@@ -383,3 +383,39 @@ def test_a_result_file_warns_once_when_its_runtime_trains_another_model(tmp_path
         "on them"
     )
     assert warning.filename == __file__
+
+
+def _cut_before(path, line):
+    """``path`` cut short just before ``line`` (as a full disk or a copy stopped midway
+    leaves it): still valid YAML, lacking what followed."""
+    text = path.read_text()
+    cut = path.with_name("cut.yaml")
+    cut.write_text(text[: text.index(line + "\n")])
+    return cut
+
+
+def test_a_result_file_cut_short_is_refused_in_one_line_naming_what_it_lost(tmp_path):
+    """A real result file, cut just before its ``evidence.model`` (still valid YAML): load
+    and attach refuse it in one line that names what is missing, where it loaded silently
+    and the other-model warning went quiet; the whole file loads, and a file written before
+    the promise of its last line reads as it did."""
+    from scalertune._amp._fingerprint import fingerprint
+    from scalertune._amp._schema import PROMISE_LINE, write_result
+    from scalertune._errors import UsageError
+
+    searched, _ = _model_and_batch()
+    evidence = {"study": "s", "model": fingerprint(searched), "verdict": "train in bfloat16"}
+    whole = tmp_path / "amp.yaml"
+    write_result({"config": {"dtype": "bfloat16"}, "evidence": evidence}, str(whole))
+    assert scalertune.load(str(whole), device="cpu").config.dtype == "bfloat16"
+    cut = _cut_before(whole, "  model:")
+    with pytest.raises(UsageError) as refused:
+        scalertune.load(str(cut), device="cpu")
+    said = str(refused.value)
+    assert "\n" not in said and "was cut short" in said and "it has no evidence.model" in said
+    accelerate = pytest.importorskip("accelerate")
+    with pytest.raises(UsageError, match="it has no evidence.model"):
+        scalertune.attach(accelerate.Accelerator(cpu=True), str(cut))
+    old = tmp_path / "old.yaml"  # no promise in its header: read as it is
+    old.write_text(cut.read_text().replace(PROMISE_LINE + "\n", ""))
+    assert scalertune.load(str(old), device="cpu").config.dtype == "bfloat16"
