@@ -126,3 +126,21 @@ def predicted(factory, config, horizon=200):
         min_scale=p.min_scale,
         final_scale=p.final_scale,
     )
+
+
+def random_configs(n, seed):
+    """``n`` float16 configs over the shipped space's ranges (search_spaces/float16.yaml):
+    init_scale 2**U(-4, 24), growth U(1.25, 4), backoff U(0.125, 0.75), growth interval
+    log-uniform over 10..5000."""
+    from scalertune import AmpConfig
+
+    rng = np.random.default_rng(seed)
+    return [
+        AmpConfig(
+            init_scale=float(2.0 ** rng.uniform(-4, 24)),
+            growth_factor=float(rng.uniform(1.25, 4)),
+            backoff_factor=float(rng.uniform(0.125, 0.75)),
+            growth_interval=round(math.exp(rng.uniform(math.log(10), math.log(5000)))),
+        )
+        for _ in range(n)
+    ]

@@ -5,7 +5,6 @@ plain GradScaler loop under the same two-node torchrun, and a node killed mid-se
 survived by the other and by the rerun."""
 
 import json
-import math
 import os
 import signal
 import socket
@@ -13,12 +12,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import optuna
 import pytest
 import torch
 import yaml
 from conftest import run_cli
+from plain_loop import random_configs
 
 import scalertune
 from scalertune import AmpConfig
@@ -114,20 +113,6 @@ def _own_lines(stderr):
     ]
 
 
-def _random_configs(n, seed=2024):
-    """float16 configs over the shipped space's ranges (search_spaces/float16.yaml)."""
-    rng = np.random.default_rng(seed)
-    return [
-        AmpConfig(
-            init_scale=float(2.0 ** rng.uniform(-4, 24)),
-            growth_factor=float(rng.uniform(1.25, 4)),
-            backoff_factor=float(rng.uniform(0.125, 0.75)),
-            growth_interval=round(math.exp(rng.uniform(math.log(10), math.log(5000)))),
-        )
-        for _ in range(n)
-    ]
-
-
 def _plain_two_node_skips(configs, tmp_path):
     """Each config's skipped steps over the horizon in a plain GradScaler loop of the same
     factory under the same two-node torchrun (a step skipped: the scale fell after it)."""
@@ -195,7 +180,7 @@ def test_two_nodes_search_together_and_predict_the_plain_two_node_loop(tmp_path)
     )
     assert not (tmp_path / "again.yaml").exists()
     result = scalertune.analyze(study, storage=storage)
-    configs = [AmpConfig(), *_random_configs(5)]
+    configs = [AmpConfig(), *random_configs(5, seed=2024)]
     real = _plain_two_node_skips(configs, tmp_path)
     rows = [(c.describe(), result.predict(c).skipped_steps, r) for c, r in zip(configs, real)]
     print("\n".join(f"{d}: predicted {p} skips, plain two-node loop {r}" for d, p, r in rows))

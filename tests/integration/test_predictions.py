@@ -5,14 +5,11 @@ with no scalertune code in it. At the reference's seed (the run the trace saw) a
 seed (another run: other initial weights and data), for PyTorch's defaults, what the search
 carries as its float16 answer, and random configs over the shipped space's ranges."""
 
-import math
-
-import numpy as np
 import optuna
 import pytest
 import torch
 from conftest import example
-from plain_loop import skipped_steps
+from plain_loop import random_configs, skipped_steps
 
 import scalertune
 from scalertune import AmpConfig
@@ -20,22 +17,6 @@ from scalertune._judge._rank import skip_tolerance
 
 torch.set_num_threads(1)
 HORIZON = 1500
-
-
-def _random_configs(n, seed=12345):
-    """float16 configs over the shipped space's ranges (search_spaces/float16.yaml): init_scale
-    2**U(-4, 24), growth U(1.25, 4), backoff U(0.125, 0.75), growth interval log-uniform over
-    10..5000."""
-    rng = np.random.default_rng(seed)
-    return [
-        AmpConfig(
-            init_scale=float(2.0 ** rng.uniform(-4, 24)),
-            growth_factor=float(rng.uniform(1.25, 4)),
-            backoff_factor=float(rng.uniform(0.125, 0.75)),
-            growth_interval=round(math.exp(rng.uniform(math.log(10), math.log(5000)))),
-        )
-        for _ in range(n)
-    ]
 
 
 def _within(predicted, real):
@@ -72,7 +53,7 @@ def test_predicted_skips_are_a_plain_gradscaler_loops_over_the_horizon(searched,
         for o in (found.recommended, found.best_amp)
         if o is not None and o.config.dtype == "float16"
     ]
-    configs = [AmpConfig(), *answers, *_random_configs(20)]
+    configs = [AmpConfig(), *answers, *random_configs(20, seed=12345)]
     rows = []
     for config in configs:
         predicted = again.predict(config)
