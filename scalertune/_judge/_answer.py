@@ -133,7 +133,8 @@ def _confirmations(
         and t.user_attrs.get("role") == ROLE_CONFIRM
         and "error" in t.user_attrs
     ]
-    return {c.number: confirmations_of(c, [*outcomes, *failed]) for c in ordered}
+    found = confirmations_of([*outcomes, *failed])
+    return {c.number: found.get(c.number, {}) for c in ordered}
 
 
 def _answer(result: Findings, trials: list[FrozenTrial], view: StudyView) -> Findings:
