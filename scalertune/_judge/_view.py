@@ -165,7 +165,7 @@ class StudyView:
 
 def reference_trial(study: optuna.Study, seed: int) -> FrozenTrial | None:
     """The finished float32 reference trial of ``seed``, if it has run (the first whose
-    record is sound: one damaged is run again, :func:`damaged_references`)."""
+    record is sound: one damaged is run again, :meth:`StudyView.damaged_references`)."""
     view = StudyView(study)
     for trial in view.reference_trials(seed):
         try:
@@ -179,9 +179,3 @@ def reference_trial(study: optuna.Study, seed: int) -> FrozenTrial | None:
 def reference_of(study: optuna.Study, seed: int) -> Reference | None:
     """The float32 reference of ``seed`` (:meth:`StudyView.reference_of`), read once."""
     return StudyView(study).reference_of(seed)
-
-
-def damaged_references(study: optuna.Study, seed: int) -> dict[int, str]:
-    """The finished float32 references of ``seed`` whose record is damaged: trial number ->
-    why (:meth:`StudyView.damaged_references`), read once."""
-    return StudyView(study).damaged_references(seed)
