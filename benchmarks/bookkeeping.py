@@ -100,24 +100,11 @@ def tiny() -> dict[str, Any]:
     }
 
 
-class _Written:
-    """A stand-in for a running trial that keeps what the search's writers write to it, so
-    that the finished trial is added in one write (``study.add_trial``)."""
-
-    def __init__(self) -> None:
-        self.user_attrs: dict[str, Any] = {}
-        self.system_attrs: dict[str, Any] = {}
-        self.storage, self._trial_id = self, 0
-
-    def set_user_attr(self, key: str, value: Any) -> None:
-        self.user_attrs[key] = value
-
-    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self.system_attrs[key] = value
-
-
 class _Writer:
-    """Writes a study the way a search of the ``setup`` does, run by run, without training."""
+    """Writes a study the way a search of the ``setup`` does, run by run, without training:
+    each run's attributes written by the search's writers to a trial of a scratch study in
+    memory (where the space's sampler proposed its config), then added to the study in one
+    write (``study.add_trial``), finished."""
 
     def __init__(self, study: optuna.Study, setup: Setup) -> None:
         self.study, self.setup = study, setup
@@ -147,7 +134,12 @@ class _Writer:
 
     def baselines(self) -> None:
         for name, config in baselines(False).items():
-            self.run(config.with_clip(self.setup.clip_norm), role=ROLE_BASELINE, baseline=name)
+            config = config.with_clip(self.setup.clip_norm)
+            queue = optuna.create_study()  # queued as the search queues it, by its dtype
+            queue.enqueue_trial({"dtype": config.dtype})
+            trial = queue.ask()
+            trial.suggest_categorical("dtype", self.setup.space.dtype_choices)
+            self.run(trial, config, role=ROLE_BASELINE, baseline=name)
 
     def sampled(self) -> None:
         """One config the space's sampler proposes, run as a search runs it."""
@@ -157,9 +149,9 @@ class _Writer:
         )
         trial = proposer.ask()
         config = self.setup.space.suggest(trial).with_clip(self.setup.clip_norm)
-        self.run(config, role=ROLE_SEARCH, params=trial)
+        self.run(trial, config, role=ROLE_SEARCH)
 
-    def run(self, config: AmpConfig, *, role: str, params: Any = None, **attrs: Any) -> None:
+    def run(self, trial: optuna.Trial, config: AmpConfig, *, role: str, **attrs: Any) -> None:
         draw = self.random.random()
         state = (
             TrialState.FAIL
@@ -168,7 +160,6 @@ class _Writer:
             if role == ROLE_SEARCH and draw < FAILED + PRUNED
             else TrialState.COMPLETE
         )
-        written = _Written()
         for key, value in {
             "worker": WORKER,
             "role": role,
@@ -176,30 +167,27 @@ class _Writer:
             "seed": 0,
             **attrs,
         }.items():
-            written.set_user_attr(key, value)
+            trial.set_user_attr(key, value)
         record = self._record(config, state)
         assert self.target is not None
         value = None
         if state == TrialState.FAIL:
-            written.set_user_attr("error", "RuntimeError: CUDA error: an illegal memory access")
-            set_system_attr(written, TRACEBACK_ATTR, "Traceback (most recent call last):\n" * 8)
+            trial.set_user_attr("error", "RuntimeError: CUDA error: an illegal memory access")
+            set_system_attr(trial, TRACEBACK_ATTR, "Traceback (most recent call last):\n" * 8)
         else:
             judged = judged_attrs(record, self.target, 2e-3)
-            store_judged(written, judged)
-            store_curves(written, record)
-            store_constraint(written, self.target.gap(record.losses))
+            store_judged(trial, judged)
+            store_curves(trial, record)
+            store_constraint(trial, self.target.gap(record.losses))
             if state == TrialState.COMPLETE:
                 value = min(objective_value(judged), 1e300)
+        written = trial.study.tell(trial, state=TrialState.FAIL)
         self.study.add_trial(
             optuna.trial.create_trial(
                 state=state,
                 value=value,
-                params=params.params if params is not None else {"dtype": config.dtype},
-                distributions=(
-                    params.distributions
-                    if params is not None
-                    else {"dtype": self.setup.settings.dtype_distribution}
-                ),
+                params=written.params,
+                distributions=written.distributions,
                 intermediate_values=relative_curve(record.losses, self.target),
                 user_attrs=written.user_attrs,
                 system_attrs=written.system_attrs,
