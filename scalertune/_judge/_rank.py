@@ -138,30 +138,24 @@ def faster_pairs(
     pair by pair). The ranking compares every candidate with every other; one pass over
     arrays keeps that to milliseconds for a study of thousands of runs."""
     steps = np.array([o.steps_to_target for o in runs], dtype=np.float64)
-    dtypes = np.array([o.config.dtype for o in runs])
-    timed = np.array([times is not None and o.config.dtype in times for o in runs], dtype=bool)
-    bounds = {d: times.bounds(d) for d in set(dtypes[timed].tolist())} if times is not None else {}
+    names = [o.config.dtype for o in runs]
+    kinds = np.array([sorted(set(names)).index(n) for n in names], dtype=np.int64)
+    timed = np.array([times is not None and n in times for n in names], dtype=bool)
+    bounds = {n: times.bounds(n) for n in set(names) if n in times} if times is not None else {}
     # an untimed run's step time is never read (``timed`` masks it): 0, not inf, so that no
     # product of it is NaN
-    low = np.array([bounds[d][0] if t else 0.0 for d, t in zip(dtypes, timed)])
-    high = np.array([bounds[d][1] if t else 0.0 for d, t in zip(dtypes, timed)])
+    low = np.array([bounds[n][0] if n in bounds else 0.0 for n in names])
+    high = np.array([bounds[n][1] if n in bounds else 0.0 for n in names])
     margin = noise.spread * np.maximum(steps, noise.horizon)
     ahead = steps + margin
     a, b = np.ix_(np.arange(len(runs)), np.arange(len(runs)))
-    same = dtypes[a] == dtypes[b]
-    tied = (
-        timed[a]
-        & timed[b]
-        & (
-            np.abs(steps[a] - steps[b])
-            <= noise.spread * np.maximum(np.maximum(steps[a], steps[b]), noise.horizon)
-        )
-    )
+    # the margin of the larger steps: the larger margin (a margin grows with the steps)
+    tied = timed[a] & timed[b] & (np.abs(steps[a] - steps[b]) <= np.maximum(margin[a], margin[b]))
     # time to target: at the top with the tie margin, at the bottom without
     top = np.where(timed, ahead * high, math.inf)
     bottom = np.where(timed, steps * low, math.inf)
     return np.where(
-        same,
+        kinds[a] == kinds[b],
         ahead[a] < steps[b],
         np.where(tied, high[a] < low[b], top[a] < bottom[b]),
     )
