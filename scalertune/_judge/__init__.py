@@ -6,7 +6,9 @@
 - ``_stored``: what a study holds, checked before it is trusted (damaged evidence);
 - ``_reference``: the float32 reference as one typed, versioned record, read and written there
   alone;
-- ``_outcome``: a stored run as an :class:`Outcome`, and the float32 reference of a seed found;
+- ``_outcome``: a stored run as an :class:`Outcome`;
+- ``_view``: :class:`StudyView`, a study read incrementally: each finished trial checked and
+  read once, the float32 reference of a seed found;
 - ``_rank``: ranking, ties within the timing noise, the order of confirmation;
 - ``_phases``: a branch or a run from step 0 judged against float32 in a phase window;
 - ``_horizon``: which configs hold for the horizon, the finalists, the seed spread;

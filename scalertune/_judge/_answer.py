@@ -33,11 +33,10 @@ from scalertune._judge._horizon import (
     ruled_out,
     seed_spread,
 )
-from scalertune._judge._outcome import Outcome, outcomes_of, reference_of
+from scalertune._judge._outcome import Outcome
 from scalertune._judge._rank import candidates, confirmations_of, ranked
-from scalertune._judge._reference import Reference
 from scalertune._judge._settings import StudySettings
-from scalertune._judge._stored import sound
+from scalertune._judge._view import StudyView
 from scalertune._storage._names import (
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
@@ -50,20 +49,37 @@ from scalertune._storage._names import (
 from scalertune._storage._recovery import missing_of
 
 
-def judge(study: optuna.Study, *, storage: str = "") -> Findings:
+def judge(study: optuna.Study, *, storage: str = "", view: StudyView | None = None) -> Findings:
     """What the study's runs show, judged from the study alone (no training runs): the
     ranking, the candidates, the evidence over the horizon, the confirmations, the best AMP
-    config, float32 at its clip, and the answer on this device."""
+    config, float32 at its clip, and the answer on this device.
+
+    Args:
+        study: The study.
+        storage: Its storage's URL, as the findings name it (redacted).
+        view: The search's view of ``study`` (:class:`~scalertune._judge._view.StudyView`),
+            which checks and reads each finished trial once over all the questions it asks;
+            ``None``: a view of this judgement's own.
+
+    Returns:
+        The findings.
+
+    Example:
+        >>> judge(study).recommended.config.describe()  # doctest: +SKIP
+        'float16 scale=4096 growth=2 backoff=0.5 every 2000, no clip'
+    """
+    view = StudyView(study) if view is None else view
     settings = StudySettings.of(study)
     seed = settings.seed
     # a run whose stored evidence is damaged is left out of everything below, and said
-    trials, damaged = sound(study.get_trials(deepcopy=False))
-    outcomes = outcomes_of(trials)
+    every = view.trials()
+    trials, damaged = view.sound(every)
+    outcomes = view.outcomes(trials)
     ranking = ranked(outcomes)
     references = {
         s: ref
         for s in (seed, *_policy.CONFIRM_SEEDS)
-        if (ref := reference_of(study, s)) is not None
+        if (ref := view.reference_of(s, every)) is not None
     }
     times = references[seed].step_times if seed in references else None
     spread = seed_spread([r.steps_to_target for r in references.values()])
@@ -78,7 +94,7 @@ def judge(study: optuna.Study, *, storage: str = "") -> Findings:
         references=references,
         ranking=ranking,
         candidates=ordered,
-        confirmations=_confirmations(pool, outcomes, trials),
+        confirmations=_confirmations(pool, outcomes, trials, view),
         recommended=None,
         pool=pool,
         phases=phases,
@@ -99,28 +115,29 @@ def judge(study: optuna.Study, *, storage: str = "") -> Findings:
         ),
         missing=missing_of(trials),
         damaged=damaged,
-        steps_trained=_steps_trained(trials),
+        steps_trained=_steps_trained(trials, view),
         reused=sum(o.reused for o in outcomes),
         stop_reason=study.user_attrs.get(STOPPED_ATTR),
         study=study,
     )
-    return _answer(result, trials)
+    return _answer(result, trials, view)
 
 
 def _confirmations(
-    ordered: list[Outcome], outcomes: list[Outcome], trials: list[FrozenTrial]
+    ordered: list[Outcome], outcomes: list[Outcome], trials: list[FrozenTrial], view: StudyView
 ) -> dict[int, dict[int, Outcome]]:
     failed = [
-        Outcome.from_trial(t)
+        view.outcome(t)
         for t in trials
         if t.state == TrialState.FAIL
         and t.user_attrs.get("role") == ROLE_CONFIRM
         and "error" in t.user_attrs
     ]
-    return {c.number: confirmations_of(c, [*outcomes, *failed]) for c in ordered}
+    found = confirmations_of([*outcomes, *failed])
+    return {c.number: found.get(c.number, {}) for c in ordered}
 
 
-def _answer(result: Findings, trials: list[FrozenTrial]) -> Findings:
+def _answer(result: Findings, trials: list[FrozenTrial], view: StudyView) -> Findings:
     """The best AMP config (the first confirmed candidate, every one before it failed), float32
     at its clip, and the answer on this device."""
     ordered = result.candidates
@@ -134,7 +151,7 @@ def _answer(result: Findings, trials: list[FrozenTrial]) -> Findings:
         None,
     )
     twins = [
-        Outcome.from_trial(t)
+        view.outcome(t)
         for t in trials
         if t.user_attrs.get("role") == ROLE_FLOAT32_CLIP
         and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
@@ -174,7 +191,7 @@ def _float32_choice(result: Findings, twin: Outcome | None) -> Outcome | None:
     return twin if result.holds(twin) else None
 
 
-def _steps_trained(trials: list[FrozenTrial]) -> int:
+def _steps_trained(trials: list[FrozenTrial], view: StudyView) -> int:
     total = 0
     for trial in trials:
         attrs = trial.user_attrs
@@ -183,7 +200,7 @@ def _steps_trained(trials: list[FrozenTrial]) -> int:
         total += int(attrs.get("steps_run") or 0)
         if attrs.get("role") == ROLE_REFERENCE and trial.state == TrialState.COMPLETE:
             try:  # and the step timing it ran
-                times = Reference.from_trial(trial).step_times
+                times = view.reference(trial).step_times
             except DamagedEvidence:
                 continue
             total += 0 if times is None else times.steps

@@ -22,16 +22,16 @@ from scalertune._amp._config import DEFAULTS_BASELINES
 from scalertune._judge import _policy as _judge_policy
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
-from scalertune._judge._stored import sound
 from scalertune._storage._names import JUDGED_ATTR, ROLE_BASELINE, ROLE_PHASE
 
 
 def phases_of(trials: Iterable[FrozenTrial]) -> dict[int, list[PhaseResult]]:
     """Run number -> how it did, window by window (finished runs only): its run from step 0
     at the windows that run reached (the stronger evidence: it supersedes a branch there),
-    its branches at the others. A run whose stored evidence is damaged is left out."""
+    its branches at the others. ``trials`` are sound ones (:func:`~scalertune._judge.
+    _stored.sound`: a run whose stored evidence is damaged is left out before)."""
     found: dict[int, dict[int, PhaseResult]] = {}
-    for trial in sound(trials)[0]:
+    for trial in trials:
         attrs = trial.user_attrs
         if attrs.get("role") != ROLE_PHASE or trial.state not in (
             TrialState.COMPLETE,

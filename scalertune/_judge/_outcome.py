@@ -1,4 +1,8 @@
-"""Runs as the study stores them: each finished trial as an Outcome, and the float32 references."""
+"""Runs as the study stores them: each finished trial as an Outcome.
+
+The study's float32 references are found, and its trials read once each, by
+:class:`~scalertune._judge._view.StudyView`.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,10 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._errors import DamagedEvidence
-from scalertune._judge._reference import Reference
 from scalertune._judge._stored import check_trial, sound
 from scalertune._storage._names import (
     JUDGED_ATTR,
@@ -21,7 +22,6 @@ from scalertune._storage._names import (
     ROLE_CONFIRM,
     ROLE_FLOAT32_CLIP,
     ROLE_ISLAND,
-    ROLE_REFERENCE,
     ROLE_REPLAY,
     ROLE_SEARCH,
     RUN_ROLES,
@@ -75,8 +75,8 @@ _FIGURES = tuple(f.name for f in dataclasses.fields(Figures))
 class Outcome:
     """One finished run as the study stores it: what it ran, how it ended, its figures.
 
-    Its judged figures are :attr:`figures` (:class:`Figures`); :meth:`from_trial` is the one
-    place that reads a run's stored attributes.
+    Its judged figures are :attr:`figures` (:class:`Figures`); :func:`read_outcome` is the
+    one place that reads a run's stored attributes (:meth:`from_trial` checks them first).
 
     A :class:`SearchResult` holds them (its ``ranking``, ``baselines``, ``recommended``,
     ``best_amp``); they are read from the study, not built by hand.
@@ -134,26 +134,7 @@ class Outcome:
             >>> outcomes = [Outcome.from_trial(t) for t in study.trials]  # doctest: +SKIP
         """
         check_trial(trial)
-        # the judged figures in full precision over the rounded copies the dashboard shows
-        attrs = {**trial.user_attrs, **trial.system_attrs.get(JUDGED_ATTR, {})}
-        return cls(
-            number=trial.number,
-            role=attrs.get("role", ROLE_SEARCH),
-            config=AmpConfig.from_dict(attrs["config"]),
-            seed=int(attrs.get("seed", 0)),
-            state=trial.state.name.lower(),
-            losses=tuple(trial.system_attrs.get(LOSSES_ATTR, ())),
-            scales=decode_scales(trial.system_attrs.get(SCALES_ATTR, [])),
-            figures=Figures(**{key: attrs.get(key) for key in _FIGURES}),
-            baseline=attrs.get("baseline"),
-            confirms=attrs.get("confirms"),
-            duplicate_of=attrs.get("duplicate_of"),
-            prune_kind=attrs.get("pruned_because"),
-            prune_reason=attrs.get("prune_reason"),
-            error=attrs.get("error"),
-            overflow_module=attrs.get("overflow_module"),
-            overflow_islands=attrs.get("overflow_islands"),
-        )
+        return read_outcome(trial)
 
     @property
     def label(self) -> str:
@@ -202,57 +183,41 @@ class Outcome:
         return skipped, -math.log2(float(low) / _policy.SCALE_FLOOR)
 
 
+def read_outcome(trial: FrozenTrial) -> Outcome:
+    """``trial`` as an :class:`Outcome`, its evidence checked already
+    (:meth:`Outcome.from_trial` checks it first)."""
+    # the judged figures in full precision over the rounded copies the dashboard shows
+    attrs = {**trial.user_attrs, **trial.system_attrs.get(JUDGED_ATTR, {})}
+    return Outcome(
+        number=trial.number,
+        role=attrs.get("role", ROLE_SEARCH),
+        config=AmpConfig.from_dict(attrs["config"]),
+        seed=int(attrs.get("seed", 0)),
+        state=trial.state.name.lower(),
+        losses=tuple(trial.system_attrs.get(LOSSES_ATTR, ())),
+        scales=decode_scales(trial.system_attrs.get(SCALES_ATTR, [])),
+        figures=Figures(**{key: attrs.get(key) for key in _FIGURES}),
+        baseline=attrs.get("baseline"),
+        confirms=attrs.get("confirms"),
+        duplicate_of=attrs.get("duplicate_of"),
+        prune_kind=attrs.get("pruned_because"),
+        prune_reason=attrs.get("prune_reason"),
+        error=attrs.get("error"),
+        overflow_module=attrs.get("overflow_module"),
+        overflow_islands=attrs.get("overflow_islands"),
+    )
+
+
+def is_run(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` is a finished AMP run (complete or pruned): the float32 reference
+    trials are the yardstick, not candidates."""
+    return (
+        trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        and trial.user_attrs.get("role") in RUN_ROLES
+    )
+
+
 def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:
-    """Finished AMP runs (complete or pruned), in trial-number order; the float32 reference
-    trials are the yardstick, not candidates, and are left out, and so are runs whose
-    evidence is damaged (:func:`~scalertune._judge._stored.sound`)."""
-    done = (TrialState.COMPLETE, TrialState.PRUNED)
-    return [
-        Outcome.from_trial(t)
-        for t in sound(trials)[0]
-        if t.state in done and t.user_attrs.get("role") in RUN_ROLES
-    ]
-
-
-def reference_trial(study: optuna.Study, seed: int) -> FrozenTrial | None:
-    """The finished float32 reference trial of ``seed``, if it has run (the first whose
-    record is sound: one damaged is run again, :func:`damaged_references`)."""
-    for trial in _reference_trials(study, seed):
-        try:
-            Reference.from_trial(trial)
-        except DamagedEvidence:
-            continue
-        return trial
-    return None
-
-
-def reference_of(study: optuna.Study, seed: int) -> Reference | None:
-    """The float32 reference of ``seed`` (:class:`~scalertune._judge._reference.Reference`),
-    or ``None`` if it has not run yet, or every reference of that seed the study holds is
-    damaged (it runs again)."""
-    for trial in _reference_trials(study, seed):
-        try:
-            return Reference.from_trial(trial)
-        except DamagedEvidence:
-            continue
-    return None
-
-
-def damaged_references(study: optuna.Study, seed: int) -> dict[int, str]:
-    """The finished float32 references of ``seed`` whose record is damaged: trial number
-    -> why."""
-    damaged = {}
-    for trial in _reference_trials(study, seed):
-        try:
-            Reference.from_trial(trial)
-        except DamagedEvidence as exc:
-            damaged[trial.number] = str(exc)
-    return damaged
-
-
-def _reference_trials(study: optuna.Study, seed: int) -> list[FrozenTrial]:
-    return [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.user_attrs.get("role") == ROLE_REFERENCE and t.user_attrs.get("seed") == seed
-    ]
+    """Finished AMP runs (:func:`is_run`), in trial-number order, but runs whose evidence is
+    damaged (:func:`~scalertune._judge._stored.sound`)."""
+    return [read_outcome(t) for t in sound(trials)[0] if is_run(t)]

@@ -15,6 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Outcome
@@ -103,9 +106,14 @@ def candidates(
         if outcome.reached and outcome.config not in seen:
             seen.add(outcome.config)
             pool.append(outcome)
+    # beaten[j]: how many runs left in the pool are surely faster than run j
+    faster = faster_pairs(pool, times, noise)
+    beaten = faster.sum(axis=0)
+    left = np.ones(len(pool), dtype=bool)
     ordered: list[Outcome] = []
-    while pool:
-        group = [o for o in pool if not any(surely_faster(p, o, times, noise) for p in pool)]
+    while left.any():
+        unbeaten = left & (beaten == 0)
+        group = [pool[i] for i in np.flatnonzero(unbeaten)]
         fewest = min(o.stability[0] for o in group)
         group.sort(
             key=lambda o: (
@@ -116,8 +124,41 @@ def candidates(
             )
         )
         ordered.extend(group)
-        pool = [o for o in pool if o not in group]
+        left &= ~unbeaten
+        beaten -= faster[unbeaten].sum(axis=0)
     return ordered
+
+
+def faster_pairs(
+    runs: Sequence[Outcome], times: StepTimes | None, noise: Noise = Noise()
+) -> npt.NDArray[np.bool_]:
+    """:func:`surely_faster` of every pair of ``runs`` (runs that reached the target) at once:
+    ``[i, j]`` is whether ``runs[i]`` is surely faster than ``runs[j]``, by the same rule in
+    the same floating-point operations (the tests check it against :func:`surely_faster`,
+    pair by pair). The ranking compares every candidate with every other; one pass over
+    arrays keeps that to milliseconds for a study of thousands of runs."""
+    steps = np.array([o.steps_to_target for o in runs], dtype=np.float64)
+    names = [o.config.dtype for o in runs]
+    kinds = np.array([sorted(set(names)).index(n) for n in names], dtype=np.int64)
+    timed = np.array([times is not None and n in times for n in names], dtype=bool)
+    bounds = {n: times.bounds(n) for n in set(names) if n in times} if times is not None else {}
+    # an untimed run's step time is never read (``timed`` masks it): 0, not inf, so that no
+    # product of it is NaN
+    low = np.array([bounds[n][0] if n in bounds else 0.0 for n in names])
+    high = np.array([bounds[n][1] if n in bounds else 0.0 for n in names])
+    margin = noise.spread * np.maximum(steps, noise.horizon)
+    ahead = steps + margin
+    a, b = np.ix_(np.arange(len(runs)), np.arange(len(runs)))
+    # the margin of the larger steps: the larger margin (a margin grows with the steps)
+    tied = timed[a] & timed[b] & (np.abs(steps[a] - steps[b]) <= np.maximum(margin[a], margin[b]))
+    # time to target: at the top with the tie margin, at the bottom without
+    top = np.where(timed, ahead * high, math.inf)
+    bottom = np.where(timed, steps * low, math.inf)
+    return np.where(
+        kinds[a] == kinds[b],
+        ahead[a] < steps[b],
+        np.where(tied, high[a] < low[b], top[a] < bottom[b]),
+    )
 
 
 def skip_tolerance(skips: float) -> float:
@@ -126,8 +167,11 @@ def skip_tolerance(skips: float) -> float:
     return max(_policy.SKIP_TOLERANCE_STEPS, _policy.SKIP_TOLERANCE_SHARE * skips)
 
 
-def confirmations_of(candidate: Outcome, outcomes: Sequence[Outcome]) -> dict[int, Outcome]:
-    """Seed -> the confirmation run of ``candidate``'s config on that seed."""
-    return {
-        o.seed: o for o in outcomes if o.role == ROLE_CONFIRM and o.confirms == candidate.number
-    }
+def confirmations_of(outcomes: Sequence[Outcome]) -> dict[int, dict[int, Outcome]]:
+    """Candidate's number -> seed -> the confirmation run of its config on that seed (the
+    last of ``outcomes``, where one seed has several)."""
+    found: dict[int, dict[int, Outcome]] = {}
+    for o in outcomes:
+        if o.role == ROLE_CONFIRM and o.confirms is not None:
+            found.setdefault(o.confirms, {})[o.seed] = o
+    return found

@@ -10,7 +10,7 @@ interleaved step timing of every dtype and the gradient trace that the scaler re
 It is stored on its trial (role ``reference``), as its user and system attributes
 (:meth:`Reference.to_attrs`, with its ``version``), and :meth:`Reference.from_trial` reads
 every version a study may hold. These two are the only places that know the stored keys
-(:func:`~scalertune._judge._outcome.reference_of` finds the trial).
+(:meth:`StudyView.reference_of <scalertune._judge._view.StudyView.reference_of>` finds the trial).
 What a study holds is data, never trusted: a part that is not what a reference stores (of
 another type, out of bounds, a trace that does not decode) makes the record
 :class:`~scalertune._errors.DamagedEvidence`, named in one line, and the reference is read

@@ -69,12 +69,14 @@ _NUMBERS = (
 _TEXTS = ("role", "baseline", "pruned_because", "prune_reason", "error", "missing", "traceback")
 
 
-def check_trial(trial: FrozenTrial) -> None:
+def check_trial(trial: FrozenTrial) -> Reference | None:
     """:class:`DamagedEvidence` naming the first attribute of ``trial`` that is not what a
-    run stores, or a finished float32 reference holds (see the module)."""
+    run stores, or a finished float32 reference holds (see the module); the reference's
+    record, read in the check, for a finished float32 reference."""
     _check_run(trial)
     if trial.user_attrs.get("role") == ROLE_REFERENCE and trial.state == TrialState.COMPLETE:
-        Reference.from_trial(trial)
+        return Reference.from_trial(trial)
+    return None
 
 
 def _check_run(trial: FrozenTrial) -> None:

@@ -22,6 +22,7 @@ from scalertune._judge._horizon import behind_from, is_from_start, phases_of
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
 from scalertune._judge._reference import Reference
+from scalertune._judge._stored import sound
 from scalertune._review._artifacts import Pictures
 from scalertune._review._describe import describe_outcome, why_not
 from scalertune._review._verdict import verdict
@@ -324,7 +325,7 @@ def branch_numbers(result: Findings) -> dict[tuple[int, int], int]:
             continue
         of = int(attrs["of"])
         if is_from_start(attrs):  # one run from step 0 judged at every window it reached
-            for p in phases_of([t]).get(of, []):
+            for p in phases_of(sound([t])[0]).get(of, []):
                 out[of, p.start] = t.number
         else:
             out.setdefault((of, int(attrs["start"])), t.number)
@@ -347,7 +348,7 @@ def branch_lines(trial: FrozenTrial, result: Findings) -> list[str]:
         else ""
     )
     if is_from_start(attrs):
-        judged = phases_of([trial]).get(int(of), []) if of is not None else []
+        judged = phases_of(sound([trial])[0]).get(int(of), []) if of is not None else []
         return [
             f"**What it is**: trial {of}'s config trained from step 0 to step {end} on "
             "the batches float32 trained on, its scaler from `init_scale`, as your run "
@@ -368,7 +369,7 @@ def branch_lines(trial: FrozenTrial, result: Findings) -> list[str]:
         f"{scaler}.",
         "",
     ]
-    judged = phases_of([trial]).get(int(of), []) if of is not None else []
+    judged = phases_of(sound([trial])[0]).get(int(of), []) if of is not None else []
     if judged:
         lines += [_branch_verdict(judged[0]), ""]
     lines += [_continuation(trial, result, ref_trial), ""]

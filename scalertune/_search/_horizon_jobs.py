@@ -16,6 +16,7 @@ from typing import Any
 
 from scalertune import _policy
 from scalertune._judge._answer import judge
+from scalertune._judge._findings import Findings
 from scalertune._judge._phases import judged_end
 from scalertune._search import _policy as _search_policy
 from scalertune._search._island_choice import island_for
@@ -33,6 +34,10 @@ class HorizonJobs:
     def __init__(self, jobs: Any) -> None:
         self.jobs = jobs
 
+    def _findings(self) -> Findings:
+        """What the study's runs show now, each finished trial read once over the search."""
+        return judge(self.jobs.study, view=self.jobs.view)
+
     def run(self) -> None:
         """Over a long horizon, the evidence for each finalist (and island) in the order the
         answer would take them, a dtype that fell behind last, until one holds and is
@@ -43,7 +48,7 @@ class HorizonJobs:
         workload's clipping may propose an island (a late phase saying one module's
         precision limited the fit), which joins the queue."""
         while True:
-            result = judge(self.jobs.study)
+            result = self._findings()
             if result.best_amp is not None:
                 return
             run = next(iter(_undecided(result)), None)
@@ -53,7 +58,7 @@ class HorizonJobs:
                 return
             if result.holds(run) is None:
                 self._evidence(run, result)
-                if judge(self.jobs.study).holds(run) is None:
+                if self._findings().holds(run) is None:
                     return  # its runs failed: nothing more to learn from it here
             else:
                 self.jobs.confirm_one(run)
@@ -66,10 +71,10 @@ class HorizonJobs:
             if result.holds(run) is False and result.phases.get(run.number):
                 self.jobs.queue(
                     f"islands.{run.number}",
-                    self._island_jobs(judge(self.jobs.study), run),
+                    self._island_jobs(self._findings(), run),
                     _ISLAND_KEY,
                 )
-        return len(judge(self.jobs.study).islands) > before
+        return len(self._findings().islands) > before
 
     def _evidence(self, run: Any, result: Any) -> None:
         """``run`` from step 0 as far as the cap allows, then continued to the horizon from
@@ -77,14 +82,14 @@ class HorizonJobs:
         end = _affordable_end(self.jobs.setup, result, run)
         if end is not None:
             self.jobs.queue(f"from-start.{run.number}", [self._from_start_job(run, end)], PHASE_KEY)
-            result = judge(self.jobs.study)
+            result = self._findings()
             if result.holds(run) is False:
                 return
             if end < self.jobs.setup.horizon and _can_continue(self.jobs.setup, result, end):
                 self.jobs.queue(
                     f"continued.{run.number}", [self._continued_job(run, end)], PHASE_KEY
                 )
-                if judge(self.jobs.study).holds(run) is not None:
+                if self._findings().holds(run) is not None:
                     return
             after = end
         else:

@@ -23,12 +23,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import optuna
-
 from scalertune import _policy
 from scalertune._amp._config import FLOAT8_BASELINES, AmpConfig, baselines
 from scalertune._judge._answer import judge
-from scalertune._judge._stored import sound
+from scalertune._judge._findings import Findings
+from scalertune._judge._view import StudyView
 from scalertune._search._horizon_jobs import PHASE_KEY, HorizonJobs
 from scalertune._search._progress import Progress
 from scalertune._search._recommended import add_recommended, recommended_stored
@@ -56,7 +55,7 @@ class Jobs:
 
     def __init__(
         self,
-        study: optuna.Study,
+        view: StudyView,
         setup: Setup,
         once: Once,
         references: References,
@@ -64,8 +63,15 @@ class Jobs:
         *,
         drain: Callable[[], None],
     ) -> None:
-        self.study, self.setup, self.once, self.references = study, setup, once, references
+        self.view, self.study = view, view.study
+        self.setup, self.once, self.references = setup, once, references
         self.progress, self.drain = progress, drain
+
+    def findings(self) -> Findings:
+        """What the study's runs show now (:func:`~scalertune._judge._answer.judge`, each
+        finished trial read once over the search: :class:`~scalertune._judge._view.
+        StudyView`)."""
+        return judge(self.study, view=self.view)
 
     def baselines(self) -> None:
         jobs = [
@@ -77,7 +83,7 @@ class Jobs:
     def replay_choice(self) -> None:
         """The float16 setting the replay finds best over the horizon, when it beats
         PyTorch's defaults by more than the noise: one real run checks it."""
-        result = judge(self.study)
+        result = self.findings()
         config = replay_choice(result, self.setup)
         jobs = [] if config is None else [(self.job(ROLE_REPLAY, config), self.params(config))]
         self.queue("replay", jobs, _REPLAY_KEY)
@@ -94,11 +100,11 @@ class Jobs:
         self._confirm_in_turn()
 
     def _confirm_in_turn(self) -> None:
-        while (candidate := judge(self.study).next_to_confirm) is not None:
+        while (candidate := self.findings().next_to_confirm) is not None:
             self.confirm_one(candidate)
 
     def confirm_one(self, candidate: Any) -> None:
-        params = self.study.trials[candidate.number].params
+        params = self.view.trials()[candidate.number].params
         jobs = [
             (
                 {
@@ -118,7 +124,7 @@ class Jobs:
         own clipping (and its phases, over a long horizon): a config can reach the target
         sooner because of its clip alone, and the verdict credits the precision only with
         what is its own; float32 with that clip may be the answer on this device."""
-        best = judge(self.study).best_amp
+        best = self.findings().best_amp
         if best is None or best.config.clip_norm == self.setup.clip_norm:
             return
         config = AmpConfig(dtype="float32", clip_norm=best.config.clip_norm)
@@ -129,15 +135,15 @@ class Jobs:
             "config": config.to_dict(),
         }
         self.queue(f"float32-clip.{best.number}", [(job, self.params(config))], _CLIP_KEY)
-        twin = judge(self.study).float32_clip
+        twin = self.findings().float32_clip
         if twin is not None and self.setup.long:
             self.queue(f"float32-clip-phases.{best.number}", self.phase_jobs([twin]), PHASE_KEY)
 
     def recommended(self) -> None:
         self.once(
             "recommended",
-            lambda: add_recommended(self.study, self.setup),
-            lambda: recommended_stored(self.study),
+            lambda: add_recommended(self.view, self.setup),
+            lambda: recommended_stored(self.view),
         )
 
     # -- queueing ---------------------------------------------------------------------------
@@ -223,7 +229,7 @@ class Jobs:
 
     def _replay_tells_apart(self, defaults: AmpConfig, other: AmpConfig) -> bool:
         """Whether the replay tells ``other`` from ``defaults`` (or cannot say: no trace)."""
-        result = judge(self.study)
+        result = self.findings()
         return result.trace is None or differs(result.trace, defaults, other, result)
 
     def _exists(self, attrs: dict[str, Any], key: tuple[str, ...]) -> bool:
@@ -233,5 +239,5 @@ class Jobs:
         return any(
             all(t.user_attrs.get(k) == attrs[k] for k in key)
             and (t.state in LIVE or "error" in t.user_attrs)
-            for t in sound(self.study.get_trials(deepcopy=False))[0]
+            for t in self.view.sound(self.view.trials())[0]
         )

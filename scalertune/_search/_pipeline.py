@@ -19,9 +19,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _interrupt, _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._judge._outcome import Outcome
 from scalertune._judge._stopping import study_stop_reason
-from scalertune._judge._stored import sound
+from scalertune._judge._view import StudyView
 from scalertune._search import _policy as _search_policy
 from scalertune._search._jobs import Jobs
 from scalertune._search._progress import Progress
@@ -42,19 +41,21 @@ class Pipeline:
     ) -> None:
         self.study, self.setup, self.progress = study, setup, progress
         once = Once(study)
+        # the study as this worker reads it, each finished trial checked once for the search
+        self.view = view = StudyView(study)
         reference = AmpConfig(dtype="float32", clip_norm=setup.clip_norm)
         self.references = References(
-            study, once, setup, reference, dtypes=setup.space.timed_dtypes, log=progress.line
+            view, once, setup, reference, dtypes=setup.space.timed_dtypes, log=progress.line
         )
-        self.runner = TrialRunner(study, setup, self.references, progress)
-        self.jobs = Jobs(study, setup, once, self.references, progress, drain=self.drain)
+        self.runner = TrialRunner(view, setup, self.references, progress)
+        self.jobs = Jobs(view, setup, once, self.references, progress, drain=self.drain)
         self.deadline = None if timeout is None else time.monotonic() + timeout
 
     def run(self) -> None:
         recover(self.study, self.progress.line)
         self.references.target(self.setup.seed)
         self.references.spread()
-        trials = self.study.get_trials(deepcopy=False)
+        trials = self.view.trials()
         self.progress.grow(
             sum(t.state == TrialState.WAITING for t in trials)
             + max(0, self.setup.n_trials - counted_search_trials(trials))
@@ -79,9 +80,7 @@ class Pipeline:
         come back as retries) until nothing is left."""
         while True:
             recover(self.study, self.progress.line)
-            trials = self.study.get_trials(
-                deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)
-            )
+            trials = self.view.trials((TrialState.WAITING, TrialState.RUNNING))
             if any(t.state == TrialState.WAITING for t in trials):
                 self.runner.run_one()
             elif trials:
@@ -91,7 +90,7 @@ class Pipeline:
 
     def _sample_more(self) -> bool:
         recover(self.study, self.progress.line)
-        trials = self.study.get_trials(deepcopy=False)
+        trials = self.view.trials()
         if any(t.state == TrialState.WAITING for t in trials):
             return True
         if counted_search_trials(trials) >= self.setup.n_trials:
@@ -107,7 +106,7 @@ class Pipeline:
     def _stop_reason(self, trials: list[FrozenTrial]) -> str | None:
         sampled = [
             t
-            for t in sound(trials)[0]
+            for t in self.view.sound(trials)[0]
             if t.user_attrs.get("role") == ROLE_SEARCH
             and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
         ]
@@ -121,7 +120,7 @@ class Pipeline:
             _search_policy.STUDY_MIN_TRIALS_LONG if self.setup.long else _policy.STUDY_MIN_TRIALS
         )
         reason = study_stop_reason(
-            [Outcome.from_trial(t) for t in sampled],
+            [self.view.outcome(t) for t in sampled],
             self.references.step_times,
             self.setup.settings.noise(self.references.spread()),
             min_trials=least,

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 
 from scalertune._errors import MissingEvidence
 from scalertune._judge._answer import judge
+from scalertune._judge._view import StudyView
 from scalertune._review._verdict import verdict
 from scalertune._search._setup import Setup
 from scalertune._storage._names import (
@@ -26,18 +27,19 @@ from scalertune._storage._names import (
 from scalertune._text import readable
 
 
-def add_recommended(study: optuna.Study, setup: Setup) -> None:
-    result = judge(study)
+def add_recommended(view: StudyView, setup: Setup) -> None:
+    study = view.study
+    result = judge(study, view=view)
     run = result.recommended or result.float32_choice
     source: dict[str, int | str]
     if run is not None:
-        repeats = study.trials[run.number]
+        repeats = view.trials()[run.number]
         value, source = run.time_to_target, {"recommends": run.number}
     else:
         ref = result.reference
         if ref is None:  # every search runs its reference before it recommends
             raise MissingEvidence(f"the study holds no float32 reference of seed {setup.seed}")
-        repeats = study.trials[ref.trial]
+        repeats = view.trials()[ref.trial]
         value, source = (
             result.reference_time_to_target,
             {"recommends": "float32", "reference_trial": ref.trial},
@@ -72,9 +74,9 @@ def add_recommended(study: optuna.Study, setup: Setup) -> None:
     study.add_trial(trial)
 
 
-def recommended_stored(study: optuna.Study) -> bool:
-    config = judge(study).config.to_dict()
+def recommended_stored(view: StudyView) -> bool:
+    config = judge(view.study, view=view).config.to_dict()
     return any(
         t.user_attrs.get("role") == ROLE_RECOMMENDED and t.user_attrs.get("config") == config
-        for t in study.get_trials(deepcopy=False)
+        for t in view.trials()
     )

@@ -27,9 +27,9 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import MissingEvidence, SearchError, UsageError
 from scalertune._judge._horizon import seed_spread
-from scalertune._judge._outcome import damaged_references, reference_of
 from scalertune._judge._reference import Reference
 from scalertune._judge._target import Target
+from scalertune._judge._view import StudyView
 from scalertune._processes._protocol import RankFailed, TrialCrashed, describe_error
 from scalertune._replay._trace import Trace
 from scalertune._run._loop import Plan
@@ -59,7 +59,7 @@ class References:
 
     def __init__(
         self,
-        study: optuna.Study,
+        view: StudyView,
         once: Once,
         setup: Setup,
         config: AmpConfig,
@@ -67,24 +67,25 @@ class References:
         dtypes: list[str],
         log: Callable[[str], None],
     ) -> None:
-        self.study, self.once, self.setup, self.config = study, once, setup, config
+        self.view, self.study = view, view.study
+        self.once, self.setup, self.config = once, setup, config
         self.dtypes, self.log = dtypes, log
         self._targets: dict[int, Target] = {}
         self._times: StepTimes | None = None
         self._stored: dict[int, Reference] = {}
         self._traces: dict[int, Trace] = {}
-        self.checkpoints = Checkpoints(study, once, setup, config, log=log)
+        self.checkpoints = Checkpoints(view.study, once, setup, config, log=log)
 
     def target(self, seed: int) -> Target:
         """The float32 target of ``seed``; runs and stores the reference if nobody has."""
         if seed not in self._targets:
-            if reference_of(self.study, seed) is None:  # a damaged one is run again
-                for why in damaged_references(self.study, seed).values():
+            if self.view.reference_of(seed) is None:  # a damaged one is run again
+                for why in self.view.damaged_references(seed).values():
                     self.log(f"{why}: the float32 reference of seed {seed} runs again")
             self.once(
                 f"reference.{seed}",
                 lambda: self._run(seed),
-                lambda: reference_of(self.study, seed) is not None,
+                lambda: self.view.reference_of(seed) is not None,
             )
             reference = self._stored_reference(seed)
             self._targets[seed] = reference.target
@@ -106,7 +107,7 @@ class References:
         return self._stored[seed]
 
     def _stored_reference(self, seed: int) -> Reference:
-        reference = reference_of(self.study, seed)
+        reference = self.view.reference_of(seed)
         if reference is None:  # run above, or by the worker that held the claim
             raise MissingEvidence(
                 f"the float32 reference of seed {seed} ran but the study does not hold it"

@@ -10,11 +10,12 @@ from optuna.trial import FrozenTrial
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._judge._outcome import outcomes_of
+from scalertune._judge._outcome import Outcome
 from scalertune._judge._rank import time_bounds
 from scalertune._judge._settings import Noise
 from scalertune._judge._stopping import Best, Floor, StopRule
 from scalertune._judge._target import Target
+from scalertune._judge._view import StudyView
 from scalertune._search._references import References
 from scalertune._search._setup import Setup
 from scalertune._storage._names import (
@@ -30,8 +31,8 @@ from scalertune._storage._names import (
 class Rules:
     """The stop rule of each run and the steps it may train, from the study's evidence."""
 
-    def __init__(self, setup: Setup, references: References) -> None:
-        self.setup, self.references = setup, references
+    def __init__(self, setup: Setup, references: References, view: StudyView) -> None:
+        self.setup, self.references, self.view = setup, references, view
 
     def stop_rule(
         self, role: str, config: AmpConfig, target: Target, trials: list[FrozenTrial]
@@ -51,7 +52,7 @@ class Rules:
             return StopRule(target)
         times = self.references.step_times
         step_time = times.bounds(config.dtype) if times and config.dtype in times else None
-        best = _best(trials, self.setup.seed, times, self.noise())
+        best = _best(self.view.outcomes(trials), self.setup.seed, times, self.noise())
         if best is not None and self.setup.long:
             # over a long horizon a run is beaten only by its own dtype: another dtype's
             # faster start says nothing of the late phases, where it may fall behind
@@ -92,12 +93,12 @@ class Rules:
         return times.median(config.dtype) if times and config.dtype in times else None
 
 
-def _best(trials: list[FrozenTrial], seed: int, times: Any, noise: Noise) -> Best | None:
+def _best(outcomes: list[Outcome], seed: int, times: Any, noise: Noise) -> Best | None:
     """The main-seed runs that reached the target soonest: overall, at the slow end of its
     timing spread, and per dtype in steps."""
     runs = [
         o
-        for o in outcomes_of(trials)
+        for o in outcomes
         if o.role in (ROLE_SEARCH, ROLE_BASELINE, ROLE_ISLAND, ROLE_REPLAY)
         and o.seed == seed
         and o.reached

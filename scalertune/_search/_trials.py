@@ -23,8 +23,8 @@ from scalertune._amp._config import AmpConfig
 from scalertune._errors import MissingEvidence, SearchError
 from scalertune._judge._horizon import is_from_start
 from scalertune._judge._stopping import StopRule
-from scalertune._judge._stored import sound
 from scalertune._judge._target import Target
+from scalertune._judge._view import StudyView
 from scalertune._processes._hosts import HostLost
 from scalertune._processes._protocol import RankFailed, TrialCrashed, describe_error
 from scalertune._run._record import RunRecord
@@ -73,15 +73,11 @@ class TrialRunner:
     """Runs one trial at a time for one worker; any number of workers may share the study."""
 
     def __init__(
-        self, study: optuna.Study, setup: Setup, references: References, progress: Any
+        self, view: StudyView, setup: Setup, references: References, progress: Any
     ) -> None:
-        self.study, self.setup, self.references, self.progress = (
-            study,
-            setup,
-            references,
-            progress,
-        )
-        self.rules = Rules(setup, references)
+        self.view, self.study = view, view.study
+        self.setup, self.references, self.progress = setup, references, progress
+        self.rules = Rules(setup, references, view)
         self._failures: list[str] = []
         self._any_success = False
 
@@ -100,7 +96,7 @@ class TrialRunner:
     def _objective(self, trial: optuna.Trial) -> float:
         take(trial)
         role = trial.user_attrs.get("role")
-        trials = self.study.get_trials(deepcopy=False)
+        trials = self.view.trials()
         if role is None and _surplus(trials, trial.number, self.setup.n_trials):
             trial.set_user_attr("role", ROLE_SURPLUS)
             trial.set_user_attr(
@@ -110,7 +106,7 @@ class TrialRunner:
             raise TrialFailed()
         config, seed, role = self._job(trial, role)
         if role == ROLE_SEARCH:
-            original = _finished_twin(trials, config, seed, trial.number)
+            original = _finished_twin(self.view.sound(trials)[0], config, seed, trial.number)
             if original is not None:
                 return reuse(trial, config, original, self.progress)
         target = self.references.target(seed)
@@ -314,9 +310,9 @@ def _record_params(trial: optuna.Trial, space: SearchSpace) -> None:
 def _finished_twin(
     trials: list[FrozenTrial], config: AmpConfig, seed: int, number: int
 ) -> FrozenTrial | None:
-    """A finished run of the same config on the same seed, trained (not itself reused), whose
-    evidence is sound."""
-    for t in sound(trials)[0]:
+    """A finished run of the same config on the same seed, trained (not itself reused), among
+    ``trials`` whose evidence is sound."""
+    for t in trials:
         attrs = t.user_attrs
         if (
             t.number != number

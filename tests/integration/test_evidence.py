@@ -534,7 +534,7 @@ def test_a_search_on_a_damaged_study_runs_the_damaged_evidence_again(tmp_path, u
     undisturbed answer; the summary names what it left out."""
     import numpy as np
 
-    from scalertune._judge._outcome import reference_of
+    from scalertune._judge._view import reference_of
 
     original = _study(str(undisturbed["folder"] / "study.log"))
     record = next(k for k in _system_attrs(original) if k.startswith("artifacts:"))

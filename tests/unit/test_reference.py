@@ -15,8 +15,8 @@ from optuna.trial import TrialState
 
 import scalertune
 from scalertune._errors import DamagedEvidence
-from scalertune._judge._outcome import reference_of, reference_trial
 from scalertune._judge._reference import VERSION, Reference
+from scalertune._judge._view import reference_of, reference_trial
 from scalertune._replay._trace import empty
 from scalertune._run._step_times import StepTimes
 from scalertune._storage._names import HORIZON_ATTR, LOSSES_ATTR, REFERENCE_VERSION_ATTR

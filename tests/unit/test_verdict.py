@@ -1,6 +1,7 @@
 """The recommendation and its verdict: interleaved timing, the user's clipping, a reference that
 learns, skipped steps as GradScaler counts them, no config trained twice."""
 
+import random
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ import scalertune
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge._outcome import Figures, Outcome
-from scalertune._judge._rank import Noise, all_tied, candidates
+from scalertune._judge._rank import Noise, all_tied, candidates, faster_pairs, surely_faster
 from scalertune._judge._speedup import Speedup
 from scalertune._judge._target import Target
 from scalertune._run._loop import run_config
@@ -154,6 +155,33 @@ def test_a_run_beaten_by_its_own_dtype_is_not_tied_in_by_another_dtypes_spread()
     ranking = sorted([fp16, bf16_clip, bf16_plain], key=lambda o: o.time_to_target)
     order = [o.number for o in candidates(ranking, times, None)]
     assert order == [5, 9, 1]
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.05, 0.3, 1.5])
+@pytest.mark.parametrize("horizon", [0, 150])
+@pytest.mark.parametrize("timed", ["every dtype", "float16 untimed", "none"])
+def test_every_pair_compared_at_once_is_surely_faster_pair_by_pair(spread, horizon, timed):
+    """The ranking compares all its candidates at once (faster_pairs, over arrays): the same
+    answer as surely_faster for every pair, ties of steps and of step times included."""
+    rng = random.Random(f"{spread} {horizon} {timed}")
+    rounds = {
+        "float32": [1.0] * 6,
+        "bfloat16": [0.6, 0.5, 0.7, 0.6, 0.55, 0.65],
+        "float16": [0.55, 0.5, 0.9, 0.6, 0.5, 0.6],
+        "float8": [0.4] * 6,
+    }
+    if timed == "float16 untimed":
+        del rounds["float16"]
+    times = None if timed == "none" else StepTimes(rounds)
+    runs = [
+        _outcome(n, rng.choice(["float16", "bfloat16", "float32", "float8"]), rng.randint(1, 300))
+        for n in range(120)
+    ]
+    noise = Noise(spread=spread, horizon=horizon)
+    at_once = faster_pairs(runs, times, noise)
+    assert [[bool(x) for x in row] for row in at_once] == [
+        [surely_faster(a, b, times, noise) for b in runs] for a in runs
+    ]
 
 
 def test_all_tied_only_when_no_config_that_reached_the_target_beats_another():
