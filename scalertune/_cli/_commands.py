@@ -76,6 +76,12 @@ def _search_on_hosts(args: argparse.Namespace, world: Any) -> int:
         return code
     _launcher.lead(crew)
     CLOSING.append(crew.close)
+    other = crew.other_command()
+    if other is not None:
+        raise UsageError(
+            f"{crew.where(other)} runs another command than rank 0 (its arguments differ): "
+            "run the same command on every host"
+        )
     args.nproc_per_node = world.local_size
     args.hosts = tuple(crew.hosts)
     return _search_here(args)

@@ -31,6 +31,7 @@ import json
 import os
 import pickle
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +60,8 @@ SETTLE_S = 10.0
 #: the next run.
 BEAT_S = 2.0
 _POLL_S = 0.2
+#: The status a rank ends with when a host is lost (the command line's for missing evidence).
+EXIT_LOST = 3
 
 
 class HostLost(MissingEvidence):
@@ -76,6 +79,8 @@ class Crew:
         self._n = 0
         self._lost: str | None = None
         self._beating = threading.Event()
+        #: A rank past 0: its calls to rank 0's store, watched (:class:`_Deadline`).
+        self._deadline: _Deadline | None = None
 
     # -- joining ----------------------------------------------------------------------------
 
@@ -84,8 +89,14 @@ class Crew:
         """Every rank's place said in the store, rank 0 waiting for all of them and posting
         the roster; :class:`HostLost` naming the ranks that did not come in
         ``rendezvous_timeout`` seconds."""
+        deadline = None
+        if world.rank != 0:
+            where = f"rank 0 ({world.master_addr}:{world.master_port})"
+            deadline = _Deadline(where, rendezvous_timeout, "--rendezvous-timeout")
         store = _connect(world, rendezvous_timeout)
-        me = {"rank": world.rank, "node": world.node, "host": world.host, "pid": os.getpid()}
+        if deadline is not None:
+            store = _Watched(store, deadline)
+        me = {"rank": world.rank, "node": world.node, "host": world.host, "argv": sys.argv[1:]}
         store.set(f"rank/{world.rank}", json.dumps(me))
         if world.rank == 0:
             keys = [f"rank/{r}" for r in range(world.size)]
@@ -108,7 +119,8 @@ class Crew:
         else:
             roster = json.loads(store.get("roster"))
         store.set_timeout(datetime.timedelta(seconds=host_timeout))
-        crew = cls(world, store, roster, host_timeout)
+        crew = cls(world, store.inner if deadline is not None else store, roster, host_timeout)
+        crew._deadline = deadline
         if world.rank == 0:
             threading.Thread(target=crew._beat, name="scalertune-beat", daemon=True).start()
         return crew
@@ -117,6 +129,11 @@ class Crew:
         """``rank 1 of 2 (node 1, host-b)``."""
         entry = self._roster[rank]
         return f"rank {rank} of {self.world.size} (node {entry['node']}, {entry['host']})"
+
+    def other_command(self) -> int | None:
+        """The first rank whose command line differs from rank 0's (``None``: all agree)."""
+        first = self._roster[0].get("argv")
+        return next((r for r, e in enumerate(self._roster) if e.get("argv") != first), None)
 
     @property
     def nodes(self) -> int:
@@ -160,7 +177,7 @@ class Crew:
         reports = self._collect(n, own["kind"] == "ok")
         if own["kind"] == "ok" and all(r["kind"] == "ok" for r in reports.values()):
             return own["final"]
-        raise self._blame({0: own, **reports})
+        raise _blamed(self.where, {0: own, **reports})
 
     def _collect(self, n: int, ok: bool) -> dict[int, dict[str, Any]]:
         """Every other rank's report of run ``n``; after a failure, those still at work after
@@ -181,22 +198,6 @@ class Crew:
             raise HostLost(self._lost)
         return {r: json.loads(self._store.get(k)) for k, r in keys.items()}
 
-    def _blame(self, reports: dict[int, dict[str, Any]]) -> BaseException:
-        """The failure to raise, in the order of :mod:`._blame`: a rank whose process died or
-        timed out, a rank whose own code failed, a rank ended while the others had failed
-        (it hung), else the first collective error."""
-        for kind, make in (
-            ("crashed", lambda r, rep: RankFailed(f"{self.where(r)}: {rep['text']}")),
-            ("failed", lambda r, rep: Failed(rep["failure"], f"{self.where(r)}: {rep['text']}")),
-            ("aborted", lambda r, rep: RankFailed(f"{self.where(r)} hung: its peers had failed")),
-        ):
-            for r, rep in sorted(reports.items()):
-                if rep["kind"] == kind and (kind != "failed" or rep["failure"] != "peer"):
-                    made = make(r, rep)
-                    return made.exception() if isinstance(made, Failed) else made
-        r, rep = min((r, rep) for r, rep in reports.items() if rep["kind"] == "failed")
-        return Failed("error", f"{self.where(r)}: {rep['text']}").exception()
-
     def close(self, code: int) -> None:
         """The search is over on rank 0 with ``code``: the others stop with it (each says
         goodbye, so that the store they read outlives their last read)."""
@@ -211,25 +212,23 @@ class Crew:
 
     def follow(self) -> int:
         """Rank 1 and up: every run rank 0 posts, run and reported, up to its ``stop``;
-        returns rank 0's exit status. :class:`HostLost` when rank 0 stops answering."""
+        returns rank 0's exit status. :class:`HostLost` when rank 0 stops answering; a
+        store that stops answering mid-call (a frozen host) ends the process
+        (:class:`_Deadline`)."""
+        if self._deadline is not None:
+            self._deadline.who, self._deadline.seconds = self.where(0), self._host_timeout
+            self._deadline.flag = "--host-timeout"
         try:
             while True:
                 self._n += 1
                 message = self._next(self._n)
                 if message[:1] == b"S":
-                    self._store.set(f"bye/{self.world.rank}", "1")
+                    self._watched(self._store.set, f"bye/{self.world.rank}", "1")
                     return int(json.loads(message[1:])["code"])
-                try:
-                    job, port, timeout_s = _SafeUnpickler(io.BytesIO(message[1:])).load()
-                except (pickle.UnpicklingError, ValueError, TypeError, EOFError) as exc:
-                    report = {"kind": "failed", "failure": "error", "text": f"{exc}"}
-                else:
-                    env, watch = (
-                        self.world.run_env(port),
-                        _watch_abort(self.world, self._host_timeout, self._n),
-                    )
-                    report = _perform(job, timeout_s, env, None, watch)
-                self._store.set(f"done/{self._n}/{self.world.rank}", json.dumps(report))
+                report = self._run(message[1:])
+                self._watched(
+                    self._store.set, f"done/{self._n}/{self.world.rank}", json.dumps(report)
+                )
         except (RuntimeError, OSError) as exc:  # torch's DistError is a RuntimeError
             raise HostLost(
                 f"{self.where(0)} stopped answering ({str(exc).splitlines()[0][:200]}): "
@@ -237,17 +236,50 @@ class Crew:
                 "to resume it"
             ) from None
 
+    def _run(self, message: bytes) -> dict[str, Any]:
+        """This rank's part of the run ``message`` holds, and its report."""
+        try:
+            job, port, timeout_s = _SafeUnpickler(io.BytesIO(message)).load()
+        except (pickle.UnpicklingError, ValueError, TypeError, EOFError) as exc:
+            return {"kind": "failed", "failure": "error", "text": f"{exc}"}
+        watch = _watch_abort(self.world, self._host_timeout, self._n)
+        return _perform(job, timeout_s, self.world.run_env(port), None, watch)
+
+    def _watched(self, method: Callable[..., Any], *args: Any) -> Any:
+        return method(*args) if self._deadline is None else self._deadline.call(method, *args)
+
     def _next(self, n: int) -> bytes:
         """Run ``n``'s message, once posted; rank 0 lost when its heartbeat stops."""
         key, last, since = f"job/{n}", None, time.monotonic()
-        while not self._store.check([key]):
-            beat = self._store.get("beat") if self._store.check(["beat"]) else None
+        while not self._watched(self._store.check, [key]):
+            beat = (
+                self._watched(self._store.get, "beat")
+                if self._watched(self._store.check, ["beat"])
+                else None
+            )
             if beat != last:
                 last, since = beat, time.monotonic()
             elif time.monotonic() - since > self._host_timeout:
                 raise RuntimeError(f"no heartbeat for {self._host_timeout:g} s (--host-timeout)")
             time.sleep(_POLL_S)
-        return bytes(self._store.get(key))
+        return bytes(self._watched(self._store.get, key))
+
+
+def _blamed(where: Callable[[int], str], reports: dict[int, dict[str, Any]]) -> BaseException:
+    """The failure to raise, in the order of :mod:`._blame`: a rank whose process died or
+    timed out, a rank whose own code failed, a rank ended while the others had failed
+    (it hung), else the first collective error."""
+    for kind, make in (
+        ("crashed", lambda r, rep: RankFailed(f"{where(r)}: {rep['text']}")),
+        ("failed", lambda r, rep: Failed(rep["failure"], f"{where(r)}: {rep['text']}")),
+        ("aborted", lambda r, rep: RankFailed(f"{where(r)} hung: its peers had failed")),
+    ):
+        for r, rep in sorted(reports.items()):
+            if rep["kind"] == kind and (kind != "failed" or not _peer(rep)):
+                made = make(r, rep)
+                return made.exception() if isinstance(made, Failed) else made
+    r, rep = min((r, rep) for r, rep in reports.items() if rep["kind"] == "failed")
+    return Failed("error", f"{where(r)}: {rep['text']}").exception()
 
 
 def _watch_peers(world: World, host_timeout: float, n: int) -> Callable[[Launch], None]:
@@ -360,6 +392,62 @@ def _poll(store: Any, keys: list[str], timeout_s: float) -> set[str]:
         if len(came) == len(keys) or time.monotonic() >= deadline:
             return came
         time.sleep(_POLL_S)
+
+
+class _Deadline:
+    """A rank past 0's watch on its calls to rank 0's store: one still waiting after
+    ``seconds`` ends the process, in one line and with status 3. A host that stops without
+    closing its connections (frozen, cut off) leaves a call waiting in ``recv`` whatever the
+    store's own timeout."""
+
+    def __init__(self, who: str, seconds: float, flag: str) -> None:
+        self.who, self.seconds, self.flag = who, seconds, flag
+        self._since: float | None = None
+        threading.Thread(target=self._watch, name="scalertune-deadline", daemon=True).start()
+
+    def call(self, method: Callable[..., Any], *args: Any) -> Any:
+        self._since = time.monotonic()
+        try:
+            return method(*args)
+        finally:
+            self._since = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.5)
+            since = self._since
+            if since is not None and time.monotonic() - since > self.seconds:
+                print(
+                    f"scalertune search: {self.who} stopped answering (its store did not "
+                    f"answer for {self.seconds:g} s, {self.flag}): the search ends on this "
+                    "host; run the same command on every host again to resume it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(EXIT_LOST)
+
+
+class _Watched:
+    """A store whose every call goes through a :class:`_Deadline` (the rendezvous's)."""
+
+    def __init__(self, inner: Any, deadline: _Deadline) -> None:
+        self.inner, self._deadline = inner, deadline
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+        return lambda *args: self._deadline.call(method, *args)
+
+
+def _peer(report: dict[str, Any]) -> bool:
+    """Whether a rank's failure is a collective that broke under it because a peer failed
+    first: said so by the run's process, or in its text where the user's code wrapped it (a
+    factory's error around the group's)."""
+    text = report.get("text", "")
+    return report.get("failure") == "peer" or any(m in text for m in _COLLECTIVE_MARKS)
+
+
+#: What a collective's failure says where a peer went away (gloo's sources, NCCL, torch).
+_COLLECTIVE_MARKS = ("/gloo/", "NCCL", "Connection closed by peer", "Connection reset by peer")
 
 
 def _free_port() -> int:

@@ -114,7 +114,7 @@ def _world(settings: Any) -> dict[str, Any]:
     """The processes every run trained on per host (``--nproc-per-node``, or the user's
     launcher), where more than one, and the hosts the runs spanned, where more than one."""
     out: dict[str, Any] = {}
-    if settings.nproc_per_node > 1:
+    if settings.nproc_per_node > 1 or settings.nnodes > 1:
         out["nproc_per_node"] = settings.nproc_per_node
     if settings.nnodes > 1:
         out.update(nnodes=settings.nnodes, hosts=list(settings.hosts))

@@ -451,12 +451,17 @@ def refuse_launcher() -> None:
 
     world = int(os.environ.get("WORLD_SIZE") or 1)
     if world > 1 and "RANK" in os.environ and not _launcher.leading():
-        per_node = os.environ.get("LOCAL_WORLD_SIZE") or world
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or world)
+        alone = (
+            f"run it once, without the launcher, with nproc_per_node={per_node} (it starts the "
+            "ranks of every run itself), or "
+            if per_node == world
+            else ""
+        )
         raise UsageError(
             f"this search runs as rank {os.environ['RANK']} of {world} under a "
-            f"launcher (torchrun): run it once, without the launcher, with nproc_per_node="
-            f"{per_node} (it starts the ranks of every run itself), or run the command "
-            "'python -m scalertune search' under the launcher, which leads its ranks"
+            f"launcher (torchrun): {alone}run the command 'python -m scalertune search' under "
+            "the launcher, which leads its ranks"
         )
 
 

@@ -54,7 +54,7 @@ from scalertune._storage._names import (
 from scalertune._storage._open import first_line
 from scalertune._storage._optuna import set_system_attr, study_id
 from scalertune._storage._redact import redact
-from scalertune._text import readable
+from scalertune._text import plural, readable
 
 _SETTINGS_WAIT_S = 30
 
@@ -140,9 +140,9 @@ def instance(study: optuna.Study) -> str:
 
 def _world(settings: StudySettings) -> str:
     """The ranks every run trains on, in words: ``2 ranks per run (2 hosts x 1)``,
-    ``2 ranks per run (1 hosts x 2)``."""
+    ``2 ranks per run (1 host x 2)``."""
     ranks = settings.nproc_per_node * settings.nnodes
-    hosts = f" ({settings.nnodes} hosts x {settings.nproc_per_node})" if ranks > 1 else ""
+    hosts = f" ({plural(settings.nnodes, 'host')} x {settings.nproc_per_node})" if ranks > 1 else ""
     return f"{ranks} rank{'s' if ranks > 1 else ''} per run{hosts}"
 
 

@@ -175,7 +175,7 @@ def test_two_nodes_search_together_and_predict_the_plain_two_node_loop(tmp_path)
     assert again.returncode == 2
     assert again.stderr.strip().splitlines()[-1] == (
         "scalertune search: error: study 'hosts' was searched on 2 ranks per run (2 hosts x "
-        "1), and this search runs on 2 ranks per run (1 hosts x 2): its evidence is that "
+        "1), and this search runs on 2 ranks per run (1 host x 2): its evidence is that "
         "world's runs; run it on as many hosts and ranks per host, or pass a new --study-name"
     )
     assert not (tmp_path / "again.yaml").exists()

@@ -17,7 +17,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._judge._settings import StudySettings
 from scalertune._judge._stopping import StopRule
 from scalertune._judge._target import Target
-from scalertune._processes._hosts import _SafeUnpickler
+from scalertune._processes._hosts import Crew, _blamed, _SafeUnpickler
 from scalertune._processes._world import World, first_host, launched
 from scalertune._search._process_jobs import RunJob
 
@@ -172,3 +172,78 @@ def test_a_rank_whose_rank_0_never_comes_ends_in_one_line(tmp_path, monkeypatch)
     )
     assert len(proc.stderr.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def _crew(argvs=((), ())):
+    world = World("torchrun", 0, len(argvs), 0, 1, 0, "127.0.0.1", 29500)
+    roster = [{"node": r, "host": f"h{r}", "argv": list(a)} for r, a in enumerate(argvs)]
+    return Crew(world, None, roster, 60.0)
+
+
+def test_a_ranks_own_error_is_blamed_over_the_collective_it_broke_on_rank_0():
+    """Rank 1's factory raises; rank 0's part fails in the collective it waited in, its error
+    wrapped by the factory's (so not marked a peer's): rank 1 and its own words are named."""
+    crew = _crew()
+    gloo = "FactoryError: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]"
+    blamed = _blamed(
+        crew.where,
+        {
+            0: {"kind": "failed", "failure": "error", "text": gloo + " Connection closed by peer"},
+            1: {"kind": "failed", "failure": "error", "text": "RuntimeError: broken on rank 1"},
+        },
+    )
+    assert str(blamed) == "rank 1 of 2 (node 1, h1): RuntimeError: broken on rank 1"
+
+
+def test_a_rank_running_another_command_is_found():
+    assert _crew(((["search", "m.py:f"]), (["search", "m.py:f"]))).other_command() is None
+    assert _crew((["search", "m.py:f"], ["search", "m.py:f", "--steps", "9"])).other_command() == 1
+
+
+_FROZEN_RANK0 = """
+import datetime, json, os, sys, time, torch
+server = torch.distributed.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True,
+                                    wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=60))
+store = torch.distributed.PrefixStore("scalertune/", server)
+roster = [{"rank": r, "node": r, "host": "h%d" % r, "argv": None} for r in range(2)]
+store.set("roster", json.dumps(roster))
+print("up", flush=True)
+store.wait(["rank/1"])  # rank 1 joined: it reads the roster, then waits for a run
+time.sleep(2)
+os.kill(os.getpid(), 19)  # SIGSTOP: a frozen host; its connections stay open
+"""
+
+
+def test_a_rank_whose_rank_0_freezes_ends_within_the_host_timeout(tmp_path, monkeypatch):
+    """Rank 0's host stops without closing its connections (SIGSTOP): a call to its store
+    waits in recv whatever the store's timeout, and the rank ends, in one line with status
+    3, once --host-timeout has passed."""
+    import subprocess
+    import sys
+
+    port = _free_port()
+    frozen = subprocess.Popen(
+        [sys.executable, "-c", _FROZEN_RANK0, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert frozen.stdout.readline().strip() == "up"
+        _launcher_env(monkeypatch, 1, port)
+        started = time.monotonic()
+        proc = run_cli(
+            *("search", HEALTHY, "--host-timeout", "4", "--rendezvous-timeout", "10"),
+            cwd=tmp_path,
+            process=True,
+            timeout=60,
+        )
+        waited = time.monotonic() - started
+    finally:
+        frozen.kill()
+        frozen.wait()
+    assert proc.returncode == 3
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "scalertune search: rank 0 of 2 (node 0, h0) stopped answering (its store did not "
+        "answer for 4 s, --host-timeout): the search ends on this host; run the same command "
+        "on every host again to resume it"
+    )
+    assert waited < 40
