@@ -276,7 +276,9 @@ def test_workers_on_postgresql_ride_out_an_outage_and_never_print_the_password(t
         host = sqlalchemy.engine.make_url(POSTGRES)
         storage = f"postgresql://{role}:{PASSWORD}@{host.host}:{host.port}/{name}"
         try:
-            workers = [_search(storage, tmp_path / w) for w in ("a", "b")]
+            # a study on a server names no folder: its workers name the one they share
+            shared = ("--artifact-dir", str(tmp_path / "artifacts"))
+            workers = [_search(storage, tmp_path / w, *shared) for w in ("a", "b")]
             # longer than a heartbeat's interval: some storage call of the running reference
             # (a heartbeat, or its result) falls inside the outage however late the other
             # worker starts under load

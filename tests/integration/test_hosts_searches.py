@@ -193,9 +193,9 @@ def test_an_fsdp2_model_sharded_over_two_nodes_is_searched(tmp_path):
     """FSDP2 shards the model over the two hosts: every run's group is up before the factory
     shards it, the branches load the reference's checkpoints on both (rank 0's bytes), and
     the search ends with one answer."""
-    extra = ("--n-trials", "3", "--steps", "100")
+    extra = ("--n-trials", "2", "--steps", "40")
     (code0, out0, err0), (code1, _, err1) = _finish(
-        _search(tmp_path, "make_model_fsdp2", extra, horizon=200), timeout=600
+        _search(tmp_path, "make_model_fsdp2", extra, horizon=80), timeout=600
     )
     assert (code0, code1) == (0, 0), err0[-3000:] + err1[-3000:]
     assert "2 ranks per run (2 hosts x 1" in out0 and "holds" in out0
@@ -211,10 +211,10 @@ def test_a_node_killed_mid_search_ends_the_other_and_the_rerun_completes(tmp_pat
     the study to the end, with nothing left RUNNING and no run trained twice."""
     marker = tmp_path / "killed"
     env = {"SCALERTUNE_TEST_KILL": str(marker)}
-    extra = ("--n-trials", "4", "--steps", "100", "--host-timeout", "60")
+    extra = ("--n-trials", "4", "--steps", "60", "--host-timeout", "60")
     started = time.monotonic()
     (code0, _, err0), (code1, _, _) = _finish(
-        _search(tmp_path, "make_model_killed", extra, env, horizon=200), timeout=400
+        _search(tmp_path, "make_model_killed", extra, env, horizon=120), timeout=400
     )
     assert marker.exists() and code1 == -signal.SIGKILL
     assert time.monotonic() - started < 300
@@ -230,7 +230,7 @@ def test_a_node_killed_mid_search_ends_the_other_and_the_rerun_completes(tmp_pat
     assert all("rank 1 of 2" in t.user_attrs.get("missing", "") for t in failed)
 
     (code0, out0, err0), (code1, _, err1) = _finish(
-        _search(tmp_path, "make_model_killed", extra, env, horizon=200), timeout=600
+        _search(tmp_path, "make_model_killed", extra, env, horizon=120), timeout=600
     )
     assert (code0, code1) == (0, 0), err0[-3000:] + err1[-3000:]
     assert (tmp_path / "hosts.yaml").exists()
