@@ -82,8 +82,9 @@ class Checkpointed:
         """Start the scaler from ``state``, a checkpoint's or a replay's.
 
         A search's branch starts where the replay puts a config's scaler at its first step.
-        GradScaler's keys go over its own state; with a bound engine (:meth:`bind`), the
-        engine's scaler takes them (kept for the engine until it is bound).
+        GradScaler's keys go over its own state; with a bound engine
+        (:meth:`~scalertune._amp._runtime.AmpRuntime.bind`), the engine's scaler takes them
+        (kept for the engine until it is bound).
 
         Args:
             state: The scaler's state, or part of it, as its ``state_dict()`` keys it

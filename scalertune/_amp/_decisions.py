@@ -1,6 +1,7 @@
-"""The runtime's side of its GradScaler's steps: what a :class:`RuntimeScaler` tells it (a
-loss scaled, a step begun, a step decided), or what a bound engine decided (DeepSpeed's), the
-skipped steps counted from that, and the scale read in place."""
+"""The runtime's side of its GradScaler's steps: what a
+:class:`~scalertune._amp._scaler.RuntimeScaler` tells it (a loss scaled, a step begun, a step
+decided), or what a bound engine decided (DeepSpeed's), the skipped steps counted from that,
+and the scale read in place."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class ScalerDecisions:
     @property
     def last_step(self) -> bool | DeviceStep:
         """Whether the optimizer really stepped on the last step GradScaler decided (what
-        :meth:`step` returned; for a framework that calls the scaler itself, the same)."""
+        :meth:`~scalertune._amp._runtime.AmpRuntime.step` returned; for a framework that
+        calls the scaler itself, the same)."""
         return self._stepped
 
     def scaler_scaling(self, loss: torch.Tensor) -> None:
@@ -100,7 +102,8 @@ class ScalerDecisions:
     @property
     def skipped_steps(self) -> int:
         """Steps GradScaler skipped because gradients were inf/NaN (no device read, except
-        for an optimizer that skips inside its own kernel: see :class:`_Skips`)."""
+        for an optimizer that skips inside its own kernel: see
+        :class:`~scalertune._amp._scaler.Skips`)."""
         return self._skips.total
 
     @property

@@ -44,7 +44,8 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
     ``step`` clips (if asked) and steps.
 
     The runtime adds no host sync to GradScaler's one per step (it must know whether to call
-    ``optimizer.step``), and counts skipped steps from that decision (:class:`_Skips`). A
+    ``optimizer.step``), and counts skipped steps from that decision
+    (:class:`~scalertune._amp._scaler.Skips`). A
     ``guard`` and a ``watch`` read the device once every ``check_every`` steps. An in-run
     ``check`` (``scalertune.load`` and ``scalertune.attach`` build one from the result file)
     computes a step's loss again in float32 every ``check.policy.every`` steps, through

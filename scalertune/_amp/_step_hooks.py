@@ -13,7 +13,8 @@ from torch.utils.hooks import RemovableHandle
 
 
 class StepHooks:
-    """The runtime's hooks (:attr:`AmpRuntime.hooks`), called in the order registered.
+    """The runtime's hooks (:attr:`~scalertune._amp._runtime.AmpRuntime.hooks`), called in
+    the order registered.
 
     Example:
         >>> hooks, seen = StepHooks(), []

@@ -31,8 +31,9 @@ zero in float16's is the share that flushed, wherever in the backward it happene
 hooks skip module outputs that are scalars, which is how a model that returns its own loss
 (Hugging Face's ``ModelOutput``, a dict) hands it over.
 
-Hooks live only inside :func:`diagnose` and :func:`locate_forward_overflow`; a search installs
-none unless it locates the overflow of a trial it pruned for one.
+Hooks live only inside :func:`diagnose` and
+:func:`~scalertune._diagnose._locate.locate_forward_overflow`; a search installs none unless
+it locates the overflow of a trial it pruned for one.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ from typing import Any
 
 
 def describe(record: Mapping[str, Any]) -> str:
-    """The report's lines for a run's record (see :meth:`InRunCheck.record`)."""
+    """The report's lines for a run's record (see
+    :meth:`~scalertune._inrun._checker.InRunCheck.record`)."""
     policy = record["policy"]
     checks: Sequence[Sequence[float]] = record.get("checks", [])
     lines = [

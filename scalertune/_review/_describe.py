@@ -46,7 +46,8 @@ def forward_overflow_hint(
 
     ``runs`` are those runs: their ``overflow_islands`` (what to keep in float32, the
     config's own islands included, checked to make the forward finite) and
-    ``overflow_module`` (where it overflowed), as :func:`locate_forward_overflow` found them.
+    ``overflow_module`` (where it overflowed), as
+    :func:`~scalertune._diagnose._locate.locate_forward_overflow` found them.
     The command printed is one that was checked: followed once, its float16 trials no longer
     overflow there.
     """

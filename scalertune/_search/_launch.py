@@ -130,7 +130,7 @@ def time_isolated(
     ranks: int = 1,
     log: Callable[[str], None] = lambda _line: None,
 ) -> StepTimes | None:
-    """The step timing (:func:`scalertune._timing.time_dtypes`) in a fresh process, on a
+    """The step timing (:func:`scalertune._run._timing.time_dtypes`) in a fresh process, on a
     fresh workload. A rank that dies or hangs is a fault of one process: the timing runs
     again, ``MAX_RETRIES`` times at most. A dtype whose kernels kill the process (an abort,
     a hang past ``timeout_s``, out of memory) is left out and the others are timed again in
@@ -184,7 +184,7 @@ def preflight_ranks(
 ) -> Checked:
     """``preflight`` (one float32 step) in every rank; :class:`UsageError` as a rank raised
     it, a failure of the factory (an error, a hang past ``timeout_s``, a process that ended
-    without a result) as :class:`FactoryError`."""
+    without a result) as :class:`~scalertune._workload._loader.FactoryError`."""
     from scalertune._workload._loader import FactoryError
 
     job = PreflightJob(

@@ -257,7 +257,7 @@ def _journal(path: str, *, must_exist: bool) -> Any:
 
 def _journal_file(path: str) -> Any:
     """Optuna's journal file backend, whose appends a full disk cannot leave cut
-    (:class:`_WholeAppends`)."""
+    (``_WholeAppends``)."""
     from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
     class _WholeAppends(JournalFileBackend):
