@@ -77,7 +77,12 @@ class ModelCheck:
     number of ranks than the search's runs did (``ranks``; where it has a fingerprint of no
     model, ``searched`` is ``None``)."""
 
-    def __init__(self, searched: Mapping[str, Any] | None, path: str, ranks: str = "") -> None:
+    def __init__(
+        self,
+        searched: Mapping[str, Any] | None,
+        path: str,
+        ranks: tuple[int, int] | None = None,
+    ) -> None:
         self.searched, self.path, self.ranks = searched, path, ranks
 
     def __call__(self, model: torch.nn.Module) -> None:
@@ -89,40 +94,43 @@ class ModelCheck:
             warnings.warn(found, UserWarning, stacklevel=caller_stacklevel())
 
 
-def searched_world(data: Mapping[str, Any]) -> str:
-    """The ranks a result file's runs trained on, in words (``2 ranks (2 hosts x 1)``), from
-    ``evidence.nproc_per_node`` and ``evidence.nnodes`` (1 where it names neither)."""
+def searched_world(data: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The ranks per host and the hosts a result file's runs trained on, from
+    ``evidence.nproc_per_node`` and ``evidence.nnodes`` (1 where it names either not);
+    ``None`` where they are not counts."""
     evidence = data.get("evidence")
     evidence = evidence if isinstance(evidence, Mapping) else {}
     per, nodes = evidence.get("nproc_per_node", 1), evidence.get("nnodes", 1)
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (per, nodes)):
-        return ""
-    hosts = f" ({nodes} hosts x {per})" if nodes > 1 else ""
-    return f"{per * nodes} rank{'s' if per * nodes > 1 else ''}{hosts}"
+        return None
+    return per, nodes
 
 
-def other_world(searched: str, path: str) -> str | None:
+def other_world(searched: tuple[int, int] | None, path: str) -> str | None:
     """The line to warn when this training's ranks (its process group, else the launcher's
-    ``WORLD_SIZE``) are not the ``searched`` ones, where the search ran on more than one:
-    its scaler sees another global batch's gradients than the search's runs did."""
+    ``WORLD_SIZE``) are not the ``searched`` ones (ranks per host, hosts), where the search
+    ran on more than one: its scaler sees another global batch's gradients than the
+    search's runs did."""
     import os
 
     import torch
 
-    if not searched or int(searched.split()[0]) == 1:  # one process's answer, used on N: said
-        return None  # by the docs (distributed guide), not at every multi-GPU training
-    dist = torch.distributed
+    if searched is None or searched[0] * searched[1] == 1:  # one process's answer used on N:
+        return None  # said by the docs (distributed guide), not at every multi-GPU training
+    (per, nodes), dist = searched, torch.distributed
     ranks = (
         dist.get_world_size()
         if dist.is_available() and dist.is_initialized()
         else int(os.environ.get("WORLD_SIZE") or 1)
     )
-    if ranks == int(searched.split()[0]):
+    if ranks == per * nodes:
         return None
+    hosts = f" ({nodes} hosts x {per})" if nodes > 1 else ""
     return (
-        f"{path} was searched on {searched}, and this training runs on {ranks}: its loss "
-        "scale and predictions are for another global batch's gradients; search under this "
-        "training's launcher (scalertune search under torchrun or srun) before relying on them"
+        f"{path} was searched on {per * nodes} ranks{hosts}, and this training runs on {ranks}: "
+        "its loss scale and predictions are for another global batch's gradients; search "
+        "under this training's launcher (scalertune search under torchrun or srun) before "
+        "relying on them"
     )
 
 

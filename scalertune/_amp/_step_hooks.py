@@ -47,9 +47,11 @@ class StepHooks:
         return bool(self._after_backward)
 
     def backward_done(self) -> None:
-        for hook in list(self._after_backward.values()):
-            hook()
+        if self._after_backward:  # every step: nothing copied where nothing is registered
+            for hook in list(self._after_backward.values()):
+                hook()
 
     def grads_ready(self) -> None:
-        for hook in list(self._before_step.values()):
-            hook()
+        if self._before_step:
+            for hook in list(self._before_step.values()):
+                hook()

@@ -79,7 +79,7 @@ class Crew:
         self._n = 0
         self._lost: str | None = None
         self._beating = threading.Event()
-        #: A rank past 0: its calls to rank 0's store, watched (:class:`_Deadline`).
+        #: A rank past 0: the deadline its store's calls go through (:class:`_Watched`).
         self._deadline: _Deadline | None = None
 
     # -- joining ----------------------------------------------------------------------------
@@ -119,7 +119,7 @@ class Crew:
         else:
             roster = json.loads(store.get("roster"))
         store.set_timeout(datetime.timedelta(seconds=host_timeout))
-        crew = cls(world, store.inner if deadline is not None else store, roster, host_timeout)
+        crew = cls(world, store, roster, host_timeout)
         crew._deadline = deadline
         if world.rank == 0:
             threading.Thread(target=crew._beat, name="scalertune-beat", daemon=True).start()
@@ -223,12 +223,10 @@ class Crew:
                 self._n += 1
                 message = self._next(self._n)
                 if message[:1] == b"S":
-                    self._watched(self._store.set, f"bye/{self.world.rank}", "1")
+                    self._store.set(f"bye/{self.world.rank}", "1")
                     return int(json.loads(message[1:])["code"])
                 report = self._run(message[1:])
-                self._watched(
-                    self._store.set, f"done/{self._n}/{self.world.rank}", json.dumps(report)
-                )
+                self._store.set(f"done/{self._n}/{self.world.rank}", json.dumps(report))
         except (RuntimeError, OSError) as exc:  # torch's DistError is a RuntimeError
             raise HostLost(
                 f"{self.where(0)} stopped answering ({str(exc).splitlines()[0][:200]}): "
@@ -245,24 +243,17 @@ class Crew:
         watch = _watch_abort(self.world, self._host_timeout, self._n)
         return _perform(job, timeout_s, self.world.run_env(port), None, watch)
 
-    def _watched(self, method: Callable[..., Any], *args: Any) -> Any:
-        return method(*args) if self._deadline is None else self._deadline.call(method, *args)
-
     def _next(self, n: int) -> bytes:
         """Run ``n``'s message, once posted; rank 0 lost when its heartbeat stops."""
         key, last, since = f"job/{n}", None, time.monotonic()
-        while not self._watched(self._store.check, [key]):
-            beat = (
-                self._watched(self._store.get, "beat")
-                if self._watched(self._store.check, ["beat"])
-                else None
-            )
+        while not self._store.check([key]):
+            beat = self._store.get("beat") if self._store.check(["beat"]) else None
             if beat != last:
                 last, since = beat, time.monotonic()
             elif time.monotonic() - since > self._host_timeout:
                 raise RuntimeError(f"no heartbeat for {self._host_timeout:g} s (--host-timeout)")
             time.sleep(_POLL_S)
-        return bytes(self._watched(self._store.get, key))
+        return bytes(self._store.get(key))
 
 
 def _blamed(where: Callable[[int], str], reports: dict[int, dict[str, Any]]) -> BaseException:
@@ -428,7 +419,8 @@ class _Deadline:
 
 
 class _Watched:
-    """A store whose every call goes through a :class:`_Deadline` (the rendezvous's)."""
+    """A store whose every call goes through a :class:`_Deadline`: a rank past 0's view of
+    rank 0's store, from the rendezvous on."""
 
     def __init__(self, inner: Any, deadline: _Deadline) -> None:
         self.inner, self._deadline = inner, deadline
