@@ -50,19 +50,30 @@ class Gap:
     z: float
     checks: int
 
-    @property
-    def failing(self) -> bool:
-        return self.beyond(_policy.PHASE_TOLERANCE)
-
     def beyond(self, tolerance: float, z: float = _policy.PHASE_Z) -> bool:
-        """The ratio exceeds ``1 + tolerance`` and its excess exceeds ``z`` standard errors."""
-        return self.ratio - 1 > tolerance and self.z > z
+        """The ratio exceeds ``1 + tolerance`` and its excess exceeds ``z`` standard errors
+        (:func:`falls_behind`)."""
+        return falls_behind(self.ratio, self.z, tolerance, z)
 
     def describe(self) -> str:
         z = "inf" if math.isinf(self.z) else f"{self.z:.1f}"
         return (
             f"{self.ratio:.3g}x float32's over the last {self.checks} checks ({z} standard errors)"
         )
+
+
+def falls_behind(
+    ratio: float,
+    z: float,
+    tolerance: float = _policy.PHASE_TOLERANCE,
+    bound: float = _policy.PHASE_Z,
+) -> bool:
+    """The comparison rule, one function for the in-run check (:meth:`Gap.beyond`, with the
+    run's :class:`~scalertune._amp._check.CheckPolicy`) and the horizon's phases
+    (:attr:`PhaseResult.behind <scalertune._judge._phases.PhaseResult.behind>`): a loss
+    ``ratio`` over float32's at the same weights is behind when it exceeds ``1 + tolerance``
+    **and** its excess is more than ``bound`` standard errors (``z``) of its noise."""
+    return ratio - 1 > tolerance and z > bound
 
 
 def judge(checks: Sequence[Check]) -> Gap | None:

@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from scalertune import _policy
-from scalertune._inrun._gap import z_score
+from scalertune._inrun._gap import falls_behind, z_score
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,7 @@ class PhaseResult:
 
     @property
     def behind(self) -> bool:
-        return self.ratio - 1 > _policy.PHASE_TOLERANCE and self.z > _policy.PHASE_Z
+        return falls_behind(self.ratio, self.z)
 
     @property
     def holds(self) -> bool:

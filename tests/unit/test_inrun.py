@@ -15,7 +15,7 @@ import yaml
 from torch import nn
 
 import scalertune
-from scalertune import AmpCheckError, AmpCheckWarning, AmpConfig, AmpRuntime, CheckPolicy
+from scalertune import AmpCheckError, AmpCheckWarning, AmpConfig, AmpRuntime, CheckPolicy, _policy
 from scalertune._amp._schema import write_result
 from scalertune._errors import UsageError
 from scalertune._inrun import InRunCheck
@@ -92,13 +92,15 @@ def test_a_check_is_the_float32_loss_of_the_steps_batch_at_its_weights():
 
 
 def test_the_judgement_is_the_horizons_rule_over_recent_checks():
-    steady = [Check(i, 1.30, 1.0) for i in range(5)]
-    assert judge(steady).failing  # 1.3x, no noise
-    assert not judge([Check(i, 1.20, 1.0) for i in range(5)]).failing  # within 1.25x
+    def failing(checks):  # at the default tolerance and z, the horizon's
+        return judge(checks).beyond(_policy.PHASE_TOLERANCE, _policy.PHASE_Z)
+
+    assert failing([Check(i, 1.30, 1.0) for i in range(5)])  # 1.3x, no noise
+    assert not failing([Check(i, 1.20, 1.0) for i in range(5)])  # within 1.25x
     noisy = [Check(i, ours, 1.0) for i, ours in enumerate([0.8, 2.2, 0.7, 2.3, 0.8])]
-    assert judge(noisy).ratio > 1.25 and not judge(noisy).failing  # within its own noise
+    assert judge(noisy).ratio > 1.25 and not failing(noisy)  # within its own noise
     negative = [Check(i, -0.6, -1.0) for i in range(5)]  # a loss below zero, 40% behind
-    assert judge(negative).failing
+    assert failing(negative)
     assert judge([Check(0, math.inf, 1.0), Check(1, 1.0, 1.0)]) is None
 
 

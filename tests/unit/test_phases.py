@@ -225,3 +225,22 @@ def test_a_run_from_step_0_that_reaches_a_windows_end_is_judged_on_its_last_half
     spiky = reference[:1800] + [2.0] * 100 + reference[1900:2000]
     assert judge_from_start(spiky, windows, spans, pruned=False)[0].holds
     assert judge_from_start(spiky[:1900], windows, spans, pruned=False)[0].behind
+
+
+def test_the_horizon_and_the_in_run_check_judge_by_one_rule():
+    """A window of the horizon and the in-run check's recent checks fall behind by the same
+    function (issue 51): at the default tolerance and z, over the edges of both bounds."""
+    from scalertune._inrun import _gap
+    from scalertune._judge import _phases
+
+    edge = 1 + _policy.PHASE_TOLERANCE
+    for ratio in (1.0, edge - 1e-9, edge, edge + 1e-9, 2.0, math.inf):
+        for z in (0.0, _policy.PHASE_Z, _policy.PHASE_Z + 1e-9, math.inf):
+            phase = _phases.PhaseResult(start=0, end=10, ratio=ratio, z=z, nonfinite=False)
+            gap = _gap.Gap(ratio=ratio, z=z, checks=5)
+            expected = _gap.falls_behind(ratio, z)
+            assert phase.behind is expected
+            assert gap.beyond(_policy.PHASE_TOLERANCE, _policy.PHASE_Z) is expected
+    # the in-run check's policy moves the bounds of the same rule, not another one
+    assert _gap.Gap(ratio=1.2, z=3.0, checks=5).beyond(0.1, 2.0)
+    assert not _gap.Gap(ratio=1.2, z=3.0, checks=5).beyond(0.1, 4.0)
