@@ -11,7 +11,7 @@ grows by one finished trial before each decision, as it does in a search.
 The studies are written without training, by the search's own writers: the float32
 references of the search's seed and of the confirmation seeds (``add_reference``), the
 baselines and the sampled runs (configs the default space's sampler proposes; their judged
-figures, curves and constraints stored by ``store_judged``, ``store_curves`` and
+figures, curves and constraints stored by ``_judged.store``, ``store_curves`` and
 ``store_constraint``), completed, pruned (slower than the best) and failed in the proportions
 of a real search; each run a trial of 200 steps. The reference's gradient trace is left out
 (decoding one is cached on its own, :mod:`scalertune._judge._reference`).
@@ -55,6 +55,7 @@ from torch import nn
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig, baselines
+from scalertune._judge._judged import store
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
 from scalertune._run._step_times import StepTimes
@@ -63,19 +64,19 @@ from scalertune._search._progress import Progress
 from scalertune._search._setup import Setup, prepare
 from scalertune._search._study import (
     add_reference,
-    judged_attrs,
+    judged_of,
     objective_value,
     open_study,
     relative_curve,
     store_constraint,
     store_curves,
-    store_judged,
 )
 from scalertune._search._trials import _finished_twin
 from scalertune._storage._names import ROLE_BASELINE, ROLE_SEARCH, TRACEBACK_ATTR
 from scalertune._storage._open import open_storage
 from scalertune._storage._optuna import set_system_attr
 from scalertune._storage._recovery import WORKER, retry
+from scalertune._storage._trial_record import Job, Marks
 
 SIZES = (15, 150, 1500)
 STEPS = 200
@@ -124,7 +125,7 @@ class _Writer:
             add_reference(
                 self.study,
                 record,
-                record.config.to_dict(),
+                record.config,
                 times if seed == self.setup.seed else None,
                 settings=self.setup.settings,
                 checkpoints={},
@@ -160,23 +161,17 @@ class _Writer:
             if role == ROLE_SEARCH and draw < FAILED + PRUNED
             else TrialState.COMPLETE
         )
-        for key, value in {
-            "worker": WORKER,
-            "role": role,
-            "config": config.to_dict(),
-            "seed": 0,
-            **attrs,
-        }.items():
-            trial.set_user_attr(key, value)
+        Marks(worker=WORKER).write(trial)
+        Job(role, seed=0, config=config, **attrs).write(trial)
         record = self._record(config, state)
         assert self.target is not None
         value = None
         if state == TrialState.FAIL:
-            trial.set_user_attr("error", "RuntimeError: CUDA error: an illegal memory access")
+            Marks(error="RuntimeError: CUDA error: an illegal memory access").write(trial)
             set_system_attr(trial, TRACEBACK_ATTR, "Traceback (most recent call last):\n" * 8)
         else:
-            judged = judged_attrs(record, self.target, 2e-3)
-            store_judged(trial, judged)
+            judged = judged_of(record, self.target, 2e-3)
+            store(trial, judged)
             store_curves(trial, record)
             store_constraint(trial, self.target.gap(record.losses))
             if state == TrialState.COMPLETE:

@@ -6,6 +6,8 @@
 - ``_stored``: what a study holds, checked before it is trusted (damaged evidence);
 - ``_reference``: the float32 reference as one typed, versioned record, read and written there
   alone;
+- ``_judged``: a run's judged figures (and a phase's verdict) as one typed, versioned record,
+  written and read there alone;
 - ``_outcome``: a stored run as an :class:`Outcome`;
 - ``_view``: :class:`StudyView`, a study read incrementally: each finished trial checked and
   read once, the float32 reference of a seed found;

@@ -47,6 +47,7 @@ from scalertune._storage._names import (
     STOPPED_ATTR,
 )
 from scalertune._storage._recovery import missing_of
+from scalertune._storage._trial_record import role_of
 
 
 def judge(study: optuna.Study, *, storage: str = "", view: StudyView | None = None) -> Findings:
@@ -103,14 +104,14 @@ def judge(study: optuna.Study, *, storage: str = "", view: StudyView | None = No
         islands=[o for o in ranking if o.role == ROLE_ISLAND],
         failed=sum(
             t.state == TrialState.FAIL
-            and "error" in t.user_attrs
-            and t.user_attrs.get("role") != ROLE_SURPLUS
+            and view.records(t).marks.error is not None
+            and role_of(t) != ROLE_SURPLUS
             for t in trials
         ),
         lost=sum(
             t.state == TrialState.FAIL
-            and "error" not in t.user_attrs
-            and "missing" not in t.user_attrs
+            and view.records(t).marks.error is None
+            and view.records(t).marks.missing is None
             for t in trials
         ),
         missing=missing_of(trials),
@@ -130,8 +131,8 @@ def _confirmations(
         view.outcome(t)
         for t in trials
         if t.state == TrialState.FAIL
-        and t.user_attrs.get("role") == ROLE_CONFIRM
-        and "error" in t.user_attrs
+        and role_of(t) == ROLE_CONFIRM
+        and view.records(t).marks.error is not None
     ]
     found = confirmations_of([*outcomes, *failed])
     return {c.number: found.get(c.number, {}) for c in ordered}
@@ -153,8 +154,7 @@ def _answer(result: Findings, trials: list[FrozenTrial], view: StudyView) -> Fin
     twins = [
         view.outcome(t)
         for t in trials
-        if t.user_attrs.get("role") == ROLE_FLOAT32_CLIP
-        and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        if role_of(t) == ROLE_FLOAT32_CLIP and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
     ]
     twin = (
         None
@@ -194,11 +194,11 @@ def _float32_choice(result: Findings, twin: Outcome | None) -> Outcome | None:
 def _steps_trained(trials: list[FrozenTrial], view: StudyView) -> int:
     total = 0
     for trial in trials:
-        attrs = trial.user_attrs
-        if "duplicate_of" in attrs or attrs.get("role") == ROLE_RECOMMENDED:
+        role, records = role_of(trial), view.records(trial)
+        if records.marks.duplicate_of is not None or role == ROLE_RECOMMENDED:
             continue
-        total += int(attrs.get("steps_run") or 0)
-        if attrs.get("role") == ROLE_REFERENCE and trial.state == TrialState.COMPLETE:
+        total += int(records.judged.figures.steps_run or 0)
+        if role == ROLE_REFERENCE and trial.state == TrialState.COMPLETE:
             try:  # and the step timing it ran
                 times = view.reference(trial).step_times
             except DamagedEvidence:

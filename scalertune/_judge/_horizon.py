@@ -11,8 +11,7 @@ to the simpler config.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
@@ -20,9 +19,11 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune import _policy
 from scalertune._amp._config import DEFAULTS_BASELINES
 from scalertune._judge import _policy as _judge_policy
+from scalertune._judge._judged import Judged, PhaseFigures
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
-from scalertune._storage._names import JUDGED_ATTR, ROLE_BASELINE, ROLE_PHASE
+from scalertune._storage._names import ROLE_BASELINE, ROLE_PHASE
+from scalertune._storage._trial_record import Job, role_of
 
 
 def phases_of(trials: Iterable[FrozenTrial]) -> dict[int, list[PhaseResult]]:
@@ -31,56 +32,36 @@ def phases_of(trials: Iterable[FrozenTrial]) -> dict[int, list[PhaseResult]]:
     its branches at the others. ``trials`` are sound ones (:func:`~scalertune._judge.
     _stored.sound`: a run whose stored evidence is damaged is left out before)."""
     found: dict[int, dict[int, PhaseResult]] = {}
+    for _, job, phase in _phase_runs(trials):
+        windows = found.setdefault(int(job.of or 0), {})
+        if phase.results is not None:  # a run from step 0, or its continuation
+            windows.update({p.start: p for p in phase.results})
+        elif not ((start := int(job.start or 0)) in windows and windows[start].from_start):
+            windows[start] = phase.result(start, int(job.end or 0))
+    return {n: sorted(w.values(), key=lambda p: p.start) for n, w in found.items() if w}
+
+
+def _phase_runs(
+    trials: Iterable[FrozenTrial],
+) -> Iterator[tuple[FrozenTrial, Job, PhaseFigures]]:
+    """The finished phase runs among ``trials`` that stored a verdict: each with its job and
+    its verdict (:class:`~scalertune._judge._judged.PhaseFigures`)."""
     for trial in trials:
-        attrs = trial.user_attrs
-        if attrs.get("role") != ROLE_PHASE or trial.state not in (
+        if role_of(trial) != ROLE_PHASE or trial.state not in (
             TrialState.COMPLETE,
             TrialState.PRUNED,
         ):
             continue
-        judged = trial.system_attrs.get(JUDGED_ATTR, {})
-        windows = found.setdefault(int(attrs["of"]), {})
-        if "phase_results" in judged:  # a run from step 0, or its continuation
-            windows.update({p.start: p for p in from_start_results(judged["phase_results"])})
-        elif "phase_ratio" in judged and not (
-            int(attrs["start"]) in windows and windows[int(attrs["start"])].from_start
-        ):
-            windows[int(attrs["start"])] = PhaseResult(
-                start=int(attrs["start"]),
-                end=int(attrs["end"]),
-                ratio=_float(judged["phase_ratio"]),
-                z=_float(judged["phase_z"]),
-                nonfinite=bool(judged["phase_nonfinite"]),
-            )
-    return {n: sorted(w.values(), key=lambda p: p.start) for n, w in found.items() if w}
+        phase = Judged.of_trial(trial).phase
+        if phase is not None:
+            yield trial, Job.of_trial(trial), phase
 
 
-def from_start_results(stored: Iterable[dict[str, Any]]) -> list[PhaseResult]:
-    """A run from step 0's windows as stored (``phase_results``), as :class:`PhaseResult`."""
-    return [
-        PhaseResult(
-            start=int(p["start"]),
-            end=int(p["end"]),
-            ratio=_float(p["ratio"]),
-            z=_float(p["z"]),
-            nonfinite=bool(p["nonfinite"]),
-            from_start=True,
-            at=p.get("at"),
-        )
-        for p in stored
-    ]
-
-
-def is_from_start(attrs: dict[str, Any]) -> bool:
+def is_from_start(attrs: Mapping[str, Any]) -> bool:
     """Whether a phase trial's attributes name a run from step 0, or its continuation (not a
-    branch from float32's checkpoint)."""
-    return attrs.get("role") == ROLE_PHASE and (
-        int(attrs.get("start", -1)) == 0 or bool(attrs.get("continues"))
-    )
-
-
-def _float(value: Any) -> float:
-    return math.inf if value is None else float(value)
+    branch from float32's checkpoint): :attr:`Job.from_start
+    <scalertune._storage._trial_record.Job.from_start>`."""
+    return Job.read(attrs).from_start
 
 
 def holds(
@@ -149,34 +130,26 @@ def ruled_out(trials: Iterable[FrozenTrial]) -> dict[str, RuledOut]:
     weights where it did (see :class:`RuledOut`): trained from step 0, or branched where that
     forward shows the precision failing."""
     out: dict[str, RuledOut] = {}
-    for trial in trials:
-        attrs = trial.user_attrs
-        judged = trial.system_attrs.get(JUDGED_ATTR, {})
-        if attrs.get("role") != ROLE_PHASE or judged.get("phase_forward") is None:
+    for _, job, phase in _phase_runs(trials):
+        if phase.forward is None or job.config is None:
             continue
-        forward = _float(judged["phase_forward"])
-        if "phase_results" in judged:
-            behind = [
-                (p.start, p.end)
-                for p in from_start_results(judged["phase_results"])
-                if p.behind and not p.nonfinite
-            ]
+        if phase.results is not None:
+            behind = [(p.start, p.end) for p in phase.results if p.behind and not p.nonfinite]
         else:  # a branch rules out only for the precision: its start was float32's own state
             behind = (
-                [(int(attrs["start"]), int(attrs["end"]))]
-                if (forward > 1 + _policy.PHASE_TOLERANCE)
+                [(int(job.start or 0), int(job.end or 0))]
+                if (phase.forward > 1 + _policy.PHASE_TOLERANCE)
                 else []
             )
         if behind:
-            config = attrs["config"]
             out.setdefault(
-                str(config["dtype"]),
+                job.config.dtype,
                 RuledOut(
-                    int(attrs["of"]),
+                    int(job.of or 0),
                     *behind[0],
-                    forward,
-                    tuple(config.get("fp32_modules") or ()),
-                    int(judged.get("phase_forward_at", 0)),
+                    phase.forward,
+                    tuple(job.config.fp32_modules or ()),
+                    int(phase.forward_at or 0),
                 ),
             )
     return out

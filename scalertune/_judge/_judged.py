@@ -5,7 +5,7 @@ A finished run's figures are stored twice: in full precision as one system attri
 (``_names.JUDGED_ATTR``), which the judging and ``report`` read, and rounded for reading as
 user attributes, which the dashboard shows. The stored keys are the fields' names
 (a phase run's verdict with ``phase_`` before each), each value's kind read from its
-annotation and checked on reading (:mod:`scalertune._storage._record`): a key is named once,
+annotation and checked on reading (:mod:`scalertune._storage._trial_record`): a key is named once,
 in its field. :data:`VERSION` is the record's format; one written by a later release is
 damaged evidence here, not misread.
 """
@@ -23,7 +23,7 @@ from scalertune import _limits
 from scalertune._judge._phases import PhaseResult
 from scalertune._storage._names import JUDGED_ATTR
 from scalertune._storage._optuna import set_system_attr
-from scalertune._storage._record import checked, damaged, is_integer, is_number
+from scalertune._storage._trial_record import checked, damaged, is_integer, is_number
 from scalertune._text import readable
 
 #: The judged record's format (absent in studies written before it was versioned: 1).
@@ -84,12 +84,12 @@ class PhaseFigures:
     #: A run from step 0's windows (``None`` for a branch).
     results: tuple[PhaseResult, ...] | None = None
 
-    @property
-    def result(self) -> PhaseResult:
-        """A branch's window as a :class:`PhaseResult` (no figure: inf)."""
+    def result(self, start: int, end: int) -> PhaseResult:
+        """A branch's verdict over its window ``start``-``end`` (its job's) as a
+        :class:`PhaseResult` (no figure: inf)."""
         return PhaseResult(
-            start=int(self.start or 0),
-            end=int(self.end or 0),
+            start=start,
+            end=end,
             ratio=_inf(self.ratio),
             z=_inf(self.z),
             nonfinite=bool(self.nonfinite),
@@ -135,7 +135,7 @@ class Judged:
             raise damaged(where, JUDGED_ATTR, "is of a format this release does not read")
         return cls(
             figures=Figures(**checked(Figures, stored, where)),
-            phase=_read_phase(stored, where) if "phase_start" in stored else None,
+            phase=_read_phase(stored, where) if _PHASE_KEYS & stored.keys() else None,
             **checked(cls, stored, where),
         )
 
@@ -162,6 +162,14 @@ def store(trial: Any, judged: Judged) -> None:
     for key, value in attrs.items():
         if key != "prune_reason":
             trial.set_user_attr(key, readable(value))
+
+
+def repeated(trial: FrozenTrial, time_to_target_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a trial that repeats ``trial``'s run (the recommended trial) stores of its judged
+    record: the user attribute of its time to target (``time_to_target_s``, the repeat's own
+    rounding), and the system attribute as ``trial`` stores it."""
+    stored = trial.system_attrs.get(JUDGED_ATTR, {})
+    return {"time_to_target_s": time_to_target_s}, {JUDGED_ATTR: dict(stored)}
 
 
 def _phase_attrs(phase: PhaseFigures) -> dict[str, Any]:
@@ -230,6 +238,8 @@ def _inf(value: float | None) -> float:
     return math.inf if value is None else float(value)
 
 
+#: The keys of a phase run's verdict: any of them stored makes the run's record one.
+_PHASE_KEYS = frozenset(f"phase_{f.name}" for f in dataclasses.fields(PhaseFigures))
 #: Every key the record stores, by its fields' names.
 _STORED = frozenset(
     [f.name for f in dataclasses.fields(Figures)]

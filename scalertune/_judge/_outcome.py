@@ -14,9 +14,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
+from scalertune._errors import DamagedEvidence
+from scalertune._judge._judged import Figures, Judged
 from scalertune._judge._stored import check_trial, sound
 from scalertune._storage._names import (
-    JUDGED_ATTR,
     LOSSES_ATTR,
     ROLE_BASELINE,
     ROLE_CONFIRM,
@@ -27,6 +28,9 @@ from scalertune._storage._names import (
     RUN_ROLES,
     SCALES_ATTR,
 )
+from scalertune._storage._trial_record import Job, Marks, role_of
+
+__all__ = ["Figures", "Outcome", "is_run", "outcomes_of", "read_outcome"]
 
 
 def encode_scales(scales: Sequence[float]) -> list[list[float]]:
@@ -41,34 +45,6 @@ def encode_scales(scales: Sequence[float]) -> list[list[float]]:
 
 def decode_scales(runs: Sequence[Sequence[float]]) -> tuple[float, ...]:
     return tuple(value for value, count in runs for _ in range(int(count)))
-
-
-@dataclasses.dataclass(frozen=True)
-class Figures:
-    """A run's judged figures, as the study stores them (in full precision: the dashboard
-    shows rounded copies), in the order the result's evidence lists them; ``None`` where a
-    run has none (a pruned run never reached the target, a failed one has no step time)."""
-
-    #: The step at which its smoothed loss reached the float32 target.
-    steps_to_target: int | None = None
-    #: Steps to target times its median step time.
-    time_to_target_s: float | None = None
-    step_time_s: float | None = None
-    #: Steps GradScaler skipped (non-finite gradients).
-    skipped_steps: int | None = None
-    #: The loss scale's lowest and last values (runs with a scaler).
-    min_scale: float | None = None
-    final_scale: float | None = None
-    first_nonfinite_step: int | None = None
-    #: The steps it trained (a reused duplicate's: the original's).
-    steps_run: int | None = None
-    #: Its smoothed loss over float32's at the step it stopped, and that step.
-    loss_vs_float32: float | None = None
-    loss_vs_float32_step: int | None = None
-
-
-#: The stored attribute of each of :class:`Figures`, by the same name.
-_FIGURES = tuple(f.name for f in dataclasses.fields(Figures))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,36 +161,37 @@ class Outcome:
 
 def read_outcome(trial: FrozenTrial) -> Outcome:
     """``trial`` as an :class:`Outcome`, its evidence checked already
-    (:meth:`Outcome.from_trial` checks it first)."""
-    # the judged figures in full precision over the rounded copies the dashboard shows
-    attrs = {**trial.user_attrs, **trial.system_attrs.get(JUDGED_ATTR, {})}
+    (:meth:`Outcome.from_trial` checks it first): its records read
+    (:class:`~scalertune._storage._trial_record.Job`,
+    :class:`~scalertune._storage._trial_record.Marks`,
+    :class:`~scalertune._judge._judged.Judged`), its curves decoded."""
+    job, marks, judged = Job.of_trial(trial), Marks.of_trial(trial), Judged.of_trial(trial)
+    if job.config is None:
+        raise DamagedEvidence(f"trial #{trial.number} names no AMP config")
     return Outcome(
         number=trial.number,
-        role=attrs.get("role", ROLE_SEARCH),
-        config=AmpConfig.from_dict(attrs["config"]),
-        seed=int(attrs.get("seed", 0)),
+        role=job.role or ROLE_SEARCH,
+        config=job.config,
+        seed=job.seed or 0,
         state=trial.state.name.lower(),
         losses=tuple(trial.system_attrs.get(LOSSES_ATTR, ())),
         scales=decode_scales(trial.system_attrs.get(SCALES_ATTR, [])),
-        figures=Figures(**{key: attrs.get(key) for key in _FIGURES}),
-        baseline=attrs.get("baseline"),
-        confirms=attrs.get("confirms"),
-        duplicate_of=attrs.get("duplicate_of"),
-        prune_kind=attrs.get("pruned_because"),
-        prune_reason=attrs.get("prune_reason"),
-        error=attrs.get("error"),
-        overflow_module=attrs.get("overflow_module"),
-        overflow_islands=attrs.get("overflow_islands"),
+        figures=judged.figures,
+        baseline=job.baseline,
+        confirms=job.confirms,
+        duplicate_of=marks.duplicate_of,
+        prune_kind=judged.pruned_because,
+        prune_reason=judged.prune_reason,
+        error=marks.error,
+        overflow_module=marks.overflow_module,
+        overflow_islands=marks.overflow_islands,
     )
 
 
 def is_run(trial: FrozenTrial) -> bool:
     """Whether ``trial`` is a finished AMP run (complete or pruned): the float32 reference
     trials are the yardstick, not candidates."""
-    return (
-        trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        and trial.user_attrs.get("role") in RUN_ROLES
-    )
+    return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) and role_of(trial) in RUN_ROLES
 
 
 def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:

@@ -15,98 +15,61 @@ run or a trace longer than the longest horizon is damaged too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, TypeGuard
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _limits
-from scalertune._amp._config import AmpConfig
-from scalertune._errors import DamagedEvidence, UsageError
+from scalertune._errors import DamagedEvidence
+from scalertune._judge._judged import Judged
 from scalertune._judge._reference import Reference
-from scalertune._storage._names import (
-    JUDGED_ATTR,
-    LOSSES_ATTR,
-    ROLE_REFERENCE,
-    SCALES_ATTR,
-    TRACEBACK_ATTR,
-)
-from scalertune._storage._store import plain
+from scalertune._storage._names import LOSSES_ATTR, ROLE_REFERENCE, SCALES_ATTR, TRACEBACK_ATTR
+from scalertune._storage._trial_record import Job, Marks, damaged, is_integer, is_number
 
-#: Attributes a run stores as whole numbers (or ``None``), and as numbers of any kind.
-_INTEGERS = (
-    "seed",
-    "skipped_steps",
-    "first_nonfinite_step",
-    "steps_run",
-    "steps_to_target",
-    "loss_vs_float32_step",
-    "start",
-    "end",
-    "of",
-    "confirms",
-    "duplicate_of",
-    "island_of",
-    "clip_of",
-    "phase_start",
-    "phase_end",
-    "phase_forward_at",
-)
-_NUMBERS = (
-    "final_scale",
-    "min_scale",
-    "initial_scale",
-    "step_time_s",
-    "time_to_target_s",
-    "measured_step_time_s",
-    "loss_vs_float32",
-    "target_loss",
-    "phase_ratio",
-    "phase_z",
-    "phase_forward",
-)
-#: ... and as text: what a run is and how it ended.
-_TEXTS = ("role", "baseline", "pruned_because", "prune_reason", "error", "missing", "traceback")
+
+@dataclasses.dataclass(frozen=True)
+class Records:
+    """A trial's records, read and checked: what it runs, what the search noted, what was
+    judged of it."""
+
+    job: Job
+    marks: Marks
+    judged: Judged
 
 
 def check_trial(trial: FrozenTrial) -> Reference | None:
     """:class:`DamagedEvidence` naming the first attribute of ``trial`` that is not what a
     run stores, or a finished float32 reference holds (see the module); the reference's
     record, read in the check, for a finished float32 reference."""
-    _check_run(trial)
-    if trial.user_attrs.get("role") == ROLE_REFERENCE and trial.state == TrialState.COMPLETE:
-        return Reference.from_trial(trial)
-    return None
+    return checked_trial(trial)[1]
 
 
-def _check_run(trial: FrozenTrial) -> None:
-    attrs = _attrs(trial)
+def checked_trial(trial: FrozenTrial) -> tuple[Records, Reference | None]:
+    """:func:`check_trial`, and the trial's records read in the check."""
+    records = _check_run(trial)
+    if records.job.role == ROLE_REFERENCE and trial.state == TrialState.COMPLETE:
+        return records, Reference.from_trial(trial)
+    return records, None
+
+
+def _check_run(trial: FrozenTrial) -> Records:
+    """Each of the trial's records read (:class:`~scalertune._storage._trial_record.Job`,
+    :class:`~scalertune._storage._trial_record.Marks`, :class:`~scalertune._judge._judged.Judged`:
+    their readers check every value), its traceback, loss curve and scale runs."""
+    records = Records(Job.of_trial(trial), Marks.of_trial(trial), Judged.of_trial(trial))
     where = f"trial #{trial.number}"
-    for key in _INTEGERS:
-        if attrs.get(key) is not None and not _is_integer(attrs[key]):
-            raise _damaged(where, key, "is not a whole number")
-    for key in _NUMBERS:
-        if attrs.get(key) is not None and not _is_number(attrs[key]):
-            raise _damaged(where, key, "is not a number")
-    for key in _TEXTS:
-        if attrs.get(key) is not None and not isinstance(attrs[key], str):
-            raise _damaged(where, key, "is not text")
-    for key in ("save", "continues"):
-        if attrs.get(key) is not None and not plain(attrs[key]):
-            raise _damaged(where, key, "is not a checkpoint's file name")
-    if "config" in attrs:
-        try:
-            AmpConfig.from_dict(attrs["config"])
-        except (UsageError, TypeError, ValueError) as exc:
-            raise _damaged(where, "config", f"is not an AMP config ({exc})") from None
     system = trial.system_attrs
+    if system.get(TRACEBACK_ATTR) is not None and not isinstance(system[TRACEBACK_ATTR], str):
+        raise damaged(where, "traceback", "is not text")
     curve(system.get(LOSSES_ATTR, []), f"{where}'s {LOSSES_ATTR}")
     scales = system.get(SCALES_ATTR, [])
     if not isinstance(scales, list) or not all(_is_scale_run(run) for run in scales):
-        raise _damaged(where, SCALES_ATTR, "is not runs of [scale, steps]")
+        raise damaged(where, SCALES_ATTR, "is not runs of [scale, steps]")
     if sum(run[1] for run in scales) > _limits.MAX_HORIZON:
-        raise _damaged(where, SCALES_ATTR, "runs past the longest horizon")
-    _check_phase_results(attrs.get("phase_results"), where)
+        raise damaged(where, SCALES_ATTR, "runs past the longest horizon")
+    return records
 
 
 def sound(trials: Iterable[FrozenTrial]) -> tuple[list[FrozenTrial], dict[int, str]]:
@@ -129,56 +92,17 @@ def curve(values: Any, what: str) -> list[float]:
     if (
         not isinstance(values, list)
         or len(values) > _limits.MAX_HORIZON
-        or not all(_is_number(v) for v in values)
+        or not all(is_number(v) for v in values)
     ):
         raise DamagedEvidence(f"{what} is damaged: it is not a loss per step")
     return [float(v) for v in values]
-
-
-def _attrs(trial: FrozenTrial) -> dict[str, Any]:
-    """The user attributes, the judged ones over them, and the traceback (as
-    :meth:`Outcome.from_trial <scalertune._judge._outcome.Outcome.from_trial>` reads them)."""
-    judged = trial.system_attrs.get(JUDGED_ATTR, {})
-    if not isinstance(judged, Mapping):
-        raise _damaged(f"trial #{trial.number}", JUDGED_ATTR, "is not a mapping")
-    traceback = trial.system_attrs.get(TRACEBACK_ATTR)
-    return {**trial.user_attrs, **judged, **({"traceback": traceback} if traceback else {})}
-
-
-def _damaged(where: str, key: str, why: str) -> DamagedEvidence:
-    return DamagedEvidence(f"{where}'s {key} is damaged: it {why}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_integer(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 2**62
 
 
 def _is_scale_run(run: Any) -> bool:
     return (
         isinstance(run, list)
         and len(run) == 2
-        and _is_number(run[0])
-        and _is_integer(run[1])
+        and is_number(run[0])
+        and is_integer(run[1])
         and run[1] >= 0
     )
-
-
-def _check_phase_results(results: Any, where: str) -> None:
-    """A run from step 0's windows (``phase_results``): a list of mappings of its figures."""
-    if results is None:
-        return
-    if not isinstance(results, list) or len(results) > _limits.MAX_HORIZON:
-        raise _damaged(where, "phase_results", "is not a list of windows")
-    for window in results:
-        if (
-            not isinstance(window, Mapping)
-            or not all(_is_integer(window.get(k)) for k in ("start", "end"))
-            or not all(window.get(k) is None or _is_number(window[k]) for k in ("ratio", "z"))
-            or not isinstance(window.get("nonfinite"), bool)
-            or not (window.get("at") is None or _is_integer(window["at"]))
-        ):
-            raise _damaged(where, "phase_results", "holds a window that is not one")

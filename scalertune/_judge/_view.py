@@ -30,8 +30,9 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune._errors import DamagedEvidence
 from scalertune._judge._outcome import Outcome, is_run, read_outcome
 from scalertune._judge._reference import Reference
-from scalertune._judge._stored import check_trial
+from scalertune._judge._stored import Records, checked_trial
 from scalertune._storage._names import ROLE_REFERENCE
+from scalertune._storage._trial_record import Job, role_of
 
 
 class StudyView:
@@ -54,6 +55,8 @@ class StudyView:
         #: ... -> its run, and its float32 reference (or why that is damaged).
         self._outcomes: dict[int, Outcome] = {}
         self._references: dict[int, Reference | str] = {}
+        #: ... -> its records, read in its check.
+        self._records: dict[int, Records] = {}
 
     def trials(self, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
         """The study's trials now (``states`` only, where given), in number order."""
@@ -87,6 +90,17 @@ class StudyView:
             self._outcomes[trial.number] = outcome
         return outcome
 
+    def records(self, trial: FrozenTrial) -> Records:
+        """``trial``'s records (:class:`~scalertune._judge._stored.Records`), read once when
+        it has finished; its damage raised as :class:`~scalertune._errors.DamagedEvidence`."""
+        kept = self._records.get(trial.number) if trial.state.is_finished() else None
+        if kept is not None:
+            return kept
+        why = self._damaged(trial)
+        if why is not None:
+            raise DamagedEvidence(why)
+        return self._records.get(trial.number) or checked_trial(trial)[0]
+
     def outcomes(self, trials: Iterable[FrozenTrial]) -> list[Outcome]:
         """The finished AMP runs among ``trials`` (:func:`~scalertune._judge._outcome.is_run`)
         whose evidence is sound, in their order."""
@@ -117,8 +131,9 @@ class StudyView:
             t
             for t in (self.trials((TrialState.COMPLETE,)) if trials is None else trials)
             if t.state == TrialState.COMPLETE
-            and t.user_attrs.get("role") == ROLE_REFERENCE
-            and t.user_attrs.get("seed") == seed
+            and role_of(t) == ROLE_REFERENCE
+            and (job := Job.sound(t)) is not None
+            and job.seed == seed
         ]
 
     def reference_of(
@@ -151,13 +166,15 @@ class StudyView:
         if trial.state.is_finished() and trial.number in self._damage:
             return self._damage[trial.number]
         try:
-            reference = check_trial(trial)
+            records, reference = checked_trial(trial)
         except DamagedEvidence as exc:
             why: str | None = str(exc)
         else:
             why = None
             if reference is not None:  # read in the check: kept, not read again
                 self._references.setdefault(trial.number, reference)
+            if trial.state.is_finished():
+                self._records[trial.number] = records
         if trial.state.is_finished():
             self._damage[trial.number] = why
         return why

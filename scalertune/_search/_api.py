@@ -25,6 +25,7 @@ from scalertune import _interrupt, _policy
 from scalertune._amp._config import BASELINES
 from scalertune._amp._float8 import Float8LeftOut
 from scalertune._errors import StorageUnavailable
+from scalertune._judge._settings import StudySettings
 from scalertune._review._analyze import analyze
 from scalertune._review._result import SearchResult
 from scalertune._search._pipeline import Pipeline
@@ -33,12 +34,12 @@ from scalertune._search._setup import Isolation, Setup, prepare
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import open_study
 from scalertune._storage._claims import held
-from scalertune._storage._names import SETTINGS_ATTR
 from scalertune._storage._open import DEFAULT_STORAGE, open_storage, storage_url
 from scalertune._storage._outage import Outage, forget, set_log
 from scalertune._storage._recovery import missing_of, retry
 from scalertune._storage._redact import redact
 from scalertune._storage._store import Store, default_location, settle_location
+from scalertune._storage._trial_record import role_of
 from scalertune._text import plural
 from scalertune._workload._loader import default_study_name
 
@@ -255,11 +256,11 @@ def resuming(study: optuna.Study) -> str:
     ]
     roles: dict[str, int] = {}
     for t in finished:
-        role = str(t.user_attrs.get("role", "?"))
+        role = role_of(t) or "?"
         roles[role] = roles.get(role, 0) + 1
     said = ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))
     if not finished:
-        seed = int((study.user_attrs.get(SETTINGS_ATTR) or {}).get("seed", 0))
+        seed = StudySettings.of(study).seed
         if held(study, f"reference.{seed}"):
             return (
                 f"joining study {study.study_name!r}: another worker is running its "

@@ -22,8 +22,8 @@ from typing import Any
 
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import DamagedCheckpoint, MissingEvidence
+from scalertune._judge._judged import PhaseFigures
 from scalertune._judge._phases import (
-    PhaseResult,
     judge_from_start,
     judge_phase,
     judged_end,
@@ -46,9 +46,9 @@ def run_branch(
     start: int,
     end: int,
     on_window: Any = None,
-) -> tuple[RunRecord, dict[str, Any]]:
+) -> tuple[RunRecord, PhaseFigures]:
     """Train ``config`` from the reference's checkpoint at ``start`` to ``end``; the record
-    and the phase's judged figures."""
+    and the phase's verdict."""
     reference = references.reference(seed)
     scaler = scaler_state_at(references.trace(seed), config, start) if config.uses_scaler else None
     record = references.checkpoints.branching(
@@ -64,17 +64,16 @@ def run_branch(
     )
     result = judge_phase(record.losses, reference.windows[start], start=start, pruned=record.pruned)
     behind = result.behind and not result.nonfinite
-    return record, {
-        "phase_start": start,
-        "phase_end": end,
-        "phase_ratio": _finite(result.ratio),
-        "phase_z": _finite(result.z),
-        "phase_nonfinite": result.nonfinite,
-        "phase_holds": result.holds,
-        "initial_scale": record.initial_scale,
-        "phase_forward": (_finite(_forward(setup, references, config, seed)) if behind else None),
-        "phase_forward_at": reference.latest_start,
-    }
+    return record, PhaseFigures(
+        start=start,
+        end=end,
+        ratio=_finite(result.ratio),
+        z=_finite(result.z),
+        nonfinite=result.nonfinite,
+        holds=result.holds,
+        forward=_finite(_forward(setup, references, config, seed)) if behind else None,
+        forward_at=reference.latest_start,
+    )
 
 
 def _finite(value: float) -> float | None:
@@ -93,15 +92,15 @@ def run_from_start(
     continues: str | None = None,
     resumed_at: int = 0,
     log: Callable[[str], None],
-) -> tuple[RunRecord, dict[str, Any]]:
+) -> tuple[RunRecord, PhaseFigures, int | None]:
     """Train ``config`` from step 0 to ``end`` (the horizon, or as far as the search can
-    afford), judged at every phase window up to there; the record and the judged figures of
-    each window it got to. ``save``: the name its state at ``end`` is kept under (in the
-    study's artifact store), for a later run to continue from (``continues``: that state,
-    saved at step ``resumed_at``, the run then going on to ``end`` as one run). A state to
-    continue from that is missing or damaged is said in one line (``log``), and the run
-    trains from step 0 instead: the same run, only longer
-    (:func:`_continuing`)."""
+    afford), judged at every phase window up to there; the record, its verdict at each
+    window it got to, and the steps it trained itself where it continued another run.
+    ``save``: the name its state at ``end`` is kept under (in the study's artifact store),
+    for a later run to continue from (``continues``: that state, saved at step
+    ``resumed_at``, the run then going on to ``end`` as one run). A state to continue from
+    that is missing or damaged is said in one line (``log``), and the run trains from step
+    0 instead: the same run, only longer (:func:`_continuing`)."""
     reference = references.reference(seed)
     spans = [w for w in setup.windows if judged_end(*w) <= end]
     stop = _BehindStop(reference.windows, spans, end)
@@ -126,22 +125,19 @@ def run_from_start(
     )
     behind = next((p for p in results if p.behind and not p.nonfinite), None)
     last = results[-1] if results else None  # the verdict's window, as a branch shows one
-    return record, {
-        "phase_start": 0,
-        "phase_end": end,
-        "phase_results": [_result_dict(p) for p in results],
-        "phase_ratio": None if last is None else _finite(last.ratio),
-        "phase_z": None if last is None else _finite(last.z),
-        "phase_nonfinite": bool(last and last.nonfinite),
-        "phase_holds": all(p.holds for p in results),
-        "phase_forward": None
-        if behind is None
-        else _finite(_forward(setup, references, config, seed)),
-        "phase_forward_at": reference.latest_start,
-        "initial_scale": record.initial_scale,
-        # a continuation's record holds the run it continues: count its own steps
-        **({"steps_run": record.steps_run - resumed_at} if continued else {}),
-    }
+    verdict = PhaseFigures(
+        start=0,
+        end=end,
+        results=tuple(results),
+        ratio=None if last is None else _finite(last.ratio),
+        z=None if last is None else _finite(last.z),
+        nonfinite=bool(last and last.nonfinite),
+        holds=all(p.holds for p in results),
+        forward=None if behind is None else _finite(_forward(setup, references, config, seed)),
+        forward_at=reference.latest_start,
+    )
+    # a continuation's record holds the run it continues: count its own steps
+    return record, verdict, record.steps_run - resumed_at if continued else None
 
 
 def _continuing(
@@ -205,14 +201,3 @@ class _BehindStop:
                 record.stopped = "behind"
                 return True
         return False
-
-
-def _result_dict(p: PhaseResult) -> dict[str, Any]:
-    return {
-        "start": p.start,
-        "end": p.end,
-        "ratio": _finite(p.ratio),
-        "z": _finite(p.z),
-        "nonfinite": p.nonfinite,
-        "at": p.at,
-    }

@@ -17,21 +17,22 @@ from typing import Any
 from scalertune import _policy
 from scalertune._judge._answer import judge
 from scalertune._judge._findings import Findings
+from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import judged_end
 from scalertune._search import _policy as _search_policy
 from scalertune._search._island_choice import island_for
 from scalertune._search._setup import Setup
 from scalertune._storage._names import ROLE_ISLAND, ROLE_PHASE
+from scalertune._storage._trial_record import ISLAND_KEY, PHASE_KEY, Job
 
-#: The fields that name a phase run (a branch, a run from step 0, a continuation).
-PHASE_KEY = ("role", "of", "start")
-_ISLAND_KEY = ("role", "island_of")
+#: A job to queue, with the point of the space it is.
+Queued = tuple[Job, dict[str, Any]]
 
 
 class HorizonJobs:
     """The horizon's part of :class:`~scalertune._search._jobs.Jobs` (see the module)."""
 
-    def __init__(self, jobs: Any) -> None:
+    def __init__(self, jobs: Any) -> None:  # _jobs.Jobs, which imports this module
         self.jobs = jobs
 
     def _findings(self) -> Findings:
@@ -63,7 +64,7 @@ class HorizonJobs:
             else:
                 self.jobs.confirm_one(run)
 
-    def _islands(self, result: Any) -> bool:
+    def _islands(self, result: Findings) -> bool:
         """Propose the islands of the finalists that fell behind on evidence of their own;
         whether one was queued."""
         before = len(result.islands)
@@ -72,11 +73,11 @@ class HorizonJobs:
                 self.jobs.queue(
                     f"islands.{run.number}",
                     self._island_jobs(self._findings(), run),
-                    _ISLAND_KEY,
+                    ISLAND_KEY,
                 )
         return len(self._findings().islands) > before
 
-    def _evidence(self, run: Any, result: Any) -> None:
+    def _evidence(self, run: Outcome, result: Findings) -> None:
         """``run`` from step 0 as far as the cap allows, then continued to the horizon from
         its own state where the cap allows that, else branched after; else branched."""
         end = _affordable_end(self.jobs.setup, result, run)
@@ -97,7 +98,7 @@ class HorizonJobs:
         branches = self.jobs.phase_jobs([run], after=after, result=result)
         self.jobs.queue(f"branches.{run.number}", branches, PHASE_KEY)
 
-    def _from_start_job(self, run: Any, end: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _from_start_job(self, run: Outcome, end: int) -> Queued:
         job = self.jobs.job(
             ROLE_PHASE,
             run.config,
@@ -108,7 +109,7 @@ class HorizonJobs:
         )
         return job, self.jobs.params(run.config)
 
-    def _continued_job(self, run: Any, start: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _continued_job(self, run: Outcome, start: int) -> Queued:
         job = self.jobs.job(
             ROLE_PHASE,
             run.config,
@@ -119,12 +120,12 @@ class HorizonJobs:
         )
         return job, self.jobs.params(run.config)
 
-    def _own_checkpoint(self, run: Any, step: int) -> str:
+    def _own_checkpoint(self, run: Outcome, step: int) -> str:
         """The name of a finalist's own state at ``step``, saved by its run from step 0 for
         its continuation, beside the reference's checkpoints in the study's artifact store."""
         return f"trial{run.number}-step{step}.pt"
 
-    def _island_jobs(self, result: Any, run: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    def _island_jobs(self, result: Findings, run: Outcome) -> list[Queued]:
         """The island a late phase proposes for ``run``, which fell behind with the workload's
         own clipping (a clip that hurts late is not the precision's doing), while the search
         has fewer than ``ISLANDS_PER_SEARCH``; the check runs in the worker that holds the
@@ -142,7 +143,7 @@ class HorizonJobs:
         return [(job, self.jobs.params(run.config))]
 
 
-def _undecided(result: Any) -> list[Any]:
+def _undecided(result: Findings) -> list[Outcome]:
     """The finalists and islands, in the answer's order but a dtype that fell behind last,
     up to the first that holds and is confirmed: those whose evidence or confirmation is
     still to come."""
@@ -165,7 +166,7 @@ def _undecided(result: Any) -> list[Any]:
     return out
 
 
-def _affordable_end(setup: Setup, result: Any, run: Any) -> int | None:
+def _affordable_end(setup: Setup, result: Findings, run: Outcome) -> int | None:
     """How far ``run`` may train from step 0: the latest step a window needs
     (:func:`~scalertune._judge._phases.judged_end`) such that it, branches over the windows
     after it and what the search has spent stay within ``HORIZON_COST_CAP`` horizons,
@@ -191,7 +192,7 @@ def _affordable_end(setup: Setup, result: Any, run: Any) -> int | None:
     )
 
 
-def _can_continue(setup: Setup, result: Any, end: int) -> bool:
+def _can_continue(setup: Setup, result: Findings, end: int) -> bool:
     """Whether a run from step 0 that held to ``end`` may go on to the horizon from its own
     state within ``HORIZON_COST_CAP``, its confirmations still to come included: then it is
     one run from step 0 to the horizon, and its late windows need no branch."""

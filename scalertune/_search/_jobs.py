@@ -27,8 +27,9 @@ from scalertune import _policy
 from scalertune._amp._config import FLOAT8_BASELINES, AmpConfig, baselines
 from scalertune._judge._answer import judge
 from scalertune._judge._findings import Findings
+from scalertune._judge._outcome import Outcome
 from scalertune._judge._view import StudyView
-from scalertune._search._horizon_jobs import PHASE_KEY, HorizonJobs
+from scalertune._search._horizon_jobs import HorizonJobs, Queued
 from scalertune._search._progress import Progress
 from scalertune._search._recommended import add_recommended, recommended_stored
 from scalertune._search._references import References
@@ -43,11 +44,14 @@ from scalertune._storage._names import (
     ROLE_PHASE,
     ROLE_REPLAY,
 )
-
-_BASELINE_KEY = ("role", "baseline")
-_CONFIRM_KEY = ("role", "confirms", "seed")
-_CLIP_KEY = ("role", "clip_of", "seed")
-_REPLAY_KEY = ("role",)
+from scalertune._storage._trial_record import (
+    BASELINE_KEY,
+    CLIP_KEY,
+    CONFIRM_KEY,
+    PHASE_KEY,
+    REPLAY_KEY,
+    Job,
+)
 
 
 class Jobs:
@@ -78,7 +82,7 @@ class Jobs:
             (self.job(ROLE_BASELINE, config, baseline=name), self.params(config))
             for name, config in self._baseline_configs().items()
         ]
-        self.queue("baselines", jobs, _BASELINE_KEY)
+        self.queue("baselines", jobs, BASELINE_KEY)
 
     def replay_choice(self) -> None:
         """The float16 setting the replay finds best over the horizon, when it beats
@@ -86,7 +90,7 @@ class Jobs:
         result = self.findings()
         config = replay_choice(result, self.setup)
         jobs = [] if config is None else [(self.job(ROLE_REPLAY, config), self.params(config))]
-        self.queue("replay", jobs, _REPLAY_KEY)
+        self.queue("replay", jobs, REPLAY_KEY)
 
     def phases(self) -> None:
         """The evidence over a long horizon (:class:`~scalertune._search._horizon_jobs.
@@ -103,21 +107,16 @@ class Jobs:
         while (candidate := self.findings().next_to_confirm) is not None:
             self.confirm_one(candidate)
 
-    def confirm_one(self, candidate: Any) -> None:
+    def confirm_one(self, candidate: Outcome) -> None:
         params = self.view.trials()[candidate.number].params
         jobs = [
             (
-                {
-                    "role": ROLE_CONFIRM,
-                    "confirms": candidate.number,
-                    "seed": seed,
-                    "config": candidate.config.to_dict(),
-                },
+                Job(ROLE_CONFIRM, confirms=candidate.number, seed=seed, config=candidate.config),
                 params,
             )
             for seed in _policy.CONFIRM_SEEDS
         ]
-        self.queue(f"confirm.{candidate.number}", jobs, _CONFIRM_KEY)
+        self.queue(f"confirm.{candidate.number}", jobs, CONFIRM_KEY)
 
     def float32_clip(self) -> None:
         """float32 clipped as the best AMP config is, when that differs from the workload's
@@ -128,13 +127,8 @@ class Jobs:
         if best is None or best.config.clip_norm == self.setup.clip_norm:
             return
         config = AmpConfig(dtype="float32", clip_norm=best.config.clip_norm)
-        job = {
-            "role": ROLE_FLOAT32_CLIP,
-            "clip_of": best.number,
-            "seed": self.setup.seed,
-            "config": config.to_dict(),
-        }
-        self.queue(f"float32-clip.{best.number}", [(job, self.params(config))], _CLIP_KEY)
+        job = Job(ROLE_FLOAT32_CLIP, clip_of=best.number, seed=self.setup.seed, config=config)
+        self.queue(f"float32-clip.{best.number}", [(job, self.params(config))], CLIP_KEY)
         twin = self.findings().float32_clip
         if twin is not None and self.setup.long:
             self.queue(f"float32-clip-phases.{best.number}", self.phase_jobs([twin]), PHASE_KEY)
@@ -148,18 +142,17 @@ class Jobs:
 
     # -- queueing ---------------------------------------------------------------------------
 
-    def queue(
-        self, key: str, jobs: list[tuple[dict[str, Any], dict[str, Any]]], fields: tuple[str, ...]
-    ) -> None:
-        """Queue ``jobs`` (attributes, parameters) once per study, then run what is queued."""
+    def queue(self, key: str, jobs: list[Queued], fields: tuple[str, ...]) -> None:
+        """Queue ``jobs`` (each with its parameters) once per study, then run what is
+        queued; ``fields``: the job's fields that name it (one of each is queued)."""
 
         def work() -> None:
-            if any(job["role"] == ROLE_CONFIRM for job, _ in jobs):
+            if any(job.role == ROLE_CONFIRM for job, _ in jobs):
                 for seed in _policy.CONFIRM_SEEDS:
                     self.references.target(seed)
             for job, params in jobs:
                 if not self._exists(job, fields):
-                    self.study.enqueue_trial(params, user_attrs=job)
+                    self.study.enqueue_trial(params, user_attrs=job.attrs())
                     self.progress.grow(1)
 
         self.once(key, work, lambda: all(self._exists(job, fields) for job, _ in jobs))
@@ -167,11 +160,11 @@ class Jobs:
 
     def phase_jobs(
         self,
-        runs: list[Any],
+        runs: list[Outcome],
         *,
         after: int = 0,
-        result: Any = None,
-    ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        result: Findings | None = None,
+    ) -> list[Queued]:
         """Branches of ``runs`` at the windows from ``after`` on, but for windows a run from
         step 0 already judged (in ``result``)."""
         windows = [w for w in self.setup.windows if w[0] >= after]
@@ -190,8 +183,9 @@ class Jobs:
             if (run.number, start) not in judged
         ]
 
-    def job(self, role: str, config: AmpConfig, **attrs: Any) -> dict[str, Any]:
-        return {"role": role, "seed": self.setup.seed, "config": config.to_dict(), **attrs}
+    def job(self, role: str, config: AmpConfig, **fields: Any) -> Job:
+        """A job of the search's own seed (``fields``: the rest of :class:`Job`'s)."""
+        return Job(role, seed=self.setup.seed, config=config, **fields)
 
     def params(self, config: AmpConfig) -> dict[str, Any]:
         """The point of the space that names ``config`` (a dtype alone when none does)."""
@@ -232,12 +226,12 @@ class Jobs:
         result = self.findings()
         return result.trace is None or differs(result.trace, defaults, other, result)
 
-    def _exists(self, attrs: dict[str, Any], key: tuple[str, ...]) -> bool:
-        """Whether the study has the run ``attrs`` describes: queued, running, done, or
-        failed on its own error (a crash or Ctrl-C leaves no error, and is run again; so is
-        a run whose stored evidence is damaged)."""
-        return any(
-            all(t.user_attrs.get(k) == attrs[k] for k in key)
-            and (t.state in LIVE or "error" in t.user_attrs)
-            for t in self.view.sound(self.view.trials())[0]
-        )
+    def _exists(self, job: Job, key: tuple[str, ...]) -> bool:
+        """Whether the study has the run ``job`` is, by the fields ``key``: queued, running,
+        done, or failed on its own error (a crash or Ctrl-C leaves no error, and is run
+        again; so is a run whose stored evidence is damaged)."""
+        for t in self.view.sound(self.view.trials())[0]:
+            records = self.view.records(t)
+            if records.job.same(job, key) and (t.state in LIVE or records.marks.error is not None):
+                return True
+        return False

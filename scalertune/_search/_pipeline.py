@@ -30,6 +30,7 @@ from scalertune._search._trials import TrialRunner, counted_search_trials
 from scalertune._storage._claims import Once
 from scalertune._storage._names import ROLE_SEARCH, STOPPED_ATTR
 from scalertune._storage._recovery import recover
+from scalertune._storage._trial_record import role_of
 from scalertune._text import plural
 
 
@@ -107,11 +108,11 @@ class Pipeline:
         sampled = [
             t
             for t in self.view.sound(trials)[0]
-            if t.user_attrs.get("role") == ROLE_SEARCH
-            and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            if role_of(t) == ROLE_SEARCH and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
         ]
         distinct = self.setup.space.distinct_configs()
-        if distinct is not None and len({_config_key(t) for t in sampled}) >= distinct:
+        configs = {self.view.records(t).job.config for t in sampled}
+        if distinct is not None and len(configs) >= distinct:
             return (
                 f"the space has {plural(distinct, 'distinct config')}, and "
                 f"{'it has' if distinct == 1 else 'every one has'} run"
@@ -129,7 +130,3 @@ class Pipeline:
         if reason is None and self.deadline is not None and time.monotonic() > self.deadline:
             reason = "the time budget (timeout) is spent"
         return reason
-
-
-def _config_key(trial: FrozenTrial) -> str:
-    return repr(sorted(trial.user_attrs.get("config", {}).items()))

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from scalertune._amp._config import AmpConfig
-from scalertune._judge._horizon import behind_from, from_start_results
+from scalertune._judge._horizon import behind_from
+from scalertune._judge._judged import Judged, PhaseFigures
 from scalertune._run._record import RunRecord
 
 
@@ -38,23 +39,24 @@ class Progress:
             self._bar.update(1)
 
     def finished(
-        self, number: int, who: str, config: AmpConfig, record: RunRecord, judged: dict[str, Any]
+        self, number: int, who: str, config: AmpConfig, record: RunRecord, judged: Judged
     ) -> None:
         """One line for a run that trained: what it reached, or why it stopped."""
-        steps, ratio = judged.get("steps_to_target"), judged.get("loss_vs_float32")
+        figures = judged.figures
+        steps, ratio = figures.steps_to_target, figures.loss_vs_float32
         if record.pruned:
             what = f"pruned at step {record.steps_run}: {record.prune_reason}"
-        elif "phase_start" in judged:
-            what = _phase_words(judged)
+        elif judged.phase is not None:
+            what = _phase_words(judged.phase)
         elif steps is None:
             what = "never reached the target" + (
-                f" (loss {ratio:.3g}x float32's at step {judged['loss_vs_float32_step']})"
+                f" (loss {ratio:.3g}x float32's at step {figures.loss_vs_float32_step})"
                 if ratio is not None
                 else ""
             )
         else:
             what = f"reached the target at step {steps}"
-        skipped = judged["skipped_steps"]
+        skipped = figures.skipped_steps
         self.line(
             f"#{number} {who + ' ' if who else ''}[{config.describe()}] {what}"
             + (f", {skipped} skipped" if skipped else "")
@@ -66,14 +68,14 @@ class Progress:
             self._bar.close()
 
 
-def _phase_words(judged: dict[str, Any]) -> str:
-    window = f"steps {judged['phase_start']}-{judged['phase_end']}"
-    if "phase_results" in judged:
-        return f"{window}: {behind_from(from_start_results(judged['phase_results']))}"
-    if judged["phase_nonfinite"]:
+def _phase_words(phase: PhaseFigures) -> str:
+    window = f"steps {phase.start}-{phase.end}"
+    if phase.results is not None:
+        return f"{window}: {behind_from(list(phase.results))}"
+    if phase.nonfinite:
         return f"{window}: non-finite"
-    ratio = judged["phase_ratio"]
-    verdict = "holds" if judged["phase_holds"] else "falls behind"
+    verdict = "holds" if phase.holds else "falls behind"
+    ratio = phase.ratio
     return f"{window}: {verdict}" + (f" ({ratio:.3g}x float32's loss)" if ratio else "")
 
 

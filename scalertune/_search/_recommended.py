@@ -15,15 +15,13 @@ from optuna.trial import TrialState
 
 from scalertune._errors import MissingEvidence
 from scalertune._judge._answer import judge
+from scalertune._judge._judged import repeated
 from scalertune._judge._view import StudyView
 from scalertune._review._verdict import verdict
 from scalertune._search._setup import Setup
-from scalertune._storage._names import (
-    CONSTRAINT_ATTR,
-    CONSTRAINTS_ATTR,
-    JUDGED_ATTR,
-    ROLE_RECOMMENDED,
-)
+from scalertune._storage._names import CONSTRAINT_ATTR, CONSTRAINTS_ATTR, ROLE_RECOMMENDED
+from scalertune._storage._recovery import WORKER
+from scalertune._storage._trial_record import Job, Marks, role_of
 from scalertune._text import readable
 
 
@@ -44,10 +42,14 @@ def add_recommended(view: StudyView, setup: Setup) -> None:
             result.reference_time_to_target,
             {"recommends": "float32", "reference_trial": ref.trial},
         )
-    judged = repeats.system_attrs.get(JUDGED_ATTR, {})
+    job = Job(ROLE_RECOMMENDED, seed=setup.seed, config=result.config)
+    # what the repeated run shows but who ran it, and what it ran: the answer's own job
     shown = {
-        k: v for k, v in repeats.user_attrs.items() if k not in ("role", "worker", "config", "seed")
+        k: v
+        for k, v in repeats.user_attrs.items()
+        if k not in job.attrs() and k not in Marks(worker=WORKER).attrs()
     }
+    shown_time, judged = repeated(repeats, readable(value))
     speedup = result.speedup
     trial = optuna.trial.create_trial(
         state=TrialState.COMPLETE,
@@ -61,22 +63,22 @@ def add_recommended(view: StudyView, setup: Setup) -> None:
         intermediate_values=dict(repeats.intermediate_values),
         user_attrs={
             **shown,
-            "role": ROLE_RECOMMENDED,
-            "config": result.config.to_dict(),
-            "seed": setup.seed,
+            **job.attrs(),
             **source,
             "verdict": verdict(result),
             "speedup_vs_float32": None if speedup is None else round(speedup.point, 3),
-            "time_to_target_s": readable(value),
+            **shown_time,
         },
-        system_attrs={CONSTRAINT_ATTR: 0.0, CONSTRAINTS_ATTR: [0.0], JUDGED_ATTR: judged},
+        system_attrs={CONSTRAINT_ATTR: 0.0, CONSTRAINTS_ATTR: [0.0], **judged},
     )
     study.add_trial(trial)
 
 
 def recommended_stored(view: StudyView) -> bool:
-    config = judge(view.study, view=view).config.to_dict()
+    config = judge(view.study, view=view).config
     return any(
-        t.user_attrs.get("role") == ROLE_RECOMMENDED and t.user_attrs.get("config") == config
+        role_of(t) == ROLE_RECOMMENDED
+        and (job := Job.sound(t)) is not None
+        and job.config == config
         for t in view.trials()
     )

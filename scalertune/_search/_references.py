@@ -155,7 +155,7 @@ class References:
         add_reference(
             self.study,
             record,
-            self.config.to_dict(),
+            self.config,
             times,
             settings=self.setup.settings,
             checkpoints=self.checkpoints.phase_names() if long else {},
@@ -222,7 +222,7 @@ class References:
             except RankFailed as exc:  # a fault of one process: missing evidence, no verdict
                 why, runs = str(exc).splitlines()[0], runs + 1
                 add_failed_reference(
-                    self.study, seed, self.config.to_dict(), why, settings=self.setup.settings
+                    self.study, seed, self.config, why, settings=self.setup.settings
                 )
                 if runs > _policy.MAX_RETRIES:
                     raise MissingEvidence(

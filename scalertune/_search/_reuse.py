@@ -11,22 +11,26 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune._amp._config import AmpConfig
 from scalertune._diagnose._locate import locate_forward_overflow
 from scalertune._errors import MissingEvidence
+from scalertune._judge._judged import Judged, store
 from scalertune._judge._outcome import Outcome
 from scalertune._run._record import RunRecord
 from scalertune._search._isolate import run_here
 from scalertune._search._launch import locate_isolated
 from scalertune._search._setup import Setup
-from scalertune._search._study import store_constraint, store_judged
-from scalertune._storage._names import CONSTRAINT_ATTR, JUDGED_ATTR
+from scalertune._search._study import store_constraint
+from scalertune._storage._names import CONSTRAINT_ATTR
+from scalertune._storage._trial_record import Marks
 
 
 def reuse(trial: optuna.Trial, config: AmpConfig, original: FrozenTrial, progress: Any) -> float:
     """Finish ``trial`` with ``original``'s result: the same config already ran."""
-    store_judged(trial, dict(original.system_attrs.get(JUDGED_ATTR, {})))
-    for key in ("overflow_module", "overflow_islands"):
-        if key in original.user_attrs:
-            trial.set_user_attr(key, original.user_attrs[key])
-    trial.set_user_attr("duplicate_of", original.number)
+    store(trial, Judged.of_trial(original))
+    marks = Marks.of_trial(original)
+    Marks(
+        overflow_module=marks.overflow_module,
+        overflow_islands=marks.overflow_islands,
+        duplicate_of=original.number,
+    ).write(trial)
     gap = original.system_attrs.get(CONSTRAINT_ATTR)
     if gap is not None:
         store_constraint(trial, gap)
@@ -70,9 +74,10 @@ def locate_overflow(
     except Exception:  # the diagnosis is a courtesy; the prune reason stands without it
         return
     if advice is not None:
-        trial.set_user_attr("overflow_module", advice.where)
-        if advice.fixed:
-            trial.set_user_attr("overflow_islands", ",".join(advice.islands))
+        Marks(
+            overflow_module=advice.where,
+            overflow_islands=",".join(advice.islands) if advice.fixed else None,
+        ).write(trial)
         record.prune_reason = (
             f"{record.prune_reason}; the modules whose own computation overflowed: {advice.where}"
         )

@@ -32,8 +32,10 @@ import optuna
 from optuna.trial import TrialState
 
 from scalertune import _policy
+from scalertune._amp._config import AmpConfig
 from scalertune._amp._fingerprint import model_size
 from scalertune._errors import UsageError
+from scalertune._judge._judged import Figures, Judged
 from scalertune._judge._outcome import encode_scales
 from scalertune._judge._reference import Reference
 from scalertune._judge._settings import StudySettings
@@ -45,7 +47,6 @@ from scalertune._search._space import SearchSpace
 from scalertune._storage._names import (
     CONSTRAINT_ATTR,
     CONSTRAINTS_ATTR,
-    JUDGED_ATTR,
     LOSSES_ATTR,
     ROLE_REFERENCE,
     SCALES_ATTR,
@@ -54,7 +55,8 @@ from scalertune._storage._names import (
 from scalertune._storage._open import first_line
 from scalertune._storage._optuna import set_system_attr, study_id
 from scalertune._storage._redact import redact
-from scalertune._text import plural, readable
+from scalertune._storage._trial_record import Job, Marks
+from scalertune._text import plural
 
 _SETTINGS_WAIT_S = 30
 
@@ -155,7 +157,7 @@ def _short(value: Any) -> str:
 def add_reference(
     study: optuna.Study,
     record: RunRecord,
-    config: dict[str, Any],
+    config: AmpConfig,
     times: StepTimes | None,
     *,
     settings: StudySettings,
@@ -196,9 +198,7 @@ def add_reference(
             distributions={"dtype": settings.dtype_distribution},
             intermediate_values=relative_curve(record.losses, target),
             user_attrs={
-                "role": ROLE_REFERENCE,
-                "seed": record.seed,
-                "config": config,
+                **Job(role=ROLE_REFERENCE, seed=record.seed, config=config).attrs(),
                 **user_attrs,
             },
             system_attrs={**system_attrs, **_constraints(0.0)},
@@ -207,7 +207,7 @@ def add_reference(
 
 
 def add_failed_reference(
-    study: optuna.Study, seed: int, config: dict[str, Any], why: str, *, settings: StudySettings
+    study: optuna.Study, seed: int, config: AmpConfig, why: str, *, settings: StudySettings
 ) -> None:
     """Record a float32 reference run that failed for a fault of one process (a rank that
     died or hung) as a failed trial of its seed, saying why as missing evidence (never as an
@@ -222,10 +222,8 @@ def add_failed_reference(
             params={"dtype": "float32"},
             distributions={"dtype": settings.dtype_distribution},
             user_attrs={
-                "role": ROLE_REFERENCE,
-                "seed": seed,
-                "config": config,
-                "missing": why[:2000],
+                **Job(role=ROLE_REFERENCE, seed=seed, config=config).attrs(),
+                **Marks(missing=why[:2000]).attrs(),
             },
             system_attrs={} if first is None else {"failed_trial": first},
         )
@@ -238,7 +236,7 @@ def _failed_attempts(study: optuna.Study, seed: int) -> int | None:
     numbers = [
         int(t.system_attrs.get("failed_trial", t.number))
         for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-        if t.user_attrs.get("role") == ROLE_REFERENCE and t.user_attrs.get("seed") == seed
+        if (job := Job.sound(t)) is not None and job.role == ROLE_REFERENCE and job.seed == seed
     ]
     return min(numbers, default=None)
 
@@ -274,40 +272,31 @@ def store_constraint(trial: optuna.Trial, gap: float) -> None:
         set_system_attr(trial, key, value)
 
 
-def store_judged(trial: optuna.Trial, judged: dict[str, Any]) -> None:
-    """Store a run's judged attributes: in full precision as one system attribute, which the
-    analysis and ``report`` read, and as user attributes rounded for reading, which the
-    dashboard shows (the prune reason, a sentence, stays in the first and in the trial's
-    note: drawn unwrapped among the attributes, it widened every trial page)."""
-    set_system_attr(trial, JUDGED_ATTR, judged)
-    for key, value in judged.items():
-        if key != "prune_reason":
-            trial.set_user_attr(key, readable(value))
-
-
-def judged_attrs(record: RunRecord, target: Target, step_time: float | None) -> dict[str, Any]:
-    """The per-trial attributes a user reads in the summary and the dashboard."""
+def judged_of(record: RunRecord, target: Target, step_time: float | None) -> Judged:
+    """What a run's record shows against the target: the figures a user reads in the summary
+    and the dashboard, and why it was pruned."""
     reached = (
         None if record.pruned else (record.reached_at or target.steps_to_target(record.losses))
     )
     ratio, at = target.ratio_at(record.losses)
-    attrs: dict[str, Any] = {
-        "skipped_steps": len(record.skipped),
-        "final_scale": record.scales[-1] if record.scales else None,
-        "min_scale": min(record.scales) if record.scales else None,
-        "first_nonfinite_step": record.first_nonfinite_step,
-        "steps_run": record.steps_run,
-        "steps_to_target": reached,
-        "step_time_s": step_time,
-        "time_to_target_s": (None if reached is None or step_time is None else reached * step_time),
-        "measured_step_time_s": _finite_or_none(record.median_step_time),
-        "loss_vs_float32": _finite_or_none(ratio),
-        "loss_vs_float32_step": at,
-    }
-    if record.pruned:
-        attrs["pruned_because"] = record.prune_kind
-        attrs["prune_reason"] = record.prune_reason
-    return attrs
+    figures = Figures(
+        skipped_steps=len(record.skipped),
+        final_scale=record.scales[-1] if record.scales else None,
+        min_scale=min(record.scales) if record.scales else None,
+        first_nonfinite_step=record.first_nonfinite_step,
+        steps_run=record.steps_run,
+        steps_to_target=reached,
+        step_time_s=step_time,
+        time_to_target_s=None if reached is None or step_time is None else reached * step_time,
+        loss_vs_float32=_finite_or_none(ratio),
+        loss_vs_float32_step=at,
+    )
+    return Judged(
+        figures=figures,
+        measured_step_time_s=_finite_or_none(record.median_step_time),
+        pruned_because=record.prune_kind if record.pruned else None,
+        prune_reason=record.prune_reason if record.pruned else None,
+    )
 
 
 def store_curves(trial: optuna.Trial, record: RunRecord) -> None:
@@ -316,9 +305,9 @@ def store_curves(trial: optuna.Trial, record: RunRecord) -> None:
     set_system_attr(trial, SCALES_ATTR, encode_scales(record.scales))
 
 
-def objective_value(judged: dict[str, Any]) -> float:
+def objective_value(judged: Judged) -> float:
     """What Optuna minimises: time to target, ``inf`` when never reached."""
-    value = judged["time_to_target_s"]
+    value = judged.figures.time_to_target_s
     return math.inf if value is None else float(value)
 
 

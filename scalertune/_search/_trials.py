@@ -11,6 +11,7 @@ a storage write.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import traceback
 from collections.abc import Callable
@@ -20,8 +21,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune._amp._config import AmpConfig
-from scalertune._errors import MissingEvidence, SearchError
-from scalertune._judge._horizon import is_from_start
+from scalertune._errors import DamagedEvidence, MissingEvidence, SearchError
+from scalertune._judge._judged import Judged, PhaseFigures, store
 from scalertune._judge._stopping import StopRule
 from scalertune._judge._target import Target
 from scalertune._judge._view import StudyView
@@ -38,11 +39,10 @@ from scalertune._search._rules import Rules
 from scalertune._search._setup import Setup
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import (
-    judged_attrs,
+    judged_of,
     objective_value,
     store_constraint,
     store_curves,
-    store_judged,
 )
 from scalertune._storage._names import (
     ROLE_BASELINE,
@@ -56,6 +56,7 @@ from scalertune._storage._names import (
 from scalertune._storage._optuna import fixed_params, set_system_attr, storage_of, trial_id
 from scalertune._storage._outage import outage_behind, storage_error
 from scalertune._storage._recovery import retry, survive_lost_trial, take
+from scalertune._storage._trial_record import Job, Marks, role_of
 from scalertune._workload._loader import FactoryError
 
 #: A failed run's error as the dashboard shows it (its first line, cut to this length); the
@@ -95,14 +96,13 @@ class TrialRunner:
 
     def _objective(self, trial: optuna.Trial) -> float:
         take(trial)
-        role = trial.user_attrs.get("role")
+        role = role_of(trial)
         trials = self.view.trials()
         if role is None and _surplus(trials, trial.number, self.setup.n_trials):
-            trial.set_user_attr("role", ROLE_SURPLUS)
-            trial.set_user_attr(
-                "error",
-                "not run: another worker took the study's last trial slot at the same moment",
-            )
+            Job(role=ROLE_SURPLUS).write(trial)
+            Marks(
+                error="not run: another worker took the study's last trial slot at the same moment"
+            ).write(trial)
             raise TrialFailed()
         config, seed, role = self._job(trial, role)
         if role == ROLE_SEARCH:
@@ -127,10 +127,12 @@ class TrialRunner:
                 self._failed(trial, exc)
             raise TrialFailed() from None
         self._any_success = True
-        store_judged(trial, judged)
+        store(trial, judged)
         store_curves(trial, record)
         store_constraint(trial, target.gap(record.losses) if role != ROLE_PHASE else 0.0)
-        self.progress.finished(trial.number, _who(trial.user_attrs, seed), config, record, judged)
+        self.progress.finished(
+            trial.number, _who(Job.of_trial(trial), seed), config, record, judged
+        )
         if record.pruned and role != ROLE_PHASE:
             raise optuna.TrialPruned(record.prune_reason)
         # float32 runs, other seeds and branches are yardsticks and evidence, not candidates:
@@ -144,19 +146,13 @@ class TrialRunner:
         setup = self.setup
         if role in (None, ROLE_SEARCH):
             config = setup.space.suggest(trial).with_clip(setup.clip_norm)
-            for key, value in {
-                "role": ROLE_SEARCH,
-                "config": config.to_dict(),
-                "seed": setup.seed,
-            }.items():
-                trial.set_user_attr(key, value)
+            Job(role=ROLE_SEARCH, config=config, seed=setup.seed).write(trial)
             return config, setup.seed, ROLE_SEARCH
         _record_params(trial, setup.space)
-        return (
-            AmpConfig.from_dict(trial.user_attrs["config"]),
-            int(trial.user_attrs["seed"]),
-            role,
-        )
+        job = Job.read(trial.user_attrs, f"trial #{trial.number}")
+        if job.config is None or job.seed is None:
+            raise MissingEvidence(f"queued trial #{trial.number} names no config and seed")
+        return job.config, job.seed, role
 
     def _train(
         self,
@@ -166,34 +162,36 @@ class TrialRunner:
         seed: int,
         target: Target,
         trials: list[FrozenTrial],
-    ) -> tuple[RunRecord, dict[str, Any]]:
+    ) -> tuple[RunRecord, Judged]:
         """Run the trial's training and judge it: a short run from the start, or (``role``
         phase) a branch from the float32 reference's checkpoint or a run from step 0 to the
         horizon (``start`` 0)."""
         step_time = self.rules.step_time(config)
         if role == ROLE_PHASE:
-            record, judged = _phase_run(
+            record, phase, own_steps = _phase_run(
                 self.setup, self.references, trial, config, seed, target, log=self.progress.line
             )
-            # the short trial's target means nothing in a window starting at step `start`
-            short = {
-                k: v
-                for k, v in judged_attrs(record, target, step_time).items()
-                if k not in _SHORT_TRIAL_ONLY
-            }
-            return record, {**short, **judged}
+            # the short trial's target means nothing in a window starting at step `start`:
+            # its figures are left off where a phase's verdict is stored
+            judged = judged_of(record, target, step_time)
+            figures = judged.figures
+            if own_steps is not None:
+                figures = dataclasses.replace(figures, steps_run=own_steps)
+            return record, dataclasses.replace(
+                judged, figures=figures, phase=phase, initial_scale=record.initial_scale
+            )
         rule = self.rules.stop_rule(role, config, target, trials)
         record = _short_run(
             self.setup, config, seed, trial, target, rule, self.rules.trial_steps(role)
         )
         if record.prune_kind == "forward":
             locate_overflow(self.setup, trial, config, seed, record)
-        return record, judged_attrs(record, target, step_time)
+        return record, judged_of(record, target, step_time)
 
     def _missing(self, trial: optuna.Trial, why: str) -> None:
         """A run that could not get its evidence: it is queued again (at most
         ``MAX_RETRIES`` times), and says why; its trial fails without an error of its own."""
-        trial.set_user_attr("missing", why[:_ERROR_CHARS])
+        Marks(missing=why[:_ERROR_CHARS]).write(trial)
         frozen = storage_of(self.study).get_trial(trial_id(trial))
         queued = retry(self.study, frozen)
         self.progress.line(
@@ -214,7 +212,7 @@ class TrialRunner:
         else:
             message = describe_error(cause)
             trace = "".join(traceback.format_exception(cause))
-        trial.set_user_attr("error", message[:_ERROR_CHARS])
+        Marks(error=message[:_ERROR_CHARS]).write(trial)
         set_system_attr(trial, TRACEBACK_ATTR, trace[-4000:])
         self.progress.line(f"#{trial.number} failed: {message}")
         self._failures.append(message)
@@ -259,43 +257,36 @@ def _phase_run(
     target: Target,
     *,
     log: Callable[[str], None],
-) -> tuple[RunRecord, dict[str, Any]]:
+) -> tuple[RunRecord, PhaseFigures, int | None]:
     """A phase's run: a branch from the float32 reference's checkpoint at its ``start``, or a
-    run from step 0 (``start`` 0, or a continuation of one) judged at every window."""
-    attrs = trial.user_attrs
-    start, end = int(attrs["start"]), int(attrs["end"])
+    run from step 0 (``start`` 0, or a continuation of one) judged at every window; the
+    record, its verdict, and the steps a continuation trained itself."""
+    job = Job.read(trial.user_attrs, f"trial #{trial.number}")
+    start, end = int(job.start or 0), int(job.end or 0)
     reports = Reports(trial, target)
     record = None
     try:
-        if is_from_start(attrs):
-            record, judged = run_from_start(
+        if job.from_start:
+            record, phase, own_steps = run_from_start(
                 setup,
                 references,
                 config,
                 seed=seed,
                 end=end,
                 on_window=reports.window,
-                save=attrs.get("save"),
-                continues=attrs.get("continues"),
+                save=job.save,
+                continues=job.continues,
                 resumed_at=start,
                 log=lambda line: log(f"#{trial.number}: {line}"),
             )
         else:
-            record, judged = run_branch(
+            own_steps = None
+            record, phase = run_branch(
                 setup, references, config, seed=seed, start=start, end=end, on_window=reports.window
             )
     finally:
         reports.close(record if record is not None and record.pruned else None)
-    return record, judged
-
-
-#: Figures measured against the short trial's float32 target, left off a phase's branch.
-_SHORT_TRIAL_ONLY = (
-    "steps_to_target",
-    "time_to_target_s",
-    "loss_vs_float32",
-    "loss_vs_float32_step",
-)
+    return record, phase, own_steps
 
 
 def _record_params(trial: optuna.Trial, space: SearchSpace) -> None:
@@ -313,14 +304,13 @@ def _finished_twin(
     """A finished run of the same config on the same seed, trained (not itself reused), among
     ``trials`` whose evidence is sound."""
     for t in trials:
-        attrs = t.user_attrs
         if (
             t.number != number
             and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-            and attrs.get("role") in (ROLE_SEARCH, ROLE_BASELINE)
-            and "duplicate_of" not in attrs
-            and attrs.get("seed") == seed
-            and AmpConfig.from_dict(attrs["config"]) == config
+            and role_of(t) in (ROLE_SEARCH, ROLE_BASELINE)
+            and Marks.of_trial(t).duplicate_of is None
+            and (job := Job.of_trial(t)).seed == seed
+            and job.config == config
         ):
             return t
     return None
@@ -331,16 +321,24 @@ def counted_search_trials(trials: list[FrozenTrial]) -> int:
     error of their own (a config can fail: it was tried). Not those lost with a worker, whose
     retries count instead, nor reused duplicates. A just-asked trial has no role yet; count
     it too."""
-    return sum(
-        1
-        for t in trials
-        if (t.state in LIVE or "error" in t.user_attrs)
-        and "duplicate_of" not in t.user_attrs
-        and (
-            t.user_attrs.get("role") == ROLE_SEARCH
-            or ("role" not in t.user_attrs and t.state == TrialState.RUNNING)
-        )
-    )
+    count = 0
+    for t in trials:
+        role, marks = role_of(t), _marks(t)
+        if (
+            (t.state in LIVE or marks.error is not None)
+            and marks.duplicate_of is None
+            and (role == ROLE_SEARCH or (role is None and t.state == TrialState.RUNNING))
+        ):
+            count += 1
+    return count
+
+
+def _marks(trial: FrozenTrial) -> Marks:
+    """``trial``'s marks (none where they are damaged: the check names it elsewhere)."""
+    try:
+        return Marks.of_trial(trial)
+    except DamagedEvidence:
+        return Marks()
 
 
 def _surplus(trials: list[FrozenTrial], number: int, n_trials: int) -> bool:
@@ -349,12 +347,11 @@ def _surplus(trials: list[FrozenTrial], number: int, n_trials: int) -> bool:
     return counted_search_trials([t for t in trials if t.number < number]) >= n_trials
 
 
-def _who(attrs: dict[str, Any], seed: int) -> str:
-    role = attrs.get("role")
-    if role == ROLE_BASELINE:
-        return str(attrs.get("baseline"))
-    if role == ROLE_CONFIRM:
-        return f"confirm #{attrs.get('confirms')} seed {seed}"
-    if role == ROLE_FLOAT32_CLIP:
-        return f"float32 with #{attrs.get('clip_of')}'s clipping"
+def _who(job: Job, seed: int) -> str:
+    if job.role == ROLE_BASELINE:
+        return str(job.baseline)
+    if job.role == ROLE_CONFIRM:
+        return f"confirm #{job.confirms} seed {seed}"
+    if job.role == ROLE_FLOAT32_CLIP:
+        return f"float32 with #{job.clip_of}'s clipping"
     return ""

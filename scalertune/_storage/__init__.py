@@ -1,7 +1,9 @@
 """Optuna storage and the study's artifact store: opening them, riding out their outages, hiding
 passwords, recovering dead workers' trials.
 
-- ``_names``: every name a study stores (attribute keys, trial roles);
+- ``_names``: the names a study stores (its attributes, trial roles, a trial's curves);
+- ``_trial_record``: what a trial runs and what the search noted of it, as typed records
+  (one writer and one reader each);
 - ``_open``: storage URLs, SQLite and journal files, heartbeats, one-line errors;
 - ``_outage``: a storage (or artifact store) outage ridden out, up to a bound;
 - ``_redact``: passwords hidden in URLs and messages;

@@ -1,9 +1,13 @@
-"""Every name a scalertune study stores, in one place: attribute keys and trial roles.
+"""The names of what a scalertune study stores but its trials' records: the trial roles, the
+study's attributes, and the system attributes that hold a trial's curves and big figures.
 
 A study holds the settings it was made with, one trial per run, and a few study attributes
-for the once-per-study work. What each trial is, is its ``role`` user attribute. Big or
-exact figures go to system attributes (``scalertune.*``), which the dashboard's tables leave
-out; rounded figures for reading go to user attributes, which it shows.
+for the once-per-study work. What each trial is, is its ``role``. Big or exact figures go to
+system attributes (``scalertune.*``), which the dashboard's tables leave out; rounded
+figures for reading go to user attributes, which it shows. A trial's user attributes are
+typed records whose keys are their fields' names: :class:`~scalertune._storage._trial_record.Job`
+and :class:`~scalertune._storage._trial_record.Marks`, and the judged
+:class:`~scalertune._judge._judged.Judged`.
 """
 
 #: Trial roles (the ``role`` user attribute).
@@ -60,20 +64,5 @@ REFERENCE_VERSION_ATTR = "scalertune.reference_version"
 CONSTRAINT_ATTR = "constraints:target_gap"
 CONSTRAINTS_ATTR = "constraints"
 
-#: The user attributes that say what a trial runs; a retry copies these and nothing else
-#: (not who ran it, nor how far it got). A finalist's run from step 0 saves its state as
-#: ``save`` (a checkpoint's name), which its continuation ``continues`` from.
-JOB_ATTRS = (
-    "role",
-    "baseline",
-    "confirms",
-    "seed",
-    "config",
-    "of",
-    "start",
-    "end",
-    "island_of",
-    "clip_of",
-    "save",
-    "continues",
-)
+#: What each trial stores of itself is typed in :mod:`scalertune._storage._trial_record` (what it
+#: runs, what the search noted) and :mod:`scalertune._judge._judged` (what was judged).

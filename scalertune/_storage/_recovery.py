@@ -31,9 +31,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
 from scalertune._storage import _policy as _storage_policy
-from scalertune._storage._names import JOB_ATTRS, ROLE_SURPLUS
+from scalertune._storage._names import ROLE_SURPLUS
 from scalertune._storage._open import heartbeat_enabled
 from scalertune._storage._optuna import storage_of, study_id, trial_id
+from scalertune._storage._trial_record import JOB_ATTRS, Marks, role_of
 
 #: Optuna's bookkeeping of retries and of enqueued parameters, which a copy keeps.
 _JOB_SYSTEM_ATTRS = ("failed_trial", "retry_history", "fixed_params")
@@ -49,7 +50,7 @@ _current: dict[int, int] = {}
 
 def take(trial: optuna.Trial) -> None:
     """Name this process as the worker of ``trial``: the first write to any trial it runs."""
-    trial.set_user_attr("worker", WORKER)
+    Marks(worker=WORKER).write(trial)
     _current[study_id(trial.study)] = trial_id(trial)
 
 
@@ -58,7 +59,7 @@ def retry(study: optuna.Study, trial: FrozenTrial) -> bool:
     retried ``MAX_RETRIES`` times already, or it names no run (a surplus trial, left
     running by a worker that died before failing it); whether it was. Also Optuna's
     heartbeat callback on RDB storage."""
-    if trial.user_attrs.get("role") == ROLE_SURPLUS:
+    if role_of(trial) == ROLE_SURPLUS:
         return False
     history = [*trial.system_attrs.get("retry_history", []), trial.number]
     if len(history) > _policy.MAX_RETRIES:
@@ -99,7 +100,7 @@ def recover(study: optuna.Study, log: Callable[[str], None]) -> None:
     for key in [k for k in _unowned if k[0] == study_id(study) and k not in seen]:
         del _unowned[key]
     for trial in running:
-        worker = trial.user_attrs.get("worker")
+        worker = Marks.sound(trial).worker
         if worker is None:
             first = _unowned.setdefault((study_id(study), trial_id(trial)), now)
             if now - first < _storage_policy.HEARTBEAT_GRACE_S:
@@ -150,7 +151,7 @@ def survive_lost_trial(study: optuna.Study, log: Callable[[str], None]) -> Itera
         if not refused or running is None:
             raise
         trial = storage_of(study).get_trial(running)
-        if trial.state != TrialState.FAIL or "error" in trial.user_attrs:
+        if trial.state != TrialState.FAIL or Marks.sound(trial).error is not None:
             raise
         log(
             f"trial #{trial.number} was failed by another worker, which took this one for "
@@ -187,7 +188,7 @@ def missing_of(trials: list[FrozenTrial]) -> dict[int, str]:
     for first, chain in chains.items():
         if any(t.state != TrialState.FAIL for t in chain):
             continue
-        why = [t.user_attrs["missing"] for t in chain if "missing" in t.user_attrs]
+        why = [m for t in chain if (m := Marks.sound(t).missing) is not None]
         if why:
             out[first] = why[-1]
     return out

@@ -25,7 +25,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any, TypeGuard
 
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, Trial
 
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import DamagedEvidence, UsageError
@@ -66,6 +66,11 @@ class Job:
             for name, value in _set_fields(self)
         }
 
+    def write(self, trial: Any) -> None:
+        """Store the job on the running ``trial`` (a trial the sampler chose, or a surplus)."""
+        for name, value in self.attrs().items():
+            trial.set_user_attr(name, value)
+
     @classmethod
     def read(cls, attrs: Mapping[str, Any], where: str = "a trial") -> Job:
         """The job stored in ``attrs`` (a trial's user attributes), its values checked: a
@@ -83,9 +88,18 @@ class Job:
         return cls(**values)
 
     @classmethod
-    def of_trial(cls, trial: FrozenTrial) -> Job:
+    def of_trial(cls, trial: FrozenTrial | Trial) -> Job:
         """``trial``'s job (:meth:`read`)."""
         return cls.read(trial.user_attrs, f"trial #{trial.number}")
+
+    @classmethod
+    def sound(cls, trial: FrozenTrial) -> Job | None:
+        """``trial``'s job, or ``None`` where it is damaged (a pass over every trial that
+        leaves damaged ones to the check)."""
+        try:
+            return cls.of_trial(trial)
+        except DamagedEvidence:
+            return None
 
     def same(self, other: Job, fields: tuple[str, ...]) -> bool:
         """Whether ``other`` is the same run as this by ``fields`` (a queued job's key)."""
@@ -115,9 +129,13 @@ class Marks:
     overflow_module: str | None = None
     overflow_islands: str | None = None
 
+    def attrs(self) -> dict[str, Any]:
+        """The user attributes that store it (the writer): its fields that are set."""
+        return dict(_set_fields(self))
+
     def write(self, trial: Any) -> None:
-        """Store the marks that are set on the running ``trial`` (the writer)."""
-        for name, value in _set_fields(self):
+        """Store the marks that are set on the running ``trial``."""
+        for name, value in self.attrs().items():
             trial.set_user_attr(name, value)
 
     @classmethod
@@ -126,16 +144,35 @@ class Marks:
         return cls(**checked(cls, attrs, where))
 
     @classmethod
-    def of_trial(cls, trial: FrozenTrial) -> Marks:
+    def of_trial(cls, trial: FrozenTrial | Trial) -> Marks:
         return cls.read(trial.user_attrs, f"trial #{trial.number}")
+
+    @classmethod
+    def sound(cls, trial: FrozenTrial) -> Marks:
+        """``trial``'s marks, none where they are damaged (a pass over every trial that
+        leaves damaged ones to the check)."""
+        try:
+            return cls.of_trial(trial)
+        except DamagedEvidence:
+            return cls()
 
 
 #: The user attributes each record stores, by its fields' names.
 JOB_ATTRS = tuple(f.name for f in dataclasses.fields(Job))
 MARK_ATTRS = tuple(f.name for f in dataclasses.fields(Marks))
 
+#: The fields of a :class:`Job` that name each kind of queued run (:meth:`Job.same`): the
+#: study holds one of each.
+BASELINE_KEY = ("role", "baseline")
+CONFIRM_KEY = ("role", "confirms", "seed")
+CLIP_KEY = ("role", "clip_of", "seed")
+REPLAY_KEY = ("role",)
+#: ... a phase run (a branch, a run from step 0, a continuation), and an island.
+PHASE_KEY = ("role", "of", "start")
+ISLAND_KEY = ("role", "island_of")
 
-def role_of(trial: FrozenTrial) -> str | None:
+
+def role_of(trial: FrozenTrial | Trial) -> str | None:
     """``trial``'s role alone (``None`` where it stores none, or stores one that is not
     text): the question of every pass over a study's trials, at no parse of the rest."""
     role = trial.user_attrs.get("role")
