@@ -175,8 +175,6 @@ class RunCheck(Protocol):
     (``scalertune._inrun.InRunCheck``)."""
 
     policy: CheckPolicy
-    #: Called with the run's record after each check (its study's copy), or ``None``.
-    sink: Callable[[dict[str, Any]], None] | None
 
     @property
     def recording(self) -> bool:
@@ -194,4 +192,3 @@ class RunCheck(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
     def report(self, amp: Any) -> str: ...
-    def summary(self, amp: Any) -> dict[str, Any]: ...

@@ -13,6 +13,8 @@ acts when the precision or the scaler fails late (see ``_checker``).
 - ``_actions``: what a failed check does by the policy, one line each;
 - ``_knobs``: the run's own gradients recorded, and the scaler's knobs chosen by replaying them;
 - ``_lines``: the one line each action says, as a warning and in the log;
+- ``_run_record``: the run's record, one typed record: what the check made, what the study
+  keeps of it, read back from there;
 - ``_account``: what ``amp.report()`` and the study show of a run;
 - ``_build``: the runtime a result file describes, with its check (``scalertune.load``,
   ``scalertune.attach``).

@@ -49,9 +49,7 @@ from scalertune._inrun._knobs import KnobRecording
 from scalertune._inrun._lines import LOGGER, Action, heading, stop, warn
 from scalertune._inrun._passes import Passes, loss_value, over_ranks
 from scalertune._inrun._replicas import Copies
-
-#: Checks kept in the record: past it the older ones are thinned evenly.
-KEPT_CHECKS = 512
+from scalertune._inrun._run_record import KEPT_CHECKS, Predicted, RunRecord
 
 
 class InRunCheck:
@@ -62,7 +60,7 @@ class InRunCheck:
         policy: CheckPolicy | None = None,
         *,
         prediction: ScalerPrediction | None = None,
-        sink: Callable[[dict[str, Any]], None] | None = None,
+        sink: Callable[[RunRecord], None] | None = None,
     ) -> None:
         self.policy = policy or CheckPolicy()
         self._every = self.policy.every  # read on every step: a plain attribute
@@ -198,29 +196,20 @@ class InRunCheck:
         if self.sink is not None:
             self.sink(self.summary(amp))
 
-    def summary(self, amp: AmpRuntime) -> dict[str, Any]:
-        """The run's record, plain data: the policy, the config now, every check kept, every
-        action, and the scaler's story beside the search's prediction (what the study shows
-        and :meth:`report` prints)."""
-        record: dict[str, Any] = {
-            "policy": self.policy.to_dict(),
-            "config": amp.config.to_dict(),
-            "steps": amp.steps,
-            "skipped_steps": amp.skipped_steps,
-            "checks": [c.to_list() for c in self.checks],
-            "actions": self.actions.to_list(),
-        }
-        if amp.config.uses_scaler:
-            record["scale"] = float(amp.scale)
-        if self.prediction is not None:
-            p = self.prediction
-            record["prediction"] = {
-                "horizon": p.horizon,
-                "skipped_steps": p.skipped_steps,
-                "min_scale": p.min_scale,
-                "final_scale": p.final_scale,
-            }
-        return record
+    def summary(self, amp: AmpRuntime) -> RunRecord:
+        """The run's record: the policy, the config now, every check kept, every action, and
+        the scaler's story beside the search's prediction (what the study shows and
+        :meth:`report` prints)."""
+        return RunRecord(
+            policy=self.policy,
+            config=amp.config,
+            steps=amp.steps,
+            skipped_steps=amp.skipped_steps,
+            checks=tuple(self.checks),
+            actions=tuple(self.actions.done),
+            scale=float(amp.scale) if amp.config.uses_scaler else None,
+            prediction=None if self.prediction is None else Predicted.of(self.prediction),
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import optuna
 
 from scalertune import _policy
 from scalertune._amp._config import DEFAULTS_BASELINES, AmpConfig
+from scalertune._inrun._run_record import RunRecord, UnreadRecord
 from scalertune._judge._horizon import RuledOut, finalists, holds
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
@@ -87,9 +87,11 @@ class Findings:
     reused: int = 0
     stop_reason: str | None = None
     interrupted: bool = False
-    #: The real runs that loaded the answer and checked themselves, each its record (its
-    #: checks, actions and scaler), by run name, oldest first.
-    runs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: The real runs that loaded the answer and checked themselves, each its typed record
+    #: (:class:`~scalertune._inrun._run_record.RunRecord`: its checks, actions and scaler; an
+    #: :class:`~scalertune._inrun._run_record.UnreadRecord` where the study's copy is damaged),
+    #: by run name, oldest first.
+    runs: dict[str, RunRecord | UnreadRecord] = dataclasses.field(default_factory=dict)
     study: optuna.Study | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property

@@ -2,8 +2,9 @@
 
 A run that loads a search's answer (``scalertune.load``, ``scalertune.attach``) checks itself
 as it trains (``scalertune._inrun``); its record (the checks, the actions, the scaler's story)
-goes to the study as one study attribute per run, so that ``scalertune report`` and
-optuna-dashboard show the real run beside the search. Training never waits for it: the
+goes to the study as one study attribute per run (a
+:class:`~scalertune._inrun._run_record.RunRecord`, with who ran it), so that ``scalertune
+report`` and optuna-dashboard show the real run beside the search. Training never waits for it: the
 record is handed to a background thread, which writes the latest one it has, and a storage
 that cannot be reached is said once, in the log, and tried again at the next record. At the
 end of the program the last record is written, for a few seconds at most.
@@ -12,6 +13,7 @@ end of the program the last record is written, for a few seconds at most.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import datetime
 import os
 import socket
@@ -20,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from scalertune._inrun._lines import LOGGER
+from scalertune._inrun._run_record import RunRecord
 from scalertune._storage._names import RUN_PREFIX
 from scalertune._storage._outage import Outage
 from scalertune._storage._redact import HIDDEN, redact
@@ -30,30 +33,36 @@ CLOSE_TIMEOUT_S = 5.0
 
 class RunLog:
     """Writes a run's records to ``study_name`` in ``url``, in the background (see the
-    module's docstring); call it with each record."""
+    module's docstring); call it with each record. Each goes with who ran it: this host,
+    when the log started, and the run's result file (``yaml``) and ``device``."""
 
-    def __init__(self, url: str, study_name: str, identity: Mapping[str, Any]) -> None:
+    def __init__(
+        self, url: str, study_name: str, *, yaml: str | None = None, device: str | None = None
+    ) -> None:
         self.url, self.study_name = url, study_name
         started = datetime.datetime.now().astimezone()
         self.key = f"{RUN_PREFIX}{socket.gethostname()}-{os.getpid()}-{started:%Y%m%dT%H%M%S}"
-        self.identity = {"host": socket.gethostname(), "started": started.isoformat(), **identity}
-        self._pending: dict[str, Any] | None = None
+        self.host, self.started = socket.gethostname(), started.isoformat()
+        self.yaml, self.device = yaml, device
+        self._pending: RunRecord | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
         self._study: Any = None
         self._said = False
         #: What the run's record is at its end (``None``: the run is gone).
-        self.final: Callable[[], Mapping[str, Any] | None] | None = None
+        self.final: Callable[[], RunRecord | None] | None = None
         self._thread = threading.Thread(target=self._work, name="scalertune-run-log", daemon=True)
         self._thread.start()
         atexit.register(self.close)
 
-    def __call__(self, record: Mapping[str, Any]) -> None:
+    def __call__(self, record: RunRecord) -> None:
         if _rank() != 0:  # on N ranks the record is one run's: rank 0 writes it
             return
         with self._lock:
-            self._pending = {**self.identity, **record}
+            self._pending = dataclasses.replace(
+                record, host=self.host, started=self.started, yaml=self.yaml, device=self.device
+            )
         self._wake.set()
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
@@ -80,11 +89,11 @@ class RunLog:
             if self._closing:
                 return
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def _write(self, record: RunRecord) -> None:
         try:
             if self._study is None:
                 self._study = _open(self.url, self.study_name)
-            self._study.set_user_attr(self.key, record)
+            self._study.set_user_attr(self.key, record.to_dict())
         except (Exception, Outage) as exc:  # any storage failure: training goes on without it
             self._study = None
             if not self._said:

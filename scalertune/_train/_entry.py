@@ -199,7 +199,10 @@ def _record_in_study(
     amp: AmpRuntime, path: str | os.PathLike[str], storage: str | bool | None
 ) -> None:
     """The run's record to the study ``path`` came from (see :func:`load`)."""
-    if amp.check is None or storage is False:
+    from scalertune._inrun._checker import InRunCheck
+
+    check = amp.check
+    if not isinstance(check, InRunCheck) or storage is False:
         return
     from scalertune._amp._schema import read_result
     from scalertune._storage._run_log import RunLog, study_of
@@ -207,8 +210,7 @@ def _record_in_study(
     path = os.fspath(path)
     where = study_of(read_result(path), path, storage if isinstance(storage, str) else None)
     if where is not None:
-        identity = {"yaml": os.path.abspath(path), "device": str(amp.device)}
-        log = RunLog(*where, identity=identity)
-        run, check = weakref.ref(amp), amp.check
+        log = RunLog(*where, yaml=os.path.abspath(path), device=str(amp.device))
+        run = weakref.ref(amp)
         log.final = lambda: check.summary(a) if (a := run()) is not None else None
         check.sink = log

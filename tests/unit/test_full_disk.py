@@ -159,12 +159,14 @@ def test_a_real_runs_record_on_a_storage_that_cannot_be_written_is_one_warning(t
     script = (
         "import logging, signal, resource, os\n"
         "logging.basicConfig()\n"
+        "from scalertune import AmpConfig, CheckPolicy\n"
+        "from scalertune._inrun._run_record import RunRecord\n"
         "from scalertune._storage._run_log import RunLog\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "size = os.path.getsize('v1.journal')\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))\n"
-        "log = RunLog('v1.journal', 'short', {})\n"
-        "log({'steps': 1})\n"
+        "log = RunLog('v1.journal', 'short')\n"
+        "log(RunRecord(policy=CheckPolicy(), config=AmpConfig(), steps=1))\n"
         "log.close()\n"
         "print('trained on')\n"
     )

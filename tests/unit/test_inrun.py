@@ -22,6 +22,7 @@ from scalertune._inrun import InRunCheck
 from scalertune._inrun._gap import Check, judge
 from scalertune._inrun._knobs import choose_knobs
 from scalertune._inrun._passes import loss_value
+from scalertune._inrun._run_record import VERSION, RunRecord
 from scalertune._replay._gradscaler import THRESHOLD
 from scalertune._storage._names import RUN_PREFIX
 
@@ -298,6 +299,10 @@ def test_the_runs_record_reaches_its_study(tmp_path):
     assert record["steps"] == 12 and record["yaml"] == path
     assert [c[0] for c in record["checks"]] == [0]
     assert record["config"] == {"dtype": "bfloat16", "clip_norm": None}
+    read = RunRecord.from_dict(record)
+    assert (
+        read.version == VERSION and read.device == "cpu" and read.checks == tuple(amp.check.checks)
+    )
 
 
 def test_an_unreachable_study_never_stops_training(tmp_path, caplog, monkeypatch):
