@@ -4,8 +4,15 @@ before any work (with the same table the API uses, :mod:`scalertune._limits`).""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scalertune import _limits
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_Record = TypeVar("_Record", bound="DataclassInstance")
 
 #: Python parameter -> the flag that sets it, where the flag is not ``--`` + its name.
 _RENAMED = {
@@ -19,6 +26,20 @@ _RENAMED = {
 def flag(parameter: str) -> str:
     """How the command line spells ``parameter`` (``n_trials`` -> ``--n-trials``)."""
     return _RENAMED.get(parameter, "--" + parameter.replace("_", "-"))
+
+
+def _dest(parameter: str) -> str:
+    """Where the parsed command line keeps the value of ``parameter``'s flag."""
+    spelled = flag(parameter)
+    return spelled[2:].replace("-", "_") if spelled.startswith("--") else parameter
+
+
+def from_flags(record: type[_Record], args: argparse.Namespace, **given: Any) -> _Record:
+    """The options ``record`` (a dataclass) of the command: each field the value of the flag
+    that sets it (:func:`flag`), unless ``given``."""
+    fields = dataclasses.fields(record)
+    flags = {f.name: getattr(args, _dest(f.name)) for f in fields if f.name not in given}
+    return record(**flags, **given)
 
 
 def check_numbers(args: argparse.Namespace) -> None:
