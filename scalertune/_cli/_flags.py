@@ -47,19 +47,9 @@ def check_numbers(args: argparse.Namespace) -> None:
     :class:`~scalertune._errors.ParameterError` names the first that is not."""
     command = args.command
     if command == "search":
+        # each number the table bounds, from the flag that sets it, in the table's order
         _limits.check(
-            _limits.SEARCH,
-            n_trials=args.n_trials,
-            steps=args.steps,
-            horizon=args.horizon,
-            seed=args.seed,
-            timeout=args.timeout,
-            timeout_s=args.trial_timeout,
-            memory_gb=args.trial_memory,
-            nproc_per_node=args.nproc_per_node,
-            wait_for_storage=args.wait_for_storage,
-            rendezvous_timeout=args.rendezvous_timeout,
-            host_timeout=args.host_timeout,
+            _limits.SEARCH, **{name: getattr(args, _dest(name)) for name in _limits.SEARCH}
         )
         _limits.horizon(args.steps, args.horizon)
         _limits.check(_limits.REPORT, top=args.top)
