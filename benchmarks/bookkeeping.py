@@ -59,6 +59,7 @@ from scalertune._judge._judged import store
 from scalertune._judge._target import Target
 from scalertune._run._record import RunRecord
 from scalertune._run._step_times import StepTimes
+from scalertune._search._options import SearchOptions
 from scalertune._search._pipeline import Pipeline
 from scalertune._search._progress import Progress
 from scalertune._search._setup import Setup, prepare
@@ -329,8 +330,9 @@ def measure(
     """One row per storage and study size (see the module)."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     torch.set_num_threads(1)
-    setup = prepare(
-        tiny,
+    options = SearchOptions(
+        storage=None,
+        study_name=None,
         space="default",
         fp32_modules=None,
         n_trials=10**6,  # never the reason a decision stops sampling
@@ -341,7 +343,12 @@ def measure(
         timeout=None,
         isolation=None,
         artifact_dir=None,
+        nproc_per_node=None,
+        wait_for_storage=0.0,
+        log=None,
+        progress=False,
     )
+    setup = prepare(tiny, options)
     rows = []
     kinds = ["sqlite"] + (["postgresql"] if postgres else [])
     with storages(postgres) as fresh:

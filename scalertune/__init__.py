@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from scalertune._review._result import SearchResult
     from scalertune._run._step_times import StepTimes
     from scalertune._search._api import search
-    from scalertune._search._setup import Isolation
+    from scalertune._search._options import Isolation
     from scalertune._search._space import SearchSpace
     from scalertune._train._entry import attach, load
     from scalertune._workload._contract import Workload
@@ -93,7 +93,7 @@ _EXPORTS = {
     "AmpRuntime": "_amp._runtime",
     "AmpDriftWarning": "_amp._watch",
     "load_config": "_amp._schema",
-    "Isolation": "_search._api",
+    "Isolation": "_search._options",
     "SearchError": "_errors",
     "search": "_search._api",
     "SearchSpace": "_search._space",

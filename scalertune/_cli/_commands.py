@@ -23,7 +23,7 @@ from scalertune._cli._files import (
     _default_output,
     _remove_if_unused,
 )
-from scalertune._cli._flags import check_numbers
+from scalertune._cli._flags import check_numbers, from_flags
 from scalertune._errors import UsageError
 from scalertune._storage._open import storage_url
 from scalertune._text import plural
@@ -90,8 +90,8 @@ def _search_on_hosts(args: argparse.Namespace, world: Any) -> int:
 def _search_here(args: argparse.Namespace) -> int:
     args.storage = storage_url(args.storage)
     output = _check_search(args)
-    from scalertune._search._api import search  # after the checks: it loads torch
-    from scalertune._search._setup import Isolation
+    from scalertune._search._api import run_search  # after the checks: it loads torch
+    from scalertune._search._options import Isolation, SearchOptions
     from scalertune._storage._open import owned_files
 
     quiet = args.quiet
@@ -107,30 +107,19 @@ def _search_here(args: argparse.Namespace) -> int:
         if args.isolate or (args.nproc_per_node or 1) > 1 or args.independent_ranks or hosts
         else None
     )
+    options = from_flags(
+        SearchOptions,
+        args,
+        isolation=isolation,
+        log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+        progress=not quiet and sys.stderr.isatty(),
+    )
     new_files = [f for f in owned_files(args.storage) if not os.path.exists(f)]
     # stdout is the summary's: what the user's code prints while it runs (a model's greeting,
     # in every run's process too) goes to stderr, with the search's own lines
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            result = search(
-                args.factory,
-                storage=args.storage,
-                study_name=args.study_name,
-                space=args.space,
-                fp32_modules=args.fp32_modules,
-                n_trials=args.n_trials,
-                steps=args.steps,
-                horizon=args.horizon,
-                seed=args.seed,
-                device=args.device,
-                timeout=args.timeout,
-                isolation=isolation,
-                artifact_dir=args.artifact_dir,
-                nproc_per_node=args.nproc_per_node,
-                wait_for_storage=args.wait_for_storage,
-                log=None if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
-                progress=not quiet and sys.stderr.isatty(),
-            )
+            result = run_search(args.factory, options)
     except UsageError:  # refused once the storage was open (a reference that did not learn)
         _remove_if_unused(args.storage, new_files)
         raise

@@ -4,8 +4,15 @@ before any work (with the same table the API uses, :mod:`scalertune._limits`).""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scalertune import _limits
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_Record = TypeVar("_Record", bound="DataclassInstance")
 
 #: Python parameter -> the flag that sets it, where the flag is not ``--`` + its name.
 _RENAMED = {
@@ -21,24 +28,28 @@ def flag(parameter: str) -> str:
     return _RENAMED.get(parameter, "--" + parameter.replace("_", "-"))
 
 
+def _dest(parameter: str) -> str:
+    """Where the parsed command line keeps the value of ``parameter``'s flag."""
+    spelled = flag(parameter)
+    return spelled[2:].replace("-", "_") if spelled.startswith("--") else parameter
+
+
+def from_flags(record: type[_Record], args: argparse.Namespace, **given: Any) -> _Record:
+    """The options ``record`` (a dataclass) of the command: each field the value of the flag
+    that sets it (:func:`flag`), unless ``given``."""
+    fields = dataclasses.fields(record)
+    flags = {f.name: getattr(args, _dest(f.name)) for f in fields if f.name not in given}
+    return record(**flags, **given)
+
+
 def check_numbers(args: argparse.Namespace) -> None:
     """Every number option of the command within its range, before anything loads torch;
     :class:`~scalertune._errors.ParameterError` names the first that is not."""
     command = args.command
     if command == "search":
+        # each number the table bounds, from the flag that sets it, in the table's order
         _limits.check(
-            _limits.SEARCH,
-            n_trials=args.n_trials,
-            steps=args.steps,
-            horizon=args.horizon,
-            seed=args.seed,
-            timeout=args.timeout,
-            timeout_s=args.trial_timeout,
-            memory_gb=args.trial_memory,
-            nproc_per_node=args.nproc_per_node,
-            wait_for_storage=args.wait_for_storage,
-            rendezvous_timeout=args.rendezvous_timeout,
-            host_timeout=args.host_timeout,
+            _limits.SEARCH, **{name: getattr(args, _dest(name)) for name in _limits.SEARCH}
         )
         _limits.horizon(args.steps, args.horizon)
         _limits.check(_limits.REPORT, top=args.top)

@@ -2,6 +2,8 @@
 
 - ``_api``: :func:`search`, from a factory spec to a confirmed recommendation, and the cost
   said up front;
+- ``_options``: a search's options in one record, each checked once, and the isolation of
+  its runs;
 - ``_setup``: what a worker checks before it writes anything, and works with after;
 - ``_space``, ``_sampler``: search spaces (the config a trial's parameters name, and back),
   and the sampler that keeps to their dtypes;

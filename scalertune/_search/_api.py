@@ -28,9 +28,10 @@ from scalertune._errors import StorageUnavailable
 from scalertune._judge._settings import StudySettings
 from scalertune._review._analyze import analyze
 from scalertune._review._result import SearchResult
+from scalertune._search._options import Isolation, SearchOptions
 from scalertune._search._pipeline import Pipeline
 from scalertune._search._progress import Progress
-from scalertune._search._setup import Isolation, Setup, prepare
+from scalertune._search._setup import Setup, prepare
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import open_study
 from scalertune._storage._claims import held
@@ -43,7 +44,7 @@ from scalertune._storage._trial_record import role_of
 from scalertune._text import plural
 from scalertune._workload._loader import default_study_name
 
-__all__ = ["cost_estimate", "search"]
+__all__ = ["cost_estimate", "run_search", "search"]
 
 
 def search(
@@ -135,36 +136,37 @@ def search(
         >>> result.config.dtype, result.best_amp.config.dtype  # doctest: +SKIP
         ('float32', 'bfloat16')
     """
-    setup = prepare(
+    return run_search(
         factory,
-        space=space,
-        fp32_modules=fp32_modules,
-        n_trials=n_trials,
-        steps=steps,
-        horizon=horizon,
-        seed=seed,
-        device=device,
-        timeout=timeout,
-        isolation=isolation,
-        artifact_dir=artifact_dir,
-        nproc_per_node=nproc_per_node,
-        wait_for_storage=wait_for_storage,
-    )
-    url = storage_url(storage or DEFAULT_STORAGE)
-    forget()
-    try:
-        return _search(
-            factory,
-            setup,
-            url,
+        SearchOptions(
+            storage=storage,
             study_name=study_name,
+            space=space,
+            fp32_modules=fp32_modules,
+            n_trials=n_trials,
+            steps=steps,
+            horizon=horizon,
+            seed=seed,
+            device=device,
+            timeout=timeout,
+            isolation=isolation,
+            artifact_dir=artifact_dir,
+            nproc_per_node=nproc_per_node,
+            wait_for_storage=wait_for_storage,
             log=log,
             progress=progress,
-            n_trials=n_trials,
-            timeout=timeout,
-            seed=seed,
-            wait_for_storage=wait_for_storage,
-        )
+        ),
+    )
+
+
+def run_search(factory: str | Callable[[], Any], options: SearchOptions) -> SearchResult:
+    """:func:`search`, its options in one record (checked as it was built): what the command
+    line calls, with the record it builds from its flags."""
+    setup = prepare(factory, options)
+    url = storage_url(options.storage or DEFAULT_STORAGE)
+    forget()
+    try:
+        return _search(factory, setup, url, options)
     except Outage as exc:
         raise StorageUnavailable(str(exc)) from None
     finally:
@@ -172,29 +174,19 @@ def search(
 
 
 def _search(
-    factory: str | Callable[[], Any],
-    setup: Setup,
-    url: str,
-    *,
-    study_name: str | None,
-    log: Callable[[str], None] | None,
-    progress: bool,
-    n_trials: int,
-    timeout: float | None,
-    seed: int,
-    wait_for_storage: float,
+    factory: str | Callable[[], Any], setup: Setup, url: str, options: SearchOptions
 ) -> SearchResult:
     if setup.artifact_dir is not None:
         Store(setup.artifact_dir).check()
     # From the first storage write on, Ctrl-C and SIGTERM stop the search at a safe point.
     with _interrupt.handled(), _interrupt.deferred():
-        lines = Progress(log, bar=progress)
+        lines = Progress(options.log, bar=options.progress)
         set_log(lines.line)  # a wait for the storage is said as it starts
         study, created = open_study(
-            open_storage(url, on_stale_trial=retry, wait_s=wait_for_storage),
-            study_name or default_study_name(factory),
+            open_storage(url, on_stale_trial=retry, wait_s=options.wait_for_storage),
+            options.study_name or default_study_name(factory),
             setup.settings,
-            seed=seed,
+            seed=options.seed,
             url=url,
             space=setup.space,
         )
@@ -203,12 +195,12 @@ def _search(
             lines.line(resuming(study))
         for note in setup.notes:
             lines.line(note)
-        if progress:
-            lines.line(cost_estimate(setup, n_trials=n_trials))
+        if options.progress:
+            lines.line(cost_estimate(setup))
         try:
             with warnings.catch_warnings():  # said above, once, not by every run
                 warnings.simplefilter("ignore", Float8LeftOut)
-                Pipeline(study, setup, lines, timeout=timeout).run()
+                Pipeline(study, setup, lines, timeout=options.timeout).run()
             _interrupt.checkpoint()
         except KeyboardInterrupt:
             pass
@@ -219,9 +211,9 @@ def _search(
     return dataclasses.replace(result, interrupted=True) if interrupted else result
 
 
-def cost_estimate(setup: Setup, *, n_trials: int) -> str:
+def cost_estimate(setup: Setup) -> str:
     """What a search will cost at most, in run-equivalents of its horizon, said up front."""
-    steps, horizon = setup.steps, setup.horizon
+    steps, horizon, n_trials = setup.steps, setup.horizon, setup.n_trials
     dtypes = len(setup.space.timed_dtypes)
     timing = dtypes * (
         _policy.TIMING_WARMUP_STEPS + _policy.TIMING_ROUNDS * _policy.READBACK_INTERVAL

@@ -22,65 +22,13 @@ from scalertune._processes._main_guard import refuse_reentry, refuse_unguarded
 from scalertune._run._preflight import preflight
 from scalertune._search._deepspeed import SPACE_KEYS
 from scalertune._search._launch import preflight_ranks
+from scalertune._search._options import Isolation, SearchOptions
 from scalertune._search._policy import FLOAT8_ISLAND_CANDIDATES
 from scalertune._search._space import SearchSpace
 from scalertune._storage._store import normalized
 from scalertune._text import plural
 from scalertune._workload._factory import exits_raised
 from scalertune._workload._loader import FactoryError, factory_name, load_factory
-
-
-@dataclasses.dataclass(frozen=True)
-class Isolation:
-    """Run each trial in its own process, bounded in time and memory.
-
-    A trial that crashes the process, hangs or runs out of memory is then one failed trial,
-    not a failed search (``--isolate`` on the command line).
-
-    Args:
-        timeout_s: Seconds a trial's process may run before it is killed; ``None`` for no
-            bound.
-        memory_gb: The address space a trial's process may take, in GiB; ``None`` for no
-            bound.
-        nproc_per_node: More than 1: each run in that many processes, the ranks of one
-            ``torch.distributed`` group (what :func:`scalertune.search`'s ``nproc_per_node``
-            sets).
-        independent_ranks: The ranks train copies of their own on purpose (an ensemble):
-            the search's first step does not refuse ranks whose weights differ after it
-            (``--independent-ranks``).
-        nnodes: The hosts a run spans, ``nproc_per_node`` ranks each: more than 1 only
-            where the command line runs under the user's launcher (``torchrun --nnodes``,
-            ``srun``), which started the ranks.
-        hosts: Their names, in node order.
-
-    Raises:
-        ParameterError: A bound out of range (a ``UsageError``: the command line exits with
-            status 2).
-
-    Example:
-        >>> import scalertune
-        >>> scalertune.Isolation(timeout_s=600, memory_gb=8)
-        Isolation(timeout_s=600, memory_gb=8, nproc_per_node=1, independent_ranks=False)
-        >>> isolation = scalertune.Isolation(timeout_s=600)
-        >>> result = scalertune.search("model.py:make_model", isolation=isolation)  # doctest: +SKIP
-    """
-
-    timeout_s: float | None = None
-    memory_gb: float | None = None
-    nproc_per_node: int = 1
-    independent_ranks: bool = False
-    #: Under the user's launcher (``torchrun --nnodes``, ``srun``): the hosts a run spans,
-    #: ``nproc_per_node`` ranks each, and their names in node order.
-    nnodes: int = dataclasses.field(default=1, repr=False)
-    hosts: tuple[str, ...] = dataclasses.field(default=(), repr=False)
-
-    def __post_init__(self) -> None:
-        _limits.check(
-            _limits.SEARCH,
-            timeout_s=self.timeout_s,
-            memory_gb=self.memory_gb,
-            nproc_per_node=self.nproc_per_node,
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,60 +75,37 @@ class Setup:
         return self.settings.clip_norm
 
 
-def prepare(
-    factory: str | Callable[[], Any],
-    *,
-    space: str | SearchSpace,
-    fp32_modules: str | None,
-    n_trials: int,
-    steps: int,
-    horizon: int | None,
-    seed: int,
-    device: str | None,
-    timeout: float | None,
-    isolation: Isolation | None,
-    artifact_dir: str | None,
-    nproc_per_node: int | None = None,
-    wait_for_storage: float = 0.0,
-) -> Setup:
-    """Everything a search checks before it writes anything: its numbers, its space, the
-    device, the factory and one float32 step of it (in every rank with ``nproc_per_node``
-    > 1, whose runs are all isolated; ``None``: the factory's ``nproc_per_node`` attribute,
-    else 1); the setup, with the study's settings."""
-    _limits.check(
-        _limits.SEARCH,
-        n_trials=n_trials,
-        steps=steps,
-        horizon=horizon,
-        seed=seed,
-        timeout=timeout,
-        nproc_per_node=nproc_per_node,
-        wait_for_storage=wait_for_storage,
-    )
+def prepare(factory: str | Callable[[], Any], options: SearchOptions) -> Setup:
+    """Everything a search checks before it writes anything (its numbers were checked with
+    ``options``): its space, the device, the factory and one float32 step of it (in every
+    rank with ``nproc_per_node`` > 1, whose runs are all isolated; ``None``: the factory's
+    ``nproc_per_node`` attribute, else 1); the setup, with the study's settings."""
     refuse_reentry()
     refuse_launcher()
-    location = None if artifact_dir is None else normalized(artifact_dir)
+    given = options.artifact_dir
+    location = None if given is None else normalized(given)
+    space = options.space
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
-    if fp32_modules:
-        space = space.with_islands(fp32_modules)
-    dev = resolve_device(device)
+    if options.fp32_modules:
+        space = space.with_islands(options.fp32_modules)
+    dev = resolve_device(options.device)
     searched = _float8_space(space, dev)
-    user_factory = load_factory(factory, isolated=isolation is not None)
-    isolation = _processes(factory, user_factory, nproc_per_node, isolation)
-    checked = _preflight(factory, user_factory, dev, seed, searched, isolation)
+    user_factory = load_factory(factory, isolated=options.isolation is not None)
+    isolation = _processes(factory, user_factory, options.nproc_per_node, options.isolation)
+    checked = _preflight(factory, user_factory, dev, options.seed, searched, isolation)
     # a DeepSpeed workload keeps the space it named: its engine trains no float8
     space = _space_for(space if checked.deepspeed else searched, checked.deepspeed)
     _float8_takes(space, checked)
     islands = island_candidates(list(checked.float8_casts), at_most=FLOAT8_ISLAND_CANDIDATES)
     if islands and "float8_islands" not in space.params:
         space = with_float8_islands(space, islands)
-    settings = _settings(factory, steps, horizon, seed, space, dev, checked, isolation)
+    settings = _settings(factory, options, space, dev, checked, isolation)
     return Setup(
         spec=factory,
         factory=user_factory,
         space=space,
         device=dev,
-        n_trials=n_trials,
+        n_trials=options.n_trials,
         settings=settings,
         isolation=isolation,
         artifact_dir=location,
@@ -215,23 +140,21 @@ def _float8_notes(checked: Any) -> tuple[str, ...]:
 
 def _settings(
     factory: str | Callable[[], Any],
-    steps: int,
-    horizon: int | None,
-    seed: int,
+    options: SearchOptions,
     space: SearchSpace,
     dev: torch.device,
     checked: Any,
     isolation: Isolation | None,
 ) -> StudySettings:
     """The study's settings: what every worker and every rerun must share."""
-    declared = checked.horizon
-    if horizon is None and declared is not None:
+    steps, declared = options.steps, checked.horizon
+    if options.horizon is None and declared is not None:
         declared = _declared_horizon(declared, factory_name(factory), steps)
     return StudySettings(
         factory=factory_name(factory),
         steps=steps,
-        horizon=_limits.horizon(steps, horizon, declared),
-        seed=seed,
+        horizon=_limits.horizon(steps, options.horizon, declared),
+        seed=options.seed,
         space=space.to_dict(),
         device_type=dev.type,
         device=describe_device(dev),

@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 
 import scalertune
 from scalertune import _policy
-from scalertune._search._setup import Isolation
+from scalertune._search._options import Isolation
 
 #: Sampled trials a worker's search asks for: as many as sampling runs on this flat workload
 #: before it stops on trials that only tie (``STUDY_TIED_TRIALS``), so that the study's

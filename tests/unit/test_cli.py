@@ -247,3 +247,23 @@ def test_output_piped_into_a_reader_that_stops_ends_quietly(tmp_path):
     child.stdout.close()  # the reader stops before the first line
     err = child.stderr.read().decode()
     assert child.wait(timeout=60) in (0, 1) and err == "", err
+
+
+def test_each_option_of_a_search_is_a_keyword_of_search_and_a_flag_of_the_command():
+    """search()'s keyword arguments are its options' record field by field, and the command
+    builds that record from its flags: an option added to one is missed by neither."""
+    import dataclasses
+    import inspect
+
+    import scalertune
+    from scalertune._cli._flags import _dest
+    from scalertune._cli._parser import parse
+    from scalertune._search._options import SearchOptions
+
+    fields = [f.name for f in dataclasses.fields(SearchOptions)]
+    keywords = inspect.signature(scalertune.search).parameters.values()
+    assert [p.name for p in keywords if p.kind is p.KEYWORD_ONLY] == fields
+    flags = vars(parse(["search", "model.py:make_model"]))
+    # what the command builds itself: the isolation from several flags, and where lines go
+    built = {"isolation", "log", "progress"}
+    assert [f for f in fields if f not in built and _dest(f) not in flags] == []
