@@ -1,0 +1,160 @@
+"""A trial's stored attributes are read and written through its typed records alone (issue 51):
+the record modules name each key once, in a field, and no other module reads or writes a
+trial's attribute by a string of its name."""
+
+import ast
+import dataclasses
+import os
+
+import pytest
+
+import scalertune
+from scalertune._judge._judged import Figures, Judged, PhaseFigures
+from scalertune._storage._trial_record import Job, Marks
+
+PACKAGE = os.path.dirname(scalertune.__file__)
+
+#: Every attribute a trial of a study stores of itself: the fields of its records.
+TRIAL_KEYS = frozenset(
+    [f.name for f in dataclasses.fields(Job)]
+    + [f.name for f in dataclasses.fields(Marks)]
+    + [f.name for f in dataclasses.fields(Figures)]
+    + [f.name for f in dataclasses.fields(Judged) if f.name not in ("figures", "phase")]
+    + [f"phase_{f.name}" for f in dataclasses.fields(PhaseFigures)]
+)
+
+#: The modules that write and read the records (and the float32 reference's, its own).
+RECORD_MODULES = {
+    os.path.join("_storage", "_trial_record.py"),
+    os.path.join("_judge", "_judged.py"),
+    os.path.join("_judge", "_reference.py"),
+}
+
+#: Modules where one of those words is a key of something else, never a trial's attribute.
+OTHER_MEANINGS = {
+    # the result file's own blocks (config, evidence.seed...), read with the YAML's schema
+    os.path.join("_amp", "_schema.py"),
+    os.path.join("_amp", "_checkpointed.py"),
+    # a DeepSpeed config's keys (min_loss_scale ...) and the study's settings (seed)
+    os.path.join("_export", "_deepspeed.py"),
+    os.path.join("_export", "_api.py"),
+    os.path.join("_frameworks", "_deepspeed.py"),
+    os.path.join("_judge", "_settings.py"),
+    # the range of a search's options, a failure's kind, torchao's own config objects
+    "_limits.py",
+    os.path.join("_processes", "_protocol.py"),
+    os.path.join("_export", "_torchao.py"),
+    os.path.join("_amp", "_torchao_private.py"),
+    # a run's own in-process record and a real run's record of its checks
+    os.path.join("_run", "_record.py"),
+    os.path.join("_inrun", "_run_record.py"),
+    os.path.join("_inrun", "_build.py"),
+}
+
+
+def _named_keys(path):
+    """(line, key) for each string literal of a trial key used as a mapping's key there: a
+    subscript, a ``get``/``pop``/``setdefault``/``set_user_attr`` argument, an ``in`` test,
+    a dict literal's key."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    found = []
+
+    def key(node):
+        if isinstance(node, ast.Constant) and node.value in TRIAL_KEYS:
+            found.append((node.lineno, node.value))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            key(node.slice)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("get", "pop", "setdefault", "set_user_attr") and node.args:
+                key(node.args[0])
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            key(node.left)
+        elif isinstance(node, ast.Dict):
+            for k in node.keys:
+                key(k)
+    return found
+
+
+def _sources():
+    for folder, _, files in os.walk(PACKAGE):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                yield os.path.relpath(path, PACKAGE), path
+
+
+def test_no_module_names_a_trials_attribute_outside_the_record_modules():
+    named = {
+        relative: keys
+        for relative, path in _sources()
+        if relative not in RECORD_MODULES | OTHER_MEANINGS and (keys := _named_keys(path))
+    }
+    assert not named, "\n".join(f"{p}: {keys}" for p, keys in named.items())
+
+
+def test_the_scan_finds_a_trials_attribute_read_by_its_name(tmp_path):
+    """The scan above is no test if it finds nothing: a read by name is found."""
+    source = tmp_path / "reader.py"
+    source.write_text(
+        "def of(trial):\n"
+        "    attrs = trial.user_attrs\n"
+        "    return attrs['role'], attrs.get('seed'), 'error' in attrs, {'of': 1}\n"
+    )
+    assert sorted(k for _, k in _named_keys(source)) == ["error", "of", "role", "seed"]
+
+
+@pytest.mark.parametrize("record", [Job, Marks, Figures, PhaseFigures])
+def test_each_records_keys_are_its_fields_names(record):
+    """A key list is derived from the fields, never written out again."""
+    from scalertune._storage import _trial_record
+
+    names = tuple(f.name for f in dataclasses.fields(record))
+    if record is Job:
+        assert names == _trial_record.JOB_ATTRS
+    if record is Marks:
+        assert names == _trial_record.MARK_ATTRS
+    assert names  # every record stores something
+
+
+def test_a_job_and_its_judged_record_read_back_as_written():
+    from scalertune._amp._config import AmpConfig
+    from scalertune._judge._phases import PhaseResult
+
+    job = Job("phase", seed=3, config=AmpConfig(dtype="float16"), of=7, start=0, end=400)
+    assert Job.read(job.attrs()) == job and job.from_start
+    results = (PhaseResult(0, 200, 1.1, 0.5, False, from_start=True),)
+    judged = Judged(
+        figures=Figures(skipped_steps=2, steps_run=400),
+        measured_step_time_s=0.01,
+        phase=PhaseFigures(
+            start=0, end=400, ratio=1.1, z=0.5, nonfinite=False, holds=True, results=results
+        ),
+    )
+    assert Judged.read(judged.attrs()) == judged
+
+
+@pytest.mark.parametrize(
+    ("stored", "named"),
+    [
+        ({"seed": "0"}, "seed is damaged: it is not a whole number"),
+        ({"role": 3}, "role is damaged: it is not text"),
+        ({"save": "../../etc/passwd"}, "save is damaged: it is not a checkpoint's file name"),
+        ({"config": {"dtype": "int4"}}, "config is damaged: it is not an AMP config"),
+    ],
+)
+def test_a_damaged_job_is_named_in_one_line(stored, named):
+    from scalertune._errors import DamagedEvidence
+
+    with pytest.raises(DamagedEvidence, match=named):
+        Job.read(stored, "trial #4")
+
+
+def test_a_judged_record_of_a_later_format_is_damaged_not_misread():
+    from scalertune._errors import DamagedEvidence
+
+    with pytest.raises(DamagedEvidence, match="format this release does not read"):
+        Judged.read({"version": 99, "steps_run": 3})
+    assert Judged.read({"steps_run": 3}).figures.steps_run == 3  # before versions: 1
