@@ -57,6 +57,7 @@ from scalertune._review._scaler_advice import (
 from scalertune._review._verdict import covers, verdict
 from scalertune._storage._names import ROLE_RECOMMENDED
 from scalertune._storage._optuna import trial_handle
+from scalertune._storage._record import role_of
 from scalertune._storage._redact import redact
 from scalertune._storage._store import location_of
 
@@ -319,9 +320,7 @@ def _reading_guide(result: Findings) -> list[str]:
     rec = result.recommended or result.float32_choice
     trials = result.study.get_trials(deepcopy=False) if result.study is not None else []
     shown = [
-        t.number
-        for t in trials
-        if t.user_attrs.get("role") == ROLE_RECOMMENDED and is_recommended(t, result)
+        t.number for t in trials if role_of(t) == ROLE_RECOMMENDED and is_recommended(t, result)
     ]
     best = (
         f"trial {rec.number}"

@@ -25,15 +25,15 @@ from typing import Any
 from optuna.trial import TrialState
 
 from scalertune import _policy
-from scalertune._errors import UsageError
+from scalertune._errors import DamagedEvidence, UsageError
 from scalertune._judge._findings import Findings
-from scalertune._judge._horizon import is_from_start
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult, judged_end
 from scalertune._judge._target import smoothed
 from scalertune._review._describe import unjudged
 from scalertune._review._plots import DPI, FIGURE_INCHES, have_matplotlib, save_figure, wrap
 from scalertune._storage._names import LOSSES_ATTR, ROLE_PHASE
+from scalertune._storage._record import Job, role_of
 
 _SUFFIX = ".horizon.png"
 
@@ -95,20 +95,25 @@ def branch_losses(result: Findings) -> dict[tuple[int, int], list[float]]:
         if study is None
         else study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     ):
-        attrs = trial.user_attrs
         if (
-            attrs.get("role") != ROLE_PHASE
+            role_of(trial) != ROLE_PHASE
             or LOSSES_ATTR not in trial.system_attrs
             or trial.number in result.damaged
         ):
             continue
+        try:
+            job = Job.of_trial(trial)
+        except DamagedEvidence:  # damaged where the judgement does not look: left out too
+            continue
+        if job.of is None:
+            continue
         losses = list(trial.system_attrs[LOSSES_ATTR])
-        if is_from_start(attrs):  # a run from step 0: its stretch over each window it reached
+        if job.from_start:  # a run from step 0: its stretch over each window it reached
             for start, end in result.windows:
                 if len(losses) >= judged_end(start, end):
-                    found[int(attrs["of"]), start] = losses[start:end]
-        else:
-            found[int(attrs["of"]), int(attrs["start"])] = losses
+                    found[job.of, start] = losses[start:end]
+        elif job.start is not None:
+            found[job.of, job.start] = losses
     return found
 
 

@@ -10,15 +10,16 @@ float32's continuation beside it; for the recommendation, a mark and its picture
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune import _policy
-from scalertune._amp._config import AmpConfig
 from scalertune._errors import DamagedEvidence
 from scalertune._judge._findings import Findings
-from scalertune._judge._horizon import behind_from, is_from_start, phases_of
+from scalertune._judge._horizon import behind_from, phases_of
+from scalertune._judge._judged import Judged
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
 from scalertune._judge._reference import Reference
@@ -38,6 +39,7 @@ from scalertune._storage._names import (
     ROLE_SEARCH,
 )
 from scalertune._storage._optuna import study_id
+from scalertune._storage._record import Job, Marks, role_of
 from scalertune._text import readable
 
 #: What each value of a trial's ``role`` attribute means, as the study note lists them.
@@ -73,16 +75,46 @@ ROLES = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class _Records:
+    """A trial's stored records, read once for its note."""
+
+    trial: FrozenTrial
+    job: Job
+    marks: Marks
+    judged: Judged
+
+    @classmethod
+    def of(cls, trial: FrozenTrial) -> _Records:
+        """``trial``'s records; :class:`DamagedEvidence` where one is damaged."""
+        return cls(trial, Job.of_trial(trial), Marks.of_trial(trial), Judged.of_trial(trial))
+
+
 def is_recommended(trial: FrozenTrial, result: Findings) -> bool:
     """Whether ``trial`` is the answer: the run of the recommended config (float32 at the best
     AMP config's clip, or the float32 reference, when float32 is the answer), or the
-    ``recommended`` trial that repeats it."""
-    if trial.user_attrs.get("role") == ROLE_RECOMMENDED:
-        return trial.user_attrs.get("config") == result.config.to_dict()
+    ``recommended`` trial that repeats it (one whose record is damaged is none)."""
+    if role_of(trial) != ROLE_RECOMMENDED:
+        return _is_chosen(trial.number, result)
+    try:
+        return Job.of_trial(trial).config == result.config
+    except DamagedEvidence:
+        return False
+
+
+def _is_answer(read: _Records, result: Findings) -> bool:
+    """:func:`is_recommended`, of the records read already."""
+    if read.job.role == ROLE_RECOMMENDED:
+        return read.job.config == result.config
+    return _is_chosen(read.trial.number, result)
+
+
+def _is_chosen(number: int, result: Findings) -> bool:
+    """Whether trial ``number`` is the run of the recommended config."""
     chosen = result.recommended or result.float32_choice
     if chosen is not None:
-        return trial.number == chosen.number
-    return result.reference is not None and trial.number == result.reference.trial
+        return number == chosen.number
+    return result.reference is not None and number == result.reference.trial
 
 
 def trial_note(
@@ -91,64 +123,65 @@ def trial_note(
     """What a trial is and what happened to it, in words; ``None`` while it runs."""
     if trial.state in (TrialState.RUNNING, TrialState.WAITING):
         return None
-    if trial.number in result.damaged:
-        why = result.damaged[trial.number]
+    why = result.damaged.get(trial.number)
+    if why is None:
+        try:
+            read = _Records.of(trial)
+        except DamagedEvidence as exc:  # in a part the judgement does not check, or since
+            why = str(exc)
+    if why is not None:
         return f"### Trial {trial.number}: damaged evidence\n\n{why}: left out.\n"
-    attrs = trial.user_attrs
-    role = attrs.get("role")
-    lines = [f"### Trial {trial.number}: {_mark(trial, result)}{_title(trial, result)}", ""]
-    if role in ROLES:
-        lines += [f"*{role}*: {ROLES[role]}.", ""]
-    config = attrs.get("config")
-    if isinstance(config, dict):
-        lines += [f"Config: `{AmpConfig.from_dict(config).describe()}`", ""]
-    if role == ROLE_PHASE and trial.state != TrialState.FAIL:
-        lines += branch_lines(trial, result)
+    job = read.job
+    lines = [f"### Trial {trial.number}: {_mark(read, result)}{_title(read, result)}", ""]
+    if job.role in ROLES:
+        lines += [f"*{job.role}*: {ROLES[job.role]}.", ""]
+    if job.config is not None:
+        lines += [f"Config: `{job.config.describe()}`", ""]
+    if job.role == ROLE_PHASE and trial.state != TrialState.FAIL:
+        lines += branch_lines(read, result)
     else:
-        lines += _what_happened(trial, result)
-        lines += _over_the_horizon(trial, result)
-    if is_recommended(trial, result):
+        lines += _what_happened(read, result)
+        lines += _over_the_horizon(read, result)
+    if _is_answer(read, result):
         lines += [_confirmed(result), ""]
     if trial.intermediate_values:
-        lines += [_curve_line(trial), ""]
+        lines += [_curve_line(read), ""]
     url = (pictures.trials if pictures else {}).get(trial.number)
     if url:
         lines += [
             f"![trial {trial.number}: loss over the float32 target"
-            f"{', and loss scale' if _uses_scaler(config) else ''}]({url})",
+            f"{', and loss scale' if _uses_scaler(job) else ''}]({url})",
             "",
         ]
     return "\n".join(lines)
 
 
-def _title(trial: FrozenTrial, result: Findings) -> str:
-    attrs = trial.user_attrs
-    role = attrs.get("role")
+def _title(read: _Records, result: Findings) -> str:
+    job = read.job
     return {
-        ROLE_REFERENCE: f"float32 reference, seed {attrs.get('seed')}",
-        ROLE_BASELINE: f"baseline `{attrs.get('baseline')}`",
+        ROLE_REFERENCE: f"float32 reference, seed {job.seed}",
+        ROLE_BASELINE: f"baseline `{job.baseline}`",
         ROLE_SEARCH: "search trial",
-        ROLE_CONFIRM: f"confirmation of trial {attrs.get('confirms')} on seed {attrs.get('seed')}",
-        ROLE_FLOAT32_CLIP: f"float32 with trial {attrs.get('clip_of')}'s clipping",
+        ROLE_CONFIRM: f"confirmation of trial {job.confirms} on seed {job.seed}",
+        ROLE_FLOAT32_CLIP: f"float32 with trial {job.clip_of}'s clipping",
         ROLE_PHASE: (
-            f"trial {attrs.get('of')}'s config from step 0 to {attrs.get('end')}"
-            if is_from_start(attrs)
-            else f"branch of trial {attrs.get('of')} at steps {attrs.get('start')}-"
-            f"{attrs.get('end')}"
+            f"trial {job.of}'s config from step 0 to {job.end}"
+            if job.from_start
+            else f"branch of trial {job.of} at steps {job.start}-{job.end}"
         ),
-        ROLE_ISLAND: f"island of trial {attrs.get('island_of')}",
+        ROLE_ISLAND: f"island of trial {job.island_of}",
         ROLE_REPLAY: "the replay's scaler setting",
         ROLE_RECOMMENDED: (
-            "the recommendation" if is_recommended(trial, result) else "an earlier recommendation"
+            "the recommendation" if _is_answer(read, result) else "an earlier recommendation"
         ),
-    }.get(str(role), str(role or "no role recorded"))
+    }.get(str(job.role), str(job.role or "no role recorded"))
 
 
-def _mark(trial: FrozenTrial, result: Findings) -> str:
-    if is_recommended(trial, result):
-        return "★ " if trial.user_attrs.get("role") == ROLE_RECOMMENDED else "★ recommended, "
+def _mark(read: _Records, result: Findings) -> str:
+    if _is_answer(read, result):
+        return "★ " if read.job.role == ROLE_RECOMMENDED else "★ recommended, "
     best = result.best_amp
-    if result.recommended is None and best is not None and trial.number == best.number:
+    if result.recommended is None and best is not None and read.trial.number == best.number:
         return "☆ best AMP config that holds (for a GPU), "
     return ""
 
@@ -170,46 +203,46 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _uses_scaler(config: Any) -> bool:
-    return isinstance(config, dict) and config.get("dtype") == "float16"
+def _uses_scaler(job: Job) -> bool:
+    return job.config is not None and job.config.uses_scaler
 
 
-def _curve_line(trial: FrozenTrial) -> str:
-    attrs, steps = trial.user_attrs, sorted(trial.intermediate_values)
+def _curve_line(read: _Records) -> str:
+    job, steps = read.job, sorted(read.trial.intermediate_values)
     # a long run's curve is thinned: say the spacing it has
     every = steps[1] - steps[0] if len(steps) > 1 else _policy.READBACK_INTERVAL
     where = (
         f", at the absolute steps of its window ({steps[0]}-{steps[-1]})"
-        if attrs.get("role") == ROLE_PHASE
+        if job.role == ROLE_PHASE
         else ""
     )
     return (
         f"Curve (intermediate values): log10 of the smoothed loss over seed "
-        f"{attrs.get('seed')}'s float32 target, one point per {every} steps{where}; 0 is "
+        f"{job.seed}'s float32 target, one point per {every} steps{where}; 0 is "
         "the target, 1 ten times above it."
     )
 
 
-def _what_happened(trial: FrozenTrial, result: Findings) -> list[str]:
-    attrs = trial.user_attrs
+def _what_happened(read: _Records, result: Findings) -> list[str]:
+    trial, job, judged = read.trial, read.job, read.judged
     if trial.state == TrialState.FAIL:
-        error = attrs.get("error") or "no error recorded (its worker died)"
+        error = read.marks.error or "no error recorded (its worker died)"
         return [
             f"**Failed**: `{error}`",
             "",
             "The error came from the workload's code under this config; the search moved on.",
             "",
         ]
-    if attrs.get("role") == ROLE_RECOMMENDED:
-        return _recommended_lines(trial, result)
-    if attrs.get("role") == ROLE_REFERENCE:
+    if job.role == ROLE_RECOMMENDED:
+        return _recommended_lines(read, result)
+    if job.role == ROLE_REFERENCE:
         return _reference_lines(trial)
-    if "config" not in attrs:
+    if job.config is None:
         return []
     outcome = Outcome.from_trial(trial)
     if outcome.state == "pruned":
         return [
-            f"**Pruned: {attrs.get('pruned_because')}**, after {attrs.get('steps_run')} steps",
+            f"**Pruned: {judged.pruned_because}**, after {judged.figures.steps_run} steps",
             "",
             f"{outcome.prune_reason}",
             "",
@@ -218,9 +251,9 @@ def _what_happened(trial: FrozenTrial, result: Findings) -> list[str]:
             "",
         ]
     lines = [f"**Outcome**: {describe_outcome(outcome)}.", ""]
-    if attrs.get("duplicate_of") is not None:
+    if read.marks.duplicate_of is not None:
         lines += [
-            f"The same config as trial {attrs['duplicate_of']}: its result is reused, "
+            f"The same config as trial {read.marks.duplicate_of}: its result is reused, "
             "nothing was trained again.",
             "",
         ]
@@ -231,7 +264,7 @@ def _what_happened(trial: FrozenTrial, result: Findings) -> list[str]:
             "trial.",
             "",
         ]
-    return lines + _figures(attrs)
+    return lines + _figures(read)
 
 
 def _reference_lines(trial: FrozenTrial) -> list[str]:
@@ -246,9 +279,9 @@ def _reference_lines(trial: FrozenTrial) -> list[str]:
     ]
 
 
-def _recommended_lines(trial: FrozenTrial, result: Findings) -> list[str]:
-    attrs = trial.user_attrs
-    if not is_recommended(trial, result):
+def _recommended_lines(read: _Records, result: Findings) -> list[str]:
+    attrs = read.trial.user_attrs
+    if not _is_answer(read, result):
         return [
             "The answer before later trials changed it; the note of the study names "
             "the current one.",
@@ -267,38 +300,43 @@ def _recommended_lines(trial: FrozenTrial, result: Findings) -> list[str]:
         "Best Trial, even where a faster run (one that did not hold, or was not "
         "confirmed) has a smaller value.",
         "",
-        *_figures(attrs),
+        *_figures(read),
     ]
 
 
-def _figures(attrs: dict[str, Any]) -> list[str]:
-    figures = [
+def _figures(read: _Records) -> list[str]:
+    """The figures as the trial's page shows them: rounded for reading as its attributes
+    are, then as the note says them."""
+    figures = read.judged.figures
+    said = [
         f"{label} {shown}"
         for label, shown in (
-            ("time to target", as_s(attrs.get("time_to_target_s"))),
-            ("step time", as_ms(attrs.get("step_time_s"))),
-            ("skipped steps", attrs.get("skipped_steps")),
+            ("time to target", as_s(readable(figures.time_to_target_s))),
+            ("step time", as_ms(readable(figures.step_time_s))),
+            ("skipped steps", figures.skipped_steps),
             (
                 "loss scale down to",
-                as_g(attrs.get("min_scale")) if _uses_scaler(attrs.get("config")) else None,
+                as_g(readable(figures.min_scale)) if _uses_scaler(read.job) else None,
             ),
-            ("final loss / float32's", as_g(attrs.get("loss_vs_float32"))),
+            ("final loss / float32's", as_g(readable(figures.loss_vs_float32))),
         )
         if shown is not None
     ]
-    return ["; ".join(figures) + ".", ""] if figures else []
+    return ["; ".join(said) + ".", ""] if said else []
 
 
-def _over_the_horizon(trial: FrozenTrial, result: Findings) -> list[str]:
+def _over_the_horizon(read: _Records, result: Findings) -> list[str]:
     """A branched run's verdict over the horizon, with its branches' trial numbers."""
+    trial = read.trial
     done = result.phases.get(trial.number)
-    if not done or trial.user_attrs.get("role") == ROLE_RECOMMENDED:
+    if not done or read.job.role == ROLE_RECOMMENDED:
         return []
     numbers = branch_numbers(result)
     cells = ", ".join(
         f"{p.describe()} (trial {numbers.get((trial.number, p.start), '?')})" for p in done
     )
-    holds = result.holds(Outcome.from_trial(trial))
+    outcome = Outcome.from_trial(trial)
+    holds = result.holds(outcome)
     verdict = {
         True: "**Holds for the horizon**",
         False: "**Does not hold for the horizon**",
@@ -306,7 +344,7 @@ def _over_the_horizon(trial: FrozenTrial, result: Findings) -> list[str]:
     }[holds]
     said = f"{verdict}: its loss over float32's in each phase window, {cells}."
     return [
-        said + (f" It {why_not(result, Outcome.from_trial(trial))}." if holds is False else ""),
+        said + (f" It {why_not(result, outcome)}." if holds is False else ""),
         "",
     ]
 
@@ -320,35 +358,45 @@ def branch_numbers(result: Findings) -> dict[tuple[int, int], int]:
     for t in result.study.get_trials(
         deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)
     ):
-        attrs = t.user_attrs
-        if attrs.get("role") != ROLE_PHASE:
+        job = _phase_job(t)
+        if job is None or job.of is None:
             continue
-        of = int(attrs["of"])
-        if is_from_start(attrs):  # one run from step 0 judged at every window it reached
-            for p in phases_of(sound([t])[0]).get(of, []):
-                out[of, p.start] = t.number
-        else:
-            out.setdefault((of, int(attrs["start"])), t.number)
+        if job.from_start:  # one run from step 0 judged at every window it reached
+            for p in phases_of(sound([t])[0]).get(job.of, []):
+                out[job.of, p.start] = t.number
+        elif job.start is not None:
+            out.setdefault((job.of, job.start), t.number)
     return out
 
 
-def branch_lines(trial: FrozenTrial, result: Findings) -> list[str]:
+def _phase_job(trial: FrozenTrial) -> Job | None:
+    """A phase trial's job; ``None`` for another role, or a record that is damaged (left out,
+    as the judgement leaves it)."""
+    if role_of(trial) != ROLE_PHASE:
+        return None
+    try:
+        return Job.of_trial(trial)
+    except DamagedEvidence:
+        return None
+
+
+def branch_lines(read: _Records, result: Findings) -> list[str]:
     """A branch's note: what it is, how it did against float32, and where float32's own
     continuation over the same steps is."""
-    attrs = trial.user_attrs
-    start, end, of = int(attrs["start"]), int(attrs["end"]), attrs.get("of")
-    ref = result.references.get(int(attrs.get("seed", 0)))
+    trial, job = read.trial, read.job
+    start, end, of = job.start, job.end, job.of
+    ref = result.references.get(job.seed or 0)
     ref_trial = None if ref is None else ref.trial
-    scale = attrs.get("initial_scale")
+    scale = readable(read.judged.initial_scale)
     scaler = (
         f"; its loss scaler started at {as_g(scale)} (`initial_scale`: where the replay "
         f"of this config over float32's gradients puts it by step {start}, not at "
         "`init_scale`, whose start-up back-offs a real run would have left behind)"
-        if _uses_scaler(attrs.get("config")) and scale is not None
+        if _uses_scaler(job) and scale is not None
         else ""
     )
-    if is_from_start(attrs):
-        judged = phases_of(sound([trial])[0]).get(int(of), []) if of is not None else []
+    if job.from_start:
+        judged = phases_of(sound([trial])[0]).get(of, []) if of is not None else []
         return [
             f"**What it is**: trial {of}'s config trained from step 0 to step {end} on "
             "the batches float32 trained on, its scaler from `init_scale`, as your run "
@@ -358,7 +406,7 @@ def branch_lines(trial: FrozenTrial, result: Findings) -> list[str]:
             f"{behind_from(judged)}.",
             "",
             *([_branch_verdict(judged[-1]), ""] if judged else []),
-            _continuation(trial, result, ref_trial),
+            _continuation(read, result, ref_trial),
             "",
         ]
     lines = [
@@ -369,10 +417,10 @@ def branch_lines(trial: FrozenTrial, result: Findings) -> list[str]:
         f"{scaler}.",
         "",
     ]
-    judged = phases_of(sound([trial])[0]).get(int(of), []) if of is not None else []
+    judged = phases_of(sound([trial])[0]).get(of, []) if of is not None else []
     if judged:
         lines += [_branch_verdict(judged[0]), ""]
-    lines += [_continuation(trial, result, ref_trial), ""]
+    lines += [_continuation(read, result, ref_trial), ""]
     return lines
 
 
@@ -394,8 +442,8 @@ def _branch_verdict(phase: PhaseResult) -> str:
     )
 
 
-def _continuation(trial: FrozenTrial, result: Findings, reference: int | None) -> str:
-    start, end = trial.user_attrs.get("start"), trial.user_attrs.get("end")
+def _continuation(read: _Records, result: Findings, reference: int | None) -> str:
+    trial, start, end = read.trial, read.job.start, read.job.end
     if reference is None:
         return "float32's continuation: its reference trial is not in this study."
     pages = ""

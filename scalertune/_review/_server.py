@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune._review._artifacts import ArtifactStores
 from scalertune._storage._names import ROLE_RECOMMENDED, SETTINGS_ATTR
 from scalertune._storage._optuna import storage_of
+from scalertune._storage._record import role_of
 from scalertune._storage._store import is_bucket
 
 
@@ -47,7 +48,7 @@ def latest_recommended(storage: BaseStorage, study_id: int) -> FrozenTrial | Non
     if SETTINGS_ATTR not in storage.get_study_user_attrs(study_id):
         return None
     trials = storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE,))
-    recommended = [t for t in trials if t.user_attrs.get("role") == ROLE_RECOMMENDED]
+    recommended = [t for t in trials if role_of(t) == ROLE_RECOMMENDED]
     return max(recommended, key=lambda t: t.number, default=None)
 
 
