@@ -11,7 +11,7 @@ to the simpler config.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
@@ -55,13 +55,6 @@ def _phase_runs(
         phase = Judged.of_trial(trial).phase
         if phase is not None:
             yield trial, Job.of_trial(trial), phase
-
-
-def is_from_start(attrs: Mapping[str, Any]) -> bool:
-    """Whether a phase trial's attributes name a run from step 0, or its continuation (not a
-    branch from float32's checkpoint): :attr:`Job.from_start
-    <scalertune._storage._trial_record.Job.from_start>`."""
-    return Job.read(attrs).from_start
 
 
 def holds(

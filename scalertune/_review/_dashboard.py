@@ -57,9 +57,9 @@ from scalertune._review._scaler_advice import (
 from scalertune._review._verdict import covers, verdict
 from scalertune._storage._names import ROLE_RECOMMENDED
 from scalertune._storage._optuna import trial_handle
-from scalertune._storage._record import role_of
 from scalertune._storage._redact import redact
 from scalertune._storage._store import location_of
+from scalertune._storage._trial_record import role_of
 
 _INSTALL = "pip install 'scalertune[dashboard]'"
 

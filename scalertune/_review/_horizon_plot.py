@@ -33,7 +33,7 @@ from scalertune._judge._target import smoothed
 from scalertune._review._describe import unjudged
 from scalertune._review._plots import DPI, FIGURE_INCHES, have_matplotlib, save_figure, wrap
 from scalertune._storage._names import LOSSES_ATTR, ROLE_PHASE
-from scalertune._storage._record import Job, role_of
+from scalertune._storage._trial_record import Job, role_of
 
 _SUFFIX = ".horizon.png"
 

@@ -39,7 +39,7 @@ from scalertune._storage._names import (
     ROLE_SEARCH,
 )
 from scalertune._storage._optuna import study_id
-from scalertune._storage._record import Job, Marks, role_of
+from scalertune._storage._trial_record import Job, Marks, role_of
 from scalertune._text import readable
 
 #: What each value of a trial's ``role`` attribute means, as the study note lists them.

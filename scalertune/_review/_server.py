@@ -23,8 +23,8 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune._review._artifacts import ArtifactStores
 from scalertune._storage._names import ROLE_RECOMMENDED, SETTINGS_ATTR
 from scalertune._storage._optuna import storage_of
-from scalertune._storage._record import role_of
 from scalertune._storage._store import is_bucket
+from scalertune._storage._trial_record import role_of
 
 
 def recommended_best(storage: BaseStorage) -> BaseStorage:

@@ -36,7 +36,7 @@ from scalertune._review._verdict import verdict
 from scalertune._run._record import PRUNE_KINDS
 from scalertune._run._step_times import StepTimes, spread
 from scalertune._storage._names import ROLE_SEARCH
-from scalertune._storage._record import Job
+from scalertune._storage._trial_record import Job
 from scalertune._text import format_table, plural
 
 _COLUMNS = (

@@ -32,8 +32,10 @@ RECORD_MODULES = {
 
 #: Modules where one of those words is a key of something else, never a trial's attribute.
 OTHER_MEANINGS = {
-    # the result file's own blocks (config, evidence.seed...), read with the YAML's schema
+    # the result file's own blocks (config, evidence.seed...), written and read with the
+    # YAML's schema
     os.path.join("_amp", "_schema.py"),
+    os.path.join("_review", "_document.py"),
     os.path.join("_amp", "_checkpointed.py"),
     # a DeepSpeed config's keys (min_loss_scale ...) and the study's settings (seed)
     os.path.join("_export", "_deepspeed.py"),
