@@ -73,7 +73,7 @@ class ScalerDecisions:
         self._stepped = self._skips.decide(self.scaler, self.steps)
         self.steps += 1
         if self._checks is not None and self.steps % self._checks.every == 0:
-            self._checks.run(self)
+            self._checks.run(self, self._skips)
 
     def _engine_step(self, engine: Engine) -> bool:
         """The step of a bound engine (its clipping, its optimizer, its scaler: DeepSpeed's),
@@ -82,8 +82,15 @@ class ScalerDecisions:
         self._skips.host(self.steps, skipped=not stepped)
         self.steps += 1
         if self._checks is not None and self.steps % self._checks.every == 0:
-            self._checks.run(self)
+            self._checks.run(self, self._skips)
         return stepped
+
+    @property
+    def readback(self) -> Readback | None:
+        """What reads the device back every so many steps for the guard, the watch and the
+        in-run check (``None``: nothing does); the check rebases the watch on it after it
+        changed the run."""
+        return self._checks
 
     @property
     def scale(self) -> torch.Tensor:
