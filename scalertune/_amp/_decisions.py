@@ -114,6 +114,8 @@ class ScalerDecisions:
         return self._skips.total
 
     @property
-    def _skipped(self) -> torch.Tensor:
-        """``skipped_steps`` as a device tensor, for ``_run._timing``'s window arithmetic."""
-        return torch.full((), self._skips.total, dtype=torch.int64, device=self.device)
+    def skipped_on_device(self) -> torch.Tensor:
+        """:attr:`skipped_steps` as a new 0-d int64 tensor on the device, read without a host
+        sync (also where an optimizer skips inside its own kernel): the skips over a window
+        are two of them subtracted, read with the window's end."""
+        return self._skips.on_device(self.device)
