@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from scalertune._amp._autocast import Clip, Forward
-from scalertune._amp._check import RunCheck
+from scalertune._amp._check import CheckTurns, RunCheck
 from scalertune._amp._checkpointed import Checkpointed
 from scalertune._amp._config import SCALER_KNOBS, AmpConfig, DeepSpeedFp16Config
 from scalertune._amp._decisions import ScalerDecisions
@@ -117,7 +117,7 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         self._clip = Clip(config.clip_norm) if config.clip_norm is not None else None
         # read on every step: a plain attribute
         self._uses_scaler = config.uses_scaler and not self._engine.needed
-        self._checked_step = -1  # the step the in-run check last ran at (once per step)
+        self._turns = CheckTurns()  # when the in-run check takes the step's loss
         #: Called after each :meth:`backward` and first in :meth:`step`, while the gradients
         #: are backward's own: the float32 reference's gradient trace reads them there.
         self.hooks = StepHooks()
@@ -336,26 +336,10 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             >>> amp.step(optimizer)
             True
         """
-        if self.check is not None and self._check_due():
-            self._checked_step = self.steps
-            assert self.check is not None
-            return self.check.run(self, closure, recompute or closure, autocast)
-        if not autocast:
-            return closure()
-        with self._forward.reused:
-            return closure()
-
-    def _check_due(self) -> bool:
-        """Whether this step's loss is the in-run check's: once a step, when its policy says,
-        while training (not evaluating) in a dtype below float32."""
         check = self.check
-        return (
-            check is not None
-            and check.due(self.steps)
-            and self._checked_step != self.steps
-            and self.config.dtype != "float32"  # after a fall back: nothing to check against
-            and torch.is_grad_enabled()
-        )
+        if check is not None and self._turns.take(check, self.steps, self.config.dtype):
+            return check.run(self, closure, recompute or closure, autocast)
+        return self._forward.call(closure, autocast=autocast)
 
     def train_step(
         self,
