@@ -7,9 +7,10 @@
 - ``_scaler``: the GradScaler the runtime builds, how it knows which steps were skipped, and
   its knobs changed in place;
 - ``_engine``: an engine that scales and steps itself (DeepSpeed's), bound to a runtime;
-- ``_checkpointed``: what a runtime keeps in a training checkpoint, and its restore;
+- ``_scaling``: what scales a runtime's loss (its GradScaler, or a bound engine's) and steps,
+  the scale read, the scaler's state in a checkpoint, its knobs changed;
+- ``_decisions``: the steps its scaler decided: counted, the skips among them, the read-back;
 - ``_step_hooks``: what watches a runtime's steps from outside it, each with a removable handle;
-- ``_decisions``: the runtime's side of its scaler's steps: skips counted, the scale read;
 - ``_readback``: what runs at the read-back cadence: the guard, the watch, the in-run check;
 - ``_check``: the in-run check's policy, as the result file carries it, and what it says;
 - ``_guard``: :class:`Guard`, the production guard against a collapsing loss scale;

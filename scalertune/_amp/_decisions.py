@@ -1,112 +1,80 @@
-"""The runtime's side of its GradScaler's steps: what a
-:class:`~scalertune._amp._scaler.RuntimeScaler` tells it (a loss scaled, a step begun, a step
-decided), or what a bound engine decided (DeepSpeed's), the skipped steps counted from that,
-and the scale read in place."""
+"""The steps a runtime's scaler decided: what a
+:class:`~scalertune._amp._scaler.RuntimeScaler` tells its runtime (a loss scaled, a step
+begun, a step decided), or what a bound engine decided (DeepSpeed's), counted, the skipped
+steps among them, and the read-back at its cadence."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
-from scalertune._amp._check import RunCheck
-from scalertune._amp._engine import Engine, EngineSlot
+from scalertune._amp._engine import Engine
 from scalertune._amp._readback import Readback
 from scalertune._amp._scaler import DeviceStep, Skips
-from scalertune._amp._torch_private import live_scale
 
 
 class ScalerDecisions:
-    """What :class:`~scalertune.AmpRuntime` hears from its scaler (whoever calls the scaler:
-    the runtime's own :meth:`~scalertune.AmpRuntime.step`, Accelerate's prepared optimizer,
-    Lightning's precision plugin), and what it reads of it."""
+    """The steps of an :class:`~scalertune.AmpRuntime`, owned by its
+    :class:`~scalertune._amp._scaling.LossScaler`: how many, which were skipped
+    (:class:`~scalertune._amp._scaler.Skips`), whether the last one was applied, and every
+    ``readback.every`` steps the read-back (the guard, the watch, the in-run check). Whoever
+    calls the scaler decides them: the runtime's own :meth:`~scalertune.AmpRuntime.step`,
+    Accelerate's prepared optimizer, Lightning's precision plugin.
 
-    scaler: torch.amp.GradScaler
-    check: RunCheck | None
-    device: torch.device
-    steps: int
-    _checks: Readback | None
-    _skips: Skips
-    _stepped: bool | DeviceStep
-    _uses_scaler: bool
-    _initial_scale: torch.Tensor
-    _engine: EngineSlot
+    Example:
+        >>> decisions = ScalerDecisions(None)
+        >>> decisions.taken()
+        >>> decisions.state_dict()
+        {'steps': 1, 'skipped': 0}
+    """
 
-    @property
-    def last_step(self) -> bool | DeviceStep:
-        """Whether the optimizer really stepped on the last step GradScaler decided (what
-        :meth:`~scalertune._amp._runtime.AmpRuntime.step` returned; for a framework that
-        calls the scaler itself, the same)."""
-        return self._stepped
+    def __init__(self, readback: Readback | None) -> None:
+        self.steps = 0
+        #: Whether the optimizer stepped on the last step decided (a
+        #: :class:`~scalertune._amp._scaler.DeviceStep` where only the device knows).
+        self.last: bool | DeviceStep = True
+        #: What reads the device back every ``readback.every`` steps; ``None``: nothing does.
+        self.readback = readback
+        self.skips = Skips(ring=readback.every if readback is not None else 0)
 
-    def scaler_scaling(self, loss: torch.Tensor) -> None:
-        """Hook the runtime's GradScaler calls as ``scaler.scale(loss)`` runs; not for users.
+    def scaling(self, loss: torch.Tensor, *, checked: bool) -> None:
+        """A loss is being scaled: with an in-run check (``checked``) that reads back, one
+        that is not finite is noted for the next read (``Skips.note_loss``)."""
+        if self.readback is not None and checked:
+            self.skips.note_loss(loss)
 
-        With an in-run check, a loss that is not finite is noted for the next read-back (see
-        ``Skips.note_loss``).
-
-        Args:
-            loss: The loss being scaled.
-        """
-        if self._checks is not None and self.check is not None:
-            self._skips.note_loss(loss)
-
-    def scaler_stepping(self, optimizer: torch.optim.Optimizer) -> None:
-        """Hook the runtime's GradScaler calls as ``scaler.step(optimizer)`` starts; not for users.
-
-        Args:
-            optimizer: The optimizer being stepped.
-        """
-        if self.check is not None and self.check.recording:
-            self.check.record(self, optimizer)
-        self._skips.begin(self.scaler, optimizer)
-
-    def scaler_updated(self) -> None:
-        """Hook the runtime's GradScaler calls once ``scaler.update()`` has decided the step.
-
-        Counts the step, and runs the guard and the watch when they are due. After the in-run
-        check fell back to float32 the scaler is disabled and every step it passes through is
-        taken. Not for users.
-        """
-        if not self._uses_scaler:
-            self._stepped = True
-            self.steps += 1
-            return
-        self._stepped = self._skips.decide(self.scaler, self.steps)
+    def taken(self) -> None:
+        """A step taken with no scaler to decide it (float32, or the scaler disabled)."""
+        self.last = True
         self.steps += 1
-        if self._checks is not None and self.steps % self._checks.every == 0:
-            self._checks.run(self)
 
-    def _engine_step(self, engine: Engine) -> bool:
+    def updated(self, amp: Any, scaler: torch.amp.GradScaler) -> None:
+        """``scaler.update()`` decided a step of ``amp`` (the runtime that owns this): counted,
+        and read back when due."""
+        self.last = self.skips.decide(scaler, self.steps)
+        self.steps += 1
+        self._read_back(amp)
+
+    def engine_step(self, amp: Any, engine: Engine) -> bool:
         """The step of a bound engine (its clipping, its optimizer, its scaler: DeepSpeed's),
         decided on the host by the engine itself: counted, and read back when due."""
-        stepped = self._stepped = engine.step()
-        self._skips.host(self.steps, skipped=not stepped)
+        stepped = self.last = engine.step()
+        self.skips.host(self.steps, skipped=not stepped)
         self.steps += 1
-        if self._checks is not None and self.steps % self._checks.every == 0:
-            self._checks.run(self)
+        self._read_back(amp)
         return stepped
 
-    @property
-    def scale(self) -> torch.Tensor:
-        """The current loss scale as a device tensor (1.0 when no scaler is active; a bound
-        engine's own scale); no sync."""
-        if self._engine.engine is not None:
-            return torch.full((), self._engine.engine.scale(), device=self.device)
-        if not self._uses_scaler:  # a disabled GradScaler has no _scale at all
-            return self._initial_scale
-        scale = live_scale(self.scaler)
-        if scale is None:
-            return self._initial_scale
-        # GradScaler keeps a 0-d tensor; reshaping one anyway is a device op on every step.
-        return scale if scale.dim() == 0 else scale.reshape(())
+    def _read_back(self, amp: Any) -> None:
+        if self.readback is not None and self.steps % self.readback.every == 0:
+            self.readback.run(amp, self.skips)
 
-    @property
-    def skipped_steps(self) -> int:
-        """Steps GradScaler skipped because gradients were inf/NaN (no device read, except
-        for an optimizer that skips inside its own kernel: see
-        :class:`~scalertune._amp._scaler.Skips`)."""
-        return self._skips.total
+    def state_dict(self) -> dict[str, int]:
+        """The counts a checkpoint keeps: ``steps`` and ``skipped``."""
+        return {"steps": self.steps, "skipped": self.skips.total}
 
-    @property
-    def _skipped(self) -> torch.Tensor:
-        """``skipped_steps`` as a device tensor, for ``_run._timing``'s window arithmetic."""
-        return torch.full((), self._skips.total, dtype=torch.int64, device=self.device)
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Count on from a checkpoint's counts (what :meth:`state_dict` returned)."""
+        self.steps = int(state["steps"])
+        self.skips.restore(int(state["skipped"]), steps=self.steps)

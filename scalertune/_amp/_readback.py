@@ -9,7 +9,8 @@ from typing import Any
 from scalertune import _policy
 from scalertune._amp._check import RunCheck
 from scalertune._amp._guard import Guard, check_guard
-from scalertune._amp._watch import AmpDriftWarning, Watch, caller_stacklevel
+from scalertune._amp._scaler import Skips
+from scalertune._amp._watch import AmpDriftWarning, ScalerPrediction, Watch, caller_stacklevel
 
 
 class Readback:
@@ -30,9 +31,12 @@ class Readback:
         #: last found the run healthy (asked once a collapse: then the guard stops it).
         self._rescued = False
 
-    def rebase(self, watch: Watch | None, *, steps: int, skipped: int) -> None:
-        """Watch from here on against ``watch``'s prediction, counting from ``steps``."""
-        self.watch, self._since, self._warned = watch, (steps, skipped), False
+    def rebase(self, prediction: ScalerPrediction | None, *, steps: int, skipped: int) -> None:
+        """Watch from here on, counting from ``steps`` and ``skipped`` (the in-run check changed
+        the run): against ``prediction`` (its new knobs') where given, else the watch's own."""
+        if prediction is not None:
+            self.watch = Watch(prediction, check_every=self.every)
+        self._since, self._warned = (steps, skipped), False
 
     def _tripped(self, scale: float, streak: int) -> bool:
         guard = self.guard
@@ -40,9 +44,9 @@ class Readback:
             scale < guard.min_scale or streak >= guard.max_consecutive_skips
         )
 
-    def run(self, amp: Any) -> None:
-        """Read, then look (``amp``: the :class:`~scalertune.AmpRuntime` that owns this)."""
-        skips = amp._skips  # noqa: SLF001 - the runtime's own bookkeeping
+    def run(self, amp: Any, skips: Skips) -> None:
+        """Read ``skips`` and the scale, then look (``amp``: the
+        :class:`~scalertune.AmpRuntime` that owns this)."""
         scale, skipped = skips.read(amp.scale)
         if self.check is not None and self.check.on_read(amp, scale=scale, bad_loss=skips.bad_loss):
             return  # it changed the scaler: what was read is from before

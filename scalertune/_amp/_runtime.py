@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from scalertune._amp._autocast import Clip, Forward
-from scalertune._amp._check import RunCheck
-from scalertune._amp._checkpointed import Checkpointed
-from scalertune._amp._config import SCALER_KNOBS, AmpConfig, DeepSpeedFp16Config
-from scalertune._amp._decisions import ScalerDecisions
+from scalertune._amp._check import CheckTurns, RunCheck
+from scalertune._amp._config import AmpConfig
 from scalertune._amp._device import resolve_device
-from scalertune._amp._engine import Engine, EngineSlot
+from scalertune._amp._engine import Engine
 from scalertune._amp._guard import Guard
 from scalertune._amp._readback import Readback
-from scalertune._amp._scaler import DeviceStep, RuntimeScaler, Skips, scaler_class, set_knobs
+from scalertune._amp._scaler import DeviceStep
+from scalertune._amp._scaling import LossScaler
 from scalertune._amp._step_hooks import StepHooks
 from scalertune._amp._watch import Watch
 
 
-class AmpRuntime(ScalerDecisions, Checkpointed):
+class AmpRuntime:
     """Owns the autocast context, the GradScaler and the unscale-then-clip step.
 
     One object per training run. The canonical AMP step it implements is::
@@ -45,7 +44,9 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
 
     The runtime adds no host sync to GradScaler's one per step (it must know whether to call
     ``optimizer.step``), and counts skipped steps from that decision
-    (:class:`~scalertune._amp._scaler.Skips`). A
+    (:class:`~scalertune._amp._decisions.ScalerDecisions`). What scales the loss is a
+    :class:`~scalertune._amp._scaling.LossScaler` it owns (a bound engine's scaler, or its
+    GradScaler), and its forward side a :class:`~scalertune._amp._autocast.Forward`. A
     ``guard`` and a ``watch`` read the device once every ``check_every`` steps. An in-run
     ``check`` (``scalertune.load`` and ``scalertune.attach`` build one from the result file)
     computes a step's loss again in float32 every ``check.policy.every`` steps, through
@@ -99,25 +100,12 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
         #: to check against.
         self.check = check if config.dtype != "float32" else None
         self.device = resolve_device(device)
-        # DeepSpeed's fp16 scaler is its engine's (bound with :meth:`bind`), not a GradScaler
-        self._engine = EngineSlot(needed=isinstance(config, DeepSpeedFp16Config))
         self._forward = Forward(config, self.device, model_check)
-        #: The GradScaler (a :class:`~scalertune._amp._scaler.RuntimeScaler`: it reports each
-        #: step to this runtime, whoever calls it; disabled for bfloat16 and float32).
-        self.scaler: torch.amp.GradScaler = self._scaler(RuntimeScaler)
-        self.steps = 0
         reads = config.uses_scaler and (self.guard or self.watch or self.check)
-        self._checks = Readback(self.guard, self.watch, self.check) if reads else None
-        self._skips = Skips(ring=self._checks.every if self._checks else 0)
-        self._stepped: bool | DeviceStep = True
-        # `scale` before GradScaler's first backward, and without one: made once, not per step
-        self._initial_scale = torch.full(
-            (), config.init_scale if config.uses_scaler else 1.0, device=self.device
-        )
+        readback = Readback(self.guard, self.watch, self.check) if reads else None
+        self._scaling = LossScaler(config, self.device, listener=self, readback=readback)
         self._clip = Clip(config.clip_norm) if config.clip_norm is not None else None
-        # read on every step: a plain attribute
-        self._uses_scaler = config.uses_scaler and not self._engine.needed
-        self._checked_step = -1  # the step the in-run check last ran at (once per step)
+        self._turns = CheckTurns()  # when the in-run check takes the step's loss
         #: Called after each :meth:`backward` and first in :meth:`step`, while the gradients
         #: are backward's own: the float32 reference's gradient trace reads them there.
         self.hooks = StepHooks()
@@ -177,18 +165,8 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             >>> out.dtype  # the island's output stays float32
             torch.float32
         """
-        if self.steps == 0 and type(self.scaler) is not scaler_class(model):
-            self.scaler = self._scaler(scaler_class(model))  # FSDP1: ShardedGradScaler
+        self._scaling.fit(model, self.config)  # FSDP1: ShardedGradScaler, before a step
         return self._forward.prepare(model)
-
-    def _scaler(self, kind: type[torch.amp.GradScaler]) -> torch.amp.GradScaler:
-        config = self.config
-        return kind(
-            self.device.type,
-            listener=self,  # type: ignore[call-arg]
-            enabled=config.uses_scaler and not self._engine.needed,
-            **{k: getattr(config, k) for k in SCALER_KNOBS},
-        )
 
     def bind(self, engine: Engine) -> None:
         """Train through ``engine``, which scales, clips and steps itself (DeepSpeed's).
@@ -221,12 +199,18 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             >>> amp.engine is not None
             True
         """
-        self._engine.bind(engine)
+        self._scaling.engine.bind(engine)
 
     @property
     def engine(self) -> Engine | None:
         """The engine bound with :meth:`bind`, if any."""
-        return self._engine.engine
+        return self._scaling.engine.engine
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler:
+        """The GradScaler (a :class:`~scalertune._amp._scaler.RuntimeScaler`: it reports each
+        step to this runtime, whoever calls it; disabled for bfloat16 and float32)."""
+        return self._scaling.scaler
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward through the scaled loss (a plain backward when no scaler is active).
@@ -245,10 +229,7 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             >>> w.grad  # scaled by init_scale until step() unscales it
             tensor([8., 8.])
         """
-        if self._engine.active:
-            self._engine.backward(loss, gradients=self.hooks.wants_gradients, **kwargs)
-        else:
-            self.scaler.scale(loss).backward(**kwargs)
+        self._scaling.backward(loss, gradients=self.hooks.wants_gradients, **kwargs)
         self.hooks.backward_done()
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool | DeviceStep:
@@ -279,17 +260,7 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             (False, 1, 2.0)
         """
         self.hooks.grads_ready()
-        if self._engine.engine is not None:
-            return self._engine_step(self._engine.engine)
-        if self._clip is not None:
-            self._clip(self.scaler, optimizer)
-        if not self._uses_scaler:
-            optimizer.step()
-            self.steps += 1
-            return True
-        self.scaler.step(optimizer)
-        self.scaler.update()
-        return self._stepped
+        return self._scaling.step(self, optimizer, self._clip)
 
     def loss(
         self,
@@ -336,26 +307,10 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             >>> amp.step(optimizer)
             True
         """
-        if self.check is not None and self._check_due():
-            self._checked_step = self.steps
-            assert self.check is not None
-            return self.check.run(self, closure, recompute or closure, autocast)
-        if not autocast:
-            return closure()
-        with self._forward.reused:
-            return closure()
-
-    def _check_due(self) -> bool:
-        """Whether this step's loss is the in-run check's: once a step, when its policy says,
-        while training (not evaluating) in a dtype below float32."""
         check = self.check
-        return (
-            check is not None
-            and check.due(self.steps)
-            and self._checked_step != self.steps
-            and self.config.dtype != "float32"  # after a fall back: nothing to check against
-            and torch.is_grad_enabled()
-        )
+        if check is not None and self._turns.take(check, self.steps, self.config.dtype):
+            return check.run(self, closure, recompute or closure, autocast)
+        return self._forward.call(closure, autocast=autocast)
 
     def train_step(
         self,
@@ -471,11 +426,7 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             >>> amp.scaler.get_scale(), amp.scaler.get_growth_interval()
             (256.0, 100)
         """
-        if config.uses_scaler and self._uses_scaler:
-            set_knobs(self.scaler, config, scale=scale)
-        elif self._uses_scaler:
-            set_knobs(self.scaler, None)  # float32 from now on: no scaler
-            self._uses_scaler, self._stepped = False, True
+        self._scaling.configure(config, scale=scale)
         self.config = config
         self._forward.configure(config)
 
@@ -492,3 +443,140 @@ class AmpRuntime(ScalerDecisions, Checkpointed):
             no in-run check
         """
         print(self.check.report(self) if self.check is not None else "no in-run check")
+
+    @property
+    def steps(self) -> int:
+        """The steps taken or skipped so far (a framework that steps without the scaler counts
+        its own: ``amp.steps += 1``)."""
+        return self._scaling.decisions.steps
+
+    @steps.setter
+    def steps(self, steps: int) -> None:
+        self._scaling.decisions.steps = steps
+
+    @property
+    def last_step(self) -> bool | DeviceStep:
+        """Whether the optimizer really stepped on the last step GradScaler decided (what
+        :meth:`step` returned; for a framework that calls the scaler itself, the same)."""
+        return self._scaling.decisions.last
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """The current loss scale as a device tensor (1.0 when no scaler is active; a bound
+        engine's own scale); no sync."""
+        return self._scaling.scale
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps GradScaler skipped because gradients were inf/NaN (no device read, except
+        for an optimizer that skips inside its own kernel: see
+        :class:`~scalertune._amp._scaler.Skips`)."""
+        return self._scaling.decisions.skips.total
+
+    @property
+    def skipped_on_device(self) -> torch.Tensor:
+        """:attr:`skipped_steps` as a new 0-d int64 tensor on the device, read without a host
+        sync (also where an optimizer skips inside its own kernel): the skips over a window
+        are two of them subtracted, read with the window's end."""
+        return self._scaling.decisions.skips.on_device(self.device)
+
+    @property
+    def readback(self) -> Readback | None:
+        """What reads the device back every so many steps for the guard, the watch and the
+        in-run check (``None``: nothing does); the check rebases the watch on it after it
+        changed the run."""
+        return self._scaling.decisions.readback
+
+    def scaler_scaling(self, loss: torch.Tensor) -> None:
+        """Hook the runtime's GradScaler calls as ``scaler.scale(loss)`` runs; not for users.
+
+        With an in-run check, a loss that is not finite is noted for the next read-back (see
+        ``Skips.note_loss``).
+
+        Args:
+            loss: The loss being scaled.
+        """
+        self._scaling.decisions.scaling(loss, checked=self.check is not None)
+
+    def scaler_stepping(self, optimizer: torch.optim.Optimizer) -> None:
+        """Hook the runtime's GradScaler calls as ``scaler.step(optimizer)`` starts; not for users.
+
+        Args:
+            optimizer: The optimizer being stepped.
+        """
+        if self.check is not None and self.check.recording:
+            self.check.record(self, optimizer)
+        self._scaling.stepping(optimizer)
+
+    def scaler_updated(self) -> None:
+        """Hook the runtime's GradScaler calls once ``scaler.update()`` has decided the step.
+
+        Counts the step, and runs the guard and the watch when they are due. After the in-run
+        check fell back to float32 the scaler is disabled and every step it passes through is
+        taken. Not for users.
+        """
+        self._scaling.updated(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The runtime's state for a training checkpoint.
+
+        Returns:
+            The scaler's state (``{}`` for a disabled scaler; the loss scaler's of a bound
+            DeepSpeed engine), the step and skipped-step counts and, with an in-run check, the
+            config it trains with now (islands added, knobs changed, float32) and the check's
+            record, so that a resumed run keeps what the check did. Save it beside the model's
+            and the optimizer's.
+
+        Example:
+            >>> import scalertune
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=1024.0), device="cpu")
+            >>> state = amp.state_dict()
+            >>> state["steps"], state["skipped"], state["scaler"]["scale"]
+            (0, 0, 1024.0)
+        """
+        state = self._scaling.state_dict()
+        if self.check is not None:
+            state.update(config=self.config.to_dict(), check=self.check.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved; a resumed run keeps the in-run check's actions.
+
+        Args:
+            state: What :meth:`state_dict` returned.
+
+        Example:
+            >>> import scalertune
+            >>> saved = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=1024.0), device="cpu")
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(), device="cpu")
+            >>> amp.load_state_dict(saved.state_dict())
+            >>> amp.scaler.get_scale()
+            1024.0
+        """
+        if "config" in state and self.check is not None:
+            saved = AmpConfig.from_dict(state["config"])
+            if saved != self.config:
+                self.reconfigure(saved)
+        self._scaling.load_state_dict(state)
+        if "check" in state and self.check is not None:
+            self.check.load_state_dict(state["check"])
+
+    def load_scaler_state(self, state: Mapping[str, Any]) -> None:
+        """Start the scaler from ``state``, a checkpoint's or a replay's.
+
+        A search's branch starts where the replay puts a config's scaler at its first step.
+        GradScaler's keys go over its own state; with a bound engine (:meth:`bind`), the
+        engine's scaler takes them (kept for the engine until it is bound).
+
+        Args:
+            state: The scaler's state, or part of it, as its ``state_dict()`` keys it
+                (GradScaler's ``scale``, ``_growth_tracker``, ...).
+
+        Example:
+            >>> import scalertune
+            >>> amp = scalertune.AmpRuntime(scalertune.AmpConfig(init_scale=1024.0), device="cpu")
+            >>> amp.load_scaler_state({"scale": 64.0})
+            >>> amp.scaler.get_scale()
+            64.0
+        """
+        self._scaling.load(state)

@@ -219,6 +219,13 @@ class Skips:
             return self._host
         return self._host + int(self._on_device.item())
 
+    def on_device(self, device: torch.device) -> torch.Tensor:
+        """:attr:`total` as a new 0-d int64 tensor on ``device``, read without a host sync:
+        the skips decided on the device are added there."""
+        if self._on_device is None:
+            return torch.full((), self._host, dtype=torch.int64, device=device)
+        return self._on_device + self._host
+
     def begin(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
         """``scaler.step(optimizer)`` is about to run (once per optimizer it steps)."""
         if not self._stepping:

@@ -12,7 +12,7 @@ from scalertune._amp._check import CheckPolicy
 from scalertune._amp._config import FLOAT8_RECIPES, AmpConfig
 from scalertune._amp._guard import AmpGuardError
 from scalertune._amp._runtime import AmpRuntime
-from scalertune._amp._watch import ScalerPrediction, Watch
+from scalertune._amp._watch import ScalerPrediction
 from scalertune._inrun._culprits import ISLAND_CLOSES, island_for, overflow_islands
 from scalertune._inrun._float8_layers import LAYER_ERROR
 from scalertune._inrun._gap import Check, Gap
@@ -45,12 +45,8 @@ class Actions:
         action = Action(step=amp.steps, kind=kind, line=line)
         self.done.append(action)
         say(action)
-        readback = amp._checks  # noqa: SLF001 - the runtime's read-back, watching from here on
-        if readback is not None and kind != "none":
-            watch = readback.watch
-            if prediction is not None:
-                watch = Watch(prediction, check_every=readback.every)
-            readback.rebase(watch, steps=amp.steps, skipped=amp.skipped_steps)
+        if amp.readback is not None and kind != "none":
+            amp.readback.rebase(prediction, steps=amp.steps, skipped=amp.skipped_steps)
 
     def islanded(self) -> bool:
         """Whether the check kept a module in float32 for the precision (``island``; one kept

@@ -107,7 +107,7 @@ def _round(
             continue
         if announce is not None:
             announce(dtype)
-        skipped_before = amp._skipped.clone()  # noqa: SLF001 - device counter, no sync
+        skipped_before = amp.skipped_on_device  # no sync
         started = time.perf_counter()
         try:
             with kept_schedules(workload):
@@ -120,7 +120,7 @@ def _round(
         finite, skipped = torch.stack(
             (
                 torch.isfinite(buffer[:n]).all().double(),
-                (amp._skipped - skipped_before).double(),  # noqa: SLF001
+                (amp.skipped_on_device - skipped_before).double(),
             )
         ).tolist()  # the window's one read-back, and its end on CUDA
         elapsed = time.perf_counter() - started

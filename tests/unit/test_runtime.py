@@ -128,7 +128,7 @@ def _optimizers():
 
 
 @pytest.mark.parametrize("kind", list(_optimizers()))
-def test_skipped_steps_are_the_steps_whose_scale_backed_off_for_every_optimizer(kind):
+def test_skipped_steps_are_the_steps_whose_scale_backed_off_for_every_optimizer(kind, monkeypatch):
     # Gradients of about 1e3 at 2**24 back off for a start-up, then the scale grows every 5
     # steps and overflows again: skips early and late, counted on the host where GradScaler
     # decides there (SGD, Adam), on the device for fused Adam, which skips in its kernel.
@@ -147,6 +147,10 @@ def test_skipped_steps_are_the_steps_whose_scale_backed_off_for_every_optimizer(
         scales.append(float(amp.scale))
     skipped = skipped_steps(scales, 2.0**24)
     assert amp.skipped_steps == len(skipped) > 20 and skipped[-1] > 30
+    with monkeypatch.context() as patched:  # the count the device holds is not read from it
+        patched.setattr(torch.Tensor, "item", lambda self: pytest.fail("a host read"))
+        on_device = amp.skipped_on_device
+    assert on_device.dtype == torch.int64 and int(on_device) == amp.skipped_steps
     restored = AmpRuntime(AmpConfig(init_scale=2.0**24, growth_interval=5), device="cpu")
     restored.load_state_dict(amp.state_dict())
     assert restored.skipped_steps == amp.skipped_steps
