@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from scalertune._amp import _float8
+from scalertune._amp._check import RunCheck
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._islands import apply_islands
 from scalertune._amp._torch_private import check_release
@@ -176,3 +177,33 @@ class Clip:
                 p for group in optimizer.param_groups for p in group["params"]
             ]
         self.last_norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm)
+
+
+class CheckTurns:
+    """When a runtime hands its in-run check the step's loss
+    (:meth:`~scalertune.AmpRuntime.loss`): once a step, when the check's policy says, while
+    training (not evaluating) in a dtype below float32.
+
+    Example:
+        >>> class EveryStep:
+        ...     def due(self, steps): return True
+        >>> turns = CheckTurns()
+        >>> turns.take(EveryStep(), 3, "float16"), turns.take(EveryStep(), 3, "float16")
+        (True, False)
+    """
+
+    def __init__(self) -> None:
+        self._step = -1  # the step the check last took
+
+    def take(self, check: RunCheck, steps: int, dtype: str) -> bool:
+        """Whether the loss of step ``steps``, trained in ``dtype``, is ``check``'s; taken if
+        so."""
+        if (
+            check.due(steps)
+            and self._step != steps
+            and dtype != "float32"  # after a fall back: nothing to check against
+            and torch.is_grad_enabled()
+        ):
+            self._step = steps
+            return True
+        return False

@@ -24,8 +24,6 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import torch
-
 from scalertune import _policy
 from scalertune._errors import UsageError
 from scalertune._text import shown
@@ -194,33 +192,3 @@ class RunCheck(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
     def report(self, amp: Any) -> str: ...
-
-
-class CheckTurns:
-    """When a runtime hands its in-run check the step's loss
-    (:meth:`~scalertune.AmpRuntime.loss`): once a step, when the check's policy says, while
-    training (not evaluating) in a dtype below float32.
-
-    Example:
-        >>> class EveryStep:
-        ...     def due(self, steps): return True
-        >>> turns = CheckTurns()
-        >>> turns.take(EveryStep(), 3, "float16"), turns.take(EveryStep(), 3, "float16")
-        (True, False)
-    """
-
-    def __init__(self) -> None:
-        self._step = -1  # the step the check last took
-
-    def take(self, check: RunCheck, steps: int, dtype: str) -> bool:
-        """Whether the loss of step ``steps``, trained in ``dtype``, is ``check``'s; taken if
-        so."""
-        if (
-            check.due(steps)
-            and self._step != steps
-            and dtype != "float32"  # after a fall back: nothing to check against
-            and torch.is_grad_enabled()
-        ):
-            self._step = steps
-            return True
-        return False

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from scalertune._amp._autocast import Clip, Forward
-from scalertune._amp._check import CheckTurns, RunCheck
+from scalertune._amp._autocast import CheckTurns, Clip, Forward
+from scalertune._amp._check import RunCheck
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._device import resolve_device
 from scalertune._amp._engine import Engine

@@ -36,7 +36,8 @@ OTHER_MEANINGS = {
     # YAML's schema
     os.path.join("_amp", "_schema.py"),
     os.path.join("_review", "_document.py"),
-    os.path.join("_amp", "_checkpointed.py"),
+    # a runtime's own state_dict (the config it trains with now)
+    os.path.join("_amp", "_runtime.py"),
     # a DeepSpeed config's keys (min_loss_scale ...) and the study's settings (seed)
     os.path.join("_export", "_deepspeed.py"),
     os.path.join("_export", "_api.py"),
