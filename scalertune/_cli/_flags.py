@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from scalertune import _limits
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
-_Record = TypeVar("_Record", bound="DataclassInstance")
+_Record = TypeVar("_Record")
 
 #: Python parameter -> the flag that sets it, where the flag is not ``--`` + its name.
 _RENAMED = {
@@ -37,7 +34,7 @@ def _dest(parameter: str) -> str:
 def from_flags(record: type[_Record], args: argparse.Namespace, **given: Any) -> _Record:
     """The options ``record`` (a dataclass) of the command: each field the value of the flag
     that sets it (:func:`flag`), unless ``given``."""
-    fields = dataclasses.fields(record)
+    fields = dataclasses.fields(record)  # type: ignore[arg-type]  # a dataclass, said above
     flags = {f.name: getattr(args, _dest(f.name)) for f in fields if f.name not in given}
     return record(**flags, **given)
 
