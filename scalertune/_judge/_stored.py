@@ -26,7 +26,14 @@ from scalertune._errors import DamagedEvidence
 from scalertune._judge._judged import Judged
 from scalertune._judge._reference import Reference
 from scalertune._storage._names import LOSSES_ATTR, ROLE_REFERENCE, SCALES_ATTR, TRACEBACK_ATTR
-from scalertune._storage._trial_record import Job, Marks, damaged, is_integer, is_number
+from scalertune._storage._trial_record import (
+    Job,
+    Marks,
+    Recommendation,
+    damaged,
+    is_integer,
+    is_number,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +66,7 @@ def _check_run(trial: FrozenTrial) -> Records:
     :class:`~scalertune._storage._trial_record.Marks`, :class:`~scalertune._judge._judged.Judged`:
     their readers check every value), its traceback, loss curve and scale runs."""
     records = Records(Job.of_trial(trial), Marks.of_trial(trial), Judged.of_trial(trial))
+    Recommendation.of_trial(trial)
     where = f"trial #{trial.number}"
     system = trial.system_attrs
     if system.get(TRACEBACK_ATTR) is not None and not isinstance(system[TRACEBACK_ATTR], str):

@@ -39,7 +39,7 @@ from scalertune._storage._names import (
     ROLE_SEARCH,
 )
 from scalertune._storage._optuna import study_id
-from scalertune._storage._trial_record import Job, Marks, role_of
+from scalertune._storage._trial_record import Job, Marks, Recommendation, role_of
 from scalertune._text import readable
 
 #: What each value of a trial's ``role`` attribute means, as the study note lists them.
@@ -280,16 +280,19 @@ def _reference_lines(trial: FrozenTrial) -> list[str]:
 
 
 def _recommended_lines(read: _Records, result: Findings) -> list[str]:
-    attrs = read.trial.user_attrs
     if not _is_answer(read, result):
         return [
             "The answer before later trials changed it; the note of the study names "
             "the current one.",
             "",
         ]
-    source = attrs.get("recommends")
+    try:
+        recommendation = Recommendation.of_trial(read.trial)
+    except DamagedEvidence:
+        recommendation = Recommendation()
+    source = recommendation.recommends
     repeats = (
-        f"the float32 reference, trial {attrs.get('reference_trial')}"
+        f"the float32 reference, trial {recommendation.reference_trial}"
         if source == "float32"
         else f"trial {source}"
     )

@@ -10,6 +10,8 @@ that did not hold or was not confirmed).
 
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 from optuna.trial import TrialState
 
@@ -21,7 +23,7 @@ from scalertune._review._verdict import verdict
 from scalertune._search._setup import Setup
 from scalertune._storage._names import CONSTRAINT_ATTR, CONSTRAINTS_ATTR, ROLE_RECOMMENDED
 from scalertune._storage._recovery import WORKER
-from scalertune._storage._trial_record import Job, Marks, role_of
+from scalertune._storage._trial_record import Job, Marks, Recommendation, role_of
 from scalertune._text import readable
 
 
@@ -29,19 +31,16 @@ def add_recommended(view: StudyView, setup: Setup) -> None:
     study = view.study
     result = judge(study, view=view)
     run = result.recommended or result.float32_choice
-    source: dict[str, int | str]
     if run is not None:
         repeats = view.trials()[run.number]
-        value, source = run.time_to_target, {"recommends": run.number}
+        value, source = run.time_to_target, Recommendation(recommends=run.number)
     else:
         ref = result.reference
         if ref is None:  # every search runs its reference before it recommends
             raise MissingEvidence(f"the study holds no float32 reference of seed {setup.seed}")
         repeats = view.trials()[ref.trial]
-        value, source = (
-            result.reference_time_to_target,
-            {"recommends": "float32", "reference_trial": ref.trial},
-        )
+        value = result.reference_time_to_target
+        source = Recommendation(recommends="float32", reference_trial=ref.trial)
     job = Job(ROLE_RECOMMENDED, seed=setup.seed, config=result.config)
     # what the repeated run shows but who ran it, and what it ran: the answer's own job
     shown = {
@@ -64,9 +63,11 @@ def add_recommended(view: StudyView, setup: Setup) -> None:
         user_attrs={
             **shown,
             **job.attrs(),
-            **source,
-            "verdict": verdict(result),
-            "speedup_vs_float32": None if speedup is None else round(speedup.point, 3),
+            **dataclasses.replace(
+                source,
+                verdict=verdict(result),
+                speedup_vs_float32=None if speedup is None else round(speedup.point, 3),
+            ).attrs(),
             **shown_time,
         },
         system_attrs={CONSTRAINT_ATTR: 0.0, CONSTRAINTS_ATTR: [0.0], **judged},

@@ -157,6 +157,33 @@ class Marks:
             return cls()
 
 
+@dataclasses.dataclass(frozen=True)
+class Recommendation:
+    """What the recommended trial (the study's answer, role ``recommended``) stores of its
+    own beside the job and figures of the run it repeats."""
+
+    #: The run it repeats: a trial number, or ``"float32"`` for the float32 reference.
+    recommends: int | str | None = None
+    #: The float32 reference's trial, where it repeats that.
+    reference_trial: int | None = None
+    #: The summary's verdict, and the speedup against float32 it rests on.
+    verdict: str | None = None
+    speedup_vs_float32: float | None = None
+
+    def attrs(self) -> dict[str, Any]:
+        """The user attributes that store it (the writer): its fields that are set."""
+        return dict(_set_fields(self))
+
+    @classmethod
+    def read(cls, attrs: Mapping[str, Any], where: str = "a trial") -> Recommendation:
+        """The recommendation stored in ``attrs``, its values checked (as :meth:`Job.read`)."""
+        return cls(**checked(cls, attrs, where))
+
+    @classmethod
+    def of_trial(cls, trial: FrozenTrial | Trial) -> Recommendation:
+        return cls.read(trial.user_attrs, f"trial #{trial.number}")
+
+
 #: The user attributes each record stores, by its fields' names.
 JOB_ATTRS = tuple(f.name for f in dataclasses.fields(Job))
 MARK_ATTRS = tuple(f.name for f in dataclasses.fields(Marks))
@@ -199,6 +226,10 @@ _KINDS: dict[str, tuple[Any, str]] = {
     "float | None": (is_number, "is not a number"),
     "str | None": (lambda v: isinstance(v, str), "is not text"),
     "bool | None": (lambda v: isinstance(v, bool), "is not true or false"),
+    "int | str | None": (
+        lambda v: is_integer(v) or isinstance(v, str),
+        "is not a trial number or a name",
+    ),
 }
 
 

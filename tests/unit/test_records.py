@@ -10,7 +10,7 @@ import pytest
 
 import scalertune
 from scalertune._judge._judged import Figures, Judged, PhaseFigures
-from scalertune._storage._trial_record import Job, Marks
+from scalertune._storage._trial_record import Job, Marks, Recommendation
 
 PACKAGE = os.path.dirname(scalertune.__file__)
 
@@ -18,6 +18,7 @@ PACKAGE = os.path.dirname(scalertune.__file__)
 TRIAL_KEYS = frozenset(
     [f.name for f in dataclasses.fields(Job)]
     + [f.name for f in dataclasses.fields(Marks)]
+    + [f.name for f in dataclasses.fields(Recommendation)]
     + [f.name for f in dataclasses.fields(Figures)]
     + [f.name for f in dataclasses.fields(Judged) if f.name not in ("figures", "phase")]
     + [f"phase_{f.name}" for f in dataclasses.fields(PhaseFigures)]
@@ -109,7 +110,7 @@ def test_the_scan_finds_a_trials_attribute_read_by_its_name(tmp_path):
     assert sorted(k for _, k in _named_keys(source)) == ["error", "of", "role", "seed"]
 
 
-@pytest.mark.parametrize("record", [Job, Marks, Figures, PhaseFigures])
+@pytest.mark.parametrize("record", [Job, Marks, Recommendation, Figures, PhaseFigures])
 def test_each_records_keys_are_its_fields_names(record):
     """A key list is derived from the fields, never written out again."""
     from scalertune._storage import _trial_record
