@@ -214,13 +214,7 @@ class InRunCheck:
             raise stop(
                 f"{heading(amp.steps)}: the loss scaler left the search's prediction: {found}"
             )
-        if self._knobs.start(amp.steps, found):
-            LOGGER.info(
-                "%s: the loss scaler left the search's prediction (%s): recording its "
-                "gradients to choose its knobs again",
-                heading(amp.steps),
-                found,
-            )
+        self._knobs.start(amp.steps, found)
 
     def record(self, amp: AmpRuntime, optimizer: torch.optim.Optimizer) -> None:
         self._knobs.record(amp, optimizer)
