@@ -176,6 +176,71 @@ class DeviceStep:
         return "DeviceStep(read with bool())"
 
 
+class Modes:
+    """How each optimizer's skips are known (see the module's docstring): "verify" (the
+    post-hook, checked against the scale until it has heard a step), "host" (the post-hook) or
+    "device" (the scale). Every hooked optimizer shares one post-hook, :attr:`taken`, removed
+    when this is collected."""
+
+    def __init__(self) -> None:
+        self.taken = Taken()
+        self._known: dict[int, tuple[torch.optim.Optimizer, str]] = {}
+
+    def of(self, optimizer: torch.optim.Optimizer) -> str:
+        """``optimizer``'s mode, found on its first step (its post-hook registered then)."""
+        known = self._known.get(id(optimizer))
+        if known is None or known[0] is not optimizer:
+            fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+            hooks = hasattr(optimizer, "register_step_post_hook")
+            mode = "verify" if hooks and not fused else "device"
+            if mode == "verify":
+                weakref.finalize(self, optimizer.register_step_post_hook(self.taken).remove)
+            known = self._known[id(optimizer)] = (optimizer, mode)
+        return known[1]
+
+    def verified(
+        self, optimizer: torch.optim.Optimizer, backed_off: bool, hook_silent: bool
+    ) -> None:
+        """A "verify" step, counted by the scale: trust the hook from the first step it ran and
+        the hook heard it, and never if the two disagree."""
+        mode = "device" if backed_off != hook_silent else "verify" if backed_off else "host"
+        self._known[id(optimizer)] = (optimizer, mode)
+
+
+class BadLosses:
+    """The losses of the steps not yet decided, and whether one was inf or NaN (see
+    :meth:`Skips.note_loss`): known on the host (:meth:`seen`) where a skipped step was
+    decided there, else in :attr:`flag`, a device flag read with the scale."""
+
+    def __init__(self) -> None:
+        self._losses: list[torch.Tensor] = []
+        self._seen = False
+        #: Set on the device where a loss was not finite; ``None`` until a step needs it.
+        self.flag: torch.Tensor | None = None
+
+    def note(self, loss: torch.Tensor) -> None:
+        self._losses.append(loss)
+
+    def look(self, skipped: bool | None) -> None:
+        """The step's losses, now that ``skipped`` is known on the host (``None``: only on
+        the device)."""
+        losses, self._losses = self._losses, []
+        if not losses or skipped is False:
+            return
+        if skipped:
+            self._seen = self._seen or not all(bool(torch.isfinite(x).all()) for x in losses)
+            return
+        if self.flag is None:
+            self.flag = torch.zeros((), dtype=torch.bool, device=losses[0].device)
+        for loss in losses:
+            self.flag.logical_or_(torch.isfinite(loss.detach()).logical_not().any())
+
+    def seen(self) -> bool:
+        """Whether a loss was seen not finite on the host since the last call."""
+        seen, self._seen = self._seen, False
+        return seen
+
+
 class Skips:
     """Which steps GradScaler skipped: how many, how many in a row, how many in the start-up
     (see the module's docstring for how a skip is known).
@@ -189,8 +254,7 @@ class Skips:
 
     def __init__(self, *, ring: int) -> None:
         self._ring = ring
-        self._taken = Taken()
-        self._modes: dict[int, tuple[torch.optim.Optimizer, str]] = {}
+        self._modes = Modes()
         # This step's optimizers and the post-hook count as it began; the scale before it
         # (a device copy, made on the first step that needs one).
         self._stepping: list[tuple[torch.optim.Optimizer, str]] = []
@@ -199,9 +263,7 @@ class Skips:
         self._flags: torch.Tensor | None = None
         self._on_device: torch.Tensor | None = None  # the count of skips decided there
         self._pending: list[int] = []  # steps whose flags wait in the ring
-        self._loss_bad: torch.Tensor | None = None  # with an in-run check: see note_loss
-        self._losses: list[torch.Tensor] = []
-        self._bad_seen = False
+        self._losses = BadLosses()  # with an in-run check: see note_loss
         #: Whether a loss :meth:`note_loss` saw since the previous read was not finite.
         self.bad_loss = False
         self.restore(0, steps=0)
@@ -229,8 +291,8 @@ class Skips:
     def begin(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
         """``scaler.step(optimizer)`` is about to run (once per optimizer it steps)."""
         if not self._stepping:
-            self._taken_before, self._copied = self._taken.count, False
-        mode = self._mode(optimizer)
+            self._taken_before, self._copied = self._modes.taken.count, False
+        mode = self._modes.of(optimizer)
         self._stepping.append((optimizer, mode))
         scale = live_scale(scaler)  # on the device, no sync
         if mode != "host" and not self._copied and scale is not None:
@@ -245,9 +307,9 @@ class Skips:
         stepped (a :class:`DeviceStep` where only the device knows)."""
         stepping, self._stepping = self._stepping, []
         if all(mode == "host" for _, mode in stepping):
-            silent = self._taken.count - self._taken_before < len(stepping)
+            silent = self._modes.taken.count - self._taken_before < len(stepping)
             self._record(index, silent, on_host=True)
-            self._look_at_losses(silent)
+            self._losses.look(silent)
             return not silent
         scale, before = live_scale(scaler), self._before  # update() changed it
         if scale is None or before is None or not self._copied:  # no step began
@@ -255,10 +317,12 @@ class Skips:
         skipped = torch.lt(scale, before)
         if len(stepping) == 1 and stepping[0][1] == "verify":
             backed_off = bool(skipped)
-            self._verify(stepping[0][0], index, backed_off, self._taken.count == self._taken_before)
-            self._look_at_losses(backed_off)
+            self._record(index, backed_off, on_host=True)
+            silent = self._modes.taken.count == self._taken_before
+            self._modes.verified(stepping[0][0], backed_off, silent)
+            self._losses.look(backed_off)
             return not backed_off
-        self._look_at_losses(None)
+        self._losses.look(None)
         if self._on_device is None:
             self._on_device = torch.zeros((), dtype=torch.int64, device=scale.device)
         self._on_device.add_(skipped)
@@ -281,43 +345,27 @@ class Skips:
         step is always skipped, so only a skipped step's losses are looked at: on the host,
         where GradScaler decided it there (one read, on skipped steps only), else on the
         device (two small ops a loss, read with the scale)."""
-        self._losses.append(loss)
-
-    def _look_at_losses(self, skipped: bool | None) -> None:
-        """The step's losses, now that ``skipped`` is known on the host (``None``: only on
-        the device)."""
-        losses, self._losses = self._losses, []
-        if not losses or skipped is False:
-            return
-        if skipped:
-            self._bad_seen = self._bad_seen or not all(
-                bool(torch.isfinite(x).all()) for x in losses
-            )
-            return
-        if self._loss_bad is None:
-            self._loss_bad = torch.zeros((), dtype=torch.bool, device=losses[0].device)
-        for loss in losses:
-            self._loss_bad.logical_or_(torch.isfinite(loss.detach()).logical_not().any())
+        self._losses.note(loss)
 
     def read(self, scale: torch.Tensor) -> tuple[float, int]:
         """The scale and the count of skipped steps on the host, in one transfer with the
         flags the ring holds since the last read, which bring the streak and the start-up up
         to date, and whether a loss was not finite since the last read (``bad_loss``)."""
-        seen, self._bad_seen = self._bad_seen, False
-        self.bad_loss = seen
-        if self._on_device is None and self._loss_bad is None:
+        seen = self.bad_loss = self._losses.seen()
+        flag = self._losses.flag
+        if self._on_device is None and flag is None:
             return float(scale), self._host
         parts = [scale.reshape(1).double()]
-        if self._loss_bad is not None:
-            parts.append(self._loss_bad.reshape(1).double())
+        if flag is not None:
+            parts.append(flag.reshape(1).double())
         if self._on_device is not None:
             parts.append(self._on_device.reshape(1).double())
             if self._flags is not None:
                 parts.append(self._flags.double())
         values = torch.cat(parts).tolist()
-        if self._loss_bad is not None:
+        if flag is not None:
             self.bad_loss = seen or bool(values.pop(1))
-            self._loss_bad.zero_()
+            flag.zero_()
         if self._on_device is None:
             return values[0], self._host
         for index in self._pending:
@@ -338,25 +386,3 @@ class Skips:
             self.startup, self.startup_last = self.startup + 1, index
         else:
             self._startup_open = False
-
-    def _mode(self, optimizer: torch.optim.Optimizer) -> str:
-        """How ``optimizer``'s skips are known: "verify" (the post-hook, checked against the
-        scale until it has heard a step), "host" (the post-hook) or "device" (the scale)."""
-        known = self._modes.get(id(optimizer))
-        if known is None or known[0] is not optimizer:
-            fused = getattr(optimizer, "_step_supports_amp_scaling", False)
-            hooks = hasattr(optimizer, "register_step_post_hook")
-            mode = "verify" if hooks and not fused else "device"
-            if mode == "verify":
-                weakref.finalize(self, optimizer.register_step_post_hook(self._taken).remove)
-            known = self._modes[id(optimizer)] = (optimizer, mode)
-        return known[1]
-
-    def _verify(
-        self, optimizer: torch.optim.Optimizer, index: int, backed_off: bool, hook_silent: bool
-    ) -> None:
-        """Count the step by the scale; trust the hook from the first step it ran and the hook
-        heard it, and never if the two disagree."""
-        self._record(index, backed_off, on_host=True)
-        mode = "device" if backed_off != hook_silent else "verify" if backed_off else "host"
-        self._modes[id(optimizer)] = (optimizer, mode)

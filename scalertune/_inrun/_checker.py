@@ -52,6 +52,69 @@ from scalertune._inrun._replicas import Copies
 from scalertune._inrun._run_record import KEPT_CHECKS, Predicted, RunRecord
 
 
+class Lookout:
+    """When the check looks at the next step's forward for an overflow, and the scale it puts
+    back after one: a loss that was not finite since the last read-back asks once (until a
+    read of finite losses), a collapsing scale once a collapse (:meth:`InRunCheck.rescue`)."""
+
+    def __init__(self) -> None:
+        self.requested = self._asked = False  # requested: read on every step
+        self.healthy: float | None = None  # the scale at the last read of finite losses
+        #: The step the guard would have stopped the run at, while the check looks first.
+        self._rescue_at: int | None = None
+
+    def take(self) -> bool:
+        """Whether this step's forward is looked at (a request is taken once)."""
+        suspect, self.requested = self.requested, False
+        return suspect
+
+    def read(self, scale: float, *, bad_loss: bool) -> None:
+        """A read-back: note the scale while the losses are finite; after a loss that was not,
+        ask for the next step's forward."""
+        if not bad_loss:
+            self.healthy, self._asked = scale, False
+        elif not self._asked:
+            self.requested = self._asked = True
+
+    def collapsed(self, step: int) -> None:
+        """The guard is about to stop the run at ``step``: ask for the next step's forward."""
+        self.requested, self._rescue_at = True, step
+        LOGGER.info(
+            "%s: the loss scale collapsed: looking at the next forward before the guard stops "
+            "the run",
+            heading(step),
+        )
+
+    def scale_back(self, init_scale: float) -> tuple[float | None, bool]:
+        """An overflow is looked for: the scale to put back, and whether the scale collapsed
+        (then back to where it began: ``init_scale`` at least). A collapse is looked at once."""
+        healthy, collapsed = self.healthy, self._rescue_at is not None
+        if collapsed:
+            healthy = max(healthy or 0.0, init_scale)
+        self._rescue_at = None
+        return healthy, collapsed
+
+
+def thinned(checks: list[Check]) -> list[Check]:
+    """``checks``, or past ``KEPT_CHECKS`` the older ones thinned evenly (the recent quarter
+    kept whole)."""
+    if len(checks) <= KEPT_CHECKS:
+        return checks
+    recent = KEPT_CHECKS // 4
+    return checks[:-recent][::2] + checks[-recent:]
+
+
+def log_check(check: Check) -> None:
+    """The check's line in the debug log."""
+    LOGGER.debug(
+        "%s: loss %.6g, float32 %.6g at the same weights (%.4gx)",
+        heading(check.step),
+        check.ours,
+        check.float32,
+        check.ratio,
+    )
+
+
 class InRunCheck:
     """The in-run check of one run (see the module's docstring); the runtime calls it."""
 
@@ -70,10 +133,7 @@ class InRunCheck:
         self.checks: list[Check] = []
         self.actions = Actions(self.policy)
         self._window: list[Check] = []  # the checks since the last action
-        self._requested = self._asked = False
-        self._healthy: float | None = None  # the scale at the last read of finite losses
-        #: The step the guard would have stopped the run at, while the check looks first.
-        self._rescue_at: int | None = None
+        self._lookout = Lookout()  # when to look at the next forward for an overflow
         self._knobs = KnobRecording()
         self._copies = Copies()  # on ranks: one model, or a copy each
 
@@ -83,7 +143,7 @@ class InRunCheck:
         return self._knobs.trace is not None
 
     def due(self, steps: int) -> bool:
-        return steps % self._every == 0 or self._requested
+        return steps % self._every == 0 or self._lookout.requested
 
     def run(
         self,
@@ -93,7 +153,7 @@ class InRunCheck:
         autocast: bool,
     ) -> Any:
         """The step's forward, then the check's: see the module's docstring."""
-        suspect, self._requested = self._requested, False
+        suspect = self._lookout.take()
         passes = Passes(amp, recompute, autocast=autocast)
         if autocast:
             with amp.autocast():
@@ -111,11 +171,7 @@ class InRunCheck:
         acted = len(self.actions.done)
         overflowed = not math.isfinite(ours_now) and math.isfinite(float32)
         if overflowed or suspect:
-            healthy = self._healthy
-            collapsed = self._rescue_at is not None
-            if collapsed:  # the scale collapsed: back to where it began
-                healthy = max(healthy or 0.0, amp.config.init_scale)
-            self._rescue_at = None
+            healthy, collapsed = self._lookout.scale_back(amp.config.init_scale)
             forward_overflows(self.actions, amp, passes, check, healthy, collapsed=collapsed)
         elif amp.config.float8 and float8_spoils(self.actions, amp, passes, check):
             pass  # a layer float8 spoils now: acted on at once, the window waits for none
@@ -132,10 +188,7 @@ class InRunCheck:
         """At a read-back: note the scale while the losses are finite; after a loss that was
         not, look at the next step's forward; set the knobs once their gradients are in
         (then True: the scaler changed)."""
-        if not bad_loss:
-            self._healthy, self._asked = scale, False
-        elif not self._asked:
-            self._requested = self._asked = True
+        self._lookout.read(scale, bad_loss=bad_loss)
         chosen = self._knobs.chosen(amp.config, scale)
         if chosen is None:
             return False
@@ -151,12 +204,7 @@ class InRunCheck:
         stops the run as it would have (the read-back asks once a collapse)."""
         if self.policy.action != "act":
             return False
-        self._requested, self._rescue_at = True, amp.steps
-        LOGGER.info(
-            "%s: the loss scale collapsed: looking at the next forward before the guard stops "
-            "the run",
-            heading(amp.steps),
-        )
+        self._lookout.collapsed(amp.steps)
         return True
 
     def on_drift(self, amp: AmpRuntime, found: str) -> None:
@@ -166,13 +214,7 @@ class InRunCheck:
             raise stop(
                 f"{heading(amp.steps)}: the loss scaler left the search's prediction: {found}"
             )
-        if self._knobs.start(amp.steps, found):
-            LOGGER.info(
-                "%s: the loss scaler left the search's prediction (%s): recording its "
-                "gradients to choose its knobs again",
-                heading(amp.steps),
-                found,
-            )
+        self._knobs.start(amp.steps, found)
 
     def record(self, amp: AmpRuntime, optimizer: torch.optim.Optimizer) -> None:
         self._knobs.record(amp, optimizer)
@@ -181,16 +223,8 @@ class InRunCheck:
         self.checks.append(check)
         self._window.append(check)
         del self._window[: -self.policy.window]
-        if len(self.checks) > KEPT_CHECKS:
-            recent = KEPT_CHECKS // 4
-            self.checks = self.checks[:-recent][::2] + self.checks[-recent:]
-        LOGGER.debug(
-            "%s: loss %.6g, float32 %.6g at the same weights (%.4gx)",
-            heading(check.step),
-            check.ours,
-            check.float32,
-            check.ratio,
-        )
+        self.checks = thinned(self.checks)
+        log_check(check)
 
     def _publish(self, amp: AmpRuntime) -> None:
         if self.sink is not None:
@@ -216,7 +250,7 @@ class InRunCheck:
             "checks": [c.to_list() for c in self.checks],
             "window": [c.to_list() for c in self._window],
             "actions": self.actions.to_list(),
-            "healthy": self._healthy,
+            "healthy": self._lookout.healthy,
             # a run resumed in the middle of recording its gradients goes on, and chooses
             "recording": self._knobs.state(),
         }
@@ -225,7 +259,7 @@ class InRunCheck:
         self.checks = [Check(int(s), float(o), float(f)) for s, o, f in state.get("checks", [])]
         self._window = [Check(int(s), float(o), float(f)) for s, o, f in state.get("window", [])]
         self.actions.done = [Action.from_dict(a) for a in state.get("actions", [])]
-        self._healthy = state.get("healthy")
+        self._lookout.healthy = state.get("healthy")
         self._knobs.restore(state.get("recording"))
 
     def report(self, amp: AmpRuntime) -> str:

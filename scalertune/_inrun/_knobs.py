@@ -28,6 +28,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._amp._scaler import grads_unscaled
+from scalertune._inrun._lines import LOGGER, heading
 from scalertune._replay._gradscaler import THRESHOLD, limits, replay
 
 #: Steps of gradients recorded before the knobs are chosen: one check interval's worth, so
@@ -153,12 +154,17 @@ class KnobRecording:
         #: What the watch found, and at which step: said with the knobs chosen.
         self.drift = ""
 
-    def start(self, step: int, found: str) -> bool:
-        """Start recording (``False``: one is under way already)."""
+    def start(self, step: int, found: str) -> None:
+        """Start recording, and say so in the log (nothing where one is under way already)."""
         if self.trace is not None:
-            return False
+            return
         self.trace, self.drift = GradientTrace(), f"at step {step:,}, {found}"
-        return True
+        LOGGER.info(
+            "%s: the loss scaler left the search's prediction (%s): recording its "
+            "gradients to choose its knobs again",
+            heading(step),
+            found,
+        )
 
     def record(self, amp: AmpRuntime, optimizer: torch.optim.Optimizer) -> None:
         if self.trace is not None:
