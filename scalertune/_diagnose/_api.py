@@ -48,12 +48,8 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig, parse_islands
 from scalertune._amp._device import resolve_device
 from scalertune._amp._modules import match_modules
-from scalertune._diagnose._conclusions import (
-    _grad_absmax,
-    _Judge,
-    _overflowing_gradients,
-    float32_broken,
-)
+from scalertune._diagnose._conclusions import _Judge, float32_broken
+from scalertune._diagnose._gradients import _grad_absmax, _overflowing_gradients
 from scalertune._diagnose._locate import _find_islands, group_patterns
 from scalertune._diagnose._report import Diagnosis, ModuleReport
 from scalertune._diagnose._runner import (

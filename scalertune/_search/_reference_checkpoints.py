@@ -64,8 +64,8 @@ class Checkpoints:
         log: Callable[[str], None],
     ) -> None:
         self.study, self.once, self.setup, self.config, self.log = (study, once, setup, config, log)
-        #: The digests of files a run found damaged: refused until written again.
-        self._refused: set[str] = set()
+        #: Which checkpoints read back whole, and the files a run refused.
+        self.reader = _Reader(log)
 
     @functools.cached_property
     def store(self) -> Store:
@@ -91,23 +91,12 @@ class Checkpoints:
         """``stored``'s file here, read back whole (see the module);
         :class:`~scalertune._errors.DamagedCheckpoint` or :class:`MissingEvidence` naming it
         otherwise."""
-        path, manifest = stored.fetch_checked()
-        if manifest["sha256"] in self._refused:
-            raise DamagedCheckpoint(
-                f"{stored.describe()} is damaged: a run found it does not fit the workload"
-            )
-        try:
-            read_checkpoint(path, step=manifest["step"], mmap=True)
-        except DamagedCheckpoint as exc:
-            raise DamagedCheckpoint(f"{stored.describe()} is damaged: {_why(exc)}") from None
-        return path
+        return self.reader.fetch(stored)
 
     def refuse(self, path: str, said: str, log: Callable[[str], None] | None = None) -> None:
         """The file at ``path`` (as :meth:`fetch` gave it) did not load into a run: said in
         one line (``said``, to ``log`` or the study's), and refused until written again."""
-        (log or self.log)(said)
-        with contextlib.suppress(OSError):  # gone since: nothing left to refuse
-            self._refused.add(digest_of_file(path))
+        self.reader.refuse(path, said, log)
 
     def branching(self, get: Callable[[], str], run: Callable[[str], _T]) -> _T:
         """``run`` of the checkpoint file ``get`` gives (:meth:`get`); where the run finds it
@@ -144,7 +133,9 @@ class Checkpoints:
         fixed = {step: self._at(step) for step in self._fixed_steps()}
         slots = self._slots()
         schedule = SaveSchedule(fixed, slots=slots, every_s=_search_policy.CHECKPOINT_EVERY_S)
-        found, passed = self._latest_good([*fixed.values(), *slots], before=self.setup.horizon)
+        found, passed = self.reader.latest_good(
+            [*fixed.values(), *slots], before=self.setup.horizon
+        )
         if found is None:
             if passed:
                 self.log(
@@ -171,7 +162,9 @@ class Checkpoints:
         except MissingEvidence as exc:
             why = str(exc)
         self.once(
-            f"rebuild.{step}", lambda: self._rebuild(step, stored, why), lambda: self._good(stored)
+            f"rebuild.{step}",
+            lambda: self._rebuild(step, stored, why),
+            lambda: self.reader.good(stored),
         )
         return self.fetch(stored)
 
@@ -196,7 +189,64 @@ class Checkpoints:
             self.stored(f"reference-seed{seed}-every-b.pt"),
         )
 
-    def _latest_good(
+    def _rebuild(self, step: int, stored: StoredCheckpoint, why: str) -> None:
+        """Train float32 again to ``step`` and save its checkpoint there as ``stored`` (from
+        an earlier checkpoint, or one earlier still where that one does not load)."""
+        while True:
+            earlier, _ = self.reader.latest_good(
+                [*(self._at(s) for s in self._fixed_steps() if s < step), *self._slots()],
+                before=step,
+            )
+            origin = 0 if earlier is None else earlier[0]
+            self.log(f"{why}: training float32 again from step {origin} to {step} to rebuild it")
+            plan = Plan(checkpoint=None if earlier is None else earlier[1], save_at={step: stored})
+            try:
+                execute(self.setup, self.config, steps=step, seed=self.setup.seed, plan=plan)
+                return
+            except DamagedCheckpoint as exc:
+                if earlier is None:
+                    raise
+                self.refuse(earlier[1], f"{exc}: passed over")
+            except MissingEvidence:
+                raise
+            except Exception as exc:  # float32 trained this far once: whatever stops it now
+                raise MissingEvidence(
+                    f"{why}, and training float32 again to rebuild it failed: {describe_error(exc)}"
+                ) from None
+
+
+class _Reader:
+    """Which of the study's checkpoints read back whole (see the module): each fetched and
+    checked, the files a run refused, and the latest good one of several."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log = log
+        #: The digests of files a run found damaged: refused until written again.
+        self._refused: set[str] = set()
+
+    def fetch(self, stored: StoredCheckpoint) -> str:
+        """``stored``'s file here, read back whole (see the module);
+        :class:`~scalertune._errors.DamagedCheckpoint` or :class:`MissingEvidence` naming it
+        otherwise."""
+        path, manifest = stored.fetch_checked()
+        if manifest["sha256"] in self._refused:
+            raise DamagedCheckpoint(
+                f"{stored.describe()} is damaged: a run found it does not fit the workload"
+            )
+        try:
+            read_checkpoint(path, step=manifest["step"], mmap=True)
+        except DamagedCheckpoint as exc:
+            raise DamagedCheckpoint(f"{stored.describe()} is damaged: {_why(exc)}") from None
+        return path
+
+    def refuse(self, path: str, said: str, log: Callable[[str], None] | None = None) -> None:
+        """The file at ``path`` (as :meth:`fetch` gave it) did not load into a run: said in
+        one line (``said``, to ``log`` or the study's), and refused until written again."""
+        (log or self.log)(said)
+        with contextlib.suppress(OSError):  # gone since: nothing left to refuse
+            self._refused.add(digest_of_file(path))
+
+    def latest_good(
         self, candidates: list[StoredCheckpoint], *, before: int
     ) -> tuple[tuple[int, str] | None, bool]:
         """The latest of ``candidates`` at a step before ``before`` that reads back whole, as
@@ -224,32 +274,7 @@ class Checkpoints:
                 passed = True
         return None, passed
 
-    def _rebuild(self, step: int, stored: StoredCheckpoint, why: str) -> None:
-        """Train float32 again to ``step`` and save its checkpoint there as ``stored`` (from
-        an earlier checkpoint, or one earlier still where that one does not load)."""
-        while True:
-            earlier, _ = self._latest_good(
-                [*(self._at(s) for s in self._fixed_steps() if s < step), *self._slots()],
-                before=step,
-            )
-            origin = 0 if earlier is None else earlier[0]
-            self.log(f"{why}: training float32 again from step {origin} to {step} to rebuild it")
-            plan = Plan(checkpoint=None if earlier is None else earlier[1], save_at={step: stored})
-            try:
-                execute(self.setup, self.config, steps=step, seed=self.setup.seed, plan=plan)
-                return
-            except DamagedCheckpoint as exc:
-                if earlier is None:
-                    raise
-                self.refuse(earlier[1], f"{exc}: passed over")
-            except MissingEvidence:
-                raise
-            except Exception as exc:  # float32 trained this far once: whatever stops it now
-                raise MissingEvidence(
-                    f"{why}, and training float32 again to rebuild it failed: {describe_error(exc)}"
-                ) from None
-
-    def _good(self, stored: StoredCheckpoint) -> bool:
+    def good(self, stored: StoredCheckpoint) -> bool:
         try:
             self.fetch(stored)
         except MissingEvidence:
