@@ -6,9 +6,10 @@ curve and its suggestion apart from ``plot()``.
 :func:`~scalertune._judge._answer.judge` builds it from the study alone, so it is the same
 after one worker, several workers or a crash: the search asks it what to run next, and
 :class:`~scalertune.SearchResult` is this with the ways to show it. The rules that decide
-live here and in :mod:`~scalertune._judge._answer`: the order of confirmation
-(:attr:`Findings.next_to_confirm`), and whether the best AMP config beats float32
-(:func:`amp_wins`).
+live here, in :mod:`~scalertune._judge._answer` and in :mod:`~scalertune._judge._rank`: the
+order of confirmation (:attr:`Findings.next_to_confirm`, by
+:func:`~scalertune._judge._rank.next_to_confirm`), and whether the best AMP config beats
+float32 (:func:`amp_wins`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import math
 
 import optuna
 
-from scalertune import _policy
 from scalertune._amp._config import DEFAULTS_BASELINES, AmpConfig
 from scalertune._inrun._run_record import RunRecord, UnreadRecord
 from scalertune._judge._horizon import RuledOut, finalists, holds
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
+from scalertune._judge._rank import confirmation_state, next_to_confirm
 from scalertune._judge._reference import Reference
 from scalertune._judge._settings import StudySettings
 from scalertune._judge._speedup import Speedup
@@ -220,24 +221,13 @@ class Findings:
             >>> result.confirmation_state(result.candidates[0])  # doctest: +SKIP
             'confirmed'
         """
-        runs = self.confirmations.get(candidate.number, {})
-        if any(not o.reached for o in runs.values()):
-            return "failed"
-        if all(s in runs for s in _policy.CONFIRM_SEEDS):
-            return "confirmed"
-        return "pending"
+        return confirmation_state(self.confirmations, candidate)
 
     @property
     def next_to_confirm(self) -> Outcome | None:
         """The candidate whose confirmation runs come next: the best one, and the next only
         once every one before it failed. ``None`` when one is confirmed or none is left."""
-        for candidate in self.candidates:
-            state = self.confirmation_state(candidate)
-            if state == "pending":
-                return candidate
-            if state == "confirmed":
-                return None
-        return None
+        return next_to_confirm(self.candidates, self.confirmations)
 
     @property
     def pruned_by_kind(self) -> dict[str, int]:
