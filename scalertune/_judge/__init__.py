@@ -15,6 +15,7 @@
   candidate's confirmation stands;
 - ``_phases``: a branch or a run from step 0 judged against float32 in a phase window;
 - ``_horizon``: which configs hold for the horizon, the finalists, the seed spread;
+- ``_pruned``: the pruned runs counted by kind, and where float16's forward overflowed;
 - ``_stopping``: when a run stops (target reached, slower than the best), when sampling stops;
 - ``_speedup``: the verdict against float32, with its spread;
 - ``_findings``: :class:`Findings`, the evidence and the answer as plain data, and the

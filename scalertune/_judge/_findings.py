@@ -24,6 +24,7 @@ from scalertune._inrun._run_record import RunRecord, UnreadRecord
 from scalertune._judge._horizon import RuledOut, finalists, holds
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
+from scalertune._judge._pruned import forward_overflow_modules, pruned_by_kind
 from scalertune._judge._rank import confirmation_state, next_to_confirm
 from scalertune._judge._reference import Reference
 from scalertune._judge._settings import StudySettings
@@ -231,23 +232,14 @@ class Findings:
 
     @property
     def pruned_by_kind(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for outcome in self.ranking:
-            if outcome.state == "pruned":
-                kind = outcome.prune_kind or "unknown"
-                counts[kind] = counts.get(kind, 0) + 1
-        return counts
+        return pruned_by_kind(self.ranking)
 
     @property
     def forward_overflow_modules(self) -> list[str] | None:
         """``None`` unless *every* float16 run was pruned for a forward overflow; then where
         each overflowed (its culprit modules, as patterns), most frequent first (empty if
         none was named)."""
-        runs = [o for o in self.ranking if o.config.dtype == "float16"]
-        if not runs or any(o.prune_kind != "forward" for o in runs):
-            return None
-        named = [o.overflow_module for o in runs if o.overflow_module]
-        return sorted(set(named), key=lambda m: -named.count(m))
+        return forward_overflow_modules(self.ranking)
 
 
 def speedup(found: Findings, outcome: Outcome | None) -> Speedup | None:
