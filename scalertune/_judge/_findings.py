@@ -8,8 +8,8 @@ after one worker, several workers or a crash: the search asks it what to run nex
 :class:`~scalertune.SearchResult` is this with the ways to show it. The rules that decide
 live here, in :mod:`~scalertune._judge._answer` and in :mod:`~scalertune._judge._rank`: the
 order of confirmation (:attr:`Findings.next_to_confirm`, by
-:func:`~scalertune._judge._rank.next_to_confirm`), and whether the best AMP config beats
-float32 (:func:`amp_wins`).
+:func:`~scalertune._judge._rank.next_to_confirm`), whether the best AMP config beats float32
+(:func:`amp_wins`), and the config to train with (:func:`config_to_train`).
 """
 
 from __future__ import annotations
@@ -126,11 +126,7 @@ class Findings:
         """The config to train with: the recommended AMP config, or float32 (with the
         workload's own clipping, or with the best AMP config's where that reaches the target
         sooner and holds) when no AMP config is faster on this device."""
-        if self.recommended is not None:
-            return self.recommended.config
-        if self.float32_choice is not None:
-            return self.float32_choice.config
-        return self.settings.reference
+        return config_to_train(self)
 
     @property
     def target(self) -> Target | None:
@@ -240,6 +236,15 @@ class Findings:
         each overflowed (its culprit modules, as patterns), most frequent first (empty if
         none was named)."""
         return forward_overflow_modules(self.ranking)
+
+
+def config_to_train(found: Findings) -> AmpConfig:
+    """The recommended AMP config, else the float32 run chosen, else the workload's float32."""
+    if found.recommended is not None:
+        return found.recommended.config
+    if found.float32_choice is not None:
+        return found.float32_choice.config
+    return found.settings.reference
 
 
 def speedup(found: Findings, outcome: Outcome | None) -> Speedup | None:
