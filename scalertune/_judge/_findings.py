@@ -6,9 +6,10 @@ curve and its suggestion apart from ``plot()``.
 :func:`~scalertune._judge._answer.judge` builds it from the study alone, so it is the same
 after one worker, several workers or a crash: the search asks it what to run next, and
 :class:`~scalertune.SearchResult` is this with the ways to show it. The rules that decide
-live here and in :mod:`~scalertune._judge._answer`: the order of confirmation
-(:attr:`Findings.next_to_confirm`), and whether the best AMP config beats float32
-(:func:`amp_wins`).
+live here, in :mod:`~scalertune._judge._answer` and in :mod:`~scalertune._judge._rank`: the
+order of confirmation (:attr:`Findings.next_to_confirm`, by
+:func:`~scalertune._judge._rank.next_to_confirm`), whether the best AMP config beats float32
+(:func:`amp_wins`), and the config to train with (:func:`config_to_train`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import math
 
 import optuna
 
-from scalertune import _policy
 from scalertune._amp._config import DEFAULTS_BASELINES, AmpConfig
 from scalertune._inrun._run_record import RunRecord, UnreadRecord
 from scalertune._judge._horizon import RuledOut, finalists, holds
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
+from scalertune._judge._pruned import forward_overflow_modules, pruned_by_kind
+from scalertune._judge._rank import confirmation_state, next_to_confirm
 from scalertune._judge._reference import Reference
 from scalertune._judge._settings import StudySettings
 from scalertune._judge._speedup import Speedup
@@ -124,11 +126,7 @@ class Findings:
         """The config to train with: the recommended AMP config, or float32 (with the
         workload's own clipping, or with the best AMP config's where that reaches the target
         sooner and holds) when no AMP config is faster on this device."""
-        if self.recommended is not None:
-            return self.recommended.config
-        if self.float32_choice is not None:
-            return self.float32_choice.config
-        return self.settings.reference
+        return config_to_train(self)
 
     @property
     def target(self) -> Target | None:
@@ -220,44 +218,33 @@ class Findings:
             >>> result.confirmation_state(result.candidates[0])  # doctest: +SKIP
             'confirmed'
         """
-        runs = self.confirmations.get(candidate.number, {})
-        if any(not o.reached for o in runs.values()):
-            return "failed"
-        if all(s in runs for s in _policy.CONFIRM_SEEDS):
-            return "confirmed"
-        return "pending"
+        return confirmation_state(self.confirmations, candidate)
 
     @property
     def next_to_confirm(self) -> Outcome | None:
         """The candidate whose confirmation runs come next: the best one, and the next only
         once every one before it failed. ``None`` when one is confirmed or none is left."""
-        for candidate in self.candidates:
-            state = self.confirmation_state(candidate)
-            if state == "pending":
-                return candidate
-            if state == "confirmed":
-                return None
-        return None
+        return next_to_confirm(self.candidates, self.confirmations)
 
     @property
     def pruned_by_kind(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for outcome in self.ranking:
-            if outcome.state == "pruned":
-                kind = outcome.prune_kind or "unknown"
-                counts[kind] = counts.get(kind, 0) + 1
-        return counts
+        return pruned_by_kind(self.ranking)
 
     @property
     def forward_overflow_modules(self) -> list[str] | None:
         """``None`` unless *every* float16 run was pruned for a forward overflow; then where
         each overflowed (its culprit modules, as patterns), most frequent first (empty if
         none was named)."""
-        runs = [o for o in self.ranking if o.config.dtype == "float16"]
-        if not runs or any(o.prune_kind != "forward" for o in runs):
-            return None
-        named = [o.overflow_module for o in runs if o.overflow_module]
-        return sorted(set(named), key=lambda m: -named.count(m))
+        return forward_overflow_modules(self.ranking)
+
+
+def config_to_train(found: Findings) -> AmpConfig:
+    """The recommended AMP config, else the float32 run chosen, else the workload's float32."""
+    if found.recommended is not None:
+        return found.recommended.config
+    if found.float32_choice is not None:
+        return found.float32_choice.config
+    return found.settings.reference
 
 
 def speedup(found: Findings, outcome: Outcome | None) -> Speedup | None:

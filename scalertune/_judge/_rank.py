@@ -175,3 +175,29 @@ def confirmations_of(outcomes: Sequence[Outcome]) -> dict[int, dict[int, Outcome
         if o.role == ROLE_CONFIRM and o.confirms is not None:
             found.setdefault(o.confirms, {})[o.seed] = o
     return found
+
+
+def confirmation_state(confirmations: dict[int, dict[int, Outcome]], candidate: Outcome) -> str:
+    """Where ``candidate``'s confirmation on other seeds stands, by its runs in
+    ``confirmations`` (:func:`confirmations_of`): ``"confirmed"``, ``"failed"`` (a seed that
+    went non-finite or never reached its target), or ``"pending"`` (a seed not yet run)."""
+    runs = confirmations.get(candidate.number, {})
+    if any(not o.reached for o in runs.values()):
+        return "failed"
+    if all(s in runs for s in _policy.CONFIRM_SEEDS):
+        return "confirmed"
+    return "pending"
+
+
+def next_to_confirm(
+    candidates: Sequence[Outcome], confirmations: dict[int, dict[int, Outcome]]
+) -> Outcome | None:
+    """The first of ``candidates`` whose confirmation is pending, so long as none before it
+    was confirmed: the best one, and the next only once every one before it failed."""
+    for candidate in candidates:
+        state = confirmation_state(confirmations, candidate)
+        if state == "pending":
+            return candidate
+        if state == "confirmed":
+            return None
+    return None

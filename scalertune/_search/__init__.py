@@ -13,6 +13,8 @@
 - ``_study``: the study, its settings, and the records a search writes to it;
 - ``_pipeline``: one worker's part, phase by phase;
 - ``_references``: the float32 reference of each seed, and the step timing;
+- ``_reference_training``: the float32 reference's training run, its retries, and a refused
+  one's study removed;
 - ``_reference_checkpoints``: the float32 reference's checkpoints: where they are saved,
   resumed from, and rebuilt when lost;
 - ``_trials``: one trial: take a queued run or sample a config, reuse a twin, train, store;
