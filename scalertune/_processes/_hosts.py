@@ -96,28 +96,7 @@ class Crew:
         store = _connect(world, rendezvous_timeout)
         if deadline is not None:
             store = _Watched(store, deadline)
-        me = {"rank": world.rank, "node": world.node, "host": world.host, "argv": sys.argv[1:]}
-        store.set(f"rank/{world.rank}", json.dumps(me))
-        if world.rank == 0:
-            keys = [f"rank/{r}" for r in range(world.size)]
-            came = _poll(store, keys, rendezvous_timeout)
-            if len(came) < world.size:
-                missing = [r for r in range(world.size) if f"rank/{r}" not in came]
-                nodes = sorted({r // world.local_size for r in missing})
-                raise HostLost(
-                    f"{_ranks(missing)} of {world.size} ({_nodes(nodes)}) did not come within "
-                    f"{rendezvous_timeout:g} s (--rendezvous-timeout): start the same "
-                    "command on every host"
-                )
-            roster = [json.loads(store.get(k)) for k in keys]
-            store.set("roster", json.dumps(roster))
-        elif not _poll(store, ["roster"], rendezvous_timeout):
-            raise HostLost(
-                f"rank 0 ({world.master_addr}) did not open the search within "
-                f"{rendezvous_timeout:g} s (--rendezvous-timeout)"
-            )
-        else:
-            roster = json.loads(store.get("roster"))
+        roster = _gather(world, store, rendezvous_timeout)
         store.set_timeout(datetime.timedelta(seconds=host_timeout))
         crew = cls(world, store, roster, host_timeout)
         crew._deadline = deadline
@@ -254,6 +233,35 @@ class Crew:
                 raise RuntimeError(f"no heartbeat for {self._host_timeout:g} s (--host-timeout)")
             time.sleep(_POLL_S)
         return bytes(self._store.get(key))
+
+
+def _gather(world: World, store: Any, rendezvous_timeout: float) -> list[dict[str, Any]]:
+    """The roster: every rank's place said in ``store``, rank 0 waiting for all of them and
+    posting it, the others reading it; :class:`HostLost` naming the ranks that did not come
+    in ``rendezvous_timeout`` seconds, or rank 0 when it did not post it."""
+    me = {"rank": world.rank, "node": world.node, "host": world.host, "argv": sys.argv[1:]}
+    store.set(f"rank/{world.rank}", json.dumps(me))
+    if world.rank == 0:
+        keys = [f"rank/{r}" for r in range(world.size)]
+        came = _poll(store, keys, rendezvous_timeout)
+        if len(came) < world.size:
+            missing = [r for r in range(world.size) if f"rank/{r}" not in came]
+            nodes = sorted({r // world.local_size for r in missing})
+            raise HostLost(
+                f"{_ranks(missing)} of {world.size} ({_nodes(nodes)}) did not come within "
+                f"{rendezvous_timeout:g} s (--rendezvous-timeout): start the same "
+                "command on every host"
+            )
+        roster = [json.loads(store.get(k)) for k in keys]
+        store.set("roster", json.dumps(roster))
+    elif not _poll(store, ["roster"], rendezvous_timeout):
+        raise HostLost(
+            f"rank 0 ({world.master_addr}) did not open the search within "
+            f"{rendezvous_timeout:g} s (--rendezvous-timeout)"
+        )
+    else:
+        roster = json.loads(store.get("roster"))
+    return roster
 
 
 def _blamed(where: Callable[[int], str], reports: dict[int, dict[str, Any]]) -> BaseException:
