@@ -101,7 +101,8 @@ class Crew:
         crew = cls(world, store, roster, host_timeout)
         crew._deadline = deadline
         if world.rank == 0:
-            threading.Thread(target=crew._beat, name="scalertune-beat", daemon=True).start()
+            args = (world, host_timeout, crew._beating)
+            threading.Thread(target=_beat, args=args, name="scalertune-beat", daemon=True).start()
         return crew
 
     def where(self, rank: int) -> str:
@@ -123,16 +124,6 @@ class Crew:
         """Each node's host name, in node order."""
         names = {entry["node"]: entry["host"] for entry in self._roster}
         return [names[node] for node in sorted(names)]
-
-    def _beat(self) -> None:
-        """Rank 0's heartbeat, on a connection of its own, while the search lasts."""
-        store, beat = _connect(self.world, self._host_timeout, client=True), 0
-        while not self._beating.wait(BEAT_S):
-            beat += 1
-            try:
-                store.set("beat", str(beat))
-            except Exception:  # the store is gone: the search is ending
-                return
 
     # -- rank 0 -----------------------------------------------------------------------------
 
@@ -200,7 +191,7 @@ class Crew:
         try:
             while True:
                 self._n += 1
-                message = self._next(self._n)
+                message = _next_run(self._store, self._n, self._host_timeout)
                 if message[:1] == b"S":
                     self._store.set(f"bye/{self.world.rank}", "1")
                     return int(json.loads(message[1:])["code"])
@@ -221,18 +212,6 @@ class Crew:
             return {"kind": "failed", "failure": "error", "text": f"{exc}"}
         watch = _watch_abort(self.world, self._host_timeout, self._n)
         return _perform(job, timeout_s, self.world.run_env(port), None, watch)
-
-    def _next(self, n: int) -> bytes:
-        """Run ``n``'s message, once posted; rank 0 lost when its heartbeat stops."""
-        key, last, since = f"job/{n}", None, time.monotonic()
-        while not self._store.check([key]):
-            beat = self._store.get("beat") if self._store.check(["beat"]) else None
-            if beat != last:
-                last, since = beat, time.monotonic()
-            elif time.monotonic() - since > self._host_timeout:
-                raise RuntimeError(f"no heartbeat for {self._host_timeout:g} s (--host-timeout)")
-            time.sleep(_POLL_S)
-        return bytes(self._store.get(key))
 
 
 def _gather(world: World, store: Any, rendezvous_timeout: float) -> list[dict[str, Any]]:
@@ -262,6 +241,32 @@ def _gather(world: World, store: Any, rendezvous_timeout: float) -> list[dict[st
     else:
         roster = json.loads(store.get("roster"))
     return roster
+
+
+def _beat(world: World, host_timeout: float, stop: threading.Event) -> None:
+    """Rank 0's heartbeat, on a connection of its own, while the search lasts (up to
+    ``stop``)."""
+    store, beat = _connect(world, host_timeout, client=True), 0
+    while not stop.wait(BEAT_S):
+        beat += 1
+        try:
+            store.set("beat", str(beat))
+        except Exception:  # the store is gone: the search is ending
+            return
+
+
+def _next_run(store: Any, n: int, host_timeout: float) -> bytes:
+    """Run ``n``'s message, once posted; rank 0 lost when its heartbeat (:func:`_beat`)
+    stops for ``host_timeout``."""
+    key, last, since = f"job/{n}", None, time.monotonic()
+    while not store.check([key]):
+        beat = store.get("beat") if store.check(["beat"]) else None
+        if beat != last:
+            last, since = beat, time.monotonic()
+        elif time.monotonic() - since > host_timeout:
+            raise RuntimeError(f"no heartbeat for {host_timeout:g} s (--host-timeout)")
+        time.sleep(_POLL_S)
+    return bytes(store.get(key))
 
 
 def _blamed(where: Callable[[int], str], reports: dict[int, dict[str, Any]]) -> BaseException:
