@@ -96,33 +96,13 @@ class Crew:
         store = _connect(world, rendezvous_timeout)
         if deadline is not None:
             store = _Watched(store, deadline)
-        me = {"rank": world.rank, "node": world.node, "host": world.host, "argv": sys.argv[1:]}
-        store.set(f"rank/{world.rank}", json.dumps(me))
-        if world.rank == 0:
-            keys = [f"rank/{r}" for r in range(world.size)]
-            came = _poll(store, keys, rendezvous_timeout)
-            if len(came) < world.size:
-                missing = [r for r in range(world.size) if f"rank/{r}" not in came]
-                nodes = sorted({r // world.local_size for r in missing})
-                raise HostLost(
-                    f"{_ranks(missing)} of {world.size} ({_nodes(nodes)}) did not come within "
-                    f"{rendezvous_timeout:g} s (--rendezvous-timeout): start the same "
-                    "command on every host"
-                )
-            roster = [json.loads(store.get(k)) for k in keys]
-            store.set("roster", json.dumps(roster))
-        elif not _poll(store, ["roster"], rendezvous_timeout):
-            raise HostLost(
-                f"rank 0 ({world.master_addr}) did not open the search within "
-                f"{rendezvous_timeout:g} s (--rendezvous-timeout)"
-            )
-        else:
-            roster = json.loads(store.get("roster"))
+        roster = _gather(world, store, rendezvous_timeout)
         store.set_timeout(datetime.timedelta(seconds=host_timeout))
         crew = cls(world, store, roster, host_timeout)
         crew._deadline = deadline
         if world.rank == 0:
-            threading.Thread(target=crew._beat, name="scalertune-beat", daemon=True).start()
+            args = (world, host_timeout, crew._beating)
+            threading.Thread(target=_beat, args=args, name="scalertune-beat", daemon=True).start()
         return crew
 
     def where(self, rank: int) -> str:
@@ -144,16 +124,6 @@ class Crew:
         """Each node's host name, in node order."""
         names = {entry["node"]: entry["host"] for entry in self._roster}
         return [names[node] for node in sorted(names)]
-
-    def _beat(self) -> None:
-        """Rank 0's heartbeat, on a connection of its own, while the search lasts."""
-        store, beat = _connect(self.world, self._host_timeout, client=True), 0
-        while not self._beating.wait(BEAT_S):
-            beat += 1
-            try:
-                store.set("beat", str(beat))
-            except Exception:  # the store is gone: the search is ending
-                return
 
     # -- rank 0 -----------------------------------------------------------------------------
 
@@ -221,7 +191,7 @@ class Crew:
         try:
             while True:
                 self._n += 1
-                message = self._next(self._n)
+                message = _next_run(self._store, self._n, self._host_timeout)
                 if message[:1] == b"S":
                     self._store.set(f"bye/{self.world.rank}", "1")
                     return int(json.loads(message[1:])["code"])
@@ -243,17 +213,60 @@ class Crew:
         watch = _watch_abort(self.world, self._host_timeout, self._n)
         return _perform(job, timeout_s, self.world.run_env(port), None, watch)
 
-    def _next(self, n: int) -> bytes:
-        """Run ``n``'s message, once posted; rank 0 lost when its heartbeat stops."""
-        key, last, since = f"job/{n}", None, time.monotonic()
-        while not self._store.check([key]):
-            beat = self._store.get("beat") if self._store.check(["beat"]) else None
-            if beat != last:
-                last, since = beat, time.monotonic()
-            elif time.monotonic() - since > self._host_timeout:
-                raise RuntimeError(f"no heartbeat for {self._host_timeout:g} s (--host-timeout)")
-            time.sleep(_POLL_S)
-        return bytes(self._store.get(key))
+
+def _gather(world: World, store: Any, rendezvous_timeout: float) -> list[dict[str, Any]]:
+    """The roster: every rank's place said in ``store``, rank 0 waiting for all of them and
+    posting it, the others reading it; :class:`HostLost` naming the ranks that did not come
+    in ``rendezvous_timeout`` seconds, or rank 0 when it did not post it."""
+    me = {"rank": world.rank, "node": world.node, "host": world.host, "argv": sys.argv[1:]}
+    store.set(f"rank/{world.rank}", json.dumps(me))
+    if world.rank == 0:
+        keys = [f"rank/{r}" for r in range(world.size)]
+        came = _poll(store, keys, rendezvous_timeout)
+        if len(came) < world.size:
+            missing = [r for r in range(world.size) if f"rank/{r}" not in came]
+            nodes = sorted({r // world.local_size for r in missing})
+            raise HostLost(
+                f"{_ranks(missing)} of {world.size} ({_nodes(nodes)}) did not come within "
+                f"{rendezvous_timeout:g} s (--rendezvous-timeout): start the same "
+                "command on every host"
+            )
+        roster = [json.loads(store.get(k)) for k in keys]
+        store.set("roster", json.dumps(roster))
+    elif not _poll(store, ["roster"], rendezvous_timeout):
+        raise HostLost(
+            f"rank 0 ({world.master_addr}) did not open the search within "
+            f"{rendezvous_timeout:g} s (--rendezvous-timeout)"
+        )
+    else:
+        roster = json.loads(store.get("roster"))
+    return roster
+
+
+def _beat(world: World, host_timeout: float, stop: threading.Event) -> None:
+    """Rank 0's heartbeat, on a connection of its own, while the search lasts (up to
+    ``stop``)."""
+    store, beat = _connect(world, host_timeout, client=True), 0
+    while not stop.wait(BEAT_S):
+        beat += 1
+        try:
+            store.set("beat", str(beat))
+        except Exception:  # the store is gone: the search is ending
+            return
+
+
+def _next_run(store: Any, n: int, host_timeout: float) -> bytes:
+    """Run ``n``'s message, once posted; rank 0 lost when its heartbeat (:func:`_beat`)
+    stops for ``host_timeout``."""
+    key, last, since = f"job/{n}", None, time.monotonic()
+    while not store.check([key]):
+        beat = store.get("beat") if store.check(["beat"]) else None
+        if beat != last:
+            last, since = beat, time.monotonic()
+        elif time.monotonic() - since > host_timeout:
+            raise RuntimeError(f"no heartbeat for {host_timeout:g} s (--host-timeout)")
+        time.sleep(_POLL_S)
+    return bytes(store.get(key))
 
 
 def _blamed(where: Callable[[int], str], reports: dict[int, dict[str, Any]]) -> BaseException:

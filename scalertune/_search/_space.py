@@ -307,50 +307,7 @@ class SearchSpace:
             >>> space.suggest(study.ask()).dtype  # doctest: +SKIP
             'bfloat16'
         """
-        # Every run of a study, the float32 references included, is a point of one dtype
-        # parameter over all three dtypes; the space's sampler keeps to the space's choices.
-        values: dict[str, Any] = {"dtype": trial.suggest_categorical("dtype", self.dtype_choices)}
-        if values["dtype"] not in self.dtypes and "dtype" not in fixed_params(trial):
-            raise UsageError(
-                f"the study's sampler proposed dtype {values['dtype']!r}, outside "
-                f"search space {self.name!r}: create the study with "
-                "sampler=space.sampler()"
-            )
-        islands = self.params.get("fp32_modules")
-        if islands is not None and values["dtype"] in ISLAND_DTYPES:
-            values["fp32_modules"] = (
-                trial.suggest_categorical("fp32_modules", list(islands["choices"]))
-                if isinstance(islands, Mapping)
-                else islands
-            )
-        if values["dtype"] == "float8":
-            values.update(suggest_float8(self.params, trial))
-            more = self.params.get("float8_islands")
-            if more is not None:
-                chosen = trial.suggest_categorical("float8_islands", list(more["choices"]))
-                values["fp32_modules"] = (
-                    *parse_islands(values.get("fp32_modules") or ""),
-                    *parse_islands(chosen or ""),
-                )
-        for key in NUMERIC_KNOBS:
-            if key not in self.params or (key in FLOAT16_ONLY and values["dtype"] != "float16"):
-                continue
-            spec = self.params[key]
-            if not isinstance(spec, Mapping):
-                values[key] = spec
-                continue
-            if spec.get("optional") and not trial.suggest_categorical(f"use_{key}", [False, True]):
-                continue
-            kwargs = {k: spec[k] for k in ("log", "step") if k in spec}
-            if key == "growth_interval":
-                values[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]), **kwargs)
-            else:
-                values[key] = trial.suggest_float(
-                    key, float(spec["low"]), float(spec["high"]), **kwargs
-                )
-        if self.deepspeed:
-            return _deepspeed.suggest(self.params, trial, values)
-        return AmpConfig(**values)
+        return _suggest(self, trial)
 
     def params_for(self, config: AmpConfig) -> dict[str, Any] | None:
         """The parameters :meth:`suggest` would record to produce ``config``.
@@ -402,6 +359,53 @@ class SearchSpace:
             {'name': 'bf16', 'params': {'dtype': {'choices': ['bfloat16']}}}
         """
         return {"name": self.name, "params": dict(self.params)}
+
+
+def _suggest(space: SearchSpace, trial: optuna.Trial) -> AmpConfig:
+    # Every run of a study, the float32 references included, is a point of one dtype
+    # parameter over all three dtypes; the space's sampler keeps to the space's choices.
+    values: dict[str, Any] = {"dtype": trial.suggest_categorical("dtype", space.dtype_choices)}
+    if values["dtype"] not in space.dtypes and "dtype" not in fixed_params(trial):
+        raise UsageError(
+            f"the study's sampler proposed dtype {values['dtype']!r}, outside "
+            f"search space {space.name!r}: create the study with "
+            "sampler=space.sampler()"
+        )
+    islands = space.params.get("fp32_modules")
+    if islands is not None and values["dtype"] in ISLAND_DTYPES:
+        values["fp32_modules"] = (
+            trial.suggest_categorical("fp32_modules", list(islands["choices"]))
+            if isinstance(islands, Mapping)
+            else islands
+        )
+    if values["dtype"] == "float8":
+        values.update(suggest_float8(space.params, trial))
+        more = space.params.get("float8_islands")
+        if more is not None:
+            chosen = trial.suggest_categorical("float8_islands", list(more["choices"]))
+            values["fp32_modules"] = (
+                *parse_islands(values.get("fp32_modules") or ""),
+                *parse_islands(chosen or ""),
+            )
+    for key in NUMERIC_KNOBS:
+        if key not in space.params or (key in FLOAT16_ONLY and values["dtype"] != "float16"):
+            continue
+        spec = space.params[key]
+        if not isinstance(spec, Mapping):
+            values[key] = spec
+            continue
+        if spec.get("optional") and not trial.suggest_categorical(f"use_{key}", [False, True]):
+            continue
+        kwargs = {k: spec[k] for k in ("log", "step") if k in spec}
+        if key == "growth_interval":
+            values[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]), **kwargs)
+        else:
+            values[key] = trial.suggest_float(
+                key, float(spec["low"]), float(spec["high"]), **kwargs
+            )
+    if space.deepspeed:
+        return _deepspeed.suggest(space.params, trial, values)
+    return AmpConfig(**values)
 
 
 def _params_for(space: SearchSpace, config: AmpConfig) -> dict[str, Any] | None:
