@@ -149,7 +149,7 @@ class TrialRunner:
             Job(role=ROLE_SEARCH, config=config, seed=setup.seed).write(trial)
             return config, setup.seed, ROLE_SEARCH
         _record_params(trial, setup.space)
-        job = Job.read(trial.user_attrs, f"trial #{trial.number}")
+        job = Job.of_trial(trial)
         if job.config is None or job.seed is None:
             raise MissingEvidence(f"queued trial #{trial.number} names no config and seed")
         return job.config, job.seed, role
@@ -261,7 +261,7 @@ def _phase_run(
     """A phase's run: a branch from the float32 reference's checkpoint at its ``start``, or a
     run from step 0 (``start`` 0, or a continuation of one) judged at every window; the
     record, its verdict, and the steps a continuation trained itself."""
-    job = Job.read(trial.user_attrs, f"trial #{trial.number}")
+    job = Job.of_trial(trial)
     start, end = int(job.start or 0), int(job.end or 0)
     reports = Reports(trial, target)
     record = None
