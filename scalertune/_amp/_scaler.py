@@ -46,23 +46,25 @@ class _Reporting:
     """What a runtime's scaler adds to its GradScaler class: it tells its listener about every
     step it takes and every update, and is that class in every number."""
 
-    _enabled: bool
-
     def __init__(self, device: str, *, listener: StepListener, **kwargs: Any) -> None:
         super().__init__(device, **kwargs)  # type: ignore[call-arg]
         self._listener = listener
         # Made enabled, it reports every update, also after :func:`set_knobs` disabled it (the
         # in-run check's float32: the steps it passes through are the run's steps); an update
         # that only sets the scale in place (``quiet``) is no step.
-        self._reports, self._quiet = self._enabled, False
+        self._reports, self._quiet = self._on(), False
+
+    def _on(self) -> bool:
+        """Whether the GradScaler is enabled (its public ``is_enabled``)."""
+        return bool(super().is_enabled())  # type: ignore[misc]
 
     def scale(self, outputs: Any) -> Any:
-        if self._enabled and isinstance(outputs, torch.Tensor):
+        if self._on() and isinstance(outputs, torch.Tensor):
             self._listener.scaler_scaling(outputs)
         return super().scale(outputs)  # type: ignore[misc]
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        if self._enabled:
+        if self._on():
             self._listener.scaler_stepping(optimizer)
         return super().step(optimizer, *args, **kwargs)  # type: ignore[misc]
 

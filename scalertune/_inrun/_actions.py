@@ -54,8 +54,8 @@ class Actions:
         return any(a.kind == "island" for a in self.done)
 
     def tolerance(self) -> float:
-        """The gap the checks allow: the horizon's, or after an island for the precision, the
-        share of float32's loss that island claimed to bring the batch within."""
+        """The gap the checks allow: the policy's ``tolerance``, or after an island for the
+        precision, the share of float32's loss that island claimed to bring the batch within."""
         return ISLAND_CLOSES if self.islanded() else self.policy.tolerance
 
     def float32(self, amp: AmpRuntime, line: str) -> None:

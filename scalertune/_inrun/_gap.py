@@ -1,10 +1,11 @@
 """The in-run check's judgement: is the run's precision failing now?
 
 Each check pairs the step's mixed-precision loss with the same batch's float32 loss at the
-same weights. The judgement is the horizon's rule (``_judge._phases``), over the last
-``window`` checks instead of a window's steps: the mixed-precision losses' mean exceeds
-float32's by more than ``PHASE_TOLERANCE`` of it, **and** by more than ``PHASE_Z`` standard
-errors of the paired differences, so that one hard batch is no alarm. Both losses are
+same weights. The judgement is the horizon's rule (``_judge._phases``, one function:
+:func:`falls_behind`), over the last ``window`` checks instead of a window's steps: the
+mixed-precision losses' mean exceeds float32's by more than the policy's ``tolerance`` of it
+(``PHASE_TOLERANCE`` by default), **and** by more than its ``z`` standard errors of the paired
+differences (``PHASE_Z``), so that one hard batch is no alarm. Both losses are
 taken at the same weights, so the difference is the precision's own: a run whose forward is
 as good as float32's passes however its loss moves. After the check kept a module in
 float32 because its island brought the step's batch within ``ISLAND_CLOSES`` of float32's

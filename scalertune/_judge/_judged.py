@@ -117,7 +117,11 @@ class Judged:
         figures = dataclasses.asdict(self.figures)
         if self.phase is not None:
             figures = {k: v for k, v in figures.items() if k not in SHORT_TRIAL_ONLY}
-        out: dict[str, Any] = {**figures, "measured_step_time_s": self.measured_step_time_s}
+        out: dict[str, Any] = {
+            _VERSION_KEY: VERSION,
+            **figures,
+            "measured_step_time_s": self.measured_step_time_s,
+        }
         for key in ("initial_scale", "pruned_because", "prune_reason"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -131,7 +135,7 @@ class Judged:
         checked: :class:`~scalertune._errors.DamagedEvidence` names the first that is not
         what the search writes."""
         version = stored.get(_VERSION_KEY, 1)
-        if not is_integer(version) or version > VERSION:
+        if not is_integer(version) or not 0 < version <= VERSION:
             raise damaged(where, JUDGED_ATTR, "is of a format this release does not read")
         return cls(
             figures=Figures(**checked(Figures, stored, where)),
@@ -160,7 +164,7 @@ def store(trial: Any, judged: Judged) -> None:
     attrs = judged.attrs()
     set_system_attr(trial, JUDGED_ATTR, attrs)
     for key, value in attrs.items():
-        if key != "prune_reason":
+        if key not in ("prune_reason", _VERSION_KEY):
             trial.set_user_attr(key, readable(value))
 
 

@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from scalertune._amp._config import AmpConfig
-from scalertune._errors import DamagedEvidence, MissingEvidence, SearchError
+from scalertune._errors import MissingEvidence, SearchError
 from scalertune._judge._judged import Judged, PhaseFigures, store
 from scalertune._judge._stopping import StopRule
 from scalertune._judge._target import Target
@@ -323,7 +323,7 @@ def counted_search_trials(trials: list[FrozenTrial]) -> int:
     it too."""
     count = 0
     for t in trials:
-        role, marks = role_of(t), _marks(t)
+        role, marks = role_of(t), Marks.sound(t)
         if (
             (t.state in LIVE or marks.error is not None)
             and marks.duplicate_of is None
@@ -331,14 +331,6 @@ def counted_search_trials(trials: list[FrozenTrial]) -> int:
         ):
             count += 1
     return count
-
-
-def _marks(trial: FrozenTrial) -> Marks:
-    """``trial``'s marks (none where they are damaged: the check names it elsewhere)."""
-    try:
-        return Marks.of_trial(trial)
-    except DamagedEvidence:
-        return Marks()
 
 
 def _surplus(trials: list[FrozenTrial], number: int, n_trials: int) -> bool:

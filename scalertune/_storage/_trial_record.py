@@ -1,6 +1,6 @@
 """What a trial says it runs and how it ended, as typed records: one writer and one reader each.
 
-A trial's user attributes hold two records (the judged figures are a third,
+A trial's user attributes hold these records (the judged figures are another,
 :mod:`scalertune._judge._judged`):
 
 - :class:`Job`: what the trial runs (its role, config, seed, and where it sits: the run it
@@ -8,14 +8,17 @@ A trial's user attributes hold two records (the judged figures are a third,
   (``study.enqueue_trial(params, user_attrs=job.attrs())``); a retry copies it and nothing
   else (:mod:`~scalertune._storage._recovery`);
 - :class:`Marks`: what the search noted as the trial ended: who ran it, the error it raised,
-  the evidence it could not get, the twin it reused, where its forward overflowed.
+  the evidence it could not get, the twin it reused, where its forward overflowed;
+- :class:`Recommendation`: what the recommended trial (the answer) stores of its own.
 
 The stored keys are the fields' names (:data:`JOB_ATTRS`, :data:`MARK_ATTRS`), and each
 field's stored kind is read from its annotation, so a key is named once, in the field. A
-study's storage is written by others too: :meth:`Job.read` and :meth:`Marks.read` check
-every value's kind (:class:`~scalertune._errors.DamagedEvidence` naming the first that is
-not what the search writes) and are the only readers; :func:`role_of` reads the role alone,
-where a question needs nothing else (which trials are runs, which is a reference).
+study's storage is written by others too: each record's ``read`` checks every value's kind
+(:class:`~scalertune._errors.DamagedEvidence` naming the first that is not what the search
+writes); no other module names a trial's attribute (``tests/unit/test_records.py``), though
+a retry copies the job's attributes as stored and the recommended trial shows the run it
+repeats; :func:`role_of` reads the role alone, where a question needs nothing else (which
+trials are runs, which is a reference).
 """
 
 from __future__ import annotations

@@ -81,3 +81,20 @@ def test_the_installed_torch_is_one_checked_and_another_is_warned_about_once(mon
             fence.check_release()  # once a process
     finally:
         fence.check_release.cache_clear()
+
+
+@pytest.mark.parametrize("name", fence.SCALER_NAMES)
+def test_each_gradscaler_name_the_fence_lists_exists(name):
+    scaler = torch.amp.GradScaler("cpu", enabled=True)
+    scaler.scale(torch.ones((), requires_grad=True))  # the scale tensor is made at first use
+    assert hasattr(scaler, name)
+
+
+@pytest.mark.parametrize("name", fence.MODULE_NAMES)
+def test_each_module_name_the_fence_lists_exists(name):
+    assert hasattr(torch.nn.Linear(2, 2), name)
+
+
+@pytest.mark.parametrize("name", fence.TORCH_NAMES)
+def test_each_torch_function_the_fence_lists_exists(name):
+    assert callable(getattr(torch, name))
