@@ -55,7 +55,7 @@ from scalertune._storage._names import (
 from scalertune._storage._open import first_line
 from scalertune._storage._optuna import set_system_attr, study_id
 from scalertune._storage._redact import redact
-from scalertune._storage._trial_record import Job, Marks
+from scalertune._storage._trial_record import Job, Marks, Retry
 from scalertune._text import plural
 
 _SETTINGS_WAIT_S = 30
@@ -189,7 +189,7 @@ def add_reference(
     user_attrs, system_attrs = reference.to_attrs()
     first = _failed_attempts(study, record.seed)
     if first is not None:  # the run again of an attempt that failed (add_failed_reference)
-        system_attrs["failed_trial"] = first
+        system_attrs.update(Retry(failed_trial=first).attrs())
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.COMPLETE,
@@ -225,7 +225,7 @@ def add_failed_reference(
                 **Job(role=ROLE_REFERENCE, seed=seed, config=config).attrs(),
                 **Marks(missing=why[:2000]).attrs(),
             },
-            system_attrs={} if first is None else {"failed_trial": first},
+            system_attrs=Retry(failed_trial=first).attrs(),
         )
     )
 
@@ -234,7 +234,7 @@ def _failed_attempts(study: optuna.Study, seed: int) -> int | None:
     """The first failed attempt at the float32 reference of ``seed`` (its claim's holder
     alone adds them), if any."""
     numbers = [
-        int(t.system_attrs.get("failed_trial", t.number))
+        Retry.sound(t).first(t.number)
         for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
         if (job := Job.sound(t)) is not None and job.role == ROLE_REFERENCE and job.seed == seed
     ]

@@ -34,10 +34,10 @@ from scalertune._storage import _policy as _storage_policy
 from scalertune._storage._names import ROLE_SURPLUS
 from scalertune._storage._open import heartbeat_enabled
 from scalertune._storage._optuna import storage_of, study_id, trial_id
-from scalertune._storage._trial_record import JOB_ATTRS, Marks, role_of
+from scalertune._storage._trial_record import JOB_ATTRS, RETRY_ATTRS, Marks, Retry, role_of
 
 #: Optuna's bookkeeping of retries and of enqueued parameters, which a copy keeps.
-_JOB_SYSTEM_ATTRS = ("failed_trial", "retry_history", "fixed_params")
+_JOB_SYSTEM_ATTRS = (*RETRY_ATTRS, "fixed_params")
 
 _HOST = socket.gethostname()
 #: ``host:pid`` of this process, recorded on every trial it runs.
@@ -61,13 +61,12 @@ def retry(study: optuna.Study, trial: FrozenTrial) -> bool:
     heartbeat callback on RDB storage."""
     if role_of(trial) == ROLE_SURPLUS:
         return False
-    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    chain = Retry.sound(trial)
+    history = (*chain.retry_history, trial.number)
     if len(history) > _policy.MAX_RETRIES:
         return False
     system_attrs = {k: v for k, v in trial.system_attrs.items() if k in _JOB_SYSTEM_ATTRS}
-    system_attrs.update(
-        failed_trial=system_attrs.get("failed_trial", trial.number), retry_history=history
-    )
+    system_attrs.update(Retry(chain.first(trial.number), history).attrs())
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.WAITING,
@@ -183,7 +182,7 @@ def missing_of(trials: list[FrozenTrial]) -> dict[int, str]:
     and has no retry finished, queued or running."""
     chains: dict[int, list[FrozenTrial]] = {}
     for t in trials:
-        chains.setdefault(int(t.system_attrs.get("failed_trial", t.number)), []).append(t)
+        chains.setdefault(Retry.sound(t).first(t.number), []).append(t)
     out = {}
     for first, chain in chains.items():
         if any(t.state != TrialState.FAIL for t in chain):

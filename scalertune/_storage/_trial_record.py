@@ -187,9 +187,45 @@ class Recommendation:
         return cls.read(trial.user_attrs, f"trial #{trial.number}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    """Where a trial sits in a chain of retries, as Optuna's retry callback keeps it (system
+    attributes): the first failed attempt, and every attempt before this one."""
+
+    failed_trial: int | None = None
+    retry_history: tuple[int, ...] = ()
+
+    def first(self, number: int) -> int:
+        """The chain's first attempt (``number``, the trial's own, where it is the first)."""
+        return number if self.failed_trial is None else self.failed_trial
+
+    def attrs(self) -> dict[str, Any]:
+        """The system attributes that store it (the writer): its fields that are set."""
+        out: dict[str, Any] = {}
+        if self.failed_trial is not None:
+            out["failed_trial"] = self.failed_trial
+        if self.retry_history:
+            out["retry_history"] = list(self.retry_history)
+        return out
+
+    @classmethod
+    def sound(cls, trial: FrozenTrial) -> Retry:
+        """``trial``'s place in its chain (the reader); none where it is damaged: the
+        attempt then counts as a chain of its own."""
+        system = trial.system_attrs
+        first, history = system.get("failed_trial"), system.get("retry_history", [])
+        if not (first is None or is_integer(first)) or not (
+            isinstance(history, list) and all(is_integer(n) for n in history)
+        ):
+            return cls()
+        return cls(failed_trial=first, retry_history=tuple(history))
+
+
 #: The user attributes each record stores, by its fields' names.
 JOB_ATTRS = tuple(f.name for f in dataclasses.fields(Job))
 MARK_ATTRS = tuple(f.name for f in dataclasses.fields(Marks))
+#: The system attributes :class:`Retry` stores (Optuna's names).
+RETRY_ATTRS = tuple(f.name for f in dataclasses.fields(Retry))
 
 #: The fields of a :class:`Job` that name each kind of queued run (:meth:`Job.same`): the
 #: study holds one of each.

@@ -162,3 +162,19 @@ def test_a_judged_record_of_a_later_format_is_damaged_not_misread():
     with pytest.raises(DamagedEvidence, match="format this release does not read"):
         Judged.read({"version": 99, "steps_run": 3})
     assert Judged.read({"steps_run": 3}).figures.steps_run == 3  # before versions: 1
+
+
+def test_a_retry_chain_reads_as_optuna_writes_it_and_a_damaged_one_as_its_own_chain():
+    import optuna
+
+    from scalertune._storage._trial_record import Retry
+
+    def trial(**system):
+        return optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, system_attrs=system)
+
+    assert Retry.sound(trial(failed_trial=3, retry_history=[3, 4])) == Retry(3, (3, 4))
+    assert Retry.sound(trial()).first(7) == 7
+    assert Retry.sound(trial(failed_trial="3", retry_history=[3])).first(7) == 7
+    assert Retry.sound(trial(retry_history="34")) == Retry()
+    assert Retry(3, (3, 4)).attrs() == {"failed_trial": 3, "retry_history": [3, 4]}
+    assert Retry().attrs() == {}
