@@ -87,14 +87,6 @@ class Forward:
             f"this config {what}: call model = amp.prepare(model) once before training"
         )
 
-    def call(self, closure: Callable[[], Any], *, autocast: bool) -> Any:
-        """``closure()`` (the forward and the loss) under :attr:`reused`, or as it is where
-        ``autocast`` is false (a framework's model autocasts itself)."""
-        if not autocast:
-            return closure()
-        with self.reused:
-            return closure()
-
     @property
     def models(self) -> list[torch.nn.Module]:
         """The models :meth:`prepare` has seen (and that are still alive)."""

@@ -39,12 +39,6 @@ class ScalerDecisions:
         self.readback = readback
         self.skips = Skips(ring=readback.every if readback is not None else 0)
 
-    def scaling(self, loss: torch.Tensor, *, checked: bool) -> None:
-        """A loss is being scaled: with an in-run check (``checked``) that reads back, one
-        that is not finite is noted for the next read (``Skips.note_loss``)."""
-        if self.readback is not None and checked:
-            self.skips.note_loss(loss)
-
     def taken(self) -> None:
         """A step taken with no scaler to decide it (float32, or the scaler disabled)."""
         self.last = True
@@ -55,7 +49,9 @@ class ScalerDecisions:
         and read back when due."""
         self.last = self.skips.decide(scaler, self.steps)
         self.steps += 1
-        self._read_back(amp)
+        readback = self.readback  # on every step: read here, not through _read_back
+        if readback is not None and self.steps % readback.every == 0:
+            readback.run(amp, self.skips)
 
     def engine_step(self, amp: Any, engine: Engine) -> bool:
         """The step of a bound engine (its clipping, its optimizer, its scaler: DeepSpeed's),

@@ -103,7 +103,7 @@ class AmpRuntime:
         self._forward = Forward(config, self.device, model_check)
         reads = config.uses_scaler and (self.guard or self.watch or self.check)
         readback = Readback(self.guard, self.watch, self.check) if reads else None
-        self._scaling = LossScaler(config, self.device, listener=self, readback=readback)
+        self._scaling = LossScaler(config, self.device, owner=self, readback=readback)
         self._clip = Clip(config.clip_norm) if config.clip_norm is not None else None
         self._turns = CheckTurns()  # when the in-run check takes the step's loss
         #: Called after each :meth:`backward` and first in :meth:`step`, while the gradients
@@ -229,7 +229,11 @@ class AmpRuntime:
             >>> w.grad  # scaled by init_scale until step() unscales it
             tensor([8., 8.])
         """
-        self._scaling.backward(loss, gradients=self.hooks.wants_gradients, **kwargs)
+        scaling = self._scaling  # on every step: the scaler's own call, no layer between
+        if scaling.engine.active:
+            scaling.engine.backward(loss, gradients=self.hooks.wants_gradients, **kwargs)
+        else:
+            scaling.scaler.scale(loss).backward(**kwargs)
         self.hooks.backward_done()
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool | DeviceStep:
@@ -310,7 +314,10 @@ class AmpRuntime:
         check = self.check
         if check is not None and self._turns.take(check, self.steps, self.config.dtype):
             return check.run(self, closure, recompute or closure, autocast)
-        return self._forward.call(closure, autocast=autocast)
+        if not autocast:  # a framework's model autocasts itself
+            return closure()
+        with self._forward.reused:
+            return closure()
 
     def train_step(
         self,
@@ -486,36 +493,6 @@ class AmpRuntime:
         in-run check (``None``: nothing does); the check rebases the watch on it after it
         changed the run."""
         return self._scaling.decisions.readback
-
-    def scaler_scaling(self, loss: torch.Tensor) -> None:
-        """Hook the runtime's GradScaler calls as ``scaler.scale(loss)`` runs; not for users.
-
-        With an in-run check, a loss that is not finite is noted for the next read-back (see
-        ``Skips.note_loss``).
-
-        Args:
-            loss: The loss being scaled.
-        """
-        self._scaling.decisions.scaling(loss, checked=self.check is not None)
-
-    def scaler_stepping(self, optimizer: torch.optim.Optimizer) -> None:
-        """Hook the runtime's GradScaler calls as ``scaler.step(optimizer)`` starts; not for users.
-
-        Args:
-            optimizer: The optimizer being stepped.
-        """
-        if self.check is not None and self.check.recording:
-            self.check.record(self, optimizer)
-        self._scaling.stepping(optimizer)
-
-    def scaler_updated(self) -> None:
-        """Hook the runtime's GradScaler calls once ``scaler.update()`` has decided the step.
-
-        Counts the step, and runs the guard and the watch when they are due. After the in-run
-        check fell back to float32 the scaler is disabled and every step it passes through is
-        taken. Not for users.
-        """
-        self._scaling.updated(self)
 
     def state_dict(self) -> dict[str, Any]:
         """The runtime's state for a training checkpoint.

@@ -49,22 +49,21 @@ class _Reporting:
     def __init__(self, device: str, *, listener: StepListener, **kwargs: Any) -> None:
         super().__init__(device, **kwargs)  # type: ignore[call-arg]
         self._listener = listener
-        # Made enabled, it reports every update, also after :func:`set_knobs` disabled it (the
-        # in-run check's float32: the steps it passes through are the run's steps); an update
-        # that only sets the scale in place (``quiet``) is no step.
-        self._reports, self._quiet = self._on(), False
-
-    def _on(self) -> bool:
-        """Whether the GradScaler is enabled (its public ``is_enabled``)."""
-        return bool(super().is_enabled())  # type: ignore[misc]
+        #: Whether it scales and steps (GradScaler's ``is_enabled``, kept here as a plain
+        #: attribute: read twice a step, and changed only by :meth:`switch_off`).
+        self._enabled_here = bool(super().is_enabled())  # type: ignore[misc]
+        # Made enabled, it reports every update, also after :meth:`switch_off` (the in-run
+        # check's float32: the steps it passes through are the run's steps); an update that
+        # only sets the scale in place (:meth:`set_scale`) is no step.
+        self._reports, self._quiet = self._enabled_here, False
 
     def scale(self, outputs: Any) -> Any:
-        if self._on() and isinstance(outputs, torch.Tensor):
+        if self._enabled_here and isinstance(outputs, torch.Tensor):
             self._listener.scaler_scaling(outputs)
         return super().scale(outputs)  # type: ignore[misc]
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        if self._on():
+        if self._enabled_here:
             self._listener.scaler_stepping(optimizer)
         return super().step(optimizer, *args, **kwargs)  # type: ignore[misc]
 
@@ -72,6 +71,20 @@ class _Reporting:
         super().update(new_scale)  # type: ignore[misc]
         if self._reports and not self._quiet:
             self._listener.scaler_updated()
+
+    def set_scale(self, scale: float) -> None:
+        """Set the scale in place between steps (``update(new_scale)``), reporting no step."""
+        self._quiet = True
+        try:
+            self.update(new_scale=float(scale))
+        finally:
+            self._quiet = False
+
+    def switch_off(self) -> None:
+        """Disable it for good: ``scale`` returns the loss as it is, ``step`` steps; each
+        update it passes through is still reported."""
+        switch_off(self)  # type: ignore[arg-type]
+        self._enabled_here = False
 
 
 class RuntimeScaler(_Reporting, torch.amp.GradScaler):
@@ -121,8 +134,10 @@ def set_knobs(
     ``update(new_scale)``, which is no step); ``config=None`` disables it for good (float32:
     ``scale`` returns the loss as it is, ``step`` steps the optimizer, and the runtime counts
     each update it passes through as a step taken)."""
+    if not isinstance(scaler, _Reporting):
+        raise TypeError(f"{type(scaler).__name__} is not a runtime's scaler (RuntimeScaler)")
     if config is None:
-        switch_off(scaler)
+        scaler.switch_off()
         return
     scaler.set_growth_factor(config.growth_factor)
     scaler.set_backoff_factor(config.backoff_factor)
@@ -131,15 +146,8 @@ def set_knobs(
         return
     if live_scale(scaler) is None:  # no step yet: the scale is made from init_scale
         start_at(scaler, scale)
-        return
-    if not isinstance(scaler, _Reporting):
-        scaler.update(new_scale=float(scale))
-        return
-    scaler._quiet = True  # noqa: SLF001 - our own flag
-    try:
-        scaler.update(new_scale=float(scale))
-    finally:
-        scaler._quiet = False  # noqa: SLF001
+    else:
+        scaler.set_scale(scale)
 
 
 def grads_unscaled(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:

@@ -18,7 +18,6 @@ from scalertune._amp._readback import Readback
 from scalertune._amp._scaler import (
     DeviceStep,
     RuntimeScaler,
-    StepListener,
     scaler_class,
     set_knobs,
 )
@@ -26,10 +25,10 @@ from scalertune._amp._torch_private import live_scale
 
 
 class LossScaler:
-    """The loss scaler an :class:`~scalertune.AmpRuntime` owns: its GradScaler (a
-    :class:`~scalertune._amp._scaler.RuntimeScaler` that tells ``listener``, the runtime,
-    about each step; disabled for bfloat16 and float32), or the engine's where one is needed
-    or bound (:class:`~scalertune._amp._engine.EngineSlot`); and the steps they decided
+    """The loss scaler an :class:`~scalertune.AmpRuntime` (``owner``) owns: its GradScaler (a
+    :class:`~scalertune._amp._scaler.RuntimeScaler` that tells this object about each step;
+    disabled for bfloat16 and float32), or the engine's where one is needed or bound
+    (:class:`~scalertune._amp._engine.EngineSlot`); and the steps they decided
     (:class:`~scalertune._amp._decisions.ScalerDecisions`), read back by ``readback``."""
 
     def __init__(
@@ -37,11 +36,11 @@ class LossScaler:
         config: AmpConfig,
         device: torch.device,
         *,
-        listener: StepListener,
+        owner: Any,
         readback: Readback | None,
     ) -> None:
         self.device = device
-        self._listener = listener
+        self._owner = owner
         #: The engine that scales and steps itself, needed (a DeepSpeed fp16 config) or bound.
         self.engine = EngineSlot(needed=isinstance(config, DeepSpeedFp16Config))
         #: Whether the GradScaler decides the steps: read on every step, a plain attribute;
@@ -57,7 +56,7 @@ class LossScaler:
     def _made(self, kind: type[torch.amp.GradScaler], config: AmpConfig) -> torch.amp.GradScaler:
         return kind(
             self.device.type,
-            listener=self._listener,  # type: ignore[call-arg]
+            listener=self,  # type: ignore[call-arg]
             enabled=config.uses_scaler and not self.engine.needed,
             **{k: getattr(config, k) for k in SCALER_KNOBS},
         )
@@ -71,13 +70,6 @@ class LossScaler:
         kind = scaler_class(model)
         if type(self.scaler) is not kind:
             self.scaler = self._made(kind, config)
-
-    def backward(self, loss: torch.Tensor, *, gradients: bool, **kwargs: Any) -> None:
-        """Backward through ``loss`` scaled (the engine's backward where it scales)."""
-        if self.engine.active:
-            self.engine.backward(loss, gradients=gradients, **kwargs)
-        else:
-            self.scaler.scale(loss).backward(**kwargs)
 
     def step(
         self, amp: Any, optimizer: torch.optim.Optimizer, clip: Clip | None
@@ -98,15 +90,29 @@ class LossScaler:
         self.scaler.update()
         return self.decisions.last
 
-    def stepping(self, optimizer: torch.optim.Optimizer) -> None:
-        """GradScaler's ``step(optimizer)`` begins (see ``Skips.begin``)."""
+    # What its RuntimeScaler tells it (a StepListener), whoever calls the scaler: on every
+    # step, so each goes straight to what it changes.
+
+    def scaler_scaling(self, loss: torch.Tensor) -> None:
+        """``scaler.scale(loss)`` runs: with an in-run check that reads back, a loss that is
+        not finite is noted for the next read (``Skips.note_loss``)."""
+        if self._owner.check is not None and self.decisions.readback is not None:
+            self.decisions.skips.note_loss(loss)
+
+    def scaler_stepping(self, optimizer: torch.optim.Optimizer) -> None:
+        """``scaler.step(optimizer)`` begins: the in-run check records the step when it
+        asked to, and the skips note the scale before it (``Skips.begin``)."""
+        check = self._owner.check
+        if check is not None and check.recording:
+            check.record(self._owner, optimizer)
         self.decisions.skips.begin(self.scaler, optimizer)
 
-    def updated(self, amp: Any) -> None:
-        """GradScaler's ``update()`` decided a step of ``amp``; after the in-run check fell
-        back to float32 the scaler is disabled and every step it passes through is taken."""
+    def scaler_updated(self) -> None:
+        """``scaler.update()`` decided a step: counted, and read back when due; after the
+        in-run check fell back to float32 the scaler is disabled and every step it passes
+        through is taken."""
         if self.decides:
-            self.decisions.updated(amp, self.scaler)
+            self.decisions.updated(self._owner, self.scaler)
         else:
             self.decisions.taken()
 

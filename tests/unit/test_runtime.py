@@ -244,6 +244,28 @@ def test_a_scaler_that_a_framework_steps_counts_its_skips_and_runs_the_guard():
     assert amp.skipped_steps == len(skipped_steps(scales, 2.0**24)) + 1 > 10
 
 
+def test_a_scale_set_between_steps_is_no_step_and_its_scaler_shadows_none_of_torchs_names():
+    # The in-run check sets a scale in place (GradScaler's update(new_scale)); the runtime's
+    # scaler reports updates, and this one must not count as a step taken.
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from scalertune._amp._scaler import sharded_scaler
+
+    model, batch = _model_and_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    amp = AmpRuntime(AmpConfig(init_scale=256.0), device="cpu")
+    amp.train_step(model, opt, nn.functional.mse_loss, batch)
+    amp.reconfigure(AmpConfig(init_scale=256.0, growth_interval=7), scale=32.0)
+    assert amp.steps == 1 and amp.scaler.get_scale() == 32.0
+    amp.train_step(model, opt, nn.functional.mse_loss, batch)
+    assert amp.steps == 2 and amp.scaler.get_growth_interval() == 7
+    for torch_class in (torch.amp.GradScaler, ShardedGradScaler):
+        torchs = set(vars(torch_class("cpu")))
+        ours = set(vars(amp.scaler)) - set(vars(torch.amp.GradScaler("cpu")))
+        assert ours and not ours & torchs, ours & torchs
+    assert issubclass(sharded_scaler(), ShardedGradScaler)
+
+
 def test_a_step_reads_the_device_no_more_than_a_hand_written_amp_step(monkeypatch):
     # GradScaler reads its inf/NaN flag to decide whether to step (and Adam reads its step
     # counts); the runtime's own bookkeeping, skipped steps included, adds no read.
