@@ -85,8 +85,8 @@ def judge(study: optuna.Study, *, storage: str = "", view: StudyView | None = No
     times = references[seed].step_times if seed in references else None
     spread = seed_spread([r.steps_to_target for r in references.values()])
     pool = candidates(ranking, times, settings.clip_norm, settings.noise(spread))
-    phases = phases_of(trials)
-    ruled = ruled_out(trials)
+    phases = phases_of(trials, view.records)
+    ruled = ruled_out(trials, view.records)
     ordered = [c for c in pool if holds(c, phases, settings.windows, ruled)][: _policy.CONFIRM_TOP]
     result = Findings(
         study_name=study.study_name,

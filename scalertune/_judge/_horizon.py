@@ -11,7 +11,7 @@ to the simpler config.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
@@ -19,20 +19,27 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune import _policy
 from scalertune._amp._config import DEFAULTS_BASELINES
 from scalertune._judge import _policy as _judge_policy
-from scalertune._judge._judged import Judged, PhaseFigures
+from scalertune._judge._judged import PhaseFigures
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
+from scalertune._judge._stored import Records, read_records
 from scalertune._storage._names import ROLE_BASELINE, ROLE_PHASE
 from scalertune._storage._trial_record import Job, role_of
 
+#: How a trial's records are read: a search's view keeps them (``StudyView.records``).
+RecordsOf = Callable[[FrozenTrial], Records]
 
-def phases_of(trials: Iterable[FrozenTrial]) -> dict[int, list[PhaseResult]]:
+
+def phases_of(
+    trials: Iterable[FrozenTrial], records: RecordsOf = read_records
+) -> dict[int, list[PhaseResult]]:
     """Run number -> how it did, window by window (finished runs only): its run from step 0
     at the windows that run reached (the stronger evidence: it supersedes a branch there),
     its branches at the others. ``trials`` are sound ones (:func:`~scalertune._judge.
-    _stored.sound`: a run whose stored evidence is damaged is left out before)."""
+    _stored.sound`: a run whose stored evidence is damaged is left out before), each read
+    with ``records`` (a search's: its view's, read once per trial)."""
     found: dict[int, dict[int, PhaseResult]] = {}
-    for _, job, phase in _phase_runs(trials):
+    for job, phase in _phase_runs(trials, records):
         windows = found.setdefault(int(job.of or 0), {})
         if phase.results is not None:  # a run from step 0, or its continuation
             windows.update({p.start: p for p in phase.results})
@@ -42,19 +49,19 @@ def phases_of(trials: Iterable[FrozenTrial]) -> dict[int, list[PhaseResult]]:
 
 
 def _phase_runs(
-    trials: Iterable[FrozenTrial],
-) -> Iterator[tuple[FrozenTrial, Job, PhaseFigures]]:
-    """The finished phase runs among ``trials`` that stored a verdict: each with its job and
-    its verdict (:class:`~scalertune._judge._judged.PhaseFigures`)."""
+    trials: Iterable[FrozenTrial], records: RecordsOf
+) -> Iterator[tuple[Job, PhaseFigures]]:
+    """The finished phase runs among ``trials`` that stored a verdict: each one's job and
+    verdict (:class:`~scalertune._judge._judged.PhaseFigures`)."""
     for trial in trials:
         if role_of(trial) != ROLE_PHASE or trial.state not in (
             TrialState.COMPLETE,
             TrialState.PRUNED,
         ):
             continue
-        phase = Judged.of_trial(trial).phase
-        if phase is not None:
-            yield trial, Job.of_trial(trial), phase
+        read = records(trial)
+        if read.judged.phase is not None:
+            yield read.job, read.judged.phase
 
 
 def holds(
@@ -118,12 +125,14 @@ def ruling(
     return rule
 
 
-def ruled_out(trials: Iterable[FrozenTrial]) -> dict[str, RuledOut]:
+def ruled_out(
+    trials: Iterable[FrozenTrial], records: RecordsOf = read_records
+) -> dict[str, RuledOut]:
     """dtype -> the first run of it that fell behind float32, with its forward at float32's
     weights where it did (see :class:`RuledOut`): trained from step 0, or branched where that
     forward shows the precision failing."""
     out: dict[str, RuledOut] = {}
-    for _, job, phase in _phase_runs(trials):
+    for job, phase in _phase_runs(trials, records):
         if phase.forward is None or job.config is None:
             continue
         if phase.results is not None:

@@ -161,19 +161,27 @@ def store(trial: Any, judged: Judged) -> None:
     reading, which the dashboard shows (the prune reason, a sentence, stays in the first
     and in the trial's note: drawn unwrapped among the attributes, it widened every trial
     page)."""
-    attrs = judged.attrs()
-    set_system_attr(trial, JUDGED_ATTR, attrs)
-    for key, value in attrs.items():
-        if key not in ("prune_reason", _VERSION_KEY):
-            trial.set_user_attr(key, readable(value))
+    set_system_attr(trial, JUDGED_ATTR, judged.attrs())
+    for key, value in shown(judged).items():
+        trial.set_user_attr(key, value)
 
 
-def repeated(trial: FrozenTrial, time_to_target_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What a trial that repeats ``trial``'s run (the recommended trial) stores of its judged
-    record: the user attribute of its time to target (``time_to_target_s``, the repeat's own
-    rounding), and the system attribute as ``trial`` stores it."""
-    stored = trial.system_attrs.get(JUDGED_ATTR, {})
-    return {"time_to_target_s": time_to_target_s}, {JUDGED_ATTR: dict(stored)}
+def shown(judged: Judged) -> dict[str, Any]:
+    """The user attributes the dashboard shows of ``judged``: its figures rounded for
+    reading, without the prune reason and the format's version."""
+    return {
+        key: readable(value)
+        for key, value in judged.attrs().items()
+        if key not in ("prune_reason", _VERSION_KEY)
+    }
+
+
+def repeated(judged: Judged, time_to_target_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a trial that repeats a run judged ``judged`` (the recommended trial) stores of
+    it: the user attributes of its figures, its time to target the repeat's own rounding
+    (``time_to_target_s``), and the system attribute of the full record."""
+    user = {**shown(judged), "time_to_target_s": time_to_target_s}
+    return user, {JUDGED_ATTR: judged.attrs()}
 
 
 def _phase_attrs(phase: PhaseFigures) -> dict[str, Any]:

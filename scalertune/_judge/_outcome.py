@@ -15,8 +15,8 @@ from optuna.trial import FrozenTrial, TrialState
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import DamagedEvidence
-from scalertune._judge._judged import Figures, Judged
-from scalertune._judge._stored import check_trial, sound
+from scalertune._judge._judged import Figures
+from scalertune._judge._stored import Records, checked_trial
 from scalertune._storage._names import (
     LOSSES_ATTR,
     ROLE_BASELINE,
@@ -28,7 +28,7 @@ from scalertune._storage._names import (
     RUN_ROLES,
     SCALES_ATTR,
 )
-from scalertune._storage._trial_record import Job, Marks, role_of
+from scalertune._storage._trial_record import role_of
 
 __all__ = ["Figures", "Outcome", "is_run", "outcomes_of", "read_outcome"]
 
@@ -109,8 +109,7 @@ class Outcome:
         Example:
             >>> outcomes = [Outcome.from_trial(t) for t in study.trials]  # doctest: +SKIP
         """
-        check_trial(trial)
-        return read_outcome(trial)
+        return read_outcome(trial, checked_trial(trial)[0])
 
     @property
     def label(self) -> str:
@@ -159,13 +158,11 @@ class Outcome:
         return skipped, -math.log2(float(low) / _policy.SCALE_FLOOR)
 
 
-def read_outcome(trial: FrozenTrial) -> Outcome:
-    """``trial`` as an :class:`Outcome`, its evidence checked already
-    (:meth:`Outcome.from_trial` checks it first): its records read
-    (:class:`~scalertune._storage._trial_record.Job`,
-    :class:`~scalertune._storage._trial_record.Marks`,
-    :class:`~scalertune._judge._judged.Judged`), its curves decoded."""
-    job, marks, judged = Job.of_trial(trial), Marks.of_trial(trial), Judged.of_trial(trial)
+def read_outcome(trial: FrozenTrial, records: Records) -> Outcome:
+    """``trial`` as an :class:`Outcome`, from ``records``, the records its check read
+    (:func:`~scalertune._judge._stored.checked_trial`: :meth:`Outcome.from_trial` checks it
+    first), its curves decoded."""
+    job, marks, judged = records.job, records.marks, records.judged
     if job.config is None:
         raise DamagedEvidence(f"trial #{trial.number} names no AMP config")
     return Outcome(
@@ -196,5 +193,14 @@ def is_run(trial: FrozenTrial) -> bool:
 
 def outcomes_of(trials: Iterable[FrozenTrial]) -> list[Outcome]:
     """Finished AMP runs (:func:`is_run`), in trial-number order, but runs whose evidence is
-    damaged (:func:`~scalertune._judge._stored.sound`)."""
-    return [read_outcome(t) for t in sound(trials)[0] if is_run(t)]
+    damaged (:func:`~scalertune._judge._stored.checked_trial`), each checked and read once."""
+    out = []
+    for trial in trials:
+        if not is_run(trial):
+            continue
+        try:
+            records = checked_trial(trial)[0]
+        except DamagedEvidence:
+            continue
+        out.append(read_outcome(trial, records))
+    return out

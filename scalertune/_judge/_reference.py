@@ -102,6 +102,14 @@ class Reference:
         """Its last phase window's first step."""
         return max(self.windows)
 
+    def repeated(self, time_to_target_s: float) -> dict[str, Any]:
+        """What a trial that repeats this run (the recommended trial, where float32 is the
+        answer) shows of it: its figures as its own trial shows them, but its role and seed
+        (the repeat's own), and its time to target the repeat's own rounding."""
+        user, _ = self.to_attrs()
+        del user["role"], user["seed"]
+        return {**user, "time_to_target_s": time_to_target_s}
+
     def to_attrs(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The record as its trial stores it: (user attributes, system attributes)."""
         user = {

@@ -61,6 +61,11 @@ def checked_trial(trial: FrozenTrial) -> tuple[Records, Reference | None]:
     return records, None
 
 
+def read_records(trial: FrozenTrial) -> Records:
+    """``trial``'s records, checked (:func:`checked_trial`), where no view keeps them."""
+    return checked_trial(trial)[0]
+
+
 def _check_run(trial: FrozenTrial) -> Records:
     """Each of the trial's records read (:class:`~scalertune._storage._trial_record.Job`,
     :class:`~scalertune._storage._trial_record.Marks`, :class:`~scalertune._judge._judged.Judged`:

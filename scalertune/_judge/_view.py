@@ -32,7 +32,7 @@ from scalertune._judge._outcome import Outcome, is_run, read_outcome
 from scalertune._judge._reference import Reference
 from scalertune._judge._stored import Records, checked_trial
 from scalertune._storage._names import ROLE_REFERENCE
-from scalertune._storage._trial_record import Job, role_of
+from scalertune._storage._trial_record import Job, Marks, role_of
 
 
 class StudyView:
@@ -50,8 +50,8 @@ class StudyView:
 
     def __init__(self, study: optuna.Study) -> None:
         self.study = study
-        #: Finished trial's number -> why its evidence is damaged (``None``: it is sound).
-        self._damage: dict[int, str | None] = {}
+        #: Finished trial's number -> why its evidence is damaged (a sound one: its records).
+        self._damage: dict[int, str] = {}
         #: ... -> its run, and its float32 reference (or why that is damaged).
         self._outcomes: dict[int, Outcome] = {}
         self._references: dict[int, Reference | str] = {}
@@ -82,10 +82,7 @@ class StudyView:
         kept = self._outcomes.get(trial.number) if trial.state.is_finished() else None
         if kept is not None:
             return kept
-        why = self._damaged(trial)
-        if why is not None:
-            raise DamagedEvidence(why)
-        outcome = read_outcome(trial)
+        outcome = read_outcome(trial, self.records(trial))
         if trial.state.is_finished():
             self._outcomes[trial.number] = outcome
         return outcome
@@ -93,13 +90,32 @@ class StudyView:
     def records(self, trial: FrozenTrial) -> Records:
         """``trial``'s records (:class:`~scalertune._judge._stored.Records`), read once when
         it has finished; its damage raised as :class:`~scalertune._errors.DamagedEvidence`."""
-        kept = self._records.get(trial.number) if trial.state.is_finished() else None
-        if kept is not None:
-            return kept
-        why = self._damaged(trial)
-        if why is not None:
-            raise DamagedEvidence(why)
-        return self._records.get(trial.number) or checked_trial(trial)[0]
+        checked = self._checked(trial)
+        if isinstance(checked, str):
+            raise DamagedEvidence(checked)
+        return checked
+
+    def job(self, trial: FrozenTrial) -> Job | None:
+        """``trial``'s job, ``None`` where it is damaged
+        (:meth:`Job.sound <scalertune._storage._trial_record.Job.sound>`): a finished trial's
+        as its check read it, kept."""
+        kept = self._kept(trial)
+        return kept.job if kept is not None else Job.sound(trial)
+
+    def marks(self, trial: FrozenTrial) -> Marks:
+        """``trial``'s marks, none where they are damaged
+        (:meth:`Marks.sound <scalertune._storage._trial_record.Marks.sound>`): a finished
+        trial's as its check read them, kept."""
+        kept = self._kept(trial)
+        return kept.marks if kept is not None else Marks.sound(trial)
+
+    def _kept(self, trial: FrozenTrial) -> Records | None:
+        """A finished trial's records, where its evidence is sound (read once); ``None`` for
+        one still running (a record alone is read then, not the whole check) or damaged."""
+        if not trial.state.is_finished():
+            return None
+        checked = self._checked(trial)
+        return None if isinstance(checked, str) else checked
 
     def outcomes(self, trials: Iterable[FrozenTrial]) -> list[Outcome]:
         """The finished AMP runs among ``trials`` (:func:`~scalertune._judge._outcome.is_run`)
@@ -132,7 +148,7 @@ class StudyView:
             for t in (self.trials((TrialState.COMPLETE,)) if trials is None else trials)
             if t.state == TrialState.COMPLETE
             and role_of(t) == ROLE_REFERENCE
-            and (job := Job.sound(t)) is not None
+            and (job := self.job(t)) is not None
             and job.seed == seed
         ]
 
@@ -161,23 +177,29 @@ class StudyView:
         return damaged
 
     def _damaged(self, trial: FrozenTrial) -> str | None:
-        """Why ``trial``'s evidence is damaged (``None``: it is sound), checked once when it
-        has finished."""
-        if trial.state.is_finished() and trial.number in self._damage:
-            return self._damage[trial.number]
+        """Why ``trial``'s evidence is damaged (``None``: it is sound)."""
+        checked = self._checked(trial)
+        return checked if isinstance(checked, str) else None
+
+    def _checked(self, trial: FrozenTrial) -> Records | str:
+        """``trial``'s records, read in its check, or why its evidence is damaged; checked
+        once when it has finished, at each question while it may still change."""
+        finished = trial.state.is_finished()
+        if finished:
+            kept = self._records.get(trial.number) or self._damage.get(trial.number)
+            if kept is not None:
+                return kept
         try:
             records, reference = checked_trial(trial)
         except DamagedEvidence as exc:
-            why: str | None = str(exc)
-        else:
-            why = None
-            if reference is not None:  # read in the check: kept, not read again
-                self._references.setdefault(trial.number, reference)
-            if trial.state.is_finished():
-                self._records[trial.number] = records
-        if trial.state.is_finished():
-            self._damage[trial.number] = why
-        return why
+            if finished:
+                self._damage[trial.number] = str(exc)
+            return str(exc)
+        if reference is not None:  # read in the check: kept, not read again
+            self._references.setdefault(trial.number, reference)
+        if finished:
+            self._records[trial.number] = records
+        return records
 
 
 def reference_trial(study: optuna.Study, seed: int) -> FrozenTrial | None:

@@ -3,16 +3,12 @@ what the scaler will do over it, what was pruned, the answer and its verdict."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import textwrap
 from typing import Any
 
-from optuna.trial import FrozenTrial
-
 from scalertune._amp._check import CHECK_EVERY
-from scalertune._errors import DamagedEvidence
 from scalertune._judge._findings import Findings
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
@@ -248,28 +244,11 @@ def _job(result: Findings, number: int) -> str:
     """What the run of trial ``number`` was for, in a few words."""
     if result.study is None:
         return "run"
-    job = _sound_job(result.study.trials[number])
+    job = Job.partial(result.study.trials[number])
     role = job.role or "run"
     if job.of is not None:
         return f"{role} of trial #{job.of}, steps {job.start}-{job.end}"
     return role
-
-
-def _sound_job(trial: FrozenTrial) -> Job:
-    """``trial``'s job; where its record is damaged, the fields that are sound, each read
-    alone (the line that names a run still names it)."""
-    try:
-        return Job.of_trial(trial)
-    except DamagedEvidence:
-        pass
-    sound = {}
-    for field in dataclasses.fields(Job):
-        alone = {k: v for k, v in trial.user_attrs.items() if k == field.name}
-        try:
-            sound[field.name] = getattr(Job.read(alone), field.name)
-        except DamagedEvidence:
-            continue
-    return Job(**sound)
 
 
 def _all_tied(result: Findings) -> str | None:

@@ -59,7 +59,7 @@ class Pipeline:
         trials = self.view.trials()
         self.progress.grow(
             sum(t.state == TrialState.WAITING for t in trials)
-            + max(0, self.setup.n_trials - counted_search_trials(trials))
+            + max(0, self.setup.n_trials - counted_search_trials(trials, self.view.marks))
         )
         while True:
             while self._sample_more():
@@ -94,7 +94,7 @@ class Pipeline:
         trials = self.view.trials()
         if any(t.state == TrialState.WAITING for t in trials):
             return True
-        if counted_search_trials(trials) >= self.setup.n_trials:
+        if counted_search_trials(trials, self.view.marks) >= self.setup.n_trials:
             return False
         reason = self._stop_reason(trials)
         if reason is not None:

@@ -11,9 +11,10 @@ that did not hold or was not confirmed).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from scalertune._errors import MissingEvidence
 from scalertune._judge._answer import judge
@@ -21,9 +22,14 @@ from scalertune._judge._judged import repeated
 from scalertune._judge._view import StudyView
 from scalertune._review._verdict import verdict
 from scalertune._search._setup import Setup
-from scalertune._storage._names import CONSTRAINT_ATTR, CONSTRAINTS_ATTR, ROLE_RECOMMENDED
-from scalertune._storage._recovery import WORKER
-from scalertune._storage._trial_record import Job, Marks, Recommendation, role_of
+from scalertune._storage._names import (
+    CONSTRAINT_ATTR,
+    CONSTRAINTS_ATTR,
+    JUDGED_ATTR,
+    ROLE_RECOMMENDED,
+    ROLE_REFERENCE,
+)
+from scalertune._storage._trial_record import Job, Recommendation, role_of
 from scalertune._text import readable
 
 
@@ -42,13 +48,7 @@ def add_recommended(view: StudyView, setup: Setup) -> None:
         value = result.reference_time_to_target
         source = Recommendation(recommends="float32", reference_trial=ref.trial)
     job = Job(ROLE_RECOMMENDED, seed=setup.seed, config=result.config)
-    # what the repeated run shows but who ran it, and what it ran: the answer's own job
-    shown = {
-        k: v
-        for k, v in repeats.user_attrs.items()
-        if k not in job.attrs() and k not in Marks(worker=WORKER).attrs()
-    }
-    shown_time, judged = repeated(repeats, readable(value))
+    shown, judged = _shown(view, repeats, readable(value))
     speedup = result.speedup
     trial = optuna.trial.create_trial(
         state=TrialState.COMPLETE,
@@ -68,11 +68,24 @@ def add_recommended(view: StudyView, setup: Setup) -> None:
                 verdict=verdict(result),
                 speedup_vs_float32=None if speedup is None else round(speedup.point, 3),
             ).attrs(),
-            **shown_time,
         },
         system_attrs={CONSTRAINT_ATTR: 0.0, CONSTRAINTS_ATTR: [0.0], **judged},
     )
     study.add_trial(trial)
+
+
+def _shown(
+    view: StudyView, repeats: FrozenTrial, time_to_target_s: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the recommended trial shows of the run it repeats, read from that run's records,
+    never copied key by key: a run's judged figures (``time_to_target_s`` its own) and what
+    the search noted of it but who ran it; the float32 reference's figures. Then the
+    system attributes of its judged record (``{}`` for the reference, which has none)."""
+    if role_of(repeats) == ROLE_REFERENCE:
+        return view.reference(repeats).repeated(time_to_target_s), {JUDGED_ATTR: {}}
+    records = view.records(repeats)
+    user, system = repeated(records.judged, time_to_target_s)
+    return {**user, **dataclasses.replace(records.marks, worker=None).attrs()}, system
 
 
 def recommended_stored(view: StudyView) -> bool:

@@ -98,7 +98,7 @@ class TrialRunner:
         take(trial)
         role = role_of(trial)
         trials = self.view.trials()
-        if role is None and _surplus(trials, trial.number, self.setup.n_trials):
+        if role is None and _surplus(self.view, trials, trial.number, self.setup.n_trials):
             Job(role=ROLE_SURPLUS).write(trial)
             Marks(
                 error="not run: another worker took the study's last trial slot at the same moment"
@@ -106,7 +106,7 @@ class TrialRunner:
             raise TrialFailed()
         config, seed, role = self._job(trial, role)
         if role == ROLE_SEARCH:
-            original = _finished_twin(self.view.sound(trials)[0], config, seed, trial.number)
+            original = _finished_twin(self.view, trials, config, seed, trial.number)
             if original is not None:
                 return reuse(trial, config, original, self.progress)
         target = self.references.target(seed)
@@ -299,44 +299,47 @@ def _record_params(trial: optuna.Trial, space: SearchSpace) -> None:
 
 
 def _finished_twin(
-    trials: list[FrozenTrial], config: AmpConfig, seed: int, number: int
+    view: StudyView, trials: list[FrozenTrial], config: AmpConfig, seed: int, number: int
 ) -> FrozenTrial | None:
     """A finished run of the same config on the same seed, trained (not itself reused), among
-    ``trials`` whose evidence is sound."""
-    for t in trials:
+    ``trials`` whose evidence is sound (each read once, by ``view``)."""
+    for t in view.sound(trials)[0]:
         if (
             t.number != number
             and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
             and role_of(t) in (ROLE_SEARCH, ROLE_BASELINE)
-            and Marks.of_trial(t).duplicate_of is None
-            and (job := Job.of_trial(t)).seed == seed
-            and job.config == config
+            and (records := view.records(t)).marks.duplicate_of is None
+            and records.job.seed == seed
+            and records.job.config == config
         ):
             return t
     return None
 
 
-def counted_search_trials(trials: list[FrozenTrial]) -> int:
+def counted_search_trials(
+    trials: list[FrozenTrial], marks: Callable[[FrozenTrial], Marks] = Marks.sound
+) -> int:
     """Sampled trials that use up the budget: trained, running or queued, or failed on an
     error of their own (a config can fail: it was tried). Not those lost with a worker, whose
     retries count instead, nor reused duplicates. A just-asked trial has no role yet; count
-    it too."""
+    it too. ``marks`` reads a trial's marks (a search's view keeps a finished trial's)."""
     count = 0
     for t in trials:
-        role, marks = role_of(t), Marks.sound(t)
+        role, noted = role_of(t), marks(t)
         if (
-            (t.state in LIVE or marks.error is not None)
-            and marks.duplicate_of is None
+            (t.state in LIVE or noted.error is not None)
+            and noted.duplicate_of is None
             and (role == ROLE_SEARCH or (role is None and t.state == TrialState.RUNNING))
         ):
             count += 1
     return count
 
 
-def _surplus(trials: list[FrozenTrial], number: int, n_trials: int) -> bool:
+def _surplus(view: StudyView, trials: list[FrozenTrial], number: int, n_trials: int) -> bool:
     """Whether a freshly sampled trial is over the study's budget (a race between workers
     asking at the same moment; trials already counted are those numbered lower)."""
-    return counted_search_trials([t for t in trials if t.number < number]) >= n_trials
+    earlier = [t for t in trials if t.number < number]
+    return counted_search_trials(earlier, view.marks) >= n_trials
 
 
 def _who(job: Job, seed: int) -> str:

@@ -16,9 +16,14 @@ field's stored kind is read from its annotation, so a key is named once, in the 
 study's storage is written by others too: each record's ``read`` checks every value's kind
 (:class:`~scalertune._errors.DamagedEvidence` naming the first that is not what the search
 writes); no other module names a trial's attribute (``tests/unit/test_records.py``), though
-a retry copies the job's attributes as stored and the recommended trial shows the run it
-repeats; :func:`role_of` reads the role alone, where a question needs nothing else (which
-trials are runs, which is a reference).
+a retry copies the job's attributes (:data:`JOB_ATTRS`) as stored; :func:`role_of` reads
+the role alone, where a question needs nothing else (which trials are runs, which is a
+reference).
+
+These records carry no version of their own: their format is the study's. A study a later
+release wrote is refused by its settings' version (:class:`~scalertune.StudySettings`) before
+any of its trials is judged; within a version, a key these readers do not know is left alone,
+and a known key holding another kind of value is damaged evidence.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 from optuna.trial import FrozenTrial, Trial
 
@@ -35,9 +40,37 @@ from scalertune._errors import DamagedEvidence, UsageError
 from scalertune._storage._names import ROLE_PHASE
 from scalertune._storage._store import plain
 
+_R = TypeVar("_R", bound="_UserRecord")
+
+
+class _UserRecord:
+    """What the records stored as a trial's user attributes share: the writer (:meth:`attrs`,
+    :meth:`write`) and the reader (:meth:`read`, :meth:`of_trial`), keyed by the fields'
+    names, each value checked against its field's annotation."""
+
+    def attrs(self) -> dict[str, Any]:
+        """The user attributes that store it (the writer): its fields that are set."""
+        return dict(_set_fields(self))
+
+    def write(self, trial: Any) -> None:
+        """Store the fields that are set on the running ``trial``."""
+        for name, value in self.attrs().items():
+            trial.set_user_attr(name, value)
+
+    @classmethod
+    def read(cls: type[_R], attrs: Mapping[str, Any], where: str = "a trial") -> _R:
+        """The record stored in ``attrs`` (a trial's user attributes), its values checked: a
+        value of another kind is :class:`DamagedEvidence`, naming ``where`` and the key."""
+        return cls(**checked(cls, attrs, where))
+
+    @classmethod
+    def of_trial(cls: type[_R], trial: FrozenTrial | Trial) -> _R:
+        """``trial``'s record (:meth:`read`)."""
+        return cls.read(trial.user_attrs, f"trial #{trial.number}")
+
 
 @dataclasses.dataclass(frozen=True)
-class Job:
+class Job(_UserRecord):
     """What a trial runs: the user attributes a queued trial is made with (``None``: not
     stored). A trial the sampler chose stores ``role``, ``config`` and ``seed``."""
 
@@ -63,21 +96,17 @@ class Job:
     continues: str | None = None
 
     def attrs(self) -> dict[str, Any]:
-        """The user attributes that store it (the writer): its fields that are set."""
+        """The user attributes that store it (the writer): its fields that are set, its
+        config as plain data."""
         return {
             name: value.to_dict() if isinstance(value, AmpConfig) else value
             for name, value in _set_fields(self)
         }
 
-    def write(self, trial: Any) -> None:
-        """Store the job on the running ``trial`` (a trial the sampler chose, or a surplus)."""
-        for name, value in self.attrs().items():
-            trial.set_user_attr(name, value)
-
     @classmethod
     def read(cls, attrs: Mapping[str, Any], where: str = "a trial") -> Job:
-        """The job stored in ``attrs`` (a trial's user attributes), its values checked: a
-        value of another kind is :class:`DamagedEvidence`, naming ``where`` and the key."""
+        """The job stored in ``attrs``, its values checked (:meth:`_UserRecord.read`), its
+        config an AMP config and its checkpoints' names plain file names."""
         values = checked(cls, attrs, where)
         config = attrs.get("config")
         if config is not None:
@@ -91,11 +120,6 @@ class Job:
         return cls(**values)
 
     @classmethod
-    def of_trial(cls, trial: FrozenTrial | Trial) -> Job:
-        """``trial``'s job (:meth:`read`)."""
-        return cls.read(trial.user_attrs, f"trial #{trial.number}")
-
-    @classmethod
     def sound(cls, trial: FrozenTrial) -> Job | None:
         """``trial``'s job, or ``None`` where it is damaged (a pass over every trial that
         leaves damaged ones to the check)."""
@@ -103,6 +127,23 @@ class Job:
             return cls.of_trial(trial)
         except DamagedEvidence:
             return None
+
+    @classmethod
+    def partial(cls, trial: FrozenTrial) -> Job:
+        """``trial``'s job; where it is damaged, the fields that are sound, each read alone
+        (a line that names a run still names it)."""
+        try:
+            return cls.of_trial(trial)
+        except DamagedEvidence:
+            pass
+        sound = {}
+        for name in JOB_ATTRS:
+            try:
+                value = cls.read({name: trial.user_attrs.get(name)})
+            except DamagedEvidence:
+                continue
+            sound[name] = getattr(value, name)
+        return cls(**sound)
 
     def same(self, other: Job, fields: tuple[str, ...]) -> bool:
         """Whether ``other`` is the same run as this by ``fields`` (a queued job's key)."""
@@ -116,7 +157,7 @@ class Job:
 
 
 @dataclasses.dataclass(frozen=True)
-class Marks:
+class Marks(_UserRecord):
     """What the search noted as a trial ended (``None``: not noted)."""
 
     #: ``host:pid`` of the worker running it: the first thing written to a trial it takes.
@@ -132,24 +173,6 @@ class Marks:
     overflow_module: str | None = None
     overflow_islands: str | None = None
 
-    def attrs(self) -> dict[str, Any]:
-        """The user attributes that store it (the writer): its fields that are set."""
-        return dict(_set_fields(self))
-
-    def write(self, trial: Any) -> None:
-        """Store the marks that are set on the running ``trial``."""
-        for name, value in self.attrs().items():
-            trial.set_user_attr(name, value)
-
-    @classmethod
-    def read(cls, attrs: Mapping[str, Any], where: str = "a trial") -> Marks:
-        """The marks stored in ``attrs``, their values checked (as :meth:`Job.read`)."""
-        return cls(**checked(cls, attrs, where))
-
-    @classmethod
-    def of_trial(cls, trial: FrozenTrial | Trial) -> Marks:
-        return cls.read(trial.user_attrs, f"trial #{trial.number}")
-
     @classmethod
     def sound(cls, trial: FrozenTrial) -> Marks:
         """``trial``'s marks, none where they are damaged (a pass over every trial that
@@ -161,7 +184,7 @@ class Marks:
 
 
 @dataclasses.dataclass(frozen=True)
-class Recommendation:
+class Recommendation(_UserRecord):
     """What the recommended trial (the study's answer, role ``recommended``) stores of its
     own beside the job and figures of the run it repeats."""
 
@@ -172,19 +195,6 @@ class Recommendation:
     #: The summary's verdict, and the speedup against float32 it rests on.
     verdict: str | None = None
     speedup_vs_float32: float | None = None
-
-    def attrs(self) -> dict[str, Any]:
-        """The user attributes that store it (the writer): its fields that are set."""
-        return dict(_set_fields(self))
-
-    @classmethod
-    def read(cls, attrs: Mapping[str, Any], where: str = "a trial") -> Recommendation:
-        """The recommendation stored in ``attrs``, its values checked (as :meth:`Job.read`)."""
-        return cls(**checked(cls, attrs, where))
-
-    @classmethod
-    def of_trial(cls, trial: FrozenTrial | Trial) -> Recommendation:
-        return cls.read(trial.user_attrs, f"trial #{trial.number}")
 
 
 @dataclasses.dataclass(frozen=True)

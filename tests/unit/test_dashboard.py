@@ -405,3 +405,45 @@ def test_dashboard_on_loopback_says_nothing_of_who_can_read_it(tmp_path):
         f"error: cannot serve at 127.0.0.1:{port}: Address already in use: pass another "
         "--host or --port"
     )
+
+
+def test_the_recommended_trial_shows_its_runs_figures_and_none_of_that_runs_job(storage):
+    """A real search's recommended trial: the figures of the run it repeats (its judged
+    record, in full in the system attribute, rounded in the user attributes) and the answer's
+    own job, never the repeated run's (a baseline's name, a branch's window)."""
+    from conftest import spec
+
+    import scalertune
+    from scalertune._judge._judged import Judged
+    from scalertune._judge._view import StudyView
+    from scalertune._search._recommended import _shown
+    from scalertune._storage._names import JUDGED_ATTR
+    from scalertune._storage._trial_record import JOB_ATTRS, Job, Recommendation
+
+    scalertune.search(
+        spec("healthy"), storage=storage, study_name="rec", n_trials=3, steps=40, device="cpu"
+    )
+    study = optuna.load_study(study_name="rec", storage=storage)
+    (rec,) = [t for t in study.trials if t.user_attrs.get("role") == "recommended"]
+    source = Recommendation.of_trial(rec)
+    job = Job.of_trial(rec)
+    assert (
+        {k for k in rec.user_attrs if k in JOB_ATTRS}
+        == set(job.attrs())
+        == {
+            "role",
+            "seed",
+            "config",
+        }
+    )
+    assert source.recommends == "float32"  # on a CPU, float16 and bfloat16 are slower
+    assert rec.user_attrs["target_loss"] == study.trials[0].user_attrs["target_loss"]
+    # where an AMP run is the answer: a baseline's, shown without its name and its worker
+    view = StudyView(study)
+    (run,) = [t for t in study.trials if t.user_attrs.get("baseline") == "pytorch-default"]
+    shown, system = _shown(view, run, 1.5)
+    assert not set(shown) & set(JOB_ATTRS) and "worker" in run.user_attrs
+    assert "worker" not in shown and shown["time_to_target_s"] == 1.5
+    assert shown["steps_run"] == run.user_attrs["steps_run"]
+    assert Judged.read(system[JUDGED_ATTR]) == Judged.of_trial(run)
+    assert rec.value == rec.user_attrs["time_to_target_s"]

@@ -10,11 +10,13 @@ import pytest
 
 import scalertune
 from scalertune._judge._judged import Figures, Judged, PhaseFigures
-from scalertune._storage._trial_record import Job, Marks, Recommendation
+from scalertune._storage import _names
+from scalertune._storage._trial_record import RETRY_ATTRS, Job, Marks, Recommendation
 
 PACKAGE = os.path.dirname(scalertune.__file__)
 
-#: Every attribute a trial of a study stores of itself: the fields of its records.
+#: Every attribute a trial of a study stores of itself: the fields of its records (user
+#: attributes), and the system attributes Optuna's retries and the search store.
 TRIAL_KEYS = frozenset(
     [f.name for f in dataclasses.fields(Job)]
     + [f.name for f in dataclasses.fields(Marks)]
@@ -22,43 +24,61 @@ TRIAL_KEYS = frozenset(
     + [f.name for f in dataclasses.fields(Figures)]
     + [f.name for f in dataclasses.fields(Judged) if f.name not in ("figures", "phase")]
     + [f"phase_{f.name}" for f in dataclasses.fields(PhaseFigures)]
+    + list(RETRY_ATTRS)
+    + [v for k, v in vars(_names).items() if k.endswith("_ATTR") and isinstance(v, str)]
 )
 
-#: The modules that write and read the records (and the float32 reference's, its own).
+#: The modules that write and read the records (and the float32 reference's, its own), and
+#: the one that names the system attributes.
 RECORD_MODULES = {
     os.path.join("_storage", "_trial_record.py"),
+    os.path.join("_storage", "_names.py"),
     os.path.join("_judge", "_judged.py"),
     os.path.join("_judge", "_reference.py"),
 }
 
-#: Modules where one of those words is a key of something else, never a trial's attribute.
+#: Module -> the words of those that are keys of something else there, never a trial's
+#: attribute. Only these: any other trial key a module names is found.
 OTHER_MEANINGS = {
     # the result file's own blocks (config, evidence.seed...), written and read with the
     # YAML's schema
-    os.path.join("_amp", "_schema.py"),
-    os.path.join("_review", "_document.py"),
+    os.path.join("_amp", "_schema.py"): {"config", "final_scale", "min_scale", "skipped_steps"},
+    os.path.join("_review", "_document.py"): {
+        "config",
+        "final_scale",
+        "loss_vs_float32",
+        "min_scale",
+        "missing",
+        "of",
+        "skipped_steps",
+        "speedup_vs_float32",
+        "step_time_s",
+        "steps_to_target",
+        "time_to_target_s",
+        "verdict",
+    },
     # a runtime's own state_dict (the config it trains with now)
-    os.path.join("_amp", "_runtime.py"),
+    os.path.join("_amp", "_runtime.py"): {"config"},
     # a DeepSpeed config's keys (min_loss_scale ...) and the study's settings (seed)
-    os.path.join("_export", "_deepspeed.py"),
-    os.path.join("_export", "_api.py"),
-    os.path.join("_frameworks", "_deepspeed.py"),
-    os.path.join("_judge", "_settings.py"),
+    os.path.join("_export", "_deepspeed.py"): {"config", "min_scale"},
+    os.path.join("_export", "_api.py"): {"config"},
+    os.path.join("_frameworks", "_deepspeed.py"): {"config"},
+    os.path.join("_judge", "_settings.py"): {"seed"},
     # the range of a search's options, a failure's kind, torchao's own config objects
-    "_limits.py",
-    os.path.join("_processes", "_protocol.py"),
-    os.path.join("_export", "_torchao.py"),
-    os.path.join("_amp", "_torchao_private.py"),
-    # a run's own in-process record and a real run's record of its checks
-    os.path.join("_run", "_record.py"),
-    os.path.join("_inrun", "_run_record.py"),
-    os.path.join("_inrun", "_build.py"),
+    "_limits.py": {"seed"},
+    os.path.join("_processes", "_protocol.py"): {"missing"},
+    os.path.join("_export", "_torchao.py"): {"config"},
+    os.path.join("_amp", "_torchao_private.py"): {"config"},
+    # a run's own in-process record and the in-run check's config
+    os.path.join("_run", "_record.py"): {"config"},
+    os.path.join("_inrun", "_build.py"): {"config"},
 }
 
 
 def _named_keys(path):
     """(line, key) for each string literal of a trial key used as a mapping's key there: a
-    subscript, a ``get``/``pop``/``setdefault``/``set_user_attr`` argument, an ``in`` test,
+    subscript, a ``get``/``pop``/``setdefault``/``set_user_attr``/``set_system_attr``
+    argument (the search's own ``set_system_attr(trial, key, value)`` too), an ``in`` test,
     a dict literal's key."""
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read())
@@ -72,14 +92,20 @@ def _named_keys(path):
         if isinstance(node, ast.Subscript):
             key(node.slice)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if node.func.attr in ("get", "pop", "setdefault", "set_user_attr") and node.args:
+            if node.func.attr in _SETTERS and node.args:
                 key(node.args[0])
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == "set_system_attr" and len(node.args) > 1:
+                key(node.args[1])
         elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
             key(node.left)
         elif isinstance(node, ast.Dict):
             for k in node.keys:
                 key(k)
     return found
+
+
+_SETTERS = ("get", "pop", "setdefault", "set_user_attr", "set_system_attr")
 
 
 def _sources():
@@ -94,7 +120,14 @@ def test_no_module_names_a_trials_attribute_outside_the_record_modules():
     named = {
         relative: keys
         for relative, path in _sources()
-        if relative not in RECORD_MODULES | OTHER_MEANINGS and (keys := _named_keys(path))
+        if relative not in RECORD_MODULES
+        and (
+            keys := [
+                (line, k)
+                for line, k in _named_keys(path)
+                if k not in OTHER_MEANINGS.get(relative, ())
+            ]
+        )
     }
     assert not named, "\n".join(f"{p}: {keys}" for p, keys in named.items())
 
@@ -108,6 +141,12 @@ def test_the_scan_finds_a_trials_attribute_read_by_its_name(tmp_path):
         "    return attrs['role'], attrs.get('seed'), 'error' in attrs, {'of': 1}\n"
     )
     assert sorted(k for _, k in _named_keys(source)) == ["error", "of", "role", "seed"]
+    source.write_text(
+        "def mark(trial, study):\n"
+        "    set_system_attr(trial, 'scalertune.judged', {})\n"
+        "    study.set_system_attr('failed_trial', 3)\n"
+    )
+    assert sorted(k for _, k in _named_keys(source)) == ["failed_trial", "scalertune.judged"]
 
 
 @pytest.mark.parametrize("record", [Job, Marks, Recommendation, Figures, PhaseFigures])

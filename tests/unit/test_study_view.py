@@ -13,19 +13,31 @@ from optuna.trial import TrialState
 import scalertune
 from scalertune._judge import _stored
 from scalertune._judge._answer import judge
+from scalertune._judge._judged import Judged
 from scalertune._judge._reference import Reference
 from scalertune._judge._view import StudyView
 from scalertune._storage._names import ROLE_SEARCH
+from scalertune._storage._trial_record import Job, Marks
 
 STEPS = 40
 
 
 @pytest.fixture
 def checks(monkeypatch):
-    """Trial number -> how often its evidence was checked while finished, and the float32
-    references read, counted where every check and every read goes through."""
-    counts = {"checked": collections.Counter(), "references": 0}
+    """Trial number -> how often its evidence was checked while finished, (record, trial
+    number) -> how often a finished trial's record was read, and the float32 references
+    read, counted where every check and every read goes through."""
+    counts = {"checked": collections.Counter(), "references": 0, "read": collections.Counter()}
     check_run, from_trial = _stored._check_run, Reference.from_trial.__func__
+    for record in (Job, Marks, Judged):
+        of_trial = record.of_trial.__func__
+
+        def counting_of_trial(cls, trial, of_trial=of_trial):
+            if isinstance(trial, optuna.trial.FrozenTrial) and trial.state.is_finished():
+                counts["read"][cls.__name__, trial.number] += 1
+            return of_trial(cls, trial)
+
+        monkeypatch.setattr(record, "of_trial", classmethod(counting_of_trial))
 
     def counting_check(trial):
         if trial.state.is_finished():
@@ -79,16 +91,21 @@ def test_a_second_decision_checks_only_the_trial_that_finished_since(storage, ch
     study = _search(storage)
     view = StudyView(study)
     checks["checked"].clear()
+    checks["read"].clear()
     checks["references"] = 0
     first = judge(study, view=view)
     assert checks["checked"] == {t.number: 1 for t in study.trials}
+    # each record read in the check, and only there: judging reads what the check kept
+    assert set(checks["read"].values()) == {1}
     assert checks["references"] == len(first.references)  # read in the check, kept
 
     checks["checked"].clear()
+    checks["read"].clear()
     checks["references"] = 0
     new = _one_more_run(study)
     second = judge(study, view=view)
     assert dict(checks["checked"]) == {new: 1}
+    assert dict(checks["read"]) == {(r, new): 1 for r in ("Job", "Marks", "Judged")}
     assert checks["references"] == 0
     # and the view changes no judgement: a judge that reads everything afresh agrees
     assert second == judge(study)
@@ -102,3 +119,6 @@ def test_a_search_checks_each_finished_trial_once_and_its_result_once_more(stora
     finished = [t.number for t in study.trials if t.state.is_finished()]
     assert len(finished) > 6
     assert max(checks["checked"].values()) <= 2, checks["checked"]
+    # and each of its records as often: no pass over the trials (the twin, the budget, the
+    # float32 references) reads one again
+    assert max(checks["read"].values()) <= 2, checks["read"]
