@@ -217,3 +217,17 @@ def test_a_retry_chain_reads_as_optuna_writes_it_and_a_damaged_one_as_its_own_ch
     assert Retry.sound(trial(retry_history="34")) == Retry()
     assert Retry(3, (3, 4)).attrs() == {"failed_trial": 3, "retry_history": [3, 4]}
     assert Retry().attrs() == {}
+
+
+def test_a_damaged_job_read_in_part_keeps_the_fields_that_are_sound():
+    """Where a line must still name a run (the summary's), a job with one damaged value
+    reads its other fields; a sound job reads whole."""
+    import optuna
+
+    def trial(**attrs):
+        return optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs=attrs)
+
+    damaged = trial(role="phase", of=4, start="zero", end=400, config={"dtype": "int4"})
+    assert Job.partial(damaged) == Job(role="phase", of=4, end=400)
+    sound = Job("phase", seed=1, of=4, start=0, end=400)
+    assert Job.partial(trial(**sound.attrs())) == sound
