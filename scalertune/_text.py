@@ -31,16 +31,19 @@ def readable(value: Any, digits: int = READABLE_DIGITS) -> Any:
     """``value`` with every float rounded to ``digits`` significant digits, for reading.
 
     Containers are rounded element-wise; ints, bools, strings and ``None`` pass unchanged, and
-    so do non-finite floats. Full precision stays in what the search stores and in
+    so do non-finite floats and powers of two (a loss scale of 2**16 reads 65536, not a
+    65540 that looks moved). Full precision stays in what the search stores and in
     ``scalertune report --json``.
 
         >>> readable(0.0030449795900123)
         0.003045
-        >>> readable({"min_scale": 0.001953125, "skipped_steps": 25})
-        {'min_scale': 0.001953, 'skipped_steps': 25}
+        >>> readable({"min_scale": 224873.125, "final_scale": 65536.0, "skipped_steps": 25})
+        {'min_scale': 224900.0, 'final_scale': 65536.0, 'skipped_steps': 25}
     """
     if isinstance(value, float):
-        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+        if not math.isfinite(value) or (value and math.frexp(value)[0] in (0.5, -0.5)):
+            return value
+        return float(f"{value:.{digits}g}")
     if isinstance(value, dict):
         return {k: readable(v, digits) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -214,14 +214,20 @@ def _answer_lines(result: Findings) -> list[str]:
     if best is not None:
         seeds = [best.seed, *sorted(result.confirmations.get(best.number, {}))]
         holds = f"; {evidence_of(result, best)}" if result.long else ""
+        speed = result.speedup
+        device = result.settings.device
+        said = (
+            speed.verdict(device, note=False)
+            if speed is not None
+            else f"not faster than float32 beyond the noise on {device}"
+        )
         lines += [
             "",
             f"**Best AMP config that holds:** ☆ trial {best.number}, "
             f"`{best.config.describe()}`, confirmed on seeds "
-            f"{', '.join(map(str, seeds))}: {describe_outcome(best)}{holds}. Not "
-            f"faster than float32 beyond the noise on {result.settings.device}"
-            "; on a GPU, use it (`evidence.best_amp` in the YAML) or run the search "
-            "there.",
+            f"{', '.join(map(str, seeds))}: {describe_outcome(best)}{holds}. "
+            f"{said[0].upper()}{said[1:]}; on a GPU, use it (`evidence.best_amp` in the "
+            "YAML) or run the search there.",
         ]
     return lines
 

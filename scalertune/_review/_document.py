@@ -61,9 +61,9 @@ def evidence(result: Findings) -> dict[str, Any]:
         # the model searched (its parameters' names and shapes), which load and attach check
         **({"model": dict(settings.model)} if settings.model is not None else {}),
         "verdict": verdict(result),
-        "speedup_vs_float32": _speedup(result, result.best_amp),
     }
-    if rec is not None:
+    if rec is not None:  # the answer's speed; a float32 answer's AMP speed is best_amp's
+        out["speedup_vs_float32"] = _speedup(result, rec)
         out.update(_run_block(result, rec))
     if result.best_amp is not None:
         out["best_amp"] = {

@@ -49,7 +49,8 @@ def add_recommended(view: StudyView, setup: Setup) -> None:
         source = Recommendation(recommends="float32", reference_trial=ref.trial)
     job = Job(ROLE_RECOMMENDED, seed=setup.seed, config=result.config)
     shown, judged = _shown(view, repeats, readable(value))
-    speedup = result.speedup
+    # the answer's speed against float32: none of its own where the answer is float32
+    speedup = result.speedup if result.recommended is not None else None
     trial = optuna.trial.create_trial(
         state=TrialState.COMPLETE,
         value=float(readable(value)),

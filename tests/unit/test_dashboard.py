@@ -215,9 +215,16 @@ def _phase_trial(study, of, start):
 
 def test_readable_rounds_floats_for_reading_and_leaves_the_rest():
     assert readable(0.0030449795900123) == 0.003045
+    # a loss scale that stayed at 2**16 must not read 65540, as if it had moved
+    assert readable([65536.0, 2.0**-9, -(2.0**40), 65537.0]) == [
+        65536.0,
+        0.001953125,
+        -(2.0**40),
+        65540.0,
+    ]
     assert readable(
         {
-            "min_scale": 0.001953125,
+            "min_scale": 0.0019531,
             "skipped_steps": 25,
             "role": "search",
             "steps_to_target": None,
