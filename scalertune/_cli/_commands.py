@@ -211,7 +211,8 @@ def _report(args: argparse.Namespace) -> int:
     args.storage = storage_url(args.storage)
     if args.trial is not None and not args.output:
         raise UsageError("--trial N writes trial N's YAML: give --output FILE too")
-    _check_study_name(args.study_name)
+    if args.study_name is not None:
+        _check_study_name(args.study_name)
     _check_storage_and_output(args.storage, args.output, args.artifact_dir, {})
     study = load_existing_study(args.storage, args.study_name)
     if args.output and args.trial is None:  # its pictures go to the study's store

@@ -365,7 +365,7 @@ def _report(sub: Any) -> None:
     r = sub.add_parser(
         "report", help="summarise a study from its storage", description=_help.REPORT_DESCRIPTION
     )
-    _storage_arguments(r, study_required=True)
+    _storage_arguments(r, study_help="the study (default: the storage's only study)")
     r.add_argument(
         "--output",
         "-o",
@@ -414,13 +414,12 @@ def _device_argument(p: argparse.ArgumentParser, help_text: str) -> None:
 def _storage_arguments(
     p: argparse.ArgumentParser,
     *,
-    study_required: bool = False,
-    study_help: str = "the study (default for search: FILE_STEM:FUNCTION of the factory)",
+    study_help: str = "the study (default: FILE_STEM:FUNCTION of the factory)",
 ) -> None:
     p.add_argument(
         "--storage", default=DEFAULT_STORAGE, metavar="URL|FILE", help=_help.STORAGE_HELP
     )
-    p.add_argument("--study-name", required=study_required, metavar="NAME", help=study_help)
+    p.add_argument("--study-name", metavar="NAME", help=study_help)
 
 
 def _version() -> str:

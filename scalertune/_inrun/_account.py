@@ -25,10 +25,14 @@ def describe(record: RunRecord) -> str:
     if checks:
         first, last = checks[0], checks[-1]
         worst = max(checks, key=lambda c: c.ratio)
+        when = (
+            f"1 check at step {first.step:,}"
+            if len(checks) == 1
+            else f"{len(checks)} checks from step {first.step:,} to {last.step:,}"
+        )
         lines.append(
-            f"  {len(checks)} checks from step {first.step:,} to {last.step:,}: loss over "
-            f"float32's at the same weights {last.ratio:.3g}x at the last, "
-            f"{worst.ratio:.3g}x at worst (step {worst.step:,})"
+            f"  {when}: loss over float32's at the same weights {last.ratio:.3g}x at the "
+            f"last, {worst.ratio:.3g}x at worst (step {worst.step:,})"
         )
     else:
         lines.append("  no check yet (the loss goes through amp.loss or amp.train_step)")

@@ -143,16 +143,22 @@ class Target:
             >>> Target.from_reference([1.0] * 20).check_learned(20)
             Traceback (most recent call last):
             ...
-            scalertune._errors.UsageError: the float32 reference did not learn in 20 steps ...
+            scalertune._errors.UsageError: the float32 reference did not learn enough in 20 ...
         """
         if self.reference_learned:
             return
+        start, final = self.reference_start, self.reference_final
+        fell = (
+            f"fell only {100 * (start - final) / abs(start):.2g}%"
+            if start > final and start
+            else "did not fall"
+        )
         raise UsageError(
-            f"the float32 reference did not learn in {steps} steps (smoothed loss "
-            f"{self.reference_start:.4g} -> {self.reference_final:.4g}, noise "
-            f"{self.reference_noise:.3g}; the target, {self.loss:.4g}, must lie below where it "
-            "started), so no run can be judged against it: raise --steps or the learning rate, "
-            "or check the workload's loss and data"
+            f"the float32 reference did not learn enough in {steps} steps to judge runs "
+            f"against: its smoothed loss {fell} ({start:.4g} -> {final:.4g}, noise "
+            f"{self.reference_noise:.3g}), and the target, its end plus the tolerance "
+            f"({self.loss:.4g}), must lie below where it started: raise --steps or the "
+            "learning rate, or check the workload's loss and data"
         )
 
     def steps_to_target(self, losses: Sequence[float]) -> int | None:

@@ -99,5 +99,6 @@ def replay_agreement(result: Findings) -> str | None:
         agree += abs(predicted.skipped_steps - real) <= skip_tolerance(real)
     return (
         f"Replay check: the predicted skipped steps of {agree} of {len(runs)} float16 "
-        "runs match what they really skipped, within max(2, 20%)"
+        f"runs on seed {result.settings.seed} (the seed whose gradients the replay traced) "
+        "match what they really skipped, within max(2, 20%)"
     )

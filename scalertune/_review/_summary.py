@@ -152,7 +152,13 @@ def _rows(result: Findings, top: int) -> list[tuple[str, ...]]:
         rows.append(_row(result.float32_clip.label, result.float32_clip))
     for name, outcome in result.baselines.items():
         rows.append(_row(name, outcome))
-    searched = [o for o in result.ranking if o.role == ROLE_SEARCH and o.state == "complete"]
+    # the runs that reached the target in the order they were judged (a tie goes to the more
+    # stable, then the simpler config, as the summary's Tied line says), then the others
+    judged = {o.number: i for i, o in enumerate(result.pool)}
+    searched = sorted(
+        (o for o in result.ranking if o.role == ROLE_SEARCH and o.state == "complete"),
+        key=lambda o: judged.get(o.number, len(judged)),
+    )
     others = [o for o in result.ranking if o.role not in (ROLE_SEARCH, "baseline")]
     for outcome in [*others, *searched[:top]]:
         rows.append(_row(outcome.label, outcome))

@@ -410,8 +410,14 @@ def load_existing_study(url: str, study_name: str | None) -> Any:
     storage = open_storage(url, must_exist=True)
     if study_name is None:
         names = optuna.get_all_study_names(storage=storage)
-        if len(names) != 1:
-            raise UsageError(f"{redact(url)} holds {len(names)} studies: name the study to use")
+        if not names:
+            raise UsageError(f"{redact(url)} holds no study: run scalertune search first")
+        if len(names) > 1:
+            listed = ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
+            raise UsageError(
+                f"{redact(url)} holds {len(names)} studies ({listed}): name one with "
+                "--study-name"
+            )
         study_name = names[0]
     try:
         return optuna.load_study(study_name=study_name, storage=storage)

@@ -144,6 +144,19 @@ def test_a_study_written_before_the_record_reports_as_it_did(v1, name):
     assert settings.long == (name == "long") and settings.instance
 
 
+def test_report_reads_a_storages_only_study_without_its_name_and_names_them_where_several(v1):
+    ran = run_cli("report", "--storage", V1_JOURNAL, cwd=v1)
+    assert ran.returncode == 2 and ran.stdout == ""
+    assert ran.stderr.strip().splitlines()[-1].endswith(
+        "holds 2 studies (long, short): name one with --study-name"
+    ), ran.stderr
+    optuna.delete_study(study_name="long", storage=open_storage(str(v1 / V1_JOURNAL)))
+    ran = run_cli("report", "--storage", V1_JOURNAL, cwd=v1)
+    assert ran.returncode == 0, ran.stderr
+    with open(os.path.join(DATA, "study_v1.short.summary.txt"), encoding="utf-8") as f:
+        assert ran.stdout == f.read()
+
+
 def test_the_horizon_picture_says_of_a_finalist_without_evidence_what_the_summary_says(v1):
     """The long study's answer held with its first finalist: the others were not needed.
     The summary's phases table says "not run" of them, and so does the picture's legend."""
