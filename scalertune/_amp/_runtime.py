@@ -418,12 +418,18 @@ class AmpRuntime:
         """Train under ``config`` from the next step on (the in-run check's action).
 
         Its float32 islands are added to the prepared models and its scaler knobs set in place;
-        a float32 ``config`` disables the scaler, and every later step is taken. Only the
-        islands, the dtype (to float32) and the knobs may change.
+        a float32 ``config`` disables the scaler, and every later step is taken; a config with
+        a scaler after it enables the scaler again (a run rolled back to a checkpoint from
+        before, :meth:`load_state_dict`). Only the islands, the dtype (to float32 and back)
+        and the knobs may change.
 
         Args:
             config: The config to train with from now on.
             scale: The loss scale to set with the knobs; ``None`` keeps the current one.
+
+        Raises:
+            UsageError: ``config`` needs a loss scaler and this runtime was made without one
+                (bfloat16, float32).
 
         Example:
             >>> import scalertune

@@ -29,8 +29,15 @@ from typing import Any, Protocol
 import torch
 
 from scalertune._amp._config import AmpConfig
-from scalertune._amp._torch_private import live_scale, optimizer_states, start_at, switch_off
+from scalertune._amp._torch_private import (
+    live_scale,
+    optimizer_states,
+    start_at,
+    switch_off,
+    switch_on,
+)
 from scalertune._amp._watch import STARTUP_GAP
+from scalertune._errors import UsageError
 
 
 class StepListener(Protocol):
@@ -79,6 +86,15 @@ class _Reporting:
             self.update(new_scale=float(scale))
         finally:
             self._quiet = False
+
+    def switch_on(self) -> bool:
+        """Enable it again after :meth:`switch_off` (a run rolled back to a checkpoint from
+        before its fall back to float32); whether it could: only one made enabled can."""
+        if not self._reports:
+            return False
+        switch_on(self)  # type: ignore[arg-type]
+        self._enabled_here = True
+        return True
 
     def switch_off(self) -> None:
         """Disable it for good: ``scale`` returns the loss as it is, ``step`` steps; each
@@ -139,6 +155,11 @@ def set_knobs(
     if config is None:
         scaler.switch_off()
         return
+    if not scaler.is_enabled() and not scaler.switch_on():
+        raise UsageError(
+            f"this runtime was made without a loss scaler, so it cannot train {config.dtype} "
+            "with one: make a new AmpRuntime (or scalertune.load) for this config"
+        )
     scaler.set_growth_factor(config.growth_factor)
     scaler.set_backoff_factor(config.backoff_factor)
     scaler.set_growth_interval(config.growth_interval)

@@ -63,13 +63,16 @@ class LossScaler:
 
     def fit(self, model: torch.nn.Module, config: AmpConfig) -> None:
         """Take the scaler ``model`` needs (``ShardedGradScaler`` for FSDP1: see
-        :func:`~scalertune._amp._scaler.scaler_class`), made from ``config``; before the
-        first step only."""
-        if self.decisions.steps != 0:
+        :func:`~scalertune._amp._scaler.scaler_class`), made from ``config``, while the one
+        it has has scaled no loss in this process: a checkpoint's state, or a scale set,
+        carries over to it."""
+        if not self.decides or live_scale(self.scaler) is not None:
             return
         kind = scaler_class(model)
         if type(self.scaler) is not kind:
+            state = self.scaler.state_dict()  # loaded from a checkpoint, or set: kept
             self.scaler = self._made(kind, config)
+            self.scaler.load_state_dict(state)
 
     def step(
         self, amp: Any, optimizer: torch.optim.Optimizer, clip: Clip | None
@@ -133,12 +136,18 @@ class LossScaler:
 
     def configure(self, config: AmpConfig, *, scale: float | None) -> None:
         """Set ``config``'s knobs (and ``scale``, where given) in place; a config without a
-        scaler (float32) disables it for good."""
-        if config.uses_scaler and self.decides:
-            set_knobs(self.scaler, config, scale=scale)
+        scaler (float32) disables it, a config with one enables it again (a run rolled back to
+        a checkpoint from before its fall back to float32)."""
+        if self.engine.needed:  # the engine's own scaler: nothing of the GradScaler's
+            return
+        if config.uses_scaler:
+            set_knobs(self.scaler, config, scale=scale)  # back on, after float32 (a rollback)
+            self.decides = True
+            self._initial = torch.full((), config.init_scale, device=self.device)
         elif self.decides:
             set_knobs(self.scaler, None)  # float32 from now on: no scaler
             self.decides, self.decisions.last = False, True  # every later step is taken
+            self._initial = torch.ones((), device=self.device)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of it: the scaler's state (``{}`` for a disabled

@@ -49,6 +49,12 @@ def switch_off(scaler: torch.amp.GradScaler) -> None:
     scaler._enabled = False  # noqa: SLF001 - GradScaler has no public switch after it is made
 
 
+def switch_on(scaler: torch.amp.GradScaler) -> None:
+    """Enable again a scaler made enabled and then switched off (:func:`switch_off`): its
+    scale and growth tracker are where they were."""
+    scaler._enabled = True  # noqa: SLF001 - GradScaler has no public switch after it is made
+
+
 def optimizer_states(scaler: torch.amp.GradScaler) -> Any:
     """What ``unscale_`` and ``step`` record per optimizer (by ``id``) this step."""
     return scaler._per_optimizer_states  # noqa: SLF001 - GradScaler keeps no public record

@@ -415,8 +415,7 @@ def load_existing_study(url: str, study_name: str | None) -> Any:
         if len(names) > 1:
             listed = ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
             raise UsageError(
-                f"{redact(url)} holds {len(names)} studies ({listed}): name one with "
-                "--study-name"
+                f"{redact(url)} holds {len(names)} studies ({listed}): name one with --study-name"
             )
         study_name = names[0]
     try:

@@ -1,5 +1,6 @@
 """AmpRuntime: the canonical AMP step that trials and training code share."""
 
+import os
 import warnings
 
 import pytest
@@ -8,6 +9,7 @@ from torch import nn
 
 import scalertune
 from scalertune import AmpConfig, AmpRuntime
+from scalertune._inrun import InRunCheck
 from scalertune._run._record import skipped_steps
 
 
@@ -445,3 +447,85 @@ def test_a_result_file_cut_short_is_refused_in_one_line_naming_what_it_lost(tmp_
     old = tmp_path / "old.yaml"  # no promise in its header: read as it is
     old.write_text(cut.read_text().replace(PROMISE_LINE + "\n", ""))
     assert scalertune.load(str(old), device="cpu").config.dtype == "bfloat16"
+
+
+def test_a_run_rolled_back_past_its_fall_back_to_float32_scales_its_loss_again():
+    """The in-run check fell back to float32, then the run loads a checkpoint from before:
+    float16 again, with its scaler on at the checkpoint's scale (not float16 unscaled)."""
+    model, batch = _model_and_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    amp = AmpRuntime(AmpConfig(init_scale=1024.0), device="cpu", check=InRunCheck())
+    for _ in range(3):
+        amp.train_step(model, opt, nn.functional.mse_loss, batch)
+    before = amp.state_dict()
+    amp.reconfigure(AmpConfig(dtype="float32"))
+    amp.train_step(model, opt, nn.functional.mse_loss, batch)
+    assert not amp.scaler.is_enabled() and float(amp.scale) == 1.0 and amp.steps == 4
+    amp.load_state_dict(before)
+    assert amp.config.dtype == "float16" and amp.scaler.is_enabled() and amp.steps == 3
+    opt.zero_grad(set_to_none=True)
+    amp.backward(amp.loss(lambda: nn.functional.mse_loss(model(batch[0]), batch[1])))
+    scaled = model[0].weight.grad.clone()
+    assert amp.step(opt) and amp.steps == 4 and amp.scaler.get_scale() == 1024.0
+    opt.zero_grad(set_to_none=True)
+    with amp.autocast():
+        nn.functional.mse_loss(model(batch[0]), batch[1]).backward()
+    ratio = float((scaled / model[0].weight.grad).nanmean())
+    assert ratio == pytest.approx(1024.0, rel=0.05)
+
+
+def test_a_runtime_made_without_a_scaler_refuses_a_config_with_one():
+    amp = AmpRuntime(AmpConfig(dtype="bfloat16"), device="cpu")
+    with pytest.raises(scalertune.UsageError, match="made without a loss scaler"):
+        amp.reconfigure(AmpConfig(dtype="float16"))
+
+
+FSDP1_SCRIPT = """
+import os, torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from scalertune import AmpConfig, AmpRuntime
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+saved = AmpRuntime(AmpConfig(init_scale=4096.0), device="cpu")
+saved.load_scaler_state({"scale": 256.0})
+state = saved.state_dict()
+state["steps"] = 14
+loaded = AmpRuntime(AmpConfig(init_scale=4096.0), device="cpu")
+loaded.load_state_dict(state)
+model = loaded.prepare(FSDP(nn.Linear(4, 1), device_id=torch.device("cpu")))
+print(type(loaded.scaler).__name__, loaded.scaler.get_scale(), loaded.steps)
+config = AmpConfig(init_scale=4096.0, growth_interval=50)
+told = AmpRuntime(AmpConfig(init_scale=4096.0), device="cpu")
+told.reconfigure(config, scale=64.0)
+told.prepare(FSDP(nn.Linear(4, 1), device_id=torch.device("cpu")))
+print(type(told.scaler).__name__, told.scaler.get_scale(), told.scaler.get_growth_interval())
+dist.destroy_process_group()
+"""
+
+
+def test_an_fsdp1_model_prepared_after_a_checkpoint_or_a_set_scale_keeps_them(tmp_path):
+    """FSDP1 takes ShardedGradScaler at prepare: a checkpoint loaded before (steps 14) or a
+    scale set before carries over to it, instead of a plain GradScaler kept (each rank
+    skipping on its own shard) or the scale lost."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "fsdp1.py"
+    script.write_text(FSDP1_SCRIPT)
+    ran = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PORT": str(port)},
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split("\n")[:2] == [
+        "ShardedRuntimeScaler 256.0 14",
+        "ShardedRuntimeScaler 64.0 50",
+    ]

@@ -147,8 +147,10 @@ def test_a_study_written_before_the_record_reports_as_it_did(v1, name):
 def test_report_reads_a_storages_only_study_without_its_name_and_names_them_where_several(v1):
     ran = run_cli("report", "--storage", V1_JOURNAL, cwd=v1)
     assert ran.returncode == 2 and ran.stdout == ""
-    assert ran.stderr.strip().splitlines()[-1].endswith(
-        "holds 2 studies (long, short): name one with --study-name"
+    assert (
+        ran.stderr.strip()
+        .splitlines()[-1]
+        .endswith("holds 2 studies (long, short): name one with --study-name")
     ), ran.stderr
     optuna.delete_study(study_name="long", storage=open_storage(str(v1 / V1_JOURNAL)))
     ran = run_cli("report", "--storage", V1_JOURNAL, cwd=v1)

@@ -39,6 +39,15 @@ def test_a_scaler_switched_off_returns_the_loss_as_it_is():
     assert scaler.scale(loss) is loss and not scaler.is_enabled()
 
 
+def test_a_scaler_switched_off_and_on_again_scales_from_where_it_was():
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    _stepped(scaler)
+    fence.switch_off(scaler)
+    fence.switch_on(scaler)
+    loss = torch.tensor(3.0)
+    assert scaler.is_enabled() and float(scaler.scale(loss)) == 24.0
+
+
 def test_the_optimizer_states_record_that_unscale_ran():
     from torch.amp.grad_scaler import OptState
 
