@@ -57,7 +57,8 @@ class _Reporting:
         super().__init__(device, **kwargs)  # type: ignore[call-arg]
         self._listener = listener
         #: Whether it scales and steps (GradScaler's ``is_enabled``, kept here as a plain
-        #: attribute: read twice a step, and changed only by :meth:`switch_off`).
+        #: attribute: read twice a step, and changed only by :meth:`switch_off` and
+        #: :meth:`switch_on`).
         self._enabled_here = bool(super().is_enabled())  # type: ignore[misc]
         # Made enabled, it reports every update, also after :meth:`switch_off` (the in-run
         # check's float32: the steps it passes through are the run's steps); an update that
@@ -97,8 +98,8 @@ class _Reporting:
         return True
 
     def switch_off(self) -> None:
-        """Disable it for good: ``scale`` returns the loss as it is, ``step`` steps; each
-        update it passes through is still reported."""
+        """Disable it (until :meth:`switch_on`): ``scale`` returns the loss as it is,
+        ``step`` steps; each update it passes through is still reported."""
         switch_off(self)  # type: ignore[arg-type]
         self._enabled_here = False
 
@@ -147,9 +148,10 @@ def set_knobs(
 ) -> None:
     """Change a runtime's scaler in place, between steps: ``config``'s growth factor, backoff
     factor and growth interval (GradScaler's own setters) and, where given, the scale (its
-    ``update(new_scale)``, which is no step); ``config=None`` disables it for good (float32:
-    ``scale`` returns the loss as it is, ``step`` steps the optimizer, and the runtime counts
-    each update it passes through as a step taken)."""
+    ``update(new_scale)``, which is no step); ``config=None`` disables it (float32: ``scale``
+    returns the loss as it is, ``step`` steps the optimizer, and the runtime counts each
+    update it passes through as a step taken) until a config with a scaler enables it again
+    (a rollback to a checkpoint from before); a scaler made disabled refuses that config."""
     if not isinstance(scaler, _Reporting):
         raise TypeError(f"{type(scaler).__name__} is not a runtime's scaler (RuntimeScaler)")
     if config is None:

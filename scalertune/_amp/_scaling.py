@@ -47,9 +47,10 @@ class LossScaler:
         #: ``False`` from the in-run check's fall back to float32 on.
         self.decides = config.uses_scaler and not self.engine.needed
         self.scaler: torch.amp.GradScaler = self._made(RuntimeScaler, config)
-        # `scale` before GradScaler's first backward, and without one: made once, not per step
-        self._initial = torch.full(
-            (), config.init_scale if config.uses_scaler else 1.0, device=device
+        #: The scale where no GradScaler decides, made once: 1.0 (bfloat16, float32, after a
+        #: fall back), or a needed engine's initial scale until the engine is bound.
+        self._fixed = torch.full(
+            (), config.init_scale if self.engine.needed else 1.0, device=device
         )
         self.decisions = ScalerDecisions(readback)
 
@@ -126,11 +127,11 @@ class LossScaler:
         engine = self.engine.engine
         if engine is not None:
             return torch.full((), engine.scale(), device=self.device)
-        if not self.decides:  # a disabled GradScaler has no _scale at all
-            return self._initial
+        if not self.decides:  # a disabled GradScaler scales nothing
+            return self._fixed
         scale = live_scale(self.scaler)
-        if scale is None:
-            return self._initial
+        if scale is None:  # before its first scale(): where it starts (a host float, no sync)
+            return torch.full((), self.scaler.get_scale(), device=self.device)
         # GradScaler keeps a 0-d tensor; reshaping one anyway is a device op on every step.
         return scale if scale.dim() == 0 else scale.reshape(())
 
@@ -143,11 +144,9 @@ class LossScaler:
         if config.uses_scaler:
             set_knobs(self.scaler, config, scale=scale)  # back on, after float32 (a rollback)
             self.decides = True
-            self._initial = torch.full((), config.init_scale, device=self.device)
         elif self.decides:
             set_knobs(self.scaler, None)  # float32 from now on: no scaler
             self.decides, self.decisions.last = False, True  # every later step is taken
-            self._initial = torch.ones((), device=self.device)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of it: the scaler's state (``{}`` for a disabled

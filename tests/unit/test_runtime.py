@@ -529,3 +529,11 @@ def test_an_fsdp1_model_prepared_after_a_checkpoint_or_a_set_scale_keeps_them(tm
         "ShardedRuntimeScaler 256.0 14",
         "ShardedRuntimeScaler 64.0 50",
     ]
+
+
+def test_the_scale_reads_where_the_scaler_starts_before_its_first_step_and_1_without_one():
+    amp = AmpRuntime(AmpConfig(init_scale=4096.0), device="cpu")
+    assert float(amp.scale) == 4096.0
+    amp.reconfigure(AmpConfig(init_scale=4096.0), scale=64.0)
+    assert float(amp.scale) == 64.0 == amp.scaler.get_scale()
+    assert float(AmpRuntime(AmpConfig(dtype="bfloat16"), device="cpu").scale) == 1.0
