@@ -1,6 +1,7 @@
 """The search as a whole: what it stores, resuming, baselines once, ranking, the YAML."""
 
 import dataclasses
+import math
 import subprocess
 import sys
 
@@ -330,7 +331,10 @@ def test_attributes_are_rounded_for_reading_and_kept_whole_for_the_analysis(stor
         figures = dataclasses.asdict(outcome.figures)  # what the analysis reads
         for key, value in full.items():
             if isinstance(value, float) and key != "prune_reason":
-                assert trial.user_attrs[key] == float(f"{value:.4g}")
+                # 4 significant digits; a power of two (a loss scale) exactly
+                power_of_two = value > 0 and math.frexp(value)[0] == 0.5
+                shown = value if power_of_two else float(f"{value:.4g}")
+                assert trial.user_attrs[key] == shown, key
                 assert figures.get(key, value) == value
         assert figures["step_time_s"] == full["step_time_s"] is not None
 
