@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from scalertune._errors import MissingEvidence
-from scalertune._processes._launcher import Launch
+from scalertune._processes._launcher import TIMED_OUT, Launch
 from scalertune._processes._protocol import (
     Done,
     Failed,
@@ -270,9 +270,21 @@ def _next_run(store: Any, n: int, host_timeout: float) -> bytes:
 
 
 def _blamed(where: Callable[[int], str], reports: dict[int, dict[str, Any]]) -> BaseException:
-    """The failure to raise, in the order of :mod:`._blame`: a rank whose process died or
-    timed out, a rank whose own code failed, a rank ended while the others had failed
-    (it hung), else the first collective error."""
+    """The failure to raise, in the order of :mod:`._blame`: a rank whose process died, a
+    rank whose own code failed, a rank ended while the others had failed (it hung), else the
+    first collective error. A run whose every rank that crashed ran past the time limit is
+    said as on one host, no rank blamed: each host kills its ranks at the same limit."""
+    crashed = [rep for rep in reports.values() if rep["kind"] == "crashed"]
+    if (
+        crashed
+        and all(rep["text"].startswith(TIMED_OUT) for rep in crashed)
+        and all(  # the others ended at rank 0's word, or in a collective the kill broke
+            rep["kind"] == "aborted" or (rep["kind"] == "failed" and _peer(rep))
+            for rep in reports.values()
+            if rep["kind"] != "crashed"
+        )
+    ):
+        return RankFailed(crashed[0]["text"])
     for kind, make in (
         ("crashed", lambda r, rep: RankFailed(f"{where(r)}: {rep['text']}")),
         ("failed", lambda r, rep: Failed(rep["failure"], f"{where(r)}: {rep['text']}")),

@@ -82,6 +82,11 @@ def launch(
     raise TrialCrashed("the job's processes ended without a result")
 
 
+#: How a run killed at its time limit is said (every rank of it runs past the limit at once,
+#: so no one rank is blamed for it).
+TIMED_OUT = "timed out: "
+
+
 class Launch:
     """The processes doing one job (one, or one per rank with ``ranks`` > 1), and the replies
     rank 0 sends back, in order, up to its result or the run's failure.
@@ -170,7 +175,7 @@ class Launch:
                 ready = multiprocessing.connection.wait(self._live, left)
             if not ready:
                 raise self._crashed(
-                    f"timed out: the trial ran past its {self._timeout:g} s "
+                    f"{TIMED_OUT}the trial ran past its {self._timeout:g} s "
                     "limit (--trial-timeout) and was killed"
                 )
             for conn in ready:

@@ -18,6 +18,7 @@ from scalertune._judge._settings import StudySettings
 from scalertune._judge._stopping import StopRule
 from scalertune._judge._target import Target
 from scalertune._processes._hosts import Crew, _blamed, _SafeUnpickler
+from scalertune._processes._protocol import RankFailed
 from scalertune._processes._world import World, first_host, launched
 from scalertune._search._process_jobs import RunJob
 
@@ -193,6 +194,24 @@ def test_a_ranks_own_error_is_blamed_over_the_collective_it_broke_on_rank_0():
         },
     )
     assert str(blamed) == "rank 1 of 2 (node 1, h1): RuntimeError: broken on rank 1"
+
+
+def test_a_run_that_ran_past_its_time_limit_on_every_host_blames_no_rank():
+    """Each host kills its ranks at the same --trial-timeout: rank 0's own report comes first,
+    but it is no more to blame than the others. A rank that ran past the limit while the
+    others finished is still named."""
+    crew = _crew()
+    late = "timed out: the trial ran past its 30 s limit (--trial-timeout) and was killed"
+    broken = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+    for other in (
+        {"kind": "crashed", "text": late},
+        {"kind": "aborted", "text": "ended at rank 0's word"},
+        {"kind": "failed", "failure": "peer", "text": broken},
+    ):
+        blamed = _blamed(crew.where, {0: {"kind": "crashed", "text": late}, 1: other})
+        assert isinstance(blamed, RankFailed) and str(blamed) == late, other
+    blamed = _blamed(crew.where, {0: {"kind": "ok"}, 1: {"kind": "crashed", "text": late}})
+    assert str(blamed) == f"rank 1 of 2 (node 1, h1): {late}"
 
 
 def test_a_rank_running_another_command_is_found():
