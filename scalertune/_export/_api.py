@@ -294,7 +294,7 @@ def export(
         raise UsageError("micro_batch_size is for DeepSpeed's config (framework 'deepspeed')")
     _limits.check(_limits.EXPORT, micro_batch_size=micro_batch_size)
     config, evidence = _read_source(source, best_amp)
-    _check_fits(config, framework)
+    _check_fits(config, framework, None if best_amp else evidence)
     where = _code.device(device)
     if framework == "deepspeed":  # the one format that needs the evidence and a batch size
         parts = _deepspeed.deepspeed(config, _deepspeed.lowest_scale(evidence), micro_batch_size)
@@ -332,9 +332,10 @@ def export(
     return result
 
 
-def _check_fits(config: AmpConfig, framework: str) -> None:
+def _check_fits(config: AmpConfig, framework: str, evidence: Any = None) -> None:
     """Refuse a config ``framework`` has no way to train: DeepSpeed's searched fp16 block
-    elsewhere, float8 in DeepSpeed, another dtype than float8 in torchao or torchtitan."""
+    elsewhere, float8 in DeepSpeed, another dtype than float8 in torchao or torchtitan (and
+    say so where the answer's ``evidence`` holds a float8 best AMP config)."""
     if isinstance(config, DeepSpeedFp16Config) and framework != "deepspeed":
         raise UsageError(
             f"this config is DeepSpeed's fp16 block, searched in DeepSpeed's engine under its "
@@ -346,10 +347,23 @@ def _check_fits(config: AmpConfig, framework: str) -> None:
             "torchao, torch, accelerate, lightning, transformers or torchtitan"
         )
     if framework in _FLOAT8_ONLY and not config.float8:
+        if _float8_best_amp(evidence):
+            raise UsageError(
+                f"{framework} is exported for a float8 config, and the answer is "
+                f"{config.dtype}: its best AMP config (evidence.best_amp) is float8, export "
+                "that one with --best-amp (best_amp=True)"
+            )
         raise UsageError(
             f"{framework} is exported for a float8 config, and this one is {config.dtype}: "
             "export it --to torch, lightning, accelerate, transformers or deepspeed"
         )
+
+
+def _float8_best_amp(evidence: Any) -> bool:
+    """Whether a result's ``evidence`` holds a best AMP config in float8."""
+    block = evidence.get("best_amp") if isinstance(evidence, Mapping) else None
+    config = block.get("config") if isinstance(block, Mapping) else None
+    return isinstance(config, Mapping) and config.get("dtype") == "float8"
 
 
 def _writer(framework: str, config: AmpConfig) -> Callable[[AmpConfig, Device], Parts]:

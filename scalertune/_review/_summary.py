@@ -105,11 +105,11 @@ def _head(result: Findings) -> list[str]:
             "  float32 reaches its own target at steps "
             + ", ".join(str(steps) for _, steps in reached)
             + f" on seeds {', '.join(str(seed) for seed, _ in reached)}: within a dtype, "
-            + (
-                f"fewer steps by less than {result.spread:.0%} of the horizon "
+            + (  # the spread as the Tied line says it
+                f"fewer steps by less than {100 * result.spread:.2g}% of the horizon "
                 f"({result.spread * result.horizon:.0f} steps) is a tie"
                 if result.long
-                else f"fewer steps by less than {result.spread:.0%} is a tie"
+                else f"fewer steps by less than {100 * result.spread:.2g}% is a tie"
             )
         )
     times = result.step_times

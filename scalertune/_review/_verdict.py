@@ -90,11 +90,15 @@ def covers(result: Findings) -> str:
         "after reaching the target"
     )
     # the shortest run's own seed: its float32 reference is the one it was judged against
-    ref = result.references.get(runs[steps.index(shortest)].seed)
+    seed = runs[steps.index(shortest)].seed
+    ref = result.references.get(seed)
     curve = ref.target.reference_curve if ref is not None else ()
     if len(curve) >= shortest and curve[-1]:
         fell = (curve[shortest - 1] - curve[-1]) / abs(curve[-1])
-        said += f"; float32's loss on that seed fell {fell:.1%} further by step {len(curve)}"
+        said += (
+            f"; float32's loss on seed {seed} (where the run stopped first) fell {fell:.1%} "
+            f"further by step {len(curve)}"
+        )
     return said
 
 

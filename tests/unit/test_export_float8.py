@@ -304,3 +304,21 @@ def test_cli_refuses_a_float16_yaml_to_torchao_in_one_line_with_status_2(tmp_pat
     refused = run_cli("export", "f16.yaml", "--to", "torchao", cwd=tmp_path, process=True)
     assert refused.returncode == 2 and refused.stdout == ""
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+def test_a_float32_answer_with_a_float8_best_amp_config_is_pointed_at_best_amp(tmp_path):
+    """On a CPU the answer is float32 and the float8 config is evidence.best_amp: exporting
+    the answer to torchao names the flag that exports the float8 one, which then works."""
+    (tmp_path / "amp.yaml").write_text(
+        "config: {dtype: float32, clip_norm: null}\n"
+        "evidence:\n  best_amp:\n    " + SAMPLE.replace("\n", "\n    ")
+    )
+    refused = run_cli("export", "amp.yaml", "--to", "torchao", cwd=tmp_path, process=True)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip().endswith(
+        "its best AMP config (evidence.best_amp) is float8, export that one with --best-amp "
+        "(best_amp=True)"
+    ), refused.stderr
+    assert scalertune.export(str(tmp_path / "amp.yaml"), "torchao", best_amp=True).config == (
+        ROWWISE
+    )
