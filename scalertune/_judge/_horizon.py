@@ -22,7 +22,7 @@ from scalertune._judge import _policy as _judge_policy
 from scalertune._judge._judged import PhaseFigures
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
-from scalertune._judge._stored import Records, read_records
+from scalertune._judge._stored import Records
 from scalertune._storage._names import ROLE_BASELINE, ROLE_PHASE
 from scalertune._storage._trial_record import Job, role_of
 
@@ -30,14 +30,12 @@ from scalertune._storage._trial_record import Job, role_of
 RecordsOf = Callable[[FrozenTrial], Records]
 
 
-def phases_of(
-    trials: Iterable[FrozenTrial], records: RecordsOf = read_records
-) -> dict[int, list[PhaseResult]]:
+def phases_of(trials: Iterable[FrozenTrial], records: RecordsOf) -> dict[int, list[PhaseResult]]:
     """Run number -> how it did, window by window (finished runs only): its run from step 0
     at the windows that run reached (the stronger evidence: it supersedes a branch there),
-    its branches at the others. ``trials`` are sound ones (:func:`~scalertune._judge.
-    _stored.sound`: a run whose stored evidence is damaged is left out before), each read
-    with ``records`` (a search's: its view's, read once per trial)."""
+    its branches at the others. ``trials`` are sound ones (:meth:`~scalertune._judge._view.
+    StudyView.sound`: a run whose stored evidence is damaged is left out before), each read
+    with ``records`` (``StudyView.records``, which reads a trial once)."""
     found: dict[int, dict[int, PhaseResult]] = {}
     for job, phase in _phase_runs(trials, records):
         windows = found.setdefault(int(job.of or 0), {})
@@ -125,12 +123,10 @@ def ruling(
     return rule
 
 
-def ruled_out(
-    trials: Iterable[FrozenTrial], records: RecordsOf = read_records
-) -> dict[str, RuledOut]:
+def ruled_out(trials: Iterable[FrozenTrial], records: RecordsOf) -> dict[str, RuledOut]:
     """dtype -> the first run of it that fell behind float32, with its forward at float32's
     weights where it did (see :class:`RuledOut`): trained from step 0, or branched where that
-    forward shows the precision failing."""
+    forward shows the precision failing; each phase run read with ``records``."""
     out: dict[str, RuledOut] = {}
     for job, phase in _phase_runs(trials, records):
         if phase.forward is None or job.config is None:

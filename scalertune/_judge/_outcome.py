@@ -104,7 +104,7 @@ class Outcome:
         Raises:
             DamagedEvidence: The trial's attributes are not what a run stores (a study's
                 storage is written by others too; see
-                :func:`~scalertune._judge._stored.check_trial`): named in one line.
+                :func:`~scalertune._judge._stored.checked_trial`): named in one line.
 
         Example:
             >>> outcomes = [Outcome.from_trial(t) for t in study.trials]  # doctest: +SKIP

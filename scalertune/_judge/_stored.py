@@ -3,20 +3,20 @@
 A study is written by every worker of a search, and by whoever else can write its storage (a
 shared database, a journal file in a shared folder). What scalertune reads back from it is
 data, never trusted: a run's attributes must have the types and bounds a run stores
-(:func:`check_trial`), and a float32 reference every part a reference has, its gradient
+(:func:`checked_trial`), and a float32 reference every part a reference has, its gradient
 trace decoded within its bounds (:meth:`Reference.from_trial
 <scalertune._judge._reference.Reference.from_trial>`). A trial that fails the check is
 damaged evidence (:class:`~scalertune._errors.DamagedEvidence`): named in one line, left
-out of every judgement (:func:`sound`), and run again where the search runs it (a float32
-reference of that seed runs again; a once-per-study run is queued again as one the study
-lacks). Nothing in a value is run, and no value is trusted to be small: a curve, a scale
-run or a trace longer than the longest horizon is damaged too.
+out of every judgement (:meth:`StudyView.sound <scalertune._judge._view.StudyView.sound>`),
+and run again where the search runs it (a float32 reference of that seed runs again; a
+once-per-study run is queued again as one the study lacks). Nothing in a value is run, and
+no value is trusted to be small: a curve, a scale run or a trace longer than the longest
+horizon is damaged too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
@@ -46,15 +46,10 @@ class Records:
     judged: Judged
 
 
-def check_trial(trial: FrozenTrial) -> Reference | None:
-    """:class:`DamagedEvidence` naming the first attribute of ``trial`` that is not what a
-    run stores, or a finished float32 reference holds (see the module); the reference's
-    record, read in the check, for a finished float32 reference."""
-    return checked_trial(trial)[1]
-
-
 def checked_trial(trial: FrozenTrial) -> tuple[Records, Reference | None]:
-    """:func:`check_trial`, and the trial's records read in the check."""
+    """The trial's records, read in its check, and for a finished float32 reference its
+    record, read there too: :class:`DamagedEvidence` names the first attribute of ``trial``
+    that is not what a run stores, or a finished float32 reference holds (see the module)."""
     records = _check_run(trial)
     if records.job.role == ROLE_REFERENCE and trial.state == TrialState.COMPLETE:
         return records, Reference.from_trial(trial)
@@ -83,20 +78,6 @@ def _check_run(trial: FrozenTrial) -> Records:
     if sum(run[1] for run in scales) > _limits.MAX_HORIZON:
         raise damaged(where, SCALES_ATTR, "runs past the longest horizon")
     return records
-
-
-def sound(trials: Iterable[FrozenTrial]) -> tuple[list[FrozenTrial], dict[int, str]]:
-    """The trials whose attributes pass :func:`check_trial`, and the number of each other
-    one -> why it is damaged."""
-    good, damaged = [], {}
-    for trial in trials:
-        try:
-            check_trial(trial)
-        except DamagedEvidence as exc:
-            damaged[trial.number] = str(exc)
-        else:
-            good.append(trial)
-    return good, damaged
 
 
 def curve(values: Any, what: str) -> list[float]:

@@ -64,7 +64,7 @@ class StudyView:
 
     def sound(self, trials: Iterable[FrozenTrial]) -> tuple[list[FrozenTrial], dict[int, str]]:
         """The ``trials`` whose evidence passes
-        :func:`~scalertune._judge._stored.check_trial`, and the number of each other one ->
+        :func:`~scalertune._judge._stored.checked_trial`, and the number of each other one ->
         why it is damaged."""
         good, damaged = [], {}
         for trial in trials:

@@ -23,7 +23,7 @@ from scalertune._judge._judged import Judged
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
 from scalertune._judge._reference import Reference
-from scalertune._judge._stored import sound
+from scalertune._judge._stored import read_records
 from scalertune._review._artifacts import Pictures
 from scalertune._review._describe import describe_outcome, why_not
 from scalertune._review._verdict import verdict
@@ -365,7 +365,7 @@ def branch_numbers(result: Findings) -> dict[tuple[int, int], int]:
         if job is None or job.of is None:
             continue
         if job.from_start:  # one run from step 0 judged at every window it reached
-            for p in phases_of(sound([t])[0]).get(job.of, []):
+            for p in _judged_phases(t, job.of):
                 out[job.of, p.start] = t.number
         elif job.start is not None:
             out.setdefault((job.of, job.start), t.number)
@@ -399,7 +399,7 @@ def branch_lines(read: _Records, result: Findings) -> list[str]:
         else ""
     )
     if job.from_start:
-        judged = phases_of(sound([trial])[0]).get(of, []) if of is not None else []
+        judged = _judged_phases(trial, of) if of is not None else []
         return [
             f"**What it is**: trial {of}'s config trained from step 0 to step {end} on "
             "the batches float32 trained on, its scaler from `init_scale`, as your run "
@@ -420,7 +420,7 @@ def branch_lines(read: _Records, result: Findings) -> list[str]:
         f"{scaler}.",
         "",
     ]
-    judged = phases_of(sound([trial])[0]).get(of, []) if of is not None else []
+    judged = _judged_phases(trial, of) if of is not None else []
     if judged:
         lines += [_branch_verdict(judged[0]), ""]
     lines += [_continuation(read, result, ref_trial), ""]
@@ -479,3 +479,13 @@ def as_s(value: Any) -> str | None:
 
 def as_ms(value: Any) -> str | None:
     return None if value is None else f"{readable(float(value) * 1e3):g} ms"
+
+
+def _judged_phases(trial: FrozenTrial, of: int) -> list[PhaseResult]:
+    """What phase run ``trial`` found of run ``of``, window by window, its records checked and
+    read once; none where its evidence is damaged."""
+    try:
+        records = read_records(trial)
+    except DamagedEvidence:
+        return []
+    return phases_of([trial], lambda _: records).get(of, [])

@@ -316,13 +316,11 @@ def _finished_twin(
     return None
 
 
-def counted_search_trials(
-    trials: list[FrozenTrial], marks: Callable[[FrozenTrial], Marks] = Marks.sound
-) -> int:
+def counted_search_trials(trials: list[FrozenTrial], marks: Callable[[FrozenTrial], Marks]) -> int:
     """Sampled trials that use up the budget: trained, running or queued, or failed on an
     error of their own (a config can fail: it was tried). Not those lost with a worker, whose
     retries count instead, nor reused duplicates. A just-asked trial has no role yet; count
-    it too. ``marks`` reads a trial's marks (a search's view keeps a finished trial's)."""
+    it too. ``marks`` reads a trial's marks (``StudyView.marks``: a finished trial's kept)."""
     count = 0
     for t in trials:
         role, noted = role_of(t), marks(t)
