@@ -24,6 +24,11 @@ A second pass runs the trial as a search does, with its stop rule and its curve 
 SQLite study (the default storage) by the background writer; the writer thread's CPU time is
 charged to the trial even when it runs during the hand-written window. Host syncs are counted
 in a separate short pass, as the counting wrappers cost time themselves.
+
+A control pass pairs the hand-written loop with a twin of itself, built after it as the
+trial's model is, through the same windows: the same code on both sides, so its ratio and
+spread say how far two identical loops read apart on this machine (their tensors' places in
+memory differ). A trial ratio inside the control's spread is a tie.
 """
 
 from __future__ import annotations
@@ -132,16 +137,19 @@ def interleaved(
     *,
     windows: int,
     as_searched: bool = False,
+    control: bool = False,
 ) -> _Pairs:
     """``windows`` pairs of windows, trial then hand-written, in runs of ``TRIAL_STEPS``;
-    ``as_searched``: the trial with its stop rule and its curve written to a SQLite study."""
+    ``as_searched``: the trial with its stop rule and its curve written to a SQLite study;
+    ``control``: a second hand-written loop in the trial's place, the same code on both
+    sides, so that its ratio is the pairing's own resolution."""
     pairs = _Pairs()
     with contextlib.ExitStack() as stack:
         study = _sqlite_study(stack) if as_searched else None
         while len(pairs.ours) < windows:
             reports = _reports(study) if study is not None else None
             try:
-                _one_run(factory, device, pairs, windows, reports)
+                _one_run(factory, device, pairs, windows, reports, control=control)
             finally:
                 if reports is not None:
                     reports.close()
@@ -154,6 +162,8 @@ def _one_run(
     pairs: _Pairs,
     windows: int,
     reports: Any,
+    *,
+    control: bool = False,
 ) -> None:
     hand = hand_written(factory, device)
     next(hand)
@@ -180,6 +190,13 @@ def _one_run(
             pairs.hand.append((hand_time[0] / WINDOW, hand_time[1] / WINDOW))
         last.update(cpu=time.process_time(), wall=time.perf_counter(), first=False)
 
+    if control:  # the hand-written loop's twin, built after it as the trial's model is
+        twin = hand_written(factory, device)
+        next(twin)
+        for _ in range(TRIAL_STEPS // WINDOW):
+            next(twin)
+            on_window(None, 0)
+        return
     # A target no run reaches, so that the stop rule judges every window and stops none.
     stop = (
         StopRule(Target(loss=1e-9, reference_final=1.0, reference_start=2.0))
@@ -279,7 +296,9 @@ def measure(
 ) -> list[dict[str, Any]]:
     """One row per model: CPU ms per step of each loop, the ratio with its block spread, the
     wall-time ratio, the ratio of the trial as searched (``searched_windows`` pairs, a fifth
-    of ``windows`` by default; 0 for none), and host syncs per step."""
+    of ``windows`` by default; 0 for none), the control's ratio (the hand-written loop over
+    its twin, ``windows`` pairs: a trial ratio inside its spread is a tie), and host syncs
+    per step."""
     searched_windows = windows // 5 if searched_windows is None else searched_windows
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -287,11 +306,15 @@ def measure(
     try:
         for name, factory in (("tiny (580 params)", tiny), ("mid (0.23M params)", mid)):
             cpu = interleaved(factory, device, windows=windows)
+            twin = interleaved(factory, device, windows=windows, control=True).summary(0)
             row = {
                 "model": name,
                 **cpu.summary(0),
                 "wall_ratio": cpu.summary(1)["ratio"],
                 "windows": windows,
+                "control_ratio": twin["ratio"],
+                "control_low": twin["low"],
+                "control_high": twin["high"],
             }
             if searched_windows:
                 searched = interleaved(
@@ -336,4 +359,8 @@ if __name__ == "__main__":
             f"{r['model']:<20} hand {r['hand_ms']:.3f} ms, trial {r['ours_ms']:.3f} ms: "
             f"{r['ratio']:.3f}x ({r['low']:.3f}-{r['high']:.3f}; wall {r['wall_ratio']:.3f}x)"
             f"{searched}; syncs/step {r['hand_syncs']:.2f} vs {r['ours_syncs']:.2f}"
+        )
+        print(
+            f"{'':<20} control, the hand-written loop over its twin: {r['control_ratio']:.3f}x "
+            f"({r['control_low']:.3f}-{r['control_high']:.3f})"
         )
