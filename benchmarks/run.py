@@ -91,12 +91,13 @@ def main() -> None:
         print(f"   ({overhead.CONFIG.describe()}; median of 10-step windows, interleaved)")
         print(
             f"   {'model':<20} {'hand ms/step':>12} {'ours ms/step':>12} {'ratio':>7} "
-            f"{'syncs/step hand':>16} {'ours':>6}"
+            f"{'control':>8} {'syncs/step hand':>16} {'ours':>6}"
         )
         for r in overhead.measure(device):
             print(
                 f"   {r['model']:<20} {r['hand_ms']:>12.3f} {r['ours_ms']:>12.3f} "
-                f"{r['ratio']:>7.3f} {r['hand_syncs']:>16.2f} {r['ours_syncs']:>6.2f}"
+                f"{r['ratio']:>7.3f} {r['control_ratio']:>8.3f} {r['hand_syncs']:>16.2f} "
+                f"{r['ours_syncs']:>6.2f}"
             )
 
     if "steps" in run:
