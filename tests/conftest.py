@@ -59,7 +59,7 @@ def _accelerate_as_before_a_deepspeed_test():
         sys.modules["accelerate.state"].AcceleratorState._reset_state(reset_partial_state=True)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: xdist may be switched off
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (pyproject's addopts): three workers per two cores. Many tests spend most
     of their time waiting (torchrun nodes, workers killed and waited for, time limits,
