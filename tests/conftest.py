@@ -68,8 +68,7 @@ def pytest_xdist_auto_num_workers(config):
     tests). ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still sets the count."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(2, ((cores or 1) * 3 + 1) // 2)
+    return max(2, ((os.cpu_count() or 1) * 3 + 1) // 2)  # the count _share_the_cores divides
 
 
 def pytest_collection_modifyitems(items):
