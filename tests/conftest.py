@@ -61,14 +61,18 @@ def _accelerate_as_before_a_deepspeed_test():
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: xdist may be switched off
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto`` (pyproject's addopts): three workers per two cores. Many tests spend most
-    of their time waiting (torchrun nodes, workers killed and waited for, time limits,
-    outages ridden out), so one worker per core leaves cores idle: on 2 cores the whole
-    suite took 724 s with 2 workers, 619 s with 3 and 592 s with 4 (without the PostgreSQL
-    tests). ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still sets the count."""
+    """``-n auto`` (pyproject's addopts): two workers per core, one per 3 GiB of memory at
+    most (a worker holds torch, and some tests start torchrun nodes or a run's processes).
+    Many tests spend most of their time waiting (torchrun nodes, workers killed and waited
+    for, time limits, outages ridden out), so one worker per core leaves cores idle: on 2
+    cores the whole suite took 724 s with 2 workers and 619 s with 3 (without the PostgreSQL
+    tests), and with them, run one after the other, 811, 721, 709 and 661 s with 3, 4, 3 and 4
+    workers. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still sets the count."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    return max(2, ((os.cpu_count() or 1) * 3 + 1) // 2)  # the count _share_the_cores divides
+    cores = os.cpu_count() or 1  # as _share_the_cores divides them
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(2, min(2 * cores, int(memory_gib // 3)))
 
 
 def pytest_collection_modifyitems(items):
