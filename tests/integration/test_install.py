@@ -205,7 +205,6 @@ def test_wheel_in_a_fresh_venv_runs_the_quick_start_and_the_sdist_runs_its_tests
             str(wheel_bin / "pip"),
             "install",
             "--quiet",
-            "--no-compile",  # byte-compiling the dependencies took 10 s here; imports do it
             str(wheel),
             "torch==2.13.0",
             "pytest",
@@ -253,7 +252,7 @@ def test_wheel_in_a_fresh_venv_runs_the_quick_start_and_the_sdist_runs_its_tests
     ).stdout.strip()
     with open(os.path.join(site.stdout.strip(), "borrowed.pth"), "w", encoding="utf-8") as f:
         f.write(borrowed + "\n")
-    _run([str(sdist_bin / "pip"), "install", "--quiet", "--no-compile", "--no-deps", str(sdist)])
+    _run([str(sdist_bin / "pip"), "install", "--quiet", "--no-deps", str(sdist)])
     tests = _run(
         [
             str(sdist_bin / "python"),
