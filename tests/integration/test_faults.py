@@ -135,7 +135,8 @@ def _start(command, cwd, env=None):
     return subprocess.Popen(
         command,
         cwd=cwd,
-        env={**os.environ, **(env or {})},
+        # A worker found stuck is aborted, and its stacks show where it waited (_stacks_of).
+        env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -200,8 +201,14 @@ def _faulted_workers(storage, study, workers, rng, cwd, loop):
             else:
                 _hit(procs[i], faults[i], rng)
         out = []
-        for fault, proc in zip(faults, procs):
-            _, err = proc.communicate(timeout=STUCK_S)
+        for i, (fault, proc) in enumerate(zip(faults, procs)):
+            try:
+                _, err = proc.communicate(timeout=STUCK_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(
+                    f"{storage} {study} (SCALERTUNE_FAULT_SEED={SEED}): worker {i} of {faults} "
+                    f"is stuck after {STUCK_S} s; where it waits:\n{_stacks_of(proc)}"
+                )
             out.append((fault, proc.returncode, err))
         return out
     finally:
@@ -209,6 +216,18 @@ def _faulted_workers(storage, study, workers, rng, cwd, loop):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def _stacks_of(proc):
+    """The end of what a stuck worker printed, with its threads' stacks: it is aborted, and
+    Python's fault handler (``PYTHONFAULTHANDLER``, which ``_start`` sets) prints them."""
+    proc.send_signal(signal.SIGABRT)
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return err[-6000:]
 
 
 def _wait_for_a_moment(storage, study, procs, rng):
@@ -433,13 +452,13 @@ def _rounds(storage, workers, cwd, loop=PLAIN):
         try:
             out, err = resume.communicate(timeout=STUCK_S)
         except subprocess.TimeoutExpired:
-            resume.kill()
+            stacks = _stacks_of(resume)
             running = [
                 t.number for t in _study(storage, study).trials if t.state == TrialState.RUNNING
             ]
             pytest.fail(
                 f"{context}: the resume hangs; RUNNING trials {running} after "
-                f"{[r[0] for r in results]}"
+                f"{[r[0] for r in results]}; where it waits:\n{stacks}"
             )
         assert resume.returncode == 0, f"{context}: the resume exited {resume.returncode}: {err}"
         _check_study(_study(storage, study), before, context, loop)
