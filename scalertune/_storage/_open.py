@@ -258,7 +258,9 @@ def _journal(path: str, *, must_exist: bool) -> Any:
 def _journal_file(path: str) -> Any:
     """Optuna's journal file backend, whose appends a full disk cannot leave cut
     (``_WholeAppends``)."""
-    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+    from optuna.storages.journal import JournalFileBackend
+
+    from scalertune._storage._journal_lock import JournalLock
 
     class _WholeAppends(JournalFileBackend):
         """Each append is whole or not at all: a write the file system refuses (a full
@@ -269,7 +271,7 @@ def _journal_file(path: str) -> Any:
         records are written as Optuna's own ``append_logs`` writes them."""
 
         def __init__(self, path: str) -> None:
-            self.guard = JournalFileSymlinkLock(path)
+            self.guard = JournalLock(path)
             self.path = path
             super().__init__(path, lock_obj=self.guard)
 
@@ -313,11 +315,11 @@ def mend_cut_record(path: str) -> str | None:
     Under Optuna's own lock on the file (a record another worker is writing is finished
     first), the cut bytes go to a side file beside it and the journal ends at its last whole
     record; said in one line. Returns the side file (``None``: the journal was whole)."""
-    from optuna.storages.journal import JournalFileSymlinkLock
+    from scalertune._storage._journal_lock import JournalLock
 
     if not os.path.isfile(path) or os.path.getsize(path) == 0 or _ends_whole(path):
         return None
-    lock = JournalFileSymlinkLock(path)
+    lock = JournalLock(path)
     lock.acquire()
     try:
         if _ends_whole(path):  # another worker mended it while this one waited

@@ -33,6 +33,11 @@ CLAIM_SETTLE_S = 0.25
 CLAIM_REFRESH_S = 5
 CLAIM_STALE_S = 30
 
+#: A journal file's lock is held for one append (milliseconds; seconds on a loaded host or a
+#: network file system). One left unchanged this long belongs to a worker killed as it
+#: appended, and the next worker takes it over: Optuna's own grace period for it.
+JOURNAL_LOCK_GRACE_S = 30
+
 #: Workers that start at once on a new RDB storage race to create its tables; the losers
 #: open it again until the winner has made them. Creating Optuna's tables takes well under a
 #: second, even on a loaded host; past this, the error is real and is reported.

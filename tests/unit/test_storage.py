@@ -152,6 +152,81 @@ def test_a_storage_down_past_the_bound_ends_the_worker_with_one_line(tmp_path, m
     assert "rerun the same command" in message
 
 
+#: Appends one record to the journal ``sys.argv[1]`` (relative to the working folder) with
+#: the journal lock's grace cut to ``sys.argv[2]`` s; prints the wall and CPU seconds it took.
+_APPEND = """
+import resource, sys, time
+import optuna
+from scalertune._storage import _policy
+from scalertune._storage._open import open_storage
+_policy.JOURNAL_LOCK_GRACE_S = float(sys.argv[2])
+study = optuna.load_study(study_name="s", storage=open_storage(sys.argv[1]))
+cpu, wall = resource.getrusage(resource.RUSAGE_SELF).ru_utime, time.monotonic()
+study.set_user_attr("written", True)
+print(time.monotonic() - wall, resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu)
+"""
+
+#: Takes Optuna's own lock on the journal ``sys.argv[1]`` and dies holding it (SIGKILL), as a
+#: worker killed while it appends.
+_DIE_HOLDING = """
+import os, signal, sys
+from optuna.storages.journal import JournalFileSymlinkLock
+JournalFileSymlinkLock(sys.argv[1]).acquire()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize(
+    "journal, left_by",
+    [
+        ("runs/study.log", "a killed worker"),
+        ("../study.log", "a killed worker"),
+        ("ABSOLUTE", "a killed worker"),
+        ("runs/study.log", "a link to nowhere"),
+        ("runs/study.log", "a link to a file"),
+    ],
+)
+def test_a_journal_lock_nobody_holds_is_taken_over_after_its_grace_without_spinning(
+    tmp_path, journal, left_by
+):
+    """A lock left behind on a journal (its worker killed as it appended, or planted) is
+    taken over once it has been left unchanged for the grace period, whatever it points to
+    and however the journal's path was given; the worker waits for it asleep. (Optuna's own
+    lock, given ``runs/study.log``, judges the lock through a link that resolves to nothing
+    and spins at full CPU for ever.)"""
+    import optuna
+
+    from scalertune._storage._open import open_storage
+
+    here = tmp_path / "here"
+    (here / "runs").mkdir(parents=True)
+    path = str(tmp_path / "study.log") if journal == "ABSOLUTE" else journal
+    optuna.create_study(study_name="s", storage=open_storage(str(here / path)))
+    lock = here / (path + ".lock")
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    if left_by == "a killed worker":
+        died = subprocess.run([sys.executable, "-c", _DIE_HOLDING, path], cwd=here, timeout=60)
+        assert died.returncode == -9
+    else:
+        os.symlink(str(victim) if left_by == "a link to a file" else "nowhere/at/all", lock)
+    assert os.path.islink(lock)
+    appended = subprocess.run(
+        [sys.executable, "-c", _APPEND, path, "1.5"],
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert appended.returncode == 0, appended.stderr
+    wall, cpu = map(float, appended.stdout.split())
+    assert 1.5 < wall < 20 and cpu < 0.5, (wall, cpu)
+    assert not os.path.lexists(lock) and victim.read_text() == "kept"
+    assert sorted(p.name for p in lock.parent.iterdir() if "study.log" in p.name) == ["study.log"]
+    study = optuna.load_study(study_name="s", storage=open_storage(str(here / path)))
+    assert study.user_attrs == {"written": True}
+
+
 def test_a_storage_error_that_does_not_pass_is_not_retried(tmp_path):
     import sqlalchemy
 
