@@ -5,6 +5,8 @@ passwords, recovering dead workers' trials.
 - ``_trial_record``: what a trial runs and what the search noted of it, as typed records
   (one writer and one reader each);
 - ``_open``: storage URLs, SQLite and journal files, heartbeats, one-line errors;
+- ``_journal_lock``: a journal file's lock, taken over from a killed worker whatever the
+  journal's path;
 - ``_outage``: a storage (or artifact store) outage ridden out, up to a bound;
 - ``_redact``: passwords hidden in URLs and messages;
 - ``_recovery``: failing and retrying trials whose worker died;
@@ -16,5 +18,5 @@ passwords, recovering dead workers' trials.
 - ``_optuna``: Optuna's private API, in one place (ids, a running trial's system
   attributes, a trial's curve points many in one write), each part checked by a test;
 - ``_policy``: storage's own policy numbers (heartbeats, an outage's bound and retries,
-  claims, a cold start), each with its reason.
+  claims, a journal's lock, a cold start), each with its reason.
 """
