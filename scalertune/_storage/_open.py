@@ -312,9 +312,10 @@ def mend_cut_record(path: str) -> str | None:
     """Set aside a journal's last record where it was cut mid-line (a worker killed, or a disk
     full, as it wrote): Optuna still reads the whole records before it, but the next append
     would continue the cut line into one no reader parses, and every later record with it.
-    Under Optuna's own lock on the file (a record another worker is writing is finished
-    first), the cut bytes go to a side file beside it and the journal ends at its last whole
-    record; said in one line. Returns the side file (``None``: the journal was whole)."""
+    Under the journal's lock (Optuna's own, :mod:`._journal_lock`: a record another worker is
+    writing is finished first), the cut bytes go to a side file beside it and the journal
+    ends at its last whole record; said in one line. Returns the side file (``None``: the
+    journal was whole)."""
     from scalertune._storage._journal_lock import JournalLock
 
     if not os.path.isfile(path) or os.path.getsize(path) == 0 or _ends_whole(path):
