@@ -12,7 +12,8 @@ Here the link is made to the journal's absolute path (a plain Optuna process wai
 scalertune's workers follows it), and the lock's age is read from the link itself
 (``os.lstat``): a lock left unchanged for ``JOURNAL_LOCK_GRACE_S`` is taken over whatever
 it points to, and a worker waits between tries. The lock is the same file, made and removed
-the same way, so workers on either lock share a journal.
+the same way, so workers on either lock share a journal. A wait a third of the grace long is
+said in one line, and so is the take-over: a quiet half-minute looks like a hang.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import uuid
 from optuna.storages.journal import JournalFileSymlinkLock
 
 from scalertune._storage import _policy as _storage_policy
+from scalertune._storage._outage import say_or_print
 
 #: The longest wait between two tries for a held lock (Optuna's own).
 _MAX_WAIT_S = 1.0
@@ -35,9 +37,11 @@ class JournalLock(JournalFileSymlinkLock):
 
     def __init__(self, path: str) -> None:
         super().__init__(os.path.abspath(path), grace_period=None)
+        self.path = path
 
     def acquire(self) -> bool:
-        wait, seen, since = 0.001, None, time.monotonic()
+        wait, seen, since, said = 0.001, None, time.monotonic(), False
+        grace = _storage_policy.JOURNAL_LOCK_GRACE_S
         while True:
             try:
                 os.symlink(self._lock_target_file, self._lock_file)
@@ -50,10 +54,20 @@ class JournalLock(JournalFileSymlinkLock):
                 continue  # released this moment: try again at once
             if seen is None or (now.st_ino, now.st_mtime_ns) != (seen.st_ino, seen.st_mtime_ns):
                 seen, since = now, time.monotonic()
-            elif time.monotonic() - since > _storage_policy.JOURNAL_LOCK_GRACE_S:
+            elif time.monotonic() - since > grace:
                 self._take_over(seen)
-                seen, wait = None, 0.001
+                say_or_print(
+                    f"journal file {self.path}: its lock {self._lock_file}, unchanged for "
+                    f"{grace:g} s (as a worker killed while appending leaves it), taken over"
+                )
+                seen, wait, said = None, 0.001, False
                 continue
+            elif not said and time.monotonic() - since > grace / 3:
+                say_or_print(
+                    f"journal file {self.path}: its lock {self._lock_file} is held; "
+                    f"waiting for it (a lock left unchanged for {grace:g} s is taken over)"
+                )
+                said = True
             time.sleep(wait)
             wait = min(wait * 2, _MAX_WAIT_S)
 

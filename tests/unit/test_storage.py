@@ -221,6 +221,16 @@ def test_a_journal_lock_nobody_holds_is_taken_over_after_its_grace_without_spinn
     assert appended.returncode == 0, appended.stderr
     wall, cpu = map(float, appended.stdout.split())
     assert 1.5 < wall < 20 and cpu < 0.5, (wall, cpu)
+    said, named = appended.stderr.splitlines(), os.path.abspath(here / path) + ".lock"
+    assert len(said) == 2, said
+    assert said[0] == (
+        f"journal file {path}: its lock {named} is held; waiting for it (a lock "
+        "left unchanged for 1.5 s is taken over)"
+    )
+    assert said[1] == (
+        f"journal file {path}: its lock {named}, unchanged for 1.5 s (as a worker killed "
+        "while appending leaves it), taken over"
+    )
     assert not os.path.lexists(lock) and victim.read_text() == "kept"
     assert sorted(p.name for p in lock.parent.iterdir() if "study.log" in p.name) == ["study.log"]
     study = optuna.load_study(study_name="s", storage=open_storage(str(here / path)))
