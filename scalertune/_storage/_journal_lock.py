@@ -11,8 +11,10 @@ at full CPU for ever, and so does every worker when someone plants a link to now
 Here the link is made to the journal's absolute path (a plain Optuna process waiting beside
 scalertune's workers follows it), and the lock's age is read from the link itself
 (``os.lstat``): a lock left unchanged for ``JOURNAL_LOCK_GRACE_S`` is taken over whatever
-it points to, and a worker waits between tries. The lock is the same file, made and removed
-the same way, so workers on either lock share a journal. A wait a third of the grace long is
+it points to, by one waiter at a time (Optuna lets two that saw it stale remove it both,
+the second the first's fresh lock, and two workers append at once), and a worker waits
+between tries. The lock is the same file, made and removed the same way, so workers on
+either lock share a journal. A wait a third of the grace long is
 said in one line, and so is the take-over: a quiet half-minute looks like a hang.
 """
 
@@ -21,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid
 
 from optuna.storages.journal import JournalFileSymlinkLock
 
@@ -55,11 +56,11 @@ class JournalLock(JournalFileSymlinkLock):
             if seen is None or (now.st_ino, now.st_mtime_ns) != (seen.st_ino, seen.st_mtime_ns):
                 seen, since = now, time.monotonic()
             elif time.monotonic() - since > grace:
-                self._take_over(seen)
-                say_or_print(
-                    f"journal file {self.path}: its lock {self._lock_file}, unchanged for "
-                    f"{grace:g} s (as a worker killed while appending leaves it), taken over"
-                )
+                if self._take_over(seen, grace):
+                    say_or_print(
+                        f"journal file {self.path}: its lock {self._lock_file}, unchanged for "
+                        f"{grace:g} s (as a worker killed while appending leaves it), taken over"
+                    )
                 seen, wait, said = None, 0.001, False
                 continue
             elif not said and time.monotonic() - since > grace / 3:
@@ -71,16 +72,27 @@ class JournalLock(JournalFileSymlinkLock):
             time.sleep(wait)
             wait = min(wait * 2, _MAX_WAIT_S)
 
-    def _take_over(self, stale: os.stat_result) -> None:
-        """Remove the lock seen unchanged for the grace period, and only that one: a waiter
-        that took it over first and then made a fresh lock keeps its own."""
-        aside = f"{self._lock_file}.{uuid.uuid4().hex}.stale"
+    def _take_over(self, stale: os.stat_result, grace: float) -> bool:
+        """Remove the lock seen unchanged for the grace period, and only that one; whether this
+        worker removed it. One waiter at a time decides, holding ``.lock.breaking`` (made
+        with ``O_EXCL``): two that saw the same stale lock would otherwise both remove it, the
+        second the fresh lock the first made since, and two workers would append at once. A
+        mark left by a waiter killed in that instant is removed after the grace period."""
+        breaking = self._lock_file + ".breaking"
         try:
-            os.rename(self._lock_file, aside)
+            os.close(os.open(breaking, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - os.lstat(breaking).st_mtime > grace:
+                    os.unlink(breaking)
+            return False
+        try:
+            now = os.lstat(self._lock_file)
+            if (now.st_ino, now.st_mtime_ns) != (stale.st_ino, stale.st_mtime_ns):
+                return False  # released, or a fresh lock since: its holder keeps it
+            os.unlink(self._lock_file)
+            return True
         except FileNotFoundError:
-            return  # taken over or released already
-        moved = os.lstat(aside)
-        if (moved.st_ino, moved.st_mtime_ns) != (stale.st_ino, stale.st_mtime_ns):
-            with contextlib.suppress(FileExistsError):  # a fresh lock: back where it was
-                os.link(aside, self._lock_file, follow_symlinks=False)
-        os.unlink(aside)
+            return False
+        finally:
+            os.unlink(breaking)

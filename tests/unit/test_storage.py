@@ -237,6 +237,47 @@ def test_a_journal_lock_nobody_holds_is_taken_over_after_its_grace_without_spinn
     assert study.user_attrs == {"written": True}
 
 
+#: Counts to ``sys.argv[1]`` in the file ``count``, each read and write under the journal
+#: ``j.log``'s lock, its grace cut to 1 s.
+_COUNT_UNDER_THE_LOCK = """
+import sys
+from scalertune._storage import _policy
+from scalertune._storage._journal_lock import JournalLock
+_policy.JOURNAL_LOCK_GRACE_S = 1.0
+lock = JournalLock("j.log")
+for _ in range(int(sys.argv[1])):
+    lock.acquire()
+    try:
+        n = int(open("count").read())
+        open("count", "w").write(str(n + 1))
+    finally:
+        lock.release()
+"""
+
+
+def test_workers_that_find_one_stale_journal_lock_at_once_take_it_over_once(tmp_path):
+    """Four workers wait on one stale lock from the same moment: one takes it over, and the
+    lock then lets one of them at a time in (Optuna's take-over lets two that saw it stale
+    both remove it, the second the fresh lock the first made since)."""
+    (tmp_path / "j.log").touch()
+    (tmp_path / "count").write_text("0")
+    os.symlink("nowhere", tmp_path / "j.log.lock")
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _COUNT_UNDER_THE_LOCK, "200"],
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    said = [w.communicate(timeout=120)[1] for w in workers]
+    assert [w.returncode for w in workers] == [0] * 4, said
+    assert sum(", taken over" in s for s in said) == 1, said
+    assert (tmp_path / "count").read_text() == "800"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["count", "j.log"]
+
+
 def test_a_storage_error_that_does_not_pass_is_not_retried(tmp_path):
     import sqlalchemy
 
