@@ -33,6 +33,11 @@ from scalertune._storage._outage import say_or_print
 _MAX_WAIT_S = 1.0
 
 
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    """Whether two looks at the lock saw the same one, unchanged."""
+    return (a.st_ino, a.st_mtime_ns) == (b.st_ino, b.st_mtime_ns)
+
+
 class JournalLock(JournalFileSymlinkLock):
     """Optuna's symlink lock on the journal at ``path``, as the module's docstring says."""
 
@@ -53,7 +58,7 @@ class JournalLock(JournalFileSymlinkLock):
                 now = os.lstat(self._lock_file)
             except FileNotFoundError:
                 continue  # released this moment: try again at once
-            if seen is None or (now.st_ino, now.st_mtime_ns) != (seen.st_ino, seen.st_mtime_ns):
+            if seen is None or not _same(now, seen):
                 seen, since = now, time.monotonic()
             elif time.monotonic() - since > grace:
                 if self._take_over(seen, grace):
@@ -88,7 +93,7 @@ class JournalLock(JournalFileSymlinkLock):
             return False
         try:
             now = os.lstat(self._lock_file)
-            if (now.st_ino, now.st_mtime_ns) != (stale.st_ino, stale.st_mtime_ns):
+            if not _same(now, stale):
                 return False  # released, or a fresh lock since: its holder keeps it
             os.unlink(self._lock_file)
             return True
