@@ -812,9 +812,7 @@ def test_isolation_covers_the_float32_reference(tmp_path, workload, extra, messa
 _OPEN_AT = """
 import sys, time
 from scalertune._storage._open import open_storage
-start = float(sys.argv[2])
-while time.time() < start:
-    pass
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
 try:
     open_storage(sys.argv[1])
     print("ok")
