@@ -14,8 +14,8 @@ scalertune's workers follows it), and the lock's age is read from the link itsel
 it points to, by one waiter at a time (Optuna lets two that saw it stale remove it both,
 the second the first's fresh lock, and two workers append at once), and a worker waits
 between tries. The lock is the same file, made and removed the same way, so workers on
-either lock share a journal. A wait a third of the grace long is
-said in one line, and so is the take-over: a quiet half-minute looks like a hang.
+either lock share a journal. A wait a third of the grace long is said in one line, and so is
+the take-over: a quiet half-minute looks like a hang.
 """
 
 from __future__ import annotations
