@@ -13,6 +13,7 @@ the best AMP config that held is still carried (``evidence.best_amp``), to use o
 from __future__ import annotations
 
 from scalertune._judge._findings import Findings, speedup
+from scalertune._judge._horizon import fewer_steps
 from scalertune._judge._speedup import CPU_SLOWER, emulated
 from scalertune._review._describe import why_not
 from scalertune._text import plural
@@ -35,8 +36,8 @@ def verdict(result: Findings) -> str:
             f"train in {result.config.describe()}: the best AMP config that holds, "
             f"{best.label} [{best.config.describe()}], ran float8 emulated on {device}: "
             "torchao computes float8's numerics there without float8 matmuls, so no speed is "
-            "claimed for it; on a GPU with float8 matmuls (CUDA capability 8.9+), use it "
-            f"(evidence.best_amp) or run the search there{covers}"
+            f"claimed for it{clause}; on a GPU with float8 matmuls (CUDA capability 8.9+), use "
+            f"it (evidence.best_amp) or run the search there{covers}"
         )
     if result.recommended is None:
         why = CPU_SLOWER if found.cpu_note(device) else "a tie goes to the simpler config"
@@ -129,7 +130,8 @@ def _no_amp(result: Findings) -> str:
 
 def _clipping_clause(result: Findings) -> str:
     """Whose steps the verdict compares with, when the best AMP config clips otherwise than
-    the workload: float32 clipped the same way, which is the fair comparison."""
+    the workload: float32 clipped the same way, which is the fair comparison; whether the clip
+    alone saves steps is judged against float32's seed-to-seed spread, as the answer is."""
     twin, ref = result.float32_clip, result.reference
     if twin is None or ref is None:
         return ""
@@ -139,11 +141,16 @@ def _clipping_clause(result: Findings) -> str:
             f"; float32 with the same {clip} never reaches the target, so the "
             "comparison is with the float32 reference"
         )
-    said = f"; against float32 at the same {clip} (target at step {twin.steps_to_target}"
-    ref_steps = ref.steps_to_target
-    if ref_steps and twin.steps_to_target is not None and twin.steps_to_target < 0.9 * ref_steps:
-        said += (
-            f", where the float32 reference needs {ref_steps}: the clipping, not the "
-            "precision, saves those steps"
+    steps, ref_steps = twin.steps_to_target, ref.steps_to_target
+    said = f"; against float32 at the same {clip} (target at step {steps}"
+    if not ref_steps or steps is None or steps >= ref_steps:
+        return said + ")"
+    if fewer_steps(steps, ref_steps, result.spread):
+        return (
+            f"{said}, where the float32 reference needs {ref_steps}: the clipping, not the "
+            "precision, saves those steps)"
         )
-    return said + ")"
+    return (
+        f"{said}, the float32 reference's {ref_steps} within float32's seed-to-seed spread "
+        f"of {result.spread:.0%}: a tie)"
+    )

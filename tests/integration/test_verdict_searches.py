@@ -1,6 +1,7 @@
 """The verdict of whole searches: the workload's clipping, reused configs, a clip's gain credited
 to the clip."""
 
+import dataclasses
 import math
 
 import optuna
@@ -9,6 +10,7 @@ from conftest import spec
 
 import scalertune
 from scalertune._amp._config import AmpConfig
+from scalertune._review._verdict import verdict
 
 
 def test_the_workloads_clipping_applies_to_baselines_and_the_float32_answer(storage, tmp_path):
@@ -95,5 +97,13 @@ def test_a_gain_that_comes_from_the_clip_is_credited_to_the_clip(storage):
         twin.steps_to_target / rec.steps_to_target / speedup.step_time_ratio
     )
     assert f"against float32 at the same clip {rec.config.clip_norm:.3g}" in result.verdict
+    # the clip is credited with the steps only beyond float32's seed-to-seed spread, as the
+    # float32 answer is chosen: within it, the verdict says the steps tie
+    fewer = result.reference.steps_to_target / twin.steps_to_target - 1
+    beyond = verdict(dataclasses.replace(result, spread=fewer / 2))
+    assert "the clipping, not the precision, saves those steps" in beyond
+    within = verdict(dataclasses.replace(result, spread=fewer * 2))
+    assert "saves those steps" not in within
+    assert f"within float32's seed-to-seed spread of {fewer * 2:.0%}: a tie" in within
     study = optuna.load_study(study_name="clip", storage=storage)
     assert study.trials[twin.number].value == math.inf  # a yardstick, never the best trial
