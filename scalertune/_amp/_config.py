@@ -230,16 +230,25 @@ class AmpConfig:
             clip_norm: The workload's own clipping norm, which counts as unchanged.
 
         Returns:
-            The count; the islands count as one knob.
+            The count; the islands count as one knob, and float8's recipe as its steps from
+            torchao's default (``rowwise_with_gw_hp`` is ``rowwise`` with the weight gradient
+            in high precision too, and slower again on a GPU).
 
         Example:
             >>> from scalertune import AmpConfig
             >>> AmpConfig(init_scale=4096.0, clip_norm=1.0).knobs_changed(clip_norm=1.0)
             1
+            >>> AmpConfig(dtype="float8", float8_recipe="rowwise_with_gw_hp").knobs_changed()
+            3
         """
         changed = int(self.dtype != _DEFAULTS.dtype) + int(self.clip_norm != clip_norm)
         changed += sum(int(getattr(self, k) != getattr(_DEFAULTS, k)) for k in SCALER_KNOBS)
-        changed += sum(int(getattr(self, k) != getattr(_DEFAULTS, k)) for k in FLOAT8_KNOBS)
+        changed += sum(
+            int(getattr(self, k) != getattr(_DEFAULTS, k))
+            for k in FLOAT8_KNOBS
+            if k != "float8_recipe"
+        )
+        changed += FLOAT8_RECIPES.index(self.float8_recipe)
         return changed + int(bool(self.fp32_modules))
 
     @classmethod

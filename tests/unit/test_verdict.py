@@ -137,6 +137,30 @@ def test_ties_within_the_timing_noise_go_to_stability_not_to_noise():
     assert [o.number for o in candidates([clipped, plain], times, None)] == [4, 5]
 
 
+def test_a_float8_tie_goes_to_the_recipe_nearer_torchaos_default():
+    """rowwise_with_gw_hp is rowwise with the weight gradient in high precision too (slower
+    on a GPU): tied with rowwise, it loses, as rowwise with a layer kept out loses to plain
+    rowwise."""
+    times = StepTimes({"float32": [1.0] * 6, "float8": [4.0] * 6})
+
+    def run(number, **knobs):
+        return Outcome(
+            number=number,
+            role="search",
+            config=AmpConfig(dtype="float8", **knobs),
+            seed=0,
+            state="complete",
+            figures=Figures(steps_to_target=100, time_to_target_s=400.0),
+            losses=(),
+        )
+
+    gw_hp = run(1, float8_recipe="rowwise_with_gw_hp")
+    rowwise = run(2, float8_recipe="rowwise")
+    island = run(3, float8_recipe="rowwise", fp32_modules=("head",))
+    assert [o.number for o in candidates([gw_hp, rowwise], times, None)] == [2, 1]
+    assert [o.number for o in candidates([island, rowwise], times, None)] == [2, 3]
+
+
 def test_a_run_beaten_by_its_own_dtype_is_not_tied_in_by_another_dtypes_spread():
     # Seen on the codepoints example under load: float16's spread (1.1-3.7x) overlapped both
     # bfloat16 runs, and "bfloat16, no clip" (200 steps, no knob changed) won the tie over
