@@ -454,7 +454,12 @@ def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]
             "#     trainer.train()"
             + ("" if config.float8 else "; print(amp.skipped_steps, amp.scaler.get_scale())"),
         ]
-    return [f"# or, instead: scalertune.attach puts {what} into the {name}", line]
+    said = [f"# or, instead: scalertune.attach puts {what} into the {name}", line]
+    if framework == "accelerate":  # the loss of a loop of the user's own is theirs to hand over
+        said.append(
+            "#     loss = amp.loss(lambda: loss_fn(model(inputs), targets))  # the in-run check"
+        )
+    return said
 
 
 #: The writers of the frameworks that run under autocast on a device (DeepSpeed's JSON is

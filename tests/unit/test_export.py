@@ -161,6 +161,9 @@ def test_accelerate_accelerator_takes_the_export_and_clips_in_the_loop(config):
 
     export = scalertune.export(config, "accelerate", device="cpu")
     assert export.not_expressible == ()
+    # the attach alternative hands the loop's loss to the runtime, which checks it
+    attach = export.code.index("scalertune.attach(accelerator,")
+    assert "loss = amp.loss(lambda: " in export.code[attach:]
     for kwargs in (export.build(), _exec(export.code)["accelerator_kwargs"]):
         AcceleratorState._reset_state(reset_partial_state=True)  # one Accelerator per process
         accelerator = Accelerator(**kwargs)
