@@ -22,10 +22,11 @@ import functools
 import json
 import os
 import re
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from scalertune._errors import UsageError
 
@@ -304,7 +305,8 @@ def _journal_file(path: str) -> Any:
     return _WholeAppends(path)
 
 
-#: How much of a journal's end is read to find where its last whole record ends.
+#: How much of a journal is read at a time, from its end, to find where its last whole record
+#: ends (a record holding a run's gradient trace may be longer: the search goes on back).
 _TAIL_BYTES = 1 << 20
 
 
@@ -326,15 +328,10 @@ def mend_cut_record(path: str) -> str | None:
         if _ends_whole(path):  # another worker mended it while this one waited
             return None
         with open(path, "r+b") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - _TAIL_BYTES))
-            tail = f.read()
-            keep = size - len(tail) + tail.rfind(b"\n") + 1
+            keep = _last_whole_end(f)
             f.seek(keep)
             cut = f.read()
-            side = f"{path}.cut-{int(time.time())}"
-            with open(side, "wb") as out:
-                out.write(cut)
+            side = _set_aside(path, cut)
             f.truncate(keep)
     finally:
         lock.release()
@@ -345,6 +342,34 @@ def mend_cut_record(path: str) -> str | None:
     )
     say_or_print(line)
     return side
+
+
+def _last_whole_end(f: BinaryIO) -> int:
+    """Where the journal's last whole record ends: after its last newline, read back from the
+    end a chunk at a time however long the cut record is (0: no whole record)."""
+    end = f.seek(0, os.SEEK_END)
+    while end > 0:
+        start = max(0, end - _TAIL_BYTES)
+        f.seek(start)
+        at = f.read(end - start).rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        end = start
+    return 0
+
+
+def _set_aside(path: str, cut: bytes) -> str:
+    """Write the cut bytes to a new file beside the journal, named for the time, and return
+    its name: created, never opened through a link someone left at that name nor over an
+    earlier side file (``mkstemp``: exclusive creation, a name of its own), and on disk
+    before the journal is cut back."""
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, side = tempfile.mkstemp(prefix=f"{name}.cut-{int(time.time())}-", dir=folder)
+    with os.fdopen(fd, "wb") as out:
+        out.write(cut)
+        out.flush()
+        os.fsync(out.fileno())
+    return os.path.join(os.path.dirname(path), os.path.basename(side))
 
 
 def _ends_whole(path: str) -> bool:

@@ -4,6 +4,7 @@
 import contextlib
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -595,3 +596,70 @@ def test_a_claim_that_is_not_one_is_no_claim(tmp_path):
         assert not held(study, "k")
         Once(study)("k", lambda: done.append(1), lambda: len(done) == 4)
     assert done == [1, 1, 1, 1]
+
+
+def _journal(path):
+    """Optuna's own storage on a journal file."""
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def _add_trial(path, value, create=False):
+    import optuna
+
+    journal = _journal(path)
+    make = optuna.create_study if create else optuna.load_study
+    study = make(study_name="s", storage=journal)
+    study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=value))
+
+
+def test_a_cut_record_longer_than_one_read_is_set_aside_whole(tmp_path, monkeypatch, capsys):
+    """A cut record longer than the mend's read from the end (a run's gradient trace is one
+    record) goes aside whole: the journal ends at its last whole record, Optuna reads the
+    study and its next trial after the mend."""
+    import optuna
+
+    from scalertune._storage import _open
+
+    path = tmp_path / "study.log"
+    _add_trial(path, 1.0, create=True)
+    _add_trial(path, 2.0)
+    whole = path.read_bytes()
+    cut = b'{"op_code": 4, "worker_id": "w", "user_attr": {"trace": "' + b"x" * 5000
+    path.write_bytes(whole + cut)
+    monkeypatch.setattr(_open, "_TAIL_BYTES", 1024)  # the record spans five reads
+    side = _open.mend_cut_record(str(path))
+    assert path.read_bytes() == whole
+    assert pathlib.Path(side).read_bytes() == cut
+    assert f"its {len(cut)} bytes set aside in {side};" in capsys.readouterr().err
+    _add_trial(path, 3.0)
+    study = optuna.load_study(study_name="s", storage=_journal(path))
+    assert [t.value for t in study.trials] == [1.0, 2.0, 3.0]
+
+
+def test_the_cut_bytes_go_to_a_new_file_never_through_a_planted_link_nor_over_a_side_file(
+    tmp_path,
+):
+    """Whoever can write the journal's folder may plant links at the side file's predictable
+    names (the time): the mend creates a file of its own instead, and two mends within one
+    second keep both cut records."""
+    from scalertune._storage._open import mend_cut_record
+
+    path = tmp_path / "study.log"
+    _add_trial(path, 1.0, create=True)
+    whole = path.read_bytes()
+    victim = tmp_path / "outside" / "victim.txt"
+    victim.parent.mkdir()
+    victim.write_text("left alone")
+    now = int(time.time())
+    for second in range(now - 1, now + 30):
+        os.symlink(victim, tmp_path / f"study.log.cut-{second}")
+    cuts = [b'{"op_code": 1, "half', b'{"op_code": 2, "other half']
+    sides = []
+    for cut in cuts:
+        path.write_bytes(whole + cut)
+        sides.append(pathlib.Path(mend_cut_record(str(path))))
+        assert path.read_bytes() == whole
+    assert victim.read_text() == "left alone"
+    assert [s.read_bytes() for s in sides] == cuts and not any(s.is_symlink() for s in sides)
