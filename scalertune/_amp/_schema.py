@@ -163,12 +163,17 @@ def load_check(path: str) -> tuple[CheckPolicy, ScalerPrediction | None]:
     """The result file's ``check`` block (the default policy where it has none: a file
     written before runs checked themselves) and its scaler prediction."""
     data = read_result(path)
+    return check_policy(data, path), _prediction(data, path)
+
+
+def check_policy(data: dict[str, Any], path: str) -> CheckPolicy:
+    """The ``check`` block of a result read by :func:`read_result`, checked as a run loads it
+    (the default policy where it has none): an export refuses what the run would."""
     block = data.get("check")
     try:
-        policy = CheckPolicy() if block is None else CheckPolicy.from_dict(block)
+        return CheckPolicy() if block is None else CheckPolicy.from_dict(block)
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
-    return policy, _prediction(data, path)
 
 
 def _guard(data: dict[str, Any], path: str) -> Guard | None:

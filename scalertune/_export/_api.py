@@ -383,7 +383,7 @@ def _islands_hooked(framework: str, config: AmpConfig) -> bool:
 def _read_source(source: Any, best_amp: bool) -> tuple[AmpConfig, Any]:
     """The config to export, and the evidence it came with (``None`` for a bare config);
     with ``best_amp``, the best AMP config's, and its own evidence block."""
-    from scalertune._amp._schema import best_amp_block, read_result
+    from scalertune._amp._schema import best_amp_block, check_policy, read_result
     from scalertune._review._result import SearchResult
 
     if isinstance(source, AmpConfig):
@@ -392,6 +392,7 @@ def _read_source(source: Any, best_amp: bool) -> tuple[AmpConfig, Any]:
         return source, None
     if isinstance(source, (str, os.PathLike)):
         data = read_result(os.fspath(source))
+        check_policy(data, os.fspath(source))  # what the printed attach line would load
     elif isinstance(source, SearchResult):
         data = source.to_dict()
     else:

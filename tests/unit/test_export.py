@@ -626,3 +626,26 @@ def test_export_of_a_result_file_cut_short_is_one_line_exit_2(tmp_path):
         said = done.stderr.strip()
         assert "\n" not in said and done.stdout == ""
         assert f"{name} was cut short" in said and (lost in said or not lost)
+
+
+@pytest.mark.parametrize(
+    "check, said",
+    [
+        ("{every: 0, action: act, window: 5}", "the check's every must be an integer >= 1"),
+        ("{every: 100, action: 'rm -rf /', window: 5}", "the check's action must be one of"),
+    ],
+)
+def test_export_refuses_a_check_block_that_loading_the_file_would_refuse(tmp_path, check, said):
+    """The exports print an attach line that loads the file: a ``check`` block that
+    ``scalertune.load`` refuses is refused by export too, for the same reason, in one line,
+    exit 2."""
+    path = tmp_path / "amp.yaml"
+    path.write_text(f"config: {{dtype: bfloat16, clip_norm: 1.0}}\ncheck: {check}\n")
+    with pytest.raises(scalertune.UsageError) as loaded:
+        scalertune.load(str(path), device="cpu", storage=False)
+    reason = str(loaded.value).removeprefix(f"{path}: ")
+    assert reason.startswith(said)
+    for framework in ("torch", "lightning", "transformers", "accelerate"):
+        done = run_cli("export", "amp.yaml", "--to", framework, cwd=tmp_path)
+        assert done.returncode == 2 and done.stdout == "", (framework, done)
+        assert done.stderr.strip() == f"scalertune export: error: amp.yaml: {reason}"
