@@ -103,10 +103,15 @@ def location_of(study: Any, override: str | None = None) -> str:
     location = _resolved(recorded, home)
     if trusted(location, home):
         return location
-    if home is not None and os.path.basename(location) == DEFAULT_ARTIFACT_DIR:
+    mine = os.path.join(home or "", DEFAULT_ARTIFACT_DIR)
+    if (
+        home is not None
+        and os.path.basename(location) == DEFAULT_ARTIFACT_DIR
+        and not _inside(location, home)
+        and trusted(mine, home)
+    ):
         # An older study, copied or moved with its storage file: it recorded the store beside
         # where that file was, as an absolute path. Its store is the one beside it now.
-        mine = os.path.join(home, DEFAULT_ARTIFACT_DIR)
         if (study.study_name, location) not in _SAID:
             _SAID.add((study.study_name, location))
             say_or_print(
@@ -114,27 +119,38 @@ def location_of(study: Any, override: str | None = None) -> str:
                 f"outside the folder of its storage file (moved or copied): {mine} is used"
             )
         return mine
+    raise _untrusted(study.study_name, location, home)
+
+
+def _untrusted(name: str, location: str, home: str | None, keeps: str = "records") -> UsageError:
+    """The one line refusing a store the user did not name: outside the storage file's
+    folder (the study's record chose it) or a link out of it (that folder's writer did)."""
     where = (
         f"outside the folder of its storage file ({home})"
         if home is not None
         else "on a database server, which names no folder of this machine"
     )
-    raise UsageError(
-        f"study {study.study_name!r} records its artifact store at {location}, {where}: "
-        "not used, since whoever can write the study chooses it: pass --artifact-dir "
-        f"{location} to use it (or another folder)"
+    who = "the study chooses it"
+    if home is not None and _inside(location, home):  # by name: a link leads out
+        where = f"a link to {os.path.realpath(location)}, {where}"
+        who = "that folder leaves the link"
+    return UsageError(
+        f"study {name!r} {keeps} its artifact store at {location}, {where}: not used, since "
+        f"whoever can write {who}: pass --artifact-dir {location} to use it (or another folder)"
     )
 
 
 def trusted(location: str, home: str | None) -> bool:
     """Whether a location read from a study may be used unnamed by the user: a bucket (no
     file of this machine), a folder inside ``home`` (the folder of the study's SQLite or
-    journal file), or the folder the study would be given here by default."""
-    return (
-        is_bucket(location)
-        or (home is not None and _inside(location, home))
-        or location == os.path.join(home or os.getcwd(), DEFAULT_ARTIFACT_DIR)
-    )
+    journal file) where it really is, not a link out of it that whoever can write that
+    folder may leave in the store's place, or (a study on a database server) the folder the
+    study would be given here by default."""
+    if is_bucket(location):
+        return True
+    if home is not None:
+        return _inside(os.path.realpath(location), os.path.realpath(home))
+    return location == os.path.join(os.getcwd(), DEFAULT_ARTIFACT_DIR)
 
 
 def record_location(study: Any, location: str) -> None:
@@ -155,6 +171,8 @@ def settle_location(study: Any, *, given: str | None, default: str) -> str:
     recorded = _recorded(study)
     mine = normalized(given or default)
     if recorded is None:
+        if given is None and not trusted(mine, _home(study)):
+            raise _untrusted(study.study_name, mine, _home(study), keeps="would keep")
         record_location(study, mine)
         return mine
     if given is None:

@@ -180,3 +180,33 @@ def test_an_old_study_copied_from_elsewhere_uses_the_store_beside_it_and_says_so
     assert f"{tmp_path / DEFAULT_ARTIFACT_DIR} is used" in done.stderr
     assert os.listdir(tmp_path / DEFAULT_ARTIFACT_DIR)
     assert (os.listdir(recorded) if os.path.isdir(recorded) else None) == there
+
+
+def test_a_store_folder_that_is_a_link_out_of_the_storage_folder_is_used_only_when_named(
+    tmp_path,
+):
+    """Whoever can write the storage file's folder can leave a link in the store's place
+    (``scalertune-artifacts`` -> ``/etc``): the store is judged where it really is, so
+    ``report -o`` refuses in one line, exit 2, writing nothing there, and a fresh study
+    refuses it too; named with ``--artifact-dir``, it is used."""
+    (tmp_path / "study").mkdir()
+    outside = tmp_path / "etc"
+    outside.mkdir()
+    _v1_study(tmp_path / "study", DEFAULT_ARTIFACT_DIR)
+    os.symlink(outside, tmp_path / "study" / DEFAULT_ARTIFACT_DIR)
+    args = ["report", "--storage", "v1.journal", "--study-name", "short", "-o", "r.yaml"]
+    refused = _scalertune(*args, cwd=tmp_path / "study")
+    assert refused.returncode == 2, refused.stderr
+    said = refused.stderr.strip()
+    assert "\n" not in said and "Traceback" not in said
+    assert f"a link to {outside}, outside the folder of its storage file" in said
+    assert os.listdir(outside) == [] and not (tmp_path / "study" / "r.yaml").exists()
+    store = str(tmp_path / "study" / DEFAULT_ARTIFACT_DIR)
+    journal = tmp_path / "study" / "new.log"
+    fresh = _study(journal)
+    with pytest.raises(UsageError, match=f"would keep its artifact store at {store}, a link"):
+        settle_location(fresh, given=None, default=default_location(str(journal)))
+    assert ARTIFACT_DIR_ATTR not in fresh.user_attrs
+    named = _scalertune(*args, "--artifact-dir", store, cwd=tmp_path / "study")
+    assert named.returncode == 0, named.stderr
+    assert os.listdir(outside)  # the pictures, where the user said
