@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import types
-from typing import Any
+from typing import IO, Any
 
 import optuna
 from optuna.storages import BaseStorage
@@ -57,7 +57,7 @@ def run(studies: list[optuna.Study], *, host: str, port: int, locations: list[st
     artifact stores (folders that exist, and buckets) as the dashboard's one store."""
     from optuna_dashboard import run_server
 
-    store = ArtifactStores([p for p in locations if is_bucket(p) or os.path.isdir(p)])
+    store = Served([p for p in locations if is_bucket(p) or os.path.isdir(p)])
     storage: Any = storage_of(studies[0])
     run_server(
         recommended_best(storage),
@@ -65,3 +65,19 @@ def run(studies: list[optuna.Study], *, host: str, port: int, locations: list[st
         port=port,
         artifact_store=store if store.locations else None,
     )
+
+
+class Served(ArtifactStores):
+    """The stores as the dashboard serves them: an artifact that is not there (or is a link,
+    a FIFO, anything but a file: the store refuses it) is HTTP 404, as optuna-dashboard
+    answers it on its API; its ``/artifacts`` route lets the store's error through as a 500
+    with a traceback in the server's log."""
+
+    def open_reader(self, artifact_id: str) -> IO[bytes]:
+        from bottle import HTTPError
+        from optuna.artifacts.exceptions import ArtifactNotFound
+
+        try:
+            return super().open_reader(artifact_id)
+        except ArtifactNotFound:
+            raise HTTPError(404, "Artifact is not found.") from None

@@ -454,3 +454,50 @@ def test_the_recommended_trial_shows_its_runs_figures_and_none_of_that_runs_job(
     assert shown["steps_run"] == run.user_attrs["steps_run"]
     assert Judged.read(system[JUDGED_ATTR]) == Judged.of_trial(run)
     assert rec.value == rec.user_attrs["time_to_target_s"]
+
+
+def test_a_picture_whose_file_is_a_link_or_gone_is_404_from_the_dashboards_own_route(tmp_path):
+    """optuna-dashboard's ``/artifacts`` route, given the stores as the server gives them: a
+    picture's file replaced by a link out of the store, or removed, is 404 (the route let the
+    store's refusal through as a 500, a traceback in the server's log); the file itself is
+    served."""
+    import os
+    import wsgiref.util
+
+    pytest.importorskip("optuna_dashboard")
+    from optuna_dashboard import wsgi
+
+    from scalertune._review._server import Served
+
+    store = tmp_path / "scalertune-artifacts"
+    store.mkdir()
+    served = Served([str(store)])
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage)
+    picture = tmp_path / "p.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n picture")
+    ids = [
+        optuna.artifacts.upload_artifact(
+            study_or_trial=study, file_path=str(picture), artifact_store=served
+        )
+        for _ in range(3)
+    ]
+    (tmp_path / "secret").write_text("outside the store")
+    os.remove(store / ids[1])
+    os.symlink(tmp_path / "secret", store / ids[1])
+    os.remove(store / ids[2])
+    app = wsgi(storage, artifact_store=served)
+    sid = storage.get_study_id_from_name(study.study_name)
+
+    def get(artifact_id):
+        environ = {"PATH_INFO": f"/artifacts/{sid}/{artifact_id}"}
+        wsgiref.util.setup_testing_defaults(environ)
+        said = {}
+        body = b"".join(app(environ, lambda status, headers, exc=None: said.update(status=status)))
+        return said["status"], body
+
+    assert get(ids[0]) == ("200 OK", b"\x89PNG\r\n\x1a\n picture")
+    for artifact_id in ids[1:]:
+        status, body = get(artifact_id)
+        assert status.startswith("404"), (status, body)
+        assert b"outside the store" not in body
