@@ -27,6 +27,7 @@ import contextlib
 import io
 import os
 import pickle
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -116,7 +117,11 @@ def read_checkpoint(
     name = os.path.basename(path)
     try:
         source: Any = path if data is None else io.BytesIO(data)
-        state = torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
+        with warnings.catch_warnings():
+            # a pickle of another protocol than torch.save's: torch's advice to file an issue,
+            # which would precede the one line below
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            state = torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:  # not torch's format, or a pickle asking for anything else
         raise DamagedCheckpoint(f"checkpoint {name} is damaged: {_unreadable(exc)}") from None
     why = _what_is_wrong(state, step)
@@ -232,7 +237,7 @@ def _unreadable(exc: BaseException) -> str:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         asked = [line for line in lines if "GLOBAL" in line or "nsupported" in line]
         return "its pickle asks for more than tensors and plain data" + (
-            f" ({asked[0].rstrip('.')[:200]})" if asked else ""
+            f" ({_cut(asked[0].rstrip('.'))})" if asked else ""
         )
     return f"it is not a file torch.save wrote ({_first_line(exc)})"
 
@@ -240,4 +245,10 @@ def _unreadable(exc: BaseException) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
+    return f"{type(exc).__name__}: {_cut(first)}" if first else type(exc).__name__
+
+
+def _cut(text: str, most: int = 200) -> str:
+    """``text`` up to ``most`` characters, its cut marked: the rest of a library's message
+    is no use in the one line."""
+    return text if len(text) <= most else text[: most - 3].rstrip() + "..."
