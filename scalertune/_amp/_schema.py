@@ -55,7 +55,7 @@ def read_result(path: str) -> dict[str, Any]:
             raise UsageError(_cut_short(path, [])) from None
         raise
     if cut:
-        raise UsageError(_cut_short(path, _lost(data)))
+        raise UsageError(_cut_short(path, _lost(data), data))
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise UsageError(f"{path} has no 'config' mapping: is it a scalertune result file?")
     version = data.get("scalertune", FORMAT_VERSION)
@@ -79,11 +79,22 @@ def _lost(data: Any) -> list[str]:
     return lost
 
 
-def _cut_short(path: str, lost: list[str]) -> str:
+def _cut_short(path: str, lost: list[str], data: Any = None) -> str:
+    """The one line refusing a cut file: what it lost, and the command that writes it again,
+    with the study and its storage where the file still names them (a storage whose password
+    the file hides is left for the user to give)."""
+    import shlex
+
     what = f": it has no {', '.join(lost)}" if lost else ""
+    evidence = data.get("evidence") if isinstance(data, dict) else None
+    named = evidence if isinstance(evidence, dict) else {}
+    study, storage = named.get("study"), named.get("storage")
+    url = shlex.quote(storage) if isinstance(storage, str) and "***" not in storage else None
+    name = shlex.quote(study) if isinstance(study, str) else None
     return (
         f"{path} was cut short (its last line, {END_LINE!r}, is missing){what}: write it "
-        f"again (scalertune report --storage STORAGE --study-name NAME -o {path}) or restore it"
+        f"again (scalertune report --storage {url or 'STORAGE'} --study-name {name or 'NAME'} "
+        f"-o {path}) or restore it"
     )
 
 

@@ -441,6 +441,8 @@ def test_a_result_file_cut_short_is_refused_in_one_line_naming_what_it_lost(tmp_
         scalertune.load(str(cut), device="cpu")
     said = str(refused.value)
     assert "\n" not in said and "was cut short" in said and "it has no evidence.model" in said
+    # the command that writes it again names the study the file still names
+    assert "scalertune report --storage STORAGE --study-name s -o " in said
     accelerate = pytest.importorskip("accelerate")
     with pytest.raises(UsageError, match="it has no evidence.model"):
         scalertune.attach(accelerate.Accelerator(cpu=True), str(cut))
