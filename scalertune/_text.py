@@ -13,9 +13,32 @@ READABLE_DIGITS = 4
 
 
 def shown(value: Any) -> str:
-    """``repr(value)``, cut short: a bad value in a one-line error, not a page of digits."""
+    """``repr(value)``, cut short: a bad value in a one-line error, not a page of digits; a
+    number YAML read as text (``1e4``: YAML 1.1's floats need a dot and a signed exponent)
+    says how to write it.
+
+    >>> shown("1e4")
+    "'1e4' (text: YAML reads this form of a number as text; write 1.0e+4)"
+    """
     text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    text = text if len(text) <= 40 else text[:37] + "..."
+    written = _as_yaml_float(value) if isinstance(value, str) else None
+    if written is not None:
+        text += f" (text: YAML reads this form of a number as text; write {written})"
+    return text
+
+
+def _as_yaml_float(value: str) -> str | None:
+    """``value`` written so YAML 1.1 (PyYAML's) reads a float, where it is a number in
+    exponent form that it reads as text (``1e4``, ``2.5E3``, ``1.0e4``): else ``None``."""
+    import re
+
+    found = re.fullmatch(r"([-+]?)(\d+)(?:\.(\d*))?[eE]([-+]?)(\d+)", value.strip())
+    if found is None:
+        return None
+    sign, whole, fraction, exp_sign, exponent = found.groups()
+    written = f"{sign}{whole}.{fraction or '0'}e{exp_sign or '+'}{exponent}"
+    return None if written == value.strip() else written  # that one was quoted: text meant
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

@@ -68,6 +68,14 @@ def parse_yaml(text: str, *, where: str) -> Any:
             return None
         _measure(node, where, loader)
         return loader.construct_document(node)
+    except yaml.constructor.ConstructorError as exc:  # a tag safe YAML does not construct
+        mark = exc.problem_mark
+        at = f" at line {mark.line + 1}" if mark else ""
+        tag = f" ({_cut(str(exc.problem).rpartition(' ')[2])})" if exc.problem else ""
+        raise UsageError(
+            f"{where} holds a tag{tag}{at} that is never read: a scalertune file is plain "
+            "data (mappings, lists, numbers, text); fix the file"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
@@ -79,6 +87,10 @@ def parse_yaml(text: str, *, where: str) -> Any:
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def _cut(text: str, most: int = 80) -> str:
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _measure(root: yaml.Node, where: str, loader: yaml.SafeLoader) -> None:

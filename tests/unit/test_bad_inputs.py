@@ -626,6 +626,17 @@ LOAD = [
     ("a NUL byte", RESULT + "evidence: {x: 1}\x00\n", r"is not valid YAML"),
     ("a control byte", RESULT + "evidence: {x: \x07}\n", r"is not valid YAML"),
     ("5000 digits", _result(init_scale="9" * 5000), r"holds a number too long"),
+    (
+        "a number YAML reads as text",
+        _result(init_scale="1e4"),
+        r"got '1e4' \(text: YAML reads this form of a number as text; write 1.0e\+4\)",
+    ),
+    (
+        "a python tag",
+        'config: !!python/object/apply:os.system ["echo planted"]\n',
+        r"holds a tag \('tag:yaml.org,2002:python/object/apply:os.system'\) at line 1 that is "
+        r"never read",
+    ),
     ("a key that is a number", "config: {1: 2, dtype: float16}\n", r"unknown config key\(s\) 1"),
     (
         "a key written twice",
