@@ -20,12 +20,21 @@ def shown(value: Any) -> str:
     >>> shown("1e4")
     "'1e4' (text: YAML reads this form of a number as text; write 1.0e+4)"
     """
-    text = repr(value)
-    text = text if len(text) <= 40 else text[:37] + "..."
+    text = cut(repr(value), 40)
     written = _as_yaml_float(value) if isinstance(value, str) else None
     if written is not None:
         text += f" (text: YAML reads this form of a number as text; write {written})"
     return text
+
+
+def cut(text: str, most: int) -> str:
+    """``text`` up to ``most`` characters, its cut marked with ``...``: the rest of a value or
+    of a library's message is no use in a one-line error.
+
+    >>> cut("abcdefgh", 6)
+    'abc...'
+    """
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _as_yaml_float(value: str) -> str | None:

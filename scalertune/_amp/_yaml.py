@@ -19,6 +19,7 @@ import yaml
 
 from scalertune._amp import _policy as _amp_policy
 from scalertune._errors import UsageError
+from scalertune._text import cut
 
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 
@@ -71,7 +72,7 @@ def parse_yaml(text: str, *, where: str) -> Any:
     except yaml.constructor.ConstructorError as exc:  # a tag safe YAML does not construct
         mark = exc.problem_mark
         at = f" at line {mark.line + 1}" if mark else ""
-        tag = f" ({_cut(str(exc.problem).rpartition(' ')[2])})" if exc.problem else ""
+        tag = f" ({cut(str(exc.problem).rpartition(' ')[2], 80)})" if exc.problem else ""
         raise UsageError(
             f"{where} holds a tag{tag}{at} that is never read: a scalertune file is plain "
             "data (mappings, lists, numbers, text); fix the file"
@@ -87,10 +88,6 @@ def parse_yaml(text: str, *, where: str) -> Any:
     finally:
         if loader is not None:
             loader.dispose()
-
-
-def _cut(text: str, most: int = 80) -> str:
-    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _measure(root: yaml.Node, where: str, loader: yaml.SafeLoader) -> None:

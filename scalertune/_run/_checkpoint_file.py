@@ -35,6 +35,7 @@ import torch
 
 from scalertune._amp._schema import temporary_name
 from scalertune._errors import DamagedCheckpoint
+from scalertune._text import cut
 
 #: What a checkpoint holds besides tensors: the types ``torch.load(weights_only=True)``
 #: builds without being told of any other.
@@ -237,7 +238,7 @@ def _unreadable(exc: BaseException) -> str:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         asked = [line for line in lines if "GLOBAL" in line or "nsupported" in line]
         return "its pickle asks for more than tensors and plain data" + (
-            f" ({_cut(asked[0].rstrip('.'))})" if asked else ""
+            f" ({cut(asked[0].rstrip('.'), 200)})" if asked else ""
         )
     return f"it is not a file torch.save wrote ({_first_line(exc)})"
 
@@ -245,10 +246,4 @@ def _unreadable(exc: BaseException) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {_cut(first)}" if first else type(exc).__name__
-
-
-def _cut(text: str, most: int = 200) -> str:
-    """``text`` up to ``most`` characters, its cut marked: the rest of a library's message
-    is no use in the one line."""
-    return text if len(text) <= most else text[: most - 3].rstrip() + "..."
+    return f"{type(exc).__name__}: {cut(first, 200)}" if first else type(exc).__name__
