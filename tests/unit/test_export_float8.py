@@ -193,8 +193,10 @@ def test_lightning_and_transformers_set_the_precision_around_and_torchao_convert
 
 
 #: How to get torchtitan's config code without the training stack its package pins (datasets,
-#: wandb, tensorboard, ...): none of it is imported by the config classes; triton is.
-TORCHTITAN = "pip install --no-deps torchtitan==0.3.0 triton==3.9.0"
+#: wandb, tensorboard, ...): none of it is imported by the config classes; these are.
+TORCHTITAN = (
+    "pip install tyro && pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3 triton==3.9.0"
+)
 
 
 def _skip_without_torchtitan(reason):
