@@ -6,6 +6,8 @@ import ast
 import dataclasses
 import importlib.util
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -193,9 +195,12 @@ def test_lightning_and_transformers_set_the_precision_around_and_torchao_convert
 
 
 #: How to get torchtitan's config code without the training stack its package pins (datasets,
-#: wandb, tensorboard, ...): none of it is imported by the config classes; these are.
+#: wandb, tensorboard, ...): none of it is imported by the config classes; these are. triton
+#: goes to a folder of its own, named by ``SCALERTUNE_TEST_TRITON`` (as ``.ci/run`` does):
+#: where it is importable, torch's dynamo imports it in every process (0.1 s of CPU each).
 TORCHTITAN = (
-    "pip install tyro && pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3 triton==3.9.0"
+    "pip install tyro && pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3 && "
+    "pip install --no-deps --target DIR triton==3.9.0; SCALERTUNE_TEST_TRITON=DIR"
 )
 
 
@@ -250,27 +255,52 @@ def test_torchtitan_settings_are_fields_of_its_own_config_classes():
     assert ast.literal_eval(training["mixed_precision_param"].value) == "bfloat16"
 
 
-def test_torchtitan_settings_build_its_config_where_it_imports():
-    try:
-        from torchtitan.components.quantization import Float8LinearConverter
-        from torchtitan.config import TrainingConfig
-    except ImportError as exc:
-        _skip_without_torchtitan(f"torchtitan's float8 converter does not import here: {exc}")
-    built = scalertune.export(ROWWISE, "torchtitan", device="cuda").build()
-    assert built["float8_converter"] == Float8LinearConverter.Config(
-        recipe_name="rowwise", filter_fqns=["head"]
-    )
-    assert TrainingConfig(**built["training"]).mixed_precision_param == "float32"
+#: Run in a process of its own, with triton on its path only (``SCALERTUNE_TEST_TRITON``).
+_BUILT_BY_TORCHTITAN = """
+import dataclasses, sys
+try:
+    from torchtitan.components.quantization import Float8LinearConverter
+    from torchtitan.config import TrainingConfig
     from torchtitan.models.common.linear import Linear
     from torchtitan.models.llama3 import model_registry
+except ImportError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(3)
+import scalertune
+from scalertune import AmpConfig
 
-    # emulate: float8 without a float8 GPU (torchtitan refuses otherwise); 'head' is a
-    # substring of llama3's 'lm_head', which the export's DIFFERS line warns of
-    converter = dataclasses.replace(built["float8_converter"], emulate=True)
-    layers = model_registry("debugmodel", converters=[converter]).model.traverse(Linear.Config)
-    kinds = {fqn: type(config).__qualname__ for fqn, config, _, _ in layers}
-    assert kinds["lm_head"] == "Linear.Config"
-    assert {kinds[f] for f in kinds if f != "lm_head"} == {"Float8Linear.Config"}
+rowwise = AmpConfig(dtype="float8", float8_recipe="rowwise", fp32_modules=("head",))
+built = scalertune.export(rowwise, "torchtitan", device="cuda").build()
+assert built["float8_converter"] == Float8LinearConverter.Config(
+    recipe_name="rowwise", filter_fqns=["head"]
+), built
+assert TrainingConfig(**built["training"]).mixed_precision_param == "float32"
+# emulate: float8 without a float8 GPU (torchtitan refuses otherwise); 'head' is a substring
+# of llama3's 'lm_head', which the export's DIFFERS line warns of
+converter = dataclasses.replace(built["float8_converter"], emulate=True)
+layers = model_registry("debugmodel", converters=[converter]).model.traverse(Linear.Config)
+kinds = {fqn: type(config).__qualname__ for fqn, config, _, _ in layers}
+assert kinds["lm_head"] == "Linear.Config", kinds
+assert {kinds[f] for f in kinds if f != "lm_head"} == {"Float8Linear.Config"}, kinds
+"""
+
+
+def test_torchtitan_settings_build_its_config_where_it_imports():
+    env = dict(os.environ)
+    triton = os.environ.get("SCALERTUNE_TEST_TRITON")
+    if triton:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [triton, env.get("PYTHONPATH")]))
+    ran = subprocess.run(
+        [sys.executable, "-c", _BUILT_BY_TORCHTITAN],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    if ran.returncode == 3:
+        said = ran.stderr.strip().splitlines()[-1]
+        _skip_without_torchtitan(f"torchtitan's float8 converter does not import here: {said}")
+    assert ran.returncode == 0, ran.stderr[-3000:]
 
 
 def test_torchtitan_says_what_it_cannot_express():
