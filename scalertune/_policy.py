@@ -63,8 +63,27 @@ MAX_CONSECUTIVE_SKIPS = 50
 #: How many of the best-ranked candidates are rerun on other seeds before one is recommended.
 CONFIRM_TOP = 3
 
-#: Seeds the confirmation reruns use (the search itself runs on ``--seed``, default 0).
+#: Seeds the confirmation reruns use (the search itself runs on ``--seed``, default 0): these,
+#: but for the search's own seed (:func:`confirm_seeds`).
 CONFIRM_SEEDS = (1, 2)
+
+
+def confirm_seeds(seed: int) -> tuple[int, ...]:
+    """The seeds a search on ``seed`` confirms on: ``CONFIRM_SEEDS``, the search's own seed
+    replaced by the next seed that is neither (a confirmation on the search's own seed would
+    run the run it confirms again, and float32's spread would rest on one seed fewer).
+
+    >>> confirm_seeds(0), confirm_seeds(1), confirm_seeds(2), confirm_seeds(7)
+    ((1, 2), (2, 3), (1, 3), (1, 2))
+    """
+    seeds: list[int] = []
+    other = 1
+    while len(seeds) < len(CONFIRM_SEEDS):
+        if other != seed:
+            seeds.append(other)
+        other += 1
+    return tuple(seeds)
+
 
 #: The study stops early when ``STUDY_PATIENCE`` sampled trials in a row (reused duplicates
 #: not counted) have not found a faster time to target, once ``STUDY_MIN_TRIALS`` have run.

@@ -44,8 +44,8 @@ target), PyTorch's defaults (float16, init_scale 65536, growth 2.0, backoff 0.5,
 only PyTorch's defaults: the replay of the gradient trace says what other scaler settings
 would do there). Then N-TRIALS sampled configs. Trials that reach the target rank above
 those that never do; among them the shortest time to target wins. The best few are rerun
-on seeds {seeds} and a config is recommended only if it stays finite and reaches the target
-on all of them.
+on seeds {seeds} (the next seed in place of the search's own --seed) and a config is
+recommended only if it stays finite and reaches the target on all of them.
 
 Running the same command again resumes the same study up to N-TRIALS sampled trials.
 """.format(seeds=", ".join(map(str, _policy.CONFIRM_SEEDS)))

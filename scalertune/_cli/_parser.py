@@ -140,7 +140,12 @@ def _search(sub: Any) -> None:
         "the late phases they do not reach (default: what the factory "
         "declares, else --steps)",
     )
-    s.add_argument("--seed", type=int, default=0, help="seed of the search runs (default: 0)")
+    s.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the search runs; the best are confirmed on two others (default: 0)",
+    )
     _device_argument(s, "auto (CUDA if present), cpu, cuda or cuda:N (default: %(default)s)")
     s.add_argument(
         "--output",

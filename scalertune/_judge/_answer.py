@@ -79,7 +79,7 @@ def judge(study: optuna.Study, *, storage: str = "", view: StudyView | None = No
     ranking = ranked(outcomes)
     references = {
         s: ref
-        for s in (seed, *_policy.CONFIRM_SEEDS)
+        for s in (seed, *_policy.confirm_seeds(seed))
         if (ref := view.reference_of(s, every)) is not None
     }
     times = references[seed].step_times if seed in references else None

@@ -19,6 +19,7 @@ import math
 
 import optuna
 
+from scalertune import _policy
 from scalertune._amp._config import DEFAULTS_BASELINES, AmpConfig
 from scalertune._inrun._run_record import RunRecord, UnreadRecord
 from scalertune._judge._horizon import RuledOut, finalists, holds
@@ -218,13 +219,17 @@ class Findings:
             >>> result.confirmation_state(result.candidates[0])  # doctest: +SKIP
             'confirmed'
         """
-        return confirmation_state(self.confirmations, candidate)
+        return confirmation_state(
+            self.confirmations, candidate, _policy.confirm_seeds(self.settings.seed)
+        )
 
     @property
     def next_to_confirm(self) -> Outcome | None:
         """The candidate whose confirmation runs come next: the best one, and the next only
         once every one before it failed. ``None`` when one is confirmed or none is left."""
-        return next_to_confirm(self.candidates, self.confirmations)
+        return next_to_confirm(
+            self.candidates, self.confirmations, _policy.confirm_seeds(self.settings.seed)
+        )
 
     @property
     def pruned_by_kind(self) -> dict[str, int]:

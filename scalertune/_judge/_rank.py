@@ -177,25 +177,29 @@ def confirmations_of(outcomes: Sequence[Outcome]) -> dict[int, dict[int, Outcome
     return found
 
 
-def confirmation_state(confirmations: dict[int, dict[int, Outcome]], candidate: Outcome) -> str:
-    """Where ``candidate``'s confirmation on other seeds stands, by its runs in
+def confirmation_state(
+    confirmations: dict[int, dict[int, Outcome]], candidate: Outcome, seeds: Sequence[int]
+) -> str:
+    """Where ``candidate``'s confirmation on the other ``seeds`` stands, by its runs in
     ``confirmations`` (:func:`confirmations_of`): ``"confirmed"``, ``"failed"`` (a seed that
     went non-finite or never reached its target), or ``"pending"`` (a seed not yet run)."""
     runs = confirmations.get(candidate.number, {})
     if any(not o.reached for o in runs.values()):
         return "failed"
-    if all(s in runs for s in _policy.CONFIRM_SEEDS):
+    if all(s in runs for s in seeds):
         return "confirmed"
     return "pending"
 
 
 def next_to_confirm(
-    candidates: Sequence[Outcome], confirmations: dict[int, dict[int, Outcome]]
+    candidates: Sequence[Outcome],
+    confirmations: dict[int, dict[int, Outcome]],
+    seeds: Sequence[int],
 ) -> Outcome | None:
     """The first of ``candidates`` whose confirmation is pending, so long as none before it
     was confirmed: the best one, and the next only once every one before it failed."""
     for candidate in candidates:
-        state = confirmation_state(confirmations, candidate)
+        state = confirmation_state(confirmations, candidate, seeds)
         if state == "pending":
             return candidate
         if state == "confirmed":

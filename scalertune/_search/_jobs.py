@@ -114,7 +114,7 @@ class Jobs:
                 Job(ROLE_CONFIRM, confirms=candidate.number, seed=seed, config=candidate.config),
                 params,
             )
-            for seed in _policy.CONFIRM_SEEDS
+            for seed in _policy.confirm_seeds(self.setup.seed)
         ]
         self.queue(f"confirm.{candidate.number}", jobs, CONFIRM_KEY)
 
@@ -148,7 +148,7 @@ class Jobs:
 
         def work() -> None:
             if any(job.role == ROLE_CONFIRM for job, _ in jobs):
-                for seed in _policy.CONFIRM_SEEDS:
+                for seed in _policy.confirm_seeds(self.setup.seed):
                     self.references.target(seed)
             for job, params in jobs:
                 if not self._exists(job, fields):

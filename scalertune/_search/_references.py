@@ -117,7 +117,7 @@ class References:
     def spread(self) -> float:
         """float32's seed-to-seed spread of steps to its own target, over the search's seed
         and the confirmation seeds (their references run now if they have not)."""
-        seeds = (self.setup.seed, *_policy.CONFIRM_SEEDS)
+        seeds = (self.setup.seed, *_policy.confirm_seeds(self.setup.seed))
         return seed_spread([self.reference(s).steps_to_target for s in seeds])
 
     def checkpoint(self, seed: int, start: int) -> str:

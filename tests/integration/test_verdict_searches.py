@@ -107,3 +107,25 @@ def test_a_gain_that_comes_from_the_clip_is_credited_to_the_clip(storage):
     assert f"within float32's seed-to-seed spread of {fewer * 2:.0%}: a tie" in within
     study = optuna.load_study(study_name="clip", storage=storage)
     assert study.trials[twin.number].value == math.inf  # a yardstick, never the best trial
+
+
+@pytest.mark.parametrize("seed, others", [(1, [2, 3]), (2, [1, 3])])
+def test_a_search_on_a_confirmation_seed_confirms_on_two_other_seeds(storage, seed, others):
+    """The best AMP config is rerun on two seeds other than the search's own: with ``--seed
+    1`` a confirmation on seed 1 ran the search's run again, and float32's spread rested on
+    two seeds."""
+    result = scalertune.search(
+        spec("healthy"),
+        storage=storage,
+        space="bfloat16",
+        n_trials=2,
+        steps=40,
+        device="cpu",
+        seed=seed,
+        study_name=f"seed{seed}",
+    )
+    best = result.best_amp
+    assert best is not None and best.seed == seed
+    assert sorted(result.confirmations[best.number]) == others
+    assert sorted(result.references) == sorted([seed, *others])
+    assert f"confirmed on seeds {seed}, {others[0]}, {others[1]}" in result.summary()
