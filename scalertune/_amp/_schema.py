@@ -13,8 +13,9 @@ can load a config without importing the analysis or the replay.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import threading
+import secrets
 from typing import Any
 
 import yaml
@@ -264,11 +265,11 @@ def write_result(data: dict[str, Any], path: str) -> None:
         "# accurate float8 recipe), warn or stop.\n"
         f"{PROMISE_LINE}\n"
     )
-    # A temporary name of this process's own: workers that finish together write the same
+    # A temporary file of this writer's own: workers that finish together write the same
     # YAML, and one shared ".tmp" name was moved away under another's feet.
-    tmp = temporary_name(path)
+    fd, tmp = create_temporary(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(header)
             yaml.safe_dump(result_document(data), f, sort_keys=False, width=100)
             f.write(f"{END_LINE}\n")
@@ -279,12 +280,23 @@ def write_result(data: dict[str, Any], path: str) -> None:
         raise
 
 
-def temporary_name(path: str) -> str:
-    """Where to write ``path`` before renaming it into place: beside it, and this process's
-    and thread's own (at most ``TEMPORARY_SUFFIX_CHARS`` more characters)."""
-    return f"{path}.{os.getpid()}-{threading.get_ident() % 10**6}.tmp"
+def create_temporary(path: str) -> tuple[int, str]:
+    """A new file to write ``path`` in before renaming it into place, and its descriptor:
+    beside it, under a random name (at most ``TEMPORARY_SUFFIX_CHARS`` more characters), and
+    created, never opened: a link or a file someone left at a name they could guess (the
+    writer's pid) is not written through, and two writers never share one. An ``OSError``
+    (a full disk, a read-only folder) names ``path``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = f"{path}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror or str(exc), path) from None
+    raise FileExistsError(errno.EEXIST, "no free temporary name beside it", path)
 
 
-#: The longest suffix :func:`temporary_name` adds: a pid (up to 7 digits), a 6-digit thread
-#: number, the dots and the dash.
-TEMPORARY_SUFFIX_CHARS = len(".9999999-999999.tmp")
+#: The longest suffix :func:`create_temporary` adds: 12 hex digits, the dots and ``tmp``.
+TEMPORARY_SUFFIX_CHARS = len(".0123456789ab.tmp")

@@ -20,7 +20,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from scalertune._amp._schema import temporary_name
+from scalertune._amp._schema import create_temporary
 from scalertune._errors import UsageError
 from scalertune._judge._findings import Findings
 from scalertune._judge._outcome import Outcome
@@ -89,15 +89,17 @@ def save_figure(fig: Any, path: str) -> None:
     write raises ``OSError`` naming ``path``."""
     import matplotlib.pyplot as plt
 
-    tmp = temporary_name(path)
+    tmp = None
     try:
-        fig.savefig(tmp, dpi=DPI, format="png")
+        fd, tmp = create_temporary(path)
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, dpi=DPI, format="png")
         os.replace(tmp, path)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror or str(exc), path) from None
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from scalertune._amp._schema import temporary_name
+from scalertune._amp._schema import create_temporary
 from scalertune._errors import DamagedCheckpoint
 from scalertune._text import cut
 
@@ -94,9 +94,10 @@ def write_checkpoint(state: dict[str, Any], path: str) -> None:
     """``state`` to ``path``, whole or not at all, once checked to hold only what
     :func:`read_checkpoint` reads back (:class:`ForeignValue` otherwise, nothing written)."""
     check_plain(state)
-    tmp = temporary_name(path)
+    fd, tmp = create_temporary(path)
     try:
-        torch.save(state, tmp)
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

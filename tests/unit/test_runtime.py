@@ -379,6 +379,44 @@ def test_the_accelerator_readings_record_what_the_cpu_readings_do(dtype, monkeyp
         assert set(on_cpu.scales) == {1.0}
 
 
+def test_the_yaml_a_picture_and_a_checkpoint_are_never_written_through_a_planted_link(
+    tmp_path, monkeypatch
+):
+    """Whoever can write the output folder or the store may leave links at the names a
+    writer would use for its temporary file (they were the pid and the thread): every writer
+    creates its own file instead, so the link's target is untouched and the result is a
+    regular file whole in place."""
+    import secrets
+
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from scalertune._amp._schema import write_result
+    from scalertune._review._plots import save_figure
+    from scalertune._run._checkpoint_file import read_checkpoint, write_checkpoint
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("left alone")
+    guesses = iter(["a" * 12, "b" * 12] * 3)  # the first name a writer tries is planted
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(guesses))
+    state = {"step": 3, **{part: {} for part in ("model", "optimizer", "cursor", "rng")}}
+    state.update(schedulers=[], ranks=None, extra={})
+    for name, write in (
+        ("amp.yaml", lambda p: write_result({"config": AmpConfig().to_dict()}, p)),
+        ("amp.png", lambda p: save_figure(plt.figure(), p)),
+        ("ck.pt", lambda p: write_checkpoint(state, p)),
+    ):
+        path = tmp_path / name
+        os.symlink(victim, f"{path}.{'a' * 12}.tmp")
+        write(str(path))
+        assert victim.read_text() == "left alone", name
+        assert path.is_file() and not path.is_symlink(), name
+        assert not (tmp_path / f"{name}.{'b' * 12}.tmp").exists()
+    assert scalertune.load(str(tmp_path / "amp.yaml"), device="cpu").config == AmpConfig()
+    assert read_checkpoint(str(tmp_path / "ck.pt"))["step"] == 3
+    assert (tmp_path / "amp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_result_file_warns_once_when_its_runtime_trains_another_model(tmp_path):
     """evidence.model is the searched model's fingerprint (names and shapes, whatever wraps
     it): the runtime loaded from the file warns once, in one line, on the first step of a
