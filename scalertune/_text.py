@@ -18,10 +18,12 @@ def shown(value: Any) -> str:
     says how to write it.
 
     >>> shown("1e4")
-    "'1e4' (text: YAML reads this form of a number as text; write 1.0e+4)"
+    "'1e4' (text: YAML reads this form of a number as text; write 10000)"
+    >>> shown("2.5e-7")
+    "'2.5e-7' (text: YAML reads this form of a number as text; write 2.5e-07)"
     """
     text = cut(repr(value), 40)
-    written = _as_yaml_float(value) if isinstance(value, str) else None
+    written = _as_yaml_number(value) if isinstance(value, str) else None
     if written is not None:
         text += f" (text: YAML reads this form of a number as text; write {written})"
     return text
@@ -37,17 +39,26 @@ def cut(text: str, most: int) -> str:
     return text if len(text) <= most else text[: most - 3] + "..."
 
 
-def _as_yaml_float(value: str) -> str | None:
-    """``value`` written so YAML 1.1 (PyYAML's) reads a float, where it is a number in
-    exponent form that it reads as text (``1e4``, ``2.5E3``, ``1.0e4``): else ``None``."""
+def _as_yaml_number(value: str) -> str | None:
+    """``value`` written so YAML 1.1 (PyYAML's) reads a number, where it is a finite number
+    in exponent form that it reads as text (``1e4``, ``2.5E3``, ``1.0e4``): a whole number
+    as an integer (what an integer knob takes, and a float knob too), another with a dot and
+    a signed exponent; else ``None``."""
     import re
 
-    found = re.fullmatch(r"([-+]?)(\d+)(?:\.(\d*))?[eE]([-+]?)(\d+)", value.strip())
-    if found is None:
+    if re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value.strip()) is None:
         return None
-    sign, whole, fraction, exp_sign, exponent = found.groups()
-    written = f"{sign}{whole}.{fraction or '0'}e{exp_sign or '+'}{exponent}"
-    return None if written == value.strip() else written  # that one was quoted: text meant
+    number = float(value)
+    if not math.isfinite(number):
+        return None
+    if number.is_integer() and abs(number) < 2**53:
+        return str(int(number))
+    text = repr(number)
+    if "e" in text:  # YAML's float needs the dot in the mantissa
+        mantissa, exponent = f"{number:.15e}".split("e")
+        mantissa = mantissa.rstrip("0")
+        text = f"{mantissa}{'0' if mantissa.endswith('.') else ''}e{exponent}"
+    return text
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

@@ -627,9 +627,14 @@ LOAD = [
     ("a control byte", RESULT + "evidence: {x: \x07}\n", r"is not valid YAML"),
     ("5000 digits", _result(init_scale="9" * 5000), r"holds a number too long"),
     (
+        "a whole number YAML reads as text, for an integer knob",
+        _result(growth_interval="2e3"),
+        r"got '2e3' \(text: YAML reads this form of a number as text; write 2000\)",
+    ),
+    (
         "a number YAML reads as text",
         _result(init_scale="1e4"),
-        r"got '1e4' \(text: YAML reads this form of a number as text; write 1.0e\+4\)",
+        r"got '1e4' \(text: YAML reads this form of a number as text; write 10000\)",
     ),
     (
         "a python tag",
