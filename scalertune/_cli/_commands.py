@@ -326,6 +326,10 @@ def _dashboard(args: argparse.Namespace) -> int:
         studies = load_existing_studies(args.storage)
     else:
         studies = [load_existing_study(args.storage, args.study_name)]
+    from scalertune._storage._store import location_of
+
+    for study in studies:  # a store refused here, before the server is announced
+        location_of(study, args.artifact_dir)
     base = f"http://{args.host}:{args.port}/dashboard"
     lines = [f"optuna-dashboard on {redact(args.storage)} at {base} (Ctrl-C stops it)"]
     lines += [f"  {s.study_name}: {base}/studies/{study_id(s)}" for s in studies]

@@ -82,8 +82,9 @@ def test_the_dashboard_refuses_a_store_outside_the_storage_folder_before_it_serv
     args = ["dashboard", "--storage", "v1.journal", "--port", "1"]
     refused = _scalertune(*args, cwd=tmp_path / "study")
     assert refused.returncode == 2, refused.stderr
-    said = refused.stderr.strip().splitlines()[-1]
+    (said,) = refused.stderr.strip().splitlines()
     assert f"--artifact-dir {outside}" in said and "Traceback" not in refused.stderr
+    assert refused.stdout == ""  # no server announced that will not start
 
 
 def test_a_search_resuming_a_study_whose_store_lies_outside_its_folder_refuses(tmp_path):
