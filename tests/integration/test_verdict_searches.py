@@ -109,11 +109,11 @@ def test_a_gain_that_comes_from_the_clip_is_credited_to_the_clip(storage):
     assert study.trials[twin.number].value == math.inf  # a yardstick, never the best trial
 
 
-@pytest.mark.parametrize("seed, others", [(1, [2, 3]), (2, [1, 3])])
-def test_a_search_on_a_confirmation_seed_confirms_on_two_other_seeds(storage, seed, others):
+def test_a_search_on_a_confirmation_seed_confirms_on_two_other_seeds(storage):
     """The best AMP config is rerun on two seeds other than the search's own: with ``--seed
     1`` a confirmation on seed 1 ran the search's run again, and float32's spread rested on
-    two seeds."""
+    two seeds (seed 2's, 1 and 3: ``_policy.confirm_seeds``'s example)."""
+    seed, others = 1, [2, 3]
     result = scalertune.search(
         spec("healthy"),
         storage=storage,
