@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,8 +45,6 @@ def _as_yaml_number(value: str) -> str | None:
     in exponent form that it reads as text (``1e4``, ``2.5E3``, ``1.0e4``): a whole number
     as an integer (what an integer knob takes, and a float knob too), another with a dot and
     a signed exponent; else ``None``."""
-    import re
-
     if re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value.strip()) is None:
         return None
     number = float(value)

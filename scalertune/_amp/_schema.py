@@ -16,6 +16,7 @@ import contextlib
 import errno
 import os
 import secrets
+import shlex
 from typing import Any
 
 import yaml
@@ -84,12 +85,11 @@ def _cut_short(path: str, lost: list[str], data: Any = None) -> str:
     """The one line refusing a cut file: what it lost, and the command that writes it again,
     with the study and its storage where the file still names them (a storage whose password
     the file hides is left for the user to give)."""
-    import shlex
-
     what = f": it has no {', '.join(lost)}" if lost else ""
     evidence = data.get("evidence") if isinstance(data, dict) else None
     named = evidence if isinstance(evidence, dict) else {}
     study, storage = named.get("study"), named.get("storage")
+    # "***": the mark a redacted password leaves (_storage._redact.HIDDEN, a layer above)
     url = shlex.quote(storage) if isinstance(storage, str) and "***" not in storage else None
     name = shlex.quote(study) if isinstance(study, str) else None
     return (
