@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from scalertune import _interrupt, _policy
 from scalertune._amp._config import BASELINES
 from scalertune._amp._float8 import Float8LeftOut
-from scalertune._errors import StorageUnavailable
+from scalertune._errors import StorageUnavailable, UsageError
 from scalertune._judge._settings import StudySettings
 from scalertune._review._analyze import analyze
 from scalertune._review._result import SearchResult
@@ -36,6 +36,7 @@ from scalertune._search._space import SearchSpace
 from scalertune._search._study import open_study
 from scalertune._storage._claims import held
 from scalertune._storage._open import DEFAULT_STORAGE, open_storage, storage_url
+from scalertune._storage._optuna import storage_of
 from scalertune._storage._outage import Outage, forget, set_log
 from scalertune._storage._recovery import missing_of, retry
 from scalertune._storage._redact import redact
@@ -190,7 +191,12 @@ def _search(
             url=url,
             space=setup.space,
         )
-        settle_location(study, given=setup.artifact_dir, default=default_location(url))
+        try:
+            settle_location(study, given=setup.artifact_dir, default=default_location(url))
+        except UsageError:
+            if created:  # refused before anything ran: no empty study is left behind
+                optuna.delete_study(study_name=study.study_name, storage=storage_of(study))
+            raise
         if not created:
             lines.line(resuming(study))
         for note in setup.notes:

@@ -10,8 +10,9 @@ import sys
 
 import optuna
 import pytest
-from conftest import HERE
+from conftest import HERE, spec
 
+import scalertune
 from scalertune._errors import UsageError
 from scalertune._storage._names import ARTIFACT_DIR_ATTR
 from scalertune._storage._open import load_existing_study, open_storage
@@ -189,7 +190,8 @@ def test_a_store_folder_that_is_a_link_out_of_the_storage_folder_is_used_only_wh
     """Whoever can write the storage file's folder can leave a link in the store's place
     (``scalertune-artifacts`` -> ``/etc``): the store is judged where it really is, so
     ``report -o`` refuses in one line, exit 2, writing nothing there, and a fresh study
-    refuses it too; named with ``--artifact-dir``, it is used."""
+    refuses it too (a search leaving no empty study behind); named with ``--artifact-dir``,
+    it is used."""
     (tmp_path / "study").mkdir()
     outside = tmp_path / "etc"
     outside.mkdir()
@@ -208,6 +210,10 @@ def test_a_store_folder_that_is_a_link_out_of_the_storage_folder_is_used_only_wh
     with pytest.raises(UsageError, match=f"would keep its artifact store at {store}, a link"):
         settle_location(fresh, given=None, default=default_location(str(journal)))
     assert ARTIFACT_DIR_ATTR not in fresh.user_attrs
+    searched = str(tmp_path / "study" / "searched.log")
+    with pytest.raises(UsageError, match=f"would keep its artifact store at {store}, a link"):
+        scalertune.search(spec("healthy"), storage=searched, device="cpu", study_name="new")
+    assert optuna.get_all_study_names(open_storage(searched)) == []  # no empty study left
     named = _scalertune(*args, "--artifact-dir", store, cwd=tmp_path / "study")
     assert named.returncode == 0, named.stderr
     assert os.listdir(outside)  # the pictures, where the user said
