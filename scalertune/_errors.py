@@ -33,8 +33,9 @@ class SearchError(Exception):
 class StorageUnavailable(Exception):
     """The study's storage or artifact store stayed unreachable past the outage bound
     (``_storage._policy.STORAGE_OUTAGE_S``): the search stopped where it was, nothing lost.
-    Rerun the same command once the storage is back: the study resumes. The command line
-    exits with status 3."""
+    Rerun the same command once the storage is back: the study resumes. Also an output file
+    (the YAML, a picture) that cannot be written at the end (a full disk): the study keeps
+    everything, ``report -o`` writes it again. The command line exits with status 3."""
 
 
 class MissingEvidence(Exception):

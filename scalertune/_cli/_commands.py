@@ -24,7 +24,7 @@ from scalertune._cli._files import (
     _remove_if_unused,
 )
 from scalertune._cli._flags import check_numbers, from_flags
-from scalertune._errors import UsageError
+from scalertune._errors import StorageUnavailable, UsageError
 from scalertune._storage._open import storage_url
 from scalertune._text import plural
 from scalertune._workload._loader import check_spec
@@ -187,7 +187,8 @@ def _write(
             f"scalertune report --storage STORAGE --study-name '{result.study_name}' -o "
             "FILE writes them again"
         )
-        raise UsageError(
+        # checked writable before the search: a fault of the machine since, nothing lost
+        raise StorageUnavailable(
             f"cannot write {exc.filename or output}: {exc.strerror or exc}: free "
             f"space or pass another --output; the study keeps everything ({again})"
         ) from None

@@ -217,7 +217,8 @@ def test_a_checkpoint_planted_to_run_code_never_runs_and_the_rerun_gives_the_ans
 
 def test_a_yaml_that_cannot_be_written_is_one_line_and_loses_nothing(tmp_path, undisturbed):
     """A full disk (no file may grow past a limit): `report -o` ends with one line naming
-    the file and exit status 2; the YAML written before is intact, and so is the study."""
+    the file and exit status 3 (a fault of the machine, nothing lost: not bad input, which was
+    checked before); the YAML written before is intact, and so is the study."""
     storage = str(undisturbed["folder"] / "study.log")
     before = "config: {dtype: float32}\n"
     for limit, failing in ((1024, "amp.yaml"), (16 * 1024, ".png")):
@@ -242,7 +243,7 @@ def test_a_yaml_that_cannot_be_written_is_one_line_and_loses_nothing(tmp_path, u
             timeout=STUCK_S,
         )
         lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert proc.returncode == 3 and len(lines) == 1, proc.stderr
         assert "cannot write " in lines[0] and "File too large" in lines[0]
         assert failing in lines[0].split("cannot write ")[1].split(":")[0]
         if failing == "amp.yaml":
