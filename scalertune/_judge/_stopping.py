@@ -30,6 +30,7 @@ The float32 reference always runs in full: its last steps define the target.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from scalertune import _policy
@@ -123,9 +124,19 @@ class StopRule:
             return False
         record.prune_kind = record.stopped = "slower"
         record.prune_reason = (
-            f"slower than the best: not at the target after {record.steps_run} steps, {reason}"
+            f"slower than the best: not at the target after {record.steps_run} steps"
+            f"{self._far(record)}, {reason}"
         )
         return True
+
+    def _far(self, record: RunRecord) -> str:
+        """Where a run pruned as slower is far from float32's loss, not merely later: what
+        the table's loss column says, said in its reason too (a stalled float8 recipe reads
+        "slower" otherwise, where it stopped at 4x float32's loss)."""
+        ratio, at = self.target.ratio_at(record.losses)
+        if not (math.isfinite(ratio) and ratio > 1 + _policy.TARGET_TOLERANCE):
+            return ""
+        return f" (its smoothed loss {ratio:.3g}x float32's at step {at})"
 
     def _at_target(self, record: RunRecord, reached: int) -> bool:
         """Stop a run that reached the target, once float32 has settled (with ``run_on``);

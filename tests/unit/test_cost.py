@@ -140,6 +140,26 @@ def test_a_run_that_cannot_beat_the_best_is_pruned_as_slower():
     assert record.prune_kind == "slower" and "float16 too" in record.prune_reason
 
 
+def test_a_run_pruned_as_slower_far_from_float32s_loss_says_how_far():
+    """A run stalled far above float32's loss (torchao's tensorwise under an outlier) is
+    pruned as slower, and its reason also says where its loss stands against float32's, as
+    the summary's loss column does: not merely later. A run that follows float32 a step or
+    two behind is pruned with no such figure."""
+    losses, target = _noisy_gpt_float32()
+    rule = StopRule(target, step_time=(1e-3, 2e-3), best=Best(time_high=1e-9, label="trial #3"))
+    stalled = RunRecord(config=AmpConfig(dtype="bfloat16"), seed=0, steps=200)
+    stalled.losses = [losses[0] * 4] * 60
+    assert rule(stalled) and stalled.prune_kind == "slower"
+    ratio, at = target.ratio_at(stalled.losses)
+    assert ratio > 2 and f"(its smoothed loss {ratio:.3g}x float32's at step {at})" in (
+        stalled.prune_reason
+    )
+    behind = RunRecord(config=AmpConfig(dtype="bfloat16"), seed=0, steps=200)
+    behind.losses = list(losses[:30])  # float32's own: not at the target yet
+    assert rule(behind) and behind.prune_kind == "slower"
+    assert "smoothed loss" not in behind.prune_reason
+
+
 def _bfloat16_run(stop):
     """The healthy workload in bfloat16 for at most 80 steps under ``stop``."""
     return run_config(
