@@ -185,8 +185,7 @@ def accelerate(c: AmpConfig, where: Device) -> Parts:
     if where.value == "cpu" and not where.auto:
         spec["cpu"] = True  # Accelerate would take the GPU if there is one
     parts = Parts(spec, name="accelerator_kwargs", uses_device=where.auto or bool(c.fp32_modules))
-    parts.usage = [
-        *emulate_note(where),
+    parts.usage = [  # no emulate note: below 8.9 Accelerate leaves fp8 (the DIFFERS line)
         "# accelerator = accelerate.Accelerator(**accelerator_kwargs)",
         "# accelerator.prepare(model, ...) converts the model's Linear layers to float8",
         "# (module_filter_func replaces Accelerate's default, which also leaves the first and",

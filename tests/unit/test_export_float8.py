@@ -180,6 +180,15 @@ def test_accelerate_takes_the_ao_recipe_and_autocasts_as_the_config_says(around)
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
+def test_accelerate_on_any_device_says_what_a_gpu_below_89_needs_once():
+    """For a device chosen at run time, a GPU without float8 matmuls is one line: Accelerate
+    turns fp8 into fp16 there, so the torchao export with emulate=True is the way; the code
+    does not also advise emulate=True in Accelerate's own config, which would not help."""
+    export = scalertune.export(ROWWISE, "accelerate", device="auto")
+    said = [line for line in export.code.splitlines() if "emulate=True" in line]
+    assert len(said) == 1 and "turns mixed_precision 'fp8'" in said[0], said
+
+
 @pytest.mark.parametrize("framework", ["lightning", "transformers"])
 def test_lightning_and_transformers_set_the_precision_around_and_torchao_converts(framework):
     export = scalertune.export(AROUND_BF16, framework, device="cpu")
