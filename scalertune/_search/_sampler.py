@@ -8,6 +8,8 @@ from typing import Any
 
 import optuna
 
+from scalertune._storage._trial_record import Retry
+
 
 class DtypeSampler(optuna.samplers.BaseSampler):
     """Optuna's TPE sampler, with ``dtype`` held to the search space's choices.
@@ -60,7 +62,7 @@ class DtypeSampler(optuna.samplers.BaseSampler):
             # Each trial draws from its own stream, seeded by the study's seed and its number:
             # workers that share a study (and its seed) sample different configs instead of
             # the same sequence side by side, and one worker's search stays reproducible.
-            seed = (self._seed * 1_000_003 + trial.number) % 2**32
+            seed = (self._seed * 1_000_003 + _ordinal(study, trial)) % 2**32
             self._base, self._rng = _tpe(seed), random.Random(seed)
         self._base.before_trial(study, trial)
 
@@ -75,6 +77,19 @@ class DtypeSampler(optuna.samplers.BaseSampler):
 
     def reseed_rng(self) -> None:
         self._base.reseed_rng()
+
+
+def _ordinal(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> int:
+    """``trial``'s number less the retries queued before it: a run that lost its evidence
+    to a fault (a host gone, a worker killed) is queued again as a new trial, and without
+    this every trial sampled after it would draw from another stream than in the undisturbed
+    search, so that the answer would depend on when the fault hit."""
+    retries = sum(
+        1
+        for other in study.get_trials(deepcopy=False)
+        if other.number < trial.number and Retry.sound(other).retry_history
+    )
+    return trial.number - retries
 
 
 def _tpe(seed: int | None) -> optuna.samplers.TPESampler:

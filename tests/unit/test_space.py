@@ -1,10 +1,14 @@
 """Search spaces: shipped by name, read from a path, validated before anything runs."""
 
+import math
+
 import optuna
 import pytest
 
 from scalertune import SearchSpace, UsageError
 from scalertune._storage._optuna import storage_of
+from scalertune._storage._recovery import retry
+from scalertune._storage._trial_record import Retry
 
 
 @pytest.mark.parametrize("name", ["default", "float16", "bfloat16"])
@@ -68,6 +72,38 @@ def test_scaler_knobs_are_searched_only_when_float16_is_chosen():
             assert not config.uses_scaler
         study.tell(trial, 1.0)
     assert seen == {"float16", "bfloat16"}
+
+
+def test_a_run_queued_again_after_a_fault_leaves_the_sampled_configs_as_undisturbed():
+    """A run that lost its evidence (a host gone) fails and is queued again as a new trial:
+    the configs sampled after it are those of the undisturbed search, so the answer does not
+    depend on when the fault hit (each trial's stream is seeded by its number, less the
+    retries before it)."""
+    space = SearchSpace.load("default")
+
+    def value(config):  # the objective stands for a run: a function of the config alone
+        return abs(math.log2(config.init_scale or 1.0) - 3) + (config.clip_norm or 0.0)
+
+    def sampled(fault_at=None):
+        study = optuna.create_study(sampler=space.sampler(seed=5))
+        configs = []
+        while len(configs) < 14:
+            trial = study.ask()
+            config = space.suggest(trial)
+            if trial.number == fault_at:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                assert retry(study, study.trials[trial.number])
+                copy = study.ask()  # the copy, run where the failed run stood
+                assert Retry.sound(study.trials[copy.number]).retry_history == (fault_at,)
+                study.tell(copy, value(space.suggest(copy)))
+            else:
+                study.tell(trial, value(config))
+            configs.append(config)
+        return configs
+
+    undisturbed = sampled()
+    assert sampled(fault_at=6) == undisturbed
+    assert len(set(map(repr, undisturbed))) > 10  # sampled, not one point again and again
 
 
 def test_workers_sharing_a_study_and_its_seed_sample_different_configs():
