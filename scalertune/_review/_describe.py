@@ -113,7 +113,20 @@ def why_not(result: Findings, outcome: Outcome) -> str:
             f"step {rule.forward_at} is {rule.forward:.3g}x float32's loss: the precision "
             "fails, for this config too (a clip does not change it)"
         )
-    return behind_from(done)
+    said = behind_from(done)
+    failed = [p for p in done if not p.holds]
+    if (
+        failed
+        and not any(p.nonfinite or p.from_start for p in done)
+        and outcome.config.clip_norm != result.settings.clip_norm
+    ):
+        # a branch starts from float32's state, trained at the workload's own clip
+        said += (
+            ", in branches from float32's checkpoints, where its clip takes over mid-run (a "
+            "run from step 0 clips from the start and may not fall behind: the cost cap left "
+            "no room to train it so)"
+        )
+    return said
 
 
 def overflow_hint(result: Findings) -> str | None:

@@ -213,6 +213,44 @@ def test_a_dtype_ruled_out_from_step_0_holds_in_no_branch_of_its_own():
     assert holds(island, phases, spans, precision) is True
 
 
+def test_a_clip_that_falls_behind_in_branches_only_is_said_to_be_a_branchs_verdict():
+    """A branch starts from float32's state, trained at the workload's own clip: for a config
+    with another clip, falling behind there may be the clip taking over mid-run (a new user's
+    clip 19.8 fell behind 1.56x in its branch, and ended at 0.65x float32's loss trained from
+    step 0). Where the cost cap left no room for a run from step 0, its reason says so; a
+    run at the workload's clip, or one trained from step 0, is said as before."""
+    import types
+
+    from scalertune import AmpConfig
+    from scalertune._judge._outcome import Figures, Outcome
+    from scalertune._judge._phases import PhaseResult
+    from scalertune._review._describe import why_not
+
+    def described(clip_norm, *, from_start=False, nonfinite=False):
+        run = Outcome(
+            number=5,
+            role="search",
+            config=AmpConfig(clip_norm=clip_norm),
+            seed=0,
+            state="complete",
+            figures=Figures(steps_to_target=160),
+            losses=(),
+        )
+        behind = PhaseResult(200, 400, 1.56, 40.0, nonfinite=nonfinite, from_start=from_start)
+        result = types.SimpleNamespace(
+            phases={5: [behind]}, ruled={}, settings=types.SimpleNamespace(clip_norm=None)
+        )
+        assert not behind.holds
+        return why_not(result, run)
+
+    said = described(19.8)
+    assert said.startswith("falls behind float32 by 200-400: 1.56x at 200-400")
+    assert "where its clip takes over mid-run" in said and "no room" in said
+    for other in (described(None), described(19.8, from_start=True)):
+        assert "mid-run" not in other and "falls behind float32 by 200-400" in other
+    assert "mid-run" not in described(19.8, nonfinite=True)
+
+
 def test_a_run_from_step_0_that_reaches_a_windows_end_is_judged_on_its_last_half():
     """A spike in the first half of the window ending at the horizon is no verdict on a run
     that got to the horizon (the end is what the user's run is judged by); a run that stops
