@@ -282,3 +282,10 @@ def reports_its_environment():
     import os
 
     raise RuntimeError(f"{os.environ.get('SCALERTUNE_TEST_MARK')} {torch.get_num_threads()}")
+
+
+def seeds_itself():
+    """The control, but the factory seeds torch itself, as many training scripts do at the top:
+    every run trains the same whatever seed scalertune sets."""
+    torch.manual_seed(1234)
+    return healthy()

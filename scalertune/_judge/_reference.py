@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 from optuna.trial import FrozenTrial
@@ -171,6 +171,29 @@ class Reference:
             trial=trial.number,
             version=version,
         )
+
+
+def same_on_every_seed(curves: Sequence[Sequence[float]]) -> bool:
+    """Whether float32 trained the same on every seed (two at least): the same loss at every
+    step. The factory then does not follow the seed scalertune sets (see
+    :func:`unseeded_note`).
+
+    Example:
+        >>> same_on_every_seed([(2.0, 1.0), (2.0, 1.0)]), same_on_every_seed([(2.0,), (2.1,)])
+        (True, False)
+    """
+    return len(curves) > 1 and all(tuple(c) == tuple(curves[0]) for c in curves[1:])
+
+
+def unseeded_note(seeds: Sequence[int]) -> str:
+    """What float32 trained the same on ``seeds`` means for the search, in one line."""
+    return (
+        f"float32 trained the same on seeds {', '.join(map(str, seeds))} (the same loss at "
+        "every step): the factory does not follow the seed scalertune sets (a "
+        "torch.manual_seed of its own, or weights and data order fixed), so the "
+        "confirmation seeds confirm nothing more than one seed; leave the seeding to "
+        "scalertune to have them"
+    )
 
 
 def _damaged(where: str, key: str, why: str) -> DamagedEvidence:

@@ -13,6 +13,7 @@ from scalertune._judge._findings import Findings
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import PhaseResult
 from scalertune._judge._rank import all_tied
+from scalertune._judge._reference import same_on_every_seed, unseeded_note
 from scalertune._judge._speedup import EMULATED, emulated
 from scalertune._review._describe import (
     describe_outcome,
@@ -112,6 +113,9 @@ def _head(result: Findings) -> list[str]:
                 else f"fewer steps by less than {100 * result.spread:.2g}% is a tie"
             )
         )
+        curves = [r.losses for _, r in sorted(result.references.items())]
+        if same_on_every_seed(curves):
+            lines.append("  " + unseeded_note([seed for seed, _ in reached]))
     times = result.step_times
     if times is not None:
         lines.append(

@@ -25,7 +25,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import MissingEvidence, SearchError, UsageError
 from scalertune._judge._horizon import seed_spread
-from scalertune._judge._reference import Reference
+from scalertune._judge._reference import Reference, same_on_every_seed, unseeded_note
 from scalertune._judge._target import Target
 from scalertune._judge._view import StudyView
 from scalertune._processes._protocol import describe_error
@@ -62,6 +62,7 @@ class References:
         self._times: StepTimes | None = None
         self._stored: dict[int, Reference] = {}
         self._traces: dict[int, Trace] = {}
+        self._said_unseeded = False
         self.checkpoints = Checkpoints(view.study, once, setup, config, log=log)
         self.training = ReferenceTraining(view.study, setup, config, self.checkpoints, log=log)
 
@@ -156,6 +157,11 @@ class References:
             + ", ".join(f"{d} {times.median(d) * 1e3:.3g} ms" for d in times.rounds)
         )
         self.log(f"float32 reference, seed {seed}: target loss {target.loss:.4g}{measured}")
+        if not main and not self._said_unseeded:
+            first = self.reference(self.setup.seed)
+            if same_on_every_seed([first.losses, record.losses[: self.setup.steps]]):
+                self._said_unseeded = True  # once: the summary says it of every seed
+                self.log(unseeded_note([self.setup.seed, seed]))
 
 
 def _time(

@@ -267,3 +267,36 @@ def test_each_option_of_a_search_is_a_keyword_of_search_and_a_flag_of_the_comman
     # what the command builds itself: the isolation from several flags, and where lines go
     built = {"isolation", "log", "progress"}
     assert [f for f in fields if f not in built and _dest(f) not in flags] == []
+
+
+def test_a_factory_that_seeds_itself_is_said_once_as_it_shows_and_in_the_summary(tmp_path):
+    """A factory calling ``torch.manual_seed`` trains float32 the same on every seed: the
+    confirmation seeds then confirm nothing more than one seed. Said when the second seed's
+    reference shows it and in the summary, not taken for a seed spread of zero in silence;
+    the control, seeded by scalertune, says nothing of it."""
+    said = "the factory does not follow the seed scalertune sets"
+    for name, seeded_itself in (("seeds_itself", True), ("healthy", False)):
+        ran = run_cli(
+            "search",
+            spec(name),
+            "--space",
+            "bfloat16",
+            "--steps",
+            "40",
+            "--n-trials",
+            "1",
+            "--storage",
+            tmp_path / f"{name}.db",
+            "-o",
+            tmp_path / f"{name}.yaml",
+            "--device",
+            "cpu",
+            cwd=tmp_path,
+        )
+        assert ran.returncode == 0, ran.stderr
+        if seeded_itself:
+            (line,) = [x for x in ran.stderr.splitlines() if said in x]
+            assert line.startswith("float32 trained the same on seeds 0, 1 (the same loss")
+            assert "float32 trained the same on seeds 0, 1, 2 (the same loss" in ran.stdout
+        else:
+            assert said not in ran.stderr + ran.stdout
