@@ -74,25 +74,43 @@ class Guard:
 
 
 def check_guard(
-    guard: Guard, *, scale: float, streak: int, step: int, islands: tuple[str, ...]
+    guard: Guard,
+    *,
+    scale: float,
+    streak: int,
+    step: int,
+    islands: tuple[str, ...],
+    checked: bool = False,
 ) -> None:
     """:class:`AmpGuardError` when ``scale`` is below the guard's floor or ``streak`` skipped
-    steps in a row reach its limit; what to do, without advising what the config already
-    does (with islands in place, the overflow is in another module)."""
+    steps in a row reach its limit: what was seen (the gradients overflow float16 at every
+    scale down to here), the two causes it cannot tell apart without looking at the forward
+    (an activation that overflows, or gradients too large for float16), and what to do for
+    each, without advising what the config already does (with islands in place, the overflow
+    is in another module). The in-run check, where it acts (``checked``), looked first and
+    could not set the scale back (:mod:`scalertune._inrun._actions`); where it does not, the
+    message says that it would tell the two apart."""
     if scale >= guard.min_scale and streak < guard.max_consecutive_skips:
         return
     fix = (
-        f"this config already keeps {','.join(islands)} in float32, so another "
-        f"module overflows: run scalertune diagnose with --fp32-modules "
-        f"'{','.join(islands)}' to find it, or train in bfloat16."
+        f"this config already keeps {','.join(islands)} in float32, so another module "
+        f"may overflow: run scalertune diagnose with --fp32-modules '{','.join(islands)}' "
+        "to find it, or train in bfloat16"
         if islands
         else "run scalertune diagnose to find the module, then keep it in float32 "
-        "(fp32_modules) or train in bfloat16."
+        "(fp32_modules) or train in bfloat16"
     )
     raise AmpGuardError(
         f"AMP guard at step {step}: the loss scale is {scale:.3g} (floor "
         f"{guard.min_scale:.3g}) after {streak} skipped steps in a row "
-        f"(limit {guard.max_consecutive_skips}). The gradients are inf/NaN at every "
-        "scale, which usually means an activation overflows float16 in the forward "
-        f"pass: {fix}"
+        f"(limit {guard.max_consecutive_skips}): the gradients overflow float16 at every "
+        "scale down to here. Either an activation overflows float16 in the forward pass "
+        f"({fix}), or the gradients themselves are too large for float16, as in a burst "
+        "of huge losses (lower the learning rate or clip them)"
+        + (
+            ""
+            if checked
+            else "; the in-run check (check='act', the default) tells the two apart at the "
+            "same weights and sets a scale that collapsed in a burst back"
+        )
     )

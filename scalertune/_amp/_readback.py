@@ -62,6 +62,7 @@ class Readback:
                 streak=skips.streak,
                 step=amp.steps,
                 islands=amp.config.fp32_modules,
+                checked=self.check is not None and self.check.policy.action == "act",
             )
         if self.watch is None or self._warned:
             return

@@ -453,6 +453,11 @@ def test_guard_stops_a_run_whose_forward_overflows_and_says_why():
                 amp.train_step(parts["model"], parts["optimizer"], parts["loss_fn"], batch)
     assert "scalertune diagnose" in str(caught.value)
     assert amp.steps <= 60
+    # unchecked, the guard has not looked at the forward: it names both causes it cannot
+    # tell apart (a burst of huge losses overflows the gradients alone), and what would
+    said = str(caught.value)
+    assert "Either an activation overflows" in said and "too large for float16" in said
+    assert "the in-run check (check='act', the default) tells the two apart" in said
 
 
 def test_guard_stays_quiet_on_healthy_training():
