@@ -22,6 +22,10 @@ from scalertune._errors import UsageError
 from scalertune._text import cut
 
 _FLOAT_TAG = "tag:yaml.org,2002:float"
+_INT_TAG = "tag:yaml.org,2002:int"
+#: The most characters a number of a scalertune file is written in: a float's repr takes at
+#: most 24, and an integer knob (a step count, a seed) fewer.
+_NUMBER_CHARS = 100
 
 
 def read_yaml(path: str, *, what: str, missing: str = "") -> Any:
@@ -145,6 +149,13 @@ def _refuse_twice(node: yaml.MappingNode, where: str) -> None:
 
 
 def _check_finite(node: yaml.ScalarNode, where: str, loader: yaml.SafeLoader) -> None:
+    if node.tag in (_FLOAT_TAG, _INT_TAG) and len(node.value) > _NUMBER_CHARS:
+        # a hexadecimal or binary integer has no digit limit as Python reads it, but one
+        # written out in decimal (an error naming it) has: refused before it is read
+        raise UsageError(
+            f"{where}: line {node.start_mark.line + 1}: holds a number too long to be a "
+            f"scalertune value ({len(node.value):,} characters): fix the file"
+        )
     if node.tag != _FLOAT_TAG:
         return
     value = loader.construct_yaml_float(node)

@@ -626,6 +626,14 @@ LOAD = [
     ("a NUL byte", RESULT + "evidence: {x: 1}\x00\n", r"is not valid YAML"),
     ("a control byte", RESULT + "evidence: {x: \x07}\n", r"is not valid YAML"),
     ("5000 digits", _result(init_scale="9" * 5000), r"holds a number too long"),
+    # Python reads these with no digit limit; an error writing them out in decimal has one
+    ("5000 hex digits", _result(clip_norm="0x" + "f" * 5000), r"holds a number too long"),
+    (
+        "a binary format number",
+        RESULT.replace("scalertune: 1", "scalertune: 0b" + "1" * 20000),
+        r"holds a number too long",
+    ),
+    ("a float of 5000 digits", _result(init_scale="1" * 5000 + ".5"), r"holds a number too long"),
     (
         "a whole number YAML reads as text, for an integer knob",
         _result(growth_interval="2e3"),
