@@ -27,6 +27,7 @@ from scalertune._amp._fingerprint import ModelCheck, searched_model, searched_wo
 from scalertune._amp._guard import Guard
 from scalertune._amp._watch import ScalerPrediction, Watch
 from scalertune._errors import UsageError
+from scalertune._text import shown
 
 #: The file format's version, written as the top-level ``scalertune`` key.
 FORMAT_VERSION = 1
@@ -61,10 +62,15 @@ def read_result(path: str) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise UsageError(f"{path} has no 'config' mapping: is it a scalertune result file?")
     version = data.get("scalertune", FORMAT_VERSION)
-    if type(version) is not int or not 1 <= version <= FORMAT_VERSION:
+    if type(version) is int and version > FORMAT_VERSION:  # written by a newer scalertune
         raise UsageError(
             f"{path} is in result format {version!r}, and this scalertune reads format "
             f"{FORMAT_VERSION}: upgrade scalertune (pip install -U scalertune), or search again"
+        )
+    if type(version) is not int or version < 1:  # no scalertune writes it
+        raise UsageError(
+            f"{path} gives its result format as {shown(version)}, which no scalertune "
+            f"writes (this one writes {FORMAT_VERSION}): fix the 'scalertune:' line"
         )
     return data
 

@@ -657,7 +657,10 @@ LOAD = [
         r"the key 'config' is written twice",
     ),
     ("a future format", RESULT.replace("scalertune: 1", "scalertune: 2"), r"result format 2"),
-    ("a format that is text", RESULT.replace("scalertune: 1", "scalertune: one"), r"format 'one'"),
+    ("a format that is text", RESULT.replace("scalertune: 1", "scalertune: one"), r"as 'one'"),
+    # no scalertune writes these: fixing the line helps, upgrading does not
+    ("format 0", RESULT.replace("scalertune: 1", "scalertune: 0"), r"as 0, which no scalertune"),
+    ("format null", RESULT.replace("scalertune: 1", "scalertune: null"), r"as None, which no"),
     (
         "a float8 block of a float16 config",
         "config: {dtype: float16, float8: {recipe: rowwise}}\n",
