@@ -80,8 +80,9 @@ class CheckPolicy:
             the window (2.0, ``_policy.PHASE_Z``): one hard batch is no alarm.
 
     Raises:
-        UsageError: An unknown ``action``, ``every`` below 1, ``window`` below 2, or a
-            ``tolerance`` or ``z`` that is not a finite number above 0.
+        UsageError: An unknown ``action``, ``every`` outside 1 to 2**31 - 1, ``window``
+            outside 2 to 1000, or a ``tolerance`` or ``z`` that is not a finite number above
+            0.
 
     Example:
         >>> from scalertune import CheckPolicy
@@ -102,11 +103,13 @@ class CheckPolicy:
             raise UsageError(
                 f"the check's action must be one of {', '.join(ACTIONS)}, got {shown(self.action)}"
             )
-        for name, low in (("every", 1), ("window", 2)):
+        # at most: a step count torch's scaler could hold (int32), and a window of checks
+        for name, low, high in (("every", 1, 2**31 - 1), ("window", 2, 1000)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise UsageError(
-                    f"the check's {name} must be an integer >= {low}, got {shown(value)}"
+                    f"the check's {name} must be an integer from {low} to {high}, "
+                    f"got {shown(value)}"
                 )
         for name in ("tolerance", "z"):
             value = getattr(self, name)

@@ -250,8 +250,14 @@ def test_the_result_file_carries_the_checks_policy(tmp_path):
     data["check"] = {"every": 0}
     with open(path, "w") as f:
         yaml.safe_dump(data, f)
-    with pytest.raises(UsageError, match="every must be an integer >= 1, got 0"):
+    with pytest.raises(UsageError, match="every must be an integer from 1 to 2147483647, got 0"):
         scalertune.load(path, device="cpu")
+    for key, value in (("every", 10**30), ("window", 10**6)):  # nothing a run could reach
+        data["check"] = {key: value}
+        with open(path, "w") as f:
+            yaml.safe_dump(data, f)
+        with pytest.raises(UsageError, match=f"the check's {key} must be an integer from"):
+            scalertune.load(path, device="cpu")
 
 
 def test_the_checks_tolerance_and_z_are_the_users_to_set():
