@@ -316,8 +316,8 @@ def mend_cut_record(path: str) -> str | None:
     would continue the cut line into one no reader parses, and every later record with it.
     Under the journal's lock (Optuna's own, :mod:`._journal_lock`: a record another worker is
     writing is finished first), the cut bytes go to a side file beside it and the journal
-    ends at its last whole record; said in one line. Returns the side file (``None``: the
-    journal was whole)."""
+    ends at its last whole record; said in one line. A last record cut only of its newline
+    is whole: the line is ended instead. Returns the side file (``None``: none was needed)."""
     from scalertune._storage._journal_lock import JournalLock
 
     if not os.path.isfile(path) or os.path.getsize(path) == 0 or _ends_whole(path):
@@ -331,10 +331,22 @@ def mend_cut_record(path: str) -> str | None:
             keep = _last_whole_end(f)
             f.seek(keep)
             cut = f.read()
-            side = _set_aside(path, cut)
-            f.truncate(keep)
+            if _whole_record(cut):  # cut between the record and its newline: end the line
+                f.write(b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+                side = None
+            else:
+                side = _set_aside(path, cut)
+                f.truncate(keep)
     finally:
         lock.release()
+    if side is None:
+        say_or_print(
+            f"{path}: its last record lacked only its line end (a worker killed or a disk "
+            "full as it wrote): the line ended, the record kept"
+        )
+        return None
     line = (
         f"{path}: its last record was cut mid-line (a worker killed or a disk full as it "
         f"wrote): its {len(cut)} bytes set aside in {side}; the study goes on from every whole "
@@ -370,6 +382,15 @@ def _set_aside(path: str, cut: bytes) -> str:
         out.flush()
         os.fsync(out.fileno())
     return os.path.join(os.path.dirname(path), os.path.basename(side))
+
+
+def _whole_record(cut: bytes) -> bool:
+    """Whether the bytes after a journal's last newline are a whole record (a JSON object
+    as Optuna writes each): no prefix of one is, so only its newline was lost."""
+    try:
+        return isinstance(json.loads(cut), dict)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past reading
+        return False
 
 
 def _ends_whole(path: str) -> bool:

@@ -638,6 +638,28 @@ def test_a_cut_record_longer_than_one_read_is_set_aside_whole(tmp_path, monkeypa
     assert [t.value for t in study.trials] == [1.0, 2.0, 3.0]
 
 
+def test_a_last_record_cut_only_of_its_newline_is_kept(tmp_path, capsys):
+    """A journal cut between its last record and that record's newline holds the record
+    whole (no prefix of a JSON object is one): the line is ended, nothing is set aside, and
+    Optuna reads that trial and the next."""
+    import optuna
+
+    from scalertune._storage._open import mend_cut_record
+
+    path = tmp_path / "study.log"
+    _add_trial(path, 1.0, create=True)
+    _add_trial(path, 2.0)
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-1])  # the last record, its newline lost
+    assert mend_cut_record(str(path)) is None
+    assert path.read_bytes() == whole
+    assert "lacked only its line end" in capsys.readouterr().err
+    assert not [p for p in os.listdir(tmp_path) if ".cut-" in p]
+    _add_trial(path, 3.0)
+    study = optuna.load_study(study_name="s", storage=_journal(path))
+    assert [t.value for t in study.trials] == [1.0, 2.0, 3.0]
+
+
 def test_the_cut_bytes_go_to_a_new_file_never_through_a_planted_link_nor_over_a_side_file(
     tmp_path,
 ):
