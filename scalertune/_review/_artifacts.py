@@ -134,9 +134,15 @@ class ArtifactStores:
     keep their artifacts in their own place, and the dashboard takes one store. Artifact ids
     are UUIDs, so an id names one file in one store."""
 
+    #: Whether each folder is read as it was when the stores were made (:class:`Store`).
+    pinned = False
+
     def __init__(self, locations: list[str]) -> None:
         self.locations = locations
-        self._stores = [Store(location) for location in locations]
+        self._stores = [Store(location, pinned=self.pinned) for location in locations]
+        if self.pinned:
+            for store in self._stores:
+                store.inner  # noqa: B018  (opened now: the folder as judged at the start)
 
     def open_reader(self, artifact_id: str) -> IO[bytes]:
         return self._in_each(artifact_id, lambda store: store.inner.open_reader(artifact_id))

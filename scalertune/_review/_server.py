@@ -71,7 +71,10 @@ class Served(ArtifactStores):
     """The stores as the dashboard serves them: an artifact that is not there (or is a link,
     a FIFO, anything but a file: the store refuses it) is HTTP 404, as optuna-dashboard
     answers it on its API; its ``/artifacts`` route lets the store's error through as a 500
-    with a traceback in the server's log."""
+    with a traceback in the server's log. Each folder is read as it was when the server
+    started (a folder swapped for a link to another afterwards is not served)."""
+
+    pinned = True
 
     def open_reader(self, artifact_id: str) -> IO[bytes]:
         from bottle import HTTPError

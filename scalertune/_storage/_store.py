@@ -223,18 +223,18 @@ class Store:
     """The artifact store at a location, its calls riding out an outage. ``path(name)`` is the
     file of an artifact in a folder (``None`` in a bucket)."""
 
-    def __init__(self, location: str) -> None:
-        self.location = location
+    def __init__(self, location: str, *, pinned: bool = False) -> None:
+        self.location, self.pinned = location, pinned
         self._inner: Any = None
 
     def __getstate__(self) -> dict[str, Any]:  # crosses to an isolated run's process
-        return {"location": self.location, "_inner": None}
+        return {"location": self.location, "pinned": self.pinned, "_inner": None}
 
     @property
     def inner(self) -> Any:
         """Optuna's store object (made on first use: boto3 is imported only for a bucket)."""
         if self._inner is None:
-            self._inner = _open(self.location)
+            self._inner = _open(self.location, pinned=self.pinned)
         return self._inner
 
     def path(self, name: str) -> str | None:
@@ -314,10 +314,10 @@ class Store:
         )
 
 
-def _open(location: str) -> Any:
+def _open(location: str, *, pinned: bool = False) -> Any:
     if not is_bucket(location):
         os.makedirs(location, exist_ok=True)
-        return _Folder(location)
+        return _Folder(location, pinned=pinned)
     try:
         import boto3
         from optuna.artifacts import Boto3ArtifactStore
@@ -335,8 +335,13 @@ class _Folder:
     whole under a temporary name and then renamed: a reader never sees half a file, and a
     writer killed midway leaves none."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, *, pinned: bool = False) -> None:
         self.base = base
+        # ``pinned`` (the dashboard, which judged the folder as it started): reads go to the
+        # folder opened now, so one swapped for a link to another afterwards is not read
+        self._folder = (
+            os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if pinned else None
+        )
 
     def open_reader(self, artifact_id: str) -> IO[bytes]:
         """The artifact's file, opened without following a link, and only where it is a
@@ -345,9 +350,11 @@ class _Folder:
         from optuna.artifacts.exceptions import ArtifactNotFound
 
         path = self._file(artifact_id)
+        if self._folder is not None:
+            path = os.path.basename(path)  # in the folder opened at the start
         try:
             # O_NONBLOCK: a FIFO opens at once (and is refused below) instead of hanging
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self._folder)
         except FileNotFoundError:
             raise ArtifactNotFound(f"no artifact {artifact_id} in {self.base}") from None
         except OSError as exc:

@@ -501,3 +501,11 @@ def test_a_picture_whose_file_is_a_link_or_gone_is_404_from_the_dashboards_own_r
         status, body = get(artifact_id)
         assert status.startswith("404"), (status, body)
         assert b"outside the store" not in body
+    # the whole store folder swapped for a link to another after the server started: the
+    # folder it started with is read, not the one the link leads to
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ids[0]).write_text("outside the store")
+    os.rename(store, tmp_path / "moved")
+    os.symlink(elsewhere, store)
+    assert get(ids[0]) == ("200 OK", b"\x89PNG\r\n\x1a\n picture")
