@@ -57,7 +57,12 @@ def summary(result: Findings, *, top: int = 5) -> str:
     sampled trials beside the references, the baselines and the runs of other roles."""
     lines = _head(result)
     if result.reference is None or result.target is None:
-        lines.append("  no float32 reference yet: nothing to compare with.")
+        lines.append(
+            "  no sound float32 reference: nothing to compare with (damaged evidence below: "
+            "the same search run again trains the reference it lacks)."
+            if result.damaged
+            else "  no float32 reference yet: nothing to compare with."
+        )
         lines += _damaged(result)
         return "\n".join(lines)
     lines += ["", *format_table(_rows(result, top)), ""]

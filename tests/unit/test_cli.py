@@ -1,6 +1,7 @@
 """The command line: help that reads like a man page, and one-line errors for bad input."""
 
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -300,3 +301,26 @@ def test_a_factory_that_seeds_itself_is_said_once_as_it_shows_and_in_the_summary
             assert "float32 trained the same on seeds 0, 1, 2 (the same loss" in ran.stdout
         else:
             assert said not in ran.stderr + ran.stdout
+
+
+def test_report_on_a_study_whose_reference_is_damaged_says_so_not_that_there_is_none(tmp_path):
+    """The stored old study with its seed-0 reference's loss curve damaged (as whoever can
+    write the journal would): ``report`` names the damage and says there is no sound
+    reference, not that there is none yet; exit 0, no traceback."""
+    import json
+
+    lines = (pathlib.Path(HERE) / "data" / "study_v1.journal").read_text().splitlines()
+    first = next(
+        i
+        for i, line in enumerate(lines)
+        if "scalertune.losses" in (json.loads(line).get("system_attrs") or {})
+    )
+    record = json.loads(lines[first])
+    record["system_attrs"]["scalertune.losses"] = "junk"
+    lines[first] = json.dumps(record, separators=(",", ":"))
+    (tmp_path / "v1.journal").write_text("\n".join(lines) + "\n")
+    ran = run_cli("report", "--storage", "v1.journal", "--study-name", "short", cwd=tmp_path)
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+    assert "no sound float32 reference: nothing to compare with" in ran.stdout
+    assert "no float32 reference yet" not in ran.stdout
+    assert "Damaged evidence, left out: trial #0's scalertune.losses is damaged" in ran.stdout
