@@ -636,7 +636,7 @@ def test_export_of_a_result_file_cut_short_is_one_line_exit_2(tmp_path):
 @pytest.mark.parametrize(
     "check, said",
     [
-        ("{every: 0, action: act, window: 5}", "the check's every must be an integer >= 1"),
+        ("{every: 0, action: act, window: 5}", "the check's every must be an integer from 1"),
         ("{every: 100, action: 'rm -rf /', window: 5}", "the check's action must be one of"),
     ],
 )
