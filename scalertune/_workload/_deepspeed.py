@@ -118,12 +118,29 @@ def read_config(config: Any) -> dict[str, Any]:
             f"'deepspeed' is a {type(config).__name__}: give the config dict, or the path "
             "of ds_config.json"
         )
-    if "auto" in json.dumps(config):
+    if _has_auto(config):
         raise UsageError(
             "the DeepSpeed config has 'auto' values, which only a Hugging Face Trainer fills "
             "in: give numbers (or return the Trainer made with deepspeed=config)"
         )
     return dict(config)
+
+
+def _has_auto(value: Any) -> bool:
+    """Whether ``value`` (a config, or a part of one) holds the value ``"auto"`` somewhere,
+    which a Hugging Face Trainer fills in: a key such as ``fp16.auto_cast`` is DeepSpeed's own.
+
+    Example:
+        >>> _has_auto({"fp16": {"enabled": True, "auto_cast": True}}), _has_auto({"lr": "auto"})
+        (False, True)
+    """
+    if isinstance(value, str):
+        return value == "auto"
+    if isinstance(value, Mapping):
+        return any(_has_auto(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_auto(v) for v in value)
+    return False
 
 
 def _refuse_engines(result: Mapping[str, Any]) -> None:

@@ -192,6 +192,17 @@ def test_a_deepspeed_workload_that_cannot_be_searched_is_refused_in_one_line(fac
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("auto_cast", [True, False])
+def test_deepspeeds_own_auto_cast_key_is_no_auto_value(auto_cast):
+    """``fp16.auto_cast`` is DeepSpeed's own key, not a value a Hugging Face Trainer fills in
+    (``"auto"``): a workload with it is built, and its config keeps it."""
+    from scalertune._workload._deepspeed import read_config
+
+    config = {**dsw.CONFIG, "fp16": {"enabled": True, "auto_cast": auto_cast}}
+    assert read_config(config)["fp16"]["auto_cast"] is auto_cast
+    build_workload(dsw.with_config(fp16=config["fp16"]), seed=0, device=CPU)
+
+
 def test_an_engine_deepspeed_made_already_is_refused_in_one_line():
     def made():
         parts = dsw.regression()
