@@ -149,6 +149,17 @@ def best_amp_block(data: dict[str, Any], path: str) -> dict[str, Any]:
     return block
 
 
+def best_amp_kind(data: dict[str, Any]) -> str | None:
+    """What a result's ``evidence.best_amp`` is: ``"deepspeed"`` (DeepSpeed's fp16 block,
+    for its engine), ``"amp"`` (a config the runtime trains), ``None`` (none held)."""
+    evidence = data.get("evidence")
+    block = evidence.get("best_amp") if isinstance(evidence, dict) else None
+    config = block.get("config") if isinstance(block, dict) else None
+    if not isinstance(config, dict):
+        return None
+    return "deepspeed" if "fp16" in config else "amp"
+
+
 def load_prediction(path: str) -> ScalerPrediction | None:
     """The ``evidence.prediction`` block of a result YAML: what the search predicted the
     loss scaler does over the horizon (``None`` when the file has none: a bfloat16 or float32
@@ -161,7 +172,9 @@ def load_runtime(
 ) -> dict[str, Any]:
     """What :class:`AmpRuntime` is built with from a result YAML, read once: its ``config``
     (``evidence.best_amp``'s with ``best_amp=True``), the ``guard`` it recommends and a
-    ``watch`` on its prediction (each ``None`` when the file has none or it is turned off).
+    ``watch`` on its prediction (each ``None`` when the file has none or it is turned off),
+    and what its best AMP config is (``best_amp``: :func:`best_amp_kind`, for the line a
+    float32 answer says; not the runtime's).
     The prediction is the float16 answer's, or the best AMP config's where float32 is the
     answer; the runtime watches only a config with a scaler."""
     data = read_result(path)
@@ -169,6 +182,7 @@ def load_runtime(
     predicted = _prediction(data, path) if watch else None
     searched = searched_model(data)
     return {
+        "best_amp": best_amp_kind(data),
         "config": AmpConfig.from_dict(chosen["config"]),
         "guard": _guard(chosen, path) if guard else None,
         "watch": Watch(predicted) if predicted is not None else None,
@@ -261,11 +275,28 @@ def result_document(data: dict[str, Any]) -> dict[str, Any]:
 def write_result(data: dict[str, Any], path: str) -> None:
     """Write ``data`` (config, guard, evidence) atomically as ``result_document`` has it,
     with a header saying how to load it."""
+    name = os.path.basename(path)
+    config = data.get("config")
+    if isinstance(config, dict) and "fp16" in config:  # DeepSpeed's block, for its engine
+        how = (
+            "# Written by scalertune. Its config is DeepSpeed's fp16 block: put it in your\n"
+            f"# ds_config.json with `scalertune export {name} --to deepspeed`, or attach it\n"
+            "# to your DeepSpeed Trainer (scalertune.attach).\n"
+        )
+    else:
+        best = (
+            "# (evidence.best_amp, the best AMP config that held, is DeepSpeed's fp16 block:\n"
+            f"# `scalertune export {name} --best-amp --to deepspeed` prints it).\n"
+            if best_amp_kind(data) == "deepspeed"
+            else "# (best_amp=True loads evidence.best_amp, the best AMP config that held, "
+            "instead).\n"
+        )
+        how = (
+            "# Written by scalertune. Load it in training code with\n"
+            f'#   amp = scalertune.load("{name}", device="cuda")\n{best}'
+        )
     header = (
-        "# Written by scalertune. Load it in training code with\n"
-        '#   amp = scalertune.load("' + os.path.basename(path) + '", device="cuda")\n'
-        "# (best_amp=True loads evidence.best_amp, the best AMP config that held, instead).\n"
-        "# 'config' is what the runtime uses; 'evidence' says why it was chosen; 'check' is\n"
+        how + "# 'config' is what the runtime uses; 'evidence' says why it was chosen; 'check' is\n"
         "# what the run does when, every 'every' steps, its loss at its own weights falls\n"
         "# behind float32's: act (a float32 island, float32, the scaler's knobs, a more\n"
         "# accurate float8 recipe), warn or stop.\n"

@@ -35,21 +35,33 @@ def runtime_from_yaml(
     guard, the watch and the in-run check its file asks for, each turned off by ``False``."""
     path = os.fspath(path)
     parts: dict[str, Any] = load_runtime(path, guard=guard, watch=watch, best_amp=best_amp)
+    kind = parts.pop("best_amp")
     parts["check"] = in_run_check(path, check)
     if parts["check"] is not None and parts["config"].dtype == "float32":
-        warnings.warn(nothing_to_check(path), AmpCheckWarning, stacklevel=3)
+        warnings.warn(nothing_to_check(path, kind), AmpCheckWarning, stacklevel=3)
     return AmpRuntime(**parts, device=device)
 
 
-def nothing_to_check(path: str) -> str:
+def nothing_to_check(path: str, best_amp: str | None) -> str:
     """The one line for an answer in float32: the in-run check compares with float32, so
-    such a run has nothing to check; the best AMP config the search found is one argument
-    away."""
-    return (
+    such a run has nothing to check; how to train the best AMP config the search found
+    (``best_amp``: :func:`~scalertune._amp._schema.best_amp_kind`), where it found one."""
+    said = (
         f"{path}: the answer trains in float32, so the in-run check, which compares with "
-        "float32, has nothing to check; where the search found an AMP config that held "
-        f"(evidence.best_amp), scalertune.load({path!r}, best_amp=True) trains it, checked"
+        "float32, has nothing to check"
     )
+    if best_amp == "deepspeed":
+        return (
+            f"{said}; the best AMP config that held (evidence.best_amp) is DeepSpeed's fp16 "
+            f"block, for DeepSpeed's engine: scalertune export {path} --best-amp --to "
+            "deepspeed prints it"
+        )
+    if best_amp == "amp":
+        return (
+            f"{said}; the best AMP config that held (evidence.best_amp) trains checked with "
+            f"scalertune.load({path!r}, best_amp=True)"
+        )
+    return f"{said}; no AMP config held in the search"
 
 
 def in_run_check(path: str | None, check: CheckArg) -> InRunCheck | None:

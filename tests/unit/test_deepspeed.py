@@ -3,6 +3,7 @@ DeepSpeed's own loss scaler, checked against DeepSpeed's own training of the sam
 (``deepspeed_workloads.deepspeed_training``) and its own config parser."""
 
 import os
+import pathlib
 import re
 
 import deepspeed_workloads as dsw
@@ -253,6 +254,30 @@ def test_a_deepspeed_answer_exports_as_the_config_deepspeed_parses(tmp_path):
     with pytest.raises(UsageError, match="--to deepspeed"):
         scalertune.load(path, device="cpu")
     assert os.path.exists(path)
+
+
+def test_a_deepspeed_result_says_how_to_take_it_where_load_cannot(tmp_path):
+    """A DeepSpeed answer's file says in its header to export it or attach it, not to load
+    it; a float32 answer whose best AMP config is DeepSpeed's block says, in its header and
+    in the line ``load`` warns, to export that block, not ``best_amp=True`` (which
+    ``load`` refuses for it)."""
+    answer = str(tmp_path / "deepspeed.yaml")
+    write_result({"config": LAZY.to_dict()}, answer)
+    head = pathlib.Path(answer).read_text(encoding="utf-8").split("scalertune: 1")[0]
+    assert "scalertune export deepspeed.yaml --to deepspeed" in head
+    assert "scalertune.load" not in head
+    float32 = str(tmp_path / "float32.yaml")
+    best = {"config": LAZY.to_dict()}
+    write_result({"config": {"dtype": "float32"}, "evidence": {"best_amp": best}}, float32)
+    head = pathlib.Path(float32).read_text(encoding="utf-8").split("scalertune: 1")[0]
+    assert "scalertune export float32.yaml --best-amp --to deepspeed" in head
+    assert "best_amp=True" not in head
+    with pytest.warns(scalertune.AmpCheckWarning) as said:
+        scalertune.load(float32, device="cpu")
+    (line,) = [str(w.message) for w in said]
+    assert "--best-amp --to deepspeed prints it" in line and "best_amp=True" not in line
+    with pytest.raises(UsageError, match="--to deepspeed"):
+        scalertune.load(float32, device="cpu", best_amp=True)
 
 
 def test_an_export_keeps_what_the_searched_fp16_block_held_beside_its_scaler(tmp_path):
