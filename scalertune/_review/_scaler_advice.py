@@ -14,6 +14,7 @@ import dataclasses
 
 from scalertune._amp._config import baselines, defaults_words
 from scalertune._judge._findings import Findings
+from scalertune._judge._outcome import Outcome
 from scalertune._judge._rank import skip_tolerance
 from scalertune._replay._predict import Prediction, predict
 from scalertune._replay._trace import Trace
@@ -34,15 +35,25 @@ def defaults_prediction(result: Findings, trace: Trace, name: str | None = None)
 
 
 def scaler_advice(result: Findings) -> str | None:
-    """One line: whether changing PyTorch's scaler defaults is worth it over the horizon."""
+    """One line: whether changing PyTorch's scaler defaults is worth it over the horizon;
+    none where no float16 run trained, or every one overflowed in the forward pass (the
+    replay models the gradients: the overflow's own line says what to do), and no advice
+    where the replay missed most of the runs it was checked on (:func:`replay_agreement`)."""
     if "float16" not in result.settings.space_dtypes:
         return None
     trace = result.trace
-    if trace is None:
-        return None
+    if trace is None or result.forward_overflow_modules is not None or not _scaled(result):
+        return None  # no float16 run trained (each raised, or overflowed in the forward)
     defaults = defaults_prediction(result, trace)
     words = defaults_words(result.deepspeed)
     said = f"Scaler over the horizon: {words}: {defaults.describe()}"
+    agree, checked = _agreement(result, trace)
+    if checked and 2 * agree < checked:
+        return (
+            f"{said}, as the replay predicts; but it missed the skipped steps of "
+            f"{checked - agree} of {checked} float16 runs (the replay check below), so no "
+            "advice is drawn from it here"
+        )
     if result.deepspeed:  # no replay's choice: the trials sample DeepSpeed's knobs themselves
         run = result.recommended or result.best_amp
         if run is None or not run.config.uses_scaler:
@@ -85,11 +96,44 @@ def article_fix_line(result: Findings) -> str | None:
 
 def replay_agreement(result: Findings) -> str | None:
     """How many of the search's float16 runs skipped as many steps as the replay predicted
-    for them over the steps they ran, within max(2, 20%)."""
+    for them over the steps they ran, within max(2, 20%): runs whose forward overflowed are
+    left out (the replay replays float32's gradients, not the forward), and said to be; a
+    replay that missed most runs is said to be no evidence for the workload."""
     trace = result.trace
-    runs = [o for o in result.ranking if o.config.uses_scaler and o.steps_run and o.scales]
-    if trace is None or not runs:
+    if trace is None:
         return None
+    agree, checked = _agreement(result, trace)
+    forward = len([o for o in _scaled(result) if o.prune_kind == "forward"])
+    if not checked:
+        return None
+    said = (
+        f"Replay check: the predicted skipped steps of {agree} of {checked} float16 "
+        f"runs on seed {result.settings.seed} (the seed whose gradients the replay traced) "
+        "match what they really skipped, within max(2, 20%)"
+    )
+    if forward:
+        said += (
+            f" ({forward} more overflowed in the forward pass, which the replay of the "
+            "gradients does not model)"
+        )
+    if 2 * agree < checked:
+        said += (
+            ": the replay does not hold for this workload (float16 changes its gradients, "
+            "or an activation overflows now and then), so its predictions are no evidence "
+            "here; the runs' own figures are"
+        )
+    return said
+
+
+def _scaled(result: Findings) -> list[Outcome]:
+    """The search's float16 runs with a scaler that trained and recorded their scale."""
+    return [o for o in result.ranking if o.config.uses_scaler and o.steps_run and o.scales]
+
+
+def _agreement(result: Findings, trace: Trace) -> tuple[int, int]:
+    """How many of the search's float16 runs (forward overflows left out) the replay
+    predicted the skipped steps of, within max(2, 20%), and of how many."""
+    runs = [o for o in _scaled(result) if o.prune_kind != "forward"]
     agree = 0
     for run in runs:
         real = int(run.figures.skipped_steps or 0)
@@ -97,8 +141,4 @@ def replay_agreement(result: Findings) -> str | None:
             trace, run.config, horizon=min(run.steps_run, trace.steps), zero=result.settings.zero
         )
         agree += abs(predicted.skipped_steps - real) <= skip_tolerance(real)
-    return (
-        f"Replay check: the predicted skipped steps of {agree} of {len(runs)} float16 "
-        f"runs on seed {result.settings.seed} (the seed whose gradients the replay traced) "
-        "match what they really skipped, within max(2, 20%)"
-    )
+    return agree, len(runs)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import workloads
-from conftest import example
+from conftest import example, spec
 
 import scalertune
 from scalertune import AmpConfig
@@ -507,3 +507,47 @@ def test_deepspeed_under_zero_ends_where_the_scale_meets_its_minimum(codepoints_
     assert plain.stops_at is None and plain.skipped_steps == 200 and plain.min_scale == 1
     with pytest.raises(ParameterError, match="enable fp16"):
         predict_deepspeed(codepoints_trace, {"loss_scale": 0})
+
+
+def test_a_replay_that_misses_most_runs_draws_no_scaler_advice(tmp_path):
+    """The replay replays float32's gradients: where float16's runs skipped otherwise than it
+    predicts for most of them (float16 changing the gradients, an activation overflowing now
+    and then), the replay check says the replay is no evidence here, and the scaler's advice
+    ("keep them", "worth it") is not drawn from it. Where it holds, both read as before."""
+    import dataclasses
+
+    import optuna
+
+    from scalertune._judge._answer import judge
+    from scalertune._review._scaler_advice import replay_agreement, scaler_advice
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    scalertune.search(
+        spec("gradient_overflow"),
+        storage=storage,
+        space="float16",
+        n_trials=3,
+        steps=40,
+        device="cpu",
+        study_name="s",
+    )
+    found = judge(optuna.load_study(study_name="s", storage=storage))
+    held = replay_agreement(found)
+    assert held is not None and "no evidence" not in held
+    assert "no advice" not in (scaler_advice(found) or "")
+
+    def skipping_more(outcome):
+        if not outcome.config.uses_scaler:
+            return outcome
+        more = int(outcome.figures.skipped_steps or 0) + 10
+        return dataclasses.replace(
+            outcome, figures=dataclasses.replace(outcome.figures, skipped_steps=more)
+        )
+
+    missed = dataclasses.replace(found, ranking=[skipping_more(o) for o in found.ranking])
+    said = replay_agreement(missed)
+    assert said is not None and "match what they really skipped" in said
+    assert "the replay does not hold for this workload" in said
+    advice = scaler_advice(missed)
+    assert advice is not None and "so no advice is drawn from it here" in advice
+    assert "keep them" not in advice and "worth it" not in advice
