@@ -12,6 +12,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._modules import match_modules
 from scalertune._diagnose._patterns import group_patterns
+from scalertune._workload._loader import default_study_name
 
 
 @dataclasses.dataclass
@@ -278,12 +279,17 @@ class Diagnosis:
             float32 itself fails.
 
         Example:
-            >>> d.next_command("model.py:make_model")  # doctest: +SKIP
-            'scalertune search model.py:make_model --fp32-modules attn.score'
+            >>> d.next_command("model.py:make_model").split(" --study-name ")  # doctest: +SKIP
+            ['scalertune search model.py:make_model --fp32-modules attn.score',
+             'model:make_model+fp32']
         """
         if self.islands:
+            # a study of its own: one of the same factory without the islands may exist, and
+            # a study refuses another space
+            name = shlex.quote(default_study_name(factory) + "+fp32")
             return (
                 f"scalertune search {factory} --fp32-modules {shlex.quote(','.join(self.islands))}"
+                f" --study-name {name}"
             )
         if self.kind not in ("clean", "float32"):
             return f"scalertune search {factory}"

@@ -13,6 +13,7 @@ import scalertune
 from scalertune import AmpConfig, _policy
 from scalertune._diagnose import _policy as _diagnose_policy
 from scalertune._run._loop import run_config
+from scalertune._workload._loader import default_study_name
 from scalertune.cli import main
 
 ATTENTION = os.path.join(ROOT, "examples", "attention.py") + ":make_model"
@@ -280,7 +281,11 @@ def test_diagnose_command_prints_the_table_the_checks_the_verdict_and_the_next_s
     assert "turned finite inputs into inf/NaN: attn.score" in out
     assert "checked with real GradScaler steps" in out
     assert "Verdict: forward overflow in module 'attn.score'" in out
-    assert out.rstrip().endswith(f"Next: scalertune search {ATTENTION} --fp32-modules attn.score")
+    # a study of its own: the plain study of the same factory refuses another space
+    study = default_study_name(ATTENTION) + "+fp32"
+    assert out.rstrip().endswith(
+        f"Next: scalertune search {ATTENTION} --fp32-modules attn.score --study-name {study}"
+    )
 
 
 @pytest.mark.parametrize(
