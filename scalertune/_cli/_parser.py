@@ -285,8 +285,8 @@ def _diagnose(sub: Any) -> None:
         "--fp32-modules",
         metavar="NAMES",
         default="",
-        help="modules already kept in float32 (names or glob patterns, as for "
-        "search): diagnose what overflows with them in place",
+        help="modules already kept in float32 (comma-separated names or glob patterns, "
+        "as for search): diagnose what overflows with them in place",
     )
     g.add_argument(
         "--steps",
