@@ -123,6 +123,10 @@ FLOAT16_SMALLEST_SUBNORMAL = 2.0**-24  # below half of this, values flush to zer
 #: replayed decisions and no skip count; a margin of x0.5 or x2 halved the exact counts).
 FLOAT16_OVERFLOW = 65520.0
 
+#: Training steps of a search's trial where neither ``--steps`` nor the factory says fewer: a
+#: factory whose training is shorter (a Trainer's ``max_steps`` of 150) trains all of it.
+SEARCH_STEPS = 200
+
 #: Training steps ``scalertune diagnose`` watches in each dtype: the first steps are where a
 #: forward overflow or a badly chosen initial scale shows.
 DIAGNOSE_STEPS = 3

@@ -125,9 +125,10 @@ def _search(sub: Any) -> None:
     s.add_argument(
         "--steps",
         type=int,
-        default=200,
+        default=_policy.SEARCH_STEPS,
         metavar="N",
-        help="training steps per trial (default: %(default)s)",
+        help="training steps per trial (default: %(default)s, or all of a shorter training "
+        "the factory declares)",
     )
     s.add_argument(
         "--horizon",

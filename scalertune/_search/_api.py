@@ -56,7 +56,7 @@ def search(
     space: str | SearchSpace = "default",
     fp32_modules: str | None = None,
     n_trials: int = 24,
-    steps: int = 200,
+    steps: int = _policy.SEARCH_STEPS,
     horizon: int | None = None,
     seed: int = 0,
     device: str | None = "auto",

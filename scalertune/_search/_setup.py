@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from scalertune import _limits
+from scalertune import _limits, _policy
 from scalertune._amp import _float8, _torchao_private
 from scalertune._amp._config import FLOAT8_KNOBS, AmpConfig
 from scalertune._amp._device import resolve_device
@@ -99,7 +99,8 @@ def prepare(factory: str | Callable[[], Any], options: SearchOptions) -> Setup:
     islands = island_candidates(list(checked.float8_casts), at_most=FLOAT8_ISLAND_CANDIDATES)
     if islands and "float8_islands" not in space.params:
         space = with_float8_islands(space, islands)
-    settings = _settings(factory, options, space, dev, checked, isolation)
+    steps, fitted = _trial_steps(options, checked.horizon)
+    settings = _settings(factory, options, steps, space, dev, checked, isolation)
     return Setup(
         spec=factory,
         factory=user_factory,
@@ -109,8 +110,23 @@ def prepare(factory: str | Callable[[], Any], options: SearchOptions) -> Setup:
         settings=settings,
         isolation=isolation,
         artifact_dir=location,
-        notes=_float8_notes(checked),
+        notes=(*fitted, *_float8_notes(checked)),
     )
+
+
+def _trial_steps(options: SearchOptions, declared: int | None) -> tuple[int, tuple[str, ...]]:
+    """A trial's steps: ``--steps``, or all of a declared training shorter than the default
+    (a Trainer's ``max_steps`` of 150: a trial of 200 would train past its end), said in one
+    line; a shorter one asked for with ``--steps`` is refused as it was."""
+    steps = options.steps
+    fits = _limits.SEARCH["steps"].low <= (declared or 0) < steps
+    if options.horizon is None and steps == _policy.SEARCH_STEPS and fits:
+        assert declared is not None
+        return declared, (
+            f"the factory's training is {declared} steps, fewer than a trial's default "
+            f"{steps}: each trial trains all {declared} (--steps chooses fewer)",
+        )
+    return steps, ()
 
 
 def _float8_takes(space: SearchSpace, checked: Any) -> None:
@@ -141,13 +157,14 @@ def _float8_notes(checked: Any) -> tuple[str, ...]:
 def _settings(
     factory: str | Callable[[], Any],
     options: SearchOptions,
+    steps: int,
     space: SearchSpace,
     dev: torch.device,
     checked: Any,
     isolation: Isolation | None,
 ) -> StudySettings:
     """The study's settings: what every worker and every rerun must share."""
-    steps, declared = options.steps, checked.horizon
+    declared = checked.horizon
     if options.horizon is None and declared is not None:
         declared = _declared_horizon(declared, factory_name(factory), steps)
     return StudySettings(
@@ -360,8 +377,8 @@ def _declared_horizon(horizon: int, factory: str, steps: int) -> int:
     if horizon < steps:
         raise UsageError(
             f"the factory {factory} declares horizon {horizon}, shorter than a "
-            f"trial's {steps} steps (--steps): declare at least {steps}, or pass "
-            "--horizon (or a smaller --steps)"
+            f"trial's {steps} steps (--steps): pass --steps {horizon} or fewer, or "
+            f"declare at least {steps}"
         )
     return horizon
 

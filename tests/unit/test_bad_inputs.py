@@ -344,10 +344,17 @@ SEARCH = [
         _model(_DECLARES_HORIZON.format(horizon=10**12)),
     ),
     Case(
-        "factory's horizon shorter than a trial",
-        [],
-        r"declares horizon 50, shorter than a trial's 200 steps \(--steps\)",
+        "factory's horizon shorter than the trial asked for",
+        ["--steps", "100"],
+        r"declares horizon 50, shorter than a trial's 100 steps \(--steps\): pass --steps 50 "
+        r"or fewer",
         _model(_DECLARES_HORIZON.format(horizon=50)),
+    ),
+    Case(
+        "factory's horizon shorter than any trial",
+        [],
+        r"declares horizon 10, which must be an integer from 20",
+        _model(_DECLARES_HORIZON.format(horizon=10)),
     ),
     Case(
         "NaN loss on the first batch",

@@ -324,3 +324,36 @@ def test_report_on_a_study_whose_reference_is_damaged_says_so_not_that_there_is_
     assert "no sound float32 reference: nothing to compare with" in ran.stdout
     assert "no float32 reference yet" not in ran.stdout
     assert "Damaged evidence, left out: trial #0's scalertune.losses is damaged" in ran.stdout
+
+
+def test_a_factory_whose_training_is_shorter_than_a_trial_is_searched_over_all_of_it(tmp_path):
+    """A Trainer's ``max_steps`` of 150 (here a declared horizon of 60) is fewer than a
+    trial's default 200 steps: the trials train all of it, said in one line, where the
+    search was refused and its advice (``--horizon``) refused too."""
+    (tmp_path / "model.py").write_text(
+        "import torch\n\n\ndef make_model():\n"
+        "    w = torch.randn(4, 1)\n"
+        "    xs = [torch.randn(16, 4) for _ in range(4)]\n"
+        "    batches = [(x, x @ w) for x in xs]\n"
+        "    model = torch.nn.Linear(4, 1)\n"
+        "    return {'model': model, 'optimizer': torch.optim.Adam(model.parameters(), lr=0.05),\n"
+        "            'loss_fn': torch.nn.functional.mse_loss, 'batches': batches,\n"
+        "            'horizon': 60}\n"
+    )
+    ran = run_cli(
+        "search",
+        "model.py:make_model",
+        "--space",
+        "bfloat16",
+        "--n-trials",
+        "1",
+        "--device",
+        "cpu",
+        cwd=tmp_path,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert (
+        "the factory's training is 60 steps, fewer than a trial's default 200: each trial "
+        "trains all 60 (--steps chooses fewer)"
+    ) in ran.stderr
+    assert "60 steps per trial" in ran.stdout
