@@ -59,7 +59,8 @@ def nothing_to_check(path: str, best_amp: str | None) -> str:
     if best_amp == "amp":
         return (
             f"{said}; the best AMP config that held (evidence.best_amp) trains checked with "
-            f"scalertune.load({path!r}, best_amp=True)"
+            f"best_amp=True: scalertune.load({path!r}, best_amp=True), or "
+            f"scalertune.attach(trainer, {path!r}, best_amp=True)"
         )
     return f"{said}; no AMP config held in the search"
 
