@@ -117,7 +117,8 @@ def prepare(factory: str | Callable[[], Any], options: SearchOptions) -> Setup:
 def _trial_steps(options: SearchOptions, declared: int | None) -> tuple[int, tuple[str, ...]]:
     """A trial's steps: ``--steps``, or all of a declared training shorter than the default
     (a Trainer's ``max_steps`` of 150: a trial of 200 would train past its end), said in one
-    line; a shorter one asked for with ``--steps`` is refused as it was."""
+    line (a shorter one asked for with ``--steps`` is refused); and a ``--horizon`` past the
+    declared training's end, said too."""
     steps = options.steps
     fits = _limits.SEARCH["steps"].low <= (declared or 0) < steps
     if options.horizon is None and steps == _policy.SEARCH_STEPS and fits:
@@ -125,6 +126,12 @@ def _trial_steps(options: SearchOptions, declared: int | None) -> tuple[int, tup
         return declared, (
             f"the factory's training is {declared} steps, fewer than a trial's default "
             f"{steps}: each trial trains all {declared} (--steps chooses fewer)",
+        )
+    if declared is not None and options.horizon is not None and options.horizon > declared:
+        return steps, (
+            f"--horizon {options.horizon} is longer than the factory's training ({declared} "
+            "steps): the runs train past its end (a Trainer's learning-rate schedule has "
+            "ended there)",
         )
     return steps, ()
 

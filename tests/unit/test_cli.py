@@ -357,3 +357,23 @@ def test_a_factory_whose_training_is_shorter_than_a_trial_is_searched_over_all_o
         "trains all 60 (--steps chooses fewer)"
     ) in ran.stderr
     assert "60 steps per trial" in ran.stdout
+    # a horizon asked past the factory's training is searched, and said to be
+    ran = run_cli(
+        "search",
+        "model.py:make_model",
+        "--space",
+        "bfloat16",
+        "--n-trials",
+        "1",
+        "--steps",
+        "40",
+        "--horizon",
+        "80",
+        "--study-name",
+        "longer",
+        "--device",
+        "cpu",
+        cwd=tmp_path,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "--horizon 80 is longer than the factory's training (60 steps)" in ran.stderr
