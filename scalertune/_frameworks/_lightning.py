@@ -21,12 +21,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from scalertune._amp._runtime import AmpRuntime
+from scalertune._amp._watch import caller_stacklevel
 from scalertune._errors import UsageError
 from scalertune._frameworks import _lightning_private
 from scalertune._frameworks._deepspeed import refuse_deepspeed
@@ -69,9 +71,19 @@ def check_lightning(trainer: Any) -> None:
 
 
 def route_lightning(trainer: Any, amp: AmpRuntime) -> None:
-    """Set the runtime's precision plugin on ``trainer``'s strategy, and its clipping."""
+    """Set the runtime's precision plugin on ``trainer``'s strategy, and its clipping; a
+    mixed precision the Trainer was given is said to be replaced, in one line (Lightning's
+    own line about it, "Using bfloat16 Automatic Mixed Precision", no longer holds)."""
     package = _lightning_private.package(trainer, "Trainer")
     plugins = importlib.import_module(f"{package}.plugins.precision")
+    given = str(trainer.strategy.precision_plugin.precision)
+    if given in ("16-mixed", "bf16-mixed"):
+        warnings.warn(
+            f"scalertune: this Trainer's precision {given!r} is replaced by the config's: "
+            f"{amp.config.describe()}",
+            UserWarning,
+            stacklevel=caller_stacklevel(),
+        )
     trainer.strategy.precision_plugin = _plugin(plugins, amp)
     trainer.gradient_clip_val = amp.config.clip_norm
     trainer.gradient_clip_algorithm = "norm"

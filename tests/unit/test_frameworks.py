@@ -287,6 +287,24 @@ def test_the_step_timing_leaves_a_schedule_as_long_as_the_training_where_it_was(
     assert schedule.last_epoch == 0 and workload.schedulers[0].global_step == 0
 
 
+def test_attach_says_a_lightning_trainers_own_mixed_precision_is_replaced():
+    """A Trainer given ``bf16-mixed`` (or ``16-mixed``, which Lightning turns into bfloat16 on
+    a CPU, saying so) trains the config's dtype under ``attach``: one line says its own
+    precision is replaced, naming what trains; a Trainer given none is told nothing."""
+    import warnings
+
+    config = AmpConfig(clip_norm=1.0)
+    with pytest.warns(UserWarning, match="precision 'bf16-mixed' is replaced by") as said:
+        scalertune.attach(trainers.lightning_trainer(precision="bf16-mixed"), config)
+    (replaced,) = [w for w in said if "is replaced by" in str(w.message)]
+    line = str(replaced.message)
+    assert line.endswith(config.describe()) and "\n" not in line
+    assert replaced.filename == __file__  # pointed at the user's attach line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scalertune.attach(trainers.lightning_trainer(), config)
+
+
 def test_attach_trains_a_lightning_trainer_given_no_precision_in_float16_on_a_cpu():
     parts = trainers.lightning_parts()
     config = AmpConfig(**{**FAR.to_dict(), "clip_norm": 1e4})
