@@ -29,8 +29,9 @@ def lightning(c: AmpConfig, device: Device) -> Parts:
     usage = ["# trainer = lightning.pytorch.Trainer(**trainer_kwargs, ...your own arguments)"]
     if c.dtype != "float32":
         usage.append(
-            "# (the plugin's device is the Trainer's accelerator: one kind of device for both)"
+            "# (the plugin's device is the Trainer's accelerator: one kind of device for both;"
         )
+        usage.append("# no precision= beside it: Lightning refuses both)")
     return Parts(spec, name="trainer_kwargs", usage=usage, uses_device=c.dtype != "float32")
 
 
