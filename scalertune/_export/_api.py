@@ -426,7 +426,7 @@ def _attach_argument(source: Any, config: AmpConfig, best_amp: bool) -> str:
     """How the attach line names the config: the YAML's path, or the config itself."""
     if isinstance(source, (str, os.PathLike)):
         return repr(os.fspath(source)) + (", best_amp=True" if best_amp else "")
-    return "scalertune." + repr(config)
+    return f"scalertune.AmpConfig.from_dict({config.to_dict()!r})"  # its own fields only
 
 
 def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]:

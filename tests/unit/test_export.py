@@ -654,3 +654,16 @@ def test_export_refuses_a_check_block_that_loading_the_file_would_refuse(tmp_pat
         done = run_cli("export", "amp.yaml", "--to", framework, cwd=tmp_path)
         assert done.returncode == 2 and done.stdout == "", (framework, done)
         assert done.stderr.strip() == f"scalertune export: error: amp.yaml: {reason}"
+
+
+@pytest.mark.parametrize("framework", ["lightning", "transformers", "accelerate"])
+def test_the_attach_line_of_a_config_export_names_the_config_by_its_own_fields(framework):
+    """An export of a config (no YAML) says how to attach that config: the line's argument
+    is the config again, written with the fields it has (a float16 config's line carried
+    every float8 field of AmpConfig's repr)."""
+    config = AmpConfig(init_scale=1024.0, growth_interval=500, clip_norm=1.0)
+    code = scalertune.export(config, framework, device="cpu").code
+    (line,) = [x for x in code.splitlines() if "amp = scalertune.attach(" in x]
+    argument = line.split("scalertune.attach(", 1)[1].split(", ", 1)[1].rsplit(")  #", 1)[0]
+    assert "float8" not in argument
+    assert eval(argument, {"scalertune": scalertune}) == config  # noqa: S307 - our own line
