@@ -8,7 +8,8 @@ from typing import Any
 
 import optuna
 
-from scalertune._storage._trial_record import Retry
+from scalertune._storage._names import ROLE_SEARCH
+from scalertune._storage._trial_record import Retry, role_of
 
 
 class DtypeSampler(optuna.samplers.BaseSampler):
@@ -80,16 +81,29 @@ class DtypeSampler(optuna.samplers.BaseSampler):
 
 
 def _ordinal(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> int:
-    """``trial``'s number less the retries queued before it: a run that lost its evidence
-    to a fault (a host gone, a worker killed) is queued again as a new trial, and without
-    this every trial sampled after it would draw from another stream than in the undisturbed
-    search, so that the answer would depend on when the fault hit."""
-    retries = sum(
+    """``trial``'s number less the trials before it that a fault added: a run that lost its
+    evidence (a host gone, a worker killed) is queued again as a new trial, and a failed
+    attempt that is not queued again (a float32 reference, resumed from its checkpoint by
+    the next attempt) leaves a trial behind. Without this every trial sampled after either
+    would draw from another stream than in the undisturbed search, and the answer would
+    depend on when the fault hit. A failed run whose copy is queued stays counted: the
+    undisturbed search sampled it there too; and so does a sampled run that failed."""
+    earlier = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
+    chains = [Retry.sound(t) for t in earlier]
+    replayed = {c.failed_trial for c in chains if c.retry_history}
+    added = sum(
         1
-        for other in study.get_trials(deepcopy=False)
-        if other.number < trial.number and Retry.sound(other).retry_history
+        for t, chain in zip(earlier, chains)
+        if chain.retry_history  # a copy, queued again
+        or (
+            t.state == optuna.trial.TrialState.FAIL
+            and t.number not in replayed
+            # a sampled run that failed (its config raised) stays counted: with its number's
+            # stream back, the next trial would sample the same config again
+            and role_of(t) not in (ROLE_SEARCH, None)
+        )
     )
-    return trial.number - retries
+    return trial.number - added
 
 
 def _tpe(seed: int | None) -> optuna.samplers.TPESampler:

@@ -75,26 +75,41 @@ def test_scaler_knobs_are_searched_only_when_float16_is_chosen():
 
 
 def test_a_run_queued_again_after_a_fault_leaves_the_sampled_configs_as_undisturbed():
-    """A run that lost its evidence (a host gone) fails and is queued again as a new trial:
-    the configs sampled after it are those of the undisturbed search, so the answer does not
-    depend on when the fault hit (each trial's stream is seeded by its number, less the
-    retries before it)."""
+    """A run that lost its evidence (a host gone) fails and is queued again as a new trial,
+    and a float32 reference's attempt killed midway leaves a failed trial behind (the next
+    attempt resumes from its checkpoint): the configs sampled after either are those of the
+    undisturbed search, so the answer does not depend on when the fault hit (each trial's
+    stream is seeded by its number, less the trials a fault added). A sampled config that
+    raised stays counted, so the next trial samples another."""
     space = SearchSpace.load("default")
 
     def value(config):  # the objective stands for a run: a function of the config alone
         return abs(math.log2(config.init_scale or 1.0) - 3) + (config.clip_norm or 0.0)
 
-    def sampled(fault_at=None):
+    def reference(study, failed=False):
+        trial = study.ask()
+        trial.set_user_attr("role", "reference")
+        if failed:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(trial, 1.0)
+
+    def sampled(fault_at=None, reference_killed=False):
         study = optuna.create_study(sampler=space.sampler(seed=5))
+        if reference_killed:
+            reference(study, failed=True)
+        for _ in range(3):
+            reference(study)
         configs = []
         while len(configs) < 14:
             trial = study.ask()
+            trial.set_user_attr("role", "search")
             config = space.suggest(trial)
-            if trial.number == fault_at:
+            if len(configs) == fault_at:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 assert retry(study, study.trials[trial.number])
                 copy = study.ask()  # the copy, run where the failed run stood
-                assert Retry.sound(study.trials[copy.number]).retry_history == (fault_at,)
+                assert Retry.sound(study.trials[copy.number]).retry_history == (trial.number,)
                 study.tell(copy, value(space.suggest(copy)))
             else:
                 study.tell(trial, value(config))
@@ -102,8 +117,18 @@ def test_a_run_queued_again_after_a_fault_leaves_the_sampled_configs_as_undistur
         return configs
 
     undisturbed = sampled()
-    assert sampled(fault_at=6) == undisturbed
+    assert sampled(fault_at=3) == undisturbed
+    assert sampled(reference_killed=True) == undisturbed
     assert len(set(map(repr, undisturbed))) > 10  # sampled, not one point again and again
+    # a config that raised (no copy queued: the config's failure, not a fault's)
+    study = optuna.create_study(sampler=space.sampler(seed=5))
+    first = study.ask()
+    first.set_user_attr("role", "search")
+    raised = space.suggest(first)
+    study.tell(first, state=optuna.trial.TrialState.FAIL)
+    second = study.ask()
+    second.set_user_attr("role", "search")
+    assert space.suggest(second) != raised
 
 
 def test_workers_sharing_a_study_and_its_seed_sample_different_configs():
