@@ -137,7 +137,9 @@ def test_following_diagnoses_advice_on_t5_trains_float16_to_the_target(tmp_path)
     )
     assert proc.returncode == 0, proc.stderr
     command = re.search(r"^Next: scalertune (search .*)$", proc.stdout, re.M).group(1)
-    assert command == f"search {spec} --fp32-modules '*.DenseReluDense.wo'"
+    assert command == (
+        f"search {spec} --fp32-modules '*.DenseReluDense.wo' --study-name third_party:t5+fp32"
+    )
     # Kept small, and float16 only: the islands are what is on trial, not bfloat16.
     proc = subprocess.run(
         [
@@ -167,7 +169,7 @@ def test_following_diagnoses_advice_on_t5_trains_float16_to_the_target(tmp_path)
     )
     assert proc.returncode == 0, proc.stderr
     result = scalertune.analyze(
-        load_existing_study(f"sqlite:///{tmp_path / 'study.db'}", "third_party:t5")
+        load_existing_study(f"sqlite:///{tmp_path / 'study.db'}", "third_party:t5+fp32")
     )
     islanded = [o for o in result.ranking if o.config.fp32_modules]
     assert islanded and not any(o.prune_kind == "forward" for o in islanded)
