@@ -56,14 +56,15 @@ class Readback:
             elif not self._rescued and self.check is not None and self.check.rescue(amp):
                 self._rescued = True  # it looks at the next forward before the guard stops
                 return
-            check_guard(
-                self.guard,
-                scale=scale,
-                streak=skips.streak,
-                step=amp.steps,
-                islands=amp.config.fp32_modules,
-                checked=self.check is not None and self.check.policy.action == "act",
-            )
+            else:  # tripped: the guard stops the run, saying whether the check looked
+                check_guard(
+                    self.guard,
+                    scale=scale,
+                    streak=skips.streak,
+                    step=amp.steps,
+                    islands=amp.config.fp32_modules,
+                    checked=self.check is not None and self.check.policy.action == "act",
+                )
         if self.watch is None or self._warned:
             return
         steps0, skipped0 = self._since

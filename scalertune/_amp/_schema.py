@@ -137,11 +137,23 @@ def _chosen(data: dict[str, Any], path: str, best_amp: bool) -> dict[str, Any]:
     return best_amp_block(data, path) if best_amp else data
 
 
-def best_amp_block(data: dict[str, Any], path: str) -> dict[str, Any]:
-    """``evidence.best_amp`` of a result: the best AMP config that held, with its evidence."""
+def _best_amp(data: dict[str, Any]) -> dict[str, Any] | None:
+    """``evidence.best_amp`` of a result where it holds a config block, else ``None``."""
     evidence = data.get("evidence")
     block = evidence.get("best_amp") if isinstance(evidence, dict) else None
-    if not isinstance(block, dict) or not isinstance(block.get("config"), dict):
+    return block if isinstance(block, dict) and isinstance(block.get("config"), dict) else None
+
+
+def _deepspeeds(block: dict[str, Any]) -> bool:
+    """Whether a block's config is DeepSpeed's fp16 block, which trains in its engine."""
+    config = block.get("config")
+    return isinstance(config, dict) and "fp16" in config
+
+
+def best_amp_block(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """``evidence.best_amp`` of a result: the best AMP config that held, with its evidence."""
+    block = _best_amp(data)
+    if block is None:
         raise UsageError(
             f"{path} has no evidence.best_amp: no AMP config held in that "
             "search, so train with its config (best_amp=False)"
@@ -152,12 +164,10 @@ def best_amp_block(data: dict[str, Any], path: str) -> dict[str, Any]:
 def best_amp_kind(data: dict[str, Any]) -> str | None:
     """What a result's ``evidence.best_amp`` is: ``"deepspeed"`` (DeepSpeed's fp16 block,
     for its engine), ``"amp"`` (a config the runtime trains), ``None`` (none held)."""
-    evidence = data.get("evidence")
-    block = evidence.get("best_amp") if isinstance(evidence, dict) else None
-    config = block.get("config") if isinstance(block, dict) else None
-    if not isinstance(config, dict):
+    block = _best_amp(data)
+    if block is None:
         return None
-    return "deepspeed" if "fp16" in config else "amp"
+    return "deepspeed" if _deepspeeds(block) else "amp"
 
 
 def load_prediction(path: str) -> ScalerPrediction | None:
@@ -210,7 +220,7 @@ def check_policy(data: dict[str, Any], path: str) -> CheckPolicy:
 
 def _guard(data: dict[str, Any], path: str) -> Guard | None:
     block = data.get("guard")
-    deepspeed = isinstance(data.get("config"), dict) and "fp16" in data["config"]
+    deepspeed = _deepspeeds(data)
     if block is None or (deepspeed and isinstance(block, str)):  # a line: DeepSpeed's own
         return None
     try:
@@ -276,8 +286,7 @@ def write_result(data: dict[str, Any], path: str) -> None:
     """Write ``data`` (config, guard, evidence) atomically as ``result_document`` has it,
     with a header saying how to load it."""
     name = os.path.basename(path)
-    config = data.get("config")
-    if isinstance(config, dict) and "fp16" in config:  # DeepSpeed's block, for its engine
+    if _deepspeeds(data):  # DeepSpeed's block, for its engine
         how = (
             "# Written by scalertune. Its config is DeepSpeed's fp16 block: put it in your\n"
             f"# ds_config.json with `scalertune export {name} --to deepspeed`, or attach it\n"

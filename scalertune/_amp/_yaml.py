@@ -96,7 +96,7 @@ def parse_yaml(text: str, *, where: str) -> Any:
 
 def _measure(root: yaml.Node, where: str, loader: yaml.SafeLoader) -> None:
     """Count the values ``root`` stands for with aliases expanded; refuse too many, an alias
-    inside itself, and a number that is not finite."""
+    inside itself, and a number that is too long or not finite."""
     counted: dict[int, int] = {}
     open_nodes: set[int] = set()
 
@@ -110,7 +110,7 @@ def _measure(root: yaml.Node, where: str, loader: yaml.SafeLoader) -> None:
                 "a value that contains it: write the value out"
             )
         if isinstance(node, yaml.ScalarNode):
-            _check_finite(node, where, loader)
+            _check_number(node, where, loader)
             total = 1
         else:
             open_nodes.add(key)
@@ -148,7 +148,8 @@ def _refuse_twice(node: yaml.MappingNode, where: str) -> None:
             seen.add((key.tag, key.value))
 
 
-def _check_finite(node: yaml.ScalarNode, where: str, loader: yaml.SafeLoader) -> None:
+def _check_number(node: yaml.ScalarNode, where: str, loader: yaml.SafeLoader) -> None:
+    """Refuse a number written longer than any scalertune value, or not finite."""
     if node.tag in (_FLOAT_TAG, _INT_TAG) and len(node.value) > _NUMBER_CHARS:
         # a hexadecimal or binary integer has no digit limit as Python reads it, but one
         # written out in decimal (an error naming it) has: refused before it is read

@@ -114,9 +114,8 @@ def why_not(result: Findings, outcome: Outcome) -> str:
             "fails, for this config too (a clip does not change it)"
         )
     said = behind_from(done)
-    failed = [p for p in done if not p.holds]
     if (
-        failed
+        not all(p.holds for p in done)
         and not any(p.nonfinite or p.from_start for p in done)
         and outcome.config.clip_norm != result.settings.clip_norm
     ):

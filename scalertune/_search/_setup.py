@@ -120,14 +120,15 @@ def _trial_steps(options: SearchOptions, declared: int | None) -> tuple[int, tup
     line (a shorter one asked for with ``--steps`` is refused); and a ``--horizon`` past the
     declared training's end, said too."""
     steps = options.steps
-    fits = _limits.SEARCH["steps"].low <= (declared or 0) < steps
+    if declared is None:
+        return steps, ()
+    fits = _limits.SEARCH["steps"].low <= declared < steps
     if options.horizon is None and steps == _policy.SEARCH_STEPS and fits:
-        assert declared is not None
         return declared, (
             f"the factory's training is {declared} steps, fewer than a trial's default "
             f"{steps}: each trial trains all {declared} (--steps chooses fewer)",
         )
-    if declared is not None and options.horizon is not None and options.horizon > declared:
+    if options.horizon is not None and options.horizon > declared:
         return steps, (
             f"--horizon {options.horizon} is longer than the factory's training ({declared} "
             "steps): the runs train past its end (a Trainer's learning-rate schedule has "

@@ -340,17 +340,22 @@ def test_a_factory_whose_training_is_shorter_than_a_trial_is_searched_over_all_o
         "            'loss_fn': torch.nn.functional.mse_loss, 'batches': batches,\n"
         "            'horizon': 60}\n"
     )
-    ran = run_cli(
-        "search",
-        "model.py:make_model",
-        "--space",
-        "bfloat16",
-        "--n-trials",
-        "1",
-        "--device",
-        "cpu",
-        cwd=tmp_path,
-    )
+
+    def search(*more):
+        return run_cli(
+            "search",
+            "model.py:make_model",
+            "--space",
+            "bfloat16",
+            "--n-trials",
+            "1",
+            "--device",
+            "cpu",
+            *more,
+            cwd=tmp_path,
+        )
+
+    ran = search()
     assert ran.returncode == 0, ran.stderr
     assert (
         "the factory's training is 60 steps, fewer than a trial's default 200: each trial "
@@ -358,22 +363,6 @@ def test_a_factory_whose_training_is_shorter_than_a_trial_is_searched_over_all_o
     ) in ran.stderr
     assert "60 steps per trial" in ran.stdout
     # a horizon asked past the factory's training is searched, and said to be
-    ran = run_cli(
-        "search",
-        "model.py:make_model",
-        "--space",
-        "bfloat16",
-        "--n-trials",
-        "1",
-        "--steps",
-        "40",
-        "--horizon",
-        "80",
-        "--study-name",
-        "longer",
-        "--device",
-        "cpu",
-        cwd=tmp_path,
-    )
+    ran = search("--steps", "40", "--horizon", "80", "--study-name", "longer")
     assert ran.returncode == 0, ran.stderr
     assert "--horizon 80 is longer than the factory's training (60 steps)" in ran.stderr
