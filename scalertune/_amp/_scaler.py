@@ -32,6 +32,7 @@ from scalertune._amp._config import AmpConfig
 from scalertune._amp._torch_private import (
     live_scale,
     optimizer_states,
+    restart_growth,
     start_at,
     switch_off,
     switch_on,
@@ -81,12 +82,15 @@ class _Reporting:
             self._listener.scaler_updated()
 
     def set_scale(self, scale: float) -> None:
-        """Set the scale in place between steps (``update(new_scale)``), reporting no step."""
+        """Set the scale in place between steps (``update(new_scale)``), reporting no step;
+        the next growth comes ``growth_interval`` clean steps later, as after any change of
+        the scale (the in-run check's replay of the knobs starts there)."""
         self._quiet = True
         try:
             self.update(new_scale=float(scale))
         finally:
             self._quiet = False
+        restart_growth(self)  # type: ignore[arg-type]
 
     def switch_on(self) -> bool:
         """Enable it again after :meth:`switch_off` (a run rolled back to a checkpoint from

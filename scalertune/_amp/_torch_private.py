@@ -7,7 +7,8 @@ tests ran on, and a torch outside it is *warned* about once (:func:`check_releas
 refused. What is relied on:
 
 - GradScaler's live scale tensor ``_scale`` (``None`` before its first step), the
-  ``_init_scale`` that tensor is made from, its on/off switch ``_enabled``, and
+  ``_init_scale`` that tensor is made from, its on/off switch ``_enabled``,
+  ``_growth_tracker`` (the steps taken since the scale last changed), and
   ``_per_optimizer_states`` (where ``unscale_`` records that it ran for an optimizer);
 - ``Module._forward_pre_hooks`` (torch keeps no public list of a module's hooks);
 - ``torch._foreach_norm``: the largest magnitude of many tensors in one kernel.
@@ -27,7 +28,7 @@ from scalertune._releases import Releases
 RELEASES = Releases("torch", (2, 3), (2, 15), checked="2.13")
 
 #: GradScaler's attributes read or set, and their kinds.
-SCALER_NAMES = ("_scale", "_init_scale", "_enabled", "_per_optimizer_states")
+SCALER_NAMES = ("_scale", "_init_scale", "_enabled", "_growth_tracker", "_per_optimizer_states")
 #: A module's attribute read.
 MODULE_NAMES = ("_forward_pre_hooks",)
 #: torch's functions called.
@@ -42,6 +43,15 @@ def live_scale(scaler: torch.amp.GradScaler) -> torch.Tensor | None:
 def start_at(scaler: torch.amp.GradScaler, scale: float) -> None:
     """Where a scaler that has taken no step yet starts (its scale tensor is made from it)."""
     scaler._init_scale = float(scale)  # noqa: SLF001 - read when the scale tensor is made
+
+
+def restart_growth(scaler: torch.amp.GradScaler) -> None:
+    """Count the steps toward the next growth from zero again (on the device, no sync), as
+    GradScaler does itself whenever its scale changes: a scale set from outside then grows
+    ``growth_interval`` clean steps later, not sooner."""
+    tracker = scaler._growth_tracker  # noqa: SLF001 - GradScaler has no public setter
+    if tracker is not None:  # None before the first step: it is made at zero
+        tracker.zero_()
 
 
 def switch_off(scaler: torch.amp.GradScaler) -> None:

@@ -577,3 +577,20 @@ def test_the_scale_reads_where_the_scaler_starts_before_its_first_step_and_1_wit
     amp.reconfigure(AmpConfig(init_scale=4096.0), scale=64.0)
     assert float(amp.scale) == 64.0 == amp.scaler.get_scale()
     assert float(AmpRuntime(AmpConfig(dtype="bfloat16"), device="cpu").scale) == 1.0
+
+
+def test_a_scale_set_in_place_grows_a_whole_growth_interval_later():
+    """The in-run check's knobs are replayed from the scale they set, with no clean step
+    counted yet: the run must grow when the replay says, not sooner."""
+    model, batch = _model_and_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    config = AmpConfig(init_scale=256.0, growth_interval=3)
+    amp = AmpRuntime(config, device="cpu")
+    for _ in range(2):  # two clean steps toward a growth at the third
+        amp.train_step(model, opt, nn.functional.mse_loss, batch)
+    amp.reconfigure(config, scale=64.0)
+    scales = []
+    for _ in range(3):
+        amp.train_step(model, opt, nn.functional.mse_loss, batch)
+        scales.append(float(amp.scale))
+    assert amp.skipped_steps == 0 and scales == [64.0, 64.0, 128.0]

@@ -107,3 +107,14 @@ def test_each_module_name_the_fence_lists_exists(name):
 @pytest.mark.parametrize("name", fence.TORCH_NAMES)
 def test_each_torch_function_the_fence_lists_exists(name):
     assert callable(getattr(torch, name))
+
+
+def test_a_restarted_growth_counts_a_whole_interval_again():
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=2)
+    model, optimizer = _stepped(scaler)  # one clean step of two toward a growth
+    fence.restart_growth(scaler)
+    for expected in (8.0, 16.0):
+        scaler.scale(model(torch.ones(2, 3)).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        assert scaler.get_scale() == expected
