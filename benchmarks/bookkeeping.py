@@ -226,7 +226,7 @@ def decide(pipeline: Pipeline, config: AmpConfig, target: Target) -> None:
     pipeline._sample_more()  # noqa: SLF001 -- the search's own stop question, asked as it asks it
     view = pipeline.view
     trials = view.trials()
-    _finished_twin(view.sound(trials)[0], config, 0, len(trials))
+    _finished_twin(view, trials, config, 0, len(trials))
     pipeline.runner.rules.stop_rule(ROLE_SEARCH, config, target, trials)
     pipeline.jobs.findings()
 
