@@ -25,7 +25,7 @@ import torch
 from scalertune._releases import Releases
 
 #: The torch releases the per-name tests passed on.
-RELEASES = Releases("torch", (2, 3), (2, 15), checked="2.13")
+RELEASES = Releases("torch", (2, 6), (2, 15), checked="2.13")
 
 #: GradScaler's attributes read or set, and their kinds.
 SCALER_NAMES = ("_scale", "_init_scale", "_enabled", "_growth_tracker", "_per_optimizer_states")

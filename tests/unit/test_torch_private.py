@@ -82,7 +82,7 @@ def test_the_installed_torch_is_one_checked_and_another_is_warned_about_once(mon
     fence.check_release.cache_clear()
     try:
         with pytest.warns(
-            UserWarning, match=r"checked on torch>=2\.3,<2\.15; this is torch 9\.1\.0"
+            UserWarning, match=r"checked on torch>=2\.6,<2\.15; this is torch 9\.1\.0"
         ):
             fence.check_release()
         with warnings.catch_warnings():
