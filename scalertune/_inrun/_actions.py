@@ -29,7 +29,8 @@ class Actions:
         self.done: list[Action] = []
 
     def acting(self, amp: AmpRuntime, found: str) -> bool:
-        """Whether the policy acts; under ``warn`` say ``found`` once, under ``stop`` raise."""
+        """Whether the policy acts; under ``warn`` say ``found`` (nothing changes, so it is
+        said again while it lasts), under ``stop`` raise."""
         if self.policy.action == "stop":
             raise stop(found)
         if self.policy.action == "warn":
@@ -73,7 +74,8 @@ def precision_fails(
     (also when the run's own island was not enough)."""
     found = (
         f"{heading(check.step)}: {amp.config.dtype}'s loss is {gap.describe()} at the same "
-        f"weights, beyond the rule of {1 + actions.tolerance():.3g}x and {actions.policy.z:g}"
+        f"weights, beyond the rule of {1 + actions.tolerance():.3g}x and {actions.policy.z:g} "
+        "standard errors"
     )
     if not actions.acting(amp, found):
         return
@@ -267,8 +269,8 @@ def scale_set_back(
     no module at fault: gradients too large for float16 at every scale for a while (a burst
     of large losses), not an activation overflow. Once the burst is over (this forward is
     finite), the scale goes back to ``healthy`` (where it was before, the config's initial
-    scale at least), said in one line; the ``SCALE_SET_BACKS``-th collapse stops the run with
-    what was seen."""
+    scale at least), said in one line; once it was set back ``SCALE_SET_BACKS`` times, the
+    next collapse stops the run with what was seen."""
     now = float(amp.scale)
     floor = amp.guard.min_scale if amp.guard is not None else 0.0
     if healthy is None or healthy <= max(now, floor):  # no higher scale to go back to

@@ -32,7 +32,7 @@ from scalertune._review._scaler_advice import (
 from scalertune._review._verdict import verdict
 from scalertune._run._record import PRUNE_KINDS
 from scalertune._run._step_times import StepTimes, spread
-from scalertune._storage._names import ROLE_SEARCH
+from scalertune._storage._names import ROLE_BASELINE, ROLE_SEARCH
 from scalertune._storage._trial_record import Job
 from scalertune._text import format_table, plural
 
@@ -168,7 +168,7 @@ def _rows(result: Findings, top: int) -> list[tuple[str, ...]]:
         (o for o in result.ranking if o.role == ROLE_SEARCH and o.state == "complete"),
         key=lambda o: judged.get(o.number, len(judged)),
     )
-    others = [o for o in result.ranking if o.role not in (ROLE_SEARCH, "baseline")]
+    others = [o for o in result.ranking if o.role not in (ROLE_SEARCH, ROLE_BASELINE)]
     for outcome in [*others, *searched[:top]]:
         rows.append(_row(outcome.label, outcome))
     return rows

@@ -35,6 +35,7 @@ from scalertune._search._setup import Setup, prepare
 from scalertune._search._space import SearchSpace
 from scalertune._search._study import open_study
 from scalertune._storage._claims import held
+from scalertune._storage._names import ROLE_RECOMMENDED
 from scalertune._storage._open import DEFAULT_STORAGE, open_storage, storage_url
 from scalertune._storage._optuna import storage_of
 from scalertune._storage._outage import Outage, forget, set_log
@@ -266,7 +267,7 @@ def resuming(study: optuna.Study) -> str:
             )
         return f"resuming study {study.study_name!r}: no run finished yet; starting it"
     missing = missing_of(study.get_trials(deepcopy=False))
-    done = "recommended" in roles
+    done = ROLE_RECOMMENDED in roles
     return (
         f"resuming study {study.study_name!r}: {plural(len(finished), 'run')} finished "
         f"({said}); "
