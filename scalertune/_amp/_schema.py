@@ -170,26 +170,24 @@ def best_amp_kind(data: dict[str, Any]) -> str | None:
     return "deepspeed" if _deepspeeds(block) else "amp"
 
 
-def load_prediction(path: str) -> ScalerPrediction | None:
-    """The ``evidence.prediction`` block of a result YAML: what the search predicted the
-    loss scaler does over the horizon (``None`` when the file has none: a bfloat16 or float32
-    recommendation, or a file written before searches predicted)."""
-    return _prediction(read_result(path), path)
-
-
-def load_runtime(
-    path: str, *, guard: bool = True, watch: bool = True, best_amp: bool = False
+def runtime_parts(
+    data: dict[str, Any],
+    path: str,
+    *,
+    guard: bool = True,
+    watch: bool = True,
+    best_amp: bool = False,
 ) -> dict[str, Any]:
-    """What :class:`AmpRuntime` is built with from a result YAML, read once: its ``config``
+    """What :class:`AmpRuntime` is built with from a result file's contents ``data`` (read
+    once by :func:`read_result`; ``path`` names it in errors): its ``config``
     (``evidence.best_amp``'s with ``best_amp=True``), the ``guard`` it recommends and a
     ``watch`` on its prediction (each ``None`` when the file has none or it is turned off),
     and what its best AMP config is (``best_amp``: :func:`best_amp_kind`, for the line a
     float32 answer says; not the runtime's).
     The prediction is the float16 answer's, or the best AMP config's where float32 is the
     answer; the runtime watches only a config with a scaler."""
-    data = read_result(path)
     chosen = _chosen(data, path, best_amp)
-    predicted = _prediction(data, path) if watch else None
+    predicted = prediction_of(data, path) if watch else None
     searched = searched_model(data)
     return {
         "best_amp": best_amp_kind(data),
@@ -199,13 +197,6 @@ def load_runtime(
         # the model the file was searched on, checked when a model is prepared
         "model_check": ModelCheck(searched, path, searched_world(data)),
     }
-
-
-def load_check(path: str) -> tuple[CheckPolicy, ScalerPrediction | None]:
-    """The result file's ``check`` block (the default policy where it has none: a file
-    written before runs checked themselves) and its scaler prediction."""
-    data = read_result(path)
-    return check_policy(data, path), _prediction(data, path)
 
 
 def check_policy(data: dict[str, Any], path: str) -> CheckPolicy:
@@ -243,7 +234,10 @@ _PREDICTION_KEYS = {
 }
 
 
-def _prediction(data: dict[str, Any], path: str) -> ScalerPrediction | None:
+def prediction_of(data: dict[str, Any], path: str) -> ScalerPrediction | None:
+    """The ``evidence.prediction`` block of a result read by :func:`read_result`: what the
+    search predicted the loss scaler does over the horizon (``None`` when the file has none:
+    a bfloat16 or float32 recommendation, or a file written before searches predicted)."""
     evidence = data.get("evidence")
     block = evidence.get("prediction") if isinstance(evidence, dict) else None
     if block is None:

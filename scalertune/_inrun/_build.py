@@ -12,7 +12,7 @@ import torch
 
 from scalertune._amp._check import ACTIONS, AmpCheckWarning, CheckPolicy
 from scalertune._amp._runtime import AmpRuntime
-from scalertune._amp._schema import load_check, load_runtime
+from scalertune._amp._schema import check_policy, prediction_of, read_result, runtime_parts
 from scalertune._errors import UsageError
 from scalertune._inrun._checker import InRunCheck
 from scalertune._text import shown
@@ -32,11 +32,16 @@ def runtime_from_yaml(
     check: CheckArg = None,
 ) -> AmpRuntime:
     """The runtime for ``path``'s config (its best AMP config with ``best_amp``), with the
-    guard, the watch and the in-run check its file asks for, each turned off by ``False``."""
+    guard, the watch and the in-run check its file asks for, each turned off by ``False``.
+
+    The file is read once: the config, the guard, the watch, the check's policy and the study
+    the run's record goes to (the check's :attr:`~InRunCheck.origin`) all come from the same
+    bytes, even where a worker rewrites the file meanwhile."""
     path = os.fspath(path)
-    parts: dict[str, Any] = load_runtime(path, guard=guard, watch=watch, best_amp=best_amp)
+    data = read_result(path)
+    parts: dict[str, Any] = runtime_parts(data, path, guard=guard, watch=watch, best_amp=best_amp)
     kind = parts.pop("best_amp")
-    parts["check"] = in_run_check(path, check)
+    parts["check"] = in_run_check((data, path), check)
     if parts["check"] is not None and parts["config"].dtype == "float32":
         warnings.warn(nothing_to_check(path, kind), AmpCheckWarning, stacklevel=3)
     return AmpRuntime(**parts, device=device)
@@ -65,12 +70,17 @@ def nothing_to_check(path: str, best_amp: str | None) -> str:
     return f"{said}; no AMP config held in the search"
 
 
-def in_run_check(path: str | None, check: CheckArg) -> InRunCheck | None:
-    """The in-run check ``check`` asks for (see :data:`CheckArg`), the file's policy and
-    prediction read from ``path`` (the defaults without a file)."""
+def in_run_check(result: tuple[dict[str, Any], str] | None, check: CheckArg) -> InRunCheck | None:
+    """The in-run check ``check`` asks for (see :data:`CheckArg`), with the policy and the
+    prediction of ``result`` (a result file's contents, as :func:`read_result` gave them, and
+    its path; the defaults without a file)."""
     if check is False:
         return None
-    policy, prediction = load_check(path) if path is not None else (CheckPolicy(), None)
+    policy, prediction = (
+        (check_policy(*result), prediction_of(*result))
+        if result is not None
+        else (CheckPolicy(), None)
+    )
     if isinstance(check, CheckPolicy):
         policy = check
     elif isinstance(check, str) and check in ACTIONS:
@@ -80,4 +90,4 @@ def in_run_check(path: str | None, check: CheckArg) -> InRunCheck | None:
             f"check must be True, False, {', '.join(repr(a) for a in ACTIONS)} or a "
             f"CheckPolicy, got {shown(check)}"
         )
-    return InRunCheck(policy, prediction=prediction)
+    return InRunCheck(policy, prediction=prediction, origin=result[0] if result else None)

@@ -124,8 +124,12 @@ class InRunCheck:
         *,
         prediction: ScalerPrediction | None = None,
         sink: Callable[[RunRecord], None] | None = None,
+        origin: Mapping[str, Any] | None = None,
     ) -> None:
         self.policy = policy or CheckPolicy()
+        #: The result file's contents the policy and prediction were read from (``None``
+        #: without one): its ``evidence`` names the study the run's record goes to.
+        self.origin = origin
         self._every = self.policy.every  # read on every step: a plain attribute
         self.prediction = prediction
         #: Called with :meth:`summary` after each check and action (the study's copy).

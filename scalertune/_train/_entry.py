@@ -204,11 +204,12 @@ def _record_in_study(
     check = amp.check
     if not isinstance(check, InRunCheck) or storage is False:
         return
-    from scalertune._amp._schema import read_result
     from scalertune._storage._run_log import RunLog, study_of
 
+    if check.origin is None:
+        return
     path = os.fspath(path)
-    where = study_of(read_result(path), path, storage if isinstance(storage, str) else None)
+    where = study_of(check.origin, path, storage if isinstance(storage, str) else None)
     if where is not None:
         log = RunLog(*where, yaml=os.path.abspath(path), device=str(amp.device))
         run = weakref.ref(amp)

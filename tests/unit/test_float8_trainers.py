@@ -18,7 +18,7 @@ from torch import nn
 import scalertune
 from scalertune import AmpConfig, AmpRuntime, CheckPolicy
 from scalertune._amp import _float8
-from scalertune._amp._schema import write_result
+from scalertune._amp._schema import read_result, write_result
 from scalertune._inrun._build import in_run_check
 
 pytest.importorskip("torchao")
@@ -42,7 +42,8 @@ def _yaml(tmp_path, config):
 def _runtime(config, path=None):
     """The runtime's own: the config, and the YAML's check policy (``CHECK`` without one)."""
     check = None if path is not None else CheckPolicy(**CHECK)
-    return AmpRuntime(config, device="cpu", check=in_run_check(path, check))
+    result = (read_result(path), path) if path is not None else None
+    return AmpRuntime(config, device="cpu", check=in_run_check(result, check))
 
 
 def _watch(layer):

@@ -5,6 +5,7 @@ the study without holding training up."""
 
 import logging
 import math
+import os
 import warnings
 
 import numpy as np
@@ -309,6 +310,51 @@ def test_the_runs_record_reaches_its_study(tmp_path):
     assert (
         read.version == VERSION and read.device == "cpu" and read.checks == tuple(amp.check.checks)
     )
+
+
+def test_a_result_file_rewritten_while_it_loads_gives_the_run_one_version(
+    tmp_path, monkeypatch
+):
+    """Workers finishing together rewrite the YAML (atomically, by rename): a load that
+    overlaps it takes its config, its check policy and its study from the bytes it read
+    first, never half from each version."""
+    path = str(tmp_path / "amp.yaml")
+    first, second = _study(tmp_path), f"sqlite:///{tmp_path / 'other.db'}"
+    optuna.create_study(study_name="t", storage=second)
+    version = {
+        "config": AmpConfig(dtype="bfloat16").to_dict(),
+        "check": {"every": 3},
+        "evidence": {"study": "s", "storage": first},
+    }
+    write_result(version, path)
+    rewrite = str(tmp_path / "amp.next.yaml")
+    write_result(
+        {
+            "config": AmpConfig(dtype="float16", init_scale=64.0).to_dict(),
+            "check": {"every": 50},
+            "evidence": {"study": "t", "storage": second},
+        },
+        rewrite,
+    )
+    real_open, opened = os.open, []
+
+    def open_then_rewrite(name, *args, **kwargs):
+        fd = real_open(name, *args, **kwargs)
+        if os.fspath(name) == path:
+            opened.append(fd)
+            if len(opened) == 1:
+                os.replace(rewrite, path)  # the next reader finds the other version
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_rewrite)
+    amp = scalertune.load(path, device="cpu")
+    monkeypatch.undo()
+    assert len(opened) == 1
+    assert amp.config == AmpConfig(dtype="bfloat16") and amp.check.policy.every == 3
+    _train(amp, 4)
+    amp.check.sink.close()
+    assert [k for k in optuna.load_study(study_name="s", storage=first).user_attrs]
+    assert not optuna.load_study(study_name="t", storage=second).user_attrs
 
 
 def test_an_unreachable_study_never_stops_training(tmp_path, caplog, monkeypatch):

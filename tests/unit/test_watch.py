@@ -10,7 +10,7 @@ import yaml
 
 import scalertune
 from scalertune import AmpConfig, AmpRuntime
-from scalertune._amp._schema import load_prediction
+from scalertune._amp._schema import prediction_of, read_result
 from scalertune._amp._watch import AmpDriftWarning, ScalerPrediction, Watch
 from scalertune._replay._predict import predict
 from scalertune._run._loop import Plan, run_config
@@ -123,7 +123,7 @@ def test_a_result_file_without_a_prediction_loads_as_before(tmp_path):
     path = _result_file(tmp_path, {"horizon": HORIZON})
     amp = scalertune.load(path, device="cpu")
     assert amp.config == CONFIG and amp.guard.max_consecutive_skips == 50
-    assert amp.watch is None and load_prediction(path) is None
+    assert amp.watch is None and prediction_of(read_result(path), path) is None
 
 
 def test_the_prediction_block_gives_the_loaded_runtime_its_watch(tmp_path, predicted):
