@@ -49,7 +49,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         if not torch.cuda.is_available():
             raise UsageError(
                 f"device {device!r} asked for, but this machine has no CUDA device "
-                "(or this torch build has no CUDA): use --device cpu"
+                "(or this torch build has no CUDA): use the CPU (--device cpu, or device='cpu')"
             )
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
             raise UsageError(

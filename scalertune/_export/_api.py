@@ -440,7 +440,8 @@ def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]
     if config.float8:
         parts = [f"float8 (torchao) in {config.float8_around}"]
     if framework != "accelerate":  # an Accelerate loop clips with its own call
-        parts.append("the clipping")
+        clip = config.clip_norm is not None
+        parts.append("the clipping" if clip else "no clipping (the trainer's own turned off)")
     if config.fp32_modules:
         parts.append("the float32 islands")
     if config.uses_scaler:
@@ -453,7 +454,7 @@ def _attach_usage(framework: str, config: AmpConfig, argument: str) -> list[str]
             "# into the Trainer, whatever its fp16/bf16:",
             line,
             "#     trainer.train()"
-            + ("" if config.float8 else "; print(amp.skipped_steps, amp.scaler.get_scale())"),
+            + ("; print(amp.skipped_steps, amp.scaler.get_scale())" if config.uses_scaler else ""),
         ]
     said = [f"# or, instead: scalertune.attach puts {what} into the {name}", line]
     if framework == "accelerate":  # the loss of a loop of the user's own is theirs to hand over

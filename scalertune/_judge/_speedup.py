@@ -81,9 +81,9 @@ class Speedup:
         Example:
             >>> from scalertune import Speedup
             >>> print(Speedup.of([1.0, 1.2], [0.5, 0.6]).verdict("cuda"))
-            2.00x faster than float32 to the target on cuda (1.67-2.40x; each step 0.55x ...)
+            2.00x faster than float32 to the target on cuda (1.67-2.40x of float32's speed; ...)
         """
-        spread = f"{self.low:.2f}-{self.high:.2f}x"
+        spread = f"{self.low:.2f}-{self.high:.2f}x of float32's speed"
         per_step = f"each step {self.step_time_ratio:.2f}x float32's time"
         if self.low <= 1 <= self.high:
             text = (
@@ -98,7 +98,7 @@ class Speedup:
         else:
             text = (
                 f"{1 / self.point:.2f}x slower than float32 to the target on {device} "
-                f"({spread} of float32's speed; {per_step})"
+                f"({spread}; {per_step})"
             )
         return text + (self.cpu_note(device) if note else "")
 

@@ -92,12 +92,18 @@ class Prediction:
         hurts the run (a DeepSpeed raise, flushing gradients)."""
         if isinstance(self.config, AmpConfig) and not self.config.uses_scaler:
             return f"{self.config.dtype}: no loss scaler, so no skipped step"
-        text = (
-            f"skips {self._skips()}; lowest scale {_power(self.min_scale)}, "
-            f"final {_power(self.final_scale)}"
-        )
-        if self.stops_at is not None:
-            text += f"; DeepSpeed ends training at step {self.stops_at:,}: {self.stop_reason}"
+        if self.stops_at is None:
+            text = (
+                f"skips {self._skips()}; lowest scale {_power(self.min_scale)}, "
+                f"final {_power(self.final_scale)}"
+            )
+        else:  # what it skips is of the steps it trains: none follow
+            trained = self.stops_at + 1
+            text = (
+                f"skips {self.skipped_steps:,} of the {trained:,} steps it trains, down to scale "
+                f"{_power(self.min_scale)}; DeepSpeed ends training at step {self.stops_at:,} "
+                f"of {self.horizon:,}: {self.stop_reason}"
+            )
         worst = max((s for s in self.flushed if not math.isnan(s)), default=0.0)
         if worst >= FLUSH_WORTH_SAYING:
             phase = self.flushed.index(worst) + 1

@@ -40,7 +40,7 @@ def verdict(result: Findings) -> str:
             f"it (evidence.best_amp) or run the search there{covers}"
         )
     if result.recommended is None:
-        why = CPU_SLOWER if found.cpu_note(device) else "a tie goes to the simpler config"
+        why = CPU_SLOWER if found.cpu_note(device) else "A tie goes to the simpler config"
         return (
             f"train in {result.config.describe()}: the best AMP config that holds, "
             f"{best.label} [{best.config.describe()}], is "

@@ -312,9 +312,7 @@ def test_the_runs_record_reaches_its_study(tmp_path):
     )
 
 
-def test_a_result_file_rewritten_while_it_loads_gives_the_run_one_version(
-    tmp_path, monkeypatch
-):
+def test_a_result_file_rewritten_while_it_loads_gives_the_run_one_version(tmp_path, monkeypatch):
     """Workers finishing together rewrite the YAML (atomically, by rename): a load that
     overlaps it takes its config, its check policy and its study from the bytes it read
     first, never half from each version."""

@@ -502,7 +502,9 @@ def test_deepspeed_under_zero_ends_where_the_scale_meets_its_minimum(codepoints_
     block = scalertune.export(AmpConfig(), "deepspeed").build()["fp16"]
     zero = predict_deepspeed(codepoints_trace, block)
     assert zero.stops_at == 16 and zero.stop_reason == AT_MINIMUM  # 2**16 halved 16 times
-    assert "ends training at step 16" in zero.describe()
+    said = zero.describe()  # what it skips is of the steps it trains, not of the horizon
+    assert said.startswith("skips 17 of the 17 steps it trains, down to scale 2**0;"), said
+    assert "ends training at step 16 of 200" in said and "then none" not in said
     plain = predict_deepspeed(codepoints_trace, block, zero=False)
     assert plain.stops_at is None and plain.skipped_steps == 200 and plain.min_scale == 1
     with pytest.raises(ParameterError, match="enable fp16"):
