@@ -152,23 +152,33 @@ class _Unprepared(contextlib.AbstractContextManager[Any]):
 
 class Clip:
     """Unscale, then clip the gradients of all the parameters an optimizer holds to
-    ``max_norm`` (the list made once per optimizer, not on every step)."""
+    ``max_norm``. The list is made once per optimizer and made again where the optimizer is
+    another one (a new optimizer may take a freed one's ``id``) or its groups changed
+    (``add_param_group``, a group's list grown): every parameter it steps is clipped."""
 
     def __init__(self, max_norm: float) -> None:
         self.max_norm = max_norm
-        self._params: dict[int, list[torch.Tensor]] = {}
+        #: Per optimizer's ``id``: the optimizer itself (weakly), its groups' sizes when the
+        #: list was made, and the list.
+        self._params: dict[
+            int, tuple[weakref.ref[torch.optim.Optimizer], tuple[int, ...], list[torch.Tensor]]
+        ] = {}
         #: The total norm of the last step's unscaled gradients, before clipping (a tensor on
         #: the device: read it only when it is wanted, as nanoGPT prints it).
         self.last_norm: torch.Tensor | None = None
 
     def __call__(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
         scaler.unscale_(optimizer)
-        params = self._params.get(id(optimizer))
-        if params is None:
-            params = self._params[id(optimizer)] = [
-                p for group in optimizer.param_groups for p in group["params"]
-            ]
-        self.last_norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm)
+        self.last_norm = torch.nn.utils.clip_grad_norm_(self._of(optimizer), self.max_norm)
+
+    def _of(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        sizes = tuple(len(group["params"]) for group in optimizer.param_groups)
+        kept = self._params.get(id(optimizer))
+        if kept is not None and kept[0]() is optimizer and kept[1] == sizes:
+            return kept[2]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self._params[id(optimizer)] = (weakref.ref(optimizer), sizes, params)
+        return params
 
 
 class CheckTurns:

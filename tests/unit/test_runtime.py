@@ -594,3 +594,23 @@ def test_a_scale_set_in_place_grows_a_whole_growth_interval_later():
         amp.train_step(model, opt, nn.functional.mse_loss, batch)
         scales.append(float(amp.scale))
     assert amp.skipped_steps == 0 and scales == [64.0, 64.0, 128.0]
+
+
+def test_clipping_takes_a_param_group_added_later_and_a_new_optimizer_alike():
+    model, batch = _model_and_batch(target_scale=10.0)
+    first, second = list(model[0].parameters()), list(model[2].parameters())
+    amp = AmpRuntime(AmpConfig(init_scale=16.0, clip_norm=1e-3), device="cpu")
+
+    def norm_after_step(optimizer, params):
+        optimizer.zero_grad(set_to_none=True)
+        amp.train_step(model, optimizer, nn.functional.mse_loss, batch)
+        return float(torch.nn.utils.get_total_norm([p.grad for p in params]))
+
+    optimizer = torch.optim.SGD(first, lr=0.0)
+    assert norm_after_step(optimizer, first) <= 1e-3 * 1.001
+    optimizer.add_param_group({"params": second})
+    assert norm_after_step(optimizer, first + second) <= 1e-3 * 1.001
+    for _ in range(3):  # optimizers made and freed: a new one may take a freed one's id
+        optimizer = torch.optim.SGD(second, lr=0.0)
+        assert norm_after_step(optimizer, second) <= 1e-3 * 1.001
+    assert amp.skipped_steps == 0
