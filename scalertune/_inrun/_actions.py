@@ -119,7 +119,7 @@ def float8_spoils(actions: Actions, amp: AmpRuntime, passes: Passes, check: Chec
     configs = [amp.config, *(_moved(amp.config, r) for r in recipes(amp.config))]
     casts = passes.float8_casts(configs)
     errors = [_agreed({c.name: c.error for c in found}, amp) for found in casts]
-    islands = set(amp.config.fp32_modules)
+    islands = passes.in_float32()
     spoiled = {n: e for n, e in errors[0].items() if e > LAYER_ERROR and n not in islands}
     if not spoiled:
         return False
@@ -229,7 +229,8 @@ def forward_overflows(
     )
     islands, how = overflow_islands(amp, passes, finite=math.isfinite(check.ours))
     if islands:  # a module kept in float32 already is no new island
-        islands = [m for m in islands if m not in amp.config.fp32_modules] or None
+        in_float32 = passes.in_float32()
+        islands = [m for m in islands if m not in in_float32] or None
         how = how if islands else f"{how}, kept in float32 already"
     if islands is None:
         if collapsed and math.isfinite(check.ours):

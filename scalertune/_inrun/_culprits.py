@@ -40,7 +40,7 @@ def island_for(amp: AmpRuntime, passes: Passes, check: Check) -> tuple[str, floa
     one that came closest; with its ratio (``None``: no module to try)."""
     # float8: the layers float8 costs most; else the largest outputs, nearest the range
     peaks = _float8_errors(amp, passes) if amp.config.float8 else _peaks(amp, passes)
-    islands = set(amp.config.fp32_modules)
+    islands = passes.in_float32()
     tried = [n for n in peaks if n not in islands and not passes.whole(n)]
     order = sorted(tried, key=lambda n: (-peaks[n], -n.count(".")))  # a tie: the inner one
     best: tuple[str, float] | None = None

@@ -172,6 +172,30 @@ def test_the_in_run_check_moves_a_failing_tensorwise_run_to_rowwise_and_says_so(
     assert _tail(losses) < 1.10 * _tail(float32)
 
 
+@pytest.mark.parametrize("islands", [("0",), ("0.*",), ("0.0",)])
+def test_a_layer_inside_an_island_is_no_float8_layer_to_the_check(islands):
+    """A layer kept in float32 by its parent's island (or a glob's) never runs in float8: a
+    massive row in its input is no reason to move the run to a slower recipe."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(32, 32)), nn.LayerNorm(32), nn.Linear(32, 16))
+    check = _check_every(1)
+    amp = AmpRuntime(AmpConfig(dtype="float8", fp32_modules=islands), device="cpu", check=check)
+    model = amp.prepare(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    x, y = torch.randn(64, 32), torch.randn(64, 16)
+    x[0] *= 1e5  # one massive row, into the island's layer only
+    for _ in range(3):
+        amp.train_step(model, optimizer, nn.functional.mse_loss, (x, y))
+    assert amp.config == AmpConfig(dtype="float8", fp32_modules=islands)
+    assert amp.check.actions.done == [] and len(amp.check.checks) == 3
+
+
+def _check_every(every, window=4):
+    from scalertune._inrun._build import in_run_check
+
+    return in_run_check(None, CheckPolicy(every=every, window=window))
+
+
 def _check():
     from scalertune._inrun._build import in_run_check
 
