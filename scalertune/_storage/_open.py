@@ -52,6 +52,8 @@ from scalertune._storage._redact import HIDDEN, redact
 DEFAULT_STORAGE = "sqlite:///scalertune.db"
 #: A path with one of these suffixes names a SQLite database, not a journal file.
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+#: A path that starts like ``user:password@host``: a database URL that lost its scheme.
+_CREDENTIALS = re.compile(r"^[^/:@]+:[^/@]*@")
 #: A storage string that starts like a URL without ``://`` (``postgresql:/u:pw@h/db``): it
 #: would be taken for a journal file's path, password included.
 _URL_LIKE = re.compile(
@@ -217,7 +219,19 @@ def check_local(url: str, *, must_exist: bool = False) -> None:
         path = sqlite_path(url)
         if path is not None:
             _check_path(path, url, "database", must_exist=must_exist)
+        elif url.startswith("sqlite:"):
+            raise UsageError(
+                f"storage {url} is an in-memory SQLite database, gone when this process "
+                "ends (the study with it: no report, no dashboard, no rerun, no other worker): "
+                "pass a file, e.g. sqlite:///scalertune.db"
+            )
         return
+    if _CREDENTIALS.match(url):
+        raise UsageError(
+            f"storage {HIDDEN}@{url.split('@', 1)[1]} looks like a database URL without its "
+            "scheme: write it as postgresql://user@host/db (a journal file's path holds no "
+            "password)"
+        )
     if _URL_LIKE.match(url) and not os.path.exists(url):
         scheme = url.split(":", 1)[0]
         raise UsageError(
@@ -253,7 +267,10 @@ def _journal(path: str, *, must_exist: bool) -> Any:
         why = refused_write(exc)
         if why is not None:
             raise refused(f"journal file {path}", why) from None
-        raise UsageError(f"cannot open journal file {path}: {first_line(exc)}") from None
+        raise UsageError(
+            f"cannot open journal file {path}: {first_line(exc)} (a record in it is not one "
+            "Optuna wrote: restore the file, or pass a new file name)"
+        ) from None
 
 
 def _journal_file(path: str) -> Any:

@@ -290,11 +290,16 @@ class Store:
             )
 
     def _head_bucket(self) -> None:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 
         bucket = self.location[len(S3) :]
         try:
             self.inner.client.head_bucket(Bucket=bucket)
+        except (NoCredentialsError, PartialCredentialsError):
+            raise UsageError(
+                f"artifact store {self.location}: boto3 finds no credentials: set "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws/credentials)"
+            ) from None
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code"))
             if code in ("404", "NoSuchBucket"):

@@ -290,6 +290,22 @@ SEARCH = [
     ),
     Case("journal path is a folder", ["--storage", "runs"], r"runs is a folder", {"runs": None}),
     Case(
+        "journal of records Optuna did not write",
+        ["--storage", "runs.log"],
+        r"cannot open journal file runs\.log: .*\(a record in it is not one Optuna wrote",
+        {"runs.log": '{"op_code": 99}\n'},
+    ),
+    Case(
+        "in-memory SQLite",
+        ["--storage", "sqlite:///:memory:"],
+        r"is an in-memory SQLite database, gone when this process ends",
+    ),
+    Case(
+        "URL that lost its scheme",
+        ["--storage", f"bob:{SECRET}@127.0.0.1/db"],
+        r"storage \*\*\*@127\.0\.0\.1/db looks like a database URL without its scheme",
+    ),
+    Case(
         "password with an empty user",
         ["--storage", f"postgresql://:{SECRET}@127.0.0.1:1/optuna"],
         r"cannot open storage",

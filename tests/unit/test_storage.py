@@ -685,3 +685,21 @@ def test_the_cut_bytes_go_to_a_new_file_never_through_a_planted_link_nor_over_a_
         assert path.read_bytes() == whole
     assert victim.read_text() == "left alone"
     assert [s.read_bytes() for s in sides] == cuts and not any(s.is_symlink() for s in sides)
+
+
+def test_a_bucket_without_credentials_is_one_line_naming_them(tmp_path, monkeypatch):
+    """Before any run: boto3 finds no credentials anywhere (no variables, no files, no
+    instance metadata), which is the user's to set, not a traceback. boto3 signs before it
+    sends, so the endpoint (a closed port) is never reached."""
+    from scalertune._errors import UsageError
+    from scalertune._storage._store import Store
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    with pytest.raises(UsageError, match=r"boto3 finds no credentials: set AWS_ACCESS_KEY_ID"):
+        Store("s3://scalertune-no-credentials").check()
