@@ -14,6 +14,20 @@ def is_pattern(entry: str) -> bool:
     return any(c in entry for c in "*?[")
 
 
+def kept_in_float32(name: str, entries: Iterable[str]) -> bool:
+    """Whether module ``name`` runs in float32 under the islands ``entries``: an entry names
+    or matches it, or one of the modules it is inside (``0`` keeps ``0.0`` in float32).
+
+    >>> kept_in_float32("layers.1.mlp.down", ["layers.*.mlp"]), kept_in_float32("head", ["0"])
+    (True, False)
+    """
+    parts = name.split(".")
+    outer = [".".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(
+        fnmatch.fnmatchcase(n, e) if is_pattern(e) else n == e for e in entries for n in outer
+    )
+
+
 def match_modules(entries: Iterable[str], names: Iterable[str]) -> list[str]:
     """The module names (of ``names``, in their order) that ``entries`` select.
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ import torch
 from scalertune._amp import _float8
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._islands import unwrapped
+from scalertune._amp._modules import kept_in_float32
 
 #: e4m3's largest finite value: a dynamic scale maps the amax there.
 E4M3_MAX = 448.0
@@ -118,6 +119,24 @@ def layer_casts(
             )
         )
     return found
+
+
+def spoiling(casts: Sequence[LayerCast], config: AmpConfig) -> LayerCast | None:
+    """The first layer of ``casts`` that float8 under ``config``'s recipe spoils
+    (:attr:`LayerCast.spoiled`) outside ``config``'s islands; ``None`` where none is (or
+    ``config`` is no float8 config)."""
+    if not config.float8:
+        return None
+    return next(
+        (
+            c
+            for c in casts
+            if c.recipe == config.float8_recipe
+            and c.spoiled
+            and not kept_in_float32(c.name, config.fp32_modules)
+        ),
+        None,
+    )
 
 
 @contextlib.contextmanager

@@ -73,7 +73,9 @@ class StopRule:
     ``step_time`` is the (fast, slow) spread of the run's dtype's step time. A run is pruned
     as slower when a run of its own dtype reached the target in fewer steps than it has run
     (it can no longer even tie), or when even at the fast end of its spread it cannot reach
-    the target before the best run at the slow end of that one's. Without ``best`` the run is
+    the target before the best run at the slow end of that one's; with ``spoiled`` (why
+    float8 under the run's recipe loses a layer from the first batch on) it is pruned at its
+    first window, as ``float8``. Without ``best`` the run is
     only stopped at the target. With a ``floor``, a run is not expected at the target before
     its steps, and is timed from there. ``at_target=False`` notes when the target is reached
     but trains on (to compare an early stop with the full run).
@@ -106,11 +108,16 @@ class StopRule:
         floor: Floor | None = None,
         at_target: bool = True,
         run_on: bool = False,
+        spoiled: str | None = None,
     ) -> None:
         self.target, self.step_time, self.best, self.at_target = target, step_time, best, at_target
-        self.floor, self.run_on = floor, run_on
+        self.floor, self.run_on, self.spoiled = floor, run_on, spoiled
 
     def __call__(self, record: RunRecord) -> bool:
+        if self.spoiled is not None:  # float8 loses a layer from step 0: pruned at once
+            record.prune_kind = record.stopped = "float8"
+            record.prune_reason = self.spoiled
+            return True
         if record.reached_at is None:
             record.reached_at = self.target.steps_to_target(record.losses)
         if record.reached_at is not None:

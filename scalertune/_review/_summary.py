@@ -373,9 +373,10 @@ def _row(label: str, o: Outcome) -> tuple[str, ...]:
     a = o.figures
     if o.state == "pruned":
         kind = o.prune_kind or "pruned"
-        step = a.steps_run if kind in ("slower", "behind") else a.first_nonfinite_step
+        timed = kind in ("slower", "behind", "float8")  # pruned where it stopped, all finite
+        step = a.steps_run if timed else a.first_nonfinite_step
         where = step if step is not None else "?"
-        reached = f"{kind if kind in ('slower', 'behind') else 'pruned'}@{where}"
+        reached = f"{kind if timed else 'pruned'}@{where}"
     else:
         reached = _int(a.steps_to_target)
     ratio = a.loss_vs_float32

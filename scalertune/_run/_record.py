@@ -21,6 +21,7 @@ PRUNE_KINDS = {
     "scale-collapse": "scale collapse",
     "slower": "slower than the best",
     "behind": "fell behind after the target",
+    "float8": "float8 loses a layer",
 }
 
 

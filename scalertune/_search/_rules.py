@@ -38,18 +38,21 @@ class Rules:
         self, role: str, config: AmpConfig, target: Target, trials: list[FrozenTrial]
     ) -> StopRule:
         """Search runs, baselines, islands and the replay's choice may be pruned as slower
-        than the best; confirmations and float32 with the recommendation's clipping only
-        stop at their target (they must show where it is reached, not race). When the trial
-        is the horizon, a run that reaches the target while float32 still learns trains on
-        until float32 has settled (``run_on``): the trial is all the evidence there is. Over
-        a longer horizon the finalists' phases are that evidence."""
+        than the best, and a float8 config that loses a layer from the first batch on at
+        its first window (:meth:`Setup.float8_spoils`); confirmations and float32 with the
+        recommendation's clipping only stop at their target (they must show where it is
+        reached, not race). When the trial is the horizon, a run that reaches the target
+        while float32 still learns trains on until float32 has settled (``run_on``): the
+        trial is all the evidence there is. Over a longer horizon the finalists' phases are
+        that evidence."""
         run_on = not self.setup.long
         if role in (ROLE_CONFIRM, ROLE_FLOAT32_CLIP):
             return StopRule(target, run_on=run_on)
+        spoiled = self.setup.float8_spoils(config)
         if self.setup.long and role != ROLE_SEARCH:
             # the baselines and the proposed configs are finalists-to-be: a config faster to
             # the early target may fall behind later, so they must reach the target themselves
-            return StopRule(target)
+            return StopRule(target, spoiled=spoiled)
         times = self.references.step_times
         step_time = times.bounds(config.dtype) if times and config.dtype in times else None
         best = _best(self.view.outcomes(trials), self.setup.seed, times, self.noise())
@@ -58,7 +61,9 @@ class Rules:
             # faster start says nothing of the late phases, where it may fall behind
             best = dataclasses.replace(best, time_high=math.inf)
         floor = self._floor(role, config)
-        return StopRule(target, step_time=step_time, best=best, floor=floor, run_on=run_on)
+        return StopRule(
+            target, step_time=step_time, best=best, floor=floor, run_on=run_on, spoiled=spoiled
+        )
 
     def _floor(self, role: str, config: AmpConfig) -> Floor | None:
         """A sampled run clipped as the workload clips can reach the target no sooner than

@@ -16,7 +16,7 @@ from scalertune._amp._config import FLOAT8_KNOBS, AmpConfig
 from scalertune._amp._device import resolve_device
 from scalertune._amp._float8 import left_out_line
 from scalertune._errors import ParameterError, UsageError
-from scalertune._inrun._float8_layers import island_candidates, iter_lines
+from scalertune._inrun._float8_layers import LayerCast, island_candidates, iter_lines, spoiling
 from scalertune._judge._settings import StudySettings
 from scalertune._processes._main_guard import refuse_reentry, refuse_unguarded
 from scalertune._run._preflight import preflight
@@ -48,6 +48,23 @@ class Setup:
     artifact_dir: str | None = None
     #: What the search says before it starts (the Linear layers float8 leaves out).
     notes: tuple[str, ...] = ()
+    #: What float8 under each recipe costs each Linear layer on the first batch, at the
+    #: initial weights every run starts from (the in-run check's own measure).
+    float8_casts: tuple[LayerCast, ...] = ()
+
+    def float8_spoils(self, config: AmpConfig) -> str | None:
+        """Why a float8 ``config`` loses a layer from its first step (``None``: it loses
+        none): under its recipe, a layer outside its islands whose output float8 puts far
+        off float32's on the first batch. The in-run check moves such a config off its
+        recipe (or the layer out of float8) at its first check, so it is never what a run
+        of it trains: the search prunes it there, with the same line."""
+        cast = spoiling(self.float8_casts, config)
+        if cast is None:
+            return None
+        return (
+            f"{cast.line()} on the first batch: the in-run check would move it off this "
+            "recipe at its first check"
+        )
 
     @property
     def steps(self) -> int:
@@ -111,6 +128,7 @@ def prepare(factory: str | Callable[[], Any], options: SearchOptions) -> Setup:
         isolation=isolation,
         artifact_dir=location,
         notes=(*fitted, *_float8_notes(checked)),
+        float8_casts=tuple(checked.float8_casts),
     )
 
 

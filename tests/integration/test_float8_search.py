@@ -48,7 +48,7 @@ def test_a_float8_search_finds_rowwise_where_torchaos_default_fails_and_the_answ
     assert ran.returncode == 0, ran.stderr[-3000:]
     out, said = ran.stdout, ran.stdout + ran.stderr
     # torchao's default recipe (tensorwise): the massive row's scale flushes the rest to zero
-    assert "torchao-default: never reached the float32 target" in out, out
+    assert "torchao-default: pruned: float8 tensorwise, layer '0': input amax 1e+06" in out, out
     # the last layer (64 -> 1) cannot take a float8 matmul: said, with why
     assert "6 left out of float8 (sizes not multiples of 16" in said, said
     # float8 is emulated on a CPU: no speed claimed, and the answer is float32

@@ -234,6 +234,42 @@ def test_what_float8_costs_each_layer_names_the_flushed_layers_and_spares_the_or
     assert all(c.error < LAYER_ERROR and c.flushed == 0 for c in ordinary.values())
 
 
+def test_a_search_prunes_a_float8_config_that_loses_a_layer_from_its_first_batch():
+    """The search's rule is the in-run check's: a recipe that spoils a layer outside the
+    config's islands on the first batch is pruned at its first window, with the layer's line;
+    the same recipe with that layer (or a module it is inside) kept in float32 is not."""
+    from scalertune._inrun._float8_layers import layer_casts, record_inputs, spoiling
+    from scalertune._judge._stopping import StopRule
+    from scalertune._judge._target import Target
+    from scalertune._run._record import RunRecord
+
+    workload = _seeded(lambda: fw.workload(1, lambda step: fw.MASSIVE))
+    model, (x, _) = workload["model"], workload["batches"][0]
+    with record_inputs(model) as inputs:
+        model(x)
+    casts = [
+        c
+        for recipe in ("tensorwise", "rowwise")
+        for c in layer_casts(
+            inputs, AmpConfig(dtype="float8", float8_recipe=recipe), device=torch.device("cpu")
+        )
+    ]
+    tensorwise = AmpConfig(dtype="float8")
+    lost = [c.name for c in casts if c.recipe == "tensorwise" and c.spoiled]
+    assert lost[0] == "0" and len(lost) > 1  # the massive row reaches the next layers too
+    assert spoiling(casts, tensorwise).name == "0"
+    assert spoiling(casts, dataclasses.replace(tensorwise, fp32_modules=("0",))).name == lost[1]
+    assert spoiling(casts, dataclasses.replace(tensorwise, fp32_modules=tuple(lost))) is None
+    assert spoiling(casts, dataclasses.replace(tensorwise, fp32_modules=("*",))) is None
+    assert spoiling(casts, AmpConfig(dtype="float8", float8_recipe="rowwise")) is None
+    assert spoiling(casts, AmpConfig(dtype="bfloat16")) is None
+
+    rule = StopRule(Target.from_reference([1.0] * 50), spoiled="layer '0' lost")
+    record = RunRecord(config=tensorwise, seed=0, steps=50, losses=[2.0] * 10)
+    assert rule(record) and record.prune_kind == "float8"
+    assert record.prune_reason == "layer '0' lost"
+
+
 def test_a_float8_trial_may_keep_the_evidences_layers_out_and_the_space_names_it_back():
     import optuna
 

@@ -701,5 +701,7 @@ def test_a_bucket_without_credentials_is_one_line_naming_them(tmp_path, monkeypa
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    boto3 = pytest.importorskip("boto3")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # credentials an earlier test found
     with pytest.raises(UsageError, match=r"boto3 finds no credentials: set AWS_ACCESS_KEY_ID"):
         Store("s3://scalertune-no-credentials").check()
