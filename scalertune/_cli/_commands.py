@@ -216,6 +216,13 @@ def _report(args: argparse.Namespace) -> int:
         _check_study_name(args.study_name)
     _check_storage_and_output(args.storage, args.output, args.artifact_dir, {})
     study = load_existing_study(args.storage, args.study_name)
+    if args.output:  # the factory file the study was searched with is not overwritten either
+        from scalertune._judge._settings import StudySettings
+
+        factory = StudySettings.of(study).factory.rpartition(":")[0]
+        if factory:
+            inputs = {"factory file": factory}
+            _check_storage_and_output(args.storage, args.output, args.artifact_dir, inputs)
     if args.output and args.trial is None:  # its pictures go to the study's store
         from scalertune._storage._store import location_of
 
@@ -224,12 +231,13 @@ def _report(args: argparse.Namespace) -> int:
     from scalertune._review._analyze import analyze
 
     result = analyze(study, storage=redact(args.storage))
+    # a trial that is no finished run is refused before a word is printed
+    written = result if args.trial is None else result.for_trial(args.trial)
     if args.json:
         print(json.dumps(result_document(result.to_dict()), indent=2))
     else:
         print(result.summary(top=args.top))
     if args.output:
-        written = result if args.trial is None else result.for_trial(args.trial)
         note = None if args.quiet else sys.stderr
         with _interrupt.deferred():
             _write(

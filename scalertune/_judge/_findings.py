@@ -90,6 +90,8 @@ class Findings:
     reused: int = 0
     stop_reason: str | None = None
     interrupted: bool = False
+    #: Whether the answer was chosen by hand (``report --trial N``), not by the search.
+    by_hand: bool = False
     #: The real runs that loaded the answer and checked themselves, each its typed record
     #: (:class:`~scalertune._inrun._run_record.RunRecord`: its checks, actions and scaler; an
     #: :class:`~scalertune._inrun._run_record.UnreadRecord` where the study's copy is damaged),

@@ -245,5 +245,14 @@ class SearchResult(Findings):
         """
         chosen = next((o for o in [*self.ranking, *self.islands] if o.number == number), None)
         if chosen is None:
-            raise ParameterError("trial", f"must be a finished run of this study, got {number}")
-        return dataclasses.replace(self, recommended=chosen, best_amp=chosen)
+            raise ParameterError(
+                "trial",
+                f"must be a finished AMP run of this study (a row of the summary's table: a "
+                f"sampled trial, a baseline, an island), got {number}",
+            )
+        twin = self.float32_clip  # float32 at the chosen run's own clip, where that ran
+        if twin is not None and twin.config.clip_norm != chosen.config.clip_norm:
+            twin = None
+        return dataclasses.replace(
+            self, recommended=chosen, best_amp=chosen, float32_clip=twin, by_hand=True
+        )

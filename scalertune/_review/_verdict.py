@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from scalertune._judge._findings import Findings, speedup
 from scalertune._judge._horizon import fewer_steps
+from scalertune._judge._outcome import Outcome
 from scalertune._judge._speedup import CPU_SLOWER, emulated
-from scalertune._review._describe import why_not
+from scalertune._review._describe import describe_outcome, why_not
 from scalertune._text import plural
 
 
@@ -26,6 +27,8 @@ def verdict(result: Findings) -> str:
     covers = _covers(result)
     if best is None:
         return f"{_no_amp(result)}; keep training in float32 on {device}{covers}"
+    if result.by_hand:
+        return _by_hand(result, best) + covers
     found = speedup(result, best)
     if found is None:
         return f"speed against float32 unknown on {device} (no step timing){covers}"
@@ -48,6 +51,28 @@ def verdict(result: Findings) -> str:
             f"(evidence.best_amp) or run the search there{covers}"
         )
     return said + clause + covers
+
+
+def _by_hand(result: Findings, chosen: Outcome) -> str:
+    """The verdict of an answer chosen by hand (``report --trial N``): what that run did, and
+    its speed where one is claimed; never that it is the search's choice."""
+    device = result.settings.device
+    seeds = result.confirmations.get(chosen.number, {})
+    said = (
+        f"train in {chosen.config.describe()}: {chosen.label}, chosen by hand (report --trial "
+        f"{chosen.number}), not the search's answer: {describe_outcome(chosen)}"
+        + (
+            f", confirmed on seeds {', '.join(map(str, [chosen.seed, *sorted(seeds)]))}"
+            if seeds
+            else ", not confirmed on other seeds"
+        )
+    )
+    found = speedup(result, chosen)
+    if chosen.config.float8 and emulated(device):
+        return f"{said}; float8 emulated on {device}: no speed is claimed for it"
+    if found is None:
+        return f"{said}; speed against float32 unknown on {device}"
+    return f"{said}; {found.verdict(device, note=False)}{_clipping_clause(result)}"
 
 
 def _covers(result: Findings) -> str:

@@ -15,6 +15,7 @@ import shutil
 
 import optuna
 import pytest
+import yaml
 from conftest import HERE, ROOT, run_cli
 
 import scalertune
@@ -203,3 +204,33 @@ def test_a_search_resumes_a_study_written_before_the_record(v1):
         document = json.load(f)
     assert result.config.to_dict() == document["config"]
     assert result.settings.version == 1
+
+
+def test_report_trial_writes_that_run_as_chosen_by_hand_and_refuses_before_printing(v1):
+    ran = run_cli(
+        "report", "--storage", V1_JOURNAL, "--study-name", "short", "--trial", "7",
+        "-o", "t7.yaml", cwd=v1,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    written = yaml.safe_load((v1 / "t7.yaml").read_text())
+    assert written["config"]["init_scale"] == 4096.0 and written["evidence"]["trial"] == 7
+    verdict = written["evidence"]["verdict"]
+    assert "init-scale-4096, chosen by hand (report --trial 7), not the search's answer" in verdict
+    assert "the best AMP config" not in verdict
+    ran = run_cli(
+        "report", "--storage", V1_JOURNAL, "--study-name", "short", "--trial", "0",
+        "-o", "t0.yaml", cwd=v1,
+    )  # fmt: skip
+    assert ran.returncode == 2 and ran.stdout == "" and not (v1 / "t0.yaml").exists()
+    assert "--trial must be a finished AMP run of this study" in ran.stderr
+    # the factory file the study was searched with is no place for its YAML
+    (v1 / "tests").mkdir()
+    factory = v1 / "tests" / "workloads.py"
+    factory.write_text("def healthy():\n    ...\n")
+    ran = run_cli(
+        "report", "--storage", V1_JOURNAL, "--study-name", "short", "-o", "tests/workloads.py",
+        cwd=v1,
+    )  # fmt: skip
+    assert ran.returncode == 2 and ran.stdout == "", ran.stderr
+    assert "is the study's factory file" in ran.stderr
+    assert factory.read_text() == "def healthy():\n    ...\n"
