@@ -36,6 +36,7 @@ import torch
 
 from scalertune._amp import _torchao_private as torchao
 from scalertune._amp._islands import in_island, unwrapped
+from scalertune._amp._torch_private import in_backward
 from scalertune._amp._watch import caller_stacklevel
 
 #: float8 matmuls (``torch._scaled_mm``) need both sizes of a weight to be multiples of this.
@@ -66,10 +67,29 @@ def high_precision() -> Iterator[None]:
         _STATE.depth = before
 
 
+@contextlib.contextmanager
+def extra_pass() -> Iterator[None]:
+    """A forward that is no training step's (the in-run check's passes, between a step's
+    forward and its backward): a checkpoint's recompute of the step does not take its
+    recipe."""
+    before = getattr(_STATE, "extra", False)
+    _STATE.extra = True
+    try:
+        yield
+    finally:
+        _STATE.extra = before
+
+
+def _plain_here() -> bool:
+    """Whether a layer must compute without float8 here, whatever recipe is on: inside
+    :func:`high_precision` or a float32 island."""
+    return getattr(_STATE, "depth", 0) > 0 or in_island()
+
+
 def _active() -> Any:
     """The torchao config of the float8 forward running now in this thread; ``None`` when
     the layers must compute without float8."""
-    if getattr(_STATE, "depth", 0) > 0 or in_island():
+    if _plain_here():
         return None
     return getattr(_STATE, "active", None)
 
@@ -185,6 +205,15 @@ def float8_class() -> type[Any]:
 
             def forward(self, input: torch.Tensor) -> torch.Tensor:
                 settings = _active()
+                if not _plain_here():  # (the check's float32 pass and islands run plain)
+                    if in_backward():
+                        # activation checkpointing recomputes this forward in the backward,
+                        # after the runtime's forward ended: as it ran, or the gradients differ
+                        settings = getattr(self, "_ran_with", None)
+                    elif not getattr(_STATE, "extra", False):  # (not the check's passes)
+                        # what a recompute of this forward runs with (a reentrant
+                        # checkpoint's forward runs without grad)
+                        self._ran_with = settings
                 if settings is None:
                     return torch.nn.functional.linear(input, self.weight, self.bias)
                 if self.config is not settings:  # another recipe from this step on

@@ -11,7 +11,9 @@ refused. What is relied on:
   ``_growth_tracker`` (the steps taken since the scale last changed), and
   ``_per_optimizer_states`` (where ``unscale_`` records that it ran for an optimizer);
 - ``Module._forward_pre_hooks`` (torch keeps no public list of a module's hooks);
-- ``torch._foreach_norm``: the largest magnitude of many tensors in one kernel.
+- ``torch._foreach_norm``: the largest magnitude of many tensors in one kernel;
+- ``torch._C._current_graph_task_id``: whether the autograd engine is running a backward
+  now (a forward run then is activation checkpointing's recompute).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ SCALER_NAMES = ("_scale", "_init_scale", "_enabled", "_growth_tracker", "_per_op
 MODULE_NAMES = ("_forward_pre_hooks",)
 #: torch's functions called.
 TORCH_NAMES = ("_foreach_norm",)
+#: torch._C's functions called.
+TORCH_C_NAMES = ("_current_graph_task_id",)
 
 
 def live_scale(scaler: torch.amp.GradScaler) -> torch.Tensor | None:
@@ -78,6 +82,12 @@ def forward_pre_hooks(module: torch.nn.Module) -> Any:
 def foreach_max_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each tensor's largest magnitude, in one fused kernel."""
     return list(torch._foreach_norm(tensors, float("inf")))  # noqa: SLF001 - one kernel for all
+
+
+def in_backward() -> bool:
+    """Whether the autograd engine runs a backward in this thread now: a module's forward
+    run then is activation checkpointing recomputing it."""
+    return int(torch._C._current_graph_task_id()) != -1  # noqa: SLF001 - no public test
 
 
 @functools.cache

@@ -199,7 +199,7 @@ class Passes:
                 for name, buffer in list(module.named_buffers(recurse=False)):
                     held.append((module, name, buffer))
                     setattr(module, name, buffer.detach().clone())
-        with torch.no_grad(), torch.random.fork_rng(devices=self._devices):
+        with torch.no_grad(), _float8.extra_pass(), torch.random.fork_rng(devices=self._devices):
             torch.set_rng_state(self._cpu)
             if self._device is not None:
                 torch.cuda.set_rng_state(self._device, self.amp.device)

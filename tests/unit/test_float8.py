@@ -190,6 +190,44 @@ def test_a_layer_inside_an_island_is_no_float8_layer_to_the_check(islands):
     assert amp.check.actions.done == [] and len(amp.check.checks) == 3
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpointed_float8_block_recomputes_in_float8_as_it_ran(reentrant):
+    """Activation checkpointing (a Trainer's gradient_checkpointing) runs the block's forward
+    again in the backward, after the runtime's forward has ended: it must recompute in the
+    recipe it ran with, so the gradients are the ones without checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(nn.Module):
+        def __init__(self, checkpointed):
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+            self.head = nn.Linear(32, 16)
+            self.checkpointed = checkpointed
+
+        def forward(self, x):
+            if self.checkpointed:
+                x = checkpoint(self.block, x, use_reentrant=reentrant)
+            else:
+                x = self.block(x)
+            return self.head(x)
+
+    def gradients(checkpointed, islands=()):
+        torch.manual_seed(0)
+        model = Net(checkpointed)
+        config = AmpConfig(dtype="float8", float8_recipe="rowwise", fp32_modules=islands)
+        amp = AmpRuntime(config, device="cpu")
+        model = amp.prepare(model)
+        x = torch.randn(16, 32, requires_grad=True)
+        x.data[0] *= 1e4
+        loss = amp.loss(lambda: model(x).square().mean())
+        amp.backward(loss)
+        return [p.grad.clone() for p in model.parameters()]
+
+    for islands in [(), ("block.2",)]:
+        plain, checkpointed = gradients(False, islands), gradients(True, islands)
+        assert all(torch.equal(a, b) for a, b in zip(plain, checkpointed)), islands
+
+
 def _check_every(every, window=4):
     from scalertune._inrun._build import in_run_check
 

@@ -118,3 +118,26 @@ def test_a_restarted_growth_counts_a_whole_interval_again():
         scaler.step(optimizer)
         scaler.update()
         assert scaler.get_scale() == expected
+
+
+@pytest.mark.parametrize("name", fence.TORCH_C_NAMES)
+def test_each_torch_c_function_the_fence_lists_exists(name):
+    assert callable(getattr(torch._C, name))
+
+
+def test_in_backward_is_true_only_while_the_engine_runs_a_backward():
+    seen = []
+
+    class Look(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(fence.in_backward())
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(fence.in_backward())
+            return grad
+
+    Look.apply(torch.ones(2, requires_grad=True)).sum().backward()
+    assert seen == [False, True] and not fence.in_backward()
