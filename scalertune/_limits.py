@@ -38,6 +38,9 @@ MAX_HORIZON = 10_000_000
 
 #: The loss scale lives in a float32 tensor: a larger number would be inf there.
 FLOAT32_MAX = 3.4028234663852886e38
+#: float32's smallest normal number: a loss scale below it rounds toward 0 in GradScaler's
+#: float32 scale tensor.
+FLOAT32_TINY = 2.0**-126
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +100,7 @@ SEARCH: Mapping[str, Limit] = {
     "host_timeout": _SECONDS,
 }
 DIAGNOSE: Mapping[str, Limit] = {
-    "init_scale": Limit(False, 0, FLOAT32_MAX, low_excluded=True),
+    "init_scale": Limit(False, FLOAT32_TINY, FLOAT32_MAX),
     "steps": Limit(True, 1, MAX_STEPS),
     "seed": _SEED,
 }

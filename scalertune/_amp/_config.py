@@ -9,7 +9,7 @@ from typing import Any
 
 from scalertune._amp._modules import _split
 from scalertune._errors import UsageError
-from scalertune._limits import FLOAT32_MAX
+from scalertune._limits import FLOAT32_MAX, FLOAT32_TINY
 from scalertune._text import shown
 
 #: What ``dtype`` may name. float32 means "no autocast, no scaler": the reference. float8 is
@@ -112,7 +112,13 @@ class AmpConfig:
         _check_float8(self)
         if not all(isinstance(name, str) and name for name in self.fp32_modules):
             raise UsageError(f"fp32_modules must be module names, got {self.fp32_modules!r}")
-        _check("init_scale", self.init_scale, "> 0 and finite", lambda v: v > 0)
+        _check(
+            "init_scale",
+            self.init_scale,
+            "a number, finite and at least 2**-126 (float32's smallest normal number: "
+            "GradScaler keeps its scale in float32, where a smaller one rounds toward 0)",
+            lambda v: v >= FLOAT32_TINY,
+        )
         _check("growth_factor", self.growth_factor, "> 1 and finite", lambda v: v > 1)
         _check("backoff_factor", self.backoff_factor, "in (0, 1)", lambda v: 0 < v < 1)
         _check(

@@ -82,6 +82,8 @@ def _model(text):
 
 
 _POSITIVE = "--{} must be a positive finite number"
+#: A loss scale GradScaler's float32 scale tensor holds as a normal number.
+_SCALE = r"--init-scale must be a finite number >= 1\.17549e-38"
 _EXITS_ON_IMPORT = "import sys\nsys.exit(3)\n"
 _EXITS_IN_FACTORY = "import sys\n\ndef make_model():\n    sys.exit(5)\n"
 _SPACE_OK = "dtype: {choices: [float16]}\n"
@@ -237,7 +239,7 @@ SEARCH = [
     Case(
         "space fixed value 1e39",
         ["--space", "space.yaml"],
-        r"init_scale must be > 0 and finite",
+        r"init_scale must be a number, finite and at least 2\*\*-126",
         {"space.yaml": "init_scale: 1.0e+39\n"},
     ),
     Case(
@@ -390,10 +392,11 @@ SEARCH = [
 ]
 
 DIAGNOSE = [
-    Case("init-scale inf", ["--init-scale", "inf"], _POSITIVE.format("init-scale")),
-    Case("init-scale nan", ["--init-scale", "nan"], _POSITIVE.format("init-scale")),
-    Case("init-scale zero", ["--init-scale", "0"], _POSITIVE.format("init-scale")),
-    Case("init-scale negative", ["--init-scale", "-1"], _POSITIVE.format("init-scale")),
+    Case("init-scale inf", ["--init-scale", "inf"], _SCALE),
+    Case("init-scale nan", ["--init-scale", "nan"], _SCALE),
+    Case("init-scale zero", ["--init-scale", "0"], _SCALE),
+    Case("init-scale negative", ["--init-scale", "-1"], _SCALE),
+    Case("init-scale below float32's normal numbers", ["--init-scale", "1e-40"], _SCALE),
     Case("init-scale past float32", ["--init-scale", "1e39"], r"--init-scale must be at most"),
     Case("steps zero", ["--steps", "0"], r"--steps must be an integer from 1"),
     Case("seed negative", ["--seed", "-1"], r"--seed must be an integer from 0"),
@@ -434,7 +437,7 @@ EXPORT = [
     Case(
         "init_scale a string",
         ["--to", "torch"],
-        r"init_scale must be > 0",
+        r"init_scale must be a number, finite and at least 2\*\*-126",
         {"r.yaml": _result(init_scale="'4096'")},
     ),
     Case(
@@ -614,9 +617,21 @@ def test_the_table_covers_sixty_bad_inputs():
 
 LOAD = [
     ("init_scale .inf", _result(init_scale=".inf"), r"\.inf is not a finite number"),
-    ("init_scale 1e39", _result(init_scale="1.0e+39"), r"init_scale must be > 0 and finite"),
-    ("init_scale a string", _result(init_scale="'4096'"), r"init_scale must be > 0"),
-    ("init_scale true", _result(init_scale="true"), r"init_scale must be > 0"),
+    (
+        "init_scale 1e39",
+        _result(init_scale="1.0e+39"),
+        r"init_scale must be a number, finite and at least 2\*\*-126",
+    ),
+    (
+        "init_scale a string",
+        _result(init_scale="'4096'"),
+        r"init_scale must be a number, finite and at least 2\*\*-126",
+    ),
+    (
+        "init_scale true",
+        _result(init_scale="true"),
+        r"init_scale must be a number, finite and at least 2\*\*-126",
+    ),
     ("growth_interval .nan", _result(growth_interval=".nan"), r"\.nan is not a finite number"),
     ("growth_interval 2.5", _result(growth_interval="2.5"), r"growth_interval must be an integer"),
     (

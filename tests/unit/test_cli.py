@@ -180,7 +180,10 @@ def test_bad_input_is_one_line_exit_2_and_writes_no_study(tmp_path, label, args,
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("init_scale: {low: 0, high: 8}", "init_scale must be > 0"),
+        (
+            "init_scale: {low: 0, high: 8}",
+            "init_scale must be a number, finite and at least 2**-126",
+        ),
         ("growth_factor: 1.0", "growth_factor must be > 1"),
         ("backoff_factor: {low: 0.5, high: 1.5}", "backoff_factor must be in"),
         ("growth_interval: {low: 10, high: 1}", "is greater than high"),

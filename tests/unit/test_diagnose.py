@@ -291,10 +291,10 @@ def test_diagnose_command_prints_the_table_the_checks_the_verdict_and_the_next_s
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--init-scale", "nan"], "--init-scale must be a positive finite number, got nan"),
-        (["--init-scale", "inf"], "--init-scale must be a positive finite number, got inf"),
-        (["--init-scale", "0"], "--init-scale must be a positive finite number, got 0"),
-        (["--init-scale", "-4"], "--init-scale must be a positive finite number, got -4"),
+        (["--init-scale", "nan"], "--init-scale must be a finite number >= 1.17549e-38, got nan"),
+        (["--init-scale", "inf"], "--init-scale must be a finite number >= 1.17549e-38, got inf"),
+        (["--init-scale", "0"], "--init-scale must be a finite number >= 1.17549e-38, got 0"),
+        (["--init-scale", "-4"], "--init-scale must be a finite number >= 1.17549e-38, got -4"),
         (["--fp32-modules", "attn.scroe"], "did you mean 'attn.score'?"),
         (["--fp32-modules", "*.nothing"], "pattern '*.nothing' matches no module"),
     ],

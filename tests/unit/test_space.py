@@ -29,8 +29,11 @@ def test_a_space_file_loads_by_path(space_file):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("init_scale: {low: 0, high: 8}", "init_scale must be > 0"),
-        ("init_scale: -1", "init_scale must be > 0"),
+        (
+            "init_scale: {low: 0, high: 8}",
+            r"init_scale must be a number, finite and at least 2\*\*-126",
+        ),
+        ("init_scale: -1", r"init_scale must be a number, finite and at least 2\*\*-126"),
         ("growth_factor: {low: 1.0, high: 2}", "growth_factor must be > 1"),
         ("backoff_factor: {low: 0.5, high: 1.0}", r"backoff_factor must be in \(0, 1\)"),
         ("backoff_factor: 0", r"backoff_factor must be in \(0, 1\)"),
