@@ -38,11 +38,10 @@ class Pictures:
 
 def upload(study: optuna.Study, paths: list[str], location: str) -> None:
     """Attach the PNGs at ``paths`` to ``study`` in the artifact store at ``location``,
-    skipping any whose content is there."""
+    skipping any whose content is there; then record ``location`` as the study's store."""
     from optuna.artifacts import upload_artifact
 
     store = Store(location)
-    record_location(study, location)
     # The same pictures come back under other names (`report -o other.yaml`, a resumed
     # search): compare contents, not names.
     stored = set()
@@ -61,6 +60,9 @@ def upload(study: optuna.Study, paths: list[str], location: str) -> None:
                 mimetype="image/png",
             )
             stored.add(digest)
+    # recorded once the pictures are there: a store that could not be written is not where
+    # the study keeps its artifacts from now on
+    record_location(study, location)
 
 
 def _stored_digest(store: Store, artifact_id: str) -> str | None:

@@ -234,3 +234,25 @@ def test_report_trial_writes_that_run_as_chosen_by_hand_and_refuses_before_print
     assert ran.returncode == 2 and ran.stdout == "", ran.stderr
     assert "is the study's factory file" in ran.stderr
     assert factory.read_text() == "def healthy():\n    ...\n"
+
+
+def test_report_with_an_artifact_dir_it_cannot_write_leaves_the_studys_store_as_it_was(v1):
+    from scalertune._storage._names import ARTIFACT_DIR_ATTR
+
+    def recorded():
+        study = optuna.load_study(study_name="short", storage=open_storage(str(v1 / V1_JOURNAL)))
+        return study.user_attrs.get(ARTIFACT_DIR_ATTR)
+
+    before = recorded()
+    (v1 / "blocked").write_text("a file, where the folder's parent would be\n")
+    ran = run_cli(
+        "report", "--storage", V1_JOURNAL, "--study-name", "short", "-o", "x.yaml",
+        "--artifact-dir", "blocked/art", cwd=v1,
+    )  # fmt: skip
+    assert ran.returncode == 0 and (v1 / "x.yaml").exists(), ran.stderr
+    assert "could not add notes and pictures to the study" in ran.stderr
+    assert recorded() == before
+    ran = run_cli(
+        "report", "--storage", V1_JOURNAL, "--study-name", "short", "-o", "y.yaml", cwd=v1
+    )
+    assert ran.returncode == 0, ran.stderr
