@@ -339,6 +339,7 @@ def _dashboard(args: argparse.Namespace) -> int:
 
     for study in studies:  # a store refused here, before the server is announced
         location_of(study, args.artifact_dir)
+    _check_bindable(args.host, args.port)  # before the server is announced
     base = f"http://{args.host}:{args.port}/dashboard"
     lines = [f"optuna-dashboard on {redact(args.storage)} at {base} (Ctrl-C stops it)"]
     lines += [f"  {s.study_name}: {base}/studies/{study_id(s)}" for s in studies]
@@ -369,6 +370,30 @@ def _dashboard(args: argparse.Namespace) -> int:
             "or --port"
         ) from None
     return 0
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """:class:`UsageError` where the server could not listen at ``host``:``port``: a name
+    that resolves to no address, an address of no interface here, a port taken or
+    privileged (tried by binding it, and letting it go at once)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UsageError(
+            f"cannot serve at {host}:{port}: {host} is no address of this machine "
+            f"({exc.strerror}): pass another --host (127.0.0.1 by default)"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot serve at {host}:{port}: {exc.strerror}: pass another --host or --port"
+            ) from None
 
 
 def _loopback(host: str) -> bool:

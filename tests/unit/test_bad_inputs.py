@@ -533,6 +533,18 @@ DASHBOARD = [
         {"scalertune.db": _study_db},
     ),
     Case("storage is a folder", ["--storage", "sqlite:///db"], r"is a folder", {"db": None}),
+    Case(
+        "host that is no address",
+        ["--host", "999.1.1.1", "--port", "18093"],
+        r"cannot serve at 999\.1\.1\.1:18093: 999\.1\.1\.1 is no address of this machine",
+        {"scalertune.db": _study_db},
+    ),
+    Case(
+        "host of no interface here",
+        ["--host", "192.0.2.1", "--port", "18094"],  # TEST-NET-1: never this machine's
+        r"cannot serve at 192\.0\.2\.1:18094: Cannot assign requested address",
+        {"scalertune.db": _study_db},
+    ),
 ]
 
 COMMANDS = {
