@@ -138,6 +138,13 @@ def _no_amp(result: Findings) -> str:
             "outside the configs, not a verdict on them: see 'Missing evidence'), and a "
             "rerun of the same command completes it"
         )
+    judged = [o for o in result.ranking if o.config.dtype != "float32"]
+    if not judged and result.failed:
+        runs = plural(result.failed, "run")
+        return (
+            f"no AMP config was judged: no AMP run finished, and {runs} raised an error (see "
+            "'Failed'), which says nothing of the configs: fix what they raised and rerun"
+        )
     if not result.pool:
         return "no AMP config reached the float32 target without going non-finite"
     failed = [f for f in result.finalists + result.islands if result.holds(f) is False]

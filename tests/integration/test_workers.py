@@ -435,6 +435,12 @@ def test_a_broken_workload_stops_the_search_at_once(tmp_path):
         study_name="workloads:always_raises", storage=f"sqlite:///{tmp_path / 's.db'}"
     )
     assert len([t for t in study.trials if t.state == TrialState.FAIL]) == 5
+    # its report judges no config: every AMP run raised, which says nothing of the configs
+    from scalertune._review._analyze import analyze
+
+    summary = analyze(study).summary()
+    assert "no AMP config was judged: no AMP run finished, and 5 runs raised an error" in summary
+    assert "reached the float32 target" not in summary.split("Verdict:")[1]
 
 
 @pytest.mark.parametrize(
