@@ -95,18 +95,21 @@ def _at_risk(amp: AmpRuntime, passes: Passes) -> tuple[list[str] | None, str]:
 def _float8_errors(amp: AmpRuntime, passes: Passes) -> dict[str, float]:
     """Each float8 layer's error against float32 on this batch, the mean over the ranks."""
     errors = passes.float8_errors()
-    names = list(errors)
+    names = [n for n in passes.module_names() if n in errors] if errors else []
     agreed = over_ranks([errors[n] for n in names], amp.device) if names else []
     return dict(zip(names, agreed))
 
 
 def _peaks(amp: AmpRuntime, passes: Passes) -> dict[str, float]:
-    """Each module's largest float32 output, the largest over the ranks' batches, in the
-    order the modules ran."""
+    """Each module's largest float32 output, the largest over the ranks' batches (one rank's
+    outlier is the one near float16's range), by the models' module names: every rank
+    reduces the same list, whichever modules ran on its batch (0 for one that did not)."""
     peaks = passes.outputs()
-    names = list(peaks)
-    agreed = over_ranks([peaks[n] for n in names], amp.device) if names else []
-    return dict(zip(names, agreed))
+    names = passes.module_names()
+    agreed = (
+        over_ranks([peaks.get(n, 0.0) for n in names], amp.device, largest=True) if names else []
+    )
+    return {n: p for n, p in zip(names, agreed) if n in peaks or p > 0}
 
 
 def _culprits(amp: AmpRuntime, passes: Passes, islands: Sequence[str]) -> list[str]:

@@ -54,15 +54,20 @@ def loss_value(output: Any) -> torch.Tensor:
     )
 
 
-def over_ranks(values: Sequence[float] | torch.Tensor, device: torch.device) -> list[float]:
-    """``values`` averaged over the ranks of the process group (as they are without one):
-    one host read."""
+def over_ranks(
+    values: Sequence[float] | torch.Tensor, device: torch.device, *, largest: bool = False
+) -> list[float]:
+    """``values`` averaged over the ranks of the process group (with ``largest``, the largest
+    of the ranks'; as they are without one): one host read."""
     tensor = torch.as_tensor(values, dtype=torch.float64, device=device).reshape(-1).clone()
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         # gloo and NCCL both take float64; a non-finite value stays non-finite in the mean
-        dist.all_reduce(tensor)
-        tensor /= dist.get_world_size()
+        if largest:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        else:
+            dist.all_reduce(tensor)
+            tensor /= dist.get_world_size()
     return [float(v) for v in tensor.tolist()]
 
 
