@@ -27,7 +27,7 @@ class ScalerDecisions:
         >>> decisions = ScalerDecisions(None)
         >>> decisions.taken()
         >>> decisions.state_dict()
-        {'steps': 1, 'skipped': 0}
+        {'steps': 1, 'skipped': 0, 'streak': 0, 'startup': [0, -1, True]}
     """
 
     def __init__(self, readback: Readback | None) -> None:
@@ -66,11 +66,31 @@ class ScalerDecisions:
         if self.readback is not None and self.steps % self.readback.every == 0:
             self.readback.run(amp, self.skips)
 
-    def state_dict(self) -> dict[str, int]:
-        """The counts a checkpoint keeps: ``steps`` and ``skipped``."""
-        return {"steps": self.steps, "skipped": self.skips.total}
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the counts (``steps``, ``skipped``, the skips in a row and
+        in the start-up burst) and, with a read-back, where its watch counts from, against
+        which prediction, and whether it warned: a resumed run goes on as the run it resumes,
+        not as a run starting at step 0 against the search's first prediction."""
+        skips = self.skips
+        state: dict[str, Any] = {
+            "steps": self.steps,
+            "skipped": skips.total,
+            "streak": skips.streak,
+            "startup": [skips.startup, skips.startup_last, skips.startup_open],
+        }
+        if self.readback is not None:
+            state["readback"] = self.readback.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Count on from a checkpoint's counts (what :meth:`state_dict` returned)."""
+        """Count on from a checkpoint's counts (what :meth:`state_dict` returned; one saved
+        before the streak and the read-back were kept restores the counts alone)."""
         self.steps = int(state["steps"])
-        self.skips.restore(int(state["skipped"]), steps=self.steps)
+        self.skips.restore(
+            int(state["skipped"]),
+            steps=self.steps,
+            streak=int(state.get("streak", 0)),
+            startup=state.get("startup"),
+        )
+        if self.readback is not None and state.get("readback") is not None:
+            self.readback.load_state_dict(state["readback"])

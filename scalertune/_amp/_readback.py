@@ -3,7 +3,9 @@ fused optimizer's skip flags), then the guard, the watch and the in-run check lo
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from scalertune import _policy
@@ -37,6 +39,29 @@ class Readback:
         if prediction is not None:
             self.watch = Watch(prediction, check_every=self.every)
         self._since, self._warned = (steps, skipped), False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the watch counts from, against which prediction, and whether it warned (and
+        the check was asked to look before the guard): plain data for a checkpoint."""
+        prediction = self.watch.prediction if self.watch is not None else None
+        return {
+            "since": list(self._since),
+            "warned": self._warned,
+            "rescued": self._rescued,
+            "prediction": None if prediction is None else dataclasses.asdict(prediction),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go on from what :meth:`state_dict` saved: a watch rebased on the in-run check's
+        knobs watches against their prediction again, from where they were set."""
+        steps, skipped = state["since"]
+        self._since = (int(steps), int(skipped))
+        self._warned, self._rescued = bool(state["warned"]), bool(state["rescued"])
+        saved = state.get("prediction")
+        if saved is not None and self._since[0] > 0:  # rebased: the knobs' own prediction
+            prediction = ScalerPrediction(**saved)
+            if self.watch is None or prediction != self.watch.prediction:
+                self.watch = Watch(prediction, check_every=self.every)
 
     def _tripped(self, scale: float, streak: int) -> bool:
         guard = self.guard

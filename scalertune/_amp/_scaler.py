@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -305,12 +306,25 @@ class Skips:
         self.bad_loss = False
         self.restore(0, steps=0)
 
-    def restore(self, skipped: int, *, steps: int) -> None:
-        """Start from ``skipped`` skips after ``steps`` steps (a checkpoint's counts)."""
-        self._host, self.streak, self._pending = skipped, 0, []
-        self.startup, self.startup_last, self._startup_open = 0, -1, steps == 0
+    def restore(
+        self, skipped: int, *, steps: int, streak: int = 0, startup: Sequence[Any] | None = None
+    ) -> None:
+        """Start from ``skipped`` skips after ``steps`` steps, ``streak`` of them in a row,
+        and the start-up burst as ``startup`` (its skips, its last step, whether it is still
+        open) left it (a checkpoint's counts)."""
+        self._host, self.streak, self._pending = skipped, streak, []
+        if startup is None:
+            self.startup, self.startup_last, self._startup_open = 0, -1, steps == 0
+        else:
+            count, last, still = startup
+            self.startup, self.startup_last, self._startup_open = int(count), int(last), bool(still)
         if self._on_device is not None:
             self._on_device.zero_()
+
+    @property
+    def startup_open(self) -> bool:
+        """Whether the start-up burst may still grow (its next skip within ``STARTUP_GAP``)."""
+        return self._startup_open
 
     @property
     def total(self) -> int:

@@ -28,7 +28,7 @@ most ``KEPT_CHECKS``, thinned evenly beyond), every action too, and both go into
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -62,6 +62,16 @@ class Lookout:
         self.healthy: float | None = None  # the scale at the last read of finite losses
         #: The step the guard would have stopped the run at, while the check looks first.
         self._rescue_at: int | None = None
+
+    def state(self) -> list[Any]:
+        """What a checkpoint keeps: a request not yet taken, and the guard's step."""
+        return [self.requested, self._asked, self._rescue_at]
+
+    def restore(self, state: Sequence[Any] | None) -> None:
+        if state is not None:
+            requested, asked, rescue_at = state
+            self.requested, self._asked = bool(requested), bool(asked)
+            self._rescue_at = None if rescue_at is None else int(rescue_at)
 
     def take(self) -> bool:
         """Whether this step's forward is looked at (a request is taken once)."""
@@ -255,6 +265,9 @@ class InRunCheck:
             "window": [c.to_list() for c in self._window],
             "actions": self.actions.to_list(),
             "healthy": self._lookout.healthy,
+            # a forward asked for (after a non-finite loss, or before the guard stops the
+            # run) is still looked at after a resume
+            "lookout": self._lookout.state(),
             # a run resumed in the middle of recording its gradients goes on, and chooses
             "recording": self._knobs.state(),
         }
@@ -264,6 +277,7 @@ class InRunCheck:
         self._window = [Check(int(s), float(o), float(f)) for s, o, f in state.get("window", [])]
         self.actions.done = [Action.from_dict(a) for a in state.get("actions", [])]
         self._lookout.healthy = state.get("healthy")
+        self._lookout.restore(state.get("lookout"))
         self._knobs.restore(state.get("recording"))
 
     def report(self, amp: AmpRuntime) -> str:

@@ -614,3 +614,58 @@ def test_clipping_takes_a_param_group_added_later_and_a_new_optimizer_alike():
         optimizer = torch.optim.SGD(second, lr=0.0)
         assert norm_after_step(optimizer, second) <= 1e-3 * 1.001
     assert amp.skipped_steps == 0
+
+
+def test_a_run_resumed_after_the_checks_knobs_watches_as_the_run_it_resumes():
+    """The in-run check changed the scaler's knobs (and gave the watch their prediction): a
+    run resumed from a checkpoint after that goes on from there, as the uninterrupted run
+    does, and takes no action that run did not."""
+    import copy
+
+    from scalertune import Guard
+    from scalertune._amp._watch import ScalerPrediction, Watch
+
+    predicted = ScalerPrediction(
+        horizon=200, skipped_steps=0, min_scale=2.0**14, final_scale=2.0**14
+    )
+
+    def runtime():
+        return AmpRuntime(
+            AmpConfig(init_scale=2.0**14),
+            device="cpu",
+            check=InRunCheck(scalertune.CheckPolicy(), prediction=predicted),
+            watch=Watch(predicted, check_every=10),
+            guard=Guard(check_every=10),
+        )
+
+    def model_and_optimizer(state=None):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+        if state is not None:
+            model.load_state_dict(state[0])
+            optimizer.load_state_dict(state[1])
+        return model, optimizer
+
+    torch.manual_seed(1)
+    batch = (torch.randn(32, 6), 3e2 * torch.randn(32, 1))  # gradients far past the prediction
+    model, optimizer = model_and_optimizer()
+    amp = runtime()
+    model = amp.prepare(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(300):
+            amp.train_step(model, optimizer, nn.functional.mse_loss, batch)
+        saved = copy.deepcopy((model.state_dict(), optimizer.state_dict(), amp.state_dict()))
+        for _ in range(300):
+            amp.train_step(model, optimizer, nn.functional.mse_loss, batch)
+        model2, optimizer2 = model_and_optimizer(saved)
+        resumed = runtime()
+        model2 = resumed.prepare(model2)
+        resumed.load_state_dict(saved[2])
+        for _ in range(300):
+            resumed.train_step(model2, optimizer2, nn.functional.mse_loss, batch)
+    ran = [(a.step, a.kind) for a in amp.check.actions.done]
+    assert ran and ran[0][1] == "knobs"
+    assert [(a.step, a.kind) for a in resumed.check.actions.done] == ran
+    assert resumed.readback.watch.prediction == amp.readback.watch.prediction != predicted
