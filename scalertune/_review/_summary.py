@@ -115,7 +115,7 @@ def _head(result: Findings) -> list[str]:
                 f"fewer steps by less than {100 * result.spread:.2g}% of the horizon "
                 f"({result.spread * result.horizon:.0f} steps) is a tie"
                 if result.long
-                else f"fewer steps by less than {100 * result.spread:.2g}% is a tie"
+                else f"up to {100 * result.spread:.2g}% more steps is a tie"
             )
         )
         curves = [r.losses for _, r in sorted(result.references.items())]
