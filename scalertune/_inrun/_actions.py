@@ -15,10 +15,10 @@ from scalertune._amp._runtime import AmpRuntime
 from scalertune._amp._watch import ScalerPrediction
 from scalertune._inrun._culprits import ISLAND_CLOSES, island_for, overflow_islands
 from scalertune._inrun._float8_layers import LAYER_ERROR
-from scalertune._inrun._gap import Check, Gap
+from scalertune._inrun._gap import Check, Gap, relative
 from scalertune._inrun._knobs import Knobs
 from scalertune._inrun._lines import LOGGER, Action, heading, say, scale_text, stop
-from scalertune._inrun._passes import Passes, over_ranks, ratio
+from scalertune._inrun._passes import Passes, over_ranks
 
 
 class Actions:
@@ -175,7 +175,7 @@ def float8_moved(
     for move in moves:
         config = _moved(amp.config, move)
         (ours,) = over_ranks([float(passes.under(config))], amp.device)
-        with_it = ratio(ours, check.float32)
+        with_it = relative(ours, check.float32)
         words = f"float8's {move} recipe" if move != BFLOAT16 else "bfloat16, out of float8"
         tried.append(f"{words} {with_it:.3g}x")
         if with_it <= 1 + ISLAND_CLOSES:

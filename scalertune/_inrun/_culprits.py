@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from scalertune import _policy
 from scalertune._amp._runtime import AmpRuntime
-from scalertune._inrun._gap import Check
-from scalertune._inrun._passes import Passes, over_ranks, ratio
+from scalertune._inrun._gap import Check, relative
+from scalertune._inrun._passes import Passes, over_ranks
 
 #: The island candidates a check tries, largest outputs first: the search's late-phase check
 #: found the module at fault among its 3 largest every time; a few more cost a forward each,
@@ -46,7 +46,7 @@ def island_for(amp: AmpRuntime, passes: Passes, check: Check) -> tuple[str, floa
     best: tuple[str, float] | None = None
     for name in order[:ISLAND_CANDIDATES]:
         (ours,) = over_ranks([float(passes.islanded([name]))], amp.device)
-        with_it = ratio(ours, check.float32)
+        with_it = relative(ours, check.float32)
         if best is None or with_it < best[1]:
             best = (name, with_it)
         if with_it <= 1 + ISLAND_CLOSES:

@@ -22,6 +22,23 @@ from collections.abc import Sequence
 from scalertune import _policy
 
 
+def relative(ours: float, float32: float) -> float:
+    """A loss ``ours`` over float32's, as every rule reads it (the in-run check, its islands,
+    the horizon's phases, the search's island choice): 1 plus the excess as a share of
+    float32's size, so that a loss that may be negative (a Gaussian negative log-likelihood)
+    reads above 1 when it is worse; ``ours / float32`` for a positive float32 loss. ``inf``
+    where ``ours`` is not finite, or float32's is 0 and ``ours`` is not.
+
+    >>> relative(3.0, 2.0), relative(-1.0, -2.0), relative(-3.0, -2.0)
+    (1.5, 1.5, 0.5)
+    """
+    if not math.isfinite(ours):
+        return math.inf
+    if float32 == 0:
+        return 1.0 if ours == 0 else math.inf
+    return 1 + (ours - float32) / abs(float32)
+
+
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One check: the step, the mixed-precision loss and float32's at the same weights."""
@@ -32,11 +49,7 @@ class Check:
 
     @property
     def ratio(self) -> float:
-        if not math.isfinite(self.ours):
-            return math.inf
-        if self.float32 == 0:
-            return 1.0 if self.ours == 0 else math.inf
-        return self.ours / self.float32
+        return relative(self.ours, self.float32)
 
     def to_list(self) -> list[float]:
         return [self.step, self.ours, self.float32]
@@ -90,7 +103,7 @@ def judge(checks: Sequence[Check]) -> Gap | None:
     diffs = [c.ours - c.float32 for c in pairs]
     excess = math.fsum(diffs) / n
     # the excess over float32's loss, as a share of its size (a loss may be negative)
-    return Gap(ratio=1 + excess / abs(reference), z=z_score(diffs, excess), checks=len(pairs))
+    return Gap(ratio=relative(reference + excess, reference), z=z_score(diffs, excess), checks=n)
 
 
 def z_score(samples: Sequence[float], mean: float) -> float:

@@ -20,7 +20,6 @@ takes the same decision at the same step.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -283,12 +282,3 @@ def _floats(obj: Any) -> Iterator[torch.Tensor]:
 
 def _all_finite(obj: Any) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in _floats(obj))
-
-
-def ratio(ours: float, float32: float) -> float:
-    """``ours`` over ``float32`` (``inf`` when ours is not finite, 1 when both are 0)."""
-    if not math.isfinite(ours):
-        return math.inf
-    if float32 == 0:
-        return 1.0 if ours == 0 else math.inf
-    return ours / float32

@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from scalertune import _policy
-from scalertune._inrun._gap import falls_behind, z_score
+from scalertune._inrun._gap import falls_behind, relative, z_score
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,7 @@ def judge_phase(
     return PhaseResult(
         start,
         end,
-        ratio=(mean_ref + excess) / mean_ref if mean_ref else 1.0,
+        ratio=relative(mean_ref + excess, mean_ref),
         z=_z(diffs, excess),
         nonfinite=False,
     )

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from scalertune._amp._config import AmpConfig
+from scalertune._inrun._gap import relative
 from scalertune._run import _policy as _run_policy
 from scalertune._run._checkpoint import BatchCursor, load_checkpoint
 from scalertune._run._loop import step_function
@@ -40,7 +41,7 @@ def forward_ratio(
     checkpoint, at its weights (``inf`` when ``config``'s is not finite)."""
     ours = _mean_loss(factory, config, checkpoint, seed=seed, device=device)
     theirs = _mean_loss(factory, AmpConfig(dtype="float32"), checkpoint, seed=seed, device=device)
-    return ours / theirs if math.isfinite(ours) and theirs > 0 else math.inf
+    return relative(ours, theirs) if math.isfinite(theirs) else math.inf
 
 
 def _mean_loss(

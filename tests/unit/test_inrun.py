@@ -453,3 +453,19 @@ def test_a_scale_collapsed_by_a_burst_of_large_gradients_is_set_back_and_the_run
     assert len(lines) == 1 and "the gradients, not an activation, were too large" in lines[0]
     assert "set back to 2**16" in lines[0] and amp.steps == 300
     assert checked <= 1.10 * run(AmpRuntime(AmpConfig(dtype="float32"), device=CPU))
+
+
+def test_a_negative_loss_reads_the_same_to_the_check_its_islands_and_the_phases():
+    """A Gaussian negative log-likelihood may be below 0: a loss of -1 where float32's is -2
+    is worse (1.5x, beyond the rule), and reads so to every rule alike."""
+    from scalertune._inrun._gap import relative
+    from scalertune._judge._phases import judge_phase
+
+    ours = [-1.0 + 0.01 * (i % 3) for i in range(40)]
+    float32 = [-2.0 + 0.01 * (i % 2) for i in range(40)]
+    gap = judge([Check(i, o, f) for i, (o, f) in enumerate(zip(ours, float32))])
+    phase = judge_phase(ours, float32, start=0, pruned=False)
+    assert gap.ratio == pytest.approx(phase.ratio, rel=0.05) and gap.ratio > 1.4
+    assert gap.beyond(0.25) and phase.behind
+    assert relative(-1.0, -2.0) == 1.5 and relative(-3.0, -2.0) == 0.5  # better: under 1
+    assert Check(0, -1.0, -2.0).ratio == 1.5
