@@ -105,13 +105,20 @@ class Lookout:
         return healthy, collapsed
 
 
-def thinned(checks: list[Check]) -> list[Check]:
-    """``checks``, or past ``KEPT_CHECKS`` the older ones thinned evenly (the recent quarter
-    kept whole)."""
+def thinned(checks: list[Check], every: int) -> list[Check]:
+    """``checks``, or past ``KEPT_CHECKS`` the older ones thinned evenly over the run (the
+    recent quarter kept whole): those on a grid of every ``2**k``-th check (of a run that
+    checks every ``every`` steps), ``k`` as small as leaves room for as many again. The grid
+    only coarsens, so that where the gap opened stays in the record however long the run."""
     if len(checks) <= KEPT_CHECKS:
         return checks
     recent = KEPT_CHECKS // 4
-    return checks[:-recent][::2] + checks[-recent:]
+    older, kept = checks[:-recent], checks[:-recent]
+    stride = 1
+    while len(kept) > (KEPT_CHECKS - recent) // 2 and stride < 2**40:
+        stride *= 2
+        kept = [c for c in older if (c.step // max(every, 1)) % stride == 0]
+    return kept + checks[-recent:]
 
 
 def log_check(check: Check) -> None:
@@ -237,7 +244,7 @@ class InRunCheck:
         self.checks.append(check)
         self._window.append(check)
         del self._window[: -self.policy.window]
-        self.checks = thinned(self.checks)
+        self.checks = thinned(self.checks, self._every)
         log_check(check)
 
     def _publish(self, amp: AmpRuntime) -> None:

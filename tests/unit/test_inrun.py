@@ -469,3 +469,21 @@ def test_a_negative_loss_reads_the_same_to_the_check_its_islands_and_the_phases(
     assert gap.beyond(0.25) and phase.behind
     assert relative(-1.0, -2.0) == 1.5 and relative(-3.0, -2.0) == 0.5  # better: under 1
     assert Check(0, -1.0, -2.0).ratio == 1.5
+
+
+def test_a_long_runs_record_keeps_its_checks_evenly_over_the_run():
+    """5,000 checks (a run of 500,000 steps checked every 100): the record keeps at most
+    ``KEPT_CHECKS``, as many from the run's first thousand checks as from its third, so that
+    where the gap opened is still in the study's record and in ``amp.report()``."""
+    from scalertune._inrun._checker import thinned
+    from scalertune._inrun._run_record import KEPT_CHECKS
+
+    checks = []
+    for i in range(5000):
+        checks.append(Check(i * 100, 1.0, 1.0))
+        checks = thinned(checks, 100)
+        assert len(checks) <= KEPT_CHECKS
+    steps = [c.step for c in checks]
+    first, third = (sum(a * 100_000 <= s < (a + 1) * 100_000 for s in steps) for a in (0, 2))
+    assert first >= 20 and 0.66 < first / third < 1.5, (first, third)
+    assert steps[0] == 0 and steps[-1] == 499_900
