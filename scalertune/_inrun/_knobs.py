@@ -71,6 +71,8 @@ class GradientTrace:
     def __init__(self, steps: int = TRACE_STEPS) -> None:
         self.steps = steps
         self.recorded = 0
+        #: The step the last entry is of (``scaler.step`` runs once per optimizer).
+        self._step: int | None = None
         self._amax: list[torch.Tensor] = []
         self._skipped: list[torch.Tensor] = []
 
@@ -110,8 +112,15 @@ class GradientTrace:
         if self._amax and self._amax[-1].device != peak.device:  # restored from a checkpoint
             self._amax = [a.to(peak.device) for a in self._amax]
             self._skipped = [s.to(peak.device) for s in self._skipped]
-        self._amax.append(torch.where(finite, peak, THRESHOLD / scale))
-        self._skipped.append(finite.logical_not())
+        amax, skipped = torch.where(finite, peak, THRESHOLD / scale), finite.logical_not()
+        if self._step == amp.steps and self._amax:  # another optimizer of the same step:
+            # one entry a step, its largest gradient of all (GradScaler skips the whole step)
+            self._amax[-1] = torch.maximum(self._amax[-1], amax)
+            self._skipped[-1] = self._skipped[-1] | skipped
+            return
+        self._step = amp.steps
+        self._amax.append(amax)
+        self._skipped.append(skipped)
         self.recorded += 1
         if len(self._amax) > self.steps:
             del self._amax[0], self._skipped[0]

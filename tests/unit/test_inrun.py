@@ -487,3 +487,31 @@ def test_a_long_runs_record_keeps_its_checks_evenly_over_the_run():
     first, third = (sum(a * 100_000 <= s < (a + 1) * 100_000 for s in steps) for a in (0, 2))
     assert first >= 20 and 0.66 < first / third < 1.5, (first, third)
     assert steps[0] == 0 and steps[-1] == 499_900
+
+
+def test_the_knobs_trace_takes_one_entry_a_step_with_two_optimizers():
+    """``scaler.step`` runs once per optimizer: the trace the knobs are replayed over holds one
+    entry per step, the largest gradient of both, as GradScaler decides the step on all."""
+    from scalertune._inrun._knobs import GradientTrace
+
+    torch.manual_seed(0)
+    first, second = nn.Linear(4, 4), nn.Linear(4, 1)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.0) for m in (first, second)]
+    amp = AmpRuntime(AmpConfig(init_scale=8.0), device="cpu")
+    trace = GradientTrace(steps=10)
+    for step in range(3):
+        for o in optimizers:
+            o.zero_grad(set_to_none=True)
+        x = torch.randn(8, 4)
+        loss = amp.loss(lambda x=x: second(first(x) * (step + 1)).square().mean())
+        amp.backward(loss)
+        scale = amp.scaler.get_scale()
+        largest = max(
+            float(p.grad.abs().max()) / scale for m in (first, second) for p in m.parameters()
+        )
+        for o in optimizers:
+            trace.record(amp, o)
+            amp.scaler.step(o)
+        amp.scaler.update()  # the runtime counts the step here
+        assert amp.steps == step + 1 and trace.recorded == step + 1
+        assert trace.read()[-1] == pytest.approx(largest, rel=1e-6)
