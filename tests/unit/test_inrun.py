@@ -503,7 +503,7 @@ def test_the_knobs_trace_takes_one_entry_a_step_with_two_optimizers():
         for o in optimizers:
             o.zero_grad(set_to_none=True)
         x = torch.randn(8, 4)
-        loss = amp.loss(lambda x=x: second(first(x) * (step + 1)).square().mean())
+        loss = amp.loss(lambda x=x, k=step + 1: second(first(x) * k).square().mean())
         amp.backward(loss)
         scale = amp.scaler.get_scale()
         largest = max(
