@@ -43,7 +43,9 @@ class AmpRuntime:
     ``step`` clips (if asked) and steps.
 
     The runtime adds no host sync to GradScaler's one per step (it must know whether to call
-    ``optimizer.step``), and counts skipped steps from that decision
+    ``optimizer.step``; a fused optimizer, which GradScaler hands the verdict on the device,
+    makes none, and then asking whether :meth:`step` stepped reads it, one transfer, only
+    when asked), and counts skipped steps from that decision
     (:class:`~scalertune._amp._decisions.ScalerDecisions`). What scales the loss is a
     :class:`~scalertune._amp._scaling.LossScaler` it owns (a bound engine's scaler, or its
     GradScaler), and its forward side a :class:`~scalertune._amp._autocast.Forward`. A
