@@ -30,6 +30,18 @@ def shown(value: Any) -> str:
     return text
 
 
+def shown_type(value: Any) -> str:
+    """``value``'s type with its article, as a sentence names it.
+
+    >>> shown_type(3), shown_type([]), shown_type(None)
+    ('an int', 'a list', 'None')
+    """
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def cut(text: str, most: int) -> str:
     """``text`` up to ``most`` characters, its cut marked with ``...``: the rest of a value or
     of a library's message is no use in a one-line error.

@@ -156,7 +156,7 @@ def _check_search(args: argparse.Namespace) -> str:
     SearchSpace.load(args.space)  # read again by the search; here it is refused before torch
     from scalertune._workload._loader import default_study_name
 
-    study_name = args.study_name or default_study_name(args.factory)
+    study_name = default_study_name(args.factory) if args.study_name is None else args.study_name
     _check_study_name(study_name)
     output = args.output or _default_output(study_name)
     factory_file = args.factory.rpartition(":")[0]

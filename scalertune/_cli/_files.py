@@ -36,6 +36,11 @@ def _remove_if_unused(storage: str, new_files: list[str]) -> None:
 def _check_study_name(name: str) -> None:
     from scalertune._storage._optuna import max_study_name_length
 
+    if not name.strip() or name.strip(".") == "":
+        raise UsageError(
+            f"--study-name {name!r} names nothing (the default YAML is named after the study, "
+            "and would be hidden or have no name): pass a name, or leave the flag out"
+        )
     longest = max_study_name_length()
     if len(name) > longest:
         raise UsageError(

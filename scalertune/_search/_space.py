@@ -263,6 +263,12 @@ class SearchSpace:
             >>> SearchSpace.load("default").with_islands("lm_head").fixed_islands
             ('lm_head',)
         """
+        parsed = parse_islands(names)
+        if not parsed:
+            raise UsageError(
+                f"--fp32-modules {names!r} names no module: give module names or patterns, "
+                "comma-separated, or leave the flag out"
+            )
         return SearchSpace.from_dict(
             {**self.params, "fp32_modules": names},
             name=f"{self.name}+fp32:{names}",

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from scalertune._errors import UsageError
+from scalertune._text import shown_type
 from scalertune._workload._rng import kept_rng
 
 StepFn = Callable[[torch.nn.Module, Any, Any], torch.Tensor]
@@ -97,7 +98,7 @@ def from_result(result: Any) -> Workload:
         return result
     if not isinstance(result, Mapping):
         raise UsageError(
-            f"the factory returned a {type(result).__name__}: return a scalertune.Workload "
+            f"the factory returned {shown_type(result)}: return a scalertune.Workload "
             f"or a dict with keys {', '.join(_FIELDS)}"
         )
     unknown = sorted(set(result) - set(_FIELDS))

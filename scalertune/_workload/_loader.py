@@ -104,6 +104,11 @@ def _is_path(module_part: str) -> bool:
 
 
 def _check_file(path: str) -> None:
+    if os.path.isdir(path):
+        raise UsageError(
+            f"{path} is a folder: give the path to the Python file holding the factory "
+            "(model.py:make_model)"
+        )
     if not os.path.isfile(path):
         folder = os.path.dirname(path) or "."
         files = (

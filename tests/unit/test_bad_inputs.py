@@ -389,6 +389,9 @@ SEARCH = [
     ),
     Case("unknown device", ["--device", "tpu"], r"unknown device 'tpu'"),
     Case("missing float32 island", ["--fp32-modules", "nosuch"], r"fp32_modules names 'nosuch'"),
+    Case("float32 islands of no name", ["--fp32-modules", ","], r"--fp32-modules ',' names no"),
+    Case("study name of dots", ["--study-name", ".."], r"--study-name '\.\.' names nothing"),
+    Case("study name empty", ["--study-name", ""], r"--study-name '' names nothing"),
 ]
 
 DIAGNOSE = [
@@ -898,3 +901,14 @@ def test_os_exit_is_raised_in_this_process_only_and_only_while_user_code_runs():
             os._exit(7)
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
     assert os._exit is real
+
+
+def test_a_folder_given_as_the_factorys_file_is_one_line(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    ran = run_cli("search", "./pkg:make_model", "--device", "cpu", cwd=tmp_path)
+    assert ran.returncode == 2 and ran.stdout == "", ran.stderr
+    assert ran.stderr.strip().endswith(
+        "./pkg is a folder: give the path to the Python file holding the factory "
+        "(model.py:make_model)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
