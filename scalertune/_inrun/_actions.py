@@ -56,8 +56,11 @@ class Actions:
 
     def tolerance(self) -> float:
         """The gap the checks allow: the policy's ``tolerance``, or after an island for the
-        precision, the share of float32's loss that island claimed to bring the batch within."""
-        return ISLAND_CLOSES if self.islanded() else self.policy.tolerance
+        precision, the share of float32's loss that island claimed to bring the batch within
+        (a policy stricter than that stays as strict)."""
+        if self.islanded():
+            return min(ISLAND_CLOSES, self.policy.tolerance)
+        return self.policy.tolerance
 
     def float32(self, amp: AmpRuntime, line: str) -> None:
         amp.reconfigure(AmpConfig(dtype="float32", clip_norm=amp.config.clip_norm))

@@ -515,3 +515,14 @@ def test_the_knobs_trace_takes_one_entry_a_step_with_two_optimizers():
         amp.scaler.update()  # the runtime counts the step here
         assert amp.steps == step + 1 and trace.recorded == step + 1
         assert trace.read()[-1] == pytest.approx(largest, rel=1e-6)
+
+
+def test_after_an_island_the_check_allows_what_the_island_claimed_or_a_stricter_policys_gap():
+    from scalertune._inrun._actions import ISLAND_CLOSES, Actions
+    from scalertune._inrun._lines import Action
+
+    for tolerance, after in [(0.25, ISLAND_CLOSES), (0.01, 0.01)]:
+        actions = Actions(scalertune.CheckPolicy(tolerance=tolerance))
+        assert actions.tolerance() == tolerance
+        actions.done.append(Action(step=100, kind="island", line="keeping '2' in float32"))
+        assert actions.tolerance() == after
