@@ -303,7 +303,9 @@ def scale_set_back(
 
 def scaler_drifted(actions: Actions, amp: AmpRuntime, knobs: Knobs, drift: str) -> None:
     """The scaler left its prediction (``drift``): the knobs the replay of the run's own
-    gradients chose, set in place."""
+    gradients chose, set in place; where they are the run's own and restarting the scale
+    does no better than the scale now, nothing changes (said in the log, not as an action)
+    and the watch follows the replay from here."""
     old = amp.config
     changed = [
         f"{label} {getattr(knobs.config, k):g} (was {getattr(old, k):g})"
@@ -314,6 +316,24 @@ def scaler_drifted(actions: Actions, amp: AmpRuntime, knobs: Knobs, drift: str) 
         )
         if getattr(knobs.config, k) != getattr(old, k)
     ]
+    as_good = knobs.skipped >= knobs.own_skipped and round(knobs.own_headroom) >= round(
+        knobs.headroom
+    )
+    if not changed and as_good:  # the run's own knobs do as well from where the scale is
+        LOGGER.info(
+            "%s: the loss scaler left the search's prediction (%s); replayed over the run's "
+            "own last %d steps of gradients, its knobs from the scale now do as well as any "
+            "(skip %d, %.1f powers of two under the overflow limit): kept, and watched "
+            "against that replay from here",
+            heading(amp.steps),
+            drift,
+            knobs.steps,
+            knobs.own_skipped,
+            knobs.own_headroom,
+        )
+        if amp.readback is not None:
+            amp.readback.rebase(knobs.prediction, steps=amp.steps, skipped=amp.skipped_steps)
+        return
     amp.reconfigure(knobs.config, scale=knobs.scale)
     actions.acted(
         amp,
@@ -325,7 +345,8 @@ def scaler_drifted(actions: Actions, amp: AmpRuntime, knobs: Knobs, drift: str) 
         + f" skips {knobs.skipped} of them, {knobs.headroom:.1f} powers of two under the "
         f"overflow limit, where its knobs from the scale now skip {knobs.own_skipped}, "
         f"{knobs.own_headroom:.1f} under: set in place",
-        prediction=ScalerPrediction(
+        prediction=knobs.prediction
+        or ScalerPrediction(
             horizon=knobs.steps,
             skipped_steps=knobs.skipped,
             min_scale=max(knobs.min_scale, 2.0**-126),

@@ -28,6 +28,7 @@ from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._amp._scaler import grads_unscaled
+from scalertune._amp._watch import ScalerPrediction
 from scalertune._inrun._lines import LOGGER, heading
 from scalertune._replay._gradscaler import THRESHOLD, limits, replay
 
@@ -47,6 +48,11 @@ SETTLE_LIMIT = 5
 
 #: The growth intervals tried, besides the run's own.
 GROWTH_INTERVALS = (50, 100, 200, 500, 1000, 2000)
+
+#: The watch's prediction for the chosen knobs replays the trace this many times over: a
+#: short growth interval that skips nothing in one trace's 100 steps grows into an overflow
+#: every few intervals after, which is the scaler's steady state, not a drift.
+PREDICTED_TRACES = 10
 
 #: Scales to restart from: the highest power of two under the trace's smallest overflow
 #: limit, and this many halvings below it (a margin for gradients a little larger than the
@@ -211,6 +217,9 @@ class Knobs:
     min_scale: float
     final_scale: float
     steps: int
+    #: What the chosen knobs do over the trace replayed ``PREDICTED_TRACES`` times: the
+    #: prediction the watch follows from the restart on.
+    prediction: ScalerPrediction | None = None
 
 
 def choose_knobs(amax: np.ndarray, config: AmpConfig, scale_now: float) -> Knobs:
@@ -229,6 +238,7 @@ def choose_knobs(amax: np.ndarray, config: AmpConfig, scale_now: float) -> Knobs
             _changed(item[0], config),
         ),
     )
+    steady = replay(np.tile(amax, PREDICTED_TRACES), chosen, lag=False)
     return Knobs(
         config=dataclasses.replace(
             config,
@@ -237,6 +247,12 @@ def choose_knobs(amax: np.ndarray, config: AmpConfig, scale_now: float) -> Knobs
             backoff_factor=chosen.backoff_factor,
         ),
         scale=chosen.init_scale,
+        prediction=ScalerPrediction(
+            horizon=len(amax) * PREDICTED_TRACES,
+            skipped_steps=len(steady.skipped),
+            min_scale=max(steady.min_scale, 2.0**-126),
+            final_scale=max(steady.final_scale, 2.0**-126),
+        ),
         skipped=skipped,
         own_skipped=own[0],
         headroom=headroom,
