@@ -13,7 +13,8 @@ refused. What is relied on:
 - ``Module._forward_pre_hooks`` (torch keeps no public list of a module's hooks);
 - ``torch._foreach_norm``: the largest magnitude of many tensors in one kernel;
 - ``torch._C._current_graph_task_id``: whether the autograd engine is running a backward
-  now (a forward run then is activation checkpointing's recompute).
+  now (a forward run then is activation checkpointing's recompute);
+- ``torch._dynamo``, imported once by the process server before it forks.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ MODULE_NAMES = ("_forward_pre_hooks",)
 TORCH_NAMES = ("_foreach_norm",)
 #: torch._C's functions called.
 TORCH_C_NAMES = ("_current_graph_task_id",)
+#: torch's private modules a process server imports before it forks (every optimizer's
+#: constructor imports the compiler stack: once there, not once per run).
+PRELOADED_MODULES = ("torch._dynamo",)
 
 
 def live_scale(scaler: torch.amp.GradScaler) -> torch.Tensor | None:

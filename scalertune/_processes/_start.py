@@ -17,6 +17,8 @@ import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from scalertune._amp._torch_private import PRELOADED_MODULES
+
 #: How this package starts processes: ``forkserver`` where the platform has it, else
 #: ``spawn`` (``benchmarks/launch_cost.py`` sets it to compare the two).
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
@@ -25,7 +27,7 @@ START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_met
 #: modules: torch (with the compiler stack that every optimizer's constructor imports) and
 #: a process's life. Never the user's code, which each process imports from its spec, nor
 #: anything that starts CUDA.
-PRELOAD = ("torch", "torch._dynamo", "scalertune._processes._child", "scalertune._run._ranks")
+PRELOAD = ("torch", *PRELOADED_MODULES, "scalertune._processes._child", "scalertune._run._ranks")
 
 
 def context(preload: Sequence[str]) -> Any:

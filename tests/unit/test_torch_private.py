@@ -141,3 +141,33 @@ def test_in_backward_is_true_only_while_the_engine_runs_a_backward():
 
     Look.apply(torch.ones(2, requires_grad=True)).sum().backward()
     assert seen == [False, True] and not fence.in_backward()
+
+
+@pytest.mark.parametrize("name", fence.PRELOADED_MODULES)
+def test_each_private_module_the_fence_preloads_imports(name):
+    import importlib
+
+    assert importlib.import_module(name) is not None
+
+
+def test_no_module_of_the_package_but_the_fence_names_a_private_part_of_torch():
+    """``torch._x`` in code, as an attribute or a module's name (not in a comment or a
+    docstring): only ``_torch_private.py`` may."""
+    import pathlib
+    import tokenize
+
+    package = pathlib.Path(fence.__file__).parents[1]
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "_torch_private.py":
+            continue
+        with open(path, "rb") as f:
+            tokens = [t for t in tokenize.tokenize(f.readline) if t.type != tokenize.NL]
+        for before, a, dot, b in zip(tokens, tokens[1:], tokens[2:], tokens[3:]):
+            where = f"{path.relative_to(package)}:{a.start[0]}"
+            if a.string == "torch" and dot.string == "." and b.string.startswith("_"):
+                found.append(f"{where} torch.{b.string}")
+            docstring = before.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.ENCODING)
+            if a.type == tokenize.STRING and not docstring and "torch._" in a.string:
+                found.append(f"{where} {a.string[:40]}")
+    assert found == []
