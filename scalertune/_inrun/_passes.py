@@ -28,7 +28,7 @@ import torch
 from scalertune._amp import _float8
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._islands import make_island, unwrapped
-from scalertune._amp._modules import match_modules
+from scalertune._amp._modules import kept_in_float32
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._inrun._float8_layers import LayerCast, layer_casts, record_inputs
@@ -176,10 +176,8 @@ class Passes:
         """The modules the run keeps in float32 already: those its islands name or match
         (a parent's name, a glob) and every module inside one, which no float8 or autocast
         reaches: none is a culprit, and none a new island."""
-        names = self.module_names()
         entries = self.amp.config.fp32_modules
-        kept = set(match_modules(entries, names)) if entries else set()
-        return {n for n in names if any(n == k or n.startswith(k + ".") for k in kept)}
+        return {n for n in self.module_names() if kept_in_float32(n, entries)}
 
     def whole(self, name: str) -> bool:
         """Whether module ``name`` holds every parameter of its model: an island of it is the

@@ -82,6 +82,8 @@ def _model(text):
 
 
 _POSITIVE = "--{} must be a positive finite number"
+#: A result file's init_scale that is no number, or none GradScaler's float32 scale holds.
+_NOT_A_SCALE = r"init_scale must be a number, finite and at least 2\*\*-126"
 #: A loss scale GradScaler's float32 scale tensor holds as a normal number.
 _SCALE = r"--init-scale must be a finite number >= 1\.17549e-38"
 _EXITS_ON_IMPORT = "import sys\nsys.exit(3)\n"
@@ -239,7 +241,7 @@ SEARCH = [
     Case(
         "space fixed value 1e39",
         ["--space", "space.yaml"],
-        r"init_scale must be a number, finite and at least 2\*\*-126",
+        _NOT_A_SCALE,
         {"space.yaml": "init_scale: 1.0e+39\n"},
     ),
     Case(
@@ -440,7 +442,7 @@ EXPORT = [
     Case(
         "init_scale a string",
         ["--to", "torch"],
-        r"init_scale must be a number, finite and at least 2\*\*-126",
+        _NOT_A_SCALE,
         {"r.yaml": _result(init_scale="'4096'")},
     ),
     Case(
@@ -635,17 +637,17 @@ LOAD = [
     (
         "init_scale 1e39",
         _result(init_scale="1.0e+39"),
-        r"init_scale must be a number, finite and at least 2\*\*-126",
+        _NOT_A_SCALE,
     ),
     (
         "init_scale a string",
         _result(init_scale="'4096'"),
-        r"init_scale must be a number, finite and at least 2\*\*-126",
+        _NOT_A_SCALE,
     ),
     (
         "init_scale true",
         _result(init_scale="true"),
-        r"init_scale must be a number, finite and at least 2\*\*-126",
+        _NOT_A_SCALE,
     ),
     ("growth_interval .nan", _result(growth_interval=".nan"), r"\.nan is not a finite number"),
     ("growth_interval 2.5", _result(growth_interval="2.5"), r"growth_interval must be an integer"),
