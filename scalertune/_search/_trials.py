@@ -56,7 +56,7 @@ from scalertune._storage._names import (
 from scalertune._storage._optuna import fixed_params, set_system_attr, storage_of, trial_id
 from scalertune._storage._outage import outage_behind, storage_error
 from scalertune._storage._recovery import retry, survive_lost_trial, take
-from scalertune._storage._trial_record import Job, Marks, role_of
+from scalertune._storage._trial_record import Job, Marks, Retry, role_of
 from scalertune._workload._loader import FactoryError
 
 #: A failed run's error as the dashboard shows it (its first line, cut to this length); the
@@ -64,6 +64,8 @@ from scalertune._workload._loader import FactoryError
 _ERROR_CHARS = 300
 #: Trial states that hold a run: queued, running or finished (not failed).
 LIVE = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
+#: A trial asked for and not yet ended: one with no role yet is a sampled one.
+_UNSTARTED = (TrialState.WAITING, TrialState.RUNNING)
 
 
 class TrialFailed(Exception):
@@ -98,7 +100,11 @@ class TrialRunner:
         take(trial)
         role = role_of(trial)
         trials = self.view.trials()
-        if role is None and _surplus(self.view, trials, trial.number, self.setup.n_trials):
+        if (
+            role is None
+            and not _a_retry(trials, trial.number)
+            and _surplus(self.view, trials, trial.number, self.setup.n_trials)
+        ):
             Job(role=ROLE_SURPLUS).write(trial)
             Marks(
                 error="not run: another worker took the study's last trial slot at the same moment"
@@ -319,18 +325,25 @@ def _finished_twin(
 def counted_search_trials(trials: list[FrozenTrial], marks: Callable[[FrozenTrial], Marks]) -> int:
     """Sampled trials that use up the budget: trained, running or queued, or failed on an
     error of their own (a config can fail: it was tried). Not those lost with a worker, whose
-    retries count instead, nor reused duplicates. A just-asked trial has no role yet; count
-    it too. ``marks`` reads a trial's marks (``StudyView.marks``: a finished trial's kept)."""
+    retries count instead, nor reused duplicates. A just-asked trial has no role yet, nor the
+    retry of one whose worker died before writing its role; count them too. ``marks`` reads a
+    trial's marks (``StudyView.marks``: a finished trial's kept)."""
     count = 0
     for t in trials:
         role, noted = role_of(t), marks(t)
         if (
             (t.state in LIVE or noted.error is not None)
             and noted.duplicate_of is None
-            and (role == ROLE_SEARCH or (role is None and t.state == TrialState.RUNNING))
+            and (role == ROLE_SEARCH or (role is None and t.state in _UNSTARTED))
         ):
             count += 1
     return count
+
+
+def _a_retry(trials: list[FrozenTrial], number: int) -> bool:
+    """Whether trial ``number`` retries a failed one: a sampled config queued again, counted
+    in the budget while it waited, never surplus."""
+    return any(t.number == number and Retry.sound(t).failed_trial is not None for t in trials)
 
 
 def _surplus(view: StudyView, trials: list[FrozenTrial], number: int, n_trials: int) -> bool:

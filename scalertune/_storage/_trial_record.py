@@ -103,6 +103,17 @@ class Job(_UserRecord):
             for name, value in _set_fields(self)
         }
 
+    def write(self, trial: Any) -> None:
+        """Store the fields that are set on the running ``trial``, its role last: each is a
+        write of its own, and a worker killed between them leaves a trial whose role, where
+        it has one, comes with the whole job (a queued trial is made with all of it at once)."""
+        attrs = self.attrs()
+        role = attrs.pop("role", None)
+        for name, value in attrs.items():
+            trial.set_user_attr(name, value)
+        if role is not None:
+            trial.set_user_attr("role", role)
+
     @classmethod
     def read(cls, attrs: Mapping[str, Any], where: str = "a trial") -> Job:
         """The job stored in ``attrs``, its values checked (:meth:`_UserRecord.read`), its

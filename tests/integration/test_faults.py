@@ -16,6 +16,7 @@ hunt raises both (``benchmarks/soak.py``).
 """
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -593,6 +594,71 @@ def test_a_surplus_trial_left_running_by_a_dead_worker_is_failed_not_queued_agai
     recover(study, lines.append)
     assert [t.state for t in study.trials] == [TrialState.FAIL]
     assert lines[0].endswith("which is gone: marked failed"), lines
+
+
+class _KilledAfter:
+    """A running trial whose worker is killed after ``writes`` of its attributes: every
+    later write is lost."""
+
+    def __init__(self, trial, writes):
+        self.trial, self.left = trial, writes
+
+    def set_user_attr(self, key, value):
+        if self.left == 0:
+            raise KeyboardInterrupt  # the kill: nothing after it is written
+        self.left -= 1
+        self.trial.set_user_attr(key, value)
+
+
+def test_a_sampled_trials_role_is_stored_with_its_whole_job_wherever_its_worker_dies(tmp_path):
+    """A sampled trial's job is three writes (config, seed, role): a worker killed between
+    them leaves either no role, or a role with the config and seed the retry and the report
+    read (a kill between role and config once left a failed run of no config)."""
+    from scalertune._amp._config import AmpConfig
+    from scalertune._storage._trial_record import Job
+
+    job = Job(role="search", config=AmpConfig(dtype="bfloat16"), seed=0)
+    study = _journal_study(tmp_path)
+    for writes in range(len(job.attrs()) + 1):
+        trial = study.ask()
+        with contextlib.suppress(KeyboardInterrupt):
+            job.write(_KilledAfter(trial, writes))
+        stored = study.get_trials(deepcopy=False)[trial.number].user_attrs
+        assert "role" not in stored or Job.read(stored) == job, (writes, stored)
+    assert Job.read(stored) == job
+
+
+def test_the_retry_of_a_sampled_trial_killed_before_its_role_counts_and_is_never_surplus(
+    tmp_path,
+):
+    """A worker killed before its sampled trial's role leaves a failed trial of no role and a
+    queued copy of none either: the copy counts in the budget while it waits (another
+    worker would sample one config too many), and when it runs it is the run it copies,
+    never a surplus trial dropped."""
+    from scalertune._judge._view import StudyView
+    from scalertune._search._trials import _a_retry, _surplus, counted_search_trials
+    from scalertune._storage._recovery import recover
+    from scalertune._storage._trial_record import Marks
+
+    study = _journal_study(tmp_path)
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.COMPLETE,
+            value=1.0,
+            params={"x": 0.25},
+            distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
+            user_attrs={"role": "search", "seed": 0, "config": {"dtype": "float16"}},
+        )
+    )
+    _left_running_by_a_dead_worker(study, seed=0, config={"dtype": "bfloat16"})
+    recover(study, lambda line: None)
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING]
+    assert "role" not in trials[2].user_attrs and trials[2].params == {"x": 0.5}
+    assert counted_search_trials(trials, Marks.sound) == 2
+    view = StudyView(study)
+    assert _surplus(view, trials, 3, n_trials=2)  # a trial asked next is over the budget
+    assert _a_retry(trials, 2) and not _a_retry(trials, 0)
 
 
 def test_a_trial_taken_by_a_worker_that_died_before_naming_itself_is_recovered(

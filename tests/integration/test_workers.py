@@ -148,6 +148,7 @@ def _check_nothing_lost(url, killed_number, cwd):
     ]
     assert len(retries) == 1, table
     assert retries[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert retries[0].params == killed.params
     assert retries[0].user_attrs["config"] == killed.user_attrs["config"]
     roles = collections.Counter(
         t.user_attrs["role"]
