@@ -3,6 +3,7 @@ import dataclasses
 import functools
 import io
 import os
+import signal
 import subprocess
 import sys
 
@@ -30,6 +31,18 @@ def _share_the_cores():
 
 
 _share_the_cores()
+
+
+def _ctrl_c_reaches_the_processes():
+    """The tests press Ctrl-C (SIGINT) on the processes they start. A suite started in the
+    background of a shell (``pytest &``, ``nohup``) inherits SIGINT ignored, and so would
+    every process it starts: those tests would fail on the launch, not on the code. A
+    handler here is reset to the default in each process started (an ignored signal is not)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_ctrl_c_reaches_the_processes()
 
 
 #: What a DeepSpeed engine (and a Trainer made with ``deepspeed=``) sets in the environment:
