@@ -204,8 +204,9 @@ def float8_class() -> type[Any]:
             layer elsewhere."""
 
             def forward(self, input: torch.Tensor) -> torch.Tensor:
-                settings = _active()
-                if not _plain_here():  # (the check's float32 pass and islands run plain)
+                settings = None  # the check's float32 pass and islands run plain
+                if not _plain_here():  # (what _active() reads, with its test made once)
+                    settings = getattr(_STATE, "active", None)
                     if in_backward():
                         # activation checkpointing recomputes this forward in the backward,
                         # after the runtime's forward ended: as it ran, or the gradients differ

@@ -345,11 +345,5 @@ def scaler_drifted(actions: Actions, amp: AmpRuntime, knobs: Knobs, drift: str) 
         + f" skips {knobs.skipped} of them, {knobs.headroom:.1f} powers of two under the "
         f"overflow limit, where its knobs from the scale now skip {knobs.own_skipped}, "
         f"{knobs.own_headroom:.1f} under: set in place",
-        prediction=knobs.prediction
-        or ScalerPrediction(
-            horizon=knobs.steps,
-            skipped_steps=knobs.skipped,
-            min_scale=max(knobs.min_scale, 2.0**-126),
-            final_scale=max(knobs.final_scale, 2.0**-126),
-        ),
+        prediction=knobs.prediction,
     )

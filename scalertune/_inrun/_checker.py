@@ -113,7 +113,7 @@ def thinned(checks: list[Check], every: int) -> list[Check]:
     if len(checks) <= KEPT_CHECKS:
         return checks
     recent = KEPT_CHECKS // 4
-    older, kept = checks[:-recent], checks[:-recent]
+    older = kept = checks[:-recent]
     stride = 1
     while len(kept) > (KEPT_CHECKS - recent) // 2 and stride < 2**40:
         stride *= 2

@@ -30,6 +30,7 @@ from scalertune._amp._runtime import AmpRuntime
 from scalertune._amp._scaler import grads_unscaled
 from scalertune._amp._watch import ScalerPrediction
 from scalertune._inrun._lines import LOGGER, heading
+from scalertune._limits import FLOAT32_TINY
 from scalertune._replay._gradscaler import THRESHOLD, limits, replay
 
 #: Steps of gradients recorded before the knobs are chosen: one check interval's worth, so
@@ -214,12 +215,10 @@ class Knobs:
     #: Mean log2 of the overflow limit over the scale: how far under the limit it stays.
     headroom: float
     own_headroom: float
-    min_scale: float
-    final_scale: float
     steps: int
     #: What the chosen knobs do over the trace replayed ``PREDICTED_TRACES`` times: the
     #: prediction the watch follows from the restart on.
-    prediction: ScalerPrediction | None = None
+    prediction: ScalerPrediction
 
 
 def choose_knobs(amax: np.ndarray, config: AmpConfig, scale_now: float) -> Knobs:
@@ -230,7 +229,7 @@ def choose_knobs(amax: np.ndarray, config: AmpConfig, scale_now: float) -> Knobs
     restarts = [top / 2.0**k for k in range(RESTART_MARGINS + 1)]
     own = _score(amax, limit, dataclasses.replace(config, init_scale=scale_now))
     scored = [(c, _score(amax, limit, c)) for c in _grid(config, restarts)]
-    chosen, (skipped, headroom, low, final) = min(
+    chosen, (skipped, headroom) = min(
         scored,
         key=lambda item: (
             max(item[1][0], _policy.SKIP_TOLERANCE_STEPS),  # within the replay's error: a tie
@@ -250,15 +249,13 @@ def choose_knobs(amax: np.ndarray, config: AmpConfig, scale_now: float) -> Knobs
         prediction=ScalerPrediction(
             horizon=len(amax) * PREDICTED_TRACES,
             skipped_steps=len(steady.skipped),
-            min_scale=max(steady.min_scale, 2.0**-126),
-            final_scale=max(steady.final_scale, 2.0**-126),
+            min_scale=max(steady.min_scale, FLOAT32_TINY),
+            final_scale=max(steady.final_scale, FLOAT32_TINY),
         ),
         skipped=skipped,
         own_skipped=own[0],
         headroom=headroom,
         own_headroom=own[1],
-        min_scale=low,
-        final_scale=final,
         steps=len(amax),
     )
 
@@ -278,11 +275,9 @@ def _grid(config: AmpConfig, restarts: list[float]) -> list[AmpConfig]:
     ]
 
 
-def _score(
-    amax: np.ndarray, limit: np.ndarray, config: AmpConfig
-) -> tuple[int, float, float, float]:
-    """Skipped steps, mean headroom (log2 of limit over scale, on the steps taken), the lowest
-    and the last scale of ``config`` over the trace."""
+def _score(amax: np.ndarray, limit: np.ndarray, config: AmpConfig) -> tuple[int, float]:
+    """Skipped steps and mean headroom (log2 of limit over scale, on the steps taken) of
+    ``config`` over the trace."""
     run = replay(amax, config, per_step=True, lag=False)
     scales = run.scales if run.scales is not None else np.full(len(limit), config.init_scale)
     usable = np.isfinite(limit)
@@ -292,7 +287,7 @@ def _score(
         if usable.any()
         else 0.0
     )
-    return len(run.skipped), headroom, run.min_scale, run.final_scale
+    return len(run.skipped), headroom
 
 
 #: The knobs the grid changes (the scale is set where it restarts).
