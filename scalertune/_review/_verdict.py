@@ -12,11 +12,15 @@ the best AMP config that held is still carried (``evidence.best_amp``), to use o
 
 from __future__ import annotations
 
+import math
+
 from scalertune._judge._findings import Findings, speedup
 from scalertune._judge._horizon import fewer_steps
 from scalertune._judge._outcome import Outcome
+from scalertune._judge._pruned import pruned_by_kind
 from scalertune._judge._speedup import CPU_SLOWER, emulated
 from scalertune._review._describe import describe_outcome, why_not
+from scalertune._run._record import PRUNE_KINDS
 from scalertune._text import plural
 
 
@@ -113,7 +117,7 @@ def covers(result: Findings) -> str:
         f"{plural(len(runs), 'run')} stopped at "
         f"{'step' if len(runs) == 1 else 'steps'} {', '.join(map(str, steps))} on "
         f"{'seed' if len(runs) == 1 else 'seeds'} {', '.join(str(o.seed) for o in runs)}, "
-        "after reaching the target"
+        f"{_why_stopped(runs)}"
     )
     # the shortest run's own seed: its float32 reference is the one it was judged against
     seed = runs[steps.index(shortest)].seed
@@ -125,6 +129,18 @@ def covers(result: Findings) -> str:
             f"; float32's loss on seed {seed} (where the run stopped first) fell {fell:.1%} "
             f"further by step {len(curve)}"
         )
+    return said
+
+
+def _why_stopped(runs: list[Outcome]) -> str:
+    """Why the runs ``covers`` names stopped before the horizon: after reaching the target (a
+    search's answer always did), or, for a run chosen by hand, where it was pruned."""
+    if all(o.reached for o in runs):
+        return "after reaching the target"
+    kinds = sorted({PRUNE_KINDS.get(str(o.prune_kind), "pruned") for o in runs if o.prune_kind})
+    said = f"pruned ({', '.join(kinds)})" if kinds else "stopped early"
+    if all(o.steps_to_target is None for o in runs):
+        said += " without reaching the target"
     return said
 
 
@@ -146,7 +162,7 @@ def _no_amp(result: Findings) -> str:
             "'Failed'), which says nothing of the configs: fix what they raised and rerun"
         )
     if not result.pool:
-        return "no AMP config reached the float32 target without going non-finite"
+        return "no AMP config reached the float32 target: " + _none_reached(judged)
     failed = [f for f in result.finalists + result.islands if result.holds(f) is False]
     if result.long and failed and not any(result.holds(c) for c in result.pool):
         per_dtype: dict[str, str] = {}
@@ -158,6 +174,32 @@ def _no_amp(result: Findings) -> str:
     return "no AMP config stayed finite and reached the target on every confirmation seed" + (
         " and held for the horizon" if result.long else ""
     )
+
+
+def _none_reached(judged: list[Outcome]) -> str:
+    """What the AMP runs did instead of reaching the target: how many were pruned, for what,
+    and how close the runs that trained on ended, from the runs themselves."""
+    runs = [o for o in judged if not o.reused]
+    said = []
+    pruned = pruned_by_kind(runs)
+    if len(pruned) == 1:
+        said.append(f"{sum(pruned.values())} pruned ({PRUNE_KINDS.get(*pruned, *pruned)})")
+    elif pruned:
+        kinds = ", ".join(f"{n} {PRUNE_KINDS.get(k, k)}" for k, n in sorted(pruned.items()))
+        said.append(f"{sum(pruned.values())} pruned ({kinds})")
+    trained = [o for o in runs if o.state != "pruned"]
+    if trained:
+        closest = min(trained, key=lambda o: o.figures.loss_vs_float32 or math.inf)
+        ratio, at = closest.figures.loss_vs_float32, closest.figures.loss_vs_float32_step
+        near = (
+            f" (the closest, {closest.label}, at {ratio:.3g}x float32's loss at step {at})"
+            if ratio is not None
+            else ""
+        )
+        said.append(f"{len(trained)} trained on without reaching it{near}")
+    if not said:
+        return "no AMP run finished"
+    return f"of {plural(len(runs), 'AMP run')}, " + " and ".join(said)
 
 
 def _clipping_clause(result: Findings) -> str:

@@ -51,6 +51,8 @@ def test_forward_overflow_is_pruned_with_a_reason_that_says_forward(storage):
     assert result.pruned_by_kind == {"forward": len(float16_runs)}
     assert result.recommended is None and result.config.dtype == "float32"
     assert "keep training in float32" in result.verdict
+    n = len(float16_runs)
+    assert f"of {n} AMP runs, {n} pruned (forward overflow)" in result.verdict
     # the replay models the gradients, not the forward: no scaler advice drawn from it (a
     # new user's summary said "PyTorch's defaults: skips no step ... keep them" beside a
     # table of runs that all overflowed), and no runs it was checked on

@@ -9,6 +9,7 @@ had a version (a 40-step search of ``tests/workloads.py:healthy``, and one of
 (``study_v1.NAME.json``, ``study_v1.NAME.summary.txt``).
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -256,3 +257,64 @@ def test_report_with_an_artifact_dir_it_cannot_write_leaves_the_studys_store_as_
         "report", "--storage", V1_JOURNAL, "--study-name", "short", "-o", "y.yaml", cwd=v1
     )
     assert ran.returncode == 0, ran.stderr
+
+
+def _short_findings(v1):
+    from scalertune._review._analyze import analyze
+
+    study = optuna.load_study(study_name="short", storage=open_storage(str(v1 / V1_JOURNAL)))
+    return analyze(study)
+
+
+def test_a_run_chosen_by_hand_that_was_pruned_is_not_said_to_have_reached_the_target(v1):
+    """``report --trial N`` on a run pruned as slower: the evidence it covers stops where it
+    was pruned, not "after reaching the target" (a new user's YAML said both)."""
+    from scalertune._review._verdict import covers
+
+    found = _short_findings(v1)
+    chosen = found.best_amp
+    pruned = dataclasses.replace(
+        chosen,
+        state="pruned",
+        prune_kind="slower",
+        figures=dataclasses.replace(chosen.figures, steps_to_target=None, steps_run=30),
+    )
+    said = covers(dataclasses.replace(found, best_amp=pruned, confirmations={}, by_hand=True))
+    assert "stopped at step 30 on seed 0, pruned (slower than the best) without reaching" in said
+    assert "after reaching the target" not in said
+    reached = dataclasses.replace(
+        chosen, figures=dataclasses.replace(chosen.figures, steps_to_target=25, steps_run=30)
+    )
+    said = covers(dataclasses.replace(found, best_amp=reached, confirmations={}))
+    assert "stopped at step 30 on seed 0, after reaching the target" in said
+
+
+def test_no_amp_verdict_says_what_the_amp_runs_did_not_that_they_went_non_finite(v1):
+    """Where no AMP run reached the target, the verdict counts what was pruned and for what,
+    and how close the runs that trained on ended: a new user's float8 study, where nothing went
+    non-finite, read "no AMP config reached the float32 target without going non-finite"."""
+    from scalertune._review._verdict import verdict
+
+    found = _short_findings(v1)
+    amp = [o for o in found.ranking if o.config.dtype != "float32"]
+    never, far = (
+        dataclasses.replace(
+            o,
+            figures=dataclasses.replace(
+                o.figures, steps_to_target=None, loss_vs_float32=ratio, loss_vs_float32_step=40
+            ),
+        )
+        for o, ratio in zip(amp[:2], (750.0, 9080.0), strict=True)
+    )
+    pruned = [dataclasses.replace(o, state="pruned", prune_kind="float8") for o in amp[2:]]
+    ranking = [o for o in found.ranking if o.config.dtype == "float32"] + [never, far, *pruned]
+    nothing = dataclasses.replace(
+        found, ranking=ranking, pool=[], candidates=[], best_amp=None, recommended=None
+    )
+    said = verdict(nothing)
+    assert "non-finite" not in said
+    assert (
+        f"no AMP config reached the float32 target: of {len(amp)} AMP runs, {len(pruned)} "
+        f"pruned (float8 loses a layer) and 2 trained on without reaching it (the closest, "
+        f"{never.label}, at 750x float32's loss at step 40)"
+    ) in said
