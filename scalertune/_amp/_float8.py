@@ -21,7 +21,8 @@ still holds them. It computes in float8 only inside a float8 runtime's forward
   under another runtime on the same model (the step timing interleaves dtypes on one model).
 
 Layers whose sizes are not multiples of 16 are left out (float8 matmul kernels need them),
-and said once.
+and said once; so are matmul layers of another class than ``torch.nn.Linear`` (transformers'
+``Conv1D`` in GPT-2), which torchao does not convert.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from scalertune._amp import _torchao_private as torchao
 from scalertune._amp._islands import in_island, unwrapped
 from scalertune._amp._torch_private import in_backward
 from scalertune._amp._watch import caller_stacklevel
+from scalertune._text import plural
 
 #: float8 matmuls (``torch._scaled_mm``) need both sizes of a weight to be multiples of this.
 FLOAT8_MULTIPLE = 16
@@ -128,11 +130,14 @@ def convert(model: torch.nn.Module, config: Any, *, device: torch.device) -> lis
     settings = linear_settings(config, device=device)
     inner = unwrapped(model)
     out = left_out(inner)
+    others = not_linear(inner)
     for name, module in list(inner.named_modules()):
         if type(module) is torch.nn.Linear and name not in out:
             _replace(inner, name, cls.from_float(module, config=settings))
     if out:
         _say_once(left_out_line(out))
+    if others:
+        _say_once(not_linear_line(others))
     return out
 
 
@@ -151,6 +156,38 @@ def left_out_line(names: list[str] | tuple[str, ...]) -> str:
     return (
         f"float8: {', '.join(names)} left out of float8 (sizes not multiples of "
         f"{FLOAT8_MULTIPLE}, which float8 matmuls need); "
+        f"{'they run' if len(names) > 1 else 'it runs'} in the precision around float8"
+    )
+
+
+def not_linear(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """The matmul layers of ``model`` that float8 does not convert, each with its class: a
+    weight of two dimensions in a class other than ``torch.nn.Linear`` (transformers'
+    ``Conv1D``, GPT-2's projections; a subclass of Linear), where torchao converts
+    ``torch.nn.Linear`` alone."""
+    made = _CLASSES.get("_Float8")
+    found = []
+    for name, module in unwrapped(model).named_modules():
+        weight = getattr(module, "weight", None)
+        if type(module) is torch.nn.Linear or not isinstance(weight, torch.Tensor):
+            continue
+        if weight.dim() != 2:  # a convolution's, an embedding's is a lookup
+            continue
+        if made is not None and isinstance(module, made):
+            continue
+        if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":
+            found.append((name, type(module).__name__))
+    return found
+
+
+def not_linear_line(layers: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
+    """The one line that says which matmul layers float8 does not convert for their class."""
+    names = [name for name, _ in layers]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    classes = ", ".join(sorted({cls for _, cls in layers}))
+    return (
+        f"float8: {plural(len(names), 'matmul layer')} of class {classes} ({shown}) left out "
+        "of float8: torchao converts torch.nn.Linear alone; "
         f"{'they run' if len(names) > 1 else 'it runs'} in the precision around float8"
     )
 
@@ -177,8 +214,8 @@ def _replace(root: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
 
 
 class Float8LeftOut(UserWarning):
-    """The Linear layers float8 leaves out for their sizes (said once per process; a search
-    says it itself, before its runs)."""
+    """The Linear layers float8 leaves out for their sizes, and the matmul layers it leaves
+    out for their class (said once per process; a search says it itself, before its runs)."""
 
 
 _SAID: set[str] = set()

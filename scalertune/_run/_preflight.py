@@ -10,7 +10,7 @@ import torch
 
 from scalertune._amp._config import AmpConfig
 from scalertune._amp._fingerprint import fingerprint
-from scalertune._amp._float8 import left_out
+from scalertune._amp._float8 import left_out, not_linear
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._inrun._float8_layers import LayerCast, layer_casts, record_inputs
@@ -59,6 +59,9 @@ class Checked:
     #: The Linear layers float8 leaves out for their sizes (``_amp._float8.left_out``), where
     #: the space searches float8.
     float8_left_out: tuple[str, ...] = ()
+    #: The matmul layers float8 leaves out for their class, each with it
+    #: (``_amp._float8.not_linear``), where the space searches float8.
+    float8_not_linear: tuple[tuple[str, str], ...] = ()
     #: What each of the space's float8 recipes costs each Linear layer on the first batch.
     float8_casts: tuple[LayerCast, ...] = ()
     #: How many Linear layers float8 takes ran in the first step (where the space tries it).
@@ -116,6 +119,7 @@ def preflight(
         deepspeed=engine_facts(workload),
         model=fingerprint(workload.model),
         float8_left_out=tuple(left_out(workload.model)) if float8_recipes else (),
+        float8_not_linear=tuple(not_linear(workload.model)) if float8_recipes else (),
         float8_layers=len(recorded),
         float8_casts=tuple(
             c

@@ -14,7 +14,7 @@ from scalertune import _limits, _policy
 from scalertune._amp import _float8, _torchao_private
 from scalertune._amp._config import FLOAT8_KNOBS, AmpConfig
 from scalertune._amp._device import resolve_device
-from scalertune._amp._float8 import left_out_line
+from scalertune._amp._float8 import left_out_line, not_linear_line
 from scalertune._errors import ParameterError, UsageError
 from scalertune._inrun._float8_layers import LayerCast, island_candidates, iter_lines, spoiling
 from scalertune._judge._settings import StudySettings
@@ -167,7 +167,9 @@ def _float8_takes(space: SearchSpace, checked: Any) -> None:
 
 def _float8_notes(checked: Any) -> tuple[str, ...]:
     """The lines a float8 search says first: the layers left out, and what float8 spoils."""
-    left_out = (left_out_line(checked.float8_left_out),) if checked.float8_left_out else ()
+    left_out = [left_out_line(checked.float8_left_out)] if checked.float8_left_out else []
+    if checked.float8_not_linear:
+        left_out.append(not_linear_line(checked.float8_not_linear))
     casts = list(checked.float8_casts)
     spoiled = list(iter_lines(casts))
     if casts and not spoiled:  # said too: the layers were looked at, and none is spoiled

@@ -369,3 +369,62 @@ def test_a_float8_search_of_a_model_float8_takes_no_layer_of_is_refused_in_one_l
     with pytest.raises(scalertune.UsageError, match="no Linear layer of the model takes float8"):
         scalertune.search(_no_float8_layer, space="float8", storage=storage, device="cpu")
     assert not (tmp_path / "study.db").exists()
+
+
+class _TinyGPT2(nn.Module):
+    """Hugging Face's GPT-2 (from its config class, nothing downloaded): its attention and MLP
+    are transformers' ``Conv1D``, only its ``lm_head`` a Linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32,
+            bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+        self.gpt = GPT2LMHeadModel(config)
+
+    def forward(self, ids):
+        return self.gpt(ids).logits.flatten(0, 1)
+
+
+def _gpt2_workload():
+    model = _TinyGPT2()
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 128, (4, 2, 17), generator=generator)
+    return {
+        "model": model,
+        "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-3),
+        "loss_fn": nn.functional.cross_entropy,
+        "batches": [(batch[:, :-1], batch[:, 1:].flatten()) for batch in ids],
+    }
+
+
+def test_matmul_layers_torchao_does_not_convert_for_their_class_are_said_in_one_line():
+    """A new user's GPT-2 under ``attach`` trained its lm_head alone in float8, and nothing
+    said so: the Conv1D layers are named, once, by the runtime and before a search's runs."""
+    pytest.importorskip("transformers")
+    from scalertune._run._preflight import preflight
+    from scalertune._search._setup import _float8_notes
+
+    _float8._SAID.clear()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model = AmpRuntime(AmpConfig(dtype="float8"), device="cpu").prepare(_TinyGPT2())
+        AmpRuntime(AmpConfig(dtype="float8"), device="cpu").prepare(_TinyGPT2())  # said once
+    lines = [str(w.message) for w in said if str(w.message).startswith("float8:")]
+    line = (
+        "float8: 8 matmul layers of class Conv1D (gpt.transformer.h.0.attn.c_attn, "
+        "gpt.transformer.h.0.attn.c_proj, gpt.transformer.h.0.mlp.c_fc and 5 more) left out of "
+        "float8: torchao converts torch.nn.Linear alone; they run in the precision around float8"
+    )
+    assert lines == [line]
+    assert [n for n, m in model.named_modules() if isinstance(m, _float8.float8_class())] == [
+        "gpt.lm_head"
+    ]
+    checked = preflight(
+        _gpt2_workload, device=torch.device("cpu"), seed=0, float8_recipes=("rowwise",)
+    )
+    assert len(checked.float8_not_linear) == 8
+    assert line in _float8_notes(checked)
