@@ -19,6 +19,7 @@ from scalertune._amp._scaler import DeviceStep
 from scalertune._amp._scaling import LossScaler
 from scalertune._amp._step_hooks import StepHooks
 from scalertune._amp._watch import Watch
+from scalertune._errors import UsageError
 
 
 class AmpRuntime:
@@ -72,7 +73,9 @@ class AmpRuntime:
 
     Raises:
         UsageError: ``device`` is unknown or names a CUDA device this machine does not
-            have.
+            have; ``config`` is no :class:`~scalertune.AmpConfig`, or ``guard``, ``watch`` or
+            ``check`` none of the runtime's parts (``check=False`` is
+            :func:`scalertune.load`'s).
 
     Example:
         >>> import torch, scalertune
@@ -95,6 +98,7 @@ class AmpRuntime:
         check: RunCheck | None = None,
         model_check: Callable[[torch.nn.Module], None] | None = None,
     ) -> None:
+        _refuse_wrong_types(config, guard=guard, watch=watch, check=check)
         self.config = config
         self.guard = guard if config.uses_scaler else None
         self.watch = watch if config.uses_scaler else None
@@ -565,3 +569,29 @@ class AmpRuntime:
             64.0
         """
         self._scaling.load(state)
+
+
+def _refuse_wrong_types(config: Any, *, guard: Any, watch: Any, check: Any) -> None:
+    """Refuse, in one line, what is not the runtime's own parts (a YAML's path where the
+    config goes, ``check=False`` where :func:`scalertune.load` takes it), before a step
+    would fail on it with a traceback."""
+    if not isinstance(config, AmpConfig):
+        raise UsageError(
+            f"AmpRuntime takes an AmpConfig, not {type(config).__name__}: for a result YAML "
+            "use scalertune.load(path)"
+        )
+    if guard is not None and not isinstance(guard, Guard):
+        raise UsageError(
+            f"guard must be a scalertune.Guard or None, not {type(guard).__name__}: "
+            "scalertune.load(path, guard=False) leaves the YAML's guard out"
+        )
+    if watch is not None and not isinstance(watch, Watch):
+        raise UsageError(
+            f"watch must be a watch scalertune.load builds, or None, not {type(watch).__name__}"
+        )
+    if check is not None and not all(hasattr(check, name) for name in ("due", "run", "policy")):
+        raise UsageError(
+            f"check must be an in-run check scalertune.load builds, or None, not "
+            f"{type(check).__name__}: scalertune.load(path, check=...) takes False, 'act', "
+            "'warn', 'stop' or a CheckPolicy"
+        )

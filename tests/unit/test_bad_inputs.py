@@ -741,6 +741,25 @@ def test_load_refuses_a_missing_result_file(tmp_path, path, message):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize(
+    "config, kwargs, message",
+    [
+        ("amp.yaml", {}, r"^AmpRuntime takes an AmpConfig, not str: .*scalertune.load\(path\)"),
+        (None, {"check": False}, r"^check must be an in-run check .* takes False, 'act'"),
+        (None, {"check": "act"}, r"^check must be an in-run check scalertune.load builds"),
+        (None, {"guard": True}, r"^guard must be a scalertune.Guard or None, not bool"),
+        (None, {"watch": 1}, r"^watch must be a watch scalertune.load builds, or None"),
+    ],
+)
+def test_the_runtime_refuses_what_is_not_its_parts_before_a_step(config, kwargs, message):
+    """``AmpRuntime(config, check=False)`` (``load``'s argument) built a runtime whose first
+    step died in an AttributeError; each is one line, at once."""
+    config = scalertune.AmpConfig(dtype="bfloat16") if config is None else config
+    with pytest.raises(scalertune.UsageError, match=message) as info:
+        scalertune.AmpRuntime(config, device="cpu", **kwargs)
+    assert len(str(info.value).splitlines()) == 1
+
+
 def test_the_search_api_refuses_bad_numbers_before_anything_runs(tmp_path):
     for kwargs, message in [
         ({"seed": -1}, "^seed must be"),
