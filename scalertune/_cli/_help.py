@@ -40,9 +40,11 @@ DeepSpeed's own engine, in the knobs of DeepSpeed's loss scaler, against DeepSpe
 
 Every study runs, once: a float32 reference (its final loss, within a small tolerance, is the
 target), PyTorch's defaults (float16, init_scale 65536, growth 2.0, backoff 0.5, interval
-2000, no clipping) and the same with init_scale 4096 (over a --horizon longer than a trial
-only PyTorch's defaults: the replay of the gradient trace says what other scaler settings
-would do there). Then N-TRIALS sampled configs. Trials that reach the target rank above
+2000, no clipping), the same with init_scale 4096 where the replay of float32's gradients
+tells the two apart (over a --horizon longer than a trial, PyTorch's defaults alone: the
+replay says what other scaler settings would do there), and torchao's default recipe
+(float8 tensorwise) where the space searches float8 (alone in a float8-only space). Then
+N-TRIALS sampled configs. Trials that reach the target rank above
 those that never do; among them the shortest time to target wins. The best few are rerun
 on seeds {seeds} (the next seed in place of the search's own --seed) and a config is
 recommended only if it stays finite and reaches the target on all of them.
@@ -60,7 +62,7 @@ examples:
       --study-name run1 --artifact-dir s3://amp-runs    # workers on several hosts
 
 output:
-  stdout  the summary table: float32, the two baselines, the best trials, pruned trials
+  stdout  the summary table: float32, the baselines, the best trials, pruned trials
           counted by reason, the recommendation and its verdict against float32
   stderr  one line per finished run (a progress bar on a terminal)
   FILE    the YAML of --output: `config` (what scalertune.load() uses) and `evidence`

@@ -81,6 +81,8 @@ def check_float8(space: str, key: str, spec: Any) -> None:
         raise UsageError(f"{where} takes only 'choices'")
     allowed = FLOAT8_CHOICES[key]
     if not isinstance(choices, list) or not choices or any(c not in allowed for c in choices):
+        wrong = [c for c in choices if c not in allowed] if isinstance(choices, list) else []
+        got = ", ".join(map(repr, wrong)) if wrong else repr(spec)
         raise UsageError(
-            f"{where} must be one of, or choices of, {', '.join(map(str, allowed))}; got {spec!r}"
+            f"{where} must be one of, or choices of, {', '.join(map(str, allowed))}; got {got}"
         )

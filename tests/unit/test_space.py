@@ -40,6 +40,10 @@ def test_a_space_file_loads_by_path(space_file):
         ("growth_interval: {low: 100, high: 10}", "low .100. is greater than high .10."),
         ("dtype: {choices: [float4]}", "unknown dtype 'float4'"),
         ("float8_recipe: {choices: [blockwise]}", "float8_recipe must be one of"),
+        (
+            "float8_recipe: {choices: [rowwise, rowwise_gw_hp]}",
+            r"float8_recipe must be one of, .*rowwise_with_gw_hp; got 'rowwise_gw_hp'$",
+        ),
         ("dtype: {choices: [float32]}", "unknown dtype 'float32'"),
         ("loss_scale: {low: 1, high: 2}", "unknown key.s. loss_scale"),
         ("init_scale: {low: 1, high: 2, scale: log}", "unknown key.s. scale"),
