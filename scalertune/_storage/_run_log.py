@@ -59,6 +59,8 @@ class RunLog:
     def __call__(self, record: RunRecord) -> None:
         if _rank() != 0:  # on N ranks the record is one run's: rank 0 writes it
             return
+        if not (record.steps or record.checks or record.actions):
+            return  # loaded, never trained: no run to show beside the search
         with self._lock:
             self._pending = dataclasses.replace(
                 record, host=self.host, started=self.started, yaml=self.yaml, device=self.device

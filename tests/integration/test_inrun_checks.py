@@ -106,6 +106,11 @@ def test_a_short_search_then_a_run_that_checks_itself(tmp_path):
     lines = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
     _met_in_float32(lines)
     amp.check.sink.close()
+    # a script that loads and prepares, and never trains, is no run (a new user's report
+    # listed one: "0 steps trained")
+    idle = scalertune.load(path, best_amp=True)
+    idle.prepare(late_workloads.readings_near_1000()["model"])
+    idle.check.sink.close()
     report = run_cli("report", "--study-name", "late_workloads:readings_near_1000", cwd=tmp_path)
     assert "Real runs that checked themselves against float32 (1):" in report.stdout
     assert all(line in report.stdout for line in lines)
