@@ -128,7 +128,16 @@ def load_config(path: str, *, best_amp: bool = False) -> AmpConfig:
         >>> scalertune.load_config(str(path)).describe()
         'float16 scale=4096 growth=2 backoff=0.5 every 2000, no clip'
     """
-    return AmpConfig.from_dict(_chosen(read_result(path), path, best_amp)["config"])
+    return config_in(_chosen(read_result(path), path, best_amp), path)
+
+
+def config_in(block: dict[str, Any], path: str) -> AmpConfig:
+    """The :class:`AmpConfig` of a result's block (the file, or its ``evidence.best_amp``),
+    a malformed one refused in one line that names the file."""
+    try:
+        return AmpConfig.from_dict(block["config"])
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
 
 
 def _chosen(data: dict[str, Any], path: str, best_amp: bool) -> dict[str, Any]:
@@ -191,7 +200,7 @@ def runtime_parts(
     searched = searched_model(data)
     return {
         "best_amp": best_amp_kind(data),
-        "config": AmpConfig.from_dict(chosen["config"]),
+        "config": config_in(chosen, path),
         "guard": _guard(chosen, path) if guard else None,
         "watch": Watch(predicted) if predicted is not None else None,
         # the model the file was searched on, checked when a model is prepared
@@ -219,6 +228,8 @@ def _guard(data: dict[str, Any], path: str) -> Guard | None:
             min_scale=float(block["min_scale"]),
             max_consecutive_skips=int(block["max_consecutive_skips"]),
         )
+    except UsageError as exc:  # a value out of its range, named by the guard
+        raise UsageError(f"{path}: {exc}") from None
     except (KeyError, TypeError, ValueError):
         raise UsageError(f"{path}: 'guard' needs min_scale and max_consecutive_skips") from None
 

@@ -383,7 +383,7 @@ def _islands_hooked(framework: str, config: AmpConfig) -> bool:
 def _read_source(source: Any, best_amp: bool) -> tuple[AmpConfig, Any]:
     """The config to export, and the evidence it came with (``None`` for a bare config);
     with ``best_amp``, the best AMP config's, and its own evidence block."""
-    from scalertune._amp._schema import best_amp_block, check_policy, read_result
+    from scalertune._amp._schema import best_amp_block, check_policy, config_in, read_result
     from scalertune._review._result import SearchResult
 
     if isinstance(source, AmpConfig):
@@ -401,17 +401,16 @@ def _read_source(source: Any, best_amp: bool) -> tuple[AmpConfig, Any]:
             "SearchResult or the path of a result YAML"
         )
     evidence = data.get("evidence")
+    where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "this search"
     if not best_amp:
-        return AmpConfig.from_dict(data["config"]), evidence
-    block = best_amp_block(
-        data, os.fspath(source) if isinstance(source, (str, os.PathLike)) else "this search"
-    )
+        return config_in(data, where), evidence
+    block = best_amp_block(data, where)
     said = {
         key: evidence.get(key)
         for key in ("deepspeed_prediction", "prediction", "deepspeed")
         if isinstance(evidence, Mapping)
     }
-    return AmpConfig.from_dict(block["config"]), {**block, **said}
+    return config_in(block, where), {**block, **said}
 
 
 #: The frameworks whose trainer ``scalertune.attach`` takes, and what it is called there.

@@ -731,6 +731,7 @@ def test_load_refuses_a_bad_result_file_in_one_line(tmp_path, label, text, messa
     with pytest.raises(scalertune.UsageError, match=message) as info:
         scalertune.load(str(tmp_path / "amp.yaml"), device="cpu")
     assert len(str(info.value).splitlines()) == 1
+    assert str(tmp_path / "amp.yaml") in str(info.value)  # which file, in a program of several
     assert _snapshot(tmp_path) == before
 
 
