@@ -258,14 +258,16 @@ def float8_class() -> type[Any]:
                     torchao.set_module_config(self, settings)
                 return super().forward(input)  # type: ignore[no-any-return]
 
+        # printed as what it is (``print(model)`` shows Float8Linear, as under torchao)
         _Float8.__module__ = __name__
-        _Float8.__qualname__ = _Float8.__name__ = "_Float8"
+        _Float8.__qualname__ = _Float8.__name__ = "Float8Linear"
         _CLASSES["_Float8"] = _Float8
     return _CLASSES["_Float8"]
 
 
 def __getattr__(name: str) -> Any:
-    """``_Float8`` by name, so that a pickled or deep-copied float8 model finds its class."""
-    if name == "_Float8":
+    """The float8 layer class by name, so that a pickled or deep-copied float8 model finds
+    it (``_Float8``: its name in models pickled by scalertune 0.5)."""
+    if name in ("Float8Linear", "_Float8"):
         return float8_class()
     raise AttributeError(name)

@@ -428,3 +428,19 @@ def test_matmul_layers_torchao_does_not_convert_for_their_class_are_said_in_one_
     )
     assert len(checked.float8_not_linear) == 8
     assert line in _float8_notes(checked)
+
+
+def test_a_float8_layer_prints_as_float8linear_and_a_saved_model_loads_back(tmp_path):
+    """``print(model)`` names the layers Float8Linear (a new user read ``_Float8`` where the
+    docs say Float8Linear); a whole model saved and loaded, or deep-copied, keeps them, and
+    the name models pickled before still finds the class."""
+    import copy
+
+    model = AmpRuntime(AmpConfig(dtype="float8"), device="cpu").prepare(_mlp())
+    assert str(model).count("Float8Linear(in_features=") == 2
+    torch.save(model, tmp_path / "model.pt")
+    for again in (torch.load(tmp_path / "model.pt", weights_only=False), copy.deepcopy(model)):
+        assert [type(m) for m in again] == [type(m) for m in model]
+        x = torch.randn(4, 32)
+        assert torch.equal(again(x), model(x))
+    assert _float8._Float8 is _float8.Float8Linear is _float8.float8_class()
