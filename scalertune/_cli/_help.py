@@ -18,10 +18,12 @@ exit status:
   0  the search (or report) finished
   1  the workload itself failed (the float32 reference, or every run alike)
   2  bad input: the message says what was wrong and what to do; nothing was written
-     (or a file could not be written: the message names it; nothing written before is lost)
+     (an output path that cannot be written, found before anything runs, is bad input)
   3  a fault outside the workload: the storage or the artifact store stayed unreachable
-     past the outage bound, or evidence stayed missing after its retries; nothing is
-     lost: rerun the same command once the storage is back, and the study resumes
+     past the outage bound, a storage or an output file that could not be written (a
+     full disk: the message names it; `report -o` writes the file again), or evidence
+     stayed missing after its retries; nothing is lost: rerun the same command once the
+     storage is back, and the study resumes
   130  interrupted (Ctrl-C or SIGTERM): finished trials are kept; rerun the same command
        to resume
 

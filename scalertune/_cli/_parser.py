@@ -280,7 +280,10 @@ def _diagnose(sub: Any) -> None:
         type=float,
         default=2.0**16,
         metavar="S",
-        help="loss scale of the float16 steps, a positive number (default: 65536, PyTorch's)",
+        help=(
+            "loss scale of the float16 steps, from float32's smallest normal (2**-126) up "
+            "(default: 65536, PyTorch's)"
+        ),
     )
     g.add_argument(
         "--fp32-modules",

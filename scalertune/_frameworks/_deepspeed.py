@@ -124,7 +124,7 @@ REFUSED = {
     ),
     "load": (
         "{what} is DeepSpeed's fp16 block, which trains in DeepSpeed's engine: put it in "
-        "your ds_config.json (scalertune export {path} --to deepspeed), or attach it to your "
+        "your ds_config.json (scalertune export {path}{flag} --to deepspeed), or attach it to your "
         "DeepSpeed Trainer (scalertune.attach)"
     ),
     "diagnose": (

@@ -99,7 +99,9 @@ def load(
     if isinstance(amp.config, DeepSpeedFp16Config):
         from scalertune._frameworks._deepspeed import refuse_deepspeed
 
-        refuse_deepspeed(f"{os.fspath(path)}'s answer", "load", path=os.fspath(path))
+        what = "best AMP config" if best_amp else "answer"
+        flag = " --best-amp" if best_amp else ""
+        refuse_deepspeed(f"{os.fspath(path)}'s {what}", "load", path=os.fspath(path), flag=flag)
     _record_in_study(amp, path, storage)
     return amp
 
