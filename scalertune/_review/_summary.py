@@ -332,6 +332,13 @@ def _answer(result: Findings) -> list[str]:
 def _past_the_trials(result: Findings) -> str:
     """The path from a short search: the run checks itself past the evidence's end."""
     steps = result.horizon
+    if result.settings.deepspeed is not None:  # no in-run check in DeepSpeed's engine
+        return (
+            f"Past step {steps}: a run in DeepSpeed's engine has no in-run check (the engine "
+            "casts the model itself, so a float32 forward at its weights is no float32 "
+            "check); --horizon N (your training's steps) gives evidence over N steps before "
+            "training, for about 3 trainings of N"
+        )
     return (
         f"Past step {steps}: a run that loads this answer (scalertune.load, scalertune.attach) "
         f"checks itself against float32 every {CHECK_EVERY} steps and acts when the precision "

@@ -36,6 +36,11 @@ def test_a_deepspeed_factory_search_answers_a_block_deepspeed_trains_as_predicte
     assert evidence["deepspeed"]["zero_stage"] == 2
     assert "Current loss scale already at minimum" in evidence["best_amp"]["guard"]
     assert evidence["deepspeed-default"]["skipped_steps"] > 0  # 2**16 overflows here
+    # the summary promises no in-run check, which DeepSpeed's engine leaves out
+    assert "Past step 100: a run in DeepSpeed's engine has no in-run check" in " ".join(
+        ran.stdout.split()
+    )
+    assert "checks itself against float32" not in ran.stdout
     exported = run_cli("export", "ds.yaml", "--to", "deepspeed", "--best-amp", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     config = json.loads(exported.stdout)
