@@ -61,6 +61,12 @@ def scaler_advice(result: Findings) -> str | None:
         ours = predict(trace, run.config, horizon=result.horizon, zero=result.settings.zero)
         return f"{said}; the answer's fp16 block: {ours.describe()}"
     chosen = next((o for o in result.ranking if o.role == ROLE_REPLAY), None)
+    if chosen is None and not any(o.config.dtype == "float16" for o in result.pool):
+        return (  # "keep them" would read as advice to train float16, which the answer is not
+            said + "; no setting of the space skips fewer beyond the noise, and no float16 "
+            "run reached the target whatever its scaler: the scaler's knobs are not what "
+            "fails here"
+        )
     if chosen is None:
         return (
             said + f"; no setting of the space skips fewer beyond the noise: {words} are as "

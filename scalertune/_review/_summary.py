@@ -66,8 +66,9 @@ def summary(result: Findings, *, top: int = 5) -> str:
         lines += _damaged(result)
         return "\n".join(lines)
     lines += ["", *format_table(_rows(result, top)), ""]
-    if result.long:
-        lines += [*_phases(result), ""]
+    phases = _phases(result) if result.long else []
+    if phases:  # no finalist (none reached the target): no table of none
+        lines += [*phases, ""]
     lines += _notes(result)
     lines += ["", *_answer(result)]
     if result.runs:
@@ -196,6 +197,8 @@ def _phases(result: Findings) -> list[str]:
                 {True: "yes", False: "no", None: unjudged(result)}[verdict],
             )
         )
+    if len(rows) == 1:
+        return []
     notes = [
         f"{run.label}: {why_not(result, run)}"
         for run in [*result.finalists, *result.islands]

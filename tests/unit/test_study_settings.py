@@ -318,3 +318,39 @@ def test_no_amp_verdict_says_what_the_amp_runs_did_not_that_they_went_non_finite
         f"pruned (float8 loses a layer) and 2 trained on without reaching it (the closest, "
         f"{never.label}, at 750x float32's loss at step 40)"
     ) in said
+
+
+def test_no_float16_run_at_the_target_draws_no_keep_the_defaults_advice(v1):
+    """Where no float16 run reached the target, "PyTorch's defaults ... keep them" read as
+    advice to train float16 beside a float32 answer (a Lightning example's summary)."""
+    from scalertune._review._scaler_advice import scaler_advice
+
+    found = _short_findings(v1)
+    assert "keep them" in scaler_advice(found)
+    pool = [o for o in found.pool if o.config.dtype != "float16"]
+    said = scaler_advice(dataclasses.replace(found, pool=pool))
+    assert "keep them" not in said
+    assert said.endswith(
+        "no float16 run reached the target whatever its scaler: the scaler's knobs are not "
+        "what fails here"
+    )
+
+
+def test_a_long_study_without_finalists_prints_no_empty_phases_table(v1):
+    """A horizon study where no run reached the target has no finalist: no table of none
+    (its header alone was printed)."""
+    from scalertune._review._analyze import analyze
+    from scalertune._review._summary import _phases
+
+    study = optuna.load_study(study_name="long", storage=open_storage(str(v1 / V1_JOURNAL)))
+    found = analyze(study)
+    assert _phases(found)[0].startswith("phases of the horizon")
+    never = [
+        dataclasses.replace(o, figures=dataclasses.replace(o.figures, steps_to_target=None))
+        if o.config.dtype != "float32"
+        else o
+        for o in found.ranking
+    ]
+    none = dataclasses.replace(found, ranking=never, pool=[], islands=[], float32_clip=None)
+    assert none.finalists == [] and _phases(none) == []
+    assert "phases of the horizon" not in none.summary()
