@@ -265,6 +265,7 @@ def _step_times(stored: Any, where: str) -> StepTimes | None:
             for dtype, seconds in rounds.items()
         )
         or not _is_integer(stored.get("steps", 0))
+        or not (stored.get("load") is None or _is_number(stored["load"]))
     ):
         raise _damaged(where, TIMES_ATTR, "is not a step timing")
     return StepTimes.from_dict(dict(stored))

@@ -131,6 +131,12 @@ def _head(result: Findings) -> list[str]:
                 for d in times.rounds
             )
         )
+        if times.busy:
+            lines.append(
+                f"  the CPU was busy while timing (load {times.load:.2g} per core): the step "
+                "times, and their ratios, may be far off; set OMP_NUM_THREADS=1, or time on a "
+                "quiet machine"
+            )
     return lines
 
 

@@ -11,6 +11,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+#: A CPU whose load average per core is above this while the timing ran was busy with more
+#: than the timing (whose own threads make about 1 per core).
+BUSY_LOAD = 1.5
+
 
 @dataclasses.dataclass(frozen=True)
 class StepTimes:
@@ -25,6 +29,16 @@ class StepTimes:
     rounds: dict[str, list[float]]
     #: Training steps the timing ran (warm-up included): part of the search's cost.
     steps: int = 0
+    #: On a CPU, the highest 1-minute load average per core seen while timing (the timing's
+    #: own threads count in it); ``None`` where not measured.
+    load: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether the CPU was busy with more than the timing while it ran: its step times,
+        and their ratios, may be far off (threads that wait on each other on a shared CPU
+        slow one dtype's kernels more than another's)."""
+        return self.load is not None and self.load > BUSY_LOAD
 
     def ratios(self, dtype: str) -> list[float]:
         """``dtype``'s step time over float32's, round by round.
@@ -113,13 +127,14 @@ class StepTimes:
         """Plain data, as the study stores it.
 
         Returns:
-            ``rounds`` and ``steps``.
+            ``rounds`` and ``steps`` (and ``load``, where measured).
 
         Example:
             >>> StepTimes({"float32": [1.0]}, steps=40).to_dict()
             {'rounds': {'float32': [1.0]}, 'steps': 40}
         """
-        return {"rounds": self.rounds, "steps": self.steps}
+        load = {} if self.load is None else {"load": self.load}
+        return {"rounds": self.rounds, "steps": self.steps, **load}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepTimes:
@@ -135,9 +150,11 @@ class StepTimes:
             >>> StepTimes.from_dict({"rounds": {"float32": [1]}}) == StepTimes({"float32": [1.0]})
             True
         """
+        load = data.get("load")
         return cls(
             rounds={k: [float(v) for v in vs] for k, vs in data["rounds"].items()},
             steps=int(data.get("steps", 0)),
+            load=None if load is None else float(load),
         )
 
 

@@ -22,6 +22,7 @@ point: the window's wall time covers exactly its steps.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -77,12 +78,31 @@ def time_dtypes(
     broken: dict[str, str] = {}  # dtype -> why its steps raised
     steps = 0
     workload.model.train()
+    loads = [_load_per_core(device)]
     with _learning_rate_zero(workload.optimizer):
         for r in range(1 + _policy.TIMING_ROUNDS):  # round 0 warms up, untimed
             steps += _round(r, runtimes, workload, step, batches, buffer, windows, broken, announce)
+    loads.append(_load_per_core(device))
     if "float32" in broken:
         raise RuntimeError(f"float32 steps could not be timed: {broken['float32']}")
-    return StepTimes({d: _per_round(w) for d, w in windows.items() if d not in broken}, steps=steps)
+    seen = [x for x in loads if x is not None]
+    return StepTimes(
+        {d: _per_round(w) for d, w in windows.items() if d not in broken},
+        steps=steps,
+        load=max(seen) if seen else None,
+    )
+
+
+def _load_per_core(device: torch.device) -> float | None:
+    """The CPU's 1-minute load average over the cores this process may run on, where the
+    timing runs on the CPU and the system says (``None`` elsewhere)."""
+    if device.type != "cpu" or not hasattr(os, "getloadavg"):
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        return round(os.getloadavg()[0] / (cores or os.cpu_count() or 1), 3)
+    except OSError:
+        return None
 
 
 def _round(

@@ -354,3 +354,24 @@ def test_a_long_study_without_finalists_prints_no_empty_phases_table(v1):
     none = dataclasses.replace(found, ranking=never, pool=[], islands=[], float32_clip=None)
     assert none.finalists == [] and _phases(none) == []
     assert "phases of the horizon" not in none.summary()
+
+
+def test_a_timing_on_a_busy_cpu_says_so_beside_its_step_times(v1):
+    """A new user's search on a CPU at load 5-9 (2 cores) answered bfloat16 "2.11x faster
+    than float32": the summary says the CPU was busy while timing, and what to do."""
+    from scalertune._run._step_times import StepTimes
+
+    found = _short_findings(v1)
+    seed = found.settings.seed
+    times = found.references[seed].step_times
+    assert "busy while timing" not in found.summary()
+    for load, said in ((1.0, False), (4.2, True)):
+        reference = dataclasses.replace(
+            found.references[seed], step_times=dataclasses.replace(times, load=load)
+        )
+        busy = dataclasses.replace(found, references={**found.references, seed: reference})
+        line = "the CPU was busy while timing (load 4.2 per core): the step times, and their"
+        assert (line in busy.summary()) is said
+    # kept with the timing, as the study stores it
+    stored = dataclasses.replace(times, load=4.2).to_dict()
+    assert StepTimes.from_dict(stored).load == 4.2 and StepTimes.from_dict(stored).busy

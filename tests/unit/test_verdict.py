@@ -324,3 +324,15 @@ def test_across_dtypes_steps_that_tie_leave_the_step_time_to_decide():
         }
     )
     assert all_tied([bf16, fp16], close, noise)
+
+
+def test_the_timing_records_the_cpus_load_per_core_while_it_ran():
+    import os
+
+    workload = build_workload(workloads.healthy, seed=0, device=CPU)
+    times = time_dtypes(workload, ["bfloat16"], device=CPU, clip_norm=None)
+    if not hasattr(os, "getloadavg"):
+        assert times.load is None
+        return
+    assert times.load is not None and 0 <= times.load < 1000
+    assert times.busy == (times.load > 1.5)
