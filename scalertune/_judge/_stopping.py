@@ -238,6 +238,11 @@ def study_stop_reason(
             f"the last {streak} sampled trials all reached the target, none faster than "
             f"the best beyond the noise (stopped early after {len(fresh)})"
         )
+    if len(fresh) >= min_trials and since >= _judge_policy.STUDY_PATIENCE and best is None:
+        return (  # no time to target to beat: none reached it
+            f"none of the last {since} sampled trials reached the target (stopped early after "
+            f"{len(fresh)})"
+        )
     if len(fresh) >= min_trials and since >= _judge_policy.STUDY_PATIENCE:
         return (
             f"the last {since} sampled trials found no faster time to target beyond the "

@@ -233,6 +233,14 @@ def test_the_study_stops_after_a_patience_of_trials_without_progress():
     assert study_stop_reason(progress, TIMES, NOISE) is None
     never = [_sampled(20 + i, None, state="pruned") for i in range(_judge_policy.STUDY_PATIENCE)]
     assert "found no faster time" in study_stop_reason(progress + never, TIMES, NOISE)
+    # where none reached the target, there is no faster time to speak of (a Lightning
+    # example's summary said so of four runs that all missed it)
+    none = [
+        _sampled(50 + i, None)
+        for i in range(max(_policy.STUDY_MIN_TRIALS, _judge_policy.STUDY_PATIENCE))
+    ]
+    said = study_stop_reason(none, TIMES, NOISE)
+    assert said.startswith(f"none of the last {len(none)} sampled trials reached the target")
     # reused duplicates count neither way, but many in a row mean the space is spent
     reused = [_sampled(30 + i, 100, reused=True) for i in range(3)]
     assert study_stop_reason(progress + reused, TIMES, NOISE) is None
