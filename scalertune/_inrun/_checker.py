@@ -277,6 +277,8 @@ class InRunCheck:
             "lookout": self._lookout.state(),
             # a run resumed in the middle of recording its gradients goes on, and chooses
             "recording": self._knobs.state(),
+            # a resumed run goes on writing the study's record of the run it resumes
+            "run": of_run() if (of_run := getattr(self.sink, "of_run", None)) else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -286,6 +288,9 @@ class InRunCheck:
         self._lookout.healthy = state.get("healthy")
         self._lookout.restore(state.get("lookout"))
         self._knobs.restore(state.get("recording"))
+        adopt = getattr(self.sink, "adopt", None)
+        if adopt is not None:
+            adopt(state.get("run"))
 
     def report(self, amp: AmpRuntime) -> str:
         """What ``amp.report()`` prints (see :meth:`summary`)."""

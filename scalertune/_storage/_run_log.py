@@ -15,7 +15,9 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import datetime
+import itertools
 import os
+import re
 import socket
 import threading
 from collections.abc import Callable, Mapping
@@ -26,6 +28,12 @@ from scalertune._inrun._run_record import RunRecord
 from scalertune._storage._names import RUN_PREFIX
 from scalertune._storage._outage import Outage
 from scalertune._storage._redact import HIDDEN, redact
+
+#: A run's key as :class:`RunLog` makes it: the prefix, then host, process and start time.
+_RUN_KEY = re.compile(re.escape(RUN_PREFIX) + r"[\w.\-]{1,200}")
+
+#: Run logs this process made: the second on is told apart in its key by its number.
+_MADE = itertools.count()
 
 #: How long the end of the program waits for the last record to be written.
 CLOSE_TIMEOUT_S = 5.0
@@ -42,6 +50,8 @@ class RunLog:
         self.url, self.study_name = url, study_name
         started = datetime.datetime.now().astimezone()
         self.key = f"{RUN_PREFIX}{socket.gethostname()}-{os.getpid()}-{started:%Y%m%dT%H%M%S}"
+        made = next(_MADE)  # two runs one process loads in the same second: two records
+        self.key += f"-{made}" if made else ""
         self.host, self.started = socket.gethostname(), started.isoformat()
         self.yaml, self.device = yaml, device
         self._pending: RunRecord | None = None
@@ -66,6 +76,25 @@ class RunLog:
                 record, host=self.host, started=self.started, yaml=self.yaml, device=self.device
             )
         self._wake.set()
+
+    def adopt(self, run: Any) -> None:
+        """Go on writing the record of the run a checkpoint came from (``run``: what
+        :meth:`of_run` gave it), so that a resumed run keeps one record in the study, not
+        one per process. Anything else (a checkpoint of a run with no record, or a damaged
+        one) leaves this log's own."""
+        if not isinstance(run, Mapping):
+            return
+        key, started = run.get("key"), run.get("started")
+        if not (isinstance(key, str) and _RUN_KEY.fullmatch(key)):
+            return
+        with self._lock:
+            self.key = key
+            if isinstance(started, str) and len(started) <= 64:
+                self.started = started
+
+    def of_run(self) -> dict[str, str]:
+        """Which record this log writes, for a checkpoint (:meth:`adopt` takes it back)."""
+        return {"key": self.key, "started": self.started}
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Write the last record (:attr:`final`'s, where set: the run as it ends), waiting

@@ -111,7 +111,16 @@ def test_a_short_search_then_a_run_that_checks_itself(tmp_path):
     idle = scalertune.load(path, best_amp=True)
     idle.prepare(late_workloads.readings_near_1000()["model"])
     idle.check.sink.close()
+    # the run resumed from its checkpoint in another process goes on with its own record
+    # (a new user's resumed run was listed as a second run)
+    resumed = scalertune.load(path, best_amp=True)
+    resumed.load_state_dict(amp.state_dict())
+    w = late_workloads.readings_near_1000()
+    model = resumed.prepare(w["model"])
+    for x, y in w["batches"][:5]:
+        resumed.train_step(model, w["optimizer"], w["loss_fn"], (x, y))
+    resumed.check.sink.close()
     report = run_cli("report", "--study-name", "late_workloads:readings_near_1000", cwd=tmp_path)
     assert "Real runs that checked themselves against float32 (1):" in report.stdout
     assert all(line in report.stdout for line in lines)
-    assert "3,000 steps trained, now float32" in report.stdout
+    assert "3,005 steps trained, now float32" in report.stdout

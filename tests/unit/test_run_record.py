@@ -256,3 +256,28 @@ def test_only_the_record_reads_the_parts_a_run_stores():
     readers = [os.path.join(package, "_inrun", "_account.py")]
     readers.append(os.path.join(package, "_review", "_runs.py"))
     assert [found for path in readers for found in _string_reads(path)] == []
+
+
+def test_a_resumed_run_adopts_only_a_run_key_from_its_checkpoint(tmp_path):
+    """A checkpoint's ``run`` names the record a resumed run goes on writing; anything that
+    is not a run's key (another study attribute, a damaged value) leaves the log's own."""
+    from scalertune._storage._run_log import RunLog
+
+    first = RunLog(str(tmp_path / "none.journal"), "s")
+    log = RunLog(str(tmp_path / "none.journal"), "s")
+    assert log.key != first.key  # one process, the same second: two records
+    own = log.key
+    for bad in (
+        None,
+        "text",
+        {"key": "scalertune.settings"},
+        {"key": RUN_PREFIX + "a/../b"},
+        {"key": RUN_PREFIX + "x" * 300},
+        {"key": 7},
+    ):
+        log.adopt(bad)
+        assert log.key == own, bad
+    log.adopt(first.of_run())
+    assert log.of_run() == first.of_run()
+    for each in (first, log):
+        each.close(timeout=1)
