@@ -113,7 +113,8 @@ def precision_fails(
 def float8_spoils(actions: Actions, amp: AmpRuntime, passes: Passes, check: Check) -> bool:
     """A layer float8 spoils now, on this check's batch (its output far off float32's, its
     inputs flushed to zero: ``_float8_layers``), acted on at once: a more accurate recipe that
-    brings that layer back, else the layer kept out of float8; ``False`` when none is spoiled.
+    brings the worst back, else every spoiled layer kept out of float8; ``False`` when none
+    is spoiled.
 
     The loss at the same weights alone misses it: a run goes on learning around a layer that
     float8 silences (measured: nanoGPT with one activation grown past 1e5 read 5.3x float32's
@@ -140,9 +141,17 @@ def float8_spoils(actions: Actions, amp: AmpRuntime, passes: Passes, check: Chec
                 f"(the layer's output {moved[name]:.0%} off float32's with it)",
             )
             return True
-    amp.reconfigure(dataclasses.replace(amp.config, fp32_modules=(*amp.config.fp32_modules, name)))
+    # no recipe brings it back: every layer float8 spoils now is kept out at once (one check
+    # each would leave the others silenced until theirs)
+    others = sorted((n for n in spoiled if n != name), key=lambda n: -spoiled[n])
+    kept = [name, *others]
+    also = "".join(f"; so is {n!r} ({spoiled[n]:.0%} off)" for n in others)
+    amp.reconfigure(dataclasses.replace(amp.config, fp32_modules=(*amp.config.fp32_modules, *kept)))
     actions.acted(
-        amp, "island", f"{found}; keeping {name!r} out of float8 (in float32) from now on"
+        amp,
+        "island",
+        f"{found}{also}; keeping {', '.join(map(repr, kept))} out of float8 (in float32) "
+        "from now on",
     )
     return True
 

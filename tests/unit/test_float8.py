@@ -444,3 +444,35 @@ def test_a_float8_layer_prints_as_float8linear_and_a_saved_model_loads_back(tmp_
         x = torch.randn(4, 32)
         assert torch.equal(again(x), model(x))
     assert _float8._Float8 is _float8.Float8Linear is _float8.float8_class()
+
+
+def test_every_layer_float8_spoils_at_a_check_is_kept_out_at_once():
+    """Two layers whose input carries a massive channel in every row (no recipe helps: each
+    row's own scale is set by it) are both kept out at the check that finds them: a new
+    user's LM had its second spoiled layer silenced for another 100 steps, one per check."""
+
+    class TwoBranches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.head = nn.Linear(32, 16), nn.Linear(32, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.head(self.a(x) + self.b(x))
+
+    torch.manual_seed(0)
+    amp = AmpRuntime(AmpConfig(dtype="float8"), device="cpu", check=_check_every(1))
+    model = TwoBranches()
+    with torch.no_grad():  # the channel's own weights are 0: its value is not the output's
+        model.a.weight[:, 0] = model.b.weight[:, 0] = 0.0
+    model = amp.prepare(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    x, y = torch.randn(64, 32), torch.randn(64, 16)
+    x[:, 0] = 1e6  # a massive channel, in every row
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        amp.train_step(model, optimizer, nn.functional.mse_loss, (x, y))
+    lines = [str(w.message) for w in said if w.category is scalertune.AmpCheckWarning]
+    assert len(lines) == 1 and len(amp.check.actions.done) == 1, lines
+    assert sorted(amp.config.fp32_modules) == ["a", "b"]
+    assert "keeping 'a', 'b' out of float8" in lines[0] or "keeping 'b', 'a'" in lines[0]
+    assert "; so is " in lines[0]
