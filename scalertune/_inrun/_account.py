@@ -8,10 +8,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import re
 
 from scalertune._amp._config import AmpConfig
 from scalertune._errors import UsageError
 from scalertune._inrun._run_record import RunRecord
+
+#: An action line that acts on a float8 layer's own evidence (``LayerCast.line``).
+_PER_LAYER = re.compile(r": float8 \w+, layer '")
 
 
 def describe(record: RunRecord) -> str:
@@ -39,7 +43,17 @@ def describe(record: RunRecord) -> str:
     # under the policy 'warn' a finding is said and nothing changed: a warning, no action
     actions = [a for a in record.actions if a.kind != "none"]
     warnings = [a for a in record.actions if a.kind == "none"]
-    lines.append(f"  actions: {len(actions) or 'none'}")
+    # a float8 layer spoiled is acted on at once, whatever the loss says: said, so that the
+    # loss figures above do not read as contradicting the actions
+    per_layer = sum(bool(_PER_LAYER.search(a.line)) for a in actions)
+    lines.append(
+        f"  actions: {len(actions) or 'none'}"
+        + (
+            f" ({per_layer} on what float8 did to a layer, whatever the loss showed)"
+            if per_layer
+            else ""
+        )
+    )
     lines += [f"    {a.line}" for a in actions]
     if warnings:
         lines.append(f"  warnings: {len(warnings)}")

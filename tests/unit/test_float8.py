@@ -476,3 +476,6 @@ def test_every_layer_float8_spoils_at_a_check_is_kept_out_at_once():
     assert sorted(amp.config.fp32_modules) == ["a", "b"]
     assert "keeping 'a', 'b' out of float8" in lines[0] or "keeping 'b', 'a'" in lines[0]
     assert "; so is " in lines[0]
+    # the report says the action is on a layer's own evidence, whatever the loss showed
+    report = amp.check.report(amp)
+    assert "  actions: 1 (1 on what float8 did to a layer, whatever the loss showed)" in report
