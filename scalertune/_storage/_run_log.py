@@ -139,10 +139,16 @@ class RunLog:
 
 
 def _rank() -> int:
+    """This process's rank: the process group's, else the launcher's (torchrun's ``RANK``,
+    srun's ``SLURM_PROCID``): a rank's last record, written as the program ends after its
+    process group is gone, is still not rank 0's."""
     import torch
 
     dist = torch.distributed
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    launched = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+    return int(launched) if launched.isdigit() else 0
 
 
 def _open(url: str, study_name: str) -> Any:

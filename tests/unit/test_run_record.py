@@ -281,3 +281,26 @@ def test_a_resumed_run_adopts_only_a_run_key_from_its_checkpoint(tmp_path):
     assert log.of_run() == first.of_run()
     for each in (first, log):
         each.close(timeout=1)
+
+
+@pytest.mark.parametrize("env", [{"RANK": "1"}, {"SLURM_PROCID": "1"}, {"RANK": "0"}])
+def test_a_ranks_record_is_written_by_rank_0_alone_after_its_process_group_is_gone(
+    tmp_path, monkeypatch, env
+):
+    """A 2-rank run showed twice in the report: rank 1's last record, written as its
+    program ended after ``destroy_process_group``, read rank 0. The launcher's rank decides
+    then."""
+    from scalertune._storage._run_log import RunLog
+
+    for name in ("RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    optuna.create_study(study_name="s", storage=url)
+    log = RunLog(url, "s")
+    (stored,) = [v for k, v in _good().items() if k == "host-b-102-20261201T080000"]
+    log(RunRecord.from_dict(stored))
+    log.close(timeout=30)
+    written = [k for k in optuna.load_study(study_name="s", storage=url).user_attrs]
+    assert written == ([log.key] if env.get("RANK") == "0" else [])
