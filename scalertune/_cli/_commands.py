@@ -73,14 +73,20 @@ def _search_on_hosts(args: argparse.Namespace, world: Any) -> int:
                 "its output says why",
                 file=sys.stderr,
             )
+        elif not args.quiet:  # a silent host reads as one that did nothing
+            print(
+                f"scalertune search: done; {crew.where(0)} printed the summary and wrote "
+                "the study's answer",
+                file=sys.stderr,
+            )
         return code
     _launcher.lead(crew)
     CLOSING.append(crew.close)
     other = crew.other_command()
     if other is not None:
         raise UsageError(
-            f"{crew.where(other)} runs another command than rank 0 (its arguments differ): "
-            "run the same command on every host"
+            f"{crew.where(other)} runs another command than rank 0 "
+            f"({crew.argv_difference(other)}): run the same command on every host"
         )
     args.nproc_per_node = world.local_size
     args.hosts = tuple(crew.hosts)

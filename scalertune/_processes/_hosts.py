@@ -115,6 +115,20 @@ class Crew:
         first = self._roster[0].get("argv")
         return next((r for r, e in enumerate(self._roster) if e.get("argv") != first), None)
 
+    def argv_difference(self, rank: int) -> str:
+        """Where ``rank``'s command line first differs from rank 0's, in words (a storage
+        URL's password hidden)."""
+        from scalertune._storage._redact import redact
+
+        ours, theirs = self._roster[0].get("argv") or [], self._roster[rank].get("argv") or []
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            if a != b:
+                flag = ours[i - 1] if i and str(ours[i - 1]).startswith("--") else None
+                where = f"after {flag}, " if flag else ""
+                return f"{where}rank 0 has {redact(str(a))!r} where it has {redact(str(b))!r}"
+        longer, extra = (ours, "rank 0") if len(ours) > len(theirs) else (theirs, "it")
+        return f"{extra} also has {redact(str(longer[min(len(ours), len(theirs))]))!r}"
+
     @property
     def nodes(self) -> int:
         return len({entry["node"] for entry in self._roster})

@@ -146,6 +146,11 @@ def test_two_nodes_search_together_and_predict_the_plain_two_node_loop(tmp_path)
     assert (code0, code1) == (0, 0), err0[-3000:] + err1[-3000:]
     assert "2 ranks per run (2 hosts x 1" in out0
     assert out1 == ""  # rank 1 trained its part of every run, and said nothing of it
+    # but where the answer is, on its own host's terminal (a silent host read as idle)
+    assert _own_lines(err1)[-1] == (
+        "scalertune search: done; rank 0 of 2 (node 0, "
+        f"{socket.gethostname()}) printed the summary and wrote the study's answer"
+    )
     written = sorted(p.name for p in tmp_path.glob("hosts*.yaml"))
     assert written == ["hosts.yaml"]
     evidence = yaml.safe_load((tmp_path / "hosts.yaml").read_text())["evidence"]

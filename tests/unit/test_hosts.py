@@ -266,3 +266,19 @@ def test_a_rank_whose_rank_0_freezes_ends_within_the_host_timeout(tmp_path, monk
         "on every host again to resume it"
     )
     assert waited < 40
+
+
+def test_a_rank_with_another_command_is_told_where_it_differs_and_no_password_shown():
+    """ "runs another command than rank 0 (its arguments differ)" left a new user to find which
+    of a dozen flags; the first difference is named, a storage URL's password hidden."""
+    url = "postgresql://me:hunter22@db/optuna"
+    same = ["search", "m.py:f", "--storage", url]
+    crew = _crew((same + ["--n-trials", "4"], same + ["--n-trials", "6"]))
+    assert crew.other_command() == 1
+    assert crew.argv_difference(1) == "after --n-trials, rank 0 has '4' where it has '6'"
+    crew = _crew((same, ["search", "m.py:f", "--storage", url.replace("hunter22", "other")]))
+    said = crew.argv_difference(1)
+    assert said.startswith("after --storage, rank 0 has 'postgresql://me:***@db/optuna'")
+    assert "hunter22" not in said and "other" not in said
+    crew = _crew((same, same + ["-q"]))
+    assert crew.argv_difference(1) == "it also has '-q'"
