@@ -107,3 +107,11 @@ def step_returns_tuple():
 def step_returns_non_scalar():
     """A step that returns the per-sample losses."""
     return _with_step(lambda output, loss: (output - output.detach() + loss).squeeze(1))
+
+
+def wrapped_for_ranks():
+    """Wraps its model in DDP, as a training that runs on N ranks does, and is searched as
+    one process (no --nproc-per-node, no launcher)."""
+    parts = _parts()
+    parts["model"] = nn.parallel.DistributedDataParallel(parts["model"])
+    return parts

@@ -246,9 +246,21 @@ def _preflight(
             )
     except FactoryError as exc:
         raised = "raised " if exc.raised else ""
+        said = str(exc).rstrip(".")
+        if _NO_GROUP in said:  # DDP or FSDP, in a world of one process
+            raise UsageError(
+                f"the factory {factory_name(factory)} {raised}{said}: it wraps its model for "
+                "ranks, and this search runs one process: give --nproc-per-node K on one "
+                "host, or launch it under torchrun or srun as your training runs (the same "
+                "--nnodes and --nproc-per-node on every host)"
+            ) from None
         raise UsageError(
-            f"the factory {factory_name(factory)} {raised}{exc}: fix it and rerun"
+            f"the factory {factory_name(factory)} {raised}{said}: fix it and rerun"
         ) from None
+
+
+#: What torch says where a model is wrapped for ranks with no process group (one process).
+_NO_GROUP = "process group has not been initialized"
 
 
 def _space_for(space: SearchSpace, deepspeed: Any) -> SearchSpace:

@@ -129,6 +129,12 @@ BAD_INPUTS = [
         r"the loss has shape \(8,\), not a scalar",
     ),
     ("no trainable parameters", [_bad("no_trainable_parameters")], "no trainable parameters"),
+    (
+        "a model wrapped for ranks, searched as one process",
+        [_bad("wrapped_for_ranks")],
+        r"process group has not been initialized.*: it wraps its model for ranks, and this "
+        r"search runs one process: give --nproc-per-node K",
+    ),
     ("foreign optimizer", [_bad("foreign_optimizer")], "not the model's"),
     (
         "a Hugging Face output without labels",
