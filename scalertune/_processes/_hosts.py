@@ -243,14 +243,16 @@ def _gather(world: World, store: Any, rendezvous_timeout: float) -> list[dict[st
             raise HostLost(
                 f"{_ranks(missing)} of {world.size} ({_nodes(nodes)}) did not come within "
                 f"{rendezvous_timeout:g} s (--rendezvous-timeout): start the same "
-                "command on every host"
+                "command on every host (a host whose command was refused before it came "
+                "says why in its own output)"
             )
         roster = [json.loads(store.get(k)) for k in keys]
         store.set("roster", json.dumps(roster))
     elif not _poll(store, ["roster"], rendezvous_timeout):
         raise HostLost(
             f"rank 0 ({world.master_addr}) did not open the search within "
-            f"{rendezvous_timeout:g} s (--rendezvous-timeout)"
+            f"{rendezvous_timeout:g} s (--rendezvous-timeout): its own output says why where "
+            "its command was refused"
         )
     else:
         roster = json.loads(store.get("roster"))

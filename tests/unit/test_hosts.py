@@ -157,7 +157,8 @@ def test_rank_0_alone_names_the_rank_that_did_not_come_and_writes_nothing(tmp_pa
     assert proc.returncode == 3
     assert proc.stderr.strip() == (
         "scalertune search: rank 1 of 2 (node 1) did not come within 2 s (--rendezvous-timeout): "
-        "start the same command on every host"
+        "start the same command on every host (a host whose command was refused before it came "
+        "says why in its own output)"
     )
     assert list(tmp_path.iterdir()) == []
 
