@@ -19,6 +19,7 @@ import itertools
 import os
 import re
 import socket
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -142,11 +143,10 @@ def _rank() -> int:
     """This process's rank: the process group's, else the launcher's (torchrun's ``RANK``,
     srun's ``SLURM_PROCID``): a rank's last record, written as the program ends after its
     process group is gone, is still not rank 0's."""
-    import torch
-
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
+    torch = sys.modules.get("torch")  # no import at the program's end: none, no group
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
     launched = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
     return int(launched) if launched.isdigit() else 0
 

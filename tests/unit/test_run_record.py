@@ -284,23 +284,34 @@ def test_a_resumed_run_adopts_only_a_run_key_from_its_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("env", [{"RANK": "1"}, {"SLURM_PROCID": "1"}, {"RANK": "0"}])
-def test_a_ranks_record_is_written_by_rank_0_alone_after_its_process_group_is_gone(
-    tmp_path, monkeypatch, env
-):
+def test_a_ranks_record_is_written_by_rank_0_alone_after_its_process_group_is_gone(tmp_path, env):
     """A 2-rank run showed twice in the report: rank 1's last record, written as its
     program ended after ``destroy_process_group``, read rank 0. The launcher's rank decides
-    then."""
-    from scalertune._storage._run_log import RunLog
+    then (a process of its own: no process group, the record written at its exit)."""
+    import subprocess
+    import sys
 
-    for name in ("RANK", "SLURM_PROCID"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
     url = f"sqlite:///{tmp_path / 'runs.db'}"
     optuna.create_study(study_name="s", storage=url)
-    log = RunLog(url, "s")
     (stored,) = [v for k, v in _good().items() if k == "host-b-102-20261201T080000"]
-    log(RunRecord.from_dict(stored))
-    log.close(timeout=30)
-    written = [k for k in optuna.load_study(study_name="s", storage=url).user_attrs]
-    assert written == ([log.key] if env.get("RANK") == "0" else [])
+    script = (
+        "import json, sys\n"
+        "import torch\n"  # a training program's
+        "from scalertune._inrun._run_record import RunRecord\n"
+        "from scalertune._storage._run_log import RunLog\n"
+        "log = RunLog(sys.argv[1], 's')\n"
+        "record = RunRecord.from_dict(json.loads(sys.argv[2]))\n"
+        "log.final = lambda: record\n"  # written as the program ends, as a run's last
+        "print(log.key)\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "SLURM_PROCID")}
+    ran = subprocess.run(
+        [sys.executable, "-c", script, url, json.dumps(stored)],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    written = list(optuna.load_study(study_name="s", storage=url).user_attrs)
+    assert written == ([ran.stdout.strip()] if env.get("RANK") == "0" else [])
