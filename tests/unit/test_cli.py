@@ -129,12 +129,6 @@ BAD_INPUTS = [
         r"the loss has shape \(8,\), not a scalar",
     ),
     ("no trainable parameters", [_bad("no_trainable_parameters")], "no trainable parameters"),
-    (
-        "a model wrapped for ranks, searched as one process",
-        [_bad("wrapped_for_ranks")],
-        r"process group has not been initialized.*: it wraps its model for ranks, and this "
-        r"search runs one process: give --nproc-per-node K",
-    ),
     ("foreign optimizer", [_bad("foreign_optimizer")], "not the model's"),
     (
         "a Hugging Face output without labels",
@@ -169,6 +163,21 @@ BAD_INPUTS = [
 ]
 if not torch.cuda.is_available():
     BAD_INPUTS.append(("cuda without cuda", [spec("healthy"), "--device", "cuda"], "no CUDA"))
+
+
+def test_a_model_wrapped_for_ranks_searched_as_one_process_is_told_how_to_give_ranks(tmp_path):
+    """A new user who left --nnodes off one host read only torch's "Default process group has
+    not been initialized". In a process of its own: a process group another test left open
+    in this one would let the wrap succeed."""
+    proc = run_cli("search", _bad("wrapped_for_ranks"), cwd=tmp_path, process=True)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert __import__("re").search(
+        r"process group has not been initialized.*: it wraps its model for ranks, and this "
+        r"search runs one process: give --nproc-per-node K",
+        line,
+    ), line
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("label, args, message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
