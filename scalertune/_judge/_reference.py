@@ -265,7 +265,10 @@ def _step_times(stored: Any, where: str) -> StepTimes | None:
             for dtype, seconds in rounds.items()
         )
         or not _is_integer(stored.get("steps", 0))
-        or not (stored.get("load") is None or _is_number(stored["load"]))
+        or not (
+            stored.get("load") is None
+            or (_is_number(stored["load"]) and 0 <= stored["load"] < math.inf)
+        )
     ):
         raise _damaged(where, TIMES_ATTR, "is not a step timing")
     return StepTimes.from_dict(dict(stored))

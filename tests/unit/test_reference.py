@@ -120,6 +120,16 @@ def test_a_reference_written_before_the_record_had_a_version_reads_as_version_1(
         ({}, {HORIZON_ATTR: {"horizon": 80, "checkpoints": {"40": 7}}}, "not text"),
         ({}, {HORIZON_ATTR: {"horizon": True}}, "names no horizon"),
         ({}, {"scalertune.step_times": {"rounds": {"float32": "fast"}}}, "not a step timing"),
+        (
+            {},
+            {"scalertune.step_times": {"rounds": {"float32": [1e-3]}, "load": math.inf}},
+            "not a step timing",
+        ),
+        (
+            {},
+            {"scalertune.step_times": {"rounds": {"float32": [1e-3]}, "load": "busy"}},
+            "not a step timing",
+        ),
         ({}, {"scalertune.trace": "bm90IGEgdHJhY2U="}, "gradient trace is damaged"),
     ],
 )
