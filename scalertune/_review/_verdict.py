@@ -182,10 +182,9 @@ def _none_reached(judged: list[Outcome]) -> str:
     runs = [o for o in judged if not o.reused]
     said = []
     pruned = pruned_by_kind(runs)
-    if len(pruned) == 1:
-        said.append(f"{sum(pruned.values())} pruned ({PRUNE_KINDS.get(*pruned, *pruned)})")
-    elif pruned:
-        kinds = ", ".join(f"{n} {PRUNE_KINDS.get(k, k)}" for k, n in sorted(pruned.items()))
+    if pruned:  # one kind: its words alone; several: each counted
+        counted = [(n, PRUNE_KINDS.get(k, k)) for k, n in sorted(pruned.items())]
+        kinds = counted[0][1] if len(counted) == 1 else ", ".join(f"{n} {w}" for n, w in counted)
         said.append(f"{sum(pruned.values())} pruned ({kinds})")
     trained = [o for o in runs if o.state != "pruned"]
     if trained:
