@@ -153,8 +153,12 @@ def left_out(model: torch.nn.Module) -> list[str]:
 
 def left_out_line(names: list[str] | tuple[str, ...]) -> str:
     """The one line that says which Linear layers stay out of float8, and why."""
+    named = ", ".join(repr(n) for n in names[:3]) + (
+        f" and {len(names) - 3} more" if len(names) > 3 else ""
+    )
     return (
-        f"float8: {', '.join(names)} left out of float8 (sizes not multiples of "
+        f"float8: {'layers' if len(names) > 1 else 'layer'} {named} left out of float8 "
+        "(sizes not multiples of "
         f"{FLOAT8_MULTIPLE}, which float8 matmuls need); "
         f"{'they run' if len(names) > 1 else 'it runs'} in the precision around float8"
     )

@@ -69,8 +69,9 @@ class Findings:
     pool: list[Outcome] = dataclasses.field(default_factory=list)
     #: Run number -> how its branches did at the phases of the horizon.
     phases: dict[int, list[PhaseResult]] = dataclasses.field(default_factory=dict)
-    #: dtype -> the run of it trained from step 0 that fell behind float32, and what that
-    #: rules out for the others of its dtype (:class:`~scalertune._judge._horizon.RuledOut`).
+    #: precision (the dtype; float8's recipe too: ``_horizon.precision``) -> the run of it
+    #: that fell behind float32, and what that rules out for the others of its precision
+    #: (:class:`~scalertune._judge._horizon.RuledOut`).
     ruled: dict[str, RuledOut] = dataclasses.field(default_factory=dict)
     #: Runs with one module in float32 that a late phase proposed, trained from the start.
     islands: list[Outcome] = dataclasses.field(default_factory=list)

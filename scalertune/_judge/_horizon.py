@@ -112,7 +112,7 @@ def ruling(
 ) -> RuledOut | None:
     """The run of another config of ``outcome``'s dtype that rules it out (``done``: its own
     windows), unless it was trained from step 0 itself."""
-    rule = (ruled or {}).get(outcome.config.dtype)
+    rule = (ruled or {}).get(precision(outcome.config))
     if (
         rule is None
         or rule.number == outcome.number
@@ -123,8 +123,21 @@ def ruling(
     return rule
 
 
+def precision(config: Any) -> str:
+    """What a run that falls behind rules out for others (:class:`RuledOut`): its dtype, and
+    for float8 its recipe and the precision around it too (``float8 tensorwise in float32``):
+    one massive row sets a per-tensor scale that flushes the tensor's ordinary values, where
+    a per-row scale loses that row alone, so tensorwise failing says nothing of rowwise. A
+    scale rounded down to a power of two moves the flush by one binade at most: it is the
+    same precision."""
+    if getattr(config, "float8", False):
+        return f"float8 {config.float8_recipe} in {config.float8_around}"
+    return str(config.dtype)
+
+
 def ruled_out(trials: Iterable[FrozenTrial], records: RecordsOf) -> dict[str, RuledOut]:
-    """dtype -> the first run of it that fell behind float32, with its forward at float32's
+    """precision (:func:`precision`: the dtype, float8's recipe too) -> the first run of it
+    that fell behind float32, with its forward at float32's
     weights where it did (see :class:`RuledOut`): trained from step 0, or branched where that
     forward shows the precision failing; each phase run read with ``records``."""
     out: dict[str, RuledOut] = {}
@@ -141,7 +154,7 @@ def ruled_out(trials: Iterable[FrozenTrial], records: RecordsOf) -> dict[str, Ru
             )
         if behind:
             out.setdefault(
-                job.config.dtype,
+                precision(job.config),
                 RuledOut(
                     int(job.of or 0),
                     *behind[0],

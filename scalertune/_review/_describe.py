@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Sequence
 
 from scalertune._judge._findings import Findings
-from scalertune._judge._horizon import behind_from, ruling
+from scalertune._judge._horizon import behind_from, precision, ruling
 from scalertune._judge._outcome import Outcome
 from scalertune._replay._forecast import forecast
 
@@ -99,7 +99,7 @@ def why_not(result: Findings, outcome: Outcome) -> str:
     done = result.phases.get(outcome.number, [])
     rule = ruling(outcome, done, result.ruled)
     if rule is not None:
-        dtype = outcome.config.dtype
+        dtype = precision(outcome.config)
         if rule.stalled:
             return (
                 f"{dtype} trained from step 0 (trial #{rule.number}) fell behind "
@@ -144,7 +144,10 @@ def overflow_hint(result: Findings) -> str | None:
 
 def forecast_line(result: Findings) -> str | None:
     """Beyond the horizon: the first module whose forward peaks, at their trend, would reach
-    float16's range, and when; ``None`` where no trend is significant."""
+    float16's range, and when; ``None`` where no trend is significant, or the space searches
+    no float16."""
     trace = result.trace
-    found = forecast(trace, result.horizon) if trace is not None else []
+    if trace is None or "float16" not in result.settings.space_dtypes:
+        return None  # float16's range limits nothing the space searches
+    found = forecast(trace, result.horizon)
     return f"Forecast beyond the horizon: {found[0].describe()}" if found else None

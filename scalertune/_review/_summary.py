@@ -187,11 +187,15 @@ def _phases(result: Findings) -> list[str]:
     rows: list[tuple[str, ...]] = [
         ("phases of the horizon", "config", *(f"{a}-{b}" for a, b in windows), "holds")
     ]
-    for run in [
-        *result.finalists,
-        *result.islands,
-        *([result.float32_clip] if result.float32_clip else []),
-    ]:
+    runs = {
+        run.number: run  # an island that reached the target is a finalist too: one row
+        for run in [
+            *result.finalists,
+            *result.islands,
+            *([result.float32_clip] if result.float32_clip else []),
+        ]
+    }
+    for run in runs.values():
         done = {p.start: p for p in result.phases.get(run.number, [])}
         cells = [_phase_cell(done.get(a)) for a, _ in windows]
         verdict = result.holds(run)
@@ -205,9 +209,10 @@ def _phases(result: Findings) -> list[str]:
         )
     if len(rows) == 1:
         return []
+    judged = {run.number: run for run in [*result.finalists, *result.islands]}
     notes = [
         f"{run.label}: {why_not(result, run)}"
-        for run in [*result.finalists, *result.islands]
+        for run in judged.values()
         if result.holds(run) is False
     ]
     return [*format_table(rows), *notes]

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from scalertune._amp._config import AmpConfig
+from scalertune._amp._config import FLOAT8_KNOBS, AmpConfig
 from scalertune._inrun._gap import relative
 from scalertune._run import _policy as _run_policy
 from scalertune._run._checkpoint import BatchCursor, load_checkpoint
@@ -56,7 +56,7 @@ def _mean_loss(
     try:
         cursor = BatchCursor(workload.batches, saves=False)
         load_checkpoint(checkpoint, workload, cursor)
-        amp = NoStep(AmpConfig(dtype=config.dtype, fp32_modules=config.fp32_modules), device=device)
+        amp = NoStep(precision_of(config), device=device)
         amp.prepare(workload.model)
         step = step_function(workload)
         losses = [
@@ -67,3 +67,12 @@ def _mean_loss(
         del workload
         release_memory()
     return sum(losses) / len(losses) if all(map(math.isfinite, losses)) else math.inf
+
+
+def precision_of(config: AmpConfig) -> AmpConfig:
+    """``config``'s precision alone, nothing that steps: its dtype, its float32 modules and,
+    for float8, its recipe, the precision around it and its scale rounding (float8's recipe
+    changes the forward as much as a dtype: a per-tensor scale that one massive row sets
+    flushes the tensor's ordinary values, a per-row scale only its own row's)."""
+    float8 = {k: getattr(config, k) for k in FLOAT8_KNOBS} if config.float8 else {}
+    return AmpConfig(dtype=config.dtype, fp32_modules=config.fp32_modules, **float8)

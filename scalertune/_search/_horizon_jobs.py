@@ -17,6 +17,7 @@ from typing import Any
 from scalertune import _policy
 from scalertune._judge._answer import judge
 from scalertune._judge._findings import Findings
+from scalertune._judge._horizon import precision
 from scalertune._judge._outcome import Outcome
 from scalertune._judge._phases import judged_end
 from scalertune._search import _policy as _search_policy
@@ -53,7 +54,7 @@ class HorizonJobs:
             if result.best_amp is not None:
                 return
             run = next(iter(_undecided(result)), None)
-            if (run is None or run.config.dtype in result.ruled) and self._islands(result):
+            if (run is None or precision(run.config) in result.ruled) and self._islands(result):
                 continue
             if run is None:
                 return
@@ -153,7 +154,7 @@ def _undecided(result: Findings) -> list[Outcome]:
     # untouched, is likelier to hold than one module of a failing one patched (on a new
     # user's MLP an island held through its windows and ended 1.7-2.3x behind float32 from
     # step 0, where PyTorch's float16 defaults ended at 0.59-1.01x)
-    for c in sorted(result.pool, key=lambda c: c.config.dtype in result.ruled):
+    for c in sorted(result.pool, key=lambda c: precision(c.config) in result.ruled):
         if (
             c.number not in runs
             or result.holds(c) is False

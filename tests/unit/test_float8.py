@@ -97,8 +97,8 @@ def test_a_linear_layer_float8_cannot_take_is_left_out_in_one_line():
         AmpRuntime(AmpConfig(dtype="float8"), device="cpu").prepare(_mlp())  # said once
     lines = [str(w.message) for w in said if "float8" in str(w.message)]
     assert lines == [
-        "float8: 4 left out of float8 (sizes not multiples of 16, which float8 matmuls need); "
-        "it runs in the precision around float8"
+        "float8: layer '4' left out of float8 (sizes not multiples of 16, which float8 "
+        "matmuls need); it runs in the precision around float8"
     ]
 
 

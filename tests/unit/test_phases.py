@@ -213,6 +213,46 @@ def test_a_dtype_ruled_out_from_step_0_holds_in_no_branch_of_its_own():
     assert holds(island, phases, spans, precision) is True
 
 
+def test_a_float8_recipe_that_falls_behind_rules_out_its_own_recipe_not_the_others():
+    """tensorwise's per-tensor scale failing at float32's weights says nothing of rowwise's
+    per-row scales: the rule is keyed by the recipe and the precision around float8, and the
+    forward it is measured by runs the config's own recipe."""
+    from scalertune import AmpConfig
+    from scalertune._judge._horizon import RuledOut, holds, precision
+    from scalertune._judge._outcome import Figures, Outcome
+    from scalertune._judge._phases import PhaseResult
+    from scalertune._run._forward import precision_of
+
+    spans = [(300, 400), (500, 600)]
+    configs = {
+        3: AmpConfig(dtype="float8", clip_norm=1.0),
+        4: AmpConfig(dtype="float8", float8_recipe="rowwise"),
+        5: AmpConfig(dtype="float8", float8_around="bfloat16"),
+        6: AmpConfig(dtype="float8", float8_round_scales=True),
+    }
+    runs = {
+        n: Outcome(
+            number=n,
+            role="search",
+            config=c,
+            seed=0,
+            state="complete",
+            figures=Figures(steps_to_target=100),
+            losses=(),
+        )
+        for n, c in configs.items()
+    }
+    phases = {n: [PhaseResult(a, b, 1.0, 0.0, nonfinite=False) for a, b in spans] for n in runs}
+    tensorwise = AmpConfig(dtype="float8")
+    assert precision(tensorwise) == "float8 tensorwise in float32"
+    assert precision(AmpConfig(dtype="bfloat16")) == "bfloat16"
+    ruled = {precision(tensorwise): RuledOut(9, 500, 600, forward=5.9, fp32_modules=())}
+    held = {n: holds(o, phases, spans, ruled) for n, o in runs.items()}
+    assert held == {3: False, 4: True, 5: True, 6: False}
+    measured = precision_of(AmpConfig(dtype="float8", float8_recipe="rowwise", clip_norm=2.0))
+    assert (measured.float8_recipe, measured.clip_norm) == ("rowwise", None)
+
+
 def test_a_clip_that_falls_behind_in_branches_only_is_said_to_be_a_branchs_verdict():
     """A branch starts from float32's state, trained at the workload's own clip: for a config
     with another clip, falling behind there may be the clip taking over mid-run (a new user's
