@@ -42,6 +42,9 @@ def attach(
     elif kind == "accelerate":
         _accelerate.check_accelerator(trainer)
         _accelerate.route_accelerator(trainer, Route(amp), training=True)
+        # save_state/load_state keep the runtime's state: a resumed run keeps what the
+        # check did (a checkpoint made before attach has one custom state less)
+        trainer.register_for_checkpointing(amp)
     else:
         _lightning.check_lightning(trainer)
         _lightning.route_lightning(trainer, amp)

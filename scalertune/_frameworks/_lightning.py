@@ -100,6 +100,14 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
             amp.steps += 1
             return result
 
+        # Lightning keeps the precision plugin's state in every checkpoint and restores it
+        # in fit(ckpt_path=...): the runtime's, so that a resumed run keeps what the check did
+        def state_dict(self) -> dict[str, Any]:
+            return amp.state_dict()
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            _load(amp, state)
+
     if config.dtype == "float32":
         return _Float32()
     # float8 in float32 has no autocast for Lightning to name: its plain precision ("32-true"),
@@ -118,6 +126,12 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
                 amp.steps += 1
             return result
 
+        def state_dict(self) -> dict[str, Any]:
+            return amp.state_dict()
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            _load(amp, state)
+
         def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
             module = amp.prepare(super().convert_module(module))
             if amp.check is not None:
@@ -135,6 +149,15 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
     return _RuntimePrecision(
         precision, amp.device.type, scaler=amp.scaler if config.uses_scaler else None
     )
+
+
+def _load(amp: AmpRuntime, state: dict[str, Any]) -> None:
+    """Restore the runtime from a checkpoint's precision state: its own, or, from a
+    checkpoint an earlier release saved, the GradScaler's alone (Lightning's own)."""
+    if "scaler" in state:
+        amp.load_state_dict(state)
+    elif state and amp.scaler.is_enabled():
+        amp.scaler.load_state_dict(state)
 
 
 def _check_training_step(module: Any, amp: AmpRuntime) -> None:

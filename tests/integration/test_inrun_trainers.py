@@ -116,14 +116,12 @@ def _floor_trainer(amp_yaml, **overrides):
     data = [{"x": x[i], "labels": y[i]} for i in range(64)]
     args = TrainingArguments(
         output_dir=str(overrides.pop("out")),
-        max_steps=6,
         per_device_train_batch_size=64,
         learning_rate=0.0,
         report_to=[],
-        save_strategy="no",
         disable_tqdm=True,
         use_cpu=True,
-        **overrides,
+        **{"max_steps": 6, "save_strategy": "no", **overrides},
     )
     trainer = Trainer(model=model, args=args, train_dataset=data)
     return trainer, scalertune.attach(trainer, amp_yaml)
@@ -139,6 +137,98 @@ def test_a_hugging_face_trainer_checks_itself_through_its_compute_loss(tmp_path)
     assert "scalertune check at step 2: bfloat16's loss is" in line
     assert "keeping 'net.2' in float32" in line
     assert amp.config.fp32_modules == ("net.2",) and len(amp.check.checks) == 6
+
+
+def test_a_hugging_face_trainer_resumed_from_its_checkpoint_keeps_what_the_check_did(tmp_path):
+    """The check keeps 'net.2' in float32 at step 2; the Trainer saves at step 3. A new
+    Trainer, attached to the same YAML, resumed from that checkpoint trains on with the
+    island from its first step, says nothing again, and its check's record goes on from
+    step 3, as the run never stopped does."""
+    path = _yaml(tmp_path, AmpConfig(dtype="bfloat16"), {"every": 1, "window": 3})
+    saving = {"save_strategy": "steps", "save_steps": 3}
+    whole, whole_amp = _floor_trainer(path, out=tmp_path / "whole", **saving)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        whole.train()
+    first, _ = _floor_trainer(path, out=tmp_path / "hf", **saving, max_steps=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first.train()
+    assert (tmp_path / "hf" / "checkpoint-3" / "scalertune_amp.pt").is_file()
+    resumed, amp = _floor_trainer(path, out=tmp_path / "hf", **saving)
+    assert amp.config.fp32_modules == ()  # the YAML's config, until the state comes back
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed.train(resume_from_checkpoint=True)
+    assert not [m for m in caught if issubclass(m.category, AmpCheckWarning)]
+    assert amp.config.fp32_modules == whole_amp.config.fp32_modules == ("net.2",)
+    assert [c.step for c in amp.check.checks] == [c.step for c in whole_amp.check.checks]
+    assert amp.steps == whole_amp.steps == 6
+    # a checkpoint without the runtime's state: said in one line, the run resumes as attached
+    (tmp_path / "hf" / "checkpoint-3" / "scalertune_amp.pt").unlink()
+    again, amp = _floor_trainer(path, out=tmp_path / "hf", **saving)
+    with pytest.warns(UserWarning, match="holds no scalertune_amp.pt"):
+        again.train(resume_from_checkpoint=str(tmp_path / "hf" / "checkpoint-3"))
+
+
+def _floor_fit(amp_yaml, steps, ckpt_path=None, save_to=None):
+    """The floor model of :func:`_floor_trainer` fit by Lightning's own loop to ``steps``
+    (from ``ckpt_path`` when given; its checkpoint saved to ``save_to``); the runtime and the
+    check's lines."""
+    import lightning.pytorch as pl
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    with torch.no_grad():
+        net[2].bias.fill_(1000.0)
+        x = torch.randn(64, 4)
+        y = net(x) + 0.01 * torch.randn(64, 1)
+
+    class Floor(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch, batch_idx):
+            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    trainer = pl.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    amp = scalertune.attach(trainer, amp_yaml)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = torch.utils.data.DataLoader([(x, y)] * steps, batch_size=None)
+        trainer.fit(Floor(), loader, ckpt_path=ckpt_path)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
+    return amp, [str(m.message) for m in caught if issubclass(m.category, AmpCheckWarning)]
+
+
+def test_a_lightning_fit_resumed_from_its_checkpoint_keeps_what_the_check_did(tmp_path):
+    """Lightning keeps the precision plugin's state in its checkpoints: the runtime's. The
+    check keeps 'net.2' in float32 at step 2; a fit resumed from the checkpoint of step 3
+    trains on with the island from its first step, silent, its record going on as the run
+    never stopped does."""
+    path = _yaml(tmp_path, AmpConfig(dtype="bfloat16"), {"every": 1, "window": 3})
+    whole, said = _floor_fit(path, 6)
+    assert len(said) == 1 and "keeping 'net.2' in float32" in said[0], said
+    ckpt = str(tmp_path / "step3.ckpt")
+    _floor_fit(path, 3, save_to=ckpt)
+    amp, said = _floor_fit(path, 6, ckpt_path=ckpt)
+    assert said == []
+    assert amp.config.fp32_modules == whole.config.fp32_modules == ("net.2",)
+    assert [c.step for c in amp.check.checks] == [c.step for c in whole.check.checks]
+    assert amp.steps == whole.steps == 6
 
 
 def test_a_check_that_finds_nothing_leaves_a_trainers_training_as_it_was(tmp_path):
@@ -181,6 +271,13 @@ def test_an_accelerate_loop_hands_its_loss_to_the_runtime(tmp_path):
     (line,) = [str(m.message) for m in caught if issubclass(m.category, AmpCheckWarning)]
     assert "keeping '2' in float32" in line and amp.config.fp32_modules == ("2",)
     assert amp.steps == 4
+    # Accelerate's save_state/load_state keep the runtime's state: a resumed run keeps it
+    accelerator.save_state(str(tmp_path / "state"))
+    again = Accelerator(cpu=True)
+    resumed = scalertune.attach(again, path)
+    again.prepare(nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1)))
+    again.load_state(str(tmp_path / "state"))
+    assert resumed.config.fp32_modules == ("2",) and resumed.steps == 4
 
 
 @pytest.fixture(scope="module")
