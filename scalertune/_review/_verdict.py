@@ -125,9 +125,10 @@ def covers(result: Findings) -> str:
     curve = ref.target.reference_curve if ref is not None else ()
     if len(curve) >= shortest and curve[-1]:
         fell = (curve[shortest - 1] - curve[-1]) / abs(curve[-1])
+        moved = f"fell {fell:.1%} further" if fell >= 0 else f"rose {-fell:.1%}"
         said += (
-            f"; float32's loss on seed {seed} (where the run stopped first) fell {fell:.1%} "
-            f"further by step {len(curve)}"
+            f"; float32's loss on seed {seed} (where the run stopped first) {moved} "
+            f"by step {len(curve)}"
         )
     return said
 

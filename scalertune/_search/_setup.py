@@ -113,7 +113,11 @@ def prepare(factory: str | Callable[[], Any], options: SearchOptions) -> Setup:
     # a DeepSpeed workload keeps the space it named: its engine trains no float8
     space = _space_for(space if checked.deepspeed else searched, checked.deepspeed)
     _float8_takes(space, checked)
-    islands = island_candidates(list(checked.float8_casts), at_most=FLOAT8_ISLAND_CANDIDATES)
+    islands = [
+        name  # a layer every run keeps out already (--fp32-modules) is no choice
+        for name in island_candidates(list(checked.float8_casts), at_most=FLOAT8_ISLAND_CANDIDATES)
+        if name not in space.fixed_islands
+    ]
     if islands and "float8_islands" not in space.params:
         space = with_float8_islands(space, islands)
     steps, fitted = _trial_steps(options, checked.horizon)
@@ -317,24 +321,27 @@ def float8_recipes(space: SearchSpace) -> tuple[str, ...]:
 
 
 def with_float8_islands(space: SearchSpace, names: list[str]) -> SearchSpace:
-    """The same space where float8 trials may also keep one of ``names`` out of float8
-    (in float32): the layers the evidence says float8 spoils.
+    """The same space where float8 trials may also keep one of ``names``, or all, out of
+    float8 (in float32): the layers the evidence says float8 spoils.
 
     Args:
         space: The space.
         names: Module names, worst first.
 
     Returns:
-        A new space with ``float8_islands`` choices: none, or each name alone.
+        A new space with ``float8_islands`` choices: none, each name alone, and, for more
+        than one, all of them together (as the in-run check keeps every layer a recipe spoils
+        out at once: one recipe may spoil one layer, another a second).
 
     Example:
         >>> from scalertune import SearchSpace
-        >>> space = with_float8_islands(SearchSpace.load("float8"), ["0"])
+        >>> space = with_float8_islands(SearchSpace.load("float8"), ["0", "2"])
         >>> space.params["float8_islands"]
-        {'choices': ['', '0']}
+        {'choices': ['', '0', '2', '0,2']}
     """
+    together = [",".join(names)] if len(names) > 1 else []
     return SearchSpace.from_dict(
-        {**space.params, "float8_islands": {"choices": ["", *names]}},
+        {**space.params, "float8_islands": {"choices": ["", *names, *together]}},
         name=space.name,
         description=space.description,
     )

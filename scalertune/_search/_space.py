@@ -389,9 +389,10 @@ def _suggest(space: SearchSpace, trial: optuna.Trial) -> AmpConfig:
         more = space.params.get("float8_islands")
         if more is not None:
             chosen = trial.suggest_categorical("float8_islands", list(more["choices"]))
-            values["fp32_modules"] = (
-                *parse_islands(values.get("fp32_modules") or ""),
-                *parse_islands(chosen or ""),
+            values["fp32_modules"] = tuple(  # a name given and chosen is kept once
+                dict.fromkeys(
+                    (*parse_islands(values.get("fp32_modules") or ""), *parse_islands(chosen or ""))
+                )
             )
     for key in NUMERIC_KNOBS:
         if key not in space.params or (key in FLOAT16_ONLY and values["dtype"] != "float16"):

@@ -325,6 +325,27 @@ def test_a_float8_trial_may_keep_the_evidences_layers_out_and_the_space_names_it
     assert space.params_for(AmpConfig(dtype="float8", fp32_modules=("2",))) is None
 
 
+def test_a_float8_trial_may_keep_every_layer_the_evidence_names_out_at_once():
+    """One recipe may spoil one layer and another a second (a new user's Llama: tensorwise
+    spoiled down_proj, rowwise up_proj): the layers together are a choice of their own; a
+    layer given with --fp32-modules is no choice, and is kept once."""
+    import optuna
+
+    from scalertune import SearchSpace
+    from scalertune._search._setup import with_float8_islands
+
+    space = with_float8_islands(SearchSpace.load("float8"), ["down", "up"])
+    assert space.params["float8_islands"]["choices"] == ["", "down", "up", "down,up"]
+    both = AmpConfig(dtype="float8", float8_recipe="rowwise", fp32_modules=("down", "up"))
+    study = optuna.create_study(sampler=space.sampler(seed=0))
+    study.enqueue_trial(space.params_for(both))
+    assert space.suggest(study.ask()) == both
+    given = with_float8_islands(SearchSpace.load("float8").with_islands("head"), ["head", "up"])
+    study = optuna.create_study(sampler=given.sampler(seed=0))
+    study.enqueue_trial({**space.params_for(both), "float8_islands": "head"})
+    assert given.suggest(study.ask()).fp32_modules == ("head",)
+
+
 def test_the_step_timing_times_float8_under_a_step_of_the_workloads_own():
     """A step of the user's own enters amp.autocast() itself and never prepares the model:
     the timing prepares every dtype's runtime, or float8's steps are refused."""

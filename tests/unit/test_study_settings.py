@@ -289,6 +289,27 @@ def test_a_run_chosen_by_hand_that_was_pruned_is_not_said_to_have_reached_the_ta
     assert "stopped at step 30 on seed 0, after reaching the target" in said
 
 
+def test_a_float32_loss_that_rose_after_the_run_stopped_is_said_to_have_risen(v1):
+    """What the evidence covers compares float32's loss where the run stopped with its last:
+    a loss that rose is said to rise, not to fall by a negative share (a new user read "fell
+    -1.2% further")."""
+    from scalertune._review._verdict import covers
+
+    found = _short_findings(v1)
+    chosen = found.best_amp
+    stopped = dataclasses.replace(
+        chosen, figures=dataclasses.replace(chosen.figures, steps_to_target=25, steps_run=30)
+    )
+    ref = found.references[chosen.seed]
+    curve = list(ref.target.reference_curve)
+    rising = (*[1.0] * 30, *[1.0125] * (len(curve) - 30))  # flat, then up 1.25%
+    references = {**found.references, chosen.seed: dataclasses.replace(ref, losses=rising)}
+    said = covers(
+        dataclasses.replace(found, best_amp=stopped, confirmations={}, references=references)
+    )
+    assert f"rose 1.2% by step {len(curve)}" in said and "fell -" not in said, said
+
+
 def test_no_amp_verdict_says_what_the_amp_runs_did_not_that_they_went_non_finite(v1):
     """Where no AMP run reached the target, the verdict counts what was pruned and for what,
     and how close the runs that trained on ended: a new user's float8 study, where nothing went
