@@ -131,13 +131,22 @@ def convert(model: torch.nn.Module, config: Any, *, device: torch.device) -> lis
     inner = unwrapped(model)
     out = left_out(inner)
     others = not_linear(inner)
+    converted = 0
     for name, module in list(inner.named_modules()):
         if type(module) is torch.nn.Linear and name not in out:
             _replace(inner, name, cls.from_float(module, config=settings))
+            converted += 1
     if out:
         _say_once(left_out_line(out))
     if others:
         _say_once(not_linear_line(others))
+    if not converted:  # a float8 config that trains nothing in float8: not to be missed
+        _say_once(
+            "float8: no layer of this model takes float8, so it trains in "
+            f"{config.float8_around} throughout, as a {config.float8_around} config would: "
+            "float8 needs torch.nn.Linear layers whose sizes are multiples of "
+            f"{FLOAT8_MULTIPLE}"
+        )
     return out
 
 

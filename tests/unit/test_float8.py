@@ -102,6 +102,25 @@ def test_a_linear_layer_float8_cannot_take_is_left_out_in_one_line():
     ]
 
 
+def test_a_model_with_no_layer_float8_takes_is_said_to_train_without_float8():
+    """A new user attached a float8 answer to a Llama of width 24: every layer was left out,
+    and nothing said that the run trains in float32 as a whole."""
+    _float8._SAID.clear()
+    model = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 1))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        AmpRuntime(AmpConfig(dtype="float8", float8_recipe="rowwise"), device="cpu").prepare(
+            model
+        )
+    lines = [str(w.message) for w in said]
+    assert lines[-1] == (
+        "float8: no layer of this model takes float8, so it trains in float32 throughout, as "
+        "a float32 config would: float8 needs torch.nn.Linear layers whose sizes are "
+        "multiples of 16"
+    ), lines
+    assert not any(type(m).__name__ == "Float8Linear" for m in model.modules())
+
+
 def test_float8_runs_only_in_its_runtimes_forward_the_check_and_islands_see_plain_linear_layers():
     model = _mlp()
     reference = _mlp()
