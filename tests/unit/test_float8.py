@@ -109,9 +109,7 @@ def test_a_model_with_no_layer_float8_takes_is_said_to_train_without_float8():
     model = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 1))
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        AmpRuntime(AmpConfig(dtype="float8", float8_recipe="rowwise"), device="cpu").prepare(
-            model
-        )
+        AmpRuntime(AmpConfig(dtype="float8", float8_recipe="rowwise"), device="cpu").prepare(model)
     lines = [str(w.message) for w in said]
     assert lines[-1] == (
         "float8: no layer of this model takes float8, so it trains in float32 throughout, as "
