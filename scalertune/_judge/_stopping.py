@@ -220,7 +220,11 @@ def study_stop_reason(
             f"the sampler proposed {duplicates} configs in a row that had already run: "
             "the space has nothing new to try"
         )
-    fresh = [o for o in sampled if not o.reused]
+    # a float8 config pruned on the first batch's evidence (a layer its recipe spoils) trained
+    # a window at most: a verdict known before it ran, no sign that sampling is spent (a new
+    # user's Llama, its recipes each spoiling a layer, stopped after 6 such trials, before
+    # the one that kept both layers out and held)
+    fresh = [o for o in sampled if not o.reused and o.prune_kind != "float8"]
     best: Outcome | None = None
     # since: trials since the last progress; streak: trials in a row that reached the target,
     # the first of them possibly progress, none after it

@@ -1,6 +1,7 @@
 """What a search costs: runs stop once their outcome is known, the study once more trials will
 not change the answer, and nothing trains twice."""
 
+import dataclasses
 import functools
 import math
 
@@ -248,6 +249,13 @@ def test_the_study_stops_after_a_patience_of_trials_without_progress():
         _sampled(40 + i, 100, reused=True) for i in range(_judge_policy.MAX_CONSECUTIVE_DUPLICATES)
     ]
     assert "nothing new" in study_stop_reason(progress + spent, TIMES, NOISE)
+    # a float8 config pruned on the first batch's evidence is no sign that sampling is spent
+    spoiled = [
+        dataclasses.replace(_sampled(60 + i, None, state="pruned"), prune_kind="float8")
+        for i in range(max(_policy.STUDY_MIN_TRIALS, _judge_policy.STUDY_PATIENCE))
+    ]
+    assert study_stop_reason(spoiled, TIMES, NOISE) is None
+    assert study_stop_reason(progress + spoiled, TIMES, NOISE) is None
 
 
 def test_a_tie_within_the_noise_is_no_progress_however_much_faster_its_estimate():
