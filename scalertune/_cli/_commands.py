@@ -350,23 +350,32 @@ def _dashboard(args: argparse.Namespace) -> int:
     lines = [f"optuna-dashboard on {redact(args.storage)} at {base} (Ctrl-C stops it)"]
     lines += [f"  {s.study_name}: {base}/studies/{study_id(s)}" for s in studies]
     print("\n".join(lines), flush=True)
+    if args.allow_writes:
+        print(
+            "--allow-writes: optuna-dashboard has no login, so anyone who reaches "
+            f"{base} (any user of this host, at a loopback address) can rewrite the "
+            "studies' notes and delete them",
+            file=sys.stderr,
+            flush=True,
+        )
     if not _loopback(args.host):
         print(
             f"--host {args.host} is not a loopback address: optuna-dashboard has no login, so "
-            f"anyone who reaches {base} reads the study, and can rewrite its notes and delete "
-            "it (bind 127.0.0.1 and reach it through an SSH tunnel to keep it to yourself)",
+            f"anyone who reaches {base} reads the study (bind 127.0.0.1 and reach it through "
+            "an SSH tunnel to keep it to yourself)",
             file=sys.stderr,
             flush=True,
         )
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        with contextlib.suppress(KeyboardInterrupt):
+        with contextlib.suppress(KeyboardInterrupt), _interrupt.plain():
             serve(
                 studies,
                 storage_url=args.storage,
                 host=args.host,
                 port=args.port,
                 artifact_dir=args.artifact_dir,
+                writable=args.allow_writes,
             )
     except OSError as exc:
         if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):

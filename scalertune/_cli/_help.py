@@ -122,8 +122,9 @@ DASHBOARD_DESCRIPTION = (
     "Start optuna-dashboard, bound to 127.0.0.1, on the storage and its studies' artifact "
     "stores: it shows every study the storage holds. First refresh the notes scalertune writes "
     "(the study's summary, what each trial is and what happened to it) on every study, or on "
-    "--study-name's only; nothing but notes is written. Needs: pip install "
-    "'scalertune[dashboard]'."
+    "--study-name's only; nothing but notes is written. The dashboard is read-only: a "
+    "request that would change the storage is refused (403) unless --allow-writes. Needs: "
+    "pip install 'scalertune[dashboard]'."
 )
 REPORT_DESCRIPTION = (
     "Print the summary of a stored study, recomputed from what the storage "

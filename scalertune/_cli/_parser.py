@@ -362,6 +362,12 @@ def _dashboard(sub: Any) -> None:
     )
     d.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
     d.add_argument(
+        "--allow-writes",
+        action="store_true",
+        help="let the dashboard change the storage (notes, trial feedback, deleting a "
+        "study): anyone who reaches it could; by default it is read-only",
+    )
+    d.add_argument(
         "--artifact-dir",
         metavar="DIR|s3://BUCKET",
         help="the artifact store to show (default: the one each study records, where it "

@@ -388,10 +388,13 @@ def serve(
     host: str,
     port: int,
     artifact_dir: str | None = None,
+    writable: bool = False,
 ) -> None:
     """Refresh the notes of ``studies``, then run the real optuna-dashboard server on their
     storage, which shows every study it holds (blocks); its Best Trial of a scalertune study
-    is the study's latest ``recommended`` trial (:func:`._server.recommended_best`).
+    is the study's latest ``recommended`` trial (:func:`._server.recommended_best`). It
+    refuses requests that would change the study unless ``writable``
+    (:func:`._server.read_only`).
 
     Only notes change: the study note carries the storage URL it was given (redacted), as
     the search's own note does, so an unchanged study keeps the note it has.
@@ -405,4 +408,4 @@ def serve(
     for study in studies:
         if StudySettings.of(study).stored:
             write_notes(analyze(study, storage=redact(storage_url)))
-    run(studies, host=host, port=port, locations=locations)
+    run(studies, host=host, port=port, locations=locations, writable=writable)

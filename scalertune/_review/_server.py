@@ -12,6 +12,7 @@ answers that one question so, and everything else as Optuna does.
 
 from __future__ import annotations
 
+import json
 import os
 import types
 from typing import IO, Any
@@ -52,19 +53,51 @@ def latest_recommended(storage: BaseStorage, study_id: int) -> FrozenTrial | Non
     return max(recommended, key=lambda t: t.number, default=None)
 
 
-def run(studies: list[optuna.Study], *, host: str, port: int, locations: list[str]) -> None:
+def run(
+    studies: list[optuna.Study],
+    *,
+    host: str,
+    port: int,
+    locations: list[str],
+    writable: bool = False,
+) -> None:
     """Serve the storage of ``studies`` (every study it holds) until interrupted, with their
-    artifact stores (folders that exist, and buckets) as the dashboard's one store."""
-    from optuna_dashboard import run_server
+    artifact stores (folders that exist, and buckets) as the dashboard's one store; read-only
+    (:func:`read_only`) unless ``writable``. Served as optuna-dashboard's ``run_server``
+    serves it: its WSGI app under bottle's ``run``."""
+    from bottle import run as serve
+    from optuna_dashboard import wsgi
 
     store = Served([p for p in locations if is_bucket(p) or os.path.isdir(p)])
     storage: Any = storage_of(studies[0])
-    run_server(
-        recommended_best(storage),
-        host=host,
-        port=port,
-        artifact_store=store if store.locations else None,
-    )
+    app = wsgi(recommended_best(storage), artifact_store=store if store.locations else None)
+    serve(app if writable else read_only(app), host=host, port=port)
+
+
+#: What a read-only dashboard answers a request that would change the study: in the body's
+#: ``reason``, which optuna-dashboard's page shows.
+READ_ONLY = (
+    "this dashboard is read-only: scalertune dashboard --allow-writes lets whoever reaches it "
+    "change notes and delete studies"
+)
+
+
+def read_only(app: Any) -> Any:
+    """``app`` answering only requests that read (GET, HEAD, OPTIONS): optuna-dashboard has
+    no login, and its API lets whoever reaches it rewrite notes, tell trials and delete a
+    study (HTTP DELETE on ``/api/studies/ID``); any other method is refused, 403."""
+    body = json.dumps({"reason": READ_ONLY}).encode()
+
+    def guarded(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("REQUEST_METHOD", "GET").upper() in ("GET", "HEAD", "OPTIONS"):
+            return app(environ, start_response)
+        start_response(
+            "403 Forbidden",
+            [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+        )
+        return [body]
+
+    return guarded
 
 
 class Served(ArtifactStores):

@@ -7,6 +7,7 @@ milliseconds against figures known in advance. The dashboard itself, served and 
 browser after real searches, is tested in tests/integration/test_browser.py.
 """
 
+import json
 import math
 
 import optuna
@@ -418,6 +419,74 @@ def test_dashboard_on_every_interface_says_who_can_read_it_before_it_serves(tmp_
         server.wait(timeout=30)
     assert first.startswith("--host 0.0.0.0 is not a loopback address: optuna-dashboard"), first
     assert f"has no login, so anyone who reaches http://0.0.0.0:{port}/dashboard reads" in first
+
+
+def _serving(storage, tmp_path, *flags):
+    """``scalertune dashboard`` on ``storage`` on a free loopback port, once it answers."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "scalertune", "dashboard", "--storage", storage,
+         "--port", str(port), *flags],
+        cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10):
+                return server, port
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()
+            time.sleep(0.3)
+
+
+def _request(port, method, path):
+    import urllib.error
+    import urllib.request
+
+    ask = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    try:
+        with urllib.request.urlopen(ask, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_the_dashboard_is_read_only_unless_writes_are_allowed(tmp_path):
+    """optuna-dashboard has no login, and any user of the host reaches 127.0.0.1: a new user
+    deleted a study with one ``curl -X DELETE``. Served read-only, the DELETE and a note's
+    rewrite are refused (403, the reason in the body the page shows), the study kept;
+    ``--allow-writes`` serves optuna-dashboard's own API, said in one line."""
+    from scalertune._storage._open import open_storage
+
+    storage = _study_on_a_journal(tmp_path)
+    server, port = _serving(storage, tmp_path)
+    try:
+        status, body = _request(port, "DELETE", "/api/studies/0")
+        assert status == 403 and "--allow-writes" in json.loads(body)["reason"], body
+        assert _request(port, "PUT", "/api/studies/0/note")[0] == 403
+        status, body = _request(port, "GET", "/api/studies")
+        assert status == 200 and len(json.loads(body)["study_summaries"]) == 1
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert len(optuna.get_all_study_summaries(open_storage(str(tmp_path / storage)))) == 1
+    server, port = _serving(storage, tmp_path, "--allow-writes")
+    try:
+        said = server.stderr.readline()
+        assert said.startswith("--allow-writes: optuna-dashboard has no login"), said
+        assert _request(port, "DELETE", "/api/studies/0")[0] == 204
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert optuna.get_all_study_summaries(open_storage(str(tmp_path / storage))) == []
 
 
 def test_dashboard_on_loopback_says_nothing_of_who_can_read_it(tmp_path):
