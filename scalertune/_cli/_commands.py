@@ -6,6 +6,7 @@ import argparse
 import errno
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -189,9 +190,11 @@ def _write(
         result.to_yaml(output)
         pictures = result.write_pictures(output)
     except OSError as exc:  # a full disk, a read-only folder: each file is written whole
+        # the storage as given, where it hides no password (which it could not say)
+        storage = result.storage if result.storage and "***" not in result.storage else ""
         again = (
-            f"scalertune report --storage STORAGE --study-name '{result.study_name}' -o "
-            "FILE writes them again"
+            f"scalertune report --storage {shlex.quote(storage) if storage else 'STORAGE'} "
+            f"--study-name '{result.study_name}' -o FILE writes them again"
         )
         # checked writable before the search: a fault of the machine since, nothing lost
         raise StorageUnavailable(

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from scalertune._errors import DamagedCheckpoint, UsageError
+from scalertune._errors import DamagedCheckpoint, MissingEvidence, UsageError
 from scalertune._run import _ranks
 from scalertune._run._checkpoint_file import (
     ForeignValue,
@@ -205,6 +205,17 @@ def save_checkpoint(
             f"cannot save the run's checkpoint: {exc}: a checkpoint holds tensors and plain "
             "data only (dict, list, tuple, str, numbers), so that reading it back runs no "
             "code: return those from the state_dict() of the workload's schedulers"
+        ) from None
+    except (OSError, RuntimeError) as exc:
+        # a full disk, a read-only folder (torch's writer says a short write as a
+        # RuntimeError): the store's fault, not the workload's; nothing is lost
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        describe = getattr(where, "describe", None)  # the store's name for it, not its scratch
+        what = describe() if callable(describe) else f"checkpoint {path}"
+        raise MissingEvidence(
+            f"could not store {what} (step {step}): "
+            f"{why.splitlines()[0] if why else type(exc).__name__}: free space or fix the "
+            "artifact store, and rerun"
         ) from None
     if not isinstance(where, str):
         where.publish(path, step)

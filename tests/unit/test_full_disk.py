@@ -28,14 +28,15 @@ LIMITS = {"study.log": 20_000, "study.db": 125_000}
 SEARCH = ["--steps", "20", "--n-trials", "2", "--device", "cpu", "-o", "amp.yaml"]
 
 
-def _search(storage, cwd, *, fsize=None):
+def _search(storage, cwd, *, fsize=None, extra=()):
     def limited():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
     return subprocess.run(
         [sys.executable, "-m", "scalertune", "search", spec("healthy"), "--storage", storage]
-        + SEARCH,
+        + SEARCH
+        + list(extra),
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -118,6 +119,25 @@ def test_a_full_disk_mid_search_is_one_line_and_the_rerun_completes(tmp_path, st
         shutil.copy(os.path.join(disk, storage), tmp_path / storage)
     before = _finished(str(tmp_path / storage))  # where it filled depends on the pages
     _completes_and_keeps(storage, tmp_path, before)
+
+
+def test_a_full_disk_under_the_checkpoints_is_one_line_and_the_rerun_completes(tmp_path):
+    """The artifact store on a full disk, the storage beside it with room: the float32
+    reference's first checkpoint cannot be written. One line naming the checkpoint, exit 3,
+    where it read "the float32 reference failed: OSError ..." (or torch's RuntimeError of a
+    short write), exit 1, as if the workload were at fault; with room, the rerun completes."""
+    with _mounted(tmp_path / "disk", "16k") as disk:
+        extra = ["--horizon", "80", "--artifact-dir", str(disk)]
+        done = _search("study.log", tmp_path, extra=extra)
+        assert done.returncode == 3, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in done.stderr and "reference failed" not in done.stderr
+        assert last.startswith("scalertune search: the float32 reference stopped: could not "
+                               "store checkpoint "), last  # fmt: skip
+        assert "No space left on device: free space" in last, last
+        subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
+        again = _search("study.log", tmp_path, extra=extra)
+    assert again.returncode == 0 and "Recommended:" in again.stdout, again.stderr
 
 
 @pytest.mark.parametrize("storage", sorted(LIMITS))
