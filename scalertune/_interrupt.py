@@ -107,10 +107,13 @@ def plain() -> Iterator[None]:
         yield
         return
     previous = {s: signal.getsignal(s) for s in SIGNALS}
-    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     for signum, current in previous.items():
-        if current is not signal.SIG_IGN:
-            signal.signal(signum, defaults[signum])
+        if current is signal.SIG_IGN:
+            continue
+        if signum == signal.SIGINT:
+            signal.signal(signum, signal.default_int_handler)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
     try:
         yield
     finally:

@@ -178,9 +178,9 @@ def _damage_at_checkpoint(how: str, n: int) -> None:
     publish = StoredCheckpoint.publish
     count = 0
 
-    def published(self, path, step):
+    def published(self, path, step, written=None):
         nonlocal count
-        publish(self, path, step)
+        publish(self, path, step, written)
         count += 1
         if count == n:
             damage(self, how)

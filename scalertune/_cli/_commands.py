@@ -353,22 +353,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     lines = [f"optuna-dashboard on {redact(args.storage)} at {base} (Ctrl-C stops it)"]
     lines += [f"  {s.study_name}: {base}/studies/{study_id(s)}" for s in studies]
     print("\n".join(lines), flush=True)
-    if args.allow_writes:
-        print(
-            "--allow-writes: optuna-dashboard has no login, so anyone who reaches "
-            f"{base} (any user of this host, at a loopback address) can rewrite the "
-            "studies' notes and delete them",
-            file=sys.stderr,
-            flush=True,
-        )
-    if not _loopback(args.host):
-        print(
-            f"--host {args.host} is not a loopback address: optuna-dashboard has no login, so "
-            f"anyone who reaches {base} reads the study (bind 127.0.0.1 and reach it through "
-            "an SSH tunnel to keep it to yourself)",
-            file=sys.stderr,
-            flush=True,
-        )
+    _say_who_reaches(args, base)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         with contextlib.suppress(KeyboardInterrupt), _interrupt.plain():
@@ -388,6 +373,27 @@ def _dashboard(args: argparse.Namespace) -> int:
             "or --port"
         ) from None
     return 0
+
+
+def _say_who_reaches(args: argparse.Namespace, base: str) -> None:
+    """Who can change the studies (``--allow-writes``), and who reads them (an address other
+    than loopback), each in one line: optuna-dashboard has no login."""
+    if args.allow_writes:
+        print(
+            "--allow-writes: optuna-dashboard has no login, so anyone who reaches "
+            f"{base} (any user of this host, at a loopback address) can rewrite the "
+            "studies' notes and delete them",
+            file=sys.stderr,
+            flush=True,
+        )
+    if not _loopback(args.host):
+        print(
+            f"--host {args.host} is not a loopback address: optuna-dashboard has no login, so "
+            f"anyone who reaches {base} reads the study (bind 127.0.0.1 and reach it through "
+            "an SSH tunnel to keep it to yourself)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _check_bindable(host: str, port: int) -> None:

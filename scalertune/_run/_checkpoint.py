@@ -118,7 +118,7 @@ class CheckpointTarget(Protocol):
     to ``publish`` (the study's artifact store, :mod:`scalertune._storage._checkpoints`)."""
 
     def local_path(self) -> str: ...
-    def publish(self, path: str, step: int) -> None: ...
+    def publish(self, path: str, step: int, written: tuple[str, int] | None = None) -> None: ...
 
 
 class SaveSchedule(Mapping[int, "str | CheckpointTarget"]):
@@ -199,7 +199,7 @@ def save_checkpoint(
     }
     path = where if isinstance(where, str) else where.local_path()
     try:
-        write_checkpoint(state, path)
+        written = write_checkpoint(state, path)
     except ForeignValue as exc:
         raise UsageError(
             f"cannot save the run's checkpoint: {exc}: a checkpoint holds tensors and plain "
@@ -218,7 +218,7 @@ def save_checkpoint(
             "artifact store, and rerun"
         ) from None
     if not isinstance(where, str):
-        where.publish(path, step)
+        where.publish(path, step, written)
 
 
 def _ranked_save(workload: Workload, mine: dict[str, Any]) -> tuple[Any, Any, Any] | None:

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import io
 import os
 import pickle
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 
@@ -90,18 +91,42 @@ def _name(value: Any) -> str:
     return module + kind.__qualname__
 
 
-def write_checkpoint(state: dict[str, Any], path: str) -> None:
+def write_checkpoint(state: dict[str, Any], path: str) -> tuple[str, int]:
     """``state`` to ``path``, whole or not at all, once checked to hold only what
-    :func:`read_checkpoint` reads back (:class:`ForeignValue` otherwise, nothing written)."""
+    :func:`read_checkpoint` reads back (:class:`ForeignValue` otherwise, nothing written).
+
+    Returns:
+        The SHA-256 of the bytes written and their count, taken as they were written: a
+        file swapped in before it is stored does not get its own bytes vouched for.
+    """
     check_plain(state)
     fd, tmp = create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            written = _Hashing(f)
+            torch.save(state, cast(IO[bytes], written))  # it writes through write() alone
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    return written.sha.hexdigest(), written.size
+
+
+class _Hashing:
+    """A file that hashes what is written to it (``torch.save`` writes through ``write``)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = self.f.write(view)
+        self.sha.update(view)
+        self.size += view.nbytes
+        return n if n is not None else view.nbytes
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def read_checkpoint(

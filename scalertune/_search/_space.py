@@ -104,11 +104,13 @@ class SearchSpace:
             >>> space.dtypes, space.distinct_configs()
             (('bfloat16',), None)
         """
-        if os.path.isfile(name_or_path):
+        path = name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path
+        # a FIFO or a folder named as the file: read_yaml says what it is
+        if os.path.isfile(name_or_path) or (path and os.path.lexists(name_or_path)):
             data = read_yaml(name_or_path, what="a search space")
             name = os.path.splitext(os.path.basename(name_or_path))[0]
         else:
-            if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
+            if path:
                 raise UsageError(f"no such search space file: {name_or_path}")
             shipped = shipped_spaces()
             if name_or_path not in shipped:

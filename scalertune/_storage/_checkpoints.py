@@ -65,9 +65,11 @@ class StoredCheckpoint:
             return os.path.join(self.store.location, f".tmp-{os.getpid()}-{self.name}")
         return os.path.join(_scratch(), self.name)
 
-    def publish(self, path: str, step: int) -> None:
-        """Store the file at ``path`` (removed afterwards), then its manifest."""
-        digest, size = _digest_of_file(path)
+    def publish(self, path: str, step: int, written: tuple[str, int] | None = None) -> None:
+        """Store the file at ``path`` (removed afterwards), then its manifest: of ``written``
+        (the digest and size taken as the bytes were written), else of the file as it is
+        read now (another hand that can write the store could swap it in between)."""
+        digest, size = written if written is not None else _digest_of_file(path)
         try:
             final = self.store.path(self.name)
             if final is not None:

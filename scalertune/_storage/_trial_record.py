@@ -283,7 +283,8 @@ def is_integer(value: Any) -> TypeGuard[int]:
 #: not. A record's other fields (a config, a list) are checked by the record's own reader.
 _KINDS: dict[str, tuple[Any, str]] = {
     "int | None": (is_integer, "is not a whole number"),
-    "float | None": (is_number, "is not a number"),
+    # NaN is never written (a figure that is not finite is stored as null): it is damage
+    "float | None": (lambda v: is_number(v) and v == v, "is not a number"),
     "str | None": (lambda v: isinstance(v, str), "is not text"),
     "bool | None": (lambda v: isinstance(v, bool), "is not true or false"),
     "int | str | None": (

@@ -862,6 +862,13 @@ def test_a_fifo_given_as_the_result_file_is_one_line_not_a_wait_forever(tmp_path
     with pytest.raises(scalertune.UsageError, match="is not a regular file") as info:
         scalertune.load(str(tmp_path / "amp.yaml"), device="cpu")
     assert len(str(info.value).splitlines()) == 1
+    # as a search space: what it is, not "no such search space file" (it exists)
+    os.mkfifo(tmp_path / "space.yaml")
+    os.mkdir(tmp_path / "dir.yaml")
+    with pytest.raises(scalertune.UsageError, match="space.yaml is not a regular file"):
+        scalertune.SearchSpace.load(str(tmp_path / "space.yaml"))
+    with pytest.raises(scalertune.UsageError, match="dir.yaml is a folder, not a search space"):
+        scalertune.SearchSpace.load(str(tmp_path / "dir.yaml"))
 
 
 _EXITS_FROM_CALL = """import os

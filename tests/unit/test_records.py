@@ -195,6 +195,19 @@ def test_a_damaged_job_is_named_in_one_line(stored, named):
         Job.read(stored, "trial #4")
 
 
+@pytest.mark.parametrize("key", ["min_scale", "loss_vs_float32", "phase_ratio", "phase_forward"])
+def test_a_nan_figure_is_damaged_evidence_not_a_figure(key):
+    """A run never stores NaN (a figure that is not finite is stored as null): a NaN read
+    back is damage, named, where a planted one reached the table and the YAML as ``nanx``
+    and a phase of ``nanx`` read as holding."""
+    from scalertune._errors import DamagedEvidence
+
+    stored = {"steps_run": 40, "phase_start": 0, "phase_end": 40, key: float("nan")}
+    with pytest.raises(DamagedEvidence, match=f"{key} is damaged: it is not a number"):
+        Judged.read(stored, "trial #5")
+    assert Judged.read({**stored, key: float("inf")}).figures.steps_run == 40
+
+
 def test_a_judged_record_of_a_later_format_is_damaged_not_misread():
     from scalertune._errors import DamagedEvidence
 

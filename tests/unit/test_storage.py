@@ -371,6 +371,29 @@ def test_a_damaged_checkpoint_is_named_in_one_line_and_never_loaded(tmp_path, ho
     assert ("is missing its file" if how == "gone" else "is damaged") in said
 
 
+def test_a_checkpoint_swapped_before_it_is_stored_is_not_vouched_for(tmp_path, monkeypatch):
+    """Whoever can write the store replaces the run's file between its write and its store
+    (a new user's strace showed the file hashed again from the store's folder there): the
+    manifest holds the digest of the bytes the run wrote, so the planted file is damaged
+    evidence, never loaded, where its own bytes were hashed and vouched for."""
+    from scalertune._errors import MissingEvidence
+    from scalertune._storage._checkpoints import StoredCheckpoint
+
+    planted, _ = _saved(str(tmp_path / "elsewhere"), step=10)  # a real checkpoint, not this
+    plant = planted.store.read(planted.name, lambda f: f.read())
+    publish = StoredCheckpoint.publish
+
+    def swapped(self, path, step, *written):
+        with open(path, "wb") as f:
+            f.write(plant)
+        publish(self, path, step, *written)
+
+    monkeypatch.setattr(StoredCheckpoint, "publish", swapped)
+    stored, _ = _saved(str(tmp_path / "artifacts"))
+    with pytest.raises(MissingEvidence, match="is damaged: its file is"):
+        stored.fetch()
+
+
 def test_a_checkpoint_without_its_manifest_was_never_finished(tmp_path):
     from scalertune._errors import MissingEvidence
 
