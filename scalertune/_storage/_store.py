@@ -368,9 +368,16 @@ class _Folder:
             raise ArtifactNotFound(
                 f"artifact {artifact_id} in {self.base} is a symbolic link: not read"
             ) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
             os.close(fd)
             raise ArtifactNotFound(f"artifact {artifact_id} in {self.base} is not a regular file")
+        if self._folder is not None and found.st_nlink != 1:
+            # served to whoever reaches the dashboard: a file written here has one name, and
+            # a hard link from outside (where the kernel allows one to a file the linker may
+            # not read) is not served
+            os.close(fd)
+            raise ArtifactNotFound(f"artifact {artifact_id} in {self.base} has other names")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
 

@@ -571,12 +571,14 @@ def test_a_picture_whose_file_is_a_link_or_gone_is_404_from_the_dashboards_own_r
         optuna.artifacts.upload_artifact(
             study_or_trial=study, file_path=str(picture), artifact_store=served
         )
-        for _ in range(3)
+        for _ in range(4)
     ]
     (tmp_path / "secret").write_text("outside the store")
     os.remove(store / ids[1])
     os.symlink(tmp_path / "secret", store / ids[1])
     os.remove(store / ids[2])
+    os.remove(store / ids[3])  # a hard link: another name of a file outside the store
+    os.link(tmp_path / "secret", store / ids[3])
     app = wsgi(storage, artifact_store=served)
     sid = storage.get_study_id_from_name(study.study_name)
 
