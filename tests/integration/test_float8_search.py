@@ -87,7 +87,7 @@ def test_over_a_horizon_an_outlier_grown_late_rules_out_tensorwise_and_not_rowwi
     monkeypatch.setenv("SCALERTUNE_FLOAT8_STEPS", str(GROWN))
     ran = run_cli(
         "search", spec("make_growing", "float8_workloads.py"), "--space", "float8",
-        "--steps", 100, "--horizon", GROWN, "--n-trials", 3, "--storage", "grown.db",
+        "--steps", 100, "--horizon", GROWN, "--n-trials", 2, "--storage", "grown.db",
         "-o", "grown.yaml", cwd=tmp_path, process=True,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
