@@ -95,32 +95,6 @@ def handled() -> Iterator[None]:
                 signal.signal(signum, current)
 
 
-@contextlib.contextmanager
-def plain() -> Iterator[None]:
-    """Ctrl-C and SIGTERM as Python has them, in this scope (main thread only): for code that
-    catches a ``KeyboardInterrupt`` of its own accord, which would swallow the first signal
-    while the handler counts it as stopping the work (the WSGI server under ``scalertune
-    dashboard`` catches every exception a request raises, so a SIGTERM that came while it
-    answered one left it serving). SIGTERM ends the process at once; a Ctrl-C that lands in
-    a request is reported by the server, and the next one stops it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in SIGNALS}
-    for signum, current in previous.items():
-        if current is signal.SIG_IGN:
-            continue
-        if signum == signal.SIGINT:
-            signal.signal(signum, signal.default_int_handler)
-        else:
-            signal.signal(signum, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        for signum, current in previous.items():
-            signal.signal(signum, current)
-
-
 def settle() -> None:
     """The command has its exit status and the process is about to exit with it: from now on
     Ctrl-C and SIGTERM are ignored. (Python's finalisation puts back the default action of a

@@ -356,7 +356,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     _say_who_reaches(args, base)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        with contextlib.suppress(KeyboardInterrupt), _interrupt.plain():
+        with contextlib.suppress(KeyboardInterrupt):
             serve(
                 studies,
                 storage_url=args.storage,

@@ -29,6 +29,7 @@ from scalertune._amp._schema import result_document
 from scalertune._errors import UsageError
 from scalertune._judge._findings import Findings
 from scalertune._judge._settings import StudySettings
+from scalertune._judge._speedup import EMULATED, emulated
 from scalertune._review._artifacts import Pictures, pictures_of, upload
 from scalertune._review._describe import (
     describe_outcome,
@@ -216,11 +217,12 @@ def _answer_lines(result: Findings) -> list[str]:
         holds = f"; {evidence_of(result, best)}" if result.long else ""
         speed = result.speedup
         device = result.settings.device
-        said = (
-            speed.verdict(device, note=False)
-            if speed is not None
-            else f"not faster than float32 beyond the noise on {device}"
-        )
+        if best.config.float8 and emulated(device):  # as the summary and the YAML: no speed
+            said = f"ran float8 emulated on {device} ({EMULATED})"
+        elif speed is not None:
+            said = speed.verdict(device, note=False)
+        else:
+            said = f"not faster than float32 beyond the noise on {device}"
         lines += [
             "",
             f"**Best AMP config that holds:** ☆ trial {best.number}, "

@@ -12,9 +12,13 @@ answers that one question so, and everything else as Optuna does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import threading
 import types
+from collections.abc import Iterator
 from typing import IO, Any
 
 import optuna
@@ -61,17 +65,59 @@ def run(
     locations: list[str],
     writable: bool = False,
 ) -> None:
-    """Serve the storage of ``studies`` (every study it holds) until interrupted, with their
-    artifact stores (folders that exist, and buckets) as the dashboard's one store; read-only
-    (:func:`read_only`) unless ``writable``. Served as optuna-dashboard's ``run_server``
-    serves it: its WSGI app under bottle's ``run``."""
-    from bottle import run as serve
+    """Serve the storage of ``studies`` (every study it holds) until Ctrl-C or SIGTERM, with
+    their artifact stores (folders that exist, and buckets) as the dashboard's one store;
+    read-only (:func:`read_only`) unless ``writable``. optuna-dashboard's WSGI app, served
+    as its ``run_server`` serves it (wsgiref), but stopped by the signal itself: a
+    ``KeyboardInterrupt`` raised in a request is caught by wsgiref's error handler, and
+    the server served on (with requests coming, Ctrl-C after Ctrl-C)."""
     from optuna_dashboard import wsgi
 
     store = Served([p for p in locations if is_bucket(p) or os.path.isdir(p)])
     storage: Any = storage_of(studies[0])
     app = wsgi(recommended_best(storage), artifact_store=store if store.locations else None)
-    serve(app if writable else read_only(app), host=host, port=port)
+    server = _server(host, port, app if writable else read_only(app))
+    with _stopped_by_signals(server):
+        server.serve_forever(poll_interval=0.2)
+    server.server_close()
+
+
+def _server(host: str, port: int, app: Any) -> Any:
+    """A wsgiref server of ``app`` at ``host``:``port`` (IPv6 where ``host`` is)."""
+    import socket
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    class Handler(WSGIRequestHandler):
+        def address_string(self) -> str:  # no reverse DNS lookup per request
+            return str(self.client_address[0])
+
+    server_class: Any = WSGIServer
+    if ":" in host:
+
+        class Server6(WSGIServer):
+            address_family = socket.AF_INET6
+
+        server_class = Server6
+    return make_server(host, port, app, server_class=server_class, handler_class=Handler)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(server: Any) -> Iterator[None]:
+    """In this scope Ctrl-C and SIGTERM stop ``server``: its loop ends after the request it
+    is answering (``shutdown`` from a thread: the loop runs in this one)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 #: What a read-only dashboard answers a request that would change the study: in the body's

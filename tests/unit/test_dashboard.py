@@ -298,6 +298,22 @@ def test_study_note_states_the_horizon_what_the_evidence_covers_and_the_phases(l
         assert f"| {role} | {ROLES[role]} |" in note
 
 
+def test_the_study_note_claims_no_speed_for_float8_run_emulated(late):
+    """The summary and the YAML claim no speed for float8 emulated on a CPU; the study note
+    said "4.63x slower than float32 ... (0.18-0.26x of float32's speed)" for it."""
+    import dataclasses
+
+    from scalertune import AmpConfig
+
+    _, result, _ = late
+    # float32 recommended on the CPU, a float8 run its best AMP config that holds
+    best = dataclasses.replace(result.ranking[0], config=AmpConfig(dtype="float8"))
+    note = study_note(dataclasses.replace(result, recommended=None, best_amp=best))
+    (line,) = [x for x in note.splitlines() if x.startswith("**Best AMP config that holds:**")]
+    assert "no speed claimed" in line and "emulated on cpu" in line, line
+    assert "float32's speed" not in line and "slower than float32" not in line, line
+
+
 def test_notes_say_pruned_trials_have_no_value_and_the_recommendation_repeats_its_run(late):
     study, result, _ = late
     pruned = next(t for t in study.trials if t.state == TrialState.PRUNED)
@@ -421,8 +437,10 @@ def test_dashboard_on_every_interface_says_who_can_read_it_before_it_serves(tmp_
     assert f"has no login, so anyone who reaches http://0.0.0.0:{port}/dashboard reads" in first
 
 
-def _serving(storage, tmp_path, *flags):
-    """``scalertune dashboard`` on ``storage`` on a free loopback port, once it answers."""
+def _serving(storage, tmp_path, *flags, stderr=None):
+    """``scalertune dashboard`` on ``storage`` on a free loopback port, once it answers (its
+    stderr a pipe, or ``stderr``: a server that logs every request fills a pipe no one
+    reads, and blocks)."""
     import socket
     import subprocess
     import sys
@@ -435,7 +453,7 @@ def _serving(storage, tmp_path, *flags):
     server = subprocess.Popen(
         [sys.executable, "-m", "scalertune", "dashboard", "--storage", storage,
          "--port", str(port), *flags],
-        cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        cwd=tmp_path, stderr=stderr or subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while True:
@@ -443,7 +461,7 @@ def _serving(storage, tmp_path, *flags):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10):
                 return server, port
         except OSError:
-            assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()
+            assert server.poll() is None and time.monotonic() < deadline, "no dashboard"
             time.sleep(0.3)
 
 
@@ -487,6 +505,42 @@ def test_the_dashboard_is_read_only_unless_writes_are_allowed(tmp_path):
         server.terminate()
         server.wait(timeout=30)
     assert optuna.get_all_study_summaries(open_storage(str(tmp_path / storage))) == []
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_the_dashboard_stops_at_ctrl_c_or_sigterm_while_requests_come(tmp_path, signum):
+    """A new user's Ctrl-C landed in a request in 4 runs of 4 with three request loops:
+    wsgiref's error handler caught the KeyboardInterrupt and the server served on. The
+    signal now stops the server's loop after the request it answers: exit 0, in seconds."""
+    import signal
+    import threading
+    import time
+
+    storage = _study_on_a_journal(tmp_path)
+    with open(tmp_path / "server.log", "w") as log:
+        server, port = _serving(storage, tmp_path, stderr=log)
+    done = threading.Event()
+
+    def ask():
+        while not done.is_set():
+            try:
+                _request(port, "GET", "/api/studies")
+            except OSError:
+                time.sleep(0.01)
+
+    loops = [threading.Thread(target=ask, daemon=True) for _ in range(3)]
+    try:
+        for loop in loops:
+            loop.start()
+        time.sleep(1.0)
+        server.send_signal(getattr(signal, signum))
+        code = server.wait(timeout=15)
+    finally:
+        done.set()
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert code == 0, (tmp_path / "server.log").read_text()[-3000:]
 
 
 def test_dashboard_on_loopback_says_nothing_of_who_can_read_it(tmp_path):
