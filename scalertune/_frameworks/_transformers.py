@@ -23,6 +23,7 @@ import torch
 
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
+from scalertune._frameworks import _transformers_private
 from scalertune._frameworks._accelerate import check_accelerator, route_accelerator
 from scalertune._frameworks._accelerate_private import set_sync_gradients
 from scalertune._frameworks._route import Route
@@ -86,7 +87,8 @@ def _keep_state(trainer: Any, amp: AmpRuntime) -> None:
             if args.should_save and os.path.isdir(folder):
                 save_state(amp, folder)
 
-    trainer.add_callback(_SaveRuntime())
+    # first: a user's on_save that copies the checkpoint away sees it whole
+    _transformers_private.add_first(trainer, _SaveRuntime())
     original = trainer.train
 
     @functools.wraps(original)

@@ -21,6 +21,8 @@ handed over). The Trainer's Accelerator is Accelerate's, whose internals (the sy
   loss by), ``state.global_step`` and ``state.max_steps``, and ``args.max_grad_norm`` (set by
   ``attach`` to the config's clipping);
 - :data:`READ`: ``accelerator``, ``is_deepspeed_enabled``, ``is_fsdp_enabled``, ``model``;
+- :data:`CALLBACKS`: the list the Trainer's callbacks run in, where ``attach`` puts the
+  runtime's checkpoint saver first (:func:`add_first`);
 - the model's ``forward``, replaced on the model itself (``_route.Route.wrap_forward``);
 - a Trainer made with ``deepspeed=``: ``transformers.integrations.deepspeed.deepspeed_init``
   (:data:`DEEPSPEED_INIT`), which ``train()`` calls for the optimizer and scheduler before
@@ -62,6 +64,10 @@ SET = (
 )
 #: What is read of the Trainer.
 READ = ("accelerator", "is_deepspeed_enabled", "is_fsdp_enabled", "model")
+#: The Trainer's callbacks, in the order its events run them: the runtime's own saver goes
+#: first, so that a checkpoint is whole (with the runtime's state) when a user's ``on_save``
+#: copies it away.
+CALLBACKS = "callback_handler.callbacks"
 #: What ``train()`` sets on a Trainer made with ``deepspeed=`` once the engine is made.
 DEEPSPEED_SET = ("model_wrapped", "deepspeed")
 #: What ``train()`` makes a DeepSpeed engine's optimizer and scheduler with: (module, name).
@@ -79,6 +85,16 @@ def check(trainer: Any) -> None:
     if missing:
         raise RELEASES.missing([f"Trainer.{n}" for n in missing])
     _accelerate_private.check(trainer.accelerator)
+
+
+def add_first(trainer: Any, callback: Any) -> None:
+    """``callback`` among the Trainer's callbacks, first to run (:data:`CALLBACKS`; added
+    last where the Trainer keeps them otherwise)."""
+    trainer.add_callback(callback)
+    owner, _, name = CALLBACKS.rpartition(".")
+    callbacks = getattr(getattr(trainer, owner, None), name, None)
+    if isinstance(callbacks, list) and callbacks and callbacks[-1] is callback:
+        callbacks.insert(0, callbacks.pop())
 
 
 def check_deepspeed(trainer: Any) -> None:

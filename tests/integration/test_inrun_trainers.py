@@ -6,6 +6,7 @@ torchrun take the same action at the same step and end within 1.10x of float32 o
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -114,6 +115,7 @@ def _floor_trainer(amp_yaml, **overrides):
     with torch.no_grad():
         y = model.net(x) + 0.01 * torch.randn(64, 1)
     data = [{"x": x[i], "labels": y[i]} for i in range(64)]
+    callbacks = overrides.pop("callbacks", None)
     args = TrainingArguments(
         output_dir=str(overrides.pop("out")),
         per_device_train_batch_size=64,
@@ -123,7 +125,7 @@ def _floor_trainer(amp_yaml, **overrides):
         use_cpu=True,
         **{"max_steps": 6, "save_strategy": "no", **overrides},
     )
-    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
     return trainer, scalertune.attach(trainer, amp_yaml)
 
 
@@ -150,11 +152,22 @@ def test_a_hugging_face_trainer_resumed_from_its_checkpoint_keeps_what_the_check
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         whole.train()
-    first, _ = _floor_trainer(path, out=tmp_path / "hf", **saving, max_steps=3)
+    from transformers import TrainerCallback
+
+    class Backup(TrainerCallback):  # a user's own: copies each checkpoint away as it is saved
+        def on_save(self, args, state, control, **kwargs):
+            name = f"checkpoint-{state.global_step}"
+            shutil.copytree(os.path.join(args.output_dir, name), tmp_path / "backup" / name)
+
+    first, _ = _floor_trainer(
+        path, out=tmp_path / "hf", **saving, max_steps=3, callbacks=[Backup()]
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         first.train()
     assert (tmp_path / "hf" / "checkpoint-3" / "scalertune_amp.pt").is_file()
+    # the runtime's state is written before a user's on_save sees the checkpoint
+    assert (tmp_path / "backup" / "checkpoint-3" / "scalertune_amp.pt").is_file()
     resumed, amp = _floor_trainer(path, out=tmp_path / "hf", **saving)
     assert amp.config.fp32_modules == ()  # the YAML's config, until the state comes back
     with warnings.catch_warnings(record=True) as caught:

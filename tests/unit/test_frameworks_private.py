@@ -222,6 +222,9 @@ def test_what_the_search_sets_on_a_trainer_is_what_its_steps_read(hf_trainer):
         assert hasattr(getattr(hf_trainer, owner), name), path
     for name in _transformers_private.READ:
         assert hasattr(hf_trainer, name), name
+    owner, _, name = _transformers_private.CALLBACKS.rpartition(".")
+    callbacks = getattr(getattr(hf_trainer, owner), name)
+    assert isinstance(callbacks, list) and callbacks, callbacks
     assert hf_trainer.is_deepspeed_enabled is False and hf_trainer.is_fsdp_enabled is False
 
 
@@ -665,6 +668,25 @@ def _code(module):
         if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
             body[0] = ast.Pass()  # a docstring
     return ast.unparse(tree)
+
+
+def test_the_runtimes_checkpoint_saver_runs_before_a_users_own_callbacks(tmp_path):
+    """A user's ``on_save`` that copies the checkpoint away runs after the runtime's state is
+    written into it: the saver goes first in the list the Trainer runs its callbacks in."""
+    from transformers import TrainerCallback
+
+    class Users(TrainerCallback):
+        pass
+
+    class Saver(TrainerCallback):
+        pass
+
+    trainer = trainers.hf_trainer(output_dir=str(tmp_path))
+    trainer.add_callback(Users())
+    saver = Saver()
+    _transformers_private.add_first(trainer, saver)
+    callbacks = trainer.callback_handler.callbacks
+    assert callbacks[0] is saver and any(isinstance(c, Users) for c in callbacks[1:])
 
 
 def test_every_entry_of_a_private_module_is_checked_by_a_test_here():
