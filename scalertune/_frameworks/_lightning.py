@@ -108,6 +108,10 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
         def load_state_dict(self, state: dict[str, Any]) -> None:
             _load(amp, state)
 
+        def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            super().on_load_checkpoint(checkpoint)
+            _say_if_stateless(self, checkpoint)
+
     if config.dtype == "float32":
         return _Float32()
     # float8 in float32 has no autocast for Lightning to name: its plain precision ("32-true"),
@@ -132,6 +136,10 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
         def load_state_dict(self, state: dict[str, Any]) -> None:
             _load(amp, state)
 
+        def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            super().on_load_checkpoint(checkpoint)
+            _say_if_stateless(self, checkpoint)
+
         def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
             module = amp.prepare(super().convert_module(module))
             if amp.check is not None:
@@ -149,6 +157,19 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
     return _RuntimePrecision(
         precision, amp.device.type, scaler=amp.scaler if config.uses_scaler else None
     )
+
+
+def _say_if_stateless(plugin: Any, checkpoint: dict[str, Any]) -> None:
+    """One line where ``fit(ckpt_path=...)`` resumes from a checkpoint that holds no state of
+    the runtime (Lightning keeps a precision plugin's under its class's qualified name)."""
+    if type(plugin).__qualname__ not in checkpoint:
+        warnings.warn(
+            "scalertune: this Lightning checkpoint holds no runtime state (saved without "
+            "scalertune attached, or by an earlier release): the run resumes with the config "
+            "it was attached with, and the in-run check starts its record again",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 def _load(amp: AmpRuntime, state: dict[str, Any]) -> None:

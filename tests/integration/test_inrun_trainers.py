@@ -224,7 +224,8 @@ def _floor_fit(amp_yaml, steps, ckpt_path=None, save_to=None):
         trainer.fit(Floor(), loader, ckpt_path=ckpt_path)
     if save_to is not None:
         trainer.save_checkpoint(save_to)
-    return amp, [str(m.message) for m in caught if issubclass(m.category, AmpCheckWarning)]
+    checks = [str(m.message) for m in caught if issubclass(m.category, AmpCheckWarning)]
+    return amp, checks, [str(m.message) for m in caught]
 
 
 def test_a_lightning_fit_resumed_from_its_checkpoint_keeps_what_the_check_did(tmp_path):
@@ -233,15 +234,21 @@ def test_a_lightning_fit_resumed_from_its_checkpoint_keeps_what_the_check_did(tm
     trains on with the island from its first step, silent, its record going on as the run
     never stopped does."""
     path = _yaml(tmp_path, AmpConfig(dtype="bfloat16"), {"every": 1, "window": 3})
-    whole, said = _floor_fit(path, 6)
+    whole, said, _ = _floor_fit(path, 6)
     assert len(said) == 1 and "keeping 'net.2' in float32" in said[0], said
     ckpt = str(tmp_path / "step3.ckpt")
     _floor_fit(path, 3, save_to=ckpt)
-    amp, said = _floor_fit(path, 6, ckpt_path=ckpt)
-    assert said == []
+    amp, said, everything = _floor_fit(path, 6, ckpt_path=ckpt)
+    assert said == [] and not [m for m in everything if "holds no runtime state" in m]
     assert amp.config.fp32_modules == whole.config.fp32_modules == ("net.2",)
     assert [c.step for c in amp.check.checks] == [c.step for c in whole.check.checks]
     assert amp.steps == whole.steps == 6
+    # a checkpoint saved without scalertune attached: said in one line, as for a Trainer
+    plain = torch.load(ckpt, weights_only=False)
+    plain = {k: v for k, v in plain.items() if "RuntimePrecision" not in k}
+    torch.save(plain, tmp_path / "plain.ckpt")
+    _, _, said = _floor_fit(path, 6, ckpt_path=str(tmp_path / "plain.ckpt"))
+    assert [m for m in said if "this Lightning checkpoint holds no runtime state" in m], said
 
 
 def test_a_check_that_finds_nothing_leaves_a_trainers_training_as_it_was(tmp_path):
