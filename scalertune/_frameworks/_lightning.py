@@ -32,6 +32,7 @@ from scalertune._amp._watch import caller_stacklevel
 from scalertune._errors import UsageError
 from scalertune._frameworks import _lightning_private
 from scalertune._frameworks._deepspeed import refuse_deepspeed
+from scalertune._text import cut
 
 #: Lightning's precision flags a Trainer may have been given that mean autocast (or none):
 #: the runtime's plugin replaces them. Any other ("16-true", "bf16-true", "64-true",
@@ -106,7 +107,7 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
             return amp.state_dict()
 
         def load_state_dict(self, state: dict[str, Any]) -> None:
-            _load(amp, state)
+            _load(self, amp, state)
 
         def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
             super().on_load_checkpoint(checkpoint)
@@ -134,7 +135,7 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
             return amp.state_dict()
 
         def load_state_dict(self, state: dict[str, Any]) -> None:
-            _load(amp, state)
+            _load(self, amp, state)
 
         def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
             super().on_load_checkpoint(checkpoint)
@@ -172,13 +173,23 @@ def _say_if_stateless(plugin: Any, checkpoint: dict[str, Any]) -> None:
         )
 
 
-def _load(amp: AmpRuntime, state: dict[str, Any]) -> None:
+def _load(plugin: Any, amp: AmpRuntime, state: dict[str, Any]) -> None:
     """Restore the runtime from a checkpoint's precision state: its own, or, from a
-    checkpoint an earlier release saved, the GradScaler's alone (Lightning's own)."""
-    if "scaler" in state:
-        amp.load_state_dict(state)
-    elif state and amp.scaler.is_enabled():
-        amp.scaler.load_state_dict(state)
+    checkpoint an earlier release saved, the GradScaler's alone (Lightning's own); a state
+    that is neither is refused in one line."""
+    try:
+        if "scaler" in state:
+            amp.load_state_dict(state)
+        elif state and amp.scaler.is_enabled():
+            amp.scaler.load_state_dict(state)
+    except Exception as exc:
+        said = (str(exc).strip().splitlines() or [""])[0]
+        raise UsageError(
+            "cannot restore the runtime's state from this Lightning checkpoint "
+            f"({type(exc).__name__}: {cut(said, 200)}): it is not what scalertune saved; "
+            f"drop the checkpoint's {type(plugin).__qualname__!r} entry to resume with the "
+            "config the run was attached with"
+        ) from None
 
 
 def _check_training_step(module: Any, amp: AmpRuntime) -> None:

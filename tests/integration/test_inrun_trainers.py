@@ -249,6 +249,11 @@ def test_a_lightning_fit_resumed_from_its_checkpoint_keeps_what_the_check_did(tm
     torch.save(plain, tmp_path / "plain.ckpt")
     _, _, said = _floor_fit(path, 6, ckpt_path=str(tmp_path / "plain.ckpt"))
     assert [m for m in said if "this Lightning checkpoint holds no runtime state" in m], said
+    # a state that is not scalertune's: one line naming the entry to drop
+    key = next(k for k in torch.load(ckpt, weights_only=False) if "RuntimePrecision" in k)
+    torch.save({**torch.load(ckpt, weights_only=False), key: {"scaler": "garbage"}}, ckpt)
+    with pytest.raises(scalertune.UsageError, match="cannot restore the runtime's state from"):
+        _floor_fit(path, 6, ckpt_path=ckpt)
 
 
 def test_a_check_that_finds_nothing_leaves_a_trainers_training_as_it_was(tmp_path):
