@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -100,6 +101,7 @@ class AmpRuntime:
     ) -> None:
         _refuse_wrong_types(config, guard=guard, watch=watch, check=check)
         self.config = config
+        self._made_with = config  # before the in-run check changes anything
         self.guard = guard if config.uses_scaler else None
         self.watch = watch if config.uses_scaler else None
         #: The in-run check (``None``: the run does not check itself); float32 has nothing
@@ -525,7 +527,11 @@ class AmpRuntime:
         """
         state = self._scaling.state_dict()
         if self.check is not None:
-            state.update(config=self.config.to_dict(), check=self.check.state_dict())
+            state.update(
+                config=self.config.to_dict(),
+                check=self.check.state_dict(),
+                made_with=self._made_with.to_dict(),
+            )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -544,6 +550,17 @@ class AmpRuntime:
         """
         if "config" in state and self.check is not None:
             saved = AmpConfig.from_dict(state["config"])
+            made_with = state.get("made_with")
+            if made_with is not None and AmpConfig.from_dict(made_with) != self._made_with:
+                warnings.warn(  # another YAML attached than the run was: its config is kept
+                    f"scalertune: the run this state is from was made with "
+                    f"{AmpConfig.from_dict(made_with).describe()}, and this runtime with "
+                    f"{self._made_with.describe()}: it goes on as the run it resumes, in "
+                    f"{saved.describe()} (resume without the runtime's state to train the new "
+                    "config)",
+                    UserWarning,
+                    stacklevel=2,
+                )
             if saved != self.config:
                 self.reconfigure(saved)
         self._scaling.load_state_dict(state)

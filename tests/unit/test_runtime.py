@@ -616,6 +616,26 @@ def test_clipping_takes_a_param_group_added_later_and_a_new_optimizer_alike():
     assert amp.skipped_steps == 0
 
 
+def test_a_run_resumed_under_another_config_than_it_was_made_with_says_which_it_keeps():
+    """A new user resumed a bfloat16 run's checkpoint with a float16 YAML attached: the run
+    went on in bfloat16, as the run it resumes, and nothing said the YAML was not used."""
+    from scalertune._inrun._build import in_run_check
+
+    def runtime(config):
+        return AmpRuntime(config, device="cpu", check=in_run_check(None, None))
+
+    state = runtime(AmpConfig(dtype="bfloat16", fp32_modules=("2",))).state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same config: nothing said
+        runtime(AmpConfig(dtype="bfloat16", fp32_modules=("2",))).load_state_dict(state)
+    other = runtime(AmpConfig(dtype="float16"))
+    with pytest.warns(UserWarning) as said:
+        other.load_state_dict(state)
+    (line,) = [str(w.message) for w in said if "made with" in str(w.message)]
+    assert line.startswith("scalertune: the run this state is from was made with bfloat16")
+    assert "this runtime with float16" in line and other.config.dtype == "bfloat16"
+
+
 def test_a_run_resumed_after_the_checks_knobs_watches_as_the_run_it_resumes():
     """The in-run check changed the scaler's knobs (and gave the watch their prediction): a
     run resumed from a checkpoint after that goes on from there, as the uninterrupted run
