@@ -349,7 +349,8 @@ def _dashboard(args: argparse.Namespace) -> int:
     for study in studies:  # a store refused here, before the server is announced
         location_of(study, args.artifact_dir)
     _check_bindable(args.host, args.port)  # before the server is announced
-    base = f"http://{args.host}:{args.port}/dashboard"
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address, as URLs have it
+    base = f"http://{host}:{args.port}/dashboard"
     lines = [f"optuna-dashboard on {redact(args.storage)} at {base} (Ctrl-C stops it)"]
     lines += [f"  {s.study_name}: {base}/studies/{study_id(s)}" for s in studies]
     print("\n".join(lines), flush=True)

@@ -437,7 +437,7 @@ def test_dashboard_on_every_interface_says_who_can_read_it_before_it_serves(tmp_
     assert f"has no login, so anyone who reaches http://0.0.0.0:{port}/dashboard reads" in first
 
 
-def _serving(storage, tmp_path, *flags, stderr=None):
+def _serving(storage, tmp_path, *flags, stderr=None, stdout=False):
     """``scalertune dashboard`` on ``storage`` on a free loopback port, once it answers (its
     stderr a pipe, or ``stderr``: a server that logs every request fills a pipe no one
     reads, and blocks)."""
@@ -447,18 +447,20 @@ def _serving(storage, tmp_path, *flags, stderr=None):
     import time
     import urllib.request
 
+    where = "[::1]" if "::1" in flags else "127.0.0.1"
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     server = subprocess.Popen(
         [sys.executable, "-m", "scalertune", "dashboard", "--storage", storage,
          "--port", str(port), *flags],
-        cwd=tmp_path, stderr=stderr or subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        cwd=tmp_path, stderr=stderr or subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while True:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10):
+            with urllib.request.urlopen(f"http://{where}:{port}/api/studies", timeout=10):
                 return server, port
         except OSError:
             assert server.poll() is None and time.monotonic() < deadline, "no dashboard"
@@ -541,6 +543,19 @@ def test_the_dashboard_stops_at_ctrl_c_or_sigterm_while_requests_come(tmp_path, 
             server.kill()
             server.wait()
     assert code == 0, (tmp_path / "server.log").read_text()[-3000:]
+
+
+def test_the_dashboards_address_on_ipv6_loopback_is_a_url(tmp_path):
+    """``--host ::1`` serves, read-only, at ``http://[::1]:PORT``: the address it prints
+    was ``http://::1:PORT``, which no browser opens."""
+    storage = _study_on_a_journal(tmp_path)
+    server, port = _serving(storage, tmp_path, "--host", "::1", stdout=True)
+    try:
+        first = server.stdout.readline()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert f"at http://[::1]:{port}/dashboard (Ctrl-C stops it)" in first, first
 
 
 def test_dashboard_on_loopback_says_nothing_of_who_can_read_it(tmp_path):
