@@ -93,16 +93,11 @@ def route_lightning(trainer: Any, amp: AmpRuntime) -> None:
 def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
     config = amp.config
 
-    class _Float32(plugins.Precision):
-        """Lightning's plain precision, its optimizer steps counted by the runtime."""
+    class _KeepsRuntime(plugins.Precision):
+        """Lightning keeps the precision plugin's state in every checkpoint and restores it
+        in ``fit(ckpt_path=...)``: the runtime's, so that a resumed run keeps what the check
+        did (under the plugin class's own name, as before)."""
 
-        def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
-            result = super().optimizer_step(*args, **kwargs)
-            amp.steps += 1
-            return result
-
-        # Lightning keeps the precision plugin's state in every checkpoint and restores it
-        # in fit(ckpt_path=...): the runtime's, so that a resumed run keeps what the check did
         def state_dict(self) -> dict[str, Any]:
             return amp.state_dict()
 
@@ -113,6 +108,14 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
             super().on_load_checkpoint(checkpoint)
             _say_if_stateless(self, checkpoint)
 
+    class _Float32(_KeepsRuntime):
+        """Lightning's plain precision, its optimizer steps counted by the runtime."""
+
+        def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+            result = super().optimizer_step(*args, **kwargs)
+            amp.steps += 1
+            return result
+
     if config.dtype == "float32":
         return _Float32()
     # float8 in float32 has no autocast for Lightning to name: its plain precision ("32-true"),
@@ -120,7 +123,7 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
     mixed = config.autocast_dtype != "float32"
     base: Any = plugins.MixedPrecision if mixed else plugins.Precision
 
-    class _RuntimePrecision(base):
+    class _RuntimePrecision(_KeepsRuntime, base):
         """Lightning's MixedPrecision (or plain Precision, for float8 in float32) with the
         runtime's autocast, float8, islands and scaler (which counts its steps; without one,
         as for bfloat16 and float8, they are counted here)."""
@@ -130,16 +133,6 @@ def _plugin(plugins: Any, amp: AmpRuntime) -> Any:
             if getattr(self, "scaler", None) is None:
                 amp.steps += 1
             return result
-
-        def state_dict(self) -> dict[str, Any]:
-            return amp.state_dict()
-
-        def load_state_dict(self, state: dict[str, Any]) -> None:
-            _load(self, amp, state)
-
-        def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-            super().on_load_checkpoint(checkpoint)
-            _say_if_stateless(self, checkpoint)
 
         def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
             module = amp.prepare(super().convert_module(module))

@@ -34,6 +34,21 @@ def _yaml(tmp_path, config, check=None):
     return path
 
 
+def _quiet_trainer(steps):
+    """A Lightning Trainer of ``steps`` steps on the CPU that logs and saves nothing itself."""
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+
+
 def _lightning_fit(attach_to=None, steps=STEPS, check=None):
     """readings_near_1000 as a LightningModule, fit ``steps`` steps by Lightning's own loop;
     the mean of the last 100 logged losses, and how many times ``self.log`` was called."""
@@ -64,15 +79,7 @@ def _lightning_fit(attach_to=None, steps=STEPS, check=None):
         def configure_optimizers(self):
             return torch.optim.Adam(self.parameters(), lr=0.05)
 
-    trainer = pl.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = _quiet_trainer(steps)
     amp = scalertune.attach(trainer, attach_to, check=check) if attach_to else None
     loader = torch.utils.data.DataLoader(w["batches"], batch_size=None, shuffle=False)
     with warnings.catch_warnings(record=True) as caught:
@@ -208,15 +215,7 @@ def _floor_fit(amp_yaml, steps, ckpt_path=None, save_to=None):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
-    trainer = pl.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = _quiet_trainer(steps)
     amp = scalertune.attach(trainer, amp_yaml)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -179,30 +179,33 @@ def test_a_run_from_step_0_is_judged_at_each_window_it_reached_and_stops_at_the_
     assert dead[0].nonfinite and dead[0].describe() == "non-finite at step 345"
 
 
+def _reached(number, config):
+    """A sampled run of ``config`` that reached the target at step 100."""
+    from scalertune._judge._outcome import Figures, Outcome
+
+    return Outcome(
+        number=number,
+        role="search",
+        config=config,
+        seed=0,
+        state="complete",
+        figures=Figures(steps_to_target=100),
+        losses=(),
+    )
+
+
 def test_a_dtype_ruled_out_from_step_0_holds_in_no_branch_of_its_own():
     """Branches of a dtype whose run from step 0 stalled (its forward at float32's weights as
     good as float32's) are no evidence; where the precision itself failed (the forward
     worse), only configs of the dtype with other float32 modules may still hold."""
     from scalertune import AmpConfig
     from scalertune._judge._horizon import RuledOut, holds
-    from scalertune._judge._outcome import Figures, Outcome
     from scalertune._judge._phases import PhaseResult
 
     spans = [(1000, 1200), (1800, 2000)]
 
-    def run(number, config):
-        return Outcome(
-            number=number,
-            role="search",
-            config=config,
-            seed=0,
-            state="complete",
-            figures=Figures(steps_to_target=100),
-            losses=(),
-        )
-
-    clipped = run(3, AmpConfig(dtype="bfloat16", clip_norm=1.0))
-    island = run(7, AmpConfig(dtype="bfloat16", fp32_modules=("4",)))
+    clipped = _reached(3, AmpConfig(dtype="bfloat16", clip_norm=1.0))
+    island = _reached(7, AmpConfig(dtype="bfloat16", fp32_modules=("4",)))
     phases = {n: [PhaseResult(a, b, 1.0, 0.0, nonfinite=False) for a, b in spans] for n in (3, 7)}
     assert holds(clipped, phases, spans) is True
     stalled = {"bfloat16": RuledOut(5, 1000, 1200, forward=1.01, fp32_modules=())}
@@ -219,7 +222,6 @@ def test_a_float8_recipe_that_falls_behind_rules_out_its_own_recipe_not_the_othe
     forward it is measured by runs the config's own recipe."""
     from scalertune import AmpConfig
     from scalertune._judge._horizon import RuledOut, holds, precision
-    from scalertune._judge._outcome import Figures, Outcome
     from scalertune._judge._phases import PhaseResult
     from scalertune._run._forward import precision_of
 
@@ -230,18 +232,7 @@ def test_a_float8_recipe_that_falls_behind_rules_out_its_own_recipe_not_the_othe
         5: AmpConfig(dtype="float8", float8_around="bfloat16"),
         6: AmpConfig(dtype="float8", float8_round_scales=True),
     }
-    runs = {
-        n: Outcome(
-            number=n,
-            role="search",
-            config=c,
-            seed=0,
-            state="complete",
-            figures=Figures(steps_to_target=100),
-            losses=(),
-        )
-        for n, c in configs.items()
-    }
+    runs = {n: _reached(n, c) for n, c in configs.items()}
     phases = {n: [PhaseResult(a, b, 1.0, 0.0, nonfinite=False) for a, b in spans] for n in runs}
     tensorwise = AmpConfig(dtype="float8")
     assert precision(tensorwise) == "float8 tensorwise in float32"
