@@ -10,10 +10,11 @@ import pytest
 import torch
 import workloads
 from conftest import ROOT, amp_answer, spec
+from outcomes import sampled
 
 import scalertune
 from scalertune._amp._config import PYTORCH_DEFAULT, SEED_ARTICLE_FIX, AmpConfig
-from scalertune._judge._outcome import Figures, Outcome, outcomes_of
+from scalertune._judge._outcome import outcomes_of
 from scalertune._judge._rank import Noise, all_tied, ranked
 from scalertune._replay._predict import predict
 from scalertune._run._loop import run_config
@@ -235,19 +236,13 @@ def test_recommendation_is_confirmed_on_other_seeds_and_states_a_verdict(storage
 
 
 def _outcome(number, reached, time=1.0, ratio=1.0, state="complete"):
-    figures = Figures(
+    return sampled(
+        number,
+        AmpConfig(init_scale=2.0**number),
+        state=state,
         steps_to_target=10 if reached else None,
         time_to_target_s=time if reached else None,
         loss_vs_float32=ratio,
-    )
-    return Outcome(
-        number=number,
-        role="search",
-        config=AmpConfig(init_scale=2.0**number),
-        seed=0,
-        state=state,
-        figures=figures,
-        losses=(),
     )
 
 

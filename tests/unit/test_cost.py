@@ -8,11 +8,11 @@ import math
 import nanogpt
 import torch
 import workloads
+from outcomes import sampled
 
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
 from scalertune._judge import _policy as _judge_policy
-from scalertune._judge._outcome import Figures, Outcome
 from scalertune._judge._settings import Noise
 from scalertune._judge._stopping import Best, Floor, StopRule, study_stop_reason
 from scalertune._judge._target import Target, smoothed
@@ -211,20 +211,14 @@ NOISE = Noise(0.10)
 
 def _sampled(number, steps, dtype="bfloat16", *, state="complete", reused=False, clip=None):
     """A sampled run as the study stores it: ``steps`` to the target (``None``: never)."""
-    config = AmpConfig(dtype=dtype, clip_norm=clip)
     step_time = TIMES.median(dtype)
-    figures = Figures(
-        steps_to_target=steps, time_to_target_s=None if steps is None else steps * step_time
-    )
-    return Outcome(
-        number=number,
-        role="search",
-        config=config,
-        seed=0,
+    return sampled(
+        number,
+        AmpConfig(dtype=dtype, clip_norm=clip),
         state=state,
-        figures=figures,
         duplicate_of=3 if reused else None,
-        losses=(),
+        steps_to_target=steps,
+        time_to_target_s=None if steps is None else steps * step_time,
     )
 
 

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import workloads
+from outcomes import sampled
 
 import scalertune
 from scalertune import _policy
@@ -181,17 +182,7 @@ def test_a_run_from_step_0_is_judged_at_each_window_it_reached_and_stops_at_the_
 
 def _reached(number, config):
     """A sampled run of ``config`` that reached the target at step 100."""
-    from scalertune._judge._outcome import Figures, Outcome
-
-    return Outcome(
-        number=number,
-        role="search",
-        config=config,
-        seed=0,
-        state="complete",
-        figures=Figures(steps_to_target=100),
-        losses=(),
-    )
+    return sampled(number, config, steps_to_target=100)
 
 
 def test_a_dtype_ruled_out_from_step_0_holds_in_no_branch_of_its_own():
@@ -253,20 +244,11 @@ def test_a_clip_that_falls_behind_in_branches_only_is_said_to_be_a_branchs_verdi
     import types
 
     from scalertune import AmpConfig
-    from scalertune._judge._outcome import Figures, Outcome
     from scalertune._judge._phases import PhaseResult
     from scalertune._review._describe import why_not
 
     def described(clip_norm, *, from_start=False, nonfinite=False):
-        run = Outcome(
-            number=5,
-            role="search",
-            config=AmpConfig(clip_norm=clip_norm),
-            seed=0,
-            state="complete",
-            figures=Figures(steps_to_target=160),
-            losses=(),
-        )
+        run = sampled(5, AmpConfig(clip_norm=clip_norm), steps_to_target=160)
         behind = PhaseResult(200, 400, 1.56, 40.0, nonfinite=nonfinite, from_start=from_start)
         result = types.SimpleNamespace(
             phases={5: [behind]}, ruled={}, settings=types.SimpleNamespace(clip_norm=None)

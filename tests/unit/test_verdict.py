@@ -10,11 +10,11 @@ import pytest
 import torch
 import workloads
 from conftest import spec
+from outcomes import sampled
 
 import scalertune
 from scalertune import _policy
 from scalertune._amp._config import AmpConfig
-from scalertune._judge._outcome import Figures, Outcome
 from scalertune._judge._rank import Noise, all_tied, candidates, faster_pairs, surely_faster
 from scalertune._judge._speedup import Speedup
 from scalertune._judge._target import Target
@@ -77,21 +77,13 @@ def test_amp_slower_on_a_cpu_says_why_and_off_a_cpu_says_nothing_more():
 
 
 def _outcome(number, dtype, steps, skipped=0, min_scale=None, clip=None):
-    config = AmpConfig(dtype=dtype, clip_norm=clip, init_scale=2.0**number)
-    figures = Figures(
+    return sampled(
+        number,
+        AmpConfig(dtype=dtype, clip_norm=clip, init_scale=2.0**number),
         steps_to_target=steps,
         time_to_target_s=steps * (1.0 if dtype == "bfloat16" else 1.02),
         skipped_steps=skipped,
         min_scale=min_scale,
-    )
-    return Outcome(
-        number=number,
-        role="search",
-        config=config,
-        seed=0,
-        state="complete",
-        figures=figures,
-        losses=(),
     )
 
 
@@ -101,16 +93,13 @@ def test_skip_counts_within_the_replays_tolerance_are_the_same_and_simplicity_de
     times = StepTimes({"float32": [1.0] * 6, "float16": [1.02] * 6})
 
     def run(number, config, skipped):
-        return Outcome(
-            number=number,
-            role="search",
-            config=config,
-            seed=0,
-            state="complete",
-            figures=Figures(
-                steps_to_target=100, time_to_target_s=102.0, skipped_steps=skipped, min_scale=1.0
-            ),
-            losses=(),
+        return sampled(
+            number,
+            config,
+            steps_to_target=100,
+            time_to_target_s=102.0,
+            skipped_steps=skipped,
+            min_scale=1.0,
         )
 
     tuned = AmpConfig(init_scale=256.0)
@@ -144,14 +133,8 @@ def test_a_float8_tie_goes_to_the_recipe_nearer_torchaos_default():
     times = StepTimes({"float32": [1.0] * 6, "float8": [4.0] * 6})
 
     def run(number, **knobs):
-        return Outcome(
-            number=number,
-            role="search",
-            config=AmpConfig(dtype="float8", **knobs),
-            seed=0,
-            state="complete",
-            figures=Figures(steps_to_target=100, time_to_target_s=400.0),
-            losses=(),
+        return sampled(
+            number, AmpConfig(dtype="float8", **knobs), steps_to_target=100, time_to_target_s=400.0
         )
 
     gw_hp = run(1, float8_recipe="rowwise_with_gw_hp")
