@@ -31,10 +31,12 @@ import os
 import types
 from typing import Any
 
+from scalertune._amp._runtime import AmpRuntime
 from scalertune._errors import UsageError
 from scalertune._frameworks import _accelerate_private
 from scalertune._frameworks._deepspeed import refuse_deepspeed
 from scalertune._frameworks._route import ROUTE_ATTR, Route
+from scalertune._frameworks._state_file import load_state, save_state
 
 #: Accelerate's distributed types that run the model under autocast with a GradScaler, one
 #: model copy per process: the runtime can take their place.
@@ -87,6 +89,26 @@ def route_accelerator(accelerator: Any, route: Route, *, training: bool) -> None
         accelerator.prepare_optimizer = functools.partial(
             _prepare_optimizer, accelerator.prepare_optimizer, route
         )
+
+
+def keep_state(accelerator: Any, amp: AmpRuntime) -> None:
+    """``save_state`` writes the runtime's state into its folder (``scalertune_amp.pt``,
+    by the process that saves, before Accelerate's own files) and ``load_state`` restores it
+    first, through Accelerate's public state hooks: a resumed run keeps what the check did.
+    Not a registered object: Accelerate unpickles those with ``weights_only=False``, and
+    refuses a checkpoint saved before ``attach`` for having one object less; this file is
+    read ``weights_only``, and a checkpoint without it resumes with one line."""
+
+    def save(models: Any, weights: Any, folder: str) -> None:
+        on_each_node = accelerator.project_configuration.save_on_each_node
+        if accelerator.is_local_main_process if on_each_node else accelerator.is_main_process:
+            save_state(amp, folder)
+
+    def load(models: Any, folder: str) -> None:
+        load_state(amp, folder, stacklevel=3)  # the user's load_state, past Accelerate's
+
+    accelerator.register_save_state_pre_hook(save)
+    accelerator.register_load_state_pre_hook(load)
 
 
 def _backward(accelerator: Any, route: Route, loss: Any, **kwargs: Any) -> None:

@@ -42,9 +42,7 @@ def attach(
     elif kind == "accelerate":
         _accelerate.check_accelerator(trainer)
         _accelerate.route_accelerator(trainer, Route(amp), training=True)
-        # save_state/load_state keep the runtime's state: a resumed run keeps what the
-        # check did (a checkpoint made before attach has one custom state less)
-        trainer.register_for_checkpointing(amp)
+        _accelerate.keep_state(trainer, amp)  # save_state/load_state keep the runtime's state
     else:
         _lightning.check_lightning(trainer)
         _lightning.route_lightning(trainer, amp)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import warnings
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ from scalertune._frameworks import _transformers_private
 from scalertune._frameworks._accelerate import check_accelerator, route_accelerator
 from scalertune._frameworks._accelerate_private import set_sync_gradients
 from scalertune._frameworks._route import Route
-from scalertune._text import cut
+from scalertune._frameworks._state_file import load_state, save_state
 
 
 def check_trainer(trainer: Any, *, before: str = "attach before trainer.train()") -> None:
@@ -66,14 +65,8 @@ def route_trainer(trainer: Any, route: Route, *, training: bool) -> None:
         _keep_state(trainer, amp)
 
 
-#: The file a Trainer checkpoint keeps the runtime's state in (``amp.state_dict()``: the
-#: scaler, the step counts, what the in-run check changed and its record), beside the
-#: Trainer's own ``scaler.pt`` and ``trainer_state.json``.
-STATE_FILE = "scalertune_amp.pt"
-
-
 def _keep_state(trainer: Any, amp: AmpRuntime) -> None:
-    """Every checkpoint the Trainer saves keeps the runtime's state (:data:`STATE_FILE`, written
+    """Every checkpoint the Trainer saves keeps the runtime's state (``scalertune_amp.pt``, written
     by the rank that saves, after the Trainer's own files), and ``train(resume_from_checkpoint=
     ...)`` restores it before the Trainer resumes: a layer the check kept out of float8, a
     dtype it left, stay so, and its record goes on (the Trainer keeps callbacks' state only as
@@ -99,43 +92,10 @@ def _keep_state(trainer: Any, amp: AmpRuntime) -> None:
 
             folder = get_last_checkpoint(trainer.args.output_dir)
         if isinstance(folder, (str, os.PathLike)):
-            load_state(amp, os.fspath(folder))
+            load_state(amp, os.fspath(folder), stacklevel=2)
         return original(resume_from_checkpoint, *args, **kwargs)
 
     trainer.train = train
-
-
-def save_state(amp: AmpRuntime, folder: str) -> None:
-    """``amp.state_dict()`` into ``folder``'s :data:`STATE_FILE`, whole or not at all."""
-    path = os.path.join(folder, STATE_FILE)
-    partial = f"{path}.partial"
-    torch.save(amp.state_dict(), partial)
-    os.replace(partial, path)
-
-
-def load_state(amp: AmpRuntime, folder: str) -> None:
-    """Restore ``amp`` from ``folder``'s :data:`STATE_FILE` (tensors and plain values only:
-    nothing in it runs), or say in one line that the checkpoint has none."""
-    path = os.path.join(folder, STATE_FILE)
-    if not os.path.isfile(path):
-        warnings.warn(
-            f"scalertune: checkpoint {folder} holds no {STATE_FILE} (saved without "
-            "scalertune attached, or by an earlier release): the run resumes with the "
-            "config it was attached with, and the in-run check starts its record again",
-            UserWarning,
-            stacklevel=3,
-        )
-        return
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        amp.load_state_dict(state)
-    except Exception as exc:
-        said = (str(exc).strip().splitlines() or [""])[0]
-        raise UsageError(
-            f"cannot restore the runtime's state from {path}: {type(exc).__name__}: "
-            f"{cut(said, 200)}; delete the "
-            "file to resume with the config the run was attached with"
-        ) from None
 
 
 def _check_compute_loss(trainer: Any, amp: AmpRuntime) -> None:

@@ -295,13 +295,41 @@ def test_an_accelerate_loop_hands_its_loss_to_the_runtime(tmp_path):
     (line,) = [str(m.message) for m in caught if issubclass(m.category, AmpCheckWarning)]
     assert "keeping '2' in float32" in line and amp.config.fp32_modules == ("2",)
     assert amp.steps == 4
-    # Accelerate's save_state/load_state keep the runtime's state: a resumed run keeps it
+    # Accelerate's save_state/load_state keep the runtime's state in a file of its own, read
+    # weights_only (no registered object: Accelerate unpickles those unrestricted)
     accelerator.save_state(str(tmp_path / "state"))
+    assert (tmp_path / "state" / "scalertune_amp.pt").is_file()
+    assert not list((tmp_path / "state").glob("custom_checkpoint_*"))
     again = Accelerator(cpu=True)
     resumed = scalertune.attach(again, path)
     again.prepare(nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1)))
     again.load_state(str(tmp_path / "state"))
     assert resumed.config.fp32_modules == ("2",) and resumed.steps == 4
+
+
+def test_an_accelerate_checkpoint_saved_before_attach_resumes_attached_with_one_line(tmp_path):
+    """The run a user resumes with the search's answer was saved without scalertune: its
+    load_state goes on, in the attached config, and says the state was not in the folder."""
+    from accelerate import Accelerator
+
+    def prepared(accelerator):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+        return accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    before = Accelerator(cpu=True)
+    model, _ = prepared(before)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # the saved run's own weights, restored below
+    before.save_state(str(tmp_path / "state"))
+    accelerator = Accelerator(cpu=True)
+    amp = scalertune.attach(accelerator, _yaml(tmp_path, AmpConfig(dtype="bfloat16"), {}))
+    resumed, _ = prepared(accelerator)
+    with pytest.warns(UserWarning, match="holds no scalertune_amp.pt") as caught:
+        accelerator.load_state(str(tmp_path / "state"))
+    assert len(caught) == 1 and caught[0].filename == __file__
+    assert torch.equal(resumed[0].weight, model[0].weight)
+    assert amp.config.dtype == "bfloat16" and amp.steps == 0
 
 
 @pytest.fixture(scope="module")
