@@ -37,6 +37,7 @@ import torch
 
 from scalertune._amp import _torchao_private as torchao
 from scalertune._amp._islands import in_island, unwrapped
+from scalertune._amp._modules import kept_in_float32
 from scalertune._amp._torch_private import in_backward
 from scalertune._amp._watch import caller_stacklevel
 from scalertune._text import plural
@@ -131,11 +132,11 @@ def convert(model: torch.nn.Module, config: Any, *, device: torch.device) -> lis
     inner = unwrapped(model)
     out = left_out(inner)
     others = not_linear(inner)
-    converted = 0
+    converted = []
     for name, module in list(inner.named_modules()):
         if type(module) is torch.nn.Linear and name not in out:
             _replace(inner, name, cls.from_float(module, config=settings))
-            converted += 1
+            converted.append(name)
     if out:
         _say_once(left_out_line(out))
     if others:
@@ -146,6 +147,15 @@ def convert(model: torch.nn.Module, config: Any, *, device: torch.device) -> lis
             f"{config.float8_around} throughout, as a {config.float8_around} config would: "
             "float8 needs torch.nn.Linear layers whose sizes are multiples of "
             f"{FLOAT8_MULTIPLE}"
+        )
+    elif all(kept_in_float32(name, config.fp32_modules) for name in converted):
+        shown = ", ".join(converted[:3]) + (
+            f" and {len(converted) - 3} more" if len(converted) > 3 else ""
+        )
+        _say_once(
+            f"float8: the float32 islands ({', '.join(config.fp32_modules)}) hold every layer "
+            f"float8 takes ({shown}), so it trains no layer in float8, as a "
+            f"{config.float8_around} config would"
         )
     return out
 

@@ -196,9 +196,13 @@ def _plain(module: torch.nn.Linear) -> torch.nn.Linear:
 
 
 def island_candidates(casts: list[LayerCast], *, at_most: int) -> list[str]:
-    """The layers float8 spoils most, worst first (``at_most`` of them)."""
-    spoiled = sorted((c for c in casts if c.spoiled), key=lambda c: -c.error)
-    return [c.name for c in spoiled[:at_most]]
+    """The layers float8 spoils most, worst first (``at_most`` of them; a layer spoiled under
+    more than one recipe, once)."""
+    names: list[str] = []
+    for cast in sorted((c for c in casts if c.spoiled), key=lambda c: -c.error):
+        if cast.name not in names:
+            names.append(cast.name)
+    return names[:at_most]
 
 
 def iter_lines(casts: list[LayerCast]) -> Iterator[str]:

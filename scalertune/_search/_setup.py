@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ from scalertune._amp import _float8, _torchao_private
 from scalertune._amp._config import FLOAT8_KNOBS, AmpConfig
 from scalertune._amp._device import resolve_device
 from scalertune._amp._float8 import left_out_line, not_linear_line
+from scalertune._amp._modules import kept_in_float32
 from scalertune._errors import ParameterError, UsageError
 from scalertune._inrun._float8_layers import LayerCast, island_candidates, iter_lines, spoiling
 from scalertune._judge._settings import StudySettings
@@ -57,13 +58,33 @@ class Setup:
         none): under its recipe, a layer outside its islands whose output float8 puts far
         off float32's on the first batch. The in-run check moves such a config off its
         recipe (or the layer out of float8) at its first check, so it is never what a run
-        of it trains: the search prunes it there, with the same line."""
+        of it trains: the search prunes it there, with the same line. So is a float8 config
+        that keeps every layer float8 takes out of it: it trains as its precision around
+        float8 would, and would be timed as float8."""
+        idle = self.float8_idle(config)
+        if idle is not None:
+            return idle
         cast = spoiling(self.float8_casts, config)
         if cast is None:
             return None
         return (
             f"{cast.line()} on the first batch: the in-run check would move it off this "
             "recipe at its first check"
+        )
+
+    def float8_idle(self, config: AmpConfig) -> str | None:
+        """Why a float8 ``config`` trains no layer in float8 (``None``: it trains some): its
+        islands hold every Linear layer float8 takes."""
+        takes = sorted({c.name for c in self.float8_casts})
+        if not config.float8 or not takes:
+            return None
+        if not all(kept_in_float32(name, config.fp32_modules) for name in takes):
+            return None
+        return (
+            f"float8 {config.float8_recipe}: its float32 islands "
+            f"({', '.join(config.fp32_modules)}) hold every layer float8 takes "
+            f"({', '.join(takes)}), so it trains no layer in float8, as a "
+            f"{config.float8_around} config would"
         )
 
     @property
@@ -119,7 +140,10 @@ def prepare(factory: str | Callable[[], Any], options: SearchOptions) -> Setup:
         if name not in space.fixed_islands
     ]
     if islands and "float8_islands" not in space.params:
-        space = with_float8_islands(space, islands)
+        takes = {c.name for c in checked.float8_casts}
+        space = with_float8_islands(
+            space, islands, takes=[n for n in takes if not kept_in_float32(n, space.fixed_islands)]
+        )
     steps, fitted = _trial_steps(options, checked.horizon)
     settings = _settings(factory, options, steps, space, dev, checked, isolation)
     return Setup(
@@ -320,18 +344,24 @@ def float8_recipes(space: SearchSpace) -> tuple[str, ...]:
     return tuple(spec["choices"]) if isinstance(spec, Mapping) else (spec,)
 
 
-def with_float8_islands(space: SearchSpace, names: list[str]) -> SearchSpace:
+def with_float8_islands(
+    space: SearchSpace, names: list[str], *, takes: Collection[str] | None = None
+) -> SearchSpace:
     """The same space where float8 trials may also keep one of ``names``, or all, out of
     float8 (in float32): the layers the evidence says float8 spoils.
 
     Args:
         space: The space.
         names: Module names, worst first.
+        takes: The layers float8 would train (those of the model float8 takes, less the
+            space's own islands; ``None``: not known): a choice that keeps all of them out,
+            which would train no layer in float8, is left out.
 
     Returns:
         A new space with ``float8_islands`` choices: none, each name alone, and, for more
         than one, all of them together (as the in-run check keeps every layer a recipe spoils
-        out at once: one recipe may spoil one layer, another a second).
+        out at once: one recipe may spoil one layer, another a second); the same space where
+        no choice but none is left.
 
     Example:
         >>> from scalertune import SearchSpace
@@ -340,8 +370,13 @@ def with_float8_islands(space: SearchSpace, names: list[str]) -> SearchSpace:
         {'choices': ['', '0', '2', '0,2']}
     """
     together = [",".join(names)] if len(names) > 1 else []
+    choices = [
+        c for c in [*names, *together] if takes is None or not set(takes) <= set(c.split(","))
+    ]
+    if not choices:
+        return space
     return SearchSpace.from_dict(
-        {**space.params, "float8_islands": {"choices": ["", *names, *together]}},
+        {**space.params, "float8_islands": {"choices": ["", *choices]}},
         name=space.name,
         description=space.description,
     )

@@ -363,6 +363,67 @@ def test_a_float8_trial_may_keep_every_layer_the_evidence_names_out_at_once():
     assert given.suggest(study.ask()).fp32_modules == ("head",)
 
 
+def test_no_island_choice_keeps_every_layer_float8_takes_out_of_it():
+    """A new user's 3-layer MLP (its output layer left out for its size): the evidence named
+    both other layers, and the choice keeping them both out trained no layer in float8, was
+    labelled float8 and timed as float8. A layer spoiled under two recipes is one choice."""
+    from scalertune import SearchSpace
+    from scalertune._inrun._float8_layers import LayerCast, island_candidates
+    from scalertune._search._setup import with_float8_islands
+
+    casts = [
+        LayerCast("fc1", "tensorwise", 1e6, 0.98, 0.9),
+        LayerCast("fc1", "rowwise", 1e6, 0.0, 0.5),
+        LayerCast("fc2", "tensorwise", 1e3, 0.5, 0.3),
+        LayerCast("fc2", "rowwise", 1e3, 0.0, 0.01),
+    ]
+    assert island_candidates(casts, at_most=2) == ["fc1", "fc2"]
+    space = SearchSpace.load("float8")
+    both = with_float8_islands(space, ["fc1", "fc2"], takes=["fc1", "fc2"])
+    assert both.params["float8_islands"]["choices"] == ["", "fc1", "fc2"]
+    three = with_float8_islands(space, ["fc1", "fc2"], takes=["fc1", "fc2", "fc3"])
+    assert three.params["float8_islands"]["choices"] == ["", "fc1", "fc2", "fc1,fc2"]
+    assert "float8_islands" not in with_float8_islands(space, ["fc1"], takes=["fc1"]).params
+
+
+def test_a_float8_config_whose_islands_hold_every_layer_is_pruned_and_said_at_load():
+    """Given by hand (--fp32-modules, a space file, a trial's YAML), a float8 config whose
+    islands hold every layer float8 takes trains none in float8: the search prunes it at its
+    first window, and the runtime says so in one line."""
+    import optuna
+
+    from scalertune._search._options import SearchOptions
+    from scalertune._search._setup import prepare
+
+    options = dict(storage=None, study_name=None, space="float8", n_trials=1, steps=20)
+    options.update(horizon=None, seed=0, device="cpu", timeout=None, isolation=None)
+    options.update(artifact_dir=None, nproc_per_node=None, wait_for_storage=0.0, log=None)
+    setup = prepare(
+        lambda: fw.workload(20, lambda step: fw.MASSIVE),
+        SearchOptions(**options, fp32_modules="0,2,4", progress=False),
+    )
+    assert "float8_islands" not in setup.space.params  # no choice leaves a layer in float8
+    study = optuna.create_study(sampler=setup.space.sampler(seed=0))
+    idle = next(c for c in (setup.space.suggest(study.ask()) for _ in range(20)) if c.float8)
+    assert setup.float8_spoils(idle) == (
+        f"float8 {idle.float8_recipe}: its float32 islands (0, 2, 4) hold every layer float8 "
+        f"takes (0, 2, 4), so it trains no layer in float8, as a {idle.float8_around} config "
+        "would"
+    )
+    assert setup.float8_idle(dataclasses.replace(idle, fp32_modules=("0", "2"))) is None
+    idle = AmpConfig(dtype="float8", float8_recipe="rowwise", fp32_modules=("0", "2"))
+
+    _float8._SAID.clear()
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        AmpRuntime(idle, device="cpu").prepare(model)
+    assert [str(w.message) for w in said] == [
+        "float8: the float32 islands (0, 2) hold every layer float8 takes (0, 2), so it "
+        "trains no layer in float8, as a float32 config would"
+    ]
+
+
 def test_the_step_timing_times_float8_under_a_step_of_the_workloads_own():
     """A step of the user's own enters amp.autocast() itself and never prepares the model:
     the timing prepares every dtype's runtime, or float8's steps are refused."""
