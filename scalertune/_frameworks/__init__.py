@@ -6,6 +6,8 @@ trainer workloads share.
 - ``_transformers``: a Hugging Face ``Trainer`` (TRL's trainers included), routed;
 - ``_lightning``: a Lightning ``Trainer``'s precision plugin, made from the runtime;
 - ``_attach``: :func:`attach`, the public call;
+- ``_state_file``: the runtime's state as a file of its own in a Trainer's or an
+  Accelerator's checkpoint folder, read ``weights_only``;
 - ``_detect``: which framework's trainer an object is, the one test of both, and the one
   refusal of a trainer that runs DeepSpeed;
 - ``_releases``: which framework a class comes from, and the releases scalertune was checked
