@@ -9,32 +9,44 @@ without it (before ``attach``, or by an earlier release) resumes with one line.
 
 from __future__ import annotations
 
+import errno
+import io
 import os
+import stat
 import warnings
 
 import torch
 
 from scalertune._amp._runtime import AmpRuntime
+from scalertune._amp._schema import create_temporary
 from scalertune._errors import UsageError
 from scalertune._text import cut
 
 #: The file a checkpoint folder keeps the runtime's state in.
 STATE_FILE = "scalertune_amp.pt"
+#: The most bytes it is read to: a state is a few KiB (the check's record of a long run, a
+#: few MiB).
+MAX_STATE_BYTES = 64 * 2**20
 
 
 def save_state(amp: AmpRuntime, folder: str) -> None:
     """``amp.state_dict()`` into ``folder``'s :data:`STATE_FILE`, whole or not at all."""
     path = os.path.join(folder, STATE_FILE)
-    partial = f"{path}.partial"
-    torch.save(amp.state_dict(), partial)
-    os.replace(partial, path)
+    fd, tmp = create_temporary(path)  # created, never opened: no link written through
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(amp.state_dict(), f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def load_state(amp: AmpRuntime, folder: str, *, stacklevel: int) -> None:
     """Restore ``amp`` from ``folder``'s :data:`STATE_FILE`, or say in one line that the
     checkpoint has none (``stacklevel``: the user's call that resumes, for the warning)."""
     path = os.path.join(folder, STATE_FILE)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         warnings.warn(
             f"scalertune: checkpoint {folder} holds no {STATE_FILE} (saved without "
             "scalertune attached, or by an earlier release): the run resumes with the "
@@ -43,8 +55,9 @@ def load_state(amp: AmpRuntime, folder: str, *, stacklevel: int) -> None:
             stacklevel=stacklevel + 1,
         )
         return
+    data = _read(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         amp.load_state_dict(state)
     except Exception as exc:
         said = (str(exc).strip().splitlines() or [""])[0]
@@ -53,3 +66,27 @@ def load_state(amp: AmpRuntime, folder: str, *, stacklevel: int) -> None:
             f"{cut(said, 200)}; delete the "
             "file to resume with the config the run was attached with"
         ) from None
+
+
+def _read(path: str) -> bytes:
+    """The file's bytes, read once from a regular file (not through a link: a FIFO, a device
+    or a link in its place is refused at once instead of hanging or reading elsewhere), up
+    to :data:`MAX_STATE_BYTES`; :class:`UsageError` in one line otherwise."""
+    fix = "delete it to resume with the config the run was attached with"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        what = (
+            "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
+        )
+        raise UsageError(f"the runtime's state {path} {what}: {fix}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"the runtime's state {path} is not a regular file: {fix}")
+        os.set_blocking(fd, True)
+        data = f.read(MAX_STATE_BYTES + 1)
+    if len(data) > MAX_STATE_BYTES:
+        raise UsageError(
+            f"the runtime's state {path} is larger than {MAX_STATE_BYTES // 2**20} MiB: {fix}"
+        )
+    return data

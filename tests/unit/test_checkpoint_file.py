@@ -194,3 +194,41 @@ def test_numpys_random_state_is_saved_as_plain_data_and_put_back():
     first = np.random.uniform(size=3)
     set_rng_state(torch.load(buffer, weights_only=True))
     assert (np.random.uniform(size=3) == first).all()
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "large"])
+def test_a_trainers_state_file_that_is_no_plain_file_is_refused_in_one_line_at_once(tmp_path, kind):
+    """The runtime's state in a Trainer's or an Accelerator's checkpoint folder is read once,
+    from a regular file, not through a link, bounded: a link to another file, a FIFO (which
+    torch.load waited on forever) or a huge file in its place is one line, and nothing read."""
+    from scalertune import AmpRuntime
+    from scalertune._frameworks import _state_file
+
+    saved = AmpRuntime(AmpConfig(init_scale=1024.0), device="cpu")
+    _state_file.save_state(saved, str(tmp_path))
+    restored = AmpRuntime(AmpConfig(), device="cpu")
+    _state_file.load_state(restored, str(tmp_path), stacklevel=1)
+    assert restored.scaler.get_scale() == 1024.0
+    assert os.listdir(tmp_path) == [_state_file.STATE_FILE]  # nothing left beside it
+
+    path = tmp_path / _state_file.STATE_FILE
+    elsewhere = tmp_path / "elsewhere.pt"
+    path.rename(elsewhere)
+    if kind == "link":
+        path.symlink_to(elsewhere)
+        said = "is a symbolic link"
+    elif kind == "fifo":
+        os.mkfifo(path)
+        said = "is not a regular file"
+    else:
+        with open(path, "wb") as f:
+            f.truncate(_state_file.MAX_STATE_BYTES + 1)
+        said = "is larger than 64 MiB"
+    fresh = AmpRuntime(AmpConfig(), device="cpu")
+    with pytest.raises(UsageError) as refused:
+        _state_file.load_state(fresh, str(tmp_path), stacklevel=1)
+    assert str(refused.value) == (
+        f"the runtime's state {path} {said}: delete it to resume with the config the run was "
+        "attached with"
+    )
+    assert fresh.scaler.get_scale() == AmpConfig().init_scale
