@@ -52,56 +52,6 @@ def _workload(wrap):
     }
 
 
-def make_model_killed():
-    """``make_model``, whose node 1 kills its whole node (torchrun, its rank, the run's
-    process) at step 40 of the search's 5th run that trains, once: a host that dies
-    mid-search, after the float32 references and a trial. ``SCALERTUNE_TEST_KILL`` names
-    a file, created then; ``FILE.runs`` counts the runs, one byte each."""
-    workload = make_model()
-    marker = os.environ.get("SCALERTUNE_TEST_KILL")
-    if not marker or dist.get_rank() != 1 or not _trains() or os.path.exists(marker):
-        return workload
-    with open(marker + ".runs", "ab") as f:
-        f.write(b"x")
-    if os.path.getsize(marker + ".runs") != 5:
-        return workload
-    steps = [0]
-
-    def hook(_module, _inputs):
-        steps[0] += 1
-        if steps[0] == 40:
-            open(marker, "w").close()
-            os.kill(_torchrun(), 9)  # the node: torchrun, then its rank and the run's process
-            os.killpg(os.getpgid(0), 9)
-
-    workload["model"].register_forward_pre_hook(hook)
-    return workload
-
-
-def _torchrun():
-    """The pid of the torchrun this process descends from (its elastic agent starts each
-    rank in a session of its own, so the node's group is torchrun's alone)."""
-    pid = os.getpid()
-    while pid > 1:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"torch.distributed.run" in f.read():
-                return pid
-        with open(f"/proc/{pid}/stat") as f:
-            pid = int(f.read().rsplit(")", 1)[1].split()[1])
-    raise RuntimeError("not under torchrun")
-
-
-def _trains():
-    """Whether this call is a run that trains (a ``RunJob``), not the first-step check or
-    the step timing."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "perform":
-            return type(frame.f_locals.get("self")).__name__ == "RunJob"
-        frame = frame.f_back
-    return False
-
-
 if __name__ == "__main__":  # torchrun --nnodes 2 ... THIS CONFIGS_JSON STEPS OUT
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from distributed_workloads import end_rank, plain_loop

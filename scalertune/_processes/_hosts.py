@@ -20,7 +20,10 @@ once; rank 0 gives the others ``SETTLE_S`` to report, then asks those still at w
 theirs (``abort/N``), and names the rank to blame, with its node and host. A rank that does
 not report even then, and a rank 0 that stops answering (its store gone, or its heartbeat
 still for ``host_timeout``), is a lost host: the run is missing evidence (retried by the
-rerun, never a verdict), and the search ends on every host with status 3.
+rerun, never a verdict), and the search ends on every host with status 3. A rank whose
+process is gone is known at once, whatever it was doing, by its lifeline: one connection to
+rank 0 it holds for the whole search (:class:`_Lifelines`); a host that stops without
+closing it (frozen, cut off) by its pulse, still for ``host_timeout``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import io
 import json
 import os
 import pickle
+import select
 import socket
 import sys
 import threading
@@ -81,6 +85,9 @@ class Crew:
         self._beating = threading.Event()
         #: A rank past 0: the deadline its store's calls go through (:class:`_Watched`).
         self._deadline: _Deadline | None = None
+        #: Rank 0: the other ranks' lifelines; a rank past 0: its own end of its lifeline.
+        self._lifelines: _Lifelines | None = None
+        self._lifeline: socket.socket | None = None
 
     # -- joining ----------------------------------------------------------------------------
 
@@ -96,10 +103,15 @@ class Crew:
         store = _connect(world, rendezvous_timeout)
         if deadline is not None:
             store = _Watched(store, deadline)
+        lifelines = _Lifelines(world.size) if world.rank == 0 else None
+        if lifelines is not None:
+            store.set("lifeline", str(lifelines.port))
         roster = _gather(world, store, rendezvous_timeout)
         store.set_timeout(datetime.timedelta(seconds=host_timeout))
         crew = cls(world, store, roster, host_timeout)
-        crew._deadline = deadline
+        crew._deadline, crew._lifelines = deadline, lifelines
+        if world.rank != 0:
+            crew._lifeline = _hold_lifeline(world, int(store.get("lifeline")), rendezvous_timeout)
         if world.rank == 0:
             args = (world, host_timeout, crew._beating)
             threading.Thread(target=_beat, args=args, name="scalertune-beat", daemon=True).start()
@@ -150,37 +162,64 @@ class Crew:
             raise HostLost(self._lost)
         self._n += 1
         n, port = self._n, _free_port()
+        if self._gone():  # a rank's process is gone already: this run could never end
+            raise HostLost(self._lost_line(min(self._gone()), None))
+        started = time.monotonic()
         self._store.set(f"job/{n}", b"J" + pickle.dumps((job, port, timeout_s)))
         own = _perform(
             job,
             timeout_s,
             self.world.run_env(port),
             progress,
-            _watch_peers(self.world, self._host_timeout, n),
+            _watch_peers(self.world, self._host_timeout, n, self._gone),
         )
-        reports = self._collect(n, own["kind"] == "ok")
+        reports = self._collect(n, own["kind"] == "ok", started)
         if own["kind"] == "ok" and all(r["kind"] == "ok" for r in reports.values()):
             return own["final"]
         raise _blamed(self.where, {0: own, **reports})
 
-    def _collect(self, n: int, ok: bool) -> dict[int, dict[str, Any]]:
+    def _collect(self, n: int, ok: bool, started: float) -> dict[int, dict[str, Any]]:
         """Every other rank's report of run ``n``; after a failure, those still at work after
-        ``SETTLE_S`` are asked to end it; :class:`HostLost` for a rank that never reports."""
+        ``SETTLE_S`` are asked to end it; :class:`HostLost` for a rank that never reports (no
+        wait for one whose process is gone)."""
         keys = {f"done/{n}/{r}": r for r in range(1, self.world.size)}
-        came = _poll(self._store, list(keys), self._host_timeout if ok else SETTLE_S)
+
+        def only_the_gone_left(came: set[str]) -> bool:
+            return all(r in self._gone() for k, r in keys.items() if k not in came)
+
+        wait = self._host_timeout if ok and not self._gone() else SETTLE_S
+        came = _poll(self._store, list(keys), wait, stop=only_the_gone_left)
         if len(came) < len(keys):
             self._store.set(f"abort/{n}", "1")
-            came = _poll(self._store, list(keys), SETTLE_S)
+            came = _poll(self._store, list(keys), SETTLE_S, stop=only_the_gone_left)
         missing = [r for k, r in keys.items() if k not in came]
         if missing:
-            self._lost = (
-                f"{self.where(missing[0])} did not report its run within "
-                f"{SETTLE_S * 2 if not ok else self._host_timeout:g} s: its host or its "
-                "process is gone. The search ends on every host: run the same command on "
-                "every host again to resume it"
-            )
-            raise HostLost(self._lost)
+            gone = [r for r in missing if r in self._gone()]
+            raise HostLost(self._lost_line(gone[0] if gone else missing[0], started))
         return {r: json.loads(self._store.get(k)) for k, r in keys.items()}
+
+    def _gone(self) -> set[int]:
+        """The ranks whose process is gone (their lifeline closed)."""
+        return self._lifelines.gone() if self._lifelines is not None else set()
+
+    def _lost_line(self, rank: int, started: float | None) -> str:
+        """The line a lost ``rank`` ends the search with (kept: every later run says it)."""
+        if rank in self._gone():
+            why = (
+                f"{self.where(rank)} is gone: its connection to rank 0 closed (its process "
+                "was killed, or its host went down)"
+            )
+        else:
+            waited = 0.0 if started is None else time.monotonic() - started
+            why = (
+                f"{self.where(rank)} did not report its run within {waited:.0f} s of its "
+                "start: its host or its process is gone, or frozen"
+            )
+        self._lost = (
+            f"{why}. The search ends on every host: run the same command on every host "
+            "again to resume it"
+        )
+        return self._lost
 
     def close(self, code: int) -> None:
         """The search is over on rank 0 with ``code``: the others stop with it (each says
@@ -314,11 +353,14 @@ def _blamed(where: Callable[[int], str], reports: dict[int, dict[str, Any]]) -> 
     return Failed("error", f"{where(r)}: {rep['text']}").exception()
 
 
-def _watch_peers(world: World, host_timeout: float, n: int) -> Callable[[Launch], None]:
+def _watch_peers(
+    world: World, host_timeout: float, n: int, gone: Callable[[], set[int]]
+) -> Callable[[Launch], None]:
     """A watch, on a connection of its own, that ends rank 0's part of run ``n`` when
     another rank reports a failure and rank 0's part does not end by itself within
-    ``SETTLE_S``, or when another rank's pulse (``alive/R``) stays still for
-    ``host_timeout``: rank 0's part may wait on a group that rank will never join."""
+    ``SETTLE_S``, at once when another rank's process is ``gone`` (its lifeline closed), or
+    when another rank's pulse (``alive/R``) stays still for ``host_timeout`` (a frozen
+    host): rank 0's part may wait on a group that rank will never join."""
     done = [f"done/{n}/{r}" for r in range(1, world.size)]
     pulses = [f"alive/{r}" for r in range(1, world.size)]
 
@@ -337,7 +379,7 @@ def _watch_peers(world: World, host_timeout: float, n: int) -> Callable[[Launch]
                         seen[k] = (pulse, now)
             except Exception:  # the store is going: the run ends by itself
                 return
-            still = any(now - since > host_timeout for _, since in seen.values())
+            still = any(now - since > host_timeout for _, since in seen.values()) or gone()
             if still or failed:
                 if still or not launch.over.wait(SETTLE_S):
                     launch.kill()
@@ -415,15 +457,82 @@ def _connect(world: World, timeout_s: float, *, client: bool = False) -> Any:
     return torch.distributed.PrefixStore("scalertune/", store)
 
 
-def _poll(store: Any, keys: list[str], timeout_s: float) -> set[str]:
+def _poll(
+    store: Any,
+    keys: list[str],
+    timeout_s: float,
+    *,
+    stop: Callable[[set[str]], bool] | None = None,
+) -> set[str]:
     """The ``keys`` set in ``store`` within ``timeout_s`` seconds (all of them, or those
-    there when the time ran out)."""
+    there when the time ran out, or when ``stop`` says of those that no more will come)."""
     deadline, came = time.monotonic() + timeout_s, set()
     while True:
         came |= {k for k in keys if k not in came and store.check([k])}
         if len(came) == len(keys) or time.monotonic() >= deadline:
             return came
+        if stop is not None and stop(came):
+            return came
         time.sleep(_POLL_S)
+
+
+class _Lifelines:
+    """Rank 0's end of one TCP connection per other rank's crew process, open for the
+    whole search: one that closes is a rank whose process is gone (killed, or its host's
+    processes ended), known at once. Without it, a rank that dies before its part of a run
+    has joined the run's group leaves rank 0's part waiting on that group (its timeout) and
+    the rank's pulse still for ``--host-timeout``: 5 minutes by default. (A host that stops
+    without closing its connections, frozen or cut off, is still the pulse's to find.)"""
+
+    def __init__(self, size: int) -> None:
+        dual = socket.has_dualstack_ipv6()
+        self._server = socket.create_server(
+            ("", 0), family=socket.AF_INET6 if dual else socket.AF_INET, dualstack_ipv6=dual
+        )
+        self.port = int(self._server.getsockname()[1])
+        self._size, self._gone = size, set[int]()
+        threading.Thread(target=self._watch, name="scalertune-lifelines", daemon=True).start()
+
+    def gone(self) -> set[int]:
+        return set(self._gone)
+
+    def _watch(self) -> None:
+        held: dict[socket.socket, int | None] = {}  # a connection -> the rank it said it is
+        while True:
+            ready, _, _ = select.select([self._server, *held], [], [])
+            for conn in ready:
+                if conn is self._server:
+                    held[conn.accept()[0]] = None
+                    continue
+                try:
+                    said = conn.recv(64)
+                except OSError:
+                    said = b""
+                if said and held[conn] is None:  # its first word: its rank
+                    word = said.strip()
+                    ok = word.isdigit() and 0 < int(word) < self._size
+                    held[conn] = int(word) if ok else -1
+                elif not said:  # closed
+                    rank = held.pop(conn)
+                    conn.close()
+                    if rank is not None and rank > 0:
+                        self._gone.add(rank)
+
+
+def _hold_lifeline(world: World, port: int, timeout_s: float) -> socket.socket:
+    """A rank past 0's end of its lifeline to rank 0 (:class:`_Lifelines`), held open until
+    the process ends."""
+    try:
+        conn = socket.create_connection((world.master_addr, port), timeout=timeout_s)
+        conn.sendall(f"{world.rank}\n".encode())
+    except OSError as exc:
+        raise HostLost(
+            f"rank {world.rank} could not reach rank 0 at {world.master_addr}:{port} within "
+            f"{timeout_s:g} s (--rendezvous-timeout): rank 0's host must take connections on "
+            f"any unprivileged port, as each run's group needs ({exc.strerror or exc})"
+        ) from None
+    conn.settimeout(None)
+    return conn
 
 
 class _Deadline:

@@ -215,17 +215,51 @@ def test_a_run_that_ran_past_its_time_limit_on_every_host_blames_no_rank():
     assert str(blamed) == f"rank 1 of 2 (node 1, h1): {late}"
 
 
+def test_a_rank_whose_process_is_gone_is_lost_at_once_not_after_the_host_timeout():
+    """A node killed as a run starts, before its part joined the run's group: rank 0's part
+    waited on the group (300 s) and the rank's pulse for --host-timeout (300 s), and the
+    search ended 333 s after the kill. Its lifeline closes with its process: rank 0 knows
+    at once, runs nothing more, and names it; a stranger's connection is not a rank."""
+    from scalertune._processes._hosts import HostLost, _hold_lifeline, _Lifelines
+
+    lifelines = _Lifelines(3)
+    crew = _crew(((), (), ()))
+    crew._lifelines = lifelines
+    world = World("torchrun", 1, 3, 1, 1, 1, "127.0.0.1", 29500)
+    one = _hold_lifeline(world, lifelines.port, 5)
+    two = _hold_lifeline(dataclasses.replace(world, rank=2, node=2), lifelines.port, 5)
+    with socket.create_connection(("127.0.0.1", lifelines.port)) as stranger:
+        stranger.sendall(b"0\n")  # not a rank past 0: its closing says nothing
+    time.sleep(0.5)
+    assert lifelines.gone() == set()
+    two.close()  # rank 2's process ends
+    deadline = time.monotonic() + 5
+    while not lifelines.gone() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lifelines.gone() == {2}
+    with pytest.raises(HostLost) as lost:
+        crew.launch(None, None, lambda reply: None)  # nothing posted: the store is unused
+    assert str(lost.value) == (
+        "rank 2 of 3 (node 2, h2) is gone: its connection to rank 0 closed (its process was "
+        "killed, or its host went down). The search ends on every host: run the same command "
+        "on every host again to resume it"
+    )
+    one.close()
+
+
 def test_a_rank_running_another_command_is_found():
     assert _crew(((["search", "m.py:f"]), (["search", "m.py:f"]))).other_command() is None
     assert _crew((["search", "m.py:f"], ["search", "m.py:f", "--steps", "9"])).other_command() == 1
 
 
 _FROZEN_RANK0 = """
-import datetime, json, os, sys, time, torch
+import datetime, json, os, socket, sys, time, torch
 server = torch.distributed.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True,
                                     wait_for_workers=False,
                                     timeout=datetime.timedelta(seconds=60))
 store = torch.distributed.PrefixStore("scalertune/", server)
+lifelines = socket.create_server(("127.0.0.1", 0))  # rank 1 connects, and stays connected
+store.set("lifeline", str(lifelines.getsockname()[1]))
 roster = [{"rank": r, "node": r, "host": "h%d" % r, "argv": None} for r in range(2)]
 store.set("roster", json.dumps(roster))
 print("up", flush=True)
