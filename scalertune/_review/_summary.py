@@ -132,10 +132,14 @@ def _head(result: Findings) -> list[str]:
             )
         )
         if times.busy:
+            what = (  # one thread already: the load is other processes'
+                "time on a quiet machine"
+                if times.threads == 1
+                else "set OMP_NUM_THREADS=1, or time on a quiet machine"
+            )
             lines.append(
                 f"  the CPU was busy while timing (load {times.load:.2g} per core): the step "
-                "times, and their ratios, may be far off; set OMP_NUM_THREADS=1, or time on a "
-                "quiet machine"
+                f"times, and their ratios, may be far off; {what}"
             )
     return lines
 

@@ -32,6 +32,8 @@ class StepTimes:
     #: On a CPU, the highest 1-minute load average per core seen while timing (the timing's
     #: own threads count in it); ``None`` where not measured.
     load: float | None = None
+    #: On a CPU, the intra-op threads each timed step ran on; ``None`` where not measured.
+    threads: int | None = None
 
     @property
     def busy(self) -> bool:
@@ -127,14 +129,16 @@ class StepTimes:
         """Plain data, as the study stores it.
 
         Returns:
-            ``rounds`` and ``steps`` (and ``load``, where measured).
+            ``rounds`` and ``steps`` (and ``load`` and ``threads``, where measured).
 
         Example:
             >>> StepTimes({"float32": [1.0]}, steps=40).to_dict()
             {'rounds': {'float32': [1.0]}, 'steps': 40}
         """
-        load = {} if self.load is None else {"load": self.load}
-        return {"rounds": self.rounds, "steps": self.steps, **load}
+        measured = {
+            k: v for k, v in (("load", self.load), ("threads", self.threads)) if v is not None
+        }
+        return {"rounds": self.rounds, "steps": self.steps, **measured}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepTimes:
@@ -150,11 +154,12 @@ class StepTimes:
             >>> StepTimes.from_dict({"rounds": {"float32": [1]}}) == StepTimes({"float32": [1.0]})
             True
         """
-        load = data.get("load")
+        load, threads = data.get("load"), data.get("threads")
         return cls(
             rounds={k: [float(v) for v in vs] for k, vs in data["rounds"].items()},
             steps=int(data.get("steps", 0)),
             load=None if load is None else float(load),
+            threads=None if threads is None else int(threads),
         )
 
 

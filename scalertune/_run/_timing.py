@@ -90,6 +90,7 @@ def time_dtypes(
         {d: _per_round(w) for d, w in windows.items() if d not in broken},
         steps=steps,
         load=max(seen) if seen else None,
+        threads=torch.get_num_threads() if device.type == "cpu" else None,
     )
 
 

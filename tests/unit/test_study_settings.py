@@ -393,6 +393,14 @@ def test_a_timing_on_a_busy_cpu_says_so_beside_its_step_times(v1):
         busy = dataclasses.replace(found, references={**found.references, seed: reference})
         line = "the CPU was busy while timing (load 4.2 per core): the step times, and their"
         assert (line in busy.summary()) is said
+        if said:  # timed on 2 threads: one is the advice; on one already, it is not
+            assert "set OMP_NUM_THREADS=1, or time on a quiet machine" in busy.summary()
+    one = dataclasses.replace(times, load=4.2, threads=1)
+    reference = dataclasses.replace(found.references[seed], step_times=one)
+    quiet = dataclasses.replace(found, references={**found.references, seed: reference})
+    assert "far off; time on a quiet machine" in quiet.summary()
+    assert "OMP_NUM_THREADS" not in quiet.summary()
     # kept with the timing, as the study stores it
-    stored = dataclasses.replace(times, load=4.2).to_dict()
-    assert StepTimes.from_dict(stored).load == 4.2 and StepTimes.from_dict(stored).busy
+    stored = dataclasses.replace(times, load=4.2, threads=1).to_dict()
+    back = StepTimes.from_dict(stored)
+    assert back.load == 4.2 and back.busy and back.threads == 1
