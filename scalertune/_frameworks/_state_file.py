@@ -32,11 +32,19 @@ MAX_STATE_BYTES = 64 * 2**20
 def save_state(amp: AmpRuntime, folder: str) -> None:
     """``amp.state_dict()`` into ``folder``'s :data:`STATE_FILE`, whole or not at all."""
     path = os.path.join(folder, STATE_FILE)
-    fd, tmp = create_temporary(path)  # created, never opened: no link written through
+    try:
+        fd, tmp = create_temporary(path)  # created, never opened: no link written through
+    except OSError as exc:
+        raise UsageError(f"cannot write the runtime's state {path}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(amp.state_dict(), f)
         os.replace(tmp, path)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the runtime's state {path}: {exc.strerror}"
+            + (": remove the folder of that name" if os.path.isdir(path) else "")
+        ) from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -80,9 +88,10 @@ def _read(path: str) -> bytes:
             "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
         )
         raise UsageError(f"the runtime's state {path} {what}: {fix}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder opens too
+        os.close(fd)
+        raise UsageError(f"the runtime's state {path} is not a regular file: {fix}")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"the runtime's state {path} is not a regular file: {fix}")
         os.set_blocking(fd, True)
         data = f.read(MAX_STATE_BYTES + 1)
     if len(data) > MAX_STATE_BYTES:

@@ -196,7 +196,7 @@ def test_numpys_random_state_is_saved_as_plain_data_and_put_back():
     assert (np.random.uniform(size=3) == first).all()
 
 
-@pytest.mark.parametrize("kind", ["link", "fifo", "large"])
+@pytest.mark.parametrize("kind", ["link", "fifo", "folder", "large"])
 def test_a_trainers_state_file_that_is_no_plain_file_is_refused_in_one_line_at_once(tmp_path, kind):
     """The runtime's state in a Trainer's or an Accelerator's checkpoint folder is read once,
     from a regular file, not through a link, bounded: a link to another file, a FIFO (which
@@ -220,6 +220,9 @@ def test_a_trainers_state_file_that_is_no_plain_file_is_refused_in_one_line_at_o
     elif kind == "fifo":
         os.mkfifo(path)
         said = "is not a regular file"
+    elif kind == "folder":
+        path.mkdir()
+        said = "is not a regular file"
     else:
         with open(path, "wb") as f:
             f.truncate(_state_file.MAX_STATE_BYTES + 1)
@@ -232,3 +235,11 @@ def test_a_trainers_state_file_that_is_no_plain_file_is_refused_in_one_line_at_o
         "attached with"
     )
     assert fresh.scaler.get_scale() == AmpConfig().init_scale
+    if kind == "folder":  # nor is one written over it
+        with pytest.raises(UsageError) as refused:
+            _state_file.save_state(saved, str(tmp_path))
+        assert str(refused.value) == (
+            f"cannot write the runtime's state {path}: Is a directory: remove the folder of "
+            "that name"
+        )
+        assert sorted(os.listdir(tmp_path)) == ["elsewhere.pt", _state_file.STATE_FILE]
