@@ -14,6 +14,9 @@ from scalertune._amp._guard import Guard, check_guard
 from scalertune._amp._scaler import Skips
 from scalertune._amp._watch import AmpDriftWarning, ScalerPrediction, Watch, caller_stacklevel
 
+#: Whose prediction a watch rebased by the in-run check holds, as its messages say it.
+REPLAYED = "the in-run check's replay"
+
 
 class Readback:
     """The guard, the watch and the in-run check, every ``every`` steps (the guard's cadence
@@ -37,7 +40,7 @@ class Readback:
         """Watch from here on, counting from ``steps`` and ``skipped`` (the in-run check changed
         the run): against ``prediction`` (its new knobs') where given, else the watch's own."""
         if prediction is not None:
-            self.watch = Watch(prediction, check_every=self.every)
+            self.watch = Watch(prediction, check_every=self.every, by=REPLAYED)
         self._since, self._warned = (steps, skipped), False
 
     def state_dict(self) -> dict[str, Any]:
@@ -61,7 +64,7 @@ class Readback:
         if saved is not None and self._since[0] > 0:  # rebased: the knobs' own prediction
             prediction = ScalerPrediction(**saved)
             if self.watch is None or prediction != self.watch.prediction:
-                self.watch = Watch(prediction, check_every=self.every)
+                self.watch = Watch(prediction, check_every=self.every, by=REPLAYED)
 
     def _tripped(self, scale: float, streak: int) -> bool:
         guard = self.guard

@@ -140,6 +140,9 @@ class Watch:
 
     prediction: ScalerPrediction
     check_every: int = _policy.READBACK_INTERVAL
+    #: Whose prediction it is, as the messages say it: the search's, or the in-run check's
+    #: replay of the run's own gradients once it set the scaler's knobs.
+    by: str = "the search"
 
     def __post_init__(self) -> None:
         if not isinstance(self.prediction, ScalerPrediction):
@@ -180,8 +183,8 @@ class Watch:
         if not found:
             return None
         return (
-            f"AMP watch at step {steps:,}: " + "; ".join(found) + ". The run is no longer "
-            "the one the search saw (other data, learning rate or model?): rerun "
+            f"AMP watch at step {steps:,}: " + "; ".join(found) + f". The run is no longer "
+            f"the one {self.by} saw (other data, learning rate or model?): rerun "
             "scalertune search on it (scalertune.load(..., watch=False) silences this)"
         )
 
@@ -203,14 +206,14 @@ class Watch:
         ):
             larger = (1 / config.backoff_factor) ** (startup - p.skipped_first)
             found.append(
-                f"its start-up has skipped {startup} steps where the search "
+                f"its start-up has skipped {startup} steps where {self.by} "
                 f"predicted {p.skipped_first} (exact in calibration): its first "
                 f"gradients are at least {larger:.3g} times larger than the search's"
             )
         if skipped > self.allowed_skips(steps):
             found.append(
-                f"this run skipped {skipped:,} steps in its first {steps:,}; the "
-                f"search predicted {p.skipped_steps:,} over {p.horizon:,}"
+                f"this run skipped {skipped:,} steps in its first {steps:,}; "
+                f"{self.by} predicted {p.skipped_steps:,} over {p.horizon:,}"
                 + (f" ({p.skipped_first} of them in the start-up)" if p.skipped_first else "")
             )
         highest = max(p.max_scale or 0.0, p.final_scale, config.init_scale)
@@ -218,13 +221,13 @@ class Watch:
             below = p.min_scale / scale if scale > 0 else math.inf  # backed off to zero
             found.append(
                 f"the loss scale is {scale:.3g}, {below:.3g} times "
-                f"below the lowest the search predicted ({p.min_scale:.3g}): "
-                "gradients overflow float16 at scales the search's run held"
+                f"below the lowest {self.by} predicted ({p.min_scale:.3g}): "
+                f"gradients overflow float16 at scales {self.by} saw hold"
             )
         elif steps <= p.horizon and scale > highest * SCALE_SLACK:
             found.append(
                 f"the loss scale is {scale:.3g}, {scale / highest:.3g} times above "
-                f"the highest the search predicted ({highest:.3g}): the gradients "
+                f"the highest {self.by} predicted ({highest:.3g}): the gradients "
                 "are much smaller than the search's"
             )
         return found

@@ -231,3 +231,29 @@ def test_best_amp_from_a_file_without_one_says_to_train_with_its_config(tmp_path
     path = _result_file(tmp_path, {"horizon": HORIZON})
     with pytest.raises(scalertune.UsageError, match="no evidence.best_amp: no AMP config held"):
         scalertune.load(path, device="cpu", best_amp=True)
+
+
+def test_a_watch_the_in_run_check_rebased_names_its_replay_not_the_search(predicted):
+    """A new user's report: after the check set the scaler's knobs from its replay, the next
+    action said the scale was "512 times below the lowest the search predicted (1.05e+06)",
+    where the search had predicted 6.55e+04 (the same report's last line). A watch rebased on
+    the replay's prediction says whose it is, and keeps saying it after a resume."""
+    from scalertune._amp._readback import REPLAYED, Readback
+
+    readback = Readback(None, Watch(predicted), None)
+    replayed = ScalerPrediction(
+        horizon=1000, skipped_steps=2, min_scale=2.0**20, final_scale=2.0**20
+    )
+    readback.rebase(replayed, steps=520, skipped=20)
+    said = readback.watch.differences(  # counted from the rebase
+        CONFIG, steps=440, skipped=2, startup=0, startup_last=0, scale=2048.0
+    )
+    assert said == [
+        "the loss scale is 2.05e+03, 512 times below the lowest the in-run check's replay "
+        "predicted (1.05e+06): gradients overflow float16 at scales the in-run check's "
+        "replay saw hold"
+    ]
+    resumed = Readback(None, Watch(predicted), None)
+    resumed.load_state_dict(readback.state_dict())
+    assert resumed.watch == readback.watch and resumed.watch.by == REPLAYED
+    assert Watch(predicted).by == "the search"
