@@ -150,7 +150,12 @@ class StoredCheckpoint:
                 # no further than the manifest's size: a longer file is not the one
                 self.store.read(self.name, lambda f: _copy_to(f, path, manifest["bytes"]))
             digest, size = _digest_of_file(path)
-        except (ArtifactNotFound, FileNotFoundError):
+        except (ArtifactNotFound, FileNotFoundError) as exc:
+            refused = getattr(exc, "refused", None)  # a link, a FIFO in its place: not read
+            if refused is not None:
+                raise MissingEvidence(
+                    f"{self.describe()} is damaged: its file {refused}, not read"
+                ) from None
             raise MissingEvidence(f"{self.describe()} is missing its file") from None
         except Exception as exc:  # unreadable: permissions, a bucket refusing
             raise MissingEvidence(f"{self.describe()} cannot be read: {_why(exc)}") from None

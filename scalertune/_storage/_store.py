@@ -365,19 +365,17 @@ class _Folder:
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
-            raise ArtifactNotFound(
-                f"artifact {artifact_id} in {self.base} is a symbolic link: not read"
-            ) from None
+            raise _refused(artifact_id, self.base, "is a symbolic link") from None
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode):
             os.close(fd)
-            raise ArtifactNotFound(f"artifact {artifact_id} in {self.base} is not a regular file")
+            raise _refused(artifact_id, self.base, "is not a regular file")
         if self._folder is not None and found.st_nlink != 1:
             # served to whoever reaches the dashboard: a file written here has one name, and
             # a hard link from outside (where the kernel allows one to a file the linker may
             # not read) is not served
             os.close(fd)
-            raise ArtifactNotFound(f"artifact {artifact_id} in {self.base} has other names")
+            raise _refused(artifact_id, self.base, "has other names")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
 
@@ -445,3 +443,13 @@ def _plain(name: str) -> str:
     if not plain(name):
         raise DamagedEvidence(f"{name!r} is not the name of a file in an artifact store")
     return name
+
+
+def _refused(artifact_id: str, base: str, what: str) -> Exception:
+    """Optuna's ``ArtifactNotFound`` for a file in the artifact's place that is not read
+    (``what`` it is kept as ``refused``: a checkpoint's reader names it as damage)."""
+    from optuna.artifacts.exceptions import ArtifactNotFound
+
+    exc = ArtifactNotFound(f"artifact {artifact_id} in {base} {what}: not read")
+    exc.refused = what  # type: ignore[attr-defined]
+    return exc

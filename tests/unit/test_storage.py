@@ -488,9 +488,11 @@ def test_what_is_checked_is_what_is_loaded_a_file_swapped_after_the_check_is_nev
 
 
 @pytest.mark.parametrize("planted", ["symlink", "fifo"])
-def test_a_link_or_a_fifo_in_place_of_a_checkpoint_is_missing_evidence_and_never_followed(
+def test_a_link_or_a_fifo_in_place_of_a_checkpoint_is_damaged_evidence_and_never_followed(
     tmp_path, planted
 ):
+    """Missing evidence, never followed, and named as what it is (a tester found a link and
+    a FIFO both said to be 'missing its file')."""
     from scalertune._errors import MissingEvidence
 
     stored, _ = _saved(str(tmp_path / "artifacts"))
@@ -499,10 +501,13 @@ def test_a_link_or_a_fifo_in_place_of_a_checkpoint_is_missing_evidence_and_never
     if planted == "symlink":
         (tmp_path / "elsewhere").write_bytes(b"x" * 10)
         os.symlink(tmp_path / "elsewhere", own)
+        what = "is a symbolic link"
     else:
         os.mkfifo(own)  # a reader of a FIFO would wait forever
-    with pytest.raises(MissingEvidence, match="is missing its file"):
+        what = "is not a regular file"
+    with pytest.raises(MissingEvidence) as damaged:
         stored.fetch()
+    assert str(damaged.value) == f"{stored.describe()} is damaged: its file {what}, not read"
 
 
 # -- a study key: manifests signed, planted files told apart ------------------------------------
