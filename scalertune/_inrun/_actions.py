@@ -292,8 +292,9 @@ def scale_set_back(
         )
         return
     seen = (
-        f"{heading(check.step)}: the loss scale fell to {scale_text(now)} over "
-        f"{amp.skipped_steps:,} skipped steps while the forward stays finite at the same weights "
+        f"{heading(check.step)}: the loss scale fell to {scale_text(now)} ("
+        f"{amp.skipped_steps:,} steps skipped so far) while the forward stays finite at the "
+        "same weights "
         f"({check.ratio:.3g}x float32's loss; {how}): the gradients, not an activation, were "
         "too large for float16"
     )

@@ -6,6 +6,7 @@ the study without holding training up."""
 import logging
 import math
 import os
+import re
 import warnings
 
 import numpy as np
@@ -457,6 +458,8 @@ def test_a_scale_collapsed_by_a_burst_of_large_gradients_is_set_back_and_the_run
     lines = [str(w.message) for w in caught if issubclass(w.category, AmpCheckWarning)]
     assert len(lines) == 1 and "the gradients, not an activation, were too large" in lines[0]
     assert "set back to 2**16" in lines[0] and amp.steps == 300
+    # the run's count so far, said as such (not as the burst's own length)
+    assert re.search(r"fell to \S+ \(\d+ steps skipped so far\)", lines[0]), lines[0]
     assert checked <= 1.10 * run(AmpRuntime(AmpConfig(dtype="float32"), device=CPU))
 
 
