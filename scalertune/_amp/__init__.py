@@ -22,6 +22,8 @@
   only inside a float8 runtime's forward; every name of torchao used, and its releases;
 - ``_device``: which device a run trains on;
 - ``_schema``, ``_yaml``: the result YAML, read with size and alias bounds;
+- ``_regular``: a file handed over (a YAML, a runtime's state) read once, bounded, a regular
+  file only;
 - ``_policy``: the runtime's own policy numbers (a YAML file's size and value bounds), each
   with its reason.
 

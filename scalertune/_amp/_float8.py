@@ -148,16 +148,27 @@ def convert(model: torch.nn.Module, config: Any, *, device: torch.device) -> lis
             "float8 needs torch.nn.Linear layers whose sizes are multiples of "
             f"{FLOAT8_MULTIPLE}"
         )
-    elif all(kept_in_float32(name, config.fp32_modules) for name in converted):
-        shown = ", ".join(converted[:3]) + (
-            f" and {len(converted) - 3} more" if len(converted) > 3 else ""
-        )
-        _say_once(
-            f"float8: the float32 islands ({', '.join(config.fp32_modules)}) hold every layer "
-            f"float8 takes ({shown}), so it trains no layer in float8, as a "
-            f"{config.float8_around} config would"
-        )
+    elif (held := islands_hold_all(config, converted)) is not None:
+        _say_once(f"float8: the {held}")
     return out
+
+
+def islands_hold_all(config: Any, layers: list[str]) -> str | None:
+    """Where ``config``'s float32 islands hold every one of ``layers`` (those float8 takes),
+    so that it trains no layer in float8, the words that say so (``None``: some layer
+    trains in float8)."""
+    if not layers or not all(kept_in_float32(name, config.fp32_modules) for name in layers):
+        return None
+    return (
+        f"float32 islands ({', '.join(config.fp32_modules)}) hold every layer float8 takes "
+        f"({_shown(layers)}), so it trains no layer in float8, as a {config.float8_around} "
+        "config would"
+    )
+
+
+def _shown(names: list[str]) -> str:
+    """The first three names, and how many more."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def left_out(model: torch.nn.Module) -> list[str]:
@@ -172,9 +183,7 @@ def left_out(model: torch.nn.Module) -> list[str]:
 
 def left_out_line(names: list[str] | tuple[str, ...]) -> str:
     """The one line that says which Linear layers stay out of float8, and why."""
-    named = ", ".join(repr(n) for n in names[:3]) + (
-        f" and {len(names) - 3} more" if len(names) > 3 else ""
-    )
+    named = _shown([repr(n) for n in names])
     return (
         f"float8: {'layers' if len(names) > 1 else 'layer'} {named} left out of float8 "
         "(sizes not multiples of "
@@ -206,11 +215,10 @@ def not_linear(model: torch.nn.Module) -> list[tuple[str, str]]:
 def not_linear_line(layers: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
     """The one line that says which matmul layers float8 does not convert for their class."""
     names = [name for name, _ in layers]
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     classes = ", ".join(sorted({cls for _, cls in layers}))
     return (
-        f"float8: {plural(len(names), 'matmul layer')} of class {classes} ({shown}) left out "
-        "of float8: torchao converts torch.nn.Linear alone; "
+        f"float8: {plural(len(names), 'matmul layer')} of class {classes} ({_shown(names)}) "
+        "left out of float8: torchao converts torch.nn.Linear alone; "
         f"{'they run' if len(names) > 1 else 'it runs'} in the precision around float8"
     )
 

@@ -11,13 +11,12 @@ and every number in it must be finite: nothing scalertune reads means NaN or inf
 from __future__ import annotations
 
 import math
-import os
-import stat
 from typing import Any
 
 import yaml
 
 from scalertune._amp import _policy as _amp_policy
+from scalertune._amp._regular import Refused, read_regular
 from scalertune._errors import UsageError
 from scalertune._text import cut
 
@@ -38,24 +37,19 @@ def read_text(path: str, *, what: str, missing: str = "") -> str:
     """The text of the file ``path``, read as :func:`read_yaml` reads it (a regular file, up
     to ``MAX_YAML_BYTES``, UTF-8), not yet parsed."""
     try:
-        # O_NONBLOCK: a FIFO given as the file opens at once, and is refused below, where a
-        # plain open() waited for a writer forever
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise UsageError(f"{path} is not a regular file: is it {what}?")
-            os.set_blocking(fd, True)
-            raw = f.read(_amp_policy.MAX_YAML_BYTES + 1)
+        raw = read_regular(path, _amp_policy.MAX_YAML_BYTES)
+    except Refused as exc:
+        if exc.kind == Refused.FOLDER:
+            raise UsageError(f"{path} is a folder, not {what}") from None
+        if exc.kind == Refused.LARGE:
+            raise UsageError(
+                f"{path} is larger than {_amp_policy.MAX_YAML_BYTES // 1024} KiB: is it {what}?"
+            ) from None
+        raise UsageError(f"{path} is not a regular file: is it {what}?") from None
     except FileNotFoundError:
         raise UsageError(f"no such file: {path}{missing}") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path} is a folder, not {what}") from None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > _amp_policy.MAX_YAML_BYTES:
-        raise UsageError(
-            f"{path} is larger than {_amp_policy.MAX_YAML_BYTES // 1024} KiB: is it {what}?"
-        )
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError:

@@ -9,14 +9,13 @@ without it (before ``attach``, or by an earlier release) resumes with one line.
 
 from __future__ import annotations
 
-import errno
 import io
 import os
-import stat
 import warnings
 
 import torch
 
+from scalertune._amp._regular import Refused, read_regular
 from scalertune._amp._runtime import AmpRuntime
 from scalertune._amp._schema import create_temporary
 from scalertune._errors import UsageError
@@ -80,22 +79,16 @@ def _read(path: str) -> bytes:
     """The file's bytes, read once from a regular file (not through a link: a FIFO, a device
     or a link in its place is refused at once instead of hanging or reading elsewhere), up
     to :data:`MAX_STATE_BYTES`; :class:`UsageError` in one line otherwise."""
-    fix = "delete it to resume with the config the run was attached with"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_regular(path, MAX_STATE_BYTES, follow=False)
+    except Refused as exc:
+        what = {
+            Refused.LINK: "is a symbolic link",
+            Refused.LARGE: f"is larger than {MAX_STATE_BYTES // 2**20} MiB",
+        }.get(exc.kind, "is not a regular file")
     except OSError as exc:
-        what = (
-            "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
-        )
-        raise UsageError(f"the runtime's state {path} {what}: {fix}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder opens too
-        os.close(fd)
-        raise UsageError(f"the runtime's state {path} is not a regular file: {fix}")
-    with os.fdopen(fd, "rb") as f:
-        os.set_blocking(fd, True)
-        data = f.read(MAX_STATE_BYTES + 1)
-    if len(data) > MAX_STATE_BYTES:
-        raise UsageError(
-            f"the runtime's state {path} is larger than {MAX_STATE_BYTES // 2**20} MiB: {fix}"
-        )
-    return data
+        what = f"cannot be read ({exc.strerror})"
+    raise UsageError(
+        f"the runtime's state {path} {what}: delete it to resume with the config the run was "
+        "attached with"
+    )

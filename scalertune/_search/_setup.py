@@ -75,17 +75,10 @@ class Setup:
     def float8_idle(self, config: AmpConfig) -> str | None:
         """Why a float8 ``config`` trains no layer in float8 (``None``: it trains some): its
         islands hold every Linear layer float8 takes."""
-        takes = sorted({c.name for c in self.float8_casts})
-        if not config.float8 or not takes:
+        if not config.float8:
             return None
-        if not all(kept_in_float32(name, config.fp32_modules) for name in takes):
-            return None
-        return (
-            f"float8 {config.float8_recipe}: its float32 islands "
-            f"({', '.join(config.fp32_modules)}) hold every layer float8 takes "
-            f"({', '.join(takes)}), so it trains no layer in float8, as a "
-            f"{config.float8_around} config would"
-        )
+        held = _float8.islands_hold_all(config, sorted({c.name for c in self.float8_casts}))
+        return None if held is None else f"float8 {config.float8_recipe}: its {held}"
 
     @property
     def steps(self) -> int:
